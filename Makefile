@@ -1,0 +1,30 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run   - create .venv, install, start the dashboard on http://localhost:8501
+#   make test  - create .venv, install, lint and run the whole test suite
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PORT   ?= 8501
+ADDRESS ?= 127.0.0.1
+
+.PHONY: setup run test lint bench clean
+
+$(VENV)/.installed: requirements.txt constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(PY) -m streamlit run dashboard/app.py --server.address $(ADDRESS) --server.port $(PORT)
+
+lint: setup
+	$(PY) -m ruff check .
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) artifacts .pytest_cache .ruff_cache

@@ -1,0 +1,122 @@
+"""Multi-head scaled dot-product attention with explicit capture.
+
+Two paths compute the same numbers:
+- the fast path (no capture) calls ``F.scaled_dot_product_attention``;
+- the explicit path (``return_attn=True``) computes scores and probabilities
+  step by step and returns them, so what a plot shows is what the model used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class AttnMaps:
+    """What one attention call computed: ``[batch, head, query, key]`` each."""
+
+    scores: torch.Tensor  # q.k / sqrt(d_head), before masking and softmax
+    probs: torch.Tensor  # softmax over allowed keys; masked entries exactly 0
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """Deliberate changes to the forward pass (mask-lab bugs, head ablation).
+
+    Anything set here forces the explicit path; the default changes nothing.
+    """
+
+    neg_inf_fill: bool = False  # fill masked scores with -inf and skip the fully-masked guard
+    head_mask: dict[str, torch.Tensor] = field(default_factory=dict)  # kind -> [layer, head], 0 = off
+
+    @property
+    def active(self) -> bool:
+        return self.neg_inf_fill or bool(self.head_mask)
+
+
+def scaled_dot_product(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    neg_inf_fill: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, the one place masks become scores.
+
+    q: (B, H, Lq, d), k and v: (B, H, Lk, d), mask: bool broadcastable to (B, H, Lq, Lk),
+    True = may attend. Returns (out (B, H, Lq, d), probs, scores), probs and scores (B, H, Lq, Lk).
+    Masked scores are filled with the dtype's most negative finite number, so a fully
+    masked row never becomes NaN; its probabilities are then set to exactly 0.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Lq, Lk)
+    if mask is None:
+        probs = scores.softmax(dim=-1)
+    elif neg_inf_fill:  # the classic bug: a fully masked row turns into NaN
+        probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    else:
+        filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        probs = filled.softmax(dim=-1).masked_fill(~mask, 0.0)
+    return probs @ v, probs, scores
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.w_q = nn.Linear(d_model, d_model, bias=bias)
+        self.w_k = nn.Linear(d_model, d_model, bias=bias)
+        self.w_v = nn.Linear(d_model, d_model, bias=bias)
+        self.w_o = nn.Linear(d_model, d_model, bias=bias)
+        self.attn_dropout = nn.Dropout(dropout)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        b, length, _ = x.shape
+        return x.view(b, length, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, L, dh)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        return_attn: bool = False,
+        neg_inf_fill: bool = False,
+        head_keep: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, AttnMaps | None]:
+        """query (B, Lq, D), key/value (B, Lk, D), mask bool (B, Lq, Lk) or (B, 1|H, Lq, Lk).
+
+        head_keep: optional (H,) tensor, 0 switches a head's output off (ablation).
+        Returns (out (B, Lq, D), AttnMaps or None).
+        """
+        b, lq, d = query.shape
+        q, k, v = self._split(self.w_q(query)), self._split(self.w_k(key)), self._split(self.w_v(value))
+        if mask is not None and mask.dim() == 3:
+            mask = mask[:, None]  # (B, 1, Lq, Lk)
+        explicit = return_attn or neg_inf_fill or head_keep is not None
+        maps = None
+        if explicit:
+            out, probs, scores = scaled_dot_product(q, k, v, mask, neg_inf_fill)
+            if self.training and self.attn_dropout.p > 0:
+                out = self.attn_dropout(probs) @ v
+            if return_attn:
+                maps = AttnMaps(scores=scores.detach(), probs=probs.detach())
+        else:
+            dropout_p = self.attn_dropout.p if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            if mask is not None:
+                # SDPA's answer for a fully masked row depends on the backend; ours is 0.
+                out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+        if head_keep is not None:
+            out = out * head_keep.to(out.dtype).view(1, -1, 1, 1)
+        out = out.transpose(1, 2).reshape(b, lq, d)  # (B, Lq, D)
+        return self.w_o(out), maps

@@ -1,0 +1,246 @@
+"""From text to AttentionTrace: tokenise, run the model with capture, package the result.
+
+A ``LoadedModel`` is what the CLI and the dashboard hold: the model in eval
+mode with its tokenizers and card. It is shared read-only between sessions.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from core import checkpoint
+from core.attention import Intervention
+from core.config import TransformerConfig
+from core.decode import greedy_decode
+from core.model import Masks, Transformer
+from core.tokenizer import Tokenizer, TokenizerError
+from core.trace import AttentionTrace
+
+TOPK = 5
+
+
+class InputError(ValueError):
+    """Text the model cannot take; the message says what to do."""
+
+
+def resolve_device(device: str = "auto") -> str:
+    """'auto' -> 'cuda' when available else 'cpu'; 'cuda' without a GPU is an InputError."""
+    device = (device or "auto").lower()
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError("CUDA was requested but no CUDA device is available; use --device cpu")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise InputError(f"unknown device {device!r}; use cpu, cuda or auto")
+    return device
+
+
+@dataclass
+class Prepared:
+    """Token ids for one text, with warnings about what was changed (truncation)."""
+
+    ids: list[int]
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    folder: Path | None
+    cfg: TransformerConfig
+    model: Transformer
+    src_tok: Tokenizer
+    tgt_tok: Tokenizer | None
+    card: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # -- facts ------------------------------------------------------------------
+    @property
+    def has_decoder(self) -> bool:
+        return not self.cfg.is_encoder_only
+
+    @property
+    def max_src_tokens(self) -> int:
+        """Longest text (in tokens) the encoder takes: max_len minus the EOS it appends."""
+        return self.cfg.max_len - 1
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.meta.get("labels", []))
+
+    @property
+    def summary(self) -> str:
+        if self.meta.get("summary"):
+            return str(self.meta["summary"])
+        for line in self.card.splitlines():
+            if line.strip() and not line.startswith("#"):
+                return line.strip()
+        return ""
+
+    @property
+    def device(self) -> str:
+        return str(next(self.model.parameters()).device)
+
+    def to(self, device: str) -> LoadedModel:
+        """A copy on another device (the original stays where it is)."""
+        import copy
+
+        other = copy.copy(self)
+        other.model = copy.deepcopy(self.model).to(device).eval()
+        return other
+
+    # -- input --------------------------------------------------------------------
+    def prepare(self, text: str, truncate: bool = False) -> Prepared:
+        """Validate and tokenise one source text (EOS appended)."""
+        if text is None or not text.strip():
+            raise InputError("the input text is empty: type some text for the model to read")
+        try:
+            ids = self.src_tok.encode(text, strict=True)
+        except TokenizerError as exc:
+            allowed = "".join(t for t in self.src_tok.itos[4:] if len(t) == 1)
+            hint = f" (this model reads: {allowed[:80]})" if allowed else ""
+            raise InputError(f"unknown characters in the input, {exc}{hint}") from exc
+        warnings = []
+        limit = self.max_src_tokens
+        if len(ids) > limit:
+            if not truncate:
+                raise InputError(f"the input has {len(ids)} tokens; this model takes at most {limit}")
+            warnings.append(f"input truncated from {len(ids)} to {limit} tokens (the model's maximum)")
+            ids = ids[:limit]
+        return Prepared(ids + [self.cfg.eos_id], warnings)
+
+    def prepare_target(self, text: str, truncate: bool = False) -> Prepared:
+        if self.tgt_tok is None:
+            raise InputError("this model has no decoder, so it takes no target text")
+        if not text.strip():
+            raise InputError("the target text is empty: leave it out to let the model generate")
+        try:
+            ids = self.tgt_tok.encode(text, strict=True)
+        except TokenizerError as exc:
+            raise InputError(f"unknown tokens in the target: {exc}") from exc
+        warnings = []
+        limit = self.cfg.max_len - 1
+        if len(ids) > limit:
+            if not truncate:
+                raise InputError(f"the target has {len(ids)} tokens; this model takes at most {limit}")
+            warnings.append(f"target truncated from {len(ids)} to {limit} tokens")
+            ids = ids[:limit]
+        return Prepared(ids, warnings)
+
+    # -- running ---------------------------------------------------------------------
+    def _pad(self, rows: list[list[int]]) -> torch.Tensor:
+        width = max(len(r) for r in rows)
+        out = torch.full((len(rows), width), self.cfg.pad_id, dtype=torch.long)
+        for i, r in enumerate(rows):
+            out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        return out.to(self.device)
+
+    @torch.no_grad()
+    def trace(
+        self,
+        sources: list[str],
+        targets: list[str] | None = None,
+        truncate: bool = False,
+        masks: Masks | None = None,
+        interv: Intervention | None = None,
+    ) -> list[AttentionTrace]:
+        """One AttentionTrace per source text (targets: teacher forcing, else greedy output)."""
+        if not sources:
+            raise InputError("no input text given")
+        prepared = [self.prepare(s, truncate) for s in sources]
+        src = self._pad([p.ids for p in prepared])
+        teacher = targets is not None
+        if not self.has_decoder:
+            tgt = None
+        elif teacher:
+            if len(targets) != len(sources):
+                raise InputError(f"{len(sources)} inputs but {len(targets)} targets: give one target per input")
+            tp = [self.prepare_target(t, truncate) for t in targets]
+            for p, t in zip(prepared, tp):
+                p.warnings.extend(t.warnings)
+            tgt = self._pad([[self.cfg.bos_id] + t.ids for t in tp])
+        else:
+            tgt = greedy_decode(self.model, src).ids
+        start = time.perf_counter()
+        out = self.model(src, tgt, return_attn=True, masks=masks, interv=interv)
+        if out.hidden.is_cuda:
+            torch.cuda.synchronize()
+        forward_ms = (time.perf_counter() - start) * 1000
+        return [
+            self._package(i, src, tgt, out, forward_ms, teacher, prepared[i].warnings)
+            for i in range(len(sources))
+        ]
+
+    def _package(self, i, src, tgt, out, forward_ms, teacher, warnings) -> AttentionTrace:
+        def np_(t):
+            return None if t is None else t[i].detach().float().cpu().numpy()
+
+        kw: dict[str, Any] = {}
+        for kind, maps in out.attn.items():
+            kw[kind] = np_(maps.probs)
+            kw[f"{kind}_scores"] = np_(maps.scores)
+            kw[f"{kind}_mask"] = out.masks.get(kind)[i].cpu().numpy()
+        if "enc_self" not in out.attn:
+            kw["enc_self_mask"] = out.masks.enc_self[i].cpu().numpy()
+        meta = {"forward_ms": round(forward_ms, 3), "teacher_forced": teacher, "warnings": list(warnings)}
+        src_ids = src[i].cpu().numpy()
+        if self.has_decoder:
+            probs = out.logits[i].float().softmax(-1)  # (T, V)
+            top_p, top_i = probs.topk(min(TOPK, probs.shape[-1]), dim=-1)
+            out_ids = top_i[:, 0].cpu().numpy()
+            tgt_ids = tgt[i].cpu().numpy()
+            kw.update(
+                tgt_ids=tgt_ids,
+                tgt_tokens=self.tgt_tok.tokens(tgt_ids),
+                out_tokens=self.tgt_tok.tokens(out_ids),
+                out_probs=top_p[:, 0].cpu().numpy(),
+                topk_ids=top_i.cpu().numpy(),
+                topk_probs=top_p.cpu().numpy(),
+            )
+            n_real = int((tgt_ids != self.cfg.pad_id).sum())
+            output_text = self.tgt_tok.decode(out_ids[:n_real])
+        elif out.logits is not None:
+            probs = out.logits[i].float().softmax(-1).cpu().numpy()
+            labels = self.labels or [str(k) for k in range(len(probs))]
+            k = int(probs.argmax())
+            kw.update(out_tokens=(labels[k],), out_probs=probs)
+            meta["labels"] = labels
+            output_text = labels[k]
+        else:
+            mask = src[i] != self.cfg.pad_id
+            emb = self.model.pool(out.hidden[i : i + 1], mask[None])[0].float().cpu().numpy()
+            meta["embedding_norm"] = float(np.linalg.norm(emb))
+            meta["embedding_head"] = [round(float(v), 6) for v in emb[:8]]
+            output_text = f"embedding norm {np.linalg.norm(emb):.4f}"
+        return AttentionTrace(
+            model=self.name,
+            config_name=self.cfg.name,
+            device=str(src.device),
+            src_tokens=self.src_tok.tokens(src_ids),
+            src_ids=src_ids,
+            output_text=output_text,
+            meta=meta,
+            **kw,
+        )
+
+    @torch.no_grad()
+    def predict(self, sources: list[str]) -> list[str]:
+        """The model's answers as text (greedy decoding / class label)."""
+        prepared = [self.prepare(s) for s in sources]
+        src = self._pad([p.ids for p in prepared])
+        if self.has_decoder:
+            res = greedy_decode(self.model, src)
+            return [self.tgt_tok.decode(row) for row in res.out_ids.tolist()]
+        return [t.output_text for t in self.trace(sources)]
+
+
+def load_folder(folder: str | Path, name: str | None = None, device: str = "cpu") -> LoadedModel:
+    cfg, model, src_tok, tgt_tok, card, meta = checkpoint.load_parts(folder, resolve_device(device))
+    folder = Path(folder)
+    return LoadedModel(name or folder.name, folder, cfg, model, src_tok, tgt_tok, card, meta)

@@ -1,0 +1,205 @@
+"""AttentionTrace: tokens and the attention they produced, carried together.
+
+One trace describes one input sequence (in a batch, each sequence keeps the
+batch's padded length so PAD positions stay visible). Tensors are numpy,
+read-only, shaped ``[layer, head, query, key]``; masks are bool ``[query, key]``,
+True = may attend. Query/key tokens for each kind come from ``axes(kind)``, so a
+plot can never label rows with tokens from another tensor.
+
+Kinds and their axes:
+- ``enc_self``: query = source, key = source
+- ``dec_self``: query = decoder input (BOS + target), key = the same
+- ``cross``:    query = decoder input, key = source
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+KINDS = ("enc_self", "dec_self", "cross")
+KIND_LABELS = {"enc_self": "encoder self-attention", "dec_self": "decoder self-attention", "cross": "cross-attention"}
+_ARRAYS = (
+    "src_ids", "tgt_ids",
+    "enc_self", "dec_self", "cross",
+    "enc_self_scores", "dec_self_scores", "cross_scores",
+    "enc_self_mask", "dec_self_mask", "cross_mask",
+    "out_probs", "topk_ids", "topk_probs",
+)  # fmt: skip
+_TOKENS = ("src_tokens", "tgt_tokens", "out_tokens")
+
+
+class TraceFormatError(ValueError):
+    """A trace file that cannot be read back."""
+
+
+def _readonly(a: Any) -> Any:
+    if isinstance(a, np.ndarray):
+        a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True)
+class AttentionTrace:
+    model: str  # zoo name or path of the model
+    config_name: str  # config.name
+    device: str  # device the forward pass ran on, e.g. "cpu", "cuda:0"
+    src_tokens: tuple[str, ...]  # source tokens (specials and PAD included)
+    tgt_tokens: tuple[str, ...] = ()  # decoder input tokens, BOS first (empty: encoder-only)
+    src_ids: np.ndarray | None = None  # (S,)
+    tgt_ids: np.ndarray | None = None  # (T,)
+    enc_self: np.ndarray | None = None  # probs (layer, head, S, S)
+    dec_self: np.ndarray | None = None  # probs (layer, head, T, T)
+    cross: np.ndarray | None = None  # probs (layer, head, T, S)
+    enc_self_scores: np.ndarray | None = None  # q.k/sqrt(d), before mask and softmax
+    dec_self_scores: np.ndarray | None = None
+    cross_scores: np.ndarray | None = None
+    enc_self_mask: np.ndarray | None = None  # bool (S, S), True = may attend
+    dec_self_mask: np.ndarray | None = None  # bool (T, T)
+    cross_mask: np.ndarray | None = None  # bool (T, S)
+    out_tokens: tuple[str, ...] = ()  # argmax token at each decoder position (or class label)
+    out_probs: np.ndarray | None = None  # (T,) probability of out_tokens (or (n_classes,))
+    topk_ids: np.ndarray | None = None  # (T, k) ids of the k most likely next tokens
+    topk_probs: np.ndarray | None = None  # (T, k) their probabilities
+    output_text: str = ""  # the model's answer as text
+    meta: dict[str, Any] = field(default_factory=dict)  # e.g. forward_ms, teacher_forced, labels
+
+    def __post_init__(self) -> None:
+        for name in _ARRAYS:
+            _readonly(getattr(self, name))
+        for name in _TOKENS:
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    # -- access -----------------------------------------------------------------
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Kinds this trace holds, in canonical order."""
+        return tuple(k for k in KINDS if getattr(self, k) is not None)
+
+    @property
+    def n_layers(self) -> int:
+        return self.enc_self.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.enc_self.shape[1]
+
+    def probs(self, kind: str) -> np.ndarray:
+        """(layer, head, query, key) post-softmax attention of one kind."""
+        self._check(kind)
+        return getattr(self, kind)
+
+    def scores(self, kind: str) -> np.ndarray:
+        self._check(kind)
+        return getattr(self, f"{kind}_scores")
+
+    def mask(self, kind: str) -> np.ndarray:
+        """(query, key) bool mask used by that kind, True = may attend."""
+        self._check(kind)
+        return getattr(self, f"{kind}_mask")
+
+    def axes(self, kind: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(query tokens, key tokens) of one kind."""
+        self._check(kind)
+        if kind == "enc_self":
+            return self.src_tokens, self.src_tokens
+        if kind == "dec_self":
+            return self.tgt_tokens, self.tgt_tokens
+        return self.tgt_tokens, self.src_tokens
+
+    def _check(self, kind: str) -> None:
+        if kind not in KINDS:
+            raise KeyError(f"unknown attention kind {kind!r}; expected one of {KINDS}")
+        if getattr(self, kind) is None:
+            raise KeyError(f"this trace has no {kind} attention (the model has no decoder)")
+
+    # -- conversion ---------------------------------------------------------------
+    def to_numpy(self) -> dict[str, np.ndarray]:
+        """Flat dict of numpy arrays using the documented file names (None fields left out)."""
+        out: dict[str, np.ndarray] = {}
+        for name in _TOKENS:
+            out[name] = np.array(getattr(self, name), dtype=str)
+        for name in _ARRAYS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = np.asarray(value)
+        return out
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "config_name": self.config_name,
+            "device": self.device,
+            "output_text": self.output_text,
+            "meta": self.meta,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``.npz`` (numpy, no pickle) or ``.json`` (nested lists), chosen by extension."""
+        path = Path(path)
+        if path.suffix == ".npz":
+            arrays = self.to_numpy()
+            arrays["header"] = np.array(json.dumps(self.header(), ensure_ascii=False))
+            np.savez_compressed(path, **arrays)
+        elif path.suffix == ".json":
+            path.write_text(self.to_json())
+        else:
+            raise TraceFormatError(f"trace file must end in .npz or .json, got {path.name!r}")
+        return path
+
+    def to_json(self) -> str:
+        doc: dict[str, Any] = dict(self.header())
+        for name, arr in self.to_numpy().items():
+            doc[name] = arr.tolist()
+        return json.dumps(doc, ensure_ascii=False)
+
+    def to_npz_bytes(self) -> bytes:
+        import io
+
+        buf = io.BytesIO()
+        arrays = self.to_numpy()
+        arrays["header"] = np.array(json.dumps(self.header(), ensure_ascii=False))
+        np.savez_compressed(buf, **arrays)
+        return buf.getvalue()
+
+    @classmethod
+    def _from_fields(cls, header: dict[str, Any], arrays: dict[str, Any]) -> AttentionTrace:
+        kw: dict[str, Any] = {k: header.get(k, "") for k in ("model", "config_name", "device", "output_text")}
+        kw["meta"] = header.get("meta", {}) or {}
+        for name in _TOKENS:
+            kw[name] = tuple(str(t) for t in arrays.get(name, ()))
+        for name in _ARRAYS:
+            if name in arrays:
+                value = np.asarray(arrays[name])
+                if name.endswith("_mask"):
+                    value = value.astype(bool)
+                elif name.endswith("_ids"):
+                    value = value.astype(np.int64)
+                else:
+                    value = value.astype(np.float32)
+                kw[name] = value
+        return cls(**kw)
+
+    @classmethod
+    def load(cls, path: str | Path) -> AttentionTrace:
+        path = Path(path)
+        try:
+            if path.suffix == ".npz":
+                with np.load(path, allow_pickle=False) as data:
+                    arrays = {k: data[k] for k in data.files}
+                header = json.loads(str(arrays.pop("header")))
+                return cls._from_fields(header, arrays)
+            if path.suffix == ".json":
+                doc = json.loads(path.read_text(encoding="utf-8"))
+                return cls._from_fields(doc, doc)
+        except (OSError, ValueError, KeyError) as exc:
+            raise TraceFormatError(f"cannot read trace {path}: {exc}") from exc
+        raise TraceFormatError(f"trace file must end in .npz or .json, got {path.name!r}")
+
+    def replace(self, **changes: Any) -> AttentionTrace:
+        return dataclasses.replace(self, **changes)
