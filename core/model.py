@@ -205,7 +205,8 @@ class Transformer(nn.Module):
         if self.cfg.is_encoder_only:
             logits = None
             if self.classifier is not None:
-                logits = self.classifier(self.pool(memory, M.padding_mask(src, self.cfg.pad_id)))
+                real = masks.enc_self.any(dim=1)  # (B, S): keys some query may attend to
+                logits = self.classifier(self.pool(memory, real))
             return ModelOutput(logits, memory, memory, masks, attn, enc_hidden)
         hidden, self_maps, cross_maps = self.decode(
             tgt, memory, masks.dec_self, masks.cross, return_attn, interv

@@ -162,7 +162,7 @@ class LoadedModel:
             if len(targets) != len(sources):
                 raise InputError(f"{len(sources)} inputs but {len(targets)} targets: give one target per input")
             tp = [self.prepare_target(t, truncate) for t in targets]
-            for p, t in zip(prepared, tp):
+            for p, t in zip(prepared, tp, strict=True):
                 p.warnings.extend(t.warnings)
             tgt = self._pad([[self.cfg.bos_id] + t.ids for t in tp])
         else:
