@@ -1,0 +1,106 @@
+"""The command line: models, predict, trace, and one clear line for every bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from core import checkpoint
+from core.cli import main
+from core.config import tiny
+from core.model import Transformer
+from core.tokenizer import CharTokenizer
+from models import registry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    tok = CharTokenizer.fit(["abcdefghijklmnopqrstuvwxyz "])
+    torch.manual_seed(0)
+    model = Transformer(tiny(vocab_size=len(tok), max_len=32)).eval()
+    path = tmp_path_factory.mktemp("cli") / "tinymodel"
+    checkpoint.save(path, model, tok, tok, card="# tiny\n\nUntrained.\n")
+    return path
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "core", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_models_lists_zoo_with_summaries(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for name in registry.zoo_names():
+        line = next(ln for ln in out.splitlines() if ln.startswith(name))
+        assert registry.zoo_summary(name) in line
+
+
+def test_predict_prints_output(folder, capsys):
+    assert main(["predict", "--model", str(folder), "abc", "hello"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    from models.registry import load
+
+    lm = load(str(folder))
+    assert lines == lm.predict(["abc"]) + lm.predict(["hello"])
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".json"])
+def test_trace_writes_documented_file(folder, tmp_path, capsys, suffix):
+    out = tmp_path / f"trace{suffix}"
+    assert main(["trace", "--model", str(folder), "abc", "--target", "cba", "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    if suffix == ".npz":
+        data = dict(np.load(out, allow_pickle=False))
+    else:
+        data = {k: np.array(v) for k, v in json.loads(out.read_text()).items() if isinstance(v, list)}
+    assert list(data["src_tokens"]) == ["a", "b", "c", "<eos>"]
+    assert list(data["tgt_tokens"]) == ["<bos>", "c", "b", "a"]
+    assert data["enc_self"].shape == (2, 4, 4, 4)
+    assert data["dec_self"].shape == (2, 4, 4, 4)
+    assert data["cross"].shape == (2, 4, 4, 4)
+    assert data["dec_self_mask"].dtype == bool
+    assert data["dec_self_mask"].tolist() == np.tril(np.ones((4, 4), bool)).tolist()
+
+
+def test_trace_without_target_uses_greedy_output(folder, tmp_path):
+    out = tmp_path / "g.npz"
+    assert main(["trace", "--model", str(folder), "abc", "--out", str(out)]) == 0
+    data = np.load(out, allow_pickle=False)
+    assert data["tgt_tokens"][0] == "<bos>"
+    assert list(data["tgt_tokens"][1:]) == list(data["out_tokens"][:-1])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["predict", "--model", "FOLDER", ""], "empty"),
+        (["predict", "--model", "FOLDER", "ABC!"], "unknown characters"),
+        (["predict", "--model", "FOLDER", "a" * 200], "at most 31"),
+        (["predict", "--model", "no-such-model", "abc"], "unknown model"),
+        (["predict", "--model", "FOLDER", "abc", "--device", "tpu"], "unknown device"),
+        (["trace", "--model", "FOLDER", "abc", "--out", "x.txt"], ".npz or .json"),
+        (["predict", "--model", "BROKEN", "abc"], "config"),
+    ],
+)
+def test_bad_input_exits_nonzero_with_one_line(folder, tmp_path, args, message):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    args = [str(folder) if a == "FOLDER" else str(broken) if a == "BROKEN" else a for a in args]
+    proc = run_cli(*args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert lines[0].startswith("error:") and message in lines[0]
