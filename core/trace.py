@@ -83,11 +83,12 @@ class AttentionTrace:
 
     @property
     def n_layers(self) -> int:
-        return self.enc_self.shape[0]
+        """Layers of the first kind present (decoder-only models have dec_self only)."""
+        return getattr(self, self.kinds[0]).shape[0]
 
     @property
     def n_heads(self) -> int:
-        return self.enc_self.shape[1]
+        return getattr(self, self.kinds[0]).shape[1]
 
     def probs(self, kind: str) -> np.ndarray:
         """(layer, head, query, key) post-softmax attention of one kind."""

@@ -1,16 +1,36 @@
-"""Zoo names -> model folders, and loading any model by name or path."""
+"""Zoo names -> model folders, and loading any model by name or path.
+
+Besides the zoo (models/<name>/ folders trained with core) there are pretrained models shipped by
+installed packages (EXTRA_MODELS, e.g. ``minilm``) and any folder or file a user points to:
+- a core model folder (config.json without "model_type" + model.safetensors or model.pt/.pth),
+- a ``.pt``/``.pth`` state dict beside a core config.json (read with weights_only, never code),
+- a Hugging Face folder (config.json with "model_type"), run by core.hf.HFModel.
+``model_kind(name_or_path)`` says which: "zoo", "pretrained", "core", "hf".
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from core.checkpoint import CONFIG, ModelLoadError, read_meta
-from core.runner import LoadedModel, load_folder
+from core.runner import LoadedModel, load_folder, resolve_device
 
 ZOO_DIR = Path(__file__).resolve().parent
 DEFAULT_MODEL = "reverse"
 # Zoo models in the order the dashboard lists them.
 ORDER = ("reverse", "sort", "dates", "numbers", "brackets")
+TORCH_SUFFIXES = (".pt", ".pth")
+
+
+def _pretrained() -> dict:
+    """name -> (summary, loader) of the pretrained models whose package is installed."""
+    from models import pretrained
+
+    return dict(pretrained.PRETRAINED) if pretrained.minilm_available() else {}
+
+
+# Pretrained models (not trained here), name -> one-line summary; `python -m core models` lists them.
+EXTRA_MODELS: dict[str, str] = {name: summary for name, (summary, _) in _pretrained().items()}
 
 
 def zoo_names() -> list[str]:
@@ -32,6 +52,40 @@ def zoo_summary(name: str) -> str:
     return ""
 
 
+def all_names() -> list[str]:
+    """Zoo names, then pretrained names (what a model picker offers)."""
+    return zoo_names() + [n for n in EXTRA_MODELS if n not in zoo_names()]
+
+
+def summary(name: str) -> str:
+    """One-line summary of a zoo or pretrained model."""
+    return EXTRA_MODELS[name] if name in EXTRA_MODELS and name not in zoo_names() else zoo_summary(name)
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    """A folder whose config.json names a Hugging Face "model_type" (core configs have none)."""
+    import json
+
+    cfg = Path(path) / CONFIG
+    if not cfg.is_file():
+        return False
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and "model_type" in data
+
+
+def model_kind(name_or_path: str) -> str:
+    """The model's origin: zoo, pretrained (shipped by a package), hf (Hugging Face folder) or core."""
+    if name_or_path in zoo_names():
+        return "zoo"
+    if name_or_path in EXTRA_MODELS:
+        return "pretrained"
+    path = Path(name_or_path).expanduser()
+    return "hf" if path.is_dir() and is_hf_folder(path) else "core"
+
+
 def resolve(name_or_path: str) -> tuple[str, Path]:
     """A zoo name or a folder path -> (display name, folder)."""
     if name_or_path in zoo_names():
@@ -39,10 +93,30 @@ def resolve(name_or_path: str) -> tuple[str, Path]:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path.name, path
-    known = ", ".join(zoo_names()) or "(none trained yet)"
+    if path.is_file() and path.suffix in TORCH_SUFFIXES:
+        return path.stem, path.parent
+    known = ", ".join(all_names()) or "(none trained yet)"
     raise ModelLoadError(f"unknown model {name_or_path!r}: not a zoo name ({known}) nor a model folder")
 
 
-def load(name_or_path: str, device: str = "cpu") -> LoadedModel:
+def load(name_or_path: str, device: str = "cpu", **hf_options) -> LoadedModel:
+    """Any model by zoo name, pretrained name, folder or .pt/.pth file.
+
+    hf_options go to core.hf.load_hf for Hugging Face folders (dtype, device_map, max_new_tokens).
+    """
+    pretrained = _pretrained()
+    if name_or_path in pretrained and name_or_path not in zoo_names():
+        return pretrained[name_or_path][1](resolve_device(device))
     name, folder = resolve(name_or_path)
+    path = Path(name_or_path).expanduser()
+    if path.is_file():  # a .pt / .pth state dict next to a core config.json and vocabularies
+        from core import checkpoint
+        from core.runner import LoadedModel as _LM
+
+        parts = checkpoint.load_parts(folder, resolve_device(device), weights=path)
+        return _LM(name, folder, *parts)
+    if is_hf_folder(folder):
+        from core.hf import load_hf
+
+        return load_hf(folder, name=name, device=device, **hf_options)
     return load_folder(folder, name=name, device=device)
