@@ -1,0 +1,91 @@
+"""Capture overhead: forward time with attention capture / without (SDPA fast path), side by side.
+
+    python -m bench.capture_overhead [--device cpu|cuda] [--repeats 7] [--lengths 32 128 512]
+
+Runs the zoo's default model and the paper's `base` config at each length, alternating the two
+modes so both see the same machine load, and prints the median of each and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+
+from core.config import base
+from core.model import Transformer
+
+
+def _time(fn, device: str) -> float:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def measure(model: Transformer, length: int, device: str, repeats: int, batch: int = 1) -> tuple[float, float]:
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(0)
+    vocab = min(cfg.src_vocab_size, cfg.tgt_vocab_size)
+    src = torch.randint(4, vocab, (batch, length), generator=g).to(device)
+    tgt = torch.randint(4, vocab, (batch, length), generator=g).to(device)
+    tgt[:, 0] = cfg.bos_id
+    if cfg.is_encoder_only:
+        tgt = None
+
+    def plain():
+        model(src, tgt)
+
+    def capture():
+        model(src, tgt, return_attn=True)
+
+    with torch.no_grad():
+        for _ in range(2):  # warm-up both paths
+            plain()
+            capture()
+        fast, slow = [], []
+        for _ in range(repeats):
+            fast.append(_time(plain, device))
+            slow.append(_time(capture, device))
+    return statistics.median(fast), statistics.median(slow)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512])
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    models: list[tuple[str, Transformer]] = []
+    try:
+        from models import registry
+
+        lm = registry.load(registry.DEFAULT_MODEL, device=args.device)
+        models.append((f"zoo:{lm.name}", lm.model))
+    except Exception as exc:  # the zoo may be missing on a fresh checkout
+        print(f"(zoo default model unavailable: {exc})")
+    torch.manual_seed(0)
+    models.append(("base", Transformer(base().replace(max_len=1024)).to(args.device).eval()))
+    print(f"# capture overhead on {args.device} ({platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__})")
+    print(f"{'model':<14}{'tokens':>7}{'no capture ms':>15}{'capture ms':>12}{'ratio':>8}")
+    for name, model in models:
+        for length in args.lengths:
+            if length > model.cfg.max_len:
+                print(f"{name:<14}{length:>7}{'(longer than max_len ' + str(model.cfg.max_len) + ')':>35}")
+                continue
+            fast, slow = measure(model, length, args.device, args.repeats)
+            print(f"{name:<14}{length:>7}{fast * 1000:>15.2f}{slow * 1000:>12.2f}{slow / fast:>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
