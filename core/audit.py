@@ -1,0 +1,604 @@
+"""Mask audit: static checks on attention traces and black-box leak tests.
+
+Static checks read ``AttentionTrace`` objects only (any model that produces them):
+the mask a kind *should* have is derived from the tokens alone (a key is visible iff
+it is not PAD, and for ``dec_self`` not in the future), and is compared with what the
+model did. Only real (non-PAD) query rows are judged, except for NaN, which is never
+harmless because it spreads.
+
+Dynamic checks call the model as a black box through a *forward-outputs function*::
+
+    fwd(src_ids (B, S), tgt_ids (B, T) | None, src_real (B, S) bool, tgt_real (B, T) bool | None)
+        -> {"enc": (B, S, ...) tensor, "dec": (B, T, ...) tensor (models with a decoder)}
+
+``*_real`` say where the real tokens are (True = not PAD), independently of the ids,
+so a test can change what sits in PAD positions while the padding stays the same.
+A model object provides it as ``lm.forward_outputs`` (e.g. Hugging Face wrappers); core
+``LoadedModel``s get ``core_forward_outputs`` (which can also inject a mask-lab bug).
+
+Tolerances: masked mass must be exactly 0; real rows sum to 1 within 1e-5; a leak
+test passes when no real-position output moves by more than 1e-5 (float32 noise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from core import bugs as B
+from core.attention import Intervention
+from core.trace import AttentionTrace
+
+ROW_SUM_TOL = 1e-5
+LEAK_TOL = 1e-5
+EXTRA_PAD = 2  # PAD columns the leak tests append so that even one text has padding
+MAX_VARIANTS = 96  # causal leak: at most this many (sequence, position) changes
+CHUNK = 32  # sequences per forward call in the leak tests
+
+PAD_TOKENS = frozenset({"<pad>", "[PAD]"})
+BOS_TOKENS = frozenset({"<bos>", "[CLS]", "<s>"})
+EOS_TOKENS = frozenset({"<eos>", "[SEP]", "</s>"})
+
+ForwardFn = Callable[..., dict[str, torch.Tensor]]
+STATUSES = ("pass", "fail", "skip", "info")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one check. ``detail`` names layer/head/positions and the number measured."""
+
+    name: str
+    passed: bool
+    detail: str
+    status: str = ""  # pass | fail | skip | info (default: from passed)
+    kind: str | None = None
+    layer: int | None = None
+    head: int | None = None
+    positions: tuple[int, ...] = ()  # (sequence, query, key) or (sequence, position, changed position)
+    value: float | None = None  # the largest mass / deviation / change measured
+
+    def __post_init__(self) -> None:
+        if not self.status:
+            object.__setattr__(self, "status", "pass" if self.passed else "fail")
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if self.status == "fail" and self.passed:
+            raise ValueError("a failed verdict cannot pass")
+
+    def line(self) -> str:
+        return f"{self.status.upper()} {self.name}: {self.detail}"
+
+
+@dataclass
+class AuditReport:
+    verdicts: list[Verdict]
+    traces: list[AttentionTrace]  # what the static checks looked at
+    bug: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(v.passed for v in self.verdicts)
+
+    @property
+    def failed(self) -> list[Verdict]:
+        return [v for v in self.verdicts if not v.passed]
+
+    def lines(self) -> list[str]:
+        return [v.line() for v in self.verdicts]
+
+
+# -- what the masks should be -----------------------------------------------------------------
+
+
+def _sides(kind: str) -> tuple[str, str]:
+    return {"enc_self": ("src", "src"), "dec_self": ("tgt", "tgt"), "cross": ("tgt", "src")}[kind]
+
+
+def real_positions(trace: AttentionTrace, side: str, pad_id: int | None = None) -> np.ndarray:
+    """(L,) bool, True where the token of ``side`` ('src' or 'tgt') is not PAD."""
+    ids = trace.src_ids if side == "src" else trace.tgt_ids
+    toks = trace.src_tokens if side == "src" else trace.tgt_tokens
+    if pad_id is not None and ids is not None:
+        return np.asarray(ids) != pad_id
+    return np.array([t not in PAD_TOKENS for t in toks], dtype=bool)
+
+
+def expected_mask(trace: AttentionTrace, kind: str, pad_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(real queries (Q,), mask (Q, K)) that ``kind`` must use, from the tokens alone."""
+    qs, ks = _sides(kind)
+    q_real, k_real = real_positions(trace, qs, pad_id), real_positions(trace, ks, pad_id)
+    mask = np.broadcast_to(k_real[None, :], (len(q_real), len(k_real))).copy()
+    if kind == "dec_self":
+        mask &= np.tril(np.ones_like(mask))
+    return q_real, mask
+
+
+def _tok(tokens: Sequence[str], i: int) -> str:
+    return repr(tokens[i]) if 0 <= i < len(tokens) else "?"
+
+
+def _where(trace: AttentionTrace, kind: str, b: int, q: int, k: int | None = None) -> str:
+    qt, kt = trace.axes(kind)
+    s = f"seq {b} query {q} {_tok(qt, q)}"
+    return s if k is None else f"{s} -> key {k} {_tok(kt, k)}"
+
+
+# -- static checks ----------------------------------------------------------------------------------
+
+
+def check_masked_mass(traces: list[AttentionTrace], kind: str, pad_id: int | None = None) -> Verdict:
+    """Attention mass that real queries put on keys they must not see (PAD, future): exactly 0."""
+    name = f"masked_mass[{kind}]"
+    worst, n_pairs, bad_heads = None, 0, set()
+    for b, tr in enumerate(traces):
+        p = tr.probs(kind)  # (L, H, Q, K)
+        q_real, ok = expected_mask(tr, kind, pad_id)
+        forbidden = ~ok & q_real[:, None]  # (Q, K)
+        n_pairs += int(forbidden.sum())
+        if not forbidden.any():
+            continue
+        on = np.where(forbidden, p, 0.0)  # (L, H, Q, K); NaN stays NaN on forbidden keys
+        row = on.sum(-1)  # (L, H, Q)
+        bad = ~(row == 0)  # NaN counts as bad
+        bad_heads.update(tuple(int(i) for i in lh) for lh in np.argwhere(bad.any(-1)))
+        if bad.any():
+            score = np.where(np.isnan(row), np.inf, row)
+            ly, h, q = np.unravel_index(int(np.argmax(score)), score.shape)
+            k = int(np.argmax(np.nan_to_num(on[ly, h, q], nan=np.inf)))
+            if worst is None or score[ly, h, q] > worst[0]:
+                worst = (float(score[ly, h, q]), b, int(ly), int(h), int(q), k)
+    if worst is None:
+        if n_pairs == 0:
+            return Verdict(name, True, "no masked keys for real queries in this input (no PAD, no future)", kind=kind)
+        return Verdict(name, True, f"0 on all {n_pairs} masked (query, key) pairs, every layer and head",
+                       kind=kind, value=0.0)  # fmt: skip
+    mass, b, ly, h, q, k = worst
+    tr = traces[b]
+    why = "future" if kind == "dec_self" and k > q and real_positions(tr, "tgt", pad_id)[k] else "PAD"
+    n_heads = tr.probs(kind).shape[0] * tr.probs(kind).shape[1]
+    amount = "NaN" if mass == np.inf else f"{mass:.3g}"
+    detail = (f"{amount} of the attention on masked keys at layer {ly} head {h}, "
+              f"{_where(tr, kind, b, q, k)} ({why}); {len(bad_heads)} of {n_heads} heads read masked keys")  # fmt: skip
+    return Verdict(name, False, detail, kind=kind, layer=ly, head=h, positions=(b, q, k), value=mass)
+
+
+def check_row_sums(traces: list[AttentionTrace], kind: str, pad_id: int | None = None) -> Verdict:
+    """Every real query row of probabilities sums to 1 (within 1e-5); NaN fails."""
+    name = f"row_sums[{kind}]"
+    worst, n_rows = None, 0
+    for b, tr in enumerate(traces):
+        p = tr.probs(kind)
+        q_real, _ = expected_mask(tr, kind, pad_id)
+        n_rows += int(q_real.sum()) * p.shape[0] * p.shape[1]
+        dev = np.abs(p.sum(-1, dtype=np.float64) - 1.0)  # (L, H, Q)
+        dev = np.where(np.isnan(dev), np.inf, dev)
+        dev = np.where(q_real[None, None, :], dev, 0.0)
+        ly, h, q = np.unravel_index(int(np.argmax(dev)), dev.shape)
+        if worst is None or dev[ly, h, q] > worst[0]:
+            worst = (float(dev[ly, h, q]), b, int(ly), int(h), int(q))
+    dev, b, ly, h, q = worst
+    if dev <= ROW_SUM_TOL:
+        return Verdict(name, True, f"{n_rows} real query rows (all layers, heads) sum to 1 (largest deviation {dev:.1e})",
+                       kind=kind, value=dev)  # fmt: skip
+    total = traces[b].probs(kind)[ly, h, q].sum()
+    detail = f"row sums to {total:.6g} at layer {ly} head {h}, {_where(traces[b], kind, b, q)}"
+    return Verdict(name, False, detail, kind=kind, layer=ly, head=h, positions=(b, q), value=dev)
+
+
+def _produced(rows: np.ndarray) -> str:
+    """What fully masked rows (..., K) came out as: NaN, zeros, uniform or other."""
+    if np.isnan(rows).any():
+        return "NaN"
+    if np.all(rows == 0):
+        return "zeros"
+    if np.allclose(rows, 1.0 / rows.shape[-1], atol=1e-6):
+        return "uniform"
+    return "other"
+
+
+def check_fully_masked(traces: list[AttentionTrace], kind: str, pad_id: int | None = None) -> Verdict:
+    """Query rows that may attend to nothing: fail for a real query, or when one produced NaN."""
+    name = f"fully_masked[{kind}]"
+    real_rows: list[tuple[int, int, str]] = []
+    pad_rows: dict[str, int] = {}
+    for b, tr in enumerate(traces):
+        q_real, exp = expected_mask(tr, kind, pad_id)
+        mask = tr.mask(kind) if tr.mask(kind) is not None else exp
+        p = tr.probs(kind)
+        for q in np.nonzero(~mask.any(-1))[0]:
+            what = _produced(p[:, :, q, :])
+            if q_real[q]:
+                real_rows.append((b, int(q), what))
+            else:
+                pad_rows[what] = pad_rows.get(what, 0) + 1
+    pad_txt = ", ".join(f"{n} -> {w}" for w, n in pad_rows.items())
+    if real_rows:
+        b, q, what = real_rows[0]
+        detail = (f"{len(real_rows)} real query rows may attend to nothing, e.g. {_where(traces[b], kind, b, q)} "
+                  f"-> {what}" + (f"; PAD rows: {pad_txt}" if pad_txt else ""))  # fmt: skip
+        return Verdict(name, False, detail, kind=kind, positions=(b, q), value=float(len(real_rows)))
+    if "NaN" in pad_rows:
+        return Verdict(name, False, f"fully masked PAD query rows produced NaN ({pad_txt}); NaN spreads",
+                       kind=kind, value=float(pad_rows["NaN"]))  # fmt: skip
+    if pad_rows:
+        return Verdict(name, True, f"only PAD query rows are fully masked ({pad_txt}), harmless", kind=kind)
+    return Verdict(name, True, "no fully masked query rows", kind=kind, value=0.0)
+
+
+def check_declared_mask(traces: list[AttentionTrace], kind: str, pad_id: int | None = None) -> Verdict:
+    """The mask the model reports using equals the one the tokens call for, on real query rows."""
+    name = f"declared_mask[{kind}]"
+    if any(tr.mask(kind) is None for tr in traces):
+        return Verdict(name, True, "the trace carries no mask for this kind", status="skip", kind=kind)
+    n_bad, first = 0, None
+    for b, tr in enumerate(traces):
+        q_real, exp = expected_mask(tr, kind, pad_id)
+        diff = (tr.mask(kind) != exp) & q_real[:, None]
+        n_bad += int(diff.sum())
+        if first is None and diff.any():
+            q, k = (int(i) for i in np.argwhere(diff)[0])
+            first = (b, q, k, bool(tr.mask(kind)[q, k]))
+    if first is None:
+        return Verdict(name, True, "mask matches the tokens (PAD keys masked"
+                       + (", future masked)" if kind == "dec_self" else ")"), kind=kind, value=0.0)  # fmt: skip
+    b, q, k, allowed = first
+    what = "allowed but must be masked" if allowed else "masked but must be visible"
+    detail = f"{n_bad} wrong (query, key) entries on real rows, e.g. {_where(traces[b], kind, b, q, k)} {what}"
+    return Verdict(name, False, detail, kind=kind, positions=(b, q, k), value=float(n_bad))
+
+
+def check_finite(traces: list[AttentionTrace]) -> Verdict:
+    """No NaN or inf in any attention map or output probability; says where NaN first appears."""
+    spots: list[tuple[str, int, int]] = []  # (kind, layer, rows with NaN), in forward order
+    for kind in traces[0].kinds:
+        for layer in range(traces[0].probs(kind).shape[0]):
+            rows = sum(int((~np.isfinite(tr.probs(kind)[layer])).any(axis=(0, 2)).sum()) for tr in traces)
+            if rows:
+                spots.append((kind, layer, rows))
+    out_bad = any(tr.out_probs is not None and not np.isfinite(tr.out_probs).all() for tr in traces)
+    if not spots and not out_bad:
+        return Verdict("finite", True, "no NaN or inf in attention or outputs")
+    if not spots:
+        return Verdict("finite", False, "output probabilities are not finite")
+    kind, layer, rows = spots[0]
+    path = " -> ".join(f"{k} L{lay} ({n} rows)" for k, lay, n in spots[:6]) + (" ..." if len(spots) > 6 else "")
+    detail = f"NaN first in {kind} layer {layer}, then spreads: {path}" + ("; outputs NaN" if out_bad else "")
+    return Verdict("finite", False, detail, kind=kind, layer=layer, value=float(len(spots)))
+
+
+def special_mass(trace: AttentionTrace, kind: str, pad_id: int | None = None) -> dict[str, np.ndarray]:
+    """Mean attention mass (over real query rows) on PAD, BOS/CLS and EOS/SEP keys, each (layer, head)."""
+    p = trace.probs(kind)
+    q_real, _ = expected_mask(trace, kind, pad_id)
+    _, kside = _sides(kind)
+    ktoks = trace.src_tokens if kside == "src" else trace.tgt_tokens
+    k_pad = ~real_positions(trace, kside, pad_id)
+    groups = {
+        "PAD": k_pad,
+        "BOS": np.array([t in BOS_TOKENS for t in ktoks], dtype=bool),
+        "EOS": np.array([t in EOS_TOKENS for t in ktoks], dtype=bool),
+    }
+    rows = p[:, :, q_real, :]  # (L, H, Qr, K)
+    return {g: (rows[..., sel].sum(-1).mean(-1) if q_real.any() else np.zeros(p.shape[:2]))
+            for g, sel in groups.items()}  # fmt: skip
+
+
+def check_special_tokens(traces: list[AttentionTrace], kind: str, pad_id: int | None = None) -> Verdict:
+    """Information, not a test: how much attention goes to PAD, BOS/CLS and EOS/SEP keys."""
+    parts = []
+    masses = [special_mass(tr, kind, pad_id) for tr in traces]
+    for g in ("BOS", "EOS", "PAD"):
+        m = np.mean([ms[g] for ms in masses], axis=0)  # (L, H)
+        if not np.isfinite(m).all():
+            parts.append(f"{g} NaN")
+            continue
+        ly, h = np.unravel_index(int(np.argmax(m)), m.shape)
+        parts.append(f"{g} {m.mean():.2f} (max {m[ly, h]:.2f} at layer {ly} head {h})")
+    return Verdict(f"special_tokens[{kind}]", True, "mean mass on " + ", ".join(parts), status="info", kind=kind)
+
+
+STATIC_CHECKS = (check_masked_mass, check_row_sums, check_fully_masked, check_declared_mask)
+
+
+def static_checks(traces: list[AttentionTrace], pad_id: int | None = None, info: bool = True) -> list[Verdict]:
+    """Every static check for every kind of a batch of traces (one per sequence)."""
+    if not traces:
+        raise ValueError("no traces to audit")
+    out = []
+    for check in STATIC_CHECKS:
+        out.extend(check(traces, kind, pad_id) for kind in traces[0].kinds)
+    out.append(check_finite(traces))
+    if info:
+        out.extend(check_special_tokens(traces, kind, pad_id) for kind in traces[0].kinds)
+    return out
+
+
+# -- black-box leak tests -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeBatch:
+    """Ids and real-token vectors for the leak tests (PAD columns already appended)."""
+
+    src: torch.Tensor  # (B, S) long
+    src_real: torch.Tensor  # (B, S) bool
+    tgt: torch.Tensor | None = None  # (B, T) long
+    tgt_real: torch.Tensor | None = None
+    extra_pad: int = 0
+
+    def call(self, fwd: ForwardFn, src=None, tgt=None, rows=None) -> dict[str, torch.Tensor]:
+        sel = (lambda t: t) if rows is None else (lambda t: None if t is None else t[rows])
+        return fwd(
+            sel(self.src) if src is None else src,
+            sel(self.tgt) if tgt is None else tgt,
+            sel(self.src_real),
+            sel(self.tgt_real),
+        )
+
+
+def batch_from_traces(
+    traces: list[AttentionTrace], pad_id: int, extra_pad: int = EXTRA_PAD, max_len: int | None = None,
+    device: str = "cpu",
+) -> ProbeBatch:  # fmt: skip
+    """Stack a batch's ids and append ``extra_pad`` PAD columns (fewer if max_len forbids)."""
+
+    def stack(side: str) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
+        ids = [tr.src_ids if side == "src" else tr.tgt_ids for tr in traces]
+        if ids[0] is None:
+            return None, None
+        real = torch.tensor(np.stack([real_positions(tr, side, pad_id) for tr in traces]))
+        return torch.tensor(np.stack(ids), dtype=torch.long), real
+
+    src, src_real = stack("src")
+    tgt, tgt_real = stack("tgt")
+    widths = [src.shape[1]] + ([tgt.shape[1]] if tgt is not None else [])
+    extra = extra_pad if max_len is None else max(0, min(extra_pad, max_len - max(widths)))
+
+    def grow(ids, real):
+        if ids is None or extra == 0:
+            return ids, real
+        ids = torch.cat([ids, torch.full((ids.shape[0], extra), pad_id, dtype=torch.long)], 1)
+        return ids, torch.cat([real, torch.zeros(real.shape[0], extra, dtype=torch.bool)], 1)
+
+    src, src_real = grow(src, src_real)
+    tgt, tgt_real = grow(tgt, tgt_real)
+    to = (lambda t: None if t is None else t.to(device))  # noqa: E731
+    return ProbeBatch(to(src), to(src_real), to(tgt), to(tgt_real), extra)
+
+
+def core_forward_outputs(lm, src, tgt, src_real, tgt_real, bug: B.Bug | None = None,
+                         interv: Intervention | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Forward-outputs function of a core LoadedModel (masks from the real vectors, bug optional)."""
+    masks = B.reference_masks(src_real, tgt_real) if bug is None else bug.masks(src_real, tgt_real)
+    iv = interv if bug is None else bug.intervention(interv)
+    with torch.no_grad():
+        out = lm.model(src, tgt, masks=masks, interv=iv)
+    res = {"enc": out.memory}
+    if tgt is not None:
+        res["dec"] = out.hidden
+    return res
+
+
+def is_core(lm) -> bool:
+    from core.model import Transformer
+
+    return isinstance(getattr(lm, "model", None), Transformer) and hasattr(lm, "cfg")
+
+
+def forward_fn(lm, bug: B.Bug | None = None, interv: Intervention | None = None) -> ForwardFn | None:
+    """The black-box forward-outputs function for ``lm`` (None when it offers none)."""
+    if is_core(lm):
+        return partial(core_forward_outputs, lm, bug=bug, interv=interv)
+    if bug is not None or interv is not None:
+        raise ValueError("mask bugs and head ablation can only be injected into core models")
+    return getattr(lm, "forward_outputs", None)
+
+
+def _finite_at(out: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """(B, L) bool: output finite at each position (True at PAD, which is not judged)."""
+    fin = torch.isfinite(out.float()).reshape(out.shape[0], out.shape[1], -1).all(-1)
+    return fin | ~real
+
+
+def _change(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(N, L) largest absolute change per position; inf where either side is not finite."""
+    d = (a.float() - b.float()).abs().reshape(a.shape[0], a.shape[1], -1).amax(-1)
+    return torch.nan_to_num(d, nan=float("inf"))
+
+
+def check_finite_outputs(fwd: ForwardFn, batch: ProbeBatch) -> Verdict:
+    """Outputs at real positions are finite (on the batch with extra PAD columns)."""
+    out = batch.call(fwd)
+    bad = []
+    for name, real in (("enc", batch.src_real), ("dec", batch.tgt_real)):
+        if name in out:
+            nb = ~_finite_at(out[name], real)
+            if nb.any():
+                b, i = (int(x) for x in torch.nonzero(nb)[0])
+                bad.append((name, int(nb.sum()), int(real.sum()), b, i))
+    pads = f"batch with {batch.extra_pad} extra PAD columns"
+    if not bad:
+        return Verdict("finite_outputs", True, f"outputs finite at every real position ({pads})")
+    name, n, total, b, i = bad[0]
+    detail = "; ".join(f"{nm} NaN/inf at {k} of {t} real positions" for nm, k, t, _, _ in bad)
+    return Verdict("finite_outputs", False, f"{detail}, first seq {b} {name} position {i} ({pads})",
+                   positions=(b, i), value=float("inf"))  # fmt: skip
+
+
+def _blame(traces, kind: str, b: int, q: int, keys: list[int]) -> tuple[int, int, float] | None:
+    """(layer, head, mass) with the most attention from query q to ``keys`` in the trace, if any."""
+    if b >= len(traces) or kind not in traces[b].kinds:
+        return None
+    p = traces[b].probs(kind)
+    keys = [k for k in keys if k < p.shape[3]]
+    if q >= p.shape[2] or not keys:
+        return None
+    m = np.nan_to_num(p[:, :, q, keys].sum(-1))  # (L, H)
+    ly, h = np.unravel_index(int(np.argmax(m)), m.shape)
+    return (int(ly), int(h), float(m[ly, h])) if m[ly, h] > 0 else None
+
+
+def _pool(ids: torch.Tensor, real: torch.Tensor, pad_id: int, vocab: int | None, skip: set[int]) -> torch.Tensor:
+    """Token ids to write into positions: the model's vocabulary minus specials, else ids seen."""
+    if vocab:
+        pool = [i for i in range(vocab) if i not in skip and i != pad_id]
+    else:
+        pool = sorted({int(i) for i in ids[real].tolist()} - {pad_id})
+    return torch.tensor(pool, dtype=torch.long)
+
+
+def check_padding_leak(
+    fwd: ForwardFn, batch: ProbeBatch, side: str, pad_id: int, traces=(), vocab: int | None = None,
+    skip_ids: set[int] = frozenset(), seed: int = 0,
+) -> Verdict:  # fmt: skip
+    """Change what sits in the PAD positions of ``side``; real-position outputs must not move."""
+    name = f"padding_leak[{side}]"
+    ids, real = (batch.src, batch.src_real) if side == "src" else (batch.tgt, batch.tgt_real)
+    if ids is None:
+        return Verdict(name, True, "the model has no target side", status="skip")
+    pads = ~real
+    pool = _pool(ids, real, pad_id, vocab, skip_ids)
+    if not pads.any() or len(pool) == 0:
+        return Verdict(name, True, "no PAD positions to change", status="skip")
+    g = torch.Generator().manual_seed(seed)
+    fill = pool[torch.randint(len(pool), ids.shape, generator=g)].to(ids.device)
+    changed = torch.where(pads, fill, ids)
+    base = batch.call(fwd)
+    alt = batch.call(fwd, **{side: changed})
+    worst = None
+    for out_name, out_real in (("enc", batch.src_real), ("dec", batch.tgt_real)):
+        if out_name not in base or (side == "tgt" and out_name == "enc"):
+            continue
+        d = _change(base[out_name], alt[out_name]).masked_fill(~out_real, 0.0)  # (B, L)
+        v = float(d.max())
+        if worst is None or v > worst[0]:
+            b, i = divmod(int(d.argmax()), d.shape[1])
+            worst = (v, out_name, b, i)
+    v, out_name, b, i = worst
+    n = int(pads.sum())
+    if v <= LEAK_TOL:
+        return Verdict(name, True, f"changing {n} {side} PAD tokens moved real outputs by at most {v:.1e}", value=v)
+    where = f"{out_name} output at seq {b} position {i}"
+    kind = "enc_self" if out_name == "enc" else ("cross" if side == "src" else "dec_self")
+    pad_pos = [int(k) for k in torch.nonzero(pads[b]).flatten()]
+    blame = _blame(traces, kind, b, i, pad_pos)
+    extra = f"; {kind} layer {blame[0]} head {blame[1]} puts {blame[2]:.3g} on PAD there" if blame else ""
+    nonfinite = " (not finite: NaN)" if v == float("inf") else ""
+    return Verdict(name, False, f"changing {n} {side} PAD tokens moved the {where} by {v:.3g}{nonfinite}{extra}",
+                   kind=kind, layer=blame[0] if blame else None, head=blame[1] if blame else None,
+                   positions=(b, i), value=v)  # fmt: skip
+
+
+def check_causal_leak(
+    fwd: ForwardFn, batch: ProbeBatch, pad_id: int, traces=(), vocab: int | None = None,
+    skip_ids: set[int] = frozenset(), seed: int = 0,
+) -> Verdict:  # fmt: skip
+    """Change each future target token; decoder outputs at earlier positions must not move."""
+    name = "causal_leak"
+    if batch.tgt is None:
+        return Verdict(name, True, "the model has no decoder", status="skip")
+    tgt, real = batch.tgt, batch.tgt_real
+    pool = _pool(tgt[:, 1:], real[:, 1:], pad_id, vocab, skip_ids)
+    pairs = [(b, j) for b in range(tgt.shape[0]) for j in range(1, tgt.shape[1]) if real[b, j]]
+    if not pairs or len(pool) < 2:
+        return Verdict(name, True, "no target token after the first position to change", status="skip")
+    if len(pairs) > MAX_VARIANTS:
+        pick = np.linspace(0, len(pairs) - 1, MAX_VARIANTS).round().astype(int)
+        pairs = [pairs[i] for i in sorted(set(pick))]
+    base = batch.call(fwd)["dec"]
+    g = torch.Generator().manual_seed(seed)
+    worst = (0.0, None)
+    for start in range(0, len(pairs), CHUNK):
+        chunk = pairs[start : start + CHUNK]
+        rows = torch.tensor([b for b, _ in chunk], device=tgt.device)
+        new_tgt = tgt[rows].clone()
+        for n, (b, j) in enumerate(chunk):
+            choice = pool[torch.randint(len(pool), (1,), generator=g)].item()
+            if choice == int(tgt[b, j]):
+                choice = int(pool[(pool != choice).nonzero()[0, 0]])
+            new_tgt[n, j] = choice
+        out = batch.call(fwd, tgt=new_tgt, rows=rows)["dec"]
+        d = _change(base[rows], out)  # (N, T)
+        for n, (b, j) in enumerate(chunk):
+            earlier = d[n, :j].masked_fill(~real[b, :j], 0.0)
+            v = float(earlier.max())
+            if v > worst[0]:
+                worst = (v, (b, int(earlier.argmax()), j))
+    v, where = worst
+    if where is None or v <= LEAK_TOL:
+        return Verdict(name, True, f"changing each of {len(pairs)} future target tokens moved earlier outputs "
+                       f"by at most {v:.1e}", value=v)  # fmt: skip
+    b, i, j = where
+    toks = traces[b].tgt_tokens if b < len(traces) else ()
+    blame = _blame(traces, "dec_self", b, i, list(range(i + 1, j + 1)))
+    extra = f"; dec_self layer {blame[0]} head {blame[1]} looks ahead with {blame[2]:.3g}" if blame else ""
+    nonfinite = " (not finite: NaN)" if v == float("inf") else ""
+    detail = (f"decoder output at seq {b} position {i} {_tok(toks, i)} moved by {v:.3g}{nonfinite} when "
+              f"position {j} {_tok(toks, j)} changed{extra}")  # fmt: skip
+    return Verdict(name, False, detail, kind="dec_self", layer=blame[0] if blame else None,
+                   head=blame[1] if blame else None, positions=(b, i, j), value=v)  # fmt: skip
+
+
+def dynamic_checks(fwd: ForwardFn | None, batch: ProbeBatch | None, pad_id: int, traces=(),
+                   vocab: tuple[int | None, int | None] = (None, None),
+                   skip_ids: set[int] = frozenset()) -> list[Verdict]:  # fmt: skip
+    """finite_outputs, causal_leak, padding_leak[src], padding_leak[tgt] (skipped without fwd)."""
+    names = ("finite_outputs", "causal_leak", "padding_leak[src]", "padding_leak[tgt]")
+    if fwd is None or batch is None:
+        return [Verdict(n, True, "this model offers no forward_outputs hook", status="skip") for n in names]
+    return [
+        check_finite_outputs(fwd, batch),
+        check_causal_leak(fwd, batch, pad_id, traces, vocab[1], skip_ids),
+        check_padding_leak(fwd, batch, "src", pad_id, traces, vocab[0], skip_ids),
+        check_padding_leak(fwd, batch, "tgt", pad_id, traces, vocab[1], skip_ids),
+    ]
+
+
+# -- whole audit ------------------------------------------------------------------------------------------
+
+
+def _facts(lm) -> dict[str, Any]:
+    """pad id, special ids, vocab sizes and max length of a core or LoadedModel-compatible model."""
+    cfg = getattr(lm, "cfg", None)
+    pad = getattr(cfg, "pad_id", getattr(lm, "pad_id", 0))
+    specials = {getattr(cfg, k, None) for k in ("pad_id", "bos_id", "eos_id")} | {3 if is_core(lm) else None}
+    vocab = (getattr(cfg, "src_vocab_size", None), getattr(cfg, "tgt_vocab_size", None)) if is_core(lm) else (None, None)
+    if is_core(lm) and not lm.has_decoder:
+        vocab = (vocab[0], None)
+    return {"pad_id": pad, "skip_ids": {s for s in specials if s is not None},
+            "vocab": vocab, "max_len": getattr(cfg, "max_len", None)}  # fmt: skip
+
+
+def run_audit(
+    lm,
+    sources: list[str],
+    targets: list[str] | None = None,
+    bug: B.Bug | str | None = None,
+    interv: Intervention | None = None,
+    extra_pad: int = EXTRA_PAD,
+) -> AuditReport:
+    """Static checks on the traces of ``sources`` plus the leak tests, with ``bug`` injected if given."""
+    bug = B.get(bug) if isinstance(bug, str) else bug
+    if (bug is not None or interv is not None) and not is_core(lm):
+        raise ValueError("mask bugs and head ablation can only be injected into core models")
+    if is_core(lm) and (bug is not None or interv is not None):
+        traces = B.trace_with_bug(lm, sources, bug, targets, interv)
+    else:
+        traces = lm.trace(sources, targets)
+    f = _facts(lm)
+    verdicts = static_checks(traces, f["pad_id"])
+    fwd = forward_fn(lm, bug, interv)
+    batch = None
+    if fwd is not None:
+        device = getattr(lm, "device", "cpu")
+        batch = batch_from_traces(traces, f["pad_id"], extra_pad, f["max_len"], device)
+    verdicts += dynamic_checks(fwd, batch, f["pad_id"], traces, f["vocab"], f["skip_ids"])
+    meta = {"model": getattr(lm, "name", ""), "n_inputs": len(sources),
+            "extra_pad": batch.extra_pad if batch is not None else 0}  # fmt: skip
+    return AuditReport(verdicts, traces, bug.name if bug else None, meta)
