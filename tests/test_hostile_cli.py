@@ -81,10 +81,20 @@ def test_runner_rejects_or_traces_hostile_text(folder, case):
     assert np.isfinite(t.enc_self).all()
 
 
+@pytest.fixture(scope="module")
+def short_lm(tmp_path_factory):
+    """max_len 16: fuzzed text is often truncated, and greedy decoding stays short."""
+    tok = CharTokenizer.fit([ALPHABET])
+    torch.manual_seed(1)
+    path = tmp_path_factory.mktemp("fuzz") / "m"
+    checkpoint.save(path, Transformer(tiny(vocab_size=len(tok), max_len=16)).eval(), tok, tok)
+    return load_folder(path)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(alphabet=st.sampled_from(ALPHABET + "é€\n"), min_size=0, max_size=80))
-def test_fuzz_text_to_trace(folder, text):
-    lm = load_folder(folder)
+def test_fuzz_text_to_trace(short_lm, text):
+    lm = short_lm
     try:
         (t,) = lm.trace([text], truncate=True)
     except InputError:
