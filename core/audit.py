@@ -96,22 +96,31 @@ class AuditReport:
 # -- what the masks should be -----------------------------------------------------------------
 
 
-def _sides(kind: str) -> tuple[str, str]:
+def kind_sides(kind: str) -> tuple[str, str]:
+    """(query side, key side) of a kind: "src" or "tgt"."""
     return {"enc_self": ("src", "src"), "dec_self": ("tgt", "tgt"), "cross": ("tgt", "src")}[kind]
 
 
 def real_positions(trace: AttentionTrace, side: str, pad_id: int | None = None) -> np.ndarray:
-    """(L,) bool, True where the token of ``side`` ('src' or 'tgt') is not PAD."""
+    """(L,) bool, True where the token of ``side`` ('src' or 'tgt') is real, False at PAD.
+
+    Batches are right-padded, so PAD is the trailing run of PAD ids (or PAD tokens when
+    pad_id is None); position 0 is always real (T5 and Marian start the decoder with PAD).
+    """
     ids = trace.src_ids if side == "src" else trace.tgt_ids
     toks = trace.src_tokens if side == "src" else trace.tgt_tokens
     if pad_id is not None and ids is not None:
-        return np.asarray(ids) != pad_id
-    return np.array([t not in PAD_TOKENS for t in toks], dtype=bool)
+        is_pad = np.asarray(ids) == pad_id
+    else:
+        is_pad = np.array([t in PAD_TOKENS for t in toks], dtype=bool)
+    not_pad = np.nonzero(~is_pad)[0]
+    n_real = max(int(not_pad[-1]) + 1 if len(not_pad) else 0, min(1, len(is_pad)))
+    return np.arange(len(is_pad)) < n_real
 
 
 def expected_mask(trace: AttentionTrace, kind: str, pad_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(real queries (Q,), mask (Q, K)) that ``kind`` must use, from the tokens alone."""
-    qs, ks = _sides(kind)
+    qs, ks = kind_sides(kind)
     q_real, k_real = real_positions(trace, qs, pad_id), real_positions(trace, ks, pad_id)
     mask = np.broadcast_to(k_real[None, :], (len(q_real), len(k_real))).copy()
     if kind == "dec_self":
@@ -166,6 +175,16 @@ def check_masked_mass(traces: list[AttentionTrace], kind: str, pad_id: int | Non
     detail = (f"{amount} of the attention on masked keys at layer {ly} head {h}, "
               f"{_where(tr, kind, b, q, k)} ({why}); {len(bad_heads)} of {n_heads} heads read masked keys")  # fmt: skip
     return Verdict(name, False, detail, kind=kind, layer=ly, head=h, positions=(b, q, k), value=mass)
+
+
+def masked_mass_per_head(trace: AttentionTrace, kind: str, pad_id: int | None = None) -> np.ndarray:
+    """(layer, head): the largest mass one real query puts on keys it must not see (NaN stays NaN)."""
+    q_real, ok = expected_mask(trace, kind, pad_id)
+    forbidden = ~ok & q_real[:, None]
+    p = trace.probs(kind)
+    if not forbidden.any():
+        return np.zeros(p.shape[:2])
+    return np.where(forbidden, p, 0.0).sum(-1).max(-1)
 
 
 def check_row_sums(traces: list[AttentionTrace], kind: str, pad_id: int | None = None) -> Verdict:
@@ -276,7 +295,7 @@ def special_mass(trace: AttentionTrace, kind: str, pad_id: int | None = None) ->
     """Mean attention mass (over real query rows) on PAD, BOS/CLS and EOS/SEP keys, each (layer, head)."""
     p = trace.probs(kind)
     q_real, _ = expected_mask(trace, kind, pad_id)
-    _, kside = _sides(kind)
+    _, kside = kind_sides(kind)
     ktoks = trace.src_tokens if kside == "src" else trace.tgt_tokens
     k_pad = ~real_positions(trace, kside, pad_id)
     groups = {
@@ -326,8 +345,8 @@ def static_checks(traces: list[AttentionTrace], pad_id: int | None = None, info:
 class ProbeBatch:
     """Ids and real-token vectors for the leak tests (PAD columns already appended)."""
 
-    src: torch.Tensor  # (B, S) long
-    src_real: torch.Tensor  # (B, S) bool
+    src: torch.Tensor | None  # (B, S) long (None: decoder-only model)
+    src_real: torch.Tensor | None  # (B, S) bool
     tgt: torch.Tensor | None = None  # (B, T) long
     tgt_real: torch.Tensor | None = None
     extra_pad: int = 0
@@ -350,14 +369,14 @@ def batch_from_traces(
 
     def stack(side: str) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
         ids = [tr.src_ids if side == "src" else tr.tgt_ids for tr in traces]
-        if ids[0] is None:
+        if ids[0] is None or len(ids[0]) == 0:
             return None, None
         real = torch.tensor(np.stack([real_positions(tr, side, pad_id) for tr in traces]))
         return torch.tensor(np.stack(ids), dtype=torch.long), real
 
     src, src_real = stack("src")
     tgt, tgt_real = stack("tgt")
-    widths = [src.shape[1]] + ([tgt.shape[1]] if tgt is not None else [])
+    widths = [t.shape[1] for t in (src, tgt) if t is not None]
     extra = extra_pad if max_len is None else max(0, min(extra_pad, max_len - max(widths)))
 
     def grow(ids, real):
@@ -417,7 +436,7 @@ def check_finite_outputs(fwd: ForwardFn, batch: ProbeBatch) -> Verdict:
     out = batch.call(fwd)
     bad = []
     for name, real in (("enc", batch.src_real), ("dec", batch.tgt_real)):
-        if name in out:
+        if name in out and real is not None:
             nb = ~_finite_at(out[name], real)
             if nb.any():
                 b, i = (int(x) for x in torch.nonzero(nb)[0])
@@ -461,7 +480,7 @@ def check_padding_leak(
     name = f"padding_leak[{side}]"
     ids, real = (batch.src, batch.src_real) if side == "src" else (batch.tgt, batch.tgt_real)
     if ids is None:
-        return Verdict(name, True, "the model has no target side", status="skip")
+        return Verdict(name, True, f"the model reads no {side} sequence", status="skip")
     pads = ~real
     pool = _pool(ids, real, pad_id, vocab, skip_ids)
     if not pads.any() or len(pool) == 0:
@@ -473,7 +492,7 @@ def check_padding_leak(
     alt = batch.call(fwd, **{side: changed})
     worst = None
     for out_name, out_real in (("enc", batch.src_real), ("dec", batch.tgt_real)):
-        if out_name not in base or (side == "tgt" and out_name == "enc"):
+        if out_name not in base or out_real is None or (side == "tgt" and out_name == "enc"):
             continue
         d = _change(base[out_name], alt[out_name]).masked_fill(~out_real, 0.0)  # (B, L)
         v = float(d.max())

@@ -274,11 +274,13 @@ def trace_with_bug(
 
 
 @torch.no_grad()
-def greedy_with_bug(lm, sources: list[str], bug: Bug | str | None, max_len: int | None = None) -> list[str]:
+def greedy_with_bug(
+    lm, sources: list[str], bug: Bug | str | None, max_len: int | None = None, interv: Intervention | None = None
+) -> list[str]:
     """The model's own greedy output (text) with ``bug`` in every decoding step."""
     bug = get(bug) if isinstance(bug, str) else bug
     if not lm.has_decoder:
-        return [t.output_text for t in trace_with_bug(lm, sources, bug)]
+        return [t.output_text for t in trace_with_bug(lm, sources, bug, interv=interv)]
     cfg = lm.cfg
     src = source_ids(lm, sources)
     max_len = min(max_len or cfg.max_len - 1, cfg.max_len - 1)
@@ -286,7 +288,7 @@ def greedy_with_bug(lm, sources: list[str], bug: Bug | str | None, max_len: int 
     done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
     cols = []
     for _ in range(max_len):
-        masks, iv = masks_for(lm, src, ys, bug)
+        masks, iv = masks_for(lm, src, ys, bug, interv)
         logits = lm.model(src, ys, masks=masks, interv=iv).logits[:, -1]  # (B, V)
         nxt = torch.nan_to_num(logits, nan=float("-inf")).argmax(-1).masked_fill(done, cfg.pad_id)
         cols.append(nxt)

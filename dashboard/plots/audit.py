@@ -1,0 +1,90 @@
+"""Mask-audit figures: the verdict table and a correct-vs-buggy mask comparison.
+
+Pure Plotly / pandas; verdicts come from ``core.audit``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from dashboard.plots.common import finish, indexed_labels, matrix_height, token_axis
+
+STATUS_ICON = {"pass": "✅ pass", "fail": "❌ fail", "skip": "⏭ skip", "info": "ℹ info"}
+# Mask comparison categories: value -> (label, colour)
+COMPARE = {
+    0: ("masked in both", "#e9e9e9"),
+    1: ("allowed in both", "#2a9d8f"),
+    2: ("allowed, must be masked (leak)", "#e63946"),
+    3: ("masked, must be allowed", "#f4a261"),
+}
+VERDICT_COLUMNS = ["status", "check", "kind", "layer", "head", "positions", "value", "detail"]
+
+
+def verdict_table(verdicts: Sequence, icons: bool = True) -> pd.DataFrame:
+    """One row per ``core.audit.Verdict``: status, check, kind, layer, head, positions, value, detail."""
+    rows = [
+        {
+            "status": STATUS_ICON.get(v.status, v.status) if icons else v.status,
+            "check": v.name,
+            "kind": v.kind or "",
+            "layer": v.layer,
+            "head": v.head,
+            "positions": ", ".join(str(p) for p in v.positions),
+            "value": v.value,
+            "detail": v.detail,
+        }
+        for v in verdicts
+    ]
+    df = pd.DataFrame(rows, columns=VERDICT_COLUMNS)
+    for col in ("layer", "head"):
+        df[col] = df[col].astype("Int64")
+    return df
+
+
+def compare_codes(correct: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """(Q, K) int codes of ``COMPARE`` for the mask a model used against the correct one."""
+    c, u = np.asarray(correct, bool), np.asarray(used, bool)
+    codes = np.where(u & c, 1, 0)
+    codes = np.where(u & ~c, 2, codes)
+    return np.where(~u & c, 3, codes)
+
+
+def mask_compare_figure(
+    correct: np.ndarray,
+    used: np.ndarray,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    *,
+    title: str,
+    query_title: str = "query",
+    key_title: str = "key",
+) -> go.Figure:
+    """The mask a (buggy) model used, cell by cell against the correct one: leaks red, over-masking orange."""
+    codes = compare_codes(correct, used)
+    nq, nk = codes.shape
+    if (nq, nk) != (len(query_tokens), len(key_tokens)):
+        raise ValueError(f"mask is {nq}x{nk} but there are {len(query_tokens)}x{len(key_tokens)} tokens")
+    n = len(COMPARE)
+    scale = []
+    for v, (_, colour) in COMPARE.items():
+        scale += [[v / n, colour], [(v + 1) / n, colour]]
+    ql, kl = indexed_labels(query_tokens), indexed_labels(key_tokens)
+    custom = [[[ql[i], kl[j], COMPARE[int(codes[i, j])][0]] for j in range(nk)] for i in range(nq)]
+    fig = go.Figure(
+        go.Heatmap(
+            z=codes + 0.5, zmin=0, zmax=n, colorscale=scale, xgap=1, ygap=1, customdata=custom,
+            hovertemplate=f"{query_title} %{{customdata[0]}}<br>{key_title} %{{customdata[1]}}<br>"
+            "%{customdata[2]}<extra></extra>",
+            colorbar=dict(tickvals=[v + 0.5 for v in COMPARE], ticktext=[lab for lab, _ in COMPARE.values()],
+                          thickness=12, len=0.6),
+        )
+    )  # fmt: skip
+    fig.update_xaxes(**token_axis(key_tokens, key_title, rotate=True))
+    fig.update_yaxes(**token_axis(query_tokens, query_title))
+    fig.update_yaxes(range=[nq - 0.5, -0.5])
+    fig.update_layout(margin=dict(l=90, r=20, t=60, b=90))
+    return finish(fig, title, matrix_height(nq, min_px=300, extra=200))
