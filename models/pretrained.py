@@ -273,7 +273,9 @@ to 384-number vectors whose cosine similarity tracks meaning.
 
 def load_minilm(device: str = "cpu") -> BertEncoderModel:
     """all-MiniLM-L6-v2 from the installed package, in core's Transformer."""
-    return load_bert_folder(minilm_dir(), name=MINILM, device=device, summary=MINILM_SUMMARY, card=MINILM_CARD)
+    return load_bert_folder(
+        minilm_dir(), name=MINILM, device=device, summary=MINILM_SUMMARY, card=MINILM_CARD
+    )
 
 
 # name -> (summary, loader(device)); models/registry.py lists these beside the zoo.

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.checkpoint import CONFIG, ModelLoadError, read_meta
+from core.hf import is_hf_folder
 from core.runner import LoadedModel, load_folder, resolve_device
 
 ZOO_DIR = Path(__file__).resolve().parent
@@ -60,20 +61,6 @@ def all_names() -> list[str]:
 def summary(name: str) -> str:
     """One-line summary of a zoo or pretrained model."""
     return EXTRA_MODELS[name] if name in EXTRA_MODELS and name not in zoo_names() else zoo_summary(name)
-
-
-def is_hf_folder(path: str | Path) -> bool:
-    """A folder whose config.json names a Hugging Face "model_type" (core configs have none)."""
-    import json
-
-    cfg = Path(path) / CONFIG
-    if not cfg.is_file():
-        return False
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(data, dict) and "model_type" in data
 
 
 def model_kind(name_or_path: str) -> str:

@@ -1,0 +1,583 @@
+"""Any Hugging Face Transformer from a local folder, traced into the same AttentionTrace as core's models.
+
+``registry.load(path)`` sends a folder whose config.json has a "model_type" here. Three shapes:
+
+- encoder (BERT family): ``enc_self``. Output: the class label for ``*ForSequenceClassification``
+  checkpoints, else the mean-pooled last hidden state ("embedding norm ...").
+- decoder (GPT-2 family, causal LMs): the model's one self-attention goes in ``dec_self``.
+  Choice: ``src_tokens`` is EMPTY and ``tgt_tokens`` holds the whole sequence the model read
+  (the prompt, then the target when one is given), so ``trace.axes("dec_self")`` is
+  ``(tgt_tokens, tgt_tokens)`` exactly as for seq2seq models, and no kind ever pairs tensors
+  with tokens of another sequence. ``meta["prompt_len"]`` says where the prompt ends;
+  ``out_tokens`` is the argmax next token at every position; ``output_text`` is the next token
+  after the prompt (or, with a target, the model's argmax guesses for the target positions).
+  ``predict`` continues the prompt greedily (bounded by ``max_new_tokens``).
+- seq2seq (BART, T5, Marian, ...): ``enc_self``, ``dec_self``, ``cross``. Decoder input =
+  ``decoder_start_token_id`` + target (HF's shift-right of the labels, so with a target its
+  specials come from the tokenizer). Without a target the model generates greedily
+  (``num_beams=1``, at most ``max_new_tokens``) and the trace is one teacher-forced forward pass
+  over what it generated: decoder start + every generated token but the last.
+
+Masks: inputs are right-padded and the attention_mask passed to the model comes from the true
+lengths (T5 and Marian use PAD as decoder start, so PAD ids cannot tell). The trace stores the
+same masks in our convention (bool, True = may attend): key padding for enc_self and cross,
+causal AND key padding for dec_self.
+Scores: Hugging Face returns post-softmax probabilities only, so ``*_scores`` are None
+(``meta["has_scores"] = False``); masks and interventions of core's mask lab are refused.
+
+Safety: only local folders; ``local_files_only=True`` and ``trust_remote_code=False`` always,
+``HF_HUB_OFFLINE=1`` is set unless the environment already says otherwise (nothing is ever
+downloaded); ``weights_only=True`` for ``pytorch_model.bin`` (safetensors preferred).
+Attention runs with ``attn_implementation="eager"`` so the probabilities are the ones used.
+
+Options: ``dtype`` "float32" (default) | "float16" | "bfloat16"; ``device_map`` (e.g. "auto")
+is handed to ``from_pretrained`` and needs the ``accelerate`` package (not installed here, so
+not tested: a GPU machine is needed to make it useful). Without device_map, ``device`` is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.checkpoint import ModelLoadError, _one_line
+from core.runner import TOPK, InputError, Prepared, resolve_device
+from core.trace import AttentionTrace
+
+ARCHS = ("encoder", "decoder", "seq2seq")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+MAX_NEW_TOKENS = 32  # generation bound when no target is given
+
+
+@dataclass(frozen=True)
+class HFArch:
+    """The facts a page shows about a model, named like TransformerConfig's fields."""
+
+    name: str
+    model_type: str  # Hugging Face model_type, e.g. "bert", "gpt2", "t5"
+    arch: str  # encoder | decoder | seq2seq
+    d_model: int
+    n_heads: int
+    n_enc_layers: int  # 0 for decoder-only models
+    n_dec_layers: int  # 0 for encoder-only models
+    src_vocab_size: int
+    tgt_vocab_size: int
+    max_len: int  # longest sequence the position scheme takes (tokenizer limit for relative schemes)
+    pad_id: int
+    bos_id: int  # decoder start token (seq2seq) / BOS
+    eos_id: int
+    dtype: str = "float32"
+
+    @property
+    def is_encoder_only(self) -> bool:
+        return self.arch == "encoder"
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // max(self.n_heads, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _first(config: Any, *names: str, default: Any = 0) -> Any:
+    for n in names:
+        value = getattr(config, n, None)
+        if value is not None:
+            return value
+    return default
+
+
+def detect_arch(config: Any) -> str:
+    """encoder | decoder | seq2seq from a transformers config."""
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    archs = list(getattr(config, "architectures", None) or [])
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs) or getattr(config, "is_decoder", False):
+        return "decoder"
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    mt = config.model_type
+    if mt in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and mt not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "decoder"
+    return "encoder"
+
+
+def _arch_summary(name: str, config: Any, arch: str, tokenizer: Any, dtype: str) -> HFArch:
+    n_layers = _first(config, "num_hidden_layers", "n_layer", "num_layers")
+    n_dec = _first(config, "decoder_layers", "num_decoder_layers", default=n_layers)
+    max_len = _first(config, "max_position_embeddings", "n_positions", default=0)
+    if not max_len:  # relative positions (T5): the tokenizer's limit, if it states a sane one
+        tok_max = getattr(tokenizer, "model_max_length", 0) or 0
+        max_len = tok_max if 0 < tok_max < 100_000 else 512
+    pad = _first(config, "pad_token_id", default=None)
+    if pad is None:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = _first(config, "eos_token_id", default=None)
+    if isinstance(eos, list):
+        eos = eos[0]
+    if eos is None:
+        eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else -1
+    bos = _first(config, "decoder_start_token_id", "bos_token_id", default=None)
+    if bos is None:
+        bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else -1
+    vocab = int(_first(config, "vocab_size"))
+    return HFArch(
+        name=name,
+        model_type=config.model_type,
+        arch=arch,
+        d_model=int(_first(config, "hidden_size", "d_model", "n_embd")),
+        n_heads=int(_first(config, "num_attention_heads", "n_head", "num_heads")),
+        n_enc_layers=0 if arch == "decoder" else int(n_layers),
+        n_dec_layers={"encoder": 0, "decoder": int(n_layers), "seq2seq": int(n_dec)}[arch],
+        src_vocab_size=vocab,
+        tgt_vocab_size=vocab,
+        max_len=int(max_len),
+        pad_id=int(pad if pad is not None else 0),
+        bos_id=int(bos),
+        eos_id=int(eos),
+        dtype=dtype,
+    )
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence transformers' info/warning logs and progress bars while loading."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+class HFTokenizerView:
+    """A transformers tokenizer shaped like core's Tokenizer (encode without specials, tokens, decode)."""
+
+    def __init__(self, tokenizer: Any):
+        self.hf = tokenizer
+
+    def __len__(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str, strict: bool = False) -> list[int]:
+        return self.hf(text, add_special_tokens=False)["input_ids"]
+
+    def tokens(self, ids) -> tuple[str, ...]:
+        return tuple(self.hf.convert_ids_to_tokens([int(i) for i in ids]))
+
+    def decode(self, ids) -> str:
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+@dataclass
+class HFModel:
+    """A Hugging Face model with core.runner.LoadedModel's interface (name, cfg, model, trace, predict)."""
+
+    name: str
+    folder: Path | None
+    cfg: HFArch
+    model: Any  # transformers PreTrainedModel in eval mode
+    tokenizer: Any  # transformers tokenizer
+    card: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+    max_new_tokens: int = MAX_NEW_TOKENS
+
+    kind = "hf"
+
+    # -- facts ------------------------------------------------------------------
+    @property
+    def has_decoder(self) -> bool:
+        return self.cfg.arch != "encoder"
+
+    @property
+    def has_encoder(self) -> bool:
+        return self.cfg.arch != "decoder"
+
+    @property
+    def src_tok(self) -> HFTokenizerView:
+        return HFTokenizerView(self.tokenizer)
+
+    @property
+    def tgt_tok(self) -> HFTokenizerView | None:
+        return HFTokenizerView(self.tokenizer) if self.has_decoder else None
+
+    @property
+    def n_specials(self) -> int:
+        return self.tokenizer.num_special_tokens_to_add(pair=False)
+
+    @property
+    def max_src_tokens(self) -> int:
+        return self.cfg.max_len - self.n_specials
+
+    @property
+    def labels(self) -> list[str]:
+        id2label = getattr(self.model.config, "id2label", None) or {}
+        if self.meta.get("head") != "classifier":
+            return []
+        return [str(id2label[i]) for i in sorted(id2label)]
+
+    @property
+    def summary(self) -> str:
+        return str(self.meta.get("summary", ""))
+
+    @property
+    def device(self) -> str:
+        return str(self.model.device)
+
+    def to(self, device: str) -> HFModel:
+        other = copy.copy(self)
+        other.model = copy.deepcopy(self.model).to(resolve_device(device)).eval()
+        return other
+
+    # -- input --------------------------------------------------------------------
+    def _encode(self, text: str, what: str, specials: bool, limit: int, truncate: bool) -> Prepared:
+        if text is None or not text.strip():
+            raise InputError(f"the {what} text is empty")
+        ids = self.tokenizer(text, add_special_tokens=specials)["input_ids"]
+        warnings = []
+        if len(ids) > limit:
+            if not truncate:
+                raise InputError(f"the {what} has {len(ids)} tokens; this model takes at most {limit}")
+            warnings.append(f"{what} truncated from {len(ids)} to {limit} tokens (the model's maximum)")
+            ids = self.tokenizer(text, add_special_tokens=specials, truncation=True, max_length=limit)[
+                "input_ids"
+            ]
+        return Prepared(list(ids), warnings)
+
+    def prepare(self, text: str, truncate: bool = False) -> Prepared:
+        """Token ids of one source text / prompt, with the tokenizer's special tokens."""
+        return self._encode(text, "input", True, self.cfg.max_len, truncate)
+
+    def prepare_target(self, text: str, truncate: bool = False) -> Prepared:
+        """Target ids: labels with specials (seq2seq) or the continuation without (decoder-only)."""
+        if not self.has_decoder:
+            raise InputError("this model has no decoder, so it takes no target text")
+        return self._encode(text, "target", self.cfg.arch == "seq2seq", self.cfg.max_len, truncate)
+
+    def _pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ids and the attention mask (1 = real) from the true lengths."""
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.cfg.pad_id, dtype=torch.long)
+        real = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+            real[i, : len(r)] = 1
+        dev = self.model.device
+        return ids.to(dev), real.to(dev)
+
+    # -- running ---------------------------------------------------------------------
+    @torch.no_grad()
+    def trace(
+        self,
+        sources: list[str],
+        targets: list[str] | None = None,
+        truncate: bool = False,
+        masks: Any = None,
+        interv: Any = None,
+    ) -> list[AttentionTrace]:
+        """One AttentionTrace per text (padded batch: every trace keeps the padded length)."""
+        if not sources:
+            raise InputError("no input text given")
+        if masks is not None or (interv is not None and interv.active):
+            raise InputError(
+                "custom masks and interventions work on core models only, not on Hugging Face models"
+            )
+        if targets is not None and len(targets) != len(sources):
+            raise InputError(f"{len(sources)} inputs but {len(targets)} targets: give one target per input")
+        prepared = [self.prepare(s, truncate) for s in sources]
+        tp = [self.prepare_target(t, truncate) for t in targets] if targets is not None else None
+        for p, t in zip(prepared, tp or [], strict=False):
+            p.warnings.extend(t.warnings)
+        run = {"encoder": self._run_encoder, "decoder": self._run_decoder, "seq2seq": self._run_seq2seq}
+        return run[self.cfg.arch](prepared, tp)
+
+    def _forward(self, **kwargs) -> tuple[Any, float]:
+        start = time.perf_counter()
+        out = self.model(**kwargs, output_attentions=True, return_dict=True)
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
+        return out, (time.perf_counter() - start) * 1000
+
+    def _run_encoder(self, prepared: list[Prepared], tp) -> list[AttentionTrace]:
+        if tp is not None:
+            raise InputError("this model has no decoder, so it takes no target text")
+        src, src_real = self._pad([p.ids for p in prepared])
+        out, ms = self._forward(input_ids=src, attention_mask=src_real)
+        traces = []
+        for i, p in enumerate(prepared):
+            kw: dict[str, Any] = self._enc_fields(i, src, src_real, out.attentions)
+            meta = self._meta(ms, False, p.warnings)
+            if self.meta.get("head") == "classifier":
+                probs = out.logits[i].float().softmax(-1).cpu().numpy()
+                labels = self.labels or [str(k) for k in range(len(probs))]
+                k = int(probs.argmax())
+                kw.update(out_tokens=(labels[k],), out_probs=probs)
+                meta["labels"] = labels
+                text = labels[k]
+            else:
+                h, w = out.last_hidden_state[i].float(), src_real[i].float()[:, None]
+                emb = ((h * w).sum(0) / w.sum().clamp(min=1.0)).cpu().numpy()
+                meta["embedding_norm"] = float(np.linalg.norm(emb))
+                meta["embedding_head"] = [round(float(v), 6) for v in emb[:8]]
+                text = f"embedding norm {np.linalg.norm(emb):.4f}"
+            traces.append(self._make(kw, text, meta))
+        return traces
+
+    def _run_decoder(self, prepared: list[Prepared], tp) -> list[AttentionTrace]:
+        rows = [p.ids + (tp[i].ids if tp else []) for i, p in enumerate(prepared)]
+        if max(len(r) for r in rows) > self.cfg.max_len:
+            raise InputError(f"prompt and target together exceed the model's {self.cfg.max_len} tokens")
+        seq, real = self._pad(rows)
+        out, ms = self._forward(input_ids=seq, attention_mask=real, use_cache=False)
+        traces = []
+        for i, p in enumerate(prepared):
+            kw = self._dec_fields(i, seq, real, out.attentions, out.logits)
+            n_prompt, n_real = len(p.ids), len(rows[i])
+            guesses = kw["topk_ids"][:, 0]
+            if tp:
+                text = self.tokenizer.decode(guesses[n_prompt - 1 : n_real - 1], skip_special_tokens=True)
+            else:
+                text = self.tokenizer.decode(guesses[n_prompt - 1 : n_prompt], skip_special_tokens=False)
+            meta = self._meta(ms, tp is not None, p.warnings)
+            meta.update(prompt_len=n_prompt, decoder_only=True)
+            traces.append(self._make(kw, text, meta))
+        return traces
+
+    def _run_seq2seq(self, prepared: list[Prepared], tp) -> list[AttentionTrace]:
+        src, src_real = self._pad([p.ids for p in prepared])
+        start_id = self.cfg.bos_id
+        if tp is not None:  # teacher forcing: decoder input = shift_right(labels)
+            dec_rows = [[start_id] + t.ids[:-1] for t in tp]
+        else:
+            dec_rows = self._generate_rows(src, src_real)
+        dec, dec_real = self._pad(dec_rows)
+        out, ms = self._forward(
+            input_ids=src,
+            attention_mask=src_real,
+            decoder_input_ids=dec,
+            decoder_attention_mask=dec_real,
+            use_cache=False,
+        )
+        traces = []
+        for i, p in enumerate(prepared):
+            kw = self._enc_fields(i, src, src_real, out.encoder_attentions)
+            kw.update(self._dec_fields(i, dec, dec_real, out.decoder_attentions, out.logits))
+            t_real = dec_real[i].bool()
+            cross = torch.stack(out.cross_attentions, dim=1)[i]  # (layer, head, T, S)
+            kw["cross"] = cross.float().cpu().numpy()
+            kw["cross_mask"] = src_real[i].bool()[None, :].expand(t_real.shape[0], -1).cpu().numpy()  # (T, S)
+            n_real = int(t_real.sum())
+            text = self.tokenizer.decode(kw["topk_ids"][:n_real, 0], skip_special_tokens=True)
+            traces.append(self._make(kw, text, self._meta(ms, tp is not None, p.warnings)))
+        return traces
+
+    def _generate_rows(self, src: torch.Tensor, src_real: torch.Tensor) -> list[list[int]]:
+        """Greedy generation -> decoder inputs (start + every generated token but the last)."""
+        limit = max(1, min(self.max_new_tokens, self.cfg.max_len - 1))
+        gen = self.model.generate(
+            input_ids=src,
+            attention_mask=src_real,
+            max_new_tokens=limit,
+            do_sample=False,
+            num_beams=1,
+            pad_token_id=self.cfg.pad_id,
+            eos_token_id=self.cfg.eos_id,
+        )
+        rows = []
+        for row in gen.tolist():
+            new = row[1:]
+            if self.cfg.eos_id in new:
+                new = new[: new.index(self.cfg.eos_id) + 1]
+            rows.append([row[0]] + new[:-1] if new else [row[0]])
+        return rows
+
+    # -- packaging -----------------------------------------------------------------------
+    def _enc_fields(self, i, src, src_real, attentions) -> dict[str, Any]:
+        real = src_real[i].bool()
+        n = real.shape[0]
+        return {
+            "src_ids": src[i].cpu().numpy(),
+            "src_tokens": self.src_tok.tokens(src[i].tolist()),
+            "enc_self": torch.stack(attentions, dim=1)[i].float().cpu().numpy(),  # (layer, head, S, S)
+            "enc_self_mask": real[None, :].expand(n, n).cpu().numpy(),
+        }
+
+    def _dec_fields(self, i, seq, real, attentions, logits) -> dict[str, Any]:
+        r = real[i].bool()
+        n = r.shape[0]
+        causal = torch.ones(n, n, dtype=torch.bool, device=r.device).tril()
+        probs = logits[i].float().softmax(-1)  # (T, V)
+        top_p, top_i = probs.topk(min(TOPK, probs.shape[-1]), dim=-1)
+        return {
+            "tgt_ids": seq[i].cpu().numpy(),
+            "tgt_tokens": self.src_tok.tokens(seq[i].tolist()),
+            "dec_self": torch.stack(attentions, dim=1)[i].float().cpu().numpy(),  # (layer, head, T, T)
+            "dec_self_mask": (causal & r[None, :]).cpu().numpy(),
+            "out_tokens": self.src_tok.tokens(top_i[:, 0].tolist()),
+            "out_probs": top_p[:, 0].cpu().numpy(),
+            "topk_ids": top_i.cpu().numpy(),
+            "topk_probs": top_p.cpu().numpy(),
+        }
+
+    def _meta(self, forward_ms: float, teacher: bool, warnings: list[str]) -> dict[str, Any]:
+        return {
+            "forward_ms": round(forward_ms, 3),
+            "teacher_forced": teacher,
+            "warnings": list(warnings),
+            "kind": "hf",
+            "model_type": self.cfg.model_type,
+            "arch": self.cfg.arch,
+            "has_scores": False,
+        }
+
+    def _make(self, kw: dict[str, Any], text: str, meta: dict[str, Any]) -> AttentionTrace:
+        kw.setdefault("src_tokens", ())
+        return AttentionTrace(
+            model=self.name,
+            config_name=self.cfg.model_type,
+            device=self.device,
+            output_text=text,
+            meta=meta,
+            **kw,
+        )
+
+    @torch.no_grad()
+    def predict(self, sources: list[str]) -> list[str]:
+        """Encoder: label / embedding; decoder-only: greedy continuation; seq2seq: greedy output."""
+        if self.cfg.arch == "encoder":
+            return [t.output_text for t in self.trace(sources)]
+        prepared = [self.prepare(s) for s in sources]
+        if self.cfg.arch == "seq2seq":
+            src, src_real = self._pad([p.ids for p in prepared])
+            return [
+                self.tokenizer.decode(r[1:], skip_special_tokens=True)
+                for r in self._generate_rows(src, src_real)
+            ]
+        answers = []
+        for p in prepared:  # one at a time: no padding question for the causal model
+            ids = torch.tensor([p.ids], device=self.model.device)
+            gen = self.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max(1, min(self.max_new_tokens, self.cfg.max_len - len(p.ids))),
+                do_sample=False,
+                num_beams=1,
+                pad_token_id=self.cfg.pad_id,
+            )
+            answers.append(self.tokenizer.decode(gen[0, len(p.ids) :], skip_special_tokens=True))
+        return answers
+
+
+# -- loading ---------------------------------------------------------------------------
+def is_hf_folder(path: str | Path) -> bool:
+    import json
+
+    cfg = Path(path) / "config.json"
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and "model_type" in data
+
+
+def load_hf(
+    folder: str | Path,
+    name: str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    device_map: str | dict | None = None,
+    arch: str | None = None,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> HFModel:
+    """Load a Hugging Face model folder (never downloads, never runs code from the folder)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    folder = Path(folder).expanduser()
+    if not folder.is_dir() or not is_hf_folder(folder):
+        raise ModelLoadError(f"{folder} is not a Hugging Face model folder (config.json with model_type)")
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if arch is not None and arch not in ARCHS:
+        raise ModelLoadError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
+    if device_map is not None and importlib.util.find_spec("accelerate") is None:
+        raise ModelLoadError("device_map needs the accelerate package (pip install accelerate)")
+    import transformers
+
+    common = {"local_files_only": True, "trust_remote_code": False}
+    with _quiet():
+        try:
+            config = transformers.AutoConfig.from_pretrained(str(folder), **common)
+        except Exception as exc:  # transformers raises OSError/ValueError/KeyError variants
+            raise ModelLoadError(f"cannot read {folder / 'config.json'}: {_one_line(exc)[:300]}") from exc
+        arch = arch or detect_arch(config)
+        head = "base"
+        if arch == "seq2seq":
+            cls = transformers.AutoModelForSeq2SeqLM
+        elif arch == "decoder":
+            cls = transformers.AutoModelForCausalLM
+        elif any(a.endswith("ForSequenceClassification") for a in (config.architectures or [])):
+            cls, head = transformers.AutoModelForSequenceClassification, "classifier"
+        else:
+            cls = transformers.AutoModel
+        kwargs: dict[str, Any] = dict(
+            common, attn_implementation="eager", dtype=DTYPES[dtype], weights_only=True
+        )
+        if any(folder.glob("*.safetensors")):
+            kwargs["use_safetensors"] = True
+        if device_map is not None:
+            kwargs["device_map"] = device_map
+        try:
+            model, info = cls.from_pretrained(str(folder), config=config, output_loading_info=True, **kwargs)
+        except Exception as exc:  # shapes, truncated files, bad configs: one line for the user
+            raise ModelLoadError(f"cannot load the model in {folder}: {_one_line(exc)[:300]}") from exc
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), **common)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot load the tokenizer in {folder}: {_one_line(exc)[:300]}") from exc
+    missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
+    if missing or info.get("mismatched_keys"):
+        raise ModelLoadError(
+            f"weights in {folder} do not fit the config: missing {sorted(missing)[:5]}, "
+            f"mismatched {[m[0] if isinstance(m, tuple) else m for m in info.get('mismatched_keys', [])][:5]}"
+        )
+    if device_map is None:
+        model = model.to(resolve_device(device))
+    model.eval()
+    name = name or folder.name
+    cfg = _arch_summary(name, config, arch, tokenizer, dtype)
+    readme = folder / "README.md"
+    card = readme.read_text(encoding="utf-8", errors="replace")[:20000] if readme.is_file() else ""
+    layers = (
+        f"{cfg.n_enc_layers}+{cfg.n_dec_layers}"
+        if arch == "seq2seq"
+        else max(cfg.n_enc_layers, cfg.n_dec_layers)
+    )
+    meta = {
+        "kind": "hf",
+        "model_type": cfg.model_type,
+        "arch": arch,
+        "head": head,
+        "source": str(folder),
+        "summary": f"Hugging Face {cfg.model_type} ({arch}): {layers} layers x {cfg.n_heads} heads, d_model {cfg.d_model}",
+        "unused_weights": sorted(info.get("unexpected_keys", []))[:20],
+        "missing_weights": sorted(info.get("missing_keys", []))[:20],
+    }
+    return HFModel(name, folder, cfg, model, tokenizer, card, meta, max_new_tokens)

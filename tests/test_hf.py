@@ -1,0 +1,291 @@
+"""Hugging Face models from local folders (core.hf): traces equal the model's own output_attentions.
+
+Tiny randomly initialised BERT, GPT-2, BART, T5 and Marian models are built from configs here and
+saved with a tiny WordLevel tokenizer into tmp_path; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+
+from core.checkpoint import ModelLoadError  # noqa: E402
+from core.hf import HFModel, load_hf  # noqa: E402
+from models import registry  # noqa: E402
+
+WORDS = "the cat sat on a mat dog ran hello world is big small".split()
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "[CLS]", "[SEP]"]
+VOCAB = {w: i for i, w in enumerate(SPECIALS + WORDS)}
+V = len(VOCAB)
+TEXTS = ["the cat sat on a mat", "hello world"]  # different lengths: a padded batch
+TARGETS = ["a dog ran", "big"]
+SMALL = dict(vocab_size=V, pad_token_id=0)
+SEQ2SEQ = dict(
+    SMALL,
+    d_model=16,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=32,
+    decoder_ffn_dim=32,
+    max_position_embeddings=32,
+    eos_token_id=2,
+)
+
+
+def _tokenizer(template: str | None, **special) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if template:
+        names = [t for t in template.split() if t != "$A"]
+        tok.post_processor = processors.TemplateProcessing(
+            single=template, special_tokens=[(t, VOCAB[t]) for t in names]
+        )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", **special)
+
+
+def _specs():
+    t = transformers
+    seq2seq_tok = dict(bos_token="<s>", eos_token="</s>")
+    return {
+        "bert": (
+            t.BertModel,
+            t.BertConfig(
+                **SMALL, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32,
+                max_position_embeddings=32,
+            ),
+            _tokenizer("[CLS] $A [SEP]", cls_token="[CLS]", sep_token="[SEP]"),
+        ),
+        "bert_cls": (
+            t.BertForSequenceClassification,
+            t.BertConfig(
+                **SMALL, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32,
+                max_position_embeddings=32, num_labels=3, id2label={0: "neg", 1: "neutral", 2: "pos"},
+                label2id={"neg": 0, "neutral": 1, "pos": 2},
+            ),
+            _tokenizer("[CLS] $A [SEP]", cls_token="[CLS]", sep_token="[SEP]"),
+        ),
+        "gpt2": (
+            t.GPT2LMHeadModel,
+            t.GPT2Config(**SMALL, n_embd=16, n_layer=2, n_head=4, n_positions=32, bos_token_id=1, eos_token_id=2),
+            _tokenizer(None, **seq2seq_tok),
+        ),
+        "bart": (
+            t.BartForConditionalGeneration,
+            t.BartConfig(**SEQ2SEQ, bos_token_id=1, decoder_start_token_id=2, forced_eos_token_id=2),
+            _tokenizer("<s> $A </s>", **seq2seq_tok),
+        ),
+        "t5": (
+            t.T5ForConditionalGeneration,
+            t.T5Config(
+                **SMALL, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_decoder_layers=2, num_heads=4,
+                eos_token_id=2, decoder_start_token_id=0,
+            ),
+            _tokenizer("$A </s>", **seq2seq_tok),
+        ),
+        "marian": (
+            t.MarianMTModel,
+            t.MarianConfig(**SEQ2SEQ, decoder_start_token_id=0, forced_eos_token_id=2),
+            _tokenizer("$A </s>", **seq2seq_tok),
+        ),
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    out = {}
+    for name, (cls, cfg, tok) in _specs().items():
+        torch.manual_seed(0)
+        folder = tmp_path_factory.mktemp(name)
+        cls(cfg).eval().save_pretrained(folder)
+        tok.save_pretrained(folder)
+        out[name] = folder
+    return out
+
+
+@pytest.fixture(scope="module")
+def loaded(folders):
+    return {name: registry.load(str(folder)) for name, folder in folders.items()}
+
+
+def _stack(attentions, i):
+    return torch.stack(attentions, dim=1)[i].numpy()  # (layer, head, q, k)
+
+
+def _check_mask_is_used(trace, kind, atol=1e-5):
+    probs, mask = trace.probs(kind), trace.mask(kind)
+    assert probs.shape[-2:] == mask.shape
+    assert (probs[:, :, ~mask] == 0).all(), f"{kind}: attention on masked keys"
+    rows = mask.any(-1)
+    np.testing.assert_allclose(probs.sum(-1)[:, :, rows], 1.0, atol=atol)
+
+
+def _key_mask(real_keys, n_queries):
+    return np.broadcast_to(np.asarray(real_keys, bool)[None, :], (n_queries, len(real_keys)))
+
+
+@pytest.mark.parametrize("name", ["bert", "bert_cls"])
+def test_encoder_trace_equals_output_attentions(loaded, name):
+    lm = loaded[name]
+    assert isinstance(lm, HFModel) and lm.cfg.arch == "encoder" and not lm.has_decoder
+    traces = lm.trace(TEXTS)
+    enc = lm.tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ref = lm.model(**enc, output_attentions=True)
+    for i, t in enumerate(traces):
+        assert t.kinds == ("enc_self",)
+        np.testing.assert_array_equal(t.src_ids, enc["input_ids"][i].numpy())
+        assert t.src_tokens == tuple(lm.tokenizer.convert_ids_to_tokens(enc["input_ids"][i]))
+        np.testing.assert_array_equal(t.probs("enc_self"), _stack(ref.attentions, i))
+        n = len(t.src_tokens)
+        np.testing.assert_array_equal(t.mask("enc_self"), _key_mask(enc["attention_mask"][i].bool(), n))
+        _check_mask_is_used(t, "enc_self")
+        assert t.enc_self_scores is None and t.meta["has_scores"] is False
+    assert traces[1].src_tokens[-1] == "<pad>"  # PAD stays visible in the padded batch
+    assert traces[0].src_tokens[0] == "[CLS]" and "[SEP]" in traces[0].src_tokens
+    if name == "bert_cls":
+        assert lm.labels == ["neg", "neutral", "pos"]
+        probs = ref.logits.softmax(-1)
+        assert traces[0].output_text == lm.labels[int(probs[0].argmax())]
+        np.testing.assert_allclose(traces[0].out_probs, probs[0].numpy(), atol=1e-6)
+
+
+def test_decoder_only_trace(loaded):
+    lm = loaded["gpt2"]
+    assert lm.cfg.arch == "decoder" and lm.has_decoder and not lm.has_encoder
+    traces = lm.trace(TEXTS)
+    enc = lm.tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ref = lm.model(**enc, output_attentions=True, use_cache=False)
+    for i, t in enumerate(traces):
+        assert t.kinds == ("dec_self",) and t.src_tokens == ()
+        q, k = t.axes("dec_self")
+        assert q == k == t.tgt_tokens == tuple(lm.tokenizer.convert_ids_to_tokens(enc["input_ids"][i]))
+        np.testing.assert_array_equal(t.probs("dec_self"), _stack(ref.attentions, i))
+        real = enc["attention_mask"][i].bool().numpy()
+        n = len(real)
+        expected = np.tril(np.ones((n, n), bool)) & real[None, :]
+        np.testing.assert_array_equal(t.mask("dec_self"), expected)
+        _check_mask_is_used(t, "dec_self")
+        assert t.meta["prompt_len"] == int(real.sum())
+        assert t.n_layers == 2 and t.n_heads == 4
+        nxt = ref.logits[i, int(real.sum()) - 1].argmax().item()
+        assert t.output_text == lm.tokenizer.decode([nxt])
+    # a target continues the prompt (teacher forcing), still in dec_self
+    (t,) = lm.trace(["the cat"], ["sat on"])
+    assert t.tgt_tokens == ("the", "cat", "sat", "on") and t.meta["teacher_forced"]
+
+
+@pytest.mark.parametrize("name", ["bart", "t5", "marian"])
+def test_seq2seq_teacher_forced_trace_equals_output_attentions(loaded, name):
+    lm = loaded[name]
+    assert lm.cfg.arch == "seq2seq"
+    traces = lm.trace(TEXTS, TARGETS)
+    enc = lm.tokenizer(TEXTS, padding=True, return_tensors="pt")
+    labels = lm.tokenizer(text_target=TARGETS, padding=True, return_tensors="pt")
+    start = lm.model.config.decoder_start_token_id
+    lab_len = labels["attention_mask"].sum(-1)
+    dec = torch.full_like(labels["input_ids"], lm.cfg.pad_id)
+    dec_real = torch.zeros_like(labels["input_ids"])
+    for i, n in enumerate(lab_len.tolist()):  # shift right: start + labels[:-1]
+        dec[i, 0], dec[i, 1:n] = start, labels["input_ids"][i, : n - 1]
+        dec_real[i, :n] = 1
+    with torch.no_grad():
+        ref = lm.model(
+            **enc, decoder_input_ids=dec, decoder_attention_mask=dec_real, output_attentions=True, use_cache=False
+        )
+    for i, t in enumerate(traces):
+        assert t.kinds == ("enc_self", "dec_self", "cross")
+        np.testing.assert_array_equal(t.src_ids, enc["input_ids"][i].numpy())
+        np.testing.assert_array_equal(t.tgt_ids, dec[i].numpy())
+        assert t.tgt_tokens[0] == lm.tokenizer.convert_ids_to_tokens(start)
+        np.testing.assert_array_equal(t.probs("enc_self"), _stack(ref.encoder_attentions, i))
+        np.testing.assert_array_equal(t.probs("dec_self"), _stack(ref.decoder_attentions, i))
+        np.testing.assert_array_equal(t.probs("cross"), _stack(ref.cross_attentions, i))
+        src_real, tgt_real = enc["attention_mask"][i].bool().numpy(), dec_real[i].bool().numpy()
+        s, n = len(src_real), len(tgt_real)
+        np.testing.assert_array_equal(t.mask("enc_self"), _key_mask(src_real, s))
+        np.testing.assert_array_equal(t.mask("dec_self"), np.tril(np.ones((n, n), bool)) & tgt_real[None, :])
+        np.testing.assert_array_equal(t.mask("cross"), _key_mask(src_real, n))
+        for kind in t.kinds:
+            _check_mask_is_used(t, kind)
+            q, k = t.axes(kind)
+            assert t.probs(kind).shape[-2:] == (len(q), len(k))
+        top = ref.logits[i].argmax(-1)
+        assert t.out_tokens == tuple(lm.tokenizer.convert_ids_to_tokens(top))
+
+
+@pytest.mark.parametrize("name", ["bart", "marian"])
+def test_seq2seq_generates_without_target(loaded, name):
+    lm = loaded[name]
+    traces = lm.trace(TEXTS[:1])
+    (t,) = traces
+    enc = lm.tokenizer(TEXTS[:1], return_tensors="pt")
+    gen = lm.model.generate(**enc, max_new_tokens=lm.max_new_tokens, do_sample=False, num_beams=1)[0].tolist()
+    new = gen[1:]
+    if lm.cfg.eos_id in new:
+        new = new[: new.index(lm.cfg.eos_id) + 1]
+    assert list(t.tgt_ids) == [gen[0]] + new[:-1]  # decoder start + every generated token but the last
+    assert not t.meta["teacher_forced"] and len(t.tgt_ids) <= lm.max_new_tokens
+    dec = torch.tensor([list(t.tgt_ids)])
+    with torch.no_grad():
+        ref = lm.model(**enc, decoder_input_ids=dec, output_attentions=True, use_cache=False)
+    np.testing.assert_array_equal(t.probs("cross"), _stack(ref.cross_attentions, 0))
+    np.testing.assert_array_equal(t.probs("dec_self"), _stack(ref.decoder_attentions, 0))
+    assert lm.predict(TEXTS[:1]) == [lm.tokenizer.decode(new, skip_special_tokens=True)]
+
+
+def test_trace_roundtrip_and_cli(folders, tmp_path, capsys):
+    from core.cli import main
+    from core.trace import AttentionTrace
+
+    out = tmp_path / "t.npz"
+    assert main(["trace", "--model", str(folders["gpt2"]), "the cat sat", "--out", str(out)]) == 0
+    t = AttentionTrace.load(out)
+    assert t.kinds == ("dec_self",) and t.src_tokens == () and t.tgt_tokens == ("the", "cat", "sat")
+    assert t.axes("dec_self") == (t.tgt_tokens, t.tgt_tokens)
+    out2 = tmp_path / "t2.json"
+    assert main(["trace", "--model", str(folders["t5"]), "hello world", "--target", "big", "--out", str(out2)]) == 0
+    assert AttentionTrace.load(out2).kinds == ("enc_self", "dec_self", "cross")
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_routing_and_options(folders, tmp_path):
+    assert registry.model_kind(str(folders["bert"])) == "hf"
+    assert registry.model_kind(str(tmp_path)) == "core"
+    assert os.environ.get("HF_HUB_OFFLINE")  # set by load_hf unless the environment chose already
+    lm = load_hf(folders["gpt2"], dtype="bfloat16")
+    assert next(lm.model.parameters()).dtype == torch.bfloat16 and lm.cfg.dtype == "bfloat16"
+    (t,) = lm.trace(["the cat"])
+    assert t.probs("dec_self").dtype == np.float32
+    _check_mask_is_used(t, "dec_self", atol=1e-2)  # bfloat16 keeps 8 bits of mantissa
+    with pytest.raises(ModelLoadError, match="dtype"):
+        load_hf(folders["gpt2"], dtype="float8")
+    try:
+        import accelerate  # noqa: F401
+    except ModuleNotFoundError:
+        with pytest.raises(ModelLoadError, match="accelerate"):
+            load_hf(folders["gpt2"], device_map="auto")
+
+
+def test_refuses_what_hf_models_cannot_do(loaded):
+    from core.attention import Intervention
+    from core.runner import InputError
+
+    lm = loaded["bert"]
+    with pytest.raises(InputError, match="core models only"):
+        lm.trace(["the cat"], interv=Intervention(neg_inf_fill=True))
+    with pytest.raises(InputError, match="no decoder"):
+        lm.trace(["the cat"], ["a dog"])
+    with pytest.raises(InputError, match="at most 32"):
+        lm.trace([" ".join(["cat"] * 40)])
+    (t,) = lm.trace([" ".join(["cat"] * 40)], truncate=True)
+    assert len(t.src_tokens) == 32 and t.meta["warnings"]
