@@ -200,7 +200,11 @@ def test_seq2seq_teacher_forced_trace_equals_output_attentions(loaded, name):
         dec_real[i, :n] = 1
     with torch.no_grad():
         ref = lm.model(
-            **enc, decoder_input_ids=dec, decoder_attention_mask=dec_real, output_attentions=True, use_cache=False
+            **enc,
+            decoder_input_ids=dec,
+            decoder_attention_mask=dec_real,
+            output_attentions=True,
+            use_cache=False,
         )
     for i, t in enumerate(traces):
         assert t.kinds == ("enc_self", "dec_self", "cross")
@@ -253,7 +257,10 @@ def test_trace_roundtrip_and_cli(folders, tmp_path, capsys):
     assert t.kinds == ("dec_self",) and t.src_tokens == () and t.tgt_tokens == ("the", "cat", "sat")
     assert t.axes("dec_self") == (t.tgt_tokens, t.tgt_tokens)
     out2 = tmp_path / "t2.json"
-    assert main(["trace", "--model", str(folders["t5"]), "hello world", "--target", "big", "--out", str(out2)]) == 0
+    assert (
+        main(["trace", "--model", str(folders["t5"]), "hello world", "--target", "big", "--out", str(out2)])
+        == 0
+    )
     assert AttentionTrace.load(out2).kinds == ("enc_self", "dec_self", "cross")
     assert "wrote" in capsys.readouterr().out
 
