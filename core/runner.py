@@ -6,6 +6,7 @@ mode with its tokenizers and card. It is shared read-only between sessions.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +24,33 @@ from core.tokenizer import Tokenizer, TokenizerError
 from core.trace import AttentionTrace
 
 TOPK = 5
+# Attention maps a single trace may hold (probs + scores, all kinds); beyond it the runner refuses
+# with a message instead of running the machine out of memory. Override: ATTNSCOPE_MAX_TRACE_MB.
+MAX_TRACE_MB = int(os.environ.get("ATTNSCOPE_MAX_TRACE_MB", "2048"))
+MAX_BATCH = int(os.environ.get("ATTNSCOPE_MAX_BATCH", "64"))
 
 
 class InputError(ValueError):
     """Text the model cannot take; the message says what to do."""
+
+
+def trace_bytes(
+    n_enc_layers: int, n_dec_layers: int, n_heads: int, batch: int, src_len: int, tgt_len: int = 0
+) -> int:
+    """Bytes of the float32 attention maps (probs and scores) one batched trace holds."""
+    per_map = src_len * src_len * n_enc_layers + (tgt_len * tgt_len + tgt_len * src_len) * n_dec_layers
+    return batch * n_heads * per_map * 4 * 2
+
+
+def check_trace_budget(nbytes: int, batch: int) -> None:
+    """Raise InputError when a trace would exceed MAX_TRACE_MB or the batch MAX_BATCH."""
+    if batch > MAX_BATCH:
+        raise InputError(f"{batch} inputs in one batch; the limit is {MAX_BATCH}: split the batch")
+    if nbytes > MAX_TRACE_MB * 2**20:
+        raise InputError(
+            f"these inputs would need {nbytes / 2**20:,.0f} MB of attention maps; the limit is "
+            f"{MAX_TRACE_MB:,} MB: use fewer or shorter inputs"
+        )
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -153,7 +177,16 @@ class LoadedModel:
         """One AttentionTrace per source text (targets: teacher forcing, else greedy output)."""
         if not sources:
             raise InputError("no input text given")
+        if len(sources) > MAX_BATCH:
+            check_trace_budget(0, len(sources))
         prepared = [self.prepare(s, truncate) for s in sources]
+        src_len = max(len(p.ids) for p in prepared)
+        tgt_guess = src_len if self.has_decoder else 0  # refined below once the target is known
+        cfg = self.cfg
+        check_trace_budget(
+            trace_bytes(cfg.n_enc_layers, cfg.n_dec_layers, cfg.n_heads, len(sources), src_len, min(tgt_guess, cfg.max_len)),
+            len(sources),
+        )
         src = self._pad([p.ids for p in prepared])
         teacher = targets is not None
         if not self.has_decoder:

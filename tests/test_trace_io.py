@@ -197,3 +197,18 @@ def test_trace_is_immutable_and_axes_match_tensors(folder, tmp_path):
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     with pytest.raises(TraceFormatError):
         AttentionTrace.load(tmp_path / "junk.npz")
+
+
+def test_trace_budget_refuses_instead_of_running_out_of_memory(folder, monkeypatch):
+    from core import runner
+
+    lm = load_folder(folder)
+    monkeypatch.setattr(runner, "MAX_TRACE_MB", 0)
+    with pytest.raises(InputError, match="MB of attention maps"):
+        lm.trace(["abc"])
+    monkeypatch.setattr(runner, "MAX_TRACE_MB", 2048)
+    monkeypatch.setattr(runner, "MAX_BATCH", 3)
+    with pytest.raises(InputError, match="limit is 3"):
+        lm.trace(["abc"] * 4)
+    assert len(lm.trace(["abc"] * 3, ["x"] * 3)) == 3
+    assert runner.trace_bytes(6, 6, 8, 1, 512, 512) == 8 * (512 * 512 * 6 + 2 * 512 * 512 * 6) * 8
