@@ -1,0 +1,1 @@
+"""attnscope dashboard: Streamlit pages over core's AttentionTrace (run: streamlit run dashboard/app.py)."""

@@ -1,0 +1,82 @@
+"""Attention: every layer x head as small multiples, then one head (or head mean/max) large."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from core.trace import KIND_LABELS
+from dashboard import state, ui
+from dashboard.plots import attention as P
+
+AXIS_TITLES = {  # (query axis, key axis) per kind
+    "enc_self": ("query: source tokens", "key: source tokens"),
+    "dec_self": ("query: decoder input (BOS + target)", "key: decoder input"),
+    "cross": ("query: decoder input (BOS + target)", "key: source tokens"),
+}
+GRID_APPLIED = "_att_grid_applied"  # last grid click already copied into the selectors
+
+
+def _keep_valid(key: str, options: list) -> None:
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = options[0]
+
+
+st.title("Attention")
+traces = state.traces()
+
+kinds = list(traces[0].kinds)
+c_kind, c_seq = st.columns([3, 2])
+with c_kind:
+    _keep_valid(state.ATT_KIND, kinds)
+    kind = st.radio("Attention kind", kinds, key=state.ATT_KIND, format_func=KIND_LABELS.get, horizontal=True)
+with c_seq:
+    seq = state.sequence_picker(state.ATT_SEQ, traces)
+o1, o2, o3, _ = st.columns([1, 1, 2, 1], vertical_alignment="center")
+log = o1.toggle("Log colour scale", key=state.ATT_LOG, help="Colour = log10(weight), from 1e-4 to 1.")
+show_mask = o2.toggle("Show mask", key=state.ATT_MASK, value=True,
+                      help="Masked cells (may not attend) are drawn grey in the grid and marked ✕ in the heatmap.")  # fmt: skip
+aggregates = o3.multiselect("Grid: add per-layer columns", list(P.AGGREGATES), key=state.ATT_AGG,
+                            format_func=lambda a: f"head {a}", placeholder="head mean / head max")  # fmt: skip
+
+tr = traces[seq]
+ui.run_caption(tr)
+probs = tr.probs(kind)
+q_tok, k_tok = tr.axes(kind)
+mask = tr.mask(kind)
+n_layers, n_heads = probs.shape[:2]
+where = f"sequence {seq}" if len(traces) > 1 else "input"
+
+grid = P.grid_figure(
+    probs, q_tok, k_tok, mask=mask if show_mask else None, log=log, aggregates=aggregates,
+    title=f"{KIND_LABELS[kind]}: all {n_layers} layers × {n_heads} heads ({where}); click a tile",
+)
+event = ui.chart(grid, key=state.ATT_GRID, on_select="rerun", selection_mode="points")
+
+# A click on a tile picks that layer and head (applied once, so the selectors stay usable).
+points = list(getattr(getattr(event, "selection", None), "points", None) or [])
+if points:
+    picked = P.parse_grid_point(points[0].get("x"), points[0].get("y"))
+    if picked is not None and st.session_state.get(GRID_APPLIED) != (kind, picked):
+        st.session_state[GRID_APPLIED] = (kind, picked)
+        st.session_state[state.ATT_LAYER], st.session_state[state.ATT_HEAD] = picked
+
+heads: list[int | str] = list(range(n_heads)) + list(P.AGGREGATES)
+layers = list(range(n_layers))
+_keep_valid(state.ATT_LAYER, layers)
+_keep_valid(state.ATT_HEAD, heads)
+s1, s2, _ = st.columns([1, 1, 3])
+layer = s1.selectbox("Layer", layers, key=state.ATT_LAYER)
+head = s2.selectbox("Head", heads, key=state.ATT_HEAD, format_func=P.head_name)
+
+weights = P.head_weights(probs, layer, head)
+q_title, k_title = AXIS_TITLES[kind]
+big = P.head_heatmap(
+    weights, q_tok, k_tok, mask=mask if show_mask else None, log=log, query_title=q_title, key_title=k_title,
+    title=f"{KIND_LABELS[kind]} · layer {layer} · {P.head_name(head)} · {where}",
+)
+ui.chart(big, key="att_head_chart")
+st.caption(
+    "Rows: queries (each row sums to 1 over the keys it may attend to). Columns: keys. "
+    "PAD positions are shown; with 'Show mask' on, ✕ marks keys the mask forbids (their weight is exactly 0)."
+)
+ui.downloads(tr, seq, {"grid": grid, "head": big}, key="att_dl")

@@ -1,0 +1,67 @@
+"""Model: architecture summary, parameters per module, vocabulary, card, device and timing."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from core.model import count_parameters, parameters_by_module
+from dashboard import state, ui
+from dashboard.plots.model import params_figure
+
+st.title("Model")
+lm = state.model()
+cfg = lm.cfg
+metrics = lm.meta.get("metrics", {}) if isinstance(lm.meta.get("metrics"), dict) else {}
+score_key = next((k for k in metrics if "accuracy" in k or "exact" in k), None)
+
+c = st.columns(5)
+c[0].metric("Parameters", f"{count_parameters(lm.model):,}")
+c[1].metric("Source vocabulary", f"{len(lm.src_tok):,}")
+c[2].metric("Target vocabulary", f"{len(lm.tgt_tok):,}" if lm.tgt_tok is not None else "—")
+c[3].metric("Device", lm.device)
+c[4].metric(score_key.replace("_", " ") if score_key else "Accuracy", f"{metrics[score_key]:.2%}" if score_key else "—")
+
+shape = (
+    f"encoder-only classifier ({cfg.n_classes} classes, {cfg.pooling} pooling)" if cfg.n_classes
+    else "encoder only" if cfg.is_encoder_only
+    else f"encoder-decoder ({cfg.n_enc_layers} + {cfg.n_dec_layers} layers)"
+)  # fmt: skip
+st.markdown(f"**{lm.name}** · task: **{lm.meta.get('task', 'unknown')}** · {shape}")
+if lm.summary:
+    st.caption(lm.summary)
+
+left, right = st.columns([3, 2])
+counts = parameters_by_module(lm.model)
+fig = params_figure(counts, title=f"parameters per module ({lm.name}, {sum(counts.values()):,} in all)")
+with left:
+    ui.chart(fig, key="model_params")
+with right:
+    st.dataframe(
+        pd.DataFrame({"setting": list(cfg.to_dict()), "value": [str(v) for v in cfg.to_dict().values()]}),
+        hide_index=True, height=420, key="model_config",
+    )
+
+st.subheader("Last forward pass")
+sel = state.current()
+if sel.problems or sel.target_problems:
+    st.info("Fix the input in the sidebar to time a forward pass.")
+else:
+    traces = state.traces()
+    tr = traces[0]
+    ms = tr.meta.get("forward_ms")
+    st.markdown(
+        f"Forward pass with attention capture on **{tr.device}**: **{ms:.2f} ms** for a batch of {len(traces)} "
+        f"(source length {len(tr.src_tokens)}" + (f", decoder length {len(tr.tgt_tokens)})" if tr.tgt_tokens else ")")
+        + ". Cached: changing the page or a selection does not re-run it."
+    )
+if metrics:
+    st.subheader("Measured metrics")
+    st.json(metrics, expanded=False)
+st.subheader("Model card")
+if lm.card:
+    with st.container(border=True):
+        st.markdown(lm.card)
+else:
+    st.caption("This model folder has no card.md.")
+ui.figure_downloads({"parameters": fig}, f"{lm.name}-model", key="model_dl")

@@ -1,0 +1,73 @@
+"""Positional encoding: the model's own table (sinusoidal or learned), or the paper's for any size."""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from core.positional import sinusoidal_table, wavelengths
+from dashboard import analysis, state, ui
+from dashboard.plots import positional as P
+
+OWN, FREE = "this model's encoding", "explore the paper's sinusoids (any d_model, length)"
+
+st.title("Positional encoding")
+lm = state.model()
+cfg = lm.cfg
+source = st.radio("Encoding", (OWN, FREE), key=state.PE_SOURCE, horizontal=True)
+
+if source == OWN:
+    sinusoidal = cfg.pos_encoding == "sinusoidal"
+    table = lm.model.src_embed.pos.table().detach().float().cpu().numpy()  # (max_len, d_model)
+    kind = "sinusoidal (fixed)" if sinusoidal else "learned"
+    st.caption(
+        f"Model **{lm.name}**: {kind} positions, max_len {cfg.max_len}, d_model {cfg.d_model}"
+        + (f", position ids start at {cfg.pos_offset}" if cfg.pos_offset else "")
+        + (". Token embeddings are scaled by √d_model before the positions are added." if cfg.scale_embeddings else ".")
+    )
+    name = f"{lm.name}, {kind.split()[0]}"
+else:
+    sinusoidal = True
+    c1, c2 = st.columns(2)
+    d_model = int(c1.number_input("d_model", min_value=2, max_value=2048, value=cfg.d_model, step=2, key=state.PE_DMODEL))
+    max_len = int(c2.number_input("max length", min_value=2, max_value=4096, value=min(cfg.max_len, 256),
+                                  key=state.PE_MAXLEN))  # fmt: skip
+    table = sinusoidal_table(max_len, d_model).numpy()
+    name = f"sinusoidal, d_model {d_model}"
+
+n_pos, d = table.shape
+default_dims = sorted({x for x in (0, 1, 2, 3, d // 2, d // 2 + 1, d - 2, d - 1) if 0 <= x < d})
+if any(x >= d for x in st.session_state.get(state.PE_DIMS, [])):
+    st.session_state[state.PE_DIMS] = default_dims
+dims = st.multiselect("Dimensions to plot (even = sin, odd = cos of the same frequency)", list(range(d)),
+                      default=default_dims, key=state.PE_DIMS)  # fmt: skip
+
+curves = P.pe_curves(table, dims, sinusoidal=sinusoidal, title=f"PE(position, dimension) of chosen dimensions ({name})")
+ui.chart(curves, key="pe_curves")
+left, right = st.columns(2)
+heat = P.pe_heatmap(table, title=f"PE matrix [{n_pos} positions × {d} dims] ({name})")
+sim = P.similarity_figure(table, title=f"dot product PE(p) · PE(q) ({name})")
+with left:
+    ui.chart(heat, key="pe_heat")
+with right:
+    ui.chart(sim, key="pe_sim")
+if sinusoidal:
+    wl = wavelengths(d).numpy()
+    wave = P.wavelength_figure(wl, y_title="wavelength (positions, log)",
+                               title=f"wavelength of each dimension: 2π·10000^(2i/d) ({name})")  # fmt: skip
+else:
+    wl = analysis.dominant_period(table)
+    wave = P.wavelength_figure(np.where(np.isfinite(wl), wl, np.nan), y_title="dominant period (positions, log)",
+                               title=f"dominant period of each learned dimension (FFT over positions) ({name})")  # fmt: skip
+ui.chart(wave, key="pe_wave")
+if sinusoidal:
+    st.caption(
+        "Sinusoids: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same). Wavelengths grow "
+        "geometrically from 2π to 10000·2π, so PE(pos + k) is a fixed rotation of PE(pos) for every k, "
+        "and the dot product depends only on the distance |p − q|."
+    )
+else:
+    st.caption("A learned table has no formula; its dominant period per dimension is measured with an FFT "
+               "over positions (infinite periods, i.e. no oscillation, are left out).")  # fmt: skip
+ui.figure_downloads({"curves": curves, "matrix": heat, "similarity": sim, "wavelength": wave}, "positional",
+                   key="pe_dl", table=table)  # fmt: skip

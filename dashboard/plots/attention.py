@@ -1,0 +1,230 @@
+"""Attention figures: the layer x head grid (one heatmap trace) and one head's large heatmap.
+
+Conventions: weights are ``[layer, head, query, key]`` (one sequence); rows = queries
+(top to bottom), columns = keys (left to right); masks are bool, True = may attend.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from dashboard.plots.common import (
+    COLORSCALE,
+    MASKED_COLOR,
+    color_values,
+    colorbar,
+    finish,
+    matrix_height,
+    token_axis,
+    token_label,
+    zrange,
+)
+
+AGGREGATES = ("mean", "max")  # head-average and head-max per layer
+
+
+def reduce_heads(probs: np.ndarray, how: str) -> np.ndarray:
+    """``[layer, head, q, k]`` -> ``[layer, q, k]``: mean or max over heads."""
+    if how == "mean":
+        return probs.mean(axis=1)
+    if how == "max":
+        return probs.max(axis=1)
+    raise ValueError(f"unknown head reduction {how!r}; use 'mean' or 'max'")
+
+
+def head_weights(probs: np.ndarray, layer: int, head: int | str) -> np.ndarray:
+    """``[q, k]`` weights of one head, or of the head-mean / head-max of a layer."""
+    if isinstance(head, str):
+        return reduce_heads(probs[layer : layer + 1], head)[0]
+    return probs[layer, head]
+
+
+def head_name(head: int | str) -> str:
+    return f"head {head}" if isinstance(head, int) else f"{head} of heads"
+
+
+# -- grid ---------------------------------------------------------------------------
+
+_X_RE = re.compile(r"^(?:head (\d+)|(mean|max) of heads) ·")
+_Y_RE = re.compile(r"^layer (\d+) ·")
+
+
+def _gap(n: int) -> int:
+    return max(1, round(n / 10))
+
+
+def grid_figure(
+    probs: np.ndarray,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    *,
+    title: str,
+    mask: np.ndarray | None = None,
+    log: bool = False,
+    aggregates: Sequence[str] = (),
+) -> go.Figure:
+    """All layers x heads as tiles of ONE heatmap trace on one colour scale.
+
+    probs ``[L, H, Q, K]``. Tiles are laid out row = layer, column = head (then one column
+    per aggregate in ``aggregates``), separated by NaN gaps. The x/y axes are categorical:
+    each column's label names its head and key token, each row's its layer and query token,
+    so hover text needs no per-cell data. ``mask`` ``[Q, K]`` (True = may attend): masked
+    cells are drawn grey by a second trace. Returns the figure; ``parse_grid_point`` maps
+    a clicked (x, y) back to (layer, head).
+    """
+    n_layers, n_heads, nq, nk = probs.shape
+    if (nq, nk) != (len(query_tokens), len(key_tokens)):
+        raise ValueError(f"probs are {nq}x{nk} but there are {len(query_tokens)}x{len(key_tokens)} tokens")
+    columns: list[int | str] = list(range(n_heads)) + list(aggregates)
+    tiles = [probs[:, h] if isinstance(h, int) else reduce_heads(probs, h) for h in columns]  # each (L, Q, K)
+    gx, gy = _gap(nk), _gap(nq)
+    n_rows = n_layers * nq + (n_layers - 1) * gy
+    col_start = []
+    x = 0
+    for c, head in enumerate(columns):
+        if c and isinstance(head, str) and isinstance(columns[c - 1], int):
+            x += gx  # a wider gap before the aggregate columns
+        col_start.append(x)
+        x += nk + gx
+    n_cols = x - gx
+    z = np.full((n_rows, n_cols), np.nan, dtype=np.float32)
+    zm = np.full((n_rows, n_cols), np.nan, dtype=np.float32) if mask is not None else None
+    xs = [f"·{i}" for i in range(n_cols)]  # unique category names; gap columns keep these
+    ys = [f"·{i}" for i in range(n_rows)]
+    ktok = [token_label(t) for t in key_tokens]
+    qtok = [token_label(t) for t in query_tokens]
+    for c, head in enumerate(columns):
+        x0 = col_start[c]
+        for j in range(nk):
+            xs[x0 + j] = f"{head_name(head)} · key {j} {ktok[j]}"
+    for layer in range(n_layers):
+        y0 = layer * (nq + gy)
+        for i in range(nq):
+            ys[y0 + i] = f"layer {layer} · query {i} {qtok[i]}"
+        for c in range(len(columns)):
+            x0 = col_start[c]
+            z[y0 : y0 + nq, x0 : x0 + nk] = tiles[c][layer]
+            if zm is not None:
+                zm[y0 : y0 + nq, x0 : x0 + nk] = np.where(mask, np.nan, 1.0)
+    zmin, zmax = zrange(log)
+    heat = go.Heatmap(
+        z=color_values(z, log),
+        x=xs,
+        y=ys,
+        zmin=zmin,
+        zmax=zmax,
+        colorscale=COLORSCALE,
+        colorbar=colorbar(log),
+        hoverongaps=False,
+        name="attention",
+        hovertemplate="%{y}<br>%{x}<br>weight %{customdata:.6f}<extra></extra>"
+        if log
+        else "%{y}<br>%{x}<br>weight %{z:.6f}<extra></extra>",
+    )
+    if log:
+        heat.customdata = z
+    fig = go.Figure(heat)
+    if zm is not None:
+        fig.add_trace(
+            go.Heatmap(
+                z=zm, x=xs, y=ys, zmin=0, zmax=1, colorscale=[[0, MASKED_COLOR], [1, MASKED_COLOR]],
+                showscale=False, hoverongaps=False, name="masked",
+                hovertemplate="%{y}<br>%{x}<br>masked: may not attend (weight 0)<extra></extra>",
+            )
+        )
+    xt = [xs[col_start[c] + nk // 2] for c in range(len(columns))]
+    yt = [ys[layer * (nq + gy) + nq // 2] for layer in range(n_layers)]
+    fig.update_xaxes(
+        title=dict(text="head (each tile: key tokens →)"), type="category", tickmode="array", tickvals=xt,
+        ticktext=[head_name(h) for h in columns], showgrid=False, side="top",
+    )
+    fig.update_yaxes(
+        title=dict(text="layer (each tile: query tokens ↓)"), type="category", tickmode="array", tickvals=yt,
+        ticktext=[f"layer {layer}" for layer in range(n_layers)], showgrid=False, autorange="reversed",
+    )
+    width_px = 900  # about the width Streamlit gives a chart; keeps cells roughly square
+    height = int(np.clip(n_rows * width_px / max(n_cols, 1) + 140, 260, 1400))
+    fig.update_layout(margin=dict(l=80, r=20, t=120, b=20), clickmode="event+select", dragmode=False)
+    return finish(fig, title, height)
+
+
+def parse_grid_point(x: str, y: str) -> tuple[int, int | str] | None:
+    """Clicked grid cell (category labels) -> (layer, head or 'mean'/'max'); None for a gap."""
+    mx, my = _X_RE.match(str(x)), _Y_RE.match(str(y))
+    if not mx or not my:
+        return None
+    head: int | str = int(mx.group(1)) if mx.group(1) is not None else mx.group(2)
+    return int(my.group(1)), head
+
+
+# -- one head --------------------------------------------------------------------------
+
+
+def masked_cells(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(query indices, key indices) of masked cells (mask False)."""
+    qi, ki = np.nonzero(~np.asarray(mask, dtype=bool))
+    return qi, ki
+
+
+def head_heatmap(
+    weights: np.ndarray,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    *,
+    title: str,
+    query_title: str = "query",
+    key_title: str = "key",
+    mask: np.ndarray | None = None,
+    log: bool = False,
+) -> go.Figure:
+    """Large heatmap of one head ``[Q, K]``: queries on y (top to bottom), keys on x.
+
+    Hover: query token, key token, exact weight (and whether the cell is masked).
+    ``mask`` (True = may attend): masked cells get an "x" marker (a separate trace named
+    "masked"), so a masked 0 is told apart from a learned near-0.
+    """
+    w = np.asarray(weights, dtype=np.float32)
+    nq, nk = w.shape
+    if (nq, nk) != (len(query_tokens), len(key_tokens)):
+        raise ValueError(f"weights are {nq}x{nk} but there are {len(query_tokens)}x{len(key_tokens)} tokens")
+    ql = [f"{i} {token_label(t)}" for i, t in enumerate(query_tokens)]
+    kl = [f"{j} {token_label(t)}" for j, t in enumerate(key_tokens)]
+    allowed = np.ones_like(w, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    custom = [
+        [[ql[i], kl[j], f"{float(w[i, j]):.7g}", "" if allowed[i, j] else " (masked)"] for j in range(nk)]
+        for i in range(nq)
+    ]
+    zmin, zmax = zrange(log)
+    fig = go.Figure(
+        go.Heatmap(
+            z=color_values(w, log),
+            zmin=zmin,
+            zmax=zmax,
+            colorscale=COLORSCALE,
+            colorbar=colorbar(log),
+            customdata=custom,
+            name="attention",
+            hovertemplate="query %{customdata[0]}<br>key %{customdata[1]}<br>"
+            "weight %{customdata[2]}%{customdata[3]}<extra></extra>",
+        )
+    )
+    if mask is not None:
+        qi, ki = masked_cells(allowed)
+        size = float(np.clip(500 / max(nq, nk), 4, 14))
+        fig.add_trace(
+            go.Scatter(
+                x=ki, y=qi, mode="markers", name="masked (may not attend)",
+                marker=dict(symbol="x-thin", size=size, line=dict(width=1.5, color="rgba(255,255,255,0.9)")),
+                hoverinfo="skip", showlegend=True,
+            )
+        )
+        fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0))
+    fig.update_xaxes(**token_axis(key_tokens, key_title, rotate=True))
+    fig.update_yaxes(**token_axis(query_tokens, query_title), autorange=None)
+    fig.update_yaxes(range=[nq - 0.5, -0.5])  # first query at the top
+    fig.update_layout(margin=dict(l=90, r=20, t=70, b=90))
+    return finish(fig, title, matrix_height(nq, min_px=360, extra=200))

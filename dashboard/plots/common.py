@@ -1,0 +1,133 @@
+"""Shared pieces of every figure: token labels, token axes, sizes, the template, HTML export.
+
+Pure functions: data in, plain dicts / strings / Figures out; no streamlit.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+# Whitespace tokens would be invisible on an axis; show them as visible symbols.
+_VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍", "": "∅"}
+MAX_LABEL_CHARS = 14  # longer tokens (word level) are cut with an ellipsis on axes
+MAX_TICKS = 64  # up to this many tokens every token gets a tick; beyond, every k-th
+
+# Attention probabilities are in [0, 1]; every attention view uses one fixed range so
+# colours mean the same number on every chart (log views: 1e-4 .. 1).
+COLORSCALE = "Viridis"
+LOG_FLOOR = 1e-4
+MASKED_COLOR = "rgba(150, 150, 150, 0.85)"  # masked cells: grey, outside the colour scale
+
+# A small template: the default "plotly" template adds ~8 kB to every figure's JSON.
+TEMPLATE = go.layout.Template(
+    layout=dict(
+        font=dict(family="Inter, Helvetica, Arial, sans-serif", size=12),
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        margin=dict(l=70, r=20, t=60, b=60),
+        title=dict(x=0.0, xanchor="left", font=dict(size=15)),
+        hoverlabel=dict(font=dict(family="monospace")),
+    )
+)
+
+
+def token_label(token: str) -> str:
+    """Axis/hover text for one token: whitespace made visible, long tokens cut, HTML escaped.
+
+    Plotly reads a few HTML tags in text (``<b>``, ``<br>``...), so ``<pad>`` or a user's
+    ``<b>`` must be escaped to show literally (plotly decodes ``&lt;`` back to ``<``).
+    """
+    token = str(token)
+    shown = _VISIBLE.get(token, token)
+    if shown.isspace():
+        shown = repr(shown)[1:-1]
+    if len(shown) > MAX_LABEL_CHARS:
+        shown = shown[: MAX_LABEL_CHARS - 1] + "…"
+    return html.escape(shown, quote=False)
+
+
+def token_labels(tokens: Sequence[str]) -> list[str]:
+    return [token_label(t) for t in tokens]
+
+
+def indexed_labels(tokens: Sequence[str]) -> list[str]:
+    """``"3 'a'"``-style labels for hover text: position and token."""
+    return [f"{i} {token_label(t)}" for i, t in enumerate(tokens)]
+
+
+def tick_font_size(n: int) -> int:
+    return 12 if n <= 24 else 10 if n <= 40 else 8
+
+
+def token_axis(tokens: Sequence[str], title: str, rotate: bool = False, max_ticks: int = MAX_TICKS) -> dict:
+    """Axis dict for a numeric axis 0..n-1 labelled with tokens (thinned past max_ticks).
+
+    Numeric positions (not categories): repeated tokens ("l", "l") stay separate columns.
+    """
+    n = len(tokens)
+    step = max(1, math.ceil(n / max_ticks))
+    vals = list(range(0, n, step))
+    labels = token_labels(tokens)
+    axis = dict(
+        title=dict(text=title),
+        tickmode="array",
+        tickvals=vals,
+        ticktext=[labels[i] for i in vals],
+        tickfont=dict(size=tick_font_size(n), family="monospace"),
+        showgrid=False,
+        zeroline=False,
+        range=[-0.5, n - 0.5],
+    )
+    if rotate:
+        axis["tickangle"] = -90 if n > 12 or max((len(t) for t in labels), default=0) > 3 else 0
+    return axis
+
+
+def matrix_height(n_rows: int, min_px: int = 300, max_px: int = 1400, per_row: float | None = None,
+                  extra: int = 170) -> int:  # fmt: skip
+    """Pixel height that gives each row room for its tick label (28 px for few rows, 12 px for many)."""
+    if per_row is None:
+        per_row = float(np.clip(480 / max(n_rows, 1), 12, 28))
+    return int(min(max_px, max(min_px, n_rows * per_row + extra)))
+
+
+def colorbar(log: bool, title: str = "weight") -> dict:
+    if not log:
+        return dict(title=dict(text=title), thickness=12)
+    exps = list(range(int(math.log10(LOG_FLOOR)), 1))
+    return dict(
+        title=dict(text=f"{title} (log)"),
+        thickness=12,
+        tickvals=exps,
+        ticktext=[f"1e{e}" if e else "1" for e in exps],
+    )
+
+
+def color_values(weights, log: bool):
+    """z for a colour scale: the weights themselves, or log10(max(w, LOG_FLOOR))."""
+    w = np.asarray(weights, dtype=np.float32)
+    if not log:
+        return w
+    with np.errstate(invalid="ignore"):
+        return np.log10(np.maximum(w, LOG_FLOOR)).astype(np.float32)
+
+
+def zrange(log: bool) -> tuple[float, float]:
+    return (math.log10(LOG_FLOOR), 0.0) if log else (0.0, 1.0)
+
+
+def figure_html(fig: go.Figure) -> str:
+    """A standalone HTML page for one figure, plotly.js inlined (works offline)."""
+    return fig.to_html(include_plotlyjs=True, full_html=True, config={"displaylogo": False})
+
+
+def finish(fig: go.Figure, title: str, height: int | None = None) -> go.Figure:
+    fig.update_layout(template=TEMPLATE, title=dict(text=title, yref="container", y=1.0, yanchor="top", pad=dict(t=14)))
+    if height is not None:
+        fig.update_layout(height=height)
+    return fig

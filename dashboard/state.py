@@ -1,0 +1,241 @@
+"""Session-state keys (all in one place) and the sidebar every page shares.
+
+app.py draws the sidebar once per run (before the page), so its widgets keep their values
+when the page changes. Pages then call ``current()`` / ``model()`` / ``traces()``, which stop
+the page with a message (st.warning / st.error) when there is nothing valid to show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from core.checkpoint import ModelLoadError
+from core.runner import InputError, LoadedModel
+from core.trace import AttentionTrace
+from dashboard import loaders
+
+# -- keys -------------------------------------------------------------------------------
+# sidebar
+MODEL = "model"
+DEVICE = "device"
+BATCH = "batch"  # toggle: several inputs, one per line
+SOURCE = "source"  # single input (text_input)
+SOURCES = "sources"  # batch (text_area)
+MODE = "mode"  # "generate" or "teacher forcing"
+TARGET = "target"
+TARGETS = "targets"
+SELECTION = "selection"  # the Selection of this run (set by sidebar())
+TEXT_FOR_MODEL = "_text_for_model"  # model whose examples fill the text boxes
+# attention page
+ATT_KIND = "att_kind"
+ATT_SEQ = "att_seq"
+ATT_LAYER = "att_layer"
+ATT_HEAD = "att_head"
+ATT_LOG = "att_log"
+ATT_MASK = "att_mask"
+ATT_AGG = "att_agg"
+ATT_GRID = "att_grid"  # plotly selection of the grid
+# decoding page
+DEC_SEQ = "dec_seq"
+DEC_STEP = "dec_step"
+DEC_LAYER = "dec_layer"
+DEC_LOG = "dec_log"
+# masks page
+MASK_SEQ = "mask_seq"
+# positional page
+PE_SOURCE = "pe_source"
+PE_DMODEL = "pe_d_model"
+PE_MAXLEN = "pe_max_len"
+PE_DIMS = "pe_dims"
+# bertviz page
+BV_VIEW = "bv_view"
+BV_KINDS = "bv_kinds"
+BV_SEQ = "bv_seq"
+BV_PAD = "bv_drop_pad"
+
+GENERATE, TEACHER = "generate (greedy decoding)", "teacher forcing (give the target)"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the sidebar asks for; hashable, so it can key caches."""
+
+    name: str
+    device: str
+    version: float
+    sources: tuple[str, ...]
+    targets: tuple[str, ...] | None  # None: greedy decoding
+    batch: bool
+    problems: tuple[str, ...] = ()  # source problems found before running the model
+    target_problems: tuple[str, ...] = ()  # teacher-forcing target problems
+
+
+def _split_lines(text: str) -> tuple[list[str], list[int]]:
+    """Lines of a batch (a final newline is not an empty line) and 1-based empty line numbers."""
+    lines = (text or "").split("\n")
+    if len(lines) > 1 and lines[-1] == "":
+        lines = lines[:-1]
+    empty = [i + 1 for i, line in enumerate(lines) if not line.strip()]
+    return lines, empty
+
+
+def _fill_examples(lm: LoadedModel) -> None:
+    """Put the model's examples into the text boxes (first run, and whenever the model changes)."""
+    ex = loaders.examples(lm, 3)
+    st.session_state[SOURCE] = ex[0]
+    st.session_state[SOURCES] = "\n".join(ex)
+    st.session_state[TARGET] = ""
+    st.session_state[TARGETS] = ""
+    st.session_state[TEXT_FOR_MODEL] = lm.name
+
+
+def _source_problems(sources: list[str], empty: list[int], batch: bool) -> list[str]:
+    if not any(s.strip() for s in sources):
+        return ["The input is empty: type a text for the model to read in the sidebar."]
+    if batch and empty:
+        lines = ", ".join(map(str, empty))
+        return [f"Line {lines} of the batch is empty: delete the empty line or type an input on it."]
+    return []
+
+
+def _target_problems(n_sources: int, targets: list[str] | None, t_empty: list[int], batch: bool) -> list[str]:
+    if targets is None:
+        return []
+    if not any(t.strip() for t in targets):
+        return ["The target is empty: type the target text, or choose 'generate' to let the model write it."]
+    if batch and t_empty:
+        return [f"Target line {', '.join(map(str, t_empty))} is empty: give one target per input line."]
+    if len(targets) != n_sources:
+        return [f"{n_sources} inputs but {len(targets)} target lines: give one target per input line."]
+    return []
+
+
+def sidebar() -> Selection | None:
+    """Draw the shared sidebar; store and return the Selection (None when no model loads)."""
+    choices = loaders.model_choices()
+    with st.sidebar:
+        st.header("attnscope")
+        if not choices:
+            st.warning(
+                "No models yet. Train the zoo (see models/README) or set ATTNSCOPE_MODELS "
+                "to a model folder, then reload."
+            )
+            st.session_state[SELECTION] = None
+            return None
+        if st.session_state.get(MODEL) not in choices:
+            st.session_state[MODEL] = "reverse" if "reverse" in choices else choices[0]
+        name = st.selectbox(
+            "Model", choices, key=MODEL,
+            format_func=loaders.display_name,
+            help="The model zoo (models/<name>/); each card's summary is shown below.",
+        )
+        summary = loaders.model_summary(name)
+        if summary:
+            st.caption(summary)
+        options = loaders.devices()
+        if st.session_state.get(DEVICE) not in options:
+            st.session_state[DEVICE] = options[0]
+        device = st.radio("Device", options, key=DEVICE, horizontal=True,
+                          help="CUDA is offered when a GPU is available.")  # fmt: skip
+        version = loaders.model_version(name)
+        try:
+            lm = loaders.load_model(name, device, version)
+        except (ModelLoadError, InputError, OSError) as exc:
+            st.error(f"Cannot load model {name!r}: {exc}")
+            st.session_state[SELECTION] = None
+            return None
+        st.caption(f"Device used: **{lm.device}**")
+        if st.session_state.get(TEXT_FOR_MODEL) != lm.name:
+            _fill_examples(lm)
+        batch = st.toggle("Batch: several inputs, one per line", key=BATCH,
+                          help="A batch pads shorter inputs with <pad>, so padding masks are real.")  # fmt: skip
+        if batch:
+            raw = st.text_area("Inputs (one per line)", key=SOURCES, height=110)
+            sources, empty = _split_lines(raw)
+        else:
+            raw = st.text_input("Input text", key=SOURCE, max_chars=4000)
+            sources, empty = [raw], []
+        st.caption(f"At most {lm.max_src_tokens} tokens per input; longer inputs are truncated.")
+        targets, t_empty = None, []
+        if lm.has_decoder:
+            mode = st.radio("Decoder input", (GENERATE, TEACHER), key=MODE)
+            if mode == TEACHER:
+                if batch:
+                    targets, t_empty = _split_lines(st.text_area("Targets (one per line)", key=TARGETS, height=90))
+                else:
+                    targets = [st.text_input("Target text", key=TARGET, max_chars=4000)]
+        else:
+            st.caption("Encoder-only model: no decoder input.")
+    sel = Selection(
+        name, device, version, tuple(sources), None if targets is None else tuple(targets), batch,
+        tuple(_source_problems(sources, empty, batch)),
+        tuple(_target_problems(len(sources), targets, t_empty, batch)),
+    )
+    st.session_state[SELECTION] = sel
+    return sel
+
+
+def current() -> Selection:
+    """The sidebar's Selection; stops the page (with the reason shown) when there is none."""
+    sel = st.session_state.get(SELECTION)
+    if sel is None:
+        st.info("Pick a model in the sidebar.")
+        st.stop()
+    return sel
+
+
+def model() -> LoadedModel:
+    sel = current()
+    return loaders.load_model(sel.name, sel.device, sel.version)
+
+
+def traces(greedy: bool = False) -> list[AttentionTrace]:
+    """Traces of the sidebar's inputs (greedy=True: always greedy decoding, whatever the mode).
+
+    Input problems are answered on the page (st.warning / st.error) and stop it; truncation
+    warnings are shown and the page goes on.
+    """
+    sel = current()
+    problems = list(sel.problems) + ([] if greedy else list(sel.target_problems))
+    for p in problems:
+        st.warning(p)
+    if problems:
+        st.stop()
+    try:
+        out = loaders.compute_traces(sel.name, sel.device, sel.version, sel.sources, None if greedy else sel.targets)
+    except InputError as exc:
+        st.error(sentence(str(exc)))
+        st.stop()
+    shown = set()
+    for i, tr in enumerate(out):
+        for w in tr.meta.get("warnings", []):
+            msg = f"Input {i + 1}: {w}." if sel.batch else sentence(w)
+            if msg not in shown:
+                shown.add(msg)
+                st.warning(msg)
+    return out
+
+
+def sentence(text: str) -> str:
+    """A core message ('the input has ...') as a sentence for the page."""
+    text = text.strip()
+    if not text:
+        return text
+    return text[0].upper() + text[1:] + ("" if text[-1] in ".!?)" else ".")
+
+
+def sequence_picker(key: str, traces_: list[AttentionTrace]) -> int:
+    """Which sequence of a batch to show (0 without a batch)."""
+    if len(traces_) == 1:
+        return 0
+    sel = current()
+    n = len(traces_)
+    if st.session_state.get(key, 0) >= n:
+        st.session_state[key] = 0
+    return st.selectbox(
+        "Sequence", list(range(n)), key=key,
+        format_func=lambda i: f"{i}: {sel.sources[i][:40]}",
+        help="Sequences of the batch keep the batch's padded length, so PAD positions are visible.",
+    )
