@@ -488,15 +488,19 @@ class HFModel:
 
 
 # -- loading ---------------------------------------------------------------------------
-def is_hf_folder(path: str | Path) -> bool:
+def _read_json(path: Path) -> dict[str, Any]:
     import json
 
-    cfg = Path(path) / "config.json"
     try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(data, dict) and "model_type" in data
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    """A folder whose config.json names a Hugging Face "model_type" (core configs have none)."""
+    return "model_type" in _read_json(Path(path) / "config.json")
 
 
 def load_hf(
@@ -520,7 +524,14 @@ def load_hf(
     if device_map is not None and importlib.util.find_spec("accelerate") is None:
         raise ModelLoadError("device_map needs the accelerate package (pip install accelerate)")
     import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
+    model_type = _read_json(folder / "config.json").get("model_type")
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise ModelLoadError(
+            f"refused to load {folder}: model_type {model_type!r} is not a built-in transformers architecture "
+            "and attnscope never runs code shipped in a model folder (trust_remote_code=False)"
+        )
     common = {"local_files_only": True, "trust_remote_code": False}
     with _quiet():
         try:
