@@ -171,8 +171,8 @@ def check_masked_mass(traces: list[AttentionTrace], kind: str, pad_id: int | Non
     tr = traces[b]
     why = "future" if kind == "dec_self" and k > q and real_positions(tr, "tgt", pad_id)[k] else "PAD"
     n_heads = tr.probs(kind).shape[0] * tr.probs(kind).shape[1]
-    amount = "NaN" if mass == np.inf else f"{mass:.3g}"
-    detail = (f"{amount} of the attention on masked keys at layer {ly} head {h}, "
+    amount = "NaN probabilities" if mass == np.inf else f"{mass:.3g} of the attention"
+    detail = (f"{amount} on masked keys at layer {ly} head {h}, "
               f"{_where(tr, kind, b, q, k)} ({why}); {len(bad_heads)} of {n_heads} heads read masked keys")  # fmt: skip
     return Verdict(name, False, detail, kind=kind, layer=ly, head=h, positions=(b, q, k), value=mass)
 

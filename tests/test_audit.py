@@ -1,0 +1,292 @@
+"""Mask audit: the correct model passes every check; each injected mask bug makes a check fail."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from core import audit as AU
+from core import bugs as B
+from core.attention import Intervention
+from core.config import tiny
+from core.model import Transformer
+from core.runner import LoadedModel
+from core.tokenizer import CharTokenizer
+from dashboard.plots import audit as P
+
+LAB_SOURCES, LAB_TARGETS = ["abcdefg", "abc"], ["gfedcba", "cba"]  # the lab's 2-line batch
+
+# Which checks each bug must fail on the lab batch (others may fail too): the audit's table.
+CATCHES = {
+    "inverted": {"masked_mass[enc_self]", "masked_mass[dec_self]", "masked_mass[cross]", "row_sums[enc_self]",
+                 "causal_leak", "padding_leak[src]", "padding_leak[tgt]"},
+    "causal_diag_masked": {"row_sums[dec_self]", "fully_masked[dec_self]", "declared_mask[dec_self]"},
+    "causal_next_visible": {"masked_mass[dec_self]", "declared_mask[dec_self]", "causal_leak"},
+    "pad_on_queries": {"masked_mass[enc_self]", "masked_mass[cross]", "declared_mask[cross]", "padding_leak[src]"},
+    "cross_no_src_pad": {"masked_mass[cross]", "declared_mask[cross]", "padding_leak[src]"},
+    "neg_inf_fill": {"finite", "fully_masked[enc_self]", "finite_outputs", "padding_leak[src]"},
+    "wrong_broadcast": {"masked_mass[enc_self]", "declared_mask[enc_self]", "padding_leak[src]"},
+}  # fmt: skip
+# On one text (no PAD in the trace) the leak tests, which append PAD columns, still catch every bug.
+CATCHES_ONE_TEXT = {
+    "inverted": {"causal_leak", "padding_leak[src]"},
+    "causal_diag_masked": {"row_sums[dec_self]"},
+    "causal_next_visible": {"causal_leak"},
+    "pad_on_queries": {"padding_leak[src]"},
+    "cross_no_src_pad": {"padding_leak[src]"},
+    "neg_inf_fill": {"finite_outputs"},
+    "wrong_broadcast": {"padding_leak[src]"},
+}
+
+
+def make_lm(**changes) -> LoadedModel:
+    tok = CharTokenizer.fit(["abcdefgh"])
+    torch.manual_seed(0)
+    cfg = tiny(len(tok), max_len=16, **changes)
+    model = Transformer(cfg).eval()
+    return LoadedModel("tiny", None, cfg, model, tok, None if cfg.is_encoder_only else tok)
+
+
+@pytest.fixture(scope="module")
+def lm() -> LoadedModel:
+    return make_lm()
+
+
+@pytest.fixture(scope="module")
+def clf() -> LoadedModel:
+    return make_lm(n_dec_layers=0, n_classes=2, pos_encoding="learned")
+
+
+def failed(report) -> set[str]:
+    return {v.name for v in report.failed}
+
+
+def test_registry_names_descriptions():
+    assert set(B.names()) == set(CATCHES)
+    for bug in B.BUGS.values():
+        assert bug.description and "\n" not in bug.description
+    with pytest.raises(B.UnknownBugError, match="choose one of"):
+        B.get("nope")
+
+
+@pytest.mark.parametrize("sources,targets", [(LAB_SOURCES, LAB_TARGETS), (["abcd"], None), (["abcdefgh", "a"], None)])
+def test_correct_model_passes_every_check(lm, sources, targets):
+    report = AU.run_audit(lm, sources, targets)
+    assert report.passed, report.lines()
+    statuses = {v.name: v.status for v in report.verdicts}
+    assert statuses["causal_leak"] == "pass" and statuses["padding_leak[src]"] == "pass"
+    assert {"masked_mass[enc_self]", "masked_mass[dec_self]", "masked_mass[cross]", "finite"} <= set(statuses)
+
+
+@pytest.mark.parametrize("name", list(CATCHES))
+def test_each_bug_is_caught_on_the_lab_batch(lm, name):
+    report = AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, bug=name)
+    assert not report.passed and report.bug == name
+    missing = CATCHES[name] - failed(report)
+    assert not missing, f"{name}: expected failures {missing} not seen; got {failed(report)}"
+
+
+@pytest.mark.parametrize("name", list(CATCHES_ONE_TEXT))
+def test_each_bug_is_caught_on_one_text(lm, name):
+    report = AU.run_audit(lm, ["abcdef"], ["fedcba"], bug=name)
+    assert CATCHES_ONE_TEXT[name] <= failed(report), report.lines()
+
+
+def test_failure_details_name_where_and_how_much(lm):
+    r = AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, bug="causal_next_visible")
+    v = next(v for v in r.verdicts if v.name == "causal_leak")
+    b, i, j = v.positions
+    assert j > i and v.value > AU.LEAK_TOL and v.kind == "dec_self"
+    assert v.layer is not None and f"position {j}" in v.detail
+    m = next(v for v in r.verdicts if v.name == "masked_mass[dec_self]")
+    b, q, k = m.positions
+    assert k == q + 1 and m.value == pytest.approx(r.traces[b].probs("dec_self")[m.layer, m.head, q, k:].sum())
+    leak = next(v for v in AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, bug="cross_no_src_pad").verdicts
+                if v.name == "padding_leak[src]")  # fmt: skip
+    assert leak.kind == "cross" and leak.value > AU.LEAK_TOL and "dec output" in leak.detail
+
+
+def test_neg_inf_fill_needs_a_fully_masked_row(lm):
+    """The -inf fill alone changes nothing when no row is fully masked; the bug's 2-D mask makes one."""
+    src, tgt = B.batch_ids(lm, LAB_SOURCES, LAB_TARGETS)
+    ok = B.reference_masks(src != 0, tgt != 0)
+    plain = lm.model(src, tgt, masks=ok).logits
+    inf_only = lm.model(src, tgt, masks=ok, interv=Intervention(neg_inf_fill=True)).logits
+    torch.testing.assert_close(inf_only, plain)
+    bug = B.get("neg_inf_fill")
+    masks, iv = bug.apply(ok)
+    assert iv.neg_inf_fill and masks.enc_self[1, -1].sum() == 0  # PAD query row of the short text
+    assert torch.isnan(lm.model(src, tgt, masks=masks, interv=iv).logits[1]).all()  # spread to real rows
+
+
+def test_wrong_broadcast_is_the_literal_broadcast(lm):
+    src_real = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    scores = torch.zeros(2, 4, 4, 4)  # (B, H, S, S)
+    buggy = src_real.unsqueeze(1).unsqueeze(-1)  # (B, 1, S, 1)
+    right = src_real.unsqueeze(1).unsqueeze(2)  # (B, 1, 1, S)
+    m = B.get("wrong_broadcast").masks(src_real).enc_self
+    torch.testing.assert_close(m, torch.broadcast_to(buggy, scores.shape)[:, 0])
+    torch.testing.assert_close(B.reference_masks(src_real).enc_self, torch.broadcast_to(right, scores.shape)[:, 0])
+
+
+def test_apply_matches_masks_from_real_vectors(lm):
+    src, tgt = B.batch_ids(lm, LAB_SOURCES, LAB_TARGETS)
+    ok = lm.model.make_masks(src, tgt)
+    ref = B.reference_masks(src != 0, tgt != 0)
+    for kind in ("enc_self", "dec_self", "cross"):
+        torch.testing.assert_close(ref.get(kind), ok.get(kind))
+    for bug in B.BUGS.values():
+        applied, _ = bug.apply(ok)
+        direct = bug.masks(src != 0, tgt != 0)
+        changed = []
+        for kind in ("enc_self", "dec_self", "cross"):
+            torch.testing.assert_close(applied.get(kind), direct.get(kind))
+            if not torch.equal(direct.get(kind), ok.get(kind)):
+                changed.append(kind)
+        assert set(changed) <= set(bug.kinds), bug.name
+
+
+def test_trace_with_bug_lines_up_with_the_correct_trace(lm):
+    ok = lm.trace(LAB_SOURCES)
+    none = B.trace_with_bug(lm, LAB_SOURCES, None)
+    buggy = B.trace_with_bug(lm, LAB_SOURCES, "causal_next_visible")
+    for a, b, c in zip(ok, none, buggy, strict=True):
+        np.testing.assert_array_equal(a.tgt_ids, c.tgt_ids)  # same decoder input
+        np.testing.assert_allclose(a.dec_self, b.dec_self, atol=1e-6)
+        assert not np.allclose(a.dec_self, c.dec_self)
+        np.testing.assert_array_equal(a.enc_self_mask, c.enc_self_mask)
+    assert B.greedy_with_bug(lm, LAB_SOURCES, None) == lm.predict(LAB_SOURCES)
+    assert all(isinstance(t, str) for t in B.greedy_with_bug(lm, LAB_SOURCES, "neg_inf_fill"))
+
+
+def test_encoder_only_classifier(clf):
+    assert AU.run_audit(clf, ["abcdefg", "ab"]).passed
+    r = AU.run_audit(clf, ["abcdefg", "ab"], bug="wrong_broadcast")
+    assert {"masked_mass[enc_self]", "padding_leak[src]"} <= failed(r)
+    assert {v.status for v in r.verdicts if v.name in ("causal_leak", "padding_leak[tgt]")} == {"skip"}
+    with pytest.raises(ValueError, match="needs a decoder"):
+        AU.run_audit(clf, ["abc"], bug="causal_next_visible")
+
+
+def test_head_ablation_keeps_masks_correct(lm):
+    from core.analytics import ablation
+
+    iv = ablation(lm.cfg, [("enc_self", 0, 1), ("dec_self", 1, 3)])
+    assert AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, interv=iv).passed
+
+
+# -- a model that is not core: only trace() and, optionally, forward_outputs -------------------------
+
+
+class BlackBox:
+    """A LoadedModel-compatible stand-in (like an HF wrapper): no .model Transformer inside."""
+
+    def __init__(self, lm: LoadedModel, hook: bool, bug: str | None = None):
+        self._lm, self.cfg, self.name, self.has_decoder = lm, lm.cfg, "blackbox", lm.has_decoder
+        if hook:
+            self.forward_outputs = lambda *a: AU.core_forward_outputs(lm, *a, bug=bug and B.get(bug))
+
+    def trace(self, sources, targets=None):
+        return self._lm.trace(sources, targets)
+
+
+def test_black_box_without_hook_runs_static_checks_and_skips_leak_tests(lm):
+    r = AU.run_audit(BlackBox(lm, hook=False), LAB_SOURCES, LAB_TARGETS)
+    assert r.passed
+    assert {v.status for v in r.verdicts if "leak" in v.name or v.name == "finite_outputs"} == {"skip"}
+    with pytest.raises(ValueError, match="core models"):
+        AU.run_audit(BlackBox(lm, hook=False), LAB_SOURCES, bug="inverted")
+
+
+def test_black_box_hook_runs_leak_tests(lm):
+    assert AU.run_audit(BlackBox(lm, hook=True), LAB_SOURCES, LAB_TARGETS).passed
+    leaky = AU.run_audit(BlackBox(lm, hook=True, bug="cross_no_src_pad"), LAB_SOURCES, LAB_TARGETS)
+    assert failed(leaky) == {"padding_leak[src]"}  # its traces are correct: only the black-box test sees it
+
+
+# -- static checks on hand-made traces ----------------------------------------------------------------
+
+
+def test_static_checks_on_hand_made_traces(lm):
+    tr = lm.trace(LAB_SOURCES, LAB_TARGETS)[1]  # short text: PAD at the end
+    assert all(v.passed for v in AU.static_checks([tr], pad_id=0))
+    enc = tr.enc_self.copy()
+    enc[0, 2, 0, -1] += 0.25  # mass on a PAD key, and a row that no longer sums to 1
+    bad = tr.replace(enc_self=enc)
+    names = {v.name for v in AU.static_checks([bad], pad_id=0) if not v.passed}
+    assert names == {"masked_mass[enc_self]", "row_sums[enc_self]"}
+    v = AU.check_masked_mass([bad], "enc_self", 0)
+    assert (v.layer, v.head, v.positions) == (0, 2, (0, 0, len(tr.src_tokens) - 1)) and v.value == pytest.approx(0.25)
+    nan = tr.dec_self.copy()
+    nan[1, 0, 2] = np.nan
+    v = AU.check_finite([tr.replace(dec_self=nan)])
+    assert not v.passed and v.kind == "dec_self" and v.layer == 1
+    no_mask = tr.replace(cross_mask=None)
+    assert AU.check_declared_mask([no_mask], "cross", 0).status == "skip"
+    # pad id unknown: PAD found by token text
+    assert AU.check_masked_mass([bad], "enc_self").passed is False
+
+
+def test_real_positions_keep_a_pad_decoder_start(lm):
+    tr = lm.trace(["abc"], ["cba"])[0]
+    t5_like = tr.replace(tgt_ids=np.array([0, 5, 6, 0, 0]), tgt_tokens=("<pad>", "a", "b", "<pad>", "<pad>"))
+    np.testing.assert_array_equal(AU.real_positions(t5_like, "tgt", 0), [1, 1, 1, 0, 0])
+
+
+def test_special_mass_sums_with_the_rest(lm):
+    tr = lm.trace(LAB_SOURCES, LAB_TARGETS)[1]
+    m = AU.special_mass(tr, "cross", 0)
+    assert set(m) == {"PAD", "BOS", "EOS"} and m["PAD"].max() == 0
+    assert (m["EOS"] > 0).all() and (m["EOS"] <= 1).all()
+    assert AU.masked_mass_per_head(tr, "cross", 0).shape == (2, 4)
+
+
+# -- zoo models ---------------------------------------------------------------------------------------------
+
+
+def _zoo():
+    from models import registry
+
+    return registry.zoo_names()
+
+
+@pytest.mark.parametrize("name", _zoo() or [pytest.param("none", marks=pytest.mark.skip(reason="no zoo models yet"))])
+def test_zoo_models_pass_and_catch_a_bug(name):
+    from models import registry
+    from models import tasks as T
+
+    lm = registry.load(name)
+    task = T.TASKS.get(lm.meta.get("task", ""))
+    if task is None:
+        pytest.skip(f"{name}: no task generator to draw inputs from")
+    rng = random.Random(0)
+    sources = []
+    while len({len(s) for s in sources}) < 2:
+        sources = [task.sample(rng)[0] for _ in range(2)]
+    report = AU.run_audit(lm, sources)
+    assert report.passed, report.lines()
+    bug = "cross_no_src_pad" if lm.has_decoder else "wrong_broadcast"
+    assert not AU.run_audit(lm, sources, bug=bug).passed
+
+
+# -- the verdict table and mask comparison figure -----------------------------------------------------------
+
+
+def test_verdict_table_and_mask_compare(lm):
+    r = AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, bug="causal_next_visible")
+    df = P.verdict_table(r.verdicts)
+    assert len(df) == len(r.verdicts) and list(df.columns) == P.VERDICT_COLUMNS
+    assert (df["status"].str.contains("fail")).sum() == len(r.failed)
+    assert P.verdict_table(r.verdicts, icons=False)["status"].isin(AU.STATUSES).all()
+    tr = r.traces[0]
+    _, correct = AU.expected_mask(tr, "dec_self", 0)
+    codes = P.compare_codes(correct, tr.mask("dec_self"))
+    n = len(tr.tgt_tokens)
+    assert (codes == 2).sum() == n - 1  # the next token, wrongly visible, on every row but the last
+    fig = P.mask_compare_figure(correct, tr.mask("dec_self"), tr.tgt_tokens, tr.tgt_tokens, title="dec")
+    assert np.asarray(fig.data[0].z).shape == (n, n)
+    with pytest.raises(ValueError):
+        P.mask_compare_figure(correct, correct, tr.tgt_tokens[:-1], tr.tgt_tokens, title="x")
