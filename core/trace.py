@@ -10,6 +10,8 @@ Kinds and their axes:
 - ``enc_self``: query = source, key = source
 - ``dec_self``: query = decoder input (BOS + target), key = the same
 - ``cross``:    query = decoder input, key = source
+Decoder-only models (GPT-2 family, core.hf) have ``dec_self`` only: src_tokens is empty and
+tgt_tokens is the whole sequence (prompt, then target), so ``axes`` stays as above.
 """
 
 from __future__ import annotations

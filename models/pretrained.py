@@ -209,6 +209,13 @@ class BertEncoderModel(LoadedModel):
     def prepare_target(self, text: str, truncate: bool = False) -> Prepared:
         raise InputError("this model has no decoder, so it takes no target text")
 
+    def trace(self, sources, targets=None, truncate=False, masks=None, interv=None):
+        """LoadedModel.trace (core runs it, so masks and interventions work), meta marked pretrained."""
+        if targets is not None:
+            raise InputError("this model has no decoder, so it takes no target text")
+        traces = super().trace(sources, None, truncate, masks, interv)
+        return [t.replace(meta={**t.meta, "kind": "pretrained", "pooling": "mean"}) for t in traces]
+
     @torch.no_grad()
     def predict(self, sources: list[str]) -> list[str]:
         out = []
