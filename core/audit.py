@@ -404,6 +404,21 @@ def core_forward_outputs(lm, src, tgt, src_real, tgt_real, bug: B.Bug | None = N
     return res
 
 
+def hf_forward_outputs(lm, src, tgt, src_real, tgt_real) -> dict[str, torch.Tensor]:
+    """Forward-outputs function of a Hugging Face wrapper (``lm.model`` a transformers model,
+    ``lm.cfg.arch`` encoder | decoder | seq2seq), through the library's public call only."""
+    m, arch = lm.model, lm.cfg.arch
+    kw = dict(output_hidden_states=True, return_dict=True)
+    with torch.no_grad():
+        if arch == "encoder":
+            return {"enc": m(input_ids=src, attention_mask=src_real.long(), **kw).hidden_states[-1]}
+        if arch == "decoder":
+            return {"dec": m(input_ids=tgt, attention_mask=tgt_real.long(), **kw).hidden_states[-1]}
+        out = m(input_ids=src, attention_mask=src_real.long(), decoder_input_ids=tgt,
+                decoder_attention_mask=tgt_real.long(), **kw)  # fmt: skip
+    return {"enc": out.encoder_last_hidden_state, "dec": out.decoder_hidden_states[-1]}
+
+
 def is_core(lm) -> bool:
     from core.model import Transformer
 
@@ -416,7 +431,11 @@ def forward_fn(lm, bug: B.Bug | None = None, interv: Intervention | None = None)
         return partial(core_forward_outputs, lm, bug=bug, interv=interv)
     if bug is not None or interv is not None:
         raise ValueError("mask bugs and head ablation can only be injected into core models")
-    return getattr(lm, "forward_outputs", None)
+    if hasattr(lm, "forward_outputs"):
+        return lm.forward_outputs
+    if getattr(lm, "kind", None) == "hf" and getattr(getattr(lm, "cfg", None), "arch", None):
+        return partial(hf_forward_outputs, lm)
+    return None
 
 
 def _finite_at(out: torch.Tensor, real: torch.Tensor) -> torch.Tensor:

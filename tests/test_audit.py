@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -290,3 +291,60 @@ def test_verdict_table_and_mask_compare(lm):
     assert np.asarray(fig.data[0].z).shape == (n, n)
     with pytest.raises(ValueError):
         P.mask_compare_figure(correct, correct, tr.tgt_tokens[:-1], tr.tgt_tokens, title="x")
+
+
+# -- Hugging Face models (tiny, random, built here): static checks and leak tests through the library --------
+
+
+def _hf_folder(tmp_path, arch: str) -> Path:
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = ["<pad>", "<s>", "</s>", "<unk>", "[CLS]", "[SEP]"] + "the cat sat on a mat dog ran".split()
+    vocab = {w: i for i, w in enumerate(words)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    template = {"bert": "[CLS] $A [SEP]", "t5": "$A </s>"}.get(arch)
+    if template:
+        specials = [t for t in template.split() if t != "$A"]
+        tok.post_processor = processors.TemplateProcessing(single=template, special_tokens=[(t, vocab[t]) for t in specials])
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>",
+                                                  bos_token="<s>", eos_token="</s>")  # fmt: skip
+    t, small = transformers, dict(vocab_size=len(vocab), pad_token_id=0)
+    model = {
+        "bert": lambda: t.BertModel(t.BertConfig(**small, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                                 intermediate_size=32, max_position_embeddings=32)),
+        "gpt2": lambda: t.GPT2LMHeadModel(t.GPT2Config(**small, n_embd=16, n_layer=2, n_head=4, n_positions=32,
+                                                       bos_token_id=1, eos_token_id=2)),
+        "t5": lambda: t.T5ForConditionalGeneration(t.T5Config(**small, d_model=16, d_kv=4, d_ff=32, num_layers=2,
+                                                              num_heads=4, eos_token_id=2, decoder_start_token_id=0)),
+    }[arch]  # fmt: skip
+    torch.manual_seed(0)
+    folder = tmp_path / arch
+    model().eval().save_pretrained(folder)
+    hf_tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "t5"])
+def test_hugging_face_models_pass_static_and_leak_checks(tmp_path, arch):
+    from models import registry
+
+    lm = registry.load(str(_hf_folder(tmp_path, arch)))
+    targets = ["a dog ran", "dog"] if lm.has_decoder else None
+    report = AU.run_audit(lm, ["the cat sat on a mat", "the dog"], targets)
+    assert report.passed, report.lines()
+    ran = {v.name for v in report.verdicts if v.status == "pass"}
+    assert "finite_outputs" in ran
+    assert ("causal_leak" in ran) == lm.has_decoder
+    with pytest.raises(ValueError, match="core models"):
+        AU.run_audit(lm, ["the cat"], bug="inverted")
+
+
+def test_hugging_face_wrapper_that_drops_the_attention_mask_leaks(tmp_path):
+    from models import registry
+
+    lm = registry.load(str(_hf_folder(tmp_path, "bert")))
+    lm.forward_outputs = lambda src, tgt, sr, tr: AU.hf_forward_outputs(lm, src, tgt, torch.ones_like(sr), tr)
+    report = AU.run_audit(lm, ["the cat sat on a mat", "the dog"])
+    assert failed(report) == {"padding_leak[src]"}
