@@ -73,7 +73,7 @@ def grid_figure(
     per aggregate in ``aggregates``), separated by NaN gaps. The x/y axes are categorical:
     each column's label names its head and key token, each row's its layer and query token,
     so hover text needs no per-cell data. ``mask`` ``[Q, K]`` (True = may attend): masked
-    cells are drawn grey by a second trace. Returns the figure; ``parse_grid_point`` maps
+    cells are drawn grey by a second, uint8 trace (1 = masked; 0 = transparent). Returns the figure; ``parse_grid_point`` maps
     a clicked (x, y) back to (layer, head).
     """
     n_layers, n_heads, nq, nk = probs.shape
@@ -92,7 +92,7 @@ def grid_figure(
         x += nk + gx
     n_cols = x - gx
     z = np.full((n_rows, n_cols), np.nan, dtype=np.float32)
-    zm = np.full((n_rows, n_cols), np.nan, dtype=np.float32) if mask is not None else None
+    zm = np.zeros((n_rows, n_cols), dtype=np.uint8) if mask is not None else None  # 1 = masked
     xs = [f"·{i}" for i in range(n_cols)]  # unique category names; gap columns keep these
     ys = [f"·{i}" for i in range(n_rows)]
     ktok = [token_label(t) for t in key_tokens]
@@ -109,7 +109,7 @@ def grid_figure(
             x0 = col_start[c]
             z[y0 : y0 + nq, x0 : x0 + nk] = tiles[c][layer]
             if zm is not None:
-                zm[y0 : y0 + nq, x0 : x0 + nk] = np.where(mask, np.nan, 1.0)
+                zm[y0 : y0 + nq, x0 : x0 + nk] = ~np.asarray(mask, dtype=bool)
     zmin, zmax = zrange(log)
     heat = go.Heatmap(
         z=color_values(z, log),
@@ -129,11 +129,12 @@ def grid_figure(
         heat.customdata = z
     fig = go.Figure(heat)
     if zm is not None:
+        # uint8 overlay, transparent where allowed (a quarter of a float32 trace's JSON);
+        # hover falls through to the weights underneath.
         fig.add_trace(
             go.Heatmap(
-                z=zm, x=xs, y=ys, zmin=0, zmax=1, colorscale=[[0, MASKED_COLOR], [1, MASKED_COLOR]],
-                showscale=False, hoverongaps=False, name="masked",
-                hovertemplate="%{y}<br>%{x}<br>masked: may not attend (weight 0)<extra></extra>",
+                z=zm, x=xs, y=ys, zmin=0, zmax=1, colorscale=[[0, "rgba(0,0,0,0)"], [1, MASKED_COLOR]],
+                showscale=False, hoverinfo="skip", name="masked",
             )
         )
     xt = [xs[col_start[c] + nk // 2] for c in range(len(columns))]

@@ -1,0 +1,320 @@
+"""Pure dashboard functions, tested on the figures and numbers they return (no Streamlit)."""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import re
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+import torch
+
+from core.decode import greedy_decode
+from core.model import count_parameters, parameters_by_module
+from core.positional import sinusoidal_table, wavelengths
+from dashboard import analysis, bertviz_html
+from dashboard.plots import attention as PA
+from dashboard.plots import decoding as PD
+from dashboard.plots import masks as PM
+from dashboard.plots import positional as PP
+from dashboard.plots.common import LOG_FLOOR, figure_html, token_label, token_labels
+from dashboard.plots.model import params_figure
+
+INJECTION = "</script><script>alert(1)</script>"
+
+
+@pytest.fixture(scope="module")
+def batch_traces(tiny_model):
+    """A padded batch of two, teacher-forced, so every kind has PAD rows/columns."""
+    return tiny_model.trace(["hello world", "abc"], ["dlrow olleh", "cba"])
+
+
+def z_of(trace) -> np.ndarray:
+    return np.asarray(trace.z, dtype=np.float64)
+
+
+# -- token labels --------------------------------------------------------------------------
+
+
+def test_token_labels_are_visible_and_escaped():
+    assert token_label("a") == "a"
+    assert token_label(" ") == "␣"
+    assert token_label("<pad>") == "&lt;pad&gt;"
+    assert html.unescape(token_label("<b>")) == "<b>"  # plotly would otherwise render bold
+    assert token_label("x" * 40).endswith("…") and len(token_label("x" * 40)) <= 14
+
+
+# -- grid ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["enc_self", "dec_self", "cross"])
+def test_grid_tiles_hold_every_layer_and_head(batch_traces, kind):
+    tr = batch_traces[1]  # the shorter sequence: PAD on its keys
+    probs, (q_tok, k_tok), mask = tr.probs(kind), tr.axes(kind), tr.mask(kind)
+    fig = PA.grid_figure(probs, q_tok, k_tok, title="grid", mask=mask, aggregates=("mean", "max"))
+    heat, masked = fig.data
+    assert len([d for d in fig.data if d.type == "heatmap"]) == 2  # one data trace + the mask overlay
+    z, zm = z_of(heat), z_of(masked)
+    xs, ys = list(heat.x), list(heat.y)
+    n_layers, n_heads = probs.shape[:2]
+    for layer in range(n_layers):
+        rows = [i for i, y in enumerate(ys) if y.startswith(f"layer {layer} ·")]
+        assert len(rows) == len(q_tok)
+        assert [y.split(" ", 5)[-1] for y in (ys[r] for r in rows)] == token_labels(q_tok)
+        for head in [*range(n_heads), "mean", "max"]:
+            cols = [j for j, x in enumerate(xs) if x.startswith(f"{PA.head_name(head)} ·")]
+            assert len(cols) == len(k_tok)
+            want = PA.head_weights(probs, layer, head)
+            np.testing.assert_allclose(z[np.ix_(rows, cols)], want, rtol=0, atol=1e-7)
+            tile_mask = zm[np.ix_(rows, cols)]
+            assert np.array_equal(tile_mask == 1, ~mask)  # masked cells marked, only those
+            assert PA.parse_grid_point(xs[cols[0]], ys[rows[-1]]) == (layer, head)
+    # Gaps are NaN (no hover), and every non-gap cell belongs to a tile.
+    n_cells = n_layers * (n_heads + 2) * len(q_tok) * len(k_tok)
+    assert int(np.isfinite(z).sum()) == n_cells
+    assert int(zm.sum()) == n_layers * (n_heads + 2) * int((~mask).sum())  # no marks in the gaps
+    assert PA.parse_grid_point(xs[0], "·0") is None
+
+
+def test_grid_log_scale_keeps_exact_weights_for_hover(batch_traces):
+    tr = batch_traces[0]
+    probs = tr.probs("cross")
+    fig = PA.grid_figure(probs, *tr.axes("cross"), title="g", log=True)
+    z, custom = z_of(fig.data[0]), np.asarray(fig.data[0].customdata, dtype=np.float64)
+    finite = np.isfinite(custom)
+    np.testing.assert_allclose(z[finite], np.log10(np.maximum(custom[finite], LOG_FLOOR)), atol=1e-6)
+    assert fig.data[0].zmin == np.log10(LOG_FLOOR) and fig.data[0].zmax == 0
+
+
+def test_grid_json_stays_small():
+    """6 layers x 8 heads x 60 x 60: numpy arrays go out as base64, labels once per row/column."""
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(60), size=(6, 8, 60)).astype(np.float32)
+    toks = [chr(97 + i % 26) for i in range(60)]
+    fig = PA.grid_figure(probs, toks, toks, title="big", mask=np.tril(np.ones((60, 60), bool)))
+    size = len(fig.to_json())
+    assert size < 1_600_000, size  # base64 float32 + uint8 mask: ~7 bytes/cell, not ~20 chars/cell
+
+
+# -- one head ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["enc_self", "dec_self", "cross"])
+def test_head_heatmap_z_ticks_hover_and_mask(batch_traces, kind):
+    tr = batch_traces[1]
+    probs, (q_tok, k_tok), mask = tr.probs(kind), tr.axes(kind), tr.mask(kind)
+    fig = PA.head_heatmap(probs[1, 2], q_tok, k_tok, title=f"{kind} L1 H2", mask=mask)
+    heat = fig.data[0]
+    assert z_of(heat).shape == probs.shape[2:]
+    np.testing.assert_array_equal(z_of(heat), probs[1, 2])
+    assert list(fig.layout.xaxis.ticktext) == token_labels(k_tok)
+    assert list(fig.layout.yaxis.ticktext) == token_labels(q_tok)
+    assert list(fig.layout.xaxis.tickvals) == list(range(len(k_tok)))
+    assert "<pad>" in k_tok and "&lt;pad&gt;" in fig.layout.xaxis.ticktext  # PAD columns visible
+    # Hover: query token, key token and the exact weight of that cell.
+    i, j = len(q_tok) - 1, 0
+    q_lab, k_lab, w, _ = heat.customdata[i][j]
+    assert q_lab.endswith(token_label(q_tok[i])) and k_lab.endswith(token_label(k_tok[j]))
+    assert float(w) == pytest.approx(float(probs[1, 2, i, j]), rel=1e-6)
+    # Masked cells: the "masked" trace marks exactly the cells the mask forbids.
+    marks = [d for d in fig.data if d.name and d.name.startswith("masked")]
+    assert len(marks) == 1
+    got = sorted(zip(np.asarray(marks[0].y).tolist(), np.asarray(marks[0].x).tolist(), strict=True))
+    assert got == sorted(map(tuple, np.argwhere(~mask).tolist()))
+    assert got, "the short sequence must have masked (PAD) keys"
+    assert all(c[3] == " (masked)" for row, m_row in zip(heat.customdata, mask, strict=True)
+               for c, m in zip(row, m_row, strict=True) if not m)  # fmt: skip
+    assert "layer" not in fig.layout.title.text or "L1" in fig.layout.title.text
+
+
+def test_head_heatmap_without_mask_has_no_marks_and_log_z(batch_traces):
+    tr = batch_traces[0]
+    w = tr.probs("enc_self")[0, 0]
+    fig = PA.head_heatmap(w, *tr.axes("enc_self"), title="t", log=True)
+    assert len(fig.data) == 1
+    np.testing.assert_allclose(z_of(fig.data[0]), np.log10(np.maximum(w, LOG_FLOOR)), atol=1e-6)
+
+
+def test_sixty_tokens_all_labelled_and_rotated():
+    toks = [chr(97 + i % 26) + str(i) for i in range(60)]
+    w = np.full((60, 60), 1 / 60, dtype=np.float32)
+    fig = PA.head_heatmap(w, toks, toks, title="60")
+    assert list(fig.layout.xaxis.ticktext) == toks and fig.layout.xaxis.tickangle == -90
+    assert fig.layout.xaxis.tickfont.size <= 10 and fig.layout.height >= 60 * 12
+    many = [f"t{i}" for i in range(130)]
+    fig = PA.head_heatmap(np.zeros((130, 130), np.float32), many, many, title="130")
+    assert len(fig.layout.xaxis.ticktext) <= 64 and fig.layout.xaxis.ticktext[0] == "t0"  # thinned
+
+
+def test_heatmap_rejects_mislabelled_axes(batch_traces):
+    tr = batch_traces[0]
+    q_tok, k_tok = tr.axes("cross")
+    with pytest.raises(ValueError, match="tokens"):
+        PA.head_heatmap(tr.probs("cross")[0, 0], q_tok[:-1], k_tok, title="one row short")
+    with pytest.raises(ValueError, match="tokens"):
+        PA.grid_figure(tr.probs("cross"), q_tok, k_tok[1:], title="one column short")
+
+
+# -- decoding --------------------------------------------------------------------------------
+
+
+def test_decode_steps_match_greedy_decoding_record(tiny_model):
+    """The page's per-step data (read from the greedy trace) equals what decoding recorded."""
+    src_text = "hello"
+    tr = tiny_model.trace([src_text])[0]
+    ids = torch.tensor([tiny_model.prepare(src_text).ids])
+    res = greedy_decode(tiny_model.model, ids, record=True)
+    steps = res.steps[0]
+    assert analysis.n_steps(tr) == len(steps)
+    for t, rec in enumerate(steps):
+        ds = analysis.decode_step(tr, t, tiny_model.tgt_tok.itos)
+        assert ds.prefix == tuple(tiny_model.tgt_tok.tokens(res.ids[0, : t + 1].tolist()))
+        assert ds.new_token == tiny_model.tgt_tok.itos[rec.token_id] == ds.topk_tokens[0]
+        np.testing.assert_allclose(ds.cross, rec.cross.numpy(), atol=1e-5)
+        np.testing.assert_allclose(ds.dec_self, rec.dec_self.numpy(), atol=1e-5)
+        assert ds.new_prob == pytest.approx(rec.prob, abs=1e-5)
+        assert np.all(np.diff(ds.topk_probs) <= 0)
+
+
+def test_step_figure_rows_and_topk(tiny_model):
+    tr = tiny_model.trace(["abc"])[0]
+    ds = analysis.decode_step(tr, 1, tiny_model.tgt_tok.itos)
+    fig = PD.step_figure(ds.cross, tr.src_tokens, title="cross", key_title="source")
+    z = z_of(fig.data[0])
+    n_layers, n_heads, n_src = ds.cross.shape
+    assert z.shape == (n_layers * (n_heads + 1) + 1, n_src)
+    np.testing.assert_allclose(z[0], ds.cross[0, 0], atol=1e-7)
+    np.testing.assert_allclose(z[n_heads], ds.cross[0].mean(0), atol=1e-6)
+    np.testing.assert_allclose(z[-1], ds.cross.mean((0, 1)), atol=1e-6)
+    assert list(fig.layout.xaxis.ticktext) == token_labels(tr.src_tokens)
+    fig = PD.step_figure(ds.dec_self, ds.prefix, title="self", key_title="prefix")
+    assert list(fig.layout.xaxis.ticktext) == token_labels(ds.prefix) and len(ds.prefix) == 2
+    bars = PD.topk_figure(ds.topk_tokens, ds.topk_probs, title="top")
+    assert [x.split(". ", 1)[1] for x in bars.data[0].x] == token_labels(ds.topk_tokens)
+    np.testing.assert_allclose(bars.data[0].y, ds.topk_probs, atol=1e-7)
+
+
+# -- masks -----------------------------------------------------------------------------------
+
+
+def test_mask_figures(batch_traces):
+    tr = batch_traces[1]
+    fig = PM.attention_mask_figure(tr.dec_self_mask, tr.tgt_tokens, tr.tgt_tokens, title="dec",
+                                   query_title="q", key_title="k")  # fmt: skip
+    np.testing.assert_array_equal(z_of(fig.data[0]), tr.dec_self_mask.astype(int))
+    assert list(fig.layout.yaxis.ticktext) == token_labels(tr.tgt_tokens)
+    marks = fig.data[1]
+    assert sorted(zip(marks.y, marks.x, strict=True)) == sorted(map(tuple, np.argwhere(~tr.dec_self_mask).tolist()))
+    src = np.stack([t.src_ids for t in batch_traces]) != 0
+    fig = PM.padding_mask_figure(src, [t.src_tokens for t in batch_traces], title="pad", position_title="pos")
+    np.testing.assert_array_equal(z_of(fig.data[0]), src.astype(int))
+    assert fig.data[0].customdata[1][-1][1].endswith("&lt;pad&gt;")
+
+
+def test_masked_mass_table_is_zero_and_catches_leaks(batch_traces):
+    table = analysis.masked_mass_table(batch_traces)
+    kinds, layers, heads = 3, 2, 4
+    assert len(table) == kinds * layers * heads
+    assert table["ok"].all() and (table["max mass on masked keys (one query)"] == 0).all()
+    assert (table["fully masked rows"] == 0).all()
+    leaky = batch_traces[1].cross.copy()
+    leaky[1, 3, :, -1] = 0.25  # put weight on a PAD key (masked) in layer 1 head 3
+    bad = analysis.masked_mass_table([batch_traces[0], batch_traces[1].replace(cross=leaky)])
+    flagged = bad[~bad["ok"]]
+    assert list(zip(flagged["layer"], flagged["head"], strict=True)) == [(1, 3)]
+    assert flagged["max mass on masked keys (one query)"].iloc[0] == pytest.approx(0.25)
+
+
+# -- positional ------------------------------------------------------------------------------
+
+
+def test_positional_figures_and_periods():
+    table = sinusoidal_table(128, 16).numpy()
+    heat = PP.pe_heatmap(table, title="pe")
+    assert z_of(heat.data[0]).shape == (128, 16)
+    curves = PP.pe_curves(table, [0, 1, 6], title="c", sinusoidal=True)
+    assert [d.name for d in curves.data] == ["dim 0 (sin, i=0)", "dim 1 (cos, i=0)", "dim 6 (sin, i=3)"]
+    np.testing.assert_allclose(curves.data[2].y, table[:, 6], atol=1e-7)
+    sim = PP.similarity_figure(table, title="s")
+    np.testing.assert_allclose(z_of(sim.data[0]), table @ table.T, rtol=1e-5, atol=1e-4)
+    wl = wavelengths(16).numpy()
+    wave = PP.wavelength_figure(wl, title="w", y_title="wavelength")
+    assert wave.layout.yaxis.type == "log"
+    # The FFT estimate (used for learned tables) recovers the true wavelengths it can resolve.
+    est = analysis.dominant_period(table)
+    short = wl < 128 / 2
+    assert short.sum() >= 4
+    np.testing.assert_allclose(est[short], wl[short], rtol=0.15)
+
+
+def test_params_figure_counts_every_parameter(tiny_model):
+    counts = parameters_by_module(tiny_model.model)
+    fig = params_figure(counts, title="p")
+    assert sum(fig.data[0].x) == count_parameters(tiny_model.model)
+    assert set(fig.data[0].y) == set(counts)
+
+
+def test_figure_html_is_standalone(batch_traces):
+    tr = batch_traces[0]
+    page = figure_html(PA.head_heatmap(tr.probs("enc_self")[0, 0], *tr.axes("enc_self"), title="t"))
+    parser = _Scripts()
+    parser.feed(page)
+    assert parser.scripts and not any("src" in s for s in parser.scripts)  # nothing loaded from a URL
+    assert len(page) > 1_000_000  # plotly.js is inlined
+
+
+# -- bertviz ---------------------------------------------------------------------------------
+
+
+class _Scripts(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.scripts: list[dict] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "script":
+            self.scripts.append(dict(attrs))
+
+
+@pytest.mark.parametrize("view", ["head", "model"])
+def test_bertviz_html_is_offline_and_escapes_tokens(tiny_model, view):
+    tr = tiny_model.trace([INJECTION + " hi"])[0]
+    data = bertviz_html.attention_data(tr, tr.kinds)
+    assert [d["name"] for d in data] == ["Encoder", "Decoder", "Cross"]
+    assert INJECTION in "".join(data[0]["left_text"])  # the tokens themselves are untouched
+    page = bertviz_html.render(view, data)
+    parser = _Scripts()
+    parser.feed(page)
+    assert len(parser.scripts) == 3  # vendored libraries, AMD shim, bertviz: no script from the text
+    nonce = parser.scripts[0]["nonce"]
+    assert all(s.get("nonce") == nonce and "src" not in s for s in parser.scripts)
+    assert f"script-src 'nonce-{nonce}'" in page and "default-src 'none'" in page
+    assert "<script>alert" not in page and "alert(1)" not in page.replace("alert(1)\\u003c", "")
+    assert "cdnjs" not in page and not re.search(r"""src=["']https?:""", page)
+    # The parameters decode back to exactly the tokens and weights given.
+    start = page.index("const params = ") + len("const params = ")
+    params = json.JSONDecoder().raw_decode(page[start:])[0]
+    assert params["attention"][0]["left_text"] == data[0]["left_text"]
+    np.testing.assert_allclose(params["attention"][2]["attn"], np.round(tr.cross, 4), atol=1e-9)
+
+
+def test_bertviz_encoder_only_and_pad_dropping(tiny_clf):
+    traces = tiny_clf.trace(["hello world", "ab"])
+    short = traces[1]
+    kept = bertviz_html.attention_data(short, ["enc_self"], drop_pad=False)[0]
+    dropped = bertviz_html.attention_data(short, ["enc_self"], drop_pad=True)[0]
+    assert kept["name"] is None and "<pad>" in kept["left_text"] and "<pad>" not in dropped["left_text"]
+    assert np.asarray(dropped["attn"]).shape[2:] == (3, 3)  # "a", "b", <eos>
+    assert bertviz_html.view_height("model", [dropped]) > 0
+
+
+def test_vendored_files_match_their_readme():
+    readme = (bertviz_html.VENDOR / "README.md").read_text()
+    for name in bertviz_html.VENDOR_FILES:
+        digest = hashlib.sha256((bertviz_html.VENDOR / name).read_bytes()).hexdigest()
+        assert f"`{name}`" in readme and digest in readme, name
+    for lic in ("LICENSE-d3.txt", "LICENSE-jquery.txt", "LICENSE-requirejs.txt"):
+        assert (bertviz_html.VENDOR / lic).stat().st_size > 500
