@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from core.checkpoint import ModelLoadError, _one_line
-from core.runner import TOPK, InputError, Prepared, resolve_device
+from core.runner import TOPK, InputError, Prepared, check_trace_budget, resolve_device, trace_bytes
 from core.trace import AttentionTrace
 
 ARCHS = ("encoder", "decoder", "seq2seq")
@@ -76,6 +76,11 @@ class HFArch:
     bos_id: int  # decoder start token (seq2seq) / BOS
     eos_id: int
     dtype: str = "float32"
+    pos_encoding: str = "learned"  # learned | sinusoidal | relative | rotary (descriptive only)
+    scale_embeddings: bool = False
+    pos_offset: int = 0
+    n_classes: int = 0  # >0 for *ForSequenceClassification checkpoints
+    pooling: str = "mean"  # what the embedding output of an encoder uses
 
     @property
     def is_encoder_only(self) -> bool:
@@ -115,7 +120,7 @@ def detect_arch(config: Any) -> str:
     return "encoder"
 
 
-def _arch_summary(name: str, config: Any, arch: str, tokenizer: Any, dtype: str) -> HFArch:
+def _arch_summary(name: str, config: Any, arch: str, tokenizer: Any, dtype: str, n_classes: bool) -> HFArch:
     n_layers = _first(config, "num_hidden_layers", "n_layer", "num_layers")
     n_dec = _first(config, "decoder_layers", "num_decoder_layers", default=n_layers)
     max_len = _first(config, "max_position_embeddings", "n_positions", default=0)
@@ -134,6 +139,16 @@ def _arch_summary(name: str, config: Any, arch: str, tokenizer: Any, dtype: str)
     if bos is None:
         bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else -1
     vocab = int(_first(config, "vocab_size"))
+    if getattr(config, "relative_attention_num_buckets", None):
+        pos = "relative"
+    elif any(
+        getattr(config, a, None) for a in ("rope_theta", "rope_scaling", "rotary_dim", "rope_parameters")
+    ):
+        pos = "rotary"
+    elif config.model_type in ("marian", "fsmt", "m2m_100", "nllb_moe", "pegasus"):
+        pos = "sinusoidal"
+    else:
+        pos = "learned"
     return HFArch(
         name=name,
         model_type=config.model_type,
@@ -149,6 +164,10 @@ def _arch_summary(name: str, config: Any, arch: str, tokenizer: Any, dtype: str)
         bos_id=int(bos),
         eos_id=int(eos),
         dtype=dtype,
+        pos_encoding=pos,
+        scale_embeddings=bool(getattr(config, "scale_embedding", False)),
+        pos_offset=2 if config.model_type in ("bart", "mbart") else 0,  # BART's learned table starts at 2
+        n_classes=int(getattr(config, "num_labels", 0)) if n_classes else 0,
     )
 
 
@@ -170,10 +189,20 @@ def _quiet():
 
 
 class HFTokenizerView:
-    """A transformers tokenizer shaped like core's Tokenizer (encode without specials, tokens, decode)."""
+    """A transformers tokenizer shaped like core's Tokenizer (encode without specials, tokens, decode, itos)."""
+
+    kind = "hf"
 
     def __init__(self, tokenizer: Any):
         self.hf = tokenizer
+        self._itos: list[str] | None = None
+
+    @property
+    def itos(self) -> list[str]:
+        """id -> token string (built on first use)."""
+        if self._itos is None:
+            self._itos = [str(t) for t in self.hf.convert_ids_to_tokens(list(range(len(self.hf))))]
+        return self._itos
 
     def __len__(self) -> int:
         return len(self.hf)
@@ -203,6 +232,9 @@ class HFModel:
 
     kind = "hf"
 
+    def __post_init__(self) -> None:
+        self._view = HFTokenizerView(self.tokenizer)
+
     # -- facts ------------------------------------------------------------------
     @property
     def has_decoder(self) -> bool:
@@ -214,11 +246,11 @@ class HFModel:
 
     @property
     def src_tok(self) -> HFTokenizerView:
-        return HFTokenizerView(self.tokenizer)
+        return self._view
 
     @property
     def tgt_tok(self) -> HFTokenizerView | None:
-        return HFTokenizerView(self.tokenizer) if self.has_decoder else None
+        return self._view if self.has_decoder else None
 
     @property
     def n_specials(self) -> int:
@@ -303,8 +335,18 @@ class HFModel:
             )
         if targets is not None and len(targets) != len(sources):
             raise InputError(f"{len(sources)} inputs but {len(targets)} targets: give one target per input")
+        check_trace_budget(0, len(sources))
         prepared = [self.prepare(s, truncate) for s in sources]
         tp = [self.prepare_target(t, truncate) for t in targets] if targets is not None else None
+        cfg, n_src = self.cfg, max(len(p.ids) for p in prepared)
+        n_tgt = max(len(t.ids) for t in tp) + 1 if tp else min(self.max_new_tokens, cfg.max_len)
+        if cfg.arch == "decoder":  # one sequence, prompt (+ target), in dec_self only
+            n_seq = n_src + (n_tgt if tp else 0)
+            nbytes = trace_bytes(0, cfg.n_dec_layers, cfg.n_heads, len(sources), 0, n_seq)
+        else:
+            n_dec = n_tgt if cfg.arch == "seq2seq" else 0
+            nbytes = trace_bytes(cfg.n_enc_layers, cfg.n_dec_layers, cfg.n_heads, len(sources), n_src, n_dec)
+        check_trace_budget(nbytes, len(sources))  # same limits as core's runner (ATTNSCOPE_MAX_TRACE_MB)
         for p, t in zip(prepared, tp or [], strict=False):
             p.warnings.extend(t.warnings)
         run = {"encoder": self._run_encoder, "decoder": self._run_decoder, "seq2seq": self._run_seq2seq}
@@ -573,7 +615,7 @@ def load_hf(
         model = model.to(resolve_device(device))
     model.eval()
     name = name or folder.name
-    cfg = _arch_summary(name, config, arch, tokenizer, dtype)
+    cfg = _arch_summary(name, config, arch, tokenizer, dtype, head == "classifier")
     readme = folder / "README.md"
     card = readme.read_text(encoding="utf-8", errors="replace")[:20000] if readme.is_file() else ""
     layers = (

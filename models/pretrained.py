@@ -141,6 +141,8 @@ class WordPieceTokenizer:
     ``encode`` returns ids without specials; the model adds [CLS] ... [SEP].
     """
 
+    kind = "wordpiece"
+
     def __init__(self, path: str | Path):
         from tokenizers import Tokenizer as HFTokenizer
 

@@ -151,6 +151,8 @@ def test_encoder_trace_equals_output_attentions(loaded, name):
         assert t.enc_self_scores is None and t.meta["has_scores"] is False
     assert traces[1].src_tokens[-1] == "<pad>"  # PAD stays visible in the padded batch
     assert traces[0].src_tokens[0] == "[CLS]" and "[SEP]" in traces[0].src_tokens
+    assert lm.cfg.n_classes == (3 if name == "bert_cls" else 0) and lm.cfg.pos_encoding == "learned"
+    assert lm.src_tok.itos[:2] == ["<pad>", "<s>"] and len(lm.src_tok) == V
     if name == "bert_cls":
         assert lm.labels == ["neg", "neutral", "pos"]
         probs = ref.logits.softmax(-1)
@@ -187,7 +189,8 @@ def test_decoder_only_trace(loaded):
 @pytest.mark.parametrize("name", ["bart", "t5", "marian"])
 def test_seq2seq_teacher_forced_trace_equals_output_attentions(loaded, name):
     lm = loaded[name]
-    assert lm.cfg.arch == "seq2seq"
+    assert lm.cfg.arch == "seq2seq" and lm.cfg.n_enc_layers == lm.cfg.n_dec_layers == 2
+    assert lm.cfg.pos_encoding == {"bart": "learned", "t5": "relative", "marian": "sinusoidal"}[name]
     traces = lm.trace(TEXTS, TARGETS)
     enc = lm.tokenizer(TEXTS, padding=True, return_tensors="pt")
     labels = lm.tokenizer(text_target=TARGETS, padding=True, return_tensors="pt")
@@ -283,7 +286,7 @@ def test_routing_and_options(folders, tmp_path):
             load_hf(folders["gpt2"], device_map="auto")
 
 
-def test_refuses_what_hf_models_cannot_do(loaded):
+def test_refuses_what_hf_models_cannot_do(loaded, monkeypatch):
     from core.attention import Intervention
     from core.runner import InputError
 
@@ -296,3 +299,6 @@ def test_refuses_what_hf_models_cannot_do(loaded):
         lm.trace([" ".join(["cat"] * 40)])
     (t,) = lm.trace([" ".join(["cat"] * 40)], truncate=True)
     assert len(t.src_tokens) == 32 and t.meta["warnings"]
+    monkeypatch.setattr("core.runner.MAX_TRACE_MB", 0)  # the runner's memory budget applies here too
+    with pytest.raises(InputError, match="MB of attention maps"):
+        loaded["t5"].trace(["the cat"])
