@@ -158,7 +158,9 @@ def source_attribution(
     return c
 
 
-def alignment(weights: np.ndarray, q_valid: np.ndarray | None = None, k_valid: np.ndarray | None = None) -> np.ndarray:
+def alignment(
+    weights: np.ndarray, q_valid: np.ndarray | None = None, k_valid: np.ndarray | None = None
+) -> np.ndarray:
     """(Q,) argmax key per query of weights (Q, K) over valid keys; -1 for invalid queries."""
     w = np.asarray(weights, dtype=np.float64)
     if k_valid is not None:
@@ -201,7 +203,9 @@ def ablation(cfg, off: list[tuple[str, int, int]]) -> Intervention:
             raise ValueError(f"this model has no {kind} attention (kinds: {', '.join(shapes)})")
         n_layers, n_heads = shapes[kind]
         if not (0 <= ly < n_layers and 0 <= h < n_heads):
-            raise ValueError(f"{kind} has layers 0..{n_layers - 1} and heads 0..{n_heads - 1}; got layer {ly} head {h}")
+            raise ValueError(
+                f"{kind} has layers 0..{n_layers - 1} and heads 0..{n_heads - 1}; got layer {ly} head {h}"
+            )
         keep.setdefault(kind, torch.ones(n_layers, n_heads))[ly, h] = 0.0
     return Intervention(head_mask=keep)
 
@@ -219,7 +223,9 @@ def run_ablation(lm, sources: list[str], off: list[tuple[str, int, int]], target
 def _common(a: AttentionTrace, b: AttentionTrace, kind: str) -> tuple[np.ndarray, np.ndarray]:
     pa, pb = a.probs(kind), b.probs(kind)
     if pa.shape[:2] != pb.shape[:2]:
-        raise ValueError(f"cannot compare {kind}: {pa.shape[0]}x{pa.shape[1]} vs {pb.shape[0]}x{pb.shape[1]} (layers x heads)")
+        raise ValueError(
+            f"cannot compare {kind}: {pa.shape[0]}x{pa.shape[1]} vs {pb.shape[0]}x{pb.shape[1]} (layers x heads)"
+        )
     q, k = min(pa.shape[2], pb.shape[2]), min(pa.shape[3], pb.shape[3])
     return pa[:, :, :q, :k].astype(np.float64), pb[:, :, :q, :k].astype(np.float64)
 

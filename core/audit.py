@@ -13,8 +13,9 @@ Dynamic checks call the model as a black box through a *forward-outputs function
 
 ``*_real`` say where the real tokens are (True = not PAD), independently of the ids,
 so a test can change what sits in PAD positions while the padding stays the same.
-A model object provides it as ``lm.forward_outputs`` (e.g. Hugging Face wrappers); core
-``LoadedModel``s get ``core_forward_outputs`` (which can also inject a mask-lab bug).
+A model object may provide it as ``lm.forward_outputs``; otherwise core ``LoadedModel``s get
+``core_forward_outputs`` (which can also inject a mask-lab bug) and ``core.hf.HFModel``s get
+``hf_forward_outputs`` (the transformers model called with ``attention_mask`` from ``*_real``).
 
 Tolerances: masked mass must be exactly 0; real rows sum to 1 within 1e-5; a leak
 test passes when no real-position output moves by more than 1e-5 (float32 noise).
@@ -118,7 +119,9 @@ def real_positions(trace: AttentionTrace, side: str, pad_id: int | None = None) 
     return np.arange(len(is_pad)) < n_real
 
 
-def expected_mask(trace: AttentionTrace, kind: str, pad_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def expected_mask(
+    trace: AttentionTrace, kind: str, pad_id: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(real queries (Q,), mask (Q, K)) that ``kind`` must use, from the tokens alone."""
     qs, ks = kind_sides(kind)
     q_real, k_real = real_positions(trace, qs, pad_id), real_positions(trace, ks, pad_id)
@@ -164,7 +167,9 @@ def check_masked_mass(traces: list[AttentionTrace], kind: str, pad_id: int | Non
                 worst = (float(score[ly, h, q]), b, int(ly), int(h), int(q), k)
     if worst is None:
         if n_pairs == 0:
-            return Verdict(name, True, "no masked keys for real queries in this input (no PAD, no future)", kind=kind)
+            return Verdict(
+                name, True, "no masked keys for real queries in this input (no PAD, no future)", kind=kind
+            )
         return Verdict(name, True, f"0 on all {n_pairs} masked (query, key) pairs, every layer and head",
                        kind=kind, value=0.0)  # fmt: skip
     mass, b, ly, h, q, k = worst
@@ -268,7 +273,9 @@ def check_declared_mask(traces: list[AttentionTrace], kind: str, pad_id: int | N
                        + (", future masked)" if kind == "dec_self" else ")"), kind=kind, value=0.0)  # fmt: skip
     b, q, k, allowed = first
     what = "allowed but must be masked" if allowed else "masked but must be visible"
-    detail = f"{n_bad} wrong (query, key) entries on real rows, e.g. {_where(traces[b], kind, b, q, k)} {what}"
+    detail = (
+        f"{n_bad} wrong (query, key) entries on real rows, e.g. {_where(traces[b], kind, b, q, k)} {what}"
+    )
     return Verdict(name, False, detail, kind=kind, positions=(b, q, k), value=float(n_bad))
 
 
@@ -286,7 +293,9 @@ def check_finite(traces: list[AttentionTrace]) -> Verdict:
     if not spots:
         return Verdict("finite", False, "output probabilities are not finite")
     kind, layer, rows = spots[0]
-    path = " -> ".join(f"{k} L{lay} ({n} rows)" for k, lay, n in spots[:6]) + (" ..." if len(spots) > 6 else "")
+    path = " -> ".join(f"{k} L{lay} ({n} rows)" for k, lay, n in spots[:6]) + (
+        " ..." if len(spots) > 6 else ""
+    )
     detail = f"NaN first in {kind} layer {layer}, then spreads: {path}" + ("; outputs NaN" if out_bad else "")
     return Verdict("finite", False, detail, kind=kind, layer=layer, value=float(len(spots)))
 
@@ -319,13 +328,17 @@ def check_special_tokens(traces: list[AttentionTrace], kind: str, pad_id: int | 
             continue
         ly, h = np.unravel_index(int(np.argmax(m)), m.shape)
         parts.append(f"{g} {m.mean():.2f} (max {m[ly, h]:.2f} at layer {ly} head {h})")
-    return Verdict(f"special_tokens[{kind}]", True, "mean mass on " + ", ".join(parts), status="info", kind=kind)
+    return Verdict(
+        f"special_tokens[{kind}]", True, "mean mass on " + ", ".join(parts), status="info", kind=kind
+    )
 
 
 STATIC_CHECKS = (check_masked_mass, check_row_sums, check_fully_masked, check_declared_mask)
 
 
-def static_checks(traces: list[AttentionTrace], pad_id: int | None = None, info: bool = True) -> list[Verdict]:
+def static_checks(
+    traces: list[AttentionTrace], pad_id: int | None = None, info: bool = True
+) -> list[Verdict]:
     """Every static check for every kind of a batch of traces (one per sequence)."""
     if not traces:
         raise ValueError("no traces to audit")
@@ -387,7 +400,7 @@ def batch_from_traces(
 
     src, src_real = grow(src, src_real)
     tgt, tgt_real = grow(tgt, tgt_real)
-    to = (lambda t: None if t is None else t.to(device))  # noqa: E731
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
     return ProbeBatch(to(src), to(src_real), to(tgt), to(tgt_real), extra)
 
 
@@ -482,7 +495,9 @@ def _blame(traces, kind: str, b: int, q: int, keys: list[int]) -> tuple[int, int
     return (int(ly), int(h), float(m[ly, h])) if m[ly, h] > 0 else None
 
 
-def _pool(ids: torch.Tensor, real: torch.Tensor, pad_id: int, vocab: int | None, skip: set[int]) -> torch.Tensor:
+def _pool(
+    ids: torch.Tensor, real: torch.Tensor, pad_id: int, vocab: int | None, skip: set[int]
+) -> torch.Tensor:
     """Token ids to write into positions: the model's vocabulary minus specials, else ids seen."""
     if vocab:
         pool = [i for i in range(vocab) if i not in skip and i != pad_id]
@@ -521,7 +536,9 @@ def check_padding_leak(
     v, out_name, b, i = worst
     n = int(pads.sum())
     if v <= LEAK_TOL:
-        return Verdict(name, True, f"changing {n} {side} PAD tokens moved real outputs by at most {v:.1e}", value=v)
+        return Verdict(
+            name, True, f"changing {n} {side} PAD tokens moved real outputs by at most {v:.1e}", value=v
+        )
     where = f"{out_name} output at seq {b} position {i}"
     kind = "enc_self" if out_name == "enc" else ("cross" if side == "src" else "dec_self")
     pad_pos = [int(k) for k in torch.nonzero(pads[b]).flatten()]
@@ -606,7 +623,11 @@ def _facts(lm) -> dict[str, Any]:
     cfg = getattr(lm, "cfg", None)
     pad = getattr(cfg, "pad_id", getattr(lm, "pad_id", 0))
     specials = {getattr(cfg, k, None) for k in ("pad_id", "bos_id", "eos_id")} | {3 if is_core(lm) else None}
-    vocab = (getattr(cfg, "src_vocab_size", None), getattr(cfg, "tgt_vocab_size", None)) if is_core(lm) else (None, None)
+    vocab = (
+        (getattr(cfg, "src_vocab_size", None), getattr(cfg, "tgt_vocab_size", None))
+        if is_core(lm)
+        else (None, None)
+    )
     if is_core(lm) and not lm.has_decoder:
         vocab = (vocab[0], None)
     return {"pad_id": pad, "skip_ids": {s for s in specials if s is not None},

@@ -37,7 +37,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
         except bugs.UnknownBugError as exc:
             raise cli.CliError(str(exc)) from exc
     if args.target is not None and len(args.target) != len(args.text):
-        raise cli.CliError(f"{len(args.text)} texts but {len(args.target)} --target values: give one per text")
+        raise cli.CliError(
+            f"{len(args.text)} texts but {len(args.target)} --target values: give one per text"
+        )
     lm = cli._load(args.model, args.device)
     if bug is not None and not audit.is_core(lm):
         raise cli.CliError("--inject works on core models only (zoo models and folders saved by attnscope)")

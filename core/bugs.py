@@ -136,7 +136,9 @@ class Bug:
 
     def intervention(self, base: Intervention | None = None) -> Intervention:
         base = base or Intervention()
-        return Intervention(neg_inf_fill=base.neg_inf_fill or self.neg_inf_fill, head_mask=dict(base.head_mask))
+        return Intervention(
+            neg_inf_fill=base.neg_inf_fill or self.neg_inf_fill, head_mask=dict(base.head_mask)
+        )
 
     def apply(self, masks: Masks, interv: Intervention | None = None) -> tuple[Masks, Intervention]:
         """Correct masks (and intervention) of a batch -> the buggy ones."""
@@ -210,7 +212,9 @@ def get(name: str) -> Bug:
 # -- running a core model with a bug ---------------------------------------------------------
 
 
-def batch_ids(lm, sources: list[str], targets: list[str] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def batch_ids(
+    lm, sources: list[str], targets: list[str] | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(src (B, S), decoder input (B, T) or None) exactly as ``LoadedModel.trace`` builds them.
 
     Without targets the decoder input is the correct model's greedy output (teacher forcing
@@ -240,7 +244,11 @@ def _pad(rows: list[list[int]], pad_id: int, device) -> torch.Tensor:
 
 
 def masks_for(
-    lm, src: torch.Tensor, tgt: torch.Tensor | None, bug: Bug | None = None, interv: Intervention | None = None
+    lm,
+    src: torch.Tensor,
+    tgt: torch.Tensor | None,
+    bug: Bug | None = None,
+    interv: Intervention | None = None,
 ) -> tuple[Masks, Intervention | None]:
     """Masks and intervention for one batch of ids, with ``bug`` injected (None = correct)."""
     pad = lm.cfg.pad_id
@@ -275,7 +283,11 @@ def trace_with_bug(
 
 @torch.no_grad()
 def greedy_with_bug(
-    lm, sources: list[str], bug: Bug | str | None, max_len: int | None = None, interv: Intervention | None = None
+    lm,
+    sources: list[str],
+    bug: Bug | str | None,
+    max_len: int | None = None,
+    interv: Intervention | None = None,
 ) -> list[str]:
     """The model's own greedy output (text) with ``bug`` in every decoding step."""
     bug = get(bug) if isinstance(bug, str) else bug

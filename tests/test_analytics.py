@@ -275,7 +275,9 @@ def test_matrix_figures_label_rows_and_columns_with_tokens(traces):
     r = A.rollout(tr.probs("enc_self"))[-1]
     fig = P.rollout_figure(r, tr.src_tokens)
     assert np.asarray(fig.data[0].z).shape == (len(tr.src_tokens),) * 2
-    assert list(fig.layout.xaxis.ticktext) == [t.replace("<", "&lt;").replace(">", "&gt;") for t in tr.src_tokens]
+    assert list(fig.layout.xaxis.ticktext) == [
+        t.replace("<", "&lt;").replace(">", "&gt;") for t in tr.src_tokens
+    ]
     d = A.trace_difference(traces[0], traces[0].replace(cross=traces[0].cross[::-1]), "cross")[0, 0]
     fig = P.difference_figure(d, tr.tgt_tokens, tr.src_tokens)
     assert fig.data[0].zmin == -fig.data[0].zmax

@@ -73,7 +73,9 @@ def test_registry_names_descriptions():
         B.get("nope")
 
 
-@pytest.mark.parametrize("sources,targets", [(LAB_SOURCES, LAB_TARGETS), (["abcd"], None), (["abcdefgh", "a"], None)])
+@pytest.mark.parametrize(
+    "sources,targets", [(LAB_SOURCES, LAB_TARGETS), (["abcd"], None), (["abcdefgh", "a"], None)]
+)
 def test_correct_model_passes_every_check(lm, sources, targets):
     report = AU.run_audit(lm, sources, targets)
     assert report.passed, report.lines()
@@ -104,7 +106,9 @@ def test_failure_details_name_where_and_how_much(lm):
     assert v.layer is not None and f"position {j}" in v.detail
     m = next(v for v in r.verdicts if v.name == "masked_mass[dec_self]")
     b, q, k = m.positions
-    assert k == q + 1 and m.value == pytest.approx(r.traces[b].probs("dec_self")[m.layer, m.head, q, k:].sum())
+    assert k == q + 1 and m.value == pytest.approx(
+        r.traces[b].probs("dec_self")[m.layer, m.head, q, k:].sum()
+    )
     leak = next(v for v in AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, bug="cross_no_src_pad").verdicts
                 if v.name == "padding_leak[src]")  # fmt: skip
     assert leak.kind == "cross" and leak.value > AU.LEAK_TOL and "dec output" in leak.detail
@@ -130,7 +134,9 @@ def test_wrong_broadcast_is_the_literal_broadcast(lm):
     right = src_real.unsqueeze(1).unsqueeze(2)  # (B, 1, 1, S)
     m = B.get("wrong_broadcast").masks(src_real).enc_self
     torch.testing.assert_close(m, torch.broadcast_to(buggy, scores.shape)[:, 0])
-    torch.testing.assert_close(B.reference_masks(src_real).enc_self, torch.broadcast_to(right, scores.shape)[:, 0])
+    torch.testing.assert_close(
+        B.reference_masks(src_real).enc_self, torch.broadcast_to(right, scores.shape)[:, 0]
+    )
 
 
 def test_apply_matches_masks_from_real_vectors(lm):
@@ -220,7 +226,11 @@ def test_static_checks_on_hand_made_traces(lm):
     names = {v.name for v in AU.static_checks([bad], pad_id=0) if not v.passed}
     assert names == {"masked_mass[enc_self]", "row_sums[enc_self]"}
     v = AU.check_masked_mass([bad], "enc_self", 0)
-    assert (v.layer, v.head, v.positions) == (0, 2, (0, 0, len(tr.src_tokens) - 1)) and v.value == pytest.approx(0.25)
+    assert (v.layer, v.head, v.positions) == (
+        0,
+        2,
+        (0, 0, len(tr.src_tokens) - 1),
+    ) and v.value == pytest.approx(0.25)
     nan = tr.dec_self.copy()
     nan[1, 0, 2] = np.nan
     v = AU.check_finite([tr.replace(dec_self=nan)])
@@ -254,7 +264,9 @@ def _zoo():
     return registry.zoo_names()
 
 
-@pytest.mark.parametrize("name", _zoo() or [pytest.param("none", marks=pytest.mark.skip(reason="no zoo models yet"))])
+@pytest.mark.parametrize(
+    "name", _zoo() or [pytest.param("none", marks=pytest.mark.skip(reason="no zoo models yet"))]
+)
 def test_zoo_models_pass_and_catch_a_bug(name):
     from models import registry
     from models import tasks as T
@@ -307,7 +319,9 @@ def _hf_folder(tmp_path, arch: str) -> Path:
     template = {"bert": "[CLS] $A [SEP]", "t5": "$A </s>"}.get(arch)
     if template:
         specials = [t for t in template.split() if t != "$A"]
-        tok.post_processor = processors.TemplateProcessing(single=template, special_tokens=[(t, vocab[t]) for t in specials])
+        tok.post_processor = processors.TemplateProcessing(
+            single=template, special_tokens=[(t, vocab[t]) for t in specials]
+        )
     hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>",
                                                   bos_token="<s>", eos_token="</s>")  # fmt: skip
     t, small = transformers, dict(vocab_size=len(vocab), pad_token_id=0)

@@ -25,7 +25,9 @@ def folder(tmp_path_factory) -> Path:
     tok = CharTokenizer.fit(["abcdefgh "])
     torch.manual_seed(0)
     model = Transformer(tiny(vocab_size=len(tok), max_len=16)).eval()
-    return checkpoint.save(tmp_path_factory.mktemp("audit") / "tiny", model, tok, tok, card="# tiny\n\nUntrained.\n")
+    return checkpoint.save(
+        tmp_path_factory.mktemp("audit") / "tiny", model, tok, tok, card="# tiny\n\nUntrained.\n"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,9 @@ def clf_folder(tmp_path_factory) -> Path:
     tok = CharTokenizer.fit(["abcdefgh "])
     torch.manual_seed(0)
     model = Transformer(tiny(vocab_size=len(tok), max_len=16, n_dec_layers=0, n_classes=2)).eval()
-    return checkpoint.save(tmp_path_factory.mktemp("audit") / "clf", model, tok, None, meta={"labels": ["n", "y"]})
+    return checkpoint.save(
+        tmp_path_factory.mktemp("audit") / "clf", model, tok, None, meta={"labels": ["n", "y"]}
+    )
 
 
 def audit(capsys, *args: str) -> tuple[int, list[str], str]:
@@ -60,9 +64,13 @@ def test_injected_bug_exits_1(folder, capsys, bug):
 
 
 def test_teacher_forcing_targets(folder, capsys):
-    code, lines, _ = audit(capsys, "--model", str(folder), "--target", "fedcba", "--target", "ba", "abcdef", "ab")
+    code, lines, _ = audit(
+        capsys, "--model", str(folder), "--target", "fedcba", "--target", "ba", "abcdef", "ab"
+    )
     assert code == 0
-    code, lines, _ = audit(capsys, "--model", str(folder), "--inject", "causal_next_visible", "--target", "hg", "gh")
+    code, lines, _ = audit(
+        capsys, "--model", str(folder), "--inject", "causal_next_visible", "--target", "hg", "gh"
+    )
     assert code == 1 and any(ln.startswith("FAIL causal_leak:") for ln in lines)
 
 

@@ -19,7 +19,9 @@ _HEAD_RE = re.compile(r"^head (\d+)$")
 _LAYER_RE = re.compile(r"^layer (\d+)$")
 
 
-def stat_heatmap(values: np.ndarray, *, title: str, stat: str = "score", label: str | None = None) -> go.Figure:
+def stat_heatmap(
+    values: np.ndarray, *, title: str, stat: str = "score", label: str | None = None
+) -> go.Figure:
     """(layers, heads) values as a heatmap: rows = layers (0 on top), columns = heads, value written in each cell.
 
     Categorical axes "layer l" / "head h" so a clicked point maps back with ``parse_head_point``.
@@ -117,14 +119,20 @@ def matrix_figure(
     return finish(fig, title, matrix_height(nq, min_px=300, extra=200))
 
 
-def rollout_figure(rollout: np.ndarray, tokens: Sequence[str], *, title: str = "Attention rollout") -> go.Figure:
+def rollout_figure(
+    rollout: np.ndarray, tokens: Sequence[str], *, title: str = "Attention rollout"
+) -> go.Figure:
     """Encoder rollout (S, S): row = output position, column = input token it draws on."""
     return matrix_figure(rollout, tokens, tokens, title=title, query_title="position", key_title="input token",
                          value_name="rollout")  # fmt: skip
 
 
 def difference_figure(
-    diff: np.ndarray, query_tokens: Sequence[str], key_tokens: Sequence[str], *, title: str = "Difference (B - A)"
+    diff: np.ndarray,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    *,
+    title: str = "Difference (B - A)",
 ) -> go.Figure:
     """A (Q, K) difference of two attention maps on a diverging scale centred on 0."""
     return matrix_figure(diff, query_tokens, key_tokens, title=title, diverging=True, value_name="B - A")
@@ -178,6 +186,8 @@ def alignment_figure(
                 hovertemplate=f"{name} %{{x}}: %{{text}}<extra></extra>", showlegend=False,
             )
         )  # fmt: skip
-    fig.update_yaxes(range=[-0.4, 1.4], tickvals=[0, 1], ticktext=["target", "source"], showgrid=False, zeroline=False)
+    fig.update_yaxes(
+        range=[-0.4, 1.4], tickvals=[0, 1], ticktext=["target", "source"], showgrid=False, zeroline=False
+    )
     fig.update_xaxes(range=[-0.8, max(nt, ns) - 0.2], showgrid=False, zeroline=False, showticklabels=False)
     return finish(fig, title, 300)
