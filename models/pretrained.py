@@ -287,5 +287,15 @@ def load_minilm(device: str = "cpu") -> BertEncoderModel:
     )
 
 
-# name -> (summary, loader(device)); models/registry.py lists these beside the zoo.
-PRETRAINED = {MINILM: (MINILM_SUMMARY, load_minilm)}
+@dataclass(frozen=True)
+class Pretrained:
+    """A pretrained model shipped by an installed package."""
+
+    summary: str
+    load: Any  # (device) -> LoadedModel-compatible model
+    folder: Any  # () -> Path of its files
+    available: Any  # () -> bool: is its package installed
+
+
+# name -> Pretrained; models/registry.py lists these beside the zoo.
+PRETRAINED = {MINILM: Pretrained(MINILM_SUMMARY, load_minilm, minilm_dir, minilm_available)}

@@ -20,18 +20,18 @@ ZOO_DIR = Path(__file__).resolve().parent
 DEFAULT_MODEL = "reverse"
 # Zoo models in the order the dashboard lists them.
 ORDER = ("reverse", "sort", "dates", "numbers", "brackets")
-TORCH_SUFFIXES = (".pt", ".pth")
+WEIGHT_SUFFIXES = (".pt", ".pth", ".safetensors")  # a weights file beside a core config.json
 
 
 def _pretrained() -> dict:
-    """name -> (summary, loader) of the pretrained models whose package is installed."""
+    """name -> models.pretrained.Pretrained, for the pretrained models whose package is installed."""
     from models import pretrained
 
-    return dict(pretrained.PRETRAINED) if pretrained.minilm_available() else {}
+    return {name: p for name, p in pretrained.PRETRAINED.items() if p.available()}
 
 
 # Pretrained models (not trained here), name -> one-line summary; `python -m core models` lists them.
-EXTRA_MODELS: dict[str, str] = {name: summary for name, (summary, _) in _pretrained().items()}
+EXTRA_MODELS: dict[str, str] = {name: p.summary for name, p in _pretrained().items()}
 
 
 def zoo_names() -> list[str]:
@@ -77,31 +77,32 @@ def resolve(name_or_path: str) -> tuple[str, Path]:
     """A zoo name or a folder path -> (display name, folder)."""
     if name_or_path in zoo_names():
         return name_or_path, ZOO_DIR / name_or_path
+    if name_or_path in EXTRA_MODELS:  # its package's files (registry.load knows how to run them)
+        return name_or_path, _pretrained()[name_or_path].folder()
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path.name, path
-    if path.is_file() and path.suffix in TORCH_SUFFIXES:
+    if path.is_file() and path.suffix in WEIGHT_SUFFIXES:
         return path.stem, path.parent
     known = ", ".join(all_names()) or "(none trained yet)"
     raise ModelLoadError(f"unknown model {name_or_path!r}: not a zoo name ({known}) nor a model folder")
 
 
 def load(name_or_path: str, device: str = "cpu", **hf_options) -> LoadedModel:
-    """Any model by zoo name, pretrained name, folder or .pt/.pth file.
+    """Any model by zoo name, pretrained name, folder or weights file (.pt/.pth/.safetensors).
 
     hf_options go to core.hf.load_hf for Hugging Face folders (dtype, device_map, max_new_tokens).
     """
     pretrained = _pretrained()
     if name_or_path in pretrained and name_or_path not in zoo_names():
-        return pretrained[name_or_path][1](resolve_device(device))
+        return pretrained[name_or_path].load(resolve_device(device))
     name, folder = resolve(name_or_path)
     path = Path(name_or_path).expanduser()
-    if path.is_file():  # a .pt / .pth state dict next to a core config.json and vocabularies
+    if path.is_file():  # a weights file (.pt/.pth: weights_only) next to a core config.json and vocabularies
         from core import checkpoint
-        from core.runner import LoadedModel as _LM
 
         parts = checkpoint.load_parts(folder, resolve_device(device), weights=path)
-        return _LM(name, folder, *parts)
+        return LoadedModel(name, folder, *parts)
     if is_hf_folder(folder):
         from core.hf import load_hf
 

@@ -140,3 +140,27 @@ def test_name_mapping_covers_every_weight():
     dropped = sorted(n for n, m in mapped.items() if m is None)
     assert all(n.startswith(("pooler.", "embeddings.position_ids")) for n in dropped)
     assert len(set(m for m in mapped.values() if m)) == len(names) - len(dropped)
+
+
+def test_registry_and_cli(tmp_path, capsys):
+    from core.cli import main
+    from core.trace import AttentionTrace
+    from models import registry
+
+    assert "minilm" in registry.EXTRA_MODELS and "minilm" in registry.all_names()
+    assert registry.model_kind("minilm") == "pretrained"
+    assert registry.resolve("minilm")[1] == pretrained.minilm_dir()
+    assert main(["models"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("minilm"))
+    assert "all-MiniLM-L6-v2" in line
+    assert main(["predict", "--model", "minilm", "Hello world!"]) == 0
+    assert capsys.readouterr().out.startswith("embedding norm ")
+    out = tmp_path / "m.npz"
+    assert main(["trace", "--model", "minilm", "Hello world!", "--out", str(out)]) == 0
+    t = AttentionTrace.load(out)
+    assert t.src_tokens == ("[CLS]", "hello", "world", "!", "[SEP]") and t.probs("enc_self").shape == (
+        6,
+        12,
+        5,
+        5,
+    )

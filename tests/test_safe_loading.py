@@ -60,6 +60,8 @@ def test_core_folder_loads_from_a_path(folder):
     assert registry.model_kind(str(folder)) == "core"
     assert lm.name == "mymodel" and lm.summary == "tiny test model"
     assert isinstance(lm.predict(["abc"])[0], str)
+    by_file = registry.load(str(folder / "model.safetensors"))  # a weights file beside its config
+    assert torch.equal(by_file.model.src_embed.tok.weight, lm.model.src_embed.tok.weight)
 
 
 def test_pt_state_dict_loads_with_weights_only(folder):
