@@ -77,7 +77,7 @@ def test_transformer_kinds_masks_and_hand_computation():
     causal = nn.Transformer.generate_square_subsequent_mask(4)  # float, -inf above the diagonal
     inputs: dict[str, tuple] = {}
     hooks = [
-        m.register_forward_pre_hook(lambda mod, args, name=n: inputs.setdefault(name, args))
+        m.register_forward_pre_hook(lambda mod, args, name=n: inputs.setdefault(name, args) and None)
         for n, m in model.named_modules()
         if isinstance(m, nn.MultiheadAttention)
     ]

@@ -164,3 +164,22 @@ def test_registry_and_cli(tmp_path, capsys):
         5,
         5,
     )
+
+
+def test_same_folder_through_core_hf_agrees(minilm):
+    """The package folder is also a Hugging Face folder: core.hf runs it with transformers."""
+    from core.hf import HFModel
+    from models import registry
+
+    folder = str(pretrained.minilm_dir())
+    assert registry.model_kind(folder) == "hf"
+    hf = registry.load(folder)
+    assert isinstance(hf, HFModel) and hf.cfg.arch == "encoder"
+    ours, theirs = minilm.trace(SENTENCES[:2]), hf.trace(SENTENCES[:2])
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.src_tokens == b.src_tokens
+        np.testing.assert_array_equal(a.mask("enc_self"), b.mask("enc_self"))
+        real = a.mask("enc_self")[0]
+        diff = np.abs(a.probs("enc_self") - b.probs("enc_self"))[:, :, real]
+        assert diff.max() < 1e-5
+        assert abs(a.meta["embedding_norm"] - b.meta["embedding_norm"]) < 1e-4
