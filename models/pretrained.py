@@ -280,11 +280,18 @@ to 384-number vectors whose cosine similarity tracks meaning.
 """
 
 
+MINILM_EXAMPLES = [
+    "The cat sat on the mat.",
+    "A man is playing a guitar on stage.",
+    "Attention lets every word look at every other word.",
+]
+
+
 def load_minilm(device: str = "cpu") -> BertEncoderModel:
     """all-MiniLM-L6-v2 from the installed package, in core's Transformer."""
-    return load_bert_folder(
-        minilm_dir(), name=MINILM, device=device, summary=MINILM_SUMMARY, card=MINILM_CARD
-    )
+    lm = load_bert_folder(minilm_dir(), name=MINILM, device=device, summary=MINILM_SUMMARY, card=MINILM_CARD)
+    lm.meta["examples"] = list(MINILM_EXAMPLES)  # what a page offers as input (meta["examples"])
+    return lm
 
 
 @dataclass(frozen=True)
