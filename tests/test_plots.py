@@ -55,8 +55,10 @@ def test_grid_tiles_hold_every_layer_and_head(batch_traces, kind):
     tr = batch_traces[1]  # the shorter sequence: PAD on its keys
     probs, (q_tok, k_tok), mask = tr.probs(kind), tr.axes(kind), tr.mask(kind)
     fig = PA.grid_figure(probs, q_tok, k_tok, title="grid", mask=mask, aggregates=("mean", "max"))
-    heat, masked = fig.data
-    assert len([d for d in fig.data if d.type == "heatmap"]) == 2  # one data trace + the mask overlay
+    heat, masked, tiles = fig.data
+    assert [d.type for d in fig.data] == ["heatmap", "heatmap", "scatter"]  # weights, mask overlay, click targets
+    picked = {PA.parse_grid_point(x, y) for x, y in zip(tiles.x, tiles.y, strict=True)}
+    assert picked == {(layer, h) for layer in range(probs.shape[0]) for h in [*range(probs.shape[1]), "mean", "max"]}
     z, zm = z_of(heat), z_of(masked)
     xs, ys = list(heat.x), list(heat.y)
     n_layers, n_heads = probs.shape[:2]

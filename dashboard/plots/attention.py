@@ -139,17 +139,31 @@ def grid_figure(
         )
     xt = [xs[col_start[c] + nk // 2] for c in range(len(columns))]
     yt = [ys[layer * (nq + gy) + nq // 2] for layer in range(n_layers)]
+    width_px = 900  # about the width Streamlit gives a chart; keeps cells roughly square
+    height = int(np.clip(n_rows * width_px / max(n_cols, 1) + 140, 260, 1400))
+    # Plotly cannot select heatmap cells, so each tile gets one invisible, selectable marker at
+    # its centre; a click there is reported by Streamlit as the chart's selection. Elsewhere in
+    # the tile the heatmap's own hover (query, key, weight) shows.
+    fig.add_trace(
+        go.Scatter(
+            x=[x for x in xt for _ in range(n_layers)], y=[y for _ in xt for y in yt], mode="markers",
+            marker=dict(size=12, opacity=0.0), name="tiles", showlegend=False,
+            customdata=[[layer, head_name(h)] for h in columns for layer in range(n_layers)],
+            hovertemplate="layer %{customdata[0]} · %{customdata[1]}<br>click to show it below<extra></extra>",
+            selected=dict(marker=dict(opacity=0.0)), unselected=dict(marker=dict(opacity=0.0)),
+        )
+    )
     fig.update_xaxes(
         title=dict(text="head (each tile: key tokens →)"), type="category", tickmode="array", tickvals=xt,
-        ticktext=[head_name(h) for h in columns], showgrid=False, side="top",
+        ticktext=[head_name(h) for h in columns], showgrid=False, side="top", range=[-0.5, n_cols - 0.5],
     )
     fig.update_yaxes(
         title=dict(text="layer (each tile: query tokens ↓)"), type="category", tickmode="array", tickvals=yt,
-        ticktext=[f"layer {layer}" for layer in range(n_layers)], showgrid=False, autorange="reversed",
+        ticktext=[f"layer {layer}" for layer in range(n_layers)], showgrid=False, range=[n_rows - 0.5, -0.5],
     )
-    width_px = 900  # about the width Streamlit gives a chart; keeps cells roughly square
-    height = int(np.clip(n_rows * width_px / max(n_cols, 1) + 140, 260, 1400))
-    fig.update_layout(margin=dict(l=80, r=20, t=120, b=20), clickmode="event+select", dragmode=False)
+    fig.update_layout(
+        margin=dict(l=80, r=20, t=120, b=20), clickmode="event+select", dragmode=False, hoverdistance=8,
+    )
     return finish(fig, title, height)
 
 

@@ -1,0 +1,273 @@
+"""The dashboard in a real browser: Debian's chromium driven by Playwright (python).
+
+Starts ``streamlit run dashboard/app.py`` on a free localhost port with the tiny fixture
+models listed, visits every page, checks that no Streamlit exception box appears, types a
+new input and waits for the heatmap's tick labels to change, clicks a grid tile, and checks
+that the bertviz page renders with no request leaving localhost and no script from the
+user's text running. Screenshots of every page go to artifacts/screenshots/.
+
+CI sets ATTNSCOPE_REQUIRE_BROWSER=1: then a missing chromium or playwright is a failure;
+locally the tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "dashboard" / "app.py"
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = ROOT / "artifacts" / "screenshots"
+ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+INJECTION = "</script><script>alert(1)</script>"
+PAGES = [  # (nav title, page h1, what shows it rendered)
+    ("Attention", "Attention", "· layer 0 · head 0"),
+    ("Decoding", "Decoding", "top-5 next tokens"),
+    ("Masks", "Masks", "source padding mask"),
+    ("Positional encoding", "Positional encoding", "PE matrix"),
+    ("bertviz", "bertviz", None),
+    ("Model", "Model", "parameters per module"),
+]
+WAIT_MS = 45_000
+
+pytestmark = pytest.mark.browser
+
+
+def _require_browser() -> None:
+    problems = []
+    if not CHROMIUM.exists():
+        problems.append(f"chromium not found at {CHROMIUM} (apt-get install chromium)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        problems.append("the playwright python package is not installed")
+    if problems:
+        reason = "; ".join(problems)
+        if os.environ.get("ATTNSCOPE_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"ATTNSCOPE_REQUIRE_BROWSER=1 but {reason}")
+        pytest.skip(reason)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def server(browser, tiny_folder, tiny_clf_folder, tmp_path_factory):
+    port = _free_port()
+    log = tmp_path_factory.mktemp("streamlit") / "server.log"
+    env = dict(os.environ)
+    env.update(ATTNSCOPE_MODELS=os.pathsep.join([str(tiny_folder), str(tiny_clf_folder)]), OMP_NUM_THREADS="1")
+    cmd = [
+        sys.executable, "-m", "streamlit", "run", str(APP), "--server.port", str(port),
+        "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+        "--server.fileWatcherType", "none",
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"streamlit did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+# -- page helpers ------------------------------------------------------------------------------
+
+
+def _new_page(browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 2200})
+    page.requests = []
+    page.dialogs = []
+    page.on("request", lambda r: page.requests.append(r.url))
+    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    return page
+
+
+def _wait_chart_title(page, text: str) -> None:
+    page.wait_for_function(
+        """t => [...document.querySelectorAll('.js-plotly-plot .gtitle')].some(e => e.textContent.includes(t))""",
+        arg=text, timeout=WAIT_MS,
+    )
+
+
+def _no_exception_box(page) -> None:
+    assert page.locator('[data-testid="stException"]').count() == 0, page.locator(
+        '[data-testid="stException"]'
+    ).first.inner_text()
+
+
+def _open_with_tiny_model(page, url: str) -> None:
+    page.goto(url)
+    page.wait_for_selector('[data-testid="stSidebar"] [data-testid="stSelectbox"]', timeout=WAIT_MS)
+    page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.click()
+    page.get_by_role("option", name="tiny-seq2seq", exact=True).click()
+    # The model's examples fill the input box when the model changes.
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('[data-testid="stSidebar"] input[type="text"]')]
+               .some(e => e.value === 'hello world')""",
+        timeout=WAIT_MS,
+    )
+    _wait_chart_title(page, "· layer 0 · head 0")
+
+
+def _goto_page(page, nav_title: str, h1: str) -> None:
+    page.locator('[data-testid="stSidebarNav"] a', has_text=nav_title).first.click()
+    page.wait_for_function(
+        """t => [...document.querySelectorAll('h1')].some(e => e.textContent.trim() === t)""",
+        arg=h1, timeout=WAIT_MS,
+    )
+
+
+def _x_ticks(page, title_part: str) -> list[str]:
+    return page.evaluate(
+        """t => {
+            const gd = [...document.querySelectorAll('.js-plotly-plot')]
+                .find(g => (g.querySelector('.gtitle') || {}).textContent?.includes(t));
+            return gd ? [...gd.querySelectorAll('.xtick text')].map(e => e.textContent) : [];
+        }""",
+        title_part,
+    )
+
+
+def _settle(page) -> None:
+    """Let the last rerun finish (no stale elements, no running indicator)."""
+    page.wait_for_function(
+        """() => !document.querySelector('[data-stale="true"]')
+                 && !document.querySelector('[data-testid="stStatusWidget"] [data-testid="stStatusWidgetRunningIcon"]')""",
+        timeout=WAIT_MS,
+    )
+    time.sleep(0.3)  # plotly's last layout pass before a screenshot
+
+
+# -- tests -----------------------------------------------------------------------------------------
+
+
+def test_every_page_in_a_real_browser(browser, server):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page = _new_page(browser)
+    _open_with_tiny_model(page, server)
+    for i, (nav, h1, marker) in enumerate(PAGES, start=1):
+        _goto_page(page, nav, h1)
+        if marker:
+            _wait_chart_title(page, marker)
+        else:
+            page.frame_locator("iframe").first.locator("#vis svg").first.wait_for(timeout=WAIT_MS)
+        _settle(page)
+        _no_exception_box(page)
+        page.screenshot(path=str(SHOTS / f"{i}-{nav.lower().replace(' ', '-')}.png"), full_page=True)
+
+    # Type a new input: the heatmap's key tick labels follow.
+    _goto_page(page, "Attention", "Attention")
+    _wait_chart_title(page, "· layer 0 · head 0")
+    before = _x_ticks(page, "· layer 0 · head 0")
+    assert before[:5] == ["h", "e", "l", "l", "o"] and before[-1] == "<eos>"
+    box = page.locator('[data-testid="stSidebar"] [data-testid="stTextInput"] input').first
+    box.fill("zyxw")
+    box.press("Enter")
+    page.wait_for_function(
+        """() => {
+            const gd = [...document.querySelectorAll('.js-plotly-plot')]
+                .find(g => (g.querySelector('.gtitle') || {}).textContent?.includes('· layer 0 · head 0'));
+            return gd && [...gd.querySelectorAll('.xtick text')].map(e => e.textContent).join('|') === 'z|y|x|w|<eos>';
+        }""",
+        timeout=WAIT_MS,
+    )
+    _no_exception_box(page)
+
+    # Click the grid tile of layer 1, head 2: the large heatmap switches to it.
+    point = page.evaluate(
+        """() => {
+            const gd = [...document.querySelectorAll('.js-plotly-plot')]
+                .find(g => (g.querySelector('.gtitle') || {}).textContent?.includes('click a tile'));
+            const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+            const tiles = gd._fullData.find(t => t.name === 'tiles');
+            const i = tiles.x.findIndex((x, k) => x.startsWith('head 2 ·') && tiles.y[k].startsWith('layer 1 ·'));
+            const r = gd.getBoundingClientRect();
+            return {x: r.left + xa._offset + xa.d2p(tiles.x[i]), y: r.top + ya._offset + ya.d2p(tiles.y[i])};
+        }"""
+    )
+    page.mouse.move(point["x"], point["y"])
+    page.mouse.click(point["x"], point["y"])
+    _wait_chart_title(page, "· layer 1 · head 2")
+    _settle(page)
+    _no_exception_box(page)
+    page.screenshot(path=str(SHOTS / "7-attention-after-input-and-click.png"), full_page=True)
+    outside = sorted({u for u in page.requests if urlparse(u).hostname not in LOCAL_HOSTS and urlparse(u).scheme
+                      not in ("data", "blob", "about")})  # fmt: skip
+    assert not outside, outside
+    page.close()
+
+
+def test_bertviz_is_offline_and_shows_script_text_as_text(browser, server):
+    page = _new_page(browser)
+    _open_with_tiny_model(page, server)
+    box = page.locator('[data-testid="stSidebar"] [data-testid="stTextInput"] input').first
+    box.fill(INJECTION)
+    box.press("Enter")
+    _wait_chart_title(page, "· layer 0 · head 0")
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.js-plotly-plot .xtick text')].some(e => e.textContent === '<')""",
+        timeout=WAIT_MS,
+    )
+    _goto_page(page, "bertviz", "bertviz")
+    frame = page.frame_locator("iframe").first
+    frame.locator("#vis svg text").first.wait_for(timeout=WAIT_MS)
+    shown = frame.locator("#vis svg text").all_text_contents()
+    assert "<" in shown and "/" in shown and ">" in shown  # the characters, as text
+    _settle(page)
+    _no_exception_box(page)
+    page.screenshot(path=str(SHOTS / "8-bertviz-injection-as-text.png"), full_page=True)
+    # The model view, too.
+    page.get_by_text("model view", exact=True).click()
+    frame = page.frame_locator("iframe").first
+    frame.locator("#vis svg rect").first.wait_for(timeout=WAIT_MS)
+    _settle(page)
+    _no_exception_box(page)
+    assert not page.dialogs, page.dialogs  # alert(1) never ran
+    assert not any(f.url.startswith("http") and urlparse(f.url).hostname not in LOCAL_HOSTS for f in page.frames)
+    outside = sorted({u for u in page.requests if urlparse(u).hostname not in LOCAL_HOSTS and urlparse(u).scheme
+                      not in ("data", "blob", "about")})  # fmt: skip
+    assert not outside, outside
+    page.close()
