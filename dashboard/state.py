@@ -142,7 +142,7 @@ def sidebar() -> Selection | None:
         version = loaders.model_version(name)
         try:
             lm = loaders.load_model(name, device, version)
-        except (ModelLoadError, InputError, OSError) as exc:
+        except (ModelLoadError, InputError, OSError, RuntimeError) as exc:  # RuntimeError: e.g. CUDA
             st.error(f"Cannot load model {name!r}: {exc}")
             st.session_state[SELECTION] = None
             return None

@@ -255,6 +255,10 @@ def test_decoding_slider_steps_through_greedy_output(make_app, tiny):
     self_attn = figure(at, "step 3: decoder self-attention")
     assert self_attn["layout"]["xaxis"]["ticktext"][0] == "&lt;bos&gt;"
     assert len(self_attn["layout"]["xaxis"]["ticktext"]) == 3
+    overview = figure(at, "every step: cross-attention, layer 1")
+    assert overview["layout"]["shapes"][0]["y0"] == 1.5  # step 3 (row 2) outlined
+    at.selectbox(key=S.DEC_LAYER).select(0).run()
+    figure(at, "every step: cross-attention, layer 0")
 
 
 def test_classifier_pages(make_app, tiny_clf_path):

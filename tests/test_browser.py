@@ -117,7 +117,7 @@ def server(browser, tiny_folder, tiny_clf_folder, tmp_path_factory):
 
 
 def _new_page(browser):
-    page = browser.new_page(viewport={"width": 1400, "height": 2200})
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
     page.requests = []
     page.dialogs = []
     page.on("request", lambda r: page.requests.append(r.url))
@@ -171,6 +171,18 @@ def _x_ticks(page, title_part: str) -> list[str]:
     )
 
 
+def _screenshot(page, name: str) -> None:
+    """The whole page: Streamlit scrolls inside its main block, so grow the viewport to fit it."""
+    height = page.evaluate(
+        """() => Math.max(...[...document.querySelectorAll('[data-testid="stMain"], [data-testid="stMainBlockContainer"]')]
+                             .map(e => e.scrollHeight), 800)"""
+    )
+    page.set_viewport_size({"width": 1400, "height": min(int(height) + 120, 7000)})
+    time.sleep(0.4)  # let plotly re-layout to the new size
+    page.screenshot(path=str(SHOTS / name), full_page=True)
+    page.set_viewport_size({"width": 1400, "height": 1100})
+
+
 def _settle(page) -> None:
     """Let the last rerun finish (no stale elements, no running indicator)."""
     page.wait_for_function(
@@ -196,7 +208,7 @@ def test_every_page_in_a_real_browser(browser, server):
             page.frame_locator("iframe").first.locator("#vis svg").first.wait_for(timeout=WAIT_MS)
         _settle(page)
         _no_exception_box(page)
-        page.screenshot(path=str(SHOTS / f"{i}-{nav.lower().replace(' ', '-')}.png"), full_page=True)
+        _screenshot(page, f"{i}-{nav.lower().replace(' ', '-')}.png")
 
     # Type a new input: the heatmap's key tick labels follow.
     _goto_page(page, "Attention", "Attention")
@@ -233,7 +245,7 @@ def test_every_page_in_a_real_browser(browser, server):
     _wait_chart_title(page, "· layer 1 · head 2")
     _settle(page)
     _no_exception_box(page)
-    page.screenshot(path=str(SHOTS / "7-attention-after-input-and-click.png"), full_page=True)
+    _screenshot(page, "7-attention-after-input-and-click.png")
     outside = sorted({u for u in page.requests if urlparse(u).hostname not in LOCAL_HOSTS and urlparse(u).scheme
                       not in ("data", "blob", "about")})  # fmt: skip
     assert not outside, outside
@@ -258,7 +270,7 @@ def test_bertviz_is_offline_and_shows_script_text_as_text(browser, server):
     assert "<" in shown and "/" in shown and ">" in shown  # the characters, as text
     _settle(page)
     _no_exception_box(page)
-    page.screenshot(path=str(SHOTS / "8-bertviz-injection-as-text.png"), full_page=True)
+    _screenshot(page, "8-bertviz-injection-as-text.png")
     # The model view, too.
     page.get_by_text("model view", exact=True).click()
     frame = page.frame_locator("iframe").first

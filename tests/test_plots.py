@@ -194,6 +194,12 @@ def test_step_figure_rows_and_topk(tiny_model):
     assert list(fig.layout.xaxis.ticktext) == token_labels(tr.src_tokens)
     fig = PD.step_figure(ds.dec_self, ds.prefix, title="self", key_title="prefix")
     assert list(fig.layout.xaxis.ticktext) == token_labels(ds.prefix) and len(ds.prefix) == 2
+    n = analysis.n_steps(tr)
+    over = PD.steps_overview(tr.cross[1, :, :n].mean(0), tr.out_tokens[:n], tr.src_tokens, current=1,
+                             title="all steps", key_title="source")  # fmt: skip
+    np.testing.assert_allclose(z_of(over.data[0]), tr.cross[1, :, :n].mean(0), atol=1e-7)
+    assert list(over.layout.yaxis.ticktext) == token_labels(tr.out_tokens[:n])
+    assert (over.layout.shapes[0].y0, over.layout.shapes[0].y1) == (0.5, 1.5)  # the current step outlined
     bars = PD.topk_figure(ds.topk_tokens, ds.topk_probs, title="top")
     assert [x.split(". ", 1)[1] for x in bars.data[0].x] == token_labels(ds.topk_tokens)
     np.testing.assert_allclose(bars.data[0].y, ds.topk_probs, atol=1e-7)

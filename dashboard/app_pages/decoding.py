@@ -60,9 +60,22 @@ with left:
 with right:
     ui.chart(self_fig, key="dec_self")
 topk = P.topk_figure(ds.topk_tokens, ds.topk_probs, title=f"step {step}: top-{len(ds.topk_probs)} next tokens (seq {seq})")
-ui.chart(topk, key="dec_topk")
+left, right = st.columns(2)
+with left:
+    ui.chart(topk, key="dec_topk")
+with right:
+    layers = list(range(tr.cross.shape[0]))
+    if st.session_state.get(state.DEC_LAYER) not in layers:
+        st.session_state[state.DEC_LAYER] = layers[-1]
+    layer = st.selectbox("Overview layer", layers, key=state.DEC_LAYER, help="Cross-attention of every step, mean of heads.")
+    overview = P.steps_overview(
+        tr.cross[layer, :, :n].mean(axis=0), tr.out_tokens[:n], tr.src_tokens, current=step - 1, log=log,
+        key_title="key: source tokens",
+        title=f"every step: cross-attention, layer {layer}, mean of heads (seq {seq})",
+    )
+    ui.chart(overview, key="dec_overview")
 st.caption(
     f"Rows L·H are layer·head; 'mean' rows average a layer's heads. Top-5 mass: {float(np.sum(ds.topk_probs)):.4f}. "
     "Every label comes from the ids the model read and wrote (trace.tgt_tokens / trace.out_tokens)."
 )
-ui.downloads(tr, seq, {"cross": cross, "self": self_fig, "topk": topk}, key="dec_dl")
+ui.downloads(tr, seq, {"cross": cross, "self": self_fig, "topk": topk, "overview": overview}, key="dec_dl")

@@ -57,7 +57,7 @@ else:
     )
 if metrics:
     st.subheader("Measured metrics")
-    st.json(metrics, expanded=False)
+    st.json(metrics, expanded=True)
 st.subheader("Model card")
 if lm.card:
     with st.container(border=True):

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from dashboard.plots.attention import head_heatmap
 from dashboard.plots.common import (
     COLORSCALE,
     color_values,
@@ -97,3 +98,26 @@ def class_probs_figure(labels: Sequence[str], probs: Sequence[float], *, title: 
     fig.update_xaxes(title=dict(text="class"), type="category")
     fig.update_yaxes(title=dict(text="probability"), range=[0, 1])
     return finish(fig, title, 320)
+
+
+def steps_overview(
+    weights: np.ndarray,
+    out_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    *,
+    current: int,
+    title: str,
+    key_title: str,
+    log: bool = False,
+) -> go.Figure:
+    """Every step at once: ``[steps, K]`` (row t = the query of step t+1, labelled with the token
+    it wrote), the current step (0-based) outlined."""
+    if weights.shape[0] != len(out_tokens):
+        raise ValueError(f"{weights.shape[0]} rows but {len(out_tokens)} output tokens")
+    fig = head_heatmap(weights, out_tokens, key_tokens, title=title, log=log,
+                       query_title="step (token it wrote)", key_title=key_title)  # fmt: skip
+    fig.add_shape(
+        type="rect", x0=-0.5, x1=len(key_tokens) - 0.5, y0=current - 0.5, y1=current + 0.5,
+        line=dict(color="#e4572e", width=3), name="current step",
+    )
+    return fig

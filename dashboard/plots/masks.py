@@ -86,9 +86,10 @@ def padding_mask_figure(
     if (~m).any() and n <= MAX_MARKED:
         fig.add_trace(_cross_marks(m, b, n))
     fig.update_traces(showscale=False, selector=dict(type="heatmap"))
+    step = 1 if n <= 24 else 5 if n <= 120 else 10  # position numbers must not overlap
     fig.update_xaxes(
-        title=dict(text=position_title), tickmode="array", tickvals=list(range(n)), ticktext=[str(j) for j in range(n)],
-        range=[-0.5, n - 0.5], tickfont=dict(size=10), showgrid=False,
+        title=dict(text=position_title), tickmode="array", tickvals=list(range(0, n, step)),
+        ticktext=[str(j) for j in range(0, n, step)], range=[-0.5, n - 0.5], tickfont=dict(size=10), showgrid=False,
     )
     fig.update_yaxes(
         title=dict(text="sequence in the batch"), tickmode="array", tickvals=list(range(b)),

@@ -21,5 +21,6 @@ def params_figure(counts: Mapping[str, int], *, title: str) -> go.Figure:
         )
     )
     fig.update_xaxes(title=dict(text="parameters"))
-    fig.update_yaxes(title=dict(text="module"), type="category")
+    fig.update_yaxes(title=dict(text="module", standoff=12), type="category", automargin=True)
+    fig.update_layout(margin=dict(l=130))
     return finish(fig, title, int(180 + 32 * len(items)))
