@@ -21,16 +21,26 @@ HERE = Path(__file__).resolve().parent / "app_pages"
 
 # Every page, in menu order; add new pages here.
 PAGES = [
-    st.Page(HERE / "attention.py", title="Attention", icon=":material/grid_on:", url_path="attention", default=True),
+    st.Page(
+        HERE / "attention.py",
+        title="Attention",
+        icon=":material/grid_on:",
+        url_path="attention",
+        default=True,
+    ),
     st.Page(HERE / "decoding.py", title="Decoding", icon=":material/play_arrow:", url_path="decoding"),
     st.Page(HERE / "masks.py", title="Masks", icon=":material/visibility_off:", url_path="masks"),
-    st.Page(HERE / "positional.py", title="Positional encoding", icon=":material/waves:", url_path="positional"),
+    st.Page(
+        HERE / "positional.py", title="Positional encoding", icon=":material/waves:", url_path="positional"
+    ),
     st.Page(HERE / "bertviz_view.py", title="bertviz", icon=":material/share:", url_path="bertviz"),
     st.Page(HERE / "model_info.py", title="Model", icon=":material/info:", url_path="model"),
 ]
 
 # A local favicon: without one Streamlit uses the page's material icon, fetched from Google.
-st.set_page_config(page_title="attnscope", page_icon=str(HERE.parent / "static" / "favicon.png"), layout="wide")
+st.set_page_config(
+    page_title="attnscope", page_icon=str(HERE.parent / "static" / "favicon.png"), layout="wide"
+)
 page = st.navigation(PAGES)
 state.sidebar()
 page.run()

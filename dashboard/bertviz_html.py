@@ -59,7 +59,9 @@ def _bertviz_js(view: str) -> str:
     code = (Path(bertviz.__file__).parent / f"{view}_view.js").read_text(encoding="utf-8")
     code, n = _REQUIRE_CONFIG.subn("/* require.config (CDN paths) removed by attnscope */", code, count=1)
     if n != 1 or code.count("PYTHON_PARAMS") < 1:
-        raise RuntimeError(f"bertviz {view}_view.js has an unexpected layout; update dashboard/bertviz_html.py")
+        raise RuntimeError(
+            f"bertviz {view}_view.js has an unexpected layout; update dashboard/bertviz_html.py"
+        )
     return code
 
 
@@ -116,11 +118,24 @@ def render(view: str, data: list[dict]) -> str:
     n_layers, n_heads = len(data[0]["attn"]), len(data[0]["attn"][0])
     layers = list(range(n_layers))
     if view == "head":
-        params = {"attention": data, "default_filter": "0", "root_div_id": vis_id, "layer": None,
-                  "heads": None, "include_layers": layers}  # fmt: skip
+        params = {
+            "attention": data,
+            "default_filter": "0",
+            "root_div_id": vis_id,
+            "layer": None,
+            "heads": None,
+            "include_layers": layers,
+        }
     else:
-        params = {"attention": data, "default_filter": "0", "display_mode": "light", "root_div_id": vis_id,
-                  "include_layers": layers, "include_heads": list(range(n_heads)), "total_heads": n_heads}  # fmt: skip
+        params = {
+            "attention": data,
+            "default_filter": "0",
+            "display_mode": "light",
+            "root_div_id": vis_id,
+            "include_layers": layers,
+            "include_heads": list(range(n_heads)),
+            "total_heads": n_heads,
+        }
     # Filter names are fixed strings (Encoder/Decoder/Cross), never user text.
     options = "".join(f'<option value="{i}">{d["name"]}</option>' for i, d in enumerate(data))
     select = f'Attention: <select id="filter">{options}</select>' if len(data) > 1 else ""

@@ -112,4 +112,6 @@ def examples(lm: LoadedModel, n: int = 3) -> list[str]:
     rng = random.Random(DEMO_SEED)
     sep = "" if lm.src_tok.kind == "char" else " "
     limit = max(1, min(12, lm.max_src_tokens))
-    return [sep.join(rng.choice(vocab) for _ in range(rng.randint(max(1, limit // 2), limit))) for _ in range(n)]
+    return [
+        sep.join(rng.choice(vocab) for _ in range(rng.randint(max(1, limit // 2), limit))) for _ in range(n)
+    ]

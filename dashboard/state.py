@@ -127,7 +127,9 @@ def sidebar() -> Selection | None:
         if st.session_state.get(MODEL) not in choices:
             st.session_state[MODEL] = "reverse" if "reverse" in choices else choices[0]
         name = st.selectbox(
-            "Model", choices, key=MODEL,
+            "Model",
+            choices,
+            key=MODEL,
             format_func=loaders.display_name,
             help="The model zoo (models/<name>/); each card's summary is shown below.",
         )
@@ -137,8 +139,9 @@ def sidebar() -> Selection | None:
         options = loaders.devices()
         if st.session_state.get(DEVICE) not in options:
             st.session_state[DEVICE] = options[0]
-        device = st.radio("Device", options, key=DEVICE, horizontal=True,
-                          help="CUDA is offered when a GPU is available.")  # fmt: skip
+        device = st.radio(
+            "Device", options, key=DEVICE, horizontal=True, help="CUDA is offered when a GPU is available."
+        )
         version = loaders.model_version(name)
         try:
             lm = loaders.load_model(name, device, version)
@@ -149,8 +152,11 @@ def sidebar() -> Selection | None:
         st.caption(f"Device used: **{lm.device}**")
         if st.session_state.get(TEXT_FOR_MODEL) != lm.name:
             _fill_examples(lm)
-        batch = st.toggle("Batch: several inputs, one per line", key=BATCH,
-                          help="A batch pads shorter inputs with <pad>, so padding masks are real.")  # fmt: skip
+        batch = st.toggle(
+            "Batch: several inputs, one per line",
+            key=BATCH,
+            help="A batch pads shorter inputs with <pad>, so padding masks are real.",
+        )
         if batch:
             raw = st.text_area("Inputs (one per line)", key=SOURCES, height=110)
             sources, empty = _split_lines(raw)
@@ -163,13 +169,20 @@ def sidebar() -> Selection | None:
             mode = st.radio("Decoder input", (GENERATE, TEACHER), key=MODE)
             if mode == TEACHER:
                 if batch:
-                    targets, t_empty = _split_lines(st.text_area("Targets (one per line)", key=TARGETS, height=90))
+                    targets, t_empty = _split_lines(
+                        st.text_area("Targets (one per line)", key=TARGETS, height=90)
+                    )
                 else:
                     targets = [st.text_input("Target text", key=TARGET, max_chars=4000)]
         else:
             st.caption("Encoder-only model: no decoder input.")
     sel = Selection(
-        name, device, version, tuple(sources), None if targets is None else tuple(targets), batch,
+        name,
+        device,
+        version,
+        tuple(sources),
+        None if targets is None else tuple(targets),
+        batch,
         tuple(_source_problems(sources, empty, batch)),
         tuple(_target_problems(len(sources), targets, t_empty, batch)),
     )
@@ -204,7 +217,9 @@ def traces(greedy: bool = False) -> list[AttentionTrace]:
     if problems:
         st.stop()
     try:
-        out = loaders.compute_traces(sel.name, sel.device, sel.version, sel.sources, None if greedy else sel.targets)
+        out = loaders.compute_traces(
+            sel.name, sel.device, sel.version, sel.sources, None if greedy else sel.targets
+        )
     except InputError as exc:
         st.error(sentence(str(exc)))
         st.stop()
@@ -235,7 +250,9 @@ def sequence_picker(key: str, traces_: list[AttentionTrace]) -> int:
     if st.session_state.get(key, 0) >= n:
         st.session_state[key] = 0
     return st.selectbox(
-        "Sequence", list(range(n)), key=key,
+        "Sequence",
+        list(range(n)),
+        key=key,
         format_func=lambda i: f"{i}: {sel.sources[i][:40]}",
         help="Sequences of the batch keep the batch's padded length, so PAD positions are visible.",
     )

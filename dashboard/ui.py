@@ -33,8 +33,12 @@ def _stem(trace: AttentionTrace, seq: int) -> str:
 def _figure_buttons(cols, figures: Mapping[str, go.Figure], stem: str, key: str) -> None:
     for col, (fname, fig) in zip(cols, figures.items(), strict=True):
         col.download_button(
-            f"{fname} .html", data=lambda fig=fig: figure_html(fig), file_name=f"{stem}-{fname}.html",
-            mime="text/html", key=f"{key}_fig_{fname.replace(' ', '_')}", on_click="ignore",
+            f"{fname} .html",
+            data=lambda fig=fig: figure_html(fig),
+            file_name=f"{stem}-{fname}.html",
+            mime="text/html",
+            key=f"{key}_fig_{fname.replace(' ', '_')}",
+            on_click="ignore",
             help="Standalone HTML (plotly.js inlined, works offline). The chart's camera button saves a PNG.",
         )
 
@@ -45,24 +49,40 @@ def downloads(trace: AttentionTrace, seq: int, figures: Mapping[str, go.Figure],
     with st.expander("Downloads", expanded=False):
         cols = st.columns(2 + len(figures))
         cols[0].download_button(
-            "trace .npz", data=trace.to_npz_bytes, file_name=f"{stem}.npz", mime="application/octet-stream",
-            key=f"{key}_npz", on_click="ignore", help="AttentionTrace.to_npz_bytes (numpy, no pickle)",
+            "trace .npz",
+            data=trace.to_npz_bytes,
+            file_name=f"{stem}.npz",
+            mime="application/octet-stream",
+            key=f"{key}_npz",
+            on_click="ignore",
+            help="AttentionTrace.to_npz_bytes (numpy, no pickle)",
         )
         cols[1].download_button(
-            "trace .json", data=trace.to_json, file_name=f"{stem}.json", mime="application/json",
-            key=f"{key}_json", on_click="ignore", help="AttentionTrace.to_json",
+            "trace .json",
+            data=trace.to_json,
+            file_name=f"{stem}.json",
+            mime="application/json",
+            key=f"{key}_json",
+            on_click="ignore",
+            help="AttentionTrace.to_json",
         )
         _figure_buttons(cols[2:], figures, stem, key)
 
 
-def figure_downloads(figures: Mapping[str, go.Figure], stem: str, key: str, table: np.ndarray | None = None) -> None:
+def figure_downloads(
+    figures: Mapping[str, go.Figure], stem: str, key: str, table: np.ndarray | None = None
+) -> None:
     """Buttons for figures that do not come from a trace (and optionally a numeric table as CSV)."""
     with st.expander("Downloads", expanded=False):
         cols = st.columns(len(figures) + (table is not None))
         if table is not None:
             cols[0].download_button(
-                "table .csv", data=lambda: "\n".join(",".join(f"{v:.7g}" for v in row) for row in table),
-                file_name=f"{stem}.csv", mime="text/csv", key=f"{key}_csv", on_click="ignore",
+                "table .csv",
+                data=lambda: "\n".join(",".join(f"{v:.7g}" for v in row) for row in table),
+                file_name=f"{stem}.csv",
+                mime="text/csv",
+                key=f"{key}_csv",
+                on_click="ignore",
             )
         _figure_buttons(cols[1:] if table is not None else cols, figures, stem, key)
 

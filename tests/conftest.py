@@ -51,7 +51,10 @@ def tiny_folder(tmp_path_factory) -> Path:
 def tiny_clf_folder(tmp_path_factory) -> Path:
     """Encoder-only classifier with learned positions (2 layers, 4 heads, 2 classes)."""
     return _save_tiny(
-        tmp_path_factory.mktemp("models") / "tiny-classifier", n_dec_layers=0, n_classes=2, pos_encoding="learned"
+        tmp_path_factory.mktemp("models") / "tiny-classifier",
+        n_dec_layers=0,
+        n_classes=2,
+        pos_encoding="learned",
     )
 
 

@@ -161,8 +161,14 @@ def test_attention_selectors_change_the_heatmap_without_rerunning_the_model(make
     assert big["data"][0]["zmin"] == pytest.approx(-4) and np.all(_array(big["data"][0]["z"]) <= 0)
     at.multiselect(key=S.ATT_AGG).select("mean").select("max").run()
     grid = figure(at, "all 2 layers × 4 heads")
-    assert grid["layout"]["xaxis"]["ticktext"] == ["head 0", "head 1", "head 2", "head 3", "mean of heads",
-                                                   "max of heads"]  # fmt: skip
+    assert grid["layout"]["xaxis"]["ticktext"] == [
+        "head 0",
+        "head 1",
+        "head 2",
+        "head 3",
+        "mean of heads",
+        "max of heads",
+    ]
     at.toggle(key=S.ATT_MASK).set_value(False).run()
     assert [d.get("name") for d in figure(at, "· layer 1 ·")["data"]] == ["attention"]
     assert count_runs[0] == runs  # none of these re-ran the model
@@ -214,7 +220,12 @@ def test_bad_input_is_answered_in_the_page(make_app, tiny):
 
     at.sidebar.text_input(key=S.SOURCE).input("hello€").run()
     errors = messages(at)["error"]
-    assert not at.exception and len(errors) == 1 and "'€'" in errors[0] and "unknown characters" in errors[0].lower()
+    assert (
+        not at.exception
+        and len(errors) == 1
+        and "'€'" in errors[0]
+        and "unknown characters" in errors[0].lower()
+    )
 
     long_text = "ab" * 30  # 60 characters; the fixture takes 47
     at.sidebar.text_input(key=S.SOURCE).input(long_text).run()
@@ -284,7 +295,10 @@ def test_positional_free_mode(make_app, tiny):
     assert_clean(at)
     assert _array(figure(at, "PE matrix")["data"][0]["z"]).shape == (50, 32)
     at.multiselect(key=S.PE_DIMS).set_value([4, 5]).run()
-    assert [d["name"] for d in figure(at, "chosen dimensions")["data"]] == ["dim 4 (sin, i=2)", "dim 5 (cos, i=2)"]
+    assert [d["name"] for d in figure(at, "chosen dimensions")["data"]] == [
+        "dim 4 (sin, i=2)",
+        "dim 5 (cos, i=2)",
+    ]
 
 
 def test_bertviz_page_escapes_user_text(make_app, tiny):

@@ -28,9 +28,15 @@ APP = ROOT / "dashboard" / "app.py"
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = ROOT / "artifacts" / "screenshots"
 ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 INJECTION = "</script><script>alert(1)</script>"
 PAGES = [  # (nav title, page h1, what shows it rendered)
@@ -83,12 +89,26 @@ def server(browser, tiny_folder, tiny_clf_folder, tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("streamlit") / "server.log"
     env = dict(os.environ)
-    env.update(ATTNSCOPE_MODELS=os.pathsep.join([str(tiny_folder), str(tiny_clf_folder)]), OMP_NUM_THREADS="1")
+    env.update(
+        ATTNSCOPE_MODELS=os.pathsep.join([str(tiny_folder), str(tiny_clf_folder)]), OMP_NUM_THREADS="1"
+    )
     cmd = [
-        sys.executable, "-m", "streamlit", "run", str(APP), "--server.port", str(port),
-        "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
-        "--server.fileWatcherType", "none",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP),
+        "--server.port",
+        str(port),
+        "--server.address",
+        "127.0.0.1",
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--server.fileWatcherType",
+        "none",
+    ]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -128,7 +148,8 @@ def _new_page(browser):
 def _wait_chart_title(page, text: str) -> None:
     page.wait_for_function(
         """t => [...document.querySelectorAll('.js-plotly-plot .gtitle')].some(e => e.textContent.includes(t))""",
-        arg=text, timeout=WAIT_MS,
+        arg=text,
+        timeout=WAIT_MS,
     )
 
 
@@ -156,7 +177,8 @@ def _goto_page(page, nav_title: str, h1: str) -> None:
     page.locator('[data-testid="stSidebarNav"] a', has_text=nav_title).first.click()
     page.wait_for_function(
         """t => [...document.querySelectorAll('h1')].some(e => e.textContent.trim() === t)""",
-        arg=h1, timeout=WAIT_MS,
+        arg=h1,
+        timeout=WAIT_MS,
     )
 
 
@@ -246,8 +268,13 @@ def test_every_page_in_a_real_browser(browser, server):
     _settle(page)
     _no_exception_box(page)
     _screenshot(page, "7-attention-after-input-and-click.png")
-    outside = sorted({u for u in page.requests if urlparse(u).hostname not in LOCAL_HOSTS and urlparse(u).scheme
-                      not in ("data", "blob", "about")})  # fmt: skip
+    outside = sorted(
+        {
+            u
+            for u in page.requests
+            if urlparse(u).hostname not in LOCAL_HOSTS and urlparse(u).scheme not in ("data", "blob", "about")
+        }
+    )
     assert not outside, outside
     page.close()
 
@@ -278,8 +305,15 @@ def test_bertviz_is_offline_and_shows_script_text_as_text(browser, server):
     _settle(page)
     _no_exception_box(page)
     assert not page.dialogs, page.dialogs  # alert(1) never ran
-    assert not any(f.url.startswith("http") and urlparse(f.url).hostname not in LOCAL_HOSTS for f in page.frames)
-    outside = sorted({u for u in page.requests if urlparse(u).hostname not in LOCAL_HOSTS and urlparse(u).scheme
-                      not in ("data", "blob", "about")})  # fmt: skip
+    assert not any(
+        f.url.startswith("http") and urlparse(f.url).hostname not in LOCAL_HOSTS for f in page.frames
+    )
+    outside = sorted(
+        {
+            u
+            for u in page.requests
+            if urlparse(u).hostname not in LOCAL_HOSTS and urlparse(u).scheme not in ("data", "blob", "about")
+        }
+    )
     assert not outside, outside
     page.close()

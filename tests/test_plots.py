@@ -56,9 +56,15 @@ def test_grid_tiles_hold_every_layer_and_head(batch_traces, kind):
     probs, (q_tok, k_tok), mask = tr.probs(kind), tr.axes(kind), tr.mask(kind)
     fig = PA.grid_figure(probs, q_tok, k_tok, title="grid", mask=mask, aggregates=("mean", "max"))
     heat, masked, tiles = fig.data
-    assert [d.type for d in fig.data] == ["heatmap", "heatmap", "scatter"]  # weights, mask overlay, click targets
+    assert [d.type for d in fig.data] == [
+        "heatmap",
+        "heatmap",
+        "scatter",
+    ]  # weights, mask overlay, click targets
     picked = {PA.parse_grid_point(x, y) for x, y in zip(tiles.x, tiles.y, strict=True)}
-    assert picked == {(layer, h) for layer in range(probs.shape[0]) for h in [*range(probs.shape[1]), "mean", "max"]}
+    assert picked == {
+        (layer, h) for layer in range(probs.shape[0]) for h in [*range(probs.shape[1]), "mean", "max"]
+    }
     z, zm = z_of(heat), z_of(masked)
     xs, ys = list(heat.x), list(heat.y)
     n_layers, n_heads = probs.shape[:2]
@@ -127,8 +133,12 @@ def test_head_heatmap_z_ticks_hover_and_mask(batch_traces, kind):
     got = sorted(zip(np.asarray(marks[0].y).tolist(), np.asarray(marks[0].x).tolist(), strict=True))
     assert got == sorted(map(tuple, np.argwhere(~mask).tolist()))
     assert got, "the short sequence must have masked (PAD) keys"
-    assert all(c[3] == " (masked)" for row, m_row in zip(heat.customdata, mask, strict=True)
-               for c, m in zip(row, m_row, strict=True) if not m)  # fmt: skip
+    assert all(
+        c[3] == " (masked)"
+        for row, m_row in zip(heat.customdata, mask, strict=True)
+        for c, m in zip(row, m_row, strict=True)
+        if not m
+    )
     assert "layer" not in fig.layout.title.text or "L1" in fig.layout.title.text
 
 
@@ -195,8 +205,14 @@ def test_step_figure_rows_and_topk(tiny_model):
     fig = PD.step_figure(ds.dec_self, ds.prefix, title="self", key_title="prefix")
     assert list(fig.layout.xaxis.ticktext) == token_labels(ds.prefix) and len(ds.prefix) == 2
     n = analysis.n_steps(tr)
-    over = PD.steps_overview(tr.cross[1, :, :n].mean(0), tr.out_tokens[:n], tr.src_tokens, current=1,
-                             title="all steps", key_title="source")  # fmt: skip
+    over = PD.steps_overview(
+        tr.cross[1, :, :n].mean(0),
+        tr.out_tokens[:n],
+        tr.src_tokens,
+        current=1,
+        title="all steps",
+        key_title="source",
+    )
     np.testing.assert_allclose(z_of(over.data[0]), tr.cross[1, :, :n].mean(0), atol=1e-7)
     assert list(over.layout.yaxis.ticktext) == token_labels(tr.out_tokens[:n])
     assert (over.layout.shapes[0].y0, over.layout.shapes[0].y1) == (0.5, 1.5)  # the current step outlined
@@ -210,12 +226,15 @@ def test_step_figure_rows_and_topk(tiny_model):
 
 def test_mask_figures(batch_traces):
     tr = batch_traces[1]
-    fig = PM.attention_mask_figure(tr.dec_self_mask, tr.tgt_tokens, tr.tgt_tokens, title="dec",
-                                   query_title="q", key_title="k")  # fmt: skip
+    fig = PM.attention_mask_figure(
+        tr.dec_self_mask, tr.tgt_tokens, tr.tgt_tokens, title="dec", query_title="q", key_title="k"
+    )
     np.testing.assert_array_equal(z_of(fig.data[0]), tr.dec_self_mask.astype(int))
     assert list(fig.layout.yaxis.ticktext) == token_labels(tr.tgt_tokens)
     marks = fig.data[1]
-    assert sorted(zip(marks.y, marks.x, strict=True)) == sorted(map(tuple, np.argwhere(~tr.dec_self_mask).tolist()))
+    assert sorted(zip(marks.y, marks.x, strict=True)) == sorted(
+        map(tuple, np.argwhere(~tr.dec_self_mask).tolist())
+    )
     src = np.stack([t.src_ids for t in batch_traces]) != 0
     fig = PM.padding_mask_figure(src, [t.src_tokens for t in batch_traces], title="pad", position_title="pos")
     np.testing.assert_array_equal(z_of(fig.data[0]), src.astype(int))

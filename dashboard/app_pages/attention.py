@@ -33,10 +33,19 @@ with c_seq:
     seq = state.sequence_picker(state.ATT_SEQ, traces)
 o1, o2, o3, _ = st.columns([1, 1, 2, 1], vertical_alignment="center")
 log = o1.toggle("Log colour scale", key=state.ATT_LOG, help="Colour = log10(weight), from 1e-4 to 1.")
-show_mask = o2.toggle("Show mask", key=state.ATT_MASK, value=True,
-                      help="Masked cells (may not attend) are drawn grey in the grid and marked ✕ in the heatmap.")  # fmt: skip
-aggregates = o3.multiselect("Grid: add per-layer columns", list(P.AGGREGATES), key=state.ATT_AGG,
-                            format_func=lambda a: f"head {a}", placeholder="head mean / head max")  # fmt: skip
+show_mask = o2.toggle(
+    "Show mask",
+    key=state.ATT_MASK,
+    value=True,
+    help="Masked cells (may not attend) are drawn grey in the grid and marked ✕ in the heatmap.",
+)
+aggregates = o3.multiselect(
+    "Grid: add per-layer columns",
+    list(P.AGGREGATES),
+    key=state.ATT_AGG,
+    format_func=lambda a: f"head {a}",
+    placeholder="head mean / head max",
+)
 
 tr = traces[seq]
 ui.run_caption(tr)
@@ -47,7 +56,12 @@ n_layers, n_heads = probs.shape[:2]
 where = f"sequence {seq}" if len(traces) > 1 else "input"
 
 grid = P.grid_figure(
-    probs, q_tok, k_tok, mask=mask if show_mask else None, log=log, aggregates=aggregates,
+    probs,
+    q_tok,
+    k_tok,
+    mask=mask if show_mask else None,
+    log=log,
+    aggregates=aggregates,
     title=f"{KIND_LABELS[kind]}: all {n_layers} layers × {n_heads} heads ({where}); click a tile",
 )
 event = ui.chart(grid, key=state.ATT_GRID, on_select="rerun", selection_mode="points")
@@ -71,7 +85,13 @@ head = s2.selectbox("Head", heads, key=state.ATT_HEAD, format_func=P.head_name)
 weights = P.head_weights(probs, layer, head)
 q_title, k_title = AXIS_TITLES[kind]
 big = P.head_heatmap(
-    weights, q_tok, k_tok, mask=mask if show_mask else None, log=log, query_title=q_title, key_title=k_title,
+    weights,
+    q_tok,
+    k_tok,
+    mask=mask if show_mask else None,
+    log=log,
+    query_title=q_title,
+    key_title=k_title,
     title=f"{KIND_LABELS[kind]} · layer {layer} · {P.head_name(head)} · {where}",
 )
 ui.chart(big, key="att_head_chart")

@@ -18,7 +18,9 @@ st.caption(
 traces = state.traces()
 kinds = list(traces[0].kinds)
 c1, c2, c3 = st.columns([2, 3, 2])
-view = c1.radio("View", ("head", "model"), key=state.BV_VIEW, format_func=lambda v: f"{v} view", horizontal=True)
+view = c1.radio(
+    "View", ("head", "model"), key=state.BV_VIEW, format_func=lambda v: f"{v} view", horizontal=True
+)
 if any(k not in kinds for k in st.session_state.get(state.BV_KINDS, [])):
     st.session_state[state.BV_KINDS] = kinds
 chosen = c2.multiselect("Attention", kinds, default=kinds, key=state.BV_KINDS, format_func=KIND_LABELS.get)
@@ -38,5 +40,11 @@ if len(chosen) > 1:
     st.caption("Use the view's 'Attention' menu to switch between encoder, decoder and cross attention.")
 ui.downloads(tr, seq, {}, key="bv_dl")
 with st.expander("Downloads: this view", expanded=False):
-    st.download_button("bertviz view .html", data=html, file_name=f"bertviz-{view}-seq{seq}.html", mime="text/html",
-                       key="bv_html", on_click="ignore")  # fmt: skip
+    st.download_button(
+        "bertviz view .html",
+        data=html,
+        file_name=f"bertviz-{view}-seq{seq}.html",
+        mime="text/html",
+        key="bv_html",
+        on_click="ignore",
+    )

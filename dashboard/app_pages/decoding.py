@@ -12,8 +12,10 @@ st.title("Decoding")
 lm = state.model()
 
 if not lm.has_decoder:
-    st.info("This model has no decoder (encoder-only classifier): there is nothing to decode. "
-            "Its class probabilities for the input:")  # fmt: skip
+    st.info(
+        "This model has no decoder (encoder-only classifier): there is nothing to decode. "
+        "Its class probabilities for the input:"
+    )
     traces = state.traces()
     seq = state.sequence_picker(state.DEC_SEQ, traces)
     tr = traces[seq]
@@ -24,7 +26,9 @@ if not lm.has_decoder:
     st.stop()
 
 if state.current().targets is not None:
-    st.info("This page always shows greedy decoding (the model's own choices), whatever the sidebar's decoder input.")
+    st.info(
+        "This page always shows greedy decoding (the model's own choices), whatever the sidebar's decoder input."
+    )
 traces = state.traces(greedy=True)
 c_seq, c_opts = st.columns([2, 3])
 with c_seq:
@@ -43,23 +47,33 @@ else:
 ds = analysis.decode_step(tr, step - 1, lm.tgt_tok.itos)
 
 st.markdown(f"**Step {step} of {n}.** The decoder reads the prefix below and writes the next token:")
-st.code(f"prefix ({len(ds.prefix)} token{'s' if len(ds.prefix) > 1 else ''}): {' '.join(ds.prefix)}\nnew token: {ds.new_token}   (p = {ds.new_prob:.4f})",
-        language=None)  # fmt: skip
+st.code(
+    f"prefix ({len(ds.prefix)} token{'s' if len(ds.prefix) > 1 else ''}): {' '.join(ds.prefix)}\nnew token: {ds.new_token}   (p = {ds.new_prob:.4f})",
+    language=None,
+)
 
 left, right = st.columns(2)
 cross = P.step_figure(
-    ds.cross, tr.src_tokens, log=log, key_title="key: source tokens",
+    ds.cross,
+    tr.src_tokens,
+    log=log,
+    key_title="key: source tokens",
     title=f"step {step}: cross-attention of position {step - 1} over the source (seq {seq})",
 )
 self_fig = P.step_figure(
-    ds.dec_self, ds.prefix, log=log, key_title="key: prefix (decoder input so far)",
+    ds.dec_self,
+    ds.prefix,
+    log=log,
+    key_title="key: prefix (decoder input so far)",
     title=f"step {step}: decoder self-attention of position {step - 1} over the prefix (seq {seq})",
 )
 with left:
     ui.chart(cross, key="dec_cross")
 with right:
     ui.chart(self_fig, key="dec_self")
-topk = P.topk_figure(ds.topk_tokens, ds.topk_probs, title=f"step {step}: top-{len(ds.topk_probs)} next tokens (seq {seq})")
+topk = P.topk_figure(
+    ds.topk_tokens, ds.topk_probs, title=f"step {step}: top-{len(ds.topk_probs)} next tokens (seq {seq})"
+)
 left, right = st.columns(2)
 with left:
     ui.chart(topk, key="dec_topk")
@@ -67,9 +81,15 @@ with right:
     layers = list(range(tr.cross.shape[0]))
     if st.session_state.get(state.DEC_LAYER) not in layers:
         st.session_state[state.DEC_LAYER] = layers[-1]
-    layer = st.selectbox("Overview layer", layers, key=state.DEC_LAYER, help="Cross-attention of every step, mean of heads.")
+    layer = st.selectbox(
+        "Overview layer", layers, key=state.DEC_LAYER, help="Cross-attention of every step, mean of heads."
+    )
     overview = P.steps_overview(
-        tr.cross[layer, :, :n].mean(axis=0), tr.out_tokens[:n], tr.src_tokens, current=step - 1, log=log,
+        tr.cross[layer, :, :n].mean(axis=0),
+        tr.out_tokens[:n],
+        tr.src_tokens,
+        current=step - 1,
+        log=log,
         key_title="key: source tokens",
         title=f"every step: cross-attention, layer {layer}, mean of heads (seq {seq})",
     )

@@ -24,13 +24,17 @@ ui.run_caption(traces[0])
 src_ids = np.stack([t.src_ids for t in traces])  # (B, S)
 figs = {}
 figs["source padding"] = P.padding_mask_figure(
-    src_ids != pad, [t.src_tokens for t in traces], position_title="source position",
+    src_ids != pad,
+    [t.src_tokens for t in traces],
+    position_title="source position",
     title=f"source padding mask [batch {len(traces)} × {src_ids.shape[1]}]: green = real token, grey = PAD",
 )
 if lm.has_decoder:
     tgt_ids = np.stack([t.tgt_ids for t in traces])  # (B, T)
     figs["target padding"] = P.padding_mask_figure(
-        tgt_ids != pad, [t.tgt_tokens for t in traces], position_title="decoder input position",
+        tgt_ids != pad,
+        [t.tgt_tokens for t in traces],
+        position_title="decoder input position",
         title=f"target padding mask [batch {len(traces)} × {tgt_ids.shape[1]}]: green = real token, grey = PAD",
     )
 c1, c2 = st.columns(2)
@@ -47,20 +51,36 @@ if lm.has_decoder:
     t_len = len(tr.tgt_tokens)
     causal = np.tril(np.ones((t_len, t_len), dtype=bool))
     figs["causal"] = P.attention_mask_figure(
-        causal, tr.tgt_tokens, tr.tgt_tokens, query_title="query: decoder position", key_title="key: decoder position",
+        causal,
+        tr.tgt_tokens,
+        tr.tgt_tokens,
+        query_title="query: decoder position",
+        key_title="key: decoder position",
         title=f"causal mask [{t_len} × {t_len}]: key position ≤ query position",
     )
     figs["decoder self"] = P.attention_mask_figure(
-        tr.dec_self_mask, tr.tgt_tokens, tr.tgt_tokens, query_title="query: decoder input",
-        key_title="key: decoder input", title=f"decoder self-attention mask = causal AND real key ({where})",
+        tr.dec_self_mask,
+        tr.tgt_tokens,
+        tr.tgt_tokens,
+        query_title="query: decoder input",
+        key_title="key: decoder input",
+        title=f"decoder self-attention mask = causal AND real key ({where})",
     )
     figs["cross"] = P.attention_mask_figure(
-        tr.cross_mask, tr.tgt_tokens, tr.src_tokens, query_title="query: decoder input",
-        key_title="key: source tokens", title=f"cross-attention mask = real source key ({where})",
+        tr.cross_mask,
+        tr.tgt_tokens,
+        tr.src_tokens,
+        query_title="query: decoder input",
+        key_title="key: source tokens",
+        title=f"cross-attention mask = real source key ({where})",
     )
 figs["encoder self"] = P.attention_mask_figure(
-    tr.enc_self_mask, tr.src_tokens, tr.src_tokens, query_title="query: source tokens",
-    key_title="key: source tokens", title=f"encoder self-attention mask = real source key ({where})",
+    tr.enc_self_mask,
+    tr.src_tokens,
+    tr.src_tokens,
+    query_title="query: source tokens",
+    key_title="key: source tokens",
+    title=f"encoder self-attention mask = real source key ({where})",
 )
 names = [n for n in ("causal", "decoder self", "cross", "encoder self") if n in figs]
 for i in range(0, len(names), 2):
@@ -83,14 +103,18 @@ else:
     kinds = ", ".join(sorted(set(bad["attention"])))
     st.error(f"{len(bad)} maps put attention on masked keys or left a fully masked row non-zero ({kinds}).")
 st.dataframe(
-    table, hide_index=True, key="mask_table",
+    table,
+    hide_index=True,
+    key="mask_table",
     column_config={
         "max mass on masked keys (one query)": st.column_config.NumberColumn(format="%.3e"),
         "total mass on masked keys": st.column_config.NumberColumn(format="%.3e"),
     },
 )
 st.caption(
-    "Per kind (" + ", ".join(KIND_LABELS[k] for k in traces[0].kinds) + "), layer and head over every sequence of "
+    "Per kind ("
+    + ", ".join(KIND_LABELS[k] for k in traces[0].kinds)
+    + "), layer and head over every sequence of "
     "the batch: the largest attention mass one query put on masked keys, the total, the number of query rows "
     "with no allowed key at all, and rows whose weights are all zero (must equal the fully masked rows)."
 )

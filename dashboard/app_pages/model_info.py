@@ -20,13 +20,18 @@ c[0].metric("Parameters", f"{count_parameters(lm.model):,}")
 c[1].metric("Source vocabulary", f"{len(lm.src_tok):,}")
 c[2].metric("Target vocabulary", f"{len(lm.tgt_tok):,}" if lm.tgt_tok is not None else "—")
 c[3].metric("Device", lm.device)
-c[4].metric(score_key.replace("_", " ") if score_key else "Accuracy", f"{metrics[score_key]:.2%}" if score_key else "—")
+c[4].metric(
+    score_key.replace("_", " ") if score_key else "Accuracy",
+    f"{metrics[score_key]:.2%}" if score_key else "—",
+)
 
 shape = (
-    f"encoder-only classifier ({cfg.n_classes} classes, {cfg.pooling} pooling)" if cfg.n_classes
-    else "encoder only" if cfg.is_encoder_only
+    f"encoder-only classifier ({cfg.n_classes} classes, {cfg.pooling} pooling)"
+    if cfg.n_classes
+    else "encoder only"
+    if cfg.is_encoder_only
     else f"encoder-decoder ({cfg.n_enc_layers} + {cfg.n_dec_layers} layers)"
-)  # fmt: skip
+)
 st.markdown(f"**{lm.name}** · task: **{lm.meta.get('task', 'unknown')}** · {shape}")
 if lm.summary:
     st.caption(lm.summary)
@@ -39,7 +44,9 @@ with left:
 with right:
     st.dataframe(
         pd.DataFrame({"setting": list(cfg.to_dict()), "value": [str(v) for v in cfg.to_dict().values()]}),
-        hide_index=True, height=420, key="model_config",
+        hide_index=True,
+        height=420,
+        key="model_config",
     )
 
 st.subheader("Last forward pass")
@@ -52,7 +59,8 @@ else:
     ms = tr.meta.get("forward_ms")
     st.markdown(
         f"Forward pass with attention capture on **{tr.device}**: **{ms:.2f} ms** for a batch of {len(traces)} "
-        f"(source length {len(tr.src_tokens)}" + (f", decoder length {len(tr.tgt_tokens)})" if tr.tgt_tokens else ")")
+        f"(source length {len(tr.src_tokens)}"
+        + (f", decoder length {len(tr.tgt_tokens)})" if tr.tgt_tokens else ")")
         + ". Cached: changing the page or a selection does not re-run it."
     )
 if metrics:

@@ -23,15 +23,26 @@ if source == OWN:
     st.caption(
         f"Model **{lm.name}**: {kind} positions, max_len {cfg.max_len}, d_model {cfg.d_model}"
         + (f", position ids start at {cfg.pos_offset}" if cfg.pos_offset else "")
-        + (". Token embeddings are scaled by √d_model before the positions are added." if cfg.scale_embeddings else ".")
+        + (
+            ". Token embeddings are scaled by √d_model before the positions are added."
+            if cfg.scale_embeddings
+            else "."
+        )
     )
     name = f"{lm.name}, {kind.split()[0]}"
 else:
     sinusoidal = True
     c1, c2 = st.columns(2)
-    d_model = int(c1.number_input("d_model", min_value=2, max_value=2048, value=cfg.d_model, step=2, key=state.PE_DMODEL))
-    max_len = int(c2.number_input("max length", min_value=2, max_value=4096, value=min(cfg.max_len, 256),
-                                  key=state.PE_MAXLEN))  # fmt: skip
+    d_model = int(
+        c1.number_input(
+            "d_model", min_value=2, max_value=2048, value=cfg.d_model, step=2, key=state.PE_DMODEL
+        )
+    )
+    max_len = int(
+        c2.number_input(
+            "max length", min_value=2, max_value=4096, value=min(cfg.max_len, 256), key=state.PE_MAXLEN
+        )
+    )
     table = sinusoidal_table(max_len, d_model).numpy()
     name = f"sinusoidal, d_model {d_model}"
 
@@ -39,10 +50,16 @@ n_pos, d = table.shape
 default_dims = sorted({x for x in (0, 1, 2, 3, d // 2, d // 2 + 1, d - 2, d - 1) if 0 <= x < d})
 if any(x >= d for x in st.session_state.get(state.PE_DIMS, [])):
     st.session_state[state.PE_DIMS] = default_dims
-dims = st.multiselect("Dimensions to plot (even = sin, odd = cos of the same frequency)", list(range(d)),
-                      default=default_dims, key=state.PE_DIMS)  # fmt: skip
+dims = st.multiselect(
+    "Dimensions to plot (even = sin, odd = cos of the same frequency)",
+    list(range(d)),
+    default=default_dims,
+    key=state.PE_DIMS,
+)
 
-curves = P.pe_curves(table, dims, sinusoidal=sinusoidal, title=f"PE(position, dimension) of chosen dimensions ({name})")
+curves = P.pe_curves(
+    table, dims, sinusoidal=sinusoidal, title=f"PE(position, dimension) of chosen dimensions ({name})"
+)
 ui.chart(curves, key="pe_curves")
 left, right = st.columns(2)
 heat = P.pe_heatmap(table, title=f"PE matrix [{n_pos} positions × {d} dims] ({name})")
@@ -53,12 +70,18 @@ with right:
     ui.chart(sim, key="pe_sim")
 if sinusoidal:
     wl = wavelengths(d).numpy()
-    wave = P.wavelength_figure(wl, y_title="wavelength (positions, log)",
-                               title=f"wavelength of each dimension: 2π·10000^(2i/d) ({name})")  # fmt: skip
+    wave = P.wavelength_figure(
+        wl,
+        y_title="wavelength (positions, log)",
+        title=f"wavelength of each dimension: 2π·10000^(2i/d) ({name})",
+    )
 else:
     wl = analysis.dominant_period(table)
-    wave = P.wavelength_figure(np.where(np.isfinite(wl), wl, np.nan), y_title="dominant period (positions, log)",
-                               title=f"dominant period of each learned dimension (FFT over positions) ({name})")  # fmt: skip
+    wave = P.wavelength_figure(
+        np.where(np.isfinite(wl), wl, np.nan),
+        y_title="dominant period (positions, log)",
+        title=f"dominant period of each learned dimension (FFT over positions) ({name})",
+    )
 ui.chart(wave, key="pe_wave")
 if sinusoidal:
     st.caption(
@@ -67,7 +90,13 @@ if sinusoidal:
         "and the dot product depends only on the distance |p − q|."
     )
 else:
-    st.caption("A learned table has no formula; its dominant period per dimension is measured with an FFT "
-               "over positions (infinite periods, i.e. no oscillation, are left out).")  # fmt: skip
-ui.figure_downloads({"curves": curves, "matrix": heat, "similarity": sim, "wavelength": wave}, "positional",
-                   key="pe_dl", table=table)  # fmt: skip
+    st.caption(
+        "A learned table has no formula; its dominant period per dimension is measured with an FFT "
+        "over positions (infinite periods, i.e. no oscillation, are left out)."
+    )
+ui.figure_downloads(
+    {"curves": curves, "matrix": heat, "similarity": sim, "wavelength": wave},
+    "positional",
+    key="pe_dl",
+    table=table,
+)

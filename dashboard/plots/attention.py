@@ -133,8 +133,15 @@ def grid_figure(
         # hover falls through to the weights underneath.
         fig.add_trace(
             go.Heatmap(
-                z=zm, x=xs, y=ys, zmin=0, zmax=1, colorscale=[[0, "rgba(0,0,0,0)"], [1, MASKED_COLOR]],
-                showscale=False, hoverinfo="skip", name="masked",
+                z=zm,
+                x=xs,
+                y=ys,
+                zmin=0,
+                zmax=1,
+                colorscale=[[0, "rgba(0,0,0,0)"], [1, MASKED_COLOR]],
+                showscale=False,
+                hoverinfo="skip",
+                name="masked",
             )
         )
     xt = [xs[col_start[c] + nk // 2] for c in range(len(columns))]
@@ -146,23 +153,42 @@ def grid_figure(
     # the tile the heatmap's own hover (query, key, weight) shows.
     fig.add_trace(
         go.Scatter(
-            x=[x for x in xt for _ in range(n_layers)], y=[y for _ in xt for y in yt], mode="markers",
-            marker=dict(size=12, opacity=0.0), name="tiles", showlegend=False,
+            x=[x for x in xt for _ in range(n_layers)],
+            y=[y for _ in xt for y in yt],
+            mode="markers",
+            marker=dict(size=12, opacity=0.0),
+            name="tiles",
+            showlegend=False,
             customdata=[[layer, head_name(h)] for h in columns for layer in range(n_layers)],
             hovertemplate="layer %{customdata[0]} · %{customdata[1]}<br>click to show it below<extra></extra>",
-            selected=dict(marker=dict(opacity=0.0)), unselected=dict(marker=dict(opacity=0.0)),
+            selected=dict(marker=dict(opacity=0.0)),
+            unselected=dict(marker=dict(opacity=0.0)),
         )
     )
     fig.update_xaxes(
-        title=dict(text="head (each tile: key tokens →)"), type="category", tickmode="array", tickvals=xt,
-        ticktext=[head_name(h) for h in columns], showgrid=False, side="top", range=[-0.5, n_cols - 0.5],
+        title=dict(text="head (each tile: key tokens →)"),
+        type="category",
+        tickmode="array",
+        tickvals=xt,
+        ticktext=[head_name(h) for h in columns],
+        showgrid=False,
+        side="top",
+        range=[-0.5, n_cols - 0.5],
     )
     fig.update_yaxes(
-        title=dict(text="layer (each tile: query tokens ↓)"), type="category", tickmode="array", tickvals=yt,
-        ticktext=[f"layer {layer}" for layer in range(n_layers)], showgrid=False, range=[n_rows - 0.5, -0.5],
+        title=dict(text="layer (each tile: query tokens ↓)"),
+        type="category",
+        tickmode="array",
+        tickvals=yt,
+        ticktext=[f"layer {layer}" for layer in range(n_layers)],
+        showgrid=False,
+        range=[n_rows - 0.5, -0.5],
     )
     fig.update_layout(
-        margin=dict(l=80, r=20, t=120, b=20), clickmode="event+select", dragmode=False, hoverdistance=8,
+        margin=dict(l=80, r=20, t=120, b=20),
+        clickmode="event+select",
+        dragmode=False,
+        hoverdistance=8,
     )
     return finish(fig, title, height)
 
@@ -232,9 +258,15 @@ def head_heatmap(
         size = float(np.clip(500 / max(nq, nk), 4, 14))
         fig.add_trace(
             go.Scatter(
-                x=ki, y=qi, mode="markers", name="masked (may not attend)",
-                marker=dict(symbol="x-thin", size=size, line=dict(width=1.5, color="rgba(255,255,255,0.9)")),
-                hoverinfo="skip", showlegend=True,
+                x=ki,
+                y=qi,
+                mode="markers",
+                name="masked (may not attend)",
+                marker=dict(
+                    symbol="x-thin", size=size, line=dict(width=1.5, color="#c8c8c8")
+                ),  # seen on dark cells and in the legend
+                hoverinfo="skip",
+                showlegend=True,
             )
         )
         fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0))

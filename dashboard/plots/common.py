@@ -88,8 +88,9 @@ def token_axis(tokens: Sequence[str], title: str, rotate: bool = False, max_tick
     return axis
 
 
-def matrix_height(n_rows: int, min_px: int = 300, max_px: int = 1400, per_row: float | None = None,
-                  extra: int = 170) -> int:  # fmt: skip
+def matrix_height(
+    n_rows: int, min_px: int = 300, max_px: int = 1400, per_row: float | None = None, extra: int = 170
+) -> int:
     """Pixel height that gives each row room for its tick label (28 px for few rows, 12 px for many)."""
     if per_row is None:
         per_row = float(np.clip(480 / max(n_rows, 1), 12, 28))
@@ -127,7 +128,9 @@ def figure_html(fig: go.Figure) -> str:
 
 
 def finish(fig: go.Figure, title: str, height: int | None = None) -> go.Figure:
-    fig.update_layout(template=TEMPLATE, title=dict(text=title, yref="container", y=1.0, yanchor="top", pad=dict(t=14)))
+    fig.update_layout(
+        template=TEMPLATE, title=dict(text=title, yref="container", y=1.0, yanchor="top", pad=dict(t=14))
+    )
     if height is not None:
         fig.update_layout(height=height)
     return fig

@@ -52,19 +52,31 @@ def step_figure(
         raise ValueError(f"weights have {weights.shape[-1]} keys but there are {len(key_tokens)} tokens")
     z, names = step_rows(weights)
     kl = [f"{j} {token_label(t)}" for j, t in enumerate(key_tokens)]
-    custom = [[[names[r], kl[j], f"{float(z[r, j]):.7g}"] for j in range(z.shape[1])] for r in range(z.shape[0])]
+    custom = [
+        [[names[r], kl[j], f"{float(z[r, j]):.7g}"] for j in range(z.shape[1])] for r in range(z.shape[0])
+    ]
     zmin, zmax = zrange(log)
     fig = go.Figure(
         go.Heatmap(
-            z=color_values(z, log), zmin=zmin, zmax=zmax, colorscale=COLORSCALE, colorbar=colorbar(log),
-            customdata=custom, name="attention",
+            z=color_values(z, log),
+            zmin=zmin,
+            zmax=zmax,
+            colorscale=COLORSCALE,
+            colorbar=colorbar(log),
+            customdata=custom,
+            name="attention",
             hovertemplate="%{customdata[0]}<br>key %{customdata[1]}<br>weight %{customdata[2]}<extra></extra>",
         )
     )
     fig.update_xaxes(**token_axis(key_tokens, key_title, rotate=True))
     fig.update_yaxes(
-        title=dict(text="layer / head"), tickmode="array", tickvals=list(range(len(names))), ticktext=names,
-        range=[len(names) - 0.5, -0.5], showgrid=False, tickfont=dict(size=10),
+        title=dict(text="layer / head"),
+        tickmode="array",
+        tickvals=list(range(len(names))),
+        ticktext=names,
+        range=[len(names) - 0.5, -0.5],
+        showgrid=False,
+        tickfont=dict(size=10),
     )
     fig.update_layout(margin=dict(l=80, r=20, t=60, b=90))
     return finish(fig, title, matrix_height(len(names), min_px=260, per_row=16, extra=180))
@@ -77,12 +89,17 @@ def topk_figure(tokens: Sequence[str], probs: Sequence[float], *, title: str) ->
     xs = [f"{i + 1}. {lab}" for i, lab in enumerate(labels)]
     fig = go.Figure(
         go.Bar(
-            x=xs, y=[float(p) for p in probs], text=[f"{float(p):.3f}" for p in probs], textposition="auto",
+            x=xs,
+            y=[float(p) for p in probs],
+            text=[f"{float(p):.3f}" for p in probs],
+            textposition="auto",
             marker_color=["#440154"] + ["#21918c"] * (len(xs) - 1),
             hovertemplate="%{x}<br>probability %{y:.6f}<extra></extra>",
         )
     )
-    fig.update_xaxes(title=dict(text="next token (rank. token)"), type="category", tickfont=dict(family="monospace"))
+    fig.update_xaxes(
+        title=dict(text="next token (rank. token)"), type="category", tickfont=dict(family="monospace")
+    )
     fig.update_yaxes(title=dict(text="probability"), range=[0, 1])
     return finish(fig, title, 320)
 
@@ -91,8 +108,11 @@ def class_probs_figure(labels: Sequence[str], probs: Sequence[float], *, title: 
     """Bar chart of a classifier's class probabilities."""
     fig = go.Figure(
         go.Bar(
-            x=token_labels(labels), y=[float(p) for p in probs], text=[f"{float(p):.3f}" for p in probs],
-            textposition="auto", hovertemplate="%{x}<br>probability %{y:.6f}<extra></extra>",
+            x=token_labels(labels),
+            y=[float(p) for p in probs],
+            text=[f"{float(p):.3f}" for p in probs],
+            textposition="auto",
+            hovertemplate="%{x}<br>probability %{y:.6f}<extra></extra>",
         )
     )
     fig.update_xaxes(title=dict(text="class"), type="category")
@@ -114,10 +134,22 @@ def steps_overview(
     it wrote), the current step (0-based) outlined."""
     if weights.shape[0] != len(out_tokens):
         raise ValueError(f"{weights.shape[0]} rows but {len(out_tokens)} output tokens")
-    fig = head_heatmap(weights, out_tokens, key_tokens, title=title, log=log,
-                       query_title="step (token it wrote)", key_title=key_title)  # fmt: skip
+    fig = head_heatmap(
+        weights,
+        out_tokens,
+        key_tokens,
+        title=title,
+        log=log,
+        query_title="step (token it wrote)",
+        key_title=key_title,
+    )
     fig.add_shape(
-        type="rect", x0=-0.5, x1=len(key_tokens) - 0.5, y0=current - 0.5, y1=current + 0.5,
-        line=dict(color="#e4572e", width=3), name="current step",
+        type="rect",
+        x0=-0.5,
+        x1=len(key_tokens) - 0.5,
+        y0=current - 0.5,
+        y1=current + 0.5,
+        line=dict(color="#e4572e", width=3),
+        name="current step",
     )
     return fig

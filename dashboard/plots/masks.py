@@ -21,7 +21,9 @@ def _bool_heatmap(z: np.ndarray, custom, hover: str) -> go.Heatmap:
         zmin=0,
         zmax=1,
         colorscale=[[0.0, MASKED_COLOR], [0.5, MASKED_COLOR], [0.5, ALLOWED_COLOR], [1.0, ALLOWED_COLOR]],
-        colorbar=dict(tickvals=[0.25, 0.75], ticktext=["False: masked", "True: may attend"], thickness=12, len=0.5),
+        colorbar=dict(
+            tickvals=[0.25, 0.75], ticktext=["False: masked", "True: may attend"], thickness=12, len=0.5
+        ),
         xgap=1,
         ygap=1,
         customdata=custom,
@@ -34,7 +36,12 @@ def _cross_marks(mask: np.ndarray, nrows: int, ncols: int) -> go.Scatter:
     qi, ki = np.nonzero(~mask)
     size = float(np.clip(420 / max(nrows, ncols), 4, 12))
     return go.Scatter(
-        x=ki, y=qi, mode="markers", name="masked", hoverinfo="skip", showlegend=False,
+        x=ki,
+        y=qi,
+        mode="markers",
+        name="masked",
+        hoverinfo="skip",
+        showlegend=False,
         marker=dict(symbol="x-thin", size=size, line=dict(width=1.2, color="#888888")),
     )
 
@@ -57,7 +64,9 @@ def attention_mask_figure(
     kl = [f"{j} {token_label(t)}" for j, t in enumerate(key_tokens)]
     custom = [[[ql[i], kl[j], "may attend" if m[i, j] else "masked"] for j in range(nk)] for i in range(nq)]
     fig = go.Figure(
-        _bool_heatmap(m, custom, "query %{customdata[0]}<br>key %{customdata[1]}<br>%{customdata[2]}<extra></extra>")
+        _bool_heatmap(
+            m, custom, "query %{customdata[0]}<br>key %{customdata[1]}<br>%{customdata[2]}<extra></extra>"
+        )
     )
     if (~m).any() and max(nq, nk) <= MAX_MARKED:
         fig.add_trace(_cross_marks(m, nq, nk))
@@ -78,21 +87,37 @@ def padding_mask_figure(
     """``[batch, length]`` bool (True = real token, False = PAD); hover shows each cell's token."""
     m = np.asarray(mask, dtype=bool)
     b, n = m.shape
-    custom = [[[f"sequence {r}", f"{j} {token_label(tokens[r][j])}", "real token" if m[r, j] else "PAD (masked)"]
-               for j in range(n)] for r in range(b)]  # fmt: skip
+    custom = [
+        [
+            [f"sequence {r}", f"{j} {token_label(tokens[r][j])}", "real token" if m[r, j] else "PAD (masked)"]
+            for j in range(n)
+        ]
+        for r in range(b)
+    ]
     fig = go.Figure(
-        _bool_heatmap(m, custom, "%{customdata[0]}<br>position %{customdata[1]}<br>%{customdata[2]}<extra></extra>")
+        _bool_heatmap(
+            m, custom, "%{customdata[0]}<br>position %{customdata[1]}<br>%{customdata[2]}<extra></extra>"
+        )
     )
     if (~m).any() and n <= MAX_MARKED:
         fig.add_trace(_cross_marks(m, b, n))
     fig.update_traces(showscale=False, selector=dict(type="heatmap"))
     step = 1 if n <= 24 else 5 if n <= 120 else 10  # position numbers must not overlap
     fig.update_xaxes(
-        title=dict(text=position_title), tickmode="array", tickvals=list(range(0, n, step)),
-        ticktext=[str(j) for j in range(0, n, step)], range=[-0.5, n - 0.5], tickfont=dict(size=10), showgrid=False,
+        title=dict(text=position_title),
+        tickmode="array",
+        tickvals=list(range(0, n, step)),
+        ticktext=[str(j) for j in range(0, n, step)],
+        range=[-0.5, n - 0.5],
+        tickfont=dict(size=10),
+        showgrid=False,
     )
     fig.update_yaxes(
-        title=dict(text="sequence in the batch"), tickmode="array", tickvals=list(range(b)),
-        ticktext=[f"seq {r}" for r in range(b)], range=[b - 0.5, -0.5], showgrid=False,
+        title=dict(text="sequence in the batch"),
+        tickmode="array",
+        tickvals=list(range(b)),
+        ticktext=[f"seq {r}" for r in range(b)],
+        range=[b - 0.5, -0.5],
+        showgrid=False,
     )
     return finish(fig, title, int(min(600, 170 + 36 * b)))

@@ -15,8 +15,11 @@ def params_figure(counts: Mapping[str, int], *, title: str) -> go.Figure:
     total = sum(counts.values()) or 1
     fig = go.Figure(
         go.Bar(
-            x=[v for _, v in items], y=[k for k, _ in items], orientation="h",
-            text=[f"{v:,} ({100 * v / total:.1f}%)" for _, v in items], textposition="auto",
+            x=[v for _, v in items],
+            y=[k for k, _ in items],
+            orientation="h",
+            text=[f"{v:,} ({100 * v / total:.1f}%)" for _, v in items],
+            textposition="auto",
             hovertemplate="%{y}<br>%{x:,} parameters<extra></extra>",
         )
     )

@@ -25,7 +25,10 @@ def pe_curves(table: np.ndarray, dims: Sequence[int], *, title: str, sinusoidal:
     for d in dims:
         fig.add_trace(
             go.Scatter(
-                x=pos, y=t[:, d], mode="lines", name=dim_name(d, sinusoidal),
+                x=pos,
+                y=t[:, d],
+                mode="lines",
+                name=dim_name(d, sinusoidal),
                 hovertemplate=f"{dim_name(d, sinusoidal)}<br>position %{{x}}<br>value %{{y:.6f}}<extra></extra>",
             )
         )
@@ -40,7 +43,12 @@ def pe_heatmap(table: np.ndarray, *, title: str) -> go.Figure:
     lim = float(np.abs(t).max()) or 1.0
     fig = go.Figure(
         go.Heatmap(
-            z=t, zmin=-lim, zmax=lim, colorscale="RdBu", reversescale=True, colorbar=dict(title=dict(text="value")),
+            z=t,
+            zmin=-lim,
+            zmax=lim,
+            colorscale="RdBu",
+            reversescale=True,
+            colorbar=dict(title=dict(text="value")),
             hovertemplate="position %{y}<br>dimension %{x}<br>value %{z:.6f}<extra></extra>",
         )
     )
@@ -55,7 +63,9 @@ def similarity_figure(table: np.ndarray, *, title: str) -> go.Figure:
     sim = t @ t.T  # (P, P)
     fig = go.Figure(
         go.Heatmap(
-            z=sim, colorscale="Viridis", colorbar=dict(title=dict(text="dot product")),
+            z=sim,
+            colorscale="Viridis",
+            colorbar=dict(title=dict(text="dot product")),
             hovertemplate="position %{y} · position %{x}<br>dot product %{z:.4f}<extra></extra>",
         )
     )
@@ -69,7 +79,10 @@ def wavelength_figure(wavelengths: np.ndarray, *, title: str, y_title: str) -> g
     w = np.asarray(wavelengths, dtype=np.float64)
     fig = go.Figure(
         go.Scatter(
-            x=np.arange(len(w)), y=w, mode="markers+lines", name="wavelength",
+            x=np.arange(len(w)),
+            y=w,
+            mode="markers+lines",
+            name="wavelength",
             hovertemplate="dimension %{x}<br>%{y:.4g} positions<extra></extra>",
         )
     )
