@@ -35,9 +35,16 @@ def _extra_folders() -> list[str]:
     return [p for p in raw.split(os.pathsep) if p and (Path(p) / CONFIG).is_file()]
 
 
+def registry_names() -> list[str]:
+    """What the registry offers a picker: the zoo, then pretrained models whose package is installed."""
+    names = getattr(registry, "all_names", registry.zoo_names)
+    return list(names())
+
+
 def model_choices() -> list[str]:
-    """Zoo names first (registry order), then extra model folders (as paths)."""
-    return registry.zoo_names() + [p for p in _extra_folders() if p not in registry.zoo_names()]
+    """Registry names first (zoo in registry order, then pretrained), then ATTNSCOPE_MODELS folders."""
+    known = registry_names()
+    return known + [p for p in _extra_folders() if p not in known]
 
 
 def model_folder(name: str) -> Path:
@@ -51,8 +58,8 @@ def display_name(name: str) -> str:
 def model_summary(name: str) -> str:
     """One line for the picker: the card's summary."""
     try:
-        if name in registry.zoo_names():
-            return registry.zoo_summary(name)
+        if name in registry_names():
+            return registry.summary(name) if hasattr(registry, "summary") else registry.zoo_summary(name)
         meta = read_meta(model_folder(name))
         return str(meta.get("summary", ""))
     except Exception:  # a broken folder must not break the picker; loading reports it

@@ -43,11 +43,19 @@ def _figure_buttons(cols, figures: Mapping[str, go.Figure], stem: str, key: str)
         )
 
 
-def downloads(trace: AttentionTrace, seq: int, figures: Mapping[str, go.Figure], key: str) -> None:
-    """Buttons: the trace as .npz / .json and each figure as standalone HTML (built on click)."""
+def downloads(
+    trace: AttentionTrace,
+    seq: int,
+    figures: Mapping[str, go.Figure],
+    key: str,
+    html_pages: Mapping[str, str] | None = None,
+) -> None:
+    """Buttons: the trace as .npz / .json, each figure as standalone HTML (built on click), and
+    any ready-made HTML pages (name -> document)."""
     stem = _stem(trace, seq)
+    html_pages = html_pages or {}
     with st.expander("Downloads", expanded=False):
-        cols = st.columns(2 + len(figures))
+        cols = st.columns(2 + len(figures) + len(html_pages))
         cols[0].download_button(
             "trace .npz",
             data=trace.to_npz_bytes,
@@ -66,7 +74,16 @@ def downloads(trace: AttentionTrace, seq: int, figures: Mapping[str, go.Figure],
             on_click="ignore",
             help="AttentionTrace.to_json",
         )
-        _figure_buttons(cols[2:], figures, stem, key)
+        _figure_buttons(cols[2 : 2 + len(figures)], figures, stem, key)
+        for col, (name, doc) in zip(cols[2 + len(figures) :], html_pages.items(), strict=True):
+            col.download_button(
+                f"{name} .html",
+                data=doc,
+                file_name=f"{stem}-{name.replace(' ', '-')}.html",
+                mime="text/html",
+                key=f"{key}_page_{name.replace(' ', '_')}",
+                on_click="ignore",
+            )
 
 
 def figure_downloads(
@@ -89,9 +106,13 @@ def figure_downloads(
 
 def run_caption(trace: AttentionTrace) -> None:
     """The model's answer, the device and the time of the forward pass."""
-    mode = "teacher forcing" if trace.meta.get("teacher_forced") else "greedy output"
     ms = trace.meta.get("forward_ms")
     timing = f" · forward pass {ms:.2f} ms" if isinstance(ms, int | float) else ""
-    st.caption(f"Model **{display_name(trace.model)}** on **{trace.device}**{timing} · decoder input: {mode}")
+    mode = ""
+    if trace.tgt_tokens:
+        mode = " · decoder input: " + (
+            "teacher forcing" if trace.meta.get("teacher_forced") else "greedy output"
+        )
+    st.caption(f"Model **{display_name(trace.model)}** on **{trace.device}**{timing}{mode}")
     if trace.output_text:
         st.text(f"Output: {trace.output_text}")

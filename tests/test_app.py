@@ -30,7 +30,7 @@ PAGES = {
     "model": "app_pages/model_info.py",
 }
 TIMEOUT = 60  # first run imports torch/plotly; a busy 2-core machine can be slow
-ZOO = registry.zoo_names()
+ZOO = getattr(registry, "all_names", registry.zoo_names)()  # the zoo and installed pretrained models
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -38,13 +38,4 @@ st.markdown(f"**bertviz {view} view** · {', '.join(KIND_LABELS[k] for k in chos
 st.iframe(html, height=min(MAX_HEIGHT, bertviz_html.view_height(view, data)))
 if len(chosen) > 1:
     st.caption("Use the view's 'Attention' menu to switch between encoder, decoder and cross attention.")
-ui.downloads(tr, seq, {}, key="bv_dl")
-with st.expander("Downloads: this view", expanded=False):
-    st.download_button(
-        "bertviz view .html",
-        data=html,
-        file_name=f"bertviz-{view}-seq{seq}.html",
-        mime="text/html",
-        key="bv_html",
-        on_click="ignore",
-    )
+ui.downloads(tr, seq, {}, key="bv_dl", html_pages={f"bertviz {view} view": html})

@@ -12,17 +12,27 @@ st.title("Decoding")
 lm = state.model()
 
 if not lm.has_decoder:
-    st.info(
-        "This model has no decoder (encoder-only classifier): there is nothing to decode. "
-        "Its class probabilities for the input:"
-    )
     traces = state.traces()
     seq = state.sequence_picker(state.DEC_SEQ, traces)
     tr = traces[seq]
-    labels = tr.meta.get("labels") or [str(i) for i in range(len(tr.out_probs))]
-    fig = P.class_probs_figure(labels, tr.out_probs, title=f"class probabilities (sequence {seq})")
+    if tr.out_probs is not None:  # a classifier: its class probabilities instead
+        st.info(
+            "This model has no decoder (encoder-only classifier): there is nothing to decode. "
+            "Its class probabilities for the input:"
+        )
+        labels = tr.meta.get("labels") or [str(i) for i in range(len(tr.out_probs))]
+        fig = P.class_probs_figure(labels, tr.out_probs, title=f"class probabilities (sequence {seq})")
+    else:  # an encoder without a head (sentence embedder): its pooled output
+        st.info(
+            "This model has no decoder and no classifier (an encoder that embeds text): there is nothing "
+            f"to decode. Its output: {tr.output_text}."
+        )
+        head = [float(v) for v in tr.meta.get("embedding_head", [])]
+        fig = P.values_figure(
+            head, title=f"first {len(head)} values of the pooled embedding (sequence {seq})"
+        )
     ui.chart(fig, key="dec_classes")
-    ui.downloads(tr, seq, {"classes": fig}, key="dec_dl")
+    ui.downloads(tr, seq, {"output": fig}, key="dec_dl")
     st.stop()
 
 if state.current().targets is not None:

@@ -51,7 +51,7 @@ default_dims = sorted({x for x in (0, 1, 2, 3, d // 2, d // 2 + 1, d - 2, d - 1)
 if any(x >= d for x in st.session_state.get(state.PE_DIMS, [])):
     st.session_state[state.PE_DIMS] = default_dims
 dims = st.multiselect(
-    "Dimensions to plot (even = sin, odd = cos of the same frequency)",
+    "Dimensions to plot" + (" (even = sin, odd = cos of the same frequency)" if sinusoidal else ""),
     list(range(d)),
     default=default_dims,
     key=state.PE_DIMS,
@@ -81,6 +81,7 @@ else:
         np.where(np.isfinite(wl), wl, np.nan),
         y_title="dominant period (positions, log)",
         title=f"dominant period of each learned dimension (FFT over positions) ({name})",
+        lines=False,
     )
 ui.chart(wave, key="pe_wave")
 if sinusoidal:

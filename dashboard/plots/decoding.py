@@ -153,3 +153,17 @@ def steps_overview(
         name="current step",
     )
     return fig
+
+
+def values_figure(values: Sequence[float], *, title: str) -> go.Figure:
+    """Bar chart of a vector's leading values (an embedding's first dimensions)."""
+    fig = go.Figure(
+        go.Bar(
+            x=[str(i) for i in range(len(values))],
+            y=[float(v) for v in values],
+            hovertemplate="dimension %{x}<br>value %{y:.6f}<extra></extra>",
+        )
+    )
+    fig.update_xaxes(title=dict(text="dimension"), type="category")
+    fig.update_yaxes(title=dict(text="value"))
+    return finish(fig, title, 320)

@@ -40,7 +40,9 @@ def pe_curves(table: np.ndarray, dims: Sequence[int], *, title: str, sinusoidal:
 def pe_heatmap(table: np.ndarray, *, title: str) -> go.Figure:
     """The table as a heatmap: positions on y (top to bottom), dimensions on x; 0 is white."""
     t = np.asarray(table, dtype=np.float32)
-    lim = float(np.abs(t).max()) or 1.0
+    # A robust range: a learned table's few outliers would otherwise wash everything out.
+    lim = float(np.percentile(np.abs(t), 99.5)) or float(np.abs(t).max()) or 1.0
+    clipped = bool(np.abs(t).max() > lim * 1.0001)
     fig = go.Figure(
         go.Heatmap(
             z=t,
@@ -48,7 +50,7 @@ def pe_heatmap(table: np.ndarray, *, title: str) -> go.Figure:
             zmax=lim,
             colorscale="RdBu",
             reversescale=True,
-            colorbar=dict(title=dict(text="value")),
+            colorbar=dict(title=dict(text="value (clipped at 99.5%)" if clipped else "value")),
             hovertemplate="position %{y}<br>dimension %{x}<br>value %{z:.6f}<extra></extra>",
         )
     )
@@ -61,11 +63,16 @@ def similarity_figure(table: np.ndarray, *, title: str) -> go.Figure:
     """Dot product PE(p) . PE(q) for every pair of positions."""
     t = np.asarray(table, dtype=np.float32)
     sim = t @ t.T  # (P, P)
+    lo, hi = (float(v) for v in np.percentile(sim, [0.5, 99.5]))
+    if hi <= lo:
+        lo, hi = float(sim.min()), float(sim.max())
     fig = go.Figure(
         go.Heatmap(
             z=sim,
+            zmin=lo,
+            zmax=hi,
             colorscale="Viridis",
-            colorbar=dict(title=dict(text="dot product")),
+            colorbar=dict(title=dict(text="dot product (0.5-99.5%)")),
             hovertemplate="position %{y} · position %{x}<br>dot product %{z:.4f}<extra></extra>",
         )
     )
@@ -74,14 +81,14 @@ def similarity_figure(table: np.ndarray, *, title: str) -> go.Figure:
     return finish(fig, title, 480)
 
 
-def wavelength_figure(wavelengths: np.ndarray, *, title: str, y_title: str) -> go.Figure:
+def wavelength_figure(wavelengths: np.ndarray, *, title: str, y_title: str, lines: bool = True) -> go.Figure:
     """Wavelength (or dominant period) of every dimension on a log axis."""
     w = np.asarray(wavelengths, dtype=np.float64)
     fig = go.Figure(
         go.Scatter(
             x=np.arange(len(w)),
             y=w,
-            mode="markers+lines",
+            mode="markers+lines" if lines else "markers",
             name="wavelength",
             hovertemplate="dimension %{x}<br>%{y:.4g} positions<extra></extra>",
         )
