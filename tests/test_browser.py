@@ -7,12 +7,13 @@ that the bertviz page renders with no request leaving localhost and no script fr
 user's text running. Screenshots of every page go to artifacts/screenshots/.
 
 CI sets ATTNSCOPE_REQUIRE_BROWSER=1: then a missing chromium or playwright is a failure;
-locally the tests skip with the reason.
+locally the tests skip with the reason. ATTNSCOPE_CHROMIUM overrides the browser path.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -23,9 +24,11 @@ from urllib.parse import urlparse
 
 import pytest
 
+from core.trace import AttentionTrace
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboard" / "app.py"
-CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM = Path(os.environ.get("ATTNSCOPE_CHROMIUM", "/usr/bin/chromium"))  # Debian's chromium
 SHOTS = ROOT / "artifacts" / "screenshots"
 ARGS = [
     "--headless",
@@ -218,7 +221,7 @@ def _settle(page) -> None:
 # -- tests -----------------------------------------------------------------------------------------
 
 
-def test_every_page_in_a_real_browser(browser, server):
+def test_every_page_in_a_real_browser(browser, server, tmp_path):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = _new_page(browser)
     _open_with_tiny_model(page, server)
@@ -268,6 +271,19 @@ def test_every_page_in_a_real_browser(browser, server):
     _settle(page)
     _no_exception_box(page)
     _screenshot(page, "7-attention-after-input-and-click.png")
+
+    # Downloads: the trace (.npz, read back with AttentionTrace.load) and a figure as standalone HTML.
+    page.get_by_text("Downloads", exact=True).first.click()
+    with page.expect_download(timeout=WAIT_MS) as info:
+        page.get_by_role("button", name="trace .npz").click()
+    path = tmp_path / info.value.suggested_filename
+    info.value.save_as(path)
+    trace = AttentionTrace.load(path)
+    assert trace.src_tokens == ("z", "y", "x", "w", "<eos>") and trace.enc_self.shape[:2] == (2, 4)
+    with page.expect_download(timeout=WAIT_MS) as info:
+        page.get_by_role("button", name="head .html").click()
+    doc = info.value.path().read_text(encoding="utf-8")
+    assert re.search(r"layer 1 (·|\\u00b7) head 2", doc) and not re.search(r"<script[^>]+src=", doc)
     outside = sorted(
         {
             u
