@@ -284,6 +284,14 @@ def test_every_page_in_a_real_browser(browser, server, tmp_path):
         page.get_by_role("button", name="head .html").click()
     doc = info.value.path().read_text(encoding="utf-8")
     assert re.search(r"layer 1 (·|\\u00b7) head 2", doc) and not re.search(r"<script[^>]+src=", doc)
+    # A batch (the model's three examples, one per line): padding on the Masks page is real.
+    page.get_by_text("Batch: several inputs, one per line").click()
+    page.wait_for_selector('[data-testid="stSidebar"] textarea', timeout=WAIT_MS)
+    _goto_page(page, "Masks", "Masks")
+    _wait_chart_title(page, "source padding mask [batch 3 ×")
+    _settle(page)
+    _no_exception_box(page)
+    _screenshot(page, "9-masks-batch-of-3.png")
     outside = sorted(
         {
             u
