@@ -27,6 +27,7 @@ from models import registry
 
 EXTRA_MODELS_ENV = "ATTNSCOPE_MODELS"
 TRACE_CACHE_ENTRIES = 32
+TRACE_CACHE_SIZE = "1GiB"  # a 12-layer model at 512 tokens makes ~300 MB of maps; evict least recently used
 DEMO_SEED = 2026  # examples shown by default (not a training/eval seed)
 
 
@@ -66,6 +67,13 @@ def model_summary(name: str) -> str:
         return ""
 
 
+def picker_label(name: str, width: int = 48) -> str:
+    """'reverse · reverses lowercase strings of 1-20 le…' for the model picker."""
+    summary = model_summary(name)
+    label = f"{display_name(name)} · {summary}" if summary else display_name(name)
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
 def model_version(name: str) -> float:
     """mtime of the weights: a retrained model gets new cache entries."""
     try:
@@ -85,7 +93,7 @@ def load_model(name: str, device: str, version: float = 0.0) -> LoadedModel:
     return registry.load(name, device)
 
 
-@st.cache_data(max_entries=TRACE_CACHE_ENTRIES, show_spinner="Running the model…")
+@st.cache_data(max_entries=TRACE_CACHE_ENTRIES, max_size=TRACE_CACHE_SIZE, show_spinner="Running the model…")
 def compute_traces(
     name: str,
     device: str,

@@ -130,8 +130,8 @@ def sidebar() -> Selection | None:
             "Model",
             choices,
             key=MODEL,
-            format_func=loaders.display_name,
-            help="The model zoo (models/<name>/); each card's summary is shown below.",
+            format_func=loaders.picker_label,
+            help="The model zoo (models/<name>/) and installed pretrained models, with each card's summary.",
         )
         summary = loaders.model_summary(name)
         if summary:

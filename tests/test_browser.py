@@ -166,7 +166,7 @@ def _open_with_tiny_model(page, url: str) -> None:
     page.goto(url)
     page.wait_for_selector('[data-testid="stSidebar"] [data-testid="stSelectbox"]', timeout=WAIT_MS)
     page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.click()
-    page.get_by_role("option", name="tiny-seq2seq", exact=True).click()
+    page.get_by_role("option", name=re.compile(r"^tiny-seq2seq ·")).click()
     # The model's examples fill the input box when the model changes.
     page.wait_for_function(
         """() => [...document.querySelectorAll('[data-testid="stSidebar"] input[type="text"]')]
