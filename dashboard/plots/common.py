@@ -83,8 +83,9 @@ def token_axis(tokens: Sequence[str], title: str, rotate: bool = False, max_tick
         zeroline=False,
         range=[-0.5, n - 0.5],
     )
-    if rotate:
-        axis["tickangle"] = -90 if n > 12 or max((len(t) for t in labels), default=0) > 3 else 0
+    if rotate:  # upright while every label fits its column (about 12 columns of <= 6 characters)
+        longest = max((len(html.unescape(t)) for t in labels), default=0)
+        axis["tickangle"] = -90 if n > 12 or longest > 6 else 0
     return axis
 
 
