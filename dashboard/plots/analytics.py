@@ -49,10 +49,21 @@ def stat_heatmap(
             colorbar=dict(title=dict(text=label or stat), thickness=12), xgap=2, ygap=2,
         )
     )  # fmt: skip
-    fig.update_yaxes(autorange="reversed", type="category")
-    fig.update_xaxes(type="category", side="top")
-    fig.update_layout(clickmode="event+select", dragmode=False, margin=dict(l=70, r=20, t=90, b=20))
-    return finish(fig, title, int(np.clip(70 * n_layers + 150, 220, 900)))
+    # Plotly cannot select heatmap cells: one invisible, selectable marker per cell carries the
+    # click (Streamlit reports it as the chart's selection; parse_head_point reads its x, y).
+    fig.add_trace(
+        go.Scatter(
+            x=[x for _ in ys for x in xs], y=[y for y in ys for _ in xs], mode="markers", name="cells",
+            marker=dict(size=max(10, min(40, 400 // max(n_heads, n_layers))), opacity=0.0), showlegend=False,
+            text=[t for row in text for t in row],
+            hovertemplate="%{y}, %{x}<br>" + (label or stat) + " = %{text}<br>click to show this head<extra></extra>",
+            selected=dict(marker=dict(opacity=0.0)), unselected=dict(marker=dict(opacity=0.0)),
+        )
+    )  # fmt: skip
+    fig.update_yaxes(autorange="reversed", type="category", title=dict(text="layer"), showgrid=False)
+    fig.update_xaxes(type="category", side="top", title=dict(text="head"), showgrid=False)
+    fig.update_layout(clickmode="event+select", dragmode=False, margin=dict(l=80, r=20, t=110, b=20))
+    return finish(fig, title, int(np.clip(60 * n_layers + 170, 260, 900)))
 
 
 def parse_head_point(x: str, y: str) -> tuple[int, int] | None:
@@ -133,9 +144,13 @@ def difference_figure(
     key_tokens: Sequence[str],
     *,
     title: str = "Difference (B - A)",
+    query_title: str = "query",
+    key_title: str = "key",
+    value_name: str = "B - A",
 ) -> go.Figure:
     """A (Q, K) difference of two attention maps on a diverging scale centred on 0."""
-    return matrix_figure(diff, query_tokens, key_tokens, title=title, diverging=True, value_name="B - A")
+    return matrix_figure(diff, query_tokens, key_tokens, title=title, diverging=True, value_name=value_name,
+                         query_title=query_title, key_title=key_title)  # fmt: skip
 
 
 def alignment_figure(
@@ -187,7 +202,11 @@ def alignment_figure(
             )
         )  # fmt: skip
     fig.update_yaxes(
-        range=[-0.4, 1.4], tickvals=[0, 1], ticktext=["target", "source"], showgrid=False, zeroline=False
-    )
-    fig.update_xaxes(range=[-0.8, max(nt, ns) - 0.2], showgrid=False, zeroline=False, showticklabels=False)
+        range=[-0.4, 1.4], tickvals=[0, 1], ticktext=["target", "source"], showgrid=False, zeroline=False,
+        title=dict(text="sequence"),
+    )  # fmt: skip
+    fig.update_xaxes(
+        range=[-0.8, max(nt, ns) - 0.2], showgrid=False, zeroline=False, showticklabels=False,
+        title=dict(text=f"token position (lines: cross-attention weight ≥ {min_weight:.2g}; orange: argmax source)"),
+    )  # fmt: skip
     return finish(fig, title, 300)

@@ -1,0 +1,170 @@
+"""Mask audit: every check of core.audit on the sidebar's model and inputs, in words and numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from core import audit
+from core.runner import InputError
+from core.trace import KIND_LABELS
+from dashboard import lab, loaders, state, ui
+from dashboard.plots import analytics as PA
+from dashboard.plots import attention as PT
+from dashboard.plots import audit as P
+
+AUD_LAYER, AUD_HEAD, AUD_CHART = "aud_layer", "aud_head", "aud_chart"
+CLICK_APPLIED = "_aud_click_applied"
+AXIS_TITLES = {
+    "enc_self": ("query: source tokens", "key: source tokens"),
+    "dec_self": ("query: decoder input", "key: decoder input"),
+    "cross": ("query: decoder input", "key: source tokens"),
+}
+COLUMNS = {
+    "status": st.column_config.TextColumn("status", width="small"),
+    "check": st.column_config.TextColumn("check", width="medium"),
+    "value": st.column_config.NumberColumn("largest value", format="%.3g", help="mass / deviation / change"),
+    "positions": st.column_config.TextColumn(
+        "positions", help="(sequence, query, key) or (sequence, position, changed)"
+    ),
+    "detail": st.column_config.TextColumn("detail", width="large"),
+}
+
+
+def _table(verdicts, key: str) -> None:
+    st.dataframe(P.verdict_table(verdicts), hide_index=True, key=key, column_config=COLUMNS)
+    bases = list(dict.fromkeys(lab.check_base(v.name) for v in verdicts))
+    with st.expander("What these checks mean", expanded=False):
+        st.markdown("\n".join(f"- **{b}**: {lab.CHECK_HELP[b]}" for b in bases if b in lab.CHECK_HELP))
+
+
+st.title("Mask audit")
+st.markdown(
+    "Does the model attend only where its masks allow? **Static checks** read the attention the model "
+    "produced and compare it with the mask the tokens call for (a key is visible iff it is not PAD, and in "
+    "decoder self-attention not in the future). **Leak tests** run the model again as a black box: they "
+    "change what sits in PAD positions or in future target positions, and the outputs at real positions "
+    "must not move. Give a batch of inputs of different lengths (sidebar) to exercise padding in the static "
+    "checks; the leak tests append PAD columns of their own either way."
+)
+traces = state.traces()
+sel = state.current()
+lm = state.model()
+pad = lab.pad_id(lm)
+try:
+    report = lab.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets)
+except (InputError, ValueError) as exc:
+    st.error("The audit cannot run on this input: " + state.sentence(str(exc)))
+    st.stop()
+
+ui.run_caption(report.traces[0])
+n_pass, n_fail, n_skip = lab.summary(report)
+if n_fail:
+    st.error(lab.verdict_line(report))
+    for v in report.failed:
+        st.markdown(f"- ❌ **{v.name}**: {v.detail}")
+else:
+    st.success(lab.verdict_line(report))
+m = st.columns(4)
+m[0].metric("Checks passed", n_pass)
+m[1].metric("Checks failed", n_fail)
+m[2].metric("Skipped", n_skip)
+m[3].metric("Inputs audited", f"{len(report.traces)} (+{report.meta.get('extra_pad', 0)} PAD cols)")
+if not lab.injectable(lm):
+    st.caption(
+        "This model is audited as a black box: its own traces, and leak tests through its public call "
+        "with attention_mask built from the real positions."
+    )
+
+static = [v for v in report.verdicts if lab.check_base(v.name) in lab.STATIC]
+dynamic = [v for v in report.verdicts if lab.check_base(v.name) in lab.DYNAMIC]
+info = [v for v in report.verdicts if lab.check_base(v.name) in lab.INFO]
+st.subheader("Static checks (on the attention maps)")
+_table(static, "aud_static")
+st.subheader("Leak tests (the model run again with changed inputs)")
+_table(dynamic, "aud_dynamic")
+st.subheader("Special tokens (information)")
+_table(info, "aud_info")
+
+# -- where: per-head mass on masked keys, the mask used vs the mask called for, one head ----------------
+st.subheader("Where to look")
+kinds = list(report.traces[0].kinds)
+c_kind, c_seq = st.columns([3, 2])
+with c_kind:
+    lab.keep_valid(lab.AUD_KIND, kinds)
+    kind = st.radio("Attention kind", kinds, key=lab.AUD_KIND, format_func=KIND_LABELS.get, horizontal=True)
+with c_seq:
+    seq = state.sequence_picker(lab.AUD_SEQ, report.traces)
+tr = report.traces[seq]
+where = lab.where(report.traces, seq)
+q_tok, k_tok = tr.axes(kind)
+q_title, k_title = AXIS_TITLES[kind]
+_, expected = audit.expected_mask(tr, kind, pad)
+figs = {}
+per_head = audit.masked_mass_per_head(tr, kind, pad)
+figs["masked mass per head"] = PA.stat_heatmap(
+    per_head,
+    title=f"{KIND_LABELS[kind]}: largest attention one real query puts on masked keys, per head ({where}); "
+    "click a cell",
+    stat="score",
+    label="mass on masked keys",
+)
+event = ui.chart(figs["masked mass per head"], key=AUD_CHART, on_select="rerun", selection_mode="points")
+lab.apply_click(event, CLICK_APPLIED, (kind, seq), AUD_LAYER, AUD_HEAD, PA.parse_head_point)
+st.caption("0 everywhere for a correct model. NaN means the softmax of that head produced NaN.")
+
+probs = tr.probs(kind)
+n_layers, n_heads = probs.shape[:2]
+worst = next(
+    (v for v in report.failed if v.kind == kind and v.layer is not None and v.head is not None), None
+)
+default = (worst.layer, worst.head) if worst else tuple(int(i) for i in np.unravel_index(
+    int(np.argmax(np.nan_to_num(per_head, nan=np.inf))), per_head.shape))  # fmt: skip
+lab.keep_valid(AUD_LAYER, list(range(n_layers)), default[0])
+lab.keep_valid(AUD_HEAD, list(range(n_heads)), default[1])
+s1, s2, _ = st.columns([1, 1, 3])
+layer = s1.selectbox("Layer", list(range(n_layers)), key=AUD_LAYER)
+head = s2.selectbox("Head", list(range(n_heads)), key=AUD_HEAD, format_func=PT.head_name)
+
+c1, c2 = st.columns(2)
+declared = tr.mask(kind)
+if declared is not None:
+    figs["mask used vs called for"] = P.mask_compare_figure(
+        expected,
+        declared,
+        q_tok,
+        k_tok,
+        title=f"{KIND_LABELS[kind]} mask the model used vs the mask the tokens call for ({where})",
+        query_title=q_title,
+        key_title=k_title,
+    )
+    with c1:
+        ui.chart(figs["mask used vs called for"], key="aud_mask_compare")
+        st.caption(
+            "Red: the model may attend where it must not (a leak). Orange: masked but must be visible."
+        )
+else:
+    c1.info("This trace carries no mask for this kind; only the attention itself is checked.")
+figs["head"] = PT.head_heatmap(
+    PT.head_weights(probs, layer, head),
+    q_tok,
+    k_tok,
+    mask=expected,
+    query_title=q_title,
+    key_title=k_title,
+    title=f"{KIND_LABELS[kind]} · layer {layer} · head {head} · {where} (✕ = must be 0)",
+)
+with c2:
+    ui.chart(figs["head"], key="aud_head_chart")
+    st.caption("✕ marks keys this query must not see (from the tokens); their weight must be exactly 0.")
+
+ui.downloads(tr, seq, figs, key="aud_dl")
+st.download_button(
+    "audit report .txt",
+    data=lab.report_text(report),
+    file_name=f"{loaders.display_name(tr.model)}-audit.txt",
+    mime="text/plain",
+    key="aud_report_txt",
+    on_click="ignore",
+    help="One line per check, as `python -m core audit` prints it.",
+)

@@ -1,0 +1,214 @@
+"""Compare: the sidebar's run (A) against another input, another model, a mask bug or heads switched off (B)."""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from core import analytics as A
+from core import bugs
+from core.checkpoint import ModelLoadError
+from core.runner import InputError
+from core.trace import KIND_LABELS, AttentionTrace
+from dashboard import lab, loaders, state, ui
+from dashboard.plots import analytics as P
+from dashboard.plots import attention as PT
+
+MODES = ("another input", "another model", "a mask bug", "heads switched off")
+B_FOR_MODEL = "_cmp_b_for_model"  # model whose example fills input B
+CLICK_APPLIED = "_cmp_click_applied"
+AXIS_TITLES = {
+    "enc_self": ("query: source tokens", "key: source tokens"),
+    "dec_self": ("query: decoder input", "key: decoder input"),
+    "cross": ("query: decoder input", "key: source tokens"),
+}
+
+
+def _pair_labels(a: tuple[str, ...], b: tuple[str, ...]) -> list[str]:
+    """Position-by-position labels of two token lists: the token, or 'a→b' where they differ."""
+    n = min(len(a), len(b))
+    return [a[i] if a[i] == b[i] else f"{a[i]}→{b[i]}" for i in range(n)]
+
+
+def _audit_lines(ca, cb, ok, bad) -> None:
+    for col, report, name in ((ca, ok, "A"), (cb, bad, "B")):
+        (col.error if report.failed else col.success)(f"Audit of {name}: {lab.verdict_line(report)}")
+    changed = [v.name for v in bad.failed if v.name not in {w.name for w in ok.failed}]
+    if changed:
+        st.markdown("**Checks that fail only in B:** " + ", ".join(f"`{n}`" for n in changed))
+
+
+st.title("Compare")
+st.markdown(
+    "**A** is the sidebar's run. **B** is the same model on another input, another model on the same input, "
+    "the same model with a mask bug injected, or with heads switched off. Both are shown side by side at the "
+    "same kind, layer and head, with B − A below (positions compared index by index)."
+)
+traces = state.traces()
+sel = state.current()
+lm = state.model()
+mode = st.radio("Compare A with", MODES, key=lab.CMP_MODE, horizontal=True)
+if mode in MODES[2:] and not lab.injectable(lm):
+    st.warning(lab.not_injectable_message(lm))
+    st.stop()
+
+ok = bad = None
+out_a = out_b = None
+name_b = sel.name
+try:
+    if mode == "another input":
+        if st.session_state.get(B_FOR_MODEL) != lm.name:
+            ex = loaders.examples(lm, 3)
+            st.session_state[lab.CMP_SOURCE_B] = ex[1] if len(ex) > 1 else ex[0]
+            st.session_state[lab.CMP_TARGET_B] = sel.targets[0] if sel.targets else ""
+            st.session_state[B_FOR_MODEL] = lm.name
+        c1, c2 = st.columns(2)
+        src_b = c1.text_input("Input B", key=lab.CMP_SOURCE_B, max_chars=4000)
+        tgt_b = None
+        if sel.targets is not None:
+            tgt_b = c2.text_input("Target B (teacher forcing)", key=lab.CMP_TARGET_B, max_chars=4000)
+        if not src_b.strip() or (tgt_b is not None and not tgt_b.strip()):
+            st.warning("Input B is empty: type a text (and a target) for B.")
+            st.stop()
+        traces_a = traces
+        traces_b = loaders.compute_traces(
+            sel.name, sel.device, sel.version, (src_b,), None if tgt_b is None else (tgt_b,)
+        )
+    elif mode == "another model":
+        others = [m for m in loaders.model_choices() if m != sel.name]
+        if not others:
+            st.info("Only one model is available: there is no other model to compare with.")
+            st.stop()
+        lab.keep_valid(lab.CMP_MODEL_B, others)
+        name_b = st.selectbox("Model B", others, key=lab.CMP_MODEL_B, format_func=loaders.picker_label)
+        version_b = loaders.model_version(name_b)
+        loaders.load_model(name_b, sel.device, version_b)
+        traces_a = traces
+        traces_b = loaders.compute_traces(name_b, sel.device, version_b, sel.sources, sel.targets)
+    elif mode == "a mask bug":
+        names = [n for n in bugs.names() if lm.has_decoder or not bugs.get(n).needs_decoder]
+        lab.keep_valid(lab.CMP_BUG, names)
+        bug_name = st.selectbox("Mask bug in B", names, key=lab.CMP_BUG, format_func=lab.bug_title)
+        st.caption(lab.BUG_HELP[bug_name][3] + " (The Mask lab page explains each bug.)")
+        ok = lab.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets)
+        bad = lab.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets, bug=bug_name)
+        out_a = lab.outputs(sel, sel.sources, sel.targets, ok)
+        out_b = lab.outputs(sel, sel.sources, sel.targets, bad, bug=bug_name)
+        traces_a, traces_b = ok.traces, bad.traces
+    else:
+        options = lab.head_options(lm)
+        off = st.multiselect(
+            "Heads to switch off in B",
+            options,
+            key=lab.CMP_OFF,
+            format_func=lab.head_label,
+            placeholder="pick heads (kind · layer · head)",
+            help="A switched-off head still computes its attention, but its output is multiplied by 0.",
+        )
+        off_t = tuple(sorted((str(k), int(ly), int(h)) for k, ly, h in off))
+        ok = lab.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets)
+        bad = lab.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets, off=off_t)
+        out_a = lab.outputs(sel, sel.sources, sel.targets, ok)
+        out_b = lab.outputs(sel, sel.sources, sel.targets, bad, off=off_t)
+        traces_a, traces_b = ok.traces, bad.traces
+        if not off_t:
+            st.info("No head is switched off yet: B equals A. Pick heads above.")
+except (InputError, ValueError) as exc:
+    st.error("B cannot run: " + state.sentence(str(exc)))
+    st.stop()
+except (ModelLoadError, OSError, RuntimeError) as exc:
+    st.error(f"Cannot load model {loaders.display_name(name_b)!r}: {exc}")
+    st.stop()
+
+# -- A and B: sequences, outputs, audits ------------------------------------------------------------------
+seq = state.sequence_picker(lab.CMP_SEQ, traces_a) if len(traces_a) > 1 else 0
+tr_a = traces_a[seq]
+tr_b = traces_b[min(seq, len(traces_b) - 1)]
+where = lab.where(traces_a, seq)
+label_a = f"A: {loaders.display_name(sel.name)}"
+label_b = {
+    "another input": "B: input B",
+    "another model": f"B: {loaders.display_name(name_b)}",
+    "a mask bug": f"B: with {st.session_state.get(lab.CMP_BUG)}",
+    "heads switched off": "B: heads off",
+}[mode]
+ca, cb = st.columns(2)
+ca.markdown(f"**{label_a}**")
+cb.markdown(f"**{label_b}**")
+ca.text(f"Output: {out_a[seq] if out_a else tr_a.output_text}")
+cb.text(f"Output: {out_b[seq] if out_b else tr_b.output_text}")
+if ok is not None and bad is not None:
+    _audit_lines(ca, cb, ok, bad)
+
+kinds = [k for k in tr_a.kinds if k in tr_b.kinds]
+if not kinds:
+    st.warning("A and B have no attention kind in common (e.g. an encoder-only and a decoder-only model).")
+    st.stop()
+lab.keep_valid(lab.CMP_KIND, kinds)
+kind = st.radio("Attention kind", kinds, key=lab.CMP_KIND, format_func=KIND_LABELS.get, horizontal=True)
+pa, pb = tr_a.probs(kind), tr_b.probs(kind)
+same_shape = pa.shape[:2] == pb.shape[:2]
+figs = {}
+if same_shape:
+    per_head = A.head_difference(tr_a, tr_b, kind)
+    figs["difference per head"] = P.stat_heatmap(
+        per_head,
+        title=f"{KIND_LABELS[kind]}: how much each head changed from A to B (mean total variation, "
+        f"0 = same, 1 = disjoint) · {where}; click a cell",
+        stat="score",
+        label="mean TV distance",
+    )
+    event = ui.chart(
+        figs["difference per head"], key=lab.CMP_CHART, on_select="rerun", selection_mode="points"
+    )
+    lab.apply_click(event, CLICK_APPLIED, (mode, kind), lab.CMP_LAYER, lab.CMP_HEAD, P.parse_head_point)
+else:
+    st.info(
+        f"A has {pa.shape[0]} layers × {pa.shape[1]} heads of {KIND_LABELS[kind]}, B has {pb.shape[0]} × "
+        f"{pb.shape[1]}: the maps are shown side by side but cannot be subtracted."
+    )
+n_layers, n_heads = pa.shape[:2]
+lab.keep_valid(lab.CMP_LAYER, list(range(n_layers)))
+lab.keep_valid(lab.CMP_HEAD, list(range(n_heads)))
+s1, s2, _ = st.columns([1, 1, 3])
+layer = s1.selectbox("Layer", list(range(n_layers)), key=lab.CMP_LAYER)
+head = s2.selectbox("Head", list(range(n_heads)), key=lab.CMP_HEAD, format_func=PT.head_name)
+q_title, k_title = AXIS_TITLES[kind]
+layer_b, head_b = min(layer, pb.shape[0] - 1), min(head, pb.shape[1] - 1)
+
+
+def _head_fig(tr: AttentionTrace, name: str, ly: int, h: int):
+    q_tok, k_tok = tr.axes(kind)
+    return PT.head_heatmap(
+        tr.probs(kind)[ly, h], q_tok, k_tok, mask=tr.mask(kind), query_title=q_title, key_title=k_title,
+        title=f"{name}: {KIND_LABELS[kind]} · layer {ly} · head {h} · {where}",
+    )  # fmt: skip
+
+
+figs["A"] = _head_fig(tr_a, label_a, layer, head)
+figs["B"] = _head_fig(tr_b, label_b, layer_b, head_b)
+c1, c2 = st.columns(2)
+with c1:
+    ui.chart(figs["A"], key="cmp_a")
+with c2:
+    ui.chart(figs["B"], key="cmp_b")
+if same_shape:
+    diff = A.trace_difference(tr_a, tr_b, kind)[layer, head]
+    qa, ka = tr_a.axes(kind)
+    qb, kb = tr_b.axes(kind)
+    nq, nk = diff.shape
+    cut = " (common positions only)" if (len(qa), len(ka)) != (len(qb), len(kb)) else ""
+    figs["B - A"] = P.difference_figure(
+        np.nan_to_num(diff, nan=0.0),
+        _pair_labels(qa, qb)[:nq],
+        _pair_labels(ka, kb)[:nk],
+        query_title=q_title,
+        key_title=k_title,
+        title=f"B − A: {KIND_LABELS[kind]} · layer {layer} · head {head} · {where}{cut}",
+    )
+    ui.chart(figs["B - A"], key="cmp_diff")
+    st.caption(
+        "Red: B gives this (query, key) more weight than A; blue: less. Where the tokens differ the axis "
+        "shows 'A token→B token'."
+    )
+ui.downloads(tr_b, seq, figs, key="cmp_dl")

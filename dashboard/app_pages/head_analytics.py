@@ -1,0 +1,209 @@
+"""Head analytics: what each head does (statistics per layer x head), rollout, attribution, alignment."""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from core import analytics as A
+from core.audit import real_positions
+from core.trace import KIND_LABELS
+from dashboard import lab, state, ui
+from dashboard.plots import analytics as P
+from dashboard.plots import attention as PT
+
+AXIS_TITLES = {
+    "enc_self": ("query: source tokens", "key: source tokens"),
+    "dec_self": ("query: decoder input", "key: decoder input"),
+    "cross": ("query: decoder input", "key: source tokens"),
+}
+CLICK_APPLIED = "_ha_click_applied"
+STAT_HELP = {
+    "entropy": "how spread out each query's attention is (0 = one key, log n = uniform over n keys)",
+    "distance": "how far, in positions, a query looks on average",
+    "diagonal": "mean weight a query puts on its own position",
+    "previous": "mean weight on the position just before",
+    "next": "mean weight on the position just after",
+    "first": "mean weight on the first real key (BOS / CLS, or the first source token)",
+    "last": "mean weight on the last real key (EOS / SEP)",
+    "monotonic": "Kendall tau between target position and its argmax source position (+1: reads the source "
+    "left to right, -1: right to left, e.g. a reversing model)",
+}
+
+
+def _select_from_table() -> None:
+    """A table row picked: show that head (runs before the page, so the selectors may change)."""
+    rows = st.session_state[lab.HA_TABLE].selection.rows
+    records = st.session_state.get("_ha_records") or []
+    if rows and rows[0] < len(records):
+        r = records[rows[0]]
+        st.session_state[lab.HA_KIND] = r["kind"]
+        st.session_state[lab.HA_LAYER], st.session_state[lab.HA_HEAD] = r["layer"], r["head"]
+
+
+st.title("Head analytics")
+st.markdown(
+    "What each head does, as numbers: every statistic is averaged over real (non-PAD) query rows and counts "
+    "real keys only. Click a cell of the heatmap (or pick a row of the table) to see that head's attention."
+)
+traces = state.traces()
+lm = state.model()
+pad = lab.pad_id(lm)
+kinds = list(traces[0].kinds)
+c_kind, c_stat, c_seq = st.columns([3, 2, 2])
+with c_kind:
+    lab.keep_valid(lab.HA_KIND, kinds)
+    kind = st.radio("Attention kind", kinds, key=lab.HA_KIND, format_func=KIND_LABELS.get, horizontal=True)
+stats_names = list(A.CROSS_STATS if kind == "cross" else A.STATS)
+with c_stat:
+    lab.keep_valid(lab.HA_STAT, stats_names)
+    stat = st.selectbox("Statistic", stats_names, key=lab.HA_STAT, format_func=A.STAT_LABELS.get)
+with c_seq:
+    seq = state.sequence_picker(lab.HA_SEQ, traces)
+tr = traces[seq]
+where = lab.where(traces, seq)
+ui.run_caption(tr)
+
+stats = A.trace_head_stats(tr, kind, pad)
+figs = {}
+figs["statistic"] = P.stat_heatmap(
+    stats[stat],
+    title=f"{KIND_LABELS[kind]}: {A.STAT_LABELS[stat]} per head ({where}); click a cell",
+    stat=stat,
+    label=A.STAT_LABELS[stat],
+)
+event = ui.chart(figs["statistic"], key=lab.HA_CHART, on_select="rerun", selection_mode="points")
+lab.apply_click(event, CLICK_APPLIED, (kind, stat, seq), lab.HA_LAYER, lab.HA_HEAD, P.parse_head_point)
+st.caption(f"**{A.STAT_LABELS[stat]}**: {STAT_HELP[stat]}.")
+
+probs = tr.probs(kind)
+n_layers, n_heads = probs.shape[:2]
+lab.keep_valid(lab.HA_LAYER, list(range(n_layers)))
+lab.keep_valid(lab.HA_HEAD, list(range(n_heads)))
+s1, s2, _ = st.columns([1, 1, 3])
+layer = s1.selectbox("Layer", list(range(n_layers)), key=lab.HA_LAYER)
+head = s2.selectbox("Head", list(range(n_heads)), key=lab.HA_HEAD, format_func=PT.head_name)
+q_tok, k_tok = tr.axes(kind)
+q_title, k_title = AXIS_TITLES[kind]
+figs["head"] = PT.head_heatmap(
+    probs[layer, head],
+    q_tok,
+    k_tok,
+    mask=tr.mask(kind),
+    query_title=q_title,
+    key_title=k_title,
+    title=f"{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
+)
+ui.chart(figs["head"], key="ha_head_chart")
+st.caption(
+    "This head: "
+    + ", ".join(f"{A.STAT_LABELS[s]} {stats[s][layer, head]:.3f}" for s in stats_names)
+    + ". ✕ marks masked keys."
+)
+
+st.subheader("Every head, sortable")
+records = A.head_records(tr, pad)
+st.session_state["_ha_records"] = records
+st.dataframe(
+    P.head_table(records),
+    hide_index=True,
+    key=lab.HA_TABLE,
+    on_select=_select_from_table,
+    selection_mode="single-row",
+    column_config={s: st.column_config.NumberColumn(A.STAT_LABELS[s], format="%.3f") for s in A.CROSS_STATS},
+)
+st.caption(
+    "Click a column header to sort; pick a row to show that head above. "
+    "monotonic is for cross-attention only (empty elsewhere)."
+)
+
+# -- rollout, attribution, alignment -----------------------------------------------------------------------
+if "enc_self" in kinds:
+    st.subheader("Attention rollout (encoder)")
+    src_real = real_positions(tr, "src", pad)
+    roll = A.rollout(tr.probs("enc_self"), valid=src_real)
+    n_enc = roll.shape[0]
+    lab.keep_valid(lab.HA_ROLL_LAYER, list(range(n_enc)), n_enc - 1)
+    r_layer = st.selectbox(
+        "Rollout after layer", list(range(n_enc)), key=lab.HA_ROLL_LAYER,
+        help="The last layer's rollout covers the whole encoder.",
+    )  # fmt: skip
+    toks = [t for t, r in zip(tr.src_tokens, src_real, strict=True) if r]
+    figs["rollout"] = P.rollout_figure(
+        roll[r_layer],
+        toks,
+        title=f"encoder attention rollout through layers 0–{r_layer} (of {n_enc}), head mean · {where}",
+    )
+    ui.chart(figs["rollout"], key="ha_rollout")
+    st.caption(
+        "Rollout (Abnar & Zuidema, 2020): per layer the head-mean attention plus the residual connection "
+        "(0.5 I + 0.5 A, rows normalised), multiplied layer after layer. Row = encoder position after these "
+        "layers, column = input token it draws on. PAD positions are left out."
+    )
+
+if "cross" in kinds:
+    st.subheader("Source attribution through cross-attention")
+    through = st.toggle(
+        "Through the encoder (multiply by the encoder rollout)",
+        key=lab.HA_ATTR_ENCODER,
+        value=True,
+        help="Off: columns are encoder states (cross-attention alone); on: source tokens.",
+    )
+    attr = A.source_attribution(tr, through_encoder=through)
+    t_real, s_real = real_positions(tr, "tgt", pad), real_positions(tr, "src", pad)
+    figs["attribution"] = P.matrix_figure(
+        attr,
+        tr.tgt_tokens,
+        tr.src_tokens,
+        title=f"share of each source {'token' if through else 'state'} in each target step "
+        f"(cross-attention, all layers and heads) · {where}",
+        query_title="target step: decoder input",
+        key_title="source token" if through else "source position (encoder state)",
+        marks=A.alignment(attr, t_real, s_real),
+        value_name="share",
+    )
+    ui.chart(figs["attribution"], key="ha_attribution")
+    st.caption(
+        "Row t is the decoder step that reads input token t and predicts output token t; each real row sums "
+        "to 1. Circles: the source token with the largest share."
+    )
+
+    st.subheader("Cross-attention alignment")
+    n_dec, n_h = tr.probs("cross").shape[:2]
+    a1, a2, _ = st.columns([1, 1, 3])
+    lab.keep_valid(lab.HA_AL_LAYER, ["mean", *range(n_dec)])
+    lab.keep_valid(lab.HA_AL_HEAD, ["mean", *range(n_h)])
+    al_layer = a1.selectbox(
+        "Layer", ["mean", *range(n_dec)], key=lab.HA_AL_LAYER,
+        format_func=lambda x: "mean of layers" if x == "mean" else f"layer {x}",
+    )  # fmt: skip
+    al_head = a2.selectbox(
+        "Head", ["mean", *range(n_h)], key=lab.HA_AL_HEAD,
+        format_func=lambda x: "mean of heads" if x == "mean" else f"head {x}",
+    )  # fmt: skip
+    weights, arg = A.cross_alignment(
+        tr, None if al_layer == "mean" else al_layer, None if al_head == "mean" else al_head, pad
+    )
+    nt, ns = int(t_real.sum()), int(s_real.sum())
+    which = (
+        f"{'mean of layers' if al_layer == 'mean' else f'layer {al_layer}'}, "
+        f"{'mean of heads' if al_head == 'mean' else f'head {al_head}'}"
+    )
+    figs["alignment"] = P.alignment_figure(
+        tr.src_tokens[:ns],
+        tr.tgt_tokens[:nt],
+        weights[:nt, :ns],
+        arg[:nt],
+        title=f"cross-attention alignment, {which} · {where}: source (top) → target step (bottom)",
+    )
+    ui.chart(figs["alignment"], key="ha_alignment")
+    tau = A.kendall_tau(arg[:nt].astype(np.float64)) if nt > 1 else float("nan")
+    st.caption(
+        "Each target step (bottom, decoder input token) is joined to the source tokens (top) it attends to; "
+        f"orange: its argmax. Kendall tau of the argmax positions: {float(tau):.2f} "
+        "(+1 monotonic left to right, -1 right to left)."
+    )
+
+if lab.injectable(lm):
+    st.caption("Switch heads off and see what changes on the **Compare** page (mode: heads switched off).")
+ui.downloads(tr, seq, figs, key="ha_dl")

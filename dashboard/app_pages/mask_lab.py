@@ -1,0 +1,192 @@
+"""Mask lab: inject a known mask bug into a core model's forward pass and see what it breaks."""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from core import analytics, bugs
+from core.runner import InputError
+from core.trace import KIND_LABELS
+from dashboard import lab, state, ui
+from dashboard.plots import analytics as PA
+from dashboard.plots import attention as PT
+from dashboard.plots import audit as P
+from dashboard.plots import masks as PM
+
+AXIS_TITLES = {
+    "enc_self": ("query: source tokens", "key: source tokens"),
+    "dec_self": ("query: decoder input", "key: decoder input"),
+    "cross": ("query: decoder input", "key: source tokens"),
+}
+SHORT_COLUMNS = ["status", "check", "layer", "head", "detail"]
+
+st.title("Mask lab")
+st.markdown(
+    "Pick a known mask bug and inject it into the model's **real forward pass** (the buggy masks are passed "
+    "to attention exactly where the correct ones go; nothing is patched). Left: the correct run; right: the "
+    "same inputs with the bug, teacher-forced on the correct model's output so positions line up. The output "
+    "text on the right is what the buggy model generates on its own."
+)
+traces = state.traces()
+sel = state.current()
+lm = state.model()
+if not lab.injectable(lm):
+    st.warning(lab.not_injectable_message(lm))
+    st.stop()
+
+names = [n for n in bugs.names() if lm.has_decoder or not bugs.get(n).needs_decoder]
+lab.keep_valid(lab.LAB_BUG, names)
+c_bug, c_pad = st.columns([3, 2], vertical_alignment="bottom")
+bug_name = c_bug.selectbox("Mask bug", names, key=lab.LAB_BUG, format_func=lab.bug_title)
+add_copy = False
+if len(sel.sources) == 1:
+    add_copy = c_pad.toggle(
+        "Add a shorter copy of the input (padding)",
+        key=lab.LAB_PAD,
+        value=True,
+        help="Padding bugs only show where there is PAD: the batch becomes your input plus its first half.",
+    )
+bug = bugs.get(bug_name)
+title, buggy_code, correct_code, words = lab.BUG_HELP[bug_name]
+with st.container(border=True):
+    st.markdown(f"**{title}** (`{bug_name}`). {words}")
+    k1, k2 = st.columns(2)
+    k1.caption("Buggy code")
+    k1.code(buggy_code, language="python")
+    k2.caption("Correct code")
+    k2.code(correct_code, language="python")
+    st.caption("Masks it changes: " + ", ".join(KIND_LABELS[k] for k in bug.kinds if k in traces[0].kinds))
+if len(names) < len(bugs.BUGS):
+    st.caption(
+        f"{len(bugs.BUGS) - len(names)} more bugs need a decoder (causal and cross-attention masks); "
+        "this model is encoder-only."
+    )
+
+sources, targets, added = lab.lab_batch(lm, sel.sources, sel.targets, add_copy)
+try:
+    ok = lab.audit_report(sel.name, sel.device, sel.version, sources, targets)
+    bad = lab.audit_report(sel.name, sel.device, sel.version, sources, targets, bug=bug_name)
+    out_ok = lab.outputs(sel, sources, targets, ok)
+    out_bad = lab.outputs(sel, sources, targets, bad, bug=bug_name)
+except (InputError, ValueError) as exc:
+    st.error("The lab cannot run on this input: " + state.sentence(str(exc)))
+    st.stop()
+if added:
+    st.caption(f"Batch: your input and its shorter copy {sources[1]!r} (padded to the same length).")
+
+# -- verdicts and outputs, side by side ----------------------------------------------------------------
+left, right = st.columns(2)
+for col, report, outs, head in (
+    (left, ok, out_ok, "Correct masks"),
+    (right, bad, out_bad, f"With the bug: {title}"),
+):
+    with col:
+        st.subheader(head)
+        (st.error if report.failed else st.success)(lab.verdict_line(report))
+        for i, text in enumerate(outs):
+            st.text(f"Output{f' {i}' if len(outs) > 1 else ''}: {text}")
+        table = P.verdict_table([v for v in report.verdicts if v.status != "info"])[SHORT_COLUMNS]
+        st.dataframe(
+            table,
+            hide_index=True,
+            key=f"lab_table_{'bug' if report is bad else 'ok'}",
+            column_config={"detail": st.column_config.TextColumn("detail", width="large")},
+        )
+newly = [v.name for v in bad.failed if v.name not in {w.name for w in ok.failed}]
+if newly:
+    st.markdown("**Checks the bug breaks:** " + ", ".join(f"`{n}`" for n in newly))
+elif not bad.failed:
+    st.info(
+        "The audit finds nothing on this input: the bug changes no mask entry here "
+        + ("(turn on the shorter copy, or give a batch of different lengths, so there is padding)." if not added
+           else "(try a longer input).")
+    )  # fmt: skip
+
+# -- masks and attention, correct vs buggy ---------------------------------------------------------------
+st.subheader("Masks and attention")
+kinds = list(ok.traces[0].kinds)
+default_kind = next((k for k in bug.kinds if k in kinds), kinds[0])
+lab.keep_valid(lab.LAB_KIND, kinds, default_kind)
+n = len(ok.traces)
+pad = lab.pad_id(lm)
+n_pad = [int((np.asarray(t.src_ids) == pad).sum()) for t in ok.traces]
+lab.keep_valid(lab.LAB_SEQ, list(range(n)), int(np.argmax(n_pad)))
+c_kind, c_seq, c_layer, c_head = st.columns([3, 2, 1, 1])
+kind = c_kind.radio("Attention kind", kinds, key=lab.LAB_KIND, format_func=KIND_LABELS.get, horizontal=True)
+seq = c_seq.selectbox(
+    "Sequence",
+    list(range(n)),
+    key=lab.LAB_SEQ,
+    format_func=lambda i: f"{i}: {sources[i][:40]}" + (" (shorter copy)" if added and i == 1 else ""),
+    disabled=n == 1,
+)
+tr_ok, tr_bad = ok.traces[seq], bad.traces[seq]
+n_layers, n_heads = tr_ok.probs(kind).shape[:2]
+lab.keep_valid(lab.LAB_LAYER, list(range(n_layers)))
+lab.keep_valid(lab.LAB_HEAD, list(range(n_heads)))
+layer = c_layer.selectbox("Layer", list(range(n_layers)), key=lab.LAB_LAYER)
+head = c_head.selectbox("Head", list(range(n_heads)), key=lab.LAB_HEAD, format_func=PT.head_name)
+
+where = lab.where(ok.traces, seq)
+q_tok, k_tok = tr_ok.axes(kind)
+q_title, k_title = AXIS_TITLES[kind]
+m_ok, m_bad = tr_ok.mask(kind), tr_bad.mask(kind)
+figs = {
+    "correct mask": PM.attention_mask_figure(
+        m_ok, q_tok, k_tok, query_title=q_title, key_title=k_title,
+        title=f"correct {KIND_LABELS[kind]} mask ({where})",
+    ),
+    "buggy mask": P.mask_compare_figure(
+        m_ok, m_bad, q_tok, k_tok, query_title=q_title, key_title=k_title,
+        title=f"{KIND_LABELS[kind]} mask with {bug_name}, cell by cell against the correct one ({where})",
+    ),
+}  # fmt: skip
+n_leak = int((m_bad & ~m_ok).sum())
+n_over = int((~m_bad & m_ok).sum())
+c1, c2 = st.columns(2)
+with c1:
+    ui.chart(figs["correct mask"], key="lab_mask_ok")
+with c2:
+    ui.chart(figs["buggy mask"], key="lab_mask_bad")
+    st.caption(
+        f"{n_leak} cells wrongly visible (red: the query may read a key it must not), "
+        f"{n_over} wrongly masked (orange)."
+        + (
+            " The -inf fill itself is not a mask entry: watch the attention below."
+            if bug.neg_inf_fill
+            else ""
+        )
+    )
+w_ok = PT.head_weights(tr_ok.probs(kind), layer, head)
+w_bad = PT.head_weights(tr_bad.probs(kind), layer, head)
+figs["correct attention"] = PT.head_heatmap(
+    w_ok, q_tok, k_tok, mask=m_ok, query_title=q_title, key_title=k_title,
+    title=f"correct: {KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
+)  # fmt: skip
+figs["buggy attention"] = PT.head_heatmap(
+    w_bad, q_tok, k_tok, mask=m_bad, query_title=q_title, key_title=k_title,
+    title=f"with {bug_name}: {KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
+)  # fmt: skip
+c1, c2 = st.columns(2)
+with c1:
+    ui.chart(figs["correct attention"], key="lab_att_ok")
+with c2:
+    ui.chart(figs["buggy attention"], key="lab_att_bad")
+    n_nan = int(np.isnan(w_bad).sum())
+    if n_nan:
+        st.caption(f"{n_nan} weights of this head are NaN (drawn blank).")
+diff = analytics.trace_difference(tr_ok, tr_bad, kind)[layer, head]
+figs["difference"] = PA.difference_figure(
+    np.nan_to_num(diff, nan=0.0),
+    q_tok,
+    k_tok,
+    query_title=q_title,
+    key_title=k_title,
+    value_name="bug - correct",
+    title=f"with bug minus correct: {KIND_LABELS[kind]} · layer {layer} · head {head} · {where}"
+    + (" (NaN drawn as 0)" if np.isnan(diff).any() else ""),
+)
+ui.chart(figs["difference"], key="lab_att_diff")
+st.caption("Red: the bug gives this (query, key) more weight; blue: less.")
+ui.downloads(tr_bad, seq, figs, key="lab_dl")
