@@ -75,26 +75,29 @@ def test_grid_tiles_hold_every_layer_and_head(batch_traces, kind):
         for head in [*range(n_heads), "mean", "max"]:
             cols = [j for j, x in enumerate(xs) if x.startswith(f"{PA.head_name(head)} ·")]
             assert len(cols) == len(k_tok)
-            want = PA.head_weights(probs, layer, head)
-            np.testing.assert_allclose(z[np.ix_(rows, cols)], want, rtol=0, atol=1e-7)
+            want = PA.head_weights(probs, layer, head)  # z: whole percent (the overview; exact below)
+            np.testing.assert_allclose(z[np.ix_(rows, cols)] / PA.GRID_LEVELS, want, rtol=0, atol=0.005 + 1e-6)
             tile_mask = zm[np.ix_(rows, cols)]
             assert np.array_equal(tile_mask == 1, ~mask)  # masked cells marked, only those
             assert PA.parse_grid_point(xs[cols[0]], ys[rows[-1]]) == (layer, head)
-    # Gaps are NaN (no hover), and every non-gap cell belongs to a tile.
+    # Gaps are GRID_GAP (white), and every non-gap cell belongs to a tile.
     n_cells = n_layers * (n_heads + 2) * len(q_tok) * len(k_tok)
-    assert int(np.isfinite(z).sum()) == n_cells
+    assert int((z <= PA.GRID_LEVELS).sum()) == n_cells
     assert int(zm.sum()) == n_layers * (n_heads + 2) * int((~mask).sum())  # no marks in the gaps
     assert PA.parse_grid_point(xs[0], "·0") is None
 
 
-def test_grid_log_scale_keeps_exact_weights_for_hover(batch_traces):
+def test_grid_log_scale_levels(batch_traces):
     tr = batch_traces[0]
     probs = tr.probs("cross")
     fig = PA.grid_figure(probs, *tr.axes("cross"), title="g", log=True)
-    z, custom = z_of(fig.data[0]), np.asarray(fig.data[0].customdata, dtype=np.float64)
-    finite = np.isfinite(custom)
-    np.testing.assert_allclose(z[finite], np.log10(np.maximum(custom[finite], LOG_FLOOR)), atol=1e-6)
-    assert fig.data[0].zmin == np.log10(LOG_FLOOR) and fig.data[0].zmax == 0
+    z, ys, xs = z_of(fig.data[0]), list(fig.data[0].y), list(fig.data[0].x)
+    rows = [i for i, y in enumerate(ys) if y.startswith("layer 1 ·")]
+    cols = [j for j, x in enumerate(xs) if x.startswith("head 2 ·")]
+    levels = -np.log10(LOG_FLOOR)  # decades on the log scale, 1e-4 .. 1
+    want = (np.log10(np.maximum(probs[1, 2], LOG_FLOOR)) + levels) / levels * PA.GRID_LEVELS
+    np.testing.assert_allclose(z[np.ix_(rows, cols)], want, atol=0.5 + 1e-4)
+    assert fig.data[0].zmin == 0 and fig.data[0].zmax == PA.GRID_GAP
 
 
 def test_grid_json_stays_small():

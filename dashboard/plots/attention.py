@@ -6,6 +6,7 @@ Conventions: weights are ``[layer, head, query, key]`` (one sequence); rows = qu
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -14,10 +15,12 @@ import plotly.graph_objects as go
 
 from dashboard.plots.common import (
     COLORSCALE,
+    LOG_FLOOR,
     MASKED_COLOR,
     color_values,
     colorbar,
     finish,
+    grid_colorscale,
     matrix_height,
     token_axis,
     token_label,
@@ -57,6 +60,55 @@ def _gap(n: int) -> int:
     return max(1, round(n / 10))
 
 
+# The grid is an overview: exact numbers are in the one-head heatmap below it (hover, downloads).
+GRID_LEVELS = 100  # weights sent as whole percent, uint8 0..100 (base64: ~1.33 bytes a cell, not ~5.3)
+GRID_GAP = GRID_LEVELS + 1  # the z value of gaps between tiles (and NaN weights): drawn white
+GRID_MAX_TILE = 128  # beyond this many queries/keys a tile shows blocks (the max of each block)
+
+
+def quantise(weights: np.ndarray, log: bool, levels: int = GRID_LEVELS) -> np.ndarray:
+    """Weights in [0, 1] -> uint8 levels 0..levels (linear, or log10 from LOG_FLOOR to 1); NaN -> GRID_GAP."""
+    w = np.asarray(weights, dtype=np.float32)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if log:
+            x = (np.log10(np.maximum(w, LOG_FLOOR)) - math.log10(LOG_FLOOR)) / -math.log10(LOG_FLOOR)
+        else:
+            x = w
+        q = np.rint(np.clip(x, 0.0, 1.0) * levels)
+    return np.where(np.isnan(w), levels + 1, q).astype(np.uint8)
+
+
+def _blocks(n: int, max_n: int) -> int:
+    """Cells per block so that n cells make at most max_n blocks."""
+    return max(1, math.ceil(n / max_n))
+
+
+def block_max(a: np.ndarray, bq: int, bk: int, fill: float = 0.0) -> np.ndarray:
+    """Max over (bq x bk) blocks of the last two axes (the ends padded with ``fill``); NaN-safe."""
+    if bq == bk == 1:
+        return a
+    *lead, nq, nk = a.shape
+    mq, mk = math.ceil(nq / bq), math.ceil(nk / bk)
+    padded = np.full((*lead, mq * bq, mk * bk), fill, dtype=a.dtype)
+    padded[..., :nq, :nk] = a
+    blocks = padded.reshape(*lead, mq, bq, mk, bk)
+    with np.errstate(invalid="ignore"):
+        return np.fmax.reduce(np.fmax.reduce(blocks, axis=-1), axis=-2)
+
+
+def _axis_labels(tokens: Sequence[str], what: str, block: int) -> list[str]:
+    """'query 3 tok' per token, or 'queries 4–7 tokA … tokD' per block of ``block`` tokens."""
+    toks = [token_label(t) for t in tokens]
+    if block == 1:
+        return [f"{what} {i} {t}" for i, t in enumerate(toks)]
+    plural = {"query": "queries", "key": "keys"}[what]
+    out = []
+    for i0 in range(0, len(toks), block):
+        i1 = min(i0 + block, len(toks)) - 1
+        out.append(f"{plural} {i0}–{i1} {toks[i0]} … {toks[i1]}")
+    return out
+
+
 def grid_figure(
     probs: np.ndarray,
     query_tokens: Sequence[str],
@@ -66,21 +118,37 @@ def grid_figure(
     mask: np.ndarray | None = None,
     log: bool = False,
     aggregates: Sequence[str] = (),
+    max_tile: int = GRID_MAX_TILE,
 ) -> go.Figure:
-    """All layers x heads as tiles of ONE heatmap trace on one colour scale.
+    """All layers x heads as tiles of ONE heatmap trace on one colour scale (an overview).
 
     probs ``[L, H, Q, K]``. Tiles are laid out row = layer, column = head (then one column
-    per aggregate in ``aggregates``), separated by NaN gaps. The x/y axes are categorical:
-    each column's label names its head and key token, each row's its layer and query token,
-    so hover text needs no per-cell data. ``mask`` ``[Q, K]`` (True = may attend): masked
-    cells are drawn grey by a second, uint8 trace (1 = masked; 0 = transparent). Returns the figure; ``parse_grid_point`` maps
-    a clicked (x, y) back to (layer, head).
+    per aggregate in ``aggregates``), separated by gaps. z is uint8: the weight in whole
+    percent (``quantise``; log: levels of log10 from 1e-4 to 1), gaps are GRID_GAP (white).
+    Tiles with more than ``max_tile`` queries or keys show blocks of tokens, each the max of
+    its cells. The x/y axes are categorical: each column's label names its head and key
+    token(s), each row's its layer and query token(s), so hover text needs no per-cell data.
+    ``mask`` ``[Q, K]`` (True = may attend): masked cells (blocks: fully masked blocks) are
+    drawn grey by a second, uint8 trace (1 = masked; 0 = transparent), left out when nothing
+    is masked. ``parse_grid_point`` maps a clicked (x, y) back to (layer, head).
     """
-    n_layers, n_heads, nq, nk = probs.shape
-    if (nq, nk) != (len(query_tokens), len(key_tokens)):
-        raise ValueError(f"probs are {nq}x{nk} but there are {len(query_tokens)}x{len(key_tokens)} tokens")
+    n_layers, n_heads, nq_full, nk_full = probs.shape
+    if (nq_full, nk_full) != (len(query_tokens), len(key_tokens)):
+        raise ValueError(
+            f"probs are {nq_full}x{nk_full} but there are {len(query_tokens)}x{len(key_tokens)} tokens"
+        )
     columns: list[int | str] = list(range(n_heads)) + list(aggregates)
-    tiles = [probs[:, h] if isinstance(h, int) else reduce_heads(probs, h) for h in columns]  # each (L, Q, K)
+    bq, bk = _blocks(nq_full, max_tile), _blocks(nk_full, max_tile)
+    probs = np.asarray(probs)
+    tiles = [
+        quantise(block_max(probs[:, h] if isinstance(h, int) else reduce_heads(probs, h), bq, bk), log)
+        for h in columns
+    ]  # each (L, Q', K') uint8
+    masked_tile = None
+    if mask is not None and not np.asarray(mask, dtype=bool).all():
+        # 1 = masked; a block is masked when none of its cells may attend
+        masked_tile = (block_max(np.asarray(mask, dtype=np.uint8), bq, bk) == 0).astype(np.uint8)
+    nq, nk = tiles[0].shape[1:]
     gx, gy = _gap(nk), _gap(nq)
     n_rows = n_layers * nq + (n_layers - 1) * gy
     col_start = []
@@ -91,42 +159,46 @@ def grid_figure(
         col_start.append(x)
         x += nk + gx
     n_cols = x - gx
-    z = np.full((n_rows, n_cols), np.nan, dtype=np.float32)
-    zm = np.zeros((n_rows, n_cols), dtype=np.uint8) if mask is not None else None  # 1 = masked
+    z = np.full((n_rows, n_cols), GRID_GAP, dtype=np.uint8)
+    zm = np.zeros((n_rows, n_cols), dtype=np.uint8) if masked_tile is not None else None  # 1 = masked
     xs = [f"·{i}" for i in range(n_cols)]  # unique category names; gap columns keep these
     ys = [f"·{i}" for i in range(n_rows)]
-    ktok = [token_label(t) for t in key_tokens]
-    qtok = [token_label(t) for t in query_tokens]
+    klab = _axis_labels(key_tokens, "key", bk)
+    qlab = _axis_labels(query_tokens, "query", bq)
     for c, head in enumerate(columns):
         x0 = col_start[c]
         for j in range(nk):
-            xs[x0 + j] = f"{head_name(head)} · key {j} {ktok[j]}"
+            xs[x0 + j] = f"{head_name(head)} · {klab[j]}"
     for layer in range(n_layers):
         y0 = layer * (nq + gy)
         for i in range(nq):
-            ys[y0 + i] = f"layer {layer} · query {i} {qtok[i]}"
+            ys[y0 + i] = f"layer {layer} · {qlab[i]}"
         for c in range(len(columns)):
             x0 = col_start[c]
             z[y0 : y0 + nq, x0 : x0 + nk] = tiles[c][layer]
             if zm is not None:
-                zm[y0 : y0 + nq, x0 : x0 + nk] = ~np.asarray(mask, dtype=bool)
-    zmin, zmax = zrange(log)
+                zm[y0 : y0 + nq, x0 : x0 + nk] = masked_tile
+    block_note = " (max of the block)" if bq > 1 or bk > 1 else ""
+    value = (
+        "log colour level %{z} of 100 (1e-4 … 1)" if log else "weight ≈ %{z}%"
+    ) + block_note + "<br><i>exact weights: click the tile</i>"
+    cb = colorbar(log)
+    if log:
+        exps = list(range(int(math.log10(LOG_FLOOR)), 1))
+        cb.update(tickvals=[(e - math.log10(LOG_FLOOR)) * GRID_LEVELS / -math.log10(LOG_FLOOR) for e in exps])
+    else:
+        cb.update(tickvals=[0, 20, 40, 60, 80, 100], ticktext=["0", "0.2", "0.4", "0.6", "0.8", "1"])
     heat = go.Heatmap(
-        z=color_values(z, log),
+        z=z,
         x=xs,
         y=ys,
-        zmin=zmin,
-        zmax=zmax,
-        colorscale=COLORSCALE,
-        colorbar=colorbar(log),
-        hoverongaps=False,
+        zmin=0,
+        zmax=GRID_GAP,
+        colorscale=grid_colorscale(GRID_LEVELS),
+        colorbar=cb,
         name="attention",
-        hovertemplate="%{y}<br>%{x}<br>weight %{customdata:.6f}<extra></extra>"
-        if log
-        else "%{y}<br>%{x}<br>weight %{z:.6f}<extra></extra>",
+        hovertemplate="%{y}<br>%{x}<br>" + value + "<extra></extra>",
     )
-    if log:
-        heat.customdata = z
     fig = go.Figure(heat)
     if zm is not None:
         # uint8 overlay, transparent where allowed (a quarter of a float32 trace's JSON);

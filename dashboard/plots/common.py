@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import plotly.colors
 import plotly.graph_objects as go
 
 # Whitespace tokens would be invisible on an axis; show them as visible symbols.
@@ -117,6 +118,14 @@ def color_values(weights, log: bool):
         return w
     with np.errstate(invalid="ignore"):
         return np.log10(np.maximum(w, LOG_FLOOR)).astype(np.float32)
+
+
+def grid_colorscale(levels: int = 100) -> list:
+    """COLORSCALE over z = 0..levels, white for z = levels + 1 (the grid's gaps; zmax = levels + 1)."""
+    colors = plotly.colors.get_colorscale(COLORSCALE)
+    top = levels / (levels + 1)
+    scale = [[round(pos * top, 6), color] for pos, color in colors]
+    return [*scale, [(levels + 0.5) / (levels + 1), "white"], [1.0, "white"]]
 
 
 def zrange(log: bool) -> tuple[float, float]:
