@@ -13,6 +13,10 @@ JavaScript files (read from the installed package) with three changes:
    close the script. bertviz renders tokens with d3's ``.text()``, so they show as text.
 3. A Content-Security-Policy allows only this page's own scripts (by nonce) and no network
    at all (``default-src 'none'``).
+
+``data_from_args`` turns core.bertviz_adapter's ``BertvizArgs`` (its layer/head/token subset for
+long inputs) into this page's data; ``render(view, data, layers, heads)`` keeps the model's own
+layer and head numbers in the labels.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.bertviz_adapter import BertvizArgs
 from core.trace import AttentionTrace
 
 VENDOR = Path(__file__).resolve().parent / "static" / "vendor"
@@ -99,6 +104,39 @@ def attention_data(
     return data
 
 
+def data_from_args(args: BertvizArgs, decimals: int = 4) -> list[dict]:
+    """bertviz's ``attn_data`` from core.bertviz_adapter.bertviz_args: only the layers, heads
+    and tokens it chose (``args.layers`` / ``args.heads``), one entry per attention kind."""
+    kw = args.kwargs
+    if "attention" in kw:  # one self-attention (encoder-only or decoder-only)
+        entries = [(None, kw["attention"], kw["tokens"], kw["tokens"])]
+    else:
+        enc, dec = kw["encoder_tokens"], kw["decoder_tokens"]
+        entries = [
+            (name, kw[key], q, k)
+            for name, key, q, k in (
+                ("Encoder", "encoder_attention", enc, enc),
+                ("Decoder", "decoder_attention", dec, dec),
+                ("Cross", "cross_attention", dec, enc),
+            )
+            if key in kw
+        ]
+    data = []
+    for name, layers, q_tok, k_tok in entries:
+        attn = np.stack([np.asarray(t[0]) for t in layers])[args.layers]  # (layer, head, q, k)
+        if attn.shape[1] != len(args.heads):  # the model view gets every head; keep the chosen ones
+            attn = attn[:, args.heads]
+        data.append(
+            {
+                "name": name if len(entries) > 1 else None,
+                "attn": np.round(attn.astype(np.float64), decimals).tolist(),
+                "left_text": _display(q_tok),
+                "right_text": _display(k_tok),
+            }
+        )
+    return data
+
+
 def view_height(view: str, data: list[dict]) -> int:
     """Pixel height the view needs (bertviz's own layout constants)."""
     n = max(max(len(d["left_text"]), len(d["right_text"])) for d in data)
@@ -109,14 +147,22 @@ def view_height(view: str, data: list[dict]) -> int:
     return int(max(n_layers * thumb + 38, n * 18 + 55) + 60)
 
 
-def render(view: str, data: list[dict]) -> str:
-    """A full HTML document with bertviz's ``view`` ('head' or 'model') for ``data``."""
+def render(
+    view: str, data: list[dict], layers: Sequence[int] | None = None, heads: Sequence[int] | None = None
+) -> str:
+    """A full HTML document with bertviz's ``view`` ('head' or 'model') for ``data``.
+
+    layers / heads: the model's numbers of the layers and heads in ``data`` (default 0, 1, ...).
+    """
     if view not in ("head", "model"):
         raise ValueError("view must be 'head' or 'model'")
     nonce = secrets.token_urlsafe(16)
     vis_id = f"bertviz-{secrets.token_hex(8)}"
     n_layers, n_heads = len(data[0]["attn"]), len(data[0]["attn"][0])
-    layers = list(range(n_layers))
+    layers = [int(i) for i in layers] if layers is not None else list(range(n_layers))
+    heads = [int(h) for h in heads] if heads is not None else list(range(n_heads))
+    if len(layers) != n_layers or len(heads) != n_heads:
+        raise ValueError(f"data has {n_layers} layers x {n_heads} heads, labels {len(layers)} x {len(heads)}")
     if view == "head":
         params = {
             "attention": data,
@@ -133,7 +179,7 @@ def render(view: str, data: list[dict]) -> str:
             "display_mode": "light",
             "root_div_id": vis_id,
             "include_layers": layers,
-            "include_heads": list(range(n_heads)),
+            "include_heads": heads,
             "total_heads": n_heads,
         }
     # Filter names are fixed strings (Encoder/Decoder/Cross), never user text.

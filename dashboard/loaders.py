@@ -8,7 +8,9 @@
 
 Models come from the zoo (``models.registry``) plus any folders listed in the environment
 variable ``ATTNSCOPE_MODELS`` (os.pathsep-separated), so tests and other pages can add models
-without touching this file. Everything is coded against LoadedModel's interface.
+without touching this file, plus the paths a session loaded from the sidebar (``user`` below;
+checked by dashboard/user_models.py). Everything is coded against LoadedModel's interface
+(core.hf.HFModel has the same one). Nothing is downloaded: HF_HUB_OFFLINE=1 unless set.
 """
 
 from __future__ import annotations
@@ -20,15 +22,26 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from core.checkpoint import CONFIG, WEIGHTS, read_meta
-from core.runner import LoadedModel
+from core.checkpoint import CONFIG, read_meta
+from core.runner import InputError, LoadedModel
 from core.trace import AttentionTrace
+from dashboard import model_facts, user_models
 from models import registry
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model name is looked up locally, never downloaded
 
 EXTRA_MODELS_ENV = "ATTNSCOPE_MODELS"
 TRACE_CACHE_ENTRIES = 32
 TRACE_CACHE_SIZE = "1GiB"  # a 12-layer model at 512 tokens makes ~300 MB of maps; evict least recently used
 DEMO_SEED = 2026  # examples shown by default (not a training/eval seed)
+UPLOAD_PREFIX = "attnscope-upload-"  # per-session temporary folders of uploaded checkpoints
+# Inputs offered for models with a natural-language tokenizer and no examples of their own.
+TEXT_EXAMPLES = [
+    "The cat sat on the mat.",
+    "Attention lets every word look at every other word.",
+    "A man is playing a guitar on stage.",
+]
+WEIGHT_FILES = ("model.safetensors", "model.pt", "model.pth", "pytorch_model.bin")
 
 
 def _extra_folders() -> list[str]:
@@ -42,10 +55,12 @@ def registry_names() -> list[str]:
     return list(names())
 
 
-def model_choices() -> list[str]:
-    """Registry names first (zoo in registry order, then pretrained), then ATTNSCOPE_MODELS folders."""
+def model_choices(user: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """Registry names first (zoo in registry order, then pretrained), then ATTNSCOPE_MODELS folders,
+    then the paths this session loaded (``user``)."""
     known = registry_names()
-    return known + [p for p in _extra_folders() if p not in known]
+    out = known + [p for p in _extra_folders() if p not in known]
+    return out + [p for p in user if p not in out]
 
 
 def model_folder(name: str) -> Path:
@@ -53,7 +68,17 @@ def model_folder(name: str) -> Path:
 
 
 def display_name(name: str) -> str:
-    return Path(name).name if os.sep in name else name
+    return user_models.display_name(name) if os.sep in name else name
+
+
+def model_kind(name: str) -> str:
+    """zoo | pretrained | hf | core | upload (a checkpoint uploaded in this session)."""
+    if os.sep in name and any(part.startswith(UPLOAD_PREFIX) for part in Path(name).parts):
+        return "upload"
+    try:
+        return registry.model_kind(name)
+    except Exception:  # a vanished folder: loading reports it
+        return "core"
 
 
 def model_summary(name: str) -> str:
@@ -61,24 +86,39 @@ def model_summary(name: str) -> str:
     try:
         if name in registry_names():
             return registry.summary(name) if hasattr(registry, "summary") else registry.zoo_summary(name)
-        meta = read_meta(model_folder(name))
+        folder = model_folder(name)
+        meta = read_meta(folder)
+        if not meta.get("summary") and model_kind(name) == "hf":
+            import json
+
+            hf = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+            return f"Hugging Face {hf.get('model_type', '')} folder"
         return str(meta.get("summary", ""))
     except Exception:  # a broken folder must not break the picker; loading reports it
         return ""
 
 
-def picker_label(name: str, width: int = 48) -> str:
-    """'reverse · reverses lowercase strings of 1-20 le…' for the model picker."""
+def picker_label(name: str, width: int = 60) -> str:
+    """'minilm (pretrained) · all-MiniLM-L6-v2 sentence em…' for the model picker (core folders
+    have no tag: 'reverse · reverses lowercase strings…')."""
     summary = model_summary(name)
-    label = f"{display_name(name)} · {summary}" if summary else display_name(name)
+    kind = model_kind(name)
+    tag = f" ({model_facts.KIND_LABELS[kind]})" if kind not in ("zoo", "core") else ""
+    label = f"{display_name(name)}{tag} · {summary}" if summary else display_name(name) + tag
     return label if len(label) <= width else label[: width - 1] + "…"
 
 
 def model_version(name: str) -> float:
-    """mtime of the weights: a retrained model gets new cache entries."""
+    """Latest mtime of the config and weights: a retrained model gets new cache entries."""
     try:
-        return (model_folder(name) / WEIGHTS).stat().st_mtime
-    except OSError:
+        path = Path(name)
+        if path.is_file():  # a weights file beside a config.json
+            files = [path, path.parent / CONFIG]
+        else:
+            folder = model_folder(name)
+            files = [folder / CONFIG, *(folder / w for w in WEIGHT_FILES)]
+        return max((f.stat().st_mtime for f in files if f.exists()), default=0.0)
+    except Exception:  # unknown or vanished: loading reports it
         return 0.0
 
 
@@ -90,7 +130,10 @@ def devices() -> list[str]:
 def load_model(name: str, device: str, version: float = 0.0) -> LoadedModel:
     """The model in eval mode on ``device`` (shared by all sessions: never mutate it)."""
     del version  # only part of the cache key
-    return registry.load(name, device)
+    lm = registry.load(name, device)
+    if os.sep in name:  # a path: name it as the picker does ('org/model' for a cache snapshot)
+        lm.name = display_name(name)
+    return lm
 
 
 @st.cache_data(max_entries=TRACE_CACHE_ENTRIES, max_size=TRACE_CACHE_SIZE, show_spinner="Running the model…")
@@ -107,7 +150,28 @@ def compute_traces(
     ``trace.meta["warnings"]``. Raises core.runner.InputError with a message for users.
     """
     lm = load_model(name, device, version)
+    if targets is None and model_facts.arch(lm) == "decoder":
+        return continuation_traces(lm, list(sources))
     return lm.trace(list(sources), None if targets is None else list(targets), truncate=True)
+
+
+def continuation_traces(lm, sources: list[str]) -> list[AttentionTrace]:
+    """Decoder-only models, 'generate': each prompt continued greedily (lm.predict), then the
+    prompt + continuation traced in one batch (teacher forcing on the model's own greedy
+    output gives the attention of every generation step). Falls back to the prompt alone."""
+    conts = [c if c.strip() else (lm.tokenizer.eos_token or "") for c in lm.predict(sources)]
+    note = ""
+    if all(c.strip() for c in conts):
+        try:
+            traces = lm.trace(sources, conts, truncate=True)
+        except InputError as exc:
+            note = f"the continuation could not be re-read ({exc}); showing the prompt alone"
+        else:
+            return [t.replace(meta={**t.meta, "teacher_forced": False, "continuation": True}) for t in traces]
+    else:
+        note = "the model wrote no continuation; showing the prompt alone"
+    traces = lm.trace(sources, None, truncate=True)
+    return [t.replace(meta={**t.meta, "warnings": [*t.meta.get("warnings", []), note]}) for t in traces]
 
 
 def examples(lm: LoadedModel, n: int = 3) -> list[str]:
@@ -115,6 +179,8 @@ def examples(lm: LoadedModel, n: int = 3) -> list[str]:
     meta_examples = [str(e) for e in lm.meta.get("examples", []) if str(e).strip()]
     if meta_examples:
         return meta_examples[:n]
+    if getattr(lm.src_tok, "kind", "") in ("hf", "wordpiece"):  # a natural-language tokenizer
+        return TEXT_EXAMPLES[:n]
     task = lm.meta.get("task")
     if task:
         try:

@@ -3,18 +3,27 @@
 app.py draws the sidebar once per run (before the page), so its widgets keep their values
 when the page changes. Pages then call ``current()`` / ``model()`` / ``traces()``, which stop
 the page with a message (st.warning / st.error) when there is nothing valid to show.
+
+The sidebar's "Your own model" box loads a path (a core checkpoint folder, a .pt/.pth/.safetensors
+file beside a core config.json, a Hugging Face folder, or a model name from the local Hugging Face
+cache) or an uploaded core checkpoint; dashboard/user_models.py checks both. A model that fails to
+load is reported with st.error in one sentence and the model shown so far stays selected.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import streamlit as st
 
-from core.checkpoint import ModelLoadError
 from core.runner import InputError, LoadedModel
 from core.trace import AttentionTrace
-from dashboard import loaders
+from dashboard import loaders, model_facts, user_models
 
 # -- keys -------------------------------------------------------------------------------
 # sidebar
@@ -28,6 +37,12 @@ TARGET = "target"
 TARGETS = "targets"
 SELECTION = "selection"  # the Selection of this run (set by sidebar())
 TEXT_FOR_MODEL = "_text_for_model"  # model whose examples fill the text boxes
+# your own model (sidebar box)
+LOAD_PATH = "load_path"  # text_input: folder, weights file or cached Hugging Face name
+UPLOADS = "uploads"  # file_uploader: a core checkpoint (files or one .zip)
+USER_MODELS = "_user_models"  # paths this session loaded (listed in the picker)
+LOAD_MSG = "_load_msg"  # (level, text) of the last load attempt, shown once
+UPLOAD_DIR = "_upload_dir"  # tempfile.TemporaryDirectory of this session's uploads
 # attention page
 ATT_KIND = "att_kind"
 ATT_SEQ = "att_seq"
@@ -54,8 +69,14 @@ BV_VIEW = "bv_view"
 BV_KINDS = "bv_kinds"
 BV_SEQ = "bv_seq"
 BV_PAD = "bv_drop_pad"
+BV_LAYERS = "bv_layers"  # include_layers (empty: all, or the first for long inputs)
+BV_HEADS = "bv_heads"  # include_heads (empty: all that fit)
 
 GENERATE, TEACHER = "generate (greedy decoding)", "teacher forcing (give the target)"
+DECODER_ONLY_MODES = {
+    GENERATE: "generate (greedy continuation)",
+    TEACHER: "teacher forcing (give the continuation)",
+}
 
 
 @dataclass(frozen=True)
@@ -112,9 +133,126 @@ def _target_problems(n_sources: int, targets: list[str] | None, t_empty: list[in
     return []
 
 
+# -- your own model ---------------------------------------------------------------------------
+
+
+def upload_limit_mb() -> int:
+    """Streamlit's server.maxUploadSize (MB; .streamlit/config.toml sets it)."""
+    return int(st.get_option("server.maxUploadSize"))
+
+
+def _upload_root() -> Path:
+    """This session's folder for uploads (removed when the session's state is dropped)."""
+    tmp = st.session_state.get(UPLOAD_DIR)
+    if tmp is None:
+        tmp = tempfile.TemporaryDirectory(prefix=loaders.UPLOAD_PREFIX)
+        st.session_state[UPLOAD_DIR] = tmp
+    return Path(tmp.name)
+
+
+def _one_sentence(prefix: str, exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return sentence(f"{prefix}: {text[:400]}")
+
+
+def _use_model(path: str, what: str) -> None:
+    """Load ``path`` (raises on failure), list it in the picker and select it."""
+    lm = loaders.load_model(path, st.session_state.get(DEVICE) or "cpu", loaders.model_version(path))
+    users = [p for p in st.session_state.get(USER_MODELS, []) if p != path]
+    st.session_state[USER_MODELS] = [*users, path]
+    st.session_state[MODEL] = path
+    arch = model_facts.ARCH_LABELS[model_facts.arch(lm)]
+    st.session_state[LOAD_MSG] = ("success", f"Loaded {what} {loaders.display_name(path)!r} ({arch}).")
+
+
+def _load_from_path() -> None:
+    """Callback of the Load button (runs before the script, so it may set the picker)."""
+    text = (st.session_state.get(LOAD_PATH) or "").strip()
+    if text in loaders.registry_names():
+        st.session_state[MODEL] = text
+        st.session_state[LOAD_MSG] = ("success", f"Selected {text!r}.")
+        return
+    try:
+        roots = [st.session_state[UPLOAD_DIR].name] if UPLOAD_DIR in st.session_state else []
+        _use_model(user_models.resolve_user_model(text, roots), "model")
+    except Exception as exc:  # any file may be handed in: report it, keep the app running
+        st.session_state[LOAD_MSG] = ("error", _one_sentence(f"Cannot load {text or 'the model'}", exc))
+
+
+def _upload_stem(files) -> str:
+    """A folder name for an upload: the .zip's name, else the config's "name", else 'upload'."""
+    stem = ""
+    if len(files) == 1 and files[0].name.lower().endswith(".zip"):
+        stem = Path(files[0].name).stem
+    for f in files:
+        if f.name == "config.json":
+            try:
+                stem = str(json.loads(f.getvalue()).get("name", ""))
+            except (ValueError, AttributeError):
+                pass
+    return re.sub(r"[^\w.-]", "_", stem)[:40].strip("._") or "upload"
+
+
+def _load_upload() -> None:
+    """Callback of the upload's Load button: check, save into this session's folder, load."""
+    files = st.session_state.get(UPLOADS) or []
+    dest = None
+    try:
+        root = _upload_root()
+        dest = root / f"{_upload_stem(files)}-{sum(1 for _ in root.iterdir()) + 1}"
+        user_models.save_upload([(f.name, f.getvalue()) for f in files], dest, upload_limit_mb() * 2**20)
+        _use_model(str(dest), "uploaded checkpoint")
+    except Exception as exc:
+        if dest is not None:
+            shutil.rmtree(dest, ignore_errors=True)
+        st.session_state[LOAD_MSG] = ("error", _one_sentence("Cannot load the upload", exc))
+
+
+def own_model_box() -> None:
+    """Sidebar expander: load a model from a path or an upload."""
+    msg = st.session_state.pop(LOAD_MSG, None)
+    with st.expander("Your own model", expanded=msg is not None):
+        st.text_input(
+            "Folder, weights file or cached Hugging Face name",
+            key=LOAD_PATH,
+            placeholder="~/models/my-model  or  gpt2",
+            help="A core checkpoint folder (config.json + model.safetensors or model.pt/.pth + "
+            "src_vocab.json), a .pt/.pth beside a core config.json, a Hugging Face folder, or a model "
+            "name already in the Hugging Face cache (never downloaded). Relative paths start at the "
+            "repository root.",
+        )
+        st.button("Load", key="load_path_button", on_click=_load_from_path)
+        roots = ", ".join(f"`{r}`" for r in user_models.allowed_roots())
+        st.caption(f"Allowed folders: {roots} and `{user_models.MODEL_DIRS_ENV}`.")
+        limit = upload_limit_mb()
+        st.file_uploader(
+            "Upload a core checkpoint",
+            type=user_models.UPLOAD_TYPES,
+            accept_multiple_files=True,
+            key=UPLOADS,
+            help="config.json, model.safetensors (or a .pt/.pth state dict, read with weights_only), "
+            "src_vocab.json [+ tgt_vocab.json, card.md, meta.json], as separate files or one .zip.",
+        )
+        st.caption(
+            f"At most {limit} MB in all (server.maxUploadSize); a .zip may unpack to "
+            f"{limit * user_models.UNZIP_FACTOR} MB. Pickles that would run code are refused."
+        )
+        st.button("Load upload", key="load_upload_button", on_click=_load_upload)
+        if msg is not None:
+            (st.error if msg[0] == "error" else st.success)(msg[1])
+
+
+def _model_facts_caption(lm: LoadedModel, name: str) -> str:
+    kind = model_facts.KIND_LABELS.get(loaders.model_kind(name), "core folder")
+    tok = lm.meta.get("tokenizer") or (
+        type(lm.tokenizer).__name__ if hasattr(lm, "tokenizer") else f"{lm.src_tok.kind} tokens"
+    )
+    return f"{kind} · {model_facts.ARCH_LABELS[model_facts.arch(lm)]} · {tok}"
+
+
 def sidebar() -> Selection | None:
     """Draw the shared sidebar; store and return the Selection (None when no model loads)."""
-    choices = loaders.model_choices()
+    choices = loaders.model_choices(tuple(st.session_state.get(USER_MODELS, [])))
     with st.sidebar:
         st.header("attnscope")
         if not choices:
@@ -123,6 +261,7 @@ def sidebar() -> Selection | None:
                 "to a model folder, then reload."
             )
             st.session_state[SELECTION] = None
+            own_model_box()
             return None
         if st.session_state.get(MODEL) not in choices:
             st.session_state[MODEL] = "reverse" if "reverse" in choices else choices[0]
@@ -145,10 +284,12 @@ def sidebar() -> Selection | None:
         version = loaders.model_version(name)
         try:
             lm = loaders.load_model(name, device, version)
-        except (ModelLoadError, InputError, OSError, RuntimeError) as exc:  # RuntimeError: e.g. CUDA
-            st.error(f"Cannot load model {name!r}: {exc}")
+        except Exception as exc:  # a broken folder, CUDA, ...: one sentence, the sidebar keeps working
+            st.error(_one_sentence(f"Cannot load model {loaders.display_name(name)!r}", exc))
             st.session_state[SELECTION] = None
+            own_model_box()
             return None
+        st.caption(_model_facts_caption(lm, name))
         st.caption(f"Device used: **{lm.device}**")
         if st.session_state.get(TEXT_FOR_MODEL) != lm.name:
             _fill_examples(lm)
@@ -165,17 +306,30 @@ def sidebar() -> Selection | None:
             sources, empty = [raw], []
         st.caption(f"At most {lm.max_src_tokens} tokens per input; longer inputs are truncated.")
         targets, t_empty = None, []
+        decoder_only = model_facts.arch(lm) == "decoder"
+        what = "continuation" if decoder_only else "target"
         if lm.has_decoder:
-            mode = st.radio("Decoder input", (GENERATE, TEACHER), key=MODE)
+            mode = st.radio(
+                "Decoder input",
+                (GENERATE, TEACHER),
+                key=MODE,
+                format_func=lambda m: DECODER_ONLY_MODES[m] if decoder_only else m,
+            )
             if mode == TEACHER:
                 if batch:
                     targets, t_empty = _split_lines(
-                        st.text_area("Targets (one per line)", key=TARGETS, height=90)
+                        st.text_area(f"{what.capitalize()}s (one per line)", key=TARGETS, height=90)
                     )
                 else:
-                    targets = [st.text_input("Target text", key=TARGET, max_chars=4000)]
+                    targets = [st.text_input(f"{what.capitalize()} text", key=TARGET, max_chars=4000)]
+            if decoder_only:
+                st.caption(
+                    "Decoder-only model: the input is the prompt and the model reads prompt and "
+                    "continuation as one sequence (decoder self-attention only)."
+                )
         else:
             st.caption("Encoder-only model: no decoder input.")
+        own_model_box()
     sel = Selection(
         name,
         device,

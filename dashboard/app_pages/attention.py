@@ -5,13 +5,19 @@ from __future__ import annotations
 import streamlit as st
 
 from core.trace import KIND_LABELS
-from dashboard import state, ui
+from dashboard import model_facts, state, ui
 from dashboard.plots import attention as P
 
 AXIS_TITLES = {  # (query axis, key axis) per kind
     "enc_self": ("query: source tokens", "key: source tokens"),
     "dec_self": ("query: decoder input (BOS + target)", "key: decoder input"),
     "cross": ("query: decoder input (BOS + target)", "key: source tokens"),
+}
+DECODER_ONLY_TITLES = ("query: tokens (prompt, then continuation)", "key: tokens")
+MISSING = {  # what a model family has no attention of, said on the page
+    "encoder": "This model has no decoder (encoder only): there is no decoder self-attention or cross-attention.",
+    "decoder": "This model has no encoder (decoder only): its one attention is causal self-attention over "
+    "the prompt and the continuation; there is no encoder self-attention or cross-attention.",
 }
 GRID_APPLIED = "_att_grid_applied"  # last grid click already copied into the selectors
 
@@ -25,6 +31,9 @@ st.title("Attention")
 traces = state.traces()
 
 kinds = list(traces[0].kinds)
+arch = model_facts.trace_arch(traces[0])
+if arch in MISSING:
+    st.caption(MISSING[arch])
 c_kind, c_seq = st.columns([3, 2])
 with c_kind:
     _keep_valid(state.ATT_KIND, kinds)
@@ -83,7 +92,7 @@ layer = s1.selectbox("Layer", layers, key=state.ATT_LAYER)
 head = s2.selectbox("Head", heads, key=state.ATT_HEAD, format_func=P.head_name)
 
 weights = P.head_weights(probs, layer, head)
-q_title, k_title = AXIS_TITLES[kind]
+q_title, k_title = DECODER_ONLY_TITLES if arch == "decoder" else AXIS_TITLES[kind]
 big = P.head_heatmap(
     weights,
     q_tok,
@@ -98,5 +107,10 @@ ui.chart(big, key="att_head_chart")
 st.caption(
     "Rows: queries (each row sums to 1 over the keys it may attend to). Columns: keys. "
     "PAD positions are shown; with 'Show mask' on, ✕ marks keys the mask forbids (their weight is exactly 0)."
+    + (
+        f" Positions 0–{model_facts.prompt_len(tr) - 1} are the prompt, the rest the continuation."
+        if arch == "decoder" and model_facts.real_decoder(tr).sum() > model_facts.prompt_len(tr)
+        else ""
+    )
 )
 ui.downloads(tr, seq, {"grid": grid, "head": big}, key="att_dl")

@@ -1,31 +1,38 @@
-"""Decoding: step through greedy decoding; at each step, what the new position attended to."""
+"""Decoding: step through greedy decoding; at each step, what the new position attended to.
+
+Encoder-decoder models: the step's cross-attention over the source and self-attention over the
+prefix. Decoder-only models (GPT-2 style): the prompt is continued greedily and each step's
+self-attention over everything before it is shown (there is no cross-attention). Encoder-only
+models have no decoder: the page says so and shows their output instead. Steps are counted from
+the dec_self mask (T5 and Marian start the decoder with PAD, so PAD ids cannot tell).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import streamlit as st
 
-from dashboard import analysis, state, ui
+from dashboard import model_facts, state, ui
 from dashboard.plots import decoding as P
 
 st.title("Decoding")
 lm = state.model()
 
-if not lm.has_decoder:
+if not model_facts.has_decoder(lm):
     traces = state.traces()
     seq = state.sequence_picker(state.DEC_SEQ, traces)
     tr = traces[seq]
     if tr.out_probs is not None:  # a classifier: its class probabilities instead
         st.info(
-            "This model has no decoder (encoder-only classifier): there is nothing to decode. "
-            "Its class probabilities for the input:"
+            "This model has no decoder (encoder-only classifier): there is nothing to decode and no "
+            "decoder self-attention or cross-attention. Its class probabilities for the input:"
         )
         labels = tr.meta.get("labels") or [str(i) for i in range(len(tr.out_probs))]
         fig = P.class_probs_figure(labels, tr.out_probs, title=f"class probabilities (sequence {seq})")
     else:  # an encoder without a head (sentence embedder): its pooled output
         st.info(
             "This model has no decoder and no classifier (an encoder that embeds text): there is nothing "
-            f"to decode. Its output: {tr.output_text}."
+            f"to decode and no decoder self-attention or cross-attention. Its output: {tr.output_text}."
         )
         head = [float(v) for v in tr.meta.get("embedding_head", [])]
         fig = P.values_figure(
@@ -39,13 +46,23 @@ if state.current().targets is not None:
     st.info(
         "This page always shows greedy decoding (the model's own choices), whatever the sidebar's decoder input."
     )
+decoder_only = model_facts.arch(lm) == "decoder"
+if decoder_only:
+    st.info(
+        "This model has no encoder (decoder only): there is no cross-attention. The prompt is continued "
+        "greedily; at each step the last position attends to the prompt and what was written so far."
+    )
 traces = state.traces(greedy=True)
 c_seq, c_opts = st.columns([2, 3])
 with c_seq:
     seq = state.sequence_picker(state.DEC_SEQ, traces)
 tr = traces[seq]
 ui.run_caption(tr)
-n = analysis.n_steps(tr, lm.cfg.pad_id)
+steps = model_facts.decode_steps(tr)
+n = steps.count
+if n < 1:
+    st.warning("This sequence has no decoding step to show.")
+    st.stop()
 with c_opts:
     log = st.toggle("Log colour scale", key=state.DEC_LOG)
 if n > 1:
@@ -54,7 +71,8 @@ if n > 1:
     step = st.slider("Step", 1, n, key=state.DEC_STEP, help="Greedy step t generates token t of the output.")
 else:
     step = 1
-ds = analysis.decode_step(tr, step - 1, lm.tgt_tok.itos)
+ds = model_facts.decode_step(tr, step - 1, lm.tgt_tok.itos)
+pos = steps.first + step - 1  # the decoder position whose output this step writes
 
 st.markdown(f"**Step {step} of {n}.** The decoder reads the prefix below and writes the next token:")
 st.code(
@@ -62,50 +80,68 @@ st.code(
     language=None,
 )
 
-left, right = st.columns(2)
-cross = P.step_figure(
-    ds.cross,
-    tr.src_tokens,
-    log=log,
-    key_title="key: source tokens",
-    title=f"step {step}: cross-attention of position {step - 1} over the source (seq {seq})",
-)
 self_fig = P.step_figure(
     ds.dec_self,
     ds.prefix,
     log=log,
-    key_title="key: prefix (decoder input so far)",
-    title=f"step {step}: decoder self-attention of position {step - 1} over the prefix (seq {seq})",
+    key_title="key: prefix (prompt and tokens so far)"
+    if decoder_only
+    else "key: prefix (decoder input so far)",
+    title=f"step {step}: decoder self-attention of position {pos} over the prefix (seq {seq})",
 )
-with left:
-    ui.chart(cross, key="dec_cross")
-with right:
-    ui.chart(self_fig, key="dec_self")
 topk = P.topk_figure(
     ds.topk_tokens, ds.topk_probs, title=f"step {step}: top-{len(ds.topk_probs)} next tokens (seq {seq})"
 )
-left, right = st.columns(2)
-with left:
-    ui.chart(topk, key="dec_topk")
-with right:
-    layers = list(range(tr.cross.shape[0]))
-    if st.session_state.get(state.DEC_LAYER) not in layers:
-        st.session_state[state.DEC_LAYER] = layers[-1]
-    layer = st.selectbox(
-        "Overview layer", layers, key=state.DEC_LAYER, help="Cross-attention of every step, mean of heads."
-    )
-    overview = P.steps_overview(
-        tr.cross[layer, :, :n].mean(axis=0),
-        tr.out_tokens[:n],
+figs = {"self": self_fig, "topk": topk}
+if ds.cross is not None:
+    figs["cross"] = P.step_figure(
+        ds.cross,
         tr.src_tokens,
-        current=step - 1,
         log=log,
         key_title="key: source tokens",
-        title=f"every step: cross-attention, layer {layer}, mean of heads (seq {seq})",
+        title=f"step {step}: cross-attention of position {pos} over the source (seq {seq})",
     )
-    ui.chart(overview, key="dec_overview")
+    left, right = st.columns(2)
+    with left:
+        ui.chart(figs["cross"], key="dec_cross")
+    with right:
+        ui.chart(self_fig, key="dec_self")
+    left, right = st.columns(2)
+    with left:
+        ui.chart(topk, key="dec_topk")
+else:
+    left, right = st.columns(2)
+    with left:
+        ui.chart(self_fig, key="dec_self")
+    with right:
+        ui.chart(topk, key="dec_topk")
+    left, right = st.columns(2)
+with right if ds.cross is not None else left:
+    overview_maps = tr.cross if ds.cross is not None else tr.dec_self
+    layers = list(range(overview_maps.shape[0]))
+    if st.session_state.get(state.DEC_LAYER) not in layers:
+        st.session_state[state.DEC_LAYER] = layers[-1]
+    what = "cross-attention" if ds.cross is not None else "decoder self-attention"
+    layer = st.selectbox(
+        "Overview layer",
+        layers,
+        key=state.DEC_LAYER,
+        help=f"{what.capitalize()} of every step, mean of heads.",
+    )
+    rows = slice(steps.first, steps.first + n)
+    keys = tr.src_tokens if ds.cross is not None else tr.tgt_tokens[: steps.first + n]
+    figs["overview"] = P.steps_overview(
+        overview_maps[layer, :, rows, : len(keys)].mean(axis=0),
+        tr.out_tokens[rows],
+        keys,
+        current=step - 1,
+        log=log,
+        key_title="key: source tokens" if ds.cross is not None else "key: tokens (prompt, then continuation)",
+        title=f"every step: {what}, layer {layer}, mean of heads (seq {seq})",
+    )
+    ui.chart(figs["overview"], key="dec_overview")
 st.caption(
     f"Rows L·H are layer·head; 'mean' rows average a layer's heads. Top-5 mass: {float(np.sum(ds.topk_probs)):.4f}. "
     "Every label comes from the ids the model read and wrote (trace.tgt_tokens / trace.out_tokens)."
 )
-ui.downloads(tr, seq, {"cross": cross, "self": self_fig, "topk": topk, "overview": overview}, key="dec_dl")
+ui.downloads(tr, seq, figs, key="dec_dl")

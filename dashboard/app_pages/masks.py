@@ -1,4 +1,9 @@
-"""Masks: every mask of the current batch, and an audit of attention that fell on masked keys."""
+"""Masks: every mask of the current batch, and an audit of attention that fell on masked keys.
+
+Which tokens are real is read from the masks the trace carries (never from PAD ids: decoder-only
+models have no source ids, and T5/Marian start the decoder with PAD), so every model family works:
+encoder only (source masks), decoder only (decoder masks) and encoder-decoder (all).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import numpy as np
 import streamlit as st
 
 from core.trace import KIND_LABELS
-from dashboard import analysis, state, ui
+from dashboard import analysis, model_facts, state, ui
 from dashboard.plots import masks as P
 
 st.title("Masks")
@@ -17,37 +22,50 @@ st.markdown(
     "Masked scores are filled before the softmax, so masked keys get weight exactly 0."
 )
 traces = state.traces()
-lm = state.model()
-pad = lm.cfg.pad_id
+arch = model_facts.trace_arch(traces[0])
+has_encoder, has_decoder = arch != "decoder", arch != "encoder"
 ui.run_caption(traces[0])
-
-src_ids = np.stack([t.src_ids for t in traces])  # (B, S)
-figs = {}
-figs["source padding"] = P.padding_mask_figure(
-    src_ids != pad,
-    [t.src_tokens for t in traces],
-    position_title="source position",
-    title=f"source padding mask [batch {len(traces)} × {src_ids.shape[1]}]: green = real token, grey = PAD",
-)
-if lm.has_decoder:
-    tgt_ids = np.stack([t.tgt_ids for t in traces])  # (B, T)
-    figs["target padding"] = P.padding_mask_figure(
-        tgt_ids != pad,
-        [t.tgt_tokens for t in traces],
-        position_title="decoder input position",
-        title=f"target padding mask [batch {len(traces)} × {tgt_ids.shape[1]}]: green = real token, grey = PAD",
+if not has_decoder:
+    st.info(
+        "This model has no decoder (encoder only): there is no causal, decoder self-attention or cross-attention mask."
     )
-c1, c2 = st.columns(2)
-with c1:
-    ui.chart(figs["source padding"], key="mask_src_pad")
-if lm.has_decoder:
-    with c2:
-        ui.chart(figs["target padding"], key="mask_tgt_pad")
+elif not has_encoder:
+    st.info(
+        "This model has no encoder (decoder only): there is no source padding, encoder self-attention or "
+        "cross-attention mask; prompt and continuation are one sequence under the causal mask."
+    )
+
+figs = {}
+pad_charts = []
+if has_encoder:
+    src_real = np.stack([model_facts.real_source(t) for t in traces])  # (B, S)
+    figs["source padding"] = P.padding_mask_figure(
+        src_real,
+        [t.src_tokens for t in traces],
+        position_title="source position",
+        title=f"source padding mask [batch {len(traces)} × {src_real.shape[1]}]: green = real token, grey = PAD",
+    )
+    pad_charts.append(("source padding", "mask_src_pad"))
+if has_decoder:
+    tgt_real = np.stack([model_facts.real_decoder(t) for t in traces])  # (B, T)
+    what = "sequence" if arch == "decoder" else "target"
+    figs["target padding"] = P.padding_mask_figure(
+        tgt_real,
+        [t.tgt_tokens for t in traces],
+        position_title="position (prompt, then continuation)"
+        if arch == "decoder"
+        else "decoder input position",
+        title=f"{what} padding mask [batch {len(traces)} × {tgt_real.shape[1]}]: green = real token, grey = PAD",
+    )
+    pad_charts.append(("target padding", "mask_tgt_pad"))
+for col, (name, key) in zip(st.columns(2), pad_charts, strict=False):
+    with col:
+        ui.chart(figs[name], key=key)
 
 seq = state.sequence_picker(state.MASK_SEQ, traces)
 tr = traces[seq]
 where = f"sequence {seq}"
-if lm.has_decoder:
+if has_decoder:
     t_len = len(tr.tgt_tokens)
     causal = np.tril(np.ones((t_len, t_len), dtype=bool))
     figs["causal"] = P.attention_mask_figure(
@@ -66,6 +84,7 @@ if lm.has_decoder:
         key_title="key: decoder input",
         title=f"decoder self-attention mask = causal AND real key ({where})",
     )
+if has_decoder and has_encoder:
     figs["cross"] = P.attention_mask_figure(
         tr.cross_mask,
         tr.tgt_tokens,
@@ -74,14 +93,15 @@ if lm.has_decoder:
         key_title="key: source tokens",
         title=f"cross-attention mask = real source key ({where})",
     )
-figs["encoder self"] = P.attention_mask_figure(
-    tr.enc_self_mask,
-    tr.src_tokens,
-    tr.src_tokens,
-    query_title="query: source tokens",
-    key_title="key: source tokens",
-    title=f"encoder self-attention mask = real source key ({where})",
-)
+if has_encoder:
+    figs["encoder self"] = P.attention_mask_figure(
+        tr.enc_self_mask,
+        tr.src_tokens,
+        tr.src_tokens,
+        query_title="query: source tokens",
+        key_title="key: source tokens",
+        title=f"encoder self-attention mask = real source key ({where})",
+    )
 names = [n for n in ("causal", "decoder self", "cross", "encoder self") if n in figs]
 for i in range(0, len(names), 2):
     cols = st.columns(2)

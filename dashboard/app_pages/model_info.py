@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from core.model import count_parameters, parameters_by_module
-from dashboard import state, ui
+from core.model import count_parameters
+from dashboard import loaders, model_facts, state, ui
 from dashboard.plots.model import params_figure
 
 st.title("Model")
@@ -25,19 +25,30 @@ c[4].metric(
     f"{metrics[score_key]:.2%}" if score_key else "—",
 )
 
+arch = model_facts.arch(lm)
 shape = (
     f"encoder-only classifier ({cfg.n_classes} classes, {cfg.pooling} pooling)"
     if cfg.n_classes
-    else "encoder only"
-    if cfg.is_encoder_only
+    else f"encoder only ({cfg.n_enc_layers} layers)"
+    if arch == "encoder"
+    else f"decoder only ({cfg.n_dec_layers} layers, causal self-attention; no encoder, no cross-attention)"
+    if arch == "decoder"
     else f"encoder-decoder ({cfg.n_enc_layers} + {cfg.n_dec_layers} layers)"
 )
-st.markdown(f"**{lm.name}** · task: **{lm.meta.get('task', 'unknown')}** · {shape}")
+kind = model_facts.KIND_LABELS.get(loaders.model_kind(state.current().name), "core folder")
+task = lm.meta.get("task") or (
+    f"{lm.meta.get('model_type', '')} {lm.meta.get('head', '')}".strip() or "unknown"
+)
+st.markdown(f"**{lm.name}** ({kind}) · task: **{task}** · {shape}")
 if lm.summary:
     st.caption(lm.summary)
+if lm.meta.get("source"):
+    st.caption(f"Files: `{lm.meta['source']}`")
+elif lm.folder is not None:
+    st.caption(f"Files: `{lm.folder}`")
 
 left, right = st.columns([3, 2])
-counts = parameters_by_module(lm.model)
+counts = model_facts.parameter_groups(lm.model)
 fig = params_figure(counts, title=f"parameters per module ({lm.name}, {sum(counts.values()):,} in all)")
 with left:
     ui.chart(fig, key="model_params")
@@ -57,11 +68,14 @@ else:
     traces = state.traces()
     tr = traces[0]
     ms = tr.meta.get("forward_ms")
+    lengths = ([f"source length {len(tr.src_tokens)}"] if tr.src_tokens else []) + (
+        [f"{'sequence' if arch == 'decoder' else 'decoder'} length {len(tr.tgt_tokens)}"]
+        if tr.tgt_tokens
+        else []
+    )
     st.markdown(
         f"Forward pass with attention capture on **{tr.device}**: **{ms:.2f} ms** for a batch of {len(traces)} "
-        f"(source length {len(tr.src_tokens)}"
-        + (f", decoder length {len(tr.tgt_tokens)})" if tr.tgt_tokens else ")")
-        + ". Cached: changing the page or a selection does not re-run it."
+        f"({', '.join(lengths)}). Cached: changing the page or a selection does not re-run it."
     )
 if metrics:
     st.subheader("Measured metrics")
@@ -71,5 +85,5 @@ if lm.card:
     with st.container(border=True):
         st.markdown(lm.card)
 else:
-    st.caption("This model folder has no card.md.")
+    st.caption("This model has no card (card.md, or README.md in a Hugging Face folder).")
 ui.figure_downloads({"parameters": fig}, f"{lm.name}-model", key="model_dl")

@@ -1,4 +1,9 @@
-"""Positional encoding: the model's own table (sinusoidal or learned), or the paper's for any size."""
+"""Positional encoding: the model's own table (sinusoidal or learned), or the paper's for any size.
+
+Core models: ``src_embed.pos``. Hugging Face models: their position embedding module (BERT's
+position_embeddings, GPT-2's wpe, BART/Marian's embed_positions); models with relative (T5) or
+rotary positions have no table, and the page says so and offers the paper's sinusoids.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import numpy as np
 import streamlit as st
 
 from core.positional import sinusoidal_table, wavelengths
-from dashboard import analysis, state, ui
+from dashboard import analysis, model_facts, state, ui
 from dashboard.plots import positional as P
 
 OWN, FREE = "this model's encoding", "explore the paper's sinusoids (any d_model, length)"
@@ -14,15 +19,28 @@ OWN, FREE = "this model's encoding", "explore the paper's sinusoids (any d_model
 st.title("Positional encoding")
 lm = state.model()
 cfg = lm.cfg
-source = st.radio("Encoding", (OWN, FREE), key=state.PE_SOURCE, horizontal=True)
+own = model_facts.position_table(lm)
+if own.table is None:
+    st.info(
+        f"Model **{lm.name}** has no position table to show: it uses {own.where}. "
+        "Below: the paper's sinusoids, for any size."
+    )
+    st.session_state[state.PE_SOURCE] = FREE
+source = st.radio(
+    "Encoding", (OWN, FREE) if own.table is not None else (FREE,), key=state.PE_SOURCE, horizontal=True
+)
 
 if source == OWN:
-    sinusoidal = cfg.pos_encoding == "sinusoidal"
-    table = lm.model.src_embed.pos.table().detach().float().cpu().numpy()  # (max_len, d_model)
-    kind = "sinusoidal (fixed)" if sinusoidal else "learned"
+    core_model = own.where == "src_embed.pos"
+    # Core's sinusoids interleave sin/cos (even/odd dims); Hugging Face's sinusoidal tables
+    # (Marian) put them in halves, so their dims are labelled generically and measured by FFT.
+    sinusoidal = own.scheme == "sinusoidal" and core_model
+    table = own.table  # (positions, d_model)
+    kind = "sinusoidal (fixed)" if own.scheme == "sinusoidal" else "learned"
     st.caption(
         f"Model **{lm.name}**: {kind} positions, max_len {cfg.max_len}, d_model {cfg.d_model}"
-        + (f", position ids start at {cfg.pos_offset}" if cfg.pos_offset else "")
+        + ("" if core_model else f", table `{own.where}` ({table.shape[0]} rows)")
+        + (f", position ids start at {own.offset}" if own.offset else "")
         + (
             ". Token embeddings are scaled by √d_model before the positions are added."
             if cfg.scale_embeddings
@@ -35,12 +53,21 @@ else:
     c1, c2 = st.columns(2)
     d_model = int(
         c1.number_input(
-            "d_model", min_value=2, max_value=2048, value=cfg.d_model, step=2, key=state.PE_DMODEL
+            "d_model",
+            min_value=2,
+            max_value=2048,
+            value=min(max(2, cfg.d_model + cfg.d_model % 2), 2048),
+            step=2,
+            key=state.PE_DMODEL,
         )
     )
     max_len = int(
         c2.number_input(
-            "max length", min_value=2, max_value=4096, value=min(cfg.max_len, 256), key=state.PE_MAXLEN
+            "max length",
+            min_value=2,
+            max_value=4096,
+            value=min(max(cfg.max_len, 2), 256),
+            key=state.PE_MAXLEN,
         )
     )
     table = sinusoidal_table(max_len, d_model).numpy()

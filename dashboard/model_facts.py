@@ -1,0 +1,183 @@
+"""What a loaded model has, for every family the dashboard shows (pure: no streamlit, no plotly).
+
+Core models (zoo, core folders, minilm) are ``core.runner.LoadedModel`` with a TransformerConfig;
+Hugging Face folders are ``core.hf.HFModel`` with an HFArch. Pages ask here instead of reading
+either config, so one page works for encoder-only, decoder-only and encoder-decoder models.
+
+Decoder steps are counted from the ``dec_self`` mask (its diagonal: a real position may attend
+to itself), never from PAD ids: T5 and Marian start the decoder with PAD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from core.trace import AttentionTrace
+from dashboard.analysis import DecodeStep
+
+ARCH_LABELS = {"encoder": "encoder only", "decoder": "decoder only", "seq2seq": "encoder-decoder"}
+KIND_LABELS = {
+    "zoo": "zoo",
+    "pretrained": "pretrained",
+    "hf": "Hugging Face",
+    "core": "core folder",
+    "upload": "upload",
+}
+# Module names of position tables in Hugging Face models (BERT, GPT-2, BART/Marian, ...).
+POSITION_MODULES = ("position_embeddings", "wpe", "embed_positions", "pos_embed", "position_embedding")
+POSITION_SCHEMES = {
+    "relative": "relative position biases inside attention (T5 family): no table is added to the embeddings",
+    "rotary": "rotary position embeddings (RoPE): positions rotate queries and keys inside attention, "
+    "no table is added to the embeddings",
+}
+
+
+def arch(lm: Any) -> str:
+    """'encoder', 'decoder' (decoder only, GPT-2 style) or 'seq2seq'."""
+    value = getattr(lm.cfg, "arch", None)
+    if value in ARCH_LABELS:
+        return value
+    return "encoder" if lm.cfg.is_encoder_only else "seq2seq"
+
+
+def has_encoder(lm: Any) -> bool:
+    return arch(lm) != "decoder"
+
+
+def has_decoder(lm: Any) -> bool:
+    return arch(lm) != "encoder"
+
+
+def model_kind(lm: Any) -> str:
+    """'pretrained', 'hf' or 'core' (the registry says 'zoo' for zoo names)."""
+    return str(getattr(lm, "kind", None) or lm.meta.get("kind") or "core")
+
+
+def trace_arch(trace: AttentionTrace) -> str:
+    """The same as ``arch`` read from a trace's kinds."""
+    if trace.dec_self is None and trace.cross is None:
+        return "encoder"
+    if trace.enc_self is None and trace.cross is None and not trace.src_tokens:
+        return "decoder"
+    return "seq2seq"
+
+
+# -- real positions and decoding steps -----------------------------------------------------------
+
+
+def real_source(trace: AttentionTrace) -> np.ndarray:
+    """(S,) bool, True = real source token (keys some query may attend to)."""
+    if trace.enc_self_mask is not None:
+        return np.asarray(trace.enc_self_mask).any(axis=0)
+    return np.ones(len(trace.src_tokens), dtype=bool)
+
+
+def real_decoder(trace: AttentionTrace) -> np.ndarray:
+    """(T,) bool, True = real decoder position (the diagonal of the causal dec_self mask)."""
+    if trace.dec_self_mask is None:
+        return np.zeros(len(trace.tgt_tokens), dtype=bool)
+    return np.diagonal(np.asarray(trace.dec_self_mask)).copy()
+
+
+def prompt_len(trace: AttentionTrace) -> int:
+    """Decoder-only traces: tokens of the prompt (the rest is the continuation); else 0."""
+    return int(trace.meta.get("prompt_len", 0)) if trace_arch(trace) == "decoder" else 0
+
+
+@dataclass(frozen=True)
+class Steps:
+    """Greedy steps in a trace: step t (0-based) is decoder query ``first + t``."""
+
+    first: int
+    count: int
+
+
+def decode_steps(trace: AttentionTrace) -> Steps:
+    """Seq2seq: one step per real decoder position. Decoder only: the last prompt position
+    writes the first new token, so steps run from there to the last real position."""
+    n_real = int(real_decoder(trace).sum())
+    if trace_arch(trace) == "decoder":
+        first = max(prompt_len(trace) - 1, 0)
+        return Steps(first, max(n_real - first, 0))
+    return Steps(0, n_real)
+
+
+def decode_step(trace: AttentionTrace, t: int, itos) -> DecodeStep:
+    """Step t (0-based) of a greedy trace; ``cross`` is None for decoder-only models."""
+    steps = decode_steps(trace)
+    if not 0 <= t < steps.count:
+        raise IndexError(f"step {t} is outside 0..{steps.count - 1}")
+    q = steps.first + t
+    topk_ids = np.asarray(trace.topk_ids[q])
+    return DecodeStep(
+        step=t,
+        prefix=tuple(trace.tgt_tokens[: q + 1]),
+        query_token=trace.tgt_tokens[q],
+        new_token=trace.out_tokens[q],
+        new_prob=float(trace.out_probs[q]),
+        cross=None if trace.cross is None else np.asarray(trace.cross[:, :, q, :]),
+        dec_self=np.asarray(trace.dec_self[:, :, q, : q + 1]),
+        topk_tokens=tuple(itos[int(i)] if 0 <= int(i) < len(itos) else "<unk>" for i in topk_ids),
+        topk_probs=np.asarray(trace.topk_probs[q]),
+    )
+
+
+# -- positions ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PositionTable:
+    """A model's own position table, or why it has none."""
+
+    table: np.ndarray | None  # (positions, d_model)
+    scheme: str  # sinusoidal | learned | relative | rotary | none
+    where: str  # module the table came from (or the reason there is none)
+    offset: int = 0  # position ids start here (BART's learned table starts at 2)
+
+
+def position_table(lm: Any) -> PositionTable:
+    """The table added to the token embeddings: core's ``src_embed.pos``, a Hugging Face
+    model's position embedding module, or none (relative / rotary positions)."""
+    cfg = lm.cfg
+    scheme = str(getattr(cfg, "pos_encoding", "learned"))
+    offset = int(getattr(cfg, "pos_offset", 0) or 0)
+    embed = getattr(lm.model, "src_embed", None)
+    if embed is not None and hasattr(getattr(embed, "pos", None), "table"):
+        table = embed.pos.table().detach().float().cpu().numpy()
+        return PositionTable(table, scheme, "src_embed.pos", offset)
+    if scheme in POSITION_SCHEMES:
+        return PositionTable(None, scheme, POSITION_SCHEMES[scheme], offset)
+    for name, module in lm.model.named_modules():
+        weight = getattr(module, "weight", None)
+        if name.rsplit(".", 1)[-1] in POSITION_MODULES and weight is not None and weight.dim() == 2:
+            if weight.shape[1] == cfg.d_model:
+                return PositionTable(weight.detach().float().cpu().numpy(), scheme, name, offset)
+    return PositionTable(None, "none", "no position table found in this model", offset)
+
+
+# -- parameters -----------------------------------------------------------------------------------
+
+
+def parameter_groups(model: Any, share: float = 0.9) -> dict[str, int]:
+    """Module -> parameter count (tied weights counted once). When one top-level module holds
+    most parameters (Hugging Face wrappers: ``model.``, ``transformer.``), its children are shown."""
+    seen: set[int] = set()
+    named = []
+    for name, p in model.named_parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            named.append((name, p.numel()))
+    total = sum(n for _, n in named) or 1
+    top: dict[str, int] = {}
+    for name, n in named:
+        top[name.split(".")[0]] = top.get(name.split(".")[0], 0) + n
+    big = {k for k, v in top.items() if v / total >= share}
+    out: dict[str, int] = {}
+    for name, n in named:
+        parts = name.split(".")
+        key = ".".join(parts[:2]) if parts[0] in big and len(parts) > 2 else parts[0]
+        out[key] = out.get(key, 0) + n
+    return out
