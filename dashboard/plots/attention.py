@@ -64,6 +64,7 @@ def _gap(n: int) -> int:
 GRID_LEVELS = 100  # weights sent as whole percent, uint8 0..100 (base64: ~1.33 bytes a cell, not ~5.3)
 GRID_GAP = GRID_LEVELS + 1  # the z value of gaps between tiles (and NaN weights): drawn white
 GRID_MAX_TILE = 128  # beyond this many queries/keys a tile shows blocks (the max of each block)
+MAX_MASK_MARKS = 5000  # one head's heatmap marks masked cells with an x up to this many, then greys them
 
 
 def quantise(weights: np.ndarray, log: bool, levels: int = GRID_LEVELS) -> np.ndarray:
@@ -296,54 +297,72 @@ def head_heatmap(
 ) -> go.Figure:
     """Large heatmap of one head ``[Q, K]``: queries on y (top to bottom), keys on x.
 
-    Hover: query token, key token, exact weight (and whether the cell is masked).
-    ``mask`` (True = may attend): masked cells get an "x" marker (a separate trace named
-    "masked"), so a masked 0 is told apart from a learned near-0.
+    Hover: query token, key token, exact weight (the axes are categories "3 tok", ticks at
+    their positions). ``mask`` (True = may attend): masked cells get an "x" marker (a separate
+    trace named "masked ...", whose hover says so), so a masked 0 is told apart from a learned
+    near-0; past MAX_MASK_MARKS masked cells they are greyed by a uint8 overlay instead.
     """
     w = np.asarray(weights, dtype=np.float32)
     nq, nk = w.shape
     if (nq, nk) != (len(query_tokens), len(key_tokens)):
         raise ValueError(f"weights are {nq}x{nk} but there are {len(query_tokens)}x{len(key_tokens)} tokens")
+    # Categorical axes named "3 tok" (unique): hover shows the tokens without any per-cell text, and
+    # the weights go out as one float32 array (exact; ~5.3 bytes a cell instead of ~45 of strings).
     ql = [f"{i} {token_label(t)}" for i, t in enumerate(query_tokens)]
     kl = [f"{j} {token_label(t)}" for j, t in enumerate(key_tokens)]
     allowed = np.ones_like(w, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
-    custom = [
-        [[ql[i], kl[j], f"{float(w[i, j]):.7g}", "" if allowed[i, j] else " (masked)"] for j in range(nk)]
-        for i in range(nq)
-    ]
     zmin, zmax = zrange(log)
-    fig = go.Figure(
-        go.Heatmap(
-            z=color_values(w, log),
-            zmin=zmin,
-            zmax=zmax,
-            colorscale=COLORSCALE,
-            colorbar=colorbar(log),
-            customdata=custom,
-            name="attention",
-            hovertemplate="query %{customdata[0]}<br>key %{customdata[1]}<br>"
-            "weight %{customdata[2]}%{customdata[3]}<extra></extra>",
-        )
+    heat = go.Heatmap(
+        z=color_values(w, log),
+        x=kl,
+        y=ql,
+        zmin=zmin,
+        zmax=zmax,
+        colorscale=COLORSCALE,
+        colorbar=colorbar(log),
+        name="attention",
+        hovertemplate="query %{y}<br>key %{x}<br>weight "
+        + ("%{customdata:.7g}" if log else "%{z:.7g}")
+        + "<extra></extra>",
     )
+    if log:
+        heat.customdata = w  # the exact weights (z holds their log10)
+    fig = go.Figure(heat)
     if mask is not None:
         qi, ki = masked_cells(allowed)
-        size = float(np.clip(500 / max(nq, nk), 4, 14))
-        fig.add_trace(
-            go.Scatter(
-                x=ki,
-                y=qi,
-                mode="markers",
-                name="masked (may not attend)",
-                marker=dict(
-                    symbol="x-thin", size=size, line=dict(width=1.5, color="#c8c8c8")
-                ),  # seen on dark cells and in the legend
-                hoverinfo="skip",
-                showlegend=True,
+        if len(qi) <= MAX_MASK_MARKS:
+            size = float(np.clip(500 / max(nq, nk), 4, 14))
+            fig.add_trace(
+                go.Scatter(
+                    x=[kl[j] for j in ki],
+                    y=[ql[i] for i in qi],
+                    mode="markers",
+                    name="masked (may not attend)",
+                    marker=dict(
+                        symbol="x-thin", size=size, line=dict(width=1.5, color="#c8c8c8")
+                    ),  # seen on dark cells and in the legend
+                    hovertemplate="query %{y}<br>key %{x}<br>masked: may not attend (weight 0)<extra></extra>",
+                    showlegend=True,
+                )
             )
-        )
+        else:  # too many for markers: a grey uint8 overlay (1 = masked, 0 = transparent)
+            fig.add_trace(
+                go.Heatmap(
+                    z=(~allowed).astype(np.uint8),
+                    x=kl,
+                    y=ql,
+                    zmin=0,
+                    zmax=1,
+                    colorscale=[[0, "rgba(0,0,0,0)"], [1, MASKED_COLOR]],
+                    showscale=False,
+                    hoverinfo="skip",
+                    name="masked (may not attend)",
+                    showlegend=True,
+                )
+            )
         fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0))
-    fig.update_xaxes(**token_axis(key_tokens, key_title, rotate=True))
-    fig.update_yaxes(**token_axis(query_tokens, query_title), autorange=None)
+    fig.update_xaxes(**token_axis(key_tokens, key_title, rotate=True), type="category")
+    fig.update_yaxes(**token_axis(query_tokens, query_title), autorange=None, type="category")
     fig.update_yaxes(range=[nq - 0.5, -0.5])  # first query at the top
     fig.update_layout(margin=dict(l=90, r=20, t=70, b=90))
     return finish(fig, title, matrix_height(nq, min_px=360, extra=200))
