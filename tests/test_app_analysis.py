@@ -151,7 +151,12 @@ def test_audit_page_lists_every_check_with_words(make_app, tiny):
     assert set(static["check"]) == {f"{c}[{k}]" for c in lab.STATIC[:4] for k in ("enc_self", "dec_self", "cross")} | {
         "finite"
     }  # fmt: skip
-    assert list(dynamic["check"]) == ["finite_outputs", "causal_leak", "padding_leak[src]", "padding_leak[tgt]"]
+    assert list(dynamic["check"]) == [
+        "finite_outputs",
+        "causal_leak",
+        "padding_leak[src]",
+        "padding_leak[tgt]",
+    ]
     assert (static["status"] == "✅ pass").all() and (dynamic["status"] == "✅ pass").all()
     assert len(info) == 3
     mm = static[static["check"] == "masked_mass[enc_self]"].iloc[0]
@@ -258,10 +263,10 @@ def test_head_analytics_selection_changes_the_detail(make_app, tiny):
     assert len(table) == 3 * 2 * 4 and set(table["kind"]) == {"enc_self", "dec_self", "cross"}
     enc = table[table["kind"] == "enc_self"].sort_values(["layer", "head"])
     np.testing.assert_allclose(enc["diagonal"].to_numpy().reshape(2, 4), diag, atol=1e-3)
-    assert "monotonic" not in at.selectbox(key=lab.HA_STAT).options
+    assert "monotonic alignment (Kendall tau)" not in at.selectbox(key=lab.HA_STAT).options
     at.radio(key=lab.HA_KIND).set_value("cross").run()
     assert_clean(at)
-    assert "monotonic" in at.selectbox(key=lab.HA_STAT).options
+    assert "monotonic alignment (Kendall tau)" in at.selectbox(key=lab.HA_STAT).options
     figure(at, "cross-attention · layer 1 · head 2")
     rollout = _array(figure(at, "encoder attention rollout")["data"][0]["z"])
     np.testing.assert_allclose(rollout.sum(-1), 1.0, atol=1e-5)
@@ -358,10 +363,14 @@ def hf_bart(tmp_path_factory):
 
 def test_hf_model_is_audited_black_box_and_refused_by_the_lab(make_app, monkeypatch, extra_models, hf_bart):
     monkeypatch.setenv("ATTNSCOPE_MODELS", os.pathsep.join([*extra_models, hf_bart]))
-    at = make_app(hf_bart, page="audit")
+    at = make_app(hf_bart)
+    at.sidebar.radio(key=S.MODE).set_value(S.TEACHER).run()
+    at.sidebar.text_input(key=S.TARGET).input("a dog ran").run()  # the untrained model stops at once
+    at.switch_page(PAGES["audit"]).run()
     assert_clean(at)
     dynamic = at.dataframe[1].value  # static, dynamic, info
     assert list(dynamic["status"]) == ["✅ pass"] * 4, dynamic  # leak tests ran through the library call
+    assert "changing each of 4 future target tokens" in dynamic["detail"][1]
     assert "black box" in texts(at)
     for page in ("lab", "compare"):
         at.switch_page(PAGES[page]).run()
