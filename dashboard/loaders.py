@@ -2,7 +2,8 @@
 
 - ``load_model`` : ``st.cache_resource``, one LoadedModel per (model, device, version) per
   process, shared read-only by every session.
-- ``compute_traces`` : ``st.cache_data(max_entries=...)``, one list of AttentionTrace per
+- ``compute_traces`` : ``trace_cache.shared_cache`` (bounded entries, bytes and age; the traces
+  are shared read-only, not copied per rerun), one list of AttentionTrace per
   (model, device, version, inputs). Widgets that only change what is shown (layer, head,
   colour scale...) never reach it, so they never re-run the model.
 
@@ -25,14 +26,18 @@ import torch
 from core.checkpoint import CONFIG, read_meta
 from core.runner import InputError, LoadedModel
 from core.trace import AttentionTrace
-from dashboard import model_facts, user_models
+from dashboard import model_facts, trace_cache, user_models
 from models import registry
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model name is looked up locally, never downloaded
 
 EXTRA_MODELS_ENV = "ATTNSCOPE_MODELS"
+# Traces are shared by every session (no copy per rerun; see dashboard/trace_cache.py): at most
+# this many, this many MB of arrays (ATTNSCOPE_TRACE_CACHE_MB), least recently used out first,
+# and dropped after an hour unused. MiniLM at 512 tokens is ~150 MB of maps.
 TRACE_CACHE_ENTRIES = 32
-TRACE_CACHE_SIZE = "1GiB"  # a 12-layer model at 512 tokens makes ~300 MB of maps; evict least recently used
+TRACE_CACHE_MB = 1024
+TRACE_CACHE_TTL_S = 3600
 DEMO_SEED = 2026  # examples shown by default (not a training/eval seed)
 UPLOAD_PREFIX = "attnscope-upload-"  # per-session temporary folders of uploaded checkpoints
 # Inputs offered for models with a natural-language tokenizer and no examples of their own.
@@ -136,7 +141,7 @@ def load_model(name: str, device: str, version: float = 0.0) -> LoadedModel:
     return lm
 
 
-@st.cache_data(max_entries=TRACE_CACHE_ENTRIES, max_size=TRACE_CACHE_SIZE, show_spinner="Running the model…")
+@trace_cache.shared_cache(TRACE_CACHE_MB, TRACE_CACHE_ENTRIES, TRACE_CACHE_TTL_S, "Running the model…", env="ATTNSCOPE_TRACE_CACHE_MB")
 def compute_traces(
     name: str,
     device: str,

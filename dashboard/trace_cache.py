@@ -1,0 +1,142 @@
+"""A shared, byte-bounded cache for attention traces (every session reads the same objects).
+
+``st.cache_data`` pickles a result into the cache and unpickles a copy on every hit: for MiniLM at
+512 tokens that is ~150 MB copied on every widget click (bench/cache_hit.py measures it).
+AttentionTrace is frozen with read-only arrays, so sessions can share one object, as
+``st.cache_resource`` does; but cache_resource bounds only the number of entries, and one trace
+can be anything from kilobytes to the runner's MAX_TRACE_MB. ``TraceStore`` bounds both the
+entries and their bytes (least recently used first), drops entries unused for ``ttl_s``, and
+computes a key once when several sessions ask for it at the same time.
+
+The store itself lives in ``st.cache_resource``, so ``st.cache_resource.clear()`` empties it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+
+MB = 2**20
+
+
+def nbytes(value: Any) -> int:
+    """Bytes of the numpy arrays in a value (a trace, or a list/tuple of them)."""
+    if isinstance(value, list | tuple):
+        return sum(nbytes(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    fields = getattr(value, "__dataclass_fields__", None)
+    if fields:
+        return sum(int(a.nbytes) for a in (getattr(value, f) for f in fields) if isinstance(a, np.ndarray))
+    return 0
+
+
+class TraceStore:
+    """LRU of computed values, at most ``max_entries`` and ``max_bytes``; thread-safe."""
+
+    def __init__(self, max_bytes: int, max_entries: int, ttl_s: float | None = None):
+        self.max_bytes, self.max_entries, self.ttl_s = max_bytes, max_entries, ttl_s
+        self._items: OrderedDict[Hashable, tuple[Any, int, float]] = OrderedDict()  # value, bytes, last use
+        self._lock = threading.Lock()
+        self._inflight: dict[Hashable, threading.Lock] = {}
+        self.bytes = 0
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _expire(self, now: float) -> None:
+        if self.ttl_s is None:
+            return
+        for key in [k for k, (_, _, used) in self._items.items() if now - used > self.ttl_s]:
+            self.bytes -= self._items.pop(key)[1]
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        with self._lock:
+            now = time.monotonic()
+            self._expire(now)
+            item = self._items.get(key)
+            if item is None:
+                return default
+            self._items[key] = (item[0], item[1], now)
+            self._items.move_to_end(key)
+            self.hits += 1
+            return item[0]
+
+    def put(self, key: Hashable, value: Any) -> None:
+        size = nbytes(value)
+        with self._lock:
+            if key in self._items:
+                self.bytes -= self._items.pop(key)[1]
+            if size > self.max_bytes:
+                return  # bigger than the whole budget: returned to the caller, not kept
+            self._items[key] = (value, size, time.monotonic())
+            self.bytes += size
+            while self._items and (len(self._items) > self.max_entries or self.bytes > self.max_bytes):
+                self.bytes -= self._items.popitem(last=False)[1][1]
+
+    def get_or_compute(self, key: Hashable, compute: Callable[[], Any], on_miss: Callable | None = None) -> Any:
+        """The cached value, or ``compute()`` (once per key even when sessions ask at the same time)."""
+        missing = object()
+        value = self.get(key, missing)
+        if value is not missing:
+            return value
+        with self._lock:
+            key_lock = self._inflight.setdefault(key, threading.Lock())
+        with key_lock:
+            value = self.get(key, missing)  # another session may have computed it meanwhile
+            if value is not missing:
+                return value
+            self.misses += 1
+            try:
+                value = on_miss(compute) if on_miss else compute()
+            finally:
+                with self._lock:
+                    self._inflight.pop(key, None)
+            self.put(key, value)
+            return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self.bytes = 0
+
+
+def shared_cache(max_mb: float, max_entries: int, ttl_s: float | None, spinner: str, env: str | None = None):
+    """Decorator: cache ``fn(*args)`` (hashable args) in one TraceStore per process.
+
+    ``env`` names an environment variable that overrides ``max_mb``. A hit returns a new list
+    (``list(value)``) for list values, so a caller cannot change the cached list itself.
+    """
+
+    def deco(fn: Callable) -> Callable:
+        import streamlit as st
+
+        budget = float(os.environ.get(env, max_mb)) if env else max_mb
+
+        @st.cache_resource(show_spinner=False)
+        def _store(_name: str = fn.__qualname__) -> TraceStore:
+            return TraceStore(int(budget * MB), max_entries, ttl_s)
+
+        def with_spinner(compute):
+            with st.spinner(spinner):
+                return compute()
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            key = (args, tuple(sorted(kwargs.items())))
+            value = _store().get_or_compute(key, lambda: fn(*args, **kwargs), on_miss=with_spinner)
+            return list(value) if isinstance(value, list) else value
+
+        wrapper.store = _store  # type: ignore[attr-defined]
+        wrapper.clear = lambda: _store().clear()  # type: ignore[attr-defined]
+        return wrapper
+
+    return deco
