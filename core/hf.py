@@ -503,6 +503,46 @@ class HFModel:
         )
 
     @torch.no_grad()
+    def trace_continuation(self, sources: list[str], truncate: bool = False) -> list[AttentionTrace]:
+        """Decoder-only models: each prompt continued greedily (at most ``max_new_tokens``, up to and
+        including EOS), then prompt + continuation traced in one padded forward pass. Works on ids
+        (no decode/re-encode round trip), so every step's attention is the one generation used.
+        ``meta``: teacher_forced False, ``generated`` = new tokens."""
+        if self.cfg.arch != "decoder":
+            raise InputError("only decoder-only models continue a prompt; use trace() for this model")
+        if not sources:
+            raise InputError("no input text given")
+        check_trace_budget(0, len(sources))
+        prepared = [self.prepare(s, truncate) for s in sources]
+        conts = []
+        for p in prepared:  # one at a time: no padding question for the causal model
+            room = min(self.max_new_tokens, self.cfg.max_len - len(p.ids))
+            new: list[int] = []
+            if room > 0:
+                ids = torch.tensor([p.ids], device=self.model.device)
+                gen = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=room,
+                    do_sample=False,
+                    num_beams=1,
+                    pad_token_id=self.cfg.pad_id,
+                )
+                new = gen[0, len(p.ids) :].tolist()
+                if self.cfg.eos_id in new:
+                    new = new[: new.index(self.cfg.eos_id) + 1]
+            conts.append(Prepared(new))
+        n_seq = max(len(p.ids) + len(c.ids) for p, c in zip(prepared, conts, strict=True))
+        check_trace_budget(
+            trace_bytes(0, self.cfg.n_dec_layers, self.cfg.n_heads, len(sources), 0, n_seq), len(sources)
+        )
+        traces = self._run_decoder(prepared, conts)
+        return [
+            t.replace(meta={**t.meta, "teacher_forced": False, "generated": len(c.ids)})
+            for t, c in zip(traces, conts, strict=True)
+        ]
+
+    @torch.no_grad()
     def predict(self, sources: list[str]) -> list[str]:
         """Encoder: label / embedding; decoder-only: greedy continuation; seq2seq: greedy output."""
         if self.cfg.arch == "encoder":

@@ -24,7 +24,7 @@ import streamlit as st
 import torch
 
 from core.checkpoint import CONFIG, read_meta
-from core.runner import InputError, LoadedModel
+from core.runner import LoadedModel
 from core.trace import AttentionTrace
 from dashboard import model_facts, trace_cache, user_models
 from models import registry
@@ -161,22 +161,9 @@ def compute_traces(
 
 
 def continuation_traces(lm, sources: list[str]) -> list[AttentionTrace]:
-    """Decoder-only models, 'generate': each prompt continued greedily (lm.predict), then the
-    prompt + continuation traced in one batch (teacher forcing on the model's own greedy
-    output gives the attention of every generation step). Falls back to the prompt alone."""
-    conts = [c if c.strip() else (lm.tokenizer.eos_token or "") for c in lm.predict(sources)]
-    note = ""
-    if all(c.strip() for c in conts):
-        try:
-            traces = lm.trace(sources, conts, truncate=True)
-        except InputError as exc:
-            note = f"the continuation could not be re-read ({exc}); showing the prompt alone"
-        else:
-            return [t.replace(meta={**t.meta, "teacher_forced": False, "continuation": True}) for t in traces]
-    else:
-        note = "the model wrote no continuation; showing the prompt alone"
-    traces = lm.trace(sources, None, truncate=True)
-    return [t.replace(meta={**t.meta, "warnings": [*t.meta.get("warnings", []), note]}) for t in traces]
+    """Decoder-only models, 'generate': each prompt continued greedily and prompt + continuation
+    traced (core.hf.HFModel.trace_continuation), so every generation step's attention is there."""
+    return lm.trace_continuation(sources, truncate=True)
 
 
 def examples(lm: LoadedModel, n: int = 3) -> list[str]:

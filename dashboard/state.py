@@ -73,10 +73,6 @@ BV_LAYERS = "bv_layers"  # include_layers (empty: all, or the first for long inp
 BV_HEADS = "bv_heads"  # include_heads (empty: all that fit)
 
 GENERATE, TEACHER = "generate (greedy decoding)", "teacher forcing (give the target)"
-DECODER_ONLY_MODES = {
-    GENERATE: "generate (greedy continuation)",
-    TEACHER: "teacher forcing (give the continuation)",
-}
 
 
 @dataclass(frozen=True)
@@ -306,26 +302,21 @@ def sidebar() -> Selection | None:
             sources, empty = [raw], []
         st.caption(f"At most {lm.max_src_tokens} tokens per input; longer inputs are truncated.")
         targets, t_empty = None, []
-        decoder_only = model_facts.arch(lm) == "decoder"
-        what = "continuation" if decoder_only else "target"
+        # Labels stay the same for every model: the browser matches radio values by their label.
         if lm.has_decoder:
-            mode = st.radio(
-                "Decoder input",
-                (GENERATE, TEACHER),
-                key=MODE,
-                format_func=lambda m: DECODER_ONLY_MODES[m] if decoder_only else m,
-            )
+            mode = st.radio("Decoder input", (GENERATE, TEACHER), key=MODE)
             if mode == TEACHER:
                 if batch:
                     targets, t_empty = _split_lines(
-                        st.text_area(f"{what.capitalize()}s (one per line)", key=TARGETS, height=90)
+                        st.text_area("Targets (one per line)", key=TARGETS, height=90)
                     )
                 else:
-                    targets = [st.text_input(f"{what.capitalize()} text", key=TARGET, max_chars=4000)]
-            if decoder_only:
+                    targets = [st.text_input("Target text", key=TARGET, max_chars=4000)]
+            if model_facts.arch(lm) == "decoder":
                 st.caption(
-                    "Decoder-only model: the input is the prompt and the model reads prompt and "
-                    "continuation as one sequence (decoder self-attention only)."
+                    "Decoder-only model: the input is the prompt; 'generate' continues it greedily and "
+                    "the target is the continuation. Prompt and continuation are one sequence "
+                    "(decoder self-attention only)."
                 )
         else:
             st.caption("Encoder-only model: no decoder input.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -26,7 +27,8 @@ def chart(fig: go.Figure, key: str, **kwargs):
 
 
 def _stem(trace: AttentionTrace, seq: int) -> str:
-    name = display_name(trace.model).replace(" ", "_") or "model"
+    # Model names may be 'org/model' (Hugging Face cache) or 'folder (model.pt)': file-name safe.
+    name = re.sub(r"[^\w.-]+", "_", display_name(trace.model)).strip("_") or "model"
     return f"{name}-seq{seq}"
 
 
@@ -109,7 +111,11 @@ def run_caption(trace: AttentionTrace) -> None:
     ms = trace.meta.get("forward_ms")
     timing = f" · forward pass {ms:.2f} ms" if isinstance(ms, int | float) else ""
     mode = ""
-    if trace.tgt_tokens:
+    if trace.meta.get("decoder_only"):  # GPT-2 style: prompt and continuation are one sequence
+        mode = " · continuation: " + (
+            "teacher forcing (given)" if trace.meta.get("teacher_forced") else "greedy (the model's own)"
+        )
+    elif trace.tgt_tokens:
         mode = " · decoder input: " + (
             "teacher forcing" if trace.meta.get("teacher_forced") else "greedy output"
         )

@@ -153,6 +153,8 @@ def display_name(path: str) -> str:
     parts = p.parts
     if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
         return parts[-3][len("models--") :].replace("--", "/")
+    if p.suffix in WEIGHT_SUFFIXES:  # a weights file: say which folder it is in
+        return f"{p.parent.name} ({p.name})"
     return p.name
 
 

@@ -210,9 +210,8 @@ def test_hf_folder_from_the_sidebar_every_page(env, hf_folders, name):
         at.switch_page(PAGES["decoding"]).run()
         assert "has no encoder" in infos(at) and not [t for t in titles(at) if "cross" in t]
         (prompt,) = [lm.prepare("the cat sat on a mat").ids]
-        cont = lm.predict(["the cat sat on a mat"])[0]
-        n_cont = len(lm.prepare_target(cont).ids) if cont.strip() else 0
-        assert at.slider(key=S.DEC_STEP).max == n_cont + 1  # last prompt position, then each new token
+        (cont,) = lm.trace_continuation(["the cat sat on a mat"])
+        assert at.slider(key=S.DEC_STEP).max == cont.meta["generated"] + 1  # last prompt position, new tokens
         assert at.code[0].value.startswith(f"prefix ({len(prompt)} tokens): the cat sat on a mat")
         at.switch_page(PAGES["masks"]).run()
         assert "has no encoder" in infos(at)
@@ -414,6 +413,11 @@ def test_decoder_steps_come_from_the_mask(hf_folders):
         assert model_facts.decode_steps(t) == model_facts.Steps(0, n_real)
         assert model_facts.decode_steps(t).count != int((t.tgt_ids != t5.cfg.pad_id).sum())  # PAD start
     gpt2 = registry.load(str(hf_folders["gpt2"]))
+    (c,) = gpt2.trace_continuation(["the cat", "hello world is big"])[:1]
+    steps = model_facts.decode_steps(c)
+    assert steps.first == 1 and steps.count == c.meta["generated"] + 1 and not c.meta["teacher_forced"]
+    for q in range(steps.first, steps.first + steps.count - 1):  # greedy: each output is the next input
+        assert c.topk_ids[q, 0] == c.tgt_ids[q + 1]
     (t,) = gpt2.trace(["the cat"], ["sat on a"])
     assert model_facts.decode_steps(t) == model_facts.Steps(1, 4)
     ds = model_facts.decode_step(t, 3, gpt2.tgt_tok.itos)

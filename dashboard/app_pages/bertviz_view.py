@@ -76,7 +76,7 @@ st.markdown(
     f"**bertviz {view} view** · {', '.join(KIND_LABELS[k] for k in chosen)} · sequence {seq} · "
     f"layer{'s' if len(args.layers) > 1 else ''} {', '.join(map(str, args.layers))} · "
     f"{len(args.heads)} of {n_heads} heads · "
-    + ", ".join(f"{n} {axis} tokens" for axis, n in args.n_tokens.items())
+    + ", ".join(f"{n} {'' if axis == 'tokens' else axis + ' '}tokens" for axis, n in args.n_tokens.items())
 )
 if view == "head" and args.heads != list(range(n_heads)):
     st.caption(f"Head colours follow the heads shown: {', '.join(map(str, args.heads))}.")
