@@ -36,9 +36,12 @@ shape = (
     else f"encoder-decoder ({cfg.n_enc_layers} + {cfg.n_dec_layers} layers)"
 )
 kind = model_facts.KIND_LABELS.get(loaders.model_kind(state.current().name), "core folder")
-task = lm.meta.get("task") or (
-    f"{lm.meta.get('model_type', '')} {lm.meta.get('head', '')}".strip() or "unknown"
-)
+TASKS = {  # what a model without a task in its meta.json does, by family
+    "encoder": "classification" if cfg.n_classes else "embedding",
+    "decoder": "next-token prediction",
+    "seq2seq": "sequence to sequence",
+}
+task = lm.meta.get("task") or TASKS[arch]
 st.markdown(f"**{lm.name}** ({kind}) · task: **{task}** · {shape}")
 if lm.summary:
     st.caption(lm.summary)
