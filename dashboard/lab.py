@@ -200,6 +200,28 @@ def apply_click(event, applied_key: str, tag, layer_key: str, head_key: str, par
         st.session_state[layer_key], st.session_state[head_key] = picked
 
 
+def side_by_side(fig, n_keys: int):
+    """A chart shown in half the page's width: room for a two-line title (``line 1<br>line 2``),
+    key labels turned upright once there are more than a few columns."""
+    top = fig.layout.margin.t if fig.layout.margin.t is not None else 60
+    fig.update_layout(margin=dict(t=top + 22))
+    if n_keys > 6:
+        fig.update_xaxes(tickangle=-90)
+    return fig
+
+
+def verdict_frame(verdicts, columns: list[str] | None = None):
+    """The verdict table (plots.audit.verdict_table) with each status cell coloured; its height fits every row."""
+    from dashboard.plots.audit import STATUS_COLOR, STATUS_ICON, verdict_table
+
+    df = verdict_table(verdicts)
+    if columns is not None:
+        df = df[columns]
+    colours = {STATUS_ICON[k]: c for k, c in STATUS_COLOR.items()}
+    styled = df.style.map(lambda v: f"background-color: {colours.get(v, 'white')}", subset=["status"])
+    return styled, min(38 + 35 * len(df), 900)
+
+
 def where(traces: list[AttentionTrace], seq: int) -> str:
     return f"sequence {seq}" if len(traces) > 1 else "input"
 

@@ -32,7 +32,8 @@ COLUMNS = {
 
 
 def _table(verdicts, key: str) -> None:
-    st.dataframe(P.verdict_table(verdicts), hide_index=True, key=key, column_config=COLUMNS)
+    table, height = lab.verdict_frame(verdicts)
+    st.dataframe(table, hide_index=True, key=key, column_config=COLUMNS, height=height)
     bases = list(dict.fromkeys(lab.check_base(v.name) for v in verdicts))
     with st.expander("What these checks mean", expanded=False):
         st.markdown("\n".join(f"- **{b}**: {lab.CHECK_HELP[b]}" for b in bases if b in lab.CHECK_HELP))
@@ -134,10 +135,11 @@ if declared is not None:
         declared,
         q_tok,
         k_tok,
-        title=f"{KIND_LABELS[kind]} mask the model used vs the mask the tokens call for ({where})",
+        title=f"mask the model used vs the mask the tokens call for<br>{KIND_LABELS[kind]} · {where}",
         query_title=q_title,
         key_title=k_title,
     )
+    lab.side_by_side(figs["mask used vs called for"], len(k_tok))
     with c1:
         ui.chart(figs["mask used vs called for"], key="aud_mask_compare")
         st.caption(
@@ -152,8 +154,9 @@ figs["head"] = PT.head_heatmap(
     mask=expected,
     query_title=q_title,
     key_title=k_title,
-    title=f"{KIND_LABELS[kind]} · layer {layer} · head {head} · {where} (✕ = must be 0)",
+    title=f"attention, ✕ = must be 0<br>{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
 )
+lab.side_by_side(figs["head"], len(k_tok))
 with c2:
     ui.chart(figs["head"], key="aud_head_chart")
     st.caption("✕ marks keys this query must not see (from the tokens); their weight must be exactly 0.")

@@ -34,7 +34,7 @@ def _audit_lines(ca, cb, ok, bad) -> None:
     for col, report, name in ((ca, ok, "A"), (cb, bad, "B")):
         (col.error if report.failed else col.success)(f"Audit of {name}: {lab.verdict_line(report)}")
     changed = [v.name for v in bad.failed if v.name not in {w.name for w in ok.failed}]
-    if changed:
+    if changed and ok.failed:
         st.markdown("**Checks that fail only in B:** " + ", ".join(f"`{n}`" for n in changed))
 
 
@@ -179,10 +179,11 @@ layer_b, head_b = min(layer, pb.shape[0] - 1), min(head, pb.shape[1] - 1)
 
 def _head_fig(tr: AttentionTrace, name: str, ly: int, h: int):
     q_tok, k_tok = tr.axes(kind)
-    return PT.head_heatmap(
+    fig = PT.head_heatmap(
         tr.probs(kind)[ly, h], q_tok, k_tok, mask=tr.mask(kind), query_title=q_title, key_title=k_title,
-        title=f"{name}: {KIND_LABELS[kind]} · layer {ly} · head {h} · {where}",
+        title=f"{name}<br>{KIND_LABELS[kind]} · layer {ly} · head {h} · {where}",
     )  # fmt: skip
+    return lab.side_by_side(fig, len(k_tok))
 
 
 figs["A"] = _head_fig(tr_a, label_a, layer, head)

@@ -76,26 +76,29 @@ if added:
     st.caption(f"Batch: your input and its shorter copy {sources[1]!r} (padded to the same length).")
 
 # -- verdicts and outputs, side by side ----------------------------------------------------------------
+generate = targets is None and lm.has_decoder
 left, right = st.columns(2)
-for col, report, outs, head in (
-    (left, ok, out_ok, "Correct masks"),
-    (right, bad, out_bad, f"With the bug: {title}"),
-):
+for col, report, outs, head in ((left, ok, out_ok, "Correct masks"), (right, bad, out_bad, "With the bug")):
     with col:
         st.subheader(head)
         (st.error if report.failed else st.success)(lab.verdict_line(report))
         for i, text in enumerate(outs):
-            st.text(f"Output{f' {i}' if len(outs) > 1 else ''}: {text}")
-        table = P.verdict_table([v for v in report.verdicts if v.status != "info"])[SHORT_COLUMNS]
+            num = f" {i}" if len(outs) > 1 else ""
+            st.text(f"{'Generated' if generate else 'Output'}{num}: {text}")
+            forced = report.traces[i].output_text
+            if generate and report is bad and forced != text:
+                st.text(f"Teacher-forced on the correct output{num}: {forced}")
+        table, height = lab.verdict_frame([v for v in report.verdicts if v.status != "info"], SHORT_COLUMNS)
         st.dataframe(
             table,
             hide_index=True,
             key=f"lab_table_{'bug' if report is bad else 'ok'}",
+            height=height,
             column_config={"detail": st.column_config.TextColumn("detail", width="large")},
         )
 newly = [v.name for v in bad.failed if v.name not in {w.name for w in ok.failed}]
-if newly:
-    st.markdown("**Checks the bug breaks:** " + ", ".join(f"`{n}`" for n in newly))
+if newly and ok.failed:
+    st.markdown("**Checks only the bug breaks:** " + ", ".join(f"`{n}`" for n in newly))
 elif not bad.failed:
     st.info(
         "The audit finds nothing on this input: the bug changes no mask entry here "
@@ -107,6 +110,9 @@ elif not bad.failed:
 st.subheader("Masks and attention")
 kinds = list(ok.traces[0].kinds)
 default_kind = next((k for k in bug.kinds if k in kinds), kinds[0])
+if st.session_state.get("_lab_kind_for_bug") != bug_name:  # a new bug: show a mask it changes
+    st.session_state[lab.LAB_KIND] = default_kind
+    st.session_state["_lab_kind_for_bug"] = bug_name
 lab.keep_valid(lab.LAB_KIND, kinds, default_kind)
 n = len(ok.traces)
 pad = lab.pad_id(lm)
@@ -135,13 +141,15 @@ m_ok, m_bad = tr_ok.mask(kind), tr_bad.mask(kind)
 figs = {
     "correct mask": PM.attention_mask_figure(
         m_ok, q_tok, k_tok, query_title=q_title, key_title=k_title,
-        title=f"correct {KIND_LABELS[kind]} mask ({where})",
+        title=f"correct mask<br>{KIND_LABELS[kind]} · {where}",
     ),
     "buggy mask": P.mask_compare_figure(
         m_ok, m_bad, q_tok, k_tok, query_title=q_title, key_title=k_title,
-        title=f"{KIND_LABELS[kind]} mask with {bug_name}, cell by cell against the correct one ({where})",
+        title=f"mask with {bug_name}, cell by cell against the correct one<br>{KIND_LABELS[kind]} · {where}",
     ),
 }  # fmt: skip
+for fig in figs.values():
+    lab.side_by_side(fig, len(k_tok))
 n_leak = int((m_bad & ~m_ok).sum())
 n_over = int((~m_bad & m_ok).sum())
 c1, c2 = st.columns(2)
@@ -162,12 +170,14 @@ w_ok = PT.head_weights(tr_ok.probs(kind), layer, head)
 w_bad = PT.head_weights(tr_bad.probs(kind), layer, head)
 figs["correct attention"] = PT.head_heatmap(
     w_ok, q_tok, k_tok, mask=m_ok, query_title=q_title, key_title=k_title,
-    title=f"correct: {KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
+    title=f"correct attention<br>{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
 )  # fmt: skip
 figs["buggy attention"] = PT.head_heatmap(
     w_bad, q_tok, k_tok, mask=m_bad, query_title=q_title, key_title=k_title,
-    title=f"with {bug_name}: {KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
+    title=f"attention with {bug_name}<br>{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
 )  # fmt: skip
+lab.side_by_side(figs["correct attention"], len(k_tok))
+lab.side_by_side(figs["buggy attention"], len(k_tok))
 c1, c2 = st.columns(2)
 with c1:
     ui.chart(figs["correct attention"], key="lab_att_ok")

@@ -101,7 +101,8 @@ def matrix_figure(
         raise ValueError(f"matrix is {nq}x{nk} but there are {len(query_tokens)}x{len(key_tokens)} tokens")
     finite = w[np.isfinite(w)]
     if diverging:
-        bound = max(float(np.abs(finite).max()) if finite.size else 0.0, 1e-9)
+        bound = float(np.abs(finite).max()) if finite.size else 0.0
+        bound = bound if bound > 1e-9 else 1.0  # all zero: a plain white map on a readable scale
         scale, zmin, zmax = DIVERGING, -bound, bound
     else:
         scale, zmin, zmax = "Viridis", 0.0, max(float(finite.max()) if finite.size else 0.0, 1e-9)

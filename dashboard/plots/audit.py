@@ -13,7 +13,9 @@ import plotly.graph_objects as go
 
 from dashboard.plots.common import finish, indexed_labels, matrix_height, token_axis
 
-STATUS_ICON = {"pass": "✅ pass", "fail": "❌ fail", "skip": "⏭ skip", "info": "ℹ info"}
+# Plain symbols (no emoji): they render in every font, also in the table's canvas.
+STATUS_ICON = {"pass": "✓ pass", "fail": "✗ fail", "skip": "– skip", "info": "ℹ info"}
+STATUS_COLOR = {"pass": "#e3f4ea", "fail": "#fbe1e3", "skip": "#f1f1f1", "info": "#eef3fb"}
 # Mask comparison categories: value -> (label, colour)
 COMPARE = {
     0: ("masked in both", "#e9e9e9"),
@@ -78,13 +80,24 @@ def mask_compare_figure(
         go.Heatmap(
             z=codes + 0.5, zmin=0, zmax=n, colorscale=scale, xgap=1, ygap=1, customdata=custom,
             hovertemplate=f"{query_title} %{{customdata[0]}}<br>{key_title} %{{customdata[1]}}<br>"
-            "%{customdata[2]}<extra></extra>",
-            colorbar=dict(tickvals=[v + 0.5 for v in COMPARE], ticktext=[lab for lab, _ in COMPARE.values()],
-                          thickness=12, len=0.6),
+            "%{customdata[2]}<extra></extra>", showscale=False, name="mask",
         )
     )  # fmt: skip
+    # A legend (one square per category) at the bottom instead of a colour bar: the matrix keeps
+    # the width, which matters when two of these sit side by side.
+    for label, colour in COMPARE.values():
+        fig.add_trace(
+            go.Scatter(
+                x=[None], y=[None], mode="markers", name=label, showlegend=True, hoverinfo="skip",
+                marker=dict(symbol="square", size=12, color=colour, line=dict(width=1, color="#bbbbbb")),
+            )
+        )  # fmt: skip
     fig.update_xaxes(**token_axis(key_tokens, key_title, rotate=True))
     fig.update_yaxes(**token_axis(query_tokens, query_title))
     fig.update_yaxes(range=[nq - 0.5, -0.5])
-    fig.update_layout(margin=dict(l=90, r=20, t=60, b=90))
-    return finish(fig, title, matrix_height(nq, min_px=300, extra=200))
+    fig.update_layout(
+        margin=dict(l=90, r=20, t=60, b=170),
+        legend=dict(orientation="h", yref="container", y=0.0, yanchor="bottom", xanchor="left", x=0.0,
+                    font=dict(size=11)),
+    )  # fmt: skip
+    return finish(fig, title, matrix_height(nq, min_px=340, extra=280))
