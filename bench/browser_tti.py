@@ -38,6 +38,7 @@ from pathlib import Path
 from bench import harness
 
 VENDOR = harness.ROOT / "dashboard" / "static" / "vendor"
+MIN_FREE_MB = 2500  # the memory guard also stops bertviz when the machine has less than this left
 CDN_REQUIRE = '<script src="https://cdnjs.cloudflare.com/ajax/libs/require.js/2.3.6/require.min.js"></script>'
 CDN_PATHS = {
     "https://cdnjs.cloudflare.com/ajax/libs/d3/5.7.0/d3.min": "/vendor/d3-5.7.0.min",
@@ -125,7 +126,8 @@ class MemoryGuard:
                     sizes.append((p.memory_info().rss, p))
             total = sum(s for s, _ in sizes) / 2**20
             self.peak_mb = max(self.peak_mb, total)
-            if total > self.limit_mb and sizes and self.killed_at_mb is None:
+            low = psutil.virtual_memory().available < MIN_FREE_MB * 2**20  # never starve the machine
+            if (total > self.limit_mb or low) and sizes and self.killed_at_mb is None:
                 self.killed_at_mb = total
                 rss, biggest = max(sizes, key=lambda t: t[0])
                 with contextlib.suppress(psutil.Error, ProcessLookupError):

@@ -38,7 +38,8 @@ CHROMIUM_ARGS = [
     "--disable-background-timer-throttling",
     "--disable-backgrounding-occluded-windows",
 ]
-SIDEBAR_INPUT = '[data-testid="stSidebar"] [data-testid="stTextInput"] input'
+SIDEBAR_INPUT = '[data-testid="stSidebar"] input[aria-label="Input text"]'  # the single-input box
+MODEL_PICKER = '[data-testid="stSidebar"] [data-testid="stSelectbox"]:has(input[aria-label^="Model"])'
 
 # Words that are one WordPiece each in MiniLM's vocabulary (checked by word_text).
 WORDS = (
@@ -163,10 +164,11 @@ def open_app(page, url: str, model: str | None = None, timeout_ms: int = 90_000)
     import re
 
     page.goto(url)
-    page.wait_for_selector('[data-testid="stSidebar"] [data-testid="stSelectbox"]', timeout=timeout_ms)
+    page.wait_for_selector(MODEL_PICKER, timeout=timeout_ms)
     if model:
-        page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.click()
-        page.get_by_role("option", name=re.compile(rf"^{re.escape(model)}( ·|$)")).first.click()
+        page.locator(MODEL_PICKER).first.click()
+        # 'minilm (pretrained) · summary', 'reverse · summary'
+        page.get_by_role("option", name=re.compile(rf"^{re.escape(model)}( \(|( ·|$))")).first.click()
     page.wait_for_function(GRID_STATE_JS, timeout=timeout_ms)
     page.wait_for_function(SETTLED_JS, timeout=timeout_ms)
 

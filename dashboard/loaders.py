@@ -31,6 +31,11 @@ from models import registry
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model name is looked up locally, never downloaded
 
+# Sessions run models at the same time; intra-op threads that outnumber the cores spin-wait for
+# each other (bench/load.py compares). Half the cores, at least one; ATTNSCOPE_TORCH_THREADS overrides.
+TORCH_THREADS = int(os.environ.get("ATTNSCOPE_TORCH_THREADS") or max(1, (os.cpu_count() or 2) // 2))
+torch.set_num_threads(TORCH_THREADS)
+
 EXTRA_MODELS_ENV = "ATTNSCOPE_MODELS"
 # Traces are shared by every session (no copy per rerun; see dashboard/trace_cache.py): at most
 # this many, this many MB of arrays (ATTNSCOPE_TRACE_CACHE_MB), least recently used out first,

@@ -1,0 +1,284 @@
+"""Many users at once: N concurrent browser sessions against one real attnscope server.
+
+    python -m bench.load [--sessions 10] [--seconds 60] [--models reverse sort minilm ...]
+                         [--threads default 1]
+
+Starts ``streamlit run dashboard/app.py`` on a free port, opens N chromium pages, each in its
+own browser context (its own Streamlit session), each with its own model (round robin over
+--models) and its own inputs, and for --seconds sends a new input, waits until the all-heads
+grid is redrawn, and checks that the grid's query labels are the tokens of *its own* input
+and that the page shows no exception or error. Reports p50/p95 response time (Enter ->
+grid drawn, in-page clock), errors, isolation failures and the server's peak RSS.
+``--threads`` runs the whole load once per torch intra-op thread setting of the server
+(``default``: torch's own choice; a number: OMP_NUM_THREADS / ATTNSCOPE_TORCH_THREADS), so
+oversubscription shows up as a side-by-side comparison. ``--think MIN MAX``: each user waits that
+long before typing the next input (0 0: back to back, a stress test).
+
+tests/test_load.py runs ``run_load`` with 10 sessions for a bounded time in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import harness
+
+GRID_Y_JS = """() => {
+    const gd = [...document.querySelectorAll('.js-plotly-plot')]
+        .find(g => (g.querySelector('.gtitle') || {}).textContent?.includes('click a tile'));
+    return gd ? [...gd.data[0].y] : null;
+}"""
+ERRORS_JS = """() => [...document.querySelectorAll('[data-testid="stException"], [data-testid="stAlertContentError"]')]
+    .map(e => e.innerText.slice(0, 300))"""
+
+
+@dataclass
+class SessionPlan:
+    model: str
+    make_input: object  # (rng) -> text
+    expected: object  # (text) -> list of grid query labels for layer 0
+
+
+@dataclass
+class LoadResult:
+    sessions: int
+    seconds: float
+    times_ms: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    mixups: list[str] = field(default_factory=list)  # a session saw tokens that are not its input's
+    requests: int = 0
+    peak_rss_mb: float = 0.0
+    rss_start_mb: float = 0.0
+    rss_end_mb: float = 0.0
+    per_model: dict = field(default_factory=dict)
+    server_cpu_s: float = 0.0  # CPU time the server used during the run
+    browser_cpu_s: float = 0.0  # ... and the chromium processes driving it (same machine)
+
+    def pct(self, q: float) -> float:
+        xs = sorted(self.times_ms)
+        if not xs:
+            return float("nan")
+        return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs)) - 1))]
+
+    def summary(self) -> str:
+        p50, p95 = self.pct(50), self.pct(95)
+        return (
+            f"{self.sessions} sessions, {self.seconds:.0f} s: {self.requests} inputs answered, "
+            f"p50 {p50:.0f} ms, p95 {p95:.0f} ms, max {max(self.times_ms, default=float('nan')):.0f} ms; "
+            f"errors {len(self.errors)}, mix-ups {len(self.mixups)}; server RSS {self.rss_start_mb:.0f} MB at start, "
+            f"peak {self.peak_rss_mb:.0f} MB, {self.rss_end_mb:.0f} MB at the end; CPU s: server "
+            f"{self.server_cpu_s:.0f}, browsers {self.browser_cpu_s:.0f}"
+        )
+
+
+def plan_for(name: str) -> SessionPlan:
+    """How a session using model ``name`` makes inputs (within the model's vocabulary) and what it expects."""
+    from dashboard import loaders
+    from dashboard.plots.common import token_label
+    from models import registry
+
+    lm = registry.load(name)
+    examples = [e for e in loaders.examples(lm, 5) if e.strip()]
+    char_level = getattr(lm.src_tok, "kind", "") == "char"
+    words = sorted({w for e in examples for w in e.split()})
+    limit = min(lm.max_src_tokens, 40)
+
+    def make_input(rng: random.Random) -> str:
+        if char_level:
+            chars = list(rng.choice(examples))
+            rng.shuffle(chars)
+            text = "".join(chars)[:limit]
+            return text if text.strip() else examples[0]
+        return " ".join(rng.choice(words) for _ in range(rng.randint(3, 12)))
+
+    def expected(text: str) -> list[str]:
+        ids = lm.prepare(text, truncate=True).ids
+        return [f"layer 0 · query {i} {token_label(t)}" for i, t in enumerate(lm.src_tok.tokens(ids))]
+
+    return SessionPlan(name, make_input, expected)
+
+
+class _Start:
+    """Every session opens its page first; the timed load starts when all are open (or failed)."""
+
+    def __init__(self, n: int, seconds: float):
+        self.n, self.seconds, self.opened = n, seconds, 0
+        self.event = asyncio.Event()
+        self.deadline = 0.0
+        self.started = 0.0
+
+    def ready(self) -> None:
+        self.opened += 1
+        if self.opened == self.n:
+            self.started = time.monotonic()
+            self.deadline = self.started + self.seconds
+            self.event.set()
+
+
+async def _session(browser, url: str, idx: int, plan: SessionPlan, start: _Start, res: LoadResult,
+                   timeout_ms: int, think: tuple[float, float]) -> None:
+    context = await browser.new_context(viewport={"width": 1300, "height": 1000})
+    page = await context.new_page()
+    rng = random.Random(1000 + idx)
+    counted = False
+    try:
+        await page.goto(url, timeout=timeout_ms)
+        await page.wait_for_selector(harness.MODEL_PICKER, timeout=timeout_ms)
+        await page.locator(harness.MODEL_PICKER).first.click()
+        import re
+
+        await page.get_by_role("option", name=re.compile(rf"^{re.escape(plan.model)}( \(|( ·|$))")).first.click()
+        await page.wait_for_function(harness.GRID_STATE_JS, timeout=timeout_ms)
+        await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
+        box = page.locator(harness.SIDEBAR_INPUT).first
+        counted = True
+        start.ready()
+        await start.event.wait()
+        while time.monotonic() < start.deadline:
+            if think[1] > 0:  # a user reads the page before typing the next input
+                await asyncio.sleep(rng.uniform(*think))
+            text = plan.make_input(rng)
+            if text == await box.input_value():
+                continue
+            await box.fill(text)
+            await page.evaluate(harness.MARK_JS)
+            await box.press("Enter")
+            handle = await page.wait_for_function(harness.WAIT_GRID_JS, timeout=timeout_ms, polling=50)
+            ms = float(await handle.json_value())
+            await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
+            errors = await page.evaluate(ERRORS_JS)
+            if errors:
+                res.errors.append(f"session {idx} ({plan.model}) input {text!r}: {errors[0]}")
+                continue
+            labels = [y for y in (await page.evaluate(GRID_Y_JS) or []) if y.startswith("layer 0 · ")]
+            want = plan.expected(text)
+            if labels != want:
+                res.mixups.append(f"session {idx} ({plan.model}) sent {text!r}, grid shows {labels[:6]}…")
+            res.times_ms.append(ms)
+            res.per_model.setdefault(plan.model, []).append(ms)
+            res.requests += 1
+    except Exception as exc:  # a timeout or a crash is an error of this session
+        res.errors.append(f"session {idx} ({plan.model}): {type(exc).__name__}: {str(exc)[:300]}")
+    finally:
+        if not counted:
+            start.ready()
+        await context.close()
+
+
+async def _drive(url: str, plans: list[SessionPlan], seconds: float, res: LoadResult, timeout_ms: int,
+                 think: tuple[float, float]) -> None:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=str(harness.CHROMIUM), args=harness.CHROMIUM_ARGS)
+        try:
+            start = _Start(len(plans), seconds)  # the clock starts once every session is open
+            tasks = [
+                asyncio.create_task(_session(browser, url, i, plan, start, res, timeout_ms, think))
+                for i, plan in enumerate(plans)
+            ]
+            await asyncio.gather(*tasks)
+            res.seconds = time.monotonic() - start.started if start.started else 0.0
+        finally:
+            await browser.close()
+
+
+def run_load(
+    models: list[str],
+    sessions: int = 10,
+    seconds: float = 60.0,
+    env: dict[str, str] | None = None,
+    timeout_ms: int = 60_000,
+    log: Path | None = None,
+    think: tuple[float, float] = (0.0, 0.0),
+) -> LoadResult:
+    """Start the app, run ``sessions`` concurrent sessions (models round robin) for about ``seconds``,
+    each waiting a random ``think`` (min, max) seconds before each new input."""
+    plans_by_model = {m: plan_for(m) for m in models}
+    plans = [plans_by_model[models[i % len(models)]] for i in range(sessions)]
+    res = LoadResult(sessions, seconds)
+    import psutil
+
+    with harness.app_server(env=env, log=log) as (url, proc), harness.RssSampler(proc.pid) as rss:
+        res.rss_start_mb = rss.sample()
+        server = psutil.Process(proc.pid)
+        cpu0 = sum(server.cpu_times()[:2])
+        me = psutil.Process()
+        browsers: dict[int, float] = {}
+
+        def sample_browsers() -> None:  # chromium's CPU time, remembered before its processes exit
+            for p in me.children(recursive=True):
+                try:
+                    if "chrom" in p.name().lower():
+                        browsers[p.pid] = sum(p.cpu_times()[:2])
+                except psutil.Error:
+                    pass
+
+        async def sampled() -> None:
+            async def sampler():
+                while True:
+                    sample_browsers()
+                    await asyncio.sleep(1.0)
+
+            task = asyncio.create_task(sampler())
+            try:
+                await _drive(url, plans, seconds, res, timeout_ms, think)
+            finally:
+                task.cancel()
+
+        asyncio.run(sampled())
+        res.server_cpu_s = sum(server.cpu_times()[:2]) - cpu0
+        res.browser_cpu_s = sum(browsers.values())
+        res.rss_end_mb = rss.sample()
+        res.peak_rss_mb = max(rss.peak_mb, res.rss_end_mb)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sessions", type=int, default=10)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--models", nargs="+", default=None, help="default: the zoo and minilm")
+    ap.add_argument("--threads", nargs="+", default=["default"], help="server torch threads: 'default' or a number")
+    ap.add_argument("--think", type=float, nargs=2, default=[0.0, 0.0], metavar=("MIN", "MAX"),
+                    help="seconds each user waits before the next input (default 0 0: back to back)")
+    args = ap.parse_args()
+    problem = harness.chromium_problem()
+    if problem:
+        raise SystemExit(problem)
+    from models import registry
+
+    models = args.models or registry.all_names()
+    print(f"# load: {args.sessions} sessions x {args.seconds:.0f} s, think {args.think[0]:g}-{args.think[1]:g} s, "
+          f"models {models}; "
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+    results = {}
+    for threads in args.threads:
+        env = {} if threads == "default" else {"OMP_NUM_THREADS": threads, "ATTNSCOPE_TORCH_THREADS": threads}
+        with tempfile.TemporaryDirectory() as tmp:
+            res = run_load(models, args.sessions, args.seconds, env=env, log=Path(tmp) / "server.log",
+                           think=tuple(args.think))
+        results[threads] = res
+        print(f"torch threads {threads:>7}: {res.summary()}")
+        for m, ts in res.per_model.items():
+            print(f"    {m:<10} n={len(ts):>4}  p50 {statistics.median(ts):7.0f} ms  p95 {_p95(ts):7.0f} ms")
+        for e in (res.errors + res.mixups)[:10]:
+            print("   ", e)
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+
+
+def _p95(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(0.95 * len(xs)) - 1))]
+
+
+if __name__ == "__main__":
+    main()
