@@ -42,7 +42,8 @@ ERRORS_JS = """() => [...document.querySelectorAll('[data-testid="stException"],
 
 @dataclass
 class SessionPlan:
-    model: str
+    model: str  # what the picker holds: a registry name or a folder path
+    label: str  # how the picker shows it (a folder: its name)
     make_input: object  # (rng) -> text
     expected: object  # (text) -> list of grid query labels for layer 0
 
@@ -103,7 +104,7 @@ def plan_for(name: str) -> SessionPlan:
         ids = lm.prepare(text, truncate=True).ids
         return [f"layer 0 · query {i} {token_label(t)}" for i, t in enumerate(lm.src_tok.tokens(ids))]
 
-    return SessionPlan(name, make_input, expected)
+    return SessionPlan(name, loaders.display_name(name), make_input, expected)
 
 
 class _Start:
@@ -135,7 +136,7 @@ async def _session(browser, url: str, idx: int, plan: SessionPlan, start: _Start
         await page.locator(harness.MODEL_PICKER).first.click()
         import re
 
-        await page.get_by_role("option", name=re.compile(rf"^{re.escape(plan.model)}( \(|( ·|$))")).first.click()
+        await page.get_by_role("option", name=re.compile(rf"^{re.escape(plan.label)}( \(|( ·|$))")).first.click()
         await page.wait_for_function(harness.GRID_STATE_JS, timeout=timeout_ms)
         await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
         box = page.locator(harness.SIDEBAR_INPUT).first
@@ -156,17 +157,17 @@ async def _session(browser, url: str, idx: int, plan: SessionPlan, start: _Start
             await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
             errors = await page.evaluate(ERRORS_JS)
             if errors:
-                res.errors.append(f"session {idx} ({plan.model}) input {text!r}: {errors[0]}")
+                res.errors.append(f"session {idx} ({plan.label}) input {text!r}: {errors[0]}")
                 continue
             labels = [y for y in (await page.evaluate(GRID_Y_JS) or []) if y.startswith("layer 0 · ")]
             want = plan.expected(text)
             if labels != want:
-                res.mixups.append(f"session {idx} ({plan.model}) sent {text!r}, grid shows {labels[:6]}…")
+                res.mixups.append(f"session {idx} ({plan.label}) sent {text!r}, grid shows {labels[:6]}…")
             res.times_ms.append(ms)
-            res.per_model.setdefault(plan.model, []).append(ms)
+            res.per_model.setdefault(plan.label, []).append(ms)
             res.requests += 1
     except Exception as exc:  # a timeout or a crash is an error of this session
-        res.errors.append(f"session {idx} ({plan.model}): {type(exc).__name__}: {str(exc)[:300]}")
+        res.errors.append(f"session {idx} ({plan.label}): {type(exc).__name__}: {str(exc)[:300]}")
     finally:
         if not counted:
             start.ready()

@@ -1,0 +1,161 @@
+"""Many users at once: the shared trace cache, and 10 concurrent browser sessions against the real app.
+
+The load test (bench/load.py's ``run_load``) starts ``streamlit run dashboard/app.py``, opens 10
+chromium sessions with their own models (the tiny fixtures, the zoo, MiniLM when installed) and
+their own inputs, and for LOAD_SECONDS sends inputs with a short think time. Every answer must
+show the session's own tokens, no page may show an exception or error, and the server's memory
+must stay under a bound. p50/p95 response times and the peak RSS are printed and written to
+artifacts/load-test.json (timings are reported, never asserted). Like tests/test_browser.py it
+skips without chromium, except in CI (ATTNSCOPE_REQUIRE_BROWSER=1), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dashboard.trace_cache import MB, TraceStore, nbytes
+
+ROOT = Path(__file__).resolve().parents[1]
+SESSIONS = 10
+LOAD_SECONDS = float(os.environ.get("ATTNSCOPE_LOAD_SECONDS", "30"))
+THINK = (0.3, 1.5)  # seconds a user waits before the next input
+PEAK_RSS_LIMIT_MB = 3000  # server (and its children): models + the trace cache budget + Streamlit
+
+
+# -- the shared trace cache --------------------------------------------------------------------------
+
+
+def _value(mb: float) -> list[np.ndarray]:
+    return [np.zeros(int(mb * MB), dtype=np.uint8)]
+
+
+def test_store_bounds_bytes_and_entries_least_recently_used_first():
+    store = TraceStore(max_bytes=10 * MB, max_entries=3)
+    for k in "abc":
+        store.put(k, _value(3))
+    assert len(store) == 3 and store.bytes == 9 * MB
+    store.get("a")  # a is now the most recently used
+    store.put("d", _value(3))  # 12 MB > 10: the least recently used (b) goes
+    assert store.get("b") is None and store.get("a") is not None and store.get("d") is not None
+    assert store.bytes <= 10 * MB
+    store.put("e", _value(1))
+    store.put("f", _value(1))  # 4 entries > 3: another goes
+    assert len(store) <= 3 and store.bytes <= 10 * MB
+    store.put("huge", _value(11))  # bigger than the whole budget: not kept, nothing evicted for it
+    assert store.get("huge") is None and len(store) == 3
+
+
+def test_store_expires_unused_entries(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    store = TraceStore(max_bytes=10 * MB, max_entries=8, ttl_s=60)
+    store.put("old", _value(1))
+    now[0] += 30
+    store.put("new", _value(1))
+    assert store.get("old") is not None  # used at t=30: its clock restarts
+    now[0] += 61
+    assert store.get("new") is None and store.get("old") is None and store.bytes == 0
+
+
+def test_store_computes_a_key_once_when_sessions_ask_together():
+    store = TraceStore(max_bytes=10 * MB, max_entries=8)
+    calls, results = [], []
+    gate = threading.Event()
+
+    def compute():
+        calls.append(1)
+        gate.wait(5)
+        return _value(1)
+
+    threads = [threading.Thread(target=lambda: results.append(store.get_or_compute("k", compute))) for _ in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert len(calls) == 1 and len(results) == 6
+    assert all(r is results[0] for r in results)  # every session shares the one object
+
+
+def test_store_does_not_keep_failures():
+    store = TraceStore(max_bytes=MB, max_entries=2)
+    with pytest.raises(ValueError):
+        store.get_or_compute("bad", lambda: (_ for _ in ()).throw(ValueError("no")))
+    assert store.get_or_compute("bad", lambda: "ok") == "ok"
+
+
+def test_nbytes_counts_trace_arrays(tiny_model):
+    tr = tiny_model.trace(["abc"])[0]
+    assert nbytes([tr]) == sum(
+        getattr(tr, f).nbytes for f in tr.__dataclass_fields__ if isinstance(getattr(tr, f), np.ndarray)
+    )
+    assert nbytes([tr]) >= tr.enc_self.nbytes + tr.enc_self_scores.nbytes > 0
+
+
+def test_cached_traces_are_shared_and_read_only(extra_models):
+    import streamlit as st
+
+    from dashboard import loaders
+
+    st.cache_resource.clear()
+    args = (extra_models[0], "cpu", 0.0, ("hello",), None)
+    first, second = loaders.compute_traces(*args), loaders.compute_traces(*args)
+    assert first[0] is second[0]  # no copy per rerun
+    assert first is not second  # but each caller gets its own list
+    with pytest.raises(ValueError):
+        first[0].enc_self[0, 0, 0, 0] = 1.0  # nobody can change what the others see
+    st.cache_resource.clear()  # the app's caches reset (tests rely on it)
+    assert loaders.compute_traces(*args)[0] is not first[0]
+
+
+# -- 10 sessions against the real app --------------------------------------------------------------
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_ten_concurrent_sessions_each_see_their_own_input(tiny_folder, tiny_clf_folder, tmp_path):
+    from bench import harness
+
+    problem = harness.chromium_problem()
+    if problem:
+        if os.environ.get("ATTNSCOPE_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"ATTNSCOPE_REQUIRE_BROWSER=1 but {problem}")
+        pytest.skip(problem)
+    from bench.load import run_load
+    from models import registry
+
+    models = [str(tiny_folder), str(tiny_clf_folder), *registry.all_names()]
+    env = {"ATTNSCOPE_MODELS": os.pathsep.join([str(tiny_folder), str(tiny_clf_folder)])}
+    log = tmp_path / "server.log"
+    res = run_load(models, sessions=SESSIONS, seconds=LOAD_SECONDS, env=env, log=log, think=THINK)
+    report = {
+        "sessions": res.sessions,
+        "seconds": round(res.seconds, 1),
+        "requests": res.requests,
+        "p50_ms": res.pct(50),
+        "p95_ms": res.pct(95),
+        "peak_rss_mb": round(res.peak_rss_mb),
+        "rss_start_mb": round(res.rss_start_mb),
+        "rss_end_mb": round(res.rss_end_mb),
+        "errors": res.errors,
+        "mixups": res.mixups,
+        "per_model_p50_ms": {m: float(np.median(t)) for m, t in res.per_model.items()},
+    }
+    out = ROOT / "artifacts"
+    out.mkdir(exist_ok=True)
+    (out / "load-test.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    print("\nload test:", res.summary())
+    assert not res.errors, res.errors[:5]
+    assert not res.mixups, res.mixups[:5]
+    assert res.requests >= SESSIONS  # every session got answers
+    assert len(res.per_model) == min(SESSIONS, len(models))  # every model was used
+    assert res.peak_rss_mb < PEAK_RSS_LIMIT_MB, res.summary()
+    assert "Traceback" not in log.read_text(errors="replace")
