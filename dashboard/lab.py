@@ -105,6 +105,24 @@ def generated(
     return tuple(bugs.greedy_with_bug(lm, list(sources), bug, interv=_intervention(lm, off)))
 
 
+@st.cache_data(max_entries=32, show_spinner=False)
+def head_stats(
+    name: str,
+    device: str,
+    version: float,
+    sources: tuple[str, ...],
+    targets: tuple[str, ...] | None,
+    seq: int,
+    pad: int | None,
+) -> tuple[dict[str, dict], list[dict]]:
+    """({kind: core.analytics.trace_head_stats}, head_records) of sequence ``seq`` of the sidebar's
+    traces (the traces come from loaders' cache): a 12-layer model at 512 tokens takes about a
+    second, so a click that only picks another head does not recompute them."""
+    tr = loaders.compute_traces(name, device, version, sources, targets)[seq]
+    stats = {kind: analytics.trace_head_stats(tr, kind, pad) for kind in tr.kinds}
+    return stats, analytics.head_records(tr, pad)
+
+
 def outputs(
     sel, sources: tuple[str, ...], targets: tuple[str, ...] | None, report: AuditReport, bug=None, off=()
 ) -> tuple[str, ...]:

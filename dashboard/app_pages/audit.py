@@ -20,6 +20,7 @@ AXIS_TITLES = {
     "dec_self": ("query: decoder input", "key: decoder input"),
     "cross": ("query: decoder input", "key: source tokens"),
 }
+COLUMN_ORDER = ["status", "check", "detail", "kind", "layer", "head", "positions", "value"]
 COLUMNS = {
     "status": st.column_config.TextColumn("status", width="small"),
     "check": st.column_config.TextColumn("check", width="medium"),
@@ -33,7 +34,9 @@ COLUMNS = {
 
 def _table(verdicts, key: str) -> None:
     table, height = lab.verdict_frame(verdicts)
-    st.dataframe(table, hide_index=True, key=key, column_config=COLUMNS, height=height)
+    st.dataframe(
+        table, hide_index=True, key=key, column_config=COLUMNS, height=height, column_order=COLUMN_ORDER
+    )
     bases = list(dict.fromkeys(lab.check_base(v.name) for v in verdicts))
     with st.expander("What these checks mean", expanded=False):
         st.markdown("\n".join(f"- **{b}**: {lab.CHECK_HELP[b]}" for b in bases if b in lab.CHECK_HELP))

@@ -64,7 +64,9 @@ tr = traces[seq]
 where = lab.where(traces, seq)
 ui.run_caption(tr)
 
-stats = A.trace_head_stats(tr, kind, pad)
+sel = state.current()
+all_stats, records = lab.head_stats(sel.name, sel.device, sel.version, sel.sources, sel.targets, seq, pad)
+stats = all_stats[kind]
 figs = {}
 figs["statistic"] = P.stat_heatmap(
     stats[stat],
@@ -102,7 +104,6 @@ st.caption(
 )
 
 st.subheader("Every head, sortable")
-records = A.head_records(tr, pad)
 st.session_state["_ha_records"] = records
 st.dataframe(
     P.head_table(records),
