@@ -307,6 +307,10 @@ def test_compare_another_input_and_another_model(make_app, tiny, extra_models):
     assert at.radio(key=lab.CMP_KIND).options == ["encoder self-attention"]  # the kinds both have
     figure(at, "B: tiny-classifier<br>encoder self-attention · layer 0 · head 0")
     assert figure(at, "how much each head changed")["data"][0]["z"]
+    if "reverse" in ZOO:  # lowercase letters only: the fixture's example has a space
+        at.selectbox(key=lab.CMP_MODEL_B).set_value("reverse").run()
+        assert_clean(at)
+        assert any("Model B (reverse) cannot read this input" in e for e in errors(at)), errors(at)
 
 
 def test_compare_mask_bug_and_head_ablation(make_app, tiny, audits):

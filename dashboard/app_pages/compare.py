@@ -114,7 +114,12 @@ try:
         if not off_t:
             st.info("No head is switched off yet: B equals A. Pick heads above.")
 except (InputError, ValueError) as exc:
-    st.error("B cannot run: " + state.sentence(str(exc)))
+    who = (
+        f"Model B ({loaders.display_name(name_b)}) cannot read this input"
+        if mode == MODES[1]
+        else "B cannot run"
+    )
+    st.error(f"{who}: " + state.sentence(str(exc)) + (" Pick another model B." if mode == MODES[1] else ""))
     st.stop()
 except (ModelLoadError, OSError, RuntimeError) as exc:
     st.error(f"Cannot load model {loaders.display_name(name_b)!r}: {exc}")
