@@ -189,6 +189,14 @@ def test_audit_page_answers_bad_input(make_app, tiny):
     at.sidebar.text_input(key=S.SOURCE).input("ab" * 30).run()  # too long: truncated elsewhere, refused here
     assert_clean(at)
     assert any("The audit cannot run on this input" in e for e in errors(at))
+    at.switch_page(PAGES["lab"]).run()
+    assert_clean(at)
+    assert any("The lab cannot run on this input" in e for e in errors(at))
+    at.sidebar.text_input(key=S.SOURCE).input("hello€").run()
+    for page in ("lab", "heads", "compare"):
+        at.switch_page(PAGES[page]).run()
+        assert_clean(at)
+        assert len(errors(at)) == 1 and "'€'" in errors(at)[0] and not figures(at), page
 
 
 # -- mask lab ----------------------------------------------------------------------------------------------
@@ -298,14 +306,14 @@ def test_compare_another_input_and_another_model(make_app, tiny, extra_models):
     assert_clean(at)
     at.text_input(key=lab.CMP_SOURCE_B).input("zyx").run()
     assert_clean(at)
-    diff = figure(at, "B − A: encoder self-attention · layer 0 · head 0")
+    diff = figure(at, "B − A: encoder self-attention · layer")
     assert diff["layout"]["xaxis"]["ticktext"][:3] == ["h→z", "e→y", "l→x"]
     assert not np.allclose(_array(diff["data"][0]["z"]), 0)
     at.radio(key=lab.CMP_MODE).set_value("another model").run()
     at.selectbox(key=lab.CMP_MODEL_B).set_value(extra_models[1]).run()
     assert_clean(at)
     assert at.radio(key=lab.CMP_KIND).options == ["encoder self-attention"]  # the kinds both have
-    figure(at, "B: tiny-classifier<br>encoder self-attention · layer 0 · head 0")
+    figure(at, "B: tiny-classifier<br>encoder self-attention · layer")
     assert figure(at, "how much each head changed")["data"][0]["z"]
     if "reverse" in ZOO:  # lowercase letters only: the fixture's example has a space
         at.selectbox(key=lab.CMP_MODEL_B).set_value("reverse").run()
@@ -328,6 +336,8 @@ def test_compare_mask_bug_and_head_ablation(make_app, tiny, audits):
     assert audits[0] == before + 1
     per_head = _array(figure(at, "how much each head changed")["data"][0]["z"])
     assert np.allclose(per_head[0], 0) and np.all(per_head[1] > 0)  # layer 0 itself unchanged, layer 1 moves
+    ly, h = np.unravel_index(int(np.argmax(per_head)), per_head.shape)
+    figure(at, f"B − A: encoder self-attention · layer {ly} · head {h}")  # the head that changed most
     assert any("Audit of B: All" in s for s in successes(at))  # switching heads off breaks no mask
     at.radio(key=lab.CMP_KIND).set_value("cross").run()
     per_head = _array(figure(at, "how much each head changed")["data"][0]["z"])

@@ -251,6 +251,20 @@ def test_analysis_pages_in_a_real_browser(browser, server):
     _settle(page)
     _no_exception_box(page)
     _screenshot(page, "14-compare-mask-bug.png")
+    # Switch two encoder heads off: the output and the per-head change follow.
+    page.get_by_text("heads switched off", exact=True).click()
+    _wait_text(page, '[data-testid="stAlert"]', "No head is switched off yet")
+    box = page.locator('[data-testid="stMain"] [data-testid="stMultiSelect"]').first
+    for option in ("encoder self-attention · layer 0 · head 1", "encoder self-attention · layer 0 · head 3"):
+        box.click()
+        page.get_by_role("option", name=option, exact=True).click()
+        _settle(page)
+    page.keyboard.press("Escape")
+    _wait_text(page, '[data-testid="stAlert"]', "Audit of B: All \\d+ checks pass")
+    _wait_chart_title(page, "B: heads off")
+    _settle(page)
+    _no_exception_box(page)
+    _screenshot(page, "16-compare-heads-off.png")
     _only_local(page)
     page.close()
 

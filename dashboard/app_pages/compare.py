@@ -17,6 +17,7 @@ from dashboard.plots import attention as PT
 MODES = ("another input", "another model", "a mask bug", "heads switched off")
 B_FOR_MODEL = "_cmp_b_for_model"  # model whose example fills input B
 CLICK_APPLIED = "_cmp_click_applied"
+AUTO_FOR = "_cmp_auto_for"  # the B whose most-changed head was last put in the selectors
 AXIS_TITLES = {
     "enc_self": ("query: source tokens", "key: source tokens"),
     "dec_self": ("query: decoder input", "key: decoder input"),
@@ -55,6 +56,7 @@ if mode in MODES[2:] and not lab.injectable(lm):
 ok = bad = None
 out_a = out_b = None
 name_b = sel.name
+b_what: object = None  # what B is (input, model, bug, heads off): a new B re-picks the head shown
 try:
     if mode == "another input":
         if st.session_state.get(B_FOR_MODEL) != lm.name:
@@ -74,6 +76,7 @@ try:
         traces_b = loaders.compute_traces(
             sel.name, sel.device, sel.version, (src_b,), None if tgt_b is None else (tgt_b,)
         )
+        b_what = (src_b, tgt_b)
     elif mode == "another model":
         others = [m for m in loaders.model_choices() if m != sel.name]
         if not others:
@@ -85,6 +88,7 @@ try:
         loaders.load_model(name_b, sel.device, version_b)
         traces_a = traces
         traces_b = loaders.compute_traces(name_b, sel.device, version_b, sel.sources, sel.targets)
+        b_what = name_b
     elif mode == "a mask bug":
         names = [n for n in bugs.names() if lm.has_decoder or not bugs.get(n).needs_decoder]
         lab.keep_valid(lab.CMP_BUG, names)
@@ -95,6 +99,7 @@ try:
         out_a = lab.outputs(sel, sel.sources, sel.targets, ok)
         out_b = lab.outputs(sel, sel.sources, sel.targets, bad, bug=bug_name)
         traces_a, traces_b = ok.traces, bad.traces
+        b_what = bug_name
     else:
         options = lab.head_options(lm)
         off = st.multiselect(
@@ -111,6 +116,7 @@ try:
         out_a = lab.outputs(sel, sel.sources, sel.targets, ok)
         out_b = lab.outputs(sel, sel.sources, sel.targets, bad, off=off_t)
         traces_a, traces_b = ok.traces, bad.traces
+        b_what = off_t
         if not off_t:
             st.info("No head is switched off yet: B equals A. Pick heads above.")
 except (InputError, ValueError) as exc:
@@ -166,6 +172,12 @@ if same_shape:
     event = ui.chart(
         figs["difference per head"], key=lab.CMP_CHART, on_select="rerun", selection_mode="points"
     )
+    # A new B (or kind): show the head that changed most; a click on the heatmap picks another.
+    b_key = (mode, kind, seq, b_what, float(per_head.sum()))
+    if st.session_state.get(AUTO_FOR) != b_key and np.isfinite(per_head).any() and per_head.max() > 0:
+        st.session_state[AUTO_FOR] = b_key
+        top = np.unravel_index(int(np.nanargmax(per_head)), per_head.shape)
+        st.session_state[lab.CMP_LAYER], st.session_state[lab.CMP_HEAD] = int(top[0]), int(top[1])
     lab.apply_click(event, CLICK_APPLIED, (mode, kind), lab.CMP_LAYER, lab.CMP_HEAD, P.parse_head_point)
 else:
     st.info(
