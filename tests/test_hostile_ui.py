@@ -1,0 +1,217 @@
+"""Hostile and odd input through the dashboard (Streamlit AppTest): a clear message, never an exception.
+
+Every input below goes through the sidebar, as a user would type it, into a character-level
+seq2seq model (most of these characters are outside its vocabulary) and into MiniLM (WordPiece
+reads anything). Each must give either the page drawn from the input or one clear message (an
+error or warning naming the problem), never an exception, and the next ordinary input must work
+again. Injected HTML must stay text wherever a token or the input is rendered: Plotly labels
+(escaped, so plotly.js shows "<" instead of reading a tag), bertviz's page (JSON with "<" written
+as \\u003c), markdown (no element allows HTML with the input in it), tables, and a model card.
+
+The real-browser side (several sessions at once, one of them hostile, no dialog and no injected
+element in the DOM) is tests/test_load.py; paths outside the allowed folders and broken model
+folders through the path box are tests/test_app_real_models.py; the CLI is tests/test_hostile_cli.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from dashboard import state as S
+from models import registry
+
+APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+PAGES_DIR = APP.parent / "app_pages"
+TIMEOUT = 90
+HAS_MINILM = "minilm" in registry.all_names()
+
+INJECTIONS = {
+    "img": "<img src=x onerror=alert(1)>",
+    "script": "</script><script>alert(1)</script>",
+}
+ODD = {
+    "empty": "",
+    "whitespace": " \t   ",
+    "huge": ("attention is all you need " * 4000)[:100_000],
+    "control": "ab\x00\x07\x1b[31mc\x7f\u200b\u202ed",
+    "emoji": "hi 👋🏽 👩‍👩‍👧 there",
+    "combining": "e\u0301 n\u0303 a\u0308\u0301",
+    "rtl": "שלום עולם مرحبا بالعالم",
+}
+RAW_HTML = re.compile(r"<\s*(img|script|/script)", re.IGNORECASE)
+
+
+def all_pages() -> list[str]:
+    return sorted(f"app_pages/{p.name}" for p in PAGES_DIR.glob("*.py") if p.name != "__init__.py")
+
+
+@pytest.fixture()
+def app_env(monkeypatch, extra_models):
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    return extra_models
+
+
+def make_app(model: str, **session) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.session_state[S.MODEL] = model
+    for k, v in session.items():
+        at.session_state[k] = v
+    at.run()
+    return at
+
+
+def send(at: AppTest, text: str) -> AppTest:
+    """Type ``text`` as a browser would: the single-line box keeps at most its max_chars (the
+    browser's maxlength cuts the rest), the batch box takes everything."""
+    if at.session_state[S.BATCH]:
+        at.sidebar.text_area(key=S.SOURCES).input(text).run()
+    else:
+        box = at.sidebar.text_input(key=S.SOURCE)
+        limit = box.proto.max_chars or len(text)
+        box.input(text[:limit]).run()
+    return at
+
+
+def messages(at: AppTest) -> list[str]:
+    return [e.value for e in at.error] + [w.value for w in at.warning]
+
+
+def figures(at: AppTest) -> list[dict]:
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def assert_no_raw_html(at: AppTest, where: str) -> None:
+    """No place that renders HTML holds the input's tags literally."""
+    for fig in figures(at):
+        text = json.dumps(fig, ensure_ascii=False)
+        assert not RAW_HTML.search(text), (where, RAW_HTML.search(text).group(0), fig["layout"].get("title"))
+    for md in at.get("markdown") + at.get("caption"):
+        if getattr(md.proto, "allow_html", False):
+            assert not RAW_HTML.search(md.proto.body), (where, md.proto.body[:200])
+    for frame in at.get("iframe"):
+        doc = frame.proto.srcdoc
+        for script in re.findall(r"<script[^>]*>(.*?)</script>", doc, flags=re.DOTALL):
+            assert "alert(1)" not in script or "\\u003c" in script, where  # tokens only as escaped JSON
+        body = re.sub(r"<script[^>]*>.*?</script>", "", doc, flags=re.DOTALL)
+        assert "onerror" not in body and "alert(1)" not in body, where
+    for h in at.get("html"):
+        assert not RAW_HTML.search(getattr(h.proto, "body", "")), where
+
+
+def assert_answered(at: AppTest, text: str, where: str) -> str:
+    """The page either drew something from the input or said clearly why not. Returns which."""
+    assert not at.exception, (where, [e.value for e in at.exception])
+    msgs = messages(at)
+    if figures(at) or at.get("iframe"):
+        return "drawn"
+    assert msgs, (where, "neither a chart nor a message")
+    assert all(len(m) < 600 and "Traceback" not in m for m in msgs), (where, msgs)
+    return "message"
+
+
+def models_under_test(extra_models) -> list[str]:
+    return [extra_models[0]] + (["minilm"] if HAS_MINILM else [])
+
+
+# -- odd text -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(ODD))
+def test_odd_text_gets_a_drawing_or_a_clear_message(app_env, case):
+    text = ODD[case]
+    for model in models_under_test(app_env):
+        at = make_app(model)
+        pages = ["app_pages/attention.py", "app_pages/decoding.py"]
+        if case != "huge":  # the masks page at 512 tokens takes seconds (per-cell hover text)
+            pages.append("app_pages/masks.py")
+        for page in pages:
+            at.switch_page(page).run()
+            send(at, text)
+            outcome = assert_answered(at, text, f"{model} {page} {case}")
+            msgs = " ".join(messages(at))
+            if not text.strip():
+                assert outcome == "message" and "empty" in msgs, msgs
+            if case == "huge" and outcome == "drawn":
+                assert "truncated" in msgs, msgs  # the page says it cut the input
+        # and the next ordinary input works again
+        at.switch_page("app_pages/attention.py").run()
+        send(at, "hello world")
+        assert not at.exception and not at.error and figures(at), [e.value for e in at.error]
+
+
+def test_100000_characters_in_the_batch_box(app_env):
+    for model in models_under_test(app_env):
+        at = make_app(model, **{S.BATCH: True})
+        send(at, ODD["huge"] + "\nhello")
+        assert_answered(at, ODD["huge"], model)
+        msgs = messages(at)
+        assert figures(at) and any("Input 1" in m and "truncated" in m for m in msgs), msgs
+
+
+def test_whitespace_and_empty_lines_in_a_batch(app_env):
+    at = make_app(app_env[0], **{S.BATCH: True})
+    send(at, "hello\n   \nworld")
+    assert not at.exception
+    assert any("Line 2" in m and "empty" in m for m in messages(at)), messages(at)
+    send(at, "\n\n\n")
+    assert any("empty" in m for m in messages(at)), messages(at)
+
+
+def test_a_batch_of_1000_lines_is_refused_with_the_limit(app_env):
+    for model in models_under_test(app_env):
+        at = make_app(model, **{S.BATCH: True})
+        send(at, "\n".join(f"hello {i % 10}" for i in range(1000)))
+        assert not at.exception
+        errs = [e.value for e in at.error]
+        assert len(errs) == 1 and "1000 inputs" in errs[0] and "64" in errs[0], errs
+        send(at, "hello\nworld")  # a normal batch right after
+        assert not at.exception and not at.error and figures(at)
+
+
+# -- injection -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(INJECTIONS))
+def test_injected_html_stays_text_on_every_page(app_env, case):
+    text = INJECTIONS[case]
+    for model in models_under_test(app_env):
+        at = make_app(model)
+        send(at, text)
+        drawn = 0
+        for page in all_pages():
+            at.switch_page(page).run()
+            where = f"{model} {page} {case}"
+            drawn += assert_answered(at, text, where) == "drawn"
+            assert_no_raw_html(at, where)
+        assert drawn >= 3, f"{model}: too few pages drew the injected input"
+        at.switch_page("app_pages/attention.py").run()
+        labels = [t for f in figures(at) for t in (f["layout"].get("xaxis", {}).get("ticktext") or [])]
+        assert any("&lt;" in t for t in labels), labels[:20]  # "<" shown, escaped for plotly
+
+
+def test_injected_model_card_and_summary_stay_text(app_env, tiny_folder, tmp_path, monkeypatch):
+    evil = shutil.copytree(tiny_folder, tmp_path / "evil-card")
+    meta = json.loads((evil / "meta.json").read_text())
+    meta["summary"] = INJECTIONS["img"]
+    meta["examples"] = [INJECTIONS["script"]]
+    (evil / "meta.json").write_text(json.dumps(meta))
+    (evil / "card.md").write_text(
+        f"# evil\n\n{INJECTIONS['img']}\n\n{INJECTIONS['script']}\n\n[click](javascript:alert(1))\n"
+    )
+    monkeypatch.setenv("ATTNSCOPE_MODELS", str(evil))
+    at = make_app(str(evil))
+    for page in all_pages():
+        at.switch_page(page).run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+        assert_no_raw_html(at, page)
+        for md in at.get("markdown"):
+            if INJECTIONS["img"] in md.proto.body or "javascript:" in md.proto.body:
+                assert not md.proto.allow_html, page  # markdown shows HTML as text, drops javascript: links
