@@ -60,6 +60,8 @@ class LoadResult:
     rss_start_mb: float = 0.0
     rss_end_mb: float = 0.0
     per_model: dict = field(default_factory=dict)
+    hostile: list[dict] = field(default_factory=list)  # what the hostile session did and saw
+    open_s: float = 0.0  # time to open every session (first page, model picked, grid drawn)
     server_cpu_s: float = 0.0  # CPU time the server used during the run
     browser_cpu_s: float = 0.0  # ... and the chromium processes driving it (same machine)
 
@@ -72,7 +74,8 @@ class LoadResult:
     def summary(self) -> str:
         p50, p95 = self.pct(50), self.pct(95)
         return (
-            f"{self.sessions} sessions, {self.seconds:.0f} s: {self.requests} inputs answered, "
+            f"{self.sessions} sessions (opened in {self.open_s:.0f} s), {self.seconds:.0f} s: "
+            f"{self.requests} inputs answered, "
             f"p50 {p50:.0f} ms, p95 {p95:.0f} ms, max {max(self.times_ms, default=float('nan')):.0f} ms; "
             f"errors {len(self.errors)}, mix-ups {len(self.mixups)}; server RSS {self.rss_start_mb:.0f} MB at start, "
             f"peak {self.peak_rss_mb:.0f} MB, {self.rss_end_mb:.0f} MB at the end; CPU s: server "
@@ -174,18 +177,169 @@ async def _session(browser, url: str, idx: int, plan: SessionPlan, start: _Start
         await context.close()
 
 
+# -- one hostile user among them ----------------------------------------------------------------------
+
+STATE_JS = """() => ({
+    grid: (""" + harness.GRID_STATE_JS + """)(),
+    alerts: [...document.querySelectorAll('[data-testid="stAlert"]')].map(e => e.innerText).join(' | '),
+    exc: document.querySelectorAll('[data-testid="stException"]').length,
+})"""
+CHANGED_JS = """s0 => { const s = (""" + STATE_JS + """)();
+    return s.grid !== s0.grid || s.alerts !== s0.alerts || s.exc > 0; }"""
+INJECTED_JS = """() => document.querySelectorAll('img[src="x"]').length
+    + [...document.scripts].filter(s => s.text.trim() === 'alert(1)').length"""  # what the payloads would add
+BATCH_TOGGLE = "Batch: several inputs, one per line"
+BATCH_BOX = '[data-testid="stSidebar"] textarea[aria-label="Inputs (one per line)"]'
+PATH_BOX = '[data-testid="stSidebar"] input[aria-label="Folder, weights file or cached Hugging Face name"]'
+
+
+def hostile_steps(bad_folder: str | None = None) -> list[tuple[str, str, str]]:
+    """(name, how, payload): how is 'text' (the input box), 'batch' (the batch box) or 'path'."""
+    steps = [
+        ("img tag in the input", "text", "<img src=x onerror=alert(1)>"),
+        ("script end in the input", "text", "</script><script>alert(1)</script>"),
+        ("control characters", "text", "ab\x07\x1b[31mc\u200b\u202ed"),
+        ("emoji, combining marks, right-to-left", "text", "hi 👋🏽 👩‍👩‍👧 e\u0301 שלום مرحبا"),
+        ("whitespace only", "text", "   \t  "),
+        ("100,000 characters", "text", ("attention is all you need " * 4000)[:100_000]),
+        ("4,000 characters (the most the box takes)", "text", ("attention is all you need " * 200)[:4000]),
+        ("a batch of 1,000 lines", "batch", "\n".join(f"hello {i}" for i in range(1000))),
+        ("a path outside the allowed folders", "path", "/etc"),
+        ("a path with ..", "path", "../../../../etc/passwd"),
+    ]
+    if bad_folder:
+        steps.append(("a truncated safetensors file", "path", bad_folder))
+    return steps
+
+
+async def _hostile_session(browser, url: str, plan: SessionPlan, start: _Start, res: LoadResult,
+                           timeout_ms: int, steps: list[tuple[str, str, str]]) -> None:
+    """Opens like the others, then sends each hostile step.
+
+    Every step must end in a drawn grid or a clear message (an error/warning alert), never an
+    exception box, a dialog or an element the input injected; after a message, an ordinary input
+    must draw its own grid again.
+    """
+    import re
+
+    context = await browser.new_context(viewport={"width": 1300, "height": 1000})
+    page = await context.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), asyncio.ensure_future(d.dismiss())))
+    rng = random.Random(7)
+    counted = False
+
+    async def settle(s0) -> dict:
+        await page.wait_for_function(CHANGED_JS, arg=s0, timeout=timeout_ms, polling=100)
+        await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms, polling=100)
+        await asyncio.sleep(0.3)
+        return await page.evaluate(STATE_JS)
+
+    async def injected() -> int:
+        n = 0
+        for frame in page.frames:
+            try:
+                n += await frame.evaluate(INJECTED_JS)
+            except Exception:  # a frame that went away
+                pass
+        return n
+
+    try:
+        await page.goto(url, timeout=timeout_ms)
+        await page.wait_for_selector(harness.MODEL_PICKER, timeout=timeout_ms)
+        await page.locator(harness.MODEL_PICKER).first.click()
+        await page.get_by_role("option", name=re.compile(rf"^{re.escape(plan.label)}( \(|( ·|$))")).first.click()
+        await page.wait_for_function(harness.GRID_STATE_JS, timeout=timeout_ms)
+        await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
+        counted = True
+        start.ready()
+        await start.event.wait()
+        box = page.locator(harness.SIDEBAR_INPUT).first
+        for name, how, payload in steps:
+            t0 = time.monotonic()
+            s0 = await page.evaluate(STATE_JS)
+            if how == "text":
+                before = await box.input_value()
+                await box.fill(payload)
+                if len(payload) > 4000 and await box.input_value() == before:
+                    # Streamlit's box (max_chars=4000) refuses a longer paste: nothing is sent
+                    res.hostile.append({"step": name, "outcome": "refused by the box (max_chars)",
+                                        "ok": not dialogs, "message": "", "seconds": 0.0})
+                    continue
+                await box.press("Enter")
+            elif how == "batch":
+                await page.get_by_text(BATCH_TOGGLE).click()
+                await page.wait_for_selector(BATCH_BOX, timeout=timeout_ms)
+                await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
+                s0 = await page.evaluate(STATE_JS)
+                await page.locator(BATCH_BOX).fill(payload)
+                await page.locator(BATCH_BOX).press("Control+Enter")
+            else:
+                details = page.locator('[data-testid="stSidebar"] details', has_text="Your own model").first
+                for attempt in range(6):  # the expander closes on other reruns, with an animation
+                    if not await details.evaluate("d => d.open"):
+                        await page.get_by_text("Your own model").first.click()
+                    await asyncio.sleep(0.5)
+                    try:
+                        await page.locator(PATH_BOX).fill(payload, timeout=3000)
+                        break
+                    except Exception:
+                        if attempt == 5:
+                            raise
+                await page.locator(PATH_BOX).press("Enter")
+                await page.get_by_role("button", name="Load", exact=True).click()
+            state = await settle(s0)
+            outcome = "exception" if state["exc"] else (
+                "message" if state["alerts"] and state["alerts"] != s0["alerts"] else
+                "drawn" if state["grid"] and state["grid"] != s0["grid"] else "nothing")
+            step = {"step": name, "outcome": outcome, "message": state["alerts"][:300],
+                    "seconds": round(time.monotonic() - t0, 2), "dialogs": list(dialogs), "injected": await injected()}
+            if how == "batch":  # back to one input
+                await page.get_by_text(BATCH_TOGGLE).click()
+                await page.wait_for_selector(harness.SIDEBAR_INPUT, timeout=timeout_ms)
+                await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
+            if outcome == "drawn" and not step["dialogs"] and not step["injected"]:
+                step["recovered"] = step["ok"] = True  # it drew: nothing to recover from
+                res.hostile.append(step)
+                continue
+            # an ordinary input right after: the grid comes back
+            text = plan.make_input(rng)
+            await box.fill(text)
+            await page.evaluate(harness.MARK_JS)
+            await box.press("Enter")
+            await page.wait_for_function(harness.WAIT_GRID_JS, timeout=timeout_ms, polling=100)
+            await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms, polling=100)
+            labels = [y for y in (await page.evaluate(GRID_Y_JS) or []) if y.startswith("layer 0 · ")]
+            step["recovered"] = labels == plan.expected(text)
+            step["ok"] = (outcome in ("drawn", "message") and not step["dialogs"] and not step["injected"]
+                          and step["recovered"])
+            res.hostile.append(step)
+    except Exception as exc:
+        res.hostile.append({"step": "session", "ok": False, "outcome": f"{type(exc).__name__}: {str(exc)[:2000]}"})
+    finally:
+        if not counted:
+            start.ready()
+        await context.close()
+
+
 async def _drive(url: str, plans: list[SessionPlan], seconds: float, res: LoadResult, timeout_ms: int,
-                 think: tuple[float, float]) -> None:
+                 think: tuple[float, float], hostile: tuple[SessionPlan, list] | None = None) -> None:
     from playwright.async_api import async_playwright
 
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=str(harness.CHROMIUM), args=harness.CHROMIUM_ARGS)
         try:
-            start = _Start(len(plans), seconds)  # the clock starts once every session is open
+            start = _Start(len(plans) + (hostile is not None), seconds)  # the clock starts once all are open
             tasks = [
                 asyncio.create_task(_session(browser, url, i, plan, start, res, timeout_ms, think))
                 for i, plan in enumerate(plans)
             ]
+            if hostile is not None:
+                tasks.append(asyncio.create_task(_hostile_session(browser, url, hostile[0], start, res,
+                                                                  timeout_ms, hostile[1])))
+            t0 = time.monotonic()
+            await start.event.wait()
+            res.open_s = time.monotonic() - t0
             await asyncio.gather(*tasks)
             res.seconds = time.monotonic() - start.started if start.started else 0.0
         finally:
@@ -200,11 +354,17 @@ def run_load(
     timeout_ms: int = 60_000,
     log: Path | None = None,
     think: tuple[float, float] = (0.0, 0.0),
+    hostile_model: str | None = None,
+    bad_folder: str | None = None,
 ) -> LoadResult:
     """Start the app, run ``sessions`` concurrent sessions (models round robin) for about ``seconds``,
-    each waiting a random ``think`` (min, max) seconds before each new input."""
+    each waiting a random ``think`` (min, max) seconds before each new input. ``hostile_model``: one
+    more session on that model sends hostile_steps(bad_folder) meanwhile (see _hostile_session)."""
     plans_by_model = {m: plan_for(m) for m in models}
     plans = [plans_by_model[models[i % len(models)]] for i in range(sessions)]
+    hostile = None
+    if hostile_model:
+        hostile = (plans_by_model.get(hostile_model) or plan_for(hostile_model), hostile_steps(bad_folder))
     res = LoadResult(sessions, seconds)
     import psutil
 
@@ -231,7 +391,7 @@ def run_load(
 
             task = asyncio.create_task(sampler())
             try:
-                await _drive(url, plans, seconds, res, timeout_ms, think)
+                await _drive(url, plans, seconds, res, timeout_ms, think, hostile)
             finally:
                 task.cancel()
 
@@ -249,6 +409,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--models", nargs="+", default=None, help="default: the zoo and minilm")
     ap.add_argument("--threads", nargs="+", default=["default"], help="server torch threads: 'default' or a number")
+    ap.add_argument("--hostile", action="store_true",
+                    help="one more session (MiniLM if installed) sends hostile input meanwhile")
     ap.add_argument("--think", type=float, nargs=2, default=[0.0, 0.0], metavar=("MIN", "MAX"),
                     help="seconds each user waits before the next input (default 0 0: back to back)")
     args = ap.parse_args()
@@ -265,14 +427,18 @@ def main() -> None:
     for threads in args.threads:
         env = {} if threads == "default" else {"OMP_NUM_THREADS": threads, "ATTNSCOPE_TORCH_THREADS": threads}
         with tempfile.TemporaryDirectory() as tmp:
+            hostile = ("minilm" if "minilm" in registry.all_names() else models[0]) if args.hostile else None
             res = run_load(models, args.sessions, args.seconds, env=env, log=Path(tmp) / "server.log",
-                           think=tuple(args.think))
+                           think=tuple(args.think), hostile_model=hostile)
         results[threads] = res
         print(f"torch threads {threads:>7}: {res.summary()}")
         for m, ts in res.per_model.items():
             print(f"    {m:<10} n={len(ts):>4}  p50 {statistics.median(ts):7.0f} ms  p95 {_p95(ts):7.0f} ms")
         for e in (res.errors + res.mixups)[:10]:
             print("   ", e)
+        for h in res.hostile:
+            print(f"    hostile: {h['step']:<38} -> {h['outcome']:<8} {'ok' if h.get('ok') else 'FAILED'} "
+                  f"{h.get('seconds', '')}s  {h.get('message', '')[:90]!r}")
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -69,8 +69,9 @@ def make_app(model: str, **session) -> AppTest:
 
 
 def send(at: AppTest, text: str) -> AppTest:
-    """Type ``text`` as a browser would: the single-line box keeps at most its max_chars (the
-    browser's maxlength cuts the rest), the batch box takes everything."""
+    """Type ``text`` into the sidebar: the single-line box takes at most its max_chars (4,000; in
+    the browser Streamlit refuses a longer paste, so the longest text it takes is sent here), the
+    batch box takes everything."""
     if at.session_state[S.BATCH]:
         at.sidebar.text_area(key=S.SOURCES).input(text).run()
     else:

@@ -4,7 +4,11 @@ The load test (bench/load.py's ``run_load``) starts ``streamlit run dashboard/ap
 chromium sessions with their own models (the tiny fixtures, the zoo, MiniLM when installed) and
 their own inputs, and for LOAD_SECONDS sends inputs with a short think time. Every answer must
 show the session's own tokens, no page may show an exception or error, and the server's memory
-must stay under a bound. p50/p95 response times and the peak RSS are printed and written to
+must stay under a bound. Meanwhile an 11th session sends hostile input through the UI (HTML and
+script in the text, control characters, emoji, RTL, whitespace, 100,000 characters, a batch of
+1,000 lines, paths outside the allowed folders, a truncated safetensors file): each must end in
+a drawing or a clear message, with no dialog and no injected element, and the next ordinary
+input must draw again, while the other ten keep being served. p50/p95 response times and the peak RSS are printed and written to
 artifacts/load-test.json (timings are reported, never asserted). Like tests/test_browser.py it
 skips without chromium, except in CI (ATTNSCOPE_REQUIRE_BROWSER=1), where that is a failure.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -24,7 +29,7 @@ from dashboard.trace_cache import MB, TraceStore, nbytes
 
 ROOT = Path(__file__).resolve().parents[1]
 SESSIONS = 10
-LOAD_SECONDS = float(os.environ.get("ATTNSCOPE_LOAD_SECONDS", "30"))
+LOAD_SECONDS = float(os.environ.get("ATTNSCOPE_LOAD_SECONDS", "20"))
 THINK = (0.3, 1.5)  # seconds a user waits before the next input
 PEAK_RSS_LIMIT_MB = 3000  # server (and its children): models + the trace cache budget + Streamlit
 
@@ -129,16 +134,26 @@ def test_ten_concurrent_sessions_each_see_their_own_input(tiny_folder, tiny_clf_
         if os.environ.get("ATTNSCOPE_REQUIRE_BROWSER") == "1":
             pytest.fail(f"ATTNSCOPE_REQUIRE_BROWSER=1 but {problem}")
         pytest.skip(problem)
-    from bench.load import run_load
+    from bench.load import hostile_steps, run_load
     from models import registry
 
     models = [str(tiny_folder), str(tiny_clf_folder), *registry.all_names()]
-    env = {"ATTNSCOPE_MODELS": os.pathsep.join([str(tiny_folder), str(tiny_clf_folder)])}
+    allowed = tmp_path / "allowed"
+    bad = shutil.copytree(tiny_folder, allowed / "truncated")  # a model folder with half a weights file
+    data = (bad / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(data[: len(data) // 2])
+    env = {
+        "ATTNSCOPE_MODELS": os.pathsep.join([str(tiny_folder), str(tiny_clf_folder)]),
+        "ATTNSCOPE_MODEL_DIRS": str(allowed),
+    }
     log = tmp_path / "server.log"
-    res = run_load(models, sessions=SESSIONS, seconds=LOAD_SECONDS, env=env, log=log, think=THINK)
+    hostile_model = "minilm" if "minilm" in registry.all_names() else str(tiny_folder)
+    res = run_load(models, sessions=SESSIONS, seconds=LOAD_SECONDS, env=env, log=log, think=THINK,
+                   hostile_model=hostile_model, bad_folder=str(bad))
     report = {
         "sessions": res.sessions,
         "seconds": round(res.seconds, 1),
+        "open_s": round(res.open_s, 1),
         "requests": res.requests,
         "p50_ms": res.pct(50),
         "p95_ms": res.pct(95),
@@ -148,12 +163,24 @@ def test_ten_concurrent_sessions_each_see_their_own_input(tiny_folder, tiny_clf_
         "errors": res.errors,
         "mixups": res.mixups,
         "per_model_p50_ms": {m: float(np.median(t)) for m, t in res.per_model.items()},
+        "hostile": res.hostile,
     }
     out = ROOT / "artifacts"
     out.mkdir(exist_ok=True)
     (out / "load-test.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
     print("\nload test:", res.summary())
+    for h in res.hostile:
+        print(f"  hostile: {h['step']} -> {h['outcome']} {h.get('message', '')[:80]!r}")
     assert not res.errors, res.errors[:5]
+    # the hostile session: every step a drawing or a clear message, no dialog, nothing injected, and
+    # after a message an ordinary input drew its grid again
+    assert [h["step"] for h in res.hostile] == [name for name, _, _ in hostile_steps(str(bad))], res.hostile
+    assert all(h["ok"] for h in res.hostile), [h for h in res.hostile if not h["ok"]]
+    by_step = {h["step"]: h["message"] for h in res.hostile}
+    assert "limit is 64" in by_step["a batch of 1,000 lines"]
+    assert "outside the folders" in by_step["a path outside the allowed folders"]
+    assert "truncated or not a safetensors file" in by_step["a truncated safetensors file"]
+    assert "empty" in by_step["whitespace only"]
     assert not res.mixups, res.mixups[:5]
     assert res.requests >= SESSIONS  # every session got answers
     assert len(res.per_model) == min(SESSIONS, len(models))  # every model was used
