@@ -53,14 +53,19 @@ def scaled_dot_product(
     Masked scores are filled with the dtype's most negative finite number, so a fully
     masked row never becomes NaN; its probabilities are then set to exactly 0.
     """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Lq, Lk)
+    # In-place steps where a tensor is not kept (the same numbers, fewer [B, H, Lq, Lk] allocations;
+    # bench/capture_overhead.py); scores must not be changed after it is returned.
+    scores = q @ k.transpose(-2, -1)
+    scores.div_(math.sqrt(q.shape[-1]))  # (B, H, Lq, Lk)
     if mask is None:
         probs = scores.softmax(dim=-1)
     elif neg_inf_fill:  # the classic bug: a fully masked row turns into NaN
         probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     else:
-        filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        probs = filled.softmax(dim=-1).masked_fill(~mask, 0.0)
+        blocked = ~mask
+        probs = scores.masked_fill(blocked, torch.finfo(scores.dtype).min).softmax(dim=-1)
+        # in place unless autograd needs softmax's own output for its backward pass
+        probs = probs.masked_fill(blocked, 0.0) if probs.requires_grad else probs.masked_fill_(blocked, 0.0)
     return probs @ v, probs, scores
 
 
