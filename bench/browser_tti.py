@@ -15,7 +15,8 @@ One run, one headless chromium, MiniLM (6 layers x 12 heads), texts of exactly N
   (long inputs make it build one SVG line per query-key pair per head) and a time limit stops waiting.
 
 The two are interleaved (attnscope N, bertviz N, next N, ...) so both see the same machine load.
-``--app`` points at another checkout's dashboard/app.py to measure a "before" version.
+``--app`` takes several checkouts' dashboard/app.py (e.g. a "before" worktree and this one): each gets
+its own server and tab, and every input goes to each in turn, so they see the same machine load.
 """
 
 from __future__ import annotations
@@ -222,16 +223,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--app", type=Path, default=harness.APP, help="dashboard/app.py of the checkout to measure")
+    ap.add_argument("--app", type=Path, nargs="+", default=[harness.APP],
+                    help="dashboard/app.py of each checkout to measure (interleaved), e.g. a 'before' worktree")
+    ap.add_argument("--label", nargs="+", help="a name per --app (default: its checkout's folder name)")
     ap.add_argument("--bertviz-max-mb", type=float, default=6000, help="stop bertviz's renderer above this RSS")
     ap.add_argument("--bertviz-timeout", type=float, default=180, help="seconds to wait for bertviz to draw")
+    ap.add_argument("--no-bertviz", action="store_true", help="measure the app(s) only")
     ap.add_argument("--timeout", type=float, default=180, help="seconds to wait for attnscope's grid")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     args = ap.parse_args()
     problem = harness.chromium_problem()
     if problem:
         raise SystemExit(problem)
+    labels = args.label or [Path(a).resolve().parents[1].name for a in args.app]
+    if len(labels) != len(args.app):
+        raise SystemExit("give one --label per --app")
 
+    import psutil
     import torch
     from playwright.sync_api import sync_playwright
 
@@ -242,61 +250,66 @@ def main() -> None:
     n_layers, n_heads = lm.cfg.n_enc_layers, lm.cfg.n_heads
     words = harness.one_piece_words(lm.src_tok)
     load0 = os.getloadavg()
-    results: dict[int, dict[str, list]] = {n: {"a": [], "b": []} for n in args.lengths}
+    results = {lab: {n: [] for n in args.lengths} for lab in labels}
+    bv_results: dict[int, list] = {n: [] for n in args.lengths}
     bertviz_bytes: dict[int, int] = {}
     bertviz_gave_up: dict[int, str] = {}
-    server_peak = 0.0
+    server_peak = dict.fromkeys(labels, 0.0)
 
-    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw:
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw, contextlib.ExitStack() as stack:
         tmp = Path(tmp)
         shutil.copytree(VENDOR, tmp / "vendor")
         before = _chromium_pids()
         bv_browser = harness.launch_chromium(pw)
-        bv_main = {p for p in _chromium_pids() - before}
+        bv_main = set(_chromium_pids() - before)
         app_browser = harness.launch_chromium(pw)
-        with (
-            static_server(tmp) as static_url,
-            harness.app_server(args.app, env={"OMP_NUM_THREADS": "1"}, log=tmp / "server.log") as (url, proc),
-            harness.RssSampler(proc.pid) as server_rss,
-            MemoryGuard(bv_main, args.bertviz_max_mb) as guard,
-        ):
+        static_url = stack.enter_context(static_server(tmp))
+        guard = stack.enter_context(MemoryGuard(bv_main, args.bertviz_max_mb))
+        apps = {}
+        for lab, app in zip(labels, args.app, strict=True):
+            url, proc = stack.enter_context(
+                harness.app_server(app, env={"OMP_NUM_THREADS": "1"}, log=tmp / f"server-{lab}.log"))
+            rss = stack.enter_context(harness.RssSampler(proc.pid))
             page = app_browser.new_page(viewport={"width": 1400, "height": 1100})
             frames = FrameLog(page)
             harness.open_app(page, url, "minilm")
-            for rep in range(args.repeats):
-                for n in args.lengths:
-                    text = harness.word_text(lm.src_tok, n, seed=7919 * rep + n, words=words)
+            apps[lab] = (page, frames, rss)
+        for rep in range(args.repeats):
+            for n in args.lengths:
+                text = harness.word_text(lm.src_tok, n, seed=7919 * rep + n, words=words)
+                for lab, (page, frames, _) in apps.items():
                     a = attnscope_trial(page, frames, text, args.timeout)
-                    results[n]["a"].append(a)
-                    print(f"  attnscope {n:>4} tokens: grid {a['ms']:8.0f} ms, page done {a['settled_ms']:8.0f} ms, "
-                          f"grid frame {a['grid_bytes']:,} B", flush=True)
-                    if n in bertviz_gave_up:
-                        continue
-                    tr = lm.trace([text])[0]
-                    t = time.perf_counter()
-                    html = bertviz_page(tr)
-                    py_s = time.perf_counter() - t
-                    name = f"bertviz-{n}-{rep}.html"
-                    (tmp / name).write_text(html, encoding="utf-8")
-                    bertviz_bytes[n] = len(html.encode("utf-8"))
-                    del html
-                    b = bertviz_trial(bv_browser, static_url, name, n_layers * n_heads, guard, args.bertviz_timeout)
-                    b["python_s"] = py_s
-                    (tmp / name).unlink()
-                    results[n]["b"].append(b)
-                    if b["ms"] is None:
-                        bertviz_gave_up[n] = b["why"]
-                        print(f"  bertviz   {n:>4} tokens: {b['why']}", flush=True)
-                        # a killed renderer can leave the browser unusable: start a fresh one
-                        with contextlib.suppress(Exception):
-                            bv_browser.close()
-                        before = _chromium_pids()
-                        bv_browser = harness.launch_chromium(pw)
-                        guard.roots = [__import__("psutil").Process(p) for p in _chromium_pids() - before]
-                    else:
-                        print(f"  bertviz   {n:>4} tokens: drawn {b['ms']:8.0f} ms (+{py_s:.1f} s python), "
-                              f"renderer peak {b['peak_mb']:,.0f} MB", flush=True)
-            server_peak = server_rss.peak_mb
+                    results[lab][n].append(a)
+                    print(f"  {lab:<10} {n:>4} tokens: grid {a['ms']:8.0f} ms, page done {a['settled_ms']:8.0f} ms, "
+                          f"grid frame {a['grid_bytes']:,} B, whole rerun {a['rerun_bytes']:,} B", flush=True)
+                if args.no_bertviz or n in bertviz_gave_up:
+                    continue
+                tr = lm.trace([text])[0]
+                t = time.perf_counter()
+                html = bertviz_page(tr)
+                py_s = time.perf_counter() - t
+                name = f"bertviz-{n}-{rep}.html"
+                (tmp / name).write_text(html, encoding="utf-8")
+                bertviz_bytes[n] = len(html.encode("utf-8"))
+                del html, tr
+                b = bertviz_trial(bv_browser, static_url, name, n_layers * n_heads, guard, args.bertviz_timeout)
+                b["python_s"] = py_s
+                (tmp / name).unlink()
+                bv_results[n].append(b)
+                if b["ms"] is None:
+                    bertviz_gave_up[n] = b["why"]
+                    print(f"  {'bertviz':<10} {n:>4} tokens: {b['why']}", flush=True)
+                    # a killed renderer can leave the browser unusable: start a fresh one
+                    with contextlib.suppress(Exception):
+                        bv_browser.close()
+                    before = _chromium_pids()
+                    bv_browser = harness.launch_chromium(pw)
+                    guard.roots = [psutil.Process(p) for p in _chromium_pids() - before]
+                else:
+                    print(f"  {'bertviz':<10} {n:>4} tokens: drawn {b['ms']:8.0f} ms (+{py_s:.1f} s python), "
+                          f"browser peak {b['peak_mb']:,.0f} MB", flush=True)
+        for lab, (_, _, rss) in apps.items():
+            server_peak[lab] = rss.peak_mb
         with contextlib.suppress(Exception):
             bv_browser.close()
         app_browser.close()
@@ -304,31 +317,31 @@ def main() -> None:
 
     print()
     print(f"# browser time to interactive, MiniLM ({n_layers} layers x {n_heads} heads), median of {args.repeats}")
-    print(f"# {platform.machine()}, {os.cpu_count()} cores, load average {load0[0]:.2f} -> {load1[0]:.2f}; "
-          f"app: {args.app}")
-    hdr = (f"{'tokens':>6} {'attnscope grid s':>17} {'page done s':>12} {'bertviz s':>10} {'speed-up':>9} "
-           f"{'attnscope B/value':>18} {'bertviz B/value':>16}")
-    print(hdr)
-    summary = {}
+    print(f"# {platform.machine()}, {os.cpu_count()} cores, load average {load0[0]:.2f} -> {load1[0]:.2f}")
+    print(f"{'':>16}{'grid drawn s':>13}{'page done s':>12}{'grid B/value':>13}{'bertviz ÷ this':>16}")
+    summary: dict = {"load": [load0, load1], "apps": {}, "bertviz": {}}
     for n in args.lengths:
         values = n_layers * n_heads * n * n
-        a_ms = _median([r["ms"] for r in results[n]["a"]])
-        a_done = _median([r["settled_ms"] for r in results[n]["a"]])
-        a_bpv = _median([r["grid_bytes"] for r in results[n]["a"]]) / values
-        b_ms = _median([r["ms"] for r in results[n]["b"]])
-        b_bpv = bertviz_bytes.get(n, 0) / values
-        b_txt = f"{b_ms / 1000:10.2f}" if b_ms is not None else f"{'—':>10}"
-        ratio = f"{b_ms / a_ms:8.1f}x" if b_ms is not None else f"{'—':>9}"
-        print(f"{n:>6} {a_ms / 1000:17.2f} {a_done / 1000:12.2f} {b_txt} {ratio} {a_bpv:18.2f} {b_bpv:16.1f}")
-        summary[n] = {"attnscope_ms": a_ms, "attnscope_settled_ms": a_done, "attnscope_bytes_per_value": a_bpv,
-                      "bertviz_ms": b_ms, "bertviz_bytes_per_value": b_bpv,
-                      "bertviz_note": bertviz_gave_up.get(n), "raw": results[n]}
+        b_ms = _median([r["ms"] for r in bv_results[n]])
+        for lab in labels:
+            rs = results[lab][n]
+            a_ms, a_done = _median([r["ms"] for r in rs]), _median([r["settled_ms"] for r in rs])
+            a_bpv = _median([r["grid_bytes"] for r in rs]) / values
+            ratio = f"{b_ms / a_ms:15.1f}x" if b_ms is not None else f"{'—':>16}"
+            print(f"{n:>5} {lab:<10}{a_ms / 1000:13.2f}{a_done / 1000:12.2f}{a_bpv:13.2f}{ratio}")
+            summary["apps"].setdefault(lab, {})[n] = {"grid_ms": a_ms, "settled_ms": a_done, "bytes_per_value": a_bpv,
+                                                      "raw": rs}
+        if not args.no_bertviz:
+            b_bpv = bertviz_bytes.get(n, 0) / values
+            b_txt = f"{b_ms / 1000:13.2f}" if b_ms is not None else f"{'not drawn':>13}"
+            print(f"{n:>5} {'bertviz':<10}{b_txt}{'':>12}{b_bpv:13.1f}")
+            summary["bertviz"][n] = {"ms": b_ms, "bytes_per_value": b_bpv, "note": bertviz_gave_up.get(n),
+                                     "raw": bv_results[n]}
     for n, why in bertviz_gave_up.items():
         print(f"bertviz at {n} tokens ({bertviz_bytes[n] / 2**20:,.0f} MB of HTML): {why}")
-    print(f"streamlit server peak RSS: {server_peak:,.0f} MB")
+    print("streamlit server peak RSS: " + ", ".join(f"{lab} {mb:,.0f} MB" for lab, mb in server_peak.items()))
     if args.json:
-        args.json.write_text(json.dumps({"load": [load0, load1], "server_peak_mb": server_peak, "results": summary},
-                                        indent=1, default=str))
+        args.json.write_text(json.dumps(summary, indent=1, default=str))
 
 
 if __name__ == "__main__":

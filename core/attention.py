@@ -61,6 +61,8 @@ def scaled_dot_product(
         probs = scores.softmax(dim=-1)
     elif neg_inf_fill:  # the classic bug: a fully masked row turns into NaN
         probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    elif bool(mask.all()):  # nothing masked (no padding, not causal): filling would change nothing
+        probs = scores.softmax(dim=-1)
     else:
         blocked = ~mask
         probs = scores.masked_fill(blocked, torch.finfo(scores.dtype).min).softmax(dim=-1)
