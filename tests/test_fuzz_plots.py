@@ -144,6 +144,7 @@ def test_grid_overview_levels_and_blocks(case, log, max_tile):
     assert int((z == PA.GRID_GAP).sum()) == z.size - n_layers * n_heads * len(rows) * len(cols)
     if bk > 1:
         assert xs[cols[0]] == f"head 0 · keys 0–{bk - 1} k0 … k{bk - 1}"
+    assert ("each cell: the max of" in fig.layout.title.text) == (bq > 1 or bk > 1)
     # the mask overlay greys exactly the blocks no query-key pair of which may attend
     masked = [d for d in fig.data if d.name == "masked"]
     if mask.all():

@@ -177,6 +177,18 @@ def test_a_batch_of_1000_lines_is_refused_with_the_limit(app_env):
         assert not at.exception and not at.error and figures(at)
 
 
+def test_a_trace_beyond_the_memory_budget_is_refused_in_the_page(app_env, monkeypatch):
+    from core import runner
+
+    monkeypatch.setattr(runner, "MAX_TRACE_MB", 1)  # as ATTNSCOPE_MAX_TRACE_MB=1 would
+    for model in models_under_test(app_env):
+        at = make_app(model, **{S.BATCH: True})
+        send(at, "\n".join(["attention is all you need " * 2] * 40))
+        errs = [e.value for e in at.error]
+        assert not at.exception and len(errs) == 1, errs
+        assert "MB of attention maps" in errs[0] and "limit is 1 MB" in errs[0], errs
+
+
 # -- injection -------------------------------------------------------------------------------------------
 
 

@@ -263,6 +263,8 @@ def grid_figure(
         dragmode=False,
         hoverdistance=8,
     )
+    if bq > 1 or bk > 1:  # say so where it shows: tiles are summaries past GRID_MAX_TILE tokens
+        title += f"<br><sup>each cell: the max of {bq}×{bk} tokens (exact weights in the head view)</sup>"
     return finish(fig, title, height)
 
 
