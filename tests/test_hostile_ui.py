@@ -228,3 +228,27 @@ def test_injected_model_card_and_summary_stay_text(app_env, tiny_folder, tmp_pat
         for md in at.get("markdown"):
             if INJECTIONS["img"] in md.proto.body or "javascript:" in md.proto.body:
                 assert not md.proto.allow_html, page  # markdown shows HTML as text, drops javascript: links
+
+
+# -- server defaults -------------------------------------------------------------------------------------
+
+
+def test_server_defaults_fit_a_laptop():
+    """Bound to localhost, XSRF protection on, uploads and messages limited (.streamlit/config.toml)."""
+    import tomllib
+
+    from streamlit import config as st_config
+
+    root = APP.parents[1]
+    cfg = tomllib.loads((root / ".streamlit" / "config.toml").read_text(encoding="utf-8"))
+    server = cfg["server"]
+    assert server["address"] == "127.0.0.1"
+    assert server["enableXsrfProtection"] is True and server["enableCORS"] is True
+    assert 0 < server["maxUploadSize"] <= 64 and 0 < server["maxMessageSize"] <= 200
+    assert cfg["browser"]["gatherUsageStats"] is False
+    known = st_config.get_config_options()
+    for section, values in cfg.items():  # every key is a real Streamlit option (no silent typo)
+        for key in values:
+            assert f"{section}.{key}" in known, f"{section}.{key}"
+    makefile = (root / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^ADDRESS \?= 127\.0\.0\.1$", makefile, flags=re.MULTILINE)
