@@ -10,7 +10,7 @@ grid is redrawn, and checks that the grid's query labels are the tokens of *its 
 and that the page shows no exception or error. Reports p50/p95 response time (Enter ->
 grid drawn, in-page clock), errors, isolation failures and the server's peak RSS.
 ``--threads`` runs the whole load once per torch intra-op thread setting of the server
-(``default``: torch's own choice; a number: OMP_NUM_THREADS / ATTNSCOPE_TORCH_THREADS), so
+(``app``: the app's default, half the cores; a number: ATTNSCOPE_TORCH_THREADS), so
 oversubscription shows up as a side-by-side comparison. ``--think MIN MAX``: each user waits that
 long before typing the next input (0 0: back to back, a stress test).
 
@@ -408,7 +408,9 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--models", nargs="+", default=None, help="default: the zoo and minilm")
-    ap.add_argument("--threads", nargs="+", default=["default"], help="server torch threads: 'default' or a number")
+    ap.add_argument("--threads", nargs="+", default=["app"],
+                    help="server torch threads per forward pass: 'app' (the app's default: half the cores) "
+                    "or a number (ATTNSCOPE_TORCH_THREADS)")
     ap.add_argument("--hostile", action="store_true",
                     help="one more session (MiniLM if installed) sends hostile input meanwhile")
     ap.add_argument("--think", type=float, nargs=2, default=[0.0, 0.0], metavar=("MIN", "MAX"),
@@ -425,13 +427,13 @@ def main() -> None:
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     results = {}
     for threads in args.threads:
-        env = {} if threads == "default" else {"OMP_NUM_THREADS": threads, "ATTNSCOPE_TORCH_THREADS": threads}
+        env = {} if threads == "app" else {"ATTNSCOPE_TORCH_THREADS": threads}
         with tempfile.TemporaryDirectory() as tmp:
             hostile = ("minilm" if "minilm" in registry.all_names() else models[0]) if args.hostile else None
             res = run_load(models, args.sessions, args.seconds, env=env, log=Path(tmp) / "server.log",
                            think=tuple(args.think), hostile_model=hostile)
         results[threads] = res
-        print(f"torch threads {threads:>7}: {res.summary()}")
+        print(f"torch threads {threads:>4}: {res.summary()}")
         for m, ts in res.per_model.items():
             print(f"    {m:<10} n={len(ts):>4}  p50 {statistics.median(ts):7.0f} ms  p95 {_p95(ts):7.0f} ms")
         for e in (res.errors + res.mixups)[:10]:
