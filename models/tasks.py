@@ -243,6 +243,48 @@ def is_balanced(s: str) -> bool:
     return not stack
 
 
+def prefix_states(s: str) -> tuple[list[int], list[bool]]:
+    """Per position i: (opens - closes) over s[:i+1], and whether s[:i+1] is still a valid prefix
+    (no closer so far met a wrong or missing opener). Training-time hints for the classifier."""
+    stack: list[str] = []
+    depth, ok = 0, True
+    depths, valid = [], []
+    for c in s:
+        if c in OPENERS:
+            depth += 1
+            stack.append(c)
+        else:
+            depth -= 1
+            ok = ok and bool(stack) and stack.pop() == PAIRS[c]
+        depths.append(depth)
+        valid.append(ok)
+    return depths, valid
+
+
+def bracket_partners(s: str) -> list[int | None]:
+    """Per position, the bracket it pairs with, by type-agnostic nesting level (types ignored):
+    a closer's partner is the nearest earlier bracket on its level, an opener's the nearest
+    later one; None where there is none. In a balanced string these are the matching pairs;
+    a string is balanced iff every bracket has a partner of the other direction and same type."""
+    level, depth = [], 0
+    for c in s:
+        if c in OPENERS:
+            depth += 1
+            level.append(depth)
+        else:
+            level.append(depth)
+            depth -= 1
+    partner: list[int | None] = [None] * len(s)
+    last: dict[int, int] = {}  # level -> latest position seen on it
+    for i, c in enumerate(s):
+        if c in CLOSERS and level[i] in last:
+            partner[i] = last[level[i]]
+            if s[partner[i]] in OPENERS and partner[partner[i]] is None:
+                partner[partner[i]] = i
+        last[level[i]] = i
+    return partner
+
+
 def _completions(n: int) -> list[list[int]]:
     """ways[r][h]: bracket-direction strings of length r that take depth h back to 0, never below."""
     ways = [[0] * (n + 2) for _ in range(n + 1)]
@@ -383,9 +425,10 @@ TASKS: dict[str, Task] = {
         tuple(BRACKETS), labels=LABELS,
         max_src=MAX_BRACKETS,
         summary="classifies strings of ()[]{} (up to 40) as balanced or unbalanced",
-        attention="Encoder self-attention tracks nesting: heads that link each closing bracket "
-        "with its matching opener (same depth, nearest to the left) or that count depth; a "
-        "bracket whose partner has the wrong type is where an unbalanced string shows.",
+        attention="Encoder self-attention follows the stack algorithm: a head that spreads evenly over "
+        "the prefix up to each position (a lower triangle: it counts the depth), and a head that links "
+        "each bracket with its partner, a closer with its matching opener and back (arcs over the "
+        "nesting). A string is unbalanced where a partner has the wrong type or a bracket has none.",
     ),
 }
 

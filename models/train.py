@@ -20,7 +20,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from core import checkpoint
 from core.config import TransformerConfig
 from core.decode import greedy_decode
 from core.model import Transformer, count_parameters
+from core.positional import sinusoidal_table
 from core.tokenizer import CharTokenizer, Tokenizer, WordTokenizer
 from models import tasks as T
 
@@ -50,20 +51,24 @@ class Recipe:
     warmup: int = 400  # steps of linear warm-up; then lr * sqrt(warmup / step) (paper, 5.3)
     label_smoothing: float = 0.0
     eval_every: int = 250
-    curriculum: tuple[int, ...] = ()  # max source lengths to step through (classifier only)
-    extra: dict[str, Any] = field(default_factory=dict)
+    min_steps: int = 0  # train at least this long even if validation is already good (margin)
+    # Learned position table initialised with the sinusoidal one (else core's N(0, 0.02) init,
+    # which token embeddings drown out at first).
+    sinusoidal_init: bool = False
+    # Brackets only: weight of the training hints (see hint_loss); 0 = none.
+    hints: float = 0.0
 
 
 _S2S = dict(n_heads=4, n_enc_layers=2, n_dec_layers=2, dropout=0.0, norm="pre")
 RECIPES: dict[str, Recipe] = {
     "reverse": Recipe(dict(_S2S, d_model=64, d_ff=256)),
-    "sort": Recipe(dict(_S2S, d_model=64, d_ff=256)),
-    "numbers": Recipe(dict(_S2S, d_model=64, d_ff=256)),
-    "dates": Recipe(dict(_S2S, d_model=96, d_ff=384)),
+    "sort": Recipe(dict(_S2S, d_model=64, d_ff=256), min_steps=5000),
+    "numbers": Recipe(dict(_S2S, d_model=64, d_ff=256), min_steps=2500),
+    "dates": Recipe(dict(_S2S, d_model=96, d_ff=384), min_steps=4000),
     "brackets": Recipe(
-        dict(n_heads=4, n_enc_layers=4, n_dec_layers=0, d_model=128, d_ff=512, dropout=0.0,
-             norm="pre", pos_encoding="learned", n_classes=2, pooling="mean"),
-        batch=128, lr=1e-3, warmup=500, curriculum=(10, 20, 30, 40),
+        dict(n_heads=4, n_enc_layers=4, n_dec_layers=0, d_model=64, d_ff=256, dropout=0.0, norm="pre",
+             pos_encoding="learned", scale_embeddings=False, n_classes=2, pooling="mean"),
+        batch=128, lr=2e-3, warmup=300, sinusoidal_init=True, hints=1.0,
     ),
 }
 
@@ -96,6 +101,83 @@ def encode_batch(
         return src, torch.tensor([task.labels.index(t) for _, t in examples]), None
     tgt = [tgt_tok.encode(t) for _, t in examples]
     return src, _pad([[1] + t for t in tgt]), _pad([t + [eos] for t in tgt])
+
+
+# -- brackets hints ------------------------------------------------------------------------
+# Without help the classifier had not learned to match brackets after 5 minutes (about 85%
+# held-out). Four extra loss terms, computed from the string by a stack, teach the steps of
+# the stack algorithm; the two probes are thrown away, the model and its inputs are unchanged:
+#   PREFIX_HEAD (layer, head) attends uniformly to positions <= its own (to count depth);
+#   a linear probe after layer DEPTH_LAYER reads the depth (opens - closes so far);
+#   PARTNER_HEAD attends from each bracket to its partner (tasks.bracket_partners);
+#   a linear probe after the last layer reads "the prefix up to here is still valid".
+PREFIX_HEAD = (0, 0)
+PARTNER_HEAD = (1, 0)
+DEPTH_LAYER = 1  # enc_hidden index: output of encoder layer 0 (0-based)
+N_DEPTH = 22  # depth classes: -1 (or less), 0, ..., 20 (or more)
+
+
+def make_probes(d_model: int) -> torch.nn.ModuleDict:
+    return torch.nn.ModuleDict({"depth": torch.nn.Linear(d_model, N_DEPTH), "valid": torch.nn.Linear(d_model, 2)})
+
+
+def hint_targets(examples: list[T.Example], length: int) -> dict[str, torch.Tensor]:
+    """Per position, -100 (ignored) at PAD: depth class (B, S), valid-prefix flag (B, S), and a
+    partner one-hot (B, S, S) with a flag (B, S) for positions that have one. The EOS position
+    repeats the last depth and says whether the whole string is balanced."""
+    b = len(examples)
+    depth = torch.full((b, length), -100, dtype=torch.long)
+    valid = torch.full((b, length), -100, dtype=torch.long)
+    partner = torch.zeros(b, length, length)
+    has = torch.zeros(b, length, dtype=torch.bool)
+    for i, (s, _) in enumerate(examples):
+        d, v = T.prefix_states(s)
+        d = [min(max(x, -1), N_DEPTH - 2) + 1 for x in d]
+        depth[i, : len(s) + 1] = torch.tensor(d + d[-1:])
+        valid[i, : len(s) + 1] = torch.tensor([int(x) for x in v] + [int(T.is_balanced(s))])
+        for q, k in enumerate(T.bracket_partners(s)):
+            if k is not None:
+                partner[i, q, k], has[i, q] = 1.0, True
+    return {"depth": depth, "valid": valid, "partner": partner, "has_partner": has}
+
+
+def head_probs(model: Transformer, out, layer: int, head: int) -> torch.Tensor:
+    """(B, S, S) attention probabilities of one encoder head, recomputed with gradients
+    (the maps the model returns are detached), exactly as the layer computes them."""
+    block = model.encoder[layer]
+    x = out.enc_hidden[layer]
+    h = block.sub_attn.norm(x) if block.sub_attn.pre else x
+    att = block.self_attn
+    q = att._split(att.w_q(h))[:, head]  # (B, S, dh)
+    k = att._split(att.w_k(h))[:, head]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return scores.masked_fill(~out.masks.enc_self, torch.finfo(scores.dtype).min).softmax(-1)
+
+
+def hint_loss(model: Transformer, probes: torch.nn.ModuleDict, out, src: torch.Tensor,
+              examples: list[T.Example]) -> tuple[torch.Tensor, dict[str, float]]:
+    """Sum of the four hint losses (out: forward with return_hidden=True) and their accuracies."""
+    t = hint_targets(examples, src.shape[1])
+    real = src != model.cfg.pad_id  # (B, S)
+    prefix = torch.tril(torch.ones(src.shape[1], src.shape[1], dtype=torch.bool))[None] & real[:, None, :]
+    prefix = prefix.float() / prefix.float().sum(-1, keepdim=True).clamp(min=1)
+    p_prefix = head_probs(model, out, *PREFIX_HEAD)
+    l_prefix = -(prefix * p_prefix.clamp(min=1e-9).log()).sum(-1)[real].mean()
+    l_prefix = l_prefix + (prefix * prefix.clamp(min=1e-9).log()).sum(-1)[real].mean()  # KL: 0 when exact
+    p_partner = head_probs(model, out, *PARTNER_HEAD)
+    l_partner = -(t["partner"] * p_partner.clamp(min=1e-9).log()).sum(-1)[t["has_partner"]].mean()
+    depth_logits = probes["depth"](out.enc_hidden[DEPTH_LAYER])
+    valid_logits = probes["valid"](out.hidden)
+    l_depth = F.cross_entropy(depth_logits.flatten(0, 1), t["depth"].flatten())
+    l_valid = F.cross_entropy(valid_logits.flatten(0, 1), t["valid"].flatten())
+    with torch.no_grad():
+        stats = {
+            "prefix_kl": l_prefix.item(),
+            "partner_acc": (p_partner.argmax(-1) == t["partner"].argmax(-1))[t["has_partner"]].float().mean().item(),
+            "depth_acc": (depth_logits.argmax(-1) == t["depth"])[real].float().mean().item(),
+            "valid_acc": (valid_logits.argmax(-1) == t["valid"])[real].float().mean().item(),
+        }
+    return l_prefix + l_partner + 0.5 * (l_depth + l_valid), stats
 
 
 # -- measuring ---------------------------------------------------------------------------
@@ -154,23 +236,30 @@ def train(task_name: str, seed: int, minutes: float, out: Path, log=print, threa
     src_tok, tgt_tok = tokenizers(task)
     cfg = build_config(task, recipe, src_tok, tgt_tok)
     model = Transformer(cfg)
+    if recipe.sinusoidal_init and cfg.pos_encoding == "learned":
+        with torch.no_grad():
+            model.src_embed.pos.weight.copy_(sinusoidal_table(cfg.max_len, cfg.d_model))
     log(f"[{task.name}] {count_parameters(model):,} parameters; config {json.dumps(recipe.model)}")
-    opt = torch.optim.Adam(model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), eps=1e-9)
+    params = list(model.parameters())
+    probes = make_probes(cfg.d_model) if recipe.hints else None
+    if probes is not None:
+        params += list(probes.parameters())
+    opt = torch.optim.Adam(params, lr=recipe.lr, betas=(0.9, 0.98), eps=1e-9)
     val = T.generate(task.name, N_VAL, T.VAL_SEED)
-    levels = list(recipe.curriculum) or [None]
-    level = 0
     best_acc, best_state, best_step = -1.0, None, 0
     start = time.perf_counter()
-    step = 0
+    step, stats = 0, {}
     while True:
         step += 1
-        limit = levels[level]
-        examples = [task.sample(rng) if limit is None else task.sample(rng, limit) for _ in range(recipe.batch)]
+        examples = [task.sample(rng) for _ in range(recipe.batch)]
         src, y_in, y_out = encode_batch(task, examples, src_tok, tgt_tok, cfg.eos_id)
         model.train()
         if task.kind == "classify":
-            logits = model(src).logits
-            loss = F.cross_entropy(logits, y_in, label_smoothing=recipe.label_smoothing)
+            out_ = model(src, return_hidden=probes is not None)
+            loss = F.cross_entropy(out_.logits, y_in, label_smoothing=recipe.label_smoothing)
+            if probes is not None:
+                hint, stats = hint_loss(model, probes, out_, src, examples)
+                loss = loss + recipe.hints * hint
         else:
             logits = model(src, y_in).logits
             loss = F.cross_entropy(
@@ -181,25 +270,19 @@ def train(task_name: str, seed: int, minutes: float, out: Path, log=print, threa
             g["lr"] = lr_at(step, recipe)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         elapsed = (time.perf_counter() - start) / 60
         out_of_time = elapsed >= minutes
         if step % recipe.eval_every == 0 or out_of_time:
             acc = accuracy(model, task, val, src_tok, tgt_tok)
-            at_full = level == len(levels) - 1
+            extra = "".join(f"  {k} {v:.3f}" for k, v in stats.items())
             log(f"step {step:6d}  {elapsed:5.2f} min  loss {loss.item():.4f}  lr {lr_at(step, recipe):.2e}  "
-                f"val {acc:.4f}  max_len {limit or 'all'}")
-            if at_full and acc > best_acc:
+                f"val {acc:.4f}{extra}")
+            if acc >= best_acc:  # ties: the later (longer-trained) one
                 best_acc, best_state, best_step = acc, copy.deepcopy(model.state_dict()), step
-            if at_full and acc >= TARGET_VAL:
+            if acc >= TARGET_VAL and step >= recipe.min_steps:
                 break
-            if not at_full:
-                part = [e for e in val if len(e[0]) <= limit]
-                if accuracy(model, task, part, src_tok, tgt_tok) >= 0.98:
-                    level += 1
-                    log(f"curriculum: now up to {levels[level] or 'all'} characters")
-            sys.stdout.flush()
         if out_of_time:
             break
     train_minutes = (time.perf_counter() - start) / 60
@@ -253,10 +336,29 @@ def make_card(task, recipe, cfg, model, seed, minutes, steps, best_step, best_va
              if task.kind == "classify" else
              f"encoder-decoder, {cfg.n_enc_layers} + {cfg.n_dec_layers} layers")
     fields = ", ".join(f"{k}={v}" for k, v in recipe.model.items())
+    io = ("Source = tokens + EOS; cross-entropy over the two classes of the pooled output"
+          if task.kind == "classify" else
+          "Source = tokens + EOS; decoder input = BOS + target; labels = target + EOS; loss ignores PAD")
+    how = "argmax of the class logits" if task.kind == "classify" else "greedy decoding"
     sched = (f"Adam (0.9, 0.98, eps 1e-9), peak lr {recipe.lr:g} after {recipe.warmup} warm-up steps then "
              f"1/sqrt(step) decay, batch {recipe.batch}, gradient clip 1.0, label smoothing {recipe.label_smoothing:g}")
-    if recipe.curriculum:
-        sched += f", curriculum over source length {list(recipe.curriculum)} (next level at 98% on the validation part)"
+    if recipe.min_steps:
+        sched += f", at least {recipe.min_steps:,} steps"
+    if recipe.sinusoidal_init:
+        sched += "; the learned position table starts as the sinusoidal table"
+    if recipe.hints:
+        sched += (
+            f".\n\nTraining hints (weight {recipe.hints:g}, the two probes half that; 0-based layer/head numbers): besides the class, the loss "
+            f"asks head {PREFIX_HEAD[1]} of layer {PREFIX_HEAD[0]} to attend uniformly to the positions up to its own "
+            f"(prefix counting), a linear probe after layer {DEPTH_LAYER - 1} to read the bracket depth, head "
+            f"{PARTNER_HEAD[1]} of layer {PARTNER_HEAD[0]} to attend from each bracket to its partner (the nearest "
+            "bracket on the same nesting level, types ignored: the matching bracket in a balanced string), and a "
+            "linear probe after the last layer to read whether the prefix is still valid. The targets come from "
+            "a stack run over the input; the probes are not saved, and the model reads only the raw string. "
+            "So those two heads show the right attention by construction; the other heads were left free. "
+            "Without the two attention hints (tried: 128-wide encoder with a length curriculum, with and without "
+            "the probes; 64-wide with the probes) validation accuracy was still 65-85% after 5-7 minutes"
+        )
     return f"""# {task.name}
 
 {task.summary[0].upper() + task.summary[1:]}.
@@ -275,12 +377,13 @@ Early stopping at {TARGET_VAL:.1%} right on {N_VAL:,} validation examples (seed 
 Held-out sources that also occur in the training stream: {overlap:.1%} (mostly the shortest inputs, which are few).
 
 ## Training
-{sched}. Source = tokens + EOS; decoder input = BOS + target; labels = target + EOS; loss ignores PAD.
+{sched}.
+{io}.
 Stopped at step {steps:,} after {minutes:.1f} minutes on a 2-core CPU shared with other jobs (torch threads: {torch.get_num_threads()}); kept step {best_step:,}
 (validation {metric} {best_val:.2%}). Seed {seed}.
 
 ## Result
-Held-out {metric}: **{acc:.2%}** on {N_HELDOUT:,} examples (eval seed {T.EVAL_SEED}, greedy decoding).
+Held-out {metric}: **{acc:.2%}** on {N_HELDOUT:,} examples (eval seed {T.EVAL_SEED}, {how}).
 
 ## Reproduce
 `python -m models.train --task {task.name} --seed {seed}`

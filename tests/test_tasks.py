@@ -275,3 +275,37 @@ def test_every_edit_unbalances(edit):
 def test_balanced_lengths_cover_range(samples):
     lengths = {len(s) for s, t in samples["brackets"] if t == "balanced"}
     assert lengths == set(range(2, 41, 2))
+
+
+def test_bracket_partners_characterise_balance():
+    """Exhaustively up to length 8 over two types: balanced iff every bracket's partner exists,
+    points the other way and has the same type; in balanced strings partners are the stack's pairs."""
+    import itertools
+
+    for n in range(1, 9):
+        for chars in itertools.product("()[]", repeat=n):
+            s = "".join(chars)
+            partners = T.bracket_partners(s)
+            ok = all(
+                k is not None and (s[i] in "([{") != (s[k] in "([{") and {s[i], s[k]} in ({"(", ")"}, {"[", "]"})
+                for i, k in enumerate(partners)
+            )
+            assert ok == stack_ok(s), s
+            if ok:
+                stack = []
+                for i, c in enumerate(s):
+                    if c in "([":
+                        stack.append(i)
+                    else:
+                        j = stack.pop()
+                        assert partners[i] == j and partners[j] == i
+
+
+def test_prefix_states():
+    assert T.prefix_states("([)]") == ([1, 2, 1, 0], [True, True, False, False])
+    assert T.prefix_states("())(") == ([1, 0, -1, 0], [True, True, False, False])
+    rng = random.Random(4)
+    for _ in range(200):
+        s = T.random_balanced(rng, rng.randint(1, 20))
+        depths, valid = T.prefix_states(s)
+        assert all(valid) and depths[-1] == 0 and min(depths) >= 0
