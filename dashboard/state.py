@@ -298,7 +298,7 @@ def sidebar() -> Selection | None:
             raw = st.text_area("Inputs (one per line)", key=SOURCES, height=110)
             sources, empty = _split_lines(raw)
         else:
-            raw = st.text_input("Input text", key=SOURCE, max_chars=4000)
+            raw = st.text_input("Input text", key=SOURCE)
             sources, empty = [raw], []
         st.caption(f"At most {lm.max_src_tokens} tokens per input; longer inputs are truncated.")
         targets, t_empty = None, []
@@ -311,7 +311,7 @@ def sidebar() -> Selection | None:
                         st.text_area("Targets (one per line)", key=TARGETS, height=90)
                     )
                 else:
-                    targets = [st.text_input("Target text", key=TARGET, max_chars=4000)]
+                    targets = [st.text_input("Target text", key=TARGET)]
             if model_facts.arch(lm) == "decoder":
                 st.caption(
                     "Decoder-only model: the input is the prompt; 'generate' continues it greedily and "

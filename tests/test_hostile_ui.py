@@ -69,15 +69,14 @@ def make_app(model: str, **session) -> AppTest:
 
 
 def send(at: AppTest, text: str) -> AppTest:
-    """Type ``text`` into the sidebar: the single-line box takes at most its max_chars (4,000; in
-    the browser Streamlit refuses a longer paste, so the longest text it takes is sent here), the
-    batch box takes everything."""
+    """Type ``text`` into the sidebar (neither box limits its length: a long text is truncated to
+    the model's limit with a warning on the page, never cut silently in the browser)."""
     if at.session_state[S.BATCH]:
         at.sidebar.text_area(key=S.SOURCES).input(text).run()
     else:
         box = at.sidebar.text_input(key=S.SOURCE)
-        limit = box.proto.max_chars or len(text)
-        box.input(text[:limit]).run()
+        assert not box.proto.max_chars
+        box.input(text).run()
     return at
 
 

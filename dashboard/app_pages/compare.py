@@ -65,10 +65,10 @@ try:
             st.session_state[lab.CMP_TARGET_B] = sel.targets[0] if sel.targets else ""
             st.session_state[B_FOR_MODEL] = lm.name
         c1, c2 = st.columns(2)
-        src_b = c1.text_input("Input B", key=lab.CMP_SOURCE_B, max_chars=4000)
+        src_b = c1.text_input("Input B", key=lab.CMP_SOURCE_B)
         tgt_b = None
         if sel.targets is not None:
-            tgt_b = c2.text_input("Target B (teacher forcing)", key=lab.CMP_TARGET_B, max_chars=4000)
+            tgt_b = c2.text_input("Target B (teacher forcing)", key=lab.CMP_TARGET_B)
         if not src_b.strip() or (tgt_b is not None and not tgt_b.strip()):
             st.warning("Input B is empty: type a text (and a target) for B.")
             st.stop()
