@@ -31,9 +31,20 @@ Example = tuple[str, str]
 # -- reverse ----------------------------------------------------------------------------
 
 
+# Share of strings drawn from only 1-3 distinct symbols, so that long runs of one symbol
+# ("aaaa", "00009999") are common enough to be learned (uniform draws almost never have them).
+P_FEW_SYMBOLS = 0.25
+
+
+def _symbols(rng: random.Random, alphabet: str, max_chars: int) -> str:
+    if rng.random() < P_FEW_SYMBOLS:
+        alphabet = "".join(rng.sample(alphabet, rng.randint(1, 3)))
+    return "".join(rng.choices(alphabet, k=rng.randint(1, max_chars)))
+
+
 def reverse(rng: random.Random, max_chars: int = 20) -> Example:
     """A lowercase string of 1..max_chars letters -> the same string reversed."""
-    s = "".join(rng.choices(string.ascii_lowercase, k=rng.randint(1, max_chars)))
+    s = _symbols(rng, string.ascii_lowercase, max_chars)
     return s, s[::-1]
 
 
@@ -46,7 +57,7 @@ def answer_reverse(src: str) -> str:
 
 def sort_digits(rng: random.Random, max_chars: int = 20) -> Example:
     """A string of 1..max_chars digits -> its digits in ascending order."""
-    s = "".join(rng.choices(string.digits, k=rng.randint(1, max_chars)))
+    s = _symbols(rng, string.digits, max_chars)
     return s, "".join(sorted(s))
 
 

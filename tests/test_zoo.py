@@ -18,8 +18,14 @@ MAX_FOLDER_BYTES = 5 * 2**20
 N_HELDOUT = 1000
 
 HAND = {
-    "reverse": [("hello", "olleh"), ("attention", "noitnetta"), ("a", "a"), ("abcdefghijklmnopqrst", "tsrqponmlkjihgfedcba")],
-    "sort": [("3141", "1134"), ("9876543210", "0123456789"), ("5", "5"), ("00000000009999999999", "00000000009999999999")],
+    "reverse": [
+        ("hello", "olleh"), ("attention", "noitnetta"), ("a", "a"),
+        ("abcdefghijklmnopqrst", "tsrqponmlkjihgfedcba"), ("aaaaaaaaaabbbbbbbbbb", "bbbbbbbbbbaaaaaaaaaa"),
+    ],
+    "sort": [
+        ("3141", "1134"), ("9876543210", "0123456789"), ("5", "5"),
+        ("99999999990000000000", "00000000009999999999"), ("11111111111111111111", "11111111111111111111"),
+    ],
     "dates": [
         ("21 Nov 2026", "2026-11-21"),
         ("21/11/2026", "2026-11-21"),
