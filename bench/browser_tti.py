@@ -147,7 +147,9 @@ class MemoryGuard:
         self._thread.join()
 
 
-def bertviz_trial(browser, base_url: str, name: str, n_thumbs: int, guard: MemoryGuard, timeout_s: float) -> dict:
+def bertviz_trial(
+    browser, base_url: str, name: str, n_thumbs: int, guard: MemoryGuard, timeout_s: float
+) -> dict:
     """Load a bertviz page; ms from navigation start to its last thumbnail (or why it never came)."""
     guard.reset()
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
@@ -189,8 +191,12 @@ class FrameLog:
         page.on("websocket", self._on_ws)
 
     def _on_ws(self, ws) -> None:
-        ws.on("framereceived", lambda payload: self.frames.append(
-            payload if isinstance(payload, bytes) else payload.encode("utf-8")))
+        ws.on(
+            "framereceived",
+            lambda payload: self.frames.append(
+                payload if isinstance(payload, bytes) else payload.encode("utf-8")
+            ),
+        )
 
 
 def attnscope_trial(page, frames: FrameLog, text: str, timeout_s: float) -> dict:
@@ -223,10 +229,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--app", type=Path, nargs="+", default=[harness.APP],
-                    help="dashboard/app.py of each checkout to measure (interleaved), e.g. a 'before' worktree")
+    ap.add_argument(
+        "--app",
+        type=Path,
+        nargs="+",
+        default=[harness.APP],
+        help="dashboard/app.py of each checkout to measure (interleaved), e.g. a 'before' worktree",
+    )
     ap.add_argument("--label", nargs="+", help="a name per --app (default: its checkout's folder name)")
-    ap.add_argument("--bertviz-max-mb", type=float, default=6000, help="stop bertviz's renderer above this RSS")
+    ap.add_argument(
+        "--bertviz-max-mb", type=float, default=6000, help="stop bertviz's renderer above this RSS"
+    )
     ap.add_argument("--bertviz-timeout", type=float, default=180, help="seconds to wait for bertviz to draw")
     ap.add_argument("--no-bertviz", action="store_true", help="measure the app(s) only")
     ap.add_argument("--timeout", type=float, default=180, help="seconds to wait for attnscope's grid")
@@ -268,7 +281,8 @@ def main() -> None:
         apps = {}
         for lab, app in zip(labels, args.app, strict=True):
             url, proc = stack.enter_context(
-                harness.app_server(app, env={"OMP_NUM_THREADS": "1"}, log=tmp / f"server-{lab}.log"))
+                harness.app_server(app, env={"OMP_NUM_THREADS": "1"}, log=tmp / f"server-{lab}.log")
+            )
             rss = stack.enter_context(harness.RssSampler(proc.pid))
             page = app_browser.new_page(viewport={"width": 1400, "height": 1100})
             frames = FrameLog(page)
@@ -280,8 +294,11 @@ def main() -> None:
                 for lab, (page, frames, _) in apps.items():
                     a = attnscope_trial(page, frames, text, args.timeout)
                     results[lab][n].append(a)
-                    print(f"  {lab:<10} {n:>4} tokens: grid {a['ms']:8.0f} ms, page done {a['settled_ms']:8.0f} ms, "
-                          f"grid frame {a['grid_bytes']:,} B, whole rerun {a['rerun_bytes']:,} B", flush=True)
+                    print(
+                        f"  {lab:<10} {n:>4} tokens: grid {a['ms']:8.0f} ms, page done {a['settled_ms']:8.0f} ms, "
+                        f"grid frame {a['grid_bytes']:,} B, whole rerun {a['rerun_bytes']:,} B",
+                        flush=True,
+                    )
                 if args.no_bertviz or n in bertviz_gave_up:
                     continue
                 tr = lm.trace([text])[0]
@@ -292,7 +309,9 @@ def main() -> None:
                 (tmp / name).write_text(html, encoding="utf-8")
                 bertviz_bytes[n] = len(html.encode("utf-8"))
                 del html, tr
-                b = bertviz_trial(bv_browser, static_url, name, n_layers * n_heads, guard, args.bertviz_timeout)
+                b = bertviz_trial(
+                    bv_browser, static_url, name, n_layers * n_heads, guard, args.bertviz_timeout
+                )
                 b["python_s"] = py_s
                 (tmp / name).unlink()
                 bv_results[n].append(b)
@@ -306,8 +325,11 @@ def main() -> None:
                     bv_browser = harness.launch_chromium(pw)
                     guard.roots = [psutil.Process(p) for p in _chromium_pids() - before]
                 else:
-                    print(f"  {'bertviz':<10} {n:>4} tokens: drawn {b['ms']:8.0f} ms (+{py_s:.1f} s python), "
-                          f"browser peak {b['peak_mb']:,.0f} MB", flush=True)
+                    print(
+                        f"  {'bertviz':<10} {n:>4} tokens: drawn {b['ms']:8.0f} ms (+{py_s:.1f} s python), "
+                        f"browser peak {b['peak_mb']:,.0f} MB",
+                        flush=True,
+                    )
         for lab, (_, _, rss) in apps.items():
             server_peak[lab] = rss.peak_mb
         with contextlib.suppress(Exception):
@@ -316,7 +338,9 @@ def main() -> None:
     load1 = os.getloadavg()
 
     print()
-    print(f"# browser time to interactive, MiniLM ({n_layers} layers x {n_heads} heads), median of {args.repeats}")
+    print(
+        f"# browser time to interactive, MiniLM ({n_layers} layers x {n_heads} heads), median of {args.repeats}"
+    )
     print(f"# {platform.machine()}, {os.cpu_count()} cores, load average {load0[0]:.2f} -> {load1[0]:.2f}")
     print(f"{'':>16}{'grid drawn s':>13}{'page done s':>12}{'grid B/value':>13}{'bertviz ÷ this':>16}")
     summary: dict = {"load": [load0, load1], "apps": {}, "bertviz": {}}
@@ -329,14 +353,22 @@ def main() -> None:
             a_bpv = _median([r["grid_bytes"] for r in rs]) / values
             ratio = f"{b_ms / a_ms:15.1f}x" if b_ms is not None else f"{'—':>16}"
             print(f"{n:>5} {lab:<10}{a_ms / 1000:13.2f}{a_done / 1000:12.2f}{a_bpv:13.2f}{ratio}")
-            summary["apps"].setdefault(lab, {})[n] = {"grid_ms": a_ms, "settled_ms": a_done, "bytes_per_value": a_bpv,
-                                                      "raw": rs}
+            summary["apps"].setdefault(lab, {})[n] = {
+                "grid_ms": a_ms,
+                "settled_ms": a_done,
+                "bytes_per_value": a_bpv,
+                "raw": rs,
+            }
         if not args.no_bertviz:
             b_bpv = bertviz_bytes.get(n, 0) / values
             b_txt = f"{b_ms / 1000:13.2f}" if b_ms is not None else f"{'not drawn':>13}"
             print(f"{n:>5} {'bertviz':<10}{b_txt}{'':>12}{b_bpv:13.1f}")
-            summary["bertviz"][n] = {"ms": b_ms, "bytes_per_value": b_bpv, "note": bertviz_gave_up.get(n),
-                                     "raw": bv_results[n]}
+            summary["bertviz"][n] = {
+                "ms": b_ms,
+                "bytes_per_value": b_bpv,
+                "note": bertviz_gave_up.get(n),
+                "raw": bv_results[n],
+            }
     for n, why in bertviz_gave_up.items():
         print(f"bertviz at {n} tokens ({bertviz_bytes[n] / 2**20:,.0f} MB of HTML): {why}")
     print("streamlit server peak RSS: " + ", ".join(f"{lab} {mb:,.0f} MB" for lab, mb in server_peak.items()))

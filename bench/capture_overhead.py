@@ -37,15 +37,22 @@ def _time(fn, device: str) -> float:
 
 def sdp_at(rev: str):
     """core.attention.scaled_dot_product as it was at git revision ``rev``."""
-    src = subprocess.run(["git", "show", f"{rev}:core/attention.py"], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[1]).stdout
+    src = subprocess.run(
+        ["git", "show", f"{rev}:core/attention.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    ).stdout
     module = types.ModuleType(f"core_attention_at_{rev}")
     sys.modules[module.__name__] = module  # dataclasses look their module up there
     exec(compile(src, f"{rev}:core/attention.py", "exec"), module.__dict__)
     return module.scaled_dot_product
 
 
-def measure_against(model: Transformer, length: int, device: str, repeats: int, old_sdp) -> tuple[float, float, float]:
+def measure_against(
+    model: Transformer, length: int, device: str, repeats: int, old_sdp
+) -> tuple[float, float, float]:
     """Median seconds of (no capture, capture with ``old_sdp``, capture now), interleaved."""
     cfg = model.cfg
     g = torch.Generator().manual_seed(0)
@@ -76,7 +83,9 @@ def measure_against(model: Transformer, length: int, device: str, repeats: int, 
     return tuple(statistics.median(runs[w]) for w in ("plain", "old", "now"))
 
 
-def measure(model: Transformer, length: int, device: str, repeats: int, batch: int = 1) -> tuple[float, float]:
+def measure(
+    model: Transformer, length: int, device: str, repeats: int, batch: int = 1
+) -> tuple[float, float]:
     cfg = model.cfg
     g = torch.Generator().manual_seed(0)
     vocab = min(cfg.src_vocab_size, cfg.tgt_vocab_size)
@@ -109,8 +118,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
-    ap.add_argument("--against", metavar="REV", help="also time the capture path of core/attention.py at this "
-                    "git revision, interleaved (before/after of a change to the explicit path)")
+    ap.add_argument(
+        "--against",
+        metavar="REV",
+        help="also time the capture path of core/attention.py at this "
+        "git revision, interleaved (before/after of a change to the explicit path)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -124,17 +137,23 @@ def main() -> None:
         print(f"(zoo default model unavailable: {exc})")
     torch.manual_seed(0)
     models.append(("base", Transformer(base().replace(max_len=1024)).to(args.device).eval()))
-    print(f"# capture overhead on {args.device} ({platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__})")
+    print(
+        f"# capture overhead on {args.device} ({platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__})"
+    )
     old_sdp = sdp_at(args.against) if args.against else None
     if old_sdp is not None:
-        print(f"{'model':<14}{'tokens':>7}{'no capture ms':>15}{'capture@' + args.against[:7] + ' ms':>20}"
-              f"{'ratio':>8}{'capture now ms':>16}{'ratio':>8}")
+        print(
+            f"{'model':<14}{'tokens':>7}{'no capture ms':>15}{'capture@' + args.against[:7] + ' ms':>20}"
+            f"{'ratio':>8}{'capture now ms':>16}{'ratio':>8}"
+        )
         for name, model in models:
             for length in sorted({min(n, model.cfg.max_len) for n in args.lengths}):
                 plain, old, now = measure_against(model, length, args.device, args.repeats, old_sdp)
-                print(f"{name:<14}{length:>7}{plain * 1000:>15.2f}{old * 1000:>20.2f}{old / plain:>7.2f}x"
-                      f"{now * 1000:>16.2f}{now / plain:>7.2f}x")
+                print(
+                    f"{name:<14}{length:>7}{plain * 1000:>15.2f}{old * 1000:>20.2f}{old / plain:>7.2f}x"
+                    f"{now * 1000:>16.2f}{now / plain:>7.2f}x"
+                )
         return
     print(f"{'model':<14}{'tokens':>7}{'no capture ms':>15}{'capture ms':>12}{'ratio':>8}")
     for name, model in models:

@@ -105,7 +105,9 @@ def app_server(
         *(extra_args or []),
     ]
     out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
-    proc = subprocess.Popen(cmd, cwd=Path(app).resolve().parents[1], env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        cmd, cwd=Path(app).resolve().parents[1], env=full_env, stdout=out, stderr=subprocess.STDOUT
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout

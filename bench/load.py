@@ -127,8 +127,16 @@ class _Start:
             self.event.set()
 
 
-async def _session(browser, url: str, idx: int, plan: SessionPlan, start: _Start, res: LoadResult,
-                   timeout_ms: int, think: tuple[float, float]) -> None:
+async def _session(
+    browser,
+    url: str,
+    idx: int,
+    plan: SessionPlan,
+    start: _Start,
+    res: LoadResult,
+    timeout_ms: int,
+    think: tuple[float, float],
+) -> None:
     context = await browser.new_context(viewport={"width": 1300, "height": 1000})
     page = await context.new_page()
     rng = random.Random(1000 + idx)
@@ -139,7 +147,9 @@ async def _session(browser, url: str, idx: int, plan: SessionPlan, start: _Start
         await page.locator(harness.MODEL_PICKER).first.click()
         import re
 
-        await page.get_by_role("option", name=re.compile(rf"^{re.escape(plan.label)}( \(|( ·|$))")).first.click()
+        await page.get_by_role(
+            "option", name=re.compile(rf"^{re.escape(plan.label)}( \(|( ·|$))")
+        ).first.click()
         await page.wait_for_function(harness.GRID_STATE_JS, timeout=timeout_ms)
         await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
         box = page.locator(harness.SIDEBAR_INPUT).first
@@ -179,13 +189,21 @@ async def _session(browser, url: str, idx: int, plan: SessionPlan, start: _Start
 
 # -- one hostile user among them ----------------------------------------------------------------------
 
-STATE_JS = """() => ({
-    grid: (""" + harness.GRID_STATE_JS + """)(),
+STATE_JS = (
+    """() => ({
+    grid: ("""
+    + harness.GRID_STATE_JS
+    + """)(),
     alerts: [...document.querySelectorAll('[data-testid="stAlert"]')].map(e => e.innerText).join(' | '),
     exc: document.querySelectorAll('[data-testid="stException"]').length,
 })"""
-CHANGED_JS = """s0 => { const s = (""" + STATE_JS + """)();
+)
+CHANGED_JS = (
+    """s0 => { const s = ("""
+    + STATE_JS
+    + """)();
     return s.grid !== s0.grid || s.alerts !== s0.alerts || s.exc > 0; }"""
+)
 INJECTED_JS = """() => document.querySelectorAll('img[src="x"]').length
     + [...document.scripts].filter(s => s.text.trim() === 'alert(1)').length"""  # what the payloads would add
 BATCH_TOGGLE = "Batch: several inputs, one per line"
@@ -212,8 +230,15 @@ def hostile_steps(bad_folder: str | None = None) -> list[tuple[str, str, str]]:
     return steps
 
 
-async def _hostile_session(browser, url: str, plan: SessionPlan, start: _Start, res: LoadResult,
-                           timeout_ms: int, steps: list[tuple[str, str, str]]) -> None:
+async def _hostile_session(
+    browser,
+    url: str,
+    plan: SessionPlan,
+    start: _Start,
+    res: LoadResult,
+    timeout_ms: int,
+    steps: list[tuple[str, str, str]],
+) -> None:
     """Opens like the others, then sends each hostile step.
 
     Every step must end in a drawn grid or a clear message (an error/warning alert), never an
@@ -248,7 +273,9 @@ async def _hostile_session(browser, url: str, plan: SessionPlan, start: _Start, 
         await page.goto(url, timeout=timeout_ms)
         await page.wait_for_selector(harness.MODEL_PICKER, timeout=timeout_ms)
         await page.locator(harness.MODEL_PICKER).first.click()
-        await page.get_by_role("option", name=re.compile(rf"^{re.escape(plan.label)}( \(|( ·|$))")).first.click()
+        await page.get_by_role(
+            "option", name=re.compile(rf"^{re.escape(plan.label)}( \(|( ·|$))")
+        ).first.click()
         await page.wait_for_function(harness.GRID_STATE_JS, timeout=timeout_ms)
         await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
         counted = True
@@ -263,8 +290,15 @@ async def _hostile_session(browser, url: str, plan: SessionPlan, start: _Start, 
                 await box.fill(payload)
                 if len(payload) > 4000 and await box.input_value() == before:
                     # Streamlit's box (max_chars=4000) refuses a longer paste: nothing is sent
-                    res.hostile.append({"step": name, "outcome": "refused by the box (max_chars)",
-                                        "ok": not dialogs, "message": "", "seconds": 0.0})
+                    res.hostile.append(
+                        {
+                            "step": name,
+                            "outcome": "refused by the box (max_chars)",
+                            "ok": not dialogs,
+                            "message": "",
+                            "seconds": 0.0,
+                        }
+                    )
                     continue
                 await box.press("Enter")
             elif how == "batch":
@@ -289,11 +323,25 @@ async def _hostile_session(browser, url: str, plan: SessionPlan, start: _Start, 
                 await page.locator(PATH_BOX).press("Enter")
                 await page.get_by_role("button", name="Load", exact=True).click()
             state = await settle(s0)
-            outcome = "exception" if state["exc"] else (
-                "message" if state["alerts"] and state["alerts"] != s0["alerts"] else
-                "drawn" if state["grid"] and state["grid"] != s0["grid"] else "nothing")
-            step = {"step": name, "outcome": outcome, "message": state["alerts"][:300],
-                    "seconds": round(time.monotonic() - t0, 2), "dialogs": list(dialogs), "injected": await injected()}
+            outcome = (
+                "exception"
+                if state["exc"]
+                else (
+                    "message"
+                    if state["alerts"] and state["alerts"] != s0["alerts"]
+                    else "drawn"
+                    if state["grid"] and state["grid"] != s0["grid"]
+                    else "nothing"
+                )
+            )
+            step = {
+                "step": name,
+                "outcome": outcome,
+                "message": state["alerts"][:300],
+                "seconds": round(time.monotonic() - t0, 2),
+                "dialogs": list(dialogs),
+                "injected": await injected(),
+            }
             if how == "batch":  # back to one input
                 await page.get_by_text(BATCH_TOGGLE).click()
                 await page.wait_for_selector(harness.SIDEBAR_INPUT, timeout=timeout_ms)
@@ -311,19 +359,32 @@ async def _hostile_session(browser, url: str, plan: SessionPlan, start: _Start, 
             await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms, polling=100)
             labels = [y for y in (await page.evaluate(GRID_Y_JS) or []) if y.startswith("layer 0 · ")]
             step["recovered"] = labels == plan.expected(text)
-            step["ok"] = (outcome in ("drawn", "message") and not step["dialogs"] and not step["injected"]
-                          and step["recovered"])
+            step["ok"] = (
+                outcome in ("drawn", "message")
+                and not step["dialogs"]
+                and not step["injected"]
+                and step["recovered"]
+            )
             res.hostile.append(step)
     except Exception as exc:
-        res.hostile.append({"step": "session", "ok": False, "outcome": f"{type(exc).__name__}: {str(exc)[:2000]}"})
+        res.hostile.append(
+            {"step": "session", "ok": False, "outcome": f"{type(exc).__name__}: {str(exc)[:2000]}"}
+        )
     finally:
         if not counted:
             start.ready()
         await context.close()
 
 
-async def _drive(url: str, plans: list[SessionPlan], seconds: float, res: LoadResult, timeout_ms: int,
-                 think: tuple[float, float], hostile: tuple[SessionPlan, list] | None = None) -> None:
+async def _drive(
+    url: str,
+    plans: list[SessionPlan],
+    seconds: float,
+    res: LoadResult,
+    timeout_ms: int,
+    think: tuple[float, float],
+    hostile: tuple[SessionPlan, list] | None = None,
+) -> None:
     from playwright.async_api import async_playwright
 
     async with async_playwright() as pw:
@@ -335,8 +396,11 @@ async def _drive(url: str, plans: list[SessionPlan], seconds: float, res: LoadRe
                 for i, plan in enumerate(plans)
             ]
             if hostile is not None:
-                tasks.append(asyncio.create_task(_hostile_session(browser, url, hostile[0], start, res,
-                                                                  timeout_ms, hostile[1])))
+                tasks.append(
+                    asyncio.create_task(
+                        _hostile_session(browser, url, hostile[0], start, res, timeout_ms, hostile[1])
+                    )
+                )
             t0 = time.monotonic()
             await start.event.wait()
             res.open_s = time.monotonic() - t0
@@ -408,13 +472,26 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--models", nargs="+", default=None, help="default: the zoo and minilm")
-    ap.add_argument("--threads", nargs="+", default=["app"],
-                    help="server torch threads per forward pass: 'app' (the app's default: half the cores) "
-                    "or a number (ATTNSCOPE_TORCH_THREADS)")
-    ap.add_argument("--hostile", action="store_true",
-                    help="one more session (MiniLM if installed) sends hostile input meanwhile")
-    ap.add_argument("--think", type=float, nargs=2, default=[0.0, 0.0], metavar=("MIN", "MAX"),
-                    help="seconds each user waits before the next input (default 0 0: back to back)")
+    ap.add_argument(
+        "--threads",
+        nargs="+",
+        default=["app"],
+        help="server torch threads per forward pass: 'app' (the app's default: half the cores) "
+        "or a number (ATTNSCOPE_TORCH_THREADS)",
+    )
+    ap.add_argument(
+        "--hostile",
+        action="store_true",
+        help="one more session (MiniLM if installed) sends hostile input meanwhile",
+    )
+    ap.add_argument(
+        "--think",
+        type=float,
+        nargs=2,
+        default=[0.0, 0.0],
+        metavar=("MIN", "MAX"),
+        help="seconds each user waits before the next input (default 0 0: back to back)",
+    )
     args = ap.parse_args()
     problem = harness.chromium_problem()
     if problem:
@@ -422,16 +499,25 @@ def main() -> None:
     from models import registry
 
     models = args.models or registry.all_names()
-    print(f"# load: {args.sessions} sessions x {args.seconds:.0f} s, think {args.think[0]:g}-{args.think[1]:g} s, "
-          f"models {models}; "
-          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"# load: {args.sessions} sessions x {args.seconds:.0f} s, think {args.think[0]:g}-{args.think[1]:g} s, "
+        f"models {models}; "
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}"
+    )
     results = {}
     for threads in args.threads:
         env = {} if threads == "app" else {"ATTNSCOPE_TORCH_THREADS": threads}
         with tempfile.TemporaryDirectory() as tmp:
             hostile = ("minilm" if "minilm" in registry.all_names() else models[0]) if args.hostile else None
-            res = run_load(models, args.sessions, args.seconds, env=env, log=Path(tmp) / "server.log",
-                           think=tuple(args.think), hostile_model=hostile)
+            res = run_load(
+                models,
+                args.sessions,
+                args.seconds,
+                env=env,
+                log=Path(tmp) / "server.log",
+                think=tuple(args.think),
+                hostile_model=hostile,
+            )
         results[threads] = res
         print(f"torch threads {threads:>4}: {res.summary()}")
         for m, ts in res.per_model.items():
@@ -439,8 +525,10 @@ def main() -> None:
         for e in (res.errors + res.mixups)[:10]:
             print("   ", e)
         for h in res.hostile:
-            print(f"    hostile: {h['step']:<38} -> {h['outcome']:<8} {'ok' if h.get('ok') else 'FAILED'} "
-                  f"{h.get('seconds', '')}s  {h.get('message', '')[:90]!r}")
+            print(
+                f"    hostile: {h['step']:<38} -> {h['outcome']:<8} {'ok' if h.get('ok') else 'FAILED'} "
+                f"{h.get('seconds', '')}s  {h.get('message', '')[:90]!r}"
+            )
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -55,8 +55,10 @@ def main() -> None:
     from models import registry
 
     lm = registry.load("minilm")
-    print(f"# MiniLM traces from U concurrent users in one process; {os.cpu_count()} cores, "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"# MiniLM traces from U concurrent users in one process; {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     print(f"{'tokens':>6}{'users':>6}{'threads':>8}{'p50 ms':>9}{'p95 ms':>9}{'traces/s':>10}")
     for n in args.lengths:
         texts = [harness.word_text(lm.src_tok, n, seed=s) for s in range(20)]
@@ -66,8 +68,11 @@ def main() -> None:
                 lat, wall = run(lm, texts, users, args.seconds)
                 lat.sort()
                 p95 = lat[min(len(lat) - 1, round(0.95 * len(lat)) - 1)]
-                print(f"{n:>6}{users:>6}{threads:>8}{statistics.median(lat) * 1000:>9.0f}{p95 * 1000:>9.0f}"
-                      f"{len(lat) / wall:>10.2f}", flush=True)
+                print(
+                    f"{n:>6}{users:>6}{threads:>8}{statistics.median(lat) * 1000:>9.0f}{p95 * 1000:>9.0f}"
+                    f"{len(lat) / wall:>10.2f}",
+                    flush=True,
+                )
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -43,7 +43,9 @@ print(json.dumps({"before_mb": before / 1024, "after_mb": after / 1024}))
 def run(length: int, capture: bool) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(length), "1" if capture else "0"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -61,8 +63,10 @@ def main() -> None:
         theory = trace_bytes(6, 6, 8, 1, length, length) / 2**20
         ratio = cap["after_mb"] / plain["after_mb"]
         print(f"{length:>7}{theory:>18.1f}{plain['after_mb']:>15.1f}{cap['after_mb']:>12.1f}{ratio:>7.2f}x")
-    print(f"\nlimit: a trace whose maps exceed {MAX_TRACE_MB} MB (ATTNSCOPE_MAX_TRACE_MB) is refused before the "
-          "forward pass with a message naming the size and the limit; batches above ATTNSCOPE_MAX_BATCH too.")
+    print(
+        f"\nlimit: a trace whose maps exceed {MAX_TRACE_MB} MB (ATTNSCOPE_MAX_TRACE_MB) is refused before the "
+        "forward pass with a message naming the size and the limit; batches above ATTNSCOPE_MAX_BATCH too."
+    )
     n = 1
     while trace_bytes(6, 6, 8, n, 512, 512) <= MAX_TRACE_MB * 2**20:
         n += 1

@@ -99,7 +99,9 @@ def model_from_state(
     """A Transformer built from cfg and filled from ``state``; every name and shape must match."""
     model = Transformer(cfg)
     expected = model.state_dict()
-    tied = {"tgt_embed.tok.weight", "generator.weight"} if cfg.share_vocab and not cfg.is_encoder_only else set()
+    tied = (
+        {"tgt_embed.tok.weight", "generator.weight"} if cfg.share_vocab and not cfg.is_encoder_only else set()
+    )
     missing = sorted(set(expected) - set(state) - tied)
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -165,9 +167,7 @@ def load_torch_state(path: str | Path) -> dict[str, torch.Tensor]:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         text = str(exc)
-        detail = next(
-            (ln.strip() for ln in text.splitlines() if "GLOBAL" in ln or "Unsupported" in ln), ""
-        )
+        detail = next((ln.strip() for ln in text.splitlines() if "GLOBAL" in ln or "Unsupported" in ln), "")
         raise ModelLoadError(
             f"refused to load {path.name}: it holds Python objects that would run code when unpickled, "
             f"and attnscope loads only plain tensor state dicts (weights_only)"

@@ -65,7 +65,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m core", description="attnscope: look inside a Transformer's attention")
+    p = argparse.ArgumentParser(
+        prog="python -m core", description="attnscope: look inside a Transformer's attention"
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     sub.add_parser("models", help="list the model zoo").set_defaults(fn=cmd_models)

@@ -62,9 +62,7 @@ class TransformerConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{key} must be a positive integer, got {value!r}")
         if self.d_model % self.n_heads != 0:
-            raise ConfigError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
-            )
+            raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.n_enc_layers < 1:
             raise ConfigError(f"n_enc_layers must be at least 1, got {self.n_enc_layers}")
         if self.n_dec_layers < 0:

@@ -93,9 +93,7 @@ class DecoderLayer(nn.Module):
         )
         y, cross_maps = self.sub_cross(
             y,
-            lambda h: self.cross_attn(
-                h, memory, memory, cross_mask, return_attn, neg_inf_fill, cross_keep
-            ),
+            lambda h: self.cross_attn(h, memory, memory, cross_mask, return_attn, neg_inf_fill, cross_keep),
         )
         y, _ = self.sub_ff(y, lambda h: (self.ff(h), None))
         return y, self_maps, cross_maps

@@ -162,8 +162,14 @@ class Transformer(nn.Module):
         self_maps, cross_maps = [], []
         for i, layer in enumerate(self.decoder):
             y, sm, cm = layer(
-                y, memory, self_mask, cross_mask, return_attn, interv.neg_inf_fill,
-                None if sk is None else sk[i], None if ck is None else ck[i],
+                y,
+                memory,
+                self_mask,
+                cross_mask,
+                return_attn,
+                interv.neg_inf_fill,
+                None if sk is None else sk[i],
+                None if ck is None else ck[i],
             )
             self_maps.append(sm)
             cross_maps.append(cm)

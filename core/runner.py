@@ -184,7 +184,14 @@ class LoadedModel:
         tgt_guess = src_len if self.has_decoder else 0  # refined below once the target is known
         cfg = self.cfg
         check_trace_budget(
-            trace_bytes(cfg.n_enc_layers, cfg.n_dec_layers, cfg.n_heads, len(sources), src_len, min(tgt_guess, cfg.max_len)),
+            trace_bytes(
+                cfg.n_enc_layers,
+                cfg.n_dec_layers,
+                cfg.n_heads,
+                len(sources),
+                src_len,
+                min(tgt_guess, cfg.max_len),
+            ),
             len(sources),
         )
         src = self._pad([p.ids for p in prepared])
@@ -193,7 +200,9 @@ class LoadedModel:
             tgt = None
         elif teacher:
             if len(targets) != len(sources):
-                raise InputError(f"{len(sources)} inputs but {len(targets)} targets: give one target per input")
+                raise InputError(
+                    f"{len(sources)} inputs but {len(targets)} targets: give one target per input"
+                )
             tp = [self.prepare_target(t, truncate) for t in targets]
             for p, t in zip(prepared, tp, strict=True):
                 p.warnings.extend(t.warnings)

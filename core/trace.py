@@ -25,7 +25,11 @@ from typing import Any
 import numpy as np
 
 KINDS = ("enc_self", "dec_self", "cross")
-KIND_LABELS = {"enc_self": "encoder self-attention", "dec_self": "decoder self-attention", "cross": "cross-attention"}
+KIND_LABELS = {
+    "enc_self": "encoder self-attention",
+    "dec_self": "decoder self-attention",
+    "cross": "cross-attention",
+}
 _ARRAYS = (
     "src_ids", "tgt_ids",
     "enc_self", "dec_self", "cross",

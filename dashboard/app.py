@@ -32,7 +32,9 @@ PAGES = [
     st.Page(HERE / "masks.py", title="Masks", icon=":material/visibility_off:", url_path="masks"),
     st.Page(HERE / "audit.py", title="Mask audit", icon=":material/fact_check:", url_path="mask-audit"),
     st.Page(HERE / "mask_lab.py", title="Mask lab", icon=":material/science:", url_path="mask-lab"),
-    st.Page(HERE / "head_analytics.py", title="Head analytics", icon=":material/analytics:", url_path="heads"),
+    st.Page(
+        HERE / "head_analytics.py", title="Head analytics", icon=":material/analytics:", url_path="heads"
+    ),
     st.Page(HERE / "compare.py", title="Compare", icon=":material/compare:", url_path="compare"),
     st.Page(
         HERE / "positional.py", title="Positional encoding", icon=":material/waves:", url_path="positional"

@@ -146,7 +146,13 @@ def load_model(name: str, device: str, version: float = 0.0) -> LoadedModel:
     return lm
 
 
-@trace_cache.shared_cache(TRACE_CACHE_MB, TRACE_CACHE_ENTRIES, TRACE_CACHE_TTL_S, "Running the model…", env="ATTNSCOPE_TRACE_CACHE_MB")
+@trace_cache.shared_cache(
+    TRACE_CACHE_MB,
+    TRACE_CACHE_ENTRIES,
+    TRACE_CACHE_TTL_S,
+    "Running the model…",
+    env="ATTNSCOPE_TRACE_CACHE_MB",
+)
 def compute_traces(
     name: str,
     device: str,

@@ -82,7 +82,9 @@ class TraceStore:
             while self._items and (len(self._items) > self.max_entries or self.bytes > self.max_bytes):
                 self.bytes -= self._items.popitem(last=False)[1][1]
 
-    def get_or_compute(self, key: Hashable, compute: Callable[[], Any], on_miss: Callable | None = None) -> Any:
+    def get_or_compute(
+        self, key: Hashable, compute: Callable[[], Any], on_miss: Callable | None = None
+    ) -> Any:
         """The cached value, or ``compute()`` (once per key even when sessions ask at the same time)."""
         missing = object()
         value = self.get(key, missing)

@@ -160,7 +160,9 @@ def test_greedy_steps_match_teacher_forced_trace(device):
         for t, step in enumerate(steps):
             assert step.token_id == int(full.logits[i, t].argmax())
             assert step.token_id == int(res.out_ids[i, t])
-            torch.testing.assert_close(step.cross, full.attn["cross"].probs[i, :, :, t].cpu(), atol=1e-6, rtol=0)
+            torch.testing.assert_close(
+                step.cross, full.attn["cross"].probs[i, :, :, t].cpu(), atol=1e-6, rtol=0
+            )
             dec = full.attn["dec_self"].probs[i, :, :, t, : t + 1].cpu()
             torch.testing.assert_close(step.dec_self, dec, atol=1e-6, rtol=0)
             if t + 1 < res.ids.shape[1] and t + 1 < res.lengths[i]:

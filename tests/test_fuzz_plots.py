@@ -30,8 +30,10 @@ FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChe
 TEXT = st.one_of(
     st.text(max_size=60),
     st.text(alphabet=TINY_CHARS, min_size=1, max_size=60),  # what the tiny fixture model reads
-    st.lists(st.sampled_from(["<img src=x onerror=alert(1)>", "</script>", "&amp;", "<b>", " ", "a", "é", "👩‍👧"]),
-             max_size=8).map("".join),
+    st.lists(
+        st.sampled_from(["<img src=x onerror=alert(1)>", "</script>", "&amp;", "<b>", " ", "a", "é", "👩‍👧"]),
+        max_size=8,
+    ).map("".join),
 )
 
 

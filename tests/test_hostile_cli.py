@@ -61,7 +61,10 @@ def test_cli_answers_hostile_text_with_one_line(folder, case, capsys):
 def test_cli_process_huge_input_exits_2_without_traceback(folder):
     proc = subprocess.run(
         [sys.executable, "-m", "core", "predict", "--model", str(folder), HOSTILE["huge"]],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

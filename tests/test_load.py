@@ -79,7 +79,9 @@ def test_store_computes_a_key_once_when_sessions_ask_together():
         gate.wait(5)
         return _value(1)
 
-    threads = [threading.Thread(target=lambda: results.append(store.get_or_compute("k", compute))) for _ in range(6)]
+    threads = [
+        threading.Thread(target=lambda: results.append(store.get_or_compute("k", compute))) for _ in range(6)
+    ]
     for t in threads:
         t.start()
     time.sleep(0.2)
@@ -148,8 +150,16 @@ def test_ten_concurrent_sessions_each_see_their_own_input(tiny_folder, tiny_clf_
     }
     log = tmp_path / "server.log"
     hostile_model = "minilm" if "minilm" in registry.all_names() else str(tiny_folder)
-    res = run_load(models, sessions=SESSIONS, seconds=LOAD_SECONDS, env=env, log=log, think=THINK,
-                   hostile_model=hostile_model, bad_folder=str(bad))
+    res = run_load(
+        models,
+        sessions=SESSIONS,
+        seconds=LOAD_SECONDS,
+        env=env,
+        log=log,
+        think=THINK,
+        hostile_model=hostile_model,
+        bad_folder=str(bad),
+    )
     report = {
         "sessions": res.sessions,
         "seconds": round(res.seconds, 1),

@@ -76,7 +76,9 @@ def test_grid_tiles_hold_every_layer_and_head(batch_traces, kind):
             cols = [j for j, x in enumerate(xs) if x.startswith(f"{PA.head_name(head)} ·")]
             assert len(cols) == len(k_tok)
             want = PA.head_weights(probs, layer, head)  # z: whole percent (the overview; exact below)
-            np.testing.assert_allclose(z[np.ix_(rows, cols)] / PA.GRID_LEVELS, want, rtol=0, atol=0.005 + 1e-6)
+            np.testing.assert_allclose(
+                z[np.ix_(rows, cols)] / PA.GRID_LEVELS, want, rtol=0, atol=0.005 + 1e-6
+            )
             tile_mask = zm[np.ix_(rows, cols)]
             assert np.array_equal(tile_mask == 1, ~mask)  # masked cells marked, only those
             assert PA.parse_grid_point(xs[cols[0]], ys[rows[-1]]) == (layer, head)

@@ -100,8 +100,13 @@ def test_encoder_layer_matches_torch(device, norm, activation):
     ours = EncoderLayer(cfg).to(device).eval()
     randomise(ours, 2)
     ref = nn.TransformerEncoderLayer(
-        cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, activation=activation,
-        batch_first=True, norm_first=(norm == "pre"),
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.d_ff,
+        dropout=0.0,
+        activation=activation,
+        batch_first=True,
+        norm_first=(norm == "pre"),
     ).to(device)
     _copy_encoder_layer(ours, ref)
     ref.train()  # dropout is 0; train mode keeps torch off its fused inference fast path
@@ -130,7 +135,11 @@ def test_decoder_layer_matches_torch(device, norm):
         ref.linear1.bias.copy_(ours.ff.w_1.bias)
         ref.linear2.weight.copy_(ours.ff.w_2.weight)
         ref.linear2.bias.copy_(ours.ff.w_2.bias)
-        pairs = ((ours.sub_self.norm, ref.norm1), (ours.sub_cross.norm, ref.norm2), (ours.sub_ff.norm, ref.norm3))
+        pairs = (
+            (ours.sub_self.norm, ref.norm1),
+            (ours.sub_cross.norm, ref.norm2),
+            (ours.sub_ff.norm, ref.norm3),
+        )
         for mine, theirs in pairs:
             theirs.weight.copy_(mine.weight)
             theirs.bias.copy_(mine.bias)
@@ -146,7 +155,8 @@ def test_decoder_layer_matches_torch(device, norm):
     cross_mask = src_real[:, None, :].expand(b, t, s)
     ours_out, _, _ = ours(y, mem, self_mask, cross_mask, return_attn=True)
     ref_out = ref(
-        y, mem,
+        y,
+        mem,
         tgt_mask=to_torch_nn(causal_mask(t, device)),
         tgt_key_padding_mask=to_torch_nn(tgt_real),
         memory_key_padding_mask=to_torch_nn(src_real),

@@ -181,8 +181,10 @@ def grid_figure(
                 zm[y0 : y0 + nq, x0 : x0 + nk] = masked_tile
     block_note = " (max of the block)" if bq > 1 or bk > 1 else ""
     value = (
-        "log colour level %{z} of 100 (1e-4 … 1)" if log else "weight ≈ %{z}%"
-    ) + block_note + "<br><i>exact weights: click the tile</i>"
+        ("log colour level %{z} of 100 (1e-4 … 1)" if log else "weight ≈ %{z}%")
+        + block_note
+        + "<br><i>exact weights: click the tile</i>"
+    )
     cb = colorbar(log)
     if log:
         exps = list(range(int(math.log10(LOG_FLOOR)), 1))
