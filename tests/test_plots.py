@@ -231,10 +231,15 @@ def test_mask_figures(batch_traces):
     )
     np.testing.assert_array_equal(z_of(fig.data[0]), tr.dec_self_mask.astype(int))
     assert list(fig.layout.yaxis.ticktext) == token_labels(tr.tgt_tokens)
+    # Hover: query and key tokens come from the category axes ("3 tok"), the value from z; no per-cell text.
+    labels = [f"{i} {t}" for i, t in enumerate(token_labels(tr.tgt_tokens))]
+    heat = fig.data[0]
+    assert list(heat.x) == labels and list(heat.y) == labels and heat.customdata is None
+    assert "%{x}" in heat.hovertemplate and "%{y}" in heat.hovertemplate and "%{z}" in heat.hovertemplate
     marks = fig.data[1]
-    assert sorted(zip(marks.y, marks.x, strict=True)) == sorted(
-        map(tuple, np.argwhere(~tr.dec_self_mask).tolist())
-    )
+    assert sorted(
+        (labels.index(y), labels.index(x)) for x, y in zip(marks.x, marks.y, strict=True)
+    ) == sorted(map(tuple, np.argwhere(~tr.dec_self_mask).tolist()))
     src = np.stack([t.src_ids for t in batch_traces]) != 0
     fig = PM.padding_mask_figure(src, [t.src_tokens for t in batch_traces], title="pad", position_title="pos")
     np.testing.assert_array_equal(z_of(fig.data[0]), src.astype(int))
