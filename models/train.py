@@ -61,7 +61,7 @@ class Recipe:
 
 _S2S = dict(n_heads=4, n_enc_layers=2, n_dec_layers=2, dropout=0.0, norm="pre")
 RECIPES: dict[str, Recipe] = {
-    "reverse": Recipe(dict(_S2S, d_model=64, d_ff=256)),
+    "reverse": Recipe(dict(_S2S, d_model=64, d_ff=256), min_steps=7000),
     "sort": Recipe(dict(_S2S, d_model=64, d_ff=256), min_steps=5000),
     "numbers": Recipe(dict(_S2S, d_model=64, d_ff=256), min_steps=2500),
     "dates": Recipe(dict(_S2S, d_model=96, d_ff=384), min_steps=4000),
