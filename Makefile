@@ -21,9 +21,11 @@ run: setup
 
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 test: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q -p no:cacheprovider
 
 clean:

@@ -68,8 +68,18 @@ def answer_sort(src: str) -> str:
 # -- dates ------------------------------------------------------------------------------
 
 MONTHS = (
-    "January", "February", "March", "April", "May", "June",
-    "July", "August", "September", "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 )
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 FIRST_DAY = dt.date(1900, 1, 1)
@@ -108,8 +118,12 @@ DATE_FORMATS: dict[str, Callable[[random.Random, dt.date], str]] = {
     "Mon d, yyyy": lambda r, d: f"{MONTHS[d.month - 1][:3]} {d.day}, {d.year}",
     "Month dth, yyyy": lambda r, d: f"{MONTHS[d.month - 1]} {ordinal(d.day)}, {d.year}",
     "Weekday, d Month yyyy": lambda r, d: f"{WEEKDAYS[d.weekday()]}, {d.day} {MONTHS[d.month - 1]} {d.year}",
-    "Wkd, d Mon yyyy": lambda r, d: f"{WEEKDAYS[d.weekday()][:3]}, {_day(r, d, 0.3)} {MONTHS[d.month - 1][:3]} {d.year}",
-    "Weekday, Month d, yyyy": lambda r, d: f"{WEEKDAYS[d.weekday()]}, {MONTHS[d.month - 1]} {d.day}, {d.year}",
+    "Wkd, d Mon yyyy": lambda r, d: (
+        f"{WEEKDAYS[d.weekday()][:3]}, {_day(r, d, 0.3)} {MONTHS[d.month - 1][:3]} {d.year}"
+    ),
+    "Weekday, Month d, yyyy": lambda r, d: (
+        f"{WEEKDAYS[d.weekday()]}, {MONTHS[d.month - 1]} {d.day}, {d.year}"
+    ),
     "yyyy年m月d日": lambda r, d: f"{d.year}年{d.month}月{d.day}日",
 }
 # Letters of the word forms are also seen in lower case ("21 nov 2026") this often.
@@ -395,25 +409,39 @@ def _chars(*texts: str) -> tuple[str, ...]:
 _DATE_TEXT = " ".join(MONTHS + WEEKDAYS) + " stndrdth ,/.-年月日" + string.digits
 TASKS: dict[str, Task] = {
     "reverse": Task(
-        "reverse", reverse, answer_reverse, "seq2seq",
-        tuple(string.ascii_lowercase), tuple(string.ascii_lowercase),
-        max_src=20, max_tgt=20,
+        "reverse",
+        reverse,
+        answer_reverse,
+        "seq2seq",
+        tuple(string.ascii_lowercase),
+        tuple(string.ascii_lowercase),
+        max_src=20,
+        max_tgt=20,
         summary="reverses lowercase strings of 1-20 letters (hello -> olleh)",
         attention="Cross-attention is an anti-diagonal: output character t reads source "
         "character n-1-t (n = length of the input). The EOS step reads the source EOS.",
     ),
     "sort": Task(
-        "sort", sort_digits, answer_sort, "seq2seq",
-        tuple(string.digits), tuple(string.digits),
-        max_src=20, max_tgt=20,
+        "sort",
+        sort_digits,
+        answer_sort,
+        "seq2seq",
+        tuple(string.digits),
+        tuple(string.digits),
+        max_src=20,
+        max_tgt=20,
         summary="sorts strings of 1-20 digits ascending (3141 -> 1134)",
         attention="Cross-attention of the step that writes digit d goes to the source "
         "positions holding d (and, once every d is written, on to the next larger digit), "
         "so each row of the map picks out the copies of one digit value.",
     ),
     "dates": Task(
-        "dates", dates, answer_dates, "seq2seq",
-        _chars(_DATE_TEXT, _DATE_TEXT.lower()), tuple(string.digits + "-"),
+        "dates",
+        dates,
+        answer_dates,
+        "seq2seq",
+        _chars(_DATE_TEXT, _DATE_TEXT.lower()),
+        tuple(string.digits + "-"),
         max_src=max(len(f(random.Random(0), dt.date(2026, 9, 23))) for f in DATE_FORMATS.values()),
         max_tgt=10,
         summary="reads dates as humans write them (21 Nov 2026, 2026年11月21日, ...) -> ISO 2026-11-21",
@@ -423,17 +451,27 @@ TASKS: dict[str, Task] = {
         "suffixes and punctuation get little attention.",
     ),
     "numbers": Task(
-        "numbers", numbers, answer_numbers, "seq2seq",
-        tuple(string.digits), tuple(number_vocab()), tgt_level="word",
-        max_src=6, max_tgt=7,
+        "numbers",
+        numbers,
+        answer_numbers,
+        "seq2seq",
+        tuple(string.digits),
+        tuple(number_vocab()),
+        tgt_level="word",
+        max_src=6,
+        max_tgt=7,
         summary="writes integers 0-999,999 in English words (1987 -> one thousand nine hundred eighty-seven)",
         attention="Cross-attention follows place value: each word reads the digit it spells "
         "(the hundreds digit for 'nine hundred', the tens and units digits for 'eighty-seven'), "
         "and 'thousand' reads the end of the thousands group; zero digits are skipped.",
     ),
     "brackets": Task(
-        "brackets", brackets, answer_brackets, "classify",
-        tuple(BRACKETS), labels=LABELS,
+        "brackets",
+        brackets,
+        answer_brackets,
+        "classify",
+        tuple(BRACKETS),
+        labels=LABELS,
         max_src=MAX_BRACKETS,
         summary="classifies strings of ()[]{} (up to 40) as balanced or unbalanced",
         attention="Encoder self-attention follows the stack algorithm: a head that spreads evenly over "

@@ -66,9 +66,24 @@ RECIPES: dict[str, Recipe] = {
     "numbers": Recipe(dict(_S2S, d_model=64, d_ff=256), min_steps=2500),
     "dates": Recipe(dict(_S2S, d_model=96, d_ff=384), min_steps=4000),
     "brackets": Recipe(
-        dict(n_heads=4, n_enc_layers=4, n_dec_layers=0, d_model=64, d_ff=256, dropout=0.0, norm="pre",
-             pos_encoding="learned", scale_embeddings=False, n_classes=2, pooling="mean"),
-        batch=128, lr=2e-3, warmup=300, sinusoidal_init=True, hints=1.0,
+        dict(
+            n_heads=4,
+            n_enc_layers=4,
+            n_dec_layers=0,
+            d_model=64,
+            d_ff=256,
+            dropout=0.0,
+            norm="pre",
+            pos_encoding="learned",
+            scale_embeddings=False,
+            n_classes=2,
+            pooling="mean",
+        ),
+        batch=128,
+        lr=2e-3,
+        warmup=300,
+        sinusoidal_init=True,
+        hints=1.0,
     ),
 }
 
@@ -118,7 +133,9 @@ N_DEPTH = 22  # depth classes: -1 (or less), 0, ..., 20 (or more)
 
 
 def make_probes(d_model: int) -> torch.nn.ModuleDict:
-    return torch.nn.ModuleDict({"depth": torch.nn.Linear(d_model, N_DEPTH), "valid": torch.nn.Linear(d_model, 2)})
+    return torch.nn.ModuleDict(
+        {"depth": torch.nn.Linear(d_model, N_DEPTH), "valid": torch.nn.Linear(d_model, 2)}
+    )
 
 
 def hint_targets(examples: list[T.Example], length: int) -> dict[str, torch.Tensor]:
@@ -154,8 +171,9 @@ def head_probs(model: Transformer, out, layer: int, head: int) -> torch.Tensor:
     return scores.masked_fill(~out.masks.enc_self, torch.finfo(scores.dtype).min).softmax(-1)
 
 
-def hint_loss(model: Transformer, probes: torch.nn.ModuleDict, out, src: torch.Tensor,
-              examples: list[T.Example]) -> tuple[torch.Tensor, dict[str, float]]:
+def hint_loss(
+    model: Transformer, probes: torch.nn.ModuleDict, out, src: torch.Tensor, examples: list[T.Example]
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Sum of the four hint losses (out: forward with return_hidden=True) and their accuracies."""
     t = hint_targets(examples, src.shape[1])
     real = src != model.cfg.pad_id  # (B, S)
@@ -173,7 +191,10 @@ def hint_loss(model: Transformer, probes: torch.nn.ModuleDict, out, src: torch.T
     with torch.no_grad():
         stats = {
             "prefix_kl": l_prefix.item(),
-            "partner_acc": (p_partner.argmax(-1) == t["partner"].argmax(-1))[t["has_partner"]].float().mean().item(),
+            "partner_acc": (p_partner.argmax(-1) == t["partner"].argmax(-1))[t["has_partner"]]
+            .float()
+            .mean()
+            .item(),
             "depth_acc": (depth_logits.argmax(-1) == t["depth"])[real].float().mean().item(),
             "valid_acc": (valid_logits.argmax(-1) == t["valid"])[real].float().mean().item(),
         }
@@ -184,8 +205,14 @@ def hint_loss(model: Transformer, probes: torch.nn.ModuleDict, out, src: torch.T
 
 
 @torch.no_grad()
-def predict(model: Transformer, task: T.Task, sources: list[str], src_tok: Tokenizer,
-            tgt_tok: Tokenizer | None, batch: int = 500) -> list[str]:
+def predict(
+    model: Transformer,
+    task: T.Task,
+    sources: list[str],
+    src_tok: Tokenizer,
+    tgt_tok: Tokenizer | None,
+    batch: int = 500,
+) -> list[str]:
     """Batched greedy decoding (or argmax class) -> output texts."""
     model.eval()
     outs: list[str] = []
@@ -214,7 +241,9 @@ def lr_at(step: int, recipe: Recipe) -> float:
     return recipe.lr * min(step / recipe.warmup, math.sqrt(recipe.warmup / step))
 
 
-def build_config(task: T.Task, recipe: Recipe, src_tok: Tokenizer, tgt_tok: Tokenizer | None) -> TransformerConfig:
+def build_config(
+    task: T.Task, recipe: Recipe, src_tok: Tokenizer, tgt_tok: Tokenizer | None
+) -> TransformerConfig:
     longest = max(task.max_src, task.max_tgt) + 1  # + EOS
     return TransformerConfig(
         name=f"zoo-{task.name}",
@@ -226,7 +255,9 @@ def build_config(task: T.Task, recipe: Recipe, src_tok: Tokenizer, tgt_tok: Toke
     )
 
 
-def train(task_name: str, seed: int, minutes: float, out: Path, log=print, threads: int = 1) -> dict[str, Any]:
+def train(
+    task_name: str, seed: int, minutes: float, out: Path, log=print, threads: int = 1
+) -> dict[str, Any]:
     if seed in T.RESERVED_SEEDS:
         raise SystemExit(f"seed {seed} is reserved for validation/evaluation; pick another")
     torch.set_num_threads(threads)
@@ -263,8 +294,10 @@ def train(task_name: str, seed: int, minutes: float, out: Path, log=print, threa
         else:
             logits = model(src, y_in).logits
             loss = F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), y_out.reshape(-1),
-                ignore_index=cfg.pad_id, label_smoothing=recipe.label_smoothing,
+                logits.reshape(-1, logits.shape[-1]),
+                y_out.reshape(-1),
+                ignore_index=cfg.pad_id,
+                label_smoothing=recipe.label_smoothing,
             )
         for g in opt.param_groups:
             g["lr"] = lr_at(step, recipe)
@@ -277,8 +310,10 @@ def train(task_name: str, seed: int, minutes: float, out: Path, log=print, threa
         if step % recipe.eval_every == 0 or out_of_time:
             acc = accuracy(model, task, val, src_tok, tgt_tok)
             extra = "".join(f"  {k} {v:.3f}" for k, v in stats.items())
-            log(f"step {step:6d}  {elapsed:5.2f} min  loss {loss.item():.4f}  lr {lr_at(step, recipe):.2e}  "
-                f"val {acc:.4f}{extra}")
+            log(
+                f"step {step:6d}  {elapsed:5.2f} min  loss {loss.item():.4f}  lr {lr_at(step, recipe):.2e}  "
+                f"val {acc:.4f}{extra}"
+            )
             if acc >= best_acc:  # ties: the later (longer-trained) one
                 best_acc, best_state, best_step = acc, copy.deepcopy(model.state_dict()), step
             if acc >= TARGET_VAL and step >= recipe.min_steps:
@@ -290,8 +325,10 @@ def train(task_name: str, seed: int, minutes: float, out: Path, log=print, threa
         model.load_state_dict(best_state)
     heldout = T.generate(task.name, N_HELDOUT, T.EVAL_SEED)
     acc = accuracy(model, task, heldout, src_tok, tgt_tok)
-    log(f"[{task.name}] best val {best_acc:.4f} at step {best_step}; held-out {acc:.4f} "
-        f"({N_HELDOUT} examples, seed {T.EVAL_SEED}); {train_minutes:.2f} min, {step} steps")
+    log(
+        f"[{task.name}] best val {best_acc:.4f} at step {best_step}; held-out {acc:.4f} "
+        f"({N_HELDOUT} examples, seed {T.EVAL_SEED}); {train_minutes:.2f} min, {step} steps"
+    )
     overlap = overlap_with_training(task, seed, heldout, step * recipe.batch)
     overlap["unseen_acc"] = unseen_accuracy(model, task, heldout, overlap["seen"], src_tok, tgt_tok)
     meta = make_meta(task, seed, train_minutes, step, best_step, acc)
@@ -319,7 +356,9 @@ def unseen_accuracy(model, task, heldout, seen, src_tok, tgt_tok) -> float:
 # -- card and meta -----------------------------------------------------------------------
 
 
-def make_meta(task: T.Task, seed: int, minutes: float, steps: int, best_step: int, acc: float) -> dict[str, Any]:
+def make_meta(
+    task: T.Task, seed: int, minutes: float, steps: int, best_step: int, acc: float
+) -> dict[str, Any]:
     metric = "heldout_accuracy" if task.kind == "classify" else "heldout_exact_match"
     meta: dict[str, Any] = {
         "task": task.name,
@@ -341,16 +380,22 @@ def make_meta(task: T.Task, seed: int, minutes: float, steps: int, best_step: in
 
 def make_card(task, recipe, cfg, model, seed, minutes, steps, best_step, best_val, acc, overlap) -> str:
     metric = "accuracy" if task.kind == "classify" else "exact match"
-    shape = (f"encoder-only classifier, {cfg.n_enc_layers} layers, {cfg.pooling} pooling, labels {list(task.labels)}"
-             if task.kind == "classify" else
-             f"encoder-decoder, {cfg.n_enc_layers} + {cfg.n_dec_layers} layers")
+    shape = (
+        f"encoder-only classifier, {cfg.n_enc_layers} layers, {cfg.pooling} pooling, labels {list(task.labels)}"
+        if task.kind == "classify"
+        else f"encoder-decoder, {cfg.n_enc_layers} + {cfg.n_dec_layers} layers"
+    )
     fields = ", ".join(f"{k}={v}" for k, v in recipe.model.items())
-    io = ("Source = tokens + EOS; cross-entropy over the two classes of the pooled output"
-          if task.kind == "classify" else
-          "Source = tokens + EOS; decoder input = BOS + target; labels = target + EOS; loss ignores PAD")
+    io = (
+        "Source = tokens + EOS; cross-entropy over the two classes of the pooled output"
+        if task.kind == "classify"
+        else "Source = tokens + EOS; decoder input = BOS + target; labels = target + EOS; loss ignores PAD"
+    )
     how = "argmax of the class logits" if task.kind == "classify" else "greedy decoding"
-    sched = (f"Adam (0.9, 0.98, eps 1e-9), peak lr {recipe.lr:g} after {recipe.warmup} warm-up steps then "
-             f"1/sqrt(step) decay, batch {recipe.batch}, gradient clip 1.0, label smoothing {recipe.label_smoothing:g}")
+    sched = (
+        f"Adam (0.9, 0.98, eps 1e-9), peak lr {recipe.lr:g} after {recipe.warmup} warm-up steps then "
+        f"1/sqrt(step) decay, batch {recipe.batch}, gradient clip 1.0, label smoothing {recipe.label_smoothing:g}"
+    )
     if recipe.min_steps:
         sched += f", at least {recipe.min_steps:,} steps"
     if recipe.sinusoidal_init:
@@ -377,7 +422,7 @@ def make_card(task, recipe, cfg, model, seed, minutes, steps, best_step, best_va
 
 ## Model
 {shape}; {count_parameters(model):,} parameters.
-Config: {fields}, max_len={cfg.max_len}, vocab {cfg.src_vocab_size} source / {cfg.tgt_vocab_size if not cfg.is_encoder_only else '-'} target.
+Config: {fields}, max_len={cfg.max_len}, vocab {cfg.src_vocab_size} source / {cfg.tgt_vocab_size if not cfg.is_encoder_only else "-"} target.
 
 ## Data
 Generator `models.tasks.{task.sample.__name__}` (exact checker `models.tasks.{task.answer.__name__}`),
@@ -406,12 +451,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=T.TRAIN_SEED)
     p.add_argument("--minutes", type=float, default=14.0, help="training time budget (default 14)")
     p.add_argument("--out", type=Path, default=None, help="model folder (default models/<task>)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (default 1: on a 2-core CPU shared with other jobs, 2 threads "
-                   "were 5-10x slower per step than 1)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a 2-core CPU shared with other jobs, 2 threads "
+        "were 5-10x slower per step than 1)",
+    )
     args = p.parse_args(argv)
-    train(args.task, args.seed, args.minutes, args.out or ZOO / args.task,
-          log=lambda m: print(m, flush=True), threads=args.threads)
+    train(
+        args.task,
+        args.seed,
+        args.minutes,
+        args.out or ZOO / args.task,
+        log=lambda m: print(m, flush=True),
+        threads=args.threads,
+    )
     return 0
 
 

@@ -114,8 +114,17 @@ def test_long_runs_are_common(name, samples):
 
 # stdlib strptime formats for each way the generator writes a date (ordinal suffixes removed first)
 STRPTIME = (
-    "%d/%m/%Y", "%d.%m.%Y", "%d-%m-%Y", "%d %b %Y", "%d %B %Y", "%B %d, %Y", "%b %d, %Y",
-    "%A, %d %B %Y", "%a, %d %b %Y", "%A, %B %d, %Y", "%Y年%m月%d日",
+    "%d/%m/%Y",
+    "%d.%m.%Y",
+    "%d-%m-%Y",
+    "%d %b %Y",
+    "%d %B %Y",
+    "%B %d, %Y",
+    "%b %d, %Y",
+    "%A, %d %B %Y",
+    "%a, %d %b %Y",
+    "%A, %B %d, %Y",
+    "%Y年%m月%d日",
 )
 
 
@@ -185,14 +194,27 @@ def test_dates_cover_the_whole_range():
 
 # -- numbers --------------------------------------------------------------------------------
 
-SMALL = dict(enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-    "fifteen sixteen seventeen eighteen nineteen".split()))
-DECADES = {2: "twenty", 3: "thirty", 4: "forty", 5: "fifty", 6: "sixty", 7: "seventy", 8: "eighty", 9: "ninety"}
+SMALL = dict(
+    enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+        "fifteen sixteen seventeen eighteen nineteen".split()
+    )
+)
+DECADES = {
+    2: "twenty",
+    3: "thirty",
+    4: "forty",
+    5: "fifty",
+    6: "sixty",
+    7: "seventy",
+    8: "eighty",
+    9: "ninety",
+}
 
 
 def words_reference(digits: str) -> str:
     """An independent reading of a digit string, three digits at a time."""
+
     def group(g: str) -> list[str]:
         h, t, u = (int(c) for c in g.zfill(3))
         out = [SMALL[h], "hundred"] if h else []
@@ -294,7 +316,9 @@ def test_bracket_partners_characterise_balance():
             s = "".join(chars)
             partners = T.bracket_partners(s)
             ok = all(
-                k is not None and (s[i] in "([{") != (s[k] in "([{") and {s[i], s[k]} in ({"(", ")"}, {"[", "]"})
+                k is not None
+                and (s[i] in "([{") != (s[k] in "([{")
+                and {s[i], s[k]} in ({"(", ")"}, {"[", "]"})
                 for i, k in enumerate(partners)
             )
             assert ok == stack_ok(s), s

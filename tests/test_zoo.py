@@ -19,12 +19,18 @@ N_HELDOUT = 1000
 
 HAND = {
     "reverse": [
-        ("hello", "olleh"), ("attention", "noitnetta"), ("a", "a"),
-        ("abcdefghijklmnopqrst", "tsrqponmlkjihgfedcba"), ("aaaaaaaaaabbbbbbbbbb", "bbbbbbbbbbaaaaaaaaaa"),
+        ("hello", "olleh"),
+        ("attention", "noitnetta"),
+        ("a", "a"),
+        ("abcdefghijklmnopqrst", "tsrqponmlkjihgfedcba"),
+        ("aaaaaaaaaabbbbbbbbbb", "bbbbbbbbbbaaaaaaaaaa"),
     ],
     "sort": [
-        ("3141", "1134"), ("9876543210", "0123456789"), ("5", "5"),
-        ("99999999990000000000", "00000000009999999999"), ("11111111111111111111", "11111111111111111111"),
+        ("3141", "1134"),
+        ("9876543210", "0123456789"),
+        ("5", "5"),
+        ("99999999990000000000", "00000000009999999999"),
+        ("11111111111111111111", "11111111111111111111"),
     ],
     "dates": [
         ("21 Nov 2026", "2026-11-21"),
@@ -41,7 +47,12 @@ HAND = {
         ("100100", "one hundred thousand one hundred"),
         ("15", "fifteen"),
     ],
-    "brackets": [("([]{})", "balanced"), ("([)]", "unbalanced"), ("((", "unbalanced"), ("{[()()]}[]", "balanced")],
+    "brackets": [
+        ("([]{})", "balanced"),
+        ("([)]", "unbalanced"),
+        ("((", "unbalanced"),
+        ("{[()()]}[]", "balanced"),
+    ],
 }
 
 
