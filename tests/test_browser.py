@@ -7,39 +7,25 @@ that the bertviz page renders with no request leaving localhost and no script fr
 user's text running. Screenshots of every page go to artifacts/screenshots/.
 
 CI sets ATTNSCOPE_REQUIRE_BROWSER=1: then a missing chromium or playwright is a failure;
-locally the tests skip with the reason. ATTNSCOPE_CHROMIUM overrides the browser path.
+locally the tests skip with the reason. ATTNSCOPE_CHROMIUM overrides the browser path (bench/harness.py).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
+from bench import harness
 from core.trace import AttentionTrace
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboard" / "app.py"
-CHROMIUM = Path(os.environ.get("ATTNSCOPE_CHROMIUM", "/usr/bin/chromium"))  # Debian's chromium
 SHOTS = ROOT / "artifacts" / "screenshots"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 INJECTION = "</script><script>alert(1)</script>"
 PAGES = [  # (nav title, page h1, what shows it rendered)
@@ -56,24 +42,11 @@ pytestmark = pytest.mark.browser
 
 
 def _require_browser() -> None:
-    problems = []
-    if not CHROMIUM.exists():
-        problems.append(f"chromium not found at {CHROMIUM} (apt-get install chromium)")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        problems.append("the playwright python package is not installed")
-    if problems:
-        reason = "; ".join(problems)
+    problem = harness.chromium_problem()
+    if problem:
         if os.environ.get("ATTNSCOPE_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"ATTNSCOPE_REQUIRE_BROWSER=1 but {reason}")
-        pytest.skip(reason)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+            pytest.fail(f"ATTNSCOPE_REQUIRE_BROWSER=1 but {problem}")
+        pytest.skip(problem)
 
 
 @pytest.fixture(scope="module")
@@ -82,58 +55,23 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        b = harness.launch_chromium(p)
         yield b
         b.close()
 
 
+def run_app(tmp_path_factory, **env: str):
+    """The real app on a free localhost port (bench.harness.app_server); yields its URL."""
+    log = tmp_path_factory.mktemp("streamlit") / "server.log"
+    with harness.app_server(APP, env={"OMP_NUM_THREADS": "1", **env}, log=log, timeout=60) as (url, _):
+        yield url
+
+
 @pytest.fixture(scope="module")
 def server(browser, tiny_folder, tiny_clf_folder, tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("streamlit") / "server.log"
-    env = dict(os.environ)
-    env.update(
-        ATTNSCOPE_MODELS=os.pathsep.join([str(tiny_folder), str(tiny_clf_folder)]), OMP_NUM_THREADS="1"
+    yield from run_app(
+        tmp_path_factory, ATTNSCOPE_MODELS=os.pathsep.join([str(tiny_folder), str(tiny_clf_folder)])
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        str(APP),
-        "--server.port",
-        str(port),
-        "--server.address",
-        "127.0.0.1",
-        "--server.headless",
-        "true",
-        "--browser.gatherUsageStats",
-        "false",
-        "--server.fileWatcherType",
-        "none",
-    ]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"streamlit did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 # -- page helpers ------------------------------------------------------------------------------

@@ -10,98 +10,21 @@ cell of the head-statistics heatmap to open that head. Screenshots go to artifac
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from test_browser import browser, server  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboard" / "app.py"
-CHROMIUM = Path(os.environ.get("ATTNSCOPE_CHROMIUM", "/usr/bin/chromium"))
 SHOTS = ROOT / "artifacts" / "screenshots"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 WAIT_MS = 45_000
 
 pytestmark = pytest.mark.browser
-
-
-def _require_browser() -> None:
-    problems = []
-    if not CHROMIUM.exists():
-        problems.append(f"chromium not found at {CHROMIUM} (apt-get install chromium)")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        problems.append("the playwright python package is not installed")
-    if problems:
-        reason = "; ".join(problems)
-        if os.environ.get("ATTNSCOPE_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"ATTNSCOPE_REQUIRE_BROWSER=1 but {reason}")
-        pytest.skip(reason)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    _require_browser()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
-def server(browser, tiny_folder, tiny_clf_folder, tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("streamlit") / "server.log"
-    env = dict(os.environ)
-    env.update(
-        ATTNSCOPE_MODELS=os.pathsep.join([str(tiny_folder), str(tiny_clf_folder)]), OMP_NUM_THREADS="1"
-    )
-    cmd = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.port", str(port),
-           "--server.address", "127.0.0.1", "--server.headless", "true",
-           "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"streamlit did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-# -- page helpers --------------------------------------------------------------------------------
 
 
 def _new_page(browser):

@@ -7,12 +7,7 @@ to artifacts/screenshots/.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-import time
-import urllib.request
 from urllib.parse import urlparse
 
 import pytest
@@ -22,7 +17,6 @@ from test_browser import (  # noqa: F401  (browser: a fixture)
     ROOT,
     SHOTS,
     WAIT_MS,
-    _free_port,
     _goto_page,
     _new_page,
     _no_exception_box,
@@ -31,6 +25,7 @@ from test_browser import (  # noqa: F401  (browser: a fixture)
     _wait_chart_title,
     _x_ticks,
     browser,
+    run_app,
 )
 
 from models import registry
@@ -43,34 +38,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def server(browser, tmp_path_factory):  # noqa: F811
-    port = _free_port()
-    log = tmp_path_factory.mktemp("streamlit") / "server.log"
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    env.pop("ATTNSCOPE_MODELS", None)
-    cmd = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.port", str(port)]
-    cmd += ["--server.address", "127.0.0.1", "--server.headless", "true", "--server.fileWatcherType", "none"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"streamlit did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    yield from run_app(tmp_path_factory, HF_HUB_OFFLINE="1", ATTNSCOPE_MODELS="")
 
 
 def test_minilm_attention_and_bertviz(browser, server):  # noqa: F811
