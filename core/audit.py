@@ -13,9 +13,10 @@ Dynamic checks call the model as a black box through a *forward-outputs function
 
 ``*_real`` say where the real tokens are (True = not PAD), independently of the ids,
 so a test can change what sits in PAD positions while the padding stays the same.
-A model object may provide it as ``lm.forward_outputs``; otherwise core ``LoadedModel``s get
-``core_forward_outputs`` (which can also inject a mask-lab bug) and ``core.hf.HFModel``s get
-``hf_forward_outputs`` (the transformers model called with ``attention_mask`` from ``*_real``).
+Every model provides it as ``lm.forward_outputs`` (core.interface); ``core_forward_outputs``
+runs a core model with a mask-lab bug or head ablation injected. Models that build their masks
+from the ids themselves (adapters, ``lm.masks_from_ids``) cannot have PAD content changed; for
+them (and every model) ``batch_invariance`` runs each sequence alone and compares.
 
 Tolerances: masked mass must be exactly 0; real rows sum to 1 within 1e-5; a leak
 test passes when no real-position output moves by more than 1e-5 (float32 noise).
@@ -105,9 +106,13 @@ def kind_sides(kind: str) -> tuple[str, str]:
 def real_positions(trace: AttentionTrace, side: str, pad_id: int | None = None) -> np.ndarray:
     """(L,) bool, True where the token of ``side`` ('src' or 'tgt') is real, False at PAD.
 
-    Batches are right-padded, so PAD is the trailing run of PAD ids (or PAD tokens when
-    pad_id is None); position 0 is always real (T5 and Marian start the decoder with PAD).
+    Traces carry them (``src_real``/``tgt_real``); for older trace files: batches are right-padded,
+    so PAD is the trailing run of PAD ids (or PAD tokens when pad_id is None); position 0 is always
+    real (T5 and Marian start the decoder with PAD).
     """
+    stored = trace.src_real if side == "src" else trace.tgt_real
+    if stored is not None:  # the model packaged its real positions with the trace
+        return np.asarray(stored, dtype=bool)
     ids = trace.src_ids if side == "src" else trace.tgt_ids
     toks = trace.src_tokens if side == "src" else trace.tgt_tokens
     if pad_id is not None and ids is not None:
@@ -417,38 +422,13 @@ def core_forward_outputs(lm, src, tgt, src_real, tgt_real, bug: B.Bug | None = N
     return res
 
 
-def hf_forward_outputs(lm, src, tgt, src_real, tgt_real) -> dict[str, torch.Tensor]:
-    """Forward-outputs function of a Hugging Face wrapper (``lm.model`` a transformers model,
-    ``lm.cfg.arch`` encoder | decoder | seq2seq), through the library's public call only."""
-    m, arch = lm.model, lm.cfg.arch
-    kw = dict(output_hidden_states=True, return_dict=True)
-    with torch.no_grad():
-        if arch == "encoder":
-            return {"enc": m(input_ids=src, attention_mask=src_real.long(), **kw).hidden_states[-1]}
-        if arch == "decoder":
-            return {"dec": m(input_ids=tgt, attention_mask=tgt_real.long(), **kw).hidden_states[-1]}
-        out = m(input_ids=src, attention_mask=src_real.long(), decoder_input_ids=tgt,
-                decoder_attention_mask=tgt_real.long(), **kw)  # fmt: skip
-    return {"enc": out.encoder_last_hidden_state, "dec": out.decoder_hidden_states[-1]}
-
-
-def is_core(lm) -> bool:
-    from core.model import Transformer
-
-    return isinstance(getattr(lm, "model", None), Transformer) and hasattr(lm, "cfg")
-
-
-def forward_fn(lm, bug: B.Bug | None = None, interv: Intervention | None = None) -> ForwardFn | None:
-    """The black-box forward-outputs function for ``lm`` (None when it offers none)."""
-    if is_core(lm):
-        return partial(core_forward_outputs, lm, bug=bug, interv=interv)
-    if bug is not None or interv is not None:
-        raise ValueError("mask bugs and head ablation can only be injected into core models")
-    if hasattr(lm, "forward_outputs"):
+def forward_fn(lm, bug: B.Bug | None = None, interv: Intervention | None = None) -> ForwardFn:
+    """The black-box forward-outputs function for ``lm`` (a bug or head ablation injected: core only)."""
+    if bug is None and interv is None:
         return lm.forward_outputs
-    if getattr(lm, "kind", None) == "hf" and getattr(getattr(lm, "cfg", None), "arch", None):
-        return partial(hf_forward_outputs, lm)
-    return None
+    if not lm.injectable:
+        raise ValueError("mask bugs and head ablation can only be injected into core models")
+    return partial(core_forward_outputs, lm, bug=bug, interv=interv)
 
 
 def _finite_at(out: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -601,38 +581,73 @@ def check_causal_leak(
                    head=blame[1] if blame else None, positions=(b, i, j), value=v)  # fmt: skip
 
 
+def check_batch_invariance(fwd: ForwardFn, batch: ProbeBatch, traces=()) -> Verdict:
+    """Each sequence run alone (trimmed to its real tokens) gives, at its real positions, the outputs
+    it got padded in the batch. Works for any model, also one that builds its masks from the ids."""
+    name = "batch_invariance"
+    base = batch.call(fwd)
+    worst: tuple[float, tuple | None] = (0.0, None)
+    n_seq = (batch.src if batch.src is not None else batch.tgt).shape[0]
+    for b in range(n_seq):
+        lens = {}
+        parts = []
+        for side, ids, real in (("src", batch.src, batch.src_real), ("tgt", batch.tgt, batch.tgt_real)):
+            if ids is None:
+                parts += [None, None]
+                continue
+            n = int(real[b].sum())
+            lens["enc" if side == "src" else "dec"] = n
+            parts += [ids[b : b + 1, :n], real[b : b + 1, :n]]
+        src, src_real, tgt, tgt_real = parts
+        alone = fwd(src, tgt, src_real, tgt_real)
+        for out_name, n in lens.items():
+            if out_name not in base or out_name not in alone or n == 0:
+                continue
+            ref = base[out_name][b : b + 1, :n]
+            d = _change(ref, alone[out_name][:, :n])[0] / max(1.0, float(ref.abs().max()))  # (n,) relative
+            v = float(d.max())
+            if v > worst[0]:
+                worst = (v, (b, out_name, int(d.argmax()), n))
+    v, where = worst
+    if where is None or v <= LEAK_TOL:
+        return Verdict(name, True, f"each of {n_seq} sequences alone gives its padded-batch outputs "
+                       f"(largest relative change {v:.1e})", value=v)  # fmt: skip
+    b, out_name, i, n = where
+    toks = () if b >= len(traces) else (traces[b].src_tokens if out_name == "enc" else traces[b].tgt_tokens)
+    nonfinite = " (not finite: NaN)" if v == float("inf") else ""
+    detail = (f"seq {b} run alone ({n} tokens) changes its {out_name} output at position {i} {_tok(toks, i)} "
+              f"by {v:.3g}{nonfinite} relative to the padded batch: PAD or other sequences leak into it")  # fmt: skip
+    return Verdict(name, False, detail, positions=(b, i), value=v)
+
+
 def dynamic_checks(fwd: ForwardFn | None, batch: ProbeBatch | None, pad_id: int, traces=(),
                    vocab: tuple[int | None, int | None] = (None, None),
-                   skip_ids: set[int] = frozenset()) -> list[Verdict]:  # fmt: skip
-    """finite_outputs, causal_leak, padding_leak[src], padding_leak[tgt] (skipped without fwd)."""
-    names = ("finite_outputs", "causal_leak", "padding_leak[src]", "padding_leak[tgt]")
+                   skip_ids: set[int] = frozenset(), masks_from_ids: bool = False) -> list[Verdict]:  # fmt: skip
+    """finite_outputs, batch_invariance, causal_leak (future invariance), padding_leak[src/tgt]
+    (skipped for models that compute their masks from the ids: a changed PAD id is no longer PAD)."""
+    names = ("finite_outputs", "batch_invariance", "causal_leak", "padding_leak[src]", "padding_leak[tgt]")
     if fwd is None or batch is None:
         return [Verdict(n, True, "this model offers no forward_outputs hook", status="skip") for n in names]
-    return [
+    out = [
         check_finite_outputs(fwd, batch),
+        check_batch_invariance(fwd, batch, traces),
         check_causal_leak(fwd, batch, pad_id, traces, vocab[1], skip_ids),
-        check_padding_leak(fwd, batch, "src", pad_id, traces, vocab[0], skip_ids),
-        check_padding_leak(fwd, batch, "tgt", pad_id, traces, vocab[1], skip_ids),
     ]
+    for side in ("src", "tgt"):
+        if masks_from_ids:
+            why = ("the model computes its masks from the token ids, so PAD content cannot change while "
+                   "the padding stays: batch_invariance tests the padding instead")  # fmt: skip
+            out.append(Verdict(f"padding_leak[{side}]", True, why, status="skip"))
+        else:
+            out.append(
+                check_padding_leak(
+                    fwd, batch, side, pad_id, traces, vocab[0 if side == "src" else 1], skip_ids
+                )
+            )
+    return out
 
 
 # -- whole audit ------------------------------------------------------------------------------------------
-
-
-def _facts(lm) -> dict[str, Any]:
-    """pad id, special ids, vocab sizes and max length of a core or LoadedModel-compatible model."""
-    cfg = getattr(lm, "cfg", None)
-    pad = getattr(cfg, "pad_id", getattr(lm, "pad_id", 0))
-    specials = {getattr(cfg, k, None) for k in ("pad_id", "bos_id", "eos_id")} | {3 if is_core(lm) else None}
-    vocab = (
-        (getattr(cfg, "src_vocab_size", None), getattr(cfg, "tgt_vocab_size", None))
-        if is_core(lm)
-        else (None, None)
-    )
-    if is_core(lm) and not lm.has_decoder:
-        vocab = (vocab[0], None)
-    return {"pad_id": pad, "skip_ids": {s for s in specials if s is not None},
-            "vocab": vocab, "max_len": getattr(cfg, "max_len", None)}  # fmt: skip
 
 
 def run_audit(
@@ -645,20 +660,16 @@ def run_audit(
 ) -> AuditReport:
     """Static checks on the traces of ``sources`` plus the leak tests, with ``bug`` injected if given."""
     bug = B.get(bug) if isinstance(bug, str) else bug
-    if (bug is not None or interv is not None) and not is_core(lm):
+    if (bug is not None or interv is not None) and not lm.injectable:
         raise ValueError("mask bugs and head ablation can only be injected into core models")
-    if is_core(lm) and (bug is not None or interv is not None):
+    if bug is not None or interv is not None:
         traces = B.trace_with_bug(lm, sources, bug, targets, interv)
     else:
         traces = lm.trace(sources, targets)
-    f = _facts(lm)
+    f = lm.audit_facts()
     verdicts = static_checks(traces, f["pad_id"])
     fwd = forward_fn(lm, bug, interv)
-    batch = None
-    if fwd is not None:
-        device = getattr(lm, "device", "cpu")
-        batch = batch_from_traces(traces, f["pad_id"], extra_pad, f["max_len"], device)
-    verdicts += dynamic_checks(fwd, batch, f["pad_id"], traces, f["vocab"], f["skip_ids"])
-    meta = {"model": getattr(lm, "name", ""), "n_inputs": len(sources),
-            "extra_pad": batch.extra_pad if batch is not None else 0}  # fmt: skip
+    batch = batch_from_traces(traces, f["pad_id"], extra_pad, f["max_len"], lm.device)
+    verdicts += dynamic_checks(fwd, batch, f["pad_id"], traces, f["vocab"], f["skip_ids"], lm.masks_from_ids)
+    meta = {"model": lm.name, "n_inputs": len(sources), "extra_pad": batch.extra_pad}
     return AuditReport(verdicts, traces, bug.name if bug else None, meta)

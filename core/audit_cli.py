@@ -41,7 +41,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             f"{len(args.text)} texts but {len(args.target)} --target values: give one per text"
         )
     lm = cli._load(args.model, args.device)
-    if bug is not None and not audit.is_core(lm):
+    if bug is not None and not lm.injectable:
         raise cli.CliError("--inject works on core models only (zoo models and folders saved by attnscope)")
     if bug is not None and bug.needs_decoder and not lm.has_decoder:
         raise cli.CliError(f"bug {bug.name!r} needs a decoder; model {lm.name!r} is encoder-only")

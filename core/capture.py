@@ -1,41 +1,62 @@
-"""Per-head attention from models built with torch.nn (Transformer, TransformerEncoder/Decoder, MultiheadAttention).
+"""Per-head attention from any PyTorch model, without changing its code.
 
     with capture_attention(model) as cap:
         out = model(src, tgt)
     cap.stacks()          # {"enc_self": (B, layer, head, q, k), "dec_self": ..., "cross": ...}
     cap.trace(0, src_tokens=..., tgt_tokens=...)  # an AttentionTrace for sequence 0
 
-How: every ``nn.MultiheadAttention`` inside gets an instance-level ``forward`` that first calls
-the original forward exactly as the caller asked (so the model receives the very output it
-would have received), then a second time, without gradients, with ``need_weights=True,
-average_attn_weights=False``, keeping only the per-head weights (that second call's output is
-discarded; in training mode the RNG state is restored around it, so dropout draws do not move).
-Scores (q.k/sqrt(d_head), before mask and softmax) are recomputed from the module's input
-projections, except for modules with bias_k / add_zero_attn.
+What is recorded, whatever module or function wrote it:
+- ``nn.MultiheadAttention`` (through ``F.multi_head_attention_forward``): the call runs exactly as
+  the caller asked, then once more without gradients with ``need_weights=True,
+  average_attn_weights=False`` to get every head's weights (that output is discarded; in training
+  mode the RNG state is restored around it, so dropout draws do not move). Scores are recomputed
+  from the call's projection weights.
+- ``F.scaled_dot_product_attention``: it returns no weights, so they are recomputed from q, k,
+  ``attn_mask``, ``is_causal``, ``scale`` and grouped query heads (``record.check`` is the largest
+  difference between ``probs @ v`` and the output SDPA returned).
+- a softmax over the key axis of an attention-shaped tensor (``torch.softmax``, ``F.softmax``,
+  ``Tensor.softmax``, ``nn.Softmax``, ``torch.special.softmax``) on ``(B, H, q, k)`` or
+  ``(B·H, q, k)``. A 3-D tensor is split into heads from the reshape that made it (batch-major
+  ``(B, H, ...)`` or head-major ``(H, B, ...)`` before the ``view``) or else from the batch size.
 
-PyTorch's fast path (the fused TransformerEncoderLayer kernel and nested tensors, taken in eval
-mode without gradients) never calls ``self_attn.forward``, so it is switched off
-(``torch.backends.mha.set_fastpath_enabled(False)``) while a capture is open. The python path
-computes the same math, but not bit for bit, and where the fast path turned a padded batch into
-a nested tensor it returns 0 at PAD positions where the python path returns values. When the
-outputs must be exactly those of an uncaptured call, use ``capture_call(model, ...)``: it runs
-the model once normally (that output is returned) and once under capture.
+How: a ``torch.overrides.TorchFunctionMode`` sees every torch call made in the ``with`` block
+*by this thread* (modes are thread-local), so sessions running the same model in other threads
+are never recorded and the model is never modified (no patched methods, no hooks). Every call is
+passed on unchanged, so outputs are bit-identical with and without capture. One exception:
+PyTorch's fused fast path for ``nn.TransformerEncoderLayer``/``MultiheadAttention`` (eval mode,
+no gradients) is not taken while a mode is active; the python path computes the same math but not
+bit for bit (and returns values where the nested-tensor path writes 0 at PAD). ``capture_call``
+runs the model once normally (that output is returned) and once under capture.
 
-Kinds: ``TransformerEncoderLayer.self_attn`` -> enc_self, ``TransformerDecoderLayer.self_attn``
--> dec_self, ``TransformerDecoderLayer.multihead_attn`` -> cross. A bare MultiheadAttention is
-cross when its query is not its key, dec_self when its mask is causal, else enc_self (or pass
-``kinds={module_name: kind}``). Layers are numbered in call order per kind.
+Which softmax is attention. The mode follows each tensor's lineage: a matmul of two activations
+makes *scores*; ``F.linear`` (or a matmul with a parameter) makes a projection. A softmax over
+a projection (the vocabulary softmax at a model's end) is not attention. Otherwise the key length
+must be a sequence length of this call: the length of any token-id tensor that went through an
+embedding, or one given in ``lengths=``. ``include=``/``exclude=`` (glob patterns on module paths)
+override the rules.
 
-On exit, always (even when the forward raised), the instance attributes are deleted (the class
-forward and its fast path are back) and the fast-path flag is restored. The patch is visible to
-every thread using the module: do not capture on a model another thread is running.
+Masks and scores. A ``masked_fill`` with a very negative value (or ``-inf``), a ``torch.where``
+against one, or an additive mask (values <= -1e4) applied to scores before the softmax is kept
+as the record's mask (True = may attend), and the scores before it as ``record.scores``; without
+one, keys that got exactly zero in every head count as masked (``mask_source == "zeros"``).
+
+Kinds (``kinds={module_pattern: kind}`` overrides): ``nn.Transformer*Layer`` attributes; module
+paths (cross/context/src_attn/enc_attn/encoder_attn -> cross); query length != key length, or
+queries and keys that come from different embedding calls (decoder tokens vs source tokens) ->
+cross; a causal mask -> dec_self; paths with "decoder" -> dec_self, else enc_self. Layers are
+numbered in call order per kind; a module called twice (self, then context attention) is two
+records.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
+import inspect
 import math
+import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,28 +65,45 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from core.trace import KINDS, AttentionTrace
 
-_FASTPATH_LOCK = threading.Lock()
-_FASTPATH_DEPTH = 0
-_FASTPATH_SAVED = True
+NEG = -1e4  # a fill / additive value at or below this masks a key
+CROSS_WORDS = ("cross", "context", "src_attn", "enc_attn", "encoder_attn", "enc_dec", "encdec", "memory_attn")
+SOFTMAX = frozenset({"softmax", "special_softmax"})
+MATMUL = frozenset({"matmul", "bmm", "einsum", "baddbmm", "__matmul__", "__rmatmul__", "mm"})
+LINEAR = frozenset({"linear", "addmm", "bilinear"})
+ADD = frozenset({"add", "add_", "__add__", "__radd__", "__iadd__"})
+FILL = frozenset({"masked_fill", "masked_fill_"})
+SHAPE_OPS = frozenset(
+    {"view", "reshape", "transpose", "permute", "contiguous", "clone", "float", "to", "type_as", "double",
+     "half", "bfloat16", "type", "flatten", "unflatten", "squeeze", "unsqueeze", "expand", "__getitem__"}
+)  # fmt: skip
+_MHA_SIG = inspect.signature(F.multi_head_attention_forward)
+_LOCAL = threading.local()  # .busy > 0 while a capture does its own torch calls (nested captures skip them)
 
 
 @dataclass(frozen=True)
 class Record:
     """One attention call: per-head weights (B, H, q, k), scores or None, allowed mask (B, q, k) or None."""
 
-    name: str  # module path inside the model
+    name: str  # module path inside the model ("" for the model itself)
     kind: str  # enc_self | dec_self | cross
     probs: torch.Tensor
     scores: torch.Tensor | None
     mask: torch.Tensor | None  # bool, True = may attend (our convention)
+    source: str = "nn.MultiheadAttention"  # nn.MultiheadAttention | sdpa | softmax
+    mask_source: str | None = None  # arguments | masked_fill | where | additive | zeros | None
+    check: float | None = None  # SDPA: max |probs @ v - output| (how exactly the weights were recomputed)
+    head_masks_differ: bool = False  # the mask was not the same for every head of a sequence
 
 
 @dataclass
 class Captured:
     records: list[Record] = field(default_factory=list)
+    lengths: set[int] = field(default_factory=set)  # sequence lengths seen (embeddings, lengths=)
+    notes: list[str] = field(default_factory=list)  # what the capture could not follow
 
     def kinds(self) -> tuple[str, ...]:
         found = {r.kind for r in self.records}
@@ -78,15 +116,15 @@ class Captured:
         """kind -> (B, layer, head, q, k) of probs (or "scores"), layers in call order."""
         out = {}
         for kind in self.kinds():
-            recs = self.of(kind)
-            tensors = [getattr(r, what) for r in recs]
+            tensors = [getattr(r, what) for r in self.of(kind)]
             if any(t is None for t in tensors):
                 continue
             shapes = {tuple(t.shape) for t in tensors}
             if len(shapes) > 1:
                 raise ValueError(
                     f"{kind} calls have different shapes {sorted(shapes)}: was the model run more than once "
-                    "(e.g. step-by-step decoding)? Use .records for the individual calls"
+                    "(e.g. step-by-step decoding), or do layers have different head counts? "
+                    "Use .records for the individual calls"
                 )
             out[kind] = torch.stack(tensors, dim=1)
         return out
@@ -115,6 +153,7 @@ class Captured:
             kw[f"{kind}_mask"] = (
                 np.ones(p.shape[-2:], dtype=bool) if m is None else m[index].cpu().numpy().astype(bool)
             )
+        sources = sorted({r.source for r in self.records})
         return AttentionTrace(
             model=model,
             config_name="torch.nn",
@@ -122,20 +161,459 @@ class Captured:
             src_tokens=tuple(src_tokens),
             tgt_tokens=tuple(tgt_tokens),
             output_text=output_text,
-            meta={"kind": "torch.nn", "capture": "nn.MultiheadAttention"},
+            meta={"kind": "torch.nn", "capture": ", ".join(sources)},
             **kw,
         )
 
 
-# -- masks and scores ---------------------------------------------------------------------
+# -- lineage tags ---------------------------------------------------------------------------------
+@dataclass
+class _Tag:
+    """What the capture knows about one tensor made inside the block."""
+
+    role: str | None = None  # scores (matmul of activations) | linear (a projection) | param
+    origin: frozenset = frozenset()  # the embedding calls it derives from
+    split: tuple[int, int] | None = None  # 3-D (a*b, ...) made from 4-D (a, b, ...): the two factors
+    scores: torch.Tensor | None = None  # the tensor before a mask was applied
+    allowed: torch.Tensor | None = None  # bool, broadcastable to the tensor, True = may attend
+    mask_source: str | None = None
+    cross: bool | None = None  # scores: queries and keys came from different embedding calls
+
+
+def _very_negative(v: Any) -> bool:
+    if isinstance(v, torch.Tensor):
+        return v.numel() == 1 and float(v) <= NEG
+    return isinstance(v, (int, float)) and v <= NEG
+
+
+def _tensors(args, kwargs) -> list[torch.Tensor]:
+    out = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(t for t in a if isinstance(t, torch.Tensor))
+    return out
+
+
+def _matches(name: str, patterns) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) or p == name for p in patterns or ())
+
+
+class _Session:
+    """The state of one capture: tags by tensor identity, and the records."""
+
+    def __init__(self, cap: Captured, model: nn.Module, kinds, include, exclude, lengths):
+        self.cap = cap
+        self.names = {id(m): n for n, m in model.named_modules()}
+        self.fixed = {**_layer_kinds(model), **(kinds or {})}
+        self.include, self.exclude = tuple(include or ()), tuple(exclude or ())
+        self.batch: int | None = None
+        self.n_embed = 0
+        self.first_len: int | None = None  # length of the first token sequence (the encoder input)
+        self._tags: dict[int, tuple[weakref.ref, _Tag]] = {}
+        cap.lengths.update(int(n) for n in (lengths or ()))
+
+    # -- tags ---------------------------------------------------------------------------------------
+    def tag(self, t: Any) -> _Tag | None:
+        if isinstance(t, nn.Parameter):
+            return _Tag(role="param")
+        entry = self._tags.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return entry[1] if entry is not None and entry[0]() is t else None
+
+    def set(self, t: torch.Tensor, tag: _Tag) -> None:
+        key = id(t)
+        tags = self._tags
+
+        def drop(ref, key=key):
+            if tags.get(key, (None,))[0] is ref:
+                del tags[key]
+
+        tags[key] = (weakref.ref(t, drop), tag)
+
+    # -- module path ----------------------------------------------------------------------------------
+    def path(self) -> str:
+        """Module path of the innermost model module whose code is running (from the call stack)."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            obj = frame.f_locals.get("self")
+            if obj is not None and id(obj) in self.names and isinstance(obj, nn.Module):
+                return self.names[id(obj)]
+            frame = frame.f_back
+        return ""
+
+    # -- the mode's entry point ------------------------------------------------------------------------
+    def call(self, func, args, kwargs):
+        if getattr(_LOCAL, "busy", 0):  # torch calls of another capture's bookkeeping: not the model's
+            return func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        if name == "multi_head_attention_forward":
+            return self.on_mha(func, args, kwargs)
+        pre = None
+        if name in ("masked_fill_", "__iadd__", "add_") and args and isinstance(args[0], torch.Tensor):
+            t = self.tag(args[0])
+            if t is not None and t.role == "scores" and t.scores is None:
+                pre = args[0].detach().clone()  # in place: keep the scores before the mask
+        out = func(*args, **kwargs)
+        try:
+            _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
+            if name == "scaled_dot_product_attention":
+                self.on_sdpa(args, kwargs, out)
+            elif name == "embedding":
+                self.on_embedding(args, out)
+            elif name in SOFTMAX:
+                self.on_softmax(args, kwargs, out)
+            else:
+                self.propagate(name, func, args, kwargs, out, pre)
+        except Exception as exc:  # bookkeeping must never break the user's forward pass
+            note = f"{name}: {type(exc).__name__}: {exc}"
+            if note not in self.cap.notes:
+                self.cap.notes.append(note)
+        finally:
+            _LOCAL.busy -= 1
+        return out
+
+    def on_embedding(self, args, out) -> None:
+        ids = args[0]
+        if isinstance(ids, torch.Tensor) and ids.dim() >= 1 and not ids.is_floating_point():
+            self.cap.lengths.add(int(ids.shape[-1]))
+            if ids.dim() >= 2 and self.batch is None:
+                self.batch = int(ids.shape[0])
+            if self.first_len is None:
+                self.first_len = int(ids.shape[-1])
+        if isinstance(out, torch.Tensor):
+            self.set(out, _Tag(origin=frozenset({self.n_embed})))
+            self.n_embed += 1
+
+    def propagate(self, name, func, args, kwargs, out, pre) -> None:
+        outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
+        if not outs:
+            return
+        ins = _tensors(args, kwargs)
+        tags = [self.tag(t) for t in ins]
+        known = [(t, g) for t, g in zip(ins, tags, strict=True) if g is not None]
+        if not known:
+            return
+        origin = frozenset().union(*(g.origin for _, g in known))
+        act = [(t, g) for t, g in known if g.role != "param"]
+        if name in MATMUL and len(ins) >= 2:
+            params = any(g is not None and g.role == "param" for g in tags)
+            first = tags[0] if name != "einsum" else (tags[1] if len(tags) > 1 else None)
+            split = (
+                first.split
+                if first is not None and out.dim() == 3 and ins[0].shape[0] == out.shape[0]
+                else None
+            )
+            ops = [g for g in tags if g is not None]
+            cross = (
+                len(ops) >= 2
+                and bool(ops[0].origin)
+                and bool(ops[1].origin)
+                and ops[0].origin != ops[1].origin
+            )
+            new = _Tag("linear" if params else "scores", origin, split, cross=cross)
+        elif name in LINEAR:
+            new = _Tag("linear", origin)
+        elif not act:
+            new = _Tag("param")
+        else:
+            base_t, base = act[0]
+            new = _Tag(base.role, origin, base.split, base.scores, base.allowed, base.mask_source, base.cross)
+            if out.dim() != 3 or base_t.dim() != 3 or out.shape[0] != base_t.shape[0]:
+                new.split = None
+            if name in ("view", "reshape") and base_t.dim() == 4 and out.dim() == 3:
+                a, b = base_t.shape[0], base_t.shape[1]
+                if out.shape[0] == a * b:
+                    new.split = (int(a), int(b))
+            if base.role == "scores":
+                self._mask_step(name, func, args, kwargs, out, base_t, base, new, pre)
+        for o in outs:
+            self.set(o, new)
+
+    def _mask_step(self, name, func, args, kwargs, out, base_t, base, new, pre) -> None:
+        """A scores tensor went through an op: note a mask it applied, or carry scores/mask along."""
+        before = pre if pre is not None else base_t
+        prior_scores = base.scores if base.scores is not None else before.detach()
+        prior_allowed = base.allowed
+        if name in FILL and len(args) >= 3 and _very_negative(args[2]) and args[0] is base_t:
+            allowed = ~args[1].bool()
+            new.scores = prior_scores
+            new.allowed = allowed if prior_allowed is None else (prior_allowed & allowed)
+            new.mask_source = base.mask_source or "masked_fill"
+            return
+        if name == "where" and len(args) == 3:
+            cond, x, y = args
+            if x is base_t and _very_negative(y):
+                allowed = cond.bool()
+            elif y is base_t and _very_negative(x):
+                allowed = ~cond.bool()
+            else:
+                allowed = None
+            if allowed is not None:
+                new.scores = prior_scores
+                new.allowed = allowed if prior_allowed is None else (prior_allowed & allowed)
+                new.mask_source = base.mask_source or "where"
+                return
+        if name in ADD and len(args) >= 2:
+            other = args[1] if args[0] is base_t else args[0]
+            other_tag = self.tag(other)
+            if (
+                isinstance(other, torch.Tensor)
+                and other.is_floating_point()
+                and (other_tag is None or other_tag.role != "scores")
+            ):
+                masked = other <= NEG
+                if bool(masked.any()):
+                    allowed = ~masked
+                    new.scores = prior_scores + other.detach().masked_fill(masked, 0)
+                    new.allowed = allowed if prior_allowed is None else (prior_allowed & allowed)
+                    new.mask_source = base.mask_source or "additive"
+                    return
+        if base.scores is None and base.allowed is None:
+            return
+        # any other op (scaling, casts, reshapes): replay it on the kept scores and mask
+        rest = args[1:]
+        if any(isinstance(a, torch.Tensor) and a.numel() > 1 for a in rest):
+            if name not in SHAPE_OPS:  # a tensor operand we cannot replay: keep the mask, lose the scores
+                new.scores = None
+                new.allowed = base.allowed if out.shape == base_t.shape else None
+                return
+        op = func
+        if name.endswith("_") and not name.startswith("__"):
+            op = getattr(torch.Tensor, name[:-1], None)
+        elif name.startswith("__i") and name.endswith("__"):
+            op = getattr(torch.Tensor, "__" + name[3:], None)
+        if name == "view":
+            op = torch.Tensor.reshape
+        try:
+            new.scores = None if base.scores is None else op(base.scores, *rest, **kwargs)
+            if base.allowed is not None:
+                expanded = base.allowed.expand(base_t.shape)
+                if name in SHAPE_OPS:
+                    new.allowed = op(expanded, *rest, **kwargs) if name not in ("float", "to", "type_as",
+                                     "double", "half", "bfloat16", "type") else expanded  # fmt: skip
+                else:
+                    new.allowed = expanded
+                if new.allowed is not None and new.allowed.dtype != torch.bool:
+                    new.allowed = new.allowed.bool()
+        except Exception:
+            new.scores, new.allowed = None, None
+
+    # -- recording -------------------------------------------------------------------------------------
+    def _record(self, path, probs, scores, allowed, source, mask_source, cross, check=None) -> None:
+        """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None."""
+        probs = probs.detach()
+        differ = False
+        if allowed is not None:
+            allowed = allowed.expand(probs.shape)
+            mask = allowed.all(dim=1)
+            differ = not bool((allowed == mask[:, None]).all())
+        elif bool((probs == 0).any()):
+            mask = (probs != 0).any(dim=1)  # keys no head attended at all
+            mask_source = "zeros"
+        else:
+            mask = None
+        kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], mask, cross)
+        self.cap.records.append(
+            Record(
+                path,
+                kind,
+                probs,
+                None if scores is None else scores.detach(),
+                mask,
+                source,
+                mask_source,
+                check,
+                differ,
+            )  # fmt: skip
+        )
+
+    def kind_of(self, path, lq, lk, mask, cross) -> str:
+        for pattern, kind in self.fixed.items():
+            if pattern == path or fnmatch.fnmatchcase(path, pattern):
+                return kind
+        low = path.lower()
+        if any(w in low for w in CROSS_WORDS) or lq != lk or cross:
+            return "cross"
+        if mask is not None and lq > 1 and _is_causal_mask(mask[0]):
+            return "dec_self"
+        return "dec_self" if "decoder" in low or ".dec" in f".{low}" else "enc_self"
+
+    def on_softmax(self, args, kwargs, out) -> None:
+        x = args[0] if args else kwargs.get("input")
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor) or dim is None or x.dim() < 3:
+            return
+        if dim % x.dim() != x.dim() - 1:
+            return
+        path = self.path()
+        tag = self.tag(x)
+        role = tag.role if tag is not None else None
+        if _matches(path, self.exclude):
+            return
+        if not _matches(path, self.include):
+            if role in ("linear", "param"):
+                return
+            lengths = self.cap.lengths
+            if lengths and int(x.shape[-1]) not in lengths:
+                return
+            if not lengths and role != "scores":
+                return
+        q, k = int(x.shape[-2]), int(x.shape[-1])
+        heads = self._heads(x, tag)
+        if heads is None:
+            return
+
+        def to4(t):
+            return (
+                None
+                if t is None
+                else t.reshape(*heads, q, k)
+                if t.dim() == 3
+                else t.reshape(x.shape[0], -1, q, k)
+            )
+
+        probs = self._unsplit(to4(out), x, tag)
+        scores = tag.scores if tag is not None and tag.scores is not None else x
+        allowed = None
+        if tag is not None and tag.allowed is not None:
+            allowed = self._unsplit(to4(tag.allowed.expand(x.shape)), x, tag)
+        self._record(path, probs, self._unsplit(to4(scores.detach()), x, tag), allowed, "softmax",
+                     tag.mask_source if allowed is not None else None, tag.cross if tag else None)  # fmt: skip
+
+    def _heads(self, x, tag) -> tuple[int, int] | None:
+        """(a, b) factors of a 3-D tensor's first dim (split by _unsplit), or (B, H) for 4-D+."""
+        if x.dim() >= 4:
+            return (int(x.shape[0]), int(math.prod(x.shape[1:-2])))
+        n = int(x.shape[0])
+        if tag is not None and tag.split is not None and tag.split[0] * tag.split[1] == n:
+            return tag.split
+        if self.batch and n % self.batch == 0:
+            return (self.batch, n // self.batch)
+        return (n, 1)
+
+    def _unsplit(self, t4, x, tag):
+        """(a, b, q, k) -> (B, H, q, k): a head-major split (H, B) is transposed."""
+        if t4 is None or x.dim() != 3 or tag is None or tag.split is None:
+            return t4
+        a, b = tag.split
+        if self.batch is not None and b == self.batch and a != self.batch:
+            return t4.transpose(0, 1)  # (H, B, ...) -> (B, H, ...)
+        return t4
+
+    def on_sdpa(self, args, kwargs, out) -> None:
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        a = dict(zip(names, args, strict=False)) | kwargs
+        q, k, v = a["query"], a["key"], a["value"]
+        unsq = q.dim() == 3
+        if unsq:
+            q, k, v = q[:, None], k[:, None], v[:, None]
+        lead = q.shape[:-3]
+        hq, lq, e = q.shape[-3], q.shape[-2], q.shape[-1]
+        hk, lk = k.shape[-3], k.shape[-2]
+        if hq != hk:
+            k = k.repeat_interleave(hq // hk, dim=-3)
+            v = v.repeat_interleave(hq // hk, dim=-3)
+        scale = a.get("scale") or 1.0 / math.sqrt(e)
+        work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        with torch.no_grad():
+            scores = (q.to(work) @ k.to(work).transpose(-2, -1)) * scale  # (..., H, q, k)
+            allowed = None
+            logits = scores
+            if a.get("is_causal"):
+                allowed = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
+            m = a.get("attn_mask")
+            if m is not None:
+                if unsq and m.dim() >= 3:
+                    m = m.unsqueeze(-3)
+                if m.dtype == torch.bool:
+                    allowed = m if allowed is None else allowed & m
+                else:
+                    logits = logits + m.to(work)
+                    ok = torch.isfinite(m) & (m > NEG)
+                    allowed = ok if allowed is None else allowed & ok
+            if allowed is not None:
+                allowed = allowed.expand(scores.shape)
+                logits = logits.masked_fill(~allowed, float("-inf"))
+            probs = torch.softmax(logits, dim=-1)
+            if allowed is not None:
+                probs = probs.masked_fill(
+                    ~allowed.any(-1, keepdim=True), 0.0
+                )  # fully masked rows: 0, as SDPA
+            check = None
+            if not a.get("dropout_p"):
+                got = out[:, None] if unsq else out
+                check = float((probs @ v.to(work) - got.to(work)).abs().max()) if got.numel() else 0.0
+        b = int(math.prod(lead)) if lead else 1
+        shape = (b, hq, lq, lk)
+        cross = self._cross(a["query"], a["key"])
+        self._record(self.path(), probs.reshape(shape), scores.reshape(shape),
+                     None if allowed is None else allowed.reshape(shape), "sdpa",
+                     "arguments" if allowed is not None else None, cross, check)  # fmt: skip
+
+    def _cross(self, q, k) -> bool | None:
+        tq, tk = self.tag(q), self.tag(k)
+        if tq is None or tk is None or not tq.origin or not tk.origin:
+            return None
+        return tq.origin != tk.origin
+
+    def on_mha(self, func, args, kwargs):
+        out = func(*args, **kwargs)
+        _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
+        try:
+            bound = _MHA_SIG.bind(*args, **kwargs)
+            bound.apply_defaults()
+            p = dict(bound.arguments)
+            query, key = p["query"], p["key"]
+            attn_mask = p["attn_mask"]
+            if p["is_causal"] and attn_mask is None:
+                n = query.shape[0]
+                attn_mask = ~torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
+            p.update(need_weights=True, average_attn_weights=False, attn_mask=attn_mask, is_causal=False)
+            rng = None
+            if p["training"] and p["dropout_p"]:
+                rng = torch.random.fork_rng(devices=[query.device] if query.is_cuda else [])
+            with torch.no_grad(), rng or contextlib.nullcontext():
+                _, weights = func(**p)
+            unbatched = query.dim() == 2
+            weights = weights[None] if unbatched else weights  # (B, H, q, k)
+            b, h, lq, lk = weights.shape
+            kpm = p["key_padding_mask"]
+            kpm = kpm[None] if unbatched and kpm is not None else kpm
+            allowed = _mask(b, h, lq, lk, attn_mask, kpm, weights.device)
+            with torch.no_grad():
+                scores = _mha_scores(p, h)
+            path = self.path()
+            cross = None if query is key else True
+            if query is key and path not in self.fixed:
+                cross = False
+            self._record(path, weights, scores, None if allowed is None else allowed[:, None],
+                         "nn.MultiheadAttention", "arguments" if allowed is not None else None, cross)  # fmt: skip
+        except Exception as exc:
+            self.cap.notes.append(f"nn.MultiheadAttention: {type(exc).__name__}: {exc}")
+        finally:
+            _LOCAL.busy -= 1
+        return out
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, session: _Session):
+        super().__init__()
+        self.session = session
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return self.session.call(func, args, kwargs or {})
+
+
+# -- masks and scores for nn.MultiheadAttention -------------------------------------------------------------
 def _allowed(m: torch.Tensor) -> torch.Tensor:
     """torch.nn mask (bool: True = NOT allowed; float: additive, -inf = not allowed) -> True = allowed."""
     return ~m if m.dtype == torch.bool else torch.isfinite(m) & (m > torch.finfo(m.dtype).min / 2)
 
 
-def _mask(b: int, h: int, lq: int, lk: int, attn_mask, key_padding_mask, is_causal: bool, device):
+def _mask(b: int, h: int, lq: int, lk: int, attn_mask, key_padding_mask, device):
     """Allowed mask (B, q, k) from MultiheadAttention's arguments, or None when nothing is masked."""
-    if attn_mask is None and key_padding_mask is None and not is_causal:
+    if attn_mask is None and key_padding_mask is None:
         return None
     allowed = torch.ones(b, lq, lk, dtype=torch.bool, device=device)
     if attn_mask is not None:
@@ -143,31 +621,32 @@ def _mask(b: int, h: int, lq: int, lk: int, attn_mask, key_padding_mask, is_caus
         if am.dim() == 3:  # (B*H, q, k): keep a query/key pair if any head may use it
             am = am.view(b, h, lq, lk).any(dim=1)
         allowed = allowed & am
-    elif is_causal:
-        allowed = allowed & torch.ones(lq, lk, dtype=torch.bool, device=device).tril()
     if key_padding_mask is not None:
         allowed = allowed & _allowed(key_padding_mask).view(b, 1, lk)
     return allowed
 
 
-def _scores(mha: nn.MultiheadAttention, query, key) -> torch.Tensor | None:
-    """(B, H, q, k) q.k/sqrt(d_head) from the module's own projections (batch-first inputs)."""
-    if mha.bias_k is not None or mha.add_zero_attn:
+def _mha_scores(p: dict[str, Any], h: int) -> torch.Tensor | None:
+    """(B, H, q, k) q.k/sqrt(d_head) from F.multi_head_attention_forward's arguments."""
+    if p["bias_k"] is not None or p["add_zero_attn"] or p["static_k"] is not None:
         return None
-    e, h = mha.embed_dim, mha.num_heads
-    bias = mha.in_proj_bias
+    query, key = p["query"], p["key"]
+    if query.dim() == 2:
+        query, key = query[:, None], key[:, None]
+    e = query.shape[-1]
+    bias = p["in_proj_bias"]
     bq = bk = None
     if bias is not None:
         bq, bk = bias[:e], bias[e : 2 * e]
-    if mha._qkv_same_embed_dim:
-        wq, wk = mha.in_proj_weight[:e], mha.in_proj_weight[e : 2 * e]
+    if p["use_separate_proj_weight"]:
+        wq, wk = p["q_proj_weight"], p["k_proj_weight"]
     else:
-        wq, wk = mha.q_proj_weight, mha.k_proj_weight
-    q = F.linear(query, wq, bq)  # (B, q, E)
-    k = F.linear(key, wk, bk)  # (B, k, E)
+        wq, wk = p["in_proj_weight"][:e], p["in_proj_weight"][e : 2 * e]
+    q = F.linear(query, wq, bq).transpose(0, 1)  # (B, q, E): F.multi_head_attention_forward is seq-first
+    k = F.linear(key, wk, bk).transpose(0, 1)  # (B, k, E)
     b, lq, lk, d = q.shape[0], q.shape[1], k.shape[1], e // h
-    q = q.view(b, lq, h, d).transpose(1, 2)  # (B, H, q, d)
-    k = k.view(b, lk, h, d).transpose(1, 2)  # (B, H, k, d)
+    q = q.reshape(b, lq, h, d).transpose(1, 2)  # (B, H, q, d)
+    k = k.reshape(b, lk, h, d).transpose(1, 2)  # (B, H, k, d)
     return q @ k.transpose(-2, -1) / math.sqrt(d)
 
 
@@ -178,7 +657,6 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool:
     return bool((mask == causal).all())
 
 
-# -- kinds --------------------------------------------------------------------------------------
 def _layer_kinds(model: nn.Module) -> dict[str, str]:
     """module name -> kind for attention modules inside torch.nn encoder/decoder layers."""
     kinds = {}
@@ -192,93 +670,27 @@ def _layer_kinds(model: nn.Module) -> dict[str, str]:
     return kinds
 
 
-# -- the patch ------------------------------------------------------------------------------------
+# -- public API --------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def _fastpath_off() -> Iterator[None]:
-    global _FASTPATH_DEPTH, _FASTPATH_SAVED
-    with _FASTPATH_LOCK:
-        if _FASTPATH_DEPTH == 0:
-            _FASTPATH_SAVED = torch.backends.mha.get_fastpath_enabled()
-            torch.backends.mha.set_fastpath_enabled(False)
-        _FASTPATH_DEPTH += 1
-    try:
-        yield
-    finally:
-        with _FASTPATH_LOCK:
-            _FASTPATH_DEPTH -= 1
-            if _FASTPATH_DEPTH == 0:
-                torch.backends.mha.set_fastpath_enabled(_FASTPATH_SAVED)
+def capture_attention(
+    model: nn.Module,
+    kinds: dict[str, str] | None = None,
+    include: list[str] | tuple[str, ...] | None = None,
+    exclude: list[str] | tuple[str, ...] | None = None,
+    lengths: list[int] | tuple[int, ...] | None = None,
+) -> Iterator[Captured]:
+    """Record every attention map this thread computes inside ``model`` during the block.
 
-
-def _wrap(mha: nn.MultiheadAttention, name: str, fixed_kind: str | None, cap: Captured):
-    original = type(mha).forward.__get__(mha)  # the class forward, bound
-
-    def forward(
-        query,
-        key,
-        value,
-        key_padding_mask=None,
-        need_weights=True,
-        attn_mask=None,
-        average_attn_weights=True,
-        is_causal=False,
-    ):
-        out = original(
-            query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
-            attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal,
-        )  # fmt: skip
-        record_mask = attn_mask
-        if is_causal and attn_mask is None:  # MultiheadAttention needs the mask itself to give weights
-            n = query.shape[-2] if query.dim() == 2 else query.shape[1 if mha.batch_first else 0]
-            record_mask = ~torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
-        rng = torch.random.fork_rng(devices=[query.device] if query.is_cuda else []) if mha.training else None
-        with torch.no_grad(), rng or contextlib.nullcontext():
-            _, weights = original(
-                query, key, value, key_padding_mask=key_padding_mask, need_weights=True,
-                attn_mask=record_mask, average_attn_weights=False, is_causal=False,
-            )  # fmt: skip
-        unbatched = query.dim() == 2
-        q_, k_ = (query[None], key[None]) if unbatched else (query, key)
-        if not mha.batch_first and not unbatched:
-            q_, k_ = q_.transpose(0, 1), k_.transpose(0, 1)  # (B, L, E)
-        weights = weights[None] if unbatched else weights  # (B, H, q, k)
-        b, h, lq, lk = weights.shape
-        kpm = key_padding_mask[None] if unbatched and key_padding_mask is not None else key_padding_mask
-        allowed = _mask(b, h, lq, lk, record_mask, kpm, False, weights.device)
-        if fixed_kind is not None:
-            kind = fixed_kind
-        elif query is not key:
-            kind = "cross"
-        else:
-            kind = "dec_self" if allowed is not None and _is_causal_mask(allowed[0]) else "enc_self"
-        with torch.no_grad():
-            scores = _scores(mha, q_, k_)
-        cap.records.append(
-            Record(name, kind, weights.detach(), None if scores is None else scores.detach(), allowed)
-        )
-        return out
-
-    return forward
-
-
-@contextlib.contextmanager
-def capture_attention(model: nn.Module, kinds: dict[str, str] | None = None) -> Iterator[Captured]:
-    """Record per-head attention of every nn.MultiheadAttention in ``model`` during the block."""
+    kinds: {module path or glob: "enc_self" | "dec_self" | "cross"}; include/exclude: globs on module
+    paths that force a softmax in or out; lengths: sequence lengths of the call (besides those seen
+    going through an embedding)."""
+    for k in (kinds or {}).values():
+        if k not in KINDS:
+            raise ValueError(f"unknown attention kind {k!r}; expected one of {KINDS}")
     cap = Captured()
-    fixed = {**_layer_kinds(model), **(kinds or {})}
-    patched: list[nn.MultiheadAttention] = []
-    with _fastpath_off():
-        try:
-            for name, mod in model.named_modules():
-                if isinstance(mod, nn.MultiheadAttention):
-                    if "forward" in mod.__dict__:
-                        raise RuntimeError(f"{name or 'model'} is already being captured (nested capture)")
-                    mod.forward = _wrap(mod, name, fixed.get(name), cap)
-                    patched.append(mod)
-            yield cap
-        finally:
-            for mod in patched:
-                del mod.forward  # the class forward (and with it the fast path) is back
+    session = _Session(cap, model, kinds, include, exclude, lengths)
+    with _Mode(session):
+        yield cap
 
 
 def capture_call(

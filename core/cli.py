@@ -73,7 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the model zoo").set_defaults(fn=cmd_models)
 
     def model_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--model", required=True, help="zoo name (see `models`) or model folder")
+        sp.add_argument(
+            "--model",
+            required=True,
+            help="zoo name (see `models`), model folder, or adapter file (.py, runs its code)",
+        )
         sp.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
 
     sp = sub.add_parser("predict", help="print the model's output for each text")

@@ -42,7 +42,7 @@ import copy
 import importlib.util
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from core.checkpoint import ModelLoadError, _one_line
+from core.interface import ModelFacts, pad_rows
 from core.runner import TOPK, InputError, Prepared, check_trace_budget, resolve_device, trace_bytes
 from core.trace import AttentionTrace
 
@@ -58,40 +59,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 MAX_NEW_TOKENS = 32  # generation bound when no target is given
 
 
-@dataclass(frozen=True)
-class HFArch:
-    """The facts a page shows about a model, named like TransformerConfig's fields."""
-
-    name: str
-    model_type: str  # Hugging Face model_type, e.g. "bert", "gpt2", "t5"
-    arch: str  # encoder | decoder | seq2seq
-    d_model: int
-    n_heads: int
-    n_enc_layers: int  # 0 for decoder-only models
-    n_dec_layers: int  # 0 for encoder-only models
-    src_vocab_size: int
-    tgt_vocab_size: int
-    max_len: int  # longest sequence the position scheme takes (tokenizer limit for relative schemes)
-    pad_id: int
-    bos_id: int  # decoder start token (seq2seq) / BOS
-    eos_id: int
-    dtype: str = "float32"
-    pos_encoding: str = "learned"  # learned | sinusoidal | relative | rotary (descriptive only)
-    scale_embeddings: bool = False
-    pos_offset: int = 0
-    n_classes: int = 0  # >0 for *ForSequenceClassification checkpoints
-    pooling: str = "mean"  # what the embedding output of an encoder uses
-
-    @property
-    def is_encoder_only(self) -> bool:
-        return self.arch == "encoder"
-
-    @property
-    def d_head(self) -> int:
-        return self.d_model // max(self.n_heads, 1)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+HFArch = ModelFacts  # the facts of a Hugging Face model (core.interface.ModelFacts)
 
 
 def _first(config: Any, *names: str, default: Any = 0) -> Any:
@@ -231,11 +199,35 @@ class HFModel:
     max_new_tokens: int = MAX_NEW_TOKENS
 
     kind = "hf"
+    injectable = False  # run by transformers: custom masks and interventions cannot go in
+    masks_from_ids = False  # the attention_mask argument says where PAD is
 
     def __post_init__(self) -> None:
         self._view = HFTokenizerView(self.tokenizer)
 
     # -- facts ------------------------------------------------------------------
+    @property
+    def arch(self) -> str:
+        return self.cfg.arch
+
+    def audit_facts(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"pad_id": cfg.pad_id, "skip_ids": {cfg.pad_id, cfg.bos_id, cfg.eos_id}, "vocab": (None, None),
+                "max_len": cfg.max_len}  # fmt: skip
+
+    def forward_outputs(self, src, tgt, src_real, tgt_real) -> dict[str, torch.Tensor]:
+        """Last hidden states through the library's public call, attention_mask from ``*_real``."""
+        m, arch = self.model, self.cfg.arch
+        kw = dict(output_hidden_states=True, return_dict=True)
+        with torch.no_grad():
+            if arch == "encoder":
+                return {"enc": m(input_ids=src, attention_mask=src_real.long(), **kw).hidden_states[-1]}
+            if arch == "decoder":
+                return {"dec": m(input_ids=tgt, attention_mask=tgt_real.long(), **kw).hidden_states[-1]}
+            out = m(input_ids=src, attention_mask=src_real.long(), decoder_input_ids=tgt,
+                    decoder_attention_mask=tgt_real.long(), **kw)  # fmt: skip
+        return {"enc": out.encoder_last_hidden_state, "dec": out.decoder_hidden_states[-1]}
+
     @property
     def has_decoder(self) -> bool:
         return self.cfg.arch != "encoder"
@@ -307,14 +299,8 @@ class HFModel:
 
     def _pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded ids and the attention mask (1 = real) from the true lengths."""
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.cfg.pad_id, dtype=torch.long)
-        real = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-            real[i, : len(r)] = 1
-        dev = self.model.device
-        return ids.to(dev), real.to(dev)
+        ids, real = pad_rows(rows, self.cfg.pad_id, self.model.device)
+        return ids, real.long()
 
     # -- running ---------------------------------------------------------------------
     @torch.no_grad()
@@ -461,6 +447,7 @@ class HFModel:
             "src_tokens": self.src_tok.tokens(src[i].tolist()),
             "enc_self": torch.stack(attentions, dim=1)[i].float().cpu().numpy(),  # (layer, head, S, S)
             "enc_self_mask": real[None, :].expand(n, n).cpu().numpy(),
+            "src_real": real.cpu().numpy(),
         }
 
     def _dec_fields(self, i, seq, real, attentions, logits) -> dict[str, Any]:
@@ -474,6 +461,7 @@ class HFModel:
             "tgt_tokens": self.src_tok.tokens(seq[i].tolist()),
             "dec_self": torch.stack(attentions, dim=1)[i].float().cpu().numpy(),  # (layer, head, T, T)
             "dec_self_mask": (causal & r[None, :]).cpu().numpy(),
+            "tgt_real": r.cpu().numpy(),
             "out_tokens": self.src_tok.tokens(top_i[:, 0].tolist()),
             "out_probs": top_p[:, 0].cpu().numpy(),
             "topk_ids": top_i.cpu().numpy(),

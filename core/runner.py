@@ -19,6 +19,7 @@ from core import checkpoint
 from core.attention import Intervention
 from core.config import TransformerConfig
 from core.decode import greedy_decode
+from core.interface import pad_rows
 from core.model import Masks, Transformer
 from core.tokenizer import Tokenizer, TokenizerError
 from core.trace import AttentionTrace
@@ -84,10 +85,40 @@ class LoadedModel:
     card: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
 
+    injectable = True  # custom masks and head interventions go into core's forward pass
+    masks_from_ids = (
+        False  # masks come from the real-position vectors (the leak tests can change PAD content)
+    )
+
     # -- facts ------------------------------------------------------------------
+    @property
+    def arch(self) -> str:
+        return "encoder" if self.cfg.is_encoder_only else "seq2seq"
+
     @property
     def has_decoder(self) -> bool:
         return not self.cfg.is_encoder_only
+
+    def audit_facts(self) -> dict[str, Any]:
+        """pad id, ids the leak tests never write (specials and <unk>), vocab sizes, max length."""
+        cfg = self.cfg
+        return {
+            "pad_id": cfg.pad_id,
+            "skip_ids": {cfg.pad_id, cfg.bos_id, cfg.eos_id, 3},
+            "vocab": (cfg.src_vocab_size, cfg.tgt_vocab_size if self.has_decoder else None),
+            "max_len": cfg.max_len,
+        }
+
+    def forward_outputs(self, src, tgt, src_real, tgt_real) -> dict[str, torch.Tensor]:
+        """Encoder memory and decoder hidden states, masks built from the real-position vectors."""
+        from core.bugs import reference_masks
+
+        with torch.no_grad():
+            out = self.model(src, tgt, masks=reference_masks(src_real, tgt_real))
+        return {"enc": out.memory} if tgt is None else {"enc": out.memory, "dec": out.hidden}
+
+    def trace_continuation(self, sources: list[str], truncate: bool = False) -> list[AttentionTrace]:
+        raise InputError("only decoder-only models continue a prompt; use trace() for this model")
 
     @property
     def max_src_tokens(self) -> int:
@@ -159,11 +190,7 @@ class LoadedModel:
 
     # -- running ---------------------------------------------------------------------
     def _pad(self, rows: list[list[int]]) -> torch.Tensor:
-        width = max(len(r) for r in rows)
-        out = torch.full((len(rows), width), self.cfg.pad_id, dtype=torch.long)
-        for i, r in enumerate(rows):
-            out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        return out.to(self.device)
+        return pad_rows(rows, self.cfg.pad_id, self.device)[0]
 
     @torch.no_grad()
     def trace(
@@ -232,6 +259,7 @@ class LoadedModel:
             kw["enc_self_mask"] = out.masks.enc_self[i].cpu().numpy()
         meta = {"forward_ms": round(forward_ms, 3), "teacher_forced": teacher, "warnings": list(warnings)}
         src_ids = src[i].cpu().numpy()
+        kw["src_real"] = src_ids != self.cfg.pad_id
         if self.has_decoder:
             probs = out.logits[i].float().softmax(-1)  # (T, V)
             top_p, top_i = probs.topk(min(TOPK, probs.shape[-1]), dim=-1)
@@ -245,7 +273,9 @@ class LoadedModel:
                 topk_ids=top_i.cpu().numpy(),
                 topk_probs=top_p.cpu().numpy(),
             )
-            n_real = int((tgt_ids != self.cfg.pad_id).sum())
+            kw["tgt_real"] = tgt_ids != self.cfg.pad_id
+            kw["tgt_real"][0] = True  # BOS (some configs share the PAD id)
+            n_real = int(kw["tgt_real"].sum())
             output_text = self.tgt_tok.decode(out_ids[:n_real])
         elif out.logits is not None:
             probs = out.logits[i].float().softmax(-1).cpu().numpy()

@@ -36,6 +36,7 @@ _ARRAYS = (
     "enc_self_scores", "dec_self_scores", "cross_scores",
     "enc_self_mask", "dec_self_mask", "cross_mask",
     "out_probs", "topk_ids", "topk_probs",
+    "src_real", "tgt_real",
 )  # fmt: skip
 _TOKENS = ("src_tokens", "tgt_tokens", "out_tokens")
 
@@ -74,6 +75,8 @@ class AttentionTrace:
     topk_probs: np.ndarray | None = None  # (T, k) their probabilities
     output_text: str = ""  # the model's answer as text
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. forward_ms, teacher_forced, labels
+    src_real: np.ndarray | None = None  # (S,) bool, True = a real source token (False = PAD)
+    tgt_real: np.ndarray | None = None  # (T,) bool, True = a real decoder position
 
     def __post_init__(self) -> None:
         for name in _ARRAYS:
@@ -183,7 +186,7 @@ class AttentionTrace:
         for name in _ARRAYS:
             if name in arrays:
                 value = np.asarray(arrays[name])
-                if name.endswith("_mask"):
+                if name.endswith(("_mask", "_real")):
                     value = value.astype(bool)
                 elif name.endswith("_ids"):
                     value = value.astype(np.int64)

@@ -127,7 +127,7 @@ def outputs(
     sel, sources: tuple[str, ...], targets: tuple[str, ...] | None, report: AuditReport, bug=None, off=()
 ) -> tuple[str, ...]:
     """What the model answers: its greedy output (generate mode) or the teacher-forced argmax."""
-    if targets is not None or not audit.is_core(loaders.load_model(sel.name, sel.device, sel.version)):
+    if targets is not None or not loaders.load_model(sel.name, sel.device, sel.version).injectable:
         return tuple(t.output_text for t in report.traces)
     return generated(sel.name, sel.device, sel.version, sources, bug, off)
 
@@ -137,7 +137,7 @@ def outputs(
 
 def injectable(lm) -> bool:
     """Masks and head ablation can be injected into attnscope's own Transformer only."""
-    return audit.is_core(lm)
+    return lm.injectable
 
 
 def not_injectable_message(lm) -> str:

@@ -4,8 +4,11 @@ Besides the zoo (models/<name>/ folders trained with core) there are pretrained 
 installed packages (EXTRA_MODELS, e.g. ``minilm``) and any folder or file a user points to:
 - a core model folder (config.json without "model_type" + model.safetensors or model.pt/.pth),
 - a ``.pt``/``.pth`` state dict beside a core config.json (read with weights_only, never code),
-- a Hugging Face folder (config.json with "model_type"), run by core.hf.HFModel.
-``model_kind(name_or_path)`` says which: "zoo", "pretrained", "core", "hf".
+- a Hugging Face folder (config.json with "model_type"), run by core.hf.HFModel,
+- an adapter file (``*.py``): any PyTorch model, run by core.adapter.AdapterModel (this runs the
+  file's code: the CLI runs what you name; the dashboard only with ATTNSCOPE_ALLOW_CODE=1).
+``model_kind(name_or_path)`` says which: "zoo", "pretrained", "core", "hf", "adapter".
+Every one of them implements core.interface.AttentionModel.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 
 from core.checkpoint import CONFIG, ModelLoadError, read_meta
 from core.hf import is_hf_folder
+from core.interface import AttentionModel
 from core.runner import LoadedModel, load_folder, resolve_device
 
 ZOO_DIR = Path(__file__).resolve().parent
@@ -21,6 +25,7 @@ DEFAULT_MODEL = "reverse"
 # Zoo models in the order the dashboard lists them.
 ORDER = ("reverse", "sort", "dates", "numbers", "brackets")
 WEIGHT_SUFFIXES = (".pt", ".pth", ".safetensors")  # a weights file beside a core config.json
+ADAPTER_SUFFIX = ".py"  # an adapter file (core/adapter.py)
 
 
 def _pretrained() -> dict:
@@ -70,6 +75,8 @@ def model_kind(name_or_path: str) -> str:
     if name_or_path in EXTRA_MODELS:
         return "pretrained"
     path = Path(name_or_path).expanduser()
+    if path.suffix == ADAPTER_SUFFIX:
+        return "adapter"
     return "hf" if path.is_dir() and is_hf_folder(path) else "core"
 
 
@@ -82,14 +89,14 @@ def resolve(name_or_path: str) -> tuple[str, Path]:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path.name, path
-    if path.is_file() and path.suffix in WEIGHT_SUFFIXES:
+    if path.is_file() and path.suffix in (*WEIGHT_SUFFIXES, ADAPTER_SUFFIX):
         return path.stem, path.parent
     known = ", ".join(all_names()) or "(none trained yet)"
     raise ModelLoadError(f"unknown model {name_or_path!r}: not a zoo name ({known}) nor a model folder")
 
 
-def load(name_or_path: str, device: str = "cpu", **hf_options) -> LoadedModel:
-    """Any model by zoo name, pretrained name, folder or weights file (.pt/.pth/.safetensors).
+def load(name_or_path: str, device: str = "cpu", **hf_options) -> AttentionModel:
+    """Any model by zoo name, pretrained name, folder, weights file (.pt/.pth/.safetensors) or adapter file.
 
     hf_options go to core.hf.load_hf for Hugging Face folders (dtype, device_map, max_new_tokens).
     """
@@ -98,6 +105,10 @@ def load(name_or_path: str, device: str = "cpu", **hf_options) -> LoadedModel:
         return pretrained[name_or_path].load(resolve_device(device))
     name, folder = resolve(name_or_path)
     path = Path(name_or_path).expanduser()
+    if path.suffix == ADAPTER_SUFFIX:
+        from core.adapter import load_adapter
+
+        return load_adapter(path, name=name, device=device)
     if path.is_file():  # a weights file (.pt/.pth: weights_only) next to a core config.json and vocabularies
         from core import checkpoint
 

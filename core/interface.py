@@ -1,0 +1,155 @@
+"""The one model interface every page, command and check is written against.
+
+Four classes implement it: ``core.runner.LoadedModel`` (attnscope's own Transformer: the zoo and
+core folders), ``models.pretrained.BertEncoderModel`` (MiniLM in core's Transformer),
+``core.hf.HFModel`` (Hugging Face folders) and ``core.adapter.AdapterModel`` (any PyTorch model
+through an adapter file). Callers ask the model what it can do (``arch``, ``injectable``,
+``masks_from_ids``) instead of probing its type.
+
+Shared pieces live here too: ``ModelFacts`` (what a page shows about a model that is not a core
+``TransformerConfig``), ``pad_rows`` (the one way a batch is right-padded, with the real positions
+beside it) and ``prediction_fields`` (the top-k packaging of a model's output probabilities).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from core.trace import AttentionTrace
+
+ARCHS = ("encoder", "decoder", "seq2seq")  # encoder only | decoder only | encoder-decoder
+TOPK = 5
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The facts a page shows about a model, named like TransformerConfig's fields."""
+
+    name: str
+    model_type: str  # Hugging Face model_type ("bert", "gpt2", ...) or "adapter"
+    arch: str  # encoder | decoder | seq2seq
+    d_model: int
+    n_heads: int
+    n_enc_layers: int  # 0 for decoder-only models
+    n_dec_layers: int  # 0 for encoder-only models
+    src_vocab_size: int
+    tgt_vocab_size: int
+    max_len: int  # longest sequence the position scheme takes (tokenizer limit for relative schemes)
+    pad_id: int
+    bos_id: int  # decoder start token (seq2seq) / BOS; -1 when the model has none
+    eos_id: int  # -1 when the model has none
+    dtype: str = "float32"
+    pos_encoding: str = "learned"  # learned | sinusoidal | relative | rotary | unknown (descriptive only)
+    scale_embeddings: bool = False
+    pos_offset: int = 0
+    n_classes: int = 0  # >0 for *ForSequenceClassification checkpoints
+    pooling: str = "mean"  # what the embedding output of an encoder uses
+
+    @property
+    def is_encoder_only(self) -> bool:
+        return self.arch == "encoder"
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // max(self.n_heads, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@runtime_checkable
+class AttentionModel(Protocol):
+    """What the CLI, the audit, the lab and every dashboard page use of a loaded model."""
+
+    name: str
+    folder: Path | None
+    card: str
+    meta: dict[str, Any]
+
+    @property
+    def arch(self) -> str:
+        """encoder | decoder | seq2seq."""
+
+    @property
+    def cfg(self) -> Any:
+        """TransformerConfig (core models) or ModelFacts: d_model, n_heads, n_*_layers, ids, max_len."""
+
+    @property
+    def injectable(self) -> bool:
+        """True when custom masks and head interventions can be put into its forward pass (core)."""
+
+    @property
+    def masks_from_ids(self) -> bool:
+        """True when the model computes its masks from the token ids itself (no attention_mask
+        argument): changing what sits in PAD positions is then impossible to test."""
+
+    @property
+    def has_decoder(self) -> bool: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def max_src_tokens(self) -> int: ...
+
+    @property
+    def labels(self) -> list[str]: ...
+
+    @property
+    def summary(self) -> str: ...
+
+    def prepare(self, text: str, truncate: bool = False) -> Any:
+        """Token ids of one input (a ``core.runner.Prepared``); InputError with a message if unusable."""
+
+    def prepare_target(self, text: str, truncate: bool = False) -> Any: ...
+
+    def trace(
+        self,
+        sources: list[str],
+        targets: list[str] | None = None,
+        truncate: bool = False,
+        masks: Any = None,
+        interv: Any = None,
+    ) -> list[AttentionTrace]:
+        """One AttentionTrace per input (targets: teacher forcing, else the model's greedy output)."""
+
+    def trace_continuation(self, sources: list[str], truncate: bool = False) -> list[AttentionTrace]:
+        """Decoder-only models: each prompt continued greedily, then traced."""
+
+    def predict(self, sources: list[str]) -> list[str]: ...
+
+    def forward_outputs(
+        self, src: torch.Tensor | None, tgt: torch.Tensor | None, src_real, tgt_real
+    ) -> dict[str, torch.Tensor]:
+        """Black-box outputs for the leak tests: {"enc": (B, S, ...), "dec": (B, T, ...)}."""
+
+    def audit_facts(self) -> dict[str, Any]:
+        """pad_id, skip_ids (specials), vocab (src, tgt sizes or None) and max_len for the leak tests."""
+
+    def to(self, device: str) -> AttentionModel: ...
+
+
+def pad_rows(rows: list[list[int]], pad_id: int, device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids (B, L) and the real positions (B, L) bool, from the true lengths."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    real = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        real[i, : len(r)] = True
+    return ids.to(device), real.to(device)
+
+
+def prediction_fields(probs: torch.Tensor, tokens) -> dict[str, Any]:
+    """(L, V) output probabilities -> out_tokens, out_probs, topk_ids, topk_probs (numpy)."""
+    top_p, top_i = probs.float().topk(min(TOPK, probs.shape[-1]), dim=-1)
+    return {
+        "out_tokens": tokens(top_i[:, 0].tolist()),
+        "out_probs": top_p[:, 0].cpu().numpy(),
+        "topk_ids": top_i.cpu().numpy(),
+        "topk_probs": top_p.cpu().numpy(),
+    }
