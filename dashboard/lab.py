@@ -141,12 +141,10 @@ def injectable(lm) -> bool:
 
 
 def not_injectable_message(lm) -> str:
-    kind = getattr(lm, "kind", "")
-    what = (
-        "a Hugging Face model run through the transformers library"
-        if kind == "hf"
-        else "not one of attnscope's own Transformer models"
-    )
+    what = {
+        "hf": "a Hugging Face model run through the transformers library",
+        "adapter": "your own model run through its adapter file, which builds its masks inside its own code",
+    }.get(lm.meta.get("kind", ""), "not one of attnscope's own Transformer models")
     return (
         f"Masks cannot be injected into **{loaders.display_name(lm.name)}**: it is {what}, and the lab "
         "changes the masks inside attnscope's own forward pass (core.model.Transformer). "
@@ -171,13 +169,13 @@ def lab_batch(
     there is padding. Returns (sources, targets, whether a copy was added)."""
     if not add_copy or len(sources) != 1:
         return sources, targets, False
-    char = getattr(lm.src_tok, "kind", "") == "char"
+    char = lm.src_tok.kind == "char"
     src = shorter_copy(sources[0], char)
     if src is None:
         return sources, targets, False
     if targets is None:
         return (sources[0], src), None, True
-    tgt_char = getattr(lm.tgt_tok, "kind", "") == "char"
+    tgt_char = lm.tgt_tok.kind == "char"
     tgt = shorter_copy(targets[0], tgt_char) or targets[0]
     return (sources[0], src), (targets[0], tgt), True
 
@@ -198,7 +196,7 @@ def head_label(option: tuple[str, int, int]) -> str:
 
 
 def pad_id(lm) -> int | None:
-    return getattr(getattr(lm, "cfg", None), "pad_id", None)
+    return lm.cfg.pad_id
 
 
 def keep_valid(key: str, options: list, default=None) -> None:

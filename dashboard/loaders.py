@@ -24,7 +24,7 @@ import streamlit as st
 import torch
 
 from core.checkpoint import CONFIG, read_meta
-from core.runner import LoadedModel
+from core.interface import AttentionModel
 from core.trace import AttentionTrace
 from dashboard import model_facts, trace_cache, user_models
 from models import registry
@@ -55,8 +55,15 @@ WEIGHT_FILES = ("model.safetensors", "model.pt", "model.pth", "pytorch_model.bin
 
 
 def _extra_folders() -> list[str]:
+    """ATTNSCOPE_MODELS entries: model folders, and adapter files (.py) when code is allowed."""
     raw = os.environ.get(EXTRA_MODELS_ENV, "")
-    return [p for p in raw.split(os.pathsep) if p and (Path(p) / CONFIG).is_file()]
+    out = []
+    for p in (p for p in raw.split(os.pathsep) if p):
+        if (Path(p) / CONFIG).is_file():
+            out.append(p)
+        elif p.endswith(user_models.ADAPTER_SUFFIX) and Path(p).is_file() and user_models.code_allowed():
+            out.append(p)
+    return out
 
 
 def registry_names() -> list[str]:
@@ -122,7 +129,9 @@ def model_version(name: str) -> float:
     """Latest mtime of the config and weights: a retrained model gets new cache entries."""
     try:
         path = Path(name)
-        if path.is_file():  # a weights file beside a config.json
+        if path.suffix == user_models.ADAPTER_SUFFIX:  # an adapter: its file
+            files = [path]
+        elif path.is_file():  # a weights file beside a config.json
             files = [path, path.parent / CONFIG]
         else:
             folder = model_folder(name)
@@ -137,9 +146,13 @@ def devices() -> list[str]:
 
 
 @st.cache_resource(max_entries=8, show_spinner="Loading the model…")
-def load_model(name: str, device: str, version: float = 0.0) -> LoadedModel:
+def load_model(name: str, device: str, version: float = 0.0) -> AttentionModel:
     """The model in eval mode on ``device`` (shared by all sessions: never mutate it)."""
     del version  # only part of the cache key
+    if name.endswith(
+        user_models.ADAPTER_SUFFIX
+    ):  # whatever asked (picker, path box, link): code needs consent
+        user_models.check_code_allowed(name)
     lm = registry.load(name, device)
     if os.sep in name:  # a path: name it as the picker does ('org/model' for a cache snapshot)
         lm.name = display_name(name)
@@ -166,23 +179,17 @@ def compute_traces(
     ``trace.meta["warnings"]``. Raises core.runner.InputError with a message for users.
     """
     lm = load_model(name, device, version)
-    if targets is None and model_facts.arch(lm) == "decoder":
-        return continuation_traces(lm, list(sources))
+    if targets is None and lm.arch == "decoder":  # 'generate': each prompt continued, then traced
+        return lm.trace_continuation(list(sources), truncate=True)
     return lm.trace(list(sources), None if targets is None else list(targets), truncate=True)
 
 
-def continuation_traces(lm, sources: list[str]) -> list[AttentionTrace]:
-    """Decoder-only models, 'generate': each prompt continued greedily and prompt + continuation
-    traced (core.hf.HFModel.trace_continuation), so every generation step's attention is there."""
-    return lm.trace_continuation(sources, truncate=True)
-
-
-def examples(lm: LoadedModel, n: int = 3) -> list[str]:
+def examples(lm: AttentionModel, n: int = 3) -> list[str]:
     """Example inputs for a model: meta["examples"], else its task's generator, else its vocabulary."""
     meta_examples = [str(e) for e in lm.meta.get("examples", []) if str(e).strip()]
     if meta_examples:
         return meta_examples[:n]
-    if getattr(lm.src_tok, "kind", "") in ("hf", "wordpiece"):  # a natural-language tokenizer
+    if lm.src_tok.kind in ("hf", "wordpiece"):  # a natural-language tokenizer
         return TEXT_EXAMPLES[:n]
     task = lm.meta.get("task")
     if task:

@@ -25,6 +25,7 @@ KIND_LABELS = {
     "hf": "Hugging Face",
     "core": "core folder",
     "upload": "upload",
+    "adapter": "adapter file",
 }
 # Module names of position tables in Hugging Face models (BERT, GPT-2, BART/Marian, ...).
 POSITION_MODULES = ("position_embeddings", "wpe", "embed_positions", "pos_embed", "position_embedding")
@@ -37,10 +38,7 @@ POSITION_SCHEMES = {
 
 def arch(lm: Any) -> str:
     """'encoder', 'decoder' (decoder only, GPT-2 style) or 'seq2seq'."""
-    value = getattr(lm.cfg, "arch", None)
-    if value in ARCH_LABELS:
-        return value
-    return "encoder" if lm.cfg.is_encoder_only else "seq2seq"
+    return lm.arch
 
 
 def has_encoder(lm: Any) -> bool:
@@ -52,8 +50,8 @@ def has_decoder(lm: Any) -> bool:
 
 
 def model_kind(lm: Any) -> str:
-    """'pretrained', 'hf' or 'core' (the registry says 'zoo' for zoo names)."""
-    return str(getattr(lm, "kind", None) or lm.meta.get("kind") or "core")
+    """'pretrained', 'hf', 'adapter' or 'core' (the registry says 'zoo' for zoo names)."""
+    return str(lm.meta.get("kind") or "core")
 
 
 def trace_arch(trace: AttentionTrace) -> str:

@@ -209,17 +209,22 @@ def own_model_box() -> None:
     msg = st.session_state.pop(LOAD_MSG, None)
     with st.expander("Your own model", expanded=msg is not None):
         st.text_input(
-            "Folder, weights file or cached Hugging Face name",
+            "Folder, weights file, adapter file or cached Hugging Face name",
             key=LOAD_PATH,
             placeholder="~/models/my-model  or  gpt2",
             help="A core checkpoint folder (config.json + model.safetensors or model.pt/.pth + "
-            "src_vocab.json), a .pt/.pth beside a core config.json, a Hugging Face folder, or a model "
-            "name already in the Hugging Face cache (never downloaded). Relative paths start at the "
-            "repository root.",
+            "src_vocab.json), a .pt/.pth beside a core config.json, a Hugging Face folder, a model "
+            "name already in the Hugging Face cache (never downloaded), or an adapter file (.py: any "
+            "PyTorch model; runs its code, so only when the server was started with "
+            "ATTNSCOPE_ALLOW_CODE=1). Relative paths start at the repository root.",
         )
         st.button("Load", key="load_path_button", on_click=_load_from_path)
         roots = ", ".join(f"`{r}`" for r in user_models.allowed_roots())
         st.caption(f"Allowed folders: {roots} and `{user_models.MODEL_DIRS_ENV}`.")
+        if not user_models.code_allowed():
+            st.caption(
+                f"Adapter files (.py) are off: start the server with `{user_models.ALLOW_CODE_ENV}=1` to load them."
+            )
         limit = upload_limit_mb()
         st.file_uploader(
             "Upload a core checkpoint",
@@ -240,9 +245,7 @@ def own_model_box() -> None:
 
 def _model_facts_caption(lm: LoadedModel, name: str) -> str:
     kind = model_facts.KIND_LABELS.get(loaders.model_kind(name), "core folder")
-    tok = lm.meta.get("tokenizer") or (
-        type(lm.tokenizer).__name__ if hasattr(lm, "tokenizer") else f"{lm.src_tok.kind} tokens"
-    )
+    tok = lm.meta.get("tokenizer") or f"{lm.src_tok.kind} tokens"
     return f"{kind} · {model_facts.ARCH_LABELS[model_facts.arch(lm)]} · {tok}"
 
 

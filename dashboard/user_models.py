@@ -28,6 +28,8 @@ from core.checkpoint import CONFIG, SRC_VOCAB, ModelLoadError
 from models.registry import WEIGHT_SUFFIXES, ZOO_DIR
 
 MODEL_DIRS_ENV = "ATTNSCOPE_MODEL_DIRS"
+ALLOW_CODE_ENV = "ATTNSCOPE_ALLOW_CODE"  # =1: the dashboard may run adapter files (.py) from allowed folders
+ADAPTER_SUFFIX = ".py"
 REPO = Path(__file__).resolve().parents[1]
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
@@ -102,8 +104,28 @@ def cached_snapshot(repo_id: str) -> Path | None:
     return snaps[-1] if snaps else None
 
 
+def code_allowed() -> bool:
+    """Whoever started the server allowed adapter files (they are Python code: loading runs them)."""
+    return os.environ.get(ALLOW_CODE_ENV, "") == "1"
+
+
+def check_code_allowed(path: str | Path) -> None:
+    """ModelLoadError unless ATTNSCOPE_ALLOW_CODE=1 (an adapter file runs its code when loaded)."""
+    if not code_allowed():
+        raise PathRefused(
+            f"{Path(path).name} is an adapter file, and loading it runs its Python code: the dashboard does "
+            f"that only when whoever starts the server sets {ALLOW_CODE_ENV}=1 (e.g. "
+            f"`{ALLOW_CODE_ENV}=1 make run`); the command line runs it directly: "
+            f"python -m core trace --model {path} ..."
+        )
+
+
 def check_model_path(real: Path) -> None:
-    """A folder with config.json, or a weights file beside one; else a one-sentence ModelLoadError."""
+    """A folder with config.json, a weights file beside one, or an adapter file (.py, when code is
+    allowed); else a one-sentence ModelLoadError."""
+    if real.suffix == ADAPTER_SUFFIX and real.is_file():
+        check_code_allowed(real)
+        return
     if real.is_dir():
         if not (real / CONFIG).is_file():
             raise ModelLoadError(
@@ -153,6 +175,8 @@ def display_name(path: str) -> str:
     parts = p.parts
     if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
         return parts[-3][len("models--") :].replace("--", "/")
+    if p.suffix == ADAPTER_SUFFIX:
+        return p.name
     if p.suffix in WEIGHT_SUFFIXES:  # a weights file: say which folder it is in
         return f"{p.parent.name} ({p.name})"
     return p.name
@@ -166,6 +190,11 @@ def upload_name(name: str) -> str:
     base = PurePosixPath(name.replace("\\", "/")).name
     if base in UPLOAD_FILES:
         return base
+    if base.lower().endswith(ADAPTER_SUFFIX):
+        raise ModelLoadError(
+            f"{base} is Python code: an uploaded file is never run. To use an adapter file, put it in an "
+            f"allowed folder on the server and give its path (the server must set {ALLOW_CODE_ENV}=1)"
+        )
     suffix = PurePosixPath(base).suffix.lower()
     if suffix in UPLOAD_WEIGHTS:
         return UPLOAD_WEIGHTS[suffix]
