@@ -275,12 +275,14 @@ class AdapterModel:
             nxt = self._forward(src, tgt)[:, -1].argmax(-1).tolist()
             for i, t in enumerate(nxt):
                 rows[i].append(m.PAD if done[i] else t)
-                done[i] = done[i] or t == m.EOS
+                done[i] = done[i] or t in (m.EOS, m.PAD)  # PAD: the model says it is done
             if all(done):
                 break
         out = []
         for r in rows:
             new = r[1:]
+            if m.PAD in new:  # a generated PAD ends the output (it is not kept: the model would mask it)
+                new = new[: new.index(m.PAD)] + [m.PAD]
             if m.EOS in new:
                 new = new[: new.index(m.EOS) + 1]
             out.append([m.BOS] + new[:-1])
@@ -295,6 +297,8 @@ class AdapterModel:
         for _ in range(max(room, 0)):
             seq = torch.tensor([ids + new], device=self.device)
             t = int(self._forward(None, seq)[0, -1].argmax())
+            if t == m.PAD:  # the model says it is done; PAD is never part of a sequence
+                break
             new.append(t)
             if t == m.EOS:
                 break

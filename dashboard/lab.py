@@ -250,6 +250,20 @@ def summary(report: AuditReport) -> tuple[int, int, int]:
     return n_pass, n_fail, n_skip
 
 
+def black_box_caption(lm) -> str:
+    """How a model that is not attnscope's own Transformer is audited."""
+    if lm.masks_from_ids:
+        return (
+            "This model is audited as a black box: its own traces, and leak tests through its forward. It builds "
+            "its masks from the token ids, so PAD content cannot be changed; batch invariance (each sequence "
+            "alone vs padded in the batch) and future invariance test its padding and causal masks instead."
+        )
+    return (
+        "This model is audited as a black box: its own traces, and leak tests through its public call "
+        "with attention_mask built from the real positions."
+    )
+
+
 def verdict_line(report: AuditReport) -> str:
     n_pass, n_fail, n_skip = summary(report)
     if n_fail == 0:
@@ -269,7 +283,7 @@ def report_text(report: AuditReport) -> str:
 # -- words ----------------------------------------------------------------------------------------------
 
 STATIC = ("masked_mass", "row_sums", "fully_masked", "declared_mask", "finite")
-DYNAMIC = ("finite_outputs", "causal_leak", "padding_leak")
+DYNAMIC = ("finite_outputs", "batch_invariance", "causal_leak", "padding_leak")
 INFO = ("special_tokens",)
 
 CHECK_HELP = {
@@ -286,7 +300,10 @@ CHECK_HELP = {
     "appears (NaN spreads from layer to layer).",
     "finite_outputs": "Leak test: the model runs on the batch with extra PAD columns appended; the output at "
     "every real position must be finite.",
-    "causal_leak": "Leak test: each future target token is replaced by another token; the decoder's outputs at "
+    "batch_invariance": "Leak test: each sequence runs alone, trimmed to its real tokens; its outputs at real "
+    "positions must equal those it got padded in the batch (within 1e-5, relative). If they move, padding or "
+    "another sequence leaks in (a missing padding mask, heads split with the wrong reshape).",
+    "causal_leak": "Leak test (future invariance): each future target token is replaced by another token; the decoder's outputs at "
     "earlier positions must not move (by more than 1e-5). If they move, the decoder sees the future.",
     "padding_leak": "Leak test: the tokens in PAD positions (source or target) are replaced by random tokens; "
     "outputs at real positions must not move (by more than 1e-5). If they move, the model reads padding.",

@@ -47,8 +47,8 @@ st.markdown(
     "Does the model attend only where its masks allow? **Static checks** read the attention the model "
     "produced and compare it with the mask the tokens call for (a key is visible iff it is not PAD, and in "
     "decoder self-attention not in the future). **Leak tests** run the model again as a black box: they "
-    "change what sits in PAD positions or in future target positions, and the outputs at real positions "
-    "must not move. Give a batch of inputs of different lengths (sidebar) to exercise padding in the static "
+    "change what sits in PAD positions or in future target positions, or run each sequence alone, and the "
+    "outputs at real positions must not move. Give a batch of inputs of different lengths (sidebar) to exercise padding in the static "
     "checks; the leak tests append PAD columns of their own either way."
 )
 traces = state.traces()
@@ -75,10 +75,7 @@ m[1].metric("Checks failed", n_fail)
 m[2].metric("Skipped", n_skip)
 m[3].metric("Inputs audited", f"{len(report.traces)} (+{report.meta.get('extra_pad', 0)} PAD cols)")
 if not lab.injectable(lm):
-    st.caption(
-        "This model is audited as a black box: its own traces, and leak tests through its public call "
-        "with attention_mask built from the real positions."
-    )
+    st.caption(lab.black_box_caption(lm))
 
 static = [v for v in report.verdicts if lab.check_base(v.name) in lab.STATIC]
 dynamic = [v for v in report.verdicts if lab.check_base(v.name) in lab.DYNAMIC]
