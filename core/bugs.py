@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from core.attention import Intervention
+from core.interface import pad_rows
 from core.model import Masks
 
 __all__ = ["BUGS", "Bug", "UnknownBugError", "get", "names", "reference_masks", "real_from_masks"]
@@ -215,32 +216,15 @@ def get(name: str) -> Bug:
 def batch_ids(
     lm, sources: list[str], targets: list[str] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(src (B, S), decoder input (B, T) or None) exactly as ``LoadedModel.trace`` builds them.
-
-    Without targets the decoder input is the correct model's greedy output (teacher forcing
-    on it keeps the buggy and the correct run on the same tokens).
-    """
-    from core.decode import greedy_decode
-
-    src = source_ids(lm, sources)
-    if not lm.has_decoder:
-        return src, None
-    if targets is not None:
-        rows = [[lm.cfg.bos_id] + lm.prepare_target(t).ids for t in targets]
-        return src, _pad(rows, lm.cfg.pad_id, lm.device)
-    return src, greedy_decode(lm.model, src).ids
+    """(src (B, S), decoder input (B, T) or None) exactly as ``LoadedModel.trace`` builds them
+    (``LoadedModel.batch``): without targets the decoder input is the correct model's greedy output."""
+    b = lm.batch(sources, targets)
+    return b.src, b.tgt
 
 
 def source_ids(lm, sources: list[str]) -> torch.Tensor:
     """(B, S) source ids, PAD on the right, as ``LoadedModel.trace`` builds them."""
-    return _pad([lm.prepare(s).ids for s in sources], lm.cfg.pad_id, lm.device)
-
-
-def _pad(rows: list[list[int]], pad_id: int, device) -> torch.Tensor:
-    out = torch.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return out.to(device)
+    return pad_rows([lm.prepare(s).ids for s in sources], lm.cfg.pad_id, lm.device)[0]
 
 
 def masks_for(
@@ -273,12 +257,9 @@ def trace_with_bug(
     bug = get(bug) if isinstance(bug, str) else bug
     if bug is not None and bug.needs_decoder and not lm.has_decoder:
         raise ValueError(f"bug {bug.name!r} needs a decoder; model {lm.name!r} is encoder-only")
-    src, tgt = batch_ids(lm, sources, targets)
-    masks, iv = masks_for(lm, src, tgt, bug, interv)
-    traces = lm.trace(sources, targets, masks=masks, interv=iv)
-    if traces[0].src_ids.shape[0] != src.shape[1]:
-        raise RuntimeError("trace_with_bug: the model built another batch than expected")
-    return traces
+    b = lm.batch(sources, targets)  # one batch, one greedy decode: the trace runs on exactly it
+    masks, iv = masks_for(lm, b.src, b.tgt, bug, interv)
+    return lm.trace_batch(b, masks, iv)
 
 
 @torch.no_grad()

@@ -19,8 +19,6 @@ from core.config import TransformerConfig
 from core.layers import DecoderLayer, EncoderLayer
 from core.positional import LearnedPositions, SinusoidalPositions
 
-KINDS = ("enc_self", "dec_self", "cross")
-
 
 @dataclass(frozen=True)
 class Masks:

@@ -75,6 +75,16 @@ class Prepared:
 
 
 @dataclass
+class Batch:
+    """Padded ids of one batch: src (B, S), decoder input (B, T) or None, and the prepared texts."""
+
+    src: torch.Tensor
+    tgt: torch.Tensor | None
+    prepared: list[Prepared]
+    teacher: bool  # tgt is the given targets (else the model's greedy output)
+
+
+@dataclass
 class LoadedModel:
     name: str
     folder: Path | None
@@ -86,9 +96,7 @@ class LoadedModel:
     meta: dict[str, Any] = field(default_factory=dict)
 
     injectable = True  # custom masks and head interventions go into core's forward pass
-    masks_from_ids = (
-        False  # masks come from the real-position vectors (the leak tests can change PAD content)
-    )
+    masks_from_ids = False  # masks come from real-position vectors (the leak tests can change PAD content)
 
     # -- facts ------------------------------------------------------------------
     @property
@@ -192,16 +200,9 @@ class LoadedModel:
     def _pad(self, rows: list[list[int]]) -> torch.Tensor:
         return pad_rows(rows, self.cfg.pad_id, self.device)[0]
 
-    @torch.no_grad()
-    def trace(
-        self,
-        sources: list[str],
-        targets: list[str] | None = None,
-        truncate: bool = False,
-        masks: Masks | None = None,
-        interv: Intervention | None = None,
-    ) -> list[AttentionTrace]:
-        """One AttentionTrace per source text (targets: teacher forcing, else greedy output)."""
+    def batch(self, sources: list[str], targets: list[str] | None = None, truncate: bool = False) -> Batch:
+        """The padded ids a trace runs on: sources (EOS appended) and the decoder input, BOS first
+        (teacher forcing on ``targets``, else the model's greedy output). The one place a batch is built."""
         if not sources:
             raise InputError("no input text given")
         if len(sources) > MAX_BATCH:
@@ -235,15 +236,34 @@ class LoadedModel:
                 p.warnings.extend(t.warnings)
             tgt = self._pad([[self.cfg.bos_id] + t.ids for t in tp])
         else:
-            tgt = greedy_decode(self.model, src).ids
+            with torch.no_grad():
+                tgt = greedy_decode(self.model, src).ids
+        return Batch(src, tgt, prepared, teacher)
+
+    def trace(
+        self,
+        sources: list[str],
+        targets: list[str] | None = None,
+        truncate: bool = False,
+        masks: Masks | None = None,
+        interv: Intervention | None = None,
+    ) -> list[AttentionTrace]:
+        """One AttentionTrace per source text (targets: teacher forcing, else greedy output)."""
+        return self.trace_batch(self.batch(sources, targets, truncate), masks, interv)
+
+    @torch.no_grad()
+    def trace_batch(
+        self, b: Batch, masks: Masks | None = None, interv: Intervention | None = None
+    ) -> list[AttentionTrace]:
+        """Run one built batch with capture (masks/interv: the mask lab's and ablation's way in)."""
         start = time.perf_counter()
-        out = self.model(src, tgt, return_attn=True, masks=masks, interv=interv)
+        out = self.model(b.src, b.tgt, return_attn=True, masks=masks, interv=interv)
         if out.hidden.is_cuda:
             torch.cuda.synchronize()
         forward_ms = (time.perf_counter() - start) * 1000
         return [
-            self._package(i, src, tgt, out, forward_ms, teacher, prepared[i].warnings)
-            for i in range(len(sources))
+            self._package(i, b.src, b.tgt, out, forward_ms, b.teacher, p.warnings)
+            for i, p in enumerate(b.prepared)
         ]
 
     def _package(self, i, src, tgt, out, forward_ms, teacher, warnings) -> AttentionTrace:
