@@ -58,14 +58,12 @@ def add_audit_command(sub) -> None:
         description="Mask audit: masked mass, row sums, fully masked rows, declared masks, NaN, "
         "causal and padding leak tests. One line per check; exit 0 when all pass, 1 otherwise.",
     )
-    sp.add_argument("--model", help="zoo name (see `models`) or model folder")
+    sp.add_argument(
+        "--model", help="zoo name (see `models`), model folder, or adapter file (.py, runs its code)"
+    )
     sp.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     sp.add_argument("--inject", metavar="BUG", help="inject a known mask bug (see --list-bugs)")
     sp.add_argument("--target", action="append", help="target text for teacher forcing, once per text")
     sp.add_argument("--list-bugs", action="store_true", help="list the bugs --inject knows and exit")
     sp.add_argument("text", nargs="*", help="input text(s); texts of different lengths exercise padding")
     sp.set_defaults(fn=cmd_audit)
-
-
-if add_audit_command not in cli._EXTRA_COMMANDS:
-    cli._EXTRA_COMMANDS.append(add_audit_command)

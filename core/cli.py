@@ -92,13 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True, help="output file, .npz or .json")
     sp.set_defaults(fn=cmd_trace)
 
-    for hook in _EXTRA_COMMANDS:
-        hook(sub)
+    from core.audit_cli import add_audit_command  # audit_cli uses CliError/_load from here
+
+    add_audit_command(sub)
     return p
-
-
-# Other modules (audit, ...) register sub-commands here: fn(subparsers) -> None.
-_EXTRA_COMMANDS: list = []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,7 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     from core.tokenizer import TokenizerError
     from core.trace import TraceFormatError
 
-    _register_optional()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -122,15 +118,3 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug of ours: still one line, with where to look
         print(f"error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-
-
-def _register_optional() -> None:
-    """Import modules that add sub-commands (kept optional so a missing one never breaks the CLI)."""
-    import importlib
-
-    for mod in ("core.audit_cli",):
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:
-                raise
