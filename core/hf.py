@@ -187,7 +187,7 @@ class HFTokenizerView:
 
 @dataclass
 class HFModel:
-    """A Hugging Face model with core.runner.LoadedModel's interface (name, cfg, model, trace, predict)."""
+    """A Hugging Face model with the common interface (core.interface.AttentionModel)."""
 
     name: str
     folder: Path | None

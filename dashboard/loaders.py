@@ -1,6 +1,6 @@
 """Cached model loading and trace computation (the only place the dashboard runs a model).
 
-- ``load_model`` : ``st.cache_resource``, one LoadedModel per (model, device, version) per
+- ``load_model`` : ``st.cache_resource``, one model (core.interface.AttentionModel) per (model, device, version) per
   process, shared read-only by every session.
 - ``compute_traces`` : ``trace_cache.shared_cache`` (bounded entries, bytes and age; the traces
   are shared read-only, not copied per rerun), one list of AttentionTrace per
@@ -10,8 +10,8 @@
 Models come from the zoo (``models.registry``) plus any folders listed in the environment
 variable ``ATTNSCOPE_MODELS`` (os.pathsep-separated), so tests and other pages can add models
 without touching this file, plus the paths a session loaded from the sidebar (``user`` below;
-checked by dashboard/user_models.py). Everything is coded against LoadedModel's interface
-(core.hf.HFModel has the same one). Nothing is downloaded: HF_HUB_OFFLINE=1 unless set.
+checked by dashboard/user_models.py). Everything is coded against that one
+interface (zoo, minilm, Hugging Face, adapter files). Nothing is downloaded: HF_HUB_OFFLINE=1 unless set.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What a loaded model has, for every family the dashboard shows (pure: no streamlit, no plotly).
 
-Core models (zoo, core folders, minilm) are ``core.runner.LoadedModel`` with a TransformerConfig;
-Hugging Face folders are ``core.hf.HFModel`` with an HFArch. Pages ask here instead of reading
-either config, so one page works for encoder-only, decoder-only and encoder-decoder models.
+Every model has the interface of core.interface.AttentionModel: core models (zoo, core folders,
+minilm) carry a TransformerConfig as ``cfg``, Hugging Face folders and adapter files a ModelFacts.
+Pages ask here, so one page works for encoder-only, decoder-only and encoder-decoder models.
 
 Decoder steps are counted from the ``dec_self`` mask (its diagonal: a real position may attend
 to itself), never from PAD ids: T5 and Marian start the decoder with PAD.

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from core.runner import InputError, LoadedModel
+from core.interface import AttentionModel
+from core.runner import InputError
 from core.trace import AttentionTrace
 from dashboard import loaders, model_facts, user_models
 
@@ -98,7 +99,7 @@ def _split_lines(text: str) -> tuple[list[str], list[int]]:
     return lines, empty
 
 
-def _fill_examples(lm: LoadedModel) -> None:
+def _fill_examples(lm: AttentionModel) -> None:
     """Put the model's examples into the text boxes (first run, and whenever the model changes)."""
     ex = loaders.examples(lm, 3)
     st.session_state[SOURCE] = ex[0]
@@ -243,7 +244,7 @@ def own_model_box() -> None:
             (st.error if msg[0] == "error" else st.success)(msg[1])
 
 
-def _model_facts_caption(lm: LoadedModel, name: str) -> str:
+def _model_facts_caption(lm: AttentionModel, name: str) -> str:
     kind = model_facts.KIND_LABELS.get(loaders.model_kind(name), "core folder")
     tok = lm.meta.get("tokenizer") or f"{lm.src_tok.kind} tokens"
     return f"{kind} · {model_facts.ARCH_LABELS[model_facts.arch(lm)]} · {tok}"
@@ -347,7 +348,7 @@ def current() -> Selection:
     return sel
 
 
-def model() -> LoadedModel:
+def model() -> AttentionModel:
     sel = current()
     return loaders.load_model(sel.name, sel.device, sel.version)
 

@@ -1,0 +1,94 @@
+"""One model interface: every family (core, pretrained, Hugging Face, adapter) answers the same
+questions the same way, and packages traces with their real positions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from core.interface import ARCHS, AttentionModel, pad_rows
+from models import registry
+
+transformers = pytest.importorskip("transformers")
+from test_hf import _specs  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tiny_model):
+    out = {"core": tiny_model, "adapter": registry.load(str(ROOT / "examples" / "my_adapter.py"))}
+    if "minilm" in registry.all_names():
+        out["pretrained"] = registry.load("minilm")
+    for name in ("gpt2", "bart"):
+        cls, cfg, tok = _specs()[name]
+        torch.manual_seed(0)
+        folder = tmp_path_factory.mktemp(name)
+        cls(cfg).eval().save_pretrained(folder)
+        tok.save_pretrained(folder)
+        out[f"hf-{name}"] = registry.load(str(folder))
+    return out
+
+
+def test_every_family_implements_the_interface(models):
+    arch = {"core": "seq2seq", "adapter": "seq2seq", "pretrained": "encoder", "hf-gpt2": "decoder",
+            "hf-bart": "seq2seq"}  # fmt: skip
+    for key, lm in models.items():
+        assert isinstance(lm, AttentionModel), key
+        assert lm.arch in ARCHS and lm.arch == arch[key], key
+        assert lm.injectable == (key in ("core", "pretrained")), key
+        assert lm.masks_from_ids == (key == "adapter"), key
+        facts = lm.audit_facts()
+        assert (
+            set(facts) == {"pad_id", "skip_ids", "vocab", "max_len"} and facts["pad_id"] in facts["skip_ids"]
+        )
+
+
+def test_traces_carry_real_positions_from_the_model(models):
+    for key, lm in models.items():
+        texts = ["hello world", "abc"]
+        short = lm.trace(texts)[1]
+        side = "tgt_real" if lm.arch == "decoder" else "src_real"
+        real = getattr(short, side)
+        assert real is not None and real.dtype == bool, key
+        assert real[0] and not real.all(), key  # the short text is padded in the batch
+        assert real.sum() == len(lm.prepare("abc").ids), key
+        for kind in short.kinds:  # real query rows sum to 1
+            p = short.probs(kind)
+            q_real = short.tgt_real if kind != "enc_self" else short.src_real
+            np.testing.assert_allclose(p[:, :, q_real].sum(-1), 1.0, atol=1e-5, err_msg=f"{key} {kind}")
+
+
+def test_forward_outputs_answer_for_the_real_positions(models):
+    for key, lm in models.items():
+        ids = [lm.prepare(t).ids for t in ("hello world", "abc")]
+        rows, real = pad_rows(ids, lm.audit_facts()["pad_id"], lm.device)
+        if lm.arch == "decoder":
+            out = lm.forward_outputs(None, rows, None, real)
+            assert set(out) == {"dec"} and out["dec"].shape[:2] == rows.shape, key
+        elif lm.arch == "encoder":
+            out = lm.forward_outputs(rows, None, real, None)
+            assert "enc" in out and out["enc"].shape[:2] == rows.shape, key
+        else:
+            b = lm.trace(["hello world", "abc"])
+            tgt = torch.tensor(np.stack([t.tgt_ids for t in b]), device=lm.device)
+            t_real = torch.tensor(np.stack([t.tgt_real for t in b]), device=lm.device)
+            out = lm.forward_outputs(rows, tgt, real, t_real)
+            assert out["dec"].shape[:2] == tgt.shape, key
+
+
+def test_decoder_only_continuation_lives_in_the_model(models):
+    from core.runner import InputError
+
+    gpt2 = models["hf-gpt2"]
+    tr = gpt2.trace_continuation(["hello world"])[0]
+    assert tr.meta["teacher_forced"] is False and tr.meta["prompt_len"] == len(
+        gpt2.prepare("hello world").ids
+    )
+    with pytest.raises(InputError, match="only decoder-only models"):
+        models["core"].trace_continuation(["abc"])
+    with pytest.raises(InputError, match="only decoder-only models"):
+        models["adapter"].trace_continuation(["abc"])
