@@ -38,7 +38,7 @@ from torch import nn
 
 from core.capture import Captured, capture_attention
 from core.checkpoint import ModelLoadError, _one_line
-from core.interface import ModelFacts, pad_rows, prediction_fields
+from core.interface import ModelFacts, Side, package_trace, pad_rows, prediction_fields
 from core.runner import InputError, Prepared, check_trace_budget, resolve_device, trace_bytes
 from core.trace import KINDS, AttentionTrace
 
@@ -363,26 +363,16 @@ class AdapterModel:
             probs = self._forward(src, tgt)
         ms = (time.perf_counter() - start) * 1000
         stacks = self._stacks(cap, s_len, t_len)
+        src_side = None if src is None else Side(src, src_real, self.src_tok.tokens)
+        tgt_side = None if tgt is None else Side(tgt, tgt_real, self.tgt_tok_.tokens)
+        sources = {k: s for k, s in self._mask_sources(cap).items() if k in stacks}
         traces = []
         for i, p in enumerate(prepared):
-            kw: dict[str, Any] = {}
-            for kind, (pr, sc, mk) in stacks.items():
-                kw[kind] = pr[i].float().cpu().numpy()
-                kw[f"{kind}_scores"] = None if sc is None else sc[i].float().cpu().numpy()
-                kw[f"{kind}_mask"] = mk[i].cpu().numpy()
-            if src is not None:
-                kw.update(src_ids=src[i].cpu().numpy(), src_tokens=self.src_tok.tokens(src[i].tolist()),
-                          src_real=src_real[i].cpu().numpy())  # fmt: skip
-            if tgt is not None:
-                kw.update(tgt_ids=tgt[i].cpu().numpy(), tgt_tokens=self.tgt_tok_.tokens(tgt[i].tolist()),
-                          tgt_real=tgt_real[i].cpu().numpy())  # fmt: skip
-            real = (tgt_real if tgt is not None else src_real)[i]
-            kw.update(prediction_fields(probs[i], self.out_tok.tokens))
-            guesses = kw["topk_ids"][:, 0]
-            n_real = int(real.sum())
+            fields = prediction_fields(probs[i], self.out_tok.tokens)
+            guesses = fields["topk_ids"][:, 0]
+            n_real = int((tgt_real if tgt is not None else src_real)[i].sum())
             meta = {"forward_ms": round(ms, 3), "teacher_forced": teacher, "warnings": list(p.warnings),
-                    "kind": "adapter", "arch": self.arch, "has_scores": True,
-                    "mask_sources": {k: s for k, s in self._mask_sources(cap).items() if k in stacks}}  # fmt: skip
+                    "kind": "adapter", "arch": self.arch, "has_scores": True, "mask_sources": sources}  # fmt: skip
             if cap.notes:
                 meta["capture_notes"] = cap.notes[:5]
             if self.arch == "decoder":
@@ -400,9 +390,18 @@ class AdapterModel:
                     ids = ids[: ids.index(m.EOS)]
                 text = self.out_tok.decode(ids)
             traces.append(
-                AttentionTrace(
-                    model=self.name, config_name="adapter", device=dev, output_text=text, meta=meta, **kw
-                )
+                package_trace(
+                    i,
+                    model=self.name,
+                    config_name="adapter",
+                    device=dev,
+                    src=src_side,
+                    tgt=tgt_side,
+                    maps=stacks,
+                    output_text=text,
+                    meta=meta,
+                    **fields,
+                )  # fmt: skip
             )
         return traces
 

@@ -296,6 +296,11 @@ class _Session:
             return
         origin = frozenset().union(*(g.origin for _, g in known))
         act = [(t, g) for t, g in known if g.role != "param"]
+        if not isinstance(out, torch.Tensor):  # split / chunk / unbind: the pieces keep role and origin
+            role = act[0][1].role if act else "param"
+            for o in outs:
+                self.set(o, _Tag(role, origin))
+            return
         if name in MATMUL and len(ins) >= 2:
             params = any(g is not None and g.role == "param" for g in tags)
             first = tags[0] if name != "einsum" else (tags[1] if len(tags) > 1 else None)

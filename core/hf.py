@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from core.checkpoint import ModelLoadError, _one_line
-from core.interface import ModelFacts, pad_rows
-from core.runner import TOPK, InputError, Prepared, check_trace_budget, resolve_device, trace_bytes
+from core.interface import ModelFacts, Side, package_trace, pad_rows, padding_masks, prediction_fields
+from core.runner import InputError, Prepared, check_trace_budget, resolve_device, trace_bytes
 from core.trace import AttentionTrace
 
 ARCHS = ("encoder", "decoder", "seq2seq")
@@ -350,15 +350,18 @@ class HFModel:
             raise InputError("this model has no decoder, so it takes no target text")
         src, src_real = self._pad([p.ids for p in prepared])
         out, ms = self._forward(input_ids=src, attention_mask=src_real)
+        masks = padding_masks(src_real, None)
+        maps = {"enc_self": (torch.stack(out.attentions, dim=1), None, masks["enc_self"])}
+        side = Side(src, src_real, self.src_tok.tokens)
         traces = []
         for i, p in enumerate(prepared):
-            kw: dict[str, Any] = self._enc_fields(i, src, src_real, out.attentions)
+            fields: dict[str, Any] = {}
             meta = self._meta(ms, False, p.warnings)
             if self.meta.get("head") == "classifier":
                 probs = out.logits[i].float().softmax(-1).cpu().numpy()
                 labels = self.labels or [str(k) for k in range(len(probs))]
                 k = int(probs.argmax())
-                kw.update(out_tokens=(labels[k],), out_probs=probs)
+                fields.update(out_tokens=(labels[k],), out_probs=probs)
                 meta["labels"] = labels
                 text = labels[k]
             else:
@@ -367,7 +370,7 @@ class HFModel:
                 meta["embedding_norm"] = float(np.linalg.norm(emb))
                 meta["embedding_head"] = [round(float(v), 6) for v in emb[:8]]
                 text = f"embedding norm {np.linalg.norm(emb):.4f}"
-            traces.append(self._make(kw, text, meta))
+            traces.append(self._make(i, side, None, maps, text, meta, **fields))
         return traces
 
     def _run_decoder(self, prepared: list[Prepared], tp) -> list[AttentionTrace]:
@@ -376,18 +379,20 @@ class HFModel:
             raise InputError(f"prompt and target together exceed the model's {self.cfg.max_len} tokens")
         seq, real = self._pad(rows)
         out, ms = self._forward(input_ids=seq, attention_mask=real, use_cache=False)
+        maps = {"dec_self": (torch.stack(out.attentions, dim=1), None, padding_masks(None, real)["dec_self"])}
+        side = Side(seq, real, self.src_tok.tokens)
         traces = []
         for i, p in enumerate(prepared):
-            kw = self._dec_fields(i, seq, real, out.attentions, out.logits)
+            fields = prediction_fields(out.logits[i].float().softmax(-1), self.src_tok.tokens)
             n_prompt, n_real = len(p.ids), len(rows[i])
-            guesses = kw["topk_ids"][:, 0]
+            guesses = fields["topk_ids"][:, 0]
             if tp:
                 text = self.tokenizer.decode(guesses[n_prompt - 1 : n_real - 1], skip_special_tokens=True)
             else:
                 text = self.tokenizer.decode(guesses[n_prompt - 1 : n_prompt], skip_special_tokens=False)
             meta = self._meta(ms, tp is not None, p.warnings)
             meta.update(prompt_len=n_prompt, decoder_only=True)
-            traces.append(self._make(kw, text, meta))
+            traces.append(self._make(i, None, side, maps, text, meta, **fields))
         return traces
 
     def _run_seq2seq(self, prepared: list[Prepared], tp) -> list[AttentionTrace]:
@@ -405,17 +410,23 @@ class HFModel:
             decoder_attention_mask=dec_real,
             use_cache=False,
         )
+        masks = padding_masks(src_real, dec_real)
+        maps = {
+            "enc_self": (torch.stack(out.encoder_attentions, dim=1), None, masks["enc_self"]),
+            "dec_self": (torch.stack(out.decoder_attentions, dim=1), None, masks["dec_self"]),
+            "cross": (torch.stack(out.cross_attentions, dim=1), None, masks["cross"]),
+        }
+        src_side, dec_side = (
+            Side(src, src_real, self.src_tok.tokens),
+            Side(dec, dec_real, self.src_tok.tokens),
+        )
         traces = []
         for i, p in enumerate(prepared):
-            kw = self._enc_fields(i, src, src_real, out.encoder_attentions)
-            kw.update(self._dec_fields(i, dec, dec_real, out.decoder_attentions, out.logits))
-            t_real = dec_real[i].bool()
-            cross = torch.stack(out.cross_attentions, dim=1)[i]  # (layer, head, T, S)
-            kw["cross"] = cross.float().cpu().numpy()
-            kw["cross_mask"] = src_real[i].bool()[None, :].expand(t_real.shape[0], -1).cpu().numpy()  # (T, S)
-            n_real = int(t_real.sum())
-            text = self.tokenizer.decode(kw["topk_ids"][:n_real, 0], skip_special_tokens=True)
-            traces.append(self._make(kw, text, self._meta(ms, tp is not None, p.warnings)))
+            fields = prediction_fields(out.logits[i].float().softmax(-1), self.src_tok.tokens)
+            n_real = int(dec_real[i].sum())
+            text = self.tokenizer.decode(fields["topk_ids"][:n_real, 0], skip_special_tokens=True)
+            meta = self._meta(ms, tp is not None, p.warnings)
+            traces.append(self._make(i, src_side, dec_side, maps, text, meta, **fields))
         return traces
 
     def _generate_rows(self, src: torch.Tensor, src_real: torch.Tensor) -> list[list[int]]:
@@ -439,35 +450,6 @@ class HFModel:
         return rows
 
     # -- packaging -----------------------------------------------------------------------
-    def _enc_fields(self, i, src, src_real, attentions) -> dict[str, Any]:
-        real = src_real[i].bool()
-        n = real.shape[0]
-        return {
-            "src_ids": src[i].cpu().numpy(),
-            "src_tokens": self.src_tok.tokens(src[i].tolist()),
-            "enc_self": torch.stack(attentions, dim=1)[i].float().cpu().numpy(),  # (layer, head, S, S)
-            "enc_self_mask": real[None, :].expand(n, n).cpu().numpy(),
-            "src_real": real.cpu().numpy(),
-        }
-
-    def _dec_fields(self, i, seq, real, attentions, logits) -> dict[str, Any]:
-        r = real[i].bool()
-        n = r.shape[0]
-        causal = torch.ones(n, n, dtype=torch.bool, device=r.device).tril()
-        probs = logits[i].float().softmax(-1)  # (T, V)
-        top_p, top_i = probs.topk(min(TOPK, probs.shape[-1]), dim=-1)
-        return {
-            "tgt_ids": seq[i].cpu().numpy(),
-            "tgt_tokens": self.src_tok.tokens(seq[i].tolist()),
-            "dec_self": torch.stack(attentions, dim=1)[i].float().cpu().numpy(),  # (layer, head, T, T)
-            "dec_self_mask": (causal & r[None, :]).cpu().numpy(),
-            "tgt_real": r.cpu().numpy(),
-            "out_tokens": self.src_tok.tokens(top_i[:, 0].tolist()),
-            "out_probs": top_p[:, 0].cpu().numpy(),
-            "topk_ids": top_i.cpu().numpy(),
-            "topk_probs": top_p.cpu().numpy(),
-        }
-
     def _meta(self, forward_ms: float, teacher: bool, warnings: list[str]) -> dict[str, Any]:
         return {
             "forward_ms": round(forward_ms, 3),
@@ -479,16 +461,11 @@ class HFModel:
             "has_scores": False,
         }
 
-    def _make(self, kw: dict[str, Any], text: str, meta: dict[str, Any]) -> AttentionTrace:
-        kw.setdefault("src_tokens", ())
-        return AttentionTrace(
-            model=self.name,
-            config_name=self.cfg.model_type,
-            device=self.device,
-            output_text=text,
-            meta=meta,
-            **kw,
-        )
+    def _make(self, i, src: Side | None, tgt: Side | None, maps, text: str, meta, **fields) -> AttentionTrace:
+        return package_trace(
+            i, model=self.name, config_name=self.cfg.model_type, device=self.device, src=src, tgt=tgt,
+            maps=maps, output_text=text, meta=meta, **fields,
+        )  # fmt: skip
 
     @torch.no_grad()
     def trace_continuation(self, sources: list[str], truncate: bool = False) -> list[AttentionTrace]:

@@ -13,6 +13,7 @@ beside it) and ``prediction_fields`` (the top-k packaging of a model's output pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -153,3 +154,64 @@ def prediction_fields(probs: torch.Tensor, tokens) -> dict[str, Any]:
         "topk_ids": top_i.cpu().numpy(),
         "topk_probs": top_p.cpu().numpy(),
     }
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a padded batch: ids (B, L), real positions (B, L) bool, and ids -> token strings."""
+
+    ids: torch.Tensor
+    real: torch.Tensor
+    tokens: Callable[[list[int]], tuple[str, ...]]
+
+
+def package_trace(
+    i: int,
+    *,
+    model: str,
+    config_name: str,
+    device: str,
+    src: Side | None,
+    tgt: Side | None,
+    maps: dict[str, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]],
+    output_text: str,
+    meta: dict[str, Any],
+    **fields: Any,
+) -> AttentionTrace:
+    """Sequence ``i`` of a batch as an AttentionTrace: the one way every model family packages one.
+
+    maps: kind -> (probs (B, layer, head, q, k), scores of the same shape or None, mask (B, q, k) or None).
+    fields: further AttentionTrace fields, already for sequence ``i`` (predictions, labels...)."""
+    kw: dict[str, Any] = dict(fields)
+    for name, side in (("src", src), ("tgt", tgt)):
+        if side is not None:
+            ids = side.ids[i]
+            kw[f"{name}_ids"] = ids.cpu().numpy()
+            kw[f"{name}_tokens"] = side.tokens(ids.tolist())
+            kw[f"{name}_real"] = side.real[i].bool().cpu().numpy()
+    for kind, (probs, scores, mask) in maps.items():
+        kw[kind] = probs[i].detach().float().cpu().numpy()
+        kw[f"{kind}_scores"] = None if scores is None else scores[i].detach().float().cpu().numpy()
+        if mask is not None:
+            kw[f"{kind}_mask"] = mask[i].bool().cpu().numpy()
+    kw.setdefault("src_tokens", ())
+    return AttentionTrace(
+        model=model, config_name=config_name, device=device, output_text=output_text, meta=meta, **kw
+    )
+
+
+def padding_masks(src_real: torch.Tensor | None, tgt_real: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The masks the real positions call for, (B, q, k) bool: keys must be real; decoder self-attention
+    also causal. For models that report only probabilities (Hugging Face)."""
+    out = {}
+    if src_real is not None:
+        s = src_real.bool()
+        out["enc_self"] = s[:, None, :].expand(-1, s.shape[1], -1)
+    if tgt_real is not None:
+        t = tgt_real.bool()
+        n = t.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=t.device).tril()
+        out["dec_self"] = causal[None] & t[:, None, :]
+        if src_real is not None:
+            out["cross"] = src_real.bool()[:, None, :].expand(-1, n, -1)
+    return out

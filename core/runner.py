@@ -19,12 +19,11 @@ from core import checkpoint
 from core.attention import Intervention
 from core.config import TransformerConfig
 from core.decode import greedy_decode
-from core.interface import pad_rows
+from core.interface import Side, package_trace, pad_rows, prediction_fields
 from core.model import Masks, Transformer
 from core.tokenizer import Tokenizer, TokenizerError
 from core.trace import AttentionTrace
 
-TOPK = 5
 # Attention maps a single trace may hold (probs + scores, all kinds); beyond it the runner refuses
 # with a message instead of running the machine out of memory. Override: ATTNSCOPE_MAX_TRACE_MB.
 MAX_TRACE_MB = int(os.environ.get("ATTNSCOPE_MAX_TRACE_MB", "2048"))
@@ -267,58 +266,45 @@ class LoadedModel:
         ]
 
     def _package(self, i, src, tgt, out, forward_ms, teacher, warnings) -> AttentionTrace:
-        def np_(t):
-            return None if t is None else t[i].detach().float().cpu().numpy()
-
-        kw: dict[str, Any] = {}
-        for kind, maps in out.attn.items():
-            kw[kind] = np_(maps.probs)
-            kw[f"{kind}_scores"] = np_(maps.scores)
-            kw[f"{kind}_mask"] = out.masks.get(kind)[i].cpu().numpy()
+        pad = self.cfg.pad_id
+        maps = {kind: (m.probs, m.scores, out.masks.get(kind)) for kind, m in out.attn.items()}
+        fields: dict[str, Any] = {}
         if "enc_self" not in out.attn:
-            kw["enc_self_mask"] = out.masks.enc_self[i].cpu().numpy()
+            fields["enc_self_mask"] = out.masks.enc_self[i].cpu().numpy()
         meta = {"forward_ms": round(forward_ms, 3), "teacher_forced": teacher, "warnings": list(warnings)}
-        src_ids = src[i].cpu().numpy()
-        kw["src_real"] = src_ids != self.cfg.pad_id
+        src_side = Side(src, src != pad, self.src_tok.tokens)
+        tgt_side = None
         if self.has_decoder:
-            probs = out.logits[i].float().softmax(-1)  # (T, V)
-            top_p, top_i = probs.topk(min(TOPK, probs.shape[-1]), dim=-1)
-            out_ids = top_i[:, 0].cpu().numpy()
-            tgt_ids = tgt[i].cpu().numpy()
-            kw.update(
-                tgt_ids=tgt_ids,
-                tgt_tokens=self.tgt_tok.tokens(tgt_ids),
-                out_tokens=self.tgt_tok.tokens(out_ids),
-                out_probs=top_p[:, 0].cpu().numpy(),
-                topk_ids=top_i.cpu().numpy(),
-                topk_probs=top_p.cpu().numpy(),
-            )
-            kw["tgt_real"] = tgt_ids != self.cfg.pad_id
-            kw["tgt_real"][0] = True  # BOS (some configs share the PAD id)
-            n_real = int(kw["tgt_real"].sum())
-            output_text = self.tgt_tok.decode(out_ids[:n_real])
+            tgt_real = tgt != pad
+            tgt_real[:, 0] = True  # BOS (some configs share the PAD id)
+            tgt_side = Side(tgt, tgt_real, self.tgt_tok.tokens)
+            fields.update(prediction_fields(out.logits[i].float().softmax(-1), self.tgt_tok.tokens))
+            n_real = int(tgt_real[i].sum())
+            output_text = self.tgt_tok.decode(fields["topk_ids"][:n_real, 0])
         elif out.logits is not None:
             probs = out.logits[i].float().softmax(-1).cpu().numpy()
             labels = self.labels or [str(k) for k in range(len(probs))]
             k = int(probs.argmax())
-            kw.update(out_tokens=(labels[k],), out_probs=probs)
+            fields.update(out_tokens=(labels[k],), out_probs=probs)
             meta["labels"] = labels
             output_text = labels[k]
         else:
-            mask = src[i] != self.cfg.pad_id
+            mask = src[i] != pad
             emb = self.model.pool(out.hidden[i : i + 1], mask[None])[0].float().cpu().numpy()
             meta["embedding_norm"] = float(np.linalg.norm(emb))
             meta["embedding_head"] = [round(float(v), 6) for v in emb[:8]]
             output_text = f"embedding norm {np.linalg.norm(emb):.4f}"
-        return AttentionTrace(
+        return package_trace(
+            i,
             model=self.name,
             config_name=self.cfg.name,
             device=str(src.device),
-            src_tokens=self.src_tok.tokens(src_ids),
-            src_ids=src_ids,
+            src=src_side,
+            tgt=tgt_side,
+            maps=maps,
             output_text=output_text,
             meta=meta,
-            **kw,
+            **fields,
         )
 
     @torch.no_grad()

@@ -155,6 +155,7 @@ def test_audit_page_lists_every_check_with_words(make_app, tiny):
     }  # fmt: skip
     assert list(dynamic["check"]) == [
         "finite_outputs",
+        "batch_invariance",
         "causal_leak",
         "padding_leak[src]",
         "padding_leak[tgt]",

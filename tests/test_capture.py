@@ -203,3 +203,30 @@ def test_bare_causal_self_attention_is_dec_self(mha):
     (rec,) = cap.records
     assert rec.kind == "dec_self"
     assert (rec.probs[0].triu(1) == 0).all()
+
+
+def test_capture_is_thread_local(mha):
+    """A capture records only its own thread's calls: another session running the same model at the
+    same time is neither recorded nor changed (TorchFunctionMode is per thread; nothing is patched)."""
+    import threading
+
+    x = torch.randn(2, 5, D)
+    ref = mha(x, x, x, need_weights=False)[0]
+    inside, done = threading.Event(), threading.Event()
+    other_outputs = []
+
+    def other_session():
+        inside.wait()
+        for _ in range(5):
+            other_outputs.append(mha(x, x, x, need_weights=False)[0])
+        done.set()
+
+    t = threading.Thread(target=other_session)
+    t.start()
+    with capture_attention(mha) as cap:
+        inside.set()
+        done.wait(30)  # the other thread runs the model 5 times while this capture is open
+        mha(x, x, x)
+    t.join()
+    assert len(cap.records) == 1  # only this thread's call
+    assert len(other_outputs) == 5 and all(torch.equal(o, ref) for o in other_outputs)

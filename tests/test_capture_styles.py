@@ -1,0 +1,138 @@
+"""core.capture on models written the way users write them (tests/usermodels): every attention map
+the model computed is recorded, in call order, with its kind, equal within 1e-6 on padded batches;
+the vocabulary softmax is not; outputs are bit-identical with and without capture."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from core.capture import capture_attention
+
+STYLES = {  # module -> what it imitates
+    "tutorial": "3-D (B*H) heads, nn.Softmax(dim=2), masked_fill(-inf), one module for self and context, vocab softmax",
+    "annotated": "Annotated Transformer: 4-D, torch.softmax / Tensor.softmax, mask == 0 -> -1e9, log_softmax",
+    "nanogpt": "nanoGPT: F.scaled_dot_product_attention(is_causal=True)",
+    "headmajor": "head-major (H*B) heads from permute(2, 0, 1, 3), mask.repeat(n_head, 1, 1)",
+    "additive": "additive finfo.min mask, F.softmax, grouped-query heads by repeat_interleave",
+    "sdpa_masked": "SDPA with a bool attn_mask, enable_gqa=True and scale=0.3",
+}
+
+
+def _style(name: str):
+    return importlib.import_module(f"usermodels.{name}")
+
+
+def _run(model, batch, capture: bool):
+    model.reset()
+    with torch.no_grad():
+        if not capture:
+            return model(*batch), None, list(model.computed)
+        with capture_attention(model) as cap:
+            out = model(*batch)
+    return out, cap, list(model.computed)
+
+
+@pytest.mark.parametrize("name", list(STYLES))
+def test_captured_maps_equal_what_the_model_computed(name):
+    mod = _style(name)
+    model, batch = mod.build(), mod.sample_batch()
+    plain, _, _ = _run(model, batch, capture=False)
+    out, cap, computed = _run(model, batch, capture=True)
+    assert torch.equal(plain, out), "capture changed the model's output"
+    assert not cap.notes, cap.notes
+    assert len(cap.records) == len(computed) > 0, [(r.name, r.kind) for r in cap.records]
+    for i, (rec, (label, probs)) in enumerate(zip(cap.records, computed, strict=True)):
+        assert rec.probs.shape == probs.shape, (i, rec.name)
+        torch.testing.assert_close(rec.probs, probs, atol=1e-6, rtol=0, msg=f"{name} call {i} {rec.name}")
+        assert rec.kind == label, (i, rec.name, rec.kind, label)
+
+
+@pytest.mark.parametrize("name", ["tutorial", "annotated", "headmajor", "additive", "sdpa_masked"])
+def test_masks_are_kept_and_scores_give_the_probabilities(name):
+    """The mask kept with each record says exactly which keys the model hid (PAD keys, and the future
+    in decoder self-attention), and softmax(scores, masked) gives the recorded probabilities back."""
+    mod = _style(name)
+    model, batch = mod.build(), mod.sample_batch()
+    _, cap, _ = _run(model, batch, capture=True)
+    pad = 0
+    src = batch[0]
+    for rec in cap.records:
+        assert rec.mask is not None and rec.mask_source in ("masked_fill", "additive", "arguments"), rec
+        b, h, q, k = rec.probs.shape
+        keys = (batch[1] if rec.kind == "dec_self" and len(batch) > 1 else src) != pad  # (B, k)
+        if name == "sdpa_masked" or (rec.kind == "dec_self"):
+            causal = torch.ones(q, k, dtype=torch.bool).tril()
+        else:
+            causal = torch.ones(q, k, dtype=torch.bool)
+        expected = keys[:, None, :k] & causal
+        assert torch.equal(rec.mask, expected), (rec.name, rec.kind)
+        assert (rec.probs.masked_fill(rec.mask[:, None], 0) == 0).all()  # nothing on hidden keys
+        filled = rec.scores.masked_fill(~rec.mask[:, None], float("-inf"))
+        torch.testing.assert_close(filled.softmax(-1), rec.probs, atol=1e-6, rtol=0)
+
+
+def test_vocabulary_softmax_is_not_attention():
+    mod = _style("tutorial")
+    model, (src, tgt) = mod.build(), mod.sample_batch()
+    _, cap, computed = _run(model, (src, tgt), capture=True)
+    assert (
+        len(cap.records) == len(computed) == 6
+    )  # the Generator's nn.Softmax(dim=2) over 20 words is not among them
+    assert all(r.probs.shape[-1] in (src.shape[1], tgt.shape[1]) for r in cap.records)
+    # include= forces it in, exclude= keeps a module out
+    with torch.no_grad(), capture_attention(model, include=["generator*"]) as forced:
+        model(src, tgt)
+    assert len(forced.records) == 7 and forced.records[-1].probs.shape == (3, 1, 6, mod.VOCAB_SIZE)
+    with torch.no_grad(), capture_attention(model, exclude=["decoder*"]) as fewer:
+        model(src, tgt)
+    assert [r.kind for r in fewer.records] == ["enc_self", "enc_self"]
+
+
+def test_one_module_called_for_self_and_context_is_two_records_with_kinds():
+    mod = _style("tutorial")
+    model, batch = mod.build(), mod.sample_batch()
+    _, cap, _ = _run(model, batch, capture=True)
+    dec = [r for r in cap.records if r.kind != "enc_self"]
+    assert [r.kind for r in dec] == ["dec_self", "cross", "dec_self", "cross"]
+    assert dec[0].name == dec[1].name  # the same module, two calls
+    assert cap.stacks()["cross"].shape == (3, 2, 4, 6, 7)  # (B, layer, head, q, k), layers in call order
+
+
+def test_kinds_override_and_layers_in_call_order():
+    mod = _style("nanogpt")
+    model, batch = mod.build(), mod.sample_batch()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(*batch)
+    assert [r.kind for r in cap.records] == ["dec_self", "dec_self"]  # is_causal=True: causal structure
+    with torch.no_grad(), capture_attention(model, kinds={"*": "enc_self"}) as forced:
+        model(*batch)
+    assert [r.kind for r in forced.records] == ["enc_self", "enc_self"]
+    assert all(r.check is not None and r.check < 1e-5 for r in cap.records)  # probs @ v reproduces SDPA
+
+
+def test_torch_transformer_maps_and_bit_identical_outputs():
+    mod = _style("torch_transformer")
+    model, (src, tgt) = mod.build(), mod.sample_batch()
+    ref = mod.reference_maps(model, src, tgt)
+    with torch.enable_grad():  # PyTorch's fused fast path is not taken: outputs must be bit-identical
+        plain = model(src, tgt)
+        with capture_attention(model) as cap:
+            out = model(src, tgt)
+    assert torch.equal(plain, out)
+    assert [r.kind for r in cap.records] == [label for label, _ in ref]
+    for rec, (_, probs) in zip(cap.records, ref, strict=True):
+        torch.testing.assert_close(rec.probs, probs, atol=1e-6, rtol=0)
+
+
+def test_head_split_bug_is_recorded_as_computed():
+    """The buggy model's maps are what it computed (garbage included), so the audit can see them."""
+    mod = _style("tutorial")
+    model, batch = mod.build(bug="headsplit"), mod.sample_batch()
+    _, cap, computed = _run(model, batch, capture=True)
+    for rec, (_, probs) in zip(cap.records, computed, strict=True):
+        torch.testing.assert_close(rec.probs, probs, atol=1e-6, rtol=0)
+    leaked = sum(float(r.probs[2, :, :, 3:].sum()) for r in cap.records if r.kind == "enc_self")
+    assert leaked > 0.1  # the short sequence reads PAD keys: wrong masks reached its heads
