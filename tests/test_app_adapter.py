@@ -1,0 +1,118 @@
+"""Adapter files in the dashboard (AppTest): loaded from the path box only when the server allows
+code, never from an upload; then every page renders the user's model."""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from dashboard import state as S
+from dashboard import user_models
+
+APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+ADAPTERS = Path(__file__).resolve().parent / "adapters"
+PAGES = [f"app_pages/{p}" for p in (
+    "attention.py", "decoding.py", "masks.py", "audit.py", "mask_lab.py", "head_analytics.py", "compare.py",
+    "positional.py", "bertviz_view.py", "model_info.py",
+)]  # fmt: skip
+TIMEOUT = 120
+
+
+@pytest.fixture()
+def env(monkeypatch):
+    monkeypatch.setenv(user_models.MODEL_DIRS_ENV, str(ADAPTERS))
+    monkeypatch.delenv("ATTNSCOPE_MODELS", raising=False)
+    monkeypatch.delenv(user_models.ALLOW_CODE_ENV, raising=False)
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    return monkeypatch
+
+
+def _app() -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.run()
+    return at
+
+
+def _load(at: AppTest, text: str) -> AppTest:
+    at.sidebar.text_input(key=S.LOAD_PATH).input(text)
+    at.sidebar.button(key="load_path_button").click().run()
+    return at
+
+
+def _clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def test_adapter_needs_the_servers_consent(env):
+    at = _app()
+    before = at.sidebar.selectbox(key=S.MODEL).value
+    _load(at, str(ADAPTERS / "tutorial_seq2seq.py"))
+    assert not at.exception
+    errors = " ".join(e.value for e in at.error)
+    assert "ATTNSCOPE_ALLOW_CODE=1" in errors and "runs its Python code" in errors
+    assert at.sidebar.selectbox(key=S.MODEL).value == before  # the previous model stays
+    assert any("Adapter files (.py) are off" in c.value for c in at.sidebar.caption)
+
+
+def test_uploaded_python_file_is_never_run(env, tmp_path):
+    """The uploader takes no .py (its type list); inside a .zip, or through the check itself, it is refused."""
+    env.setenv(user_models.ALLOW_CODE_ENV, "1")  # even with code allowed, an upload is not run
+    marker = tmp_path / "ran"
+    code = f"open({str(marker)!r}, 'w').write('x')\n" + (ADAPTERS / "tutorial_seq2seq.py").read_text()
+    assert "py" not in user_models.UPLOAD_TYPES
+    with pytest.raises(user_models.ModelLoadError, match="never run"):
+        user_models.save_upload([("adapter.py", code.encode())], tmp_path / "up", 2**20)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("adapter.py", code)
+    at = _app()
+    at.sidebar.file_uploader(key=S.UPLOADS).set_value([("model.zip", buf.getvalue(), "application/zip")])
+    at.sidebar.button(key="load_upload_button").click().run()
+    assert not at.exception
+    assert any("never run" in e.value for e in at.error), [e.value for e in at.error]
+    assert not marker.exists()
+
+
+def test_adapter_outside_the_allowed_folders_is_refused(env, tmp_path):
+    env.setenv(user_models.ALLOW_CODE_ENV, "1")
+    outside = tmp_path / "x.py"
+    outside.write_text((ADAPTERS / "tutorial_seq2seq.py").read_text())
+    at = _load(_app(), str(outside))
+    assert any("outside the folders" in e.value for e in at.error)
+
+
+@pytest.mark.parametrize("name, arch", [("tutorial_seq2seq", "encoder-decoder"), ("gpt_decoder", "decoder only"),
+                                        ("bert_encoder", "encoder only")])  # fmt: skip
+def test_adapter_on_every_page(env, name, arch):
+    env.setenv(user_models.ALLOW_CODE_ENV, "1")
+    at = _load(_app(), str(ADAPTERS / f"{name}.py"))
+    _clean(at)
+    assert at.sidebar.selectbox(key=S.MODEL).value == os.path.realpath(ADAPTERS / f"{name}.py")
+    assert any(f"Loaded model '{name}.py' ({arch})" in s.value for s in at.success)
+    for page in PAGES:
+        at.switch_page(page).run()
+        _clean(at)
+    at.switch_page("app_pages/mask_lab.py").run()
+    assert any("Masks cannot be injected" in w.value and "adapter file" in w.value for w in at.warning)
+    at.switch_page("app_pages/audit.py").run()
+    assert any("checks pass" in s.value for s in at.success)
+
+
+def test_broken_adapter_keeps_the_previous_model(env):
+    env.setenv(user_models.ALLOW_CODE_ENV, "1")
+    at = _app()
+    before = at.sidebar.selectbox(key=S.MODEL).value
+    _load(at, str(ADAPTERS / "broken_shapes.py"))
+    assert not at.exception
+    assert any("forward returned" in e.value for e in at.error)
+    assert at.sidebar.selectbox(key=S.MODEL).value == before
+    at.switch_page("app_pages/attention.py").run()
+    assert not at.exception
