@@ -208,7 +208,7 @@ INJECTED_JS = """() => document.querySelectorAll('img[src="x"]').length
     + [...document.scripts].filter(s => s.text.trim() === 'alert(1)').length"""  # what the payloads would add
 BATCH_TOGGLE = "Batch: several inputs, one per line"
 BATCH_BOX = '[data-testid="stSidebar"] textarea[aria-label="Inputs (one per line)"]'
-PATH_BOX = '[data-testid="stSidebar"] input[aria-label="Folder, weights file or cached Hugging Face name"]'
+PATH_BOX = '[data-testid="stSidebar"] input[aria-label="Folder, weights file, adapter file or cached Hugging Face name"]'
 
 
 def hostile_steps(bad_folder: str | None = None) -> list[tuple[str, str, str]]:

@@ -386,8 +386,8 @@ def test_hf_model_is_audited_black_box_and_refused_by_the_lab(make_app, monkeypa
     at.switch_page(PAGES["audit"]).run()
     assert_clean(at)
     dynamic = at.dataframe[1].value  # static, dynamic, info
-    assert list(dynamic["status"]) == [PASS] * 4, dynamic  # leak tests ran through the library call
-    assert "changing each of 4 future target tokens" in dynamic["detail"][1]
+    assert list(dynamic["status"]) == [PASS] * 5, dynamic  # leak tests ran through the library call
+    assert "changing each of 4 future target tokens" in dynamic["detail"][2]
     assert "black box" in texts(at)
     for page in ("lab", "compare"):
         at.switch_page(PAGES[page]).run()
