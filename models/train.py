@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from core import checkpoint
 from core.config import TransformerConfig
 from core.decode import greedy_decode
+from core.interface import pad_rows
 from core.model import Transformer, count_parameters
 from core.positional import sinusoidal_table
 from core.tokenizer import CharTokenizer, Tokenizer, WordTokenizer
@@ -100,10 +101,7 @@ def tokenizers(task: T.Task) -> tuple[Tokenizer, Tokenizer | None]:
 
 
 def _pad(rows: list[list[int]], pad: int = 0) -> torch.Tensor:
-    out = torch.full((len(rows), max(map(len, rows))), pad, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return out
+    return pad_rows(rows, pad)[0]
 
 
 def encode_batch(

@@ -10,6 +10,7 @@ import torch
 
 from core import checkpoint
 from core.decode import greedy_decode
+from core.interface import pad_rows
 from models import registry
 from models import tasks as T
 
@@ -102,17 +103,10 @@ def test_meta_and_card(loaded):
     assert f"{meta['metrics'][metric]:.2%}" in loaded.card
 
 
-def _pad(rows: list[list[int]]) -> torch.Tensor:
-    out = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r)
-    return out
-
-
 @torch.no_grad()
 def test_heldout_accuracy_from_committed_weights(loaded):
     examples = T.generate(loaded.name, N_HELDOUT, T.EVAL_SEED)
-    src = _pad([loaded.prepare(s).ids for s, _ in examples])  # text tokens + EOS, PAD = 0
+    src = pad_rows([loaded.prepare(s).ids for s, _ in examples], 0)[0]  # text tokens + EOS, PAD = 0
     assert bool((src[:, 0] != loaded.cfg.bos_id).all())
     if loaded.has_decoder:
         out = greedy_decode(loaded.model, src).out_ids.tolist()
