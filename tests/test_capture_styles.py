@@ -136,3 +136,47 @@ def test_head_split_bug_is_recorded_as_computed():
         torch.testing.assert_close(rec.probs, probs, atol=1e-6, rtol=0)
     leaked = sum(float(r.probs[2, :, :, 3:].sum()) for r in cap.records if r.kind == "enc_self")
     assert leaked > 0.1  # the short sequence reads PAD keys: wrong masks reached its heads
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "bart", "t5", "marian"])
+def test_hugging_face_code_unchanged_equals_output_attentions(name):
+    """Code nobody here wrote: transformers' eager attention (additive masks, position biases, softmax
+    in float32) captured as is, each map equal to the library's own output_attentions, kinds right."""
+    transformers = pytest.importorskip("transformers")
+    del transformers
+    from test_hf import _specs
+
+    cls, cfg, _ = _specs()[name]
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = cls(cfg).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 9, (2, 7), generator=g)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 4:] = 0
+    kw = dict(input_ids=ids, attention_mask=mask, output_attentions=True, return_dict=True)
+    if cfg.is_encoder_decoder:
+        kw["decoder_input_ids"] = torch.randint(5, 9, (2, 5), generator=g)
+    with torch.no_grad():
+        plain = model(**kw)
+        with capture_attention(model) as cap:
+            out = model(**kw)
+    key = "logits" if hasattr(out, "logits") else "last_hidden_state"
+    assert torch.equal(getattr(plain, key), getattr(out, key))
+    ref = {
+        "enc_self": out.encoder_attentions
+        if cfg.is_encoder_decoder
+        else (() if name == "gpt2" else out.attentions),
+        "dec_self": out.decoder_attentions
+        if cfg.is_encoder_decoder
+        else (out.attentions if name == "gpt2" else ()),
+        "cross": out.cross_attentions if cfg.is_encoder_decoder else (),
+    }
+    for kind, maps in ref.items():
+        got = cap.of(kind)
+        assert len(got) == len(maps), (kind, [(r.name, r.kind) for r in cap.records])
+        for rec, expected in zip(got, maps, strict=True):
+            torch.testing.assert_close(rec.probs, expected, atol=1e-6, rtol=0)
+            assert rec.mask_source == "additive"
+            if kind != "dec_self":  # keys are the source: seq 1's PAD keys are masked
+                assert not rec.mask[1, :, 4:].any()
