@@ -303,7 +303,7 @@ class _Session:
             return
         if name in MATMUL and len(ins) >= 2:
             params = any(g is not None and g.role == "param" for g in tags)
-            first = tags[0] if name != "einsum" else (tags[1] if len(tags) > 1 else None)
+            first = tags[0]
             split = (
                 first.split
                 if first is not None and out.dim() == 3 and ins[0].shape[0] == out.shape[0]

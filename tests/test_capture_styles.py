@@ -180,3 +180,54 @@ def test_hugging_face_code_unchanged_equals_output_attentions(name):
             assert rec.mask_source == "additive"
             if kind != "dec_self":  # keys are the source: seq 1's PAD keys are masked
                 assert not rec.mask[1, :, 4:].any()
+
+
+class _MinGPT(torch.nn.Module):
+    """minGPT: a causal buffer compared with 0 inside masked_fill, F.softmax, q @ k.T * scale."""
+
+    def __init__(self, d=16, h=4, t=8):
+        super().__init__()
+        self.h, self.emb, self.c_attn = h, torch.nn.Embedding(10, d), torch.nn.Linear(d, 3 * d)
+        self.register_buffer("bias", torch.tril(torch.ones(t, t)).view(1, 1, t, t))
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in self.c_attn(x).split(c, dim=2))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / k.size(-1) ** 0.5)
+        att = torch.nn.functional.softmax(
+            att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf")), dim=-1
+        )
+        self.ref = att
+        return (att @ v).transpose(1, 2).reshape(b, t, c)
+
+
+class _Einsum(torch.nn.Module):
+    """lucidrains style: einsum scores, masked_fill(-finfo.max) with a key mask, Tensor.softmax."""
+
+    def __init__(self, d=16, h=4):
+        super().__init__()
+        self.h, self.emb, self.qkv = h, torch.nn.Embedding(10, d), torch.nn.Linear(d, 3 * d, bias=False)
+
+    def forward(self, idx):
+        x, keep = self.emb(idx), idx != 0
+        q, k, v = (
+            z.reshape(*z.shape[:2], self.h, -1).permute(0, 2, 1, 3) for z in self.qkv(x).chunk(3, dim=-1)
+        )
+        sim = torch.einsum("b h i d, b h j d -> b h i j", q, k) * q.shape[-1] ** -0.5
+        self.ref = sim.masked_fill(~keep[:, None, None, :], -torch.finfo(sim.dtype).max).softmax(dim=-1)
+        return torch.einsum("b h i j, b h j d -> b h i d", self.ref, v)
+
+
+@pytest.mark.parametrize("model, kind", [(_MinGPT(), "dec_self"), (_Einsum(), "enc_self")])
+def test_more_styles_mingpt_and_einsum(model, kind):
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 3, 0, 0, 0]])
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    assert rec.kind == kind and rec.mask_source == "masked_fill" and not cap.notes
+    torch.testing.assert_close(rec.probs, model.ref, atol=1e-6, rtol=0)
+    if kind == "enc_self":
+        assert rec.mask[1].tolist() == [[True] * 3 + [False] * 3] * 6
+    else:
+        assert torch.equal(rec.mask[0], torch.ones(6, 6, dtype=torch.bool).tril())
