@@ -11,6 +11,7 @@ An adapter file defines exactly these names (see README, "Your own model in 20 l
     def encode_target(text): ...  # optional, default encode
     MAX_LEN = 64                  # optional
     EXAMPLES = ["..."]            # optional: inputs the dashboard offers (and the load check uses)
+    LABELS = ["neg", "pos"]       # optional, "encoder" only: a classifier; forward returns [B, len(LABELS)]
     def forward(model, src, tgt): ...  # LongTensor [B, S], [B, T] right-padded with PAD (src None for
                                        # "decoder", tgt None for "encoder") -> logits or probabilities [B, L, V]
 
@@ -120,6 +121,12 @@ def _check_names(module, name: str) -> None:
             raise ModelLoadError(
                 f"{name}: {iname} must be a token id between 0 and {len(module.VOCAB) - 1}, got {value!r}"
             )
+    labels = getattr(module, "LABELS", None)
+    if labels is not None:
+        if ARCHS[module.ARCH] != "encoder":
+            raise ModelLoadError(f"{name}: LABELS is for encoder classifiers (ARCH = 'encoder')")
+        if not isinstance(labels, (list, tuple)) or not labels or not all(isinstance(t, str) for t in labels):
+            raise ModelLoadError(f"{name}: LABELS must be a non-empty list of class names")
     if ARCHS[module.ARCH] == "seq2seq" and module.BOS is None:
         raise ModelLoadError(f"{name}: an encoder-decoder model needs BOS (the decoder input starts with it)")
     max_len = getattr(module, "MAX_LEN", None)
@@ -178,7 +185,8 @@ class AdapterModel:
 
     @property
     def labels(self) -> list[str]:
-        return []
+        """Class names of an encoder classifier (LABELS), else []."""
+        return list(getattr(self.module, "LABELS", None) or [])
 
     @property
     def summary(self) -> str:
@@ -247,6 +255,12 @@ class AdapterModel:
                 f"forward(model, src, tgt) raised {type(exc).__name__}: {_one_line(exc)}"
             ) from exc
         ref = tgt if tgt is not None else src
+        if self.labels:  # a classifier: one distribution over LABELS per sequence
+            want = f"[{ref.shape[0]}, {len(self.labels)}] (one score per LABELS entry)"
+            if not isinstance(out, torch.Tensor) or tuple(out.shape) != (ref.shape[0], len(self.labels)):
+                got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+                raise InputError(f"forward returned {got}; a classifier must return {want}")
+            return _as_probs(out.detach().float())
         want = f"[{ref.shape[0]}, {ref.shape[1]}, {len(self.out_tok)}]"
         if not isinstance(out, torch.Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != tuple(ref.shape):
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -261,6 +275,8 @@ class AdapterModel:
         """Output probabilities at every position (the model builds its masks from the ids)."""
         with torch.no_grad():
             probs = self._forward(src if self.arch != "decoder" else None, tgt if self.has_decoder else None)
+        if self.labels:  # one output per sequence: seen from every position, so position checks apply
+            probs = probs[:, None, :].expand(-1, src.shape[1], -1)
         return {"dec" if self.has_decoder else "enc": probs}
 
     @torch.no_grad()
@@ -368,13 +384,32 @@ class AdapterModel:
         sources = {k: s for k, s in self._mask_sources(cap).items() if k in stacks}
         traces = []
         for i, p in enumerate(prepared):
-            fields = prediction_fields(probs[i], self.out_tok.tokens)
-            guesses = fields["topk_ids"][:, 0]
-            n_real = int((tgt_real if tgt is not None else src_real)[i].sum())
             meta = {"forward_ms": round(ms, 3), "teacher_forced": teacher, "warnings": list(p.warnings),
                     "kind": "adapter", "arch": self.arch, "has_scores": True, "mask_sources": sources}  # fmt: skip
             if cap.notes:
                 meta["capture_notes"] = cap.notes[:5]
+            if self.labels:  # a classifier: the class and its distribution, like core classifiers
+                k = int(probs[i].argmax())
+                meta["labels"] = self.labels
+                traces.append(
+                    package_trace(
+                        i,
+                        model=self.name,
+                        config_name="adapter",
+                        device=dev,
+                        src=src_side,
+                        tgt=None,
+                        maps=stacks,
+                        output_text=self.labels[k],
+                        meta=meta,
+                        out_tokens=(self.labels[k],),
+                        out_probs=probs[i].cpu().numpy(),
+                    )  # fmt: skip
+                )
+                continue
+            fields = prediction_fields(probs[i], self.out_tok.tokens)
+            guesses = fields["topk_ids"][:, 0]
+            n_real = int((tgt_real if tgt is not None else src_real)[i].sum())
             if self.arch == "decoder":
                 n_prompt = len(p.ids)
                 meta.update(prompt_len=n_prompt, decoder_only=True)
@@ -530,6 +565,7 @@ def load_adapter(path: str | Path, name: str | None = None, device: str = "cpu")
         bos_id=-1 if module.BOS is None else int(module.BOS),
         eos_id=-1 if module.EOS is None else int(module.EOS),
         pos_encoding="unknown",
+        n_classes=len(lm.labels),
     )
     lm.meta["kinds_found"] = list(tr.kinds)
     return lm

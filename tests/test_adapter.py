@@ -145,6 +145,7 @@ GOOD = EXAMPLE.read_text(encoding="utf-8")
          "its last axis must be the vocabulary"),
         (lambda s: s.replace("PAD, BOS, EOS = 0, 1, 2", "PAD, BOS, EOS = 0, 99, 2"), "BOS must be a token id"),
         (lambda s: s + "\nraise ImportError('no module named my_project')\n", "running the file raised ImportError"),
+        (lambda s: s + "\nLABELS = ['a', 'b']\n", "LABELS is for encoder classifiers"),
         (lambda s: s.replace("def load():", "def load():\n    return 'not a model'\n\n\ndef _x():"),
          "must return a torch.nn.Module"),
         (lambda s: s.replace("    return model(src, tgt)", "    return model.out(model.emb(tgt))"), "no attention found"),

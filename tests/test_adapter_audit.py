@@ -30,6 +30,7 @@ def _failed(report) -> set[str]:
         ("tutorial_seq2seq", TARGETS, set()),
         ("gpt_decoder", TARGETS, set()),
         ("bert_encoder", None, set()),
+        ("bert_classifier", None, set()),  # an encoder classifier (LABELS): one output per sequence
         # view(B*H, -1, d) without the transpose and the mask repeated head-major: heads read PAD
         ("tutorial_headsplit_bug", TARGETS, {"masked_mass[enc_self]", "batch_invariance"}),
         # SDPA with is_causal=False: the decoder sees the future
@@ -75,6 +76,16 @@ def test_cli_trace_of_a_tutorial_adapter_is_exactly_what_it_computed(tmp_path):
         for layer, probs in enumerate(mine):
             np.testing.assert_allclose(tr.probs(kind)[layer], probs, atol=1e-6, rtol=0)
     assert tr.meta["mask_sources"]["enc_self"] == "masked_fill"
+
+
+def test_classifier_adapter_traces_like_core_classifiers():
+    lm = load_adapter(ADAPTERS / "bert_classifier.py")
+    assert lm.labels == ["negative", "neutral", "positive"] and lm.cfg.n_classes == 3
+    tr = lm.trace(TEXTS)[1]
+    assert tr.out_tokens[0] in lm.labels and tr.out_probs.shape == (3,) and abs(tr.out_probs.sum() - 1) < 1e-6
+    assert tr.meta["labels"] == lm.labels and tr.output_text == tr.out_tokens[0]
+    assert tr.kinds == ("enc_self",) and tr.src_real.sum() == len(lm.prepare("abc").ids)
+    assert lm.predict(TEXTS) == [t.output_text for t in lm.trace(TEXTS)]
 
 
 def test_decoder_adapter_continues_the_prompt():

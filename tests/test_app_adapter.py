@@ -90,7 +90,7 @@ def test_adapter_outside_the_allowed_folders_is_refused(env, tmp_path):
 
 
 @pytest.mark.parametrize("name, arch", [("tutorial_seq2seq", "encoder-decoder"), ("gpt_decoder", "decoder only"),
-                                        ("bert_encoder", "encoder only")])  # fmt: skip
+                                        ("bert_encoder", "encoder only"), ("bert_classifier", "encoder only")])  # fmt: skip
 def test_adapter_on_every_page(env, name, arch):
     env.setenv(user_models.ALLOW_CODE_ENV, "1")
     at = _load(_app(), str(ADAPTERS / f"{name}.py"))
