@@ -30,6 +30,7 @@ import hashlib
 import importlib.util
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,10 @@ from core.checkpoint import ModelLoadError, _one_line
 from core.interface import ModelFacts, Side, package_trace, pad_rows, prediction_fields
 from core.runner import InputError, Prepared, check_trace_budget, resolve_device, trace_bytes
 from core.trace import KINDS, AttentionTrace
+
+# nn.TransformerEncoder in eval mode announces its prototype nested-tensor fast path on every first
+# call; it is noise about the user's model, not something they can act on here.
+warnings.filterwarnings("ignore", message=r"The PyTorch API of nested tensors", category=UserWarning)
 
 ARCHS = {"encoder-decoder": "seq2seq", "encoder": "encoder", "decoder": "decoder"}
 REQUIRED = ("ARCH", "load", "VOCAB", "PAD", "BOS", "EOS", "encode", "forward")

@@ -1,4 +1,4 @@
-"""Numbers the pages show besides figures: decoding steps, mask audit, periods of a table.
+"""Numbers the pages show besides figures: mask audit, periods of a table.
 
 Pure functions over AttentionTrace / numpy; no streamlit, no plotly.
 """
@@ -6,61 +6,11 @@ Pure functions over AttentionTrace / numpy; no streamlit, no plotly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from core.trace import KIND_LABELS, AttentionTrace
-
-# -- decoding ---------------------------------------------------------------------------
-
-
-def n_steps(trace: AttentionTrace, pad_id: int = 0) -> int:
-    """Real decoder positions of a sequence = greedy steps taken (BOS + tokens, PAD excluded)."""
-    if trace.tgt_ids is None:
-        return 0
-    return int((np.asarray(trace.tgt_ids) != pad_id).sum())
-
-
-@dataclass(frozen=True)
-class DecodeStep:
-    """Step t of greedy decoding, read from a trace of the greedy output (teacher forcing on it).
-
-    The decoder query at step t is position t of the decoder input (BOS + generated prefix);
-    causal masking makes its attention identical to the step's own forward pass.
-    """
-
-    step: int
-    prefix: tuple[str, ...]  # decoder input tokens 0..t (what the step could see)
-    query_token: str  # decoder input token at position t
-    new_token: str  # argmax output at position t (the token this step generated)
-    new_prob: float
-    cross: np.ndarray  # (layer, head, S): the step's attention over the source
-    dec_self: np.ndarray  # (layer, head, t+1): its attention over the prefix
-    topk_tokens: tuple[str, ...]
-    topk_probs: np.ndarray  # (k,)
-
-
-def decode_step(trace: AttentionTrace, t: int, itos: Sequence[str]) -> DecodeStep:
-    """Step t (0-based) of a greedy trace; itos maps ids to tokens for the top-k bars."""
-    if trace.cross is None:
-        raise ValueError("this trace has no decoder")
-    if not 0 <= t < len(trace.tgt_tokens):
-        raise IndexError(f"step {t} is outside 0..{len(trace.tgt_tokens) - 1}")
-    topk_ids = np.asarray(trace.topk_ids[t])
-    return DecodeStep(
-        step=t,
-        prefix=tuple(trace.tgt_tokens[: t + 1]),
-        query_token=trace.tgt_tokens[t],
-        new_token=trace.out_tokens[t],
-        new_prob=float(trace.out_probs[t]),
-        cross=np.asarray(trace.cross[:, :, t, :]),
-        dec_self=np.asarray(trace.dec_self[:, :, t, : t + 1]),
-        topk_tokens=tuple(itos[int(i)] if 0 <= int(i) < len(itos) else "<unk>" for i in topk_ids),
-        topk_probs=np.asarray(trace.topk_probs[t]),
-    )
-
 
 # -- masks ----------------------------------------------------------------------------------
 

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from core.trace import AttentionTrace
-from dashboard.analysis import DecodeStep
 
 ARCH_LABELS = {"encoder": "encoder only", "decoder": "decoder only", "seq2seq": "encoder-decoder"}
 KIND_LABELS = {
@@ -101,6 +100,25 @@ def decode_steps(trace: AttentionTrace) -> Steps:
         first = max(prompt_len(trace) - 1, 0)
         return Steps(first, max(n_real - first, 0))
     return Steps(0, n_real)
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """Step t of greedy decoding, read from a trace of the greedy output (teacher forcing on it).
+
+    The decoder query at step t is position t of the decoder input (BOS + generated prefix);
+    causal masking makes its attention identical to the step's own forward pass.
+    """
+
+    step: int
+    prefix: tuple[str, ...]  # decoder input tokens 0..t (what the step could see)
+    query_token: str  # decoder input token at position t
+    new_token: str  # argmax output at position t (the token this step generated)
+    new_prob: float
+    cross: np.ndarray  # (layer, head, S): the step's attention over the source
+    dec_self: np.ndarray  # (layer, head, t+1): its attention over the prefix
+    topk_tokens: tuple[str, ...]
+    topk_probs: np.ndarray  # (k,)
 
 
 def decode_step(trace: AttentionTrace, t: int, itos) -> DecodeStep:

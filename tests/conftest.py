@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core import checkpoint
-from core.config import tiny
+from core.config import tiny as tiny_config
 from core.model import Transformer
 from core.runner import LoadedModel, load_folder
 from core.tokenizer import CharTokenizer
@@ -26,7 +26,7 @@ TINY_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 <>/()'\"=;&"
 def _save_tiny(folder: Path, **changes) -> Path:
     tok = CharTokenizer.fit([TINY_CHARS])
     torch.manual_seed(0)
-    cfg = tiny(vocab_size=len(tok), max_len=MAX_LEN, **changes)
+    cfg = tiny_config(vocab_size=len(tok), max_len=MAX_LEN, **changes)
     model = Transformer(cfg).eval()
     is_clf = cfg.is_encoder_only and cfg.n_classes > 0
     meta = {
@@ -74,3 +74,24 @@ def extra_models(monkeypatch, tiny_folder, tiny_clf_folder) -> list[str]:
     paths = [str(tiny_folder), str(tiny_clf_folder)]
     monkeypatch.setenv("ATTNSCOPE_MODELS", os.pathsep.join(paths))
     return paths
+
+
+# -- Streamlit AppTest (helpers in apptest_helpers.py) -----------------------------------------------
+
+
+@pytest.fixture()
+def make_app(extra_models):
+    """AppTest factory (apptest_helpers.run_app) with fresh caches; the tiny fixture models are
+    listed after the zoo."""
+    import streamlit as st  # here, not at the top: most test files never start the app
+    from apptest_helpers import run_app
+
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    return run_app
+
+
+@pytest.fixture()
+def tiny(extra_models) -> str:
+    """The tiny seq2seq fixture model, as the sidebar lists it."""
+    return extra_models[0]

@@ -4,6 +4,7 @@ bad files answered in one sentence, and the README's example kept runnable."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,13 @@ def test_greedy_generation_runs_through_forward(example):
     assert example.predict(["abc"]) == [tr.output_text]
 
 
+def test_example_weights_reverse_as_the_readme_says(example, capsys):
+    assert example.predict(["hello world", "attention"]) == ["dlrow olleh", "noitnetta"]
+    assert main(["predict", "--model", str(EXAMPLE), "hello world"]) == 0
+    out = capsys.readouterr()
+    assert "dlrow olleh" in out.out and "nested tensors" not in out.err
+
+
 def test_bad_text_is_an_input_error(example):
     with pytest.raises(InputError, match="cannot be encoded"):
         example.trace(["h3llo"])
@@ -137,7 +145,7 @@ GOOD = EXAMPLE.read_text(encoding="utf-8")
     [
         (lambda s: s.replace("def forward(model, src, tgt):\n    return model(src, tgt)\n", ""), "lacks forward"),
         (lambda s: s.replace('ARCH = "encoder-decoder"', 'ARCH = "seq2seq"'), "ARCH is 'seq2seq'"),
-        (lambda s: s.replace("    torch.manual_seed(0)\n", "    raise RuntimeError('weights file missing')\n"),
+        (lambda s: s.replace("    model = Model()  #", "    raise RuntimeError('weights file missing')  #"),
          "load() raised RuntimeError: weights file missing"),
         (lambda s: s.replace("    return model(src, tgt)", "    return model(src, tgt)[:, 0]"),
          "forward returned (2, 30); it must return logits or probabilities [2, 1, 30]"),
@@ -154,6 +162,7 @@ GOOD = EXAMPLE.read_text(encoding="utf-8")
 def test_broken_adapter_is_one_sentence(tmp_path, capsys, edit, message):
     path = tmp_path / "adapter.py"
     path.write_text(edit(GOOD), encoding="utf-8")
+    shutil.copy(EXAMPLE.with_name("my_adapter.safetensors"), tmp_path)
     with pytest.raises(ModelLoadError) as err:
         load_adapter(path)
     assert message in str(err.value) and "\n" not in str(err.value)

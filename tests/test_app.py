@@ -1,62 +1,21 @@
 """Every dashboard page under streamlit.testing.v1.AppTest: renders, reacts to widgets, answers bad input.
 
 AppTest cannot look inside a Plotly chart, so the figures are read back from the chart
-protos' JSON spec (numpy arrays arrive there base64-encoded; ``_array`` decodes them).
+protos' JSON spec (tests/apptest_helpers.py).
 """
 
 from __future__ import annotations
 
-import base64
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
-import streamlit as st
+from apptest_helpers import PAGES, ZOO, _array, assert_clean, figure, figures, titles
 from streamlit.testing.v1 import AppTest
 
 from core.model import count_parameters
 from core.runner import LoadedModel
 from dashboard import state as S
-from models import registry
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
-PAGES = {
-    "attention": "app_pages/attention.py",
-    "decoding": "app_pages/decoding.py",
-    "masks": "app_pages/masks.py",
-    "positional": "app_pages/positional.py",
-    "bertviz": "app_pages/bertviz_view.py",
-    "model": "app_pages/model_info.py",
-}
-TIMEOUT = 60  # first run imports torch/plotly; a busy 2-core machine can be slow
-ZOO = getattr(registry, "all_names", registry.zoo_names)()  # the zoo and installed pretrained models
-
-
-# -- helpers ---------------------------------------------------------------------------------
-
-
-def _array(value) -> np.ndarray:
-    """A Plotly JSON array: a list, or {"dtype", "bdata" (base64), "shape"}."""
-    if isinstance(value, dict) and "bdata" in value:
-        arr = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
-        shape = [int(s) for s in str(value.get("shape", len(arr))).split(",")]
-        return arr.reshape(shape)
-    return np.asarray(value)
-
-
-def figures(at: AppTest) -> list[dict]:
-    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
-
-
-def figure(at: AppTest, title_part: str) -> dict:
-    found = [f for f in figures(at) if title_part in f["layout"]["title"]["text"]]
-    assert len(found) == 1, (title_part, [f["layout"]["title"]["text"] for f in figures(at)])
-    return found[0]
-
-
-def titles(at: AppTest) -> list[str]:
-    return [f["layout"]["title"]["text"] for f in figures(at)]
+# -- helpers (make_app and tiny: conftest.py) ------------------------------------------------------
 
 
 def messages(at: AppTest) -> dict[str, list[str]]:
@@ -65,36 +24,6 @@ def messages(at: AppTest) -> dict[str, list[str]]:
         "error": [e.value for e in at.error],
         "warning": [w.value for w in at.warning],
     }
-
-
-def assert_clean(at: AppTest) -> None:
-    m = messages(at)
-    assert not m["exception"] and not m["error"], m
-
-
-@pytest.fixture()
-def make_app(extra_models):
-    """AppTest factory with fresh caches; the tiny fixture models are listed after the zoo."""
-    st.cache_data.clear()
-    st.cache_resource.clear()
-
-    def make(model: str | None = None, page: str | None = None, **session) -> AppTest:
-        at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
-        if model is not None:
-            at.session_state[S.MODEL] = model
-        for key, value in session.items():
-            at.session_state[key] = value
-        at.run()
-        if page is not None:
-            at.switch_page(PAGES[page]).run()
-        return at
-
-    return make
-
-
-@pytest.fixture()
-def tiny(extra_models) -> str:
-    return extra_models[0]
 
 
 @pytest.fixture()

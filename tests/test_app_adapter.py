@@ -10,17 +10,13 @@ from pathlib import Path
 
 import pytest
 import streamlit as st
-from streamlit.testing.v1 import AppTest
+from apptest_helpers import ANALYSIS_PAGES, PAGES, assert_clean, errors, load_path, run_app
 
 from dashboard import state as S
 from dashboard import user_models
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 ADAPTERS = Path(__file__).resolve().parent / "adapters"
-PAGES = [f"app_pages/{p}" for p in (
-    "attention.py", "decoding.py", "masks.py", "audit.py", "mask_lab.py", "head_analytics.py", "compare.py",
-    "positional.py", "bertviz_view.py", "model_info.py",
-)]  # fmt: skip
+EVERY_PAGE = [*PAGES.values(), *ANALYSIS_PAGES.values()]
 TIMEOUT = 120
 
 
@@ -34,30 +30,17 @@ def env(monkeypatch):
     return monkeypatch
 
 
-def _app() -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
-    at.run()
-    return at
-
-
-def _load(at: AppTest, text: str) -> AppTest:
-    at.sidebar.text_input(key=S.LOAD_PATH).input(text)
-    at.sidebar.button(key="load_path_button").click().run()
-    return at
-
-
-def _clean(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
+def _app():
+    return run_app(timeout=TIMEOUT)
 
 
 def test_adapter_needs_the_servers_consent(env):
     at = _app()
     before = at.sidebar.selectbox(key=S.MODEL).value
-    _load(at, str(ADAPTERS / "tutorial_seq2seq.py"))
+    load_path(at, str(ADAPTERS / "tutorial_seq2seq.py"))
     assert not at.exception
-    errors = " ".join(e.value for e in at.error)
-    assert "ATTNSCOPE_ALLOW_CODE=1" in errors and "runs its Python code" in errors
+    shown = " ".join(errors(at))
+    assert "ATTNSCOPE_ALLOW_CODE=1" in shown and "runs its Python code" in shown
     assert at.sidebar.selectbox(key=S.MODEL).value == before  # the previous model stays
     assert any("Adapter files (.py) are off" in c.value for c in at.sidebar.caption)
 
@@ -85,7 +68,7 @@ def test_adapter_outside_the_allowed_folders_is_refused(env, tmp_path):
     env.setenv(user_models.ALLOW_CODE_ENV, "1")
     outside = tmp_path / "x.py"
     outside.write_text((ADAPTERS / "tutorial_seq2seq.py").read_text())
-    at = _load(_app(), str(outside))
+    at = load_path(_app(), str(outside))
     assert any("outside the folders" in e.value for e in at.error)
 
 
@@ -93,13 +76,13 @@ def test_adapter_outside_the_allowed_folders_is_refused(env, tmp_path):
                                         ("bert_encoder", "encoder only"), ("bert_classifier", "encoder only")])  # fmt: skip
 def test_adapter_on_every_page(env, name, arch):
     env.setenv(user_models.ALLOW_CODE_ENV, "1")
-    at = _load(_app(), str(ADAPTERS / f"{name}.py"))
-    _clean(at)
+    at = load_path(_app(), str(ADAPTERS / f"{name}.py"))
+    assert_clean(at)
     assert at.sidebar.selectbox(key=S.MODEL).value == os.path.realpath(ADAPTERS / f"{name}.py")
     assert any(f"Loaded model '{name}.py' ({arch})" in s.value for s in at.success)
-    for page in PAGES:
+    for page in EVERY_PAGE:
         at.switch_page(page).run()
-        _clean(at)
+        assert_clean(at)
     at.switch_page("app_pages/mask_lab.py").run()
     assert any("Masks cannot be injected" in w.value and "adapter file" in w.value for w in at.warning)
     at.switch_page("app_pages/audit.py").run()
@@ -110,7 +93,7 @@ def test_broken_adapter_keeps_the_previous_model(env):
     env.setenv(user_models.ALLOW_CODE_ENV, "1")
     at = _app()
     before = at.sidebar.selectbox(key=S.MODEL).value
-    _load(at, str(ADAPTERS / "broken_shapes.py"))
+    load_path(at, str(ADAPTERS / "broken_shapes.py"))
     assert not at.exception
     assert any("forward returned" in e.value for e in at.error)
     assert at.sidebar.selectbox(key=S.MODEL).value == before

@@ -8,14 +8,12 @@ black-box and refused by the lab with a message. Figures are read back from the 
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
-import streamlit as st
+from apptest_helpers import ANALYSIS_PAGES, ZOO, _array, assert_no_exception, errors, figure, figures, titles
 from streamlit.testing.v1 import AppTest
 
 from core import audit as core_audit
@@ -23,43 +21,11 @@ from core import bugs
 from dashboard import lab
 from dashboard import state as S
 from dashboard.plots.audit import STATUS_ICON
-from models import registry
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
-PAGES = {
-    "audit": "app_pages/audit.py",
-    "lab": "app_pages/mask_lab.py",
-    "heads": "app_pages/head_analytics.py",
-    "compare": "app_pages/compare.py",
-}
-TIMEOUT = 60
-ZOO = getattr(registry, "all_names", registry.zoo_names)()
 PASS = STATUS_ICON["pass"]
 
 
-# -- helpers (as in test_app.py) ------------------------------------------------------------------
-
-
-def _array(value) -> np.ndarray:
-    if isinstance(value, dict) and "bdata" in value:
-        arr = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
-        shape = [int(s) for s in str(value.get("shape", len(arr))).split(",")]
-        return arr.reshape(shape)
-    return np.asarray(value)
-
-
-def figures(at: AppTest) -> list[dict]:
-    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
-
-
-def titles(at: AppTest) -> list[str]:
-    return [f["layout"]["title"]["text"] for f in figures(at)]
-
-
-def figure(at: AppTest, title_part: str) -> dict:
-    found = [f for f in figures(at) if title_part in f["layout"]["title"]["text"]]
-    assert len(found) == 1, (title_part, titles(at))
-    return found[0]
+# -- helpers (the rest in apptest_helpers.py; make_app and tiny: conftest.py) ----------------------
 
 
 def texts(at: AppTest) -> str:
@@ -69,40 +35,8 @@ def texts(at: AppTest) -> str:
     return "\n".join(str(p) for p in parts)
 
 
-def assert_clean(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-
-
 def successes(at: AppTest) -> list[str]:
     return [s.value for s in at.success]
-
-
-def errors(at: AppTest) -> list[str]:
-    return [e.value for e in at.error]
-
-
-@pytest.fixture()
-def make_app(extra_models):
-    st.cache_data.clear()
-    st.cache_resource.clear()
-
-    def make(model: str | None = None, page: str | None = None, **session) -> AppTest:
-        at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
-        if model is not None:
-            at.session_state[S.MODEL] = model
-        for key, value in session.items():
-            at.session_state[key] = value
-        at.run()
-        if page is not None:
-            at.switch_page(PAGES[page]).run()
-        return at
-
-    return make
-
-
-@pytest.fixture()
-def tiny(extra_models) -> str:
-    return extra_models[0]
 
 
 @pytest.fixture()
@@ -126,9 +60,9 @@ def audits(monkeypatch) -> list[int]:
 def test_every_analysis_page_renders(make_app, extra_models, which):
     model = {"tiny-seq2seq": extra_models[0], "tiny-classifier": extra_models[1]}.get(which, which)
     at = make_app(model)
-    for name, path in PAGES.items():
+    for name, path in ANALYSIS_PAGES.items():
         at.switch_page(path).run()
-        assert_clean(at)
+        assert_no_exception(at)
         assert not errors(at) or name == "lab", (name, errors(at))  # the lab's buggy side reports FAIL
         assert at.title, name
         figs = figures(at)
@@ -138,7 +72,7 @@ def test_every_analysis_page_renders(make_app, extra_models, which):
             axes = [f["layout"].get(a, {}).get("title", {}).get("text") for a in ("xaxis", "yaxis")]
             assert all(axes), (f["layout"]["title"]["text"], axes)  # every axis says what it shows
     # The correct model passes its own audit (zoo models and fixtures alike).
-    at.switch_page(PAGES["audit"]).run()
+    at.switch_page(ANALYSIS_PAGES["audit"]).run()
     assert any(s.startswith("All ") and "checks pass" in s for s in successes(at)), errors(at)
 
 
@@ -148,7 +82,7 @@ def test_every_analysis_page_renders(make_app, extra_models, which):
 def test_audit_page_lists_every_check_with_words(make_app, tiny):
     at = make_app(tiny, page="audit", **{S.BATCH: True})
     at.sidebar.text_area(key=S.SOURCES).input("hello world\nab").run()
-    assert_clean(at)
+    assert_no_exception(at)
     static, dynamic, info = (df.value for df in at.dataframe)  # in page order
     assert set(static["check"]) == {f"{c}[{k}]" for c in lab.STATIC[:4] for k in ("enc_self", "dec_self", "cross")} | {
         "finite"
@@ -172,7 +106,7 @@ def test_audit_page_lists_every_check_with_words(make_app, tiny):
     # Another kind, another head: display only.
     at.radio(key=lab.AUD_KIND).set_value("cross").run()
     at.selectbox(key="aud_head").select(3).run()
-    assert_clean(at)
+    assert_no_exception(at)
     figure(at, "cross-attention · layer 0 · head 3 · sequence 0")
     assert "attention, ✕ = must be 0" in titles(at)[2]
     compare = figure(at, "mask the model used vs the mask the tokens call for<br>cross-attention")
@@ -182,21 +116,21 @@ def test_audit_page_lists_every_check_with_words(make_app, tiny):
 def test_audit_page_answers_bad_input(make_app, tiny):
     at = make_app(tiny, page="audit")
     at.sidebar.text_input(key=S.SOURCE).input("   ").run()
-    assert_clean(at)
+    assert_no_exception(at)
     assert any("empty" in w.value for w in at.warning) and not figures(at)
     at.sidebar.text_input(key=S.SOURCE).input("hello€").run()
-    assert_clean(at)
+    assert_no_exception(at)
     assert len(errors(at)) == 1 and "'€'" in errors(at)[0] and not figures(at)
     at.sidebar.text_input(key=S.SOURCE).input("ab" * 30).run()  # too long: truncated elsewhere, refused here
-    assert_clean(at)
+    assert_no_exception(at)
     assert any("The audit cannot run on this input" in e for e in errors(at))
-    at.switch_page(PAGES["lab"]).run()
-    assert_clean(at)
+    at.switch_page(ANALYSIS_PAGES["lab"]).run()
+    assert_no_exception(at)
     assert any("The lab cannot run on this input" in e for e in errors(at))
     at.sidebar.text_input(key=S.SOURCE).input("hello€").run()
     for page in ("lab", "heads", "compare"):
-        at.switch_page(PAGES[page]).run()
-        assert_clean(at)
+        at.switch_page(ANALYSIS_PAGES[page]).run()
+        assert_no_exception(at)
         assert len(errors(at)) == 1 and "'€'" in errors(at)[0] and not figures(at), page
 
 
@@ -205,11 +139,11 @@ def test_audit_page_answers_bad_input(make_app, tiny):
 
 def test_every_bug_turns_the_lab_verdict_from_pass_to_fail(make_app, tiny, audits):
     at = make_app(tiny, page="lab")
-    assert_clean(at)
+    assert_no_exception(at)
     assert at.selectbox(key=lab.LAB_BUG).options == [lab.bug_title(n) for n in bugs.names()]
     for name in bugs.names():
         at.selectbox(key=lab.LAB_BUG).set_value(name).run()
-        assert_clean(at)
+        assert_no_exception(at)
         ok, bad = successes(at), errors(at)
         assert any(s.startswith("All ") for s in ok), (name, ok)  # the correct side
         assert len(bad) == 1 and "FAIL" in bad[0], (name, bad)
@@ -223,7 +157,7 @@ def test_every_bug_turns_the_lab_verdict_from_pass_to_fail(make_app, tiny, audit
     at.selectbox(key=lab.LAB_HEAD).select(2).run()
     at.selectbox(key=lab.LAB_SEQ).select(0).run()
     assert audits[0] == n_audits
-    assert_clean(at)
+    assert_no_exception(at)
     assert "causal_leak" in errors(at)[0]
     codes = _array(figure(at, "mask with causal_next_visible")["data"][0]["z"]) - 0.5
     n = codes.shape[0]
@@ -233,12 +167,12 @@ def test_every_bug_turns_the_lab_verdict_from_pass_to_fail(make_app, tiny, audit
 
 def test_lab_padding_copy_makes_padding_bugs_visible(make_app, tiny):
     at = make_app(tiny, page="lab", **{lab.LAB_BUG: "cross_no_src_pad"})
-    assert_clean(at)
+    assert_no_exception(at)
     assert at.selectbox(key=lab.LAB_SEQ).value == 1  # the padded copy is shown first
     codes = _array(figure(at, "mask with cross_no_src_pad")["data"][0]["z"]) - 0.5
     assert (codes == 2).any()  # PAD source keys wrongly visible
     at.toggle(key=lab.LAB_PAD).set_value(False).run()
-    assert_clean(at)
+    assert_no_exception(at)
     codes = _array(figure(at, "mask with cross_no_src_pad")["data"][0]["z"]) - 0.5
     assert not (codes == 2).any()  # one input, no PAD: the mask itself is right here
     assert any("padding_leak[src]" in e for e in errors(at))  # the leak test appends PAD of its own
@@ -246,7 +180,7 @@ def test_lab_padding_copy_makes_padding_bugs_visible(make_app, tiny):
 
 def test_lab_on_an_encoder_only_model_offers_encoder_bugs(make_app, extra_models):
     at = make_app(extra_models[1], page="lab", **{lab.LAB_BUG: "wrong_broadcast"})
-    assert_clean(at)
+    assert_no_exception(at)
     names = at.selectbox(key=lab.LAB_BUG).options
     assert names == [lab.bug_title(n) for n in bugs.names() if not bugs.get(n).needs_decoder]
     assert "need a decoder" in texts(at)
@@ -258,7 +192,7 @@ def test_lab_on_an_encoder_only_model_offers_encoder_bugs(make_app, extra_models
 
 def test_head_analytics_selection_changes_the_detail(make_app, tiny):
     at = make_app(tiny, page="heads")
-    assert_clean(at)
+    assert_no_exception(at)
     stat = figure(at, "entropy (nats) per head")
     z = _array(stat["data"][0]["z"])
     assert z.shape == (2, 4) and np.all(z > 0)
@@ -276,7 +210,7 @@ def test_head_analytics_selection_changes_the_detail(make_app, tiny):
     np.testing.assert_allclose(enc["diagonal"].to_numpy().reshape(2, 4), diag, atol=1e-3)
     assert "monotonic alignment (Kendall tau)" not in at.selectbox(key=lab.HA_STAT).options
     at.radio(key=lab.HA_KIND).set_value("cross").run()
-    assert_clean(at)
+    assert_no_exception(at)
     assert "monotonic alignment (Kendall tau)" in at.selectbox(key=lab.HA_STAT).options
     figure(at, "cross-attention · layer 1 · head 2")
     rollout = _array(figure(at, "encoder attention rollout")["data"][0]["z"])
@@ -293,7 +227,7 @@ def test_head_analytics_selection_changes_the_detail(make_app, tiny):
 
 def test_head_analytics_on_a_classifier_has_no_cross_sections(make_app, extra_models):
     at = make_app(extra_models[1], page="heads")
-    assert_clean(at)
+    assert_no_exception(at)
     assert at.radio(key=lab.HA_KIND).options == ["encoder self-attention"]
     assert not any("alignment" in t or "share of each source" in t for t in titles(at))
     figure(at, "encoder attention rollout")
@@ -304,36 +238,36 @@ def test_head_analytics_on_a_classifier_has_no_cross_sections(make_app, extra_mo
 
 def test_compare_another_input_and_another_model(make_app, tiny, extra_models):
     at = make_app(tiny, page="compare")
-    assert_clean(at)
+    assert_no_exception(at)
     at.text_input(key=lab.CMP_SOURCE_B).input("zyx").run()
-    assert_clean(at)
+    assert_no_exception(at)
     diff = figure(at, "B − A: encoder self-attention · layer")
     assert diff["layout"]["xaxis"]["ticktext"][:3] == ["h→z", "e→y", "l→x"]
     assert not np.allclose(_array(diff["data"][0]["z"]), 0)
     at.radio(key=lab.CMP_MODE).set_value("another model").run()
     at.selectbox(key=lab.CMP_MODEL_B).set_value(extra_models[1]).run()
-    assert_clean(at)
+    assert_no_exception(at)
     assert at.radio(key=lab.CMP_KIND).options == ["encoder self-attention"]  # the kinds both have
     figure(at, "B: tiny-classifier<br>encoder self-attention · layer")
     assert figure(at, "how much each head changed")["data"][0]["z"]
     if "reverse" in ZOO:  # lowercase letters only: the fixture's example has a space
         at.selectbox(key=lab.CMP_MODEL_B).set_value("reverse").run()
-        assert_clean(at)
+        assert_no_exception(at)
         assert any("Model B (reverse) cannot read this input" in e for e in errors(at)), errors(at)
 
 
 def test_compare_mask_bug_and_head_ablation(make_app, tiny, audits):
     at = make_app(tiny, page="compare", **{lab.CMP_MODE: "a mask bug", lab.CMP_BUG: "causal_next_visible"})
-    assert_clean(at)
+    assert_no_exception(at)
     assert any("Audit of A: All" in s for s in successes(at))
     assert any("Audit of B" in e and "causal_leak" in e for e in errors(at))
     at.radio(key=lab.CMP_MODE).set_value("heads switched off").run()
-    assert_clean(at)
+    assert_no_exception(at)
     per_head = _array(figure(at, "how much each head changed")["data"][0]["z"])
     assert np.allclose(per_head, 0)  # nothing switched off yet: B equals A
     before = audits[0]
     at.multiselect(key=lab.CMP_OFF).select(("enc_self", 0, 1)).select(("enc_self", 0, 3)).run()
-    assert_clean(at)
+    assert_no_exception(at)
     assert audits[0] == before + 1
     per_head = _array(figure(at, "how much each head changed")["data"][0]["z"])
     assert np.allclose(per_head[0], 0) and np.all(per_head[1] > 0)  # layer 0 itself unchanged, layer 1 moves
@@ -383,18 +317,18 @@ def test_hf_model_is_audited_black_box_and_refused_by_the_lab(make_app, monkeypa
     at = make_app(hf_bart)
     at.sidebar.radio(key=S.MODE).set_value(S.TEACHER).run()
     at.sidebar.text_input(key=S.TARGET).input("a dog ran").run()  # the untrained model stops at once
-    at.switch_page(PAGES["audit"]).run()
-    assert_clean(at)
+    at.switch_page(ANALYSIS_PAGES["audit"]).run()
+    assert_no_exception(at)
     dynamic = at.dataframe[1].value  # static, dynamic, info
     assert list(dynamic["status"]) == [PASS] * 5, dynamic  # leak tests ran through the library call
     assert "changing each of 4 future target tokens" in dynamic["detail"][2]
     assert "black box" in texts(at)
     for page in ("lab", "compare"):
-        at.switch_page(PAGES[page]).run()
+        at.switch_page(ANALYSIS_PAGES[page]).run()
         if page == "compare":
             at.radio(key=lab.CMP_MODE).set_value("a mask bug").run()
-        assert_clean(at)
+        assert_no_exception(at)
         assert any("Masks cannot be injected" in w.value for w in at.warning), page
-    at.switch_page(PAGES["heads"]).run()
-    assert_clean(at)
+    at.switch_page(ANALYSIS_PAGES["heads"]).run()
+    assert_no_exception(at)
     figure(at, "cross-attention alignment")

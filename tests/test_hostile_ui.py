@@ -18,19 +18,16 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 import streamlit as st
+from apptest_helpers import APP, HAS_MINILM, figures, run_app
 from streamlit.testing.v1 import AppTest
 
 from dashboard import state as S
-from models import registry
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 PAGES_DIR = APP.parent / "app_pages"
 TIMEOUT = 90
-HAS_MINILM = "minilm" in registry.all_names()
 
 INJECTIONS = {
     "img": "<img src=x onerror=alert(1)>",
@@ -59,15 +56,6 @@ def app_env(monkeypatch, extra_models):
     return extra_models
 
 
-def make_app(model: str, **session) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
-    at.session_state[S.MODEL] = model
-    for k, v in session.items():
-        at.session_state[k] = v
-    at.run()
-    return at
-
-
 def send(at: AppTest, text: str) -> AppTest:
     """Type ``text`` into the sidebar (neither box limits its length: a long text is truncated to
     the model's limit with a warning on the page, never cut silently in the browser)."""
@@ -82,10 +70,6 @@ def send(at: AppTest, text: str) -> AppTest:
 
 def messages(at: AppTest) -> list[str]:
     return [e.value for e in at.error] + [w.value for w in at.warning]
-
-
-def figures(at: AppTest) -> list[dict]:
-    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
 
 
 def assert_no_raw_html(at: AppTest, where: str) -> None:
@@ -128,7 +112,7 @@ def models_under_test(extra_models) -> list[str]:
 def test_odd_text_gets_a_drawing_or_a_clear_message(app_env, case):
     text = ODD[case]
     for model in models_under_test(app_env):
-        at = make_app(model)
+        at = run_app(model, timeout=TIMEOUT)
         pages = ["app_pages/attention.py", "app_pages/decoding.py"]
         if case != "huge":  # the masks page at 512 tokens takes seconds (per-cell hover text)
             pages.append("app_pages/masks.py")
@@ -149,7 +133,7 @@ def test_odd_text_gets_a_drawing_or_a_clear_message(app_env, case):
 
 def test_100000_characters_in_the_batch_box(app_env):
     for model in models_under_test(app_env):
-        at = make_app(model, **{S.BATCH: True})
+        at = run_app(model, timeout=TIMEOUT, **{S.BATCH: True})
         send(at, ODD["huge"] + "\nhello")
         assert_answered(at, ODD["huge"], model)
         msgs = messages(at)
@@ -157,7 +141,7 @@ def test_100000_characters_in_the_batch_box(app_env):
 
 
 def test_whitespace_and_empty_lines_in_a_batch(app_env):
-    at = make_app(app_env[0], **{S.BATCH: True})
+    at = run_app(app_env[0], timeout=TIMEOUT, **{S.BATCH: True})
     send(at, "hello\n   \nworld")
     assert not at.exception
     assert any("Line 2" in m and "empty" in m for m in messages(at)), messages(at)
@@ -167,7 +151,7 @@ def test_whitespace_and_empty_lines_in_a_batch(app_env):
 
 def test_a_batch_of_1000_lines_is_refused_with_the_limit(app_env):
     for model in models_under_test(app_env):
-        at = make_app(model, **{S.BATCH: True})
+        at = run_app(model, timeout=TIMEOUT, **{S.BATCH: True})
         send(at, "\n".join(f"hello {i % 10}" for i in range(1000)))
         assert not at.exception
         errs = [e.value for e in at.error]
@@ -181,7 +165,7 @@ def test_a_trace_beyond_the_memory_budget_is_refused_in_the_page(app_env, monkey
 
     monkeypatch.setattr(runner, "MAX_TRACE_MB", 1)  # as ATTNSCOPE_MAX_TRACE_MB=1 would
     for model in models_under_test(app_env):
-        at = make_app(model, **{S.BATCH: True})
+        at = run_app(model, timeout=TIMEOUT, **{S.BATCH: True})
         send(at, "\n".join(["attention is all you need " * 2] * 40))
         errs = [e.value for e in at.error]
         assert not at.exception and len(errs) == 1, errs
@@ -195,7 +179,7 @@ def test_a_trace_beyond_the_memory_budget_is_refused_in_the_page(app_env, monkey
 def test_injected_html_stays_text_on_every_page(app_env, case):
     text = INJECTIONS[case]
     for model in models_under_test(app_env):
-        at = make_app(model)
+        at = run_app(model, timeout=TIMEOUT)
         send(at, text)
         drawn = 0
         for page in all_pages():
@@ -219,7 +203,7 @@ def test_injected_model_card_and_summary_stay_text(app_env, tiny_folder, tmp_pat
         f"# evil\n\n{INJECTIONS['img']}\n\n{INJECTIONS['script']}\n\n[click](javascript:alert(1))\n"
     )
     monkeypatch.setenv("ATTNSCOPE_MODELS", str(evil))
-    at = make_app(str(evil))
+    at = run_app(str(evil), timeout=TIMEOUT)
     for page in all_pages():
         at.switch_page(page).run()
         assert not at.exception, (page, [e.value for e in at.exception])

@@ -15,7 +15,7 @@ import torch
 from core.decode import greedy_decode
 from core.model import count_parameters, parameters_by_module
 from core.positional import sinusoidal_table, wavelengths
-from dashboard import analysis, bertviz_html
+from dashboard import analysis, bertviz_html, model_facts
 from dashboard.plots import attention as PA
 from dashboard.plots import decoding as PD
 from dashboard.plots import masks as PM
@@ -173,27 +173,34 @@ def test_heatmap_rejects_mislabelled_axes(batch_traces):
 # -- decoding --------------------------------------------------------------------------------
 
 
-def test_decode_steps_match_greedy_decoding_record(tiny_model):
-    """The page's per-step data (read from the greedy trace) equals what decoding recorded."""
+def test_decode_steps_match_greedy_decoding(tiny_model):
+    """The page's per-step data (read from the greedy trace) equals greedy decoding step by step:
+    the token greedy_decode chose, and a forward pass on the prefix the step had."""
     src_text = "hello"
     tr = tiny_model.trace([src_text])[0]
     ids = torch.tensor([tiny_model.prepare(src_text).ids])
-    res = greedy_decode(tiny_model.model, ids, record=True)
-    steps = res.steps[0]
-    assert analysis.n_steps(tr) == len(steps)
-    for t, rec in enumerate(steps):
-        ds = analysis.decode_step(tr, t, tiny_model.tgt_tok.itos)
+    res = greedy_decode(tiny_model.model, ids)
+    n = res.lengths[0]
+    assert model_facts.decode_steps(tr).count == n
+    for t in range(n):
+        with torch.no_grad():  # the step's own forward pass: decoder input = BOS + tokens so far
+            step = tiny_model.model(ids, res.ids[:, : t + 1], return_attn=True)
+        prob, token_id = step.logits[0, t].softmax(-1).max(-1)
+        assert int(token_id) == int(res.out_ids[0, t])
+        ds = model_facts.decode_step(tr, t, tiny_model.tgt_tok.itos)
         assert ds.prefix == tuple(tiny_model.tgt_tok.tokens(res.ids[0, : t + 1].tolist()))
-        assert ds.new_token == tiny_model.tgt_tok.itos[rec.token_id] == ds.topk_tokens[0]
-        np.testing.assert_allclose(ds.cross, rec.cross.numpy(), atol=1e-5)
-        np.testing.assert_allclose(ds.dec_self, rec.dec_self.numpy(), atol=1e-5)
-        assert ds.new_prob == pytest.approx(rec.prob, abs=1e-5)
+        assert ds.new_token == tiny_model.tgt_tok.itos[int(token_id)] == ds.topk_tokens[0]
+        np.testing.assert_allclose(ds.cross, step.attn["cross"].probs[0, :, :, t].numpy(), atol=1e-5)
+        np.testing.assert_allclose(
+            ds.dec_self, step.attn["dec_self"].probs[0, :, :, t, : t + 1].numpy(), atol=1e-5
+        )
+        assert ds.new_prob == pytest.approx(float(prob), abs=1e-5)
         assert np.all(np.diff(ds.topk_probs) <= 0)
 
 
 def test_step_figure_rows_and_topk(tiny_model):
     tr = tiny_model.trace(["abc"])[0]
-    ds = analysis.decode_step(tr, 1, tiny_model.tgt_tok.itos)
+    ds = model_facts.decode_step(tr, 1, tiny_model.tgt_tok.itos)
     fig = PD.step_figure(ds.cross, tr.src_tokens, title="cross", key_title="source")
     z = z_of(fig.data[0])
     n_layers, n_heads, n_src = ds.cross.shape
@@ -204,7 +211,7 @@ def test_step_figure_rows_and_topk(tiny_model):
     assert list(fig.layout.xaxis.ticktext) == token_labels(tr.src_tokens)
     fig = PD.step_figure(ds.dec_self, ds.prefix, title="self", key_title="prefix")
     assert list(fig.layout.xaxis.ticktext) == token_labels(ds.prefix) and len(ds.prefix) == 2
-    n = analysis.n_steps(tr)
+    n = model_facts.decode_steps(tr).count
     over = PD.steps_overview(
         tr.cross[1, :, :n].mean(0),
         tr.out_tokens[:n],

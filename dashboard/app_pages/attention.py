@@ -7,13 +7,8 @@ import streamlit as st
 from core.trace import KIND_LABELS
 from dashboard import model_facts, state, ui
 from dashboard.plots import attention as P
+from dashboard.plots.common import ATTENTION_AXIS_TITLES, DECODER_ONLY_TITLES
 
-AXIS_TITLES = {  # (query axis, key axis) per kind
-    "enc_self": ("query: source tokens", "key: source tokens"),
-    "dec_self": ("query: decoder input (BOS + target)", "key: decoder input"),
-    "cross": ("query: decoder input (BOS + target)", "key: source tokens"),
-}
-DECODER_ONLY_TITLES = ("query: tokens (prompt, then continuation)", "key: tokens")
 MISSING = {  # what a model family has no attention of, said on the page
     "encoder": "This model has no decoder (encoder only): there is no decoder self-attention or cross-attention.",
     "decoder": "This model has no encoder (decoder only): its one attention is causal self-attention over "
@@ -92,7 +87,7 @@ layer = s1.selectbox("Layer", layers, key=state.ATT_LAYER)
 head = s2.selectbox("Head", heads, key=state.ATT_HEAD, format_func=P.head_name)
 
 weights = P.head_weights(probs, layer, head)
-q_title, k_title = DECODER_ONLY_TITLES if arch == "decoder" else AXIS_TITLES[kind]
+q_title, k_title = DECODER_ONLY_TITLES if arch == "decoder" else ATTENTION_AXIS_TITLES[kind]
 big = P.head_heatmap(
     weights,
     q_tok,

@@ -12,14 +12,10 @@ from dashboard import lab, loaders, state, ui
 from dashboard.plots import analytics as PA
 from dashboard.plots import attention as PT
 from dashboard.plots import audit as P
+from dashboard.plots.common import AXIS_TITLES
 
 AUD_LAYER, AUD_HEAD, AUD_CHART = "aud_layer", "aud_head", "aud_chart"
 CLICK_APPLIED = "_aud_click_applied"
-AXIS_TITLES = {
-    "enc_self": ("query: source tokens", "key: source tokens"),
-    "dec_self": ("query: decoder input", "key: decoder input"),
-    "cross": ("query: decoder input", "key: source tokens"),
-}
 COLUMN_ORDER = ["status", "check", "detail", "kind", "layer", "head", "positions", "value"]
 COLUMNS = {
     "status": st.column_config.TextColumn("status", width="small"),

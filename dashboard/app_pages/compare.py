@@ -13,16 +13,12 @@ from core.trace import KIND_LABELS, AttentionTrace
 from dashboard import lab, loaders, state, ui
 from dashboard.plots import analytics as P
 from dashboard.plots import attention as PT
+from dashboard.plots.common import AXIS_TITLES
 
 MODES = ("another input", "another model", "a mask bug", "heads switched off")
 B_FOR_MODEL = "_cmp_b_for_model"  # model whose example fills input B
 CLICK_APPLIED = "_cmp_click_applied"
 AUTO_FOR = "_cmp_auto_for"  # the B whose most-changed head was last put in the selectors
-AXIS_TITLES = {
-    "enc_self": ("query: source tokens", "key: source tokens"),
-    "dec_self": ("query: decoder input", "key: decoder input"),
-    "cross": ("query: decoder input", "key: source tokens"),
-}
 
 
 def _pair_labels(a: tuple[str, ...], b: tuple[str, ...]) -> list[str]:

@@ -11,12 +11,8 @@ from core.trace import KIND_LABELS
 from dashboard import lab, state, ui
 from dashboard.plots import analytics as P
 from dashboard.plots import attention as PT
+from dashboard.plots.common import AXIS_TITLES
 
-AXIS_TITLES = {
-    "enc_self": ("query: source tokens", "key: source tokens"),
-    "dec_self": ("query: decoder input", "key: decoder input"),
-    "cross": ("query: decoder input", "key: source tokens"),
-}
 CLICK_APPLIED = "_ha_click_applied"
 STAT_HELP = {
     "entropy": "how spread out each query's attention is (0 = one key, log n = uniform over n keys)",

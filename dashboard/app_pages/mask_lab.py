@@ -13,12 +13,8 @@ from dashboard.plots import analytics as PA
 from dashboard.plots import attention as PT
 from dashboard.plots import audit as P
 from dashboard.plots import masks as PM
+from dashboard.plots.common import AXIS_TITLES
 
-AXIS_TITLES = {
-    "enc_self": ("query: source tokens", "key: source tokens"),
-    "dec_self": ("query: decoder input", "key: decoder input"),
-    "cross": ("query: decoder input", "key: source tokens"),
-}
 SHORT_COLUMNS = ["status", "check", "layer", "head", "detail"]
 
 st.title("Mask lab")

@@ -36,78 +36,110 @@ elif not has_encoder:
     )
 
 figs = {}
-pad_charts = []
-if has_encoder:
-    src_real = np.stack([model_facts.real_source(t) for t in traces])  # (B, S)
-    figs["source padding"] = P.padding_mask_figure(
-        src_real,
+
+
+def show_in_rows(charts: list[tuple[str, str]]) -> None:
+    """(figure name, chart key) pairs of ``figs``, two charts to a row."""
+    for i in range(0, len(charts), 2):
+        for col, (name, key) in zip(st.columns(2), charts[i : i + 2], strict=False):
+            with col:
+                ui.chart(figs[name], key=key)
+
+
+# Padding masks of the whole batch, one row per sequence:
+# (figure name, chart key, shown, real tokens (B, N), tokens per sequence, position axis, whose padding)
+padding_panels = [
+    (
+        "source padding",
+        "mask_src_pad",
+        has_encoder,
+        np.stack([model_facts.real_source(t) for t in traces]),
         [t.src_tokens for t in traces],
-        position_title="source position",
-        title=f"source padding mask [batch {len(traces)} × {src_real.shape[1]}]: green = real token, grey = PAD",
-    )
-    pad_charts.append(("source padding", "mask_src_pad"))
-if has_decoder:
-    tgt_real = np.stack([model_facts.real_decoder(t) for t in traces])  # (B, T)
-    what = "sequence" if arch == "decoder" else "target"
-    figs["target padding"] = P.padding_mask_figure(
-        tgt_real,
+        "source position",
+        "source",
+    ),
+    (
+        "target padding",
+        "mask_tgt_pad",
+        has_decoder,
+        np.stack([model_facts.real_decoder(t) for t in traces]),
         [t.tgt_tokens for t in traces],
-        position_title="position (prompt, then continuation)"
-        if arch == "decoder"
-        else "decoder input position",
-        title=f"{what} padding mask [batch {len(traces)} × {tgt_real.shape[1]}]: green = real token, grey = PAD",
-    )
-    pad_charts.append(("target padding", "mask_tgt_pad"))
-for col, (name, key) in zip(st.columns(2), pad_charts, strict=False):
-    with col:
-        ui.chart(figs[name], key=key)
+        "position (prompt, then continuation)" if arch == "decoder" else "decoder input position",
+        "sequence" if arch == "decoder" else "target",
+    ),
+]
+pad_charts = []
+for name, key, shown, real, tokens, position_title, what in padding_panels:
+    if shown:
+        figs[name] = P.padding_mask_figure(
+            real,
+            tokens,
+            position_title=position_title,
+            title=f"{what} padding mask [batch {len(traces)} × {real.shape[1]}]: green = real token, grey = PAD",
+        )
+        pad_charts.append((name, key))
+show_in_rows(pad_charts)
 
 seq = state.sequence_picker(state.MASK_SEQ, traces)
 tr = traces[seq]
 where = f"sequence {seq}"
-if has_decoder:
-    t_len = len(tr.tgt_tokens)
-    causal = np.tril(np.ones((t_len, t_len), dtype=bool))
-    figs["causal"] = P.attention_mask_figure(
-        causal,
+t_len = len(tr.tgt_tokens)
+# Attention masks of the picked sequence:
+# (figure name, chart key, shown, mask (Q, K), query tokens, key tokens, query axis, key axis, title)
+attention_panels = [
+    (
+        "causal",
+        "mask_causal",
+        has_decoder,
+        np.tril(np.ones((t_len, t_len), dtype=bool)),
         tr.tgt_tokens,
         tr.tgt_tokens,
-        query_title="query: decoder position",
-        key_title="key: decoder position",
-        title=f"causal mask [{t_len} × {t_len}]: key position ≤ query position",
-    )
-    figs["decoder self"] = P.attention_mask_figure(
+        "query: decoder position",
+        "key: decoder position",
+        f"causal mask [{t_len} × {t_len}]: key position ≤ query position",
+    ),
+    (
+        "decoder self",
+        "mask_decoder_self",
+        has_decoder,
         tr.dec_self_mask,
         tr.tgt_tokens,
         tr.tgt_tokens,
-        query_title="query: decoder input",
-        key_title="key: decoder input",
-        title=f"decoder self-attention mask = causal AND real key ({where})",
-    )
-if has_decoder and has_encoder:
-    figs["cross"] = P.attention_mask_figure(
+        "query: decoder input",
+        "key: decoder input",
+        f"decoder self-attention mask = causal AND real key ({where})",
+    ),
+    (
+        "cross",
+        "mask_cross",
+        has_decoder and has_encoder,
         tr.cross_mask,
         tr.tgt_tokens,
         tr.src_tokens,
-        query_title="query: decoder input",
-        key_title="key: source tokens",
-        title=f"cross-attention mask = real source key ({where})",
-    )
-if has_encoder:
-    figs["encoder self"] = P.attention_mask_figure(
+        "query: decoder input",
+        "key: source tokens",
+        f"cross-attention mask = real source key ({where})",
+    ),
+    (
+        "encoder self",
+        "mask_encoder_self",
+        has_encoder,
         tr.enc_self_mask,
         tr.src_tokens,
         tr.src_tokens,
-        query_title="query: source tokens",
-        key_title="key: source tokens",
-        title=f"encoder self-attention mask = real source key ({where})",
-    )
-names = [n for n in ("causal", "decoder self", "cross", "encoder self") if n in figs]
-for i in range(0, len(names), 2):
-    cols = st.columns(2)
-    for col, name in zip(cols, names[i : i + 2], strict=False):
-        with col:
-            ui.chart(figs[name], key=f"mask_{name.replace(' ', '_')}")
+        "query: source tokens",
+        "key: source tokens",
+        f"encoder self-attention mask = real source key ({where})",
+    ),
+]
+mask_charts = []
+for name, key, shown, mask, q_tokens, k_tokens, query_title, key_title, title in attention_panels:
+    if shown:
+        figs[name] = P.attention_mask_figure(
+            mask, q_tokens, k_tokens, query_title=query_title, key_title=key_title, title=title
+        )
+        mask_charts.append((name, key))
+show_in_rows(mask_charts)
 
 st.subheader("Audit: attention on masked positions (whole batch)")
 table = analysis.masked_mass_table(traces)

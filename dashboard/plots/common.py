@@ -24,6 +24,20 @@ COLORSCALE = "Viridis"
 LOG_FLOOR = 1e-4
 MASKED_COLOR = "rgba(150, 150, 150, 0.85)"  # masked cells: grey, outside the colour scale
 
+# Axis titles of an attention matrix, (query axis, key axis) per attention kind.
+AXIS_TITLES = {
+    "enc_self": ("query: source tokens", "key: source tokens"),
+    "dec_self": ("query: decoder input", "key: decoder input"),
+    "cross": ("query: decoder input", "key: source tokens"),
+}
+# The Attention page spells out what the decoder input is.
+ATTENTION_AXIS_TITLES = {
+    "enc_self": ("query: source tokens", "key: source tokens"),
+    "dec_self": ("query: decoder input (BOS + target)", "key: decoder input"),
+    "cross": ("query: decoder input (BOS + target)", "key: source tokens"),
+}
+DECODER_ONLY_TITLES = ("query: tokens (prompt, then continuation)", "key: tokens")  # decoder-only models
+
 # A small template: the default "plotly" template adds ~8 kB to every figure's JSON.
 TEMPLATE = go.layout.Template(
     layout=dict(
