@@ -1,4 +1,4 @@
-"""Session-state keys (all in one place) and the sidebar every page shares.
+"""The sidebar every page shares, and the accessors pages read it through (keys: dashboard/keys.py).
 
 app.py draws the sidebar once per run (before the page), so its widgets keep their values
 when the page changes. Pages then call ``current()`` / ``model()`` / ``traces()``, which stop
@@ -24,54 +24,8 @@ import streamlit as st
 from core.interface import AttentionModel
 from core.runner import InputError
 from core.trace import AttentionTrace
+from dashboard import keys as K
 from dashboard import loaders, model_facts, user_models
-
-# -- keys -------------------------------------------------------------------------------
-# sidebar
-MODEL = "model"
-DEVICE = "device"
-BATCH = "batch"  # toggle: several inputs, one per line
-SOURCE = "source"  # single input (text_input)
-SOURCES = "sources"  # batch (text_area)
-MODE = "mode"  # "generate" or "teacher forcing"
-TARGET = "target"
-TARGETS = "targets"
-SELECTION = "selection"  # the Selection of this run (set by sidebar())
-TEXT_FOR_MODEL = "_text_for_model"  # model whose examples fill the text boxes
-# your own model (sidebar box)
-LOAD_PATH = "load_path"  # text_input: folder, weights file or cached Hugging Face name
-UPLOADS = "uploads"  # file_uploader: a core checkpoint (files or one .zip)
-USER_MODELS = "_user_models"  # paths this session loaded (listed in the picker)
-LOAD_MSG = "_load_msg"  # (level, text) of the last load attempt, shown once
-UPLOAD_DIR = "_upload_dir"  # tempfile.TemporaryDirectory of this session's uploads
-# attention page
-ATT_KIND = "att_kind"
-ATT_SEQ = "att_seq"
-ATT_LAYER = "att_layer"
-ATT_HEAD = "att_head"
-ATT_LOG = "att_log"
-ATT_MASK = "att_mask"
-ATT_AGG = "att_agg"
-ATT_GRID = "att_grid"  # plotly selection of the grid
-# decoding page
-DEC_SEQ = "dec_seq"
-DEC_STEP = "dec_step"
-DEC_LAYER = "dec_layer"
-DEC_LOG = "dec_log"
-# masks page
-MASK_SEQ = "mask_seq"
-# positional page
-PE_SOURCE = "pe_source"
-PE_DMODEL = "pe_d_model"
-PE_MAXLEN = "pe_max_len"
-PE_DIMS = "pe_dims"
-# bertviz page
-BV_VIEW = "bv_view"
-BV_KINDS = "bv_kinds"
-BV_SEQ = "bv_seq"
-BV_PAD = "bv_drop_pad"
-BV_LAYERS = "bv_layers"  # include_layers (empty: all, or the first for long inputs)
-BV_HEADS = "bv_heads"  # include_heads (empty: all that fit)
 
 GENERATE, TEACHER = "generate (greedy decoding)", "teacher forcing (give the target)"
 
@@ -102,11 +56,11 @@ def _split_lines(text: str) -> tuple[list[str], list[int]]:
 def _fill_examples(lm: AttentionModel) -> None:
     """Put the model's examples into the text boxes (first run, and whenever the model changes)."""
     ex = loaders.examples(lm, 3)
-    st.session_state[SOURCE] = ex[0]
-    st.session_state[SOURCES] = "\n".join(ex)
-    st.session_state[TARGET] = ""
-    st.session_state[TARGETS] = ""
-    st.session_state[TEXT_FOR_MODEL] = lm.name
+    st.session_state[K.SOURCE] = ex[0]
+    st.session_state[K.SOURCES] = "\n".join(ex)
+    st.session_state[K.TARGET] = ""
+    st.session_state[K.TARGETS] = ""
+    st.session_state[K.TEXT_FOR_MODEL] = lm.name
 
 
 def _source_problems(sources: list[str], empty: list[int], batch: bool) -> list[str]:
@@ -140,10 +94,10 @@ def upload_limit_mb() -> int:
 
 def _upload_root() -> Path:
     """This session's folder for uploads (removed when the session's state is dropped)."""
-    tmp = st.session_state.get(UPLOAD_DIR)
+    tmp = st.session_state.get(K.UPLOAD_DIR)
     if tmp is None:
         tmp = tempfile.TemporaryDirectory(prefix=loaders.UPLOAD_PREFIX)
-        st.session_state[UPLOAD_DIR] = tmp
+        st.session_state[K.UPLOAD_DIR] = tmp
     return Path(tmp.name)
 
 
@@ -154,26 +108,26 @@ def _one_sentence(prefix: str, exc: BaseException) -> str:
 
 def _use_model(path: str, what: str) -> None:
     """Load ``path`` (raises on failure), list it in the picker and select it."""
-    lm = loaders.load_model(path, st.session_state.get(DEVICE) or "cpu", loaders.model_version(path))
-    users = [p for p in st.session_state.get(USER_MODELS, []) if p != path]
-    st.session_state[USER_MODELS] = [*users, path]
-    st.session_state[MODEL] = path
+    lm = loaders.load_model(path, st.session_state.get(K.DEVICE) or "cpu", loaders.model_version(path))
+    users = [p for p in st.session_state.get(K.USER_MODELS, []) if p != path]
+    st.session_state[K.USER_MODELS] = [*users, path]
+    st.session_state[K.MODEL] = path
     arch = model_facts.ARCH_LABELS[model_facts.arch(lm)]
-    st.session_state[LOAD_MSG] = ("success", f"Loaded {what} {loaders.display_name(path)!r} ({arch}).")
+    st.session_state[K.LOAD_MSG] = ("success", f"Loaded {what} {loaders.display_name(path)!r} ({arch}).")
 
 
 def _load_from_path() -> None:
     """Callback of the Load button (runs before the script, so it may set the picker)."""
-    text = (st.session_state.get(LOAD_PATH) or "").strip()
+    text = (st.session_state.get(K.LOAD_PATH) or "").strip()
     if text in loaders.registry_names():
-        st.session_state[MODEL] = text
-        st.session_state[LOAD_MSG] = ("success", f"Selected {text!r}.")
+        st.session_state[K.MODEL] = text
+        st.session_state[K.LOAD_MSG] = ("success", f"Selected {text!r}.")
         return
     try:
-        roots = [st.session_state[UPLOAD_DIR].name] if UPLOAD_DIR in st.session_state else []
+        roots = [st.session_state[K.UPLOAD_DIR].name] if K.UPLOAD_DIR in st.session_state else []
         _use_model(user_models.resolve_user_model(text, roots), "model")
     except Exception as exc:  # any file may be handed in: report it, keep the app running
-        st.session_state[LOAD_MSG] = ("error", _one_sentence(f"Cannot load {text or 'the model'}", exc))
+        st.session_state[K.LOAD_MSG] = ("error", _one_sentence(f"Cannot load {text or 'the model'}", exc))
 
 
 def _upload_stem(files) -> str:
@@ -192,7 +146,7 @@ def _upload_stem(files) -> str:
 
 def _load_upload() -> None:
     """Callback of the upload's Load button: check, save into this session's folder, load."""
-    files = st.session_state.get(UPLOADS) or []
+    files = st.session_state.get(K.UPLOADS) or []
     dest = None
     try:
         root = _upload_root()
@@ -202,16 +156,16 @@ def _load_upload() -> None:
     except Exception as exc:
         if dest is not None:
             shutil.rmtree(dest, ignore_errors=True)
-        st.session_state[LOAD_MSG] = ("error", _one_sentence("Cannot load the upload", exc))
+        st.session_state[K.LOAD_MSG] = ("error", _one_sentence("Cannot load the upload", exc))
 
 
 def own_model_box() -> None:
     """Sidebar expander: load a model from a path or an upload."""
-    msg = st.session_state.pop(LOAD_MSG, None)
+    msg = st.session_state.pop(K.LOAD_MSG, None)
     with st.expander("Your own model", expanded=msg is not None):
         st.text_input(
             "Folder, weights file, adapter file or cached Hugging Face name",
-            key=LOAD_PATH,
+            key=K.LOAD_PATH,
             placeholder="~/models/my-model  or  gpt2",
             help="A core checkpoint folder (config.json + model.safetensors or model.pt/.pth + "
             "src_vocab.json), a .pt/.pth beside a core config.json, a Hugging Face folder, a model "
@@ -219,7 +173,7 @@ def own_model_box() -> None:
             "PyTorch model; runs its code, so only when the server was started with "
             "ATTNSCOPE_ALLOW_CODE=1). Relative paths start at the repository root.",
         )
-        st.button("Load", key="load_path_button", on_click=_load_from_path)
+        st.button("Load", key=K.LOAD_PATH_BUTTON, on_click=_load_from_path)
         roots = ", ".join(f"`{r}`" for r in user_models.allowed_roots())
         st.caption(f"Allowed folders: {roots} and `{user_models.MODEL_DIRS_ENV}`.")
         if not user_models.code_allowed():
@@ -231,7 +185,7 @@ def own_model_box() -> None:
             "Upload a core checkpoint",
             type=user_models.UPLOAD_TYPES,
             accept_multiple_files=True,
-            key=UPLOADS,
+            key=K.UPLOADS,
             help="config.json, model.safetensors (or a .pt/.pth state dict, read with weights_only), "
             "src_vocab.json [+ tgt_vocab.json, card.md, meta.json], as separate files or one .zip.",
         )
@@ -239,7 +193,7 @@ def own_model_box() -> None:
             f"At most {limit} MB in all (server.maxUploadSize); a .zip may unpack to "
             f"{limit * user_models.UNZIP_FACTOR} MB. Pickles that would run code are refused."
         )
-        st.button("Load upload", key="load_upload_button", on_click=_load_upload)
+        st.button("Load upload", key=K.LOAD_UPLOAD_BUTTON, on_click=_load_upload)
         if msg is not None:
             (st.error if msg[0] == "error" else st.success)(msg[1])
 
@@ -252,7 +206,7 @@ def _model_facts_caption(lm: AttentionModel, name: str) -> str:
 
 def sidebar() -> Selection | None:
     """Draw the shared sidebar; store and return the Selection (None when no model loads)."""
-    choices = loaders.model_choices(tuple(st.session_state.get(USER_MODELS, [])))
+    choices = loaders.model_choices(tuple(st.session_state.get(K.USER_MODELS, [])))
     with st.sidebar:
         st.header("attnscope")
         if not choices:
@@ -260,15 +214,15 @@ def sidebar() -> Selection | None:
                 "No models yet. Train the zoo (see models/README) or set ATTNSCOPE_MODELS "
                 "to a model folder, then reload."
             )
-            st.session_state[SELECTION] = None
+            st.session_state[K.SELECTION] = None
             own_model_box()
             return None
-        if st.session_state.get(MODEL) not in choices:
-            st.session_state[MODEL] = "reverse" if "reverse" in choices else choices[0]
+        if st.session_state.get(K.MODEL) not in choices:
+            st.session_state[K.MODEL] = "reverse" if "reverse" in choices else choices[0]
         name = st.selectbox(
             "Model",
             choices,
-            key=MODEL,
+            key=K.MODEL,
             format_func=loaders.picker_label,
             help="The model zoo (models/<name>/) and installed pretrained models, with each card's summary.",
         )
@@ -276,46 +230,46 @@ def sidebar() -> Selection | None:
         if summary:
             st.caption(summary)
         options = loaders.devices()
-        if st.session_state.get(DEVICE) not in options:
-            st.session_state[DEVICE] = options[0]
+        if st.session_state.get(K.DEVICE) not in options:
+            st.session_state[K.DEVICE] = options[0]
         device = st.radio(
-            "Device", options, key=DEVICE, horizontal=True, help="CUDA is offered when a GPU is available."
+            "Device", options, key=K.DEVICE, horizontal=True, help="CUDA is offered when a GPU is available."
         )
         version = loaders.model_version(name)
         try:
             lm = loaders.load_model(name, device, version)
         except Exception as exc:  # a broken folder, CUDA, ...: one sentence, the sidebar keeps working
             st.error(_one_sentence(f"Cannot load model {loaders.display_name(name)!r}", exc))
-            st.session_state[SELECTION] = None
+            st.session_state[K.SELECTION] = None
             own_model_box()
             return None
         st.caption(_model_facts_caption(lm, name))
         st.caption(f"Device used: **{lm.device}**")
-        if st.session_state.get(TEXT_FOR_MODEL) != lm.name:
+        if st.session_state.get(K.TEXT_FOR_MODEL) != lm.name:
             _fill_examples(lm)
         batch = st.toggle(
             "Batch: several inputs, one per line",
-            key=BATCH,
+            key=K.BATCH,
             help="A batch pads shorter inputs with <pad>, so padding masks are real.",
         )
         if batch:
-            raw = st.text_area("Inputs (one per line)", key=SOURCES, height=110)
+            raw = st.text_area("Inputs (one per line)", key=K.SOURCES, height=110)
             sources, empty = _split_lines(raw)
         else:
-            raw = st.text_input("Input text", key=SOURCE)
+            raw = st.text_input("Input text", key=K.SOURCE)
             sources, empty = [raw], []
         st.caption(f"At most {lm.max_src_tokens} tokens per input; longer inputs are truncated.")
         targets, t_empty = None, []
         # Labels stay the same for every model: the browser matches radio values by their label.
         if lm.has_decoder:
-            mode = st.radio("Decoder input", (GENERATE, TEACHER), key=MODE)
+            mode = st.radio("Decoder input", (GENERATE, TEACHER), key=K.MODE)
             if mode == TEACHER:
                 if batch:
                     targets, t_empty = _split_lines(
-                        st.text_area("Targets (one per line)", key=TARGETS, height=90)
+                        st.text_area("Targets (one per line)", key=K.TARGETS, height=90)
                     )
                 else:
-                    targets = [st.text_input("Target text", key=TARGET)]
+                    targets = [st.text_input("Target text", key=K.TARGET)]
             if model_facts.arch(lm) == "decoder":
                 st.caption(
                     "Decoder-only model: the input is the prompt; 'generate' continues it greedily and "
@@ -335,13 +289,13 @@ def sidebar() -> Selection | None:
         tuple(_source_problems(sources, empty, batch)),
         tuple(_target_problems(len(sources), targets, t_empty, batch)),
     )
-    st.session_state[SELECTION] = sel
+    st.session_state[K.SELECTION] = sel
     return sel
 
 
 def current() -> Selection:
     """The sidebar's Selection; stops the page (with the reason shown) when there is none."""
-    sel = st.session_state.get(SELECTION)
+    sel = st.session_state.get(K.SELECTION)
     if sel is None:
         st.info("Pick a model in the sidebar.")
         st.stop()

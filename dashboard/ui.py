@@ -122,3 +122,42 @@ def run_caption(trace: AttentionTrace) -> None:
     st.caption(f"Model **{display_name(trace.model)}** on **{trace.device}**{timing}{mode}")
     if trace.output_text:
         st.text(f"Output: {trace.output_text}")
+
+
+def keep_valid(key: str, options: list, default=None) -> None:
+    """Reset a widget's stored value when it is not among the options (new model, new batch)."""
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = options[0] if default is None or default not in options else default
+
+
+def apply_click(event, applied_key: str, tag, layer_key: str, head_key: str, parse) -> None:
+    """Copy a clicked (layer, head) from a chart's selection into the selectors, once per click."""
+    points = list(getattr(getattr(event, "selection", None), "points", None) or [])
+    if not points:
+        return
+    picked = parse(points[0].get("x"), points[0].get("y"))
+    if picked is not None and st.session_state.get(applied_key) != (tag, picked):
+        st.session_state[applied_key] = (tag, picked)
+        st.session_state[layer_key], st.session_state[head_key] = picked
+
+
+def side_by_side(fig, n_keys: int):
+    """A chart shown in half the page's width: room for a two-line title (``line 1<br>line 2``),
+    key labels turned upright once there are more than a few columns."""
+    top = fig.layout.margin.t if fig.layout.margin.t is not None else 60
+    fig.update_layout(margin=dict(t=top + 22))
+    if n_keys > 6:
+        fig.update_xaxes(tickangle=-90)
+    return fig
+
+
+def verdict_frame(verdicts, columns: list[str] | None = None):
+    """The verdict table (plots.audit.verdict_table) with each status cell coloured; its height fits every row."""
+    from dashboard.plots.audit import STATUS_COLOR, STATUS_ICON, verdict_table
+
+    df = verdict_table(verdicts)
+    if columns is not None:
+        df = df[columns]
+    colours = {STATUS_ICON[k]: c for k, c in STATUS_COLOR.items()}
+    styled = df.style.map(lambda v: f"background-color: {colours.get(v, 'white')}", subset=["status"])
+    return styled, min(38 + 35 * len(df), 900)

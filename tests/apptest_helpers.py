@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-from dashboard import state as S
+from dashboard import keys as K
 from models import registry
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
@@ -45,7 +45,7 @@ def run_app(
     before the first run, then switched to ``page`` (a key of PAGES or ANALYSIS_PAGES)."""
     at = AppTest.from_file(str(APP), default_timeout=timeout)
     if model is not None:
-        at.session_state[S.MODEL] = model
+        at.session_state[K.MODEL] = model
     for key, value in session.items():
         at.session_state[key] = value
     at.run()
@@ -56,8 +56,8 @@ def run_app(
 
 def load_path(at: AppTest, text: str) -> AppTest:
     """Type a model path into the sidebar's path box and press Load."""
-    at.sidebar.text_input(key=S.LOAD_PATH).input(text)
-    at.sidebar.button(key="load_path_button").click().run()
+    at.sidebar.text_input(key=K.LOAD_PATH).input(text)
+    at.sidebar.button(key=K.LOAD_PATH_BUTTON).click().run()
     return at
 
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import nn
 
+from attnscope.cli import main
 from core import audit as AU
 from core.adapter import load_adapter
 from core.checkpoint import ModelLoadError
-from core.cli import main
 from core.interface import AttentionModel
 from core.runner import InputError
 from core.trace import AttentionTrace

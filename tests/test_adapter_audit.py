@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from attnscope.cli import main
 from core import audit as AU
 from core.adapter import load_adapter
 from core.checkpoint import ModelLoadError
-from core.cli import main
 from core.trace import AttentionTrace
 
 ADAPTERS = Path(__file__).resolve().parent / "adapters"

@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from core.model import count_parameters
 from core.runner import LoadedModel
+from dashboard import keys as K
 from dashboard import state as S
 
 # -- helpers (make_app and tiny: conftest.py) ------------------------------------------------------
@@ -52,7 +53,7 @@ def count_runs(monkeypatch) -> list[int]:
 def test_every_page_renders(make_app, extra_models, which):
     model = {"tiny-seq2seq": extra_models[0], "tiny-classifier": extra_models[1]}.get(which, which)
     at = make_app(model)
-    assert at.sidebar.selectbox(key=S.MODEL).value == model
+    assert at.sidebar.selectbox(key=K.MODEL).value == model
     assert any("Device used" in c.value for c in at.sidebar.caption)
     for name, path in PAGES.items():
         at.switch_page(path).run()
@@ -79,16 +80,16 @@ def test_attention_selectors_change_the_heatmap_without_rerunning_the_model(make
     assert big["layout"]["title"]["text"].startswith("encoder self-attention")
     z00 = _array(big["data"][0]["z"])
 
-    at.selectbox(key=S.ATT_LAYER).select(1).run()
-    at.selectbox(key=S.ATT_HEAD).select(2).run()
+    at.selectbox(key=K.ATT_LAYER).select(1).run()
+    at.selectbox(key=K.ATT_HEAD).select(2).run()
     big = figure(at, "· layer 1 · head 2")
     assert not np.allclose(_array(big["data"][0]["z"]), z00)
-    at.selectbox(key=S.ATT_HEAD).select("mean").run()
+    at.selectbox(key=K.ATT_HEAD).select("mean").run()
     figure(at, "· layer 1 · mean of heads")
-    at.toggle(key=S.ATT_LOG).set_value(True).run()
+    at.toggle(key=K.ATT_LOG).set_value(True).run()
     big = figure(at, "· layer 1 · mean of heads")
     assert big["data"][0]["zmin"] == pytest.approx(-4) and np.all(_array(big["data"][0]["z"]) <= 0)
-    at.multiselect(key=S.ATT_AGG).select("mean").select("max").run()
+    at.multiselect(key=K.ATT_AGG).select("mean").select("max").run()
     grid = figure(at, "all 2 layers × 4 heads")
     assert grid["layout"]["xaxis"]["ticktext"] == [
         "head 0",
@@ -98,13 +99,13 @@ def test_attention_selectors_change_the_heatmap_without_rerunning_the_model(make
         "mean of heads",
         "max of heads",
     ]
-    at.toggle(key=S.ATT_MASK).set_value(False).run()
+    at.toggle(key=K.ATT_MASK).set_value(False).run()
     assert [d.get("name") for d in figure(at, "· layer 1 ·")["data"]] == ["attention"]
     assert count_runs[0] == runs  # none of these re-ran the model
 
-    at.radio(key=S.ATT_KIND).set_value("cross").run()
+    at.radio(key=K.ATT_KIND).set_value("cross").run()
     big = figure(at, "cross-attention · layer 1")
-    src = at.sidebar.text_input(key=S.SOURCE).value
+    src = at.sidebar.text_input(key=K.SOURCE).value
     assert big["layout"]["xaxis"]["ticktext"] == [*src.replace(" ", "␣"), "&lt;eos&gt;"]
     assert big["layout"]["yaxis"]["ticktext"][0] == "&lt;bos&gt;"
     assert count_runs[0] == runs
@@ -113,7 +114,7 @@ def test_attention_selectors_change_the_heatmap_without_rerunning_the_model(make
 def test_new_input_changes_tick_labels_and_runs_once(make_app, tiny, count_runs):
     at = make_app(tiny)
     before = figure(at, "· layer 0 · head 0")["layout"]["xaxis"]["ticktext"]
-    at.sidebar.text_input(key=S.SOURCE).input("zyx").run()
+    at.sidebar.text_input(key=K.SOURCE).input("zyx").run()
     assert_clean(at)
     after = figure(at, "· layer 0 · head 0")["layout"]["xaxis"]["ticktext"]
     assert after == ["z", "y", "x", "&lt;eos&gt;"] and after != before
@@ -123,10 +124,10 @@ def test_new_input_changes_tick_labels_and_runs_once(make_app, tiny, count_runs)
 
 
 def test_batch_has_real_padding_and_a_sequence_picker(make_app, tiny):
-    at = make_app(tiny, **{S.BATCH: True})
-    at.sidebar.text_area(key=S.SOURCES).input("hello world\nab\nabc").run()
+    at = make_app(tiny, **{K.BATCH: True})
+    at.sidebar.text_area(key=K.SOURCES).input("hello world\nab\nabc").run()
     assert_clean(at)
-    at.selectbox(key=S.ATT_SEQ).select(1).run()
+    at.selectbox(key=K.ATT_SEQ).select(1).run()
     big = figure(at, "head 0 · sequence 1")
     ticks = big["layout"]["xaxis"]["ticktext"]
     assert ticks[:3] == ["a", "b", "&lt;eos&gt;"] and ticks[3:] == ["&lt;pad&gt;"] * 9  # PAD columns visible
@@ -143,11 +144,11 @@ def test_batch_has_real_padding_and_a_sequence_picker(make_app, tiny):
 
 def test_bad_input_is_answered_in_the_page(make_app, tiny):
     at = make_app(tiny)
-    at.sidebar.text_input(key=S.SOURCE).input("   ").run()
+    at.sidebar.text_input(key=K.SOURCE).input("   ").run()
     assert not at.exception and any("empty" in w for w in messages(at)["warning"])
     assert not figures(at)
 
-    at.sidebar.text_input(key=S.SOURCE).input("hello€").run()
+    at.sidebar.text_input(key=K.SOURCE).input("hello€").run()
     errors = messages(at)["error"]
     assert (
         not at.exception
@@ -157,21 +158,21 @@ def test_bad_input_is_answered_in_the_page(make_app, tiny):
     )
 
     long_text = "ab" * 30  # 60 characters; the fixture takes 47
-    at.sidebar.text_input(key=S.SOURCE).input(long_text).run()
+    at.sidebar.text_input(key=K.SOURCE).input(long_text).run()
     assert_clean(at)
     warnings = messages(at)["warning"]
     assert any("truncated from 60 to 47" in w for w in warnings), warnings
     assert len(figure(at, "· layer 0 · head 0")["layout"]["xaxis"]["ticktext"]) == 48  # 47 + EOS
 
-    at.sidebar.toggle(key=S.BATCH).set_value(True).run()
-    at.sidebar.text_area(key=S.SOURCES).input("abc\n\nabd").run()
+    at.sidebar.toggle(key=K.BATCH).set_value(True).run()
+    at.sidebar.text_area(key=K.SOURCES).input("abc\n\nabd").run()
     assert any("Line 2 of the batch is empty" in w for w in messages(at)["warning"])
 
-    at.sidebar.text_area(key=S.SOURCES).input("abc\nabd").run()
-    at.sidebar.radio(key=S.MODE).set_value(S.TEACHER).run()
-    at.sidebar.text_area(key=S.TARGETS).input("cba").run()
+    at.sidebar.text_area(key=K.SOURCES).input("abc\nabd").run()
+    at.sidebar.radio(key=K.MODE).set_value(S.TEACHER).run()
+    at.sidebar.text_area(key=K.TARGETS).input("cba").run()
     assert any("2 inputs but 1 target lines" in w for w in messages(at)["warning"])
-    at.sidebar.text_area(key=S.TARGETS).input("cba\ndba").run()
+    at.sidebar.text_area(key=K.TARGETS).input("cba\ndba").run()
     assert_clean(at)
     assert "teacher forcing" in " ".join(c.value for c in at.caption)
 
@@ -182,7 +183,7 @@ def test_bad_input_is_answered_in_the_page(make_app, tiny):
 def test_decoding_slider_steps_through_greedy_output(make_app, tiny):
     at = make_app(tiny, page="decoding")
     assert_clean(at)
-    slider = at.slider(key=S.DEC_STEP)
+    slider = at.slider(key=K.DEC_STEP)
     assert slider.value == 1 and slider.max >= 3
     slider.set_value(3).run()
     assert_clean(at)
@@ -191,21 +192,21 @@ def test_decoding_slider_steps_through_greedy_output(make_app, tiny):
     top = figure(at, "step 3: top-5")
     assert len(top["data"][0]["x"]) == 5
     cross = figure(at, "step 3: cross-attention")
-    assert _array(cross["data"][0]["z"]).shape[1] == len(at.sidebar.text_input(key=S.SOURCE).value) + 1
+    assert _array(cross["data"][0]["z"]).shape[1] == len(at.sidebar.text_input(key=K.SOURCE).value) + 1
     self_attn = figure(at, "step 3: decoder self-attention")
     assert self_attn["layout"]["xaxis"]["ticktext"][0] == "&lt;bos&gt;"
     assert len(self_attn["layout"]["xaxis"]["ticktext"]) == 3
     overview = figure(at, "every step: cross-attention, layer 1")
     assert overview["layout"]["shapes"][0]["y0"] == 1.5  # step 3 (row 2) outlined
-    at.selectbox(key=S.DEC_LAYER).select(0).run()
+    at.selectbox(key=K.DEC_LAYER).select(0).run()
     figure(at, "every step: cross-attention, layer 0")
 
 
 def test_classifier_pages(make_app, tiny_clf_path):
     at = make_app(tiny_clf_path)
     assert_clean(at)
-    assert at.radio(key=S.ATT_KIND).options == ["encoder self-attention"]
-    assert S.MODE not in [r.key for r in at.sidebar.radio]
+    assert at.radio(key=K.ATT_KIND).options == ["encoder self-attention"]
+    assert K.MODE not in [r.key for r in at.sidebar.radio]
     at.switch_page(PAGES["decoding"]).run()
     assert_clean(at)
     probs = figure(at, "class probabilities")
@@ -218,12 +219,12 @@ def test_classifier_pages(make_app, tiny_clf_path):
 def test_positional_free_mode(make_app, tiny):
     at = make_app(tiny, page="positional")
     assert _array(figure(at, "PE matrix")["data"][0]["z"]).shape == (48, 16)
-    at.radio(key=S.PE_SOURCE).set_value(at.radio(key=S.PE_SOURCE).options[1]).run()
-    at.number_input(key=S.PE_DMODEL).set_value(32).run()
-    at.number_input(key=S.PE_MAXLEN).set_value(50).run()
+    at.radio(key=K.PE_SOURCE).set_value(at.radio(key=K.PE_SOURCE).options[1]).run()
+    at.number_input(key=K.PE_DMODEL).set_value(32).run()
+    at.number_input(key=K.PE_MAXLEN).set_value(50).run()
     assert_clean(at)
     assert _array(figure(at, "PE matrix")["data"][0]["z"]).shape == (50, 32)
-    at.multiselect(key=S.PE_DIMS).set_value([4, 5]).run()
+    at.multiselect(key=K.PE_DIMS).set_value([4, 5]).run()
     assert [d["name"] for d in figure(at, "chosen dimensions")["data"]] == [
         "dim 4 (sin, i=2)",
         "dim 5 (cos, i=2)",
@@ -232,15 +233,15 @@ def test_positional_free_mode(make_app, tiny):
 
 def test_bertviz_page_escapes_user_text(make_app, tiny):
     at = make_app(tiny, page="bertviz")
-    at.sidebar.text_input(key=S.SOURCE).input("</script><script>alert(1)</script>").run()
+    at.sidebar.text_input(key=K.SOURCE).input("</script><script>alert(1)</script>").run()
     assert_clean(at)
     doc = at.get("iframe")[0].proto.srcdoc
     assert doc.count("<script nonce=") == 3 and "<script>alert" not in doc and "alert(1)</script>" not in doc
     # The character tokens, as escaped JSON (bertviz shows them with d3's .text()).
     assert '"\\u003c", "/", "s", "c", "r", "i", "p", "t", "\\u003e"' in doc
-    at.radio(key=S.BV_VIEW).set_value("model").run()
+    at.radio(key=K.BV_VIEW).set_value("model").run()
     assert "thumbnail" in at.get("iframe")[0].proto.srcdoc  # bertviz's model_view.js
-    at.multiselect(key=S.BV_KINDS).set_value(["cross"]).run()
+    at.multiselect(key=K.BV_KINDS).set_value(["cross"]).run()
     assert_clean(at)
     assert '"name": null' in at.get("iframe")[0].proto.srcdoc  # one kind: no filter menu
 

@@ -12,7 +12,7 @@ import pytest
 import streamlit as st
 from apptest_helpers import ANALYSIS_PAGES, PAGES, assert_clean, errors, load_path, run_app
 
-from dashboard import state as S
+from dashboard import keys as K
 from dashboard import user_models
 
 ADAPTERS = Path(__file__).resolve().parent / "adapters"
@@ -36,12 +36,12 @@ def _app():
 
 def test_adapter_needs_the_servers_consent(env):
     at = _app()
-    before = at.sidebar.selectbox(key=S.MODEL).value
+    before = at.sidebar.selectbox(key=K.MODEL).value
     load_path(at, str(ADAPTERS / "tutorial_seq2seq.py"))
     assert not at.exception
     shown = " ".join(errors(at))
     assert "ATTNSCOPE_ALLOW_CODE=1" in shown and "runs its Python code" in shown
-    assert at.sidebar.selectbox(key=S.MODEL).value == before  # the previous model stays
+    assert at.sidebar.selectbox(key=K.MODEL).value == before  # the previous model stays
     assert any("Adapter files (.py) are off" in c.value for c in at.sidebar.caption)
 
 
@@ -57,8 +57,8 @@ def test_uploaded_python_file_is_never_run(env, tmp_path):
     with zipfile.ZipFile(buf, "w") as zf:
         zf.writestr("adapter.py", code)
     at = _app()
-    at.sidebar.file_uploader(key=S.UPLOADS).set_value([("model.zip", buf.getvalue(), "application/zip")])
-    at.sidebar.button(key="load_upload_button").click().run()
+    at.sidebar.file_uploader(key=K.UPLOADS).set_value([("model.zip", buf.getvalue(), "application/zip")])
+    at.sidebar.button(key=K.LOAD_UPLOAD_BUTTON).click().run()
     assert not at.exception
     assert any("never run" in e.value for e in at.error), [e.value for e in at.error]
     assert not marker.exists()
@@ -78,7 +78,7 @@ def test_adapter_on_every_page(env, name, arch):
     env.setenv(user_models.ALLOW_CODE_ENV, "1")
     at = load_path(_app(), str(ADAPTERS / f"{name}.py"))
     assert_clean(at)
-    assert at.sidebar.selectbox(key=S.MODEL).value == os.path.realpath(ADAPTERS / f"{name}.py")
+    assert at.sidebar.selectbox(key=K.MODEL).value == os.path.realpath(ADAPTERS / f"{name}.py")
     assert any(f"Loaded model '{name}.py' ({arch})" in s.value for s in at.success)
     for page in EVERY_PAGE:
         at.switch_page(page).run()
@@ -92,10 +92,10 @@ def test_adapter_on_every_page(env, name, arch):
 def test_broken_adapter_keeps_the_previous_model(env):
     env.setenv(user_models.ALLOW_CODE_ENV, "1")
     at = _app()
-    before = at.sidebar.selectbox(key=S.MODEL).value
+    before = at.sidebar.selectbox(key=K.MODEL).value
     load_path(at, str(ADAPTERS / "broken_shapes.py"))
     assert not at.exception
     assert any("forward returned" in e.value for e in at.error)
-    assert at.sidebar.selectbox(key=S.MODEL).value == before
+    assert at.sidebar.selectbox(key=K.MODEL).value == before
     at.switch_page("app_pages/attention.py").run()
     assert not at.exception

@@ -18,8 +18,9 @@ from streamlit.testing.v1 import AppTest
 
 from core import audit as core_audit
 from core import bugs
-from dashboard import lab
+from dashboard import keys as K
 from dashboard import state as S
+from dashboard import words
 from dashboard.plots.audit import STATUS_ICON
 
 PASS = STATUS_ICON["pass"]
@@ -80,11 +81,11 @@ def test_every_analysis_page_renders(make_app, extra_models, which):
 
 
 def test_audit_page_lists_every_check_with_words(make_app, tiny):
-    at = make_app(tiny, page="audit", **{S.BATCH: True})
-    at.sidebar.text_area(key=S.SOURCES).input("hello world\nab").run()
+    at = make_app(tiny, page="audit", **{K.BATCH: True})
+    at.sidebar.text_area(key=K.SOURCES).input("hello world\nab").run()
     assert_no_exception(at)
     static, dynamic, info = (df.value for df in at.dataframe)  # in page order
-    assert set(static["check"]) == {f"{c}[{k}]" for c in lab.STATIC[:4] for k in ("enc_self", "dec_self", "cross")} | {
+    assert set(static["check"]) == {f"{c}[{k}]" for c in words.STATIC[:4] for k in ("enc_self", "dec_self", "cross")} | {
         "finite"
     }  # fmt: skip
     assert list(dynamic["check"]) == [
@@ -98,13 +99,13 @@ def test_audit_page_lists_every_check_with_words(make_app, tiny):
     assert len(info) == 3
     mm = static[static["check"] == "masked_mass[enc_self]"].iloc[0]
     assert mm["detail"].startswith("0 on all") and mm["value"] == 0  # the batch has PAD keys
-    words = texts(at)
-    for base in (*lab.STATIC, *lab.DYNAMIC):
-        assert lab.CHECK_HELP[base] in words
+    shown = texts(at)
+    for base in (*words.STATIC, *words.DYNAMIC):
+        assert words.CHECK_HELP[base] in shown
     heat = figure(at, "largest attention one real query puts on masked keys")
     assert np.nanmax(_array(heat["data"][0]["z"])) == 0
     # Another kind, another head: display only.
-    at.radio(key=lab.AUD_KIND).set_value("cross").run()
+    at.radio(key=K.AUD_KIND).set_value("cross").run()
     at.selectbox(key="aud_head").select(3).run()
     assert_no_exception(at)
     figure(at, "cross-attention · layer 0 · head 3 · sequence 0")
@@ -115,19 +116,19 @@ def test_audit_page_lists_every_check_with_words(make_app, tiny):
 
 def test_audit_page_answers_bad_input(make_app, tiny):
     at = make_app(tiny, page="audit")
-    at.sidebar.text_input(key=S.SOURCE).input("   ").run()
+    at.sidebar.text_input(key=K.SOURCE).input("   ").run()
     assert_no_exception(at)
     assert any("empty" in w.value for w in at.warning) and not figures(at)
-    at.sidebar.text_input(key=S.SOURCE).input("hello€").run()
+    at.sidebar.text_input(key=K.SOURCE).input("hello€").run()
     assert_no_exception(at)
     assert len(errors(at)) == 1 and "'€'" in errors(at)[0] and not figures(at)
-    at.sidebar.text_input(key=S.SOURCE).input("ab" * 30).run()  # too long: truncated elsewhere, refused here
+    at.sidebar.text_input(key=K.SOURCE).input("ab" * 30).run()  # too long: truncated elsewhere, refused here
     assert_no_exception(at)
     assert any("The audit cannot run on this input" in e for e in errors(at))
     at.switch_page(ANALYSIS_PAGES["lab"]).run()
     assert_no_exception(at)
     assert any("The lab cannot run on this input" in e for e in errors(at))
-    at.sidebar.text_input(key=S.SOURCE).input("hello€").run()
+    at.sidebar.text_input(key=K.SOURCE).input("hello€").run()
     for page in ("lab", "heads", "compare"):
         at.switch_page(ANALYSIS_PAGES[page]).run()
         assert_no_exception(at)
@@ -140,22 +141,22 @@ def test_audit_page_answers_bad_input(make_app, tiny):
 def test_every_bug_turns_the_lab_verdict_from_pass_to_fail(make_app, tiny, audits):
     at = make_app(tiny, page="lab")
     assert_no_exception(at)
-    assert at.selectbox(key=lab.LAB_BUG).options == [lab.bug_title(n) for n in bugs.names()]
+    assert at.selectbox(key=K.LAB_BUG).options == [words.bug_title(n) for n in bugs.names()]
     for name in bugs.names():
-        at.selectbox(key=lab.LAB_BUG).set_value(name).run()
+        at.selectbox(key=K.LAB_BUG).set_value(name).run()
         assert_no_exception(at)
         ok, bad = successes(at), errors(at)
         assert any(s.startswith("All ") for s in ok), (name, ok)  # the correct side
         assert len(bad) == 1 and "FAIL" in bad[0], (name, bad)
-        assert lab.BUG_HELP[name][1] in [c.value for c in at.code]  # the buggy code is shown
+        assert words.BUG_HELP[name][1] in [c.value for c in at.code]  # the buggy code is shown
     n_audits = audits[0]
     assert n_audits == 1 + len(bugs.names())  # the correct run once, each bug once
     # Display selections do not run the model again.
-    at.selectbox(key=lab.LAB_BUG).set_value("causal_next_visible").run()
-    at.radio(key=lab.LAB_KIND).set_value("dec_self").run()
-    at.selectbox(key=lab.LAB_LAYER).select(1).run()
-    at.selectbox(key=lab.LAB_HEAD).select(2).run()
-    at.selectbox(key=lab.LAB_SEQ).select(0).run()
+    at.selectbox(key=K.LAB_BUG).set_value("causal_next_visible").run()
+    at.radio(key=K.LAB_KIND).set_value("dec_self").run()
+    at.selectbox(key=K.LAB_LAYER).select(1).run()
+    at.selectbox(key=K.LAB_HEAD).select(2).run()
+    at.selectbox(key=K.LAB_SEQ).select(0).run()
     assert audits[0] == n_audits
     assert_no_exception(at)
     assert "causal_leak" in errors(at)[0]
@@ -166,12 +167,12 @@ def test_every_bug_turns_the_lab_verdict_from_pass_to_fail(make_app, tiny, audit
 
 
 def test_lab_padding_copy_makes_padding_bugs_visible(make_app, tiny):
-    at = make_app(tiny, page="lab", **{lab.LAB_BUG: "cross_no_src_pad"})
+    at = make_app(tiny, page="lab", **{K.LAB_BUG: "cross_no_src_pad"})
     assert_no_exception(at)
-    assert at.selectbox(key=lab.LAB_SEQ).value == 1  # the padded copy is shown first
+    assert at.selectbox(key=K.LAB_SEQ).value == 1  # the padded copy is shown first
     codes = _array(figure(at, "mask with cross_no_src_pad")["data"][0]["z"]) - 0.5
     assert (codes == 2).any()  # PAD source keys wrongly visible
-    at.toggle(key=lab.LAB_PAD).set_value(False).run()
+    at.toggle(key=K.LAB_PAD).set_value(False).run()
     assert_no_exception(at)
     codes = _array(figure(at, "mask with cross_no_src_pad")["data"][0]["z"]) - 0.5
     assert not (codes == 2).any()  # one input, no PAD: the mask itself is right here
@@ -179,10 +180,10 @@ def test_lab_padding_copy_makes_padding_bugs_visible(make_app, tiny):
 
 
 def test_lab_on_an_encoder_only_model_offers_encoder_bugs(make_app, extra_models):
-    at = make_app(extra_models[1], page="lab", **{lab.LAB_BUG: "wrong_broadcast"})
+    at = make_app(extra_models[1], page="lab", **{K.LAB_BUG: "wrong_broadcast"})
     assert_no_exception(at)
-    names = at.selectbox(key=lab.LAB_BUG).options
-    assert names == [lab.bug_title(n) for n in bugs.names() if not bugs.get(n).needs_decoder]
+    names = at.selectbox(key=K.LAB_BUG).options
+    assert names == [words.bug_title(n) for n in bugs.names() if not bugs.get(n).needs_decoder]
     assert "need a decoder" in texts(at)
     assert "FAIL" in errors(at)[0]
 
@@ -197,21 +198,21 @@ def test_head_analytics_selection_changes_the_detail(make_app, tiny):
     z = _array(stat["data"][0]["z"])
     assert z.shape == (2, 4) and np.all(z > 0)
     head00 = _array(figure(at, "encoder self-attention · layer 0 · head 0 · input")["data"][0]["z"])
-    at.selectbox(key=lab.HA_LAYER).select(1).run()
-    at.selectbox(key=lab.HA_HEAD).select(2).run()
+    at.selectbox(key=K.HA_LAYER).select(1).run()
+    at.selectbox(key=K.HA_HEAD).select(2).run()
     head12 = _array(figure(at, "encoder self-attention · layer 1 · head 2 · input")["data"][0]["z"])
     assert not np.allclose(head00, head12)
-    at.selectbox(key=lab.HA_STAT).set_value("diagonal").run()
+    at.selectbox(key=K.HA_STAT).set_value("diagonal").run()
     diag = _array(figure(at, "diagonal / self per head")["data"][0]["z"])
     assert diag.shape == (2, 4) and not np.allclose(diag, z) and np.all((diag >= 0) & (diag <= 1))
-    table = at.dataframe(key=lab.HA_TABLE).value
+    table = at.dataframe(key=K.HA_TABLE).value
     assert len(table) == 3 * 2 * 4 and set(table["kind"]) == {"enc_self", "dec_self", "cross"}
     enc = table[table["kind"] == "enc_self"].sort_values(["layer", "head"])
     np.testing.assert_allclose(enc["diagonal"].to_numpy().reshape(2, 4), diag, atol=1e-3)
-    assert "monotonic alignment (Kendall tau)" not in at.selectbox(key=lab.HA_STAT).options
-    at.radio(key=lab.HA_KIND).set_value("cross").run()
+    assert "monotonic alignment (Kendall tau)" not in at.selectbox(key=K.HA_STAT).options
+    at.radio(key=K.HA_KIND).set_value("cross").run()
     assert_no_exception(at)
-    assert "monotonic alignment (Kendall tau)" in at.selectbox(key=lab.HA_STAT).options
+    assert "monotonic alignment (Kendall tau)" in at.selectbox(key=K.HA_STAT).options
     figure(at, "cross-attention · layer 1 · head 2")
     rollout = _array(figure(at, "encoder attention rollout")["data"][0]["z"])
     np.testing.assert_allclose(rollout.sum(-1), 1.0, atol=1e-5)
@@ -220,15 +221,15 @@ def test_head_analytics_selection_changes_the_detail(make_app, tiny):
     al = figure(at, "cross-attention alignment, mean of layers, mean of heads")
     arg = next(d for d in al["data"] if d.get("name") == "argmax")
     assert len(arg["x"]) == 3 * attribution.shape[0]  # one line per target step
-    at.selectbox(key=lab.HA_AL_LAYER).set_value(1).run()
-    at.selectbox(key=lab.HA_AL_HEAD).set_value(0).run()
+    at.selectbox(key=K.HA_AL_LAYER).set_value(1).run()
+    at.selectbox(key=K.HA_AL_HEAD).set_value(0).run()
     figure(at, "cross-attention alignment, layer 1, head 0")
 
 
 def test_head_analytics_on_a_classifier_has_no_cross_sections(make_app, extra_models):
     at = make_app(extra_models[1], page="heads")
     assert_no_exception(at)
-    assert at.radio(key=lab.HA_KIND).options == ["encoder self-attention"]
+    assert at.radio(key=K.HA_KIND).options == ["encoder self-attention"]
     assert not any("alignment" in t or "share of each source" in t for t in titles(at))
     figure(at, "encoder attention rollout")
 
@@ -239,34 +240,34 @@ def test_head_analytics_on_a_classifier_has_no_cross_sections(make_app, extra_mo
 def test_compare_another_input_and_another_model(make_app, tiny, extra_models):
     at = make_app(tiny, page="compare")
     assert_no_exception(at)
-    at.text_input(key=lab.CMP_SOURCE_B).input("zyx").run()
+    at.text_input(key=K.CMP_SOURCE_B).input("zyx").run()
     assert_no_exception(at)
     diff = figure(at, "B − A: encoder self-attention · layer")
     assert diff["layout"]["xaxis"]["ticktext"][:3] == ["h→z", "e→y", "l→x"]
     assert not np.allclose(_array(diff["data"][0]["z"]), 0)
-    at.radio(key=lab.CMP_MODE).set_value("another model").run()
-    at.selectbox(key=lab.CMP_MODEL_B).set_value(extra_models[1]).run()
+    at.radio(key=K.CMP_MODE).set_value("another model").run()
+    at.selectbox(key=K.CMP_MODEL_B).set_value(extra_models[1]).run()
     assert_no_exception(at)
-    assert at.radio(key=lab.CMP_KIND).options == ["encoder self-attention"]  # the kinds both have
+    assert at.radio(key=K.CMP_KIND).options == ["encoder self-attention"]  # the kinds both have
     figure(at, "B: tiny-classifier<br>encoder self-attention · layer")
     assert figure(at, "how much each head changed")["data"][0]["z"]
     if "reverse" in ZOO:  # lowercase letters only: the fixture's example has a space
-        at.selectbox(key=lab.CMP_MODEL_B).set_value("reverse").run()
+        at.selectbox(key=K.CMP_MODEL_B).set_value("reverse").run()
         assert_no_exception(at)
         assert any("Model B (reverse) cannot read this input" in e for e in errors(at)), errors(at)
 
 
 def test_compare_mask_bug_and_head_ablation(make_app, tiny, audits):
-    at = make_app(tiny, page="compare", **{lab.CMP_MODE: "a mask bug", lab.CMP_BUG: "causal_next_visible"})
+    at = make_app(tiny, page="compare", **{K.CMP_MODE: "a mask bug", K.CMP_BUG: "causal_next_visible"})
     assert_no_exception(at)
     assert any("Audit of A: All" in s for s in successes(at))
     assert any("Audit of B" in e and "causal_leak" in e for e in errors(at))
-    at.radio(key=lab.CMP_MODE).set_value("heads switched off").run()
+    at.radio(key=K.CMP_MODE).set_value("heads switched off").run()
     assert_no_exception(at)
     per_head = _array(figure(at, "how much each head changed")["data"][0]["z"])
     assert np.allclose(per_head, 0)  # nothing switched off yet: B equals A
     before = audits[0]
-    at.multiselect(key=lab.CMP_OFF).select(("enc_self", 0, 1)).select(("enc_self", 0, 3)).run()
+    at.multiselect(key=K.CMP_OFF).select(("enc_self", 0, 1)).select(("enc_self", 0, 3)).run()
     assert_no_exception(at)
     assert audits[0] == before + 1
     per_head = _array(figure(at, "how much each head changed")["data"][0]["z"])
@@ -274,7 +275,7 @@ def test_compare_mask_bug_and_head_ablation(make_app, tiny, audits):
     ly, h = np.unravel_index(int(np.argmax(per_head)), per_head.shape)
     figure(at, f"B − A: encoder self-attention · layer {ly} · head {h}")  # the head that changed most
     assert any("Audit of B: All" in s for s in successes(at))  # switching heads off breaks no mask
-    at.radio(key=lab.CMP_KIND).set_value("cross").run()
+    at.radio(key=K.CMP_KIND).set_value("cross").run()
     per_head = _array(figure(at, "how much each head changed")["data"][0]["z"])
     assert np.all(per_head > 0)  # the encoder's output changed, so every cross head reads other memory
     assert audits[0] == before + 1  # kind change: display only
@@ -315,8 +316,8 @@ def hf_bart(tmp_path_factory):
 def test_hf_model_is_audited_black_box_and_refused_by_the_lab(make_app, monkeypatch, extra_models, hf_bart):
     monkeypatch.setenv("ATTNSCOPE_MODELS", os.pathsep.join([*extra_models, hf_bart]))
     at = make_app(hf_bart)
-    at.sidebar.radio(key=S.MODE).set_value(S.TEACHER).run()
-    at.sidebar.text_input(key=S.TARGET).input("a dog ran").run()  # the untrained model stops at once
+    at.sidebar.radio(key=K.MODE).set_value(S.TEACHER).run()
+    at.sidebar.text_input(key=K.TARGET).input("a dog ran").run()  # the untrained model stops at once
     at.switch_page(ANALYSIS_PAGES["audit"]).run()
     assert_no_exception(at)
     dynamic = at.dataframe[1].value  # static, dynamic, info
@@ -326,7 +327,7 @@ def test_hf_model_is_audited_black_box_and_refused_by_the_lab(make_app, monkeypa
     for page in ("lab", "compare"):
         at.switch_page(ANALYSIS_PAGES[page]).run()
         if page == "compare":
-            at.radio(key=lab.CMP_MODE).set_value("a mask bug").run()
+            at.radio(key=K.CMP_MODE).set_value("a mask bug").run()
         assert_no_exception(at)
         assert any("Masks cannot be injected" in w.value for w in at.warning), page
     at.switch_page(ANALYSIS_PAGES["heads"]).run()

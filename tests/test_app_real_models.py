@@ -33,8 +33,8 @@ from apptest_helpers import (
 from streamlit.testing.v1 import AppTest
 
 from core.checkpoint import ModelLoadError
+from dashboard import keys as K
 from dashboard import model_facts, user_models
-from dashboard import state as S
 from models import registry
 
 transformers = pytest.importorskip("transformers")
@@ -76,8 +76,8 @@ def env(monkeypatch, allowed, tmp_path):
 
 
 def upload(at: AppTest, files: list[tuple[str, bytes]]) -> AppTest:
-    at.sidebar.file_uploader(key=S.UPLOADS).set_value([(n, d, "application/octet-stream") for n, d in files])
-    at.sidebar.button(key="load_upload_button").click().run()
+    at.sidebar.file_uploader(key=K.UPLOADS).set_value([(n, d, "application/octet-stream") for n, d in files])
+    at.sidebar.button(key=K.LOAD_UPLOAD_BUTTON).click().run()
     return at
 
 
@@ -124,16 +124,16 @@ class Evil:
 def test_minilm_every_page(env):
     at = run_app("minilm", timeout=TIMEOUT)
     assert_clean(at)
-    picker = at.sidebar.selectbox(key=S.MODEL)
+    picker = at.sidebar.selectbox(key=K.MODEL)
     assert picker.value == "minilm"
     assert "minilm (pretrained) · all-MiniLM" in picker.format_func("minilm")
     assert "pretrained · encoder only · WordPiece" in infos(at)
-    at.sidebar.text_input(key=S.SOURCE).input("Attention is unbelievably useful").run()
+    at.sidebar.text_input(key=K.SOURCE).input("Attention is unbelievably useful").run()
     assert_clean(at)
     ticks = figure(at, "· layer 0 · head 0")["layout"]["xaxis"]["ticktext"]
     assert ticks[0] == "[CLS]" and ticks[-1] == "[SEP]"  # special tokens visible
     assert any(t.startswith("##") for t in ticks) and "attention" in ticks  # its own WordPiece pieces
-    assert at.radio(key=S.ATT_KIND).options == ["encoder self-attention"]
+    assert at.radio(key=K.ATT_KIND).options == ["encoder self-attention"]
     assert "has no decoder" in infos(at)
     figure(at, "all 6 layers × 12 heads")
 
@@ -154,7 +154,7 @@ def test_minilm_every_page(env):
 def test_bertviz_long_input_is_a_subset_with_a_warning(env):
     at = run_app("minilm", timeout=TIMEOUT)
     at.switch_page(PAGES["bertviz"]).run()
-    at.sidebar.text_input(key=S.SOURCE).input(" ".join(["word"] * 300)).run()
+    at.sidebar.text_input(key=K.SOURCE).input(" ".join(["word"] * 300)).run()
     assert not at.exception and not at.error
     warnings = [w.value for w in at.warning]
     assert any("long for bertviz" in w for w in warnings), warnings
@@ -170,26 +170,26 @@ def test_bertviz_long_input_is_a_subset_with_a_warning(env):
 @pytest.mark.parametrize("name", ["gpt2", "bart", "t5"])
 def test_hf_folder_from_the_sidebar_every_page(env, hf_folders, name):
     at = run_app(timeout=TIMEOUT)
-    before = at.sidebar.selectbox(key=S.MODEL).value
+    before = at.sidebar.selectbox(key=K.MODEL).value
     load_path(at, str(hf_folders[name]))
     assert not at.exception and not at.error, errors(at)
     path = os.path.realpath(hf_folders[name])
-    assert at.sidebar.selectbox(key=S.MODEL).value == path != before
+    assert at.sidebar.selectbox(key=K.MODEL).value == path != before
     assert any(f"Loaded model 'tiny-{name}'" in s.value for s in at.success)
-    assert "(Hugging Face)" in at.sidebar.selectbox(key=S.MODEL).format_func(path)
-    at.sidebar.text_input(key=S.SOURCE).input("the cat sat on a mat").run()
+    assert "(Hugging Face)" in at.sidebar.selectbox(key=K.MODEL).format_func(path)
+    at.sidebar.text_input(key=K.SOURCE).input("the cat sat on a mat").run()
     every_page(at)
 
     lm = registry.load(path)
     if name == "gpt2":
         at.switch_page(PAGES["attention"]).run()
-        assert at.radio(key=S.ATT_KIND).options == ["decoder self-attention"]
+        assert at.radio(key=K.ATT_KIND).options == ["decoder self-attention"]
         assert "has no encoder" in infos(at)
         at.switch_page(PAGES["decoding"]).run()
         assert "has no encoder" in infos(at) and not [t for t in titles(at) if "cross" in t]
         (prompt,) = [lm.prepare("the cat sat on a mat").ids]
         (cont,) = lm.trace_continuation(["the cat sat on a mat"])
-        assert at.slider(key=S.DEC_STEP).max == cont.meta["generated"] + 1  # last prompt position, new tokens
+        assert at.slider(key=K.DEC_STEP).max == cont.meta["generated"] + 1  # last prompt position, new tokens
         assert at.code[0].value.startswith(f"prefix ({len(prompt)} tokens): the cat sat on a mat")
         at.switch_page(PAGES["masks"]).run()
         assert "has no encoder" in infos(at)
@@ -200,7 +200,7 @@ def test_hf_folder_from_the_sidebar_every_page(env, hf_folders, name):
         at.switch_page(PAGES["decoding"]).run()
         (tr,) = lm.trace(["the cat sat on a mat"])
         assert tr.tgt_tokens[0] == "<pad>"
-        assert at.slider(key=S.DEC_STEP).max == int(np.diagonal(tr.dec_self_mask).sum()) > 1
+        assert at.slider(key=K.DEC_STEP).max == int(np.diagonal(tr.dec_self_mask).sum()) > 1
         at.switch_page(PAGES["positional"]).run()
         assert "relative position biases" in infos(at)
     if name == "bart":
@@ -218,8 +218,8 @@ def test_cached_hf_name_offline(env, hf_folders, tmp_path, monkeypatch):
     at = load_path(run_app(timeout=TIMEOUT), "tiny-org/tiny-gpt2")
     assert not at.error, errors(at)
     assert (
-        at.sidebar.selectbox(key=S.MODEL)
-        .format_func(at.sidebar.selectbox(key=S.MODEL).value)
+        at.sidebar.selectbox(key=K.MODEL)
+        .format_func(at.sidebar.selectbox(key=K.MODEL).value)
         .startswith("tiny-org/tiny-gpt2 (Hugging Face)")
     )
     assert os.environ["HF_HUB_OFFLINE"] == "1"
@@ -235,7 +235,7 @@ def test_paths_outside_the_allowed_folders_are_refused(env, hf_folders, allowed,
     (allowed / "link-out").unlink(missing_ok=True)
     (allowed / "link-out").symlink_to(outside)
     at = run_app(timeout=TIMEOUT)
-    before = at.sidebar.selectbox(key=S.MODEL).value
+    before = at.sidebar.selectbox(key=K.MODEL).value
     for text in (
         "/etc",
         str(outside),
@@ -251,7 +251,7 @@ def test_paths_outside_the_allowed_folders_are_refused(env, hf_folders, allowed,
             text,
             errs,
         )
-        assert at.sidebar.selectbox(key=S.MODEL).value == before  # the app keeps its model
+        assert at.sidebar.selectbox(key=K.MODEL).value == before  # the app keeps its model
     at.switch_page(PAGES["attention"]).run()
     assert_clean(at)
     assert figures(at)
@@ -278,7 +278,7 @@ def test_malicious_pickle_is_refused_by_path_and_upload(env, tiny_folder, allowe
 
 def test_broken_models_are_one_sentence_errors(env, tiny_folder, hf_folders, allowed):
     at = run_app(timeout=TIMEOUT)
-    before = at.sidebar.selectbox(key=S.MODEL).value
+    before = at.sidebar.selectbox(key=K.MODEL).value
     cases = {}
     empty = allowed / "not-a-model"
     empty.mkdir(exist_ok=True)
@@ -307,7 +307,7 @@ def test_broken_models_are_one_sentence_errors(env, tiny_folder, hf_folders, all
         errs = errors(at)
         assert not at.exception and len(errs) == 1 and expected in errs[0], (path, errs)
         assert errs[0].startswith("Cannot load ") and "\n" not in errs[0]
-        assert at.sidebar.selectbox(key=S.MODEL).value == before
+        assert at.sidebar.selectbox(key=K.MODEL).value == before
     at.switch_page(PAGES["masks"]).run()
     assert_clean(at)
 
@@ -329,8 +329,8 @@ def test_upload_zip_and_pt_checkpoint(env, tiny_folder):
     members = {f"mine/{f.name}": f.read_bytes() for f in tiny_folder.iterdir()}
     upload(at, [("mine.zip", _zip(members))])
     assert not at.exception and not at.error, errors(at)
-    path = at.sidebar.selectbox(key=S.MODEL).value
-    assert Path(path).name == "mine-1" and "(upload)" in at.sidebar.selectbox(key=S.MODEL).format_func(path)
+    path = at.sidebar.selectbox(key=K.MODEL).value
+    assert Path(path).name == "mine-1" and "(upload)" in at.sidebar.selectbox(key=K.MODEL).format_func(path)
     every_page(at)
 
     # A .pt state dict (plain tensors) is read with weights_only and works too.
@@ -342,7 +342,7 @@ def test_upload_zip_and_pt_checkpoint(env, tiny_folder):
     upload(at, [*files, ("weights.pt", buf.getvalue())])
     assert not at.error, errors(at)
     name = json.loads((tiny_folder / "config.json").read_text())["name"]
-    assert Path(at.sidebar.selectbox(key=S.MODEL).value).name == f"{name}-2"
+    assert Path(at.sidebar.selectbox(key=K.MODEL).value).name == f"{name}-2"
 
     upload(at, [("bad.zip", _zip({"../config.json": b"{}"}))])
     assert any("has an absolute path or '..'" in e for e in errors(at)), errors(at)

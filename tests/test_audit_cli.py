@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnscope.cli import main
 from core import bugs, checkpoint
-from core.cli import main
 from core.config import tiny
 from core.model import Transformer
 from core.tokenizer import CharTokenizer

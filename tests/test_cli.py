@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from attnscope.cli import main
 from core import checkpoint
-from core.cli import main
 from core.config import tiny
 from core.model import Transformer
 from core.tokenizer import CharTokenizer

@@ -251,7 +251,7 @@ def test_seq2seq_generates_without_target(loaded, name):
 
 
 def test_trace_roundtrip_and_cli(folders, tmp_path, capsys):
-    from core.cli import main
+    from attnscope.cli import main
     from core.trace import AttentionTrace
 
     out = tmp_path / "t.npz"

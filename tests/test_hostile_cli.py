@@ -12,8 +12,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from attnscope.cli import main
 from core import checkpoint
-from core.cli import main
 from core.config import tiny
 from core.model import Transformer
 from core.runner import InputError, load_folder

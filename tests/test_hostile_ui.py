@@ -24,7 +24,7 @@ import streamlit as st
 from apptest_helpers import APP, HAS_MINILM, figures, run_app
 from streamlit.testing.v1 import AppTest
 
-from dashboard import state as S
+from dashboard import keys as K
 
 PAGES_DIR = APP.parent / "app_pages"
 TIMEOUT = 90
@@ -59,10 +59,10 @@ def app_env(monkeypatch, extra_models):
 def send(at: AppTest, text: str) -> AppTest:
     """Type ``text`` into the sidebar (neither box limits its length: a long text is truncated to
     the model's limit with a warning on the page, never cut silently in the browser)."""
-    if at.session_state[S.BATCH]:
-        at.sidebar.text_area(key=S.SOURCES).input(text).run()
+    if at.session_state[K.BATCH]:
+        at.sidebar.text_area(key=K.SOURCES).input(text).run()
     else:
-        box = at.sidebar.text_input(key=S.SOURCE)
+        box = at.sidebar.text_input(key=K.SOURCE)
         assert not box.proto.max_chars
         box.input(text).run()
     return at
@@ -133,7 +133,7 @@ def test_odd_text_gets_a_drawing_or_a_clear_message(app_env, case):
 
 def test_100000_characters_in_the_batch_box(app_env):
     for model in models_under_test(app_env):
-        at = run_app(model, timeout=TIMEOUT, **{S.BATCH: True})
+        at = run_app(model, timeout=TIMEOUT, **{K.BATCH: True})
         send(at, ODD["huge"] + "\nhello")
         assert_answered(at, ODD["huge"], model)
         msgs = messages(at)
@@ -141,7 +141,7 @@ def test_100000_characters_in_the_batch_box(app_env):
 
 
 def test_whitespace_and_empty_lines_in_a_batch(app_env):
-    at = run_app(app_env[0], timeout=TIMEOUT, **{S.BATCH: True})
+    at = run_app(app_env[0], timeout=TIMEOUT, **{K.BATCH: True})
     send(at, "hello\n   \nworld")
     assert not at.exception
     assert any("Line 2" in m and "empty" in m for m in messages(at)), messages(at)
@@ -151,7 +151,7 @@ def test_whitespace_and_empty_lines_in_a_batch(app_env):
 
 def test_a_batch_of_1000_lines_is_refused_with_the_limit(app_env):
     for model in models_under_test(app_env):
-        at = run_app(model, timeout=TIMEOUT, **{S.BATCH: True})
+        at = run_app(model, timeout=TIMEOUT, **{K.BATCH: True})
         send(at, "\n".join(f"hello {i % 10}" for i in range(1000)))
         assert not at.exception
         errs = [e.value for e in at.error]
@@ -165,7 +165,7 @@ def test_a_trace_beyond_the_memory_budget_is_refused_in_the_page(app_env, monkey
 
     monkeypatch.setattr(runner, "MAX_TRACE_MB", 1)  # as ATTNSCOPE_MAX_TRACE_MB=1 would
     for model in models_under_test(app_env):
-        at = run_app(model, timeout=TIMEOUT, **{S.BATCH: True})
+        at = run_app(model, timeout=TIMEOUT, **{K.BATCH: True})
         send(at, "\n".join(["attention is all you need " * 2] * 40))
         errs = [e.value for e in at.error]
         assert not at.exception and len(errs) == 1, errs

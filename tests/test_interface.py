@@ -92,3 +92,21 @@ def test_decoder_only_continuation_lives_in_the_model(models):
         models["core"].trace_continuation(["abc"])
     with pytest.raises(InputError, match="only decoder-only models"):
         models["adapter"].trace_continuation(["abc"])
+
+
+def test_core_imports_nothing_above_it():
+    """core/ is the library: models/, attnscope/ and dashboard/ build on it, never the other way round
+    (core/__main__.py, the historic ``python -m core`` entry script, is the one exception)."""
+    import ast
+
+    above = {"models", "attnscope", "dashboard", "bench", "tests"}
+    found = []
+    for path in sorted((ROOT / "core").rglob("*.py")):
+        if path.name == "__main__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0] in above]
+    assert found == []

@@ -143,7 +143,7 @@ def test_name_mapping_covers_every_weight():
 
 
 def test_registry_and_cli(tmp_path, capsys):
-    from core.cli import main
+    from attnscope.cli import main
     from core.trace import AttentionTrace
     from models import registry
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnscope.cli import main
 from core import checkpoint
 from core.checkpoint import ModelLoadError
-from core.cli import main
 from core.config import tiny
 from core.model import Transformer
 from core.tokenizer import CharTokenizer

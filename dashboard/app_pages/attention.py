@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from core.trace import KIND_LABELS
+from dashboard import keys as K
 from dashboard import model_facts, state, ui
 from dashboard.plots import attention as P
 from dashboard.plots.common import ATTENTION_AXIS_TITLES, DECODER_ONLY_TITLES
@@ -14,7 +15,6 @@ MISSING = {  # what a model family has no attention of, said on the page
     "decoder": "This model has no encoder (decoder only): its one attention is causal self-attention over "
     "the prompt and the continuation; there is no encoder self-attention or cross-attention.",
 }
-GRID_APPLIED = "_att_grid_applied"  # last grid click already copied into the selectors
 
 
 def _keep_valid(key: str, options: list) -> None:
@@ -31,22 +31,22 @@ if arch in MISSING:
     st.caption(MISSING[arch])
 c_kind, c_seq = st.columns([3, 2])
 with c_kind:
-    _keep_valid(state.ATT_KIND, kinds)
-    kind = st.radio("Attention kind", kinds, key=state.ATT_KIND, format_func=KIND_LABELS.get, horizontal=True)
+    _keep_valid(K.ATT_KIND, kinds)
+    kind = st.radio("Attention kind", kinds, key=K.ATT_KIND, format_func=KIND_LABELS.get, horizontal=True)
 with c_seq:
-    seq = state.sequence_picker(state.ATT_SEQ, traces)
+    seq = state.sequence_picker(K.ATT_SEQ, traces)
 o1, o2, o3, _ = st.columns([1, 1, 2, 1], vertical_alignment="center")
-log = o1.toggle("Log colour scale", key=state.ATT_LOG, help="Colour = log10(weight), from 1e-4 to 1.")
+log = o1.toggle("Log colour scale", key=K.ATT_LOG, help="Colour = log10(weight), from 1e-4 to 1.")
 show_mask = o2.toggle(
     "Show mask",
-    key=state.ATT_MASK,
+    key=K.ATT_MASK,
     value=True,
     help="Masked cells (may not attend) are drawn grey in the grid and marked ✕ in the heatmap.",
 )
 aggregates = o3.multiselect(
     "Grid: add per-layer columns",
     list(P.AGGREGATES),
-    key=state.ATT_AGG,
+    key=K.ATT_AGG,
     format_func=lambda a: f"head {a}",
     placeholder="head mean / head max",
 )
@@ -68,23 +68,23 @@ grid = P.grid_figure(
     aggregates=aggregates,
     title=f"{KIND_LABELS[kind]}: all {n_layers} layers × {n_heads} heads ({where}); click a tile",
 )
-event = ui.chart(grid, key=state.ATT_GRID, on_select="rerun", selection_mode="points")
+event = ui.chart(grid, key=K.ATT_GRID, on_select="rerun", selection_mode="points")
 
 # A click on a tile picks that layer and head (applied once, so the selectors stay usable).
 points = list(getattr(getattr(event, "selection", None), "points", None) or [])
 if points:
     picked = P.parse_grid_point(points[0].get("x"), points[0].get("y"))
-    if picked is not None and st.session_state.get(GRID_APPLIED) != (kind, picked):
-        st.session_state[GRID_APPLIED] = (kind, picked)
-        st.session_state[state.ATT_LAYER], st.session_state[state.ATT_HEAD] = picked
+    if picked is not None and st.session_state.get(K.ATT_GRID_APPLIED) != (kind, picked):
+        st.session_state[K.ATT_GRID_APPLIED] = (kind, picked)
+        st.session_state[K.ATT_LAYER], st.session_state[K.ATT_HEAD] = picked
 
 heads: list[int | str] = list(range(n_heads)) + list(P.AGGREGATES)
 layers = list(range(n_layers))
-_keep_valid(state.ATT_LAYER, layers)
-_keep_valid(state.ATT_HEAD, heads)
+_keep_valid(K.ATT_LAYER, layers)
+_keep_valid(K.ATT_HEAD, heads)
 s1, s2, _ = st.columns([1, 1, 3])
-layer = s1.selectbox("Layer", layers, key=state.ATT_LAYER)
-head = s2.selectbox("Head", heads, key=state.ATT_HEAD, format_func=P.head_name)
+layer = s1.selectbox("Layer", layers, key=K.ATT_LAYER)
+head = s2.selectbox("Head", heads, key=K.ATT_HEAD, format_func=P.head_name)
 
 weights = P.head_weights(probs, layer, head)
 q_title, k_title = DECODER_ONLY_TITLES if arch == "decoder" else ATTENTION_AXIS_TITLES[kind]

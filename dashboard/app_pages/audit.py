@@ -8,14 +8,13 @@ import streamlit as st
 from core import audit
 from core.runner import InputError
 from core.trace import KIND_LABELS
-from dashboard import lab, loaders, state, ui
+from dashboard import keys as K
+from dashboard import loaders, runs, state, ui, words
 from dashboard.plots import analytics as PA
 from dashboard.plots import attention as PT
 from dashboard.plots import audit as P
 from dashboard.plots.common import AXIS_TITLES
 
-AUD_LAYER, AUD_HEAD, AUD_CHART = "aud_layer", "aud_head", "aud_chart"
-CLICK_APPLIED = "_aud_click_applied"
 COLUMN_ORDER = ["status", "check", "detail", "kind", "layer", "head", "positions", "value"]
 COLUMNS = {
     "status": st.column_config.TextColumn("status", width="small"),
@@ -29,13 +28,13 @@ COLUMNS = {
 
 
 def _table(verdicts, key: str) -> None:
-    table, height = lab.verdict_frame(verdicts)
+    table, height = ui.verdict_frame(verdicts)
     st.dataframe(
         table, hide_index=True, key=key, column_config=COLUMNS, height=height, column_order=COLUMN_ORDER
     )
-    bases = list(dict.fromkeys(lab.check_base(v.name) for v in verdicts))
+    bases = list(dict.fromkeys(words.check_base(v.name) for v in verdicts))
     with st.expander("What these checks mean", expanded=False):
-        st.markdown("\n".join(f"- **{b}**: {lab.CHECK_HELP[b]}" for b in bases if b in lab.CHECK_HELP))
+        st.markdown("\n".join(f"- **{b}**: {words.CHECK_HELP[b]}" for b in bases if b in words.CHECK_HELP))
 
 
 st.title("Mask audit")
@@ -50,32 +49,32 @@ st.markdown(
 traces = state.traces()
 sel = state.current()
 lm = state.model()
-pad = lab.pad_id(lm)
+pad = lm.cfg.pad_id
 try:
-    report = lab.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets)
+    report = runs.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets)
 except (InputError, ValueError) as exc:
     st.error("The audit cannot run on this input: " + state.sentence(str(exc)))
     st.stop()
 
 ui.run_caption(report.traces[0])
-n_pass, n_fail, n_skip = lab.summary(report)
+n_pass, n_fail, n_skip = words.summary(report)
 if n_fail:
-    st.error(lab.verdict_line(report))
+    st.error(words.verdict_line(report))
     for v in report.failed:
         st.markdown(f"- ❌ **{v.name}**: {v.detail}")
 else:
-    st.success(lab.verdict_line(report))
+    st.success(words.verdict_line(report))
 m = st.columns(4)
 m[0].metric("Checks passed", n_pass)
 m[1].metric("Checks failed", n_fail)
 m[2].metric("Skipped", n_skip)
 m[3].metric("Inputs audited", f"{len(report.traces)} (+{report.meta.get('extra_pad', 0)} PAD cols)")
-if not lab.injectable(lm):
-    st.caption(lab.black_box_caption(lm))
+if not lm.injectable:
+    st.caption(words.black_box_caption(lm))
 
-static = [v for v in report.verdicts if lab.check_base(v.name) in lab.STATIC]
-dynamic = [v for v in report.verdicts if lab.check_base(v.name) in lab.DYNAMIC]
-info = [v for v in report.verdicts if lab.check_base(v.name) in lab.INFO]
+static = [v for v in report.verdicts if words.check_base(v.name) in words.STATIC]
+dynamic = [v for v in report.verdicts if words.check_base(v.name) in words.DYNAMIC]
+info = [v for v in report.verdicts if words.check_base(v.name) in words.INFO]
 st.subheader("Static checks (on the attention maps)")
 _table(static, "aud_static")
 st.subheader("Leak tests (the model run again with changed inputs)")
@@ -88,12 +87,12 @@ st.subheader("Where to look")
 kinds = list(report.traces[0].kinds)
 c_kind, c_seq = st.columns([3, 2])
 with c_kind:
-    lab.keep_valid(lab.AUD_KIND, kinds)
-    kind = st.radio("Attention kind", kinds, key=lab.AUD_KIND, format_func=KIND_LABELS.get, horizontal=True)
+    ui.keep_valid(K.AUD_KIND, kinds)
+    kind = st.radio("Attention kind", kinds, key=K.AUD_KIND, format_func=KIND_LABELS.get, horizontal=True)
 with c_seq:
-    seq = state.sequence_picker(lab.AUD_SEQ, report.traces)
+    seq = state.sequence_picker(K.AUD_SEQ, report.traces)
 tr = report.traces[seq]
-where = lab.where(report.traces, seq)
+where = words.where(report.traces, seq)
 q_tok, k_tok = tr.axes(kind)
 q_title, k_title = AXIS_TITLES[kind]
 _, expected = audit.expected_mask(tr, kind, pad)
@@ -106,8 +105,8 @@ figs["masked mass per head"] = PA.stat_heatmap(
     stat="score",
     label="mass on masked keys",
 )
-event = ui.chart(figs["masked mass per head"], key=AUD_CHART, on_select="rerun", selection_mode="points")
-lab.apply_click(event, CLICK_APPLIED, (kind, seq), AUD_LAYER, AUD_HEAD, PA.parse_head_point)
+event = ui.chart(figs["masked mass per head"], key=K.AUD_CHART, on_select="rerun", selection_mode="points")
+ui.apply_click(event, K.AUD_CLICK_APPLIED, (kind, seq), K.AUD_LAYER, K.AUD_HEAD, PA.parse_head_point)
 st.caption("0 everywhere for a correct model. NaN means the softmax of that head produced NaN.")
 
 probs = tr.probs(kind)
@@ -117,11 +116,11 @@ worst = next(
 )
 default = (worst.layer, worst.head) if worst else tuple(int(i) for i in np.unravel_index(
     int(np.argmax(np.nan_to_num(per_head, nan=np.inf))), per_head.shape))  # fmt: skip
-lab.keep_valid(AUD_LAYER, list(range(n_layers)), default[0])
-lab.keep_valid(AUD_HEAD, list(range(n_heads)), default[1])
+ui.keep_valid(K.AUD_LAYER, list(range(n_layers)), default[0])
+ui.keep_valid(K.AUD_HEAD, list(range(n_heads)), default[1])
 s1, s2, _ = st.columns([1, 1, 3])
-layer = s1.selectbox("Layer", list(range(n_layers)), key=AUD_LAYER)
-head = s2.selectbox("Head", list(range(n_heads)), key=AUD_HEAD, format_func=PT.head_name)
+layer = s1.selectbox("Layer", list(range(n_layers)), key=K.AUD_LAYER)
+head = s2.selectbox("Head", list(range(n_heads)), key=K.AUD_HEAD, format_func=PT.head_name)
 
 c1, c2 = st.columns(2)
 declared = tr.mask(kind)
@@ -135,7 +134,7 @@ if declared is not None:
         query_title=q_title,
         key_title=k_title,
     )
-    lab.side_by_side(figs["mask used vs called for"], len(k_tok))
+    ui.side_by_side(figs["mask used vs called for"], len(k_tok))
     with c1:
         ui.chart(figs["mask used vs called for"], key="aud_mask_compare")
         st.caption(
@@ -152,7 +151,7 @@ figs["head"] = PT.head_heatmap(
     key_title=k_title,
     title=f"attention, ✕ = must be 0<br>{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
 )
-lab.side_by_side(figs["head"], len(k_tok))
+ui.side_by_side(figs["head"], len(k_tok))
 with c2:
     ui.chart(figs["head"], key="aud_head_chart")
     st.caption("✕ marks keys this query must not see (from the tokens); their weight must be exactly 0.")
@@ -160,7 +159,7 @@ with c2:
 ui.downloads(tr, seq, figs, key="aud_dl")
 st.download_button(
     "audit report .txt",
-    data=lab.report_text(report),
+    data=words.report_text(report),
     file_name=f"{loaders.display_name(tr.model)}-audit.txt",
     mime="text/plain",
     key="aud_report_txt",

@@ -12,6 +12,7 @@ import streamlit as st
 from core.bertviz_adapter import MAX_TOKENS, bertviz_args
 from core.trace import KIND_LABELS
 from dashboard import bertviz_html, model_facts, state, ui
+from dashboard import keys as K
 
 MAX_HEIGHT = 1800
 MISSING = {
@@ -33,29 +34,27 @@ arch = model_facts.trace_arch(traces[0])
 if arch in MISSING:
     st.caption(MISSING[arch])
 c1, c2, c3 = st.columns([2, 3, 2])
-view = c1.radio(
-    "View", ("head", "model"), key=state.BV_VIEW, format_func=lambda v: f"{v} view", horizontal=True
-)
-if any(k not in kinds for k in st.session_state.get(state.BV_KINDS, [])):
-    st.session_state[state.BV_KINDS] = kinds
-chosen = c2.multiselect("Attention", kinds, default=kinds, key=state.BV_KINDS, format_func=KIND_LABELS.get)
+view = c1.radio("View", ("head", "model"), key=K.BV_VIEW, format_func=lambda v: f"{v} view", horizontal=True)
+if any(k not in kinds for k in st.session_state.get(K.BV_KINDS, [])):
+    st.session_state[K.BV_KINDS] = kinds
+chosen = c2.multiselect("Attention", kinds, default=kinds, key=K.BV_KINDS, format_func=KIND_LABELS.get)
 with c3:
-    seq = state.sequence_picker(state.BV_SEQ, traces)
+    seq = state.sequence_picker(K.BV_SEQ, traces)
 tr = traces[seq]
 n_layers = min(tr.probs(k).shape[0] for k in kinds)
 n_heads = min(tr.probs(k).shape[1] for k in kinds)
 o1, o2, o3 = st.columns([2, 3, 2], vertical_alignment="center")
-for key, n in ((state.BV_LAYERS, n_layers), (state.BV_HEADS, n_heads)):
+for key, n in ((K.BV_LAYERS, n_layers), (K.BV_HEADS, n_heads)):
     if any(not 0 <= i < n for i in st.session_state.get(key, [])):
         st.session_state[key] = []
 layers = o1.multiselect(
-    "Layers", list(range(n_layers)), key=state.BV_LAYERS, placeholder="all (long inputs: the first)"
+    "Layers", list(range(n_layers)), key=K.BV_LAYERS, placeholder="all (long inputs: the first)"
 )
 heads = o2.multiselect(
-    "Heads", list(range(n_heads)), key=state.BV_HEADS, placeholder="all (long inputs: as many as fit)"
+    "Heads", list(range(n_heads)), key=K.BV_HEADS, placeholder="all (long inputs: as many as fit)"
 )
 with o3:
-    drop_pad = st.toggle("Hide padding", value=True, key=state.BV_PAD, help="Trailing PAD positions.")
+    drop_pad = st.toggle("Hide padding", value=True, key=K.BV_PAD, help="Trailing PAD positions.")
 if not chosen:
     st.warning("Choose at least one kind of attention to show.")
     st.stop()

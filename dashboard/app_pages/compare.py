@@ -10,15 +10,13 @@ from core import bugs
 from core.checkpoint import ModelLoadError
 from core.runner import InputError
 from core.trace import KIND_LABELS, AttentionTrace
-from dashboard import lab, loaders, state, ui
+from dashboard import keys as K
+from dashboard import loaders, runs, state, ui, words
 from dashboard.plots import analytics as P
 from dashboard.plots import attention as PT
 from dashboard.plots.common import AXIS_TITLES
 
 MODES = ("another input", "another model", "a mask bug", "heads switched off")
-B_FOR_MODEL = "_cmp_b_for_model"  # model whose example fills input B
-CLICK_APPLIED = "_cmp_click_applied"
-AUTO_FOR = "_cmp_auto_for"  # the B whose most-changed head was last put in the selectors
 
 
 def _pair_labels(a: tuple[str, ...], b: tuple[str, ...]) -> list[str]:
@@ -29,7 +27,7 @@ def _pair_labels(a: tuple[str, ...], b: tuple[str, ...]) -> list[str]:
 
 def _audit_lines(ca, cb, ok, bad) -> None:
     for col, report, name in ((ca, ok, "A"), (cb, bad, "B")):
-        (col.error if report.failed else col.success)(f"Audit of {name}: {lab.verdict_line(report)}")
+        (col.error if report.failed else col.success)(f"Audit of {name}: {words.verdict_line(report)}")
     changed = [v.name for v in bad.failed if v.name not in {w.name for w in ok.failed}]
     if changed and ok.failed:
         st.markdown("**Checks that fail only in B:** " + ", ".join(f"`{n}`" for n in changed))
@@ -44,9 +42,9 @@ st.markdown(
 traces = state.traces()
 sel = state.current()
 lm = state.model()
-mode = st.radio("Compare A with", MODES, key=lab.CMP_MODE, horizontal=True)
-if mode in MODES[2:] and not lab.injectable(lm):
-    st.warning(lab.not_injectable_message(lm))
+mode = st.radio("Compare A with", MODES, key=K.CMP_MODE, horizontal=True)
+if mode in MODES[2:] and not lm.injectable:
+    st.warning(words.not_injectable_message(lm))
     st.stop()
 
 ok = bad = None
@@ -55,16 +53,16 @@ name_b = sel.name
 b_what: object = None  # what B is (input, model, bug, heads off): a new B re-picks the head shown
 try:
     if mode == "another input":
-        if st.session_state.get(B_FOR_MODEL) != lm.name:
+        if st.session_state.get(K.CMP_B_FOR_MODEL) != lm.name:
             ex = loaders.examples(lm, 3)
-            st.session_state[lab.CMP_SOURCE_B] = ex[1] if len(ex) > 1 else ex[0]
-            st.session_state[lab.CMP_TARGET_B] = sel.targets[0] if sel.targets else ""
-            st.session_state[B_FOR_MODEL] = lm.name
+            st.session_state[K.CMP_SOURCE_B] = ex[1] if len(ex) > 1 else ex[0]
+            st.session_state[K.CMP_TARGET_B] = sel.targets[0] if sel.targets else ""
+            st.session_state[K.CMP_B_FOR_MODEL] = lm.name
         c1, c2 = st.columns(2)
-        src_b = c1.text_input("Input B", key=lab.CMP_SOURCE_B)
+        src_b = c1.text_input("Input B", key=K.CMP_SOURCE_B)
         tgt_b = None
         if sel.targets is not None:
-            tgt_b = c2.text_input("Target B (teacher forcing)", key=lab.CMP_TARGET_B)
+            tgt_b = c2.text_input("Target B (teacher forcing)", key=K.CMP_TARGET_B)
         if not src_b.strip() or (tgt_b is not None and not tgt_b.strip()):
             st.warning("Input B is empty: type a text (and a target) for B.")
             st.stop()
@@ -78,8 +76,8 @@ try:
         if not others:
             st.info("Only one model is available: there is no other model to compare with.")
             st.stop()
-        lab.keep_valid(lab.CMP_MODEL_B, others)
-        name_b = st.selectbox("Model B", others, key=lab.CMP_MODEL_B, format_func=loaders.picker_label)
+        ui.keep_valid(K.CMP_MODEL_B, others)
+        name_b = st.selectbox("Model B", others, key=K.CMP_MODEL_B, format_func=loaders.picker_label)
         version_b = loaders.model_version(name_b)
         loaders.load_model(name_b, sel.device, version_b)
         traces_a = traces
@@ -87,30 +85,30 @@ try:
         b_what = name_b
     elif mode == "a mask bug":
         names = [n for n in bugs.names() if lm.has_decoder or not bugs.get(n).needs_decoder]
-        lab.keep_valid(lab.CMP_BUG, names)
-        bug_name = st.selectbox("Mask bug in B", names, key=lab.CMP_BUG, format_func=lab.bug_title)
-        st.caption(lab.BUG_HELP[bug_name][3] + " (The Mask lab page explains each bug.)")
-        ok = lab.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets)
-        bad = lab.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets, bug=bug_name)
-        out_a = lab.outputs(sel, sel.sources, sel.targets, ok)
-        out_b = lab.outputs(sel, sel.sources, sel.targets, bad, bug=bug_name)
+        ui.keep_valid(K.CMP_BUG, names)
+        bug_name = st.selectbox("Mask bug in B", names, key=K.CMP_BUG, format_func=words.bug_title)
+        st.caption(words.BUG_HELP[bug_name][3] + " (The Mask lab page explains each bug.)")
+        ok = runs.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets)
+        bad = runs.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets, bug=bug_name)
+        out_a = runs.outputs(sel, sel.sources, sel.targets, ok)
+        out_b = runs.outputs(sel, sel.sources, sel.targets, bad, bug=bug_name)
         traces_a, traces_b = ok.traces, bad.traces
         b_what = bug_name
     else:
-        options = lab.head_options(lm)
+        options = runs.head_options(lm)
         off = st.multiselect(
             "Heads to switch off in B",
             options,
-            key=lab.CMP_OFF,
-            format_func=lab.head_label,
+            key=K.CMP_OFF,
+            format_func=runs.head_label,
             placeholder="pick heads (kind · layer · head)",
             help="A switched-off head still computes its attention, but its output is multiplied by 0.",
         )
         off_t = tuple(sorted((str(k), int(ly), int(h)) for k, ly, h in off))
-        ok = lab.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets)
-        bad = lab.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets, off=off_t)
-        out_a = lab.outputs(sel, sel.sources, sel.targets, ok)
-        out_b = lab.outputs(sel, sel.sources, sel.targets, bad, off=off_t)
+        ok = runs.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets)
+        bad = runs.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets, off=off_t)
+        out_a = runs.outputs(sel, sel.sources, sel.targets, ok)
+        out_b = runs.outputs(sel, sel.sources, sel.targets, bad, off=off_t)
         traces_a, traces_b = ok.traces, bad.traces
         b_what = off_t
         if not off_t:
@@ -128,15 +126,15 @@ except (ModelLoadError, OSError, RuntimeError) as exc:
     st.stop()
 
 # -- A and B: sequences, outputs, audits ------------------------------------------------------------------
-seq = state.sequence_picker(lab.CMP_SEQ, traces_a) if len(traces_a) > 1 else 0
+seq = state.sequence_picker(K.CMP_SEQ, traces_a) if len(traces_a) > 1 else 0
 tr_a = traces_a[seq]
 tr_b = traces_b[min(seq, len(traces_b) - 1)]
-where = lab.where(traces_a, seq)
+where = words.where(traces_a, seq)
 label_a = f"A: {loaders.display_name(sel.name)}"
 label_b = {
     "another input": "B: input B",
     "another model": f"B: {loaders.display_name(name_b)}",
-    "a mask bug": f"B: with {st.session_state.get(lab.CMP_BUG)}",
+    "a mask bug": f"B: with {st.session_state.get(K.CMP_BUG)}",
     "heads switched off": "B: heads off",
 }[mode]
 ca, cb = st.columns(2)
@@ -151,8 +149,8 @@ kinds = [k for k in tr_a.kinds if k in tr_b.kinds]
 if not kinds:
     st.warning("A and B have no attention kind in common (e.g. an encoder-only and a decoder-only model).")
     st.stop()
-lab.keep_valid(lab.CMP_KIND, kinds)
-kind = st.radio("Attention kind", kinds, key=lab.CMP_KIND, format_func=KIND_LABELS.get, horizontal=True)
+ui.keep_valid(K.CMP_KIND, kinds)
+kind = st.radio("Attention kind", kinds, key=K.CMP_KIND, format_func=KIND_LABELS.get, horizontal=True)
 pa, pb = tr_a.probs(kind), tr_b.probs(kind)
 same_shape = pa.shape[:2] == pb.shape[:2]
 figs = {}
@@ -165,27 +163,25 @@ if same_shape:
         stat="score",
         label="mean TV distance",
     )
-    event = ui.chart(
-        figs["difference per head"], key=lab.CMP_CHART, on_select="rerun", selection_mode="points"
-    )
+    event = ui.chart(figs["difference per head"], key=K.CMP_CHART, on_select="rerun", selection_mode="points")
     # A new B (or kind): show the head that changed most; a click on the heatmap picks another.
     b_key = (mode, kind, seq, b_what, float(per_head.sum()))
-    if st.session_state.get(AUTO_FOR) != b_key and np.isfinite(per_head).any() and per_head.max() > 0:
-        st.session_state[AUTO_FOR] = b_key
+    if st.session_state.get(K.CMP_AUTO_FOR) != b_key and np.isfinite(per_head).any() and per_head.max() > 0:
+        st.session_state[K.CMP_AUTO_FOR] = b_key
         top = np.unravel_index(int(np.nanargmax(per_head)), per_head.shape)
-        st.session_state[lab.CMP_LAYER], st.session_state[lab.CMP_HEAD] = int(top[0]), int(top[1])
-    lab.apply_click(event, CLICK_APPLIED, (mode, kind), lab.CMP_LAYER, lab.CMP_HEAD, P.parse_head_point)
+        st.session_state[K.CMP_LAYER], st.session_state[K.CMP_HEAD] = int(top[0]), int(top[1])
+    ui.apply_click(event, K.CMP_CLICK_APPLIED, (mode, kind), K.CMP_LAYER, K.CMP_HEAD, P.parse_head_point)
 else:
     st.info(
         f"A has {pa.shape[0]} layers × {pa.shape[1]} heads of {KIND_LABELS[kind]}, B has {pb.shape[0]} × "
         f"{pb.shape[1]}: the maps are shown side by side but cannot be subtracted."
     )
 n_layers, n_heads = pa.shape[:2]
-lab.keep_valid(lab.CMP_LAYER, list(range(n_layers)))
-lab.keep_valid(lab.CMP_HEAD, list(range(n_heads)))
+ui.keep_valid(K.CMP_LAYER, list(range(n_layers)))
+ui.keep_valid(K.CMP_HEAD, list(range(n_heads)))
 s1, s2, _ = st.columns([1, 1, 3])
-layer = s1.selectbox("Layer", list(range(n_layers)), key=lab.CMP_LAYER)
-head = s2.selectbox("Head", list(range(n_heads)), key=lab.CMP_HEAD, format_func=PT.head_name)
+layer = s1.selectbox("Layer", list(range(n_layers)), key=K.CMP_LAYER)
+head = s2.selectbox("Head", list(range(n_heads)), key=K.CMP_HEAD, format_func=PT.head_name)
 q_title, k_title = AXIS_TITLES[kind]
 layer_b, head_b = min(layer, pb.shape[0] - 1), min(head, pb.shape[1] - 1)
 
@@ -196,7 +192,7 @@ def _head_fig(tr: AttentionTrace, name: str, ly: int, h: int):
         tr.probs(kind)[ly, h], q_tok, k_tok, mask=tr.mask(kind), query_title=q_title, key_title=k_title,
         title=f"{name}<br>{KIND_LABELS[kind]} · layer {ly} · head {h} · {where}",
     )  # fmt: skip
-    return lab.side_by_side(fig, len(k_tok))
+    return ui.side_by_side(fig, len(k_tok))
 
 
 figs["A"] = _head_fig(tr_a, label_a, layer, head)

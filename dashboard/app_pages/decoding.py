@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
+from dashboard import keys as K
 from dashboard import model_facts, state, ui
 from dashboard.plots import decoding as P
 
@@ -20,7 +21,7 @@ lm = state.model()
 
 if not model_facts.has_decoder(lm):
     traces = state.traces()
-    seq = state.sequence_picker(state.DEC_SEQ, traces)
+    seq = state.sequence_picker(K.DEC_SEQ, traces)
     tr = traces[seq]
     if tr.out_probs is not None:  # a classifier: its class probabilities instead
         st.info(
@@ -55,7 +56,7 @@ if decoder_only:
 traces = state.traces(greedy=True)
 c_seq, c_opts = st.columns([2, 3])
 with c_seq:
-    seq = state.sequence_picker(state.DEC_SEQ, traces)
+    seq = state.sequence_picker(K.DEC_SEQ, traces)
 tr = traces[seq]
 ui.run_caption(tr)
 steps = model_facts.decode_steps(tr)
@@ -64,11 +65,11 @@ if n < 1:
     st.warning("This sequence has no decoding step to show.")
     st.stop()
 with c_opts:
-    log = st.toggle("Log colour scale", key=state.DEC_LOG)
+    log = st.toggle("Log colour scale", key=K.DEC_LOG)
 if n > 1:
-    if st.session_state.get(state.DEC_STEP, 1) > n:
-        st.session_state[state.DEC_STEP] = n
-    step = st.slider("Step", 1, n, key=state.DEC_STEP, help="Greedy step t generates token t of the output.")
+    if st.session_state.get(K.DEC_STEP, 1) > n:
+        st.session_state[K.DEC_STEP] = n
+    step = st.slider("Step", 1, n, key=K.DEC_STEP, help="Greedy step t generates token t of the output.")
 else:
     step = 1
 ds = model_facts.decode_step(tr, step - 1, lm.tgt_tok.itos)
@@ -119,13 +120,13 @@ else:
 with right if ds.cross is not None else left:
     overview_maps = tr.cross if ds.cross is not None else tr.dec_self
     layers = list(range(overview_maps.shape[0]))
-    if st.session_state.get(state.DEC_LAYER) not in layers:
-        st.session_state[state.DEC_LAYER] = layers[-1]
+    if st.session_state.get(K.DEC_LAYER) not in layers:
+        st.session_state[K.DEC_LAYER] = layers[-1]
     what = "cross-attention" if ds.cross is not None else "decoder self-attention"
     layer = st.selectbox(
         "Overview layer",
         layers,
-        key=state.DEC_LAYER,
+        key=K.DEC_LAYER,
         help=f"{what.capitalize()} of every step, mean of heads.",
     )
     rows = slice(steps.first, steps.first + n)

@@ -8,12 +8,12 @@ import streamlit as st
 from core import analytics as A
 from core.audit import real_positions
 from core.trace import KIND_LABELS
-from dashboard import lab, state, ui
+from dashboard import keys as K
+from dashboard import runs, state, ui, words
 from dashboard.plots import analytics as P
 from dashboard.plots import attention as PT
 from dashboard.plots.common import AXIS_TITLES
 
-CLICK_APPLIED = "_ha_click_applied"
 STAT_HELP = {
     "entropy": "how spread out each query's attention is (0 = one key, log n = uniform over n keys)",
     "distance": "how far, in positions, a query looks on average",
@@ -29,12 +29,12 @@ STAT_HELP = {
 
 def _select_from_table() -> None:
     """A table row picked: show that head (runs before the page, so the selectors may change)."""
-    rows = st.session_state[lab.HA_TABLE].selection.rows
-    records = st.session_state.get("_ha_records") or []
+    rows = st.session_state[K.HA_TABLE].selection.rows
+    records = st.session_state.get(K.HA_RECORDS) or []
     if rows and rows[0] < len(records):
         r = records[rows[0]]
-        st.session_state[lab.HA_KIND] = r["kind"]
-        st.session_state[lab.HA_LAYER], st.session_state[lab.HA_HEAD] = r["layer"], r["head"]
+        st.session_state[K.HA_KIND] = r["kind"]
+        st.session_state[K.HA_LAYER], st.session_state[K.HA_HEAD] = r["layer"], r["head"]
 
 
 st.title("Head analytics")
@@ -44,24 +44,24 @@ st.markdown(
 )
 traces = state.traces()
 lm = state.model()
-pad = lab.pad_id(lm)
+pad = lm.cfg.pad_id
 kinds = list(traces[0].kinds)
 c_kind, c_stat, c_seq = st.columns([3, 2, 2])
 with c_kind:
-    lab.keep_valid(lab.HA_KIND, kinds)
-    kind = st.radio("Attention kind", kinds, key=lab.HA_KIND, format_func=KIND_LABELS.get, horizontal=True)
+    ui.keep_valid(K.HA_KIND, kinds)
+    kind = st.radio("Attention kind", kinds, key=K.HA_KIND, format_func=KIND_LABELS.get, horizontal=True)
 stats_names = list(A.CROSS_STATS if kind == "cross" else A.STATS)
 with c_stat:
-    lab.keep_valid(lab.HA_STAT, stats_names)
-    stat = st.selectbox("Statistic", stats_names, key=lab.HA_STAT, format_func=A.STAT_LABELS.get)
+    ui.keep_valid(K.HA_STAT, stats_names)
+    stat = st.selectbox("Statistic", stats_names, key=K.HA_STAT, format_func=A.STAT_LABELS.get)
 with c_seq:
-    seq = state.sequence_picker(lab.HA_SEQ, traces)
+    seq = state.sequence_picker(K.HA_SEQ, traces)
 tr = traces[seq]
-where = lab.where(traces, seq)
+where = words.where(traces, seq)
 ui.run_caption(tr)
 
 sel = state.current()
-all_stats, records = lab.head_stats(sel.name, sel.device, sel.version, sel.sources, sel.targets, seq, pad)
+all_stats, records = runs.head_stats(sel.name, sel.device, sel.version, sel.sources, sel.targets, seq, pad)
 stats = all_stats[kind]
 figs = {}
 figs["statistic"] = P.stat_heatmap(
@@ -70,17 +70,17 @@ figs["statistic"] = P.stat_heatmap(
     stat=stat,
     label=A.STAT_LABELS[stat],
 )
-event = ui.chart(figs["statistic"], key=lab.HA_CHART, on_select="rerun", selection_mode="points")
-lab.apply_click(event, CLICK_APPLIED, (kind, stat, seq), lab.HA_LAYER, lab.HA_HEAD, P.parse_head_point)
+event = ui.chart(figs["statistic"], key=K.HA_CHART, on_select="rerun", selection_mode="points")
+ui.apply_click(event, K.HA_CLICK_APPLIED, (kind, stat, seq), K.HA_LAYER, K.HA_HEAD, P.parse_head_point)
 st.caption(f"**{A.STAT_LABELS[stat]}**: {STAT_HELP[stat]}.")
 
 probs = tr.probs(kind)
 n_layers, n_heads = probs.shape[:2]
-lab.keep_valid(lab.HA_LAYER, list(range(n_layers)))
-lab.keep_valid(lab.HA_HEAD, list(range(n_heads)))
+ui.keep_valid(K.HA_LAYER, list(range(n_layers)))
+ui.keep_valid(K.HA_HEAD, list(range(n_heads)))
 s1, s2, _ = st.columns([1, 1, 3])
-layer = s1.selectbox("Layer", list(range(n_layers)), key=lab.HA_LAYER)
-head = s2.selectbox("Head", list(range(n_heads)), key=lab.HA_HEAD, format_func=PT.head_name)
+layer = s1.selectbox("Layer", list(range(n_layers)), key=K.HA_LAYER)
+head = s2.selectbox("Head", list(range(n_heads)), key=K.HA_HEAD, format_func=PT.head_name)
 q_tok, k_tok = tr.axes(kind)
 q_title, k_title = AXIS_TITLES[kind]
 figs["head"] = PT.head_heatmap(
@@ -100,11 +100,11 @@ st.caption(
 )
 
 st.subheader("Every head, sortable")
-st.session_state["_ha_records"] = records
+st.session_state[K.HA_RECORDS] = records
 st.dataframe(
     P.head_table(records),
     hide_index=True,
-    key=lab.HA_TABLE,
+    key=K.HA_TABLE,
     on_select=_select_from_table,
     selection_mode="single-row",
     column_config={s: st.column_config.NumberColumn(A.STAT_LABELS[s], format="%.3f") for s in A.CROSS_STATS},
@@ -120,9 +120,9 @@ if "enc_self" in kinds:
     src_real = real_positions(tr, "src", pad)
     roll = A.rollout(tr.probs("enc_self"), valid=src_real)
     n_enc = roll.shape[0]
-    lab.keep_valid(lab.HA_ROLL_LAYER, list(range(n_enc)), n_enc - 1)
+    ui.keep_valid(K.HA_ROLL_LAYER, list(range(n_enc)), n_enc - 1)
     r_layer = st.selectbox(
-        "Rollout after layer", list(range(n_enc)), key=lab.HA_ROLL_LAYER,
+        "Rollout after layer", list(range(n_enc)), key=K.HA_ROLL_LAYER,
         help="The last layer's rollout covers the whole encoder.",
     )  # fmt: skip
     toks = [t for t, r in zip(tr.src_tokens, src_real, strict=True) if r]
@@ -142,7 +142,7 @@ if "cross" in kinds:
     st.subheader("Source attribution through cross-attention")
     through = st.toggle(
         "Through the encoder (multiply by the encoder rollout)",
-        key=lab.HA_ATTR_ENCODER,
+        key=K.HA_ATTR_ENCODER,
         value=True,
         help="Off: columns are encoder states (cross-attention alone); on: source tokens.",
     )
@@ -168,14 +168,14 @@ if "cross" in kinds:
     st.subheader("Cross-attention alignment")
     n_dec, n_h = tr.probs("cross").shape[:2]
     a1, a2, _ = st.columns([1, 1, 3])
-    lab.keep_valid(lab.HA_AL_LAYER, ["mean", *range(n_dec)])
-    lab.keep_valid(lab.HA_AL_HEAD, ["mean", *range(n_h)])
+    ui.keep_valid(K.HA_AL_LAYER, ["mean", *range(n_dec)])
+    ui.keep_valid(K.HA_AL_HEAD, ["mean", *range(n_h)])
     al_layer = a1.selectbox(
-        "Layer", ["mean", *range(n_dec)], key=lab.HA_AL_LAYER,
+        "Layer", ["mean", *range(n_dec)], key=K.HA_AL_LAYER,
         format_func=lambda x: "mean of layers" if x == "mean" else f"layer {x}",
     )  # fmt: skip
     al_head = a2.selectbox(
-        "Head", ["mean", *range(n_h)], key=lab.HA_AL_HEAD,
+        "Head", ["mean", *range(n_h)], key=K.HA_AL_HEAD,
         format_func=lambda x: "mean of heads" if x == "mean" else f"head {x}",
     )  # fmt: skip
     weights, arg = A.cross_alignment(
@@ -201,6 +201,6 @@ if "cross" in kinds:
         "(+1 monotonic left to right, -1 right to left)."
     )
 
-if lab.injectable(lm):
+if lm.injectable:
     st.caption("Switch heads off and see what changes on the **Compare** page (mode: heads switched off).")
 ui.downloads(tr, seq, figs, key="ha_dl")

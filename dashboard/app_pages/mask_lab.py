@@ -8,7 +8,8 @@ import streamlit as st
 from core import analytics, bugs
 from core.runner import InputError
 from core.trace import KIND_LABELS
-from dashboard import lab, state, ui
+from dashboard import keys as K
+from dashboard import runs, state, ui, words
 from dashboard.plots import analytics as PA
 from dashboard.plots import attention as PT
 from dashboard.plots import audit as P
@@ -27,26 +28,26 @@ st.markdown(
 traces = state.traces()
 sel = state.current()
 lm = state.model()
-if not lab.injectable(lm):
-    st.warning(lab.not_injectable_message(lm))
+if not lm.injectable:
+    st.warning(words.not_injectable_message(lm))
     st.stop()
 
 names = [n for n in bugs.names() if lm.has_decoder or not bugs.get(n).needs_decoder]
-lab.keep_valid(lab.LAB_BUG, names)
+ui.keep_valid(K.LAB_BUG, names)
 c_bug, c_pad = st.columns([3, 2], vertical_alignment="bottom")
-bug_name = c_bug.selectbox("Mask bug", names, key=lab.LAB_BUG, format_func=lab.bug_title)
+bug_name = c_bug.selectbox("Mask bug", names, key=K.LAB_BUG, format_func=words.bug_title)
 add_copy = False
 if len(sel.sources) == 1:
     add_copy = c_pad.toggle(
         "Add a shorter copy of the input (padding)",
-        key=lab.LAB_PAD,
+        key=K.LAB_PAD,
         value=True,
         help="Padding bugs only show where there is PAD: the batch becomes your input plus its first half.",
     )
 bug = bugs.get(bug_name)
-title, buggy_code, correct_code, words = lab.BUG_HELP[bug_name]
+title, buggy_code, correct_code, explanation = words.BUG_HELP[bug_name]
 with st.container(border=True):
-    st.markdown(f"**{title}** (`{bug_name}`). {words}")
+    st.markdown(f"**{title}** (`{bug_name}`). {explanation}")
     k1, k2 = st.columns(2)
     k1.caption("Buggy code")
     k1.code(buggy_code, language="python")
@@ -59,12 +60,12 @@ if len(names) < len(bugs.BUGS):
         "this model is encoder-only."
     )
 
-sources, targets, added = lab.lab_batch(lm, sel.sources, sel.targets, add_copy)
+sources, targets, added = runs.lab_batch(lm, sel.sources, sel.targets, add_copy)
 try:
-    ok = lab.audit_report(sel.name, sel.device, sel.version, sources, targets)
-    bad = lab.audit_report(sel.name, sel.device, sel.version, sources, targets, bug=bug_name)
-    out_ok = lab.outputs(sel, sources, targets, ok)
-    out_bad = lab.outputs(sel, sources, targets, bad, bug=bug_name)
+    ok = runs.audit_report(sel.name, sel.device, sel.version, sources, targets)
+    bad = runs.audit_report(sel.name, sel.device, sel.version, sources, targets, bug=bug_name)
+    out_ok = runs.outputs(sel, sources, targets, ok)
+    out_bad = runs.outputs(sel, sources, targets, bad, bug=bug_name)
 except (InputError, ValueError) as exc:
     st.error("The lab cannot run on this input: " + state.sentence(str(exc)))
     st.stop()
@@ -77,14 +78,14 @@ left, right = st.columns(2)
 for col, report, outs, head in ((left, ok, out_ok, "Correct masks"), (right, bad, out_bad, "With the bug")):
     with col:
         st.subheader(head)
-        (st.error if report.failed else st.success)(lab.verdict_line(report))
+        (st.error if report.failed else st.success)(words.verdict_line(report))
         for i, text in enumerate(outs):
             num = f" {i}" if len(outs) > 1 else ""
             st.text(f"{'Generated' if generate else 'Output'}{num}: {text}")
             forced = report.traces[i].output_text
             if generate and report is bad and forced != text:
                 st.text(f"Teacher-forced on the correct output{num}: {forced}")
-        table, height = lab.verdict_frame([v for v in report.verdicts if v.status != "info"], SHORT_COLUMNS)
+        table, height = ui.verdict_frame([v for v in report.verdicts if v.status != "info"], SHORT_COLUMNS)
         st.dataframe(
             table,
             hide_index=True,
@@ -106,31 +107,31 @@ elif not bad.failed:
 st.subheader("Masks and attention")
 kinds = list(ok.traces[0].kinds)
 default_kind = next((k for k in bug.kinds if k in kinds), kinds[0])
-if st.session_state.get("_lab_kind_for_bug") != bug_name:  # a new bug: show a mask it changes
-    st.session_state[lab.LAB_KIND] = default_kind
-    st.session_state["_lab_kind_for_bug"] = bug_name
-lab.keep_valid(lab.LAB_KIND, kinds, default_kind)
+if st.session_state.get(K.LAB_KIND_FOR_BUG) != bug_name:  # a new bug: show a mask it changes
+    st.session_state[K.LAB_KIND] = default_kind
+    st.session_state[K.LAB_KIND_FOR_BUG] = bug_name
+ui.keep_valid(K.LAB_KIND, kinds, default_kind)
 n = len(ok.traces)
-pad = lab.pad_id(lm)
+pad = lm.cfg.pad_id
 n_pad = [int((np.asarray(t.src_ids) == pad).sum()) for t in ok.traces]
-lab.keep_valid(lab.LAB_SEQ, list(range(n)), int(np.argmax(n_pad)))
+ui.keep_valid(K.LAB_SEQ, list(range(n)), int(np.argmax(n_pad)))
 c_kind, c_seq, c_layer, c_head = st.columns([3, 2, 1, 1])
-kind = c_kind.radio("Attention kind", kinds, key=lab.LAB_KIND, format_func=KIND_LABELS.get, horizontal=True)
+kind = c_kind.radio("Attention kind", kinds, key=K.LAB_KIND, format_func=KIND_LABELS.get, horizontal=True)
 seq = c_seq.selectbox(
     "Sequence",
     list(range(n)),
-    key=lab.LAB_SEQ,
+    key=K.LAB_SEQ,
     format_func=lambda i: f"{i}: {sources[i][:40]}" + (" (shorter copy)" if added and i == 1 else ""),
     disabled=n == 1,
 )
 tr_ok, tr_bad = ok.traces[seq], bad.traces[seq]
 n_layers, n_heads = tr_ok.probs(kind).shape[:2]
-lab.keep_valid(lab.LAB_LAYER, list(range(n_layers)))
-lab.keep_valid(lab.LAB_HEAD, list(range(n_heads)))
-layer = c_layer.selectbox("Layer", list(range(n_layers)), key=lab.LAB_LAYER)
-head = c_head.selectbox("Head", list(range(n_heads)), key=lab.LAB_HEAD, format_func=PT.head_name)
+ui.keep_valid(K.LAB_LAYER, list(range(n_layers)))
+ui.keep_valid(K.LAB_HEAD, list(range(n_heads)))
+layer = c_layer.selectbox("Layer", list(range(n_layers)), key=K.LAB_LAYER)
+head = c_head.selectbox("Head", list(range(n_heads)), key=K.LAB_HEAD, format_func=PT.head_name)
 
-where = lab.where(ok.traces, seq)
+where = words.where(ok.traces, seq)
 q_tok, k_tok = tr_ok.axes(kind)
 q_title, k_title = AXIS_TITLES[kind]
 m_ok, m_bad = tr_ok.mask(kind), tr_bad.mask(kind)
@@ -145,7 +146,7 @@ figs = {
     ),
 }  # fmt: skip
 for fig in figs.values():
-    lab.side_by_side(fig, len(k_tok))
+    ui.side_by_side(fig, len(k_tok))
 n_leak = int((m_bad & ~m_ok).sum())
 n_over = int((~m_bad & m_ok).sum())
 c1, c2 = st.columns(2)
@@ -172,8 +173,8 @@ figs["buggy attention"] = PT.head_heatmap(
     w_bad, q_tok, k_tok, mask=m_bad, query_title=q_title, key_title=k_title,
     title=f"attention with {bug_name}<br>{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
 )  # fmt: skip
-lab.side_by_side(figs["correct attention"], len(k_tok))
-lab.side_by_side(figs["buggy attention"], len(k_tok))
+ui.side_by_side(figs["correct attention"], len(k_tok))
+ui.side_by_side(figs["buggy attention"], len(k_tok))
 c1, c2 = st.columns(2)
 with c1:
     ui.chart(figs["correct attention"], key="lab_att_ok")

@@ -12,6 +12,7 @@ import streamlit as st
 
 from core.trace import KIND_LABELS
 from dashboard import analysis, model_facts, state, ui
+from dashboard import keys as K
 from dashboard.plots import masks as P
 
 st.title("Masks")
@@ -80,7 +81,7 @@ for name, key, shown, real, tokens, position_title, what in padding_panels:
         pad_charts.append((name, key))
 show_in_rows(pad_charts)
 
-seq = state.sequence_picker(state.MASK_SEQ, traces)
+seq = state.sequence_picker(K.MASK_SEQ, traces)
 tr = traces[seq]
 where = f"sequence {seq}"
 t_len = len(tr.tgt_tokens)

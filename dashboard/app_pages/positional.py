@@ -12,6 +12,7 @@ import streamlit as st
 
 from core.positional import sinusoidal_table, wavelengths
 from dashboard import analysis, model_facts, state, ui
+from dashboard import keys as K
 from dashboard.plots import positional as P
 
 OWN, FREE = "this model's encoding", "explore the paper's sinusoids (any d_model, length)"
@@ -25,9 +26,9 @@ if own.table is None:
         f"Model **{lm.name}** has no position table to show: it uses {own.where}. "
         "Below: the paper's sinusoids, for any size."
     )
-    st.session_state[state.PE_SOURCE] = FREE
+    st.session_state[K.PE_SOURCE] = FREE
 source = st.radio(
-    "Encoding", (OWN, FREE) if own.table is not None else (FREE,), key=state.PE_SOURCE, horizontal=True
+    "Encoding", (OWN, FREE) if own.table is not None else (FREE,), key=K.PE_SOURCE, horizontal=True
 )
 
 if source == OWN:
@@ -58,7 +59,7 @@ else:
             max_value=2048,
             value=min(max(2, cfg.d_model + cfg.d_model % 2), 2048),
             step=2,
-            key=state.PE_DMODEL,
+            key=K.PE_DMODEL,
         )
     )
     max_len = int(
@@ -67,7 +68,7 @@ else:
             min_value=2,
             max_value=4096,
             value=min(max(cfg.max_len, 2), 256),
-            key=state.PE_MAXLEN,
+            key=K.PE_MAXLEN,
         )
     )
     table = sinusoidal_table(max_len, d_model).numpy()
@@ -75,13 +76,13 @@ else:
 
 n_pos, d = table.shape
 default_dims = sorted({x for x in (0, 1, 2, 3, d // 2, d // 2 + 1, d - 2, d - 1) if 0 <= x < d})
-if any(x >= d for x in st.session_state.get(state.PE_DIMS, [])):
-    st.session_state[state.PE_DIMS] = default_dims
+if any(x >= d for x in st.session_state.get(K.PE_DIMS, [])):
+    st.session_state[K.PE_DIMS] = default_dims
 dims = st.multiselect(
     "Dimensions to plot" + (" (even = sin, odd = cos of the same frequency)" if sinusoidal else ""),
     list(range(d)),
     default=default_dims,
-    key=state.PE_DIMS,
+    key=K.PE_DIMS,
 )
 
 curves = P.pe_curves(

@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True, help="output file, .npz or .json")
     sp.set_defaults(fn=cmd_trace)
 
-    from core.audit_cli import add_audit_command  # audit_cli uses CliError/_load from here
+    from attnscope.audit_cli import add_audit_command  # audit_cli uses CliError/_load from here
 
     add_audit_command(sub)
     return p

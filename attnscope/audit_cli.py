@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from core import cli
+from attnscope import cli
 
 EXIT_FAIL = 1
 

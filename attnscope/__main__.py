@@ -1,0 +1,5 @@
+import sys
+
+from attnscope.cli import main
+
+sys.exit(main())

@@ -1,0 +1,109 @@
+"""Every session-state key of the dashboard, in one place, grouped by where its widget lives.
+
+A widget's ``key=`` is its value's name in ``st.session_state``; pages and tests read and set them
+through these constants (``from dashboard import keys as K``). Keys that start with ``_`` hold
+bookkeeping, not a widget. Chart and download-button keys only name an element and stay local.
+"""
+
+# -- sidebar --------------------------------------------------------------------------------------
+MODEL = "model"
+DEVICE = "device"
+BATCH = "batch"  # toggle: several inputs, one per line
+SOURCE = "source"  # single input (text_input)
+SOURCES = "sources"  # batch (text_area)
+MODE = "mode"  # "generate" or "teacher forcing"
+TARGET = "target"
+TARGETS = "targets"
+SELECTION = "selection"  # the Selection of this run (set by state.sidebar())
+TEXT_FOR_MODEL = "_text_for_model"  # model whose examples fill the text boxes
+
+# -- sidebar: your own model ----------------------------------------------------------------------
+LOAD_PATH = "load_path"  # text_input: folder, weights file, adapter file or cached Hugging Face name
+LOAD_PATH_BUTTON = "load_path_button"
+UPLOADS = "uploads"  # file_uploader: a core checkpoint (files or one .zip)
+LOAD_UPLOAD_BUTTON = "load_upload_button"
+USER_MODELS = "_user_models"  # paths this session loaded (listed in the picker)
+LOAD_MSG = "_load_msg"  # (level, text) of the last load attempt, shown once
+UPLOAD_DIR = "_upload_dir"  # tempfile.TemporaryDirectory of this session's uploads
+
+# -- Attention ------------------------------------------------------------------------------------
+ATT_KIND = "att_kind"
+ATT_SEQ = "att_seq"
+ATT_LAYER = "att_layer"
+ATT_HEAD = "att_head"
+ATT_LOG = "att_log"
+ATT_MASK = "att_mask"
+ATT_AGG = "att_agg"
+ATT_GRID = "att_grid"  # plotly selection of the grid
+ATT_GRID_APPLIED = "_att_grid_applied"  # last grid click already copied into the selectors
+
+# -- Decoding -------------------------------------------------------------------------------------
+DEC_SEQ = "dec_seq"
+DEC_STEP = "dec_step"
+DEC_LAYER = "dec_layer"
+DEC_LOG = "dec_log"
+
+# -- Masks ----------------------------------------------------------------------------------------
+MASK_SEQ = "mask_seq"
+
+# -- Positional encoding --------------------------------------------------------------------------
+PE_SOURCE = "pe_source"
+PE_DMODEL = "pe_d_model"
+PE_MAXLEN = "pe_max_len"
+PE_DIMS = "pe_dims"
+
+# -- bertviz --------------------------------------------------------------------------------------
+BV_VIEW = "bv_view"
+BV_KINDS = "bv_kinds"
+BV_SEQ = "bv_seq"
+BV_PAD = "bv_drop_pad"
+BV_LAYERS = "bv_layers"  # include_layers (empty: all, or the first for long inputs)
+BV_HEADS = "bv_heads"  # include_heads (empty: all that fit)
+
+# -- Mask audit -----------------------------------------------------------------------------------
+AUD_KIND = "aud_kind"
+AUD_SEQ = "aud_seq"
+AUD_LAYER = "aud_layer"
+AUD_HEAD = "aud_head"
+AUD_CHART = "aud_chart"  # plotly selection of the masked-mass heatmap
+AUD_CLICK_APPLIED = "_aud_click_applied"
+
+# -- Mask lab -------------------------------------------------------------------------------------
+LAB_BUG = "lab_bug"
+LAB_PAD = "lab_pad"  # add a shorter copy of a single input, so the batch has padding
+LAB_KIND = "lab_kind"
+LAB_SEQ = "lab_seq"
+LAB_LAYER = "lab_layer"
+LAB_HEAD = "lab_head"
+LAB_KIND_FOR_BUG = "_lab_kind_for_bug"  # the bug whose most-changed kind was last put in the selector
+
+# -- Head analytics -------------------------------------------------------------------------------
+HA_KIND = "ha_kind"
+HA_STAT = "ha_stat"
+HA_SEQ = "ha_seq"
+HA_LAYER = "ha_layer"
+HA_HEAD = "ha_head"
+HA_CHART = "ha_stat_chart"  # plotly selection of the statistic heatmap
+HA_TABLE = "ha_table"  # row selection of the table
+HA_ROLL_LAYER = "ha_roll_layer"
+HA_ATTR_ENCODER = "ha_attr_encoder"
+HA_AL_LAYER = "ha_al_layer"
+HA_AL_HEAD = "ha_al_head"
+HA_CLICK_APPLIED = "_ha_click_applied"
+HA_RECORDS = "_ha_records"  # the table's rows of the last run (a table click refers to them)
+
+# -- Compare --------------------------------------------------------------------------------------
+CMP_MODE = "cmp_mode"
+CMP_SOURCE_B = "cmp_source_b"
+CMP_TARGET_B = "cmp_target_b"
+CMP_MODEL_B = "cmp_model_b"
+CMP_BUG = "cmp_bug"
+CMP_OFF = "cmp_off"  # heads switched off (multiselect of "kind · layer l · head h")
+CMP_KIND = "cmp_kind"
+CMP_SEQ = "cmp_seq"
+CMP_LAYER = "cmp_layer"
+CMP_HEAD = "cmp_head"
+CMP_CHART = "cmp_head_diff_chart"
+CMP_B_FOR_MODEL = "_cmp_b_for_model"  # model whose example fills input B
+CMP_CLICK_APPLIED = "_cmp_click_applied"
+CMP_AUTO_FOR = "_cmp_auto_for"  # the B whose most-changed head was last put in the selectors

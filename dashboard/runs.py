@@ -1,0 +1,136 @@
+"""Cached runs of the analysis pages (mask audit, mask lab, head analytics, compare).
+
+Everything that runs a model here is ``st.cache_data`` keyed on hashable inputs (model name,
+device, weights version, input tuples, bug name, heads switched off), with a bounded number of
+entries, so a widget that only changes what is shown (kind, layer, head, sequence...) never runs
+the model again. Models come from ``loaders.load_model`` (shared by every session: read-only).
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from core import analytics, audit, bugs
+from core.audit import AuditReport
+from core.trace import KIND_LABELS
+from dashboard import loaders
+
+CACHE_ENTRIES = 16
+CACHE_SIZE = "512MiB"  # audits carry traces; evict least recently used
+Heads = tuple[tuple[str, int, int], ...]  # (kind, layer, head) switched off
+
+
+def _intervention(lm, off: Heads):
+    return analytics.ablation(lm.cfg, list(off)) if off else None
+
+
+@st.cache_data(max_entries=CACHE_ENTRIES, max_size=CACHE_SIZE, show_spinner="Auditing the masks…")
+def audit_report(
+    name: str,
+    device: str,
+    version: float,
+    sources: tuple[str, ...],
+    targets: tuple[str, ...] | None = None,
+    bug: str | None = None,
+    off: Heads = (),
+) -> AuditReport:
+    """core.audit.run_audit of the sidebar's model (with ``bug`` injected / heads ``off``).
+
+    The report's traces are what the static checks read: without a bug or ablation, the
+    model's own traces; with one, the buggy run teacher-forced on the correct model's output.
+    Raises core.runner.InputError (bad input) or ValueError (a bug this model cannot take).
+    """
+    lm = loaders.load_model(name, device, version)
+    return audit.run_audit(
+        lm,
+        list(sources),
+        None if targets is None else list(targets),
+        bug=bug,
+        interv=_intervention(lm, off),
+    )
+
+
+@st.cache_data(max_entries=32, show_spinner="Generating…")
+def generated(
+    name: str,
+    device: str,
+    version: float,
+    sources: tuple[str, ...],
+    bug: str | None = None,
+    off: Heads = (),
+) -> tuple[str, ...]:
+    """The model's own greedy output (text) per source, with ``bug`` / heads ``off`` in every step.
+
+    Encoder-only models: their output (class label or embedding summary).
+    """
+    lm = loaders.load_model(name, device, version)
+    return tuple(bugs.greedy_with_bug(lm, list(sources), bug, interv=_intervention(lm, off)))
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def head_stats(
+    name: str,
+    device: str,
+    version: float,
+    sources: tuple[str, ...],
+    targets: tuple[str, ...] | None,
+    seq: int,
+    pad: int | None,
+) -> tuple[dict[str, dict], list[dict]]:
+    """({kind: core.analytics.trace_head_stats}, head_records) of sequence ``seq`` of the sidebar's
+    traces (the traces come from loaders' cache): a 12-layer model at 512 tokens takes about a
+    second, so a click that only picks another head does not recompute them."""
+    tr = loaders.compute_traces(name, device, version, sources, targets)[seq]
+    stats = {kind: analytics.trace_head_stats(tr, kind, pad) for kind in tr.kinds}
+    return stats, analytics.head_records(tr, pad)
+
+
+def outputs(
+    sel, sources: tuple[str, ...], targets: tuple[str, ...] | None, report: AuditReport, bug=None, off=()
+) -> tuple[str, ...]:
+    """What the model answers: its greedy output (generate mode) or the teacher-forced argmax."""
+    if targets is not None or not loaders.load_model(sel.name, sel.device, sel.version).injectable:
+        return tuple(t.output_text for t in report.traces)
+    return generated(sel.name, sel.device, sel.version, sources, bug, off)
+
+
+def shorter_copy(text: str, char_level: bool) -> str | None:
+    """The first half of ``text`` (characters, or words for word-level tokenizers); None if too short."""
+    parts = list(text) if char_level else text.split()
+    half = len(parts) // 2
+    if half < 1:
+        return None
+    return ("" if char_level else " ").join(parts[:half])
+
+
+def lab_batch(
+    lm, sources: tuple[str, ...], targets: tuple[str, ...] | None, add_copy: bool
+) -> tuple[tuple[str, ...], tuple[str, ...] | None, bool]:
+    """The lab's batch: the sidebar's inputs, plus (single input, ``add_copy``) a shorter copy so
+    there is padding. Returns (sources, targets, whether a copy was added)."""
+    if not add_copy or len(sources) != 1:
+        return sources, targets, False
+    char = lm.src_tok.kind == "char"
+    src = shorter_copy(sources[0], char)
+    if src is None:
+        return sources, targets, False
+    if targets is None:
+        return (sources[0], src), None, True
+    tgt_char = lm.tgt_tok.kind == "char"
+    tgt = shorter_copy(targets[0], tgt_char) or targets[0]
+    return (sources[0], src), (targets[0], tgt), True
+
+
+def head_options(lm) -> list[tuple[str, int, int]]:
+    """Every (kind, layer, head) of a core model, in kind order."""
+    return [
+        (kind, ly, h)
+        for kind, (n_layers, n_heads) in analytics.head_shapes(lm.cfg).items()
+        for ly in range(n_layers)
+        for h in range(n_heads)
+    ]
+
+
+def head_label(option: tuple[str, int, int]) -> str:
+    kind, ly, h = option
+    return f"{KIND_LABELS[kind]} · layer {ly} · head {h}"
