@@ -45,7 +45,8 @@ paths (cross/context/src_attn/enc_attn/encoder_attn -> cross); query length != k
 queries and keys that come from different embedding calls (decoder tokens vs source tokens) ->
 cross; a causal mask -> dec_self; paths with "decoder" -> dec_self, else enc_self. Layers are
 numbered in call order per kind; a module called twice (self, then context attention) is two
-records.
+records. One module per head (``heads = nn.ModuleList([Head() ...])``, as in "Let's build GPT"):
+consecutive single-head calls of ``*head*.0``, ``.1``, ... are joined into one layer's record.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ import contextlib
 import fnmatch
 import inspect
 import math
+import re
 import sys
 import threading
 import weakref
@@ -80,6 +82,10 @@ SHAPE_OPS = frozenset(
     {"view", "reshape", "transpose", "permute", "contiguous", "clone", "float", "to", "type_as", "double",
      "half", "bfloat16", "type", "flatten", "unflatten", "squeeze", "unsqueeze", "expand", "__getitem__"}
 )  # fmt: skip
+# One module per head in a ModuleList ("Let's build GPT": ``self.heads = nn.ModuleList([Head(...)])``):
+# consecutive single-head calls of ``<...head...>.0``, ``.1``, ... are the heads of one layer, not
+# layers (a list named like ``multi_head_layers`` holds whole layers and is left alone).
+_HEAD_ITEM = re.compile(r"^(?P<parent>(?:.*\.)?(?![^.]*multi)[^.]*head[^.]*)\.(?P<i>\d+)$", re.IGNORECASE)
 _MHA_SIG = inspect.signature(F.multi_head_attention_forward)
 _LOCAL = threading.local()  # .busy > 0 while a capture does its own torch calls (nested captures skip them)
 
@@ -211,6 +217,7 @@ class _Session:
         self.batch: int | None = None
         self.n_embed = 0
         self.first_len: int | None = None  # length of the first token sequence (the encoder input)
+        self.head_group: tuple[str, int] | None = None  # (parent, index) of the last per-head module recorded
         self._tags: dict[int, tuple[weakref.ref, _Tag]] = {}
         cap.lengths.update(int(n) for n in (lengths or ()))
 
@@ -419,19 +426,16 @@ class _Session:
         else:
             mask = None
         kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], mask, cross)
-        self.cap.records.append(
-            Record(
-                path,
-                kind,
-                probs,
-                None if scores is None else scores.detach(),
-                mask,
-                source,
-                mask_source,
-                check,
-                differ,
-            )  # fmt: skip
-        )
+        scores = None if scores is None else scores.detach()
+        rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ)
+        item = _HEAD_ITEM.match(path)
+        group = (item["parent"], int(item["i"])) if item else None
+        last = self.cap.records[-1] if self.cap.records else None
+        if group and self.head_group == (group[0], group[1] - 1) and _same_layer(last, rec):
+            self.cap.records[-1] = _heads_joined(last, rec, group[0])
+        else:
+            self.cap.records.append(rec)
+        self.head_group = group
 
     def kind_of(self, path, lq, lk, mask, cross) -> str:
         for pattern, kind in self.fixed.items():
@@ -440,7 +444,7 @@ class _Session:
         low = path.lower()
         if any(w in low for w in CROSS_WORDS) or lq != lk or cross:
             return "cross"
-        if mask is not None and lq > 1 and _is_causal_mask(mask[0]):
+        if mask is not None and lq > 1 and _is_causal_mask(mask):
             return "dec_self"
         return "dec_self" if "decoder" in low or ".dec" in f".{low}" else "enc_self"
 
@@ -655,11 +659,48 @@ def _mha_scores(p: dict[str, Any], h: int) -> torch.Tensor | None:
     return q @ k.transpose(-2, -1) / math.sqrt(d)
 
 
+def _same_layer(a: Record | None, b: Record) -> bool:
+    """b can be the next head of a's layer: same kind, batch, query and key lengths, same fields."""
+    return (
+        a is not None
+        and b.probs.shape[1] == 1
+        and a.kind == b.kind
+        and a.source == b.source
+        and (a.probs.shape[0], *a.probs.shape[2:]) == (b.probs.shape[0], *b.probs.shape[2:])
+        and (a.scores is None) == (b.scores is None)
+        and (a.mask is None) == (b.mask is None)
+    )
+
+
+def _heads_joined(a: Record, b: Record, name: str) -> Record:
+    """One record with b's heads after a's (the layer's module name: the ModuleList of heads)."""
+    mask, differ = a.mask, a.head_masks_differ or b.head_masks_differ
+    if a.mask is not None and b.mask is not None:
+        differ = differ or not torch.equal(a.mask, b.mask)
+        mask = a.mask & b.mask
+    checks = [c for c in (a.check, b.check) if c is not None]
+    return Record(
+        name,
+        a.kind,
+        torch.cat([a.probs, b.probs], dim=1),
+        None if a.scores is None else torch.cat([a.scores, b.scores], dim=1),
+        mask,
+        a.source,
+        a.mask_source,
+        max(checks) if checks else None,
+        differ,
+    )
+
+
 def _is_causal_mask(mask: torch.Tensor | None) -> bool:
-    if mask is None or mask.shape[-1] != mask.shape[-2]:
+    """No query may see a later key, and some query sees an earlier one: plain causal masks, causal
+    masks with padding (of any sequence) and sliding windows (Mistral) alike."""
+    if mask is None or mask.shape[-1] != mask.shape[-2] or mask.shape[-1] < 2:
         return False
-    causal = torch.ones(mask.shape[-2:], dtype=torch.bool, device=mask.device).tril()
-    return bool((mask == causal).all())
+    n = mask.shape[-1]
+    later = torch.ones(n, n, dtype=torch.bool, device=mask.device).triu(1)
+    earlier = torch.ones(n, n, dtype=torch.bool, device=mask.device).tril(-1)
+    return not bool((mask & later).any()) and bool((mask & earlier).any())
 
 
 def _layer_kinds(model: nn.Module) -> dict[str, str]:

@@ -182,6 +182,67 @@ def test_hugging_face_code_unchanged_equals_output_attentions(name):
                 assert not rec.mask[1, :, 4:].any()
 
 
+def _more_families():
+    import transformers as T
+
+    small = dict(
+        hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64, vocab_size=50
+    )
+    return {  # name -> (config, model class, kind): styles the five above do not cover
+        "llama": (T.LlamaConfig(**small, num_key_value_heads=2), T.LlamaModel, "dec_self"),  # rotary, GQA
+        "mistral": (
+            T.MistralConfig(**small, num_key_value_heads=1, sliding_window=3),
+            T.MistralModel,
+            "dec_self",
+        ),
+        "gpt_neox": (T.GPTNeoXConfig(**small), T.GPTNeoXModel, "dec_self"),  # fused qkv, partial rotary
+        "bloom": (
+            T.BloomConfig(hidden_size=32, n_head=4, n_layer=2, vocab_size=50),
+            T.BloomModel,
+            "dec_self",
+        ),  # alibi
+        "distilbert": (
+            T.DistilBertConfig(dim=32, n_heads=4, n_layers=2, hidden_dim=64, vocab_size=50),
+            T.DistilBertModel,
+            "enc_self",
+        ),  # fmt: skip
+        "vit": (
+            T.ViTConfig(**{**small, "vocab_size": None}, image_size=16, patch_size=4),
+            T.ViTModel,
+            "enc_self",
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gpt_neox", "bloom", "distilbert", "vit"])
+def test_more_hugging_face_families_equal_output_attentions(name):
+    """Rotary positions with grouped KV heads, a sliding window, ALiBi through baddbmm, a ViT that has
+    no token embedding at all: captured unchanged, equal to output_attentions, the kind from the mask.
+    The padded sequence comes first, so kinds are not read off an unpadded first row."""
+    pytest.importorskip("transformers")
+    cfg, cls, kind = _more_families()[name]
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = cls(cfg).eval()
+    g = torch.Generator().manual_seed(0)
+    if name == "vit":
+        kw = dict(pixel_values=torch.randn(2, 3, 16, 16, generator=g))
+    else:
+        mask = torch.ones(2, 7, dtype=torch.long)
+        mask[0, 4:] = 0
+        kw = dict(input_ids=torch.randint(5, 40, (2, 7), generator=g), attention_mask=mask)
+    with torch.no_grad():
+        plain = model(**kw, output_attentions=True)
+        with capture_attention(model) as cap:
+            out = model(**kw)
+    assert torch.equal(plain.last_hidden_state, out.last_hidden_state)
+    assert [r.kind for r in cap.records] == [kind] * 2, [(r.name, r.kind) for r in cap.records]
+    for rec, expected in zip(cap.records, plain.attentions, strict=True):
+        torch.testing.assert_close(rec.probs, expected, atol=1e-6, rtol=0)
+        if name != "vit":  # the first sequence's PAD keys are masked for its real queries
+            assert rec.mask is not None and not rec.mask[0, :4, 4:].any()
+
+
 class _MinGPT(torch.nn.Module):
     """minGPT: a causal buffer compared with 0 inside masked_fill, F.softmax, q @ k.T * scale."""
 
@@ -231,3 +292,54 @@ def test_more_styles_mingpt_and_einsum(model, kind):
         assert rec.mask[1].tolist() == [[True] * 3 + [False] * 3] * 6
     else:
         assert torch.equal(rec.mask[0], torch.ones(6, 6, dtype=torch.bool).tril())
+
+
+class _Head(torch.nn.Module):
+    """ "Let's build GPT" (Karpathy): one module per head, (B, T, T) scores, a tril buffer."""
+
+    def __init__(self, d=16, size=4, t=8):
+        super().__init__()
+        self.key, self.query = torch.nn.Linear(d, size, bias=False), torch.nn.Linear(d, size, bias=False)
+        self.value = torch.nn.Linear(d, size, bias=False)
+        self.register_buffer("tril", torch.tril(torch.ones(t, t)))
+
+    def forward(self, x):
+        _, t, _ = x.shape
+        k, q = self.key(x), self.query(x)
+        wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5
+        self.wei = torch.nn.functional.softmax(wei.masked_fill(self.tril[:t, :t] == 0, float("-inf")), dim=-1)
+        return self.wei @ self.value(x)
+
+
+class _HeadsGPT(torch.nn.Module):
+    def __init__(self, d=16, n_heads=4, n_layers=2):
+        super().__init__()
+        self.tok = torch.nn.Embedding(10, d)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.ModuleDict({"heads": torch.nn.ModuleList(_Head(d, d // n_heads) for _ in range(n_heads)),
+                                 "proj": torch.nn.Linear(d, d)})
+            for _ in range(n_layers)
+        )  # fmt: skip
+
+    def forward(self, idx):
+        x = self.tok(idx)
+        for b in self.blocks:
+            x = x + b["proj"](torch.cat([h(x) for h in b["heads"]], dim=-1))
+        return x
+
+
+def test_one_module_per_head_is_one_layer_of_heads():
+    """A ModuleList of single-head modules is recorded as one layer with those heads, in order."""
+    model = _HeadsGPT().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 0, 0]]))
+    assert [(r.name, r.kind) for r in cap.records] == [
+        ("blocks.0.heads", "dec_self"),
+        ("blocks.1.heads", "dec_self"),
+    ]
+    stack = cap.stacks()["dec_self"]
+    assert stack.shape == (2, 2, 4, 6, 6)  # (batch, layer, head, query, key)
+    for layer, block in enumerate(model.blocks):
+        for h, head in enumerate(block["heads"]):
+            torch.testing.assert_close(stack[:, layer, h], head.wei, atol=1e-6, rtol=0)
+    assert torch.equal(cap.records[0].mask[0], torch.ones(6, 6, dtype=torch.bool).tril())
