@@ -40,7 +40,7 @@ from torch import nn
 
 from core.capture import Captured, capture_attention
 from core.checkpoint import ModelLoadError, _one_line
-from core.interface import ModelFacts, Side, package_trace, pad_rows, prediction_fields
+from core.interface import ModelFacts, Side, package_trace, pad_rows, prediction_fields, prepare_targets
 from core.runner import InputError, Prepared, check_trace_budget, resolve_device, trace_bytes
 from core.trace import KINDS, AttentionTrace
 
@@ -332,15 +332,7 @@ class AdapterModel:
             raise InputError("custom masks and interventions work on core models only, not on adapter models")
         check_trace_budget(0, len(sources))
         prepared = [self.prepare(s, truncate) for s in sources]
-        tp = None
-        if targets is not None:
-            if len(targets) != len(sources):
-                raise InputError(
-                    f"{len(sources)} inputs but {len(targets)} targets: give one target per input"
-                )
-            tp = [self.prepare_target(t, truncate) for t in targets]
-            for p, t in zip(prepared, tp, strict=True):
-                p.warnings.extend(t.warnings)
+        tp = None if targets is None else prepare_targets(self, prepared, targets, truncate)
         return self._trace_ids(prepared, tp, teacher=tp is not None)
 
     def trace_continuation(self, sources: list[str], truncate: bool = False) -> list[AttentionTrace]:
@@ -396,39 +388,26 @@ class AdapterModel:
             if self.labels:  # a classifier: the class and its distribution, like core classifiers
                 k = int(probs[i].argmax())
                 meta["labels"] = self.labels
-                traces.append(
-                    package_trace(
-                        i,
-                        model=self.name,
-                        config_name="adapter",
-                        device=dev,
-                        src=src_side,
-                        tgt=None,
-                        maps=stacks,
-                        output_text=self.labels[k],
-                        meta=meta,
-                        out_tokens=(self.labels[k],),
-                        out_probs=probs[i].cpu().numpy(),
-                    )  # fmt: skip
-                )
-                continue
-            fields = prediction_fields(probs[i], self.out_tok.tokens)
-            guesses = fields["topk_ids"][:, 0]
-            n_real = int((tgt_real if tgt is not None else src_real)[i].sum())
-            if self.arch == "decoder":
-                n_prompt = len(p.ids)
-                meta.update(prompt_len=n_prompt, decoder_only=True)
-                if tp and teacher:
-                    text = self.out_tok.decode(guesses[n_prompt - 1 : n_real - 1])
-                elif tp:  # a continuation: the generated tokens
-                    text = self.out_tok.decode(tp[i].ids)
-                else:
-                    text = self.out_tok.decode(guesses[n_prompt - 1 : n_prompt])
+                text = self.labels[k]
+                fields = {"out_tokens": (self.labels[k],), "out_probs": probs[i].cpu().numpy()}
             else:
-                ids = list(guesses[:n_real])
-                if self.arch == "seq2seq" and m.EOS is not None and m.EOS in ids:
-                    ids = ids[: ids.index(m.EOS)]
-                text = self.out_tok.decode(ids)
+                fields = prediction_fields(probs[i], self.out_tok.tokens)
+                guesses = fields["topk_ids"][:, 0]
+                n_real = int((tgt_real if tgt is not None else src_real)[i].sum())
+                if self.arch == "decoder":
+                    n_prompt = len(p.ids)
+                    meta.update(prompt_len=n_prompt, decoder_only=True)
+                    if tp and teacher:
+                        text = self.out_tok.decode(guesses[n_prompt - 1 : n_real - 1])
+                    elif tp:  # a continuation: the generated tokens
+                        text = self.out_tok.decode(tp[i].ids)
+                    else:
+                        text = self.out_tok.decode(guesses[n_prompt - 1 : n_prompt])
+                else:
+                    ids = list(guesses[:n_real])
+                    if self.arch == "seq2seq" and m.EOS is not None and m.EOS in ids:
+                        ids = ids[: ids.index(m.EOS)]
+                    text = self.out_tok.decode(ids)
             traces.append(
                 package_trace(
                     i,
@@ -436,7 +415,7 @@ class AdapterModel:
                     config_name="adapter",
                     device=dev,
                     src=src_side,
-                    tgt=tgt_side,
+                    tgt=tgt_side,  # None for encoders
                     maps=stacks,
                     output_text=text,
                     meta=meta,

@@ -50,7 +50,15 @@ import numpy as np
 import torch
 
 from core.checkpoint import ModelLoadError, _one_line
-from core.interface import ModelFacts, Side, package_trace, pad_rows, padding_masks, prediction_fields
+from core.interface import (
+    ModelFacts,
+    Side,
+    package_trace,
+    pad_rows,
+    padding_masks,
+    prediction_fields,
+    prepare_targets,
+)
 from core.runner import InputError, Prepared, check_trace_budget, resolve_device, trace_bytes
 from core.trace import AttentionTrace
 
@@ -319,11 +327,9 @@ class HFModel:
             raise InputError(
                 "custom masks and interventions work on core models only, not on Hugging Face models"
             )
-        if targets is not None and len(targets) != len(sources):
-            raise InputError(f"{len(sources)} inputs but {len(targets)} targets: give one target per input")
         check_trace_budget(0, len(sources))
         prepared = [self.prepare(s, truncate) for s in sources]
-        tp = [self.prepare_target(t, truncate) for t in targets] if targets is not None else None
+        tp = None if targets is None else prepare_targets(self, prepared, targets, truncate)
         cfg, n_src = self.cfg, max(len(p.ids) for p in prepared)
         n_tgt = max(len(t.ids) for t in tp) + 1 if tp else min(self.max_new_tokens, cfg.max_len)
         if cfg.arch == "decoder":  # one sequence, prompt (+ target), in dec_self only
@@ -333,8 +339,6 @@ class HFModel:
             n_dec = n_tgt if cfg.arch == "seq2seq" else 0
             nbytes = trace_bytes(cfg.n_enc_layers, cfg.n_dec_layers, cfg.n_heads, len(sources), n_src, n_dec)
         check_trace_budget(nbytes, len(sources))  # same limits as core's runner (ATTNSCOPE_MAX_TRACE_MB)
-        for p, t in zip(prepared, tp or [], strict=False):
-            p.warnings.extend(t.warnings)
         run = {"encoder": self._run_encoder, "decoder": self._run_decoder, "seq2seq": self._run_seq2seq}
         return run[self.cfg.arch](prepared, tp)
 

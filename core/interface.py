@@ -134,6 +134,22 @@ class AttentionModel(Protocol):
     def to(self, device: str) -> AttentionModel: ...
 
 
+class InputError(ValueError):
+    """Text the model cannot take; the message says what to do."""
+
+
+def prepare_targets(
+    model: AttentionModel, prepared: list, targets: list[str], truncate: bool = False
+) -> list:
+    """``model.prepare_target`` of each target, one per input; a target's warnings join its input's."""
+    if len(targets) != len(prepared):
+        raise InputError(f"{len(prepared)} inputs but {len(targets)} targets: give one target per input")
+    tp = [model.prepare_target(t, truncate) for t in targets]
+    for p, t in zip(prepared, tp, strict=True):
+        p.warnings.extend(t.warnings)
+    return tp
+
+
 def pad_rows(rows: list[list[int]], pad_id: int, device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids (B, L) and the real positions (B, L) bool, from the true lengths."""
     width = max(len(r) for r in rows)

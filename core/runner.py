@@ -19,7 +19,7 @@ from core import checkpoint
 from core.attention import Intervention
 from core.config import TransformerConfig
 from core.decode import greedy_decode
-from core.interface import Side, package_trace, pad_rows, prediction_fields
+from core.interface import InputError, Side, package_trace, pad_rows, prediction_fields, prepare_targets
 from core.model import Masks, Transformer
 from core.tokenizer import Tokenizer, TokenizerError
 from core.trace import AttentionTrace
@@ -28,10 +28,6 @@ from core.trace import AttentionTrace
 # with a message instead of running the machine out of memory. Override: ATTNSCOPE_MAX_TRACE_MB.
 MAX_TRACE_MB = int(os.environ.get("ATTNSCOPE_MAX_TRACE_MB", "2048"))
 MAX_BATCH = int(os.environ.get("ATTNSCOPE_MAX_BATCH", "64"))
-
-
-class InputError(ValueError):
-    """Text the model cannot take; the message says what to do."""
 
 
 def trace_bytes(
@@ -226,13 +222,7 @@ class LoadedModel:
         if not self.has_decoder:
             tgt = None
         elif teacher:
-            if len(targets) != len(sources):
-                raise InputError(
-                    f"{len(sources)} inputs but {len(targets)} targets: give one target per input"
-                )
-            tp = [self.prepare_target(t, truncate) for t in targets]
-            for p, t in zip(prepared, tp, strict=True):
-                p.warnings.extend(t.warnings)
+            tp = prepare_targets(self, prepared, targets, truncate)
             tgt = self._pad([[self.cfg.bos_id] + t.ids for t in tp])
         else:
             with torch.no_grad():
