@@ -80,6 +80,15 @@ class AttentionModel(Protocol):
         """TransformerConfig (core models) or ModelFacts: d_model, n_heads, n_*_layers, ids, max_len."""
 
     @property
+    def src_tok(self) -> Any:
+        """The input side's tokens: ``kind`` (char | word | wordpiece | hf), ``itos``, ``tokens(ids)``,
+        ``decode(ids)``."""
+
+    @property
+    def tgt_tok(self) -> Any:
+        """The decoder side's tokens (same members), or None for encoder-only models."""
+
+    @property
     def injectable(self) -> bool:
         """True when custom masks and head interventions can be put into its forward pass (core)."""
 
