@@ -8,10 +8,11 @@ ADDRESS ?= 127.0.0.1
 
 .PHONY: setup run test lint bench clean
 
-$(VENV)/.installed: requirements.txt constraints.txt
+$(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .   # the `attnscope` command; `import core` anywhere
 	touch $@
 
 setup: $(VENV)/.installed

@@ -1,4 +1,4 @@
-"""Command line: ``python -m core models | predict | trace``.
+"""Command line: ``attnscope run | view | models | predict | trace | audit | stats`` (also ``python -m core ...``).
 
 Every failure a user can cause ends with one line on stderr and exit code 2
 (1 is kept for checks that ran and failed, e.g. ``audit``), never a traceback.
@@ -7,6 +7,7 @@ Every failure a user can cause ends with one line on stderr and exit code 2
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -31,6 +32,8 @@ def _load(name: str, device: str):
 def cmd_models(args: argparse.Namespace) -> int:
     from models import registry
 
+    if args.snapshots is not None:
+        return _list_snapshots(args.snapshots)
     names = registry.zoo_names()
     if not names:
         print("no models in the zoo yet (train one: python -m models.train --task reverse)")
@@ -39,6 +42,32 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(f"{name:<{width}}  {registry.zoo_summary(name)}")
     for extra, summary in getattr(registry, "EXTRA_MODELS", {}).items():
         print(f"{extra:<{width}}  {summary}")
+    return 0
+
+
+def _list_snapshots(name: str) -> int:
+    """The training snapshots of one zoo model with the held-out accuracy measured at each."""
+    from core.checkpoint import ModelLoadError
+    from models import registry
+
+    if name not in registry.zoo_names():
+        raise CliError(
+            f"{name!r} is not a zoo model ({', '.join(registry.zoo_names())}); only they have snapshots"
+        )
+    try:
+        snaps = registry.snapshots(name)
+    except ModelLoadError as exc:
+        raise CliError(str(exc)) from exc
+    if not snaps:
+        raise CliError(f"{name} has no training snapshots (retrain it: python -m models.train --task {name})")
+    print(f"{'snapshot':<16}{'step':>8}  {'held-out':>9}  {'held-out loss':>13}")
+    for snap in snaps:
+        loss = snap.get("heldout_loss")
+        print(
+            f"{name}@{snap['step']:<{15 - len(name)}}{snap['step']:>8}  {snap['heldout']:>9.1%}  "
+            + (f"{loss:>13.4f}" if isinstance(loss, (int, float)) else f"{'-':>13}")
+        )
+    print(f"held-out: never-seen inputs; {name}@{snaps[-1]['step']} is the model itself")
     return 0
 
 
@@ -64,21 +93,107 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m core", description="attnscope: look inside a Transformer's attention"
+def _server_flags(config: Path) -> list[str]:
+    """The repository's .streamlit/config.toml as command-line flags: streamlit reads that file only
+    from the current folder, and ``attnscope run`` must serve the same way from any folder."""
+    import tomllib
+
+    if not config.is_file():
+        return []
+    flags = []
+    for section, options in tomllib.loads(config.read_text(encoding="utf-8")).items():
+        for key, value in options.items():
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            flags.append(f"--{section}.{key}={text}")
+    return flags
+
+
+def dashboard_command(port: int, address: str, extra: list[str] | None = None) -> list[str]:
+    """The streamlit command that serves the dashboard (found next to this package, from any folder)."""
+    import dashboard
+
+    root = Path(dashboard.__file__).resolve().parents[1]
+    return [sys.executable, "-m", "streamlit", "run", str(root / "dashboard" / "app.py"),
+            *_server_flags(root / ".streamlit" / "config.toml"),
+            f"--server.address={address}", f"--server.port={port}", *(extra or [])]  # fmt: skip
+
+
+VIEW_ENV = "ATTNSCOPE_VIEW_TRACE"  # dashboard/opened.py opens this trace in every new session
+
+
+def _serve(args: argparse.Namespace, env: dict[str, str], what: str) -> int:
+    if not 0 < args.port < 65536:
+        raise CliError(f"--port must be between 1 and 65535, got {args.port}")
+    cmd = dashboard_command(args.port, args.address, args.streamlit)
+    print(f"attnscope: serving {what} on http://{args.address}:{args.port} (Ctrl+C stops it)", flush=True)
+    os.execve(cmd[0], cmd, env)  # streamlit takes this process over: signals and the exit code are its own
+    return 0  # not reached
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    env = {k: v for k, v in os.environ.items() if k != VIEW_ENV}
+    return _serve(args, env, "the dashboard")
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    """Check the trace file here (one line on a bad file, before any server starts), then serve it."""
+    from core.trace import AttentionTrace
+
+    path = Path(args.file).expanduser().resolve()
+    tr = AttentionTrace.load(path)
+    for problem in tr.problems():
+        print(f"warning: {problem}", file=sys.stderr)
+    return _serve(args, {**os.environ, VIEW_ENV: str(path)}, f"{path.name} ({tr.model or 'trace'})")
+
+
+def _prog() -> str:
+    """How the user called us: ``attnscope`` (the installed command) or ``python -m core``."""
+    main_file = sys.argv[0] if sys.argv else ""
+    if os.path.basename(main_file) == "__main__.py":
+        return f"python -m {Path(main_file).resolve().parent.name}"
+    return "attnscope"
+
+
+def model_args(sp: argparse.ArgumentParser) -> None:
+    """--model and --device, as every command that runs a model takes them."""
+    sp.add_argument(
+        "--model",
+        required=True,
+        help="zoo name (see `models`), NAME@STEP (a training snapshot, see `models --snapshots NAME`), "
+        "model folder, or adapter file (.py, runs its code)",
     )
+    sp.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=_prog(), description="attnscope: look inside a Transformer's attention")
     sub = p.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("models", help="list the model zoo").set_defaults(fn=cmd_models)
+    def serve_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+        sp.add_argument("--address", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+        sp.set_defaults(streamlit=[])  # further streamlit options (--server.x ...) pass through: see main
 
-    def model_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument(
-            "--model",
-            required=True,
-            help="zoo name (see `models`), model folder, or adapter file (.py, runs its code)",
-        )
-        sp.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    sp = sub.add_parser(
+        "run",
+        help="serve the dashboard in the browser (from any folder); streamlit's --server.x options pass on",
+    )
+    serve_args(sp)
+    sp.set_defaults(fn=cmd_run)
+
+    sp = sub.add_parser("view", help="serve the dashboard with a trace file (.npz/.json) open")
+    sp.add_argument("file", help="a trace written by `trace --out`, a download button or trace.save()")
+    serve_args(sp)
+    sp.set_defaults(fn=cmd_view)
+
+    p_models = sub.add_parser("models", help="list the model zoo (--snapshots NAME: its training snapshots)")
+    p_models.add_argument(
+        "--snapshots",
+        metavar="NAME",
+        default=None,
+        help="list NAME's training snapshots (load one as NAME@STEP)",
+    )
+    p_models.set_defaults(fn=cmd_models)
 
     sp = sub.add_parser("predict", help="print the model's output for each text")
     model_args(sp)
@@ -95,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     from attnscope.audit_cli import add_audit_command  # audit_cli uses CliError/_load from here
 
     add_audit_command(sub)
+    from attnscope.stats_cli import add_stats_command
+
+    add_stats_command(sub)
     return p
 
 
@@ -106,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     from core.trace import TraceFormatError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # streamlit's own options (e.g. --server.headless true) for run/view; nothing else
+        if args.command not in ("run", "view") or not extra[0].startswith("--") or "." not in extra[0]:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.streamlit = extra
     try:
         return args.fn(args)
     except (CliError, InputError, ModelLoadError, ConfigError, TokenizerError, TraceFormatError) as exc:

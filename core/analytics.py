@@ -31,7 +31,7 @@ def _mean_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Mean over the query axis (last) of (L, H, Q) restricted to ``rows``; NaN when none."""
     if not rows.any():
         return np.full(x.shape[:2], np.nan)
-    return x[..., rows].mean(-1)
+    return x[..., rows].mean(-1, dtype=np.float64)
 
 
 def _at_offset(p: np.ndarray, q_ok: np.ndarray, k_ok: np.ndarray, offset: int) -> np.ndarray:
@@ -69,24 +69,33 @@ def head_stats(
     first / last: mean mass on the first / last valid key (BOS/CLS, EOS/SEP in our formats);
     monotonic (cross=True): Kendall tau between query position and its argmax key.
     """
-    p = np.asarray(probs, dtype=np.float64)
+    p = np.asarray(probs)
+    if p.dtype not in (np.float32, np.float64):
+        p = p.astype(np.float32)
     n_q, n_k = p.shape[-2:]
     q_ok = np.ones(n_q, bool) if q_valid is None else np.asarray(q_valid, bool)
     k_ok = np.ones(n_k, bool) if k_valid is None else np.asarray(k_valid, bool)
-    pk = np.where(k_ok, p, 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        plogp = np.where(pk > 0, pk * np.log(np.where(pk > 0, pk, 1.0)), 0.0)
-    plogp = np.where(np.isnan(pk), np.nan, plogp)
-    dist = np.abs(np.arange(n_q)[:, None] - np.arange(n_k)[None, :])  # (Q, K)
     keys = np.nonzero(k_ok)[0]
+    pk = p if len(keys) == n_k else p[..., keys]  # (L, H, Q, K'): real keys only
+    # Vectorised in the maps' own dtype (float32: 20-30x faster than float64 with np.where at 512
+    # tokens), row sums accumulated in float64. NaN weights stay NaN; p = 0 contributes 0.
+    plogp = np.zeros_like(pk)
+    with np.errstate(invalid="ignore"):
+        np.log(pk, out=plogp, where=pk > 0)
+    plogp *= pk
+    dist = np.abs(np.arange(n_q)[:, None] - keys[None, :]).astype(pk.dtype)  # (Q, K')
     out = {
-        "entropy": _mean_rows(-plogp.sum(-1), q_ok),
-        "distance": _mean_rows((pk * dist).sum(-1), q_ok),
+        "entropy": _mean_rows(-plogp.sum(-1, dtype=np.float64), q_ok),
+        "distance": _mean_rows(np.einsum("...qk,qk->...q", pk, dist).astype(np.float64), q_ok),
         "diagonal": _at_offset(p, q_ok, k_ok, 0),
         "previous": _at_offset(p, q_ok, k_ok, -1),
         "next": _at_offset(p, q_ok, k_ok, 1),
-        "first": _mean_rows(pk[..., keys[0]], q_ok) if len(keys) else np.full(p.shape[:2], np.nan),
-        "last": _mean_rows(pk[..., keys[-1]], q_ok) if len(keys) else np.full(p.shape[:2], np.nan),
+        "first": _mean_rows(p[..., keys[0]].astype(np.float64), q_ok)
+        if len(keys)
+        else np.full(p.shape[:2], np.nan),
+        "last": _mean_rows(p[..., keys[-1]].astype(np.float64), q_ok)
+        if len(keys)
+        else np.full(p.shape[:2], np.nan),
     }
     if cross:
         arg = np.where(k_ok, np.nan_to_num(p, nan=-1.0), -np.inf).argmax(-1)  # (L, H, Q)
@@ -125,15 +134,15 @@ def rollout(probs: np.ndarray, residual: float = 0.5, valid: np.ndarray | None =
     rollout after layer l = A'_l @ ... @ A'_0. Returns (L, S', S') (S' = valid tokens, all by
     default); the last entry is the rollout of the whole encoder.
     """
-    p = np.asarray(probs, dtype=np.float64)
+    heads_mean = np.asarray(probs).mean(axis=1, dtype=np.float64)  # (L, S, S): the head mean first (cheap)
     if valid is not None:
         v = np.asarray(valid, bool)
-        p = p[..., v, :][..., v]
-    n = p.shape[-1]
+        heads_mean = heads_mean[:, v][:, :, v]
+    n = heads_mean.shape[-1]
     eye = np.eye(n)
     out, acc = [], eye
-    for layer in p:
-        a = residual * eye + (1 - residual) * layer.mean(0)  # (S, S)
+    for layer in heads_mean:
+        a = residual * eye + (1 - residual) * layer  # (S, S)
         sums = a.sum(-1, keepdims=True)
         a = a / np.where(sums == 0, 1.0, sums)
         acc = a @ acc

@@ -49,7 +49,9 @@ def greedy_decode(
     lengths = []
     for i in range(b):
         row = out_ids[i].tolist()
-        lengths.append(row.index(cfg.eos_id) + 1 if cfg.eos_id in row else sum(t != cfg.pad_id for t in row))
+        # Up to EOS; a row that never wrote EOS ran every step (its PADs, if any, are what an
+        # untrained model predicted, not padding), so all of it counts.
+        lengths.append(row.index(cfg.eos_id) + 1 if cfg.eos_id in row else len(row))
     t = max(lengths)
     dec_in = torch.full((b, t), cfg.pad_id, dtype=torch.long, device=src.device)
     dec_in[:, 0] = cfg.bos_id

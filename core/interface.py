@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from core.trace import AttentionTrace
@@ -220,6 +221,9 @@ def package_trace(
         if mask is not None:
             kw[f"{kind}_mask"] = mask[i].bool().cpu().numpy()
     kw.setdefault("src_tokens", ())
+    if tgt is not None and kw.get("topk_ids") is not None and kw.get("topk_tokens") is None:
+        # a trace file carries no vocabulary: the top-k ids as tokens, for the Decoding page
+        kw["topk_tokens"] = np.array([tgt.tokens([int(x) for x in row]) for row in kw["topk_ids"]], dtype=str)
     return AttentionTrace(
         model=model, config_name=config_name, device=device, output_text=output_text, meta=meta, **kw
     )

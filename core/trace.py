@@ -36,7 +36,7 @@ _ARRAYS = (
     "enc_self_scores", "dec_self_scores", "cross_scores",
     "enc_self_mask", "dec_self_mask", "cross_mask",
     "out_probs", "topk_ids", "topk_probs",
-    "src_real", "tgt_real",
+    "src_real", "tgt_real", "topk_tokens",
 )  # fmt: skip
 _TOKENS = ("src_tokens", "tgt_tokens", "out_tokens")
 
@@ -77,6 +77,7 @@ class AttentionTrace:
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. forward_ms, teacher_forced, labels
     src_real: np.ndarray | None = None  # (S,) bool, True = a real source token (False = PAD)
     tgt_real: np.ndarray | None = None  # (T,) bool, True = a real decoder position
+    topk_tokens: np.ndarray | None = None  # (T, k) str: topk_ids as tokens (a trace file has no vocabulary)
 
     def __post_init__(self) -> None:
         for name in _ARRAYS:
@@ -186,7 +187,9 @@ class AttentionTrace:
         for name in _ARRAYS:
             if name in arrays:
                 value = np.asarray(arrays[name])
-                if name.endswith(("_mask", "_real")):
+                if name == "topk_tokens":
+                    value = value.astype(str)
+                elif name.endswith(("_mask", "_real")):
                     value = value.astype(bool)
                 elif name.endswith("_ids"):
                     value = value.astype(np.int64)
@@ -196,20 +199,26 @@ class AttentionTrace:
         return cls(**kw)
 
     @classmethod
-    def load(cls, path: str | Path) -> AttentionTrace:
-        path = Path(path)
-        try:
-            if path.suffix == ".npz":
-                with np.load(path, allow_pickle=False) as data:
-                    arrays = {k: data[k] for k in data.files}
-                header = json.loads(str(arrays.pop("header")))
-                return cls._from_fields(header, arrays)
-            if path.suffix == ".json":
-                doc = json.loads(path.read_text(encoding="utf-8"))
-                return cls._from_fields(doc, doc)
-        except (OSError, ValueError, KeyError) as exc:
-            raise TraceFormatError(f"cannot read trace {path}: {exc}") from exc
-        raise TraceFormatError(f"trace file must end in .npz or .json, got {path.name!r}")
+    def load(cls, path: str | Path, *, max_bytes: int | None = None) -> AttentionTrace:
+        """Read a ``.npz`` / ``.json`` trace, checked field by field (core/trace_io.py): never unpickled;
+        a bad file raises TraceFormatError with one sentence naming it."""
+        from core import trace_io
+
+        return trace_io.read_path(path, trace_io.MAX_TRACE_BYTES if max_bytes is None else max_bytes)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, name: str) -> AttentionTrace:
+        """The same from a file's bytes (an upload); ``name``'s extension picks the format."""
+        from core import trace_io
+
+        return trace_io.read_bytes(data, name)
+
+    def problems(self) -> list[str]:
+        """What opens but must be said: NaN, attention on keys the trace's own mask forbids, rows
+        that do not sum to 1 (one sentence each, naming kind, layer and head)."""
+        from core import trace_io
+
+        return trace_io.problems(self)
 
     def replace(self, **changes: Any) -> AttentionTrace:
         return dataclasses.replace(self, **changes)

@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from dashboard import state  # noqa: E402
+from dashboard import links, state  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "app_pages"
 
@@ -36,6 +36,7 @@ PAGES = [
         HERE / "head_analytics.py", title="Head analytics", icon=":material/analytics:", url_path="heads"
     ),
     st.Page(HERE / "compare.py", title="Compare", icon=":material/compare:", url_path="compare"),
+    st.Page(HERE / "training.py", title="Training", icon=":material/timeline:", url_path="training"),
     st.Page(
         HERE / "positional.py", title="Positional encoding", icon=":material/waves:", url_path="positional"
     ),
@@ -48,5 +49,11 @@ st.set_page_config(
     page_title="attnscope", page_icon=str(HERE.parent / "static" / "favicon.png"), layout="wide"
 )
 page = st.navigation(PAGES)
+notes = st.container()  # what a link's parameters could not set, above the page
+links.apply(page.url_path, notes.warning)
 state.sidebar()
-page.run()
+share = st.sidebar.empty()
+links.share_box(share, links.publish(page.url_path))  # the clicks that started this run
+page.run()  # (a page that stops early ends the run here)
+links.share_box(share, links.publish(page.url_path))  # and what the page itself changed
+links.report(notes.warning)

@@ -26,6 +26,23 @@ USER_MODELS = "_user_models"  # paths this session loaded (listed in the picker)
 LOAD_MSG = "_load_msg"  # (level, text) of the last load attempt, shown once
 UPLOAD_DIR = "_upload_dir"  # tempfile.TemporaryDirectory of this session's uploads
 
+# -- sidebar: open a trace file (dashboard/opened.py) ---------------------------------------------
+TRACE_UPLOAD = "trace_upload"  # file_uploader: a .npz / .json trace
+TRACE_UPLOAD_BUTTON = "trace_upload_button"
+TRACE_PATH = "trace_path"  # text_input: a trace file in an allowed folder
+TRACE_PATH_BUTTON = "trace_path_button"
+TRACE_CLOSE_BUTTON = "trace_close_button"
+OPEN_TRACES = "_open_traces"  # {digest: OpenTrace} opened in this session (newest last)
+TRACE = "_trace"  # digest of the trace shown instead of a model (None: the sidebar's model)
+TRACE_MSG = "_trace_msg"  # (level, text) of the last open attempt, shown once
+TRACE_BOX_USED = "_trace_box_used"  # the Open-a-trace box was used: keep it unfolded
+VIEW_DONE = "_view_done"  # this session already opened the trace `attnscope view FILE` serves
+
+# -- links (dashboard/links.py) -------------------------------------------------------------------
+LINK_APPLIED = "_link_applied"  # this session already read the URL's parameters
+LINK_TEXT = "_link_text"  # the input came from the link: the model's examples must not replace it
+LINK_VALUES = "_link_values"  # {key: (parameter, value)} the link set, checked once the page ran
+
 # -- Attention ------------------------------------------------------------------------------------
 ATT_KIND = "att_kind"
 ATT_SEQ = "att_seq"
@@ -107,3 +124,25 @@ CMP_CHART = "cmp_head_diff_chart"
 CMP_B_FOR_MODEL = "_cmp_b_for_model"  # model whose example fills input B
 CMP_CLICK_APPLIED = "_cmp_click_applied"
 CMP_AUTO_FOR = "_cmp_auto_for"  # the B whose most-changed head was last put in the selectors
+CMP_STEP_B = "cmp_step_b"  # "another training step": the step B shows
+
+# Training
+TRAIN_KIND = "train_kind"
+TRAIN_STEP = "train_step"
+
+# Head analytics over a corpus (dashboard/corpus_view.py)
+HA_CORPUS = "ha_corpus"  # {"frame", "meta", "name"} of the open stats file, or None
+HA_CORPUS_MSG = "_ha_corpus_msg"
+HA_CORPUS_UPLOAD = "ha_corpus_upload"
+HA_CORPUS_UPLOAD_BUTTON = "ha_corpus_upload_button"
+HA_CORPUS_PATH = "ha_corpus_path"
+HA_CORPUS_PATH_BUTTON = "ha_corpus_path_button"
+HA_CORPUS_CLOSE = "ha_corpus_close"
+HA_C_KIND = "ha_c_kind"
+HA_C_STAT = "ha_c_stat"
+HA_C_LAYER = "ha_c_layer"
+HA_C_HEAD = "ha_c_head"
+HA_C_CHART = "ha_c_chart"
+HA_C_CLICK_APPLIED = "_ha_c_click_applied"
+HA_C_TRACE = "ha_c_trace"  # prefix of the "Trace" buttons of the atypical inputs
+HA_C_PICKED = "_ha_c_picked"

@@ -23,7 +23,7 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from core.checkpoint import CONFIG, read_meta
+from core.checkpoint import CONFIG, ModelLoadError, read_meta
 from core.interface import AttentionModel
 from core.trace import AttentionTrace
 from dashboard import model_facts, trace_cache, user_models
@@ -70,6 +70,20 @@ def registry_names() -> list[str]:
     """What the registry offers a picker: the zoo, then pretrained models whose package is installed."""
     names = getattr(registry, "all_names", registry.zoo_names)
     return list(names())
+
+
+def is_named_model(name: str) -> bool:
+    """A model a link or the sidebar may name: the registry's names and their training snapshots
+    (``reverse@500``, only steps that exist), never a path."""
+    if name in registry_names():
+        return True
+    if not registry.is_snapshot(name):
+        return False
+    try:
+        registry.snapshot_weights(name)
+    except ModelLoadError:
+        return False
+    return True
 
 
 def model_choices(user: tuple[str, ...] | list[str] = ()) -> list[str]:
@@ -136,6 +150,8 @@ def model_version(name: str) -> float:
         else:
             folder = model_folder(name)
             files = [folder / CONFIG, *(folder / w for w in WEIGHT_FILES)]
+            if registry.is_snapshot(name):
+                files.append(registry.snapshot_weights(name))
         return max((f.stat().st_mtime for f in files if f.exists()), default=0.0)
     except Exception:  # unknown or vanished: loading reports it
         return 0.0

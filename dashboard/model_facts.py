@@ -121,7 +121,17 @@ class DecodeStep:
     topk_probs: np.ndarray  # (k,)
 
 
-def decode_step(trace: AttentionTrace, t: int, itos) -> DecodeStep:
+def _topk_tokens(trace: AttentionTrace, q: int, ids: np.ndarray, itos) -> tuple[str, ...]:
+    """Names of the top-k ids at query q: from the model's vocabulary, else the names the trace
+    stores (trace files), else the ids themselves."""
+    if itos is not None:
+        return tuple(itos[int(i)] if 0 <= int(i) < len(itos) else "<unk>" for i in ids)
+    if trace.topk_tokens is not None:
+        return tuple(str(t) for t in trace.topk_tokens[q])
+    return tuple(f"#{int(i)}" for i in ids)
+
+
+def decode_step(trace: AttentionTrace, t: int, itos=None) -> DecodeStep:
     """Step t (0-based) of a greedy trace; ``cross`` is None for decoder-only models."""
     steps = decode_steps(trace)
     if not 0 <= t < steps.count:
@@ -136,7 +146,7 @@ def decode_step(trace: AttentionTrace, t: int, itos) -> DecodeStep:
         new_prob=float(trace.out_probs[q]),
         cross=None if trace.cross is None else np.asarray(trace.cross[:, :, q, :]),
         dec_self=np.asarray(trace.dec_self[:, :, q, : q + 1]),
-        topk_tokens=tuple(itos[int(i)] if 0 <= int(i) < len(itos) else "<unk>" for i in topk_ids),
+        topk_tokens=_topk_tokens(trace, q, topk_ids, itos),
         topk_probs=np.asarray(trace.topk_probs[q]),
     )
 

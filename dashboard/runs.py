@@ -12,8 +12,9 @@ import streamlit as st
 
 from core import analytics, audit, bugs
 from core.audit import AuditReport
-from core.trace import KIND_LABELS
+from core.trace import KIND_LABELS, AttentionTrace
 from dashboard import loaders
+from models import registry
 
 CACHE_ENTRIES = 16
 CACHE_SIZE = "512MiB"  # audits carry traces; evict least recently used
@@ -85,6 +86,13 @@ def head_stats(
     return stats, analytics.head_records(tr, pad)
 
 
+@st.cache_data(max_entries=8, show_spinner=False)
+def file_head_stats(digest: str, _trace) -> tuple[dict[str, dict], list[dict]]:
+    """head_stats of an opened trace file (keyed by the file's digest; its real positions are stored)."""
+    stats = {kind: analytics.trace_head_stats(_trace, kind, None) for kind in _trace.kinds}
+    return stats, analytics.head_records(_trace, None)
+
+
 def outputs(
     sel, sources: tuple[str, ...], targets: tuple[str, ...] | None, report: AuditReport, bug=None, off=()
 ) -> tuple[str, ...]:
@@ -134,3 +142,19 @@ def head_options(lm) -> list[tuple[str, int, int]]:
 def head_label(option: tuple[str, int, int]) -> str:
     kind, ly, h = option
     return f"{KIND_LABELS[kind]} · layer {ly} · head {h}"
+
+
+@st.cache_data(max_entries=CACHE_ENTRIES, show_spinner="Replaying the training snapshots…")
+def replay(
+    base: str, device: str, version: float, source: str, target: str | None
+) -> tuple[tuple[int, ...], tuple[AttentionTrace, ...]]:
+    """(snapshot steps, the trace of ``source`` at each) for zoo model ``base``: every snapshot
+    run on the same input, teacher-forced on ``target`` when given (so every step's maps have the
+    same queries). Snapshots are loaded here, not in the shared model cache (a dozen per model)."""
+    del version  # only part of the cache key (history.json's mtime)
+    steps, traces = [], []
+    for snap in registry.snapshots(base):
+        lm = registry.load(f"{base}@{snap['step']}", device)
+        traces.append(lm.trace([source], None if target is None else [target])[0])
+        steps.append(snap["step"])
+    return tuple(steps), tuple(traces)

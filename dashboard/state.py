@@ -25,7 +25,8 @@ from core.interface import AttentionModel
 from core.runner import InputError
 from core.trace import AttentionTrace
 from dashboard import keys as K
-from dashboard import loaders, model_facts, user_models
+from dashboard import loaders, model_facts, opened, user_models
+from models import registry
 
 GENERATE, TEACHER = "generate (greedy decoding)", "teacher forcing (give the target)"
 
@@ -42,6 +43,7 @@ class Selection:
     batch: bool
     problems: tuple[str, ...] = ()  # source problems found before running the model
     target_problems: tuple[str, ...] = ()  # teacher-forcing target problems
+    trace: str | None = None  # digest of an opened trace file shown instead of the model (opened.py)
 
 
 def _split_lines(text: str) -> tuple[list[str], list[int]]:
@@ -124,6 +126,9 @@ def _load_from_path() -> None:
         st.session_state[K.LOAD_MSG] = ("success", f"Selected {text!r}.")
         return
     try:
+        if registry.is_snapshot(text):  # NAME@STEP: a zoo model as it was at that training step
+            _use_model(text, "training snapshot")
+            return
         roots = [st.session_state[K.UPLOAD_DIR].name] if K.UPLOAD_DIR in st.session_state else []
         _use_model(user_models.resolve_user_model(text, roots), "model")
     except Exception as exc:  # any file may be handed in: report it, keep the app running
@@ -204,8 +209,26 @@ def _model_facts_caption(lm: AttentionModel, name: str) -> str:
     return f"{kind} · {model_facts.ARCH_LABELS[model_facts.arch(lm)]} · {tok}"
 
 
+def _trace_sidebar(o: opened.OpenTrace) -> Selection:
+    """The sidebar while a trace file replaces the model: what the trace is, Close, Open another."""
+    opened.keep_sidebar()
+    with st.sidebar:
+        st.header("attnscope")
+        opened.sidebar_box(o)
+    tr = o.trace
+    text = tr.meta.get("source") if isinstance(tr.meta.get("source"), str) else None
+    label = text or " ".join(tr.src_tokens or tr.tgt_tokens)[:200]
+    sel = Selection(f"trace:{o.digest}", tr.device, 0.0, (label,), None, False, trace=o.digest)
+    st.session_state[K.SELECTION] = sel
+    return sel
+
+
 def sidebar() -> Selection | None:
     """Draw the shared sidebar; store and return the Selection (None when no model loads)."""
+    opened.open_served_trace()
+    o = opened.current()
+    if o is not None:
+        return _trace_sidebar(o)
     choices = loaders.model_choices(tuple(st.session_state.get(K.USER_MODELS, [])))
     with st.sidebar:
         st.header("attnscope")
@@ -216,6 +239,7 @@ def sidebar() -> Selection | None:
             )
             st.session_state[K.SELECTION] = None
             own_model_box()
+            opened.sidebar_box(None)
             return None
         if st.session_state.get(K.MODEL) not in choices:
             st.session_state[K.MODEL] = "reverse" if "reverse" in choices else choices[0]
@@ -242,11 +266,15 @@ def sidebar() -> Selection | None:
             st.error(_one_sentence(f"Cannot load model {loaders.display_name(name)!r}", exc))
             st.session_state[K.SELECTION] = None
             own_model_box()
+            opened.sidebar_box(None)
             return None
         st.caption(_model_facts_caption(lm, name))
         st.caption(f"Device used: **{lm.device}**")
         if st.session_state.get(K.TEXT_FOR_MODEL) != lm.name:
-            _fill_examples(lm)
+            if st.session_state.pop(K.LINK_TEXT, False):  # a link's text stays
+                st.session_state[K.TEXT_FOR_MODEL] = lm.name
+            else:
+                _fill_examples(lm)
         batch = st.toggle(
             "Batch: several inputs, one per line",
             key=K.BATCH,
@@ -279,6 +307,7 @@ def sidebar() -> Selection | None:
         else:
             st.caption("Encoder-only model: no decoder input.")
         own_model_box()
+        opened.sidebar_box(None)
     sel = Selection(
         name,
         device,
@@ -302,9 +331,22 @@ def current() -> Selection:
     return sel
 
 
-def model() -> AttentionModel:
+def trace_file() -> opened.OpenTrace | None:
+    """The trace file shown instead of a model (None: the sidebar's model)."""
+    return opened.current() if current().trace else None
+
+
+def model(what: str = "This page") -> AttentionModel:
+    """The sidebar's model; with a trace file open, says in one line which model to load and stops."""
     sel = current()
+    if sel.trace:
+        opened.needs_model(opened.current(), what)
     return loaders.load_model(sel.name, sel.device, sel.version)
+
+
+def pad_id() -> int | None:
+    """The model's PAD id; None for a trace file (its real positions are stored in it)."""
+    return None if current().trace else model().cfg.pad_id
 
 
 def traces(greedy: bool = False) -> list[AttentionTrace]:
@@ -314,6 +356,8 @@ def traces(greedy: bool = False) -> list[AttentionTrace]:
     warnings are shown and the page goes on.
     """
     sel = current()
+    if sel.trace:
+        return [opened.current().trace]
     problems = list(sel.problems) + ([] if greedy else list(sel.target_problems))
     for p in problems:
         st.warning(p)

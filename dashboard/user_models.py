@@ -82,9 +82,24 @@ def is_allowed(real: Path, roots: Sequence[Path]) -> bool:
 def _refuse(text: str, roots: Sequence[Path]) -> PathRefused:
     where = ", ".join(str(r) for r in roots)
     return PathRefused(
-        f"{text} is outside the folders attnscope may read models from ({where}); "
+        f"{text} is outside the folders attnscope may read from ({where}); "
         f"add its folder to {MODEL_DIRS_ENV} to allow it"
     )
+
+
+def real_path(text: str) -> tuple[Path, Path]:
+    """(the path as typed, relative ones from the repository root; its real path, links resolved)."""
+    if "\x00" in text:
+        raise PathRefused("the path contains a NUL character")
+    raw = Path(text).expanduser()
+    candidate = raw if raw.is_absolute() else REPO / raw
+    return candidate, Path(os.path.realpath(candidate))
+
+
+def check_allowed(text: str, real: Path, roots: Sequence[Path]) -> None:
+    """PathRefused unless ``real`` lies inside one of the allowed folders."""
+    if not is_allowed(real, roots):
+        raise _refuse(text, roots)
 
 
 # -- paths and cached names -----------------------------------------------------------------------
@@ -147,12 +162,8 @@ def resolve_user_model(text: str, extra_roots: Iterable[str | Path] = ()) -> str
         raise ModelLoadError(
             "type the path of a model folder or weights file, or a model name from the Hugging Face cache"
         )
-    if "\x00" in text:
-        raise PathRefused("the path contains a NUL character")
     roots = allowed_roots(extra_roots)
-    raw = Path(text).expanduser()
-    candidate = raw if raw.is_absolute() else REPO / raw
-    real = Path(os.path.realpath(candidate))
+    candidate, real = real_path(text)
     if not os.path.lexists(candidate) and HUB_ID.fullmatch(text):
         snap = cached_snapshot(text)
         if snap is None:
@@ -161,8 +172,7 @@ def resolve_user_model(text: str, extra_roots: Iterable[str | Path] = ()) -> str
                 "attnscope never downloads (HF_HUB_OFFLINE), so download it beforehand or give its folder"
             )
         real = Path(os.path.realpath(snap))
-    if not is_allowed(real, roots):
-        raise _refuse(text, roots)
+    check_allowed(text, real, roots)
     if not real.exists():
         raise ModelLoadError(f"{text} does not exist")
     check_model_path(real)

@@ -8,12 +8,20 @@ installed packages (EXTRA_MODELS, e.g. ``minilm``) and any folder or file a user
 - an adapter file (``*.py``): any PyTorch model, run by core.adapter.AdapterModel (this runs the
   file's code: the CLI runs what you name; the dashboard only with ATTNSCOPE_ALLOW_CODE=1).
 ``model_kind(name_or_path)`` says which: "zoo", "pretrained", "core", "hf", "adapter".
+
+Training snapshots: ``NAME@STEP`` names the zoo model ``NAME`` as it was after STEP training steps
+(float16 weights under models/NAME/snapshots/, listed with their held-out accuracy in
+models/NAME/history.json); ``snapshots(NAME)`` lists them, and ``NAME@STEP`` is accepted wherever
+a model name is (CLI, sidebar, links, compare). The last step is the model itself.
 Every one of them implements core.interface.AttentionModel.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Any
 
 from core.checkpoint import CONFIG, ModelLoadError, read_meta
 from core.hf import is_hf_folder
@@ -26,6 +34,8 @@ DEFAULT_MODEL = "reverse"
 ORDER = ("reverse", "sort", "dates", "numbers", "brackets")
 WEIGHT_SUFFIXES = (".pt", ".pth", ".safetensors")  # a weights file beside a core config.json
 ADAPTER_SUFFIX = ".py"  # an adapter file (core/adapter.py)
+HISTORY = "history.json"  # written by models/train.py: curves and the snapshot list
+SNAPSHOT = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)@(?P<step>\d{1,9})$")
 
 
 def _pretrained() -> dict:
@@ -58,6 +68,81 @@ def zoo_summary(name: str) -> str:
     return ""
 
 
+def history(name: str) -> dict[str, Any]:
+    """models/NAME/history.json ({} when the model has none): "curve" (held-out accuracy and loss
+    by step) and "snapshots" (step, held-out accuracy, loss, file), checked for shape."""
+    path = ZOO_DIR / name / HISTORY
+    if name not in zoo_names() or not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("snapshots"), list):
+        raise ModelLoadError(f"{path} has no snapshot list")
+    return data
+
+
+def snapshots(name: str) -> list[dict[str, Any]]:
+    """The training snapshots of zoo model ``name``, step order: dicts with step, heldout
+    (accuracy on the never-seen set), heldout_loss, train_loss and file (inside the folder)."""
+    snaps = []
+    for item in history(name).get("snapshots", []):
+        file = str(item.get("file", ""))
+        if not isinstance(item.get("step"), int) or not re.fullmatch(
+            r"(snapshots/step-\d+\.safetensors|model\.safetensors)", file
+        ):
+            raise ModelLoadError(f"models/{name}/{HISTORY}: bad snapshot entry {item!r}")
+        snaps.append(item)
+    return sorted(snaps, key=lambda s: s["step"])
+
+
+def split_snapshot(name: str) -> tuple[str, int | None]:
+    """'reverse@500' -> ('reverse', 500); a name without '@STEP' -> (name, None)."""
+    m = SNAPSHOT.match(name)
+    if m and m["name"] in zoo_names():
+        return m["name"], int(m["step"])
+    return name, None
+
+
+def is_snapshot(name: str) -> bool:
+    return split_snapshot(name)[1] is not None
+
+
+def snapshot_weights(name: str) -> Path:
+    """The weights file of 'NAME@STEP' (ModelLoadError naming the steps there are)."""
+    base, step = split_snapshot(name)
+    snaps = snapshots(base)
+    for snap in snaps:
+        if snap["step"] == step:
+            return ZOO_DIR / base / snap["file"]
+    steps = ", ".join(str(s["step"]) for s in snaps)
+    raise ModelLoadError(
+        f"{base} has no snapshot at step {step}; "
+        + (f"its snapshots are at steps {steps}" if steps else "it has no snapshots")
+    )
+
+
+def snapshot_meta(name: str, meta: dict[str, Any]) -> dict[str, Any]:
+    """The final model's meta.json as it applies to snapshot ``name``: its own held-out figures
+    (measured during training) and "snapshot": {"step", "steps"} (the run's total)."""
+    base, step = split_snapshot(name)
+    snap = next(s for s in snapshots(base) if s["step"] == step)
+    out = dict(meta)
+    metrics = dict(meta.get("metrics", {}))
+    for key in ("heldout_accuracy", "heldout_exact_match"):
+        if key in metrics:
+            metrics[key] = snap["heldout"]
+    out["metrics"] = metrics
+    out["snapshot"] = {
+        "step": step,
+        "steps": history(base).get("steps"),
+        "heldout_loss": snap.get("heldout_loss"),
+    }
+    out["summary"] = f"{meta.get('summary', base)} (after {step:,} training steps)"
+    return out
+
+
 def all_names() -> list[str]:
     """Zoo names, then pretrained names (what a model picker offers)."""
     return zoo_names() + [n for n in EXTRA_MODELS if n not in zoo_names()]
@@ -65,12 +150,15 @@ def all_names() -> list[str]:
 
 def summary(name: str) -> str:
     """One-line summary of a zoo or pretrained model."""
+    base, step = split_snapshot(name)
+    if step is not None:
+        return f"{zoo_summary(base)} (after {step:,} training steps)"
     return EXTRA_MODELS[name] if name in EXTRA_MODELS and name not in zoo_names() else zoo_summary(name)
 
 
 def model_kind(name_or_path: str) -> str:
     """The model's origin: zoo, pretrained (shipped by a package), hf (Hugging Face folder) or core."""
-    if name_or_path in zoo_names():
+    if name_or_path in zoo_names() or is_snapshot(name_or_path):
         return "zoo"
     if name_or_path in EXTRA_MODELS:
         return "pretrained"
@@ -84,6 +172,8 @@ def resolve(name_or_path: str) -> tuple[str, Path]:
     """A zoo name or a folder path -> (display name, folder)."""
     if name_or_path in zoo_names():
         return name_or_path, ZOO_DIR / name_or_path
+    if is_snapshot(name_or_path):
+        return name_or_path, ZOO_DIR / split_snapshot(name_or_path)[0]
     if name_or_path in EXTRA_MODELS:  # its package's files (registry.load knows how to run them)
         return name_or_path, _pretrained()[name_or_path].folder()
     path = Path(name_or_path).expanduser()
@@ -104,6 +194,15 @@ def load(name_or_path: str, device: str = "cpu", **hf_options) -> AttentionModel
     if name_or_path in pretrained and name_or_path not in zoo_names():
         return pretrained[name_or_path].load(resolve_device(device))
     name, folder = resolve(name_or_path)
+    if is_snapshot(name_or_path):  # the zoo model as it was at that training step
+        from core import checkpoint
+
+        cfg, model, src_tok, tgt_tok, card, meta = checkpoint.load_parts(
+            folder, resolve_device(device), weights=snapshot_weights(name_or_path)
+        )
+        return LoadedModel(
+            name, folder, cfg, model, src_tok, tgt_tok, card, snapshot_meta(name_or_path, meta)
+        )
     path = Path(name_or_path).expanduser()
     if path.suffix == ADAPTER_SUFFIX:
         from core.adapter import load_adapter

@@ -8,15 +8,23 @@ target is the class label ("balanced" / "unbalanced").
 
 ``generate(task, n, seed)`` draws n examples; ``check(task, source, output)`` says
 whether an output is exactly right.
+
+Held-out means never seen. Each task's input space is split by construction: a stable hash of an
+input's *split key* puts it on the held-out side (HELDOUT_PER_MILLE of all keys) or the training
+side. ``training_stream`` only ever yields training-side inputs and ``heldout_set`` only
+held-out ones, so no held-out input can be drawn in training, whatever the seed or the number
+of steps. The key is the source itself, except for dates, whose key is the day: a held-out day is
+never seen in training in any of the ways it can be written.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import random
 import re
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 # Seeds: training streams use --seed (default TRAIN_SEED); VAL_SEED picks the early-stopping
@@ -27,6 +35,7 @@ EVAL_SEED = 20_261_121
 RESERVED_SEEDS = (VAL_SEED, EVAL_SEED)
 
 Example = tuple[str, str]
+HELDOUT_PER_MILLE = 100  # 10% of each task's input space is held out (by hash of the split key)
 
 # -- reverse ----------------------------------------------------------------------------
 
@@ -497,3 +506,43 @@ def generate(name: str, n: int, seed: int) -> list[Example]:
 def check(name: str, src: str, output: str) -> bool:
     """Exactly right? (compared with the task's reference answer for src)."""
     return output == get(name).answer(src)
+
+
+# -- the held-out split -------------------------------------------------------------------
+
+
+def split_key(name: str, src: str) -> str:
+    """What decides an input's side: the day for dates (every way of writing one day goes to the
+    same side), the source text for every other task."""
+    return answer_dates(src) if name == "dates" else src
+
+
+def is_heldout(name: str, src: str) -> bool:
+    """True when ``src`` lies in the held-out part of task ``name`` (a stable hash, the same on
+    every machine and Python version: blake2b of "task NUL key")."""
+    digest = hashlib.blake2b(f"{name}\0{split_key(name, src)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 1000 < HELDOUT_PER_MILLE
+
+
+def training_stream(name: str, seed: int) -> Iterator[Example]:
+    """Endless training examples from random.Random(seed): the generator's draws, minus those
+    on the held-out side (redrawn)."""
+    task, rng = get(name), random.Random(seed)
+    while True:
+        example = task.sample(rng)
+        if not is_heldout(name, example[0]):
+            yield example
+
+
+def heldout_set(name: str, n: int, seed: int = EVAL_SEED, max_draws: int = 2_000_000) -> list[Example]:
+    """n distinct held-out inputs, in the order the generator draws them from random.Random(seed).
+    Distinct, so that a common short input (the generator draws "7" often) counts once."""
+    task, rng = get(name), random.Random(seed)
+    out: dict[str, str] = {}
+    for _ in range(max_draws):
+        src, tgt = task.sample(rng)
+        if src not in out and is_heldout(name, src):
+            out[src] = tgt
+            if len(out) == n:
+                return list(out.items())
+    raise ValueError(f"{name}: only {len(out)} distinct held-out inputs in {max_draws:,} draws")

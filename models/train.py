@@ -1,11 +1,13 @@
-"""Train one zoo model on CPU: ``python -m models.train --task NAME [--seed S] [--minutes M] [--out DIR]``.
+"""Train one zoo model on CPU: ``python -m models.train --task NAME [--seed S] [--steps N] [--out DIR]``.
 
-Examples are drawn fresh every step from the task's seeded generator (models/tasks.py).
-Adam with the paper's schedule (linear warm-up, then 1/sqrt(step) decay), cross-entropy
-that ignores PAD. Every ``eval_every`` steps the model decodes a validation set
-(VAL_SEED); training stops when it gets >= 99.8% right or the time budget is spent. The
-best checkpoint is then measured on 1,000 held-out examples (EVAL_SEED) and saved with
-core.checkpoint.save together with card.md and meta.json.
+Examples are drawn fresh every step from the training side of the task's split
+(models/tasks.training_stream: no held-out input is ever drawn). Adam with the paper's schedule
+(linear warm-up, then 1/sqrt(step) decay), cross-entropy that ignores PAD. Training runs the
+recipe's fixed number of steps, seeded: deterministic on CPU, so the same command gives the same
+model (time is reported, never a stopping rule). Every ``eval_every`` steps and at ~12
+log-spaced snapshot steps the model decodes 1,000 distinct held-out inputs; the snapshots are
+saved in float16 under ``snapshots/`` (``NAME@STEP`` loads one) and the curves in history.json.
+The final model is saved with core.checkpoint.save together with card.md and meta.json.
 
 Data format (what core.runner.LoadedModel uses at inference):
 source = text tokens + [EOS] (no BOS); decoder input = [BOS] + target; labels = target + [EOS]; PAD = 0.
@@ -14,10 +16,8 @@ source = text tokens + [EOS] (no BOS); decoder input = [BOS] + target; labels = 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
-import random
 import sys
 import time
 from dataclasses import dataclass
@@ -26,8 +26,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 
 from core import checkpoint
+from core.checkpoint import WEIGHTS
 from core.config import TransformerConfig
 from core.decode import greedy_decode
 from core.interface import pad_rows
@@ -37,9 +39,10 @@ from core.tokenizer import CharTokenizer, Tokenizer, WordTokenizer
 from models import tasks as T
 
 ZOO = Path(__file__).resolve().parent
-TARGET_VAL = 0.998  # stop when the validation set is this right (99.5% left too little margin on held-out)
-N_VAL = 1000
 N_HELDOUT = 1000
+N_SNAPSHOTS = 12  # log-spaced, step 0 and the last step included (the last is the model itself)
+SNAPSHOT_DIR = "snapshots"
+HISTORY = "history.json"
 
 
 @dataclass(frozen=True)
@@ -47,12 +50,12 @@ class Recipe:
     """How one task's model is built and trained."""
 
     model: dict[str, Any]  # TransformerConfig fields (vocab sizes and max_len are filled in)
+    steps: int  # training steps (fixed: the same on every machine)
     batch: int = 128
     lr: float = 1e-3  # peak learning rate, reached at the end of warm-up
     warmup: int = 400  # steps of linear warm-up; then lr * sqrt(warmup / step) (paper, 5.3)
     label_smoothing: float = 0.0
-    eval_every: int = 250
-    min_steps: int = 0  # train at least this long even if validation is already good (margin)
+    eval_every: int = 500  # held-out accuracy and loss for the curves in history.json
     # Learned position table initialised with the sinusoidal one (else core's N(0, 0.02) init,
     # which token embeddings drown out at first).
     sinusoidal_init: bool = False
@@ -62,10 +65,10 @@ class Recipe:
 
 _S2S = dict(n_heads=4, n_enc_layers=2, n_dec_layers=2, dropout=0.0, norm="pre")
 RECIPES: dict[str, Recipe] = {
-    "reverse": Recipe(dict(_S2S, d_model=64, d_ff=256), min_steps=7000),
-    "sort": Recipe(dict(_S2S, d_model=64, d_ff=256), min_steps=5000),
-    "numbers": Recipe(dict(_S2S, d_model=64, d_ff=256), min_steps=2500),
-    "dates": Recipe(dict(_S2S, d_model=96, d_ff=384), min_steps=4000),
+    "reverse": Recipe(dict(_S2S, d_model=64, d_ff=256), steps=8000),
+    "sort": Recipe(dict(_S2S, d_model=64, d_ff=256), steps=6000),
+    "numbers": Recipe(dict(_S2S, d_model=64, d_ff=256), steps=3000),
+    "dates": Recipe(dict(_S2S, d_model=96, d_ff=384), steps=4500),
     "brackets": Recipe(
         dict(
             n_heads=4,
@@ -80,6 +83,7 @@ RECIPES: dict[str, Recipe] = {
             n_classes=2,
             pooling="mean",
         ),
+        steps=3500,
         batch=128,
         lr=2e-3,
         warmup=300,
@@ -253,41 +257,128 @@ def build_config(
     )
 
 
+def snapshot_steps(total: int, n: int = N_SNAPSHOTS) -> list[int]:
+    """About n log-spaced steps from 0 to total, both included (0, 10, ... total)."""
+    if total <= 0:
+        return [0]
+    first = min(10, total)
+    ratio = (total / first) ** (1 / max(n - 2, 1))
+    steps = {0, total} | {min(total, round(first * ratio**i)) for i in range(n - 1)}
+    return sorted(steps)
+
+
+def snapshot_file(step: int) -> str:
+    return f"{SNAPSHOT_DIR}/step-{step:06d}.safetensors"
+
+
+def save_snapshot(out: Path, model: Transformer, step: int) -> str:
+    """float16 copy of the weights at ``step`` (what ``NAME@STEP`` loads); its path inside out."""
+    name = snapshot_file(step)
+    state = {k: v.detach().cpu().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out / name), metadata={"format": "pt", "producer": "attnscope", "step": str(step)})
+    return name
+
+
+@torch.no_grad()
+def heldout_loss(model: Transformer, task: T.Task, examples: list[T.Example], src_tok, tgt_tok) -> float:
+    """Mean cross-entropy (teacher forcing) over the held-out examples."""
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(examples), 500):
+        chunk = examples[i : i + 500]
+        src, y_in, y_out = encode_batch(task, chunk, src_tok, tgt_tok, model.cfg.eos_id)
+        if task.kind == "classify":
+            total += F.cross_entropy(model(src).logits, y_in, reduction="sum").item()
+            count += len(chunk)
+        else:
+            logits = model(src, y_in).logits
+            total += F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                y_out.reshape(-1),
+                ignore_index=model.cfg.pad_id,
+                reduction="sum",
+            ).item()
+            count += int((y_out != model.cfg.pad_id).sum())
+    return total / max(count, 1)
+
+
 def train(
-    task_name: str, seed: int, minutes: float, out: Path, log=print, threads: int = 1
+    task_name: str,
+    seed: int,
+    out: Path,
+    steps: int | None = None,
+    log=print,
+    threads: int = 1,
+    n_heldout: int = N_HELDOUT,
 ) -> dict[str, Any]:
+    """Train a fixed number of steps (the recipe's, or ``steps``), seeded and deterministic on CPU;
+    save the model, its card and meta.json, ~12 float16 snapshots and history.json to ``out``."""
     if seed in T.RESERVED_SEEDS:
         raise SystemExit(f"seed {seed} is reserved for validation/evaluation; pick another")
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     task, recipe = T.get(task_name), RECIPES[task_name]
-    rng = random.Random(seed)
+    total = recipe.steps if steps is None else steps
+    stream = T.training_stream(task.name, seed)
     src_tok, tgt_tok = tokenizers(task)
     cfg = build_config(task, recipe, src_tok, tgt_tok)
     model = Transformer(cfg)
     if recipe.sinusoidal_init and cfg.pos_encoding == "learned":
         with torch.no_grad():
             model.src_embed.pos.weight.copy_(sinusoidal_table(cfg.max_len, cfg.d_model))
-    log(f"[{task.name}] {count_parameters(model):,} parameters; config {json.dumps(recipe.model)}")
+    log(
+        f"[{task.name}] {count_parameters(model):,} parameters; config {json.dumps(recipe.model)}; {total:,} steps"
+    )
     params = list(model.parameters())
     probes = make_probes(cfg.d_model) if recipe.hints else None
     if probes is not None:
         params += list(probes.parameters())
     opt = torch.optim.Adam(params, lr=recipe.lr, betas=(0.9, 0.98), eps=1e-9)
-    val = T.generate(task.name, N_VAL, T.VAL_SEED)
-    best_acc, best_state, best_step = -1.0, None, 0
+    heldout = T.heldout_set(task.name, n_heldout)
+    out = Path(out)
+    (out / SNAPSHOT_DIR).mkdir(parents=True, exist_ok=True)
+    for old in (out / SNAPSHOT_DIR).glob("step-*.safetensors"):  # a retrain replaces every snapshot
+        old.unlink()
+    snaps = set(snapshot_steps(total))
+    history: dict[str, Any] = {
+        "task": task.name,
+        "steps": total,
+        "n_heldout": len(heldout),
+        "snapshots": [],
+        "curve": [],
+    }
+    recent: list[float] = []
     start = time.perf_counter()
-    step, stats = 0, {}
-    while True:
-        step += 1
-        examples = [task.sample(rng) for _ in range(recipe.batch)]
+    acc = float("nan")
+    for step in range(total + 1):
+        if step in snaps or step % recipe.eval_every == 0:
+            acc = accuracy(model, task, heldout, src_tok, tgt_tok)
+            point = {
+                "step": step,
+                "heldout": round(acc, 4),
+                "heldout_loss": round(heldout_loss(model, task, heldout, src_tok, tgt_tok), 5),
+                "train_loss": round(sum(recent) / len(recent), 5) if recent else None,
+            }
+            recent = []
+            history["curve"].append(point)
+            if step in snaps:
+                file = save_snapshot(out, model, step) if step < total else WEIGHTS
+                history["snapshots"].append({**point, "file": file})
+            elapsed = (time.perf_counter() - start) / 60
+            log(
+                f"step {step:6d}  {elapsed:5.2f} min  train loss {point['train_loss']}  "
+                f"held-out loss {point['heldout_loss']:.4f}  held-out {acc:.4f}"
+            )
+        if step == total:
+            break
+        examples = [next(stream) for _ in range(recipe.batch)]
         src, y_in, y_out = encode_batch(task, examples, src_tok, tgt_tok, cfg.eos_id)
         model.train()
         if task.kind == "classify":
             out_ = model(src, return_hidden=probes is not None)
             loss = F.cross_entropy(out_.logits, y_in, label_smoothing=recipe.label_smoothing)
             if probes is not None:
-                hint, stats = hint_loss(model, probes, out_, src, examples)
+                hint, _stats = hint_loss(model, probes, out_, src, examples)
                 loss = loss + recipe.hints * hint
         else:
             logits = model(src, y_in).logits
@@ -298,85 +389,75 @@ def train(
                 label_smoothing=recipe.label_smoothing,
             )
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, recipe)
+            g["lr"] = lr_at(step + 1, recipe)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        elapsed = (time.perf_counter() - start) / 60
-        out_of_time = elapsed >= minutes
-        if step % recipe.eval_every == 0 or out_of_time:
-            acc = accuracy(model, task, val, src_tok, tgt_tok)
-            extra = "".join(f"  {k} {v:.3f}" for k, v in stats.items())
-            log(
-                f"step {step:6d}  {elapsed:5.2f} min  loss {loss.item():.4f}  lr {lr_at(step, recipe):.2e}  "
-                f"val {acc:.4f}{extra}"
-            )
-            if acc >= best_acc:  # ties: the later (longer-trained) one
-                best_acc, best_state, best_step = acc, copy.deepcopy(model.state_dict()), step
-            if acc >= TARGET_VAL and step >= recipe.min_steps:
-                break
-        if out_of_time:
-            break
-    train_minutes = (time.perf_counter() - start) / 60
-    if best_state is not None:
-        model.load_state_dict(best_state)
-    heldout = T.generate(task.name, N_HELDOUT, T.EVAL_SEED)
-    acc = accuracy(model, task, heldout, src_tok, tgt_tok)
+        recent.append(loss.item())
+    minutes = (time.perf_counter() - start) / 60
     log(
-        f"[{task.name}] best val {best_acc:.4f} at step {best_step}; held-out {acc:.4f} "
-        f"({N_HELDOUT} examples, seed {T.EVAL_SEED}); {train_minutes:.2f} min, {step} steps"
+        f"[{task.name}] held-out {acc:.4f} ({len(heldout)} never-seen inputs); {minutes:.2f} min, {total} steps"
     )
-    overlap = overlap_with_training(task, seed, heldout, step * recipe.batch)
-    overlap["unseen_acc"] = unseen_accuracy(model, task, heldout, overlap["seen"], src_tok, tgt_tok)
-    meta = make_meta(task, seed, train_minutes, step, best_step, acc)
-    card = make_card(task, recipe, cfg, model, seed, train_minutes, step, best_step, best_acc, acc, overlap)
+    meta = make_meta(task, recipe, seed, minutes, total, acc, len(heldout))
+    card = make_card(task, recipe, cfg, model, seed, minutes, total, acc, len(heldout), history)
     checkpoint.save(out, model, src_tok, tgt_tok, card=card, meta=meta)
+    (out / HISTORY).write_text(json.dumps(history, indent=1) + "\n")
     log(f"saved {out}")
     return meta
-
-
-def overlap_with_training(task: T.Task, seed: int, heldout: list[T.Example], n_seen: int) -> dict[str, Any]:
-    """Which held-out sources also occur in the training stream (its first n_seen examples):
-    {"share": fraction, "seen": per-example flags, "n_unseen": count}."""
-    rng = random.Random(seed)
-    stream = {task.sample(rng)[0] for _ in range(n_seen)}
-    seen = [s in stream for s, _ in heldout]
-    return {"share": sum(seen) / len(seen), "seen": seen, "n_unseen": len(seen) - sum(seen)}
-
-
-def unseen_accuracy(model, task, heldout, seen, src_tok, tgt_tok) -> float:
-    """Accuracy on the held-out examples whose source never occurred in training."""
-    rest = [e for e, was in zip(heldout, seen, strict=True) if not was]
-    return accuracy(model, task, rest, src_tok, tgt_tok) if rest else float("nan")
 
 
 # -- card and meta -----------------------------------------------------------------------
 
 
+def hinted_heads(recipe: Recipe) -> list[dict[str, Any]]:
+    """The heads a training loss forced into a pattern (pages mark them "trained to look like this")."""
+    if not recipe.hints:
+        return []
+    return [
+        {"kind": "enc_self", "layer": PREFIX_HEAD[0], "head": PREFIX_HEAD[1],
+         "pattern": "spreads evenly over the positions up to its own (counts the depth)"},
+        {"kind": "enc_self", "layer": PARTNER_HEAD[0], "head": PARTNER_HEAD[1],
+         "pattern": "from each bracket to its partner"},
+    ]  # fmt: skip
+
+
 def make_meta(
-    task: T.Task, seed: int, minutes: float, steps: int, best_step: int, acc: float
+    task: T.Task, recipe: Recipe, seed: int, minutes: float, steps: int, acc: float, n_heldout: int
 ) -> dict[str, Any]:
     metric = "heldout_accuracy" if task.kind == "classify" else "heldout_exact_match"
+    threads = torch.get_num_threads()
     meta: dict[str, Any] = {
         "task": task.name,
         "summary": task.summary,
-        "metrics": {metric: round(acc, 4), "n_heldout": N_HELDOUT, "eval_seed": T.EVAL_SEED},
+        "metrics": {
+            metric: round(acc, 4),
+            "n_heldout": n_heldout,
+            "eval_seed": T.EVAL_SEED,
+            "heldout": f"distinct inputs from the held-out {T.HELDOUT_PER_MILLE / 10:g}% of the input space "
+            f"(stable hash of the {'day' if task.name == 'dates' else 'source'}); training never draws one",
+        },
         "train": {
             "seed": seed,
-            "minutes": round(minutes, 2),
             "steps": steps,
-            "best_step": best_step,
-            "device": f"cpu (2 cores, {torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() > 1 else ''})",
-            "val_seed": T.VAL_SEED,
+            "batch": recipe.batch,
+            "minutes": round(minutes, 2),
+            "device": f"cpu ({threads} torch thread{'s' if threads > 1 else ''})",
+            "command": reproduce_command(task.name, seed),
         },
     }
     if task.kind == "classify":
         meta["labels"] = list(task.labels)
+    if hinted_heads(recipe):
+        meta["hinted_heads"] = hinted_heads(recipe)
     return meta
 
 
-def make_card(task, recipe, cfg, model, seed, minutes, steps, best_step, best_val, acc, overlap) -> str:
+def reproduce_command(task: str, seed: int) -> str:
+    return f"python -m models.train --task {task}" + (f" --seed {seed}" if seed != T.TRAIN_SEED else "")
+
+
+def make_card(task, recipe, cfg, model, seed, minutes, steps, acc, n_heldout, history) -> str:
     metric = "accuracy" if task.kind == "classify" else "exact match"
     shape = (
         f"encoder-only classifier, {cfg.n_enc_layers} layers, {cfg.pooling} pooling, labels {list(task.labels)}"
@@ -394,11 +475,18 @@ def make_card(task, recipe, cfg, model, seed, minutes, steps, best_step, best_va
         f"Adam (0.9, 0.98, eps 1e-9), peak lr {recipe.lr:g} after {recipe.warmup} warm-up steps then "
         f"1/sqrt(step) decay, batch {recipe.batch}, gradient clip 1.0, label smoothing {recipe.label_smoothing:g}"
     )
-    if recipe.min_steps:
-        sched += f", at least {recipe.min_steps:,} steps"
     if recipe.sinusoidal_init:
         sched += "; the learned position table starts as the sinusoidal table"
+    right = task.attention
     if recipe.hints:
+        forced = "; ".join(
+            f"layer {h['layer']} head {h['head']} ({h['pattern']})" for h in hinted_heads(recipe)
+        )
+        right += (
+            f"\n\n**Forced, not found:** two heads were trained to look like this by extra loss terms: {forced} "
+            '(0-based). The dashboard marks them "trained to look like this" wherever they appear. The other '
+            "heads were left free."
+        )
         sched += (
             f".\n\nTraining hints (weight {recipe.hints:g}, the two probes half that; 0-based layer/head numbers): besides the class, the loss "
             f"asks head {PREFIX_HEAD[1]} of layer {PREFIX_HEAD[0]} to attend uniformly to the positions up to its own "
@@ -407,39 +495,47 @@ def make_card(task, recipe, cfg, model, seed, minutes, steps, best_step, best_va
             "bracket on the same nesting level, types ignored: the matching bracket in a balanced string), and a "
             "linear probe after the last layer to read whether the prefix is still valid. The targets come from "
             "a stack run over the input; the probes are not saved, and the model reads only the raw string. "
-            "So those two heads show the right attention by construction; the other heads were left free. "
             "Without the two attention hints (tried: 128-wide encoder with a length curriculum, with and without "
-            "the probes; 64-wide with the probes) validation accuracy was still 65-85% after 5-7 minutes"
+            "the probes; 64-wide with the probes) validation accuracy was still 65-85% after 5-7 minutes; a 6-layer "
+            "encoder without any hint, trained like this one, was at 76.6% held-out after 1,077 steps (this model: "
+            "98.7% at step 1,085) and had stopped improving"
         )
+    key = "day (every way of writing a held-out day is held out)" if task.name == "dates" else "source text"
+    snaps = history["snapshots"]
+    first, last = snaps[0], snaps[-1]
+    threads = torch.get_num_threads()
     return f"""# {task.name}
 
 {task.summary[0].upper() + task.summary[1:]}.
 
 ## Right attention
-{task.attention}
+{right}
 
 ## Model
 {shape}; {count_parameters(model):,} parameters.
 Config: {fields}, max_len={cfg.max_len}, vocab {cfg.src_vocab_size} source / {cfg.tgt_vocab_size if not cfg.is_encoder_only else "-"} target.
 
 ## Data
-Generator `models.tasks.{task.sample.__name__}` (exact checker `models.tasks.{task.answer.__name__}`),
-fresh examples every step from `random.Random({seed})`: {steps:,} steps x {recipe.batch} = {steps * recipe.batch:,} examples seen.
-Early stopping at {TARGET_VAL:.1%} right on {N_VAL:,} validation examples (seed {T.VAL_SEED}); held-out set: {N_HELDOUT:,} examples (seed {T.EVAL_SEED}).
-Held-out sources that also occur in the training stream: {overlap["share"]:.1%} (the domain is finite: short inputs, few-symbol strings and, for numbers and dates, a good part of all inputs recur).
+Generator `models.tasks.{task.sample.__name__}` (exact checker `models.tasks.{task.answer.__name__}`).
+The input space is split by construction: a stable hash of the {key} puts {T.HELDOUT_PER_MILLE / 10:g}% of all inputs
+on the held-out side (`models.tasks.is_heldout`). Training draws only from the other side
+(`models.tasks.training_stream`, seed {seed}): {steps:,} steps x {recipe.batch} = {steps * recipe.batch:,} examples.
+The held-out set is {n_heldout:,} distinct held-out inputs (`models.tasks.heldout_set`, seed {T.EVAL_SEED}): none can occur in training.
 
 ## Training
 {sched}.
 {io}.
-Stopped at step {steps:,} after {minutes:.1f} minutes on a 2-core CPU shared with other jobs (torch threads: {torch.get_num_threads()}); kept step {best_step:,}
-(validation {metric} {best_val:.2%}). Seed {seed}.
+A fixed {steps:,} steps, seeded and deterministic on CPU; time is reported, never a stopping rule
+(it took {minutes:.1f} minutes here, {threads} torch thread{"s" if threads > 1 else ""}).
+{len(snaps)} snapshots at log-spaced steps ({", ".join(str(p["step"]) for p in snaps)}) are kept in float16
+under `snapshots/` for the dashboard's Training page (`{task.name}@STEP`): held-out {metric}
+{first["heldout"]:.1%} at step {first["step"]}, {last["heldout"]:.1%} at step {last["step"]}.
 
 ## Result
-Held-out {metric}: **{acc:.2%}** on {N_HELDOUT:,} examples (eval seed {T.EVAL_SEED}, {how});
-{overlap["unseen_acc"]:.2%} on the {overlap["n_unseen"]:,} of them whose source never occurred in training.
+Held-out {metric}: **{acc:.2%}** on {n_heldout:,} never-seen inputs ({how}).
 
 ## Reproduce
-`python -m models.train --task {task.name} --seed {seed}`
+`{reproduce_command(task.name, seed)}` (same steps, same seed: the same weights on CPU).
 """
 
 
@@ -447,7 +543,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.splitlines()[0])
     p.add_argument("--task", required=True, choices=sorted(T.TASKS))
     p.add_argument("--seed", type=int, default=T.TRAIN_SEED)
-    p.add_argument("--minutes", type=float, default=14.0, help="training time budget (default 14)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: the task's recipe)")
+    p.add_argument(
+        "--heldout", type=int, default=N_HELDOUT, help=f"held-out inputs measured (default {N_HELDOUT})"
+    )
     p.add_argument("--out", type=Path, default=None, help="model folder (default models/<task>)")
     p.add_argument(
         "--threads",
@@ -460,10 +559,11 @@ def main(argv: list[str] | None = None) -> int:
     train(
         args.task,
         args.seed,
-        args.minutes,
         args.out or ZOO / args.task,
+        steps=args.steps,
         log=lambda m: print(m, flush=True),
         threads=args.threads,
+        n_heldout=args.heldout,
     )
     return 0
 

@@ -77,6 +77,12 @@ def server(browser, tiny_folder, tiny_clf_folder, tmp_path_factory):
 # -- page helpers ------------------------------------------------------------------------------
 
 
+def _input_box(page):
+    """The sidebar's "Input text" box, found by its label: other sidebar text inputs (the own-model
+    path, the trace path) sit in expanders and may come first in the DOM, hidden."""
+    return page.locator('[data-testid="stSidebar"]').get_by_label("Input text", exact=True)
+
+
 def _new_page(browser):
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     page.requests = []
@@ -178,7 +184,7 @@ def test_every_page_in_a_real_browser(browser, server, tmp_path):
     _wait_chart_title(page, "· layer 0 · head 0")
     before = _x_ticks(page, "· layer 0 · head 0")
     assert before[:5] == ["h", "e", "l", "l", "o"] and before[-1] == "<eos>"
-    box = page.locator('[data-testid="stSidebar"] [data-testid="stTextInput"] input').first
+    box = _input_box(page)
     box.fill("zyxw")
     box.press("Enter")
     page.wait_for_function(
@@ -244,7 +250,7 @@ def test_every_page_in_a_real_browser(browser, server, tmp_path):
 def test_bertviz_is_offline_and_shows_script_text_as_text(browser, server):
     page = _new_page(browser)
     _open_with_tiny_model(page, server)
-    box = page.locator('[data-testid="stSidebar"] [data-testid="stTextInput"] input').first
+    box = _input_box(page)
     box.fill(INJECTION)
     box.press("Enter")
     _wait_chart_title(page, "· layer 0 · head 0")

@@ -194,6 +194,20 @@ def test_greedy_stops_at_eos():
     assert res.out_ids[:, 0].tolist() == [2, 2, 2]
 
 
+def test_greedy_of_a_model_that_writes_pad_and_never_eos():
+    """An untrained model (a step-0 snapshot) may predict PAD and never EOS: every step it ran counts."""
+    model = make("cpu", seed=1)
+    with torch.no_grad():
+        model.generator.weight.zero_()
+        model.generator.bias.fill_(-1e4)
+        model.generator.bias[model.cfg.pad_id] = 1e4
+    src, _ = batch("cpu")
+    res = greedy_decode(model, src, max_len=5)
+    assert res.lengths == [5, 5, 5] and res.out_ids.shape == (3, 5)
+    assert (res.out_ids == model.cfg.pad_id).all()
+    assert res.ids[:, 0].tolist() == [model.cfg.bos_id] * 3
+
+
 # -- configuration ----------------------------------------------------------------------
 
 

@@ -2,10 +2,14 @@
 
 PAD query rows: both implementations let a PAD query attend to every real key (only keys are
 masked), so nothing differs there by design and the padded rows are compared too. But PAD rows
-drift further apart through the layers than real rows (float rounding only; measured: hidden
-states ~1e-4 against <7e-6 for real tokens, attention ~1.2e-5 against <2.2e-6), so the bounds
-asked for (hidden 1e-4, attention 1e-5) are asserted on real query rows, and ten times looser
-bounds on PAD query rows.
+drift further apart through the layers than real rows (float rounding only).
+
+Largest differences measured on a 2-core CPU with one torch thread (2026-11-23; the README quotes the
+real-token figures), each bound about 2.5-3x its measurement so that another BLAS or machine passes:
+hidden states 3.9e-6 on real tokens (bound 1e-5), 2.1e-4 with PAD rows (6e-4); attention 1.2e-6 on
+real query rows (3e-6), 2.4e-5 with PAD rows (6e-5); padding vs alone 1.1e-6 (3e-6); |row sum - 1|
+1.2e-7 (5e-7: a few float32 steps near 1); pooled embedding 5.8e-7 (1.5e-6); core vs core.hf attention 8.9e-7 (2.5e-6) and
+embedding norm 9.5e-7 (2.5e-6).
 """
 
 from __future__ import annotations
@@ -80,14 +84,14 @@ def test_hidden_states_and_attention_match_bert(minilm, reference, texts):
     assert len(ours.enc_hidden) == len(ref.hidden_states) == 7  # embeddings + 6 layers
     for layer, (a, b) in enumerate(zip(ours.enc_hidden, ref.hidden_states, strict=True)):
         diff = (a - b).abs()
-        assert diff[real].max().item() < 1e-4, f"hidden state {layer} (real tokens)"
-        assert diff.max().item() < 1e-3, f"hidden state {layer} (PAD rows included)"
+        assert diff[real].max().item() < 1e-5, f"hidden state {layer} (real tokens)"
+        assert diff.max().item() < 6e-4, f"hidden state {layer} (PAD rows included)"
     probs = ours.attn["enc_self"].probs  # (B, layer, head, S, S)
     assert len(ref.attentions) == probs.shape[1] == 6
     for layer, a in enumerate(ref.attentions):
         diff = (probs[:, layer] - a).abs().transpose(1, 2)  # (B, query, head, key)
-        assert diff[real].max().item() < 1e-5, f"attention layer {layer} (real query rows)"
-        assert diff.max().item() < 1e-4, f"attention layer {layer} (PAD query rows included)"
+        assert diff[real].max().item() < 3e-6, f"attention layer {layer} (real query rows)"
+        assert diff.max().item() < 6e-5, f"attention layer {layer} (PAD query rows included)"
     # the traces carry exactly what the forward pass computed
     for i, t in enumerate(traces):
         np.testing.assert_array_equal(t.probs("enc_self"), probs[i].numpy())
@@ -104,10 +108,10 @@ def test_padded_batch_keeps_pad_visible_and_masked(minilm):
     assert mask[:, :n_real].all() and not mask[:, n_real:].any()
     probs = short.probs("enc_self")
     assert (probs[..., n_real:] == 0).all()
-    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=0, atol=5e-7)
     # padding does not change the real rows (beyond float noise)
     (alone,) = minilm.trace(["short"])
-    np.testing.assert_allclose(probs[:, :, :n_real, :n_real], alone.probs("enc_self"), atol=1e-5)
+    np.testing.assert_allclose(probs[:, :, :n_real, :n_real], alone.probs("enc_self"), rtol=0, atol=3e-6)
 
 
 def test_predict_is_mean_pooled_embedding(minilm, reference):
@@ -118,7 +122,9 @@ def test_predict_is_mean_pooled_embedding(minilm, reference):
     for i, answer in enumerate(answers):
         norm = pooled[i].norm().item()
         assert answer.startswith(f"embedding norm {norm:.4f}, first values [")
-        np.testing.assert_allclose(traces[i].meta["embedding_head"], pooled[i, :8].numpy(), atol=1e-5)
+        np.testing.assert_allclose(
+            traces[i].meta["embedding_head"], pooled[i, :8].numpy(), rtol=0, atol=1.5e-6
+        )
 
 
 def test_too_long_input(minilm):
@@ -181,5 +187,5 @@ def test_same_folder_through_core_hf_agrees(minilm):
         np.testing.assert_array_equal(a.mask("enc_self"), b.mask("enc_self"))
         real = a.mask("enc_self")[0]
         diff = np.abs(a.probs("enc_self") - b.probs("enc_self"))[:, :, real]
-        assert diff.max() < 1e-5
-        assert abs(a.meta["embedding_norm"] - b.meta["embedding_norm"]) < 1e-4
+        assert diff.max() < 2.5e-6
+        assert abs(a.meta["embedding_norm"] - b.meta["embedding_norm"]) < 2.5e-6

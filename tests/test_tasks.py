@@ -1,9 +1,10 @@
-"""The zoo's data generators: formats, labels checked independently, seeds, overlap."""
+"""The zoo's data generators: formats, labels checked independently, seeds, the held-out split."""
 
 from __future__ import annotations
 
 import calendar
 import datetime as dt
+import itertools
 import random
 import re
 from collections import Counter
@@ -60,27 +61,44 @@ def test_training_refuses_reserved_seeds(tmp_path):
 
     for seed in T.RESERVED_SEEDS:
         with pytest.raises(SystemExit):
-            train.train("reverse", seed, 0.01, tmp_path / "x")
+            train.train("reverse", seed, tmp_path / "x", steps=1)
 
 
-# Share of held-out sources (eval seed) that also occur in 20,000 training-stream examples.
-# What overlaps are short inputs, of which there are only a few (26 one-letter strings, 1,000
-# numbers below 1000, strings of one repeated symbol, ...); numbers is a small domain (10^6) so its bound is loose.
-MAX_OVERLAP = {"reverse": 0.25, "sort": 0.3, "dates": 0.05, "numbers": 0.7, "brackets": 0.18}
-MAX_OVERLAP_LONG = 0.15  # among sources of at least 6 characters (12 for brackets)
+# -- the held-out split (zero overlap by construction) ---------------------------------------------
 
 
 @pytest.mark.parametrize("name", list(T.TASKS))
-def test_heldout_set_barely_overlaps_training_stream(name):
-    train_src = {s for s, _ in T.generate(name, 20_000, T.TRAIN_SEED)}
-    heldout = T.generate(name, 1000, T.EVAL_SEED)
-    val = T.generate(name, 1000, T.VAL_SEED)
-    assert heldout != val
-    overlap = sum(s in train_src for s, _ in heldout) / len(heldout)
-    assert overlap <= MAX_OVERLAP[name]
-    long = [s for s, _ in heldout if len(s) >= (12 if name == "brackets" else 6)]
-    assert len(long) > 100
-    assert sum(s in train_src for s in long) / len(long) <= MAX_OVERLAP_LONG
+def test_training_never_draws_a_heldout_input(name):
+    """Checked against the rule itself, not a sample of the stream: every training draw is on the
+    training side and every held-out input on the held-out side, so no input can be in both,
+    whatever the seed or the number of steps."""
+    heldout = T.heldout_set(name, 1000)
+    assert len({s for s, _ in heldout}) == 1000  # distinct
+    assert all(T.is_heldout(name, s) and T.check(name, s, t) for s, t in heldout)
+    for seed in (T.TRAIN_SEED, 12345):
+        drawn = list(itertools.islice(T.training_stream(name, seed), 20_000))
+        assert not any(T.is_heldout(name, s) for s, _ in drawn)
+        assert not {s for s, _ in heldout} & {s for s, _ in drawn}
+
+
+@pytest.mark.parametrize("name", list(T.TASKS))
+def test_split_holds_about_a_tenth_of_the_input_space(name):
+    one_per_key = {T.split_key(name, s): s for s, _ in T.generate(name, 20_000, 99)}  # dates: one per day
+    share = sum(T.is_heldout(name, s) for s in one_per_key.values()) / len(one_per_key)
+    assert 0.08 < share < 0.12, share
+
+
+def test_dates_split_by_day_not_by_spelling():
+    rng = random.Random(3)
+    for _ in range(300):
+        day = T.FIRST_DAY + dt.timedelta(days=rng.randrange((T.LAST_DAY - T.FIRST_DAY).days))
+        sides = {T.is_heldout("dates", fmt(rng, day)) for fmt in T.DATE_FORMATS.values()}
+        assert len(sides) == 1, day  # every way of writing one day is on the same side
+
+
+def test_heldout_set_is_reproducible_and_seeded():
+    assert T.heldout_set("reverse", 50) == T.heldout_set("reverse", 50)
+    assert T.heldout_set("reverse", 50) != T.heldout_set("reverse", 50, seed=T.VAL_SEED)
 
 
 # -- reverse / sort -------------------------------------------------------------------------

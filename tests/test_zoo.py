@@ -11,11 +11,12 @@ import torch
 from core import checkpoint
 from core.decode import greedy_decode
 from core.interface import pad_rows
-from models import registry
+from models import registry, train
 from models import tasks as T
 
-NAMES = [n for n in registry.ORDER if (registry.ZOO_DIR / n / checkpoint.CONFIG).is_file()]
-MAX_FOLDER_BYTES = 5 * 2**20
+NAMES = list(registry.ORDER)  # every zoo model must be there: a missing folder fails, never skips
+MAX_FOLDER_BYTES = 3 * 2**20  # the model itself (config, weights, vocabularies, card)
+MAX_SNAPSHOT_BYTES = 12 * 2**20  # its training snapshots (float16)
 N_HELDOUT = 1000
 
 HAND = {
@@ -57,9 +58,10 @@ HAND = {
 }
 
 
-def test_zoo_is_not_empty():
-    assert NAMES, "no trained model under models/<name>/"
-    assert registry.DEFAULT_MODEL in NAMES
+def test_every_zoo_model_is_committed():
+    missing = [n for n in NAMES if not (registry.ZOO_DIR / n / checkpoint.CONFIG).is_file()]
+    assert not missing, f"zoo models missing from models/: {missing}"
+    assert registry.zoo_names()[: len(NAMES)] == NAMES and registry.DEFAULT_MODEL in NAMES
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -71,10 +73,13 @@ def loaded(request):
 def test_folder_complete_and_small(loaded):
     files = {p.name: p.stat().st_size for p in loaded.folder.iterdir() if p.is_file()}
     needed = {checkpoint.CONFIG, checkpoint.WEIGHTS, checkpoint.SRC_VOCAB, checkpoint.CARD, checkpoint.META}
+    needed.add(registry.HISTORY)
     if loaded.has_decoder:
         needed.add(checkpoint.TGT_VOCAB)
     assert needed <= set(files)
     assert sum(files.values()) < MAX_FOLDER_BYTES
+    snaps = sum(p.stat().st_size for p in (loaded.folder / "snapshots").iterdir())
+    assert 0 < snaps < MAX_SNAPSHOT_BYTES
 
 
 def test_loads_both_ways_and_is_big_enough(loaded):
@@ -95,7 +100,9 @@ def test_meta_and_card(loaded):
     metric = "heldout_accuracy" if meta["task"] == "brackets" else "heldout_exact_match"
     assert meta["metrics"]["n_heldout"] == N_HELDOUT and meta["metrics"]["eval_seed"] == T.EVAL_SEED
     assert meta["metrics"][metric] >= 0.99
-    assert {"seed", "minutes", "steps", "device"} <= set(meta["train"])
+    assert "training never draws one" in meta["metrics"]["heldout"]
+    assert {"seed", "minutes", "steps", "device", "command"} <= set(meta["train"])
+    assert meta["train"]["steps"] == train.RECIPES[loaded.name].steps  # a fixed step count, not a time budget
     assert meta["train"]["seed"] not in T.RESERVED_SEEDS
     if loaded.name == "brackets":
         assert meta["labels"] == ["unbalanced", "balanced"]
@@ -105,7 +112,8 @@ def test_meta_and_card(loaded):
 
 @torch.no_grad()
 def test_heldout_accuracy_from_committed_weights(loaded):
-    examples = T.generate(loaded.name, N_HELDOUT, T.EVAL_SEED)
+    """Re-measured exactly: the same never-seen inputs, the same number as the card (no slack)."""
+    examples = T.heldout_set(loaded.name, N_HELDOUT)
     src = pad_rows([loaded.prepare(s).ids for s, _ in examples], 0)[0]  # text tokens + EOS, PAD = 0
     assert bool((src[:, 0] != loaded.cfg.bos_id).all())
     if loaded.has_decoder:
@@ -116,7 +124,8 @@ def test_heldout_accuracy_from_committed_weights(loaded):
     acc = sum(T.check(loaded.name, s, p) for (s, _), p in zip(examples, preds, strict=True)) / N_HELDOUT
     metric = "heldout_accuracy" if loaded.name == "brackets" else "heldout_exact_match"
     assert acc >= 0.99
-    assert abs(acc - loaded.meta["metrics"][metric]) <= 0.003  # the card's number is this number
+    assert round(acc, 4) == loaded.meta["metrics"][metric]  # the card's number is exactly this number
+    assert f"**{acc:.2%}** on {N_HELDOUT:,} never-seen inputs" in loaded.card
 
 
 def test_predict_hand_examples(loaded):

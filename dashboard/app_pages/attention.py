@@ -6,7 +6,7 @@ import streamlit as st
 
 from core.trace import KIND_LABELS
 from dashboard import keys as K
-from dashboard import model_facts, state, ui
+from dashboard import marks, model_facts, state, ui
 from dashboard.plots import attention as P
 from dashboard.plots.common import ATTENTION_AXIS_TITLES, DECODER_ONLY_TITLES
 
@@ -37,10 +37,10 @@ with c_seq:
     seq = state.sequence_picker(K.ATT_SEQ, traces)
 o1, o2, o3, _ = st.columns([1, 1, 2, 1], vertical_alignment="center")
 log = o1.toggle("Log colour scale", key=K.ATT_LOG, help="Colour = log10(weight), from 1e-4 to 1.")
+st.session_state.setdefault(K.ATT_MASK, True)  # (no value=: a link may set it)
 show_mask = o2.toggle(
     "Show mask",
     key=K.ATT_MASK,
-    value=True,
     help="Masked cells (may not attend) are drawn grey in the grid and marked ✕ in the heatmap.",
 )
 aggregates = o3.multiselect(
@@ -58,6 +58,7 @@ q_tok, k_tok = tr.axes(kind)
 mask = tr.mask(kind)
 n_layers, n_heads = probs.shape[:2]
 where = f"sequence {seq}" if len(traces) > 1 else "input"
+hinted = marks.hinted({} if state.current().trace else state.model().meta, kind)
 
 grid = P.grid_figure(
     probs,
@@ -67,8 +68,10 @@ grid = P.grid_figure(
     log=log,
     aggregates=aggregates,
     title=f"{KIND_LABELS[kind]}: all {n_layers} layers × {n_heads} heads ({where}); click a tile",
+    marks=hinted,
 )
 event = ui.chart(grid, key=K.ATT_GRID, on_select="rerun", selection_mode="points")
+marks.caption(hinted)
 
 # A click on a tile picks that layer and head (applied once, so the selectors stay usable).
 points = list(getattr(getattr(event, "selection", None), "points", None) or [])
@@ -96,7 +99,8 @@ big = P.head_heatmap(
     log=log,
     query_title=q_title,
     key_title=k_title,
-    title=f"{KIND_LABELS[kind]} · layer {layer} · {P.head_name(head)} · {where}",
+    title=f"{KIND_LABELS[kind]} · layer {layer} · {P.head_name(head)} · {where}"
+    + (f"<br><sup>▣ {marks.NOTE}: {hinted[(layer, head)]}</sup>" if (layer, head) in hinted else ""),
 )
 ui.chart(big, key="att_head_chart")
 st.caption(

@@ -9,7 +9,7 @@ from core import audit
 from core.runner import InputError
 from core.trace import KIND_LABELS
 from dashboard import keys as K
-from dashboard import loaders, runs, state, ui, words
+from dashboard import loaders, opened, runs, state, ui, words
 from dashboard.plots import analytics as PA
 from dashboard.plots import attention as PT
 from dashboard.plots import audit as P
@@ -48,13 +48,18 @@ st.markdown(
 )
 traces = state.traces()
 sel = state.current()
-lm = state.model()
-pad = lm.cfg.pad_id
-try:
-    report = runs.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets)
-except (InputError, ValueError) as exc:
-    st.error("The audit cannot run on this input: " + state.sentence(str(exc)))
-    st.stop()
+file = state.trace_file()
+if file is not None:  # a trace file: the static checks read it; the leak tests need the model
+    lm, pad = None, None
+    report = audit.AuditReport(audit.static_checks(traces), traces, meta={"model": file.trace.model})
+else:
+    lm = state.model()
+    pad = lm.cfg.pad_id
+    try:
+        report = runs.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets)
+    except (InputError, ValueError) as exc:
+        st.error("The audit cannot run on this input: " + state.sentence(str(exc)))
+        st.stop()
 
 ui.run_caption(report.traces[0])
 n_pass, n_fail, n_skip = words.summary(report)
@@ -69,7 +74,7 @@ m[0].metric("Checks passed", n_pass)
 m[1].metric("Checks failed", n_fail)
 m[2].metric("Skipped", n_skip)
 m[3].metric("Inputs audited", f"{len(report.traces)} (+{report.meta.get('extra_pad', 0)} PAD cols)")
-if not lm.injectable:
+if lm is not None and not lm.injectable:
     st.caption(words.black_box_caption(lm))
 
 static = [v for v in report.verdicts if words.check_base(v.name) in words.STATIC]
@@ -78,7 +83,13 @@ info = [v for v in report.verdicts if words.check_base(v.name) in words.INFO]
 st.subheader("Static checks (on the attention maps)")
 _table(static, "aud_static")
 st.subheader("Leak tests (the model run again with changed inputs)")
-_table(dynamic, "aud_dynamic")
+if file is not None:
+    who = (
+        opened.writer_name(file.trace) or loaders.display_name(file.trace.model) or "the model that wrote it"
+    )
+    st.info(f"The leak tests run the model again, which a trace file does not hold: load {who} to run them.")
+else:
+    _table(dynamic, "aud_dynamic")
 st.subheader("Special tokens (information)")
 _table(info, "aud_info")
 

@@ -15,8 +15,9 @@ from dashboard import loaders, runs, state, ui, words
 from dashboard.plots import analytics as P
 from dashboard.plots import attention as PT
 from dashboard.plots.common import AXIS_TITLES
+from models import registry
 
-MODES = ("another input", "another model", "a mask bug", "heads switched off")
+MODES = ("another input", "another model", "a mask bug", "heads switched off", "another training step")
 
 
 def _pair_labels(a: tuple[str, ...], b: tuple[str, ...]) -> list[str]:
@@ -36,12 +37,13 @@ def _audit_lines(ca, cb, ok, bad) -> None:
 st.title("Compare")
 st.markdown(
     "**A** is the sidebar's run. **B** is the same model on another input, another model on the same input, "
-    "the same model with a mask bug injected, or with heads switched off. Both are shown side by side at the "
+    "the same model with a mask bug injected, with heads switched off, or the same zoo model at another step "
+    "of its training. Both are shown side by side at the "
     "same kind, layer and head, with B − A below (positions compared index by index)."
 )
 traces = state.traces()
 sel = state.current()
-lm = state.model()
+lm = state.model("Compare")
 mode = st.radio("Compare A with", MODES, key=K.CMP_MODE, horizontal=True)
 if mode in MODES[2:] and not lm.injectable:
     st.warning(words.not_injectable_message(lm))
@@ -80,6 +82,27 @@ try:
         name_b = st.selectbox("Model B", others, key=K.CMP_MODEL_B, format_func=loaders.picker_label)
         version_b = loaders.model_version(name_b)
         loaders.load_model(name_b, sel.device, version_b)
+        traces_a = traces
+        traces_b = loaders.compute_traces(name_b, sel.device, version_b, sel.sources, sel.targets)
+        b_what = name_b
+    elif mode == "another training step":
+        base, step_a = registry.split_snapshot(sel.name)
+        snaps = registry.snapshots(base) if base in registry.zoo_names() else []
+        if not snaps:
+            st.info(
+                f"{loaders.display_name(sel.name)} has no training snapshots: pick a zoo model "
+                "(or NAME@STEP) in the sidebar to compare two steps of its training."
+            )
+            st.stop()
+        steps = [s["step"] for s in snaps]
+        step_a = steps[-1] if step_a is None else step_a
+        others = [s for s in steps if s != step_a] or steps
+        ui.keep_valid(K.CMP_STEP_B, others, default=others[len(others) // 2])
+        step_b = st.select_slider(
+            f"Step B (A is step {step_a:,})", others, key=K.CMP_STEP_B, format_func=lambda s: f"{s:,}"
+        )
+        name_b = f"{base}@{step_b}"
+        version_b = loaders.model_version(name_b)
         traces_a = traces
         traces_b = loaders.compute_traces(name_b, sel.device, version_b, sel.sources, sel.targets)
         b_what = name_b
@@ -136,6 +159,7 @@ label_b = {
     "another model": f"B: {loaders.display_name(name_b)}",
     "a mask bug": f"B: with {st.session_state.get(K.CMP_BUG)}",
     "heads switched off": "B: heads off",
+    "another training step": f"B: {name_b}",
 }[mode]
 ca, cb = st.columns(2)
 ca.markdown(f"**{label_a}**")

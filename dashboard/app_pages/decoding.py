@@ -17,9 +17,11 @@ from dashboard import model_facts, state, ui
 from dashboard.plots import decoding as P
 
 st.title("Decoding")
-lm = state.model()
+file = state.trace_file()  # a trace file: its own steps (no model to run)
+lm = None if file else state.model()
+arch = model_facts.trace_arch(file.trace) if file else model_facts.arch(lm)
 
-if not model_facts.has_decoder(lm):
+if arch == "encoder":
     traces = state.traces()
     seq = state.sequence_picker(K.DEC_SEQ, traces)
     tr = traces[seq]
@@ -43,11 +45,22 @@ if not model_facts.has_decoder(lm):
     ui.downloads(tr, seq, {"output": fig}, key="dec_dl")
     st.stop()
 
-if state.current().targets is not None:
+if file is not None:
+    tr = file.trace
+    if tr.topk_ids is None or tr.topk_probs is None or tr.out_probs is None or tr.dec_self_mask is None:
+        state.model(
+            "Decoding this trace (it holds no predictions)"
+        )  # it holds no steps: says which model to load
+    if tr.meta.get("teacher_forced"):
+        st.info(
+            "This trace was teacher-forced: each step reads the given target so far, and the new token is "
+            "what the model predicted there (it may differ from the target's next token)."
+        )
+elif state.current().targets is not None:
     st.info(
         "This page always shows greedy decoding (the model's own choices), whatever the sidebar's decoder input."
     )
-decoder_only = model_facts.arch(lm) == "decoder"
+decoder_only = arch == "decoder"
 if decoder_only:
     st.info(
         "This model has no encoder (decoder only): there is no cross-attention. The prompt is continued "
@@ -72,7 +85,7 @@ if n > 1:
     step = st.slider("Step", 1, n, key=K.DEC_STEP, help="Greedy step t generates token t of the output.")
 else:
     step = 1
-ds = model_facts.decode_step(tr, step - 1, lm.tgt_tok.itos)
+ds = model_facts.decode_step(tr, step - 1, None if lm is None else lm.tgt_tok.itos)
 pos = steps.first + step - 1  # the decoder position whose output this step writes
 
 st.markdown(f"**Step {step} of {n}.** The decoder reads the prefix below and writes the next token:")

@@ -8,8 +8,8 @@ import streamlit as st
 from core import analytics as A
 from core.audit import real_positions
 from core.trace import KIND_LABELS
+from dashboard import corpus_view, marks, runs, state, ui, words
 from dashboard import keys as K
-from dashboard import runs, state, ui, words
 from dashboard.plots import analytics as P
 from dashboard.plots import attention as PT
 from dashboard.plots.common import AXIS_TITLES
@@ -42,9 +42,10 @@ st.markdown(
     "What each head does, as numbers: every statistic is averaged over real (non-PAD) query rows and counts "
     "real keys only. Click a cell of the heatmap (or pick a row of the table) to see that head's attention."
 )
+corpus_view.section()  # a stats file from `attnscope stats`: the heads over a whole corpus
 traces = state.traces()
-lm = state.model()
-pad = lm.cfg.pad_id
+file = state.trace_file()  # a trace file: statistics of its maps (no model to run)
+pad = state.pad_id()
 kinds = list(traces[0].kinds)
 c_kind, c_stat, c_seq = st.columns([3, 2, 2])
 with c_kind:
@@ -61,16 +62,24 @@ where = words.where(traces, seq)
 ui.run_caption(tr)
 
 sel = state.current()
-all_stats, records = runs.head_stats(sel.name, sel.device, sel.version, sel.sources, sel.targets, seq, pad)
+if file is not None:
+    all_stats, records = runs.file_head_stats(file.digest, tr)
+else:
+    all_stats, records = runs.head_stats(
+        sel.name, sel.device, sel.version, sel.sources, sel.targets, seq, pad
+    )
 stats = all_stats[kind]
+hinted = marks.hinted({} if file is not None else state.model().meta, kind)
 figs = {}
 figs["statistic"] = P.stat_heatmap(
     stats[stat],
     title=f"{KIND_LABELS[kind]}: {A.STAT_LABELS[stat]} per head ({where}); click a cell",
     stat=stat,
     label=A.STAT_LABELS[stat],
+    marks=hinted,
 )
 event = ui.chart(figs["statistic"], key=K.HA_CHART, on_select="rerun", selection_mode="points")
+marks.caption(hinted)
 ui.apply_click(event, K.HA_CLICK_APPLIED, (kind, stat, seq), K.HA_LAYER, K.HA_HEAD, P.parse_head_point)
 st.caption(f"**{A.STAT_LABELS[stat]}**: {STAT_HELP[stat]}.")
 
@@ -90,7 +99,8 @@ figs["head"] = PT.head_heatmap(
     mask=tr.mask(kind),
     query_title=q_title,
     key_title=k_title,
-    title=f"{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
+    title=f"{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}"
+    + (f"<br><sup>▣ {marks.NOTE}: {hinted[(layer, head)]}</sup>" if (layer, head) in hinted else ""),
 )
 ui.chart(figs["head"], key="ha_head_chart")
 st.caption(
@@ -201,6 +211,6 @@ if "cross" in kinds:
         "(+1 monotonic left to right, -1 right to left)."
     )
 
-if lm.injectable:
+if file is None and state.model().injectable:
     st.caption("Switch heads off and see what changes on the **Compare** page (mode: heads switched off).")
 ui.downloads(tr, seq, figs, key="ha_dl")

@@ -27,7 +27,7 @@ st.markdown(
 )
 traces = state.traces()
 sel = state.current()
-lm = state.model()
+lm = state.model("The mask lab")
 if not lm.injectable:
     st.warning(words.not_injectable_message(lm))
     st.stop()
@@ -38,10 +38,10 @@ c_bug, c_pad = st.columns([3, 2], vertical_alignment="bottom")
 bug_name = c_bug.selectbox("Mask bug", names, key=K.LAB_BUG, format_func=words.bug_title)
 add_copy = False
 if len(sel.sources) == 1:
+    st.session_state.setdefault(K.LAB_PAD, True)  # (no value=: a link may set it)
     add_copy = c_pad.toggle(
         "Add a shorter copy of the input (padding)",
         key=K.LAB_PAD,
-        value=True,
         help="Padding bugs only show where there is PAD: the batch becomes your input plus its first half.",
     )
 bug = bugs.get(bug_name)

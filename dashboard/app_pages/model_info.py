@@ -6,10 +6,55 @@ import pandas as pd
 import streamlit as st
 
 from core.model import count_parameters
-from dashboard import loaders, model_facts, state, ui
+from core.trace import KIND_LABELS, KINDS
+from dashboard import loaders, marks, model_facts, opened, state, ui
 from dashboard.plots.model import params_figure
 
 st.title("Model")
+
+
+def trace_facts(file) -> None:
+    """What a trace file says about the model that wrote it (the parameters need the model itself)."""
+    tr = file.trace
+    arch = model_facts.trace_arch(tr)
+    c = st.columns(4)
+    c[0].metric("Layers × heads", f"{tr.n_layers} × {tr.n_heads}")
+    c[1].metric("Source tokens", len(tr.src_tokens))
+    c[2].metric("Decoder tokens", len(tr.tgt_tokens))
+    c[3].metric("Device", tr.device or "—")
+    st.markdown(
+        f"Trace file `{file.label}`, written by **{loaders.display_name(tr.model) or 'an unknown model'}**"
+        f" ({tr.config_name or 'no config name'}) · {model_facts.ARCH_LABELS[arch]}"
+    )
+    rows = [
+        {"kind": KIND_LABELS[k], "layers": tr.probs(k).shape[0], "heads": tr.probs(k).shape[1],
+         "query × key": f"{tr.probs(k).shape[2]} × {tr.probs(k).shape[3]}",
+         "scores": tr.scores(k) is not None, "mask": tr.mask(k) is not None}
+        for k in tr.kinds
+    ]  # fmt: skip
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key="model_trace_kinds")
+    ms = tr.meta.get("forward_ms")
+    if isinstance(ms, int | float):
+        st.markdown(f"Forward pass when the trace was written: **{ms:.2f} ms** on {tr.device}.")
+    if tr.output_text:
+        st.text(f"Output: {tr.output_text}")
+    if tr.meta:
+        with st.expander("Everything the trace file records about its run (meta)"):
+            st.json(tr.meta, expanded=False)
+    st.caption(
+        "Parameters, vocabulary and the model card come from the model itself: "
+        + (
+            f"close the trace and load {opened.writer_name(tr)}."
+            if opened.writer_name(tr)
+            else "load it to see them."
+        )
+    )
+
+
+file = state.trace_file()
+if file is not None:
+    trace_facts(file)
+    st.stop()
 lm = state.model()
 cfg = lm.cfg
 metrics = lm.meta.get("metrics", {}) if isinstance(lm.meta.get("metrics"), dict) else {}
@@ -80,6 +125,12 @@ else:
         f"Forward pass with attention capture on **{tr.device}**: **{ms:.2f} ms** for a batch of {len(traces)} "
         f"({', '.join(lengths)}). Cached: changing the page or a selection does not re-run it."
     )
+forced = [marks.describe(marks.hinted(lm.meta, k)).replace("▣ ", f"▣ {KIND_LABELS[k]}: ") for k in KINDS]
+if any(forced):
+    st.subheader("Heads trained to look like this")
+    for line in forced:
+        if line:
+            st.warning(line)
 if metrics:
     st.subheader("Measured metrics")
     st.json(metrics, expanded=True)

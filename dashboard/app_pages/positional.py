@@ -18,7 +18,7 @@ from dashboard.plots import positional as P
 OWN, FREE = "this model's encoding", "explore the paper's sinusoids (any d_model, length)"
 
 st.title("Positional encoding")
-lm = state.model()
+lm = state.model("The position table")
 cfg = lm.cfg
 own = model_facts.position_table(lm)
 if own.table is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from dashboard.plots.common import (
     COLORSCALE,
     LOG_FLOOR,
+    MARK_COLOR,
     MASKED_COLOR,
     color_values,
     colorbar,
@@ -120,6 +121,7 @@ def grid_figure(
     log: bool = False,
     aggregates: Sequence[str] = (),
     max_tile: int = GRID_MAX_TILE,
+    marks: Mapping[tuple[int, int], str] | None = None,
 ) -> go.Figure:
     """All layers x heads as tiles of ONE heatmap trace on one colour scale (an overview).
 
@@ -131,7 +133,9 @@ def grid_figure(
     token(s), each row's its layer and query token(s), so hover text needs no per-cell data.
     ``mask`` ``[Q, K]`` (True = may attend): masked cells (blocks: fully masked blocks) are
     drawn grey by a second, uint8 trace (1 = masked; 0 = transparent), left out when nothing
-    is masked. ``parse_grid_point`` maps a clicked (x, y) back to (layer, head).
+    is masked. ``parse_grid_point`` maps a clicked (x, y) back to (layer, head). ``marks``
+    ((layer, head) -> note): tiles outlined and labelled "trained" (heads a training loss forced
+    into a pattern; dashboard/marks.py).
     """
     n_layers, n_heads, nq_full, nk_full = probs.shape
     if (nq_full, nk_full) != (len(query_tokens), len(key_tokens)):
@@ -265,6 +269,24 @@ def grid_figure(
         dragmode=False,
         hoverdistance=8,
     )
+    for (layer, head), note in (marks or {}).items():
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            continue
+        c = columns.index(head)
+        x0, y0 = col_start[c] - 0.5, layer * (nq + gy) - 0.5
+        fig.add_shape(
+            type="rect",
+            x0=x0,
+            x1=x0 + nk,
+            y0=y0,
+            y1=y0 + nq,
+            line=dict(color=MARK_COLOR, width=3),
+            layer="above",
+        )
+        fig.add_annotation(  # under the tile, in the gap (above it sit the head labels)
+            x=x0 + nk / 2, y=y0 + nq, text="▣ trained", showarrow=False, yanchor="top", font=dict(color=MARK_COLOR, size=10),
+            hovertext=f"trained to look like this: {note}" if note else "trained to look like this",
+        )  # fmt: skip
     if bq > 1 or bk > 1:  # say so where it shows: tiles are summaries past GRID_MAX_TILE tokens
         title += f"<br><sup>each cell: the max of {bq}×{bk} tokens (exact weights in the head view)</sup>"
     return finish(fig, title, height)

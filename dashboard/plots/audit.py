@@ -74,13 +74,15 @@ def mask_compare_figure(
     scale = []
     for v, (_, colour) in COMPARE.items():
         scale += [[v / n, colour], [(v + 1) / n, colour]]
+    # Categorical axes named "3 tok" carry the tokens for hover, and z is one uint8 array of codes:
+    # no per-cell text (at 512 tokens that was 800,000 strings and seconds of work before a byte went out).
     ql, kl = indexed_labels(query_tokens), indexed_labels(key_tokens)
-    custom = [[[ql[i], kl[j], COMPARE[int(codes[i, j])][0]] for j in range(nk)] for i in range(nq)]
+    legend = " · ".join(f"{v} = {label}" for v, (label, _) in COMPARE.items())
     fig = go.Figure(
         go.Heatmap(
-            z=codes + 0.5, zmin=0, zmax=n, colorscale=scale, xgap=1, ygap=1, customdata=custom,
-            hovertemplate=f"{query_title} %{{customdata[0]}}<br>{key_title} %{{customdata[1]}}<br>"
-            "%{customdata[2]}<extra></extra>", showscale=False, name="mask",
+            z=codes.astype(np.uint8), x=kl, y=ql, zmin=-0.5, zmax=n - 0.5, colorscale=scale, xgap=1, ygap=1,
+            hovertemplate=f"{query_title} %{{y}}<br>{key_title} %{{x}}<br>state %{{z}} ({legend})<extra></extra>",
+            showscale=False, name="mask",
         )
     )  # fmt: skip
     # A legend (one square per category) at the bottom instead of a colour bar: the matrix keeps
@@ -92,8 +94,8 @@ def mask_compare_figure(
                 marker=dict(symbol="square", size=12, color=colour, line=dict(width=1, color="#bbbbbb")),
             )
         )  # fmt: skip
-    fig.update_xaxes(**token_axis(key_tokens, key_title, rotate=True))
-    fig.update_yaxes(**token_axis(query_tokens, query_title))
+    fig.update_xaxes(**token_axis(key_tokens, key_title, rotate=True), type="category")
+    fig.update_yaxes(**token_axis(query_tokens, query_title), type="category")
     fig.update_yaxes(range=[nq - 0.5, -0.5])
     fig.update_layout(
         margin=dict(l=90, r=20, t=60, b=170),

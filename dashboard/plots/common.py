@@ -23,6 +23,7 @@ MAX_TICKS = 64  # up to this many tokens every token gets a tick; beyond, every 
 COLORSCALE = "Viridis"
 LOG_FLOOR = 1e-4
 MASKED_COLOR = "rgba(150, 150, 150, 0.85)"  # masked cells: grey, outside the colour scale
+MARK_COLOR = "#ff7f0e"  # a head a training loss forced into its pattern (dashboard/marks.py)
 
 # Axis titles of an attention matrix, (query axis, key axis) per attention kind.
 AXIS_TITLES = {

@@ -1,0 +1,335 @@
+"""Reading trace files that anyone may hand us: checked before they are believed.
+
+``AttentionTrace.load(path)`` and ``AttentionTrace.from_bytes(data, name)`` come here. A bad file
+raises TraceFormatError with one sentence that starts with the file's name. Nothing is unpickled:
+in a ``.npz`` every member's ``.npy`` header is read first (``np.lib.format``), so object arrays,
+wrong dtypes and wrong or huge shapes are refused before any data is read; ``.json`` nested lists
+are converted with their shapes and dtypes checked. ``problems(trace)`` lists what does not stop a
+trace from opening but must be said (NaN, attention on keys its own mask forbids, rows that do
+not sum to 1): a buggy model writes exactly such traces, and the mask audit is there to read them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.trace import _ARRAYS, _TOKENS, KINDS, AttentionTrace, TraceFormatError
+
+MAX_TRACE_TOKENS = 2048  # per axis (source, decoder)
+MAX_TRACE_VALUES = (
+    160_000_000  # attention values over all kinds (a 12 x 12-head model at 1,024 tokens: 151 M)
+)
+MAX_TRACE_BYTES = 1 << 30  # a file opened from a path (uploads have the server's own limit)
+MAX_HEADER_CHARS = 1 << 20
+PROB_TOL = 1e-3
+_STR_ARRAYS = ("topk_tokens",)
+
+
+class _Bad(Exception):
+    """What is wrong, without the file's name (added once, in read_*)."""
+
+
+def _fail(name: str, why: str) -> TraceFormatError:
+    why = " ".join(str(why).split())
+    return TraceFormatError(f"{name} is not a trace attnscope can open: {why[:300]}")
+
+
+# -- the .npz container ------------------------------------------------------------------------------
+
+
+def _npy_header(fp) -> tuple[tuple[int, ...], np.dtype]:
+    version = np.lib.format.read_magic(fp)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
+    elif version in ((2, 0), (3, 0)):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
+    else:
+        raise _Bad(f"unknown .npy version {version}")
+    return tuple(int(s) for s in shape), dtype
+
+
+def _read_npz(source) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    try:
+        zf = zipfile.ZipFile(source)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise _Bad("the file is truncated or not a .npz archive") from exc
+    with zf:
+        members = {}
+        for info in zf.infolist():
+            key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            try:
+                with zf.open(info) as fp:
+                    shape, dtype = _npy_header(fp)
+            except _Bad:
+                raise
+            except Exception as exc:  # zlib/CRC/EOF/ValueError: a broken member
+                raise _Bad(f"member {info.filename!r} is truncated or not a numpy array") from exc
+            if dtype.hasobject:
+                raise _Bad(
+                    f"{key!r} holds Python objects (pickled data), which attnscope never unpickles; "
+                    "traces hold only numbers, booleans and strings"
+                )
+            members[key] = (shape, dtype)
+        if "header" not in members:
+            raise _Bad("it has no 'header' (the model, device and meta that trace.save writes)")
+        _check_declared(members)
+
+        def load(key: str) -> np.ndarray:
+            try:
+                with zf.open(key + ".npy") as fp:
+                    return np.lib.format.read_array(fp, allow_pickle=False)
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
+                raise _Bad(f"{key!r} is truncated or damaged") from exc
+
+        header_text = str(load("header"))
+        arrays = {k: load(k) for k in members if k != "header"}
+    try:
+        header = json.loads(header_text) if len(header_text) <= MAX_HEADER_CHARS else None
+    except ValueError as exc:
+        raise _Bad("its header is not JSON") from exc
+    return header, arrays
+
+
+def _check_declared(members: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
+    """Token counts and attention sizes from the .npy headers alone (before any data is read)."""
+    for name in _TOKENS:
+        if name in members:
+            shape = members[name][0]
+            if len(shape) == 1 and shape[0] > MAX_TRACE_TOKENS:
+                raise _Bad(
+                    f"it has {shape[0]:,} {name.replace('_', ' ')}; attnscope opens at most {MAX_TRACE_TOKENS:,}"
+                )
+    values = 0
+    for name, (shape, _) in members.items():
+        if name in KINDS or name.endswith("_scores"):
+            if any(s > MAX_TRACE_TOKENS for s in shape[2:]):
+                raise _Bad(
+                    f"{name} is {'x'.join(map(str, shape))}; attnscope opens at most {MAX_TRACE_TOKENS:,} tokens"
+                )
+            values += int(np.prod(shape, dtype=np.int64)) if name in KINDS else 0
+    if values > MAX_TRACE_VALUES:
+        raise _Bad(f"it holds {values:,} attention values; attnscope opens at most {MAX_TRACE_VALUES:,}")
+
+
+# -- .json -----------------------------------------------------------------------------------------
+
+
+def _read_json(text: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise _Bad("it is truncated or not JSON") from exc
+    if not isinstance(doc, dict):
+        raise _Bad("it is not a JSON object with the trace's fields")
+    arrays: dict[str, np.ndarray] = {}
+    for name in (*_TOKENS, *_ARRAYS, *_STR_ARRAYS):
+        if name in doc and doc[name] is not None:
+            value = doc[name]
+            if name in _TOKENS and isinstance(value, list) and len(value) > MAX_TRACE_TOKENS:
+                raise _Bad(
+                    f"it has {len(value):,} {name.replace('_', ' ')}; attnscope opens at most {MAX_TRACE_TOKENS:,}"
+                )
+            try:
+                arrays[name] = np.asarray(value)
+            except (ValueError, TypeError) as exc:
+                raise _Bad(f"{name} is a ragged list (rows of different lengths)") from exc
+            if arrays[name].dtype.hasobject:
+                raise _Bad(f"{name} is a ragged or mixed list, not an array")
+    return doc, arrays
+
+
+# -- what every trace must satisfy -----------------------------------------------------------------
+
+
+def _shape(a: np.ndarray) -> str:
+    return "x".join(map(str, a.shape)) or "a scalar"
+
+
+def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
+    if not isinstance(header, dict):
+        raise _Bad("its header is not a JSON object")
+    for key in ("model", "config_name", "device", "output_text"):
+        if not isinstance(header.get(key, ""), str):
+            raise _Bad(f"the header's {key!r} is not text")
+    if not isinstance(header.get("meta", {}) or {}, dict):
+        raise _Bad("the header's 'meta' is not a JSON object")
+    lengths = {}
+    for name in _TOKENS:
+        a = arrays.get(name)
+        if a is None:
+            continue
+        if a.size and (a.ndim != 1 or a.dtype.kind != "U"):
+            raise _Bad(f"{name} must be a list of strings, got {a.dtype} of shape {_shape(a)}")
+        if a.size > MAX_TRACE_TOKENS:
+            raise _Bad(
+                f"it has {a.size:,} {name.replace('_', ' ')}; attnscope opens at most {MAX_TRACE_TOKENS:,}"
+            )
+        lengths[name] = a.size
+    S, T = lengths.get("src_tokens", 0), lengths.get("tgt_tokens", 0)
+    axes = {"enc_self": (S, S), "dec_self": (T, T), "cross": (T, S)}
+    kinds = [k for k in KINDS if k in arrays]
+    if not kinds:
+        raise _Bad("it holds no attention (none of enc_self, dec_self, cross)")
+    values = 0
+    for kind in kinds:
+        p = arrays[kind]
+        if p.dtype.kind not in "fiu":
+            raise _Bad(f"{kind} must hold real numbers, got {p.dtype}")
+        if p.ndim != 4 or p.shape[2:] != axes[kind] or 0 in p.shape[:2]:
+            q, k = axes[kind]
+            raise _Bad(
+                f"{kind} is {_shape(p)}, but its tokens call for [layer, head, {q}, {k}] "
+                "([layer, head, query, key] with query and key as long as their tokens)"
+            )
+        values += p.size
+        if values > MAX_TRACE_VALUES:
+            raise _Bad(f"it holds more than {MAX_TRACE_VALUES:,} attention values")
+        s = arrays.get(f"{kind}_scores")
+        if s is not None and (s.dtype.kind not in "fiu" or s.shape != p.shape):
+            raise _Bad(
+                f"{kind}_scores is {s.dtype} {_shape(s)}, not real numbers shaped like {kind} ({_shape(p)})"
+            )
+        m = arrays.get(f"{kind}_mask")
+        if m is not None:
+            if m.shape != p.shape[2:]:
+                raise _Bad(
+                    f"{kind}_mask is {_shape(m)}, but {kind} calls for [query, key] = {_shape(p[0, 0])}"
+                )
+            if m.dtype.kind != "b" and not (m.dtype.kind in "iu" and np.isin(m, (0, 1)).all()):
+                raise _Bad(f"{kind}_mask must be booleans (True = may attend), got {m.dtype}")
+        pf = np.asarray(p, dtype=np.float32)
+        if np.isinf(pf).any():
+            raise _Bad(f"{kind} holds infinite values, which are not probabilities")
+        with np.errstate(invalid="ignore"):
+            if np.nanmin(pf, initial=0.0) < -PROB_TOL or np.nanmax(pf, initial=0.0) > 1 + PROB_TOL:
+                raise _Bad(
+                    f"{kind} holds values from {np.nanmin(pf):.3g} to {np.nanmax(pf):.3g}; attention "
+                    "probabilities lie in [0, 1] (scores before the softmax go in {kind}_scores)"
+                )
+    for name, n in (("src", S), ("tgt", T)):
+        for suffix, kinds_ok, what in (("_ids", "iu", "whole numbers"), ("_real", "b", "booleans")):
+            a = arrays.get(name + suffix)
+            if a is None:
+                continue
+            if a.dtype.kind not in kinds_ok and not (suffix == "_real" and a.dtype.kind in "iu"):
+                raise _Bad(f"{name}{suffix} must be {what}, got {a.dtype}")
+            if a.shape != (n,):
+                raise _Bad(f"{name}{suffix} is {_shape(a)}, but there are {n} {name}_tokens")
+    ti, tp = arrays.get("topk_ids"), arrays.get("topk_probs")
+    if (ti is None) != (tp is None):
+        raise _Bad("it has only one of topk_ids and topk_probs")
+    if ti is not None:
+        if ti.ndim != 2 or ti.shape != tp.shape or ti.dtype.kind not in "iu" or tp.dtype.kind not in "fiu":
+            raise _Bad(f"topk_ids ({ti.dtype} {_shape(ti)}) and topk_probs ({tp.dtype} {_shape(tp)}) must be "
+                       "whole numbers and probabilities of one [position, k] shape")  # fmt: skip
+        tt = arrays.get("topk_tokens")
+        if tt is not None and (tt.shape != ti.shape or tt.dtype.kind != "U"):
+            raise _Bad(
+                f"topk_tokens is {tt.dtype} {_shape(tt)}, not strings shaped like topk_ids ({_shape(ti)})"
+            )
+    op = arrays.get("out_probs")
+    if op is not None:
+        n_out = lengths.get("out_tokens", 0)
+        if op.ndim != 1 or op.dtype.kind not in "fiu" or (n_out > 1 and op.shape[0] != n_out):
+            raise _Bad(
+                f"out_probs is {op.dtype} {_shape(op)}, not one probability per output token ({n_out})"
+            )
+
+
+def _build(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> AttentionTrace:
+    _check(header, arrays)
+    return AttentionTrace._from_fields(header, arrays)
+
+
+def read_bytes(data: bytes, name: str) -> AttentionTrace:
+    """A trace from a file's bytes (an upload); ``name``'s extension picks the format."""
+    suffix = Path(name).suffix.lower()
+    try:
+        if suffix == ".npz":
+            return _build(*_read_npz(io.BytesIO(data)))
+        if suffix == ".json":
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _Bad("it is not UTF-8 text") from exc
+            return _build(*_read_json(text))
+    except _Bad as exc:
+        raise _fail(name, str(exc)) from None
+    except (ValueError, TypeError, KeyError) as exc:  # a field our checks missed: still one sentence
+        raise _fail(name, f"{type(exc).__name__}: {exc}") from None
+    raise TraceFormatError(f"{name} is not a trace file: a trace ends in .npz or .json")
+
+
+def read_path(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> AttentionTrace:
+    """A trace from a file; its size is checked before anything is read."""
+    path = Path(path)
+    if path.suffix.lower() not in (".npz", ".json"):
+        raise TraceFormatError(f"{path.name} is not a trace file: a trace ends in .npz or .json")
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not path.is_file():
+        raise TraceFormatError(f"{path} is not a file")
+    if size > max_bytes:
+        raise TraceFormatError(
+            f"{path.name} is {size / 2**20:,.0f} MB; attnscope opens trace files up to {max_bytes / 2**20:,.0f} MB"
+        )
+    try:
+        if path.suffix.lower() == ".npz":
+            return _build(*_read_npz(path))
+        return read_bytes(path.read_bytes(), path.name)
+    except _Bad as exc:
+        raise _fail(path.name, str(exc)) from None
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise _fail(path.name, f"{type(exc).__name__}: {exc}") from None
+
+
+# -- opens, but must be said -------------------------------------------------------------------------
+
+
+def problems(trace: AttentionTrace) -> list[str]:
+    """One sentence per kind that holds NaN, puts attention on keys its own mask forbids, or has real
+    query rows that do not sum to 1 (vectorised: a 6 x 12-head trace at 512 tokens in well under 1 s)."""
+    out = []
+    for kind in trace.kinds:
+        p = trace.probs(kind)
+        nan = np.isnan(p)
+        if nan.any():
+            per_head = nan.sum(axis=(2, 3))
+            ly, h = np.unravel_index(int(np.argmax(per_head)), per_head.shape)
+            n_heads = int((per_head > 0).sum())
+            out.append(
+                f"{kind} holds NaN: {int(nan.sum()):,} values in {n_heads} head(s), most at layer {ly}, head {h} "
+                "(a fully masked row filled with -inf gives NaN); the mask audit's checks name them."
+            )
+        mask = trace.mask(kind)
+        if mask is not None:
+            forbidden = np.where(~np.asarray(mask, bool), np.nan_to_num(p, nan=0.0), 0.0)
+            worst = float(forbidden.max()) if forbidden.size else 0.0
+            if worst > 1e-6:
+                ly, h, q, k = np.unravel_index(int(np.argmax(forbidden)), forbidden.shape)
+                out.append(
+                    f"{kind}'s mask disagrees with its maps: layer {ly}, head {h} puts {worst:.3g} on key {k} "
+                    f"from query {q}, which the mask forbids; the Masks page and the mask audit show where."
+                )
+        rows = np.nansum(p, axis=-1)
+        ok_rows = ~nan.any(axis=-1)
+        if mask is not None:
+            ok_rows &= np.asarray(mask, bool).any(axis=-1)[None, None]
+        dev = np.where(ok_rows, np.abs(rows - 1.0), 0.0)
+        if dev.size and float(dev.max()) > PROB_TOL:
+            ly, h, q = np.unravel_index(int(np.argmax(dev)), dev.shape)
+            out.append(
+                f"{kind}'s rows do not all sum to 1: layer {ly}, head {h}, query {q} sums to {float(rows[ly, h, q]):.4g}."
+            )
+    return out

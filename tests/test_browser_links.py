@@ -1,0 +1,212 @@
+"""Trace files and links in a real browser (chromium, as test_browser.py):
+
+- ``python -m core trace ... --out t.npz`` then ``python -m core view t.npz`` shows that trace's tokens;
+- a link copied from one session reproduces the view in a fresh browser context;
+- hostile query parameters and hostile trace files give messages and leave the app usable.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_browser import (  # noqa: F401
+    WAIT_MS,
+    _input_box,
+    _new_page,
+    _no_exception_box,
+    _settle,
+    _wait_chart_title,
+    _x_ticks,
+    browser,
+)
+
+from bench import harness
+from core.trace import AttentionTrace
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.browser
+HEAD = "· layer 0 · head 0"
+
+
+def _sidebar_text(page) -> str:
+    return page.locator('[data-testid="stSidebar"]').inner_text()
+
+
+def _main_text(page) -> str:
+    return page.locator('[data-testid="stMain"]').inner_text()
+
+
+def _y_ticks(page, title_part: str) -> list[str]:
+    return page.evaluate(
+        """t => {
+            const gd = [...document.querySelectorAll('.js-plotly-plot')]
+                .find(g => (g.querySelector('.gtitle') || {}).textContent?.includes(t));
+            return gd ? [...gd.querySelectorAll('.ytick text')].map(e => e.textContent) : [];
+        }""",
+        title_part,
+    )
+
+
+def _z(page, title_part: str):
+    return page.evaluate(
+        """t => {
+            const gd = [...document.querySelectorAll('.js-plotly-plot')]
+                .find(g => (g.querySelector('.gtitle') || {}).textContent?.includes(t));
+            return gd ? JSON.stringify(gd._fullData[0].z) : null;
+        }""",
+        title_part,
+    )
+
+
+@pytest.fixture(scope="module")
+def zoo_server(browser, tmp_path_factory):  # noqa: F811
+    log = tmp_path_factory.mktemp("streamlit") / "server.log"
+    with harness.app_server(env={"OMP_NUM_THREADS": "1"}, log=log, timeout=60) as (url, _):
+        yield url
+
+
+def test_trace_then_view_shows_that_trace(browser, tmp_path):  # noqa: F811
+    out = tmp_path / "t.npz"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    made = subprocess.run(
+        [sys.executable, "-m", "core", "trace", "--model", "reverse", "stressed", "--out", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    tokens = list(AttentionTrace.load(out).src_tokens)
+    port = harness.free_port()
+    log = open(tmp_path / "view.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "core", "view", str(out), "--port", str(port), "--server.fileWatcherType", "none"],
+        cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, (
+                    tmp_path / "view.log"
+                ).read_text()
+                time.sleep(0.5)
+        page = _new_page(browser)
+        page.goto(url)
+        _wait_chart_title(page, HEAD)
+        _settle(page)
+        assert _x_ticks(page, HEAD) == tokens  # the file's own tokens (s t r e s s e d <eos>)
+        assert "Trace file" in _sidebar_text(page) and "t.npz" in _sidebar_text(page)
+        _no_exception_box(page)
+
+        # A page that runs the model says so in one line and names the model to load.
+        page.locator('[data-testid="stSidebarNav"] a', has_text="Mask lab").first.click()
+        page.get_by_text("needs the model itself", exact=False).first.wait_for(timeout=WAIT_MS)
+        assert "load reverse" in _main_text(page)
+        _no_exception_box(page)
+        page.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+def test_a_copied_link_reproduces_the_view_in_a_fresh_browser(browser, zoo_server):  # noqa: F811
+    page = _new_page(browser)
+    page.goto(zoo_server)
+    _wait_chart_title(page, HEAD)
+    box = _input_box(page)
+    box.fill("linked")
+    box.press("Enter")
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.xtick text')].map(e => e.textContent).join('') .includes('linked')""",
+        timeout=WAIT_MS,
+    )
+    page.locator('[data-testid="stMain"] [data-testid="stRadio"]').first.get_by_text(
+        "cross-attention"
+    ).click()
+    title = "cross-attention · layer 0 · head 0"
+    _wait_chart_title(page, title)
+    _settle(page)
+    link = page.locator('[data-testid="stSidebar"] [data-testid="stCode"] code').last.inner_text().strip()
+    assert link.startswith(zoo_server) and "kind=cross" in link and "text=linked" in link
+    assert page.url.endswith(link[len(zoo_server) :]) or "kind=cross" in page.url  # the URL follows
+    picture = (_x_ticks(page, title), _y_ticks(page, title), _z(page, title))
+    page.close()
+
+    fresh = browser.new_context(viewport={"width": 1400, "height": 1100})
+    other = fresh.new_page()
+    other.goto(link)
+    _wait_chart_title(other, title)
+    _settle(other)
+    assert (_x_ticks(other, title), _y_ticks(other, title), _z(other, title)) == picture
+    assert picture[0][:6] == list("linked")
+    _no_exception_box(other)
+    fresh.close()
+
+
+def _truncated_npz() -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, enc_self=np.ones((1, 1, 3, 3), np.float32))
+    return buf.getvalue()[:60]
+
+
+def _pickle_npz() -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        item = io.BytesIO()
+        np.save(item, np.array([{"x": 1}], dtype=object), allow_pickle=True)
+        z.writestr("enc_self.npy", item.getvalue())
+    return buf.getvalue()
+
+
+def test_hostile_links_and_trace_files_leave_the_app_usable(browser, zoo_server, tmp_path):  # noqa: F811
+    page = _new_page(browser)
+    page.goto(f"{zoo_server}/?model=/etc/passwd&layer=abc&text=" + "x" * 3000 + "&%3Cscript%3E=1")
+    page.get_by_text("This link's", exact=False).first.wait_for(timeout=WAIT_MS)
+    text = _main_text(page)
+    assert "never a path" in text and "layer='abc'" in text and "at most 2,000" in text
+    _wait_chart_title(page, HEAD)  # the default model and input are drawn
+    _no_exception_box(page)
+    assert not page.dialogs
+
+    for name, data, says in [
+        ("cut.npz", _truncated_npz(), "Cannot open the trace"),
+        ("evil.npz", _pickle_npz(), "never unpickles"),
+        ("bad.json", b'{"src_tokens": ["a"], "enc_self": "nope"', "Cannot open the trace"),
+    ]:
+        path = tmp_path / name
+        path.write_bytes(data)
+        sidebar = page.locator('[data-testid="stSidebar"]')
+        button = sidebar.get_by_role("button", name="Open trace")
+        if not button.is_visible():
+            sidebar.locator("summary", has_text="Open a trace").click()
+            button.wait_for(state="visible", timeout=WAIT_MS)
+        uploader = sidebar.get_by_label("Upload a trace (.npz or .json)", exact=True)
+        uploader.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(str(path))
+        sidebar.get_by_text(name, exact=True).first.wait_for(timeout=WAIT_MS)  # uploaded
+        _settle(page)
+        button.click()
+        sidebar.get_by_text(says, exact=False).first.wait_for(timeout=WAIT_MS)
+        _no_exception_box(page)
+
+    # Still usable: a new input redraws the grid.
+    box = _input_box(page)
+    box.fill("still")
+    box.press("Enter")
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.xtick text')].map(e => e.textContent).join('').includes('still')""",
+        timeout=WAIT_MS,
+    )
+    _no_exception_box(page)
+    page.close()

@@ -1,0 +1,166 @@
+"""core stats: per-head statistics over a corpus, equal to a line-by-line computation; bad lines
+counted, never fatal; resumable after an interrupt; the same under torchrun with 2 CPU processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from core import corpus
+from core.runner import load_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+GOOD = ["hello world", "abc", "attention is all you need", "the cat sat", "a", "mask (or not)", "x = y;",
+        "zzz top", "one two three", "(())", "quick brown fox", "jumps", "over the lazy dog", "42 is it"]  # fmt: skip
+BAD = {"": "empty", "ÉCOLE": "outside the vocabulary", "a" * 60: "too long"}
+
+
+@pytest.fixture(scope="module")
+def lines_file(tmp_path_factory) -> Path:
+    lines = [*GOOD * 3, *BAD]  # 42 good lines, then one of each bad kind
+    path = tmp_path_factory.mktemp("corpus") / "lines.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "core", "stats", *args], capture_output=True, text=True, timeout=300,
+        cwd=cwd or ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def single(tiny_folder, lines_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "stats.parquet"
+    done = _cli(
+        "--model", str(tiny_folder), "--input-file", str(lines_file), "--out", str(out), "--batch", "8"
+    )
+    assert done.returncode == 0, done.stderr
+    return out, done
+
+
+def test_statistics_equal_a_line_by_line_computation(single, tiny_folder, lines_file):
+    out, done = single
+    frame, meta = corpus.read(out)
+    assert meta["n_inputs"] == len(GOOD) * 3 and meta["model"] == str(tiny_folder)
+    lm = load_folder(tiny_folder)
+    per_line = [corpus.trace_stats(lm.trace([t])[0], lm.cfg.pad_id) for t in GOOD * 3]
+    assert set(frame["kind"]) == {"enc_self", "dec_self", "cross"}
+    assert set(frame["stat"]) == set(corpus.STATS) - {"monotonic"} | {"monotonic"}
+    for kind in ("enc_self", "cross"):
+        for stat in ("entropy", "distance", "previous", "specials", "punctuation"):
+            values = np.stack([s[kind][stat] for s in per_line])  # (lines, layer, head)
+            np.testing.assert_allclose(
+                corpus.stat_matrix(frame, kind, stat), np.nanmean(values, 0), atol=1e-6
+            )
+            np.testing.assert_allclose(
+                corpus.stat_matrix(frame, kind, stat, "std"), np.nanstd(values, 0, ddof=1), atol=1e-6
+            )
+            np.testing.assert_allclose(
+                corpus.stat_matrix(frame, kind, stat, "max"), np.nanmax(values, 0), atol=1e-6
+            )
+            # the most atypical inputs: the line with the highest value of layer 0 head 0 is first in top_high
+            row = frame[
+                (frame["kind"] == kind)
+                & (frame["stat"] == stat)
+                & (frame["layer"] == 0)
+                & (frame["head"] == 0)
+            ].iloc[0]
+            top = json.loads(row["top_high"])
+            assert len(top) == corpus.TOP_K
+            assert top[0]["value"] == pytest.approx(values[:, 0, 0].max(), abs=1e-6)
+            assert top[0]["text"] == (GOOD * 3)[top[0]["line"]]
+
+
+def test_bad_lines_are_counted_and_reported(single):
+    out, done = single
+    _, meta = corpus.read(out)
+    assert meta["skipped"] == {"empty": 1, "outside the vocabulary": 1, "too long": 1}
+    assert "lines skipped: 1 empty, 1 outside the vocabulary, 1 too long" in done.stdout
+    assert not Path(str(out) + ".partial.json").exists()  # a finished run leaves no partial state
+
+
+def test_specials_and_punctuation_tokens():
+    assert corpus.is_special("<eos>") and corpus.is_special("[CLS]") and corpus.is_special("<|endoftext|>")
+    assert not corpus.is_special("<") and not corpus.is_special("hello")
+    assert corpus.is_punctuation(";") and corpus.is_punctuation("Ġ,") and corpus.is_punctuation("...")
+    assert (
+        not corpus.is_punctuation("a")
+        and not corpus.is_punctuation("<eos>")
+        and not corpus.is_punctuation(" ")
+    )
+
+
+def test_resume_after_an_interrupt_gives_the_same_result(tiny_folder, lines_file, tmp_path):
+    lm = load_folder(tiny_folder)
+    lines = corpus.read_lines(lines_file)
+    meta = {"model": "tiny", "n_lines": len(lines)}
+    whole = corpus.run(lm, lines, batch=4, meta=meta).frame()
+    partial = tmp_path / "s.parquet.partial.json"
+    with pytest.raises(KeyboardInterrupt):
+        corpus.run(lm, lines, batch=4, partial=partial, stop_after=3, meta=meta)
+    saved = json.loads(partial.read_text())
+    assert saved["next"] == 12 and saved["acc"]["n_inputs"] == 12
+    resumed = corpus.run(lm, lines, batch=4, partial=partial, resume=True, meta=meta).frame()
+    pd.testing.assert_frame_equal(resumed, whole)
+    with pytest.raises(ValueError, match="another run"):
+        corpus.run(lm, lines, batch=4, partial=partial, resume=True, meta={**meta, "model": "other"})
+
+
+def test_torchrun_two_processes_equal_one(single, tiny_folder, lines_file, tmp_path):
+    out1, _ = single
+    out2 = tmp_path / "dist.parquet"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "core", "stats",
+         "--model", str(tiny_folder), "--input-file", str(lines_file), "--out", str(out2), "--batch", "8"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, meta_a = corpus.read(out1)
+    b, meta_b = corpus.read(out2)
+    assert (
+        meta_b["world"] == 2
+        and meta_b["n_inputs"] == meta_a["n_inputs"]
+        and meta_b["skipped"] == meta_a["skipped"]
+    )
+    assert (
+        (a[["kind", "layer", "head", "stat", "n"]] == b[["kind", "layer", "head", "stat", "n"]]).all().all()
+    )
+    for col in ("mean", "std", "min", "max"):
+        np.testing.assert_allclose(a[col].to_numpy(float), b[col].to_numpy(float), atol=1e-6, equal_nan=True)
+    for col in ("top_high", "top_low"):  # the same inputs (repeated lines tie: compare values and texts)
+        for x, y in zip(a[col], b[col], strict=True):
+            x, y = json.loads(x), json.loads(y)
+            np.testing.assert_allclose([d["value"] for d in x], [d["value"] for d in y], atol=1e-6)
+            assert sorted(d["text"] for d in x) == sorted(d["text"] for d in y)
+
+
+def test_bad_arguments_and_files_get_one_line(tiny_folder, lines_file, tmp_path):
+    done = _cli(
+        "--model", str(tiny_folder), "--input-file", str(lines_file), "--out", str(tmp_path / "x.csv")
+    )
+    assert done.returncode == 2 and "must end in .parquet" in done.stderr
+    done = _cli(
+        "--model",
+        str(tiny_folder),
+        "--input-file",
+        str(tmp_path / "nope.txt"),
+        "--out",
+        str(tmp_path / "x.parquet"),
+    )
+    assert done.returncode == 2 and "does not exist" in done.stderr and "Traceback" not in done.stderr
+    not_stats = tmp_path / "other.parquet"
+    pd.DataFrame({"a": [1]}).to_parquet(not_stats)
+    with pytest.raises(ValueError, match="not an attnscope stats file"):
+        corpus.read(not_stats)
+    (tmp_path / "cut.parquet").write_bytes(not_stats.read_bytes()[:20])
+    with pytest.raises(ValueError, match="not a readable Parquet file"):
+        corpus.read(tmp_path / "cut.parquet")

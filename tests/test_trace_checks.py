@@ -1,0 +1,165 @@
+"""Trace files from anyone (core/trace_io.py): every trace round-trips; every bad file gets one
+sentence naming the file and the problem, before any pickled or oversized data is read; what opens
+but looks wrong (NaN, a leaking mask, rows not summing to 1) is named by ``problems()``."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import numpy as np
+import pytest
+
+from core import trace_io
+from core.trace import AttentionTrace, TraceFormatError
+from models import registry
+
+
+@pytest.fixture(scope="module")
+def trace() -> AttentionTrace:
+    return registry.load("reverse").trace(["stressed", "abc"])[1]  # padded: PAD keys are masked
+
+
+def _npz(arrays: dict, header: dict | None = None) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays, **({} if header is None else {"header": np.array(json.dumps(header))}))
+    return buf.getvalue()
+
+
+def _fields(tr: AttentionTrace) -> tuple[dict, dict]:
+    return tr.to_numpy(), tr.header()
+
+
+def _refused(data: bytes, name: str, *words: str) -> str:
+    with pytest.raises(TraceFormatError) as info:
+        AttentionTrace.from_bytes(data, name)
+    msg = str(info.value)
+    assert msg.startswith(name) and "\n" not in msg and len(msg) < 420, msg
+    for w in words:
+        assert w in msg, msg
+    return msg
+
+
+def test_every_field_round_trips(trace, tmp_path):
+    assert trace.topk_tokens is not None and trace.topk_tokens.shape == trace.topk_ids.shape
+    for suffix in (".npz", ".json"):
+        path = trace.save(tmp_path / f"t{suffix}")
+        for back in (AttentionTrace.load(path), AttentionTrace.from_bytes(path.read_bytes(), path.name)):
+            assert back.header() == trace.header()
+            for name, value in trace.to_numpy().items():
+                np.testing.assert_array_equal(back.to_numpy()[name], value, err_msg=name)
+                assert back.to_numpy()[name].dtype.kind == value.dtype.kind, name
+            assert back.problems() == []
+
+
+def test_wrong_extension_missing_and_oversized_files(trace, tmp_path):
+    with pytest.raises(TraceFormatError, match="ends in .npz or .json"):
+        AttentionTrace.load(tmp_path / "t.pkl")
+    with pytest.raises(TraceFormatError, match="cannot read"):
+        AttentionTrace.load(tmp_path / "missing.npz")
+    path = trace.save(tmp_path / "t.npz")
+    with pytest.raises(TraceFormatError, match=r"up to 0 MB"):
+        AttentionTrace.load(path, max_bytes=100)  # refused from its size, before reading
+
+
+def test_truncated_and_broken_containers(trace, tmp_path):
+    data = trace.to_npz_bytes()
+    _refused(data[: len(data) // 2], "cut.npz", "truncated")
+    _refused(b"hello", "text.npz", "not a .npz archive")
+    _refused(trace.to_json()[:-40].encode(), "cut.json", "truncated or not JSON")
+    _refused(b"\xff\xfe", "bin.json", "not UTF-8")
+    _refused(b"[1, 2]", "list.json", "not a JSON object")
+
+
+def test_pickles_are_refused_from_the_header_without_loading(trace):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, arr in trace.to_numpy().items():
+            item = io.BytesIO()
+            np.save(item, arr)
+            z.writestr(f"{name}.npy", item.getvalue())
+        item = io.BytesIO()
+        np.save(item, np.array([print], dtype=object), allow_pickle=True)  # would call code if unpickled
+        z.writestr("header.npy", item.getvalue())
+    _refused(buf.getvalue(), "evil.npz", "'header' holds Python objects", "never unpickles")
+
+
+def test_ten_thousand_tokens_are_refused_from_the_declared_shapes():
+    n = 10_000
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, shape, dtype in [("src_tokens", (n,), "<U1"), ("enc_self", (1, 1, n, n), "<f4")]:
+            item = io.BytesIO()
+            np.lib.format.write_array_header_1_0(
+                item, {"descr": dtype, "fortran_order": False, "shape": shape}
+            )  # the header alone: a real 10,000-token map would be 400 MB
+            z.writestr(f"{name}.npy", item.getvalue())
+        item = io.BytesIO()
+        np.save(item, np.array(json.dumps({"model": "x"})))
+        z.writestr("header.npy", item.getvalue())
+    _refused(buf.getvalue(), "huge.npz", "10,000 src tokens", "at most 2,048")
+    doc = {"src_tokens": ["a"] * n, "enc_self": []}
+    _refused(json.dumps(doc).encode(), "huge.json", "10,000 src tokens")
+
+
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        (lambda a, h: [a.pop(k) for k in ("enc_self", "dec_self", "cross")], ["holds no attention"]),
+        (lambda a, h: a.update(enc_self=a["enc_self"][0]), ["enc_self is", "[layer, head, query, key]"]),
+        (lambda a, h: a.update(cross=a["cross"][..., :-1]), ["cross is", "its tokens call for"]),
+        (lambda a, h: a.update(enc_self=a["enc_self"].astype(str)), ["enc_self must hold real numbers"]),
+        (lambda a, h: a.update(enc_self=a["enc_self"].astype(complex)), ["enc_self must hold real numbers"]),
+        (lambda a, h: a.update(dec_self_scores=a["dec_self_scores"][:, :1]), ["dec_self_scores is"]),
+        (lambda a, h: a.update(enc_self_mask=a["enc_self_mask"].astype(np.float32) * 3), ["must be booleans"]),
+        (lambda a, h: a.update(cross_mask=a["cross_mask"][:, :-1]), ["cross_mask is"]),
+        (lambda a, h: a.update(src_ids=a["src_ids"][:-1]), ["src_ids is", "src_tokens"]),
+        (lambda a, h: a.update(tgt_ids=a["tgt_ids"].astype(np.float32)), ["tgt_ids must be whole numbers"]),
+        (lambda a, h: a.update(topk_probs=a["topk_probs"][:, :2]), ["topk_ids", "topk_probs"]),
+        (lambda a, h: a.update(topk_tokens=a["topk_tokens"][:1]), ["topk_tokens is"]),
+        (lambda a, h: a.update(out_probs=a["out_probs"][:2]), ["out_probs is"]),
+        (lambda a, h: a.update(src_tokens=np.arange(len(a["src_tokens"]))), ["src_tokens must be a list of strings"]),
+        (lambda a, h: a.update(enc_self=a["enc_self"] * 5), ["attention probabilities lie in [0, 1]"]),
+        (lambda a, h: a.update(enc_self=np.full_like(a["enc_self"], np.inf)), ["infinite"]),
+        (lambda a, h: h.update(meta=[1, 2]), ["'meta' is not a JSON object"]),
+        (lambda a, h: h.update(model=5), ["'model' is not text"]),
+    ],
+)  # fmt: skip
+def test_wrong_shapes_and_dtypes_get_one_sentence(trace, change, words):
+    arrays, header = _fields(trace)
+    arrays, header = dict(arrays), json.loads(json.dumps(header))
+    change(arrays, header)
+    _refused(_npz(arrays, header), "bad.npz", *words)
+    if any(v.dtype.kind == "c" for v in arrays.values()):
+        return  # JSON has no complex numbers
+    doc = {**header, **{k: v.tolist() for k, v in arrays.items()}}
+    _refused(json.dumps(doc).encode(), "bad.json", *words)
+
+
+def test_ragged_json_lists(trace):
+    doc = json.loads(trace.to_json())
+    doc["enc_self"][0][0][0] = doc["enc_self"][0][0][0][:-1]
+    _refused(json.dumps(doc).encode(), "ragged.json", "enc_self", "ragged")
+
+
+def test_nan_a_leaking_mask_and_bad_rows_open_with_problems_named(trace):
+    probs = trace.enc_self.copy()
+    probs[1, 2, 0, :] = np.nan
+    cross = trace.cross.copy()
+    mask = trace.cross_mask.copy()
+    mask[:, 0] = False  # the mask forbids key 0, which the maps use
+    dec = trace.dec_self.copy()
+    dec[0, 3, 1] *= 0.5
+    odd = trace.replace(enc_self=probs, cross=cross, cross_mask=mask, dec_self=dec)
+    back = AttentionTrace.from_bytes(odd.to_npz_bytes(), "odd.npz")
+    found = back.problems()
+    assert len(found) == 3, found
+    assert "enc_self holds NaN" in found[0] and "layer 1, head 2" in found[0]
+    assert "cross's mask disagrees" in found[2] or "cross's mask disagrees" in " ".join(found)
+    assert any("dec_self's rows do not all sum to 1: layer 0, head 3, query 1" in p for p in found), found
+
+
+def test_a_clean_padded_batch_has_no_problems():
+    tr = registry.load("reverse").trace(["abcdefghij" * 2, "ab"])[1]
+    assert trace_io.problems(tr) == []
