@@ -230,22 +230,33 @@ def run_ablation(lm, sources: list[str], off: list[tuple[str, int, int]], target
 
 
 def _common(a: AttentionTrace, b: AttentionTrace, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Views of both traces' probs over the positions both have (no copy)."""
     pa, pb = a.probs(kind), b.probs(kind)
     if pa.shape[:2] != pb.shape[:2]:
         raise ValueError(
             f"cannot compare {kind}: {pa.shape[0]}x{pa.shape[1]} vs {pb.shape[0]}x{pb.shape[1]} (layers x heads)"
         )
     q, k = min(pa.shape[2], pb.shape[2]), min(pa.shape[3], pb.shape[3])
-    return pa[:, :, :q, :k].astype(np.float64), pb[:, :, :q, :k].astype(np.float64)
+    return pa[:, :, :q, :k], pb[:, :, :q, :k]
 
 
-def trace_difference(a: AttentionTrace, b: AttentionTrace, kind: str) -> np.ndarray:
-    """b - a, (L, H, Q, K) over the positions both have (the first min(Q) queries, min(K) keys)."""
+def trace_difference(
+    a: AttentionTrace, b: AttentionTrace, kind: str, layer: int | None = None, head: int | None = None
+) -> np.ndarray:
+    """b - a in float64, (L, H, Q, K) over the positions both have (the first min(Q) queries, min(K)
+    keys); with ``layer`` and ``head``, that head's (Q, K) only (computed alone: a page that shows
+    one head does not subtract every head of a 512-token trace)."""
     pa, pb = _common(a, b, kind)
-    return pb - pa
+    if layer is not None and head is not None:
+        pa, pb = pa[layer, head], pb[layer, head]
+    return pb.astype(np.float64) - pa.astype(np.float64)
 
 
 def head_difference(a: AttentionTrace, b: AttentionTrace, kind: str) -> np.ndarray:
     """(L, H) mean total-variation distance 0.5 * sum_k |b - a| over the common query rows."""
     pa, pb = _common(a, b, kind)
-    return (0.5 * np.abs(pb - pa).sum(-1)).mean(-1)
+    tv = np.empty(pa.shape[:2])
+    for ly in range(pa.shape[0]):  # a layer at a time in float64: no (L, H, Q, K) float64 copies
+        d = np.abs(pb[ly].astype(np.float64) - pa[ly].astype(np.float64))
+        tv[ly] = (0.5 * d.sum(-1)).mean(-1)
+    return tv

@@ -443,9 +443,10 @@ def _change(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(d, nan=float("inf"))
 
 
-def check_finite_outputs(fwd: ForwardFn, batch: ProbeBatch) -> Verdict:
-    """Outputs at real positions are finite (on the batch with extra PAD columns)."""
-    out = batch.call(fwd)
+def check_finite_outputs(fwd: ForwardFn, batch: ProbeBatch, base: dict | None = None) -> Verdict:
+    """Outputs at real positions are finite (on the batch with extra PAD columns). ``base``: the
+    batch's outputs when already computed (dynamic_checks runs the batch once for every check)."""
+    out = batch.call(fwd) if base is None else base
     bad = []
     for name, real in (("enc", batch.src_real), ("dec", batch.tgt_real)):
         if name in out and real is not None:
@@ -488,9 +489,10 @@ def _pool(
 
 def check_padding_leak(
     fwd: ForwardFn, batch: ProbeBatch, side: str, pad_id: int, traces=(), vocab: int | None = None,
-    skip_ids: set[int] = frozenset(), seed: int = 0,
+    skip_ids: set[int] = frozenset(), seed: int = 0, base: dict | None = None,
 ) -> Verdict:  # fmt: skip
-    """Change what sits in the PAD positions of ``side``; real-position outputs must not move."""
+    """Change what sits in the PAD positions of ``side``; real-position outputs must not move.
+    ``base``: the unchanged batch's outputs, when already computed."""
     name = f"padding_leak[{side}]"
     ids, real = (batch.src, batch.src_real) if side == "src" else (batch.tgt, batch.tgt_real)
     if ids is None:
@@ -502,7 +504,7 @@ def check_padding_leak(
     g = torch.Generator().manual_seed(seed)
     fill = pool[torch.randint(len(pool), ids.shape, generator=g)].to(ids.device)
     changed = torch.where(pads, fill, ids)
-    base = batch.call(fwd)
+    base = batch.call(fwd) if base is None else base
     alt = batch.call(fwd, **{side: changed})
     worst = None
     for out_name, out_real in (("enc", batch.src_real), ("dec", batch.tgt_real)):
@@ -581,11 +583,11 @@ def check_causal_leak(
                    head=blame[1] if blame else None, positions=(b, i, j), value=v)  # fmt: skip
 
 
-def check_batch_invariance(fwd: ForwardFn, batch: ProbeBatch, traces=()) -> Verdict:
+def check_batch_invariance(fwd: ForwardFn, batch: ProbeBatch, traces=(), base: dict | None = None) -> Verdict:
     """Each sequence run alone (trimmed to its real tokens) gives, at its real positions, the outputs
     it got padded in the batch. Works for any model, also one that builds its masks from the ids."""
     name = "batch_invariance"
-    base = batch.call(fwd)
+    base = batch.call(fwd) if base is None else base
     worst: tuple[float, tuple | None] = (0.0, None)
     n_seq = (batch.src if batch.src is not None else batch.tgt).shape[0]
     for b in range(n_seq):
@@ -628,9 +630,10 @@ def dynamic_checks(fwd: ForwardFn | None, batch: ProbeBatch | None, pad_id: int,
     names = ("finite_outputs", "batch_invariance", "causal_leak", "padding_leak[src]", "padding_leak[tgt]")
     if fwd is None or batch is None:
         return [Verdict(n, True, "this model offers no forward_outputs hook", status="skip") for n in names]
+    base = batch.call(fwd)  # the batch's own outputs: one run shared by every check that compares to it
     out = [
-        check_finite_outputs(fwd, batch),
-        check_batch_invariance(fwd, batch, traces),
+        check_finite_outputs(fwd, batch, base),
+        check_batch_invariance(fwd, batch, traces, base),
         check_causal_leak(fwd, batch, pad_id, traces, vocab[1], skip_ids),
     ]
     for side in ("src", "tgt"):
@@ -641,7 +644,7 @@ def dynamic_checks(fwd: ForwardFn | None, batch: ProbeBatch | None, pad_id: int,
         else:
             out.append(
                 check_padding_leak(
-                    fwd, batch, side, pad_id, traces, vocab[0 if side == "src" else 1], skip_ids
+                    fwd, batch, side, pad_id, traces, vocab[0 if side == "src" else 1], skip_ids, base=base
                 )
             )
     return out
@@ -657,15 +660,21 @@ def run_audit(
     bug: B.Bug | str | None = None,
     interv: Intervention | None = None,
     extra_pad: int = EXTRA_PAD,
+    traces: list[AttentionTrace] | None = None,
 ) -> AuditReport:
-    """Static checks on the traces of ``sources`` plus the leak tests, with ``bug`` injected if given."""
+    """Static checks on the traces of ``sources`` plus the leak tests, with ``bug`` injected if given.
+    ``traces``: ``lm.trace(sources, targets)`` when the caller already has it (no bug, no ablation)."""
     bug = B.get(bug) if isinstance(bug, str) else bug
     if (bug is not None or interv is not None) and not lm.injectable:
         raise ValueError("mask bugs and head ablation can only be injected into core models")
     if bug is not None or interv is not None:
+        if traces is not None:
+            raise ValueError("traces= are the model's own traces: give them only without a bug or ablation")
         traces = B.trace_with_bug(lm, sources, bug, targets, interv)
-    else:
+    elif traces is None:
         traces = lm.trace(sources, targets)
+    elif len(traces) != len(sources):
+        raise ValueError(f"{len(traces)} traces for {len(sources)} sources")
     f = lm.audit_facts()
     verdicts = static_checks(traces, f["pad_id"])
     fwd = forward_fn(lm, bug, interv)

@@ -1,6 +1,6 @@
 """Cached runs of the analysis pages (mask audit, mask lab, head analytics, compare).
 
-Everything that runs a model here is ``st.cache_data`` keyed on hashable inputs (model name,
+Everything that runs a model here is cached, keyed on hashable inputs (model name,
 device, weights version, input tuples, bug name, heads switched off), with a bounded number of
 entries, so a widget that only changes what is shown (kind, layer, head, sequence...) never runs
 the model again. Models come from ``loaders.load_model`` (shared by every session: read-only).
@@ -8,16 +8,25 @@ the model again. Models come from ``loaders.load_model`` (shared by every sessio
 
 from __future__ import annotations
 
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
 import streamlit as st
+import torch
 
 from core import analytics, audit, bugs
 from core.audit import AuditReport
 from core.trace import KIND_LABELS, AttentionTrace
-from dashboard import loaders
+from dashboard import loaders, trace_cache
 from models import registry
 
 CACHE_ENTRIES = 16
-CACHE_SIZE = "512MiB"  # audits carry traces; evict least recently used
+# Audits carry traces: shared objects (dashboard/trace_cache.py), never pickled per rerun (a lab pair at
+# 512 tokens is ~600 MB of maps), at most this many MB of arrays, least recently used out first.
+AUDIT_CACHE_MB = 1536
+_audit_cache = functools.partial(
+    trace_cache.shared_cache, AUDIT_CACHE_MB, CACHE_ENTRIES, 3600, env="ATTNSCOPE_AUDIT_CACHE_MB"
+)
 Heads = tuple[tuple[str, int, int], ...]  # (kind, layer, head) switched off
 
 
@@ -25,7 +34,7 @@ def _intervention(lm, off: Heads):
     return analytics.ablation(lm.cfg, list(off)) if off else None
 
 
-@st.cache_data(max_entries=CACHE_ENTRIES, max_size=CACHE_SIZE, show_spinner="Auditing the masks…")
+@_audit_cache(spinner="Auditing the masks…")
 def audit_report(
     name: str,
     device: str,
@@ -42,13 +51,53 @@ def audit_report(
     Raises core.runner.InputError (bad input) or ValueError (a bug this model cannot take).
     """
     lm = loaders.load_model(name, device, version)
+    own = None  # the model's own traces: the sidebar's cached ones, not a second run, when they are
+    if bug is None and not off and (targets is not None or lm.arch != "decoder"):  # the same run
+        try:
+            cached = list(loaders.compute_traces(name, device, version, sources, targets))
+        except Exception:  # noqa: BLE001 (the audit's own run says what is wrong, in its words)
+            cached = None
+        if cached is not None and not any(t.meta.get("warnings") for t in cached):  # nothing truncated
+            own = cached
     return audit.run_audit(
         lm,
         list(sources),
         None if targets is None else list(targets),
         bug=bug,
         interv=_intervention(lm, off),
+        traces=own,
     )
+
+
+def _audit_in_thread(lm, sources, targets, bug, threads: int) -> AuditReport:
+    torch.set_num_threads(threads)  # a new thread starts with the default count: the app's, as in loaders
+    return audit.run_audit(lm, sources, targets, bug=bug)
+
+
+@_audit_cache(spinner="Auditing with and without the bug…")
+def lab_reports(
+    name: str,
+    device: str,
+    version: float,
+    sources: tuple[str, ...],
+    targets: tuple[str, ...] | None,
+    bug: str,
+) -> tuple[AuditReport, AuditReport]:
+    """(audit with the correct masks, audit with ``bug`` injected): the Mask lab's two reports.
+
+    The buggy audit runs in a worker thread while this one audits the correct masks (each with the
+    app's intra-op thread count; torch releases the GIL), so on two cores the lab waits for about
+    one audit, not two. The model's forward keeps no state, so two threads may run it at once.
+    """
+    lm = loaders.load_model(name, device, version)
+    tgts = None if targets is None else list(targets)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-bug") as pool:
+        buggy = pool.submit(_audit_in_thread, lm, list(sources), tgts, bug, torch.get_num_threads())
+        try:
+            ok = audit_report(name, device, version, sources, targets)
+        finally:
+            bad = buggy.result()  # (re-raises the worker's InputError / ValueError here)
+    return ok, bad
 
 
 @st.cache_data(max_entries=32, show_spinner="Generating…")
@@ -96,8 +145,10 @@ def file_head_stats(digest: str, _trace) -> tuple[dict[str, dict], list[dict]]:
 def outputs(
     sel, sources: tuple[str, ...], targets: tuple[str, ...] | None, report: AuditReport, bug=None, off=()
 ) -> tuple[str, ...]:
-    """What the model answers: its greedy output (generate mode) or the teacher-forced argmax."""
-    if targets is not None or not loaders.load_model(sel.name, sel.device, sel.version).injectable:
+    """What the model answers: its greedy output (generate mode) or the teacher-forced argmax.
+    Encoder-only models answer in one pass: the report's traces already hold that output."""
+    lm = loaders.load_model(sel.name, sel.device, sel.version)
+    if targets is not None or not lm.injectable or not lm.has_decoder:
         return tuple(t.output_text for t in report.traces)
     return generated(sel.name, sel.device, sel.version, sources, bug, off)
 

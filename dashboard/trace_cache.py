@@ -27,14 +27,15 @@ MB = 2**20
 
 
 def nbytes(value: Any) -> int:
-    """Bytes of the numpy arrays in a value (a trace, or a list/tuple of them)."""
+    """Bytes of the numpy arrays in a value: a trace, a dataclass holding traces (an audit report),
+    or lists/tuples of them (an array shared by two values is counted in each: an upper bound)."""
     if isinstance(value, list | tuple):
         return sum(nbytes(v) for v in value)
     if isinstance(value, np.ndarray):
         return int(value.nbytes)
     fields = getattr(value, "__dataclass_fields__", None)
     if fields:
-        return sum(int(a.nbytes) for a in (getattr(value, f) for f in fields) if isinstance(a, np.ndarray))
+        return sum(nbytes(getattr(value, f)) for f in fields)
     return 0
 
 
@@ -123,9 +124,18 @@ def shared_cache(max_mb: float, max_entries: int, ttl_s: float | None, spinner: 
 
         budget = float(os.environ.get(env, max_mb)) if env else max_mb
 
+        # One store per decorated function: every ``_store`` has the same code, so st.cache_resource
+        # tells them apart only by the name passed in (hashed; defaults would not be). A shared store
+        # would also deadlock: a cached function calling another with the same arguments waits for itself.
+        store_name = f"{fn.__module__}.{fn.__qualname__}"
+
         @st.cache_resource(show_spinner=False)
-        def _store(_name: str = fn.__qualname__) -> TraceStore:
+        def _named_store(name: str) -> TraceStore:
+            del name  # the cache key
             return TraceStore(int(budget * MB), max_entries, ttl_s)
+
+        def _store() -> TraceStore:
+            return _named_store(store_name)
 
         def with_spinner(compute):
             with st.spinner(spinner):

@@ -238,8 +238,12 @@ def test_trace_difference_and_head_difference(traces):
     assert np.abs(A.trace_difference(a, a, "enc_self")).max() == 0
     d = A.trace_difference(a, b, "cross")
     assert d.shape == (2, 4, min(len(a.tgt_tokens), len(b.tgt_tokens)), len(a.src_tokens))
+    np.testing.assert_array_equal(A.trace_difference(a, b, "cross", 1, 3), d[1, 3])  # one head alone
     hd = A.head_difference(a, b, "enc_self")
     assert hd.shape == (2, 4) and (hd >= 0).all() and (hd <= 1 + 1e-9).all() and hd.max() > 0
+    n = min(a.enc_self.shape[2], b.enc_self.shape[2])
+    pa, pb = a.enc_self[:, :, :n, :n].astype(np.float64), b.enc_self[:, :, :n, :n].astype(np.float64)
+    np.testing.assert_allclose(hd, (0.5 * np.abs(pb - pa).sum(-1)).mean(-1), rtol=1e-12)  # mean TV
     other = a.replace(enc_self=a.enc_self[:1])
     with pytest.raises(ValueError, match="layers x heads"):
         A.trace_difference(a, other, "enc_self")

@@ -84,6 +84,41 @@ def test_correct_model_passes_every_check(lm, sources, targets):
     assert {"masked_mass[enc_self]", "masked_mass[dec_self]", "masked_mass[cross]", "finite"} <= set(statuses)
 
 
+def test_given_traces_give_the_same_report_and_only_without_a_bug(lm):
+    """The dashboard hands the audit the sidebar's cached traces: the same verdicts as its own run;
+    traces from another input change the static verdicts (they are what is read), and traces
+    cannot stand in for a buggy run."""
+    own = AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS)
+    given = AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, traces=lm.trace(LAB_SOURCES, LAB_TARGETS))
+    assert [(v.name, v.status, v.detail) for v in given.verdicts] == [
+        (v.name, v.status, v.detail) for v in own.verdicts
+    ]
+    buggy = B.trace_with_bug(lm, LAB_SOURCES, "inverted", LAB_TARGETS)
+    read = AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, traces=buggy)
+    assert "masked_mass[enc_self]" in failed(read)  # the static checks read the given traces
+    with pytest.raises(ValueError, match="without a bug"):
+        AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, bug="inverted", traces=buggy)
+    with pytest.raises(ValueError, match="1 traces for 2 sources"):
+        AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, traces=buggy[:1])
+
+
+def test_dynamic_checks_run_the_unchanged_batch_once(lm):
+    """finite_outputs, batch_invariance and both padding leaks compare to one shared run of the batch."""
+    calls = []
+
+    def fwd(src, tgt, src_real, tgt_real):
+        calls.append((tuple(src.shape), None if tgt is None else tuple(tgt.shape)))
+        return lm.forward_outputs(src, tgt, src_real, tgt_real)
+
+    traces = lm.trace(LAB_SOURCES, LAB_TARGETS)
+    batch = AU.batch_from_traces(traces, lm.cfg.pad_id, 4, lm.cfg.max_len)
+    verdicts = AU.dynamic_checks(fwd, batch, lm.cfg.pad_id, traces, (len(lm.src_tok), len(lm.tgt_tok)))
+    assert all(v.status == "pass" for v in verdicts), [v.line() for v in verdicts]
+    full = (tuple(batch.src.shape), tuple(batch.tgt.shape))
+    # the unchanged batch once + each padding leak's changed batch (causal_leak runs row subsets)
+    assert calls.count(full) == 3, calls
+
+
 @pytest.mark.parametrize("name", list(CATCHES))
 def test_each_bug_is_caught_on_the_lab_batch(lm, name):
     report = AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, bug=name)

@@ -123,6 +123,65 @@ def test_cached_traces_are_shared_and_read_only(extra_models):
     assert loaders.compute_traces(*args)[0] is not first[0]
 
 
+def test_each_cached_function_has_its_own_store_and_nesting_does_not_wait_on_itself(extra_models):
+    """Two functions cached with the same arguments keep apart (a shared store would hand one the
+    other's value), and one may call the other with the same arguments (a shared in-flight lock
+    would deadlock: the audit calls the trace cache so). Audit reports count their traces' bytes."""
+    import streamlit as st
+
+    from dashboard import loaders, runs
+    from dashboard.trace_cache import shared_cache
+
+    st.cache_resource.clear()
+
+    @shared_cache(64, 4, None, "inner")
+    def inner(x: int) -> str:
+        return f"inner {x}"
+
+    @shared_cache(64, 4, None, "outer")
+    def outer(x: int) -> str:
+        return f"outer of {inner(x)}"
+
+    done = []
+    worker = threading.Thread(target=lambda: done.append(outer(1)), daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert done == ["outer of inner 1"] and inner(1) == "inner 1"
+    assert inner.store() is not outer.store()
+
+    args = (extra_models[0], "cpu", 0.0, ("hello",), None)
+    report = runs.audit_report(*args)
+    assert runs.audit_report(*args) is report  # shared, not a pickled copy per rerun
+    assert report.traces[0] is loaders.compute_traces(*args)[0]  # the sidebar's traces, not a second run
+    assert nbytes(report) == nbytes(report.traces) > 0
+    st.cache_resource.clear()
+
+
+def test_lab_reports_equal_the_two_audits_run_one_after_the_other(extra_models):
+    """The lab's pair (the buggy audit in a worker thread) is what two plain audits give, verdict for
+    verdict and value for value; an input error in the worker reaches the page as that error."""
+    import streamlit as st
+
+    from core import audit
+    from core.runner import InputError
+    from dashboard import loaders, runs
+
+    st.cache_resource.clear()
+    name = extra_models[0]
+    sources, targets = ("abcdefg", "abc"), ("gfedcba", "cba")
+    ok, bad = runs.lab_reports(name, "cpu", 0.0, sources, targets, "inverted")
+    lm = loaders.load_model(name, "cpu", 0.0)
+    for got, want in ((ok, audit.run_audit(lm, list(sources), list(targets))),
+                      (bad, audit.run_audit(lm, list(sources), list(targets), bug="inverted"))):  # fmt: skip
+        assert [v.line() for v in got.verdicts] == [v.line() for v in want.verdicts]
+        for a, b in zip(got.traces, want.traces, strict=True):
+            np.testing.assert_array_equal(a.enc_self, b.enc_self)
+    assert ok.passed and not bad.passed and bad.bug == "inverted"
+    with pytest.raises(InputError):
+        runs.lab_reports(name, "cpu", 0.0, ("abc\x00" * 50,), None, "inverted")
+    st.cache_resource.clear()
+
+
 # -- 10 sessions against the real app --------------------------------------------------------------
 
 

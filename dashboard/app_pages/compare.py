@@ -227,7 +227,7 @@ with c1:
 with c2:
     ui.chart(figs["B"], key="cmp_b")
 if same_shape:
-    diff = A.trace_difference(tr_a, tr_b, kind)[layer, head]
+    diff = A.trace_difference(tr_a, tr_b, kind, layer, head)
     qa, ka = tr_a.axes(kind)
     qb, kb = tr_b.axes(kind)
     nq, nk = diff.shape

@@ -62,8 +62,7 @@ if len(names) < len(bugs.BUGS):
 
 sources, targets, added = runs.lab_batch(lm, sel.sources, sel.targets, add_copy)
 try:
-    ok = runs.audit_report(sel.name, sel.device, sel.version, sources, targets)
-    bad = runs.audit_report(sel.name, sel.device, sel.version, sources, targets, bug=bug_name)
+    ok, bad = runs.lab_reports(sel.name, sel.device, sel.version, sources, targets, bug_name)
     out_ok = runs.outputs(sel, sources, targets, ok)
     out_bad = runs.outputs(sel, sources, targets, bad, bug=bug_name)
 except (InputError, ValueError) as exc:
@@ -183,7 +182,7 @@ with c2:
     n_nan = int(np.isnan(w_bad).sum())
     if n_nan:
         st.caption(f"{n_nan} weights of this head are NaN (drawn blank).")
-diff = analytics.trace_difference(tr_ok, tr_bad, kind)[layer, head]
+diff = analytics.trace_difference(tr_ok, tr_bad, kind, layer, head)
 figs["difference"] = PA.difference_figure(
     np.nan_to_num(diff, nan=0.0),
     q_tok,
