@@ -355,7 +355,7 @@ class HFModel:
         src, src_real = self._pad([p.ids for p in prepared])
         out, ms = self._forward(input_ids=src, attention_mask=src_real)
         masks = padding_masks(src_real, None)
-        maps = {"enc_self": (torch.stack(out.attentions, dim=1), None, masks["enc_self"])}
+        maps = {"enc_self": (_stack_layers(out, "attentions"), None, masks["enc_self"])}
         side = Side(src, src_real, self.src_tok.tokens)
         traces = []
         for i, p in enumerate(prepared):
@@ -383,7 +383,7 @@ class HFModel:
             raise InputError(f"prompt and target together exceed the model's {self.cfg.max_len} tokens")
         seq, real = self._pad(rows)
         out, ms = self._forward(input_ids=seq, attention_mask=real, use_cache=False)
-        maps = {"dec_self": (torch.stack(out.attentions, dim=1), None, padding_masks(None, real)["dec_self"])}
+        maps = {"dec_self": (_stack_layers(out, "attentions"), None, padding_masks(None, real)["dec_self"])}
         side = Side(seq, real, self.src_tok.tokens)
         traces = []
         for i, p in enumerate(prepared):
@@ -416,9 +416,9 @@ class HFModel:
         )
         masks = padding_masks(src_real, dec_real)
         maps = {
-            "enc_self": (torch.stack(out.encoder_attentions, dim=1), None, masks["enc_self"]),
-            "dec_self": (torch.stack(out.decoder_attentions, dim=1), None, masks["dec_self"]),
-            "cross": (torch.stack(out.cross_attentions, dim=1), None, masks["cross"]),
+            "enc_self": (_stack_layers(out, "encoder_attentions"), None, masks["enc_self"]),
+            "dec_self": (_stack_layers(out, "decoder_attentions"), None, masks["dec_self"]),
+            "cross": (_stack_layers(out, "cross_attentions"), None, masks["cross"]),
         }
         src_side, dec_side = (
             Side(src, src_real, self.src_tok.tokens),
@@ -539,6 +539,22 @@ class HFModel:
 
 
 # -- loading ---------------------------------------------------------------------------
+def _stack_layers(out: Any, name: str) -> torch.Tensor:
+    """``out.<name>`` (one (B, head, q, k) tensor per layer) as one (B, layer, head, q, k) tensor, each
+    layer freed as soon as it is copied: the peak is the maps once plus a layer, not twice the maps
+    (a GPT-2-sized model at 1,024 tokens: 0.6 GB instead of 1.2 GB). The output no longer holds them."""
+    layers = list(getattr(out, name))
+    out[name] = None  # ModelOutput: the attribute and the mapping entry together
+    first = layers[0]
+    stacked = torch.empty(
+        (first.shape[0], len(layers), *first.shape[1:]), dtype=first.dtype, device=first.device
+    )
+    for i in range(len(layers)):
+        stacked[:, i] = layers[i]
+        layers[i] = None  # type: ignore[call-overload]
+    return stacked
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     import json
 

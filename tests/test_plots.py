@@ -89,6 +89,32 @@ def test_grid_tiles_hold_every_layer_and_head(batch_traces, kind):
     assert PA.parse_grid_point(xs[0], "·0") is None
 
 
+@pytest.mark.parametrize(
+    "shape,bq,bk", [((2, 3, 16, 16), 4, 4), ((2, 3, 17, 10), 4, 3), ((1, 1, 5, 7), 1, 2)]
+)
+def test_block_max_is_the_max_of_each_block_ignoring_nan(shape, bq, bk):
+    """Every output cell is the NaN-ignoring max of its block (blocks past the end padded with the
+    fill), checked cell by cell against a plain loop, with and without blocks that tile exactly."""
+    rng = np.random.default_rng(sum(shape))
+    a = rng.random(shape, dtype=np.float32)
+    a[0, 0, 1, 1] = np.nan  # one NaN in a block: ignored
+    a[..., :bq, -bk:] = np.nan  # whole blocks of NaN stay NaN only where nothing pads them
+    got = PA.block_max(a, bq, bk, fill=-1.0)
+    nq, nk = shape[-2:]
+    mq, mk = -(-nq // bq), -(-nk // bk)
+    assert got.shape == (*shape[:-2], mq, mk)
+    for idx in np.ndindex(*shape[:-2], mq, mk):
+        *lead, i, j = idx
+        block = a[(*lead, slice(i * bq, (i + 1) * bq), slice(j * bk, (j + 1) * bk))]
+        padded = block.size < bq * bk
+        vals = block[~np.isnan(block)]
+        want = max([*vals.tolist(), *([-1.0] if padded else [])], default=np.nan)
+        if np.isnan(want):
+            assert np.isnan(got[idx]), idx
+        else:
+            assert got[idx] == np.float32(want), idx
+
+
 def test_grid_log_scale_levels(batch_traces):
     tr = batch_traces[0]
     probs = tr.probs("cross")
