@@ -129,10 +129,10 @@ def browser_side(folder: Path, n_tokens: int) -> dict:
             )
             tab.wait_for_function(harness.SETTLED_JS, timeout=120_000)
             # Another head: its exact (float32) heatmap replaces the one shown.
-            tab.evaluate("() => { window.__t0 = performance.now(); }")
             boxes = tab.locator('[data-testid="stMain"] [data-testid="stSelectbox"]')
             boxes.filter(has_text=re.compile(r"^Head")).first.click()
             tab.keyboard.type("head 7")  # the selectbox filters its options as one types
+            tab.evaluate("() => { window.__t0 = performance.now(); }")  # the choice made: Enter
             tab.keyboard.press("Enter")
             head_ms = float(
                 tab.wait_for_function(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 import time
@@ -135,11 +136,30 @@ def test_a_copied_link_reproduces_the_view_in_a_fresh_browser(browser, zoo_serve
     page.locator('[data-testid="stMain"] [data-testid="stRadio"]').first.get_by_text(
         "cross-attention"
     ).click()
-    title = "cross-attention · layer 0 · head 0"
+    _wait_chart_title(page, "cross-attention · layer 0 · head 0")
+    _settle(page)
+    # Another head (the head view is a fragment: it reruns alone): the grid is not drawn again (plotly
+    # reports no new plot of it), and the URL and the link box still follow.
+    grid_js = """() => [...document.querySelectorAll('.js-plotly-plot')]
+        .find(g => (g.querySelector('.gtitle') || {}).textContent?.includes('click a tile'))"""
+    page.evaluate(
+        f"() => {{ const g = ({grid_js})(); g.__plots = 0; g.on('plotly_afterplot', () => g.__plots++); }}"
+    )
+    boxes = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"]')
+    boxes.filter(has_text=re.compile(r"^Head")).first.click()
+    page.keyboard.type("head 1")
+    page.keyboard.press("Enter")
+    title = "cross-attention · layer 0 · head 1"
     _wait_chart_title(page, title)
     _settle(page)
+    assert page.evaluate(f"() => ({grid_js})().__plots") == 0  # the same grid, not drawn again
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('[data-testid="stSidebar"] [data-testid="stCode"] code')]
+            .some(c => c.innerText.includes('head=1'))""",
+        timeout=WAIT_MS,
+    )
     link = page.locator('[data-testid="stSidebar"] [data-testid="stCode"] code').last.inner_text().strip()
-    assert link.startswith(zoo_server) and "kind=cross" in link and "text=linked" in link
+    assert link.startswith(zoo_server) and "kind=cross" in link and "text=linked" in link and "head=1" in link
     assert page.url.endswith(link[len(zoo_server) :]) or "kind=cross" in page.url  # the URL follows
     picture = (_x_ticks(page, title), _y_ticks(page, title), _z(page, title))
     page.close()
