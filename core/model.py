@@ -49,13 +49,24 @@ class ModelOutput:
     enc_hidden: tuple[torch.Tensor, ...] | None = None
 
 
+def _stack_freeing(layers: list[torch.Tensor]) -> torch.Tensor:
+    """(B, H, Lq, Lk) per layer -> (B, layer, H, Lq, Lk), each layer dropped from ``layers`` once
+    copied: the peak is the maps once plus a layer, not twice the maps (torch.stack of the list)."""
+    first = layers[0]
+    out = torch.empty((first.shape[0], len(layers), *first.shape[1:]), dtype=first.dtype, device=first.device)
+    for i in range(len(layers)):
+        out[:, i] = layers[i]
+        layers[i] = None  # type: ignore[call-overload]
+    return out
+
+
 def _stack(maps: list[AttnMaps | None]) -> AttnMaps | None:
+    """The layers' maps as one AttnMaps (B, layer, H, Lq, Lk); empties ``maps`` as it goes."""
     if not maps or maps[0] is None:
         return None
-    return AttnMaps(
-        scores=torch.stack([m.scores for m in maps], dim=1),  # (B, layer, H, Lq, Lk)
-        probs=torch.stack([m.probs for m in maps], dim=1),
-    )
+    scores, probs = [m.scores for m in maps], [m.probs for m in maps]
+    maps.clear()  # the lists above now hold the only references: each layer is freed once copied
+    return AttnMaps(scores=_stack_freeing(scores), probs=_stack_freeing(probs))
 
 
 class Embeddings(nn.Module):

@@ -204,7 +204,12 @@ class LoadedModel:
             check_trace_budget(0, len(sources))
         prepared = [self.prepare(s, truncate) for s in sources]
         src_len = max(len(p.ids) for p in prepared)
-        tgt_guess = src_len if self.has_decoder else 0  # refined below once the target is known
+        teacher = targets is not None
+        tp = prepare_targets(self, prepared, targets, truncate) if teacher and self.has_decoder else None
+        if tp is not None:  # the decoder input is known: BOS + the longest target
+            tgt_guess = 1 + max(len(t.ids) for t in tp)
+        else:  # greedy output: as long as the source, a guess (checked again once decoded)
+            tgt_guess = src_len if self.has_decoder else 0
         cfg = self.cfg
         check_trace_budget(
             trace_bytes(
@@ -218,15 +223,17 @@ class LoadedModel:
             len(sources),
         )
         src = self._pad([p.ids for p in prepared])
-        teacher = targets is not None
         if not self.has_decoder:
             tgt = None
         elif teacher:
-            tp = prepare_targets(self, prepared, targets, truncate)
             tgt = self._pad([[self.cfg.bos_id] + t.ids for t in tp])
         else:
             with torch.no_grad():
                 tgt = greedy_decode(self.model, src).ids
+            real = trace_bytes(
+                cfg.n_enc_layers, cfg.n_dec_layers, cfg.n_heads, len(sources), src_len, tgt.shape[1]
+            )
+            check_trace_budget(real, len(sources))  # the output's real length, before any map is kept
         return Batch(src, tgt, prepared, teacher)
 
     def trace(

@@ -48,6 +48,37 @@ def has_decoder(lm: Any) -> bool:
     return arch(lm) != "encoder"
 
 
+def maps_mb(lm: Any, n_tokens: int) -> float | None:
+    """About how many MB of attention maps (probabilities and scores, float32) one input of
+    ``n_tokens`` tokens costs this model (decoders: as many target tokens); None when the model
+    does not say its layers and heads (an adapter file)."""
+    from core.runner import trace_bytes
+
+    cfg = getattr(lm, "cfg", None)
+    n_heads = getattr(cfg, "n_heads", None)
+    if not n_heads:
+        return None
+    a = arch(lm)
+    enc = getattr(cfg, "n_enc_layers", 0) if a != "decoder" else 0
+    dec = getattr(cfg, "n_dec_layers", 0) if a != "encoder" else 0
+    if a == "decoder":  # one sequence, in decoder self-attention only
+        return trace_bytes(0, dec, n_heads, 1, 0, n_tokens) / 2**20
+    return trace_bytes(enc, dec, n_heads, 1, n_tokens, n_tokens if dec else 0) / 2**20
+
+
+def limits_line(lm: Any) -> str:
+    """The sidebar's statement of the limits: tokens per input and MB of maps per run (both refused
+    with a message beyond them, never a frozen page), with what this model's longest input costs."""
+    from core import runner
+
+    line = f"At most {lm.max_src_tokens:,} tokens per input (longer inputs are truncated)"
+    line += f" and {runner.MAX_TRACE_MB:,} MB of attention maps per run (ATTNSCOPE_MAX_TRACE_MB)"
+    mb = maps_mb(lm, lm.max_src_tokens)
+    if mb is not None:
+        line += f"; this model's longest input needs about {mb:,.0f} MB"
+    return line + ". Beyond a limit the run is refused with a message."
+
+
 def model_kind(lm: Any) -> str:
     """'pretrained', 'hf', 'adapter' or 'core' (the registry says 'zoo' for zoo names)."""
     return str(lm.meta.get("kind") or "core")

@@ -286,7 +286,7 @@ def sidebar() -> Selection | None:
         else:
             raw = st.text_input("Input text", key=K.SOURCE)
             sources, empty = [raw], []
-        st.caption(f"At most {lm.max_src_tokens} tokens per input; longer inputs are truncated.")
+        st.caption(model_facts.limits_line(lm))
         targets, t_empty = None, []
         # Labels stay the same for every model: the browser matches radio values by their label.
         if lm.has_decoder:

@@ -281,3 +281,33 @@ def test_explicit_masks_override_defaults():
     # with no causal mask, the first query sees later keys
     assert (out.attn["dec_self"].probs[:, :, :, 0, 1:] > 0).all()
     assert np.array_equal(out.masks.dec_self.numpy(), everything.dec_self.numpy())
+
+
+def test_base_with_max_len_2048_traces_and_draws_2048_tokens(tmp_path):
+    """The paper's base model built for 2,048 positions traces a 2,047-token input (+ EOS) within the
+    map budget (teacher forcing: the budget counts the real target, not a guess as long as the
+    source), every map row sums to 1, and the pages' figures stay bounded: the grid shows blocks
+    (16 x 16 tokens a cell), the head view carries that head's exact weights."""
+    from core import checkpoint
+    from core.tokenizer import CharTokenizer
+    from dashboard.plots import attention as P
+    from models import registry
+
+    tok = CharTokenizer.fit(["abcdefghijklmnopqrstuvwxyz"])
+    torch.manual_seed(0)
+    model = Transformer(base(len(tok)).replace(max_len=2048)).eval()
+    lm = registry.load(str(checkpoint.save(tmp_path / "base2048", model, tok, tok)))
+    assert lm.max_src_tokens == 2047
+    text = "".join("abcdefghijklmnopqrstuvwxyz"[i * 7 % 26] for i in range(lm.max_src_tokens))
+    tr = lm.trace([text], ["abc"])[0]
+    probs = tr.probs("enc_self")
+    assert probs.shape == (6, 8, 2048, 2048)
+    np.testing.assert_allclose(probs[-1, -1].sum(-1), 1.0, atol=1e-4)
+    q_tok, k_tok = tr.axes("enc_self")
+    grid = P.grid_figure(probs, q_tok, k_tok, title="all", mask=tr.mask("enc_self"))
+    z = np.asarray(grid.data[0].z)
+    assert z.shape == (6 * 128 + 5 * 13, 8 * 128 + 7 * 13)  # 128 x 128 blocks a tile
+    tile = z[:128, :128]
+    np.testing.assert_array_equal(tile, P.quantise(P.block_max(probs[0, 0], 16, 16), log=False))
+    head = P.head_heatmap(P.head_weights(probs, 5, 7), q_tok, k_tok, title="head")
+    np.testing.assert_array_equal(np.asarray(head.data[0].z), probs[5, 7])

@@ -172,6 +172,28 @@ def test_a_trace_beyond_the_memory_budget_is_refused_in_the_page(app_env, monkey
         assert "MB of attention maps" in errs[0] and "limit is 1 MB" in errs[0], errs
 
 
+def test_the_limits_are_stated_in_the_sidebar_and_match_what_a_run_costs(app_env):
+    """The sidebar says the token limit, the MB budget of attention maps and what the model's longest
+    input needs; that figure is what a trace of that length really holds (probs and scores)."""
+    from core import runner
+    from dashboard import model_facts
+    from dashboard.trace_cache import nbytes
+    from models import registry
+
+    for model in models_under_test(app_env):
+        at = run_app(model, timeout=TIMEOUT)
+        lm = registry.load(model)
+        line = next((c.value for c in at.sidebar.caption if "attention maps per run" in c.value), "")
+        assert f"At most {lm.max_src_tokens:,} tokens" in line and f"{runner.MAX_TRACE_MB:,} MB" in line, line
+        mb = model_facts.maps_mb(lm, lm.max_src_tokens)
+        assert f"needs about {mb:,.0f} MB" in line, line
+        if lm.arch == "encoder":  # one input of the longest length: the maps it holds
+            words = " ".join(["hello"] * (lm.max_src_tokens + 50))
+            tr = lm.trace([words], truncate=True)[0]
+            held = nbytes([tr.enc_self, tr.enc_self_scores]) / 2**20
+            assert abs(held - model_facts.maps_mb(lm, tr.enc_self.shape[-1])) < 0.01 * held, (held, mb)
+
+
 # -- injection -------------------------------------------------------------------------------------------
 
 
