@@ -82,10 +82,22 @@ def test_grid_tiles_hold_every_layer_and_head(batch_traces, kind):
             tile_mask = zm[np.ix_(rows, cols)]
             assert np.array_equal(tile_mask == 1, ~mask)  # masked cells marked, only those
             assert PA.parse_grid_point(xs[cols[0]], ys[rows[-1]]) == (layer, head)
-    # Gaps are GRID_GAP (white), and every non-gap cell belongs to a tile.
+    # No gap cells: every cell belongs to a tile (hover anywhere reads a real weight); white lines
+    # over the boundaries separate the tiles, twice as wide before the aggregate columns.
     n_cells = n_layers * (n_heads + 2) * len(q_tok) * len(k_tok)
-    assert int((z <= PA.GRID_LEVELS).sum()) == n_cells
-    assert int(zm.sum()) == n_layers * (n_heads + 2) * int((~mask).sum())  # no marks in the gaps
+    assert z.size == n_cells and int((z <= PA.GRID_LEVELS).sum()) == n_cells
+    assert int(zm.sum()) == n_layers * (n_heads + 2) * int((~mask).sum())
+    nk, nq = len(k_tok), len(q_tok)
+    starts = {  # (line width, direction) -> where each white line starts ("M x,y")
+        (sh.line.width, "v" if sh.path.split(" ")[1].startswith("L" + sh.path.split(",")[0][1:]) else "h"):
+            [tuple(float(v) for v in m[1:].split(",")) for m in sh.path.split(" ") if m.startswith("M")]
+        for sh in fig.layout.shapes if sh.type == "path" and sh.line.color == "white"
+    }  # fmt: skip
+    assert starts == {
+        (PA.SEPARATOR_PX, "v"): [(c * nk - 0.5, -0.5) for c in [*range(1, n_heads), n_heads + 1]],
+        (2 * PA.SEPARATOR_PX, "v"): [(n_heads * nk - 0.5, -0.5)],  # before "mean of heads"
+        (PA.SEPARATOR_PX, "h"): [(-0.5, ly * nq - 0.5) for ly in range(1, n_layers)],
+    }
     assert PA.parse_grid_point(xs[0], "·0") is None
 
 
@@ -125,7 +137,7 @@ def test_grid_log_scale_levels(batch_traces):
     levels = -np.log10(LOG_FLOOR)  # decades on the log scale, 1e-4 .. 1
     want = (np.log10(np.maximum(probs[1, 2], LOG_FLOOR)) + levels) / levels * PA.GRID_LEVELS
     np.testing.assert_allclose(z[np.ix_(rows, cols)], want, atol=0.5 + 1e-4)
-    assert fig.data[0].zmin == 0 and fig.data[0].zmax == PA.GRID_GAP
+    assert fig.data[0].zmin == 0 and fig.data[0].zmax == PA.GRID_NAN
 
 
 def test_grid_json_stays_small():
@@ -383,3 +395,17 @@ def test_vendored_files_match_their_readme():
         assert f"`{name}`" in readme and digest in readme, name
     for lic in ("LICENSE-d3.txt", "LICENSE-jquery.txt", "LICENSE-requirejs.txt"):
         assert (bertviz_html.VENDOR / lic).stat().st_size > 500
+
+
+def test_grid_hover_names_nan_only_when_there_is_one():
+    """A NaN weight is drawn white as level GRID_NAN; the hover explains that value only when the grid
+    holds one (every other cell's hover is a real weight: there are no gap cells)."""
+    probs = np.full((1, 2, 3, 3), 1 / 3, dtype=np.float32)
+    toks = ["a", "b", "c"]
+    clean = PA.grid_figure(probs, toks, toks, title="t")
+    assert "NaN" not in clean.data[0].hovertemplate and z_of(clean.data[0]).max() == 33
+    probs[0, 1, 2] = np.nan
+    broken = PA.grid_figure(probs, toks, toks, title="t")
+    z = z_of(broken.data[0])
+    assert f"{PA.GRID_NAN} means NaN" in broken.data[0].hovertemplate
+    assert (z == PA.GRID_NAN).sum() == 3 and (z[2, 3:] == PA.GRID_NAN).all()

@@ -57,19 +57,16 @@ _X_RE = re.compile(r"^(?:head (\d+)|(mean|max) of heads) ·")
 _Y_RE = re.compile(r"^layer (\d+) ·")
 
 
-def _gap(n: int) -> int:
-    return max(1, round(n / 10))
-
-
 # The grid is an overview: exact numbers are in the one-head heatmap below it (hover, downloads).
 GRID_LEVELS = 100  # weights sent as whole percent, uint8 0..100 (base64: ~1.33 bytes a cell, not ~5.3)
-GRID_GAP = GRID_LEVELS + 1  # the z value of gaps between tiles (and NaN weights): drawn white
+GRID_NAN = GRID_LEVELS + 1  # the z value of NaN weights: drawn white
+SEPARATOR_PX = 2  # tiles abut; a white line this wide is drawn over each boundary (hover reads real cells)
 GRID_MAX_TILE = 128  # beyond this many queries/keys a tile shows blocks (the max of each block)
 MAX_MASK_MARKS = 5000  # one head's heatmap marks masked cells with an x up to this many, then greys them
 
 
 def quantise(weights: np.ndarray, log: bool, levels: int = GRID_LEVELS) -> np.ndarray:
-    """Weights in [0, 1] -> uint8 levels 0..levels (linear, or log10 from LOG_FLOOR to 1); NaN -> GRID_GAP."""
+    """Weights in [0, 1] -> uint8 levels 0..levels (linear, or log10 from LOG_FLOOR to 1); NaN -> levels + 1."""
     w = np.asarray(weights, dtype=np.float32)
     with np.errstate(invalid="ignore", divide="ignore"):
         if log:
@@ -131,8 +128,10 @@ def grid_figure(
     """All layers x heads as tiles of ONE heatmap trace on one colour scale (an overview).
 
     probs ``[L, H, Q, K]``. Tiles are laid out row = layer, column = head (then one column
-    per aggregate in ``aggregates``), separated by gaps. z is uint8: the weight in whole
-    percent (``quantise``; log: levels of log10 from 1e-4 to 1), gaps are GRID_GAP (white).
+    per aggregate in ``aggregates``), side by side; white lines drawn over the boundaries separate
+    them (shapes: there are no gap cells, so hovering anywhere reads a real cell). z is uint8: the
+    weight in whole percent (``quantise``; log: levels of log10 from 1e-4 to 1); NaN weights are
+    GRID_NAN (white; the hover says so when there are any).
     Tiles with more than ``max_tile`` queries or keys show blocks of tokens, each the max of
     its cells. The x/y axes are categorical: each column's label names its head and key
     token(s), each row's its layer and query token(s), so hover text needs no per-cell data.
@@ -160,39 +159,27 @@ def grid_figure(
         # 1 = masked; a block is masked when none of its cells may attend
         masked_tile = (block_max(np.asarray(mask, dtype=np.uint8), bq, bk) == 0).astype(np.uint8)
     nq, nk = tiles[0].shape[1:]
-    gx, gy = _gap(nk), _gap(nq)
-    n_rows = n_layers * nq + (n_layers - 1) * gy
-    col_start = []
-    x = 0
-    for c, head in enumerate(columns):
-        if c and isinstance(head, str) and isinstance(columns[c - 1], int):
-            x += gx  # a wider gap before the aggregate columns
-        col_start.append(x)
-        x += nk + gx
-    n_cols = x - gx
-    z = np.full((n_rows, n_cols), GRID_GAP, dtype=np.uint8)
+    n_rows, n_cols = n_layers * nq, len(columns) * nk
+    col_start = [c * nk for c in range(len(columns))]
+    z = np.empty((n_rows, n_cols), dtype=np.uint8)
     zm = np.zeros((n_rows, n_cols), dtype=np.uint8) if masked_tile is not None else None  # 1 = masked
-    xs = [f"·{i}" for i in range(n_cols)]  # unique category names; gap columns keep these
-    ys = [f"·{i}" for i in range(n_rows)]
     klab = _axis_labels(key_tokens, "key", bk)
     qlab = _axis_labels(query_tokens, "query", bq)
-    for c, head in enumerate(columns):
-        x0 = col_start[c]
-        for j in range(nk):
-            xs[x0 + j] = f"{head_name(head)} · {klab[j]}"
+    xs = [f"{head_name(head)} · {lab}" for head in columns for lab in klab]  # unique category names
+    ys = [f"layer {layer} · {lab}" for layer in range(n_layers) for lab in qlab]
     for layer in range(n_layers):
-        y0 = layer * (nq + gy)
-        for i in range(nq):
-            ys[y0 + i] = f"layer {layer} · {qlab[i]}"
+        y0 = layer * nq
         for c in range(len(columns)):
             x0 = col_start[c]
             z[y0 : y0 + nq, x0 : x0 + nk] = tiles[c][layer]
             if zm is not None:
                 zm[y0 : y0 + nq, x0 : x0 + nk] = masked_tile
     block_note = " (max of the block)" if bq > 1 or bk > 1 else ""
+    nan_note = f"<br>({GRID_NAN} means NaN: drawn white)" if (z == GRID_NAN).any() else ""
     value = (
         ("log colour level %{z} of 100 (1e-4 … 1)" if log else "weight ≈ %{z}%")
         + block_note
+        + nan_note
         + "<br><i>exact weights: click the tile</i>"
     )
     cb = colorbar(log)
@@ -206,7 +193,7 @@ def grid_figure(
         x=xs,
         y=ys,
         zmin=0,
-        zmax=GRID_GAP,
+        zmax=GRID_NAN,
         colorscale=grid_colorscale(GRID_LEVELS),
         colorbar=cb,
         name="attention",
@@ -230,7 +217,20 @@ def grid_figure(
             )
         )
     xt = [xs[col_start[c] + nk // 2] for c in range(len(columns))]
-    yt = [ys[layer * (nq + gy) + nq // 2] for layer in range(n_layers)]
+    yt = [ys[layer * nq + nq // 2] for layer in range(n_layers)]
+    # White lines over the boundaries between tiles (twice as wide before the aggregate columns), in
+    # cell coordinates (category index): one path per width.
+    wide = {
+        c for c in range(1, len(columns)) if isinstance(columns[c], str) and isinstance(columns[c - 1], int)
+    }
+    for cs, width in (([c for c in range(1, len(columns)) if c not in wide], 1), (sorted(wide), 2)):
+        if cs:
+            path = " ".join(f"M{c * nk - 0.5},-0.5 L{c * nk - 0.5},{n_rows - 0.5}" for c in cs)
+            fig.add_shape(type="path", path=path, line=dict(color="white", width=SEPARATOR_PX * width),
+                          layer="above")  # fmt: skip
+    if n_layers > 1:
+        path = " ".join(f"M-0.5,{ly * nq - 0.5} L{n_cols - 0.5},{ly * nq - 0.5}" for ly in range(1, n_layers))
+        fig.add_shape(type="path", path=path, line=dict(color="white", width=SEPARATOR_PX), layer="above")
     width_px = 900  # about the width Streamlit gives a chart; keeps cells roughly square
     height = int(np.clip(n_rows * width_px / max(n_cols, 1) + 140, 260, 1400))
     # Plotly cannot select heatmap cells, so each tile gets one invisible, selectable marker at
@@ -279,7 +279,7 @@ def grid_figure(
         if not (0 <= layer < n_layers and 0 <= head < n_heads):
             continue
         c = columns.index(head)
-        x0, y0 = col_start[c] - 0.5, layer * (nq + gy) - 0.5
+        x0, y0 = col_start[c] - 0.5, layer * nq - 0.5
         fig.add_shape(
             type="rect",
             x0=x0,
@@ -289,8 +289,9 @@ def grid_figure(
             line=dict(color=MARK_COLOR, width=3),
             layer="above",
         )
-        fig.add_annotation(  # under the tile, in the gap (above it sit the head labels)
-            x=x0 + nk / 2, y=y0 + nq, text="▣ trained", showarrow=False, yanchor="top", font=dict(color=MARK_COLOR, size=10),
+        fig.add_annotation(  # inside the tile, at its foot (above it sit the head labels)
+            x=x0 + nk / 2, y=y0 + nq, text="▣ trained", showarrow=False, yanchor="bottom",
+            bgcolor="rgba(255,255,255,0.8)", font=dict(color=MARK_COLOR, size=10),
             hovertext=f"trained to look like this: {note}" if note else "trained to look like this",
         )  # fmt: skip
     if bq > 1 or bk > 1:  # say so where it shows: tiles are summaries past GRID_MAX_TILE tokens
