@@ -127,6 +127,11 @@ class _Start:
             self.event.set()
 
 
+# Opening: every session loads the app at once (on 2 cores, 11 tabs parse Streamlit's bundle and run
+# two page runs each: 40-100 s); what is measured starts when all are open. Inputs: timeout_ms.
+OPEN_TIMEOUT_MS = 120_000
+
+
 async def _session(
     browser,
     url: str,
@@ -139,21 +144,24 @@ async def _session(
 ) -> None:
     context = await browser.new_context(viewport={"width": 1300, "height": 1000})
     page = await context.new_page()
+    page.set_default_timeout(OPEN_TIMEOUT_MS)  # clicks and fills on a busy machine (waits: their own)
     rng = random.Random(1000 + idx)
     counted = False
+    stage = "opening the page"  # named in the error if a wait times out
     try:
-        await page.goto(url, timeout=timeout_ms)
-        await page.wait_for_selector(harness.MODEL_PICKER, timeout=timeout_ms)
+        await page.goto(url, timeout=OPEN_TIMEOUT_MS)
+        await page.wait_for_selector(harness.MODEL_PICKER, timeout=OPEN_TIMEOUT_MS)
         await page.locator(harness.MODEL_PICKER).first.click()
         import re
 
         await page.get_by_role(
             "option", name=re.compile(rf"^{re.escape(plan.label)}( \(|( ·|$))")
         ).first.click()
-        await page.wait_for_function(harness.GRID_STATE_JS, timeout=timeout_ms)
-        await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
+        await page.wait_for_function(harness.GRID_STATE_JS, timeout=OPEN_TIMEOUT_MS)
+        await page.wait_for_function(harness.SETTLED_JS, timeout=OPEN_TIMEOUT_MS)
         box = page.locator(harness.SIDEBAR_INPUT).first
         counted = True
+        stage = "waiting for the others to open"
         start.ready()
         await start.event.wait()
         while time.monotonic() < start.deadline:
@@ -165,8 +173,10 @@ async def _session(
             await box.fill(text)
             await page.evaluate(harness.MARK_JS)
             await box.press("Enter")
+            stage = f"waiting for the grid of {text!r}"
             handle = await page.wait_for_function(harness.WAIT_GRID_JS, timeout=timeout_ms, polling=50)
             ms = float(await handle.json_value())
+            stage = f"waiting for the page to settle after {text!r}"
             await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
             errors = await page.evaluate(ERRORS_JS)
             if errors:
@@ -180,7 +190,7 @@ async def _session(
             res.per_model.setdefault(plan.label, []).append(ms)
             res.requests += 1
     except Exception as exc:  # a timeout or a crash is an error of this session
-        res.errors.append(f"session {idx} ({plan.label}): {type(exc).__name__}: {str(exc)[:300]}")
+        res.errors.append(f"session {idx} ({plan.label}), {stage}: {type(exc).__name__}: {str(exc)[:200]}")
     finally:
         if not counted:
             start.ready()
@@ -249,6 +259,7 @@ async def _hostile_session(
 
     context = await browser.new_context(viewport={"width": 1300, "height": 1000})
     page = await context.new_page()
+    page.set_default_timeout(OPEN_TIMEOUT_MS)  # clicks and fills on a busy machine (waits: their own)
     dialogs: list[str] = []
     page.on("dialog", lambda d: (dialogs.append(d.message), asyncio.ensure_future(d.dismiss())))
     rng = random.Random(7)
@@ -270,14 +281,14 @@ async def _hostile_session(
         return n
 
     try:
-        await page.goto(url, timeout=timeout_ms)
-        await page.wait_for_selector(harness.MODEL_PICKER, timeout=timeout_ms)
+        await page.goto(url, timeout=OPEN_TIMEOUT_MS)
+        await page.wait_for_selector(harness.MODEL_PICKER, timeout=OPEN_TIMEOUT_MS)
         await page.locator(harness.MODEL_PICKER).first.click()
         await page.get_by_role(
             "option", name=re.compile(rf"^{re.escape(plan.label)}( \(|( ·|$))")
         ).first.click()
-        await page.wait_for_function(harness.GRID_STATE_JS, timeout=timeout_ms)
-        await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
+        await page.wait_for_function(harness.GRID_STATE_JS, timeout=OPEN_TIMEOUT_MS)
+        await page.wait_for_function(harness.SETTLED_JS, timeout=OPEN_TIMEOUT_MS)
         counted = True
         start.ready()
         await start.event.wait()

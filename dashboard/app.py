@@ -15,7 +15,6 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from dashboard import keys as K  # noqa: E402
 from dashboard import links, state  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "app_pages"
@@ -54,7 +53,6 @@ notes = st.container()  # what a link's parameters could not set, above the page
 links.apply(page.url_path, notes.warning)
 state.sidebar()
 share = st.sidebar.empty()
-st.session_state[K.SHARE_SLOT] = (share, page.url_path)  # a page's fragment refreshes the link box
 links.share_box(share, links.publish(page.url_path))  # the clicks that started this run
 page.run()  # (a page that stops early ends the run here)
 links.share_box(share, links.publish(page.url_path))  # and what the page itself changed

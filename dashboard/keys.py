@@ -41,7 +41,6 @@ VIEW_DONE = "_view_done"  # this session already opened the trace `attnscope vie
 # -- links (dashboard/links.py) -------------------------------------------------------------------
 LINK_APPLIED = "_link_applied"  # this session already read the URL's parameters
 LINK_TEXT = "_link_text"  # the input came from the link: the model's examples must not replace it
-SHARE_SLOT = "_share_slot"  # (the sidebar slot of the link box, the page's url path), for fragment reruns
 LINK_VALUES = "_link_values"  # {key: (parameter, value)} the link set, checked once the page ran
 
 # -- Attention ------------------------------------------------------------------------------------

@@ -267,15 +267,6 @@ def link(query: str) -> str:
     return f"{base}?{query}" if query else base
 
 
-def follow_fragment() -> None:
-    """After a fragment rerun (only part of a page ran, not app.py): the URL and the sidebar's link
-    box follow what the fragment's widgets changed (app.py keeps the slot and page in SHARE_SLOT)."""
-    held = st.session_state.get(K.SHARE_SLOT)
-    if held is not None:
-        slot, url_path = held
-        share_box(slot, publish(url_path))
-
-
 def share_box(slot, query: str) -> None:
     """The sidebar's link to this view: st.code has a copy button (one click)."""
     with slot.container():

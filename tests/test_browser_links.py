@@ -138,8 +138,8 @@ def test_a_copied_link_reproduces_the_view_in_a_fresh_browser(browser, zoo_serve
     ).click()
     _wait_chart_title(page, "cross-attention · layer 0 · head 0")
     _settle(page)
-    # Another head (the head view is a fragment: it reruns alone): the grid is not drawn again (plotly
-    # reports no new plot of it), and the URL and the link box still follow.
+    # Another head: the grid is not drawn again (plotly reports no new plot of it: the same figure),
+    # and the URL and the link box follow.
     grid_js = """() => [...document.querySelectorAll('.js-plotly-plot')]
         .find(g => (g.querySelector('.gtitle') || {}).textContent?.includes('click a tile'))"""
     page.evaluate(

@@ -6,7 +6,7 @@ import streamlit as st
 
 from core.trace import KIND_LABELS
 from dashboard import keys as K
-from dashboard import links, marks, model_facts, state, ui
+from dashboard import marks, model_facts, state, ui
 from dashboard.plots import attention as P
 from dashboard.plots.common import ATTENTION_AXIS_TITLES, DECODER_ONLY_TITLES
 
@@ -81,44 +81,35 @@ if points:
         st.session_state[K.ATT_GRID_APPLIED] = (kind, picked)
         st.session_state[K.ATT_LAYER], st.session_state[K.ATT_HEAD] = picked
 
+heads: list[int | str] = list(range(n_heads)) + list(P.AGGREGATES)
+layers = list(range(n_layers))
+_keep_valid(K.ATT_LAYER, layers)
+_keep_valid(K.ATT_HEAD, heads)
+s1, s2, _ = st.columns([1, 1, 3])
+layer = s1.selectbox("Layer", layers, key=K.ATT_LAYER)
+head = s2.selectbox("Head", heads, key=K.ATT_HEAD, format_func=P.head_name)
 
-@st.fragment
-def head_view() -> None:
-    """One head large, with its exact weights. A fragment: picking another layer or head reruns only
-    this part, so the grid above (at 1,024 tokens, 8 MB of figure) is neither rebuilt nor redrawn."""
-    heads: list[int | str] = list(range(n_heads)) + list(P.AGGREGATES)
-    layers = list(range(n_layers))
-    _keep_valid(K.ATT_LAYER, layers)
-    _keep_valid(K.ATT_HEAD, heads)
-    s1, s2, _ = st.columns([1, 1, 3])
-    layer = s1.selectbox("Layer", layers, key=K.ATT_LAYER)
-    head = s2.selectbox("Head", heads, key=K.ATT_HEAD, format_func=P.head_name)
-
-    weights = P.head_weights(probs, layer, head)
-    q_title, k_title = DECODER_ONLY_TITLES if arch == "decoder" else ATTENTION_AXIS_TITLES[kind]
-    big = P.head_heatmap(
-        weights,
-        q_tok,
-        k_tok,
-        mask=mask if show_mask else None,
-        log=log,
-        query_title=q_title,
-        key_title=k_title,
-        title=f"{KIND_LABELS[kind]} · layer {layer} · {P.head_name(head)} · {where}"
-        + (f"<br><sup>▣ {marks.NOTE}: {hinted[(layer, head)]}</sup>" if (layer, head) in hinted else ""),
+weights = P.head_weights(probs, layer, head)
+q_title, k_title = DECODER_ONLY_TITLES if arch == "decoder" else ATTENTION_AXIS_TITLES[kind]
+big = P.head_heatmap(
+    weights,
+    q_tok,
+    k_tok,
+    mask=mask if show_mask else None,
+    log=log,
+    query_title=q_title,
+    key_title=k_title,
+    title=f"{KIND_LABELS[kind]} · layer {layer} · {P.head_name(head)} · {where}"
+    + (f"<br><sup>▣ {marks.NOTE}: {hinted[(layer, head)]}</sup>" if (layer, head) in hinted else ""),
+)
+ui.chart(big, key="att_head_chart")
+st.caption(
+    "Rows: queries (each row sums to 1 over the keys it may attend to). Columns: keys. "
+    "PAD positions are shown; with 'Show mask' on, ✕ marks keys the mask forbids (their weight is exactly 0)."
+    + (
+        f" Positions 0–{model_facts.prompt_len(tr) - 1} are the prompt, the rest the continuation."
+        if arch == "decoder" and model_facts.real_decoder(tr).sum() > model_facts.prompt_len(tr)
+        else ""
     )
-    ui.chart(big, key="att_head_chart")
-    st.caption(
-        "Rows: queries (each row sums to 1 over the keys it may attend to). Columns: keys. "
-        "PAD positions are shown; with 'Show mask' on, ✕ marks keys the mask forbids (their weight is exactly 0)."
-        + (
-            f" Positions 0–{model_facts.prompt_len(tr) - 1} are the prompt, the rest the continuation."
-            if arch == "decoder" and model_facts.real_decoder(tr).sum() > model_facts.prompt_len(tr)
-            else ""
-        )
-    )
-    ui.downloads(tr, seq, {"grid": grid, "head": big}, key="att_dl")
-    links.follow_fragment()  # a rerun of this fragment alone: the URL and the link box follow the head
-
-
-head_view()
+)
+ui.downloads(tr, seq, {"grid": grid, "head": big}, key="att_dl")
