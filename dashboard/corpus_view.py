@@ -16,7 +16,7 @@ from core import corpus
 from core.analytics import STAT_LABELS
 from core.trace import KIND_LABELS
 from dashboard import keys as K
-from dashboard import loaders, opened, ui, user_models
+from dashboard import loaders, opened, ui
 from dashboard.plots import analytics as P
 
 LABELS = {**STAT_LABELS, **corpus.STAT_LABELS}
@@ -40,10 +40,7 @@ def _open_upload() -> None:
         st.session_state[K.HA_CORPUS_MSG] = ("error", "Choose a .parquet stats file to upload first.")
         return
     try:
-        data = f.getvalue()
-        if len(data) > opened.upload_limit_bytes():
-            raise ValueError(f"it is larger than the upload limit ({opened.upload_limit_bytes() >> 20} MB)")
-        _keep(*corpus.read(data, f.name), f.name)
+        _keep(*corpus.read(opened.upload_bytes(f), f.name), f.name)
     except Exception as exc:  # a hostile file: one sentence, the app keeps running
         _fail(getattr(f, "name", "the file"), exc)
 
@@ -51,12 +48,7 @@ def _open_upload() -> None:
 def _open_path() -> None:
     text = (st.session_state.get(K.HA_CORPUS_PATH) or "").strip().strip("'\"")
     try:
-        if not text:
-            raise ValueError("type the path of a .parquet stats file")
-        _, real = user_models.real_path(text)
-        user_models.check_allowed(text, real, user_models.allowed_roots())
-        if real.suffix.lower() != ".parquet" or not real.is_file():
-            raise ValueError(f"{text} is not a .parquet file")
+        real = opened.resolve_allowed_file(text, (".parquet",), "a .parquet stats file")
         _keep(*corpus.read(real), real.name)
     except Exception as exc:
         _fail(text or "the file", exc)

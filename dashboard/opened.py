@@ -17,7 +17,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from core.trace import AttentionTrace, TraceFormatError
+from core.trace import AttentionTrace
 from dashboard import keys as K
 from dashboard import loaders, user_models
 
@@ -84,15 +84,24 @@ def upload_limit_bytes() -> int:
     return int(st.get_option("server.maxUploadSize")) * 2**20
 
 
-def resolve_trace_path(text: str) -> Path:
-    """What the user typed -> a trace file in an allowed folder (user_models.PathRefused / ValueError)."""
+def upload_bytes(f) -> bytes:
+    """An uploaded file's bytes, refused (ValueError) past the server's upload limit."""
+    data = f.getvalue()
+    if len(data) > upload_limit_bytes():
+        raise ValueError(f"{f.name} is larger than the upload limit ({upload_limit_bytes() >> 20} MB)")
+    return data
+
+
+def resolve_allowed_file(text: str, suffixes: tuple[str, ...], kind: str) -> Path:
+    """What the user typed -> an existing file with one of ``suffixes`` in an allowed folder
+    (user_models.PathRefused / ValueError naming ``kind``, e.g. "a .parquet stats file")."""
     text = (text or "").strip().strip("'\"")
     if not text:
-        raise ValueError("type the path of a .npz or .json trace file")
+        raise ValueError(f"type the path of {kind}")
     _, real = user_models.real_path(text)
     user_models.check_allowed(text, real, user_models.allowed_roots())
-    if real.suffix.lower() not in (".npz", ".json"):
-        raise ValueError(f"{real.name} is not a trace file (.npz or .json)")
+    if real.suffix.lower() not in suffixes:
+        raise ValueError(f"{real.name} is not {kind}")
     if not real.is_file():
         raise ValueError(f"{text} does not exist")
     return real
@@ -111,11 +120,7 @@ def _open_upload() -> None:
         st.session_state[K.TRACE_MSG] = ("error", "Choose a .npz or .json trace file to upload first.")
         return
     try:
-        data = f.getvalue()
-        if len(data) > upload_limit_bytes():
-            raise TraceFormatError(
-                f"{f.name} is larger than the upload limit ({upload_limit_bytes() >> 20} MB)"
-            )
+        data = upload_bytes(f)
         o = _keep(AttentionTrace.from_bytes(data, f.name), f.name, data)
         st.session_state[K.TRACE_MSG] = _opened_message(o)
     except Exception as exc:  # a hostile file: one sentence, the app keeps running
@@ -125,7 +130,7 @@ def _open_upload() -> None:
 def _open_path() -> None:
     text = st.session_state.get(K.TRACE_PATH) or ""
     try:
-        path = resolve_trace_path(text)
+        path = resolve_allowed_file(text, (".npz", ".json"), "a .npz or .json trace file")
         tr, data = _read_path(path)
         st.session_state[K.TRACE_MSG] = _opened_message(_keep(tr, path.name, data))
     except Exception as exc:
