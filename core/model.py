@@ -49,7 +49,7 @@ class ModelOutput:
     enc_hidden: tuple[torch.Tensor, ...] | None = None
 
 
-def _stack_freeing(layers: list[torch.Tensor]) -> torch.Tensor:
+def stack_freeing(layers: list[torch.Tensor]) -> torch.Tensor:
     """(B, H, Lq, Lk) per layer -> (B, layer, H, Lq, Lk), each layer dropped from ``layers`` once
     copied: the peak is the maps once plus a layer, not twice the maps (torch.stack of the list)."""
     first = layers[0]
@@ -66,7 +66,7 @@ def _stack(maps: list[AttnMaps | None]) -> AttnMaps | None:
         return None
     scores, probs = [m.scores for m in maps], [m.probs for m in maps]
     maps.clear()  # the lists above now hold the only references: each layer is freed once copied
-    return AttnMaps(scores=_stack_freeing(scores), probs=_stack_freeing(probs))
+    return AttnMaps(scores=stack_freeing(scores), probs=stack_freeing(probs))
 
 
 class Embeddings(nn.Module):

@@ -25,7 +25,11 @@ CACHE_ENTRIES = 16
 # 512 tokens is ~600 MB of maps), at most this many MB of arrays, least recently used out first.
 AUDIT_CACHE_MB = 1536
 _audit_cache = functools.partial(
-    trace_cache.shared_cache, AUDIT_CACHE_MB, CACHE_ENTRIES, 3600, env="ATTNSCOPE_AUDIT_CACHE_MB"
+    trace_cache.shared_cache,
+    AUDIT_CACHE_MB,
+    CACHE_ENTRIES,
+    loaders.TRACE_CACHE_TTL_S,
+    env="ATTNSCOPE_AUDIT_CACHE_MB",
 )
 Heads = tuple[tuple[str, int, int], ...]  # (kind, layer, head) switched off
 

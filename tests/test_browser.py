@@ -140,6 +140,17 @@ def _x_ticks(page, title_part: str) -> list[str]:
     )
 
 
+def _y_ticks(page, title_part: str) -> list[str]:
+    return page.evaluate(
+        """t => {
+            const gd = [...document.querySelectorAll('.js-plotly-plot')]
+                .find(g => (g.querySelector('.gtitle') || {}).textContent?.includes(t));
+            return gd ? [...gd.querySelectorAll('.ytick text')].map(e => e.textContent) : [];
+        }""",
+        title_part,
+    )
+
+
 def _screenshot(page, name: str) -> None:
     """The whole page: Streamlit scrolls inside its main block, so grow the viewport to fit it."""
     height = page.evaluate(

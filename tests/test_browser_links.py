@@ -27,6 +27,7 @@ from test_browser import (  # noqa: F401
     _settle,
     _wait_chart_title,
     _x_ticks,
+    _y_ticks,
     browser,
 )
 
@@ -44,17 +45,6 @@ def _sidebar_text(page) -> str:
 
 def _main_text(page) -> str:
     return page.locator('[data-testid="stMain"]').inner_text()
-
-
-def _y_ticks(page, title_part: str) -> list[str]:
-    return page.evaluate(
-        """t => {
-            const gd = [...document.querySelectorAll('.js-plotly-plot')]
-                .find(g => (g.querySelector('.gtitle') || {}).textContent?.includes(t));
-            return gd ? [...gd.querySelectorAll('.ytick text')].map(e => e.textContent) : [];
-        }""",
-        title_part,
-    )
 
 
 def _z(page, title_part: str):
