@@ -45,6 +45,7 @@ def scaled_dot_product(
     v: torch.Tensor,
     mask: torch.Tensor | None = None,
     neg_inf_fill: bool = False,
+    into: AttnMaps | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, the one place masks become scores.
 
@@ -52,22 +53,40 @@ def scaled_dot_product(
     True = may attend. Returns (out (B, H, Lq, d), probs, scores), probs and scores (B, H, Lq, Lk).
     Masked scores are filled with the dtype's most negative finite number, so a fully
     masked row never becomes NaN; its probabilities are then set to exactly 0.
+    ``into``: tensors of that shape (a layer's slice of the model's map buffers) that receive the
+    scores and probabilities as they are computed (the same kernels, so the same numbers), and
+    are returned: no per-layer copy to stack afterwards.
     """
     # In-place steps where a tensor is not kept (the same numbers, fewer [B, H, Lq, Lk] allocations;
     # bench/capture_overhead.py); scores must not be changed after it is returned.
-    scores = q @ k.transpose(-2, -1)
+    direct = (
+        into is not None
+        and into.scores.dtype == q.dtype
+        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+    )
+    kt = k.transpose(-2, -1)
+    scores = torch.matmul(q, kt, out=into.scores) if direct else q @ kt
     scores.div_(math.sqrt(q.shape[-1]))  # (B, H, Lq, Lk)
+    out = into.probs if direct else None
+
+    def softmax(x: torch.Tensor) -> torch.Tensor:
+        return x.softmax(dim=-1) if out is None else torch.softmax(x, dim=-1, out=out)
+
     if mask is None:
-        probs = scores.softmax(dim=-1)
+        probs = softmax(scores)
     elif neg_inf_fill:  # the classic bug: a fully masked row turns into NaN
-        probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        probs = softmax(scores.masked_fill(~mask, float("-inf")))
     elif bool(mask.all()):  # nothing masked (no padding, not causal): filling would change nothing
-        probs = scores.softmax(dim=-1)
+        probs = softmax(scores)
     else:
         blocked = ~mask
-        probs = scores.masked_fill(blocked, torch.finfo(scores.dtype).min).softmax(dim=-1)
+        probs = softmax(scores.masked_fill(blocked, torch.finfo(scores.dtype).min))
         # in place unless autograd needs softmax's own output for its backward pass
         probs = probs.masked_fill(blocked, 0.0) if probs.requires_grad else probs.masked_fill_(blocked, 0.0)
+    if into is not None and not direct:  # another dtype (autocast) or autograd: a detached copy
+        with torch.no_grad():
+            into.scores.copy_(scores)
+            into.probs.copy_(probs)
     return probs @ v, probs, scores
 
 
@@ -99,10 +118,12 @@ class MultiHeadAttention(nn.Module):
         return_attn: bool = False,
         neg_inf_fill: bool = False,
         head_keep: torch.Tensor | None = None,
+        into: AttnMaps | None = None,
     ) -> tuple[torch.Tensor, AttnMaps | None]:
         """query (B, Lq, D), key/value (B, Lk, D), mask bool (B, Lq, Lk) or (B, 1|H, Lq, Lk).
 
         head_keep: optional (H,) tensor, 0 switches a head's output off (ablation).
+        into: with return_attn, (B, H, Lq, Lk) tensors the maps are written into (and returned).
         Returns (out (B, Lq, D), AttnMaps or None).
         """
         b, lq, d = query.shape
@@ -112,7 +133,9 @@ class MultiHeadAttention(nn.Module):
         explicit = return_attn or neg_inf_fill or head_keep is not None
         maps = None
         if explicit:
-            out, probs, scores = scaled_dot_product(q, k, v, mask, neg_inf_fill)
+            out, probs, scores = scaled_dot_product(
+                q, k, v, mask, neg_inf_fill, into if return_attn else None
+            )
             if self.training and self.attn_dropout.p > 0:
                 out = self.attn_dropout(probs) @ v
             if return_attn:

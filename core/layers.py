@@ -57,10 +57,11 @@ class EncoderLayer(nn.Module):
         return_attn: bool = False,
         neg_inf_fill: bool = False,
         head_keep: torch.Tensor | None = None,
+        into: AttnMaps | None = None,
     ) -> tuple[torch.Tensor, AttnMaps | None]:
-        """x (B, S, D), mask (B, S, S) -> (B, S, D), self-attention maps."""
+        """x (B, S, D), mask (B, S, S) -> (B, S, D), self-attention maps (written into ``into`` if given)."""
         x, maps = self.sub_attn(
-            x, lambda h: self.self_attn(h, h, h, mask, return_attn, neg_inf_fill, head_keep)
+            x, lambda h: self.self_attn(h, h, h, mask, return_attn, neg_inf_fill, head_keep, into)
         )
         x, _ = self.sub_ff(x, lambda h: (self.ff(h), None))
         return x, maps
@@ -86,14 +87,19 @@ class DecoderLayer(nn.Module):
         neg_inf_fill: bool = False,
         self_keep: torch.Tensor | None = None,
         cross_keep: torch.Tensor | None = None,
+        self_into: AttnMaps | None = None,
+        cross_into: AttnMaps | None = None,
     ) -> tuple[torch.Tensor, AttnMaps | None, AttnMaps | None]:
-        """y (B, T, D), memory (B, S, D), masks (B, T, T) / (B, T, S) -> (B, T, D), maps."""
+        """y (B, T, D), memory (B, S, D), masks (B, T, T) / (B, T, S) -> (B, T, D), maps (written into
+        ``self_into`` / ``cross_into`` if given)."""
         y, self_maps = self.sub_self(
-            y, lambda h: self.self_attn(h, h, h, self_mask, return_attn, neg_inf_fill, self_keep)
+            y, lambda h: self.self_attn(h, h, h, self_mask, return_attn, neg_inf_fill, self_keep, self_into)
         )
         y, cross_maps = self.sub_cross(
             y,
-            lambda h: self.cross_attn(h, memory, memory, cross_mask, return_attn, neg_inf_fill, cross_keep),
+            lambda h: self.cross_attn(
+                h, memory, memory, cross_mask, return_attn, neg_inf_fill, cross_keep, cross_into
+            ),
         )
         y, _ = self.sub_ff(y, lambda h: (self.ff(h), None))
         return y, self_maps, cross_maps

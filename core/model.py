@@ -60,13 +60,18 @@ def stack_freeing(layers: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def _stack(maps: list[AttnMaps | None]) -> AttnMaps | None:
-    """The layers' maps as one AttnMaps (B, layer, H, Lq, Lk); empties ``maps`` as it goes."""
-    if not maps or maps[0] is None:
-        return None
-    scores, probs = [m.scores for m in maps], [m.probs for m in maps]
-    maps.clear()  # the lists above now hold the only references: each layer is freed once copied
-    return AttnMaps(scores=stack_freeing(scores), probs=stack_freeing(probs))
+def map_buffers(
+    n_layers: int, shape: tuple[int, int, int, int], like: torch.Tensor
+) -> tuple[AttnMaps, list[AttnMaps]]:
+    """Empty (B, layer, H, Lq, Lk) scores and probabilities for ``shape`` = (B, H, Lq, Lk), and each
+    layer's slice of them: the layers write their maps straight into these (core.attention.
+    scaled_dot_product's ``into``), so a trace holds the maps once and never stacks a copy of them."""
+    b, h, lq, lk = shape
+    scores = torch.empty((n_layers, b, h, lq, lk), dtype=like.dtype, device=like.device)
+    probs = torch.empty_like(scores)
+    return AttnMaps(scores.transpose(0, 1), probs.transpose(0, 1)), [
+        AttnMaps(scores[i], probs[i]) for i in range(n_layers)
+    ]
 
 
 class Embeddings(nn.Module):
@@ -146,14 +151,24 @@ class Transformer(nn.Module):
         interv = interv or Intervention()
         keep = interv.head_mask.get("enc_self")
         x = self.src_embed(src, token_types)
-        hidden, maps = [x], []
+        b, s = src.shape
+        maps, into = (
+            map_buffers(len(self.encoder), (b, self.cfg.n_heads, s, s), x) if return_attn else (None, None)
+        )
+        hidden = [x]
         for i, layer in enumerate(self.encoder):
-            x, m = layer(x, mask, return_attn, interv.neg_inf_fill, None if keep is None else keep[i])
+            x, _ = layer(
+                x,
+                mask,
+                return_attn,
+                interv.neg_inf_fill,
+                None if keep is None else keep[i],
+                None if into is None else into[i],
+            )
             hidden.append(x)
-            maps.append(m)
         if self.enc_norm is not None:
             x = self.enc_norm(x)
-        return x, _stack(maps), (tuple(hidden) if return_hidden else None)
+        return x, maps, (tuple(hidden) if return_hidden else None)
 
     def decode(
         self,
@@ -168,9 +183,13 @@ class Transformer(nn.Module):
         interv = interv or Intervention()
         sk, ck = interv.head_mask.get("dec_self"), interv.head_mask.get("cross")
         y = self.tgt_embed(tgt)
-        self_maps, cross_maps = [], []
+        (b, t), s, n = tgt.shape, memory.shape[1], len(self.decoder)
+        self_maps, self_into = map_buffers(n, (b, self.cfg.n_heads, t, t), y) if return_attn else (None, None)
+        cross_maps, cross_into = (
+            map_buffers(n, (b, self.cfg.n_heads, t, s), y) if return_attn else (None, None)
+        )
         for i, layer in enumerate(self.decoder):
-            y, sm, cm = layer(
+            y, _, _ = layer(
                 y,
                 memory,
                 self_mask,
@@ -179,12 +198,12 @@ class Transformer(nn.Module):
                 interv.neg_inf_fill,
                 None if sk is None else sk[i],
                 None if ck is None else ck[i],
+                None if self_into is None else self_into[i],
+                None if cross_into is None else cross_into[i],
             )
-            self_maps.append(sm)
-            cross_maps.append(cm)
         if self.dec_norm is not None:
             y = self.dec_norm(y)
-        return y, _stack(self_maps), _stack(cross_maps)
+        return y, self_maps, cross_maps
 
     def pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """hidden (B, S, D), real-token mask (B, S) -> (B, D)."""

@@ -349,6 +349,28 @@ def pad_id() -> int | None:
     return None if current().trace else model().cfg.pad_id
 
 
+def check_inputs(greedy: bool = False) -> None:
+    """Answers the sidebar's input problems on the page (st.warning) and stops it if there are any;
+    for pages that run the model on their own batch (the Mask lab) and need no trace of the sidebar's."""
+    sel = current()
+    problems = list(sel.problems) + ([] if greedy else list(sel.target_problems))
+    for p in problems:
+        st.warning(p)
+    if problems:
+        st.stop()
+
+
+def show_warnings(traces: list[AttentionTrace], batch: bool) -> None:
+    """Each truncation warning of ``traces`` once, as st.warning ("Input 2: ..." in a batch)."""
+    shown = set()
+    for i, tr in enumerate(traces):
+        for w in tr.meta.get("warnings", []):
+            msg = f"Input {i + 1}: {w}." if batch else sentence(w)
+            if msg not in shown:
+                shown.add(msg)
+                st.warning(msg)
+
+
 def traces(greedy: bool = False) -> list[AttentionTrace]:
     """Traces of the sidebar's inputs (greedy=True: always greedy decoding, whatever the mode).
 
@@ -358,11 +380,7 @@ def traces(greedy: bool = False) -> list[AttentionTrace]:
     sel = current()
     if sel.trace:
         return [opened.current().trace]
-    problems = list(sel.problems) + ([] if greedy else list(sel.target_problems))
-    for p in problems:
-        st.warning(p)
-    if problems:
-        st.stop()
+    check_inputs(greedy)
     try:
         out = loaders.compute_traces(
             sel.name, sel.device, sel.version, sel.sources, None if greedy else sel.targets
@@ -370,13 +388,7 @@ def traces(greedy: bool = False) -> list[AttentionTrace]:
     except InputError as exc:
         st.error(sentence(str(exc)))
         st.stop()
-    shown = set()
-    for i, tr in enumerate(out):
-        for w in tr.meta.get("warnings", []):
-            msg = f"Input {i + 1}: {w}." if sel.batch else sentence(w)
-            if msg not in shown:
-                shown.add(msg)
-                st.warning(msg)
+    show_warnings(out, sel.batch)
     return out
 
 

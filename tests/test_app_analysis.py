@@ -182,6 +182,25 @@ def test_lab_padding_copy_makes_padding_bugs_visible(make_app, tiny):
     assert any("padding_leak[src]" in e for e in errors(at))  # the leak test appends PAD of its own
 
 
+def test_lab_traces_its_own_batch_only(make_app, tiny, monkeypatch):
+    """With the shorter copy, the lab's batch is not the sidebar's: the page asks for no trace of the
+    sidebar's single input (it would be thrown away), only for its two-input batch."""
+    from apptest_helpers import ANALYSIS_PAGES
+
+    from dashboard import loaders
+
+    at = make_app(tiny)
+    asked: list[tuple[str, ...]] = []
+    real = loaders.compute_traces
+    monkeypatch.setattr(loaders, "compute_traces", lambda *a, **kw: asked.append(a[3]) or real(*a, **kw))
+    at.switch_page(ANALYSIS_PAGES["lab"]).run()
+    assert_no_exception(at)
+    assert asked and all(len(sources) == 2 for sources in asked), asked
+    at.toggle(key=K.LAB_PAD).set_value(False).run()  # the lab's batch is the sidebar's input again
+    assert_no_exception(at)
+    assert len(asked[-1]) == 1
+
+
 def test_lab_on_an_encoder_only_model_offers_encoder_bugs(make_app, extra_models):
     at = make_app(extra_models[1], page="lab", **{K.LAB_BUG: "wrong_broadcast"})
     assert_no_exception(at)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core import masks as M
-from core.attention import scaled_dot_product
+from core.attention import AttnMaps, scaled_dot_product
 from core.config import ConfigError, TransformerConfig, base, tiny
 from core.decode import greedy_decode
 from core.model import Masks, Transformer, count_parameters
@@ -73,6 +73,53 @@ def test_fully_masked_row_gives_zeros_not_nan():
     # the -inf fill (the mask-lab bug) is what produces NaN
     out_bug, _, _ = scaled_dot_product(q, k, k, mask, neg_inf_fill=True)
     assert torch.isnan(out_bug[..., 1, :]).all()
+
+
+@pytest.mark.parametrize("case", ["no mask", "padding", "fully masked row", "neg_inf_fill", "autograd"])
+def test_maps_written_into_given_buffers_are_the_same_numbers(case):
+    """scaled_dot_product(into=...) writes scores and probabilities into the given (strided) slices
+    and returns those very tensors; the numbers equal the path that allocates its own, bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))
+    mask = None
+    if case != "no mask":
+        mask = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+        mask[1, ..., 3:] = False
+        if case != "padding":
+            mask[0, ..., 2, :] = False
+    if case == "autograd":
+        q.requires_grad_(True)
+    buf_s, buf_p = torch.full((4, 2, 3, 5, 5), 7.0), torch.full((4, 2, 3, 5, 5), 7.0)  # (layer, B, H, q, k)
+    into = AttnMaps(scores=buf_s[2], probs=buf_p[2])
+    fill = case == "neg_inf_fill"
+    out, probs, scores = scaled_dot_product(q, k, v, mask, fill, into=into)
+    ref_out, ref_probs, ref_scores = scaled_dot_product(q, k, v, mask, fill)
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(buf_p[2], ref_probs.detach(), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(buf_s[2], ref_scores.detach(), rtol=0, atol=0)
+    assert (buf_p[[0, 1, 3]] == 7.0).all() and (buf_s[[0, 1, 3]] == 7.0).all()  # other layers untouched
+    if case == "autograd":  # autograd keeps its own tensors (a detached copy goes into the buffers)
+        assert probs.requires_grad and not buf_p.requires_grad
+        out.sum().backward()
+        assert q.grad is not None
+    else:
+        assert probs.data_ptr() == buf_p[2].data_ptr() and scores.data_ptr() == buf_s[2].data_ptr()
+
+
+def test_traced_maps_are_one_allocation_per_kind():
+    """A traced forward writes every layer's maps into one buffer per kind (no per-layer copies to
+    stack): each layer's probabilities lie inside that buffer and equal a single layer's own result."""
+    model = make("cpu")
+    src, tgt = batch("cpu")
+    with torch.no_grad():
+        out = model(src, tgt, return_attn=True)
+        enc = model.src_embed(src)
+        _, ref = model.encoder[0](enc, out.masks.enc_self, True)
+    for kind, maps in out.attn.items():
+        base = maps.probs.untyped_storage().data_ptr()
+        assert all(maps.probs[:, i].untyped_storage().data_ptr() == base for i in range(maps.probs.shape[1]))
+        assert maps.probs.untyped_storage().nbytes() == maps.probs.numel() * maps.probs.element_size(), kind
+    torch.testing.assert_close(out.attn["enc_self"].probs[:, 0], ref.probs, rtol=0, atol=0)
 
 
 # -- capture -------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from dashboard.plots import attention as PA
 from dashboard.plots import decoding as PD
 from dashboard.plots import masks as PM
 from dashboard.plots import positional as PP
-from dashboard.plots.common import LOG_FLOOR, figure_html, token_label, token_labels
+from dashboard.plots.common import LOG_FLOOR, MAX_TICKS, figure_html, token_label, token_labels
 from dashboard.plots.model import params_figure
 
 INJECTION = "</script><script>alert(1)</script>"
@@ -409,3 +409,20 @@ def test_grid_hover_names_nan_only_when_there_is_one():
     z = z_of(broken.data[0])
     assert f"{PA.GRID_NAN} means NaN" in broken.data[0].hovertemplate
     assert (z == PA.GRID_NAN).sum() == 3 and (z[2, 3:] == PA.GRID_NAN).all()
+
+
+@pytest.mark.parametrize("n", [8, MAX_TICKS, MAX_TICKS + 1, 512])
+def test_mask_heatmaps_drop_cell_gaps_once_cells_are_small(n):
+    """Gaps between mask cells while every token has a tick; none beyond (a 1-pixel gap would hide
+    1-pixel cells, and plotly draws gapped cells one by one: twice as slow at 512 tokens)."""
+    from dashboard.plots import audit as PU
+
+    mask = np.tril(np.ones((n, n), dtype=bool))
+    toks = [f"t{i}" for i in range(n)]
+    figs = [
+        PM.attention_mask_figure(mask, toks, toks, title="m", query_title="q", key_title="k"),
+        PU.mask_compare_figure(mask, ~mask, toks, toks, title="c"),
+    ]
+    for fig in figs:
+        heat = fig.data[0]
+        assert (heat.xgap, heat.ygap) == ((1, 1) if n <= MAX_TICKS else (0, 0))

@@ -25,12 +25,13 @@ st.markdown(
     "same inputs with the bug, teacher-forced on the correct model's output so positions line up. The output "
     "text on the right is what the buggy model generates on its own."
 )
-traces = state.traces()
 sel = state.current()
 lm = state.model("The mask lab")
 if not lm.injectable:
     st.warning(words.not_injectable_message(lm))
     st.stop()
+state.check_inputs()  # the lab traces its own batch (below): no trace of the sidebar's input is needed
+model_kinds = ("enc_self", "dec_self", "cross") if lm.has_decoder else ("enc_self",)  # a core model's
 
 names = [n for n in bugs.names() if lm.has_decoder or not bugs.get(n).needs_decoder]
 ui.keep_valid(K.LAB_BUG, names)
@@ -53,7 +54,7 @@ with st.container(border=True):
     k1.code(buggy_code, language="python")
     k2.caption("Correct code")
     k2.code(correct_code, language="python")
-    st.caption("Masks it changes: " + ", ".join(KIND_LABELS[k] for k in bug.kinds if k in traces[0].kinds))
+    st.caption("Masks it changes: " + ", ".join(KIND_LABELS[k] for k in bug.kinds if k in model_kinds))
 if len(names) < len(bugs.BUGS):
     st.caption(
         f"{len(bugs.BUGS) - len(names)} more bugs need a decoder (causal and cross-attention masks); "
@@ -68,6 +69,7 @@ try:
 except (InputError, ValueError) as exc:
     st.error("The lab cannot run on this input: " + state.sentence(str(exc)))
     st.stop()
+state.show_warnings(ok.traces, len(ok.traces) > 1)
 if added:
     st.caption(f"Batch: your input and its shorter copy {sources[1]!r} (padded to the same length).")
 

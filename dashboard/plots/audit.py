@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboard.plots.common import finish, indexed_labels, matrix_height, token_axis
+from dashboard.plots.common import cell_gap, finish, indexed_labels, matrix_height, token_axis
 
 # Plain symbols (no emoji): they render in every font, also in the table's canvas.
 STATUS_ICON = {"pass": "✓ pass", "fail": "✗ fail", "skip": "– skip", "info": "ℹ info"}
@@ -80,7 +80,7 @@ def mask_compare_figure(
     legend = " · ".join(f"{v} = {label}" for v, (label, _) in COMPARE.items())
     fig = go.Figure(
         go.Heatmap(
-            z=codes.astype(np.uint8), x=kl, y=ql, zmin=-0.5, zmax=n - 0.5, colorscale=scale, xgap=1, ygap=1,
+            z=codes.astype(np.uint8), x=kl, y=ql, zmin=-0.5, zmax=n - 0.5, colorscale=scale, xgap=cell_gap(codes), ygap=cell_gap(codes),
             hovertemplate=f"{query_title} %{{y}}<br>{key_title} %{{x}}<br>state %{{z}} ({legend})<extra></extra>",
             showscale=False, name="mask",
         )

@@ -52,6 +52,13 @@ TEMPLATE = go.layout.Template(
 )
 
 
+def cell_gap(z) -> int:
+    """Pixels between the cells of a heatmap of ``z``: 1 while cells are big enough to show it
+    (up to MAX_TICKS a side); 0 beyond, where a gap would cover the cells and plotly would draw
+    every cell as its own rectangle (a 512 x 512 mask took twice as long to draw)."""
+    return 1 if max(np.shape(z)) <= MAX_TICKS else 0
+
+
 def token_label(token: str) -> str:
     """Axis/hover text for one token: whitespace made visible, long tokens cut, HTML escaped.
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from dashboard.plots.common import finish, matrix_height, token_axis, token_label
+from dashboard.plots.common import cell_gap, finish, matrix_height, token_axis, token_label
 
 ALLOWED_COLOR = "#2a9d8f"  # True: may attend
 MASKED_COLOR = "#e9e9e9"  # False: masked
@@ -26,8 +26,8 @@ def _bool_heatmap(z: np.ndarray, hover: str, custom=None, x=None, y=None) -> go.
         colorbar=dict(
             tickvals=[0.25, 0.75], ticktext=["False: masked", "True: may attend"], thickness=12, len=0.5
         ),
-        xgap=1,
-        ygap=1,
+        xgap=cell_gap(z),
+        ygap=cell_gap(z),
         customdata=custom,
         hovertemplate=hover,
         name="mask",
