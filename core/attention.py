@@ -80,7 +80,8 @@ def scaled_dot_product(
         probs = softmax(scores)
     else:
         blocked = ~mask
-        probs = softmax(scores.masked_fill(blocked, torch.finfo(scores.dtype).min))
+        # where(): the same numbers as scores.masked_fill(blocked, min) in one pass (not a copy, then a fill)
+        probs = softmax(torch.where(mask, scores, torch.finfo(scores.dtype).min))
         # in place unless autograd needs softmax's own output for its backward pass
         probs = probs.masked_fill(blocked, 0.0) if probs.requires_grad else probs.masked_fill_(blocked, 0.0)
     if into is not None and not direct:  # another dtype (autocast) or autograd: a detached copy

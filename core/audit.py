@@ -601,7 +601,13 @@ def check_batch_invariance(fwd: ForwardFn, batch: ProbeBatch, traces=(), base: d
             lens["enc" if side == "src" else "dec"] = n
             parts += [ids[b : b + 1, :n], real[b : b + 1, :n]]
         src, src_real, tgt, tgt_real = parts
-        alone = fwd(src, tgt, src_real, tgt_real)
+        # One sequence with no PAD column: alone it is the very call that gave ``base`` (same ids, same
+        # shapes, so the same numbers): the comparison is exact without running it again.
+        same_call = n_seq == 1 and all(
+            ids is None or n == ids.shape[1]
+            for ids, n in ((batch.src, lens.get("enc")), (batch.tgt, lens.get("dec")))
+        )
+        alone = base if same_call else fwd(src, tgt, src_real, tgt_real)
         for out_name, n in lens.items():
             if out_name not in base or out_name not in alone or n == 0:
                 continue

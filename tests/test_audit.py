@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +118,29 @@ def test_dynamic_checks_run_the_unchanged_batch_once(lm):
     full = (tuple(batch.src.shape), tuple(batch.tgt.shape))
     # the unchanged batch once + each padding leak's changed batch (causal_leak runs row subsets)
     assert calls.count(full) == 3, calls
+
+
+def test_one_unpadded_sequence_is_not_run_alone_again(lm):
+    """One sequence with no PAD column: 'alone' is the very call that gave the batch's outputs, so
+    batch_invariance compares to that run (one call in all); with PAD columns it runs the trimmed
+    sequence, and a model that leaks PAD is still caught."""
+    calls = []
+
+    def fwd(src, tgt, src_real, tgt_real):
+        calls.append(tuple(src.shape))
+        return lm.forward_outputs(src, tgt, src_real, tgt_real)
+
+    traces = lm.trace(["abcdef"], ["fedcba"])
+    batch = AU.batch_from_traces(traces, lm.cfg.pad_id, 0, lm.cfg.max_len)
+    base = batch.call(fwd)
+    v = AU.check_batch_invariance(fwd, batch, traces, base)
+    assert v.status == "pass" and v.value == 0.0 and calls == [tuple(batch.src.shape)]
+    padded = AU.batch_from_traces(traces, lm.cfg.pad_id, 3, lm.cfg.max_len)
+    calls.clear()
+    assert AU.check_batch_invariance(fwd, padded, traces).status == "pass"
+    assert calls == [tuple(padded.src.shape), (1, padded.src.shape[1] - 3)]
+    leaky = partial(AU.core_forward_outputs, lm, bug=B.get("cross_no_src_pad"))
+    assert AU.check_batch_invariance(leaky, padded, traces).status == "fail"
 
 
 @pytest.mark.parametrize("name", list(CATCHES))
