@@ -20,7 +20,16 @@ from dashboard.plots import attention as PA
 from dashboard.plots import decoding as PD
 from dashboard.plots import masks as PM
 from dashboard.plots import positional as PP
-from dashboard.plots.common import LOG_FLOOR, MAX_TICKS, figure_html, token_label, token_labels
+from dashboard.plots.common import (
+    LOG_FLOOR,
+    MAX_MASK_RECTS,
+    MAX_TICKS,
+    figure_html,
+    mask_path,
+    mask_rects,
+    token_label,
+    token_labels,
+)
 from dashboard.plots.model import params_figure
 
 INJECTION = "</script><script>alert(1)</script>"
@@ -426,3 +435,89 @@ def test_mask_heatmaps_drop_cell_gaps_once_cells_are_small(n):
     for fig in figs:
         heat = fig.data[0]
         assert (heat.xgap, heat.ygap) == ((1, 1) if n <= MAX_TICKS else (0, 0))
+
+
+def _cells(rects, shape) -> np.ndarray:
+    covered = np.zeros(shape, dtype=int)
+    for q0, q1, k0, k1 in rects:
+        covered[q0:q1, k0:k1] += 1
+    return covered
+
+
+@pytest.mark.parametrize("case", ["causal", "padding", "padded causal", "cross", "none", "all", "scattered"])
+def test_mask_rects_cover_exactly_the_masked_cells_once(case):
+    """Rectangles from mask_rects cover every masked cell exactly once and no allowed cell; rows with
+    the same runs merge (PAD columns: one rectangle), and a scattered mask past MAX_MASK_RECTS gives None."""
+    n, real = 300, 200
+    allowed = {
+        "causal": np.tril(np.ones((n, n), bool)),
+        "padding": np.broadcast_to(np.arange(n) < real, (n, n)).copy(),
+        "padded causal": np.tril(np.ones((n, n), bool)) & (np.arange(n) < real),
+        "cross": np.broadcast_to(np.arange(n + 7) < real, (n - 5, n + 7)).copy(),
+        "none": np.ones((n, n), bool),
+        "all": np.zeros((n, n), bool),
+        "scattered": np.random.default_rng(0).random((n, n)) < 0.5,
+    }[case]
+    rects = mask_rects(allowed)
+    if case == "scattered":
+        assert rects is None  # ~n * n / 4 runs: more than MAX_MASK_RECTS
+        assert MAX_MASK_RECTS < n * n / 4
+        return
+    np.testing.assert_array_equal(_cells(rects, allowed.shape), (~allowed).astype(int))
+    want = {"causal": n - 1, "padding": 1, "padded causal": real, "cross": 1, "none": 0, "all": 1}[case]
+    assert len(rects) == want
+    path = mask_path(rects, row0=10, col0=20)
+    assert path.count("M") == len(rects) and path.count("Z") == len(rects)
+    if rects:  # the first rectangle's corner, in cell coordinates shifted to the tile
+        q0, _, k0, _ = rects[0]
+        assert path.startswith(f"M{20 + k0 - 0.5:g},{10 + q0 - 0.5:g}H")
+
+
+def test_head_heatmap_greys_many_masked_cells_with_one_path():
+    """Past MAX_MASK_MARKS masked cells: one path shape (in the legend) covers them, no overlay trace,
+    and the hover still reads the weights; a scattered mask falls back to the uint8 overlay."""
+    n = 256
+    toks = [f"t{i}" for i in range(n)]
+    allowed = np.tril(np.ones((n, n), bool))
+    w = np.where(allowed, 1.0, 0.0).astype(np.float32) / allowed.sum(1, keepdims=True)
+    fig = PA.head_heatmap(w, toks, toks, mask=allowed, title="causal")
+    assert [d.type for d in fig.data] == ["heatmap"]
+    (shape,) = [s for s in fig.layout.shapes if s.type == "path"]
+    assert shape.showlegend and shape.name.startswith("masked") and shape.fillcolor
+    assert shape.path == mask_path(mask_rects(allowed))
+    assert "%{z:.7g}" in fig.data[0].hovertemplate
+    scattered = np.random.default_rng(1).random((n, n)) < 0.5
+    fig = PA.head_heatmap(np.where(scattered, w, 0), toks, toks, mask=scattered, title="scattered")
+    overlay = [d for d in fig.data if d.name and d.name.startswith("masked")]
+    assert len(overlay) == 1 and overlay[0].type == "heatmap"
+    np.testing.assert_array_equal(z_of(overlay[0]) == 1, ~scattered)
+    assert not [s for s in fig.layout.shapes if s.type == "path"]
+
+
+def test_figure_cache_shares_a_figure_while_its_trace_lives():
+    """FigureCache: the same figure for the same trace object and key (built once); another trace or
+    key builds anew; it holds the trace weakly, so a dropped trace is not kept alive by its figure."""
+    import gc
+    import weakref
+
+    from dashboard.trace_cache import FigureCache
+
+    class Owner:  # stands in for an AttentionTrace
+        pass
+
+    cache, built = FigureCache(max_entries=2), []
+
+    def build(tag):
+        built.append(tag)
+        return {"fig": tag}
+
+    a, b = Owner(), Owner()
+    f1 = cache.get(a, ("grid", 1), lambda: build("a1"))
+    assert cache.get(a, ("grid", 1), lambda: build("again")) is f1 and built == ["a1"]
+    assert cache.get(a, ("grid", 2), lambda: build("a2")) == {"fig": "a2"}
+    assert cache.get(b, ("grid", 1), lambda: build("b1")) == {"fig": "b1"}
+    assert cache.get(a, ("grid", 1), lambda: build("a1 evicted")) == {"fig": "a1 evicted"}  # 2 entries kept
+    ref = weakref.ref(b)
+    del b
+    gc.collect()
+    assert ref() is None

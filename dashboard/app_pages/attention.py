@@ -6,7 +6,7 @@ import streamlit as st
 
 from core.trace import KIND_LABELS
 from dashboard import keys as K
-from dashboard import marks, model_facts, state, ui
+from dashboard import marks, model_facts, state, trace_cache, ui
 from dashboard.plots import attention as P
 from dashboard.plots.common import ATTENTION_AXIS_TITLES, DECODER_ONLY_TITLES
 
@@ -60,15 +60,20 @@ n_layers, n_heads = probs.shape[:2]
 where = f"sequence {seq}" if len(traces) > 1 else "input"
 hinted = marks.hinted({} if state.current().trace else state.model().meta, kind)
 
-grid = P.grid_figure(
-    probs,
-    q_tok,
-    k_tok,
-    mask=mask if show_mask else None,
-    log=log,
-    aggregates=aggregates,
-    title=f"{KIND_LABELS[kind]}: all {n_layers} layers × {n_heads} heads ({where}); click a tile",
-    marks=hinted,
+grid_title = f"{KIND_LABELS[kind]}: all {n_layers} layers × {n_heads} heads ({where}); click a tile"
+grid = trace_cache.figures.get(  # built once per trace and options: picking a head does not rebuild it
+    tr,
+    ("grid", kind, show_mask, log, tuple(aggregates), grid_title, tuple(sorted(hinted.items()))),
+    lambda: P.grid_figure(
+        probs,
+        q_tok,
+        k_tok,
+        mask=mask if show_mask else None,
+        log=log,
+        aggregates=aggregates,
+        title=grid_title,
+        marks=hinted,
+    ),
 )
 event = ui.chart(grid, key=K.ATT_GRID, on_select="rerun", selection_mode="points")
 marks.caption(hinted)

@@ -52,6 +52,47 @@ TEMPLATE = go.layout.Template(
 )
 
 
+MAX_MASK_RECTS = 8192  # masked cells drawn as one path of at most this many rectangles, else a uint8 overlay
+
+
+def mask_rects(allowed: np.ndarray) -> list[tuple[int, int, int, int]] | None:
+    """The masked cells of ``allowed`` (Q, K; True = may attend) as rectangles (q0, q1, k0, k1),
+    rows q0..q1-1 x keys k0..k1-1: each row's runs of masked keys, rows with the same runs merged
+    (PAD key columns: one rectangle; causal: one per row). Exactly the masked cells, each once.
+    None past MAX_MASK_RECTS (a scattered mask: the caller draws a cell overlay instead)."""
+    masked = ~np.asarray(allowed, dtype=bool)
+    if not masked.any():
+        return []
+    edges = np.diff(np.pad(masked.astype(np.int8), ((0, 0), (1, 1))), axis=1)  # +1 run start, -1 run end
+    starts_q, starts_k = np.nonzero(edges == 1)
+    _, ends_k = np.nonzero(edges == -1)  # row-major order: ends pair with starts
+    runs: dict[int, tuple] = {}
+    for q, k0, k1 in zip(starts_q.tolist(), starts_k.tolist(), ends_k.tolist(), strict=True):
+        runs.setdefault(q, ())
+        runs[q] += ((k0, k1),)
+    rects: list[tuple[int, int, int, int]] = []
+    q, n_rows = 0, masked.shape[0]
+    while q < n_rows:
+        sig = runs.get(q, ())
+        end = q + 1
+        while end < n_rows and runs.get(end, ()) == sig:
+            end += 1
+        rects.extend((q, end, k0, k1) for k0, k1 in sig)
+        if len(rects) > MAX_MASK_RECTS:
+            return None
+        q = end
+    return rects
+
+
+def mask_path(rects: list[tuple[int, int, int, int]], row0: int = 0, col0: int = 0) -> str:
+    """SVG path of ``rects`` (mask_rects) in cell coordinates (a category axis' serial numbers):
+    cell (q, k) spans q-0.5..q+0.5; ``row0``/``col0`` shift it (a tile of a grid)."""
+    return "".join(
+        f"M{col0 + k0 - 0.5:g},{row0 + q0 - 0.5:g}H{col0 + k1 - 0.5:g}V{row0 + q1 - 0.5:g}H{col0 + k0 - 0.5:g}Z"
+        for q0, q1, k0, k1 in rects
+    )
+
+
 def cell_gap(z) -> int:
     """Pixels between the cells of a heatmap of ``z``: 1 while cells are big enough to show it
     (up to MAX_TICKS a side); 0 beyond, where a gap would cover the cells and plotly would draw
