@@ -110,11 +110,14 @@ def trace_head_stats(trace: AttentionTrace, kind: str, pad_id: int | None = None
     return head_stats(trace.probs(kind), q_real, k_real, cross=kind == "cross")
 
 
-def head_records(trace: AttentionTrace, pad_id: int | None = None) -> list[dict]:
-    """One row per (kind, layer, head) with every statistic (a sortable table's rows)."""
+def head_records(
+    trace: AttentionTrace, pad_id: int | None = None, stats_by_kind: dict[str, dict] | None = None
+) -> list[dict]:
+    """One row per (kind, layer, head) with every statistic (a sortable table's rows).
+    ``stats_by_kind``: trace_head_stats of each kind when already computed (not computed again)."""
     rows = []
     for kind in trace.kinds:
-        stats = trace_head_stats(trace, kind, pad_id)
+        stats = (stats_by_kind or {}).get(kind) or trace_head_stats(trace, kind, pad_id)
         n_layers, n_heads = stats["entropy"].shape
         for ly in range(n_layers):
             for h in range(n_heads):

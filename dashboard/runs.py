@@ -136,14 +136,14 @@ def head_stats(
     second, so a click that only picks another head does not recompute them."""
     tr = loaders.compute_traces(name, device, version, sources, targets)[seq]
     stats = {kind: analytics.trace_head_stats(tr, kind, pad) for kind in tr.kinds}
-    return stats, analytics.head_records(tr, pad)
+    return stats, analytics.head_records(tr, pad, stats)
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def file_head_stats(digest: str, _trace) -> tuple[dict[str, dict], list[dict]]:
     """head_stats of an opened trace file (keyed by the file's digest; its real positions are stored)."""
     stats = {kind: analytics.trace_head_stats(_trace, kind, None) for kind in _trace.kinds}
-    return stats, analytics.head_records(_trace, None)
+    return stats, analytics.head_records(_trace, None, stats)
 
 
 def outputs(

@@ -188,6 +188,8 @@ def test_trace_head_stats_and_records(traces):
     np.testing.assert_allclose(s["entropy"], direct["entropy"])
     rows = A.head_records(tr)
     assert len(rows) == 3 * 2 * 4
+    given = {kind: A.trace_head_stats(tr, kind) for kind in tr.kinds}  # computed once, passed in
+    assert str(A.head_records(tr, None, given)) == str(rows)  # (str: NaN == NaN)
     assert {r["kind"] for r in rows} == {"enc_self", "dec_self", "cross"}
     assert all(math.isnan(r["monotonic"]) for r in rows if r["kind"] != "cross")
     entropy_max = np.log(k_real.sum())
