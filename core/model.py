@@ -65,7 +65,9 @@ def map_buffers(
 ) -> tuple[AttnMaps, list[AttnMaps]]:
     """Empty (B, layer, H, Lq, Lk) scores and probabilities for ``shape`` = (B, H, Lq, Lk), and each
     layer's slice of them: the layers write their maps straight into these (core.attention.
-    scaled_dot_product's ``into``), so a trace holds the maps once and never stacks a copy of them."""
+    scaled_dot_product's ``into``), so a trace holds the maps once and never stacks a copy of them.
+    Stored layer-major, so a layer's slice is contiguous and a matmul writes it in place; returned as
+    a (B, layer, ...) view (one sequence's maps are a strided view unless the batch is one sequence)."""
     b, h, lq, lk = shape
     scores = torch.empty((n_layers, b, h, lq, lk), dtype=like.dtype, device=like.device)
     probs = torch.empty_like(scores)

@@ -179,6 +179,8 @@ class FigureCache:
                 return item[1]
         fig = build()
         with self._lock:
+            for dead in [k for k, (ref, _) in self._items.items() if ref() is None]:
+                del self._items[dead]  # figures of traces that are gone
             self._items[full] = (weakref.ref(owner), fig)
             self._items.move_to_end(full)
             while len(self._items) > self.max_entries:

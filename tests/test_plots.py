@@ -521,3 +521,9 @@ def test_figure_cache_shares_a_figure_while_its_trace_lives():
     del b
     gc.collect()
     assert ref() is None
+    roomy, c = FigureCache(max_entries=8), Owner()
+    roomy.get(c, ("grid",), lambda: build("c"))
+    del c
+    gc.collect()
+    roomy.get(a, ("grid",), lambda: build("a"))  # a new entry drops the figures of traces that are gone
+    assert len(roomy._items) == 1
