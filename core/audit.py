@@ -659,6 +659,27 @@ def dynamic_checks(fwd: ForwardFn | None, batch: ProbeBatch | None, pad_id: int,
 # -- whole audit ------------------------------------------------------------------------------------------
 
 
+def _same_batch(a: ProbeBatch, b: ProbeBatch) -> bool:
+    pairs = ((a.src, b.src), (a.src_real, b.src_real), (a.tgt, b.tgt), (a.tgt_real, b.tgt_real))
+    return all(
+        (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y)) for x, y in pairs
+    )
+
+
+class _PendingTraces(Sequence):
+    """The traces a Future will give, as a sequence: the leak tests read them only to name the head
+    behind a failure, so they can start before the traced pass has finished."""
+
+    def __init__(self, future):
+        self._future = future
+
+    def __len__(self) -> int:
+        return len(self._future.result())
+
+    def __getitem__(self, i):
+        return self._future.result()[i]
+
+
 def run_audit(
     lm,
     sources: list[str],
@@ -667,24 +688,47 @@ def run_audit(
     interv: Intervention | None = None,
     extra_pad: int = EXTRA_PAD,
     traces: list[AttentionTrace] | None = None,
+    probe: list[AttentionTrace] | None = None,
+    pool=None,
 ) -> AuditReport:
     """Static checks on the traces of ``sources`` plus the leak tests, with ``bug`` injected if given.
-    ``traces``: ``lm.trace(sources, targets)`` when the caller already has it (no bug, no ablation)."""
+    ``traces``: ``lm.trace(sources, targets)`` when the caller already has it (no bug, no ablation).
+    ``probe`` and ``pool`` (a concurrent.futures executor): traces of the same inputs with the same
+    token ids (the correct model's, for a bug teacher-forced on its output), from which the leak tests'
+    batch is built; the traced pass then runs in ``pool`` while the leak tests run here."""
     bug = B.get(bug) if isinstance(bug, str) else bug
     if (bug is not None or interv is not None) and not lm.injectable:
         raise ValueError("mask bugs and head ablation can only be injected into core models")
     if bug is not None or interv is not None:
         if traces is not None:
             raise ValueError("traces= are the model's own traces: give them only without a bug or ablation")
-        traces = B.trace_with_bug(lm, sources, bug, targets, interv)
+        trace = partial(B.trace_with_bug, lm, sources, bug, targets, interv)
     elif traces is None:
-        traces = lm.trace(sources, targets)
+        trace = partial(lm.trace, sources, targets)
     elif len(traces) != len(sources):
         raise ValueError(f"{len(traces)} traces for {len(sources)} sources")
+    if probe is not None and len(probe) != len(sources):
+        raise ValueError(f"{len(probe)} probe traces for {len(sources)} sources")
     f = lm.audit_facts()
-    verdicts = static_checks(traces, f["pad_id"])
     fwd = forward_fn(lm, bug, interv)
-    batch = batch_from_traces(traces, f["pad_id"], extra_pad, f["max_len"], lm.device)
-    verdicts += dynamic_checks(fwd, batch, f["pad_id"], traces, f["vocab"], f["skip_ids"], lm.masks_from_ids)
+    pending = None
+    if traces is None and probe is not None and pool is not None:
+        pending = pool.submit(trace)
+        batch = batch_from_traces(probe, f["pad_id"], extra_pad, f["max_len"], lm.device)
+        seen: Sequence[AttentionTrace] = _PendingTraces(pending)
+    else:
+        traces = trace() if traces is None else traces
+        batch = batch_from_traces(traces, f["pad_id"], extra_pad, f["max_len"], lm.device)
+        seen = traces
+    dynamic = dynamic_checks(fwd, batch, f["pad_id"], seen, f["vocab"], f["skip_ids"], lm.masks_from_ids)
+    if pending is not None:
+        traces = pending.result()
+        own = batch_from_traces(traces, f["pad_id"], extra_pad, f["max_len"], lm.device)
+        if not _same_batch(own, batch):  # the probe's ids were not these traces' ids: test these
+            batch = own
+            dynamic = dynamic_checks(
+                fwd, batch, f["pad_id"], traces, f["vocab"], f["skip_ids"], lm.masks_from_ids
+            )
+    verdicts = static_checks(traces, f["pad_id"]) + dynamic
     meta = {"model": lm.name, "n_inputs": len(sources), "extra_pad": batch.extra_pad}
     return AuditReport(verdicts, traces, bug.name if bug else None, meta)

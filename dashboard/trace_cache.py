@@ -148,6 +148,8 @@ def shared_cache(max_mb: float, max_entries: int, ttl_s: float | None, spinner: 
             return list(value) if isinstance(value, list) else value
 
         wrapper.store = _store  # type: ignore[attr-defined]
+        # The cached value for these arguments, or None: never computes.
+        wrapper.cached = lambda *a, **kw: _store().get((a, tuple(sorted(kw.items()))))  # type: ignore[attr-defined]
         wrapper.clear = lambda: _store().clear()  # type: ignore[attr-defined]
         return wrapper
 
