@@ -73,14 +73,11 @@ def audit_report(
     )
 
 
-def _audit_in_thread(lm, sources, targets, bug, threads: int) -> AuditReport:
-    torch.set_num_threads(threads)  # a new thread starts with the default count: the app's, as in loaders
-    return audit.run_audit(lm, sources, targets, bug=bug)
-
-
-def _traced_in_thread(threads: int, fn, *args):
+def _in_thread(threads: int, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in a worker thread with the app's intra-op thread count (a new thread
+    starts with torch's default, not the app's: see loaders)."""
     torch.set_num_threads(threads)
-    return fn(*args)
+    return fn(*args, **kwargs)
 
 
 class _ThreadsPool:
@@ -90,7 +87,7 @@ class _ThreadsPool:
         self._pool, self._threads = pool, threads
 
     def submit(self, fn, *args):
-        return self._pool.submit(_traced_in_thread, self._threads, fn, *args)
+        return self._pool.submit(_in_thread, self._threads, fn, *args)
 
 
 @_audit_cache(spinner="Auditing with and without the bug…")
@@ -120,7 +117,7 @@ def lab_reports(
             return ok, audit.run_audit(
                 lm, list(sources), tgts, bug=bug, probe=ok.traces, pool=_ThreadsPool(pool, threads)
             )
-        buggy = pool.submit(_audit_in_thread, lm, list(sources), tgts, bug, threads)
+        buggy = pool.submit(_in_thread, threads, audit.run_audit, lm, list(sources), tgts, bug=bug)
         try:
             ok = audit_report(name, device, version, sources, targets)
         finally:

@@ -17,6 +17,7 @@ import functools
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -171,8 +172,6 @@ class FigureCache:
 
     def get(self, owner: Any, key: tuple, build: Callable[[], Any]) -> Any:
         """The figure for (``owner``, ``key``), built by ``build()`` the first time."""
-        import weakref
-
         full = (id(owner), *key)
         with self._lock:
             item = self._items.get(full)

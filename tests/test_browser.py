@@ -129,26 +129,24 @@ def _goto_page(page, nav_title: str, h1: str) -> None:
     )
 
 
-def _x_ticks(page, title_part: str) -> list[str]:
+def _ticks(page, title_part: str, axis: str) -> list[str]:
+    """The tick labels of the ``axis`` ('x' or 'y') of the chart whose title contains ``title_part``."""
     return page.evaluate(
-        """t => {
+        """([t, axis]) => {
             const gd = [...document.querySelectorAll('.js-plotly-plot')]
                 .find(g => (g.querySelector('.gtitle') || {}).textContent?.includes(t));
-            return gd ? [...gd.querySelectorAll('.xtick text')].map(e => e.textContent) : [];
+            return gd ? [...gd.querySelectorAll(`.${axis}tick text`)].map(e => e.textContent) : [];
         }""",
-        title_part,
+        [title_part, axis],
     )
+
+
+def _x_ticks(page, title_part: str) -> list[str]:
+    return _ticks(page, title_part, "x")
 
 
 def _y_ticks(page, title_part: str) -> list[str]:
-    return page.evaluate(
-        """t => {
-            const gd = [...document.querySelectorAll('.js-plotly-plot')]
-                .find(g => (g.querySelector('.gtitle') || {}).textContent?.includes(t));
-            return gd ? [...gd.querySelectorAll('.ytick text')].map(e => e.textContent) : [];
-        }""",
-        title_part,
-    )
+    return _ticks(page, title_part, "y")
 
 
 def _screenshot(page, name: str) -> None:

@@ -31,7 +31,7 @@ if not lm.injectable:
     st.warning(words.not_injectable_message(lm))
     st.stop()
 state.check_inputs()  # the lab traces its own batch (below): no trace of the sidebar's input is needed
-model_kinds = ("enc_self", "dec_self", "cross") if lm.has_decoder else ("enc_self",)  # a core model's
+model_kinds = tuple(analytics.head_shapes(lm.cfg))  # the kinds of attention this core model has
 
 names = [n for n in bugs.names() if lm.has_decoder or not bugs.get(n).needs_decoder]
 ui.keep_valid(K.LAB_BUG, names)
