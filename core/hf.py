@@ -59,7 +59,6 @@ from core.interface import (
     prediction_fields,
     prepare_targets,
 )
-from core.model import stack_freeing
 from core.runner import InputError, Prepared, check_trace_budget, resolve_device, trace_bytes
 from core.trace import AttentionTrace
 
@@ -545,7 +544,14 @@ def _stack_layers(out: Any, name: str) -> torch.Tensor:
     (a GPT-2-sized model at 1,024 tokens: 0.6 GB instead of 1.2 GB). The output no longer holds them."""
     layers = list(getattr(out, name))
     out[name] = None  # ModelOutput: the attribute and the mapping entry together
-    return stack_freeing(layers)
+    first = layers[0]
+    stacked = torch.empty(
+        (first.shape[0], len(layers), *first.shape[1:]), dtype=first.dtype, device=first.device
+    )
+    for i in range(len(layers)):
+        stacked[:, i] = layers[i]
+        layers[i] = None  # the list held the only reference: this layer is freed
+    return stacked
 
 
 # -- loading ---------------------------------------------------------------------------

@@ -49,17 +49,6 @@ class ModelOutput:
     enc_hidden: tuple[torch.Tensor, ...] | None = None
 
 
-def stack_freeing(layers: list[torch.Tensor]) -> torch.Tensor:
-    """(B, H, Lq, Lk) per layer -> (B, layer, H, Lq, Lk), each layer dropped from ``layers`` once
-    copied: the peak is the maps once plus a layer, not twice the maps (torch.stack of the list)."""
-    first = layers[0]
-    out = torch.empty((first.shape[0], len(layers), *first.shape[1:]), dtype=first.dtype, device=first.device)
-    for i in range(len(layers)):
-        out[:, i] = layers[i]
-        layers[i] = None  # type: ignore[call-overload]
-    return out
-
-
 def map_buffers(
     n_layers: int, shape: tuple[int, int, int, int], like: torch.Tensor
 ) -> tuple[AttnMaps, list[AttnMaps]]:

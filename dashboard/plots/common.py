@@ -84,12 +84,11 @@ def mask_rects(allowed: np.ndarray) -> list[tuple[int, int, int, int]] | None:
     return rects
 
 
-def mask_path(rects: list[tuple[int, int, int, int]], row0: int = 0, col0: int = 0) -> str:
+def mask_path(rects: list[tuple[int, int, int, int]]) -> str:
     """SVG path of ``rects`` (mask_rects) in cell coordinates (a category axis' serial numbers):
-    cell (q, k) spans q-0.5..q+0.5; ``row0``/``col0`` shift it (a tile of a grid)."""
+    cell (q, k) spans q-0.5..q+0.5."""
     return "".join(
-        f"M{col0 + k0 - 0.5:g},{row0 + q0 - 0.5:g}H{col0 + k1 - 0.5:g}V{row0 + q1 - 0.5:g}H{col0 + k0 - 0.5:g}Z"
-        for q0, q1, k0, k1 in rects
+        f"M{k0 - 0.5:g},{q0 - 0.5:g}H{k1 - 0.5:g}V{q1 - 0.5:g}H{k0 - 0.5:g}Z" for q0, q1, k0, k1 in rects
     )
 
 
