@@ -692,21 +692,21 @@ def run_audit(
     pool=None,
 ) -> AuditReport:
     """Static checks on the traces of ``sources`` plus the leak tests, with ``bug`` injected if given.
-    ``traces``: ``lm.trace(sources, targets)`` when the caller already has it (no bug, no ablation).
+    ``traces``: this run's traces when the caller already has them: ``lm.trace(sources, targets)``,
+    or with a bug or ablation ``core.bugs.trace_with_bug(lm, sources, bug, targets, interv)``.
     ``probe`` and ``pool`` (a concurrent.futures executor): traces of the same inputs with the same
     token ids (the correct model's, for a bug teacher-forced on its output), from which the leak tests'
     batch is built; the traced pass then runs in ``pool`` while the leak tests run here."""
     bug = B.get(bug) if isinstance(bug, str) else bug
     if (bug is not None or interv is not None) and not lm.injectable:
         raise ValueError("mask bugs and head ablation can only be injected into core models")
-    if bug is not None or interv is not None:
-        if traces is not None:
-            raise ValueError("traces= are the model's own traces: give them only without a bug or ablation")
+    if traces is not None:
+        if len(traces) != len(sources):
+            raise ValueError(f"{len(traces)} traces for {len(sources)} sources")
+    elif bug is not None or interv is not None:
         trace = partial(B.trace_with_bug, lm, sources, bug, targets, interv)
-    elif traces is None:
+    else:
         trace = partial(lm.trace, sources, targets)
-    elif len(traces) != len(sources):
-        raise ValueError(f"{len(traces)} traces for {len(sources)} sources")
     if probe is not None and len(probe) != len(sources):
         raise ValueError(f"{len(probe)} probe traces for {len(sources)} sources")
     f = lm.audit_facts()

@@ -9,7 +9,7 @@ the model again. Models come from ``loaders.load_model`` (shared by every sessio
 from __future__ import annotations
 
 import functools
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import streamlit as st
 import torch
@@ -55,14 +55,7 @@ def audit_report(
     Raises core.runner.InputError (bad input) or ValueError (a bug this model cannot take).
     """
     lm = loaders.load_model(name, device, version)
-    own = None  # the model's own traces: the sidebar's cached ones, not a second run, when they are
-    if bug is None and not off and (targets is not None or lm.arch != "decoder"):  # the same run
-        try:
-            cached = list(loaders.compute_traces(name, device, version, sources, targets))
-        except Exception:  # noqa: BLE001 (the audit's own run says what is wrong, in its words)
-            cached = None
-        if cached is not None and not any(t.meta.get("warnings") for t in cached):  # nothing truncated
-            own = cached
+    own = None if bug is not None or off else _sidebar_traces(lm, name, device, version, sources, targets)
     return audit.run_audit(
         lm,
         list(sources),
@@ -73,6 +66,18 @@ def audit_report(
     )
 
 
+def _sidebar_traces(lm, name, device, version, sources, targets) -> list[AttentionTrace] | None:
+    """The model's own traces of these inputs from the sidebar's cache (loaders.compute_traces), when
+    they are the run an audit makes (not a decoder generating, not truncated); else None."""
+    if targets is None and lm.arch == "decoder":
+        return None
+    try:
+        cached = list(loaders.compute_traces(name, device, version, sources, targets))
+    except Exception:  # noqa: BLE001 (the audit's own run says what is wrong, in its words)
+        return None
+    return None if any(t.meta.get("warnings") for t in cached) else cached  # nothing truncated
+
+
 def _in_thread(threads: int, fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` in a worker thread with the app's intra-op thread count (a new thread
     starts with torch's default, not the app's: see loaders)."""
@@ -80,17 +85,82 @@ def _in_thread(threads: int, fn, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
-class _ThreadsPool:
-    """submit() runs the function in ``pool`` with the app's intra-op thread count."""
+@_audit_cache(spinner="Tracing with and without the bug…")
+def lab_traces(
+    name: str,
+    device: str,
+    version: float,
+    sources: tuple[str, ...],
+    targets: tuple[str, ...] | None,
+    bug: str,
+) -> tuple[tuple[AttentionTrace, ...], tuple[AttentionTrace, ...]]:
+    """(traces with the correct masks, traces with ``bug`` injected, teacher-forced on the correct
+    model's output): what the Mask lab draws, and what its two audits check.
 
-    def __init__(self, pool: ThreadPoolExecutor, threads: int):
-        self._pool, self._threads = pool, threads
+    The correct traces come from the correct audit when it is cached (another bug on an input already
+    audited); else the two traced passes run at once, the buggy one in a worker thread with the app's
+    intra-op thread count (torch releases the GIL; the forward keeps no state), the correct one here
+    (from the sidebar's trace cache when the lab's batch is the sidebar's input). Raises
+    core.runner.InputError (bad input) or ValueError (a bug this model cannot take).
+    """
+    lm = loaders.load_model(name, device, version)
+    tgts = None if targets is None else list(targets)
+    ok = audit_report.cached(name, device, version, sources, targets)
+    if ok is not None:
+        return tuple(ok.traces), tuple(bugs.trace_with_bug(lm, list(sources), bug, tgts))
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-trace") as pool:
+        buggy = pool.submit(
+            _in_thread, torch.get_num_threads(), bugs.trace_with_bug, lm, list(sources), bug, tgts
+        )
+        try:
+            correct = _sidebar_traces(lm, name, device, version, sources, targets) or lm.trace(
+                list(sources), tgts
+            )
+        finally:
+            bad = buggy.result()  # (re-raises the worker's InputError / ValueError here)
+    return tuple(correct), tuple(bad)
 
-    def submit(self, fn, *args):
-        return self._pool.submit(_in_thread, self._threads, fn, *args)
+
+def _lab_job(
+    name: str,
+    device: str,
+    version: float,
+    sources: tuple[str, ...],
+    targets: tuple[str, ...] | None,
+    bug: str,
+):
+    """lab_reports' work as a function that touches no Streamlit, so that it can run in a worker thread:
+    the model, the lab's traces and the cached correct audit are looked up here, in the script's thread."""
+    lm = loaders.load_model(name, device, version)
+    ok_traces, bad_traces = lab_traces(name, device, version, sources, targets, bug)
+    ok = audit_report.cached(name, device, version, sources, targets)
+    ok_store, ok_key = audit_report.store(), audit_report.key(name, device, version, sources, targets)
+    threads = torch.get_num_threads()
+    srcs, tgts = list(sources), None if targets is None else list(targets)
+
+    def job() -> tuple[AuditReport, AuditReport]:
+        torch.set_num_threads(threads)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-bug") as pool:
+            buggy = pool.submit(
+                _in_thread, threads, audit.run_audit, lm, srcs, tgts, bug=bug, traces=list(bad_traces)
+            )
+            try:
+                correct = ok
+                if correct is None:
+                    correct = audit.run_audit(lm, srcs, tgts, traces=list(ok_traces))
+                    ok_store.put(ok_key, correct)  # the Mask audit page and the next bug reuse it
+            finally:
+                bad = buggy.result()
+        return correct, bad
+
+    return job
 
 
-@_audit_cache(spinner="Auditing with and without the bug…")
+# Workers for the lab's leak tests, so that the page draws its charts while they run.
+_BACKGROUND = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lab-audit")
+
+
+@_audit_cache(spinner="Running the leak tests with and without the bug…")
 def lab_reports(
     name: str,
     device: str,
@@ -101,28 +171,30 @@ def lab_reports(
 ) -> tuple[AuditReport, AuditReport]:
     """(audit with the correct masks, audit with ``bug`` injected): the Mask lab's two reports.
 
-    The work is spread over two threads (each with the app's intra-op thread count; torch releases
-    the GIL; the model's forward keeps no state, so two threads may run it at once). A new input: the
-    buggy audit runs in a worker while this thread audits the correct masks, so on two cores the lab
-    waits for about one audit, not two. Another bug on an input already audited (the correct report
-    is cached): the buggy audit's traced pass runs in one thread while its leak tests run in the
-    other, on a batch built from the correct traces (the same token ids).
+    Both audits check the traces of ``lab_traces`` (so the lab traces each run once); their leak tests
+    run at the same time in two threads, and the correct audit is kept in ``audit_report``'s cache.
     """
-    lm = loaders.load_model(name, device, version)
-    tgts = None if targets is None else list(targets)
-    threads = torch.get_num_threads()
-    ok = audit_report.cached(name, device, version, sources, targets)
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lab-bug") as pool:
-        if ok is not None:
-            return ok, audit.run_audit(
-                lm, list(sources), tgts, bug=bug, probe=ok.traces, pool=_ThreadsPool(pool, threads)
-            )
-        buggy = pool.submit(_in_thread, threads, audit.run_audit, lm, list(sources), tgts, bug=bug)
-        try:
-            ok = audit_report(name, device, version, sources, targets)
-        finally:
-            bad = buggy.result()  # (re-raises the worker's InputError / ValueError here)
-    return ok, bad
+    return _lab_job(name, device, version, sources, targets, bug)()
+
+
+def lab_reports_later(
+    name: str,
+    device: str,
+    version: float,
+    sources: tuple[str, ...],
+    targets: tuple[str, ...] | None,
+    bug: str,
+) -> Future:
+    """A Future of ``lab_reports(...)``, computed in a worker thread (a done Future when cached): the
+    page draws the masks and attention maps of ``lab_traces`` while the leak tests run, and waits for
+    the verdicts last. Call it from the script's thread (it looks up what the worker needs)."""
+    args = (name, device, version, sources, targets, bug)
+    hit = lab_reports.cached(*args)
+    if hit is not None:
+        done: Future = Future()
+        done.set_result(hit)
+        return done
+    return lab_reports.submit(_BACKGROUND, _lab_job(*args), *args)
 
 
 @st.cache_data(max_entries=32, show_spinner="Generating…")

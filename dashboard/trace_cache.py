@@ -20,6 +20,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -142,15 +143,33 @@ def shared_cache(max_mb: float, max_entries: int, ttl_s: float | None, spinner: 
             with st.spinner(spinner):
                 return compute()
 
+        def _key(*args, **kwargs) -> Hashable:
+            return (args, tuple(sorted(kwargs.items())))
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            key = (args, tuple(sorted(kwargs.items())))
+            key = _key(*args, **kwargs)
             value = _store().get_or_compute(key, lambda: fn(*args, **kwargs), on_miss=with_spinner)
             return list(value) if isinstance(value, list) else value
 
+        def submit(executor, compute: Callable[[], Any], *args, **kwargs) -> Future:
+            """A Future of ``wrapper(*args, **kwargs)``, computed as ``compute()`` in ``executor`` (no
+            spinner). ``compute`` must touch no Streamlit (a worker thread has no script context): the
+            caller looks up what it needs first. A cached value comes back as a done Future; a key that
+            another session is computing is waited for, not computed twice."""
+            store, key = _store(), _key(*args, **kwargs)
+            value = store.get(key)
+            if value is not None:
+                done: Future = Future()
+                done.set_result(value)
+                return done
+            return executor.submit(store.get_or_compute, key, compute)
+
         wrapper.store = _store  # type: ignore[attr-defined]
+        wrapper.key = _key  # type: ignore[attr-defined]
         # The cached value for these arguments, or None: never computes.
-        wrapper.cached = lambda *a, **kw: _store().get((a, tuple(sorted(kw.items()))))  # type: ignore[attr-defined]
+        wrapper.cached = lambda *a, **kw: _store().get(_key(*a, **kw))  # type: ignore[attr-defined]
+        wrapper.submit = submit  # type: ignore[attr-defined]
         wrapper.clear = lambda: _store().clear()  # type: ignore[attr-defined]
         return wrapper
 

@@ -85,10 +85,10 @@ def test_correct_model_passes_every_check(lm, sources, targets):
     assert {"masked_mass[enc_self]", "masked_mass[dec_self]", "masked_mass[cross]", "finite"} <= set(statuses)
 
 
-def test_given_traces_give_the_same_report_and_only_without_a_bug(lm):
-    """The dashboard hands the audit the sidebar's cached traces: the same verdicts as its own run;
-    traces from another input change the static verdicts (they are what is read), and traces
-    cannot stand in for a buggy run."""
+def test_given_traces_give_the_same_report_as_the_audits_own_run(lm):
+    """The dashboard hands the audit traces it already has (the sidebar's, the Mask lab's): the same
+    verdicts as the audit's own run, with and without a bug; traces from another run change the
+    static verdicts (they are what is read)."""
     own = AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS)
     given = AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, traces=lm.trace(LAB_SOURCES, LAB_TARGETS))
     assert [(v.name, v.status, v.detail) for v in given.verdicts] == [
@@ -97,8 +97,12 @@ def test_given_traces_give_the_same_report_and_only_without_a_bug(lm):
     buggy = B.trace_with_bug(lm, LAB_SOURCES, "inverted", LAB_TARGETS)
     read = AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, traces=buggy)
     assert "masked_mass[enc_self]" in failed(read)  # the static checks read the given traces
-    with pytest.raises(ValueError, match="without a bug"):
-        AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, bug="inverted", traces=buggy)
+    with_bug = AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, bug="inverted", traces=buggy)
+    assert [(v.name, v.status, v.detail) for v in with_bug.verdicts] == [
+        (v.name, v.status, v.detail)
+        for v in AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, bug="inverted").verdicts
+    ]
+    assert with_bug.traces[0] is buggy[0] and with_bug.bug == "inverted"
     with pytest.raises(ValueError, match="1 traces for 2 sources"):
         AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, traces=buggy[:1])
 

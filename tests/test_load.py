@@ -182,6 +182,45 @@ def test_lab_reports_equal_the_two_audits_run_one_after_the_other(extra_models):
     st.cache_resource.clear()
 
 
+def test_lab_reports_later_runs_the_leak_tests_while_the_page_goes_on(extra_models, monkeypatch):
+    """The lab's page draws from lab_traces while the two audits run in worker threads: the Future is
+    not done while an audit is held, the traces it checks are the lab's (each run traced once), the
+    correct audit lands in audit_report's cache, and a second call is a done Future of the same pair."""
+    import streamlit as st
+
+    from core import audit
+    from dashboard import runs
+
+    st.cache_resource.clear()
+    name = extra_models[0]
+    args = (name, "cpu", 0.0, ("abcdefg", "abc"), ("gfedcba", "cba"), "inverted")
+    ok_traces, bad_traces = runs.lab_traces(*args)
+    release, seen = threading.Event(), []
+    real = audit.run_audit
+
+    def held(*a, **kw):
+        seen.append(kw.get("traces"))
+        assert release.wait(20)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(audit, "run_audit", held)
+    pending = runs.lab_reports_later(*args)
+    time.sleep(0.3)
+    assert not pending.done()  # the script goes on (the charts) while the audits wait
+    release.set()
+    ok, bad = pending.result(timeout=60)
+    assert len(seen) == 2 and all(t is not None for t in seen)  # no audit traced the inputs again
+    assert ok.traces[0] is ok_traces[0] and bad.traces[0] is bad_traces[0]
+    assert ok.passed and not bad.passed and bad.bug == "inverted"
+    assert runs.audit_report.cached(*args[:5]) is ok  # the Mask audit page and the next bug reuse it
+    again = runs.lab_reports_later(*args)
+    assert again.done() and again.result() == (ok, bad)
+    # Another bug on this input: its correct traces are the cached audit's, not a new run.
+    ok2, bad2 = runs.lab_traces(*args[:5], "pad_on_queries")
+    assert ok2[0] is ok.traces[0] and bad2[0] is not bad_traces[0]
+    st.cache_resource.clear()
+
+
 # -- 10 sessions against the real app --------------------------------------------------------------
 
 

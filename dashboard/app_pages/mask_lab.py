@@ -13,7 +13,6 @@ from dashboard import runs, state, ui, words
 from dashboard.plots import analytics as PA
 from dashboard.plots import attention as PT
 from dashboard.plots import audit as P
-from dashboard.plots import masks as PM
 from dashboard.plots.common import AXIS_TITLES
 
 SHORT_COLUMNS = ["status", "check", "layer", "head", "detail"]
@@ -63,58 +62,79 @@ if len(names) < len(bugs.BUGS):
 
 sources, targets, added = runs.lab_batch(lm, sel.sources, sel.targets, add_copy)
 try:
-    ok, bad = runs.lab_reports(sel.name, sel.device, sel.version, sources, targets, bug_name)
-    out_ok = runs.outputs(sel, sources, targets, ok)
-    out_bad = runs.outputs(sel, sources, targets, bad, bug=bug_name)
+    traces_ok, traces_bad = runs.lab_traces(sel.name, sel.device, sel.version, sources, targets, bug_name)
+    # The leak tests run in worker threads while this script draws the masks and maps below (they
+    # need only the traces); the verdicts are written above them when the tests are done.
+    pending = runs.lab_reports_later(sel.name, sel.device, sel.version, sources, targets, bug_name)
 except (InputError, ValueError) as exc:
     st.error("The lab cannot run on this input: " + state.sentence(str(exc)))
     st.stop()
-state.show_warnings(ok.traces, len(ok.traces) > 1)
+state.show_warnings(traces_ok, len(traces_ok) > 1)
 if added:
     st.caption(f"Batch: your input and its shorter copy {sources[1]!r} (padded to the same length).")
+verdicts = st.container()
+with verdicts:
+    waiting = st.empty()
+    waiting.caption("Running the leak tests with and without the bug… (the masks and maps below are ready)")
 
-# -- verdicts and outputs, side by side ----------------------------------------------------------------
-generate = targets is None and lm.has_decoder
-left, right = st.columns(2)
-for col, report, outs, head in ((left, ok, out_ok, "Correct masks"), (right, bad, out_bad, "With the bug")):
-    with col:
-        st.subheader(head)
-        (st.error if report.failed else st.success)(words.verdict_line(report))
-        for i, text in enumerate(outs):
-            num = f" {i}" if len(outs) > 1 else ""
-            st.text(f"{'Generated' if generate else 'Output'}{num}: {text}")
-            forced = report.traces[i].output_text
-            if generate and report is bad and forced != text:
-                st.text(f"Teacher-forced on the correct output{num}: {forced}")
-        table, height = ui.verdict_frame([v for v in report.verdicts if v.status != "info"], SHORT_COLUMNS)
-        st.dataframe(
-            table,
-            hide_index=True,
-            key=f"lab_table_{'bug' if report is bad else 'ok'}",
-            height=height,
-            column_config={"detail": st.column_config.TextColumn("detail", width="large")},
-        )
-newly = [v.name for v in bad.failed if v.name not in {w.name for w in ok.failed}]
-if newly and ok.failed:
-    st.markdown("**Checks only the bug breaks:** " + ", ".join(f"`{n}`" for n in newly))
-elif not bad.failed:
-    st.info(
-        "The audit finds nothing on this input: the bug changes no mask entry here "
-        + ("(turn on the shorter copy, or give a batch of different lengths, so there is padding)." if not added
-           else "(try a longer input).")
-    )  # fmt: skip
+
+def show_verdicts() -> None:
+    """Verdicts and outputs, side by side: written into ``verdicts`` once the leak tests are done."""
+    try:
+        ok, bad = pending.result()
+        out_ok = runs.outputs(sel, sources, targets, ok)
+        out_bad = runs.outputs(sel, sources, targets, bad, bug=bug_name)
+    except (InputError, ValueError) as exc:
+        waiting.error("The lab cannot run on this input: " + state.sentence(str(exc)))
+        return
+    waiting.empty()
+    generate = targets is None and lm.has_decoder
+    left, right = st.columns(2)
+    for col, report, outs, head in (
+        (left, ok, out_ok, "Correct masks"),
+        (right, bad, out_bad, "With the bug"),
+    ):
+        with col:
+            st.subheader(head)
+            (st.error if report.failed else st.success)(words.verdict_line(report))
+            for i, text in enumerate(outs):
+                num = f" {i}" if len(outs) > 1 else ""
+                st.text(f"{'Generated' if generate else 'Output'}{num}: {text}")
+                forced = report.traces[i].output_text
+                if generate and report is bad and forced != text:
+                    st.text(f"Teacher-forced on the correct output{num}: {forced}")
+            table, height = ui.verdict_frame(
+                [v for v in report.verdicts if v.status != "info"], SHORT_COLUMNS
+            )
+            st.dataframe(
+                table,
+                hide_index=True,
+                key=f"lab_table_{'bug' if report is bad else 'ok'}",
+                height=height,
+                column_config={"detail": st.column_config.TextColumn("detail", width="large")},
+            )
+    newly = [v.name for v in bad.failed if v.name not in {w.name for w in ok.failed}]
+    if newly and ok.failed:
+        st.markdown("**Checks only the bug breaks:** " + ", ".join(f"`{n}`" for n in newly))
+    elif not bad.failed:
+        st.info(
+            "The audit finds nothing on this input: the bug changes no mask entry here "
+            + ("(turn on the shorter copy, or give a batch of different lengths, so there is padding)."
+               if not added else "(try a longer input).")
+        )  # fmt: skip
+
 
 # -- masks and attention, correct vs buggy ---------------------------------------------------------------
 st.subheader("Masks and attention")
-kinds = list(ok.traces[0].kinds)
+kinds = list(traces_ok[0].kinds)
 default_kind = next((k for k in bug.kinds if k in kinds), kinds[0])
 if st.session_state.get(K.LAB_KIND_FOR_BUG) != bug_name:  # a new bug: show a mask it changes
     st.session_state[K.LAB_KIND] = default_kind
     st.session_state[K.LAB_KIND_FOR_BUG] = bug_name
 ui.keep_valid(K.LAB_KIND, kinds, default_kind)
-n = len(ok.traces)
+n = len(traces_ok)
 pad = lm.cfg.pad_id
-n_pad = [int((np.asarray(t.src_ids) == pad).sum()) for t in ok.traces]
+n_pad = [int((np.asarray(t.src_ids) == pad).sum()) for t in traces_ok]
 ui.keep_valid(K.LAB_SEQ, list(range(n)), int(np.argmax(n_pad)))
 c_kind, c_seq, c_layer, c_head = st.columns([3, 2, 1, 1])
 kind = c_kind.radio("Attention kind", kinds, key=K.LAB_KIND, format_func=KIND_LABELS.get, horizontal=True)
@@ -125,25 +145,40 @@ seq = c_seq.selectbox(
     format_func=lambda i: f"{i}: {sources[i][:40]}" + (" (shorter copy)" if added and i == 1 else ""),
     disabled=n == 1,
 )
-tr_ok, tr_bad = ok.traces[seq], bad.traces[seq]
+tr_ok, tr_bad = traces_ok[seq], traces_bad[seq]
 n_layers, n_heads = tr_ok.probs(kind).shape[:2]
 ui.keep_valid(K.LAB_LAYER, list(range(n_layers)))
 ui.keep_valid(K.LAB_HEAD, list(range(n_heads)))
 layer = c_layer.selectbox("Layer", list(range(n_layers)), key=K.LAB_LAYER)
 head = c_head.selectbox("Head", list(range(n_heads)), key=K.LAB_HEAD, format_func=PT.head_name)
 
-where = words.where(ok.traces, seq)
+where = words.where(traces_ok, seq)
 q_tok, k_tok = tr_ok.axes(kind)
 q_title, k_title = AXIS_TITLES[kind]
 m_ok, m_bad = tr_ok.mask(kind), tr_bad.mask(kind)
+w_ok = PT.head_weights(tr_ok.probs(kind), layer, head)
+w_bad = PT.head_weights(tr_bad.probs(kind), layer, head)
+diff = analytics.trace_difference(tr_ok, tr_bad, kind, layer, head)
+# Four charts, two by two: what the bug changes (the mask, cell by cell, and the attention it moves),
+# then the two attention maps. The comparison holds the correct mask too (teal and orange cells).
 figs = {
-    "correct mask": PM.attention_mask_figure(
-        m_ok, q_tok, k_tok, query_title=q_title, key_title=k_title,
-        title=f"correct mask<br>{KIND_LABELS[kind]} · {where}",
-    ),
     "buggy mask": P.mask_compare_figure(
         m_ok, m_bad, q_tok, k_tok, query_title=q_title, key_title=k_title,
         title=f"mask with {bug_name}, cell by cell against the correct one<br>{KIND_LABELS[kind]} · {where}",
+    ),
+    "difference": PA.difference_figure(
+        np.nan_to_num(diff, nan=0.0), q_tok, k_tok, query_title=q_title, key_title=k_title,
+        value_name="bug - correct",
+        title=f"with bug minus correct<br>{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}"
+        + (" (NaN drawn as 0)" if np.isnan(diff).any() else ""),
+    ),
+    "correct attention": PT.head_heatmap(
+        w_ok, q_tok, k_tok, mask=m_ok, query_title=q_title, key_title=k_title,
+        title=f"correct attention<br>{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
+    ),
+    "buggy attention": PT.head_heatmap(
+        w_bad, q_tok, k_tok, mask=m_bad, query_title=q_title, key_title=k_title,
+        title=f"attention with {bug_name}<br>{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
     ),
 }  # fmt: skip
 for fig in figs.values():
@@ -152,30 +187,15 @@ n_leak = int((m_bad & ~m_ok).sum())
 n_over = int((~m_bad & m_ok).sum())
 c1, c2 = st.columns(2)
 with c1:
-    ui.chart(figs["correct mask"], key="lab_mask_ok")
-with c2:
     ui.chart(figs["buggy mask"], key="lab_mask_bad")
     st.caption(
-        f"{n_leak} cells wrongly visible (red: the query may read a key it must not), "
-        f"{n_over} wrongly masked (orange)."
-        + (
-            " The -inf fill itself is not a mask entry: watch the attention below."
-            if bug.neg_inf_fill
-            else ""
-        )
+        f"The correct mask is every teal and orange cell. {n_leak} cells wrongly visible (red: the query "
+        f"may read a key it must not), {n_over} wrongly masked (orange)."
+        + (" The -inf fill itself is not a mask entry: watch the attention." if bug.neg_inf_fill else "")
     )
-w_ok = PT.head_weights(tr_ok.probs(kind), layer, head)
-w_bad = PT.head_weights(tr_bad.probs(kind), layer, head)
-figs["correct attention"] = PT.head_heatmap(
-    w_ok, q_tok, k_tok, mask=m_ok, query_title=q_title, key_title=k_title,
-    title=f"correct attention<br>{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
-)  # fmt: skip
-figs["buggy attention"] = PT.head_heatmap(
-    w_bad, q_tok, k_tok, mask=m_bad, query_title=q_title, key_title=k_title,
-    title=f"attention with {bug_name}<br>{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
-)  # fmt: skip
-ui.side_by_side(figs["correct attention"], len(k_tok))
-ui.side_by_side(figs["buggy attention"], len(k_tok))
+with c2:
+    ui.chart(figs["difference"], key="lab_att_diff")
+    st.caption("Red: the bug gives this (query, key) more weight; blue: less.")
 c1, c2 = st.columns(2)
 with c1:
     ui.chart(figs["correct attention"], key="lab_att_ok")
@@ -184,17 +204,7 @@ with c2:
     n_nan = int(np.isnan(w_bad).sum())
     if n_nan:
         st.caption(f"{n_nan} weights of this head are NaN (drawn blank).")
-diff = analytics.trace_difference(tr_ok, tr_bad, kind, layer, head)
-figs["difference"] = PA.difference_figure(
-    np.nan_to_num(diff, nan=0.0),
-    q_tok,
-    k_tok,
-    query_title=q_title,
-    key_title=k_title,
-    value_name="bug - correct",
-    title=f"with bug minus correct: {KIND_LABELS[kind]} · layer {layer} · head {head} · {where}"
-    + (" (NaN drawn as 0)" if np.isnan(diff).any() else ""),
-)
-ui.chart(figs["difference"], key="lab_att_diff")
-st.caption("Red: the bug gives this (query, key) more weight; blue: less.")
 ui.downloads(tr_bad, seq, figs, key="lab_dl")
+
+with verdicts:
+    show_verdicts()
