@@ -667,17 +667,22 @@ def _same_batch(a: ProbeBatch, b: ProbeBatch) -> bool:
 
 
 class _PendingTraces(Sequence):
-    """The traces a Future will give, as a sequence: the leak tests read them only to name the head
-    behind a failure, so they can start before the traced pass has finished."""
+    """The traces ``later()`` will give, as a sequence: the leak tests read them only to name the head
+    behind a failure, so they can start before the traced pass has finished. ``later`` is called once."""
 
-    def __init__(self, future):
-        self._future = future
+    def __init__(self, later: Callable[[], Sequence[AttentionTrace]]):
+        self._later, self._traces = later, None
+
+    def get(self) -> list[AttentionTrace]:
+        if self._traces is None:
+            self._traces = list(self._later())
+        return self._traces
 
     def __len__(self) -> int:
-        return len(self._future.result())
+        return len(self.get())
 
     def __getitem__(self, i):
-        return self._future.result()[i]
+        return self.get()[i]
 
 
 def run_audit(
@@ -689,14 +694,16 @@ def run_audit(
     extra_pad: int = EXTRA_PAD,
     traces: list[AttentionTrace] | None = None,
     probe: list[AttentionTrace] | None = None,
-    pool=None,
+    later: Callable[[], Sequence[AttentionTrace]] | None = None,
 ) -> AuditReport:
     """Static checks on the traces of ``sources`` plus the leak tests, with ``bug`` injected if given.
     ``traces``: this run's traces when the caller already has them: ``lm.trace(sources, targets)``,
     or with a bug or ablation ``core.bugs.trace_with_bug(lm, sources, bug, targets, interv)``.
-    ``probe`` and ``pool`` (a concurrent.futures executor): traces of the same inputs with the same
-    token ids (the correct model's, for a bug teacher-forced on its output), from which the leak tests'
-    batch is built; the traced pass then runs in ``pool`` while the leak tests run here."""
+    ``probe`` and ``later``: traces of the same inputs with the same token ids (the correct model's,
+    for a bug teacher-forced on its output), from which the leak tests' batch is built, and a function
+    that returns this run's traces (e.g. a Future's ``result`` of the traced pass running in another
+    thread): the leak tests run here first, then ``later()`` is called. If its ids are not the probe's,
+    the leak tests run again on its own batch."""
     bug = B.get(bug) if isinstance(bug, str) else bug
     if (bug is not None or interv is not None) and not lm.injectable:
         raise ValueError("mask bugs and head ablation can only be injected into core models")
@@ -712,17 +719,17 @@ def run_audit(
     f = lm.audit_facts()
     fwd = forward_fn(lm, bug, interv)
     pending = None
-    if traces is None and probe is not None and pool is not None:
-        pending = pool.submit(trace)
+    if traces is None and probe is not None and later is not None:
+        pending = _PendingTraces(later)
         batch = batch_from_traces(probe, f["pad_id"], extra_pad, f["max_len"], lm.device)
-        seen: Sequence[AttentionTrace] = _PendingTraces(pending)
+        seen: Sequence[AttentionTrace] = pending
     else:
         traces = trace() if traces is None else traces
         batch = batch_from_traces(traces, f["pad_id"], extra_pad, f["max_len"], lm.device)
         seen = traces
     dynamic = dynamic_checks(fwd, batch, f["pad_id"], seen, f["vocab"], f["skip_ids"], lm.masks_from_ids)
     if pending is not None:
-        traces = pending.result()
+        traces = pending.get()
         own = batch_from_traces(traces, f["pad_id"], extra_pad, f["max_len"], lm.device)
         if not _same_batch(own, batch):  # the probe's ids were not these traces' ids: test these
             batch = own

@@ -130,30 +130,47 @@ def _lab_job(
     bug: str,
 ):
     """lab_reports' work as a function that touches no Streamlit, so that it can run in a worker thread:
-    the model, the lab's traces and the cached correct audit are looked up here, in the script's thread."""
+    the model, the cached correct audit and the caches it fills are looked up here, in the script's
+    thread. A new input: both traced passes run here (lab_traces), the job audits them. Another bug on
+    an input already audited: nothing runs here; the job's leak tests start at once on a batch built
+    from the correct traces (the same token ids) while the page traces the bug (lab_traces); the job
+    takes those traces from lab_traces' cache when it needs them (or traces them itself)."""
     lm = loaders.load_model(name, device, version)
-    ok_traces, bad_traces = lab_traces(name, device, version, sources, targets, bug)
-    ok = audit_report.cached(name, device, version, sources, targets)
-    ok_store, ok_key = audit_report.store(), audit_report.key(name, device, version, sources, targets)
     threads = torch.get_num_threads()
     srcs, tgts = list(sources), None if targets is None else list(targets)
+    ok = audit_report.cached(name, device, version, sources, targets)
+    if ok is not None:
+        store, key = lab_traces.store(), lab_traces.key(name, device, version, sources, targets, bug)
 
-    def job() -> tuple[AuditReport, AuditReport]:
+        def traced() -> list[AttentionTrace]:
+            pair = store.get_or_compute(
+                key, lambda: (tuple(ok.traces), tuple(bugs.trace_with_bug(lm, srcs, bug, tgts)))
+            )
+            return list(pair[1])
+
+        def with_probe() -> tuple[AuditReport, AuditReport]:
+            torch.set_num_threads(threads)
+            return ok, audit.run_audit(lm, srcs, tgts, bug=bug, probe=ok.traces, later=traced)
+
+        return with_probe
+
+    ok_traces, bad_traces = lab_traces(name, device, version, sources, targets, bug)
+    ok_store, ok_key = audit_report.store(), audit_report.key(name, device, version, sources, targets)
+
+    def both() -> tuple[AuditReport, AuditReport]:
         torch.set_num_threads(threads)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-bug") as pool:
             buggy = pool.submit(
                 _in_thread, threads, audit.run_audit, lm, srcs, tgts, bug=bug, traces=list(bad_traces)
             )
             try:
-                correct = ok
-                if correct is None:
-                    correct = audit.run_audit(lm, srcs, tgts, traces=list(ok_traces))
-                    ok_store.put(ok_key, correct)  # the Mask audit page and the next bug reuse it
+                correct = audit.run_audit(lm, srcs, tgts, traces=list(ok_traces))
+                ok_store.put(ok_key, correct)  # the Mask audit page and the next bug reuse it
             finally:
                 bad = buggy.result()
         return correct, bad
 
-    return job
+    return both
 
 
 # Workers for the lab's leak tests, so that the page draws its charts while they run.
@@ -186,8 +203,9 @@ def lab_reports_later(
     bug: str,
 ) -> Future:
     """A Future of ``lab_reports(...)``, computed in a worker thread (a done Future when cached): the
-    page draws the masks and attention maps of ``lab_traces`` while the leak tests run, and waits for
-    the verdicts last. Call it from the script's thread (it looks up what the worker needs)."""
+    page calls it first, then draws the masks and attention maps of ``lab_traces`` while the leak tests
+    run, and waits for the verdicts last. Call it from the script's thread (it looks up what the worker
+    needs; for a new input that includes both traced passes)."""
     args = (name, device, version, sources, targets, bug)
     hit = lab_reports.cached(*args)
     if hit is not None:

@@ -149,24 +149,28 @@ def test_one_unpadded_sequence_is_not_run_alone_again(lm):
 
 @pytest.mark.parametrize("targets", [LAB_TARGETS, None], ids=["teacher-forced", "generated"])
 def test_leak_tests_beside_the_traced_pass_give_the_same_report(lm, targets):
-    """probe= and pool=: the leak tests run on a batch built from the correct model's traces while the
-    buggy traced pass runs in the pool; every bug's report equals the one run step by step. A probe
-    with other token ids is noticed and the leak tests run again on the traces' own batch."""
+    """probe= and later=: the leak tests run on a batch built from the correct model's traces while the
+    buggy traced pass runs in another thread; every bug's report equals the one run step by step. A
+    probe with other token ids is noticed and the leak tests run again on the traces' own batch."""
     from concurrent.futures import ThreadPoolExecutor
 
     ok = AU.run_audit(lm, LAB_SOURCES, targets)
     with ThreadPoolExecutor(max_workers=1) as pool:
+
+        def later(name):
+            return pool.submit(B.trace_with_bug, lm, LAB_SOURCES, name, targets).result
+
         for name in B.names():
-            alongside = AU.run_audit(lm, LAB_SOURCES, targets, bug=name, probe=ok.traces, pool=pool)
+            alongside = AU.run_audit(lm, LAB_SOURCES, targets, bug=name, probe=ok.traces, later=later(name))
             assert alongside.lines() == AU.run_audit(lm, LAB_SOURCES, targets, bug=name).lines(), name
             for a, b in zip(alongside.traces, ok.traces, strict=True):
                 np.testing.assert_array_equal(a.src_ids, b.src_ids)
         other = AU.run_audit(lm, ["hgfe", "dd"], ["efgh", "d"]).traces  # two inputs, other ids
         name = "cross_no_src_pad"
-        got = AU.run_audit(lm, LAB_SOURCES, targets, bug=name, probe=other, pool=pool)
+        got = AU.run_audit(lm, LAB_SOURCES, targets, bug=name, probe=other, later=later(name))
         assert got.lines() == AU.run_audit(lm, LAB_SOURCES, targets, bug=name).lines()
     with pytest.raises(ValueError, match="probe traces"):
-        AU.run_audit(lm, LAB_SOURCES, targets, bug="inverted", probe=ok.traces[:1], pool=None)
+        AU.run_audit(lm, LAB_SOURCES, targets, bug="inverted", probe=ok.traces[:1], later=list)
 
 
 @pytest.mark.parametrize("name", list(CATCHES))

@@ -215,9 +215,21 @@ def test_lab_reports_later_runs_the_leak_tests_while_the_page_goes_on(extra_mode
     assert runs.audit_report.cached(*args[:5]) is ok  # the Mask audit page and the next bug reuse it
     again = runs.lab_reports_later(*args)
     assert again.done() and again.result() == (ok, bad)
-    # Another bug on this input: its correct traces are the cached audit's, not a new run.
+    # Another bug on this input: its leak tests start before its traced pass (the page's lab_traces,
+    # which reuses the cached correct traces); the bug is traced once, and the report is the plain one.
+    from core import bugs
+
+    traced = []
+    real_trace = bugs.trace_with_bug
+    monkeypatch.setattr(bugs, "trace_with_bug", lambda *a, **kw: traced.append(a[2]) or real_trace(*a, **kw))
+    pending = runs.lab_reports_later(*args[:5], "pad_on_queries")
     ok2, bad2 = runs.lab_traces(*args[:5], "pad_on_queries")
     assert ok2[0] is ok.traces[0] and bad2[0] is not bad_traces[0]
+    ok3, bad3 = pending.result(timeout=60)
+    assert ok3 is ok and bad3.traces[0] is bad2[0] and traced == ["pad_on_queries"]
+    lm = runs.loaders.load_model(*args[:3])
+    plain = real(lm, list(args[3]), list(args[4]), bug="pad_on_queries")
+    assert bad3.lines() == plain.lines() and not bad3.passed
     st.cache_resource.clear()
 
 

@@ -62,10 +62,10 @@ if len(names) < len(bugs.BUGS):
 
 sources, targets, added = runs.lab_batch(lm, sel.sources, sel.targets, add_copy)
 try:
-    traces_ok, traces_bad = runs.lab_traces(sel.name, sel.device, sel.version, sources, targets, bug_name)
-    # The leak tests run in worker threads while this script draws the masks and maps below (they
-    # need only the traces); the verdicts are written above them when the tests are done.
+    # The leak tests run in worker threads while this script draws the masks and maps below; the
+    # verdicts are written above them when the tests are done.
     pending = runs.lab_reports_later(sel.name, sel.device, sel.version, sources, targets, bug_name)
+    traces_ok, traces_bad = runs.lab_traces(sel.name, sel.device, sel.version, sources, targets, bug_name)
 except (InputError, ValueError) as exc:
     st.error("The lab cannot run on this input: " + state.sentence(str(exc)))
     st.stop()
