@@ -152,18 +152,19 @@ def shared_cache(max_mb: float, max_entries: int, ttl_s: float | None, spinner: 
             value = _store().get_or_compute(key, lambda: fn(*args, **kwargs), on_miss=with_spinner)
             return list(value) if isinstance(value, list) else value
 
-        def submit(executor, compute: Callable[[], Any], *args, **kwargs) -> Future:
-            """A Future of ``wrapper(*args, **kwargs)``, computed as ``compute()`` in ``executor`` (no
-            spinner). ``compute`` must touch no Streamlit (a worker thread has no script context): the
-            caller looks up what it needs first. A cached value comes back as a done Future; a key that
-            another session is computing is waited for, not computed twice."""
+        def submit(executor, prepare: Callable[[], Callable[[], Any]], *args, **kwargs) -> Future:
+            """A Future of ``wrapper(*args, **kwargs)``: a cached value comes back as a done Future; else
+            ``prepare()`` runs here and returns the function that computes the value in ``executor`` (no
+            spinner). That function must touch no Streamlit (a worker thread has no script context), so
+            ``prepare`` looks up what it needs first. A key that another session is computing is waited
+            for, not computed twice."""
             store, key = _store(), _key(*args, **kwargs)
             value = store.get(key)
             if value is not None:
                 done: Future = Future()
                 done.set_result(value)
                 return done
-            return executor.submit(store.get_or_compute, key, compute)
+            return executor.submit(store.get_or_compute, key, prepare())
 
         wrapper.store = _store  # type: ignore[attr-defined]
         wrapper.key = _key  # type: ignore[attr-defined]
