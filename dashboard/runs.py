@@ -107,7 +107,7 @@ def lab_traces(
     tgts = None if targets is None else list(targets)
     ok = audit_report.cached(name, device, version, sources, targets)
     if ok is not None:
-        return tuple(ok.traces), tuple(bugs.trace_with_bug(lm, list(sources), bug, tgts))
+        return _with_cached_correct(lm, ok, list(sources), tgts, bug)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-trace") as pool:
         buggy = pool.submit(
             _in_thread, torch.get_num_threads(), bugs.trace_with_bug, lm, list(sources), bug, tgts
@@ -119,6 +119,11 @@ def lab_traces(
         finally:
             bad = buggy.result()  # (re-raises the worker's InputError / ValueError here)
     return tuple(correct), tuple(bad)
+
+
+def _with_cached_correct(lm, ok: AuditReport, sources: list[str], targets: list[str] | None, bug: str):
+    """lab_traces' value when the correct audit is cached: its traces, and the bug traced now."""
+    return tuple(ok.traces), tuple(bugs.trace_with_bug(lm, sources, bug, targets))
 
 
 def _lab_job(
@@ -143,22 +148,17 @@ def _lab_job(
         store, key = lab_traces.store(), lab_traces.key(name, device, version, sources, targets, bug)
 
         def traced() -> list[AttentionTrace]:
-            pair = store.get_or_compute(
-                key, lambda: (tuple(ok.traces), tuple(bugs.trace_with_bug(lm, srcs, bug, tgts)))
-            )
-            return list(pair[1])
+            return list(store.get_or_compute(key, lambda: _with_cached_correct(lm, ok, srcs, tgts, bug))[1])
 
         def with_probe() -> tuple[AuditReport, AuditReport]:
-            torch.set_num_threads(threads)
             return ok, audit.run_audit(lm, srcs, tgts, bug=bug, probe=ok.traces, later=traced)
 
-        return with_probe
+        return functools.partial(_in_thread, threads, with_probe)
 
     ok_traces, bad_traces = lab_traces(name, device, version, sources, targets, bug)
     ok_store, ok_key = audit_report.store(), audit_report.key(name, device, version, sources, targets)
 
     def both() -> tuple[AuditReport, AuditReport]:
-        torch.set_num_threads(threads)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-bug") as pool:
             buggy = pool.submit(
                 _in_thread, threads, audit.run_audit, lm, srcs, tgts, bug=bug, traces=list(bad_traces)
@@ -170,7 +170,7 @@ def _lab_job(
                 bad = buggy.result()
         return correct, bad
 
-    return both
+    return functools.partial(_in_thread, threads, both)
 
 
 # Workers for the lab's leak tests, so that the page draws its charts while they run.
