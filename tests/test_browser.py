@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+import numpy as np
 import pytest
 
 from bench import harness
@@ -171,12 +172,23 @@ def _settle(page) -> None:
     time.sleep(0.3)  # plotly's last layout pass before a screenshot
 
 
+# Every heatmap trace plotly draws renders into a canvas read back with toDataURL: count those reads.
+COUNT_DRAWS_JS = """
+window.__heatmapDraws = 0;
+const toDataURL = HTMLCanvasElement.prototype.toDataURL;
+HTMLCanvasElement.prototype.toDataURL = function (...args) { window.__heatmapDraws += 1; return toDataURL.apply(this, args); };
+"""
+VISIBLE_HEATMAPS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')]
+    .reduce((n, gd) => n + (gd._fullData || []).filter(t => t.type === 'heatmap' && t.visible === true).length, 0)"""
+
+
 # -- tests -----------------------------------------------------------------------------------------
 
 
 def test_every_page_in_a_real_browser(browser, server, tmp_path):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = _new_page(browser)
+    page.add_init_script(COUNT_DRAWS_JS)
     _open_with_tiny_model(page, server)
     for i, (nav, h1, marker) in enumerate(PAGES, start=1):
         _goto_page(page, nav, h1)
@@ -193,6 +205,8 @@ def test_every_page_in_a_real_browser(browser, server, tmp_path):
     _wait_chart_title(page, "· layer 0 · head 0")
     before = _x_ticks(page, "· layer 0 · head 0")
     assert before[:5] == ["h", "e", "l", "l", "o"] and before[-1] == "<eos>"
+    _settle(page)
+    page.evaluate("() => { window.__heatmapDraws = 0; }")
     box = _input_box(page)
     box.fill("zyxw")
     box.press("Enter")
@@ -204,7 +218,11 @@ def test_every_page_in_a_real_browser(browser, server, tmp_path):
         }""",
         timeout=WAIT_MS,
     )
+    _settle(page)
     _no_exception_box(page)
+    # Each new heatmap drawn once: st.plotly_chart hands plotly a second, equal copy, not drawn again.
+    heatmaps = page.evaluate(VISIBLE_HEATMAPS_JS)
+    assert heatmaps >= 2 and page.evaluate("() => window.__heatmapDraws") == heatmaps
 
     # Click the grid tile of layer 1, head 2: the large heatmap switches to it.
     point = page.evaluate(
@@ -294,3 +312,46 @@ def test_bertviz_is_offline_and_shows_script_text_as_text(browser, server):
     )
     assert not outside, outside
     page.close()
+
+
+def test_plotly_redraws_a_figure_only_for_new_numbers(browser):
+    """plotly.js itself (the copy the plotly package ships): ``Plotly.react`` with an equal copy of a
+    figure (what st.plotly_chart does right after the first draw) does not draw it again; another
+    figure of the same shape in the same element is drawn from its own numbers (each figure carries a
+    revision of its own: one shared by two figures would leave the first picture in place)."""
+    import plotly
+
+    from dashboard.plots import attention as PT
+
+    n = 48
+    rng = np.random.default_rng(0)
+    toks = [f"t{i}" for i in range(n)]
+    mask = np.tril(np.ones((n, n), bool))
+    figs = []
+    for _ in range(2):
+        w = rng.random((n, n), dtype=np.float32)
+        figs.append(PT.head_heatmap(w / w.sum(1, keepdims=True), toks, toks, mask=mask, title="head"))
+    specs = [f.to_json() for f in figs]
+    page = browser.new_page()
+    page.set_content("<html><body><div id='g' style='width:600px'></div></body></html>")
+    page.add_script_tag(content=COUNT_DRAWS_JS)
+    page.add_script_tag(path=str(Path(plotly.__file__).parent / "package_data" / "plotly.min.js"))
+    result = page.evaluate(
+        """async ([a, b]) => {
+            const gd = document.getElementById('g'), draws = [];
+            const z = gd => gd.calcdata[0][0].z.map(row => Array.from(row));
+            let f = JSON.parse(a);
+            await Plotly.newPlot(gd, f.data, f.layout); draws.push(window.__heatmapDraws);
+            const drawnA = z(gd);
+            f = JSON.parse(a); await Plotly.react(gd, f.data, f.layout); draws.push(window.__heatmapDraws);
+            f = JSON.parse(b); await Plotly.react(gd, f.data, f.layout); draws.push(window.__heatmapDraws);
+            return {draws, drawnA, drawnB: z(gd)};
+        }""",
+        specs,
+    )
+    page.close()
+    assert result["draws"] == [1, 1, 2]  # an equal copy: no draw; new numbers: one draw
+    for fig, drawn in zip(figs, (result["drawnA"], result["drawnB"]), strict=True):
+        want = np.asarray(fig.data[0].z, dtype=float)
+        got = np.asarray([[np.nan if v is None else v for v in row] for row in drawn], dtype=float)
+        np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -527,3 +527,23 @@ def test_figure_cache_shares_a_figure_while_its_trace_lives():
     gc.collect()
     roomy.get(a, ("grid",), lambda: build("a"))  # a new entry drops the figures of traces that are gone
     assert len(roomy._items) == 1
+
+
+def test_finish_puts_the_template_in_the_layout_and_gives_each_figure_its_own_revision():
+    import plotly.graph_objects as go
+
+    from dashboard.plots import common
+
+    figs = [
+        common.finish(go.Figure(go.Heatmap(z=[[0.5]]), layout=dict(margin=dict(l=5))), "t", 300)
+        for _ in range(2)
+    ]
+    spec = json.loads(figs[0].to_json())["layout"]
+    assert "template" not in spec  # a template object makes Plotly.react redraw an equal copy in full
+    tpl = common.TEMPLATE.layout
+    margin = {"l": 5, "r": tpl.margin.r, "t": tpl.margin.t, "b": tpl.margin.b}  # l: the figure's own
+    assert spec["margin"] == margin
+    assert spec["font"] == {"family": tpl.font.family, "size": tpl.font.size}
+    assert spec["title"]["text"] == "t" and spec["title"]["x"] == 0.0 and spec["height"] == 300
+    revisions = {f.layout.datarevision for f in figs}
+    assert len(revisions) == 2 and None not in revisions  # equal data, built twice: two revisions

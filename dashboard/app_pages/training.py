@@ -119,7 +119,7 @@ ui.chart(grid, key="train_grid")
 marks.caption(hinted)
 
 st.subheader("Held-out curves")
-st.plotly_chart(
+ui.chart(
     P.curves_figure(history.get("curve", []), steps, step, metric, title=f"{base}: learning curves"),
     key="train_curves",
 )
@@ -127,7 +127,7 @@ st.plotly_chart(
 st.subheader("Heads over training")
 stacks = [t.probs(kind) for t in traces]
 entropy = np.stack([R.entropy(s) for s in stacks])
-st.plotly_chart(
+ui.chart(
     P.head_lines_figure(
         steps,
         entropy,
@@ -140,7 +140,7 @@ st.plotly_chart(
 )
 if kind == rule_kind and any(r is not None for r in rows):
     right = np.stack([R.head_scores(s, rows) for s in stacks])
-    st.plotly_chart(
+    ui.chart(
         P.head_lines_figure(
             steps,
             right,
@@ -163,7 +163,7 @@ elif rule_kind:
     )
 
 st.subheader("Watch it form")
-st.plotly_chart(
+ui.chart(
     P.replay_figure(stacks, steps, q_tok, k_tok, title=f"{KIND_LABELS[kind]} through training: press ▶ Play"),
     key="train_replay",
 )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import math
+import uuid
 from collections.abc import Sequence
 
 import numpy as np
@@ -199,10 +200,29 @@ def figure_html(fig: go.Figure) -> str:
     return fig.to_html(include_plotlyjs=True, full_html=True, config={"displaylogo": False})
 
 
+def _fill_unset(obj, defaults: dict) -> None:
+    """Set each leaf of ``defaults`` on the plotly object ``obj`` where ``obj`` leaves it unset."""
+    for name, value in defaults.items():
+        if isinstance(value, dict):
+            _fill_unset(obj[name], value)
+        elif obj[name] is None:
+            obj[name] = value
+
+
 def finish(fig: go.Figure, title: str, height: int | None = None) -> go.Figure:
-    fig.update_layout(
-        template=TEMPLATE, title=dict(text=title, yref="container", y=1.0, yanchor="top", pad=dict(t=14))
-    )
+    """Title, height, the template's styling, and a data revision of its own.
+
+    Every figure is drawn once in the browser, not twice: ``st.plotly_chart`` hands Plotly a second,
+    equal copy of the figure right after the first draw, and ``Plotly.react`` redraws in full when
+    the copy's ``layout.template`` is a new object or, with no ``layout.datarevision``, when a data
+    array is (numpy arrays arrive as typed arrays, compared by identity). So the template's values go
+    into the layout itself (where the figure leaves them unset, as a template would) and the layout
+    carries a revision unique to this figure: a copy of it is not drawn again, another figure shown
+    in the same element is (its revision differs). Figures are not changed once built."""
+    fig.update_layout(title=dict(text=title, yref="container", y=1.0, yanchor="top", pad=dict(t=14)))
     if height is not None:
         fig.update_layout(height=height)
+    _fill_unset(fig.layout, TEMPLATE.layout.to_plotly_json())
+    fig.layout.template = None  # no template in the JSON (plotly.py would otherwise add its default)
+    fig.layout.datarevision = uuid.uuid4().hex
     return fig
