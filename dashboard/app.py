@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from dashboard import links, state  # noqa: E402
+from dashboard import links, loaders, state  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "app_pages"
 
@@ -57,3 +57,4 @@ links.share_box(share, links.publish(page.url_path))  # the clicks that started 
 page.run()  # (a page that stops early ends the run here)
 links.share_box(share, links.publish(page.url_path))  # and what the page itself changed
 links.report(notes.warning)
+loaders.keep_collection_cheap()  # the collection Streamlit runs next walks only this run's objects

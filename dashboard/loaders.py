@@ -16,8 +16,10 @@ interface (zoo, minilm, Hugging Face, adapter files). Nothing is downloaded: HF_
 
 from __future__ import annotations
 
+import gc
 import os
 import random
+import threading
 from pathlib import Path
 
 import streamlit as st
@@ -161,6 +163,32 @@ def devices() -> list[str]:
     return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+# Streamlit runs gc.collect(2) after every script run (runner.postScriptGC): it frees the cycles each
+# run leaves (a plotly figure and its parts point at each other), but it walks every tracked object,
+# ~450,000 once torch, transformers and a model are loaded: 0.2-0.5 s of CPU per rerun, holding the GIL
+# while the server still sends the run's last messages. So what lives on (imports, models, plotly's
+# validators) is moved out of the collector's view (gc.freeze) at the end of the first run, of a run
+# that loaded a model, and of every REFREEZE_RUNS-th run: the collection after each run then walks
+# only what runs create. Each refreeze first unfreezes and collects everything, so garbage frozen with
+# the long-lived objects (the figures of the run that froze) is freed at the next one.
+REFREEZE_RUNS = 50
+_GC_LOCK = threading.Lock()
+_gc = {"runs": 0, "stale": True}  # runs since the last freeze; a model loaded (or nothing frozen yet)
+
+
+def keep_collection_cheap(force: bool = False) -> bool:
+    """Called at the end of every script run: refreeze when due (see above). True when it did."""
+    with _GC_LOCK:
+        _gc["runs"] += 1
+        if not (force or _gc["stale"] or _gc["runs"] >= REFREEZE_RUNS):
+            return False
+        _gc.update(runs=0, stale=False)
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        return True
+
+
 @st.cache_resource(max_entries=8, show_spinner="Loading the model…")
 def load_model(name: str, device: str, version: float = 0.0) -> AttentionModel:
     """The model in eval mode on ``device`` (shared by all sessions: never mutate it)."""
@@ -172,6 +200,7 @@ def load_model(name: str, device: str, version: float = 0.0) -> AttentionModel:
     lm = registry.load(name, device)
     if os.sep in name:  # a path: name it as the picker does ('org/model' for a cache snapshot)
         lm.name = display_name(name)
+    _gc["stale"] = True  # frozen at the end of this run (keep_collection_cheap)
     return lm
 
 

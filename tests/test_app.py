@@ -254,3 +254,24 @@ def test_model_page_summarises_the_model(make_app, tiny, tiny_model):
     assert metrics["Device"] == "cpu" and metrics["Source vocabulary"] == f"{len(tiny_model.src_tok):,}"
     assert any("Forward pass with attention capture" in m.value and " ms" in m.value for m in at.markdown)
     assert sum(figure(at, "parameters per module")["data"][0]["x"]) == count_parameters(tiny_model.model)
+
+
+def test_every_run_ends_by_keeping_the_next_collection_cheap(make_app, tiny, monkeypatch):
+    """app.py calls loaders.keep_collection_cheap at the end of each run (gc.freeze of what lives on,
+    tests/test_load.py); the run that loads a model asks for a refreeze."""
+    from dashboard import loaders
+
+    calls: list[bool] = []
+    original = loaders.keep_collection_cheap
+
+    def counting(force: bool = False) -> bool:
+        calls.append(loaders._gc["stale"])
+        return original(force)
+
+    monkeypatch.setattr(loaders, "keep_collection_cheap", counting)
+    at = make_app(tiny)
+    n = len(calls)
+    assert n >= 1
+    at.sidebar.text_input(key=K.SOURCE).input("zyx").run()
+    assert_clean(at)
+    assert len(calls) == n + 1 and calls[-1] is False  # no model loaded in that run: not stale

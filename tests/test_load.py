@@ -306,3 +306,39 @@ def test_ten_concurrent_sessions_each_see_their_own_input(tiny_folder, tiny_clf_
     assert len(res.per_model) == min(SESSIONS, len(models))  # every model was used
     assert res.peak_rss_mb < PEAK_RSS_LIMIT_MB, res.summary()
     assert "Traceback" not in log.read_text(errors="replace")
+
+
+def test_collection_after_each_run_skips_what_lives_on_and_still_frees_what_runs_leave(monkeypatch):
+    """dashboard.loaders.keep_collection_cheap (end of every run): what lives on is frozen out of the
+    collector's view, so Streamlit's gc.collect(2) after each run walks little; a cycle a run leaves is
+    still freed; one frozen along (alive at the freeze) is freed at the next refreeze; refreezes come
+    after a model load and every REFREEZE_RUNS runs."""
+    import gc
+    import weakref
+
+    from dashboard import loaders
+
+    class Node:  # a cycle, as a plotly figure and its parts are
+        def __init__(self):
+            self.me = self
+
+    monkeypatch.setattr(loaders, "REFREEZE_RUNS", 3)
+    monkeypatch.setitem(loaders._gc, "runs", 0)
+    monkeypatch.setitem(loaders._gc, "stale", False)
+    try:
+        pinned = Node()
+        assert loaders.keep_collection_cheap(force=True)
+        frozen = gc.get_freeze_count()
+        assert frozen > 10_000 and len(gc.get_objects()) < frozen  # the collection walks only the rest
+        later = Node()
+        ref_later, ref_pinned = weakref.ref(later), weakref.ref(pinned)
+        del later, pinned
+        gc.collect()
+        assert ref_later() is None  # a run's cycle: freed
+        assert ref_pinned() is not None  # frozen with the long-lived objects: kept until the refreeze
+        assert [loaders.keep_collection_cheap() for _ in range(3)] == [False, False, True]  # every 3rd run
+        assert ref_pinned() is None  # the refreeze collected it
+        loaders._gc["stale"] = True  # what load_model sets: the run that loaded a model refreezes
+        assert loaders.keep_collection_cheap() and not loaders.keep_collection_cheap()
+    finally:
+        gc.unfreeze()
