@@ -203,6 +203,35 @@ def word_text(tok, n_tokens: int, seed: int, words: list[str] | None = None) -> 
     return text
 
 
+# -- a quiet machine -----------------------------------------------------------------------------------------
+
+
+def _cpu_busy_idle() -> tuple[int, int]:
+    """(busy, idle) jiffies of all cores since boot, from /proc/stat (Linux)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, idle
+
+
+def wait_quiet(max_s: float = 5.0, window_s: float = 0.25, busy_below: float = 0.15) -> float:
+    """Wait until the cores were less than ``busy_below`` busy over one ``window_s`` (what the last
+    measurement left running has finished: a server's collection after its run, a chart still drawn),
+    at most ``max_s``. Returns the seconds waited. Without /proc/stat it waits one window."""
+    start = time.perf_counter()
+    try:
+        before = _cpu_busy_idle()
+    except OSError:
+        time.sleep(window_s)
+        return window_s
+    while True:
+        time.sleep(window_s)
+        after = _cpu_busy_idle()
+        busy, idle = after[0] - before[0], after[1] - before[1]
+        if busy + idle == 0 or busy / (busy + idle) < busy_below or time.perf_counter() - start >= max_s:
+            return time.perf_counter() - start
+        before = after
+
+
 # -- memory ------------------------------------------------------------------------------------------------
 
 

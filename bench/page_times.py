@@ -10,7 +10,10 @@ rerun (Streamlit's running indicator gone, no stale element left) and no chart i
 That is what a user waits for: the model run, every statistic and every chart of that page.
 
 ``--app`` takes several checkouts' dashboard/app.py (e.g. a "before" worktree and this one): each gets
-its own server, and every (page, length) is measured on each in turn, so they see the same load.
+its own server, and every (page, length) is measured on each in turn, so they see the same load. Before
+each measurement the machine is let go quiet (``harness.wait_quiet``: what the previous one left running,
+e.g. a server's collection after its run, would otherwise be charged to the next), and who goes first
+alternates between repeats.
 """
 
 from __future__ import annotations
@@ -105,10 +108,14 @@ def main(argv: list[str] | None = None) -> int:
                 tab.evaluate("() => { window.__t0 = performance.now(); window.__since = null; }")
                 tab.wait_for_function(DONE_JS, timeout=90_000, polling="raf")  # the first run over
             for n in args.lengths:
-                for _ in range(args.repeats):
+                for rep in range(args.repeats):
                     seed += 1
                     text = harness.word_text(tok, n, seed, words)
-                    for label, (url, _), tab in zip(labels, servers, tabs, strict=True):
+                    runs = list(zip(labels, servers, tabs, strict=True))
+                    for label, (url, _), tab in (
+                        runs if rep % 2 == 0 else runs[::-1]
+                    ):  # who goes first alternates
+                        harness.wait_quiet()  # what the last measurement left running (its collection, a draw) is over
                         secs = measure(tab, url, path, text, int(args.timeout * 1000))
                         results.setdefault((label, path, n), []).append(secs)
                 row = "  ".join(

@@ -314,6 +314,28 @@ def test_bertviz_is_offline_and_shows_script_text_as_text(browser, server):
     page.close()
 
 
+def test_a_rerun_that_builds_the_same_figures_redraws_nothing(browser, server):
+    """The Positional encoding page's charts do not depend on the input: a new input reruns the page,
+    which builds equal figures (equal revisions, finish()), and the browser leaves them as they are."""
+    page = _new_page(browser)
+    page.add_init_script(COUNT_DRAWS_JS)
+    _open_with_tiny_model(page, server)
+    _goto_page(page, "Positional encoding", "Positional encoding")
+    _wait_chart_title(page, "PE matrix")
+    _settle(page)
+    heatmaps = page.evaluate(VISIBLE_HEATMAPS_JS)
+    page.evaluate("() => { window.__heatmapDraws = 0; }")
+    box = _input_box(page)
+    box.fill("zyxw")
+    box.press("Enter")
+    page.wait_for_url(re.compile(r"text=zyxw"), timeout=WAIT_MS)  # the rerun took the new input
+    _settle(page)
+    _no_exception_box(page)
+    assert heatmaps >= 1 and page.evaluate(VISIBLE_HEATMAPS_JS) == heatmaps
+    assert page.evaluate("() => window.__heatmapDraws") == 0
+    page.close()
+
+
 def test_plotly_redraws_a_figure_only_for_new_numbers(browser):
     """plotly.js itself (the copy the plotly package ships): ``Plotly.react`` with an equal copy of a
     figure (what st.plotly_chart does right after the first draw) does not draw it again; another

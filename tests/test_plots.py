@@ -529,21 +529,26 @@ def test_figure_cache_shares_a_figure_while_its_trace_lives():
     assert len(roomy._items) == 1
 
 
-def test_finish_puts_the_template_in_the_layout_and_gives_each_figure_its_own_revision():
+def test_finish_puts_the_template_in_the_layout_and_a_digest_of_the_data_as_revision():
     import plotly.graph_objects as go
 
     from dashboard.plots import common
 
-    figs = [
-        common.finish(go.Figure(go.Heatmap(z=[[0.5]]), layout=dict(margin=dict(l=5))), "t", 300)
-        for _ in range(2)
-    ]
-    spec = json.loads(figs[0].to_json())["layout"]
+    def build(z, title="t", labels=("a",)):
+        heat = go.Heatmap(z=np.asarray(z, dtype=np.float32), x=list(labels))
+        return common.finish(go.Figure(heat, layout=dict(margin=dict(l=5))), title, 300)
+
+    fig = build([[0.5]])
+    spec = json.loads(fig.to_json())["layout"]
     assert "template" not in spec  # a template object makes Plotly.react redraw an equal copy in full
     tpl = common.TEMPLATE.layout
     margin = {"l": 5, "r": tpl.margin.r, "t": tpl.margin.t, "b": tpl.margin.b}  # l: the figure's own
     assert spec["margin"] == margin
     assert spec["font"] == {"family": tpl.font.family, "size": tpl.font.size}
     assert spec["title"]["text"] == "t" and spec["title"]["x"] == 0.0 and spec["height"] == 300
-    revisions = {f.layout.datarevision for f in figs}
-    assert len(revisions) == 2 and None not in revisions  # equal data, built twice: two revisions
+    # The same content built again: the same revision (a rerun sends an unchanged element); another
+    # number, label or title: another revision (the browser draws it).
+    rev = fig.layout.datarevision
+    assert rev and build([[0.5]]).layout.datarevision == rev
+    others = [build([[0.25]]), build([[0.5]], labels=("b",)), build([[0.5]], title="u"), build([[0.5, 0.5]])]
+    assert len({rev, *(f.layout.datarevision for f in others)}) == 5

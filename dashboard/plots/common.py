@@ -5,9 +5,9 @@ Pure functions: data in, plain dicts / strings / Figures out; no streamlit.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import math
-import uuid
 from collections.abc import Sequence
 
 import numpy as np
@@ -209,20 +209,52 @@ def _fill_unset(obj, defaults: dict) -> None:
             obj[name] = value
 
 
+def _feed(h, value) -> None:
+    """Feed a figure's JSON-like content (dicts, lists, numpy arrays, scalars) into the hash ``h``."""
+    if isinstance(value, np.ndarray):
+        h.update(f"nd{value.dtype.str}{value.shape}".encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, dict):
+        h.update(b"{")
+        for key in sorted(value):
+            h.update(repr(key).encode())
+            _feed(h, value[key])
+        h.update(b"}")
+    elif isinstance(value, list | tuple):
+        h.update(b"[")
+        for item in value:
+            _feed(h, item)
+        h.update(b"]")
+    else:
+        h.update(repr(value).encode())
+
+
+def data_revision(fig: go.Figure) -> str:
+    """A digest of everything the figure holds (data, layout, frames; not its datarevision): equal
+    figures get equal revisions, any other number or label another one."""
+    content = fig.to_plotly_json()
+    content.get("layout", {}).pop("datarevision", None)
+    content["frames"] = [f.to_plotly_json() for f in fig.frames]
+    h = hashlib.blake2b(digest_size=12)
+    _feed(h, content)
+    return h.hexdigest()
+
+
 def finish(fig: go.Figure, title: str, height: int | None = None) -> go.Figure:
-    """Title, height, the template's styling, and a data revision of its own.
+    """Title, height, the template's styling, and a revision of its data.
 
     Every figure is drawn once in the browser, not twice: ``st.plotly_chart`` hands Plotly a second,
     equal copy of the figure right after the first draw, and ``Plotly.react`` redraws in full when
     the copy's ``layout.template`` is a new object or, with no ``layout.datarevision``, when a data
     array is (numpy arrays arrive as typed arrays, compared by identity). So the template's values go
     into the layout itself (where the figure leaves them unset, as a template would) and the layout
-    carries a revision unique to this figure: a copy of it is not drawn again, another figure shown
-    in the same element is (its revision differs). Figures are not changed once built."""
+    carries a digest of the figure's content as its revision: a copy of it is not drawn again, other
+    numbers in the same element are (their revision differs), and a rerun that builds the same figure
+    sends the same element, which the browser leaves as it is. Call it last: it digests the figure."""
     fig.update_layout(title=dict(text=title, yref="container", y=1.0, yanchor="top", pad=dict(t=14)))
     if height is not None:
         fig.update_layout(height=height)
     _fill_unset(fig.layout, TEMPLATE.layout.to_plotly_json())
     fig.layout.template = None  # no template in the JSON (plotly.py would otherwise add its default)
-    fig.layout.datarevision = uuid.uuid4().hex
+    fig.layout.datarevision = data_revision(fig)
     return fig
