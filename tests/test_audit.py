@@ -359,6 +359,31 @@ def test_special_mass_sums_with_the_rest(lm):
     assert AU.masked_mass_per_head(tr, "cross", 0).shape == (2, 4)
 
 
+def test_special_mass_equals_the_rows_first_sums_bit_for_bit(lm):
+    """special_mass sums each group's keys first (a view when they are one run) and then averages the
+    real query rows: the numbers of selecting the real rows first, exactly, for PAD keys (one run),
+    a group scattered over the keys, and a batch member with no PAD."""
+    traces = lm.trace(LAB_SOURCES, LAB_TARGETS)
+    for tr in traces:
+        for kind in tr.kinds:
+            p = tr.probs(kind)
+            q_real, _ = AU.expected_mask(tr, kind, 0)
+            _, kside = AU.kind_sides(kind)
+            k_pad = ~AU.real_positions(tr, kside, 0)
+            got = AU.special_mass(tr, kind, 0)
+            rows = p[:, :, q_real, :]
+            np.testing.assert_array_equal(got["PAD"], rows[..., k_pad].sum(-1).mean(-1))
+            scattered = np.zeros(p.shape[-1], dtype=bool)
+            scattered[::2] = True
+            np.testing.assert_array_equal(
+                p[..., AU._columns(scattered)].sum(-1)[:, :, q_real].mean(-1),
+                rows[..., scattered].sum(-1).mean(-1),
+            )
+    assert AU._columns(np.array([0, 1, 1, 0], bool)) == slice(1, 3)
+    np.testing.assert_array_equal(AU._columns(np.array([1, 0, 1], bool)), [0, 2])
+    assert len(AU._columns(np.zeros(3, bool))) == 0
+
+
 # -- zoo models ---------------------------------------------------------------------------------------------
 
 

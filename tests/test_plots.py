@@ -552,3 +552,11 @@ def test_finish_puts_the_template_in_the_layout_and_a_digest_of_the_data_as_revi
     assert rev and build([[0.5]]).layout.datarevision == rev
     others = [build([[0.25]]), build([[0.5]], labels=("b",)), build([[0.5]], title="u"), build([[0.5, 0.5]])]
     assert len({rev, *(f.layout.datarevision for f in others)}) == 5
+    # Object arrays (strings, mixed) count by content, not by the addresses their bytes would be.
+    texts = [
+        np.array([["a"], [1]], dtype=object),
+        np.array([["a"], [1]], dtype=object),
+        np.array([["b"], [1]], dtype=object),
+    ]
+    revs = [common.data_revision(go.Figure(go.Heatmap(z=[[1], [2]], text=t))) for t in texts]
+    assert revs[0] == revs[1] != revs[2]

@@ -211,7 +211,10 @@ def _fill_unset(obj, defaults: dict) -> None:
 
 def _feed(h, value) -> None:
     """Feed a figure's JSON-like content (dicts, lists, numpy arrays, scalars) into the hash ``h``."""
-    if isinstance(value, np.ndarray):
+    if isinstance(value, np.ndarray) and value.dtype.kind == "O":  # bytes would be object addresses
+        h.update(f"nd-object{value.shape}".encode())
+        _feed(h, value.ravel().tolist())
+    elif isinstance(value, np.ndarray):
         h.update(f"nd{value.dtype.str}{value.shape}".encode())
         h.update(np.ascontiguousarray(value).tobytes())
     elif isinstance(value, dict):
