@@ -2,7 +2,8 @@
 
     python -m bench.lab_switch [--tokens 512] [--repeats 3] [--app OLD/dashboard/app.py dashboard/app.py]
 
-One headless chromium, MiniLM, the Mask lab page of each checkout's server (side by side, alternating).
+One headless chromium, MiniLM, the Mask lab page of each checkout's server (side by side; who goes
+first alternates, and the machine is let go quiet before each measurement, as in bench.page_times).
 Per repeat: Enter on a new text of exactly N WordPiece tokens (both audits run), then two bug switches
 in the lab's picker, each timed from the click to the page's rerun over and quiet (bench.page_times'
 criterion). The first switch audits a bug not seen on this input; the second goes back to the bug the
@@ -24,6 +25,7 @@ SWITCHES = ("query axis", "broadcast the wrong way")  # bug titles (dashboard.wo
 
 
 def _pick_bug(tab, title: str, timeout_ms: int) -> float:
+    harness.wait_quiet()  # as PT.measure: nothing left running from the previous measurement
     tab.locator('[data-testid="stMain"] [data-testid="stSelectbox"]').first.click()
     option = tab.get_by_role("option").filter(has_text=re.compile(re.escape(title), re.I)).first
     tab.evaluate("() => { window.__t0 = performance.now(); window.__since = null; }")
@@ -58,19 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         tabs = []
         for url, _ in servers:
             tab = browser.new_page(viewport={"width": 1400, "height": 1000})
-            harness.open_app(tab, url, "minilm")
-            tab.locator('[data-testid="stSidebarNav"] a', has_text=PT.NAV["mask-lab"]).first.click()
-            tab.wait_for_function(
-                "t => [...document.querySelectorAll('h1')].some(e => e.textContent.trim() === t)",
-                arg=PT.NAV["mask-lab"], timeout=90_000,
-            )  # fmt: skip
-            tab.evaluate("() => { window.__t0 = performance.now(); window.__since = null; }")
-            tab.wait_for_function(PT.DONE_JS, timeout=90_000, polling="raf")
+            PT.open_page(tab, url, "mask-lab")
             _pick_bug(tab, SWITCHES[1], 180_000)  # the bug each input is first audited with
             tabs.append(tab)
         for rep in range(args.repeats):
             text = harness.word_text(tok, args.tokens, 100 + rep, words)
-            for label, (url, _), tab in zip(labels, servers, tabs, strict=True):
+            for label, (url, _), tab in PT.alternating(list(zip(labels, servers, tabs, strict=True)), rep):
                 PT.measure(tab, url, "mask-lab", text, 180_000)
                 new_bug[label].append(_pick_bug(tab, SWITCHES[0], 180_000))
                 cached[label].append(_pick_bug(tab, SWITCHES[1], 180_000))

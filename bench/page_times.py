@@ -48,8 +48,31 @@ DONE_JS = (
 )
 
 
+def open_page(tab, url: str, path: str) -> None:
+    """MiniLM picked in the sidebar (a link's ?model= is newer than a "before" checkout), then the page
+    opened from the sidebar's navigation, as a user does; returns when its first run is over."""
+    harness.open_app(tab, url, "minilm")
+    if path != "attention":
+        tab.locator('[data-testid="stSidebarNav"] a', has_text=NAV[path]).first.click()
+        tab.wait_for_function(
+            "t => [...document.querySelectorAll('h1')].some(e => e.textContent.trim() === t)",
+            arg=NAV[path], timeout=90_000,
+        )  # fmt: skip
+    tab.wait_for_selector(harness.SIDEBAR_INPUT, timeout=90_000)
+    tab.evaluate("() => { window.__t0 = performance.now(); window.__since = null; }")
+    tab.wait_for_function(DONE_JS, timeout=90_000, polling="raf")
+
+
+def alternating(runs: list, rep: int) -> list:
+    """``runs`` (one per checkout) in order on even repeats, reversed on odd ones: who goes first alternates."""
+    return runs if rep % 2 == 0 else runs[::-1]
+
+
 def measure(page, url: str, path: str, text: str, timeout_ms: int) -> float:
-    """Seconds from Enter on ``text`` to the page being done."""
+    """Seconds from Enter on ``text`` to the page being done. First the machine is let go quiet
+    (``harness.wait_quiet``): what the previous measurement left running, e.g. a server's collection
+    after its run, would otherwise be charged to this one."""
+    harness.wait_quiet()
     box = page.locator(harness.SIDEBAR_INPUT).first
     box.fill(text)
     page.evaluate("() => { window.__t0 = performance.now(); window.__since = null; }")
@@ -95,27 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         seed = 0
         for path in args.pages:
             for (url, _), tab in zip(servers, tabs, strict=True):
-                # MiniLM picked in the sidebar (a link's ?model= is newer than a "before" checkout),
-                # then the page opened from the sidebar's navigation, as a user does.
-                harness.open_app(tab, url, "minilm")
-                if path != "attention":
-                    tab.locator('[data-testid="stSidebarNav"] a', has_text=NAV[path]).first.click()
-                    tab.wait_for_function(
-                        "t => [...document.querySelectorAll('h1')].some(e => e.textContent.trim() === t)",
-                        arg=NAV[path], timeout=90_000,
-                    )  # fmt: skip
-                tab.wait_for_selector(harness.SIDEBAR_INPUT, timeout=90_000)
-                tab.evaluate("() => { window.__t0 = performance.now(); window.__since = null; }")
-                tab.wait_for_function(DONE_JS, timeout=90_000, polling="raf")  # the first run over
+                open_page(tab, url, path)
             for n in args.lengths:
                 for rep in range(args.repeats):
                     seed += 1
                     text = harness.word_text(tok, n, seed, words)
                     runs = list(zip(labels, servers, tabs, strict=True))
-                    for label, (url, _), tab in (
-                        runs if rep % 2 == 0 else runs[::-1]
-                    ):  # who goes first alternates
-                        harness.wait_quiet()  # what the last measurement left running (its collection, a draw) is over
+                    for label, (url, _), tab in alternating(runs, rep):
                         secs = measure(tab, url, path, text, int(args.timeout * 1000))
                         results.setdefault((label, path, n), []).append(secs)
                 row = "  ".join(

@@ -728,24 +728,26 @@ def run_audit(
         raise ValueError(f"{len(probe)} probe traces for {len(sources)} sources")
     f = lm.audit_facts()
     fwd = forward_fn(lm, bug, interv)
-    pending = None
+
+    def batch_of(trs: Sequence[AttentionTrace]) -> ProbeBatch:
+        return batch_from_traces(list(trs), f["pad_id"], extra_pad, f["max_len"], lm.device)
+
+    def leak_tests(b: ProbeBatch, seen: Sequence[AttentionTrace]) -> list[Verdict]:
+        return dynamic_checks(fwd, b, f["pad_id"], seen, f["vocab"], f["skip_ids"], lm.masks_from_ids)
+
     if traces is None and probe is not None and later is not None:
         pending = _PendingTraces(later)
-        batch = batch_from_traces(probe, f["pad_id"], extra_pad, f["max_len"], lm.device)
-        seen: Sequence[AttentionTrace] = pending
-    else:
-        traces = trace() if traces is None else traces
-        batch = batch_from_traces(traces, f["pad_id"], extra_pad, f["max_len"], lm.device)
-        seen = traces
-    dynamic = dynamic_checks(fwd, batch, f["pad_id"], seen, f["vocab"], f["skip_ids"], lm.masks_from_ids)
-    if pending is not None:
+        batch = batch_of(probe)
+        dynamic = leak_tests(batch, pending)
         traces = pending.get()
-        own = batch_from_traces(traces, f["pad_id"], extra_pad, f["max_len"], lm.device)
+        own = batch_of(traces)
         if not _same_batch(own, batch):  # the probe's ids were not these traces' ids: test these
             batch = own
-            dynamic = dynamic_checks(
-                fwd, batch, f["pad_id"], traces, f["vocab"], f["skip_ids"], lm.masks_from_ids
-            )
+            dynamic = leak_tests(batch, traces)
+    else:
+        traces = trace() if traces is None else traces
+        batch = batch_of(traces)
+        dynamic = leak_tests(batch, traces)
     verdicts = static_checks(traces, f["pad_id"]) + dynamic
     meta = {"model": lm.name, "n_inputs": len(sources), "extra_pad": batch.extra_pad}
     return AuditReport(verdicts, traces, bug.name if bug else None, meta)

@@ -85,6 +85,19 @@ def _in_thread(threads: int, fn, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
+def _at_once(here, there) -> tuple:
+    """(here(), there()), computed at the same time: ``there`` in a worker thread with this thread's
+    intra-op thread count (torch releases the GIL; the model's forward keeps no state). Its errors
+    (InputError, ValueError) are raised here once ``here`` is done."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-pair") as pool:
+        other = pool.submit(_in_thread, torch.get_num_threads(), there)
+        try:
+            mine = here()
+        finally:
+            theirs = other.result()
+    return mine, theirs
+
+
 @_audit_cache(spinner="Tracing with and without the bug…")
 def lab_traces(
     name: str,
@@ -108,16 +121,10 @@ def lab_traces(
     ok = audit_report.cached(name, device, version, sources, targets)
     if ok is not None:
         return _with_cached_correct(lm, ok, list(sources), tgts, bug)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-trace") as pool:
-        buggy = pool.submit(
-            _in_thread, torch.get_num_threads(), bugs.trace_with_bug, lm, list(sources), bug, tgts
-        )
-        try:
-            correct = _sidebar_traces(lm, name, device, version, sources, targets) or lm.trace(
-                list(sources), tgts
-            )
-        finally:
-            bad = buggy.result()  # (re-raises the worker's InputError / ValueError here)
+    correct, bad = _at_once(
+        lambda: _sidebar_traces(lm, name, device, version, sources, targets) or lm.trace(list(sources), tgts),
+        functools.partial(bugs.trace_with_bug, lm, list(sources), bug, tgts),
+    )
     return tuple(correct), tuple(bad)
 
 
@@ -158,17 +165,15 @@ def _lab_job(
     ok_traces, bad_traces = lab_traces(name, device, version, sources, targets, bug)
     ok_store, ok_key = audit_report.store(), audit_report.key(name, device, version, sources, targets)
 
+    def correct() -> AuditReport:
+        report = audit.run_audit(lm, srcs, tgts, traces=list(ok_traces))
+        ok_store.put(ok_key, report)  # the Mask audit page and the next bug reuse it
+        return report
+
     def both() -> tuple[AuditReport, AuditReport]:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-bug") as pool:
-            buggy = pool.submit(
-                _in_thread, threads, audit.run_audit, lm, srcs, tgts, bug=bug, traces=list(bad_traces)
-            )
-            try:
-                correct = audit.run_audit(lm, srcs, tgts, traces=list(ok_traces))
-                ok_store.put(ok_key, correct)  # the Mask audit page and the next bug reuse it
-            finally:
-                bad = buggy.result()
-        return correct, bad
+        return _at_once(
+            correct, functools.partial(audit.run_audit, lm, srcs, tgts, bug=bug, traces=list(bad_traces))
+        )
 
     return functools.partial(_in_thread, threads, both)
 
