@@ -166,6 +166,9 @@ def test_training_page_replays_the_snapshots():
     assert "at step 0" in figure(at, "at step")["layout"]["title"]["text"]
     curves = figure(at, "learning curves")
     assert any(s.get("x0") == 1 for s in curves["layout"]["shapes"])  # step 0 sits at 1 on the log axis
+    # the shared step axis is titled once, under the bottom plot (a title on the top one overlaps it)
+    assert not curves["layout"]["xaxis"].get("title", {}).get("text")
+    assert "log scale" in curves["layout"]["xaxis2"]["title"]["text"]
 
 
 def test_training_page_marks_forced_heads():

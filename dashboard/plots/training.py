@@ -77,6 +77,7 @@ def curves_figure(
     for row in (1, 2):
         _step_axis(fig, steps, row=row, col=1)
         _mark_step(fig, step, row=row, col=1)
+    fig.update_xaxes(title_text=None, row=1, col=1)  # the shared axis is titled once, under the bottom plot
     fig.update_layout(legend=dict(orientation="h", y=-0.15), margin=dict(l=70, r=20, t=60, b=60))
     return finish(fig, title, 480)
 
