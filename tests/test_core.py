@@ -75,6 +75,24 @@ def test_fully_masked_row_gives_zeros_not_nan():
     assert torch.isnan(out_bug[..., 1, :]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_masked_probabilities_equal_a_full_masked_fill_bit_for_bit(dtype):
+    """Only rows with no allowed key are zeroed after the softmax: every other masked weight is
+    exactly 0 already (exp(min - max) underflows), so the maps equal the formulation that fills the
+    whole masked area with 0, bit for bit, also with very large scores and fully masked rows."""
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(3, 4, 9, 8, generator=g), torch.randn(3, 4, 11, 8, generator=g)
+    q[0, 0] *= 300.0  # scores far from 0 (both signs)
+    q, k = q.to(dtype), k.to(dtype)
+    mask = torch.rand(3, 1, 9, 11, generator=g) > 0.5
+    mask[1, :, 4] = False  # a fully masked row
+    mask[2, :, 0] = True  # a row with nothing masked
+    _, probs, scores = scaled_dot_product(q, k, k, mask)
+    full = torch.where(mask, scores, torch.finfo(dtype).min).softmax(-1).masked_fill(~mask, 0.0)
+    assert torch.equal(probs, full)
+    assert (probs[1, :, 4] == 0).all() and not torch.isnan(probs).any()
+
+
 @pytest.mark.parametrize("case", ["no mask", "padding", "fully masked row", "neg_inf_fill", "autograd"])
 def test_maps_written_into_given_buffers_are_the_same_numbers(case):
     """scaled_dot_product(into=...) writes scores and probabilities into the given (strided) slices
