@@ -497,12 +497,20 @@ def _pool(
     return torch.tensor(pool, dtype=torch.long)
 
 
-def check_padding_leak(
-    fwd: ForwardFn, batch: ProbeBatch, side: str, pad_id: int, traces=(), vocab: int | None = None,
-    skip_ids: set[int] = frozenset(), seed: int = 0, base: dict | None = None,
-) -> Verdict:  # fmt: skip
-    """Change what sits in the PAD positions of ``side``; real-position outputs must not move.
-    ``base``: the unchanged batch's outputs, when already computed."""
+@dataclass(frozen=True)
+class _PadProbe:
+    """One side's PAD content changed: the rows that have PAD on that side, with their new ids."""
+
+    side: str  # src | tgt
+    rows: torch.Tensor  # (k,) long: the batch rows that have PAD on this side
+    ids: torch.Tensor  # (k, L): those rows with every PAD position holding another token
+    n_pads: int  # PAD positions changed in the whole batch
+
+
+def _pad_probe(
+    batch: ProbeBatch, side: str, pad_id: int, vocab: int | None, skip_ids: set[int], seed: int = 0
+) -> _PadProbe | Verdict:
+    """The rows of ``side`` with their PAD content changed, or the skip verdict when there is none."""
     name = f"padding_leak[{side}]"
     ids, real = (batch.src, batch.src_real) if side == "src" else (batch.tgt, batch.tgt_real)
     if ids is None:
@@ -514,32 +522,85 @@ def check_padding_leak(
     g = torch.Generator().manual_seed(seed)
     fill = pool[torch.randint(len(pool), ids.shape, generator=g)].to(ids.device)
     changed = torch.where(pads, fill, ids)
-    base = batch.call(fwd) if base is None else base
-    alt = batch.call(fwd, **{side: changed})
+    rows = torch.nonzero(pads.any(dim=1)).flatten()
+    return _PadProbe(side, rows, changed[rows], int(pads.sum()))
+
+
+def _run_probes(
+    fwd: ForwardFn, batch: ProbeBatch, probes: Sequence[_PadProbe]
+) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """(the batch's outputs, {side: outputs of that probe's rows}) from one call: the batch with the
+    probes' changed rows appended. Each changed row is compared with its unchanged row of the same
+    call (same kernels, same batch shape: no float noise between them), and a row without PAD is not
+    run a second time. One sequence's outputs depend only on its own tokens in a sound model; one that
+    mixes sequences fails ``batch_invariance``, which runs each sequence alone."""
+    n = (batch.src if batch.src is not None else batch.tgt).shape[0]
+    parts = {name: [t] for name, t in (("src", batch.src), ("tgt", batch.tgt), ("sr", batch.src_real),
+                                       ("tr", batch.tgt_real))}  # fmt: skip
+    for p in probes:
+        for name, t in (
+            ("src", batch.src),
+            ("tgt", batch.tgt),
+            ("sr", batch.src_real),
+            ("tr", batch.tgt_real),
+        ):
+            parts[name].append(None if t is None else (p.ids if name == p.side else t[p.rows]))
+    cat = {name: None if ts[0] is None else torch.cat(ts) for name, ts in parts.items()}
+    out = fwd(cat["src"], cat["tgt"], cat["sr"], cat["tr"])
+    base = {name: t[:n] for name, t in out.items()}
+    alts, start = {}, n
+    for p in probes:
+        k = len(p.rows)
+        alts[p.side] = {name: t[start : start + k] for name, t in out.items()}
+        start += k
+    return base, alts
+
+
+def _padding_verdict(
+    p: _PadProbe, batch: ProbeBatch, base: dict[str, torch.Tensor], alt: dict[str, torch.Tensor], traces=()
+) -> Verdict:
+    """Real-position outputs of the probe's rows, with and without their PAD content changed."""
+    name, side = f"padding_leak[{p.side}]", p.side
     worst = None
     for out_name, out_real in (("enc", batch.src_real), ("dec", batch.tgt_real)):
         if out_name not in base or out_real is None or (side == "tgt" and out_name == "enc"):
             continue
-        d = _change(base[out_name], alt[out_name]).masked_fill(~out_real, 0.0)  # (B, L)
+        d = _change(base[out_name][p.rows], alt[out_name]).masked_fill(~out_real[p.rows], 0.0)  # (k, L)
         v = float(d.max())
         if worst is None or v > worst[0]:
-            b, i = divmod(int(d.argmax()), d.shape[1])
-            worst = (v, out_name, b, i)
+            r, i = divmod(int(d.argmax()), d.shape[1])
+            worst = (v, out_name, int(p.rows[r]), i)
     v, out_name, b, i = worst
-    n = int(pads.sum())
     if v <= LEAK_TOL:
         return Verdict(
-            name, True, f"changing {n} {side} PAD tokens moved real outputs by at most {v:.1e}", value=v
+            name,
+            True,
+            f"changing {p.n_pads} {side} PAD tokens moved real outputs by at most {v:.1e}",
+            value=v,
         )
     where = f"{out_name} output at seq {b} position {i}"
     kind = "enc_self" if out_name == "enc" else ("cross" if side == "src" else "dec_self")
-    pad_pos = [int(k) for k in torch.nonzero(pads[b]).flatten()]
+    real = batch.src_real if side == "src" else batch.tgt_real
+    pad_pos = [int(k) for k in torch.nonzero(~real[b]).flatten()]
     blame = _blame(traces, kind, b, i, pad_pos)
     extra = f"; {kind} layer {blame[0]} head {blame[1]} puts {blame[2]:.3g} on PAD there" if blame else ""
     nonfinite = " (not finite: NaN)" if v == float("inf") else ""
-    return Verdict(name, False, f"changing {n} {side} PAD tokens moved the {where} by {v:.3g}{nonfinite}{extra}",
-                   kind=kind, layer=blame[0] if blame else None, head=blame[1] if blame else None,
+    return Verdict(name, False, f"changing {p.n_pads} {side} PAD tokens moved the {where} by {v:.3g}{nonfinite}"
+                   f"{extra}", kind=kind, layer=blame[0] if blame else None, head=blame[1] if blame else None,
                    positions=(b, i), value=v)  # fmt: skip
+
+
+def check_padding_leak(
+    fwd: ForwardFn, batch: ProbeBatch, side: str, pad_id: int, traces=(), vocab: int | None = None,
+    skip_ids: set[int] = frozenset(), seed: int = 0,
+) -> Verdict:  # fmt: skip
+    """Change what sits in the PAD positions of ``side``; real-position outputs must not move. The
+    changed rows run in one call with the unchanged batch (``_run_probes``)."""
+    p = _pad_probe(batch, side, pad_id, vocab, skip_ids, seed)
+    if isinstance(p, Verdict):
+        return p
+    base, alts = _run_probes(fwd, batch, [p])
+    return _padding_verdict(p, batch, base, alts[side], traces)
 
 
 def check_causal_leak(
@@ -642,28 +703,46 @@ def dynamic_checks(fwd: ForwardFn | None, batch: ProbeBatch | None, pad_id: int,
                    vocab: tuple[int | None, int | None] = (None, None),
                    skip_ids: set[int] = frozenset(), masks_from_ids: bool = False) -> list[Verdict]:  # fmt: skip
     """finite_outputs, batch_invariance, causal_leak (future invariance), padding_leak[src/tgt]
-    (skipped for models that compute their masks from the ids: a changed PAD id is no longer PAD)."""
+    (skipped for models that compute their masks from the ids: a changed PAD id is no longer PAD).
+
+    The batch runs once for every check that compares to it, together with the padding leaks'
+    changed rows (``_run_probes``) when those are at most as many as the batch's rows (so one call
+    never holds more than twice the batch); else each side's changed batch runs on its own, the
+    unchanged batch's shape (a call of another shape may take other kernels: float noise)."""
     names = ("finite_outputs", "batch_invariance", "causal_leak", "padding_leak[src]", "padding_leak[tgt]")
     if fwd is None or batch is None:
         return [Verdict(n, True, "this model offers no forward_outputs hook", status="skip") for n in names]
-    base = batch.call(fwd)  # the batch's own outputs: one run shared by every check that compares to it
-    out = [
-        check_finite_outputs(fwd, batch, base),
-        check_batch_invariance(fwd, batch, traces, base),
-        check_causal_leak(fwd, batch, pad_id, traces, vocab[1], skip_ids),
-    ]
+    pads: dict[str, Verdict] = {}
+    probes: list[_PadProbe] = []
     for side in ("src", "tgt"):
         if masks_from_ids:
             why = ("the model computes its masks from the token ids, so PAD content cannot change while "
                    "the padding stays: batch_invariance tests the padding instead")  # fmt: skip
-            out.append(Verdict(f"padding_leak[{side}]", True, why, status="skip"))
+            pads[side] = Verdict(f"padding_leak[{side}]", True, why, status="skip")
+            continue
+        p = _pad_probe(batch, side, pad_id, vocab[0 if side == "src" else 1], skip_ids)
+        if isinstance(p, Verdict):
+            pads[side] = p
         else:
-            out.append(
-                check_padding_leak(
-                    fwd, batch, side, pad_id, traces, vocab[0 if side == "src" else 1], skip_ids, base=base
-                )
-            )
-    return out
+            probes.append(p)
+    n = (batch.src if batch.src is not None else batch.tgt).shape[0]
+    if sum(len(p.rows) for p in probes) <= n:
+        base, alts = _run_probes(fwd, batch, probes)
+    else:  # each side's changed batch runs on its own, the same shape as the unchanged one
+        base, alts = batch.call(fwd), {}
+        for p in probes:
+            ids = (batch.src if p.side == "src" else batch.tgt).clone()
+            ids[p.rows] = p.ids
+            alts[p.side] = {name: t[p.rows] for name, t in batch.call(fwd, **{p.side: ids}).items()}
+    for p in probes:
+        pads[p.side] = _padding_verdict(p, batch, base, alts[p.side], traces)
+    return [
+        check_finite_outputs(fwd, batch, base),
+        check_batch_invariance(fwd, batch, traces, base),
+        check_causal_leak(fwd, batch, pad_id, traces, vocab[1], skip_ids),
+        pads["src"],
+        pads["tgt"],
+    ]
 
 
 # -- whole audit ------------------------------------------------------------------------------------------

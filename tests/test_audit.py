@@ -124,6 +124,42 @@ def test_dynamic_checks_run_the_unchanged_batch_once(lm):
     assert calls.count(full) == 3, calls
 
 
+@pytest.mark.parametrize("encoder_only", [False, True], ids=["seq2seq", "encoder"])
+def test_padding_leaks_run_the_changed_rows_beside_the_unchanged_batch(encoder_only):
+    """Without extra PAD columns only the shorter text has PAD: its changed copy is appended to the
+    unchanged batch and runs in the same call (the longer text is not run again), and each changed row
+    is compared with its own unchanged row. A leaking model is caught at the right sequence, with the
+    same verdicts as when each side's changed batch runs on its own."""
+    model = make_lm(n_dec_layers=0) if encoder_only else make_lm()
+    tgts = None if encoder_only else LAB_TARGETS
+    calls = []
+
+    def counted(f):
+        def fwd(src, tgt, src_real, tgt_real):
+            calls.append((tuple(src.shape), None if tgt is None else tuple(tgt.shape)))
+            return f(src, tgt, src_real, tgt_real)
+
+        return fwd
+
+    traces = model.trace(LAB_SOURCES, tgts)
+    batch = AU.batch_from_traces(traces, model.cfg.pad_id, 0, model.cfg.max_len)
+    vocab = (len(model.src_tok), None if encoder_only else len(model.tgt_tok))
+    verdicts = {v.name: v for v in AU.dynamic_checks(counted(model.forward_outputs), batch, 0, traces, vocab)}
+    assert all(v.status == "pass" for v in verdicts.values() if v.status != "skip"), verdicts
+    s = batch.src.shape
+    rows = 2 + 1 + (0 if encoder_only else 1)  # the batch, then the short text's src (and tgt) copy
+    assert calls[0] == ((rows, s[1]), None if encoder_only else (rows, batch.tgt.shape[1])), calls
+    leaky = counted(partial(AU.core_forward_outputs, model, bug=B.get("pad_on_queries")))
+    v = AU.dynamic_checks(leaky, batch, 0, traces, vocab)[3]
+    assert v.name == "padding_leak[src]" and v.status == "fail" and v.positions[0] == 1, v.line()
+    assert f"changing {int((~batch.src_real).sum())} src PAD tokens" in v.detail
+    # each side on its own (the path taken when the changed rows outnumber the batch): the same verdicts
+    alone = AU.check_padding_leak(leaky, batch, "src", 0, traces, vocab[0])
+    assert (alone.status, alone.positions) == (v.status, v.positions) and alone.value == pytest.approx(
+        v.value
+    )
+
+
 def test_one_unpadded_sequence_is_not_run_alone_again(lm):
     """One sequence with no PAD column: 'alone' is the very call that gave the batch's outputs, so
     batch_invariance compares to that run (one call in all); with PAD columns it runs the trimmed
