@@ -16,8 +16,13 @@ What is recorded, whatever module or function wrote it:
   difference between ``probs @ v`` and the output SDPA returned).
 - a softmax over the key axis of an attention-shaped tensor (``torch.softmax``, ``F.softmax``,
   ``Tensor.softmax``, ``nn.Softmax``, ``torch.special.softmax``) on ``(B, H, q, k)`` or
-  ``(B·H, q, k)``. A 3-D tensor is split into heads from the reshape that made it (batch-major
-  ``(B, H, ...)`` or head-major ``(H, B, ...)`` before the ``view``) or else from the batch size.
+  ``(B·H, q, k)``, or on einsum scores laid out otherwise (Transformer-XL's ``"ibnd,jbnd->ijbn"``
+  with the softmax over ``dim=1``: the einsum's letters say which axis holds the queries and which
+  the keys). A 3-D tensor is split into heads from the reshape that made it (batch-major
+  ``(B, H, ...)`` or head-major ``(H, B, ...)`` before the ``view``: the head count of the view that
+  split the projection's features into ``(H, d)`` tells which), else from that head count, else
+  from the batch size. When the weights are then multiplied by a 0/1 mask and divided by their
+  sums (AllenNLP's ``masked_softmax``), the record holds the renormalized weights.
 
 How: a ``torch.overrides.TorchFunctionMode`` sees every torch call made in the ``with`` block
 *by this thread* (modes are thread-local), so sessions running the same model in other threads
@@ -31,19 +36,29 @@ runs the model once normally (that output is returned) and once under capture.
 Which softmax is attention. The mode follows each tensor's lineage: a matmul of two activations
 makes *scores*; ``F.linear`` (or a matmul with a parameter) makes a projection. A softmax over
 a projection (the vocabulary softmax at a model's end) is not attention. Otherwise the key length
-must be a sequence length of this call: the length of any token-id tensor that went through an
-embedding, or one given in ``lengths=``. ``include=``/``exclude=`` (glob patterns on module paths)
-override the rules.
+must be a sequence length of this call: either dimension of a token-id tensor that went through an
+embedding (``(B, L)``, or ``(L, B)`` in sequence-first code), or one given in ``lengths=``; or the
+keys extend the queries' own sequence (below). ``include=``/``exclude=`` (glob patterns on module
+paths) override the rules. A bilinear pointer scorer (a biaffine parser's ``(x W) @ y.T`` softmaxed
+over tokens) is two activations multiplied, like ``q @ k.T``: it cannot be told from attention by
+lineage and is recorded; ``exclude=`` keeps it out (an additive pointer or a router made by an
+``nn.Linear`` is a projection and is not recorded).
 
 Masks and scores. A ``masked_fill`` with a very negative value (or ``-inf``), a ``torch.where``
-against one, or an additive mask (values <= -1e4) applied to scores before the softmax is kept
-as the record's mask (True = may attend), and the scores before it as ``record.scores``; without
+against one, an index assignment ``scores[~mask] = -1e6`` (d2l's ``sequence_mask``), or an
+additive mask (values <= -1e4 added, also as ``baddbmm``'s ``input``; or >= 1e4 subtracted,
+``scores - 1e30 * mask``) applied to scores before the softmax is kept as the record's mask
+(True = may attend), and the scores before it as ``record.scores``; a 0/1 mask the weights are
+multiplied by before a renormalization is one too (``mask_source == "multiplied"``); without
 one, keys that got exactly zero in every head count as masked (``mask_source == "zeros"``).
 
 Kinds (``kinds={module_pattern: kind}`` overrides): ``nn.Transformer*Layer`` attributes; module
 paths (cross/context/src_attn/enc_attn/encoder_attn -> cross); query length != key length, or
-queries and keys that come from different embedding calls (decoder tokens vs source tokens) ->
-cross; a causal mask -> dec_self; paths with "decoder" -> dec_self, else enc_self. Layers are
+queries that come from an embedding call the keys do not come from (decoder tokens vs source
+tokens) -> cross, unless the keys extend the queries' own sequence -> dec_self (a KV cache: keys joined
+along the sequence to cached ones, with ``torch.cat`` or written into a buffer, or a memory of
+earlier positions as in Transformer-XL; decoding steps then record ``(B, H, 1, past + 1)``);
+a causal mask -> dec_self; paths with "decoder" -> dec_self, else enc_self. Layers are
 numbered in call order per kind; a module called twice (self, then context attention) is two
 records. One module per head (``heads = nn.ModuleList([Head() ...])``, as in "Let's build GPT"):
 consecutive single-head calls of ``*head*.0``, ``.1``, ... are joined into one layer's record.
@@ -60,7 +75,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -77,6 +92,11 @@ SOFTMAX = frozenset({"softmax", "special_softmax"})
 MATMUL = frozenset({"matmul", "bmm", "einsum", "baddbmm", "__matmul__", "__rmatmul__", "mm"})
 LINEAR = frozenset({"linear", "addmm", "bilinear"})
 ADD = frozenset({"add", "add_", "__add__", "__radd__", "__iadd__"})
+SUB = frozenset({"sub", "sub_", "__sub__", "__isub__", "subtract"})
+MUL = frozenset({"mul", "mul_", "__mul__", "__rmul__", "__imul__", "multiply"})
+DIV = frozenset({"div", "div_", "__truediv__", "__itruediv__", "true_divide", "divide"})
+CAT = frozenset({"cat", "concat", "concatenate", "hstack", "vstack"})
+IN_PLACE = frozenset({"masked_fill_", "__iadd__", "add_", "__isub__", "sub_", "__setitem__"})
 FILL = frozenset({"masked_fill", "masked_fill_"})
 SHAPE_OPS = frozenset(
     {"view", "reshape", "transpose", "permute", "contiguous", "clone", "float", "to", "type_as", "double",
@@ -100,7 +120,9 @@ class Record:
     scores: torch.Tensor | None
     mask: torch.Tensor | None  # bool, True = may attend (our convention)
     source: str = "nn.MultiheadAttention"  # nn.MultiheadAttention | sdpa | softmax
-    mask_source: str | None = None  # arguments | masked_fill | where | additive | zeros | None
+    mask_source: str | None = (
+        None  # arguments | masked_fill | where | additive | index | multiplied | zeros | None
+    )
     check: float | None = None  # SDPA: max |probs @ v - output| (how exactly the weights were recomputed)
     head_masks_differ: bool = False  # the mask was not the same for every head of a sequence
 
@@ -108,7 +130,7 @@ class Record:
 @dataclass
 class Captured:
     records: list[Record] = field(default_factory=list)
-    lengths: set[int] = field(default_factory=set)  # sequence lengths seen (embeddings, lengths=)
+    lengths: set[int] = field(default_factory=set)  # sequence lengths seen (token ids' dims, lengths=)
     notes: list[str] = field(default_factory=list)  # what the capture could not follow
 
     def kinds(self) -> tuple[str, ...]:
@@ -184,6 +206,35 @@ class _Tag:
     allowed: torch.Tensor | None = None  # bool, broadcastable to the tensor, True = may attend
     mask_source: str | None = None
     cross: bool | None = None  # scores: queries and keys came from different embedding calls
+    heads: int | None = None  # the head count of the view that split the features into (heads, d)
+    cache: bool = False  # joined along a sequence axis with other positions (a KV cache, a memory)
+    ext: bool = False  # scores: the keys extend the queries' own sequence (a KV cache): self-attention
+    axes: tuple[str, ...] | None = None  # einsum scores: each dim's letter is in q (q), k (k) or both (s)
+    probs: _Probs | None = None  # a recorded softmax's output (followed to a masked renormalization)
+
+    def derived(self, origin: frozenset) -> _Tag:
+        """The tag of a tensor an op made from this one (dataclasses.replace is slower, on every op)."""
+        return _Tag(self.role, origin, self.split, self.scores, self.allowed, self.mask_source, self.cross,
+                    self.heads, self.cache, self.ext, self.axes)  # fmt: skip
+
+
+@dataclass
+class _Probs:
+    """How a softmax output maps onto its record, to follow ``p * mask / (p * mask).sum(-1)``."""
+
+    record: Record | None
+    heads: tuple[int, int]
+    transpose: bool  # a head-major (H, B) fold
+    cross: bool | None
+    ext: bool
+    shape: tuple[int, ...] = ()  # the softmax output's
+    allowed: torch.Tensor | None = None  # the 0/1 mask it was multiplied by (True = kept)
+
+    def bhqk(self, t: torch.Tensor) -> torch.Tensor:
+        """A tensor shaped like the softmax output -> (B, H, q, k) as in the record."""
+        q, k = t.shape[-2], t.shape[-1]
+        t4 = t.reshape(*self.heads, q, k) if t.dim() == 3 else t.reshape(t.shape[0], -1, q, k)
+        return t4.transpose(0, 1) if self.transpose else t4
 
 
 def _very_negative(v: Any) -> bool:
@@ -204,6 +255,30 @@ def _tensors(args, kwargs) -> list[torch.Tensor]:
 
 def _matches(name: str, patterns) -> bool:
     return any(fnmatch.fnmatchcase(name, p) or p == name for p in patterns or ())
+
+
+def _einsum_axes(equation: str, ndim: int) -> tuple[str, ...] | None:
+    """ "ibnd,jbnd->ijbn" -> ("q", "k", "s", "s"): whether each output letter is the first operand's
+    only (queries), the second's only (keys) or both (batch, heads)."""
+    eq = equation.replace(" ", "")
+    if "->" not in eq or "." in eq:
+        return None
+    lhs, rhs = eq.split("->")
+    ops = lhs.split(",")
+    if len(ops) != 2 or len(rhs) != ndim:
+        return None
+    a, b = ops
+    return tuple("s" if c in a and c in b else "q" if c in a else "k" if c in b else "?" for c in rhs)
+
+
+def _cat_dim(name: str, args, kwargs, out: torch.Tensor) -> int:
+    """The (non-negative) dim a cat / hstack / vstack joined along."""
+    if name in ("hstack", "vstack"):
+        return 1 if name == "hstack" and out.dim() > 1 else 0
+    d = args[1] if len(args) > 1 else kwargs.get("dim", kwargs.get("axis", 0))
+    if not isinstance(d, int) or not out.dim():
+        return out.dim() - 1
+    return d % out.dim()
 
 
 class _Session:
@@ -257,7 +332,7 @@ class _Session:
         if name == "multi_head_attention_forward":
             return self.on_mha(func, args, kwargs)
         pre = None
-        if name in ("masked_fill_", "__iadd__", "add_") and args and isinstance(args[0], torch.Tensor):
+        if name in IN_PLACE and args and isinstance(args[0], torch.Tensor):
             t = self.tag(args[0])
             if t is not None and t.role == "scores" and t.scores is None:
                 pre = args[0].detach().clone()  # in place: keep the scores before the mask
@@ -270,6 +345,8 @@ class _Session:
                 self.on_embedding(args, out)
             elif name in SOFTMAX:
                 self.on_softmax(args, kwargs, out)
+            elif name == "__setitem__":
+                self.on_setitem(args, pre)
             else:
                 self.propagate(name, func, args, kwargs, out, pre)
         except Exception as exc:  # bookkeeping must never break the user's forward pass
@@ -284,6 +361,8 @@ class _Session:
         ids = args[0]
         if isinstance(ids, torch.Tensor) and ids.dim() >= 1 and not ids.is_floating_point():
             self.cap.lengths.add(int(ids.shape[-1]))
+            if ids.dim() == 2 and ids.shape[0] > 1:  # (B, L), or (L, B) in sequence-first code (torchtext)
+                self.cap.lengths.add(int(ids.shape[0]))
             if ids.dim() >= 2 and self.batch is None:
                 self.batch = int(ids.shape[0])
             if self.first_len is None:
@@ -305,42 +384,100 @@ class _Session:
         act = [(t, g) for t, g in known if g.role != "param"]
         if not isinstance(out, torch.Tensor):  # split / chunk / unbind: the pieces keep role and origin
             role = act[0][1].role if act else "param"
+            heads, cache = (act[0][1].heads, act[0][1].cache) if act else (None, False)
             for o in outs:
-                self.set(o, _Tag(role, origin))
+                self.set(o, _Tag(role, origin, heads=heads, cache=cache))
             return
         if name in MATMUL and len(ins) >= 2:
-            params = any(g is not None and g.role == "param" for g in tags)
-            first = tags[0]
-            split = (
-                first.split
-                if first is not None and out.dim() == 3 and ins[0].shape[0] == out.shape[0]
-                else None
-            )
-            ops = [g for g in tags if g is not None]
-            cross = (
-                len(ops) >= 2
-                and bool(ops[0].origin)
-                and bool(ops[1].origin)
-                and ops[0].origin != ops[1].origin
-            )
-            new = _Tag("linear" if params else "scores", origin, split, cross=cross)
-        elif name in LINEAR:
-            new = _Tag("linear", origin)
+            new = self._matmul(name, args, kwargs, ins, tags, out, origin)
+        elif name in LINEAR:  # position-wise: a cache joined before the projection (Transformer-XL) stays one
+            new = _Tag("linear", origin, cache=any(g.cache for _, g in act))
         elif not act:
             new = _Tag("param")
+        elif act[0][1].probs is not None and self._probs_step(name, args, out, act[0][0], act[0][1]):
+            return
         else:
             base_t, base = act[0]
-            new = _Tag(base.role, origin, base.split, base.scores, base.allowed, base.mask_source, base.cross)
+            new = base.derived(origin)
             if out.dim() != 3 or base_t.dim() != 3 or out.shape[0] != base_t.shape[0]:
                 new.split = None
-            if name in ("view", "reshape") and base_t.dim() == 4 and out.dim() == 3:
-                a, b = base_t.shape[0], base_t.shape[1]
-                if out.shape[0] == a * b:
-                    new.split = (int(a), int(b))
+            if name in ("view", "reshape", "unflatten"):
+                self._reshaped(base_t, base, out, new)
+            if tuple(out.shape) != tuple(base_t.shape):
+                new.axes = None
+            if (
+                name in CAT
+                and (len(ins) > len(known) or len({g.origin for _, g in known}) > 1)
+                and _cat_dim(name, args, kwargs, out) != out.dim() - 1
+            ):
+                new.cache = True  # joined to positions from outside this call or other inputs (a KV cache)
             if base.role == "scores":
                 self._mask_step(name, func, args, kwargs, out, base_t, base, new, pre)
         for o in outs:
             self.set(o, new)
+
+    def _reshaped(self, base_t, base, out, new) -> None:
+        """A view that splits the features into (heads, d) names the head count; 4-D -> 3-D folds two dims."""
+        n = base_t.dim()
+        if new.heads is None:
+            if (
+                out.dim() > n
+                and tuple(out.shape[: n - 1]) == tuple(base_t.shape[:-1])
+                and math.prod(out.shape[n - 1 :]) == base_t.shape[-1]
+            ):
+                new.heads = int(out.shape[-2])  # (..., D) -> (..., H, d), or (..., 3, H, d)
+            elif (
+                out.dim() == n >= 3
+                and tuple(out.shape[:-2]) == tuple(base_t.shape[:-2])
+                and 0 < out.shape[-1] < base_t.shape[-1]
+                and base_t.shape[-1] % out.shape[-1] == 0
+                and out.shape[-2] == base_t.shape[-2] * (base_t.shape[-1] // out.shape[-1])
+            ):
+                new.heads = int(base_t.shape[-1] // out.shape[-1])  # (L, B, D) -> (L, B * H, d)
+        if n == 4 and out.dim() == 3:
+            a, b = base_t.shape[0], base_t.shape[1]
+            if out.shape[0] == a * b:
+                new.split = (int(a), int(b))
+
+    def _matmul(self, name, args, kwargs, ins, tags, out, origin) -> _Tag:
+        """q @ k of two activations makes scores; with a parameter, a projection. ``baddbmm(bias, q, k)``:
+        a very negative bias is an additive mask."""
+        bias = None
+        if name == "baddbmm":
+            bias = args[0] if args else kwargs.get("input")
+            ops = [args[i] if len(args) > i else kwargs.get(key) for i, key in ((1, "batch1"), (2, "batch2"))]
+            ops = [t for t in ops if isinstance(t, torch.Tensor)]
+            op_tags = [self.tag(t) for t in ops]
+        else:
+            ops, op_tags = ins, tags
+        if any(g is not None and g.role == "param" for g in op_tags):
+            return _Tag("linear", origin)
+        first = op_tags[0] if op_tags else None
+        split = (
+            first.split
+            if first is not None and out.dim() == 3 and ops[0].dim() == 3 and ops[0].shape[0] == out.shape[0]
+            else None
+        )
+        new = _Tag("scores", origin, split, heads=first.heads if first is not None else None)
+        if name == "einsum" and args and isinstance(args[0], str) and out.dim() >= 3:
+            new.axes = _einsum_axes(args[0], out.dim())
+        if len(op_tags) >= 2 and op_tags[0] is not None and op_tags[1] is not None:
+            qo, ko = op_tags[0].origin, op_tags[1].origin
+            if qo and ko:
+                new.cross = not qo <= ko  # queries from other embedding calls than the keys
+                new.ext = qo < ko or (qo == ko and op_tags[1].cache)  # keys = a cache + this call's keys
+        if isinstance(bias, torch.Tensor) and bias.is_floating_point():
+            beta = kwargs.get("beta", 1)
+            bias_tag = self.tag(bias)
+            if beta and (bias_tag is None or bias_tag.role != "scores"):
+                masked = bias * beta <= NEG
+                if bool(masked.any()):
+                    alpha = kwargs.get("alpha", 1)
+                    with torch.no_grad():
+                        new.scores = torch.baddbmm(bias.detach().masked_fill(masked, 0), ops[0].detach(),
+                                                   ops[1].detach(), beta=beta, alpha=alpha)  # fmt: skip
+                    new.allowed, new.mask_source = ~masked, "additive"
+        return new
 
     def _mask_step(self, name, func, args, kwargs, out, base_t, base, new, pre) -> None:
         """A scores tensor went through an op: note a mask it applied, or carry scores/mask along."""
@@ -381,6 +518,20 @@ class _Session:
                     new.allowed = allowed if prior_allowed is None else (prior_allowed & allowed)
                     new.mask_source = base.mask_source or "additive"
                     return
+        if name in SUB and len(args) >= 2 and args[0] is base_t and kwargs.get("alpha", 1) == 1:
+            other = args[1]  # scores - 1e9 * (1 - mask)
+            other_tag = self.tag(other)
+            if (
+                isinstance(other, torch.Tensor)
+                and other.is_floating_point()
+                and (other_tag is None or other_tag.role != "scores")
+            ):
+                masked = other >= -NEG
+                if bool(masked.any()):
+                    new.scores = prior_scores - other.detach().masked_fill(masked, 0)
+                    new.allowed = ~masked if prior_allowed is None else (prior_allowed & ~masked)
+                    new.mask_source = base.mask_source or "additive"
+                    return
         if base.scores is None and base.allowed is None:
             return
         # any other op (scaling, casts, reshapes): replay it on the kept scores and mask
@@ -412,8 +563,8 @@ class _Session:
             new.scores, new.allowed = None, None
 
     # -- recording -------------------------------------------------------------------------------------
-    def _record(self, path, probs, scores, allowed, source, mask_source, cross, check=None) -> None:
-        """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None."""
+    def _record(self, path, probs, scores, allowed, source, mask_source, cross, check=None, ext=False):
+        """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None. The new Record (None: joined)."""
         probs = probs.detach()
         differ = False
         if allowed is not None:
@@ -425,24 +576,30 @@ class _Session:
             mask_source = "zeros"
         else:
             mask = None
-        kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], mask, cross)
+        kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], mask, cross, ext)
         scores = None if scores is None else scores.detach()
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ)
         item = _HEAD_ITEM.match(path)
         group = (item["parent"], int(item["i"])) if item else None
         last = self.cap.records[-1] if self.cap.records else None
-        if group and self.head_group == (group[0], group[1] - 1) and _same_layer(last, rec):
-            self.cap.records[-1] = _heads_joined(last, rec, group[0])
-        else:
-            self.cap.records.append(rec)
+        joined = group and self.head_group == (group[0], group[1] - 1) and _same_layer(last, rec)
         self.head_group = group
+        if joined:
+            self.cap.records[-1] = _heads_joined(last, rec, group[0])
+            return None
+        self.cap.records.append(rec)
+        return rec
 
-    def kind_of(self, path, lq, lk, mask, cross) -> str:
+    def kind_of(self, path, lq, lk, mask, cross, ext=False) -> str:
         for pattern, kind in self.fixed.items():
             if pattern == path or fnmatch.fnmatchcase(path, pattern):
                 return kind
         low = path.lower()
-        if any(w in low for w in CROSS_WORDS) or lq != lk or cross:
+        if any(w in low for w in CROSS_WORDS):
+            return "cross"
+        if ext and lk > lq:  # keys = a KV cache (or a memory) then the queries' own keys: decoding
+            return "dec_self"
+        if lq != lk or cross:
             return "cross"
         if mask is not None and lq > 1 and _is_causal_mask(mask):
             return "dec_self"
@@ -453,62 +610,137 @@ class _Session:
         dim = args[1] if len(args) > 1 else kwargs.get("dim")
         if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor) or dim is None or x.dim() < 3:
             return
-        if dim % x.dim() != x.dim() - 1:
-            return
-        path = self.path()
         tag = self.tag(x)
+        shape, perm = x.shape, None
+        if dim % x.dim() != x.dim() - 1:  # einsum scores laid out as (q, k, B, H) (Transformer-XL's "ijbn")
+            axes = tag.axes if tag is not None else None
+            if not axes or axes[dim % x.dim()] != "k" or sorted(axes) != ["k", "q", *["s"] * (x.dim() - 2)]:
+                return
+            perm = [i for i, a in enumerate(axes) if a == "s"] + [axes.index("q"), axes.index("k")]
+            x, out = x.permute(perm), out.permute(perm)
+        path = self.path()
         role = tag.role if tag is not None else None
+        ext = bool(tag is not None and tag.ext and x.shape[-1] > x.shape[-2])
         if _matches(path, self.exclude):
             return
         if not _matches(path, self.include):
             if role in ("linear", "param"):
                 return
             lengths = self.cap.lengths
-            if lengths and int(x.shape[-1]) not in lengths:
+            if lengths and int(x.shape[-1]) not in lengths and not ext:  # ext: past + current keys
                 return
             if not lengths and role != "scores":
                 return
-        q, k = int(x.shape[-2]), int(x.shape[-1])
-        heads = self._heads(x, tag)
-        if heads is None:
-            return
-
-        def to4(t):
-            return (
-                None
-                if t is None
-                else t.reshape(*heads, q, k)
-                if t.dim() == 3
-                else t.reshape(x.shape[0], -1, q, k)
-            )
-
-        probs = self._unsplit(to4(out), x, tag)
-        scores = tag.scores if tag is not None and tag.scores is not None else x
+        cross = tag.cross if tag is not None else None
+        layout = _Probs(None, *self._layout(x, tag), cross, ext, tuple(out.shape))
+        scores = x
+        if tag is not None and tag.scores is not None:
+            scores = tag.scores if perm is None else tag.scores.permute(perm)
         allowed = None
         if tag is not None and tag.allowed is not None:
-            allowed = self._unsplit(to4(tag.allowed.expand(x.shape)), x, tag)
-        self._record(path, probs, self._unsplit(to4(scores.detach()), x, tag), allowed, "softmax",
-                     tag.mask_source if allowed is not None else None, tag.cross if tag else None)  # fmt: skip
+            full = tag.allowed.expand(shape)
+            allowed = layout.bhqk(full if perm is None else full.permute(perm))
+        rec = self._record(path, layout.bhqk(out), layout.bhqk(scores.detach()), allowed, "softmax",
+                           tag.mask_source if allowed is not None else None, cross, ext=ext)  # fmt: skip
+        if rec is not None and perm is None:  # follow the weights: a masked renormalization replaces them
+            layout.record = rec
+            self.set(out, _Tag(None, tag.origin if tag is not None else frozenset(), probs=layout))
 
-    def _heads(self, x, tag) -> tuple[int, int] | None:
-        """(a, b) factors of a 3-D tensor's first dim (split by _unsplit), or (B, H) for 4-D+."""
+    def _layout(self, x, tag) -> tuple[tuple[int, int], bool]:
+        """(a, b) factors of the first dim of 3-D scores, and whether they are (H, B) (head-major);
+        (B, H) for 4-D+. The fold's order comes from the head count of the view that made q (a 3-D
+        tensor folded from 4-D), else from the batch size of the token ids."""
         if x.dim() >= 4:
-            return (int(x.shape[0]), int(math.prod(x.shape[1:-2])))
+            return (int(x.shape[0]), int(math.prod(x.shape[1:-2]))), False
         n = int(x.shape[0])
+        heads = tag.heads if tag is not None else None
         if tag is not None and tag.split is not None and tag.split[0] * tag.split[1] == n:
-            return tag.split
+            a, b = tag.split
+            if heads is not None and a != b and heads in (a, b):
+                return (a, b), a == heads
+            return (a, b), self.batch is not None and b == self.batch and a != self.batch
+        if heads and n % heads == 0:
+            return (n // heads, heads), False
         if self.batch and n % self.batch == 0:
-            return (self.batch, n // self.batch)
-        return (n, 1)
+            return (self.batch, n // self.batch), False
+        return (n, 1), False
 
-    def _unsplit(self, t4, x, tag):
-        """(a, b, q, k) -> (B, H, q, k): a head-major split (H, B) is transposed."""
-        if t4 is None or x.dim() != 3 or tag is None or tag.split is None:
-            return t4
-        a, b = tag.split
-        if self.batch is not None and b == self.batch and a != self.batch:
-            return t4.transpose(0, 1)  # (H, B, ...) -> (B, H, ...)
-        return t4
+    def _probs_step(self, name, args, out, base_t, base) -> bool:
+        """Softmax weights multiplied by a 0/1 mask (or filled with 0), then divided by their sums
+        (AllenNLP's ``masked_softmax``): the record takes the renormalized weights and that mask."""
+        p = base.probs
+        if tuple(out.shape) != p.shape or len(args) < 2:
+            return False
+        if name in MUL or name in FILL:
+            other = args[1] if args[0] is base_t else args[0]
+            if not isinstance(other, torch.Tensor) or other.numel() <= 1:
+                return False
+            if name in FILL:
+                if (
+                    args[0] is not base_t
+                    or len(args) < 3
+                    or not (isinstance(args[2], (int, float)) and args[2] == 0)
+                ):
+                    return False
+                keep = ~other.bool()
+            elif other.dtype == torch.bool or bool(((other == 0) | (other == 1)).all()):
+                keep = other != 0
+            else:
+                return False
+            layout = replace(p, allowed=keep if p.allowed is None else p.allowed & keep)
+            self.set(out, replace(base, probs=layout))
+            return True
+        if name in DIV and args[0] is base_t and p.allowed is not None:
+            sums = out.detach().sum(-1)
+            if bool((((sums - 1).abs() < 1e-3) | (sums == 0)).all()):
+                self._renormalized(p, out)
+        return False
+
+    def _renormalized(self, p: _Probs, out: torch.Tensor) -> None:
+        i = next((i for i, r in enumerate(self.cap.records) if r is p.record), None)
+        if i is None:
+            return
+        rec = p.record
+        probs = p.bhqk(out.detach())
+        allowed = p.bhqk(p.allowed.expand(out.shape))
+        mask = allowed.all(dim=1)
+        differ = rec.head_masks_differ or not bool((allowed == mask[:, None]).all())
+        source = rec.mask_source
+        if rec.mask is not None and source != "zeros":
+            mask = mask & rec.mask
+        else:
+            source = "multiplied"
+        kind = self.kind_of(rec.name, probs.shape[-2], probs.shape[-1], mask, p.cross, p.ext)
+        self.cap.records[i] = replace(rec, kind=kind, probs=probs, mask=mask, mask_source=source,
+                                      head_masks_differ=differ)  # fmt: skip
+        p.record = self.cap.records[i]
+
+    def on_setitem(self, args, pre) -> None:
+        """``X[~mask] = -1e6`` on scores (d2l's ``sequence_mask``) masks them; ``cache[:, a:b] = k``
+        writes this call's keys into a buffer (a KV cache)."""
+        if len(args) < 3 or not isinstance(args[0], torch.Tensor):
+            return
+        target, index, value = args[0], args[1], args[2]
+        t = self.tag(target)
+        if t is not None and t.role == "scores":
+            if (
+                isinstance(index, torch.Tensor)
+                and index.dtype == torch.bool
+                and _very_negative(value)
+                and tuple(index.shape) == tuple(target.shape[: index.dim()])
+            ):
+                keep = ~index.reshape(*index.shape, *(1,) * (target.dim() - index.dim()))
+                self.set(target, replace(t, scores=t.scores if t.scores is not None else pre,
+                                         allowed=keep if t.allowed is None else t.allowed & keep,
+                                         mask_source=t.mask_source or "index"))  # fmt: skip
+            return
+        vt = self.tag(value)
+        if not isinstance(value, torch.Tensor) or vt is None or vt.role in ("param", "scores"):
+            return
+        if t is None:  # a buffer that holds this call's keys (and maybe earlier ones)
+            self.set(target, _Tag(vt.role, vt.origin, heads=vt.heads, cache=True))
+        elif t.role != "param":
+            self.set(target, replace(t, origin=t.origin | vt.origin))
 
     def on_sdpa(self, args, kwargs, out) -> None:
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -555,16 +787,17 @@ class _Session:
                 check = float((probs @ v.to(work) - got.to(work)).abs().max()) if got.numel() else 0.0
         b = int(math.prod(lead)) if lead else 1
         shape = (b, hq, lq, lk)
-        cross = self._cross(a["query"], a["key"])
+        cross, ext = self._cross(a["query"], a["key"])
         self._record(self.path(), probs.reshape(shape), scores.reshape(shape),
                      None if allowed is None else allowed.reshape(shape), "sdpa",
-                     "arguments" if allowed is not None else None, cross, check)  # fmt: skip
+                     "arguments" if allowed is not None else None, cross, check, ext)  # fmt: skip
 
-    def _cross(self, q, k) -> bool | None:
+    def _cross(self, q, k) -> tuple[bool | None, bool]:
+        """(queries come from other embedding calls than the keys, the keys extend the queries' own)."""
         tq, tk = self.tag(q), self.tag(k)
         if tq is None or tk is None or not tq.origin or not tk.origin:
-            return None
-        return tq.origin != tk.origin
+            return None, False
+        return not tq.origin <= tk.origin, tq.origin < tk.origin or (tq.origin == tk.origin and tk.cache)
 
     def on_mha(self, func, args, kwargs):
         out = func(*args, **kwargs)
