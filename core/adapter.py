@@ -3,17 +3,23 @@
 An adapter file defines exactly these names (see README, "Your own model in 20 lines")::
 
     ARCH = "encoder-decoder"      # or "encoder" or "decoder" (decoder-only)
-    def load(): ...               # -> torch.nn.Module with its weights
-    VOCAB = [...]                 # id -> token string (source side, and target side unless TGT_VOCAB)
-    TGT_VOCAB = None              # optional: id -> token string for the decoder side
-    PAD, BOS, EOS = 0, 1, 2       # ids (BOS/EOS may be None when the model has none)
-    def encode(text): ...         # -> list[int] with the model's specials; decoder input = [BOS] + encode_target(t)
+    def load(): ...               # -> torch.nn.Module with its weights (``load(device)`` gets the device)
+    VOCAB = [...]                 # id -> token string, or a dict token -> id (source side, and target
+                                  # side unless TGT_VOCAB)
+    TGT_VOCAB = None              # optional: the decoder side's, in the same forms
+    PAD, BOS, EOS = 0, 1, 2       # ids (BOS/EOS may be None when the model has none; PAD may be EOS)
+    def encode(text): ...         # -> ids with the model's specials (a list, a 1-D or (1, L) tensor or
+                                  # array, or a tokenizer's encoding with input_ids); decoder input =
+                                  # [BOS] + encode_target(t)
     def encode_target(text): ...  # optional, default encode
     MAX_LEN = 64                  # optional
+    MAX_BATCH = 8                 # optional: most sequences forward takes per call (a cache sized for a batch)
     EXAMPLES = ["..."]            # optional: inputs the dashboard offers (and the load check uses)
     LABELS = ["neg", "pos"]       # optional, "encoder" only: a classifier; forward returns [B, len(LABELS)]
     def forward(model, src, tgt): ...  # LongTensor [B, S], [B, T] right-padded with PAD (src None for
-                                       # "decoder", tgt None for "encoder") -> logits or probabilities [B, L, V]
+                                       # "decoder", tgt None for "encoder") -> logits, log-probabilities or
+                                       # probabilities [B, L, V] (V may exceed the vocabulary: padded
+                                       # rows), alone, first in a tuple, or as .logits / ["logits"]
 
 ``load_adapter(path)`` runs the file (it is code: the dashboard only does so with
 ``ATTNSCOPE_ALLOW_CODE=1``), builds the model, and checks it once on an example: the names,
@@ -28,25 +34,35 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.util
+import inspect
+import operator
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from core.capture import Captured, capture_attention
+from core.capture import Captured, Record, capture_attention
 from core.checkpoint import ModelLoadError, _one_line
 from core.interface import ModelFacts, Side, package_trace, pad_rows, prediction_fields, prepare_targets
 from core.runner import InputError, Prepared, check_trace_budget, resolve_device, trace_bytes
 from core.trace import KINDS, AttentionTrace
 
 # nn.TransformerEncoder in eval mode announces its prototype nested-tensor fast path on every first
-# call; it is noise about the user's model, not something they can act on here.
-warnings.filterwarnings("ignore", message=r"The PyTorch API of nested tensors", category=UserWarning)
+# call, and PyTorch's own translation tutorial (sequence-first, a bool src_mask beside float masks)
+# draws two more: noise about the user's model, not something they can act on here.
+for _noise in (
+    r"The PyTorch API of nested tensors",
+    r"enable_nested_tensor is True, but self.use_nested_tensor is False",
+    r"Support for mismatched key_padding_mask and attn_mask is deprecated",
+):
+    warnings.filterwarnings("ignore", message=_noise, category=UserWarning)
 
 ARCHS = {"encoder-decoder": "seq2seq", "encoder": "encoder", "decoder": "decoder"}
 REQUIRED = ("ARCH", "load", "VOCAB", "PAD", "BOS", "EOS", "encode", "forward")
@@ -89,54 +105,199 @@ def _import(path: Path):
     module = importlib.util.module_from_spec(spec)
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))
+    # Registered while it runs, as ``import`` does: @dataclass, typing and pickle look the module up
+    # in sys.modules by the __module__ of the classes it defines.
+    sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
+        sys.modules.pop(spec.name, None)
         raise ModelLoadError(
             f"{path.name}: running the file raised {type(exc).__name__}: {_one_line(exc)}"
         ) from exc
     return module
 
 
-def _check_names(module, name: str) -> None:
+def _as_int(value: Any) -> int | None:
+    """An integer id (int, numpy or 0-d torch integer), else None (bools and floats are not ids)."""
+    if isinstance(value, (bool, np.bool_)) or isinstance(value, (float, np.floating)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _vocab(value: Any, name: str, vname: str) -> list[str]:
+    """VOCAB/TGT_VOCAB as a list id -> token: a list of token strings, a dict token -> id
+    (``stoi``, ``get_vocab()``, ``get_stoi()``) or a dict id -> token (``itos``)."""
+    if isinstance(value, Mapping) and value:
+        items = list(value.items())
+        if all(isinstance(k, str) and _as_int(v) is not None for k, v in items):
+            pairs = [(_as_int(v), k) for k, v in items]
+        elif all(_as_int(k) is not None and isinstance(v, str) for k, v in items):
+            pairs = [(_as_int(k), v) for k, v in items]
+        else:
+            raise ModelLoadError(
+                f"{name}: {vname} is a dict but not token -> id (str -> int) nor id -> token (int -> str)"
+            )
+        by_id: dict[int, str] = {}
+        for i, tok in pairs:
+            if i in by_id:
+                raise ModelLoadError(f"{name}: {vname} gives id {i} to both {by_id[i]!r} and {tok!r}")
+            by_id[i] = tok
+        missing = next((i for i in range(len(by_id)) if i not in by_id), None)
+        if missing is not None:
+            raise ModelLoadError(
+                f"{name}: {vname} must number its {len(by_id)} tokens 0 to {len(by_id) - 1}; "
+                f"id {missing} has no token (largest id {max(by_id)})"
+            )
+        return [by_id[i] for i in range(len(by_id))]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(t, str) for t in value):
+        return list(value)
+    raise ModelLoadError(
+        f"{name}: {vname} must be a non-empty list of token strings (id -> token) or a dict token -> id"
+    )
+
+
+@dataclass(frozen=True)
+class Spec:
+    """An adapter file's names, checked and normalized: vocabularies as lists, ids as ints."""
+
+    arch: str  # encoder | decoder | seq2seq
+    vocab: list[str]
+    tgt_vocab: list[str] | None
+    pad: int
+    bos: int | None
+    eos: int | None
+    max_len: int | None
+    max_batch: int | None
+    labels: list[str]
+
+    @property
+    def specials(self) -> set[int]:
+        return {i for i in (self.pad, self.bos, self.eos) if i is not None}
+
+
+def _check_names(module, name: str) -> Spec:
     missing = [n for n in REQUIRED if not hasattr(module, n)]
     if missing:
         raise ModelLoadError(
             f"{name} lacks {', '.join(missing)}: an adapter file defines {', '.join(REQUIRED)} "
             "(see the README, 'Your own model in 20 lines')"
         )
-    if module.ARCH not in ARCHS:
+    if not isinstance(module.ARCH, str) or module.ARCH not in ARCHS:
         raise ModelLoadError(
             f"{name}: ARCH is {module.ARCH!r}; it must be one of {', '.join(map(repr, ARCHS))}"
         )
+    arch = ARCHS[module.ARCH]
     for fn in ("load", "encode", "forward"):
         if not callable(getattr(module, fn)):
             raise ModelLoadError(f"{name}: {fn} must be a function")
-    for vname in ("VOCAB", "TGT_VOCAB"):
-        vocab = getattr(module, vname, None)
-        if vocab is None and vname == "TGT_VOCAB":
-            continue
-        if not isinstance(vocab, (list, tuple)) or not vocab or not all(isinstance(t, str) for t in vocab):
-            raise ModelLoadError(f"{name}: {vname} must be a non-empty list of token strings (id -> token)")
+    vocab = _vocab(module.VOCAB, name, "VOCAB")
+    tgt_given = getattr(module, "TGT_VOCAB", None)
+    tgt_vocab = None if tgt_given is None else _vocab(tgt_given, name, "TGT_VOCAB")
+    n = max(len(vocab), len(tgt_vocab or ()))
+    ids: dict[str, int | None] = {}
     for iname in ("PAD", "BOS", "EOS"):
         value = getattr(module, iname)
-        if value is None and iname != "PAD":
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < len(module.VOCAB):
+        if value is None and iname == "PAD":
             raise ModelLoadError(
-                f"{name}: {iname} must be a token id between 0 and {len(module.VOCAB) - 1}, got {value!r}"
+                f"{name}: PAD is None, but attnscope right-pads batches with PAD, so it needs a token id "
+                "(a decoder-only model without a pad token can use its EOS id: the causal mask hides "
+                "right padding)"
             )
+        ids[iname] = None if value is None else _as_int(value)
+        if value is not None and (ids[iname] is None or not 0 <= ids[iname] < n):
+            raise ModelLoadError(f"{name}: {iname} must be a token id between 0 and {n - 1}, got {value!r}")
     labels = getattr(module, "LABELS", None)
     if labels is not None:
-        if ARCHS[module.ARCH] != "encoder":
+        if arch != "encoder":
             raise ModelLoadError(f"{name}: LABELS is for encoder classifiers (ARCH = 'encoder')")
         if not isinstance(labels, (list, tuple)) or not labels or not all(isinstance(t, str) for t in labels):
             raise ModelLoadError(f"{name}: LABELS must be a non-empty list of class names")
-    if ARCHS[module.ARCH] == "seq2seq" and module.BOS is None:
+    if arch == "seq2seq" and ids["BOS"] is None:
         raise ModelLoadError(f"{name}: an encoder-decoder model needs BOS (the decoder input starts with it)")
-    max_len = getattr(module, "MAX_LEN", None)
-    if max_len is not None and (not isinstance(max_len, int) or max_len < 2):
-        raise ModelLoadError(f"{name}: MAX_LEN must be an integer of at least 2, got {max_len!r}")
+    limits: dict[str, int | None] = {}
+    for lname, least in (("MAX_LEN", 2), ("MAX_BATCH", 1)):
+        value = getattr(module, lname, None)
+        limits[lname] = None if value is None else _as_int(value)
+        if value is not None and (limits[lname] is None or limits[lname] < least):
+            raise ModelLoadError(f"{name}: {lname} must be an integer of at least {least}, got {value!r}")
+    pad = ids["PAD"]
+    assert pad is not None  # None was refused above
+    return Spec(arch, vocab, tgt_vocab, pad, ids["BOS"], ids["EOS"], limits["MAX_LEN"], limits["MAX_BATCH"],
+                list(labels or []))  # fmt: skip
+
+
+def _id_list(out: Any) -> list[int]:
+    """What ``encode`` returned as a list of ids: a list, tuple, 1-D tensor or array, a (1, L) one
+    (``return_tensors="pt"``), or a tokenizer's encoding (``["input_ids"]``, ``.input_ids``, ``.ids``)."""
+    if isinstance(out, Mapping) and "input_ids" in out:
+        out = out["input_ids"]
+    elif not isinstance(out, (list, tuple, torch.Tensor, np.ndarray)):
+        for attr in ("input_ids", "ids"):
+            if hasattr(out, attr) and not callable(getattr(out, attr)):
+                out = getattr(out, attr)
+                break
+    if isinstance(out, (torch.Tensor, np.ndarray)):
+        shape = tuple(out.shape)
+        if len(shape) == 2 and shape[0] == 1:
+            out = out[0]
+        elif len(shape) != 1:
+            raise TypeError(f"returned an array of shape {shape}; it must return one sequence of ids")
+        integral = (
+            not (out.is_floating_point() or out.is_complex() or out.dtype == torch.bool)
+            if isinstance(out, torch.Tensor)
+            else out.dtype.kind in "iu"
+        )
+        if not integral:
+            raise TypeError(f"returned {out.dtype} values; token ids are integers")
+        out = out.tolist()
+    elif isinstance(out, (list, tuple)) and len(out) == 1 and isinstance(out[0], (list, tuple)):
+        out = out[0]  # [[ids]]: a batch of one
+    if isinstance(out, (str, bytes)) or not isinstance(out, (list, tuple)):
+        raise TypeError(f"returned {type(out).__name__}; it must return a list of token ids")
+    ids = []
+    for v in out:
+        i = _as_int(v)
+        if i is None:
+            raise TypeError(f"returned {v!r} among its ids; it must return token ids (integers), not tokens")
+        ids.append(i)
+    return ids
+
+
+def _logits(out: Any) -> Any:
+    """The tensor in what ``forward`` returned: itself, ``.logits`` / ``["logits"]`` (a Hugging Face
+    output, a dataclass, a dict), or the first item of a tuple or list (``(logits, attention)``)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, Mapping):
+        if "logits" in out:
+            return out["logits"]
+        tensors = [v for v in out.values() if isinstance(v, torch.Tensor)]
+        return tensors[0] if len(tensors) == 1 else out
+    if isinstance(getattr(out, "logits", None), torch.Tensor):
+        return out.logits
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return out
+
+
+def _returned(out: Any) -> str:
+    """What forward returned, for a message."""
+    if isinstance(out, torch.Tensor):
+        return str(tuple(out.shape))
+    if isinstance(out, Mapping):
+        return f"a dict without 'logits' (keys {', '.join(map(repr, list(out)[:5]))})"
+    if isinstance(out, (tuple, list)):
+        first = type(out[0]).__name__ if out else "nothing"
+        return f"a {type(out).__name__} whose first item is {first}"
+    return type(out).__name__
+
+
+def _shape(t: torch.Tensor | None) -> str:
+    return "None" if t is None else str(list(t.shape))
 
 
 @dataclass
@@ -150,6 +311,7 @@ class AdapterModel:
     model: nn.Module
     src_tok: AdapterTokens
     tgt_tok_: AdapterTokens
+    spec: Spec
     facts: ModelFacts | None = None
     card: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
@@ -160,7 +322,7 @@ class AdapterModel:
     # -- facts ------------------------------------------------------------------------------------
     @property
     def arch(self) -> str:
-        return ARCHS[self.module.ARCH]
+        return self.spec.arch
 
     @property
     def cfg(self) -> ModelFacts:
@@ -178,11 +340,11 @@ class AdapterModel:
     @property
     def out_tok(self) -> AdapterTokens:
         """The vocabulary of forward's last axis."""
-        return self.tgt_tok_ if self.has_decoder or getattr(self.module, "TGT_VOCAB", None) else self.src_tok
+        return self.tgt_tok_ if self.has_decoder or self.spec.tgt_vocab else self.src_tok
 
     @property
     def max_len(self) -> int | None:
-        return getattr(self.module, "MAX_LEN", None)
+        return self.spec.max_len
 
     @property
     def max_src_tokens(self) -> int:
@@ -191,7 +353,7 @@ class AdapterModel:
     @property
     def labels(self) -> list[str]:
         """Class names of an encoder classifier (LABELS), else []."""
-        return list(getattr(self.module, "LABELS", None) or [])
+        return list(self.spec.labels)
 
     @property
     def summary(self) -> str:
@@ -207,11 +369,9 @@ class AdapterModel:
         return other
 
     def audit_facts(self) -> dict[str, Any]:
-        m = self.module
-        skip = {i for i in (m.PAD, m.BOS, m.EOS) if i is not None}
         return {
-            "pad_id": m.PAD,
-            "skip_ids": skip,
+            "pad_id": self.spec.pad,
+            "skip_ids": self.spec.specials,
             "vocab": (
                 len(self.src_tok) if self.arch != "decoder" else None,
                 len(self.out_tok) if self.has_decoder else None,
@@ -224,9 +384,14 @@ class AdapterModel:
         if text is None or not str(text).strip():
             raise InputError(f"the {what} text is empty: type some text for the model to read")
         try:
-            ids = [int(i) for i in fn(text)]
+            out = fn(text)
         except Exception as exc:  # the user's encode: any error is a message about the text
             raise InputError(f"the {what} cannot be encoded: {type(exc).__name__}: {_one_line(exc)}") from exc
+        try:
+            ids = _id_list(out)
+        except TypeError as exc:
+            name = "encode" if fn is self.module.encode else "encode_target"
+            raise InputError(f"{name}({str(text)[:40]!r}) {exc}") from exc
         if not ids:
             raise InputError(f"the {what} has no tokens the model can read")
         bad = [i for i in ids if not 0 <= i < vocab]
@@ -252,29 +417,78 @@ class AdapterModel:
 
     # -- running ----------------------------------------------------------------------------------
     def _forward(self, src, tgt) -> torch.Tensor:
-        """The user's forward -> probabilities (B, L, V), its shape checked."""
+        """The user's forward -> probabilities (B, L, V), at most MAX_BATCH sequences per call."""
+        parts = self._parts((tgt if tgt is not None else src).shape[0])
+        if len(parts) == 1:
+            return self._call(src, tgt)
+        return torch.cat([self._call(_rows(src, p), _rows(tgt, p)) for p in parts])
+
+    def _parts(self, n: int) -> list[slice]:
+        """The batch rows of each call to forward: all at once, or MAX_BATCH at a time."""
+        step = self.spec.max_batch or n
+        return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+    def _call(self, src, tgt) -> torch.Tensor:
+        """One call of the user's forward -> probabilities (B, L, V), or (B, len(LABELS)); shape checked."""
         try:
-            out = self.module.forward(self.model, src, tgt)
+            out = _logits(self.module.forward(self.model, src, tgt))
         except Exception as exc:
-            raise InputError(
-                f"forward(model, src, tgt) raised {type(exc).__name__}: {_one_line(exc)}"
-            ) from exc
+            raise self._forward_error(exc, src, tgt) from exc
         ref = tgt if tgt is not None else src
+        b = ref.shape[0]
         if self.labels:  # a classifier: one distribution over LABELS per sequence
-            want = f"[{ref.shape[0]}, {len(self.labels)}] (one score per LABELS entry)"
-            if not isinstance(out, torch.Tensor) or tuple(out.shape) != (ref.shape[0], len(self.labels)):
-                got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                raise InputError(f"forward returned {got}; a classifier must return {want}")
-            return _as_probs(out.detach().float())
-        want = f"[{ref.shape[0]}, {ref.shape[1]}, {len(self.out_tok)}]"
+            want = f"[{b}, {len(self.labels)}] (one score per LABELS entry)"
+            if not isinstance(out, torch.Tensor) or tuple(out.shape) != (b, len(self.labels)):
+                raise InputError(f"forward returned {_returned(out)}; a classifier must return {want}")
+            return _as_probs(out.detach())
+        want = f"[{b}, {ref.shape[1]}, {len(self.out_tok)}]"
         if not isinstance(out, torch.Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != tuple(ref.shape):
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise InputError(f"forward returned {got}; it must return logits or probabilities {want}")
-        if out.shape[2] != len(self.out_tok):
+            if (
+                isinstance(out, torch.Tensor)
+                and out.dim() == 2
+                and out.shape[0] == b
+                and self.arch == "encoder"
+            ):
+                raise InputError(
+                    f"forward returned {_returned(out)}, one row per sequence: a classifier sets LABELS "
+                    f"(one name per class), a model with an output per token returns {want}"
+                )
+            hint = ""
+            if (
+                isinstance(out, torch.Tensor)
+                and out.dim() == 3
+                and tuple(out.shape[:2]) == tuple(ref.shape)[::-1]
+            ):
+                hint = " (sequence-first? transpose it to batch-first)"
             raise InputError(
-                f"forward returned {tuple(out.shape)}: its last axis must be the vocabulary, {want}"
+                f"forward returned {_returned(out)}{hint}; it must return logits or probabilities {want}: "
+                "a tensor, a tuple with it first, or an output with .logits"
             )
-        return _as_probs(out.detach().float())
+        if out.shape[2] < len(self.out_tok):  # more is fine: a vocabulary padded to a multiple of 64
+            raise InputError(
+                f"forward returned {_returned(out)}: its last axis must be the vocabulary, {want}"
+            )
+        return _as_probs(out.detach())
+
+    def _forward_error(self, exc: Exception, src, tgt) -> InputError:
+        """forward raised: one sentence, and MAX_BATCH suggested when one sequence alone runs."""
+        what = f"forward(model, {_shape(src)}, {_shape(tgt)}) raised {type(exc).__name__}: {_one_line(exc)}"
+        if (tgt if tgt is not None else src).shape[0] > 1:
+            try:
+                with torch.no_grad():
+                    self.module.forward(self.model, _rows(src, slice(0, 1)), _rows(tgt, slice(0, 1)))
+            except Exception:
+                pass
+            else:
+                return InputError(
+                    f"{what}; one sequence alone runs: if the model takes at most N sequences per call "
+                    "(a cache sized for a batch), set MAX_BATCH = N in the adapter file"
+                )
+        if isinstance(exc, IndexError) and self.spec.max_len is None:
+            return InputError(
+                f"{what}; if the model takes at most N tokens (a table of positions), set MAX_LEN = N"
+            )
+        return InputError(what)
 
     def forward_outputs(self, src, tgt, src_real=None, tgt_real=None) -> dict[str, torch.Tensor]:
         """Output probabilities at every position (the model builds its masks from the ids)."""
@@ -287,41 +501,41 @@ class AdapterModel:
     @torch.no_grad()
     def _greedy(self, src: torch.Tensor) -> list[list[int]]:
         """Seq2seq: decoder inputs of greedy decoding ([BOS] + every generated token but the last)."""
-        m = self.module
+        m = self.spec
         limit = min(MAX_NEW_TOKENS, (self.max_len or MAX_NEW_TOKENS + 1) - 1)
-        rows = [[m.BOS] for _ in range(src.shape[0])]
+        rows = [[m.bos] for _ in range(src.shape[0])]
         done = [False] * src.shape[0]
         for _ in range(limit):
-            tgt, _ = pad_rows(rows, m.PAD, src.device)
+            tgt, _ = pad_rows(rows, m.pad, src.device)
             nxt = self._forward(src, tgt)[:, -1].argmax(-1).tolist()
             for i, t in enumerate(nxt):
-                rows[i].append(m.PAD if done[i] else t)
-                done[i] = done[i] or t in (m.EOS, m.PAD)  # PAD: the model says it is done
+                rows[i].append(m.pad if done[i] else t)
+                done[i] = done[i] or t in (m.eos, m.pad)  # PAD: the model says it is done
             if all(done):
                 break
         out = []
         for r in rows:
             new = r[1:]
-            if m.PAD in new:  # a generated PAD ends the output (it is not kept: the model would mask it)
-                new = new[: new.index(m.PAD)] + [m.PAD]
-            if m.EOS in new:
-                new = new[: new.index(m.EOS) + 1]
-            out.append([m.BOS] + new[:-1])
+            if m.pad in new:  # a generated PAD ends the output (it is not kept: the model would mask it)
+                new = new[: new.index(m.pad)] + [m.pad]
+            if m.eos in new:
+                new = new[: new.index(m.eos) + 1]
+            out.append([m.bos] + new[:-1])
         return out
 
     @torch.no_grad()
     def _continue(self, ids: list[int]) -> list[int]:
         """Decoder only: greedy continuation of one prompt (up to and including EOS)."""
-        m = self.module
+        m = self.spec
         room = min(MAX_NEW_TOKENS, (self.max_len or 10**9) - len(ids))
         new: list[int] = []
         for _ in range(max(room, 0)):
             seq = torch.tensor([ids + new], device=self.device)
             t = int(self._forward(None, seq)[0, -1].argmax())
-            if t == m.PAD:  # the model says it is done; PAD is never part of a sequence
+            if t == m.pad:  # the model says it is done; PAD is never part of a sequence
                 break
             new.append(t)
-            if t == m.EOS:
+            if t == m.eos:
                 break
         return new
 
@@ -351,18 +565,18 @@ class AdapterModel:
     def _trace_ids(
         self, prepared: list[Prepared], tp: list[Prepared] | None, teacher: bool
     ) -> list[AttentionTrace]:
-        m, dev = self.module, self.device
+        m, dev = self.spec, self.device
         src = src_real = tgt = tgt_real = None
         if self.arch == "decoder":
             rows = [p.ids + (tp[i].ids if tp else []) for i, p in enumerate(prepared)]
             if self.max_len and max(map(len, rows)) > self.max_len:
                 raise InputError(f"prompt and target together exceed the model's {self.max_len} tokens")
-            tgt, tgt_real = pad_rows(rows, m.PAD, dev)
+            tgt, tgt_real = pad_rows(rows, m.pad, dev)
         else:
-            src, src_real = pad_rows([p.ids for p in prepared], m.PAD, dev)
+            src, src_real = pad_rows([p.ids for p in prepared], m.pad, dev)
             if self.arch == "seq2seq":
-                rows = [[m.BOS] + t.ids for t in tp] if tp else self._greedy(src)
-                tgt, tgt_real = pad_rows(rows, m.PAD, dev)
+                rows = [[m.bos] + t.ids for t in tp] if tp else self._greedy(src)
+                tgt, tgt_real = pad_rows(rows, m.pad, dev)
         s_len = 0 if src is None else src.shape[1]
         t_len = 0 if tgt is None else tgt.shape[1]
         n_enc, n_dec, heads = (
@@ -372,10 +586,15 @@ class AdapterModel:
         )
         check_trace_budget(trace_bytes(n_enc, n_dec, heads, len(prepared), s_len, t_len), len(prepared))
         start = time.perf_counter()
-        with torch.no_grad(), capture_attention(self.model, lengths=[n for n in (s_len, t_len) if n]) as cap:
-            probs = self._forward(src, tgt)
+        lengths = [n for n in (s_len, t_len) if n]
+        caps, outs, parts = [], [], []
+        for rows in self._parts(len(prepared)):  # one capture per call of forward (MAX_BATCH)
+            with torch.no_grad(), capture_attention(self.model, lengths=lengths) as cap:
+                outs.append(self._call(_rows(src, rows), _rows(tgt, rows)))
+            caps.append(cap)
+            parts.append(self._stacks(cap, s_len, t_len))
         ms = (time.perf_counter() - start) * 1000
-        stacks = self._stacks(cap, s_len, t_len)
+        probs, stacks, cap = torch.cat(outs), _join_stacks(parts), caps[0]
         src_side = None if src is None else Side(src, src_real, self.src_tok.tokens)
         tgt_side = None if tgt is None else Side(tgt, tgt_real, self.tgt_tok_.tokens)
         sources = {k: s for k, s in self._mask_sources(cap).items() if k in stacks}
@@ -405,8 +624,8 @@ class AdapterModel:
                         text = self.out_tok.decode(guesses[n_prompt - 1 : n_prompt])
                 else:
                     ids = list(guesses[:n_real])
-                    if self.arch == "seq2seq" and m.EOS is not None and m.EOS in ids:
-                        ids = ids[: ids.index(m.EOS)]
+                    if self.arch == "seq2seq" and m.eos is not None and m.eos in ids:
+                        ids = ids[: ids.index(m.eos)]
                     text = self.out_tok.decode(ids)
             traces.append(
                 package_trace(
@@ -437,8 +656,14 @@ class AdapterModel:
     def _stacks(self, cap: Captured, s_len: int, t_len: int) -> dict[str, tuple]:
         """kind -> (probs (B, layer, H, q, k), scores or None, mask (B, q, k)), checked against the lengths."""
         want = {"enc_self": (s_len, s_len), "dec_self": (t_len, t_len), "cross": (t_len, s_len)}
+        records = cap.records
+        stepwise = self.arch == "decoder" and all(
+            tuple(r.probs.shape[-2:]) != want["dec_self"] for r in records
+        )
+        if stepwise and records:  # no full map: perhaps a forward that runs its KV cache step by step
+            records = _decode_steps(records, t_len) or records
         by_kind: dict[str, list] = {}
-        for r in cap.records:
+        for r in records:
             kind = self._kind(r)
             if tuple(r.probs.shape[-2:]) != want[kind]:
                 continue  # e.g. attention over something that is not this call's sequences
@@ -474,16 +699,76 @@ class AdapterModel:
         return [t.output_text for t in self.trace(sources)]
 
 
+def _rows(t: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    return None if t is None else t[rows]
+
+
+def _decode_steps(records: list[Record], n: int) -> list[Record] | None:
+    """A decoder-only forward that runs its KV cache step by step (a prefix, then a token at a time)
+    records each layer once per step, (B, H, q, past + q): joined into one (B, H, n, n) record per
+    layer, 0 (and masked) at the keys that did not exist yet. None unless the steps tile [0, n)."""
+    steps: list[list[Record]] = []
+    for r in records:  # a step is a run of records of one shape (its layers); k grows every step
+        if steps and steps[-1][0].probs.shape[-2:] == r.probs.shape[-2:]:
+            steps[-1].append(r)
+        else:
+            steps.append([r])
+    end, n_layers = 0, len(steps[0])
+    for step in steps:
+        q, k = step[0].probs.shape[-2:]
+        if k != end + q or len(step) != n_layers:
+            return None
+        end = k
+    if len(steps) < 2 or end != n or len({r.probs.shape[:2] for r in records}) != 1:
+        return None
+    joined = []
+    for layer in range(n_layers):
+        first = steps[0][layer]
+        b, h = first.probs.shape[:2]
+        probs = first.probs.new_zeros(b, h, n, n)
+        mask = torch.zeros(b, n, n, dtype=torch.bool)
+        for step in steps:
+            r = step[layer]
+            q, k = r.probs.shape[-2:]
+            probs[:, :, k - q : k, :k] = r.probs
+            mask[:, k - q : k, :k] = True if r.mask is None else r.mask.cpu()
+        joined.append(replace(first, kind="dec_self", probs=probs, scores=None, mask=mask))
+    return joined
+
+
+def _join_stacks(parts: list[dict[str, tuple]]) -> dict[str, tuple]:
+    """The stacks of consecutive calls of forward (MAX_BATCH rows each) as one batch."""
+    if len(parts) == 1:
+        return parts[0]
+    shapes = [{k: tuple(v[0].shape[1:]) for k, v in p.items()} for p in parts]
+    if any(sh != shapes[0] for sh in shapes):
+        raise InputError(
+            f"forward recorded other attention layers or heads in each call of MAX_BATCH sequences "
+            f"({shapes[0]} then {next(sh for sh in shapes if sh != shapes[0])})"
+        )
+    out = {}
+    for kind in parts[0]:
+        probs = torch.cat([p[kind][0] for p in parts])
+        scores = [p[kind][1] for p in parts]
+        mask = torch.cat([p[kind][2] for p in parts])
+        out[kind] = (probs, None if any(x is None for x in scores) else torch.cat(scores), mask)
+    return out
+
+
 def _as_probs(out: torch.Tensor) -> torch.Tensor:
-    """Logits, log-probabilities or probabilities (B, L, V) -> probabilities."""
+    """Logits, log-probabilities or probabilities (B, L, V) -> float32 probabilities. Probabilities
+    sum to 1 within the precision of their dtype (bfloat16 sums are off by up to ~4e-3)."""
+    tol = max(1e-3, float(torch.finfo(out.dtype).eps)) if out.is_floating_point() else 1e-3
+    out = out.float()
     sums = out.sum(-1)
-    if bool(((out >= 0) & (out <= 1)).all()) and bool(torch.allclose(sums, torch.ones_like(sums), atol=1e-3)):
+    if bool(((out >= 0) & (out <= 1)).all()) and bool(torch.allclose(sums, torch.ones_like(sums), atol=tol)):
         return out
     return torch.softmax(out, dim=-1)  # logits; log-probabilities give the same probabilities
 
 
 def _examples(module, tok: AdapterTokens) -> list[str]:
-    given = [str(e) for e in getattr(module, "EXAMPLES", None) or [] if str(e).strip()]
+    given = getattr(module, "EXAMPLES", None) or []
+    given = [str(e) for e in ([given] if isinstance(given, str) else given) if str(e).strip()]
     if given:
         return given
     plain = [
@@ -495,37 +780,45 @@ def _examples(module, tok: AdapterTokens) -> list[str]:
     return [sep.join(plain[:5]), sep.join(plain[5:8] or plain[:3])]
 
 
+def _load_model(module, name: str, device: str) -> nn.Module:
+    """``load()``, or ``load(device=...)`` when it takes a ``device`` argument."""
+    try:
+        params = inspect.signature(module.load).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        params = {}
+    try:
+        model = module.load(device=torch.device(device)) if "device" in params else module.load()
+    except Exception as exc:
+        raise ModelLoadError(f"{name}: load() raised {type(exc).__name__}: {_one_line(exc)}") from exc
+    if not isinstance(model, nn.Module):
+        raise ModelLoadError(
+            f"{name}: load() returned {type(model).__name__}; it must return a torch.nn.Module"
+        )
+    return model
+
+
 def load_adapter(path: str | Path, name: str | None = None, device: str = "cpu") -> AdapterModel:
     """Run an adapter file, build its model and check it once on its examples."""
     path = Path(path).expanduser().resolve()
     if not path.is_file() or path.suffix != ".py":
         raise ModelLoadError(f"{path} is not a Python adapter file")
     module = _import(path)
-    _check_names(module, path.name)
-    try:
-        model = module.load()
-    except Exception as exc:
-        raise ModelLoadError(f"{path.name}: load() raised {type(exc).__name__}: {_one_line(exc)}") from exc
-    if not isinstance(model, nn.Module):
-        raise ModelLoadError(
-            f"{path.name}: load() returned {type(model).__name__}; it must return a torch.nn.Module"
-        )
-    model = model.eval().to(resolve_device(device))
-    specials = {i for i in (module.PAD, module.BOS, module.EOS) if i is not None}
-    src_tok = AdapterTokens(module.VOCAB, module.encode, specials)
-    tgt_vocab = getattr(module, "TGT_VOCAB", None) or module.VOCAB
-    tgt_tok = AdapterTokens(tgt_vocab, getattr(module, "encode_target", None) or module.encode, specials)
+    spec = _check_names(module, path.name)
+    device = resolve_device(device)
+    model = _load_model(module, path.name, device).eval().to(device)
+    src_tok = AdapterTokens(spec.vocab, module.encode, spec.specials)
+    tgt_tok = AdapterTokens(spec.tgt_vocab or spec.vocab, getattr(module, "encode_target", None) or module.encode,
+                            spec.specials)  # fmt: skip
     doc = (module.__doc__ or "").strip()
-    arch = ARCHS[module.ARCH]
     examples = _examples(module, src_tok)
     meta = {
         "kind": "adapter",
-        "arch": arch,
+        "arch": spec.arch,
         "source": str(path),
         "summary": (doc.splitlines()[0] if doc else f"adapter {path.name} ({module.ARCH})")[:200],
         "examples": examples,
     }
-    lm = AdapterModel(name or path.stem, path.parent, path, module, model, src_tok, tgt_tok,
+    lm = AdapterModel(name or path.stem, path.parent, path, module, model, src_tok, tgt_tok, spec,
                       card=f"# {path.name}\n\n{doc}\n" if doc else f"# {path.name}\n", meta=meta)  # fmt: skip
     try:
         probe = lm.trace(examples[:2], truncate=True)
@@ -534,10 +827,11 @@ def load_adapter(path: str | Path, name: str | None = None, device: str = "cpu")
     tr = probe[0]
     n_heads = max(tr.probs(k).shape[1] for k in tr.kinds)
     d_model = next((mod.embedding_dim for mod in model.modules() if isinstance(mod, nn.Embedding)), 0)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     lm.facts = ModelFacts(
         name=lm.name,
         model_type="adapter",
-        arch=arch,
+        arch=spec.arch,
         d_model=int(d_model),
         n_heads=int(n_heads),
         n_enc_layers=tr.probs("enc_self").shape[0] if "enc_self" in tr.kinds else 0,
@@ -545,9 +839,10 @@ def load_adapter(path: str | Path, name: str | None = None, device: str = "cpu")
         src_vocab_size=len(src_tok),
         tgt_vocab_size=len(tgt_tok),
         max_len=int(lm.max_len or 0),
-        pad_id=int(module.PAD),
-        bos_id=-1 if module.BOS is None else int(module.BOS),
-        eos_id=-1 if module.EOS is None else int(module.EOS),
+        pad_id=spec.pad,
+        bos_id=-1 if spec.bos is None else spec.bos,
+        eos_id=-1 if spec.eos is None else spec.eos,
+        dtype=str(dtype).removeprefix("torch."),
         pos_encoding="unknown",
         n_classes=len(lm.labels),
     )

@@ -197,10 +197,36 @@ def masked_mass_per_head(trace: AttentionTrace, kind: str, pad_id: int | None = 
     return np.where(forbidden, p, 0.0).sum(-1).max(-1)
 
 
+# Half-precision maps (a float16 / bfloat16 model) sum to 1 only within their own precision.
+# bfloat16 first: its values (8 significant bits) are float16 numbers too, float16's (11) mostly not bfloat16's.
+_HALF = (("bfloat16", 2.0**-7), ("float16", float(np.finfo(np.float16).eps)))
+
+
+def map_precision(p: np.ndarray) -> tuple[str, float]:
+    """(dtype name, row-sum tolerance) of the precision the weights ``p`` were computed in, read from the
+    values (a trace keeps them as float32): bfloat16 when every float32 has its low 16 bits zero, float16
+    when every value is a float16 number; else float32 and ROW_SUM_TOL. A sample decides float32 at once."""
+    flat = np.asarray(p, dtype=np.float32).reshape(-1)
+    flat = flat[np.isfinite(flat)]
+    if flat.size == 0:
+        return "float32", ROW_SUM_TOL
+    sample = flat[:: max(1, flat.size // 4096)]
+    for name, eps in _HALF:
+        if name == "float16":
+            fits = lambda x: np.array_equal(x.astype(np.float16).astype(np.float32), x)  # noqa: E731
+        else:
+            fits = lambda x: not np.any(x.view(np.uint32) & np.uint32(0xFFFF))  # noqa: E731
+        if fits(sample) and fits(flat):
+            return name, max(ROW_SUM_TOL, eps)
+    return "float32", ROW_SUM_TOL
+
+
 def check_row_sums(traces: list[AttentionTrace], kind: str, pad_id: int | None = None) -> Verdict:
-    """Every real query row of probabilities sums to 1 (within 1e-5); NaN fails."""
+    """Every real query row of probabilities sums to 1 (within 1e-5, or within the precision of half-
+    precision maps: ``map_precision``); NaN fails."""
     name = f"row_sums[{kind}]"
     worst, n_rows = None, 0
+    precision, tol = "float32", ROW_SUM_TOL
     for b, tr in enumerate(traces):
         p = tr.probs(kind)
         q_real, _ = expected_mask(tr, kind, pad_id)
@@ -212,11 +238,14 @@ def check_row_sums(traces: list[AttentionTrace], kind: str, pad_id: int | None =
         if worst is None or dev[ly, h, q] > worst[0]:
             worst = (float(dev[ly, h, q]), b, int(ly), int(h), int(q))
     dev, b, ly, h, q = worst
-    if dev <= ROW_SUM_TOL:
-        return Verdict(name, True, f"{n_rows} real query rows (all layers, heads) sum to 1 (largest deviation {dev:.1e})",
-                       kind=kind, value=dev)  # fmt: skip
+    if dev > ROW_SUM_TOL:  # only then does the maps' precision matter
+        precision, tol = map_precision(traces[b].probs(kind))
+    within = f"; {precision} maps: within {tol:.1e}" if precision != "float32" else ""
+    if dev <= tol:
+        return Verdict(name, True, f"{n_rows} real query rows (all layers, heads) sum to 1 (largest deviation "
+                       f"{dev:.1e}{within})", kind=kind, value=dev)  # fmt: skip
     total = traces[b].probs(kind)[ly, h, q].sum()
-    detail = f"row sums to {total:.6g} at layer {ly} head {h}, {_where(traces[b], kind, b, q)}"
+    detail = f"row sums to {total:.6g} at layer {ly} head {h}, {_where(traces[b], kind, b, q)}{within}"
     return Verdict(name, False, detail, kind=kind, layer=ly, head=h, positions=(b, q), value=dev)
 
 

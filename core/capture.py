@@ -98,6 +98,7 @@ DIV = frozenset({"div", "div_", "__truediv__", "__itruediv__", "true_divide", "d
 CAT = frozenset({"cat", "concat", "concatenate", "hstack", "vstack"})
 IN_PLACE = frozenset({"masked_fill_", "__iadd__", "add_", "__isub__", "sub_", "__setitem__"})
 FILL = frozenset({"masked_fill", "masked_fill_"})
+CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})  # a dtype cast (of the weights, say)
 SHAPE_OPS = frozenset(
     {"view", "reshape", "transpose", "permute", "contiguous", "clone", "float", "to", "type_as", "double",
      "half", "bfloat16", "type", "flatten", "unflatten", "squeeze", "unsqueeze", "expand", "__getitem__"}
@@ -669,7 +670,19 @@ class _Session:
         """Softmax weights multiplied by a 0/1 mask (or filled with 0), then divided by their sums
         (AllenNLP's ``masked_softmax``): the record takes the renormalized weights and that mask."""
         p = base.probs
-        if tuple(out.shape) != p.shape or len(args) < 2:
+        if tuple(out.shape) != p.shape:
+            return False
+        if (
+            name in CASTS
+            and args[0] is base_t
+            and out.is_floating_point()
+            and base_t.is_floating_point()
+            and torch.finfo(out.dtype).eps > torch.finfo(base_t.dtype).eps
+        ):  # LLaMA's softmax(scores.float()).type_as(q): the model goes on with the rounded weights
+            self._replace_probs(p, out)
+            self.set(out, replace(base, probs=p))
+            return True
+        if len(args) < 2:
             return False
         if name in MUL or name in FILL:
             other = args[1] if args[0] is base_t else args[0]
@@ -695,6 +708,13 @@ class _Session:
             if bool((((sums - 1).abs() < 1e-3) | (sums == 0)).all()):
                 self._renormalized(p, out)
         return False
+
+    def _replace_probs(self, p: _Probs, out: torch.Tensor) -> None:
+        """The record's weights become ``out`` (the softmax output cast to a lower precision)."""
+        i = next((i for i, r in enumerate(self.cap.records) if r is p.record), None)
+        if i is not None:
+            self.cap.records[i] = replace(p.record, probs=p.bhqk(out.detach()))
+            p.record = self.cap.records[i]
 
     def _renormalized(self, p: _Probs, out: torch.Tensor) -> None:
         i = next((i for i, r in enumerate(self.cap.records) if r is p.record), None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from functools import partial
 from pathlib import Path
@@ -158,6 +159,31 @@ def test_padding_leaks_run_the_changed_rows_beside_the_unchanged_batch(encoder_o
     assert (alone.status, alone.positions) == (v.status, v.positions) and alone.value == pytest.approx(
         v.value
     )
+
+
+def test_row_sums_allow_the_precision_of_half_precision_maps():
+    """Maps computed in bfloat16 or float16 (kept as float32 in the trace) sum to 1 within their own
+    precision, read from the values; a float32 map keeps 1e-5, and a row that is really off still fails."""
+    g = torch.Generator().manual_seed(0)
+    p32 = torch.randn(2, 3, 6, 6, generator=g).softmax(-1)
+    assert AU.map_precision(p32.numpy()) == ("float32", AU.ROW_SUM_TOL)
+    assert AU.map_precision(p32.bfloat16().float().numpy()) == ("bfloat16", 2.0**-7)
+    assert AU.map_precision(p32.half().float().numpy())[0] == "float16"
+    traces = make_lm(n_dec_layers=0).trace(["abcdef", "abc"])
+    assert AU.check_row_sums(traces, "enc_self").value <= AU.ROW_SUM_TOL
+    for dtype in (torch.bfloat16, torch.float16):
+        half = [
+            dataclasses.replace(t, enc_self=torch.tensor(t.enc_self).to(dtype).float().numpy())
+            for t in traces
+        ]
+        v = AU.check_row_sums(half, "enc_self")
+        assert v.status == "pass" and v.value > AU.ROW_SUM_TOL, v.line()  # rounding alone moves the sums
+        assert f"{str(dtype).removeprefix('torch.')} maps: within" in v.detail
+        off = half[0].enc_self.copy()
+        off[0, 0, 1] = 0.0
+        off[0, 0, 1, 0] = 0.5  # a real query row that sums to 0.5 (exactly representable in either)
+        bad = AU.check_row_sums([dataclasses.replace(half[0], enc_self=off)], "enc_self")
+        assert bad.status == "fail" and bad.positions == (0, 1) and bad.value == pytest.approx(0.5)
 
 
 def test_one_unpadded_sequence_is_not_run_alone_again(lm):
