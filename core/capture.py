@@ -22,7 +22,9 @@ What is recorded, whatever module or function wrote it:
   ``(B, H, ...)`` or head-major ``(H, B, ...)`` before the ``view``: the head count of the view that
   split the projection's features into ``(H, d)`` tells which), else from that head count, else
   from the batch size. When the weights are then multiplied by a 0/1 mask and divided by their
-  sums (AllenNLP's ``masked_softmax``), the record holds the renormalized weights.
+  sums (AllenNLP's ``masked_softmax``), the record holds the renormalized weights; when they are
+  cast down to a lower precision (LLaMA's ``softmax(scores.float()).type_as(q)`` in bfloat16), the
+  record holds the cast weights, the ones the model multiplies the values with.
 
 How: a ``torch.overrides.TorchFunctionMode`` sees every torch call made in the ``with`` block
 *by this thread* (modes are thread-local), so sessions running the same model in other threads
