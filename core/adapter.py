@@ -587,14 +587,14 @@ class AdapterModel:
         check_trace_budget(trace_bytes(n_enc, n_dec, heads, len(prepared), s_len, t_len), len(prepared))
         start = time.perf_counter()
         lengths = [n for n in (s_len, t_len) if n]
-        caps, outs, parts = [], [], []
+        first, outs, parts = None, [], []
         for rows in self._parts(len(prepared)):  # one capture per call of forward (MAX_BATCH)
             with torch.no_grad(), capture_attention(self.model, lengths=lengths) as cap:
                 outs.append(self._call(_rows(src, rows), _rows(tgt, rows)))
-            caps.append(cap)
+            first = cap if first is None else first
             parts.append(self._stacks(cap, s_len, t_len))
         ms = (time.perf_counter() - start) * 1000
-        probs, stacks, cap = torch.cat(outs), _join_stacks(parts), caps[0]
+        probs, stacks, cap = torch.cat(outs), _join_stacks(parts), first
         src_side = None if src is None else Side(src, src_real, self.src_tok.tokens)
         tgt_side = None if tgt is None else Side(tgt, tgt_real, self.tgt_tok_.tokens)
         sources = {k: s for k, s in self._mask_sources(cap).items() if k in stacks}

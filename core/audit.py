@@ -202,21 +202,24 @@ def masked_mass_per_head(trace: AttentionTrace, kind: str, pad_id: int | None = 
 _HALF = (("bfloat16", 2.0**-7), ("float16", float(np.finfo(np.float16).eps)))
 
 
+def _fits(x: np.ndarray, name: str) -> bool:
+    """Every float32 in ``x`` is a ``name`` (bfloat16 / float16) number."""
+    if name == "bfloat16":
+        return not np.any(x.view(np.uint32) & np.uint32(0xFFFF))  # the low 16 bits of the mantissa unused
+    return np.array_equal(x.astype(np.float16).astype(np.float32), x)
+
+
 def map_precision(p: np.ndarray) -> tuple[str, float]:
     """(dtype name, row-sum tolerance) of the precision the weights ``p`` were computed in, read from the
     values (a trace keeps them as float32): bfloat16 when every float32 has its low 16 bits zero, float16
     when every value is a float16 number; else float32 and ROW_SUM_TOL. A sample decides float32 at once."""
     flat = np.asarray(p, dtype=np.float32).reshape(-1)
-    flat = flat[np.isfinite(flat)]
-    if flat.size == 0:
-        return "float32", ROW_SUM_TOL
     sample = flat[:: max(1, flat.size // 4096)]
+    sample = sample[np.isfinite(sample)]
+    if sample.size == 0:
+        return "float32", ROW_SUM_TOL
     for name, eps in _HALF:
-        if name == "float16":
-            fits = lambda x: np.array_equal(x.astype(np.float16).astype(np.float32), x)  # noqa: E731
-        else:
-            fits = lambda x: not np.any(x.view(np.uint32) & np.uint32(0xFFFF))  # noqa: E731
-        if fits(sample) and fits(flat):
+        if _fits(sample, name) and _fits(flat[np.isfinite(flat)], name):
             return name, max(ROW_SUM_TOL, eps)
     return "float32", ROW_SUM_TOL
 
@@ -532,8 +535,13 @@ class _PadProbe:
 
     side: str  # src | tgt
     rows: torch.Tensor  # (k,) long: the batch rows that have PAD on this side
-    ids: torch.Tensor  # (k, L): those rows with every PAD position holding another token
+    changed: torch.Tensor  # (B, L): the side's ids with every PAD position holding another token
     n_pads: int  # PAD positions changed in the whole batch
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """(k, L): the changed ids of the rows that have PAD."""
+        return self.changed[self.rows]
 
 
 def _pad_probe(
@@ -552,7 +560,7 @@ def _pad_probe(
     fill = pool[torch.randint(len(pool), ids.shape, generator=g)].to(ids.device)
     changed = torch.where(pads, fill, ids)
     rows = torch.nonzero(pads.any(dim=1)).flatten()
-    return _PadProbe(side, rows, changed[rows], int(pads.sum()))
+    return _PadProbe(side, rows, changed, int(pads.sum()))
 
 
 def _run_probes(
@@ -760,9 +768,7 @@ def dynamic_checks(fwd: ForwardFn | None, batch: ProbeBatch | None, pad_id: int,
     else:  # each side's changed batch runs on its own, the same shape as the unchanged one
         base, alts = batch.call(fwd), {}
         for p in probes:
-            ids = (batch.src if p.side == "src" else batch.tgt).clone()
-            ids[p.rows] = p.ids
-            alts[p.side] = {name: t[p.rows] for name, t in batch.call(fwd, **{p.side: ids}).items()}
+            alts[p.side] = {name: t[p.rows] for name, t in batch.call(fwd, **{p.side: p.changed}).items()}
     for p in probes:
         pads[p.side] = _padding_verdict(p, batch, base, alts[p.side], traces)
     return [

@@ -711,16 +711,20 @@ class _Session:
                 self._renormalized(p, out)
         return False
 
-    def _replace_probs(self, p: _Probs, out: torch.Tensor) -> None:
-        """The record's weights become ``out`` (the softmax output cast to a lower precision)."""
+    def _update_record(self, p: _Probs, **changes) -> None:
+        """The record these weights were recorded as, with ``changes`` (it is still the one in
+        ``cap.records``: a record joined with the next head's is left alone)."""
         i = next((i for i, r in enumerate(self.cap.records) if r is p.record), None)
         if i is not None:
-            self.cap.records[i] = replace(p.record, probs=p.bhqk(out.detach()))
+            self.cap.records[i] = replace(p.record, **changes)
             p.record = self.cap.records[i]
 
+    def _replace_probs(self, p: _Probs, out: torch.Tensor) -> None:
+        """The record's weights become ``out`` (the softmax output cast to a lower precision)."""
+        self._update_record(p, probs=p.bhqk(out.detach()))
+
     def _renormalized(self, p: _Probs, out: torch.Tensor) -> None:
-        i = next((i for i, r in enumerate(self.cap.records) if r is p.record), None)
-        if i is None:
+        if not any(r is p.record for r in self.cap.records):
             return
         rec = p.record
         probs = p.bhqk(out.detach())
@@ -733,9 +737,9 @@ class _Session:
         else:
             source = "multiplied"
         kind = self.kind_of(rec.name, probs.shape[-2], probs.shape[-1], mask, p.cross, p.ext)
-        self.cap.records[i] = replace(rec, kind=kind, probs=probs, mask=mask, mask_source=source,
-                                      head_masks_differ=differ)  # fmt: skip
-        p.record = self.cap.records[i]
+        self._update_record(
+            p, kind=kind, probs=probs, mask=mask, mask_source=source, head_masks_differ=differ
+        )
 
     def on_setitem(self, args, pre) -> None:
         """``X[~mask] = -1e6`` on scores (d2l's ``sequence_mask``) masks them; ``cache[:, a:b] = k``
