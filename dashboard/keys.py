@@ -92,6 +92,7 @@ LAB_KIND = "lab_kind"
 LAB_SEQ = "lab_seq"
 LAB_LAYER = "lab_layer"
 LAB_HEAD = "lab_head"
+LAB_VIEW = "lab_view"  # the open tab: what the bug changes, or the two attention maps (words.LAB_VIEWS)
 LAB_KIND_FOR_BUG = "_lab_kind_for_bug"  # the bug whose most-changed kind was last put in the selector
 
 # -- Head analytics -------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from core import analytics, bugs
 from core.checkpoint import ModelLoadError
 from core.trace import KINDS
 from dashboard import keys as K
-from dashboard import loaders, state
+from dashboard import loaders, state, words
 from dashboard.plots.attention import AGGREGATES
 from models import registry
 
@@ -132,7 +132,8 @@ _VIEW = {  # page: (prefix of its keys, its parameters)
     "decoding": ("DEC", [SEQ, ("step", K.DEC_STEP, _int(1)), LAYER, ("log", K.DEC_LOG, _bool)]),
     "masks": ("MASK", [SEQ]),
     "mask-audit": ("AUD", [KIND, SEQ, LAYER, HEAD]),
-    "mask-lab": ("LAB", [("bug", K.LAB_BUG, _bug), ("pad", K.LAB_PAD, _bool), KIND, SEQ, LAYER, HEAD]),
+    "mask-lab": ("LAB", [("bug", K.LAB_BUG, _bug), ("pad", K.LAB_PAD, _bool), ("view", K.LAB_VIEW,
+                         _mapped(words.LAB_VIEWS)), KIND, SEQ, LAYER, HEAD]),
     "heads": ("HA", [KIND, ("stat", K.HA_STAT, _one_of(analytics.CROSS_STATS)), SEQ, LAYER, HEAD,
                      ("al_layer", K.HA_AL_LAYER, _layer_or_mean), ("al_head", K.HA_AL_HEAD, _layer_or_mean)]),
     "compare": ("CMP", [("vs", K.CMP_MODE, _mapped(COMPARE)), ("text_b", K.CMP_SOURCE_B, _text),
@@ -148,6 +149,7 @@ PAGE_PARAMS: dict[str, list[tuple[str, str, Parse]]] = {
     for page, (prefix, params) in _VIEW.items()
 }
 SIDEBAR = ("model", "batch", "text", "mode", "target")
+SHORT_NAMES = {K.CMP_MODE: COMPARE, K.LAB_VIEW: words.LAB_VIEWS}  # session values that links shorten
 
 
 def page_name(url_path: str) -> str:
@@ -233,8 +235,8 @@ def current_params(url_path: str) -> dict[str, str]:
     for name, key, _ in PAGE_PARAMS[page_name(url_path)]:
         if key in ss and ss[key] is not None:
             value = ss[key]
-            if name == "vs":
-                value = next((k for k, v in COMPARE.items() if v == value), "")
+            if key in SHORT_NAMES:  # a label: the link carries its short name
+                value = next((k for k, v in SHORT_NAMES[key].items() if v == value), "")
             out[name] = _unparse(value)
     return {k: v for k, v in out.items() if v != "" or k in ("text", "target")}
 

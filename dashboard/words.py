@@ -98,6 +98,13 @@ BUG_HELP = {
 }
 
 
+# The Mask lab's two tabs (link parameter ``view`` -> tab label). Only the open one is built and drawn.
+LAB_VIEWS = {
+    "change": "What the bug changes: the mask and the attention it moves",
+    "maps": "Attention: correct and with the bug",
+}
+
+
 def bug_title(name: str) -> str:
     return BUG_HELP.get(name, (name,))[0]
 

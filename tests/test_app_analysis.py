@@ -166,7 +166,17 @@ def test_every_bug_turns_the_lab_verdict_from_pass_to_fail(make_app, tiny, audit
     codes = _array(figure(at, "mask with causal_next_visible")["data"][0]["z"])
     n = codes.shape[0]
     assert (np.diag(codes, 1)[: n - 1] == 2).sum() >= n - 2  # the next position wrongly visible (red)
-    figure(at, "attention with causal_next_visible<br>decoder self-attention · layer 1 · head 2 · sequence 0")
+    assert len(titles(at)) == 2  # the closed tab (the two attention maps) is neither built nor sent
+    # The other tab: the two maps of the same head, and no model run for the switch.
+    at.session_state[K.LAB_VIEW] = words.LAB_VIEWS["maps"]
+    at.run()
+    assert_no_exception(at)
+    assert audits[0] == n_audits
+    where = "decoder self-attention · layer 1 · head 2 · sequence 0"
+    ok = _array(figure(at, f"correct attention<br>{where}")["data"][0]["z"])
+    bad = _array(figure(at, f"attention with causal_next_visible<br>{where}")["data"][0]["z"])
+    assert len(titles(at)) == 2
+    assert np.nansum(np.triu(ok, 1)) == 0 and np.nansum(np.diag(bad, 1)) > 0  # the bug reads the next token
 
 
 def test_lab_padding_copy_makes_padding_bugs_visible(make_app, tiny):

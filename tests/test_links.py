@@ -13,7 +13,7 @@ from apptest_helpers import ANALYSIS_PAGES, PAGES, assert_no_exception, figure, 
 from streamlit.testing.v1 import AppTest
 
 from dashboard import keys as K
-from dashboard import links
+from dashboard import links, words
 
 ALL_PAGES = {**PAGES, **ANALYSIS_PAGES}
 
@@ -66,6 +66,7 @@ def test_the_url_follows_the_clicks_and_a_link_rebuilds_the_picture():
         ("audit", {"kind": "enc_self", "layer": "1", "head": "1"}, K.AUD_HEAD, 1),
         ("lab", {"bug": "causal_next_visible", "kind": "dec_self", "layer": "0", "head": "2"}, K.LAB_BUG,
          "causal_next_visible"),
+        ("lab", {"bug": "inverted", "view": "maps", "layer": "1"}, K.LAB_VIEW, words.LAB_VIEWS["maps"]),
         ("decoding", {"step": "3", "layer": "0", "log": "1"}, K.DEC_STEP, 3),
         ("compare", {"vs": "bug", "bug": "causal_diag_masked", "kind": "dec_self"}, K.CMP_BUG, "causal_diag_masked"),
     ],

@@ -156,54 +156,61 @@ where = words.where(traces_ok, seq)
 q_tok, k_tok = tr_ok.axes(kind)
 q_title, k_title = AXIS_TITLES[kind]
 m_ok, m_bad = tr_ok.mask(kind), tr_bad.mask(kind)
-w_ok = PT.head_weights(tr_ok.probs(kind), layer, head)
-w_bad = PT.head_weights(tr_bad.probs(kind), layer, head)
-diff = analytics.trace_difference(tr_ok, tr_bad, kind, layer, head)
-# Four charts, two by two: what the bug changes (the mask, cell by cell, and the attention it moves),
-# then the two attention maps. The comparison holds the correct mask too (teal and orange cells).
-figs = {
-    "buggy mask": P.mask_compare_figure(
+# Two tabs, two charts each: what the bug changes (the mask, cell by cell, and the attention it moves),
+# then the two attention maps. Only the open tab's figures are built and sent (at 512 tokens each chart
+# is 262,144 cells for the browser to draw); switching tabs reruns the page on the cached runs.
+change_tab, maps_tab = st.tabs(list(words.LAB_VIEWS.values()), key=K.LAB_VIEW, on_change="rerun")
+figs = {}
+if change_tab.open:
+    diff = analytics.trace_difference(tr_ok, tr_bad, kind, layer, head)
+    figs["buggy mask"] = P.mask_compare_figure(
         m_ok, m_bad, q_tok, k_tok, query_title=q_title, key_title=k_title,
         title=f"mask with {bug_name}, cell by cell against the correct one<br>{KIND_LABELS[kind]} · {where}",
-    ),
-    "difference": PA.difference_figure(
+    )  # fmt: skip
+    figs["difference"] = PA.difference_figure(
         np.nan_to_num(diff, nan=0.0), q_tok, k_tok, query_title=q_title, key_title=k_title,
         value_name="bug - correct",
         title=f"with bug minus correct<br>{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}"
         + (" (NaN drawn as 0)" if np.isnan(diff).any() else ""),
-    ),
-    "correct attention": PT.head_heatmap(
+    )  # fmt: skip
+    n_leak = int((m_bad & ~m_ok).sum())
+    n_over = int((~m_bad & m_ok).sum())
+    with change_tab:
+        c1, c2 = st.columns(2)
+        with c1:
+            ui.chart(ui.side_by_side(figs["buggy mask"], len(k_tok)), key="lab_mask_bad")
+            st.caption(
+                f"The correct mask is every teal and orange cell. {n_leak} cells wrongly visible (red: the "
+                f"query may read a key it must not), {n_over} wrongly masked (orange)."
+                + (
+                    " The -inf fill itself is not a mask entry: watch the attention."
+                    if bug.neg_inf_fill
+                    else ""
+                )
+            )
+        with c2:
+            ui.chart(ui.side_by_side(figs["difference"], len(k_tok)), key="lab_att_diff")
+            st.caption("Red: the bug gives this (query, key) more weight; blue: less.")
+if maps_tab.open:
+    w_ok = PT.head_weights(tr_ok.probs(kind), layer, head)
+    w_bad = PT.head_weights(tr_bad.probs(kind), layer, head)
+    figs["correct attention"] = PT.head_heatmap(
         w_ok, q_tok, k_tok, mask=m_ok, query_title=q_title, key_title=k_title,
         title=f"correct attention<br>{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
-    ),
-    "buggy attention": PT.head_heatmap(
+    )  # fmt: skip
+    figs["buggy attention"] = PT.head_heatmap(
         w_bad, q_tok, k_tok, mask=m_bad, query_title=q_title, key_title=k_title,
         title=f"attention with {bug_name}<br>{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}",
-    ),
-}  # fmt: skip
-for fig in figs.values():
-    ui.side_by_side(fig, len(k_tok))
-n_leak = int((m_bad & ~m_ok).sum())
-n_over = int((~m_bad & m_ok).sum())
-c1, c2 = st.columns(2)
-with c1:
-    ui.chart(figs["buggy mask"], key="lab_mask_bad")
-    st.caption(
-        f"The correct mask is every teal and orange cell. {n_leak} cells wrongly visible (red: the query "
-        f"may read a key it must not), {n_over} wrongly masked (orange)."
-        + (" The -inf fill itself is not a mask entry: watch the attention." if bug.neg_inf_fill else "")
-    )
-with c2:
-    ui.chart(figs["difference"], key="lab_att_diff")
-    st.caption("Red: the bug gives this (query, key) more weight; blue: less.")
-c1, c2 = st.columns(2)
-with c1:
-    ui.chart(figs["correct attention"], key="lab_att_ok")
-with c2:
-    ui.chart(figs["buggy attention"], key="lab_att_bad")
-    n_nan = int(np.isnan(w_bad).sum())
-    if n_nan:
-        st.caption(f"{n_nan} weights of this head are NaN (drawn blank).")
+    )  # fmt: skip
+    with maps_tab:
+        c1, c2 = st.columns(2)
+        with c1:
+            ui.chart(ui.side_by_side(figs["correct attention"], len(k_tok)), key="lab_att_ok")
+        with c2:
+            ui.chart(ui.side_by_side(figs["buggy attention"], len(k_tok)), key="lab_att_bad")
+            n_nan = int(np.isnan(w_bad).sum())
+            if n_nan:
+                st.caption(f"{n_nan} weights of this head are NaN (drawn blank).")
 ui.downloads(tr_bad, seq, figs, key="lab_dl")
 
 with verdicts:
