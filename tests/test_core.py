@@ -91,6 +91,10 @@ def test_masked_probabilities_equal_a_full_masked_fill_bit_for_bit(dtype):
     full = torch.where(mask, scores, torch.finfo(dtype).min).softmax(-1).masked_fill(~mask, 0.0)
     assert torch.equal(probs, full)
     assert (probs[1, :, 4] == 0).all() and not torch.isnan(probs).any()
+    # Written into map buffers (a traced forward), masked and softmaxed in place: the same numbers.
+    into = AttnMaps(scores=torch.empty_like(scores), probs=torch.empty_like(probs))
+    _, probs_into, _ = scaled_dot_product(q, k, k, mask, into=into)
+    assert probs_into.data_ptr() == into.probs.data_ptr() and torch.equal(probs_into, full)
 
 
 @pytest.mark.parametrize("case", ["no mask", "padding", "fully masked row", "neg_inf_fill", "autograd"])
