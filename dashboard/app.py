@@ -44,11 +44,17 @@ PAGES = [
     st.Page(HERE / "model_info.py", title="Model", icon=":material/info:", url_path="model"),
 ]
 
+STALE_CSS = '<style>[data-stale="true"] { transition: opacity 0s linear 0.5s !important; }</style>'
+
 # A local favicon: without one Streamlit uses the page's material icon, fetched from Google.
 st.set_page_config(
     page_title="attnscope", page_icon=str(HERE.parent / "static" / "favicon.png"), layout="wide"
 )
 page = st.navigation(PAGES)
+# Content that a rerun will replace dims after 0.5 s, as Streamlit does, but in one step instead of a
+# 1 s fade: the fade repaints every chart on the page each frame (a 512-token heatmap is large), and on
+# a browser without GPU compositing that took up to a core of CPU while the server computed.
+st.html(STALE_CSS)
 notes = st.container()  # what a link's parameters could not set, above the page
 links.apply(page.url_path, notes.warning)
 state.sidebar()

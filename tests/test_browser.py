@@ -377,3 +377,20 @@ def test_plotly_redraws_a_figure_only_for_new_numbers(browser):
         want = np.asarray(fig.data[0].z, dtype=float)
         got = np.asarray([[np.nan if v is None else v for v in row] for row in drawn], dtype=float)
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_stale_content_dims_in_one_step_after_half_a_second(browser, server):
+    """During a rerun Streamlit marks what will be replaced as stale; the app keeps Streamlit's 0.5 s
+    delay (no flicker on quick reruns) but drops the 1 s opacity fade, which repaints every chart each
+    frame. Read from the browser's computed style of an element marked stale."""
+    page = _new_page(browser)
+    _open_with_tiny_model(page, server)
+    _settle(page)
+    style = page.evaluate(
+        """() => { const e = document.querySelector('[data-testid="stElementContainer"]');
+                   e.setAttribute('data-stale', 'true');
+                   const c = getComputedStyle(e);
+                   return [c.transitionProperty, c.transitionDuration, c.transitionDelay]; }"""
+    )
+    assert style == ["opacity", "0s", "0.5s"], style
+    page.close()
