@@ -25,6 +25,7 @@ test passes when no real-position output moves by more than 1e-5 (float32 noise)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -691,16 +692,13 @@ def check_causal_leak(
                    head=blame[1] if blame else None, positions=(b, i, j), value=v)  # fmt: skip
 
 
-def check_batch_invariance(fwd: ForwardFn, batch: ProbeBatch, traces=(), base: dict | None = None) -> Verdict:
-    """Each sequence run alone (trimmed to its real tokens) gives, at its real positions, the outputs
-    it got padded in the batch. Works for any model, also one that builds its masks from the ids."""
-    name = "batch_invariance"
-    base = batch.call(fwd) if base is None else base
-    worst: tuple[float, tuple | None] = (0.0, None)
+def _alone_inputs(batch: ProbeBatch) -> list[tuple[list, dict[str, int]]]:
+    """Per sequence: (src, tgt, src_real, tgt_real) trimmed to its real tokens, and its real lengths."""
     n_seq = (batch.src if batch.src is not None else batch.tgt).shape[0]
+    out = []
     for b in range(n_seq):
-        lens = {}
-        parts = []
+        lens: dict[str, int] = {}
+        parts: list = []
         for side, ids, real in (("src", batch.src, batch.src_real), ("tgt", batch.tgt, batch.tgt_real)):
             if ids is None:
                 parts += [None, None]
@@ -708,19 +706,47 @@ def check_batch_invariance(fwd: ForwardFn, batch: ProbeBatch, traces=(), base: d
             n = int(real[b].sum())
             lens["enc" if side == "src" else "dec"] = n
             parts += [ids[b : b + 1, :n], real[b : b + 1, :n]]
-        src, src_real, tgt, tgt_real = parts
-        # One sequence with no PAD column: alone it is the very call that gave ``base`` (same ids, same
-        # shapes, so the same numbers): the comparison is exact without running it again.
-        same_call = n_seq == 1 and all(
-            ids is None or n == ids.shape[1]
-            for ids, n in ((batch.src, lens.get("enc")), (batch.tgt, lens.get("dec")))
-        )
-        alone = base if same_call else fwd(src, tgt, src_real, tgt_real)
+        out.append((parts, lens))
+    return out
+
+
+def _same_call(batch: ProbeBatch, lens: dict[str, int]) -> bool:
+    """One sequence with no PAD column: alone it is the very call that gave the batch's outputs (same
+    ids, same shapes, so the same numbers): the comparison is exact without running it again."""
+    n_seq = (batch.src if batch.src is not None else batch.tgt).shape[0]
+    return n_seq == 1 and all(
+        ids is None or n == ids.shape[1]
+        for ids, n in ((batch.src, lens.get("enc")), (batch.tgt, lens.get("dec")))
+    )
+
+
+def alone_outputs(fwd: ForwardFn, batch: ProbeBatch) -> list[dict[str, torch.Tensor] | None]:
+    """Each sequence's outputs run alone, trimmed to its real tokens (None where that run would be the
+    batch's own call: see _same_call). Independent of the batch's call, so it may run beside it."""
+    out = []
+    for (src, src_real, tgt, tgt_real), lens in _alone_inputs(batch):
+        out.append(None if _same_call(batch, lens) else fwd(src, tgt, src_real, tgt_real))
+    return out
+
+
+def check_batch_invariance(
+    fwd: ForwardFn, batch: ProbeBatch, traces=(), base: dict | None = None, alone: list | None = None
+) -> Verdict:
+    """Each sequence run alone (trimmed to its real tokens) gives, at its real positions, the outputs
+    it got padded in the batch. Works for any model, also one that builds its masks from the ids.
+    ``base`` and ``alone``: the batch's outputs and ``alone_outputs`` when already computed."""
+    name = "batch_invariance"
+    base = batch.call(fwd) if base is None else base
+    alone = alone_outputs(fwd, batch) if alone is None else alone
+    worst: tuple[float, tuple | None] = (0.0, None)
+    n_seq = len(alone)
+    for b, ((_, lens), own) in enumerate(zip(_alone_inputs(batch), alone, strict=True)):
+        own = base if own is None else own
         for out_name, n in lens.items():
-            if out_name not in base or out_name not in alone or n == 0:
+            if out_name not in base or out_name not in own or n == 0:
                 continue
             ref = base[out_name][b : b + 1, :n]
-            d = _change(ref, alone[out_name][:, :n])[0] / max(1.0, float(ref.abs().max()))  # (n,) relative
+            d = _change(ref, own[out_name][:, :n])[0] / max(1.0, float(ref.abs().max()))  # (n,) relative
             v = float(d.max())
             if v > worst[0]:
                 worst = (v, (b, out_name, int(d.argmax()), n))
@@ -737,15 +763,19 @@ def check_batch_invariance(fwd: ForwardFn, batch: ProbeBatch, traces=(), base: d
 
 
 def dynamic_checks(fwd: ForwardFn | None, batch: ProbeBatch | None, pad_id: int, traces=(),
-                   vocab: tuple[int | None, int | None] = (None, None),
-                   skip_ids: set[int] = frozenset(), masks_from_ids: bool = False) -> list[Verdict]:  # fmt: skip
+                   vocab: tuple[int | None, int | None] = (None, None), skip_ids: set[int] = frozenset(),
+                   masks_from_ids: bool = False, concurrent: bool = False) -> list[Verdict]:  # fmt: skip
     """finite_outputs, batch_invariance, causal_leak (future invariance), padding_leak[src/tgt]
     (skipped for models that compute their masks from the ids: a changed PAD id is no longer PAD).
 
     The batch runs once for every check that compares to it, together with the padding leaks'
     changed rows (``_run_probes``) when those are at most as many as the batch's rows (so one call
     never holds more than twice the batch); else each side's changed batch runs on its own, the
-    unchanged batch's shape (a call of another shape may take other kernels: float noise)."""
+    unchanged batch's shape (a call of another shape may take other kernels: float noise).
+
+    ``concurrent``: ``fwd`` keeps no state between calls (core models), so the sequences' runs alone
+    (batch_invariance) go in a worker thread while this one runs the batch and the leak tests: two
+    cores busy instead of one (torch releases the GIL in its kernels)."""
     names = ("finite_outputs", "batch_invariance", "causal_leak", "padding_leak[src]", "padding_leak[tgt]")
     if fwd is None or batch is None:
         return [Verdict(n, True, "this model offers no forward_outputs hook", status="skip") for n in names]
@@ -762,22 +792,37 @@ def dynamic_checks(fwd: ForwardFn | None, batch: ProbeBatch | None, pad_id: int,
             pads[side] = p
         else:
             probes.append(p)
-    n = (batch.src if batch.src is not None else batch.tgt).shape[0]
-    if sum(len(p.rows) for p in probes) <= n:
-        base, alts = _run_probes(fwd, batch, probes)
-    else:  # each side's changed batch runs on its own, the same shape as the unchanged one
-        base, alts = batch.call(fwd), {}
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-alone") as pool:
+        later = (
+            pool.submit(_with_threads, torch.get_num_threads(), alone_outputs, fwd, batch)
+            if concurrent
+            else None
+        )
+        n = (batch.src if batch.src is not None else batch.tgt).shape[0]
+        if sum(len(p.rows) for p in probes) <= n:
+            base, alts = _run_probes(fwd, batch, probes)
+        else:  # each side's changed batch runs on its own, the same shape as the unchanged one
+            base, alts = batch.call(fwd), {}
+            for p in probes:
+                alts[p.side] = {name: t[p.rows] for name, t in batch.call(fwd, **{p.side: p.changed}).items()}
         for p in probes:
-            alts[p.side] = {name: t[p.rows] for name, t in batch.call(fwd, **{p.side: p.changed}).items()}
-    for p in probes:
-        pads[p.side] = _padding_verdict(p, batch, base, alts[p.side], traces)
+            pads[p.side] = _padding_verdict(p, batch, base, alts[p.side], traces)
+        causal = check_causal_leak(fwd, batch, pad_id, traces, vocab[1], skip_ids)
+        alone = None if later is None else later.result()
     return [
         check_finite_outputs(fwd, batch, base),
-        check_batch_invariance(fwd, batch, traces, base),
-        check_causal_leak(fwd, batch, pad_id, traces, vocab[1], skip_ids),
+        check_batch_invariance(fwd, batch, traces, base, alone),
+        causal,
         pads["src"],
         pads["tgt"],
     ]
+
+
+def _with_threads(threads: int, fn, *args):
+    """``fn(*args)`` in a worker thread with the caller's intra-op thread count (a new thread starts
+    with torch's default)."""
+    torch.set_num_threads(threads)
+    return fn(*args)
 
 
 # -- whole audit ------------------------------------------------------------------------------------------
@@ -847,7 +892,9 @@ def run_audit(
         return batch_from_traces(list(trs), f["pad_id"], extra_pad, f["max_len"], lm.device)
 
     def leak_tests(b: ProbeBatch, seen: Sequence[AttentionTrace]) -> list[Verdict]:
-        return dynamic_checks(fwd, b, f["pad_id"], seen, f["vocab"], f["skip_ids"], lm.masks_from_ids)
+        return dynamic_checks(
+            fwd, b, f["pad_id"], seen, f["vocab"], f["skip_ids"], lm.masks_from_ids, concurrent=lm.injectable
+        )  # core: its forward keeps no state
 
     if traces is None and probe is not None and later is not None:
         pending = _PendingTraces(later)

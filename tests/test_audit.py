@@ -161,6 +161,37 @@ def test_padding_leaks_run_the_changed_rows_beside_the_unchanged_batch(encoder_o
     )
 
 
+@pytest.mark.parametrize("bug", [None, "pad_on_queries", "inverted"])
+def test_concurrent_runs_alone_in_a_worker_with_the_same_verdicts(bug):
+    """concurrent=True (core models, whose forward keeps no state): the sequences' runs alone go in a
+    worker thread beside the batch's call; every verdict equals the one-thread run's, number for number."""
+    import threading
+
+    model = make_lm()
+    traces = model.trace(LAB_SOURCES, LAB_TARGETS)
+    batch = AU.batch_from_traces(traces, model.cfg.pad_id, 0, model.cfg.max_len)
+    vocab = (len(model.src_tok), len(model.tgt_tok))
+    base = AU.forward_fn(model, B.get(bug) if bug else None)
+    threads: dict[tuple, set] = {}
+
+    def fwd(src, tgt, src_real, tgt_real):
+        threads.setdefault((tuple(src.shape), tuple(tgt.shape)), set()).add(threading.get_ident())
+        return base(src, tgt, src_real, tgt_real)
+
+    one = AU.dynamic_checks(fwd, batch, 0, traces, vocab)
+    assert {t for ts in threads.values() for t in ts} == {threading.get_ident()}
+    threads.clear()
+    two = AU.dynamic_checks(fwd, batch, 0, traces, vocab, concurrent=True)
+    assert [(v.name, v.status, v.value, v.positions) for v in two] == [
+        (v.name, v.status, v.value, v.positions) for v in one
+    ]
+    lens = [int(r.sum()) for r in batch.src_real]
+    alone = {shape for shape in threads if shape[0][0] == 1 and shape[0][1] in lens}
+    assert alone and all(threading.get_ident() not in threads[shape] for shape in alone), threads
+    leak_call = [shape for shape in threads if shape[0][0] > batch.src.shape[0]]  # the batch + changed rows
+    assert leak_call and all(threads[shape] == {threading.get_ident()} for shape in leak_call), threads
+
+
 def test_row_sums_allow_the_precision_of_half_precision_maps():
     """Maps computed in bfloat16 or float16 (kept as float32 in the trace) sum to 1 within their own
     precision, read from the values; a float32 map keeps 1e-5, and a row that is really off still fails."""
