@@ -693,7 +693,7 @@ def check_causal_leak(
 
 
 def _alone_inputs(batch: ProbeBatch) -> list[tuple[list, dict[str, int]]]:
-    """Per sequence: (src, tgt, src_real, tgt_real) trimmed to its real tokens, and its real lengths."""
+    """Per sequence: [src, src_real, tgt, tgt_real] trimmed to its real tokens, and its real lengths."""
     n_seq = (batch.src if batch.src is not None else batch.tgt).shape[0]
     out = []
     for b in range(n_seq):
