@@ -27,7 +27,7 @@ STEPS = ("trace correct", "trace with bug", "audit correct", "audit with bug")
 
 # Runs inside each checkout (cwd = the checkout, its folder first on sys.path): one JSON line per repeat.
 CHILD = r"""
-import json, sys, time, torch
+import inspect, json, sys, time, torch
 torch.set_num_threads(1)
 from bench import harness
 from core import audit, bugs
@@ -43,13 +43,15 @@ def step(f):
     out = f()
     return out, time.process_time() - t0, ran[0]
 lm.trace([harness.word_text(lm.src_tok, 16, 0)])  # warm up
+# As the lab runs them (two audits at once, no second thread inside each); older checkouts lack the flag.
+one_thread = {"concurrent": False} if "concurrent" in inspect.signature(audit.run_audit).parameters else {}
 for r in range(repeats):
     text = harness.word_text(lm.src_tok, tokens, seed + r)
     srcs = list(runs.lab_batch(lm, (text,), None, True)[0])
     ok, c1, n1 = step(lambda: lm.trace(srcs))
     bad, c2, n2 = step(lambda: bugs.trace_with_bug(lm, srcs, bug))
-    ra, c3, n3 = step(lambda: audit.run_audit(lm, srcs, traces=ok))
-    rb, c4, n4 = step(lambda: audit.run_audit(lm, srcs, bug=bug, traces=bad))
+    ra, c3, n3 = step(lambda: audit.run_audit(lm, srcs, traces=ok, **one_thread))
+    rb, c4, n4 = step(lambda: audit.run_audit(lm, srcs, bug=bug, traces=bad, **one_thread))
     verdicts = [(v.name, v.status) for v in ra.verdicts + rb.verdicts]
     print(json.dumps({"cpu": [c1, c2, c3, c4], "tokens": [n1, n2, n3, n4], "verdicts": verdicts}), flush=True)
 """

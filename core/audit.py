@@ -864,6 +864,7 @@ def run_audit(
     traces: list[AttentionTrace] | None = None,
     probe: list[AttentionTrace] | None = None,
     later: Callable[[], Sequence[AttentionTrace]] | None = None,
+    concurrent: bool | None = None,
 ) -> AuditReport:
     """Static checks on the traces of ``sources`` plus the leak tests, with ``bug`` injected if given.
     ``traces``: this run's traces when the caller already has them: ``lm.trace(sources, targets)``,
@@ -872,7 +873,11 @@ def run_audit(
     for a bug teacher-forced on its output), from which the leak tests' batch is built, and a function
     that returns this run's traces (e.g. a Future's ``result`` of the traced pass running in another
     thread): the leak tests run here first, then ``later()`` is called. If its ids are not the probe's,
-    the leak tests run again on its own batch."""
+    the leak tests run again on its own batch. ``concurrent``: run the sequences alone in a second
+    thread beside the leak tests (see dynamic_checks); default: for core models. A caller that already
+    keeps the cores busy (the Mask lab audits two models at once) passes False."""
+    if concurrent is None:  # core models' forward keeps no state: two threads may run it at once
+        concurrent = lm.injectable
     bug = B.get(bug) if isinstance(bug, str) else bug
     if (bug is not None or interv is not None) and not lm.injectable:
         raise ValueError("mask bugs and head ablation can only be injected into core models")
@@ -893,7 +898,7 @@ def run_audit(
 
     def leak_tests(b: ProbeBatch, seen: Sequence[AttentionTrace]) -> list[Verdict]:
         return dynamic_checks(
-            fwd, b, f["pad_id"], seen, f["vocab"], f["skip_ids"], lm.masks_from_ids, concurrent=lm.injectable
+            fwd, b, f["pad_id"], seen, f["vocab"], f["skip_ids"], lm.masks_from_ids, concurrent=concurrent
         )  # core: its forward keeps no state
 
     if traces is None and probe is not None and later is not None:

@@ -17,7 +17,6 @@ from core import masks as M
 from core.attention import AttnMaps, Intervention
 from core.config import TransformerConfig
 from core.layers import DecoderLayer, EncoderLayer
-from core.memory import advise_huge_pages
 from core.positional import LearnedPositions, SinusoidalPositions
 
 
@@ -61,8 +60,6 @@ def map_buffers(
     b, h, lq, lk = shape
     scores = torch.empty((n_layers, b, h, lq, lk), dtype=like.dtype, device=like.device)
     probs = torch.empty_like(scores)
-    advise_huge_pages(scores)  # fresh memory: fewer page faults when the layers write it (core.memory)
-    advise_huge_pages(probs)
     return AttnMaps(scores.transpose(0, 1), probs.transpose(0, 1)), [
         AttnMaps(scores[i], probs[i]) for i in range(n_layers)
     ]

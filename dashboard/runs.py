@@ -158,7 +158,10 @@ def _lab_job(
             return list(store.get_or_compute(key, lambda: _with_cached_correct(lm, ok, srcs, tgts, bug))[1])
 
         def with_probe() -> tuple[AuditReport, AuditReport]:
-            return ok, audit.run_audit(lm, srcs, tgts, bug=bug, probe=ok.traces, later=traced)
+            # (the page traces the bug meanwhile: the cores are busy, no second thread here)
+            return ok, audit.run_audit(
+                lm, srcs, tgts, bug=bug, probe=ok.traces, later=traced, concurrent=False
+            )
 
         return functools.partial(_in_thread, threads, with_probe)
 
@@ -166,13 +169,17 @@ def _lab_job(
     ok_store, ok_key = audit_report.store(), audit_report.key(name, device, version, sources, targets)
 
     def correct() -> AuditReport:
-        report = audit.run_audit(lm, srcs, tgts, traces=list(ok_traces))
+        # Two audits run at once (both()): no second thread inside each.
+        report = audit.run_audit(lm, srcs, tgts, traces=list(ok_traces), concurrent=False)
         ok_store.put(ok_key, report)  # the Mask audit page and the next bug reuse it
         return report
 
     def both() -> tuple[AuditReport, AuditReport]:
         return _at_once(
-            correct, functools.partial(audit.run_audit, lm, srcs, tgts, bug=bug, traces=list(bad_traces))
+            correct,
+            functools.partial(
+                audit.run_audit, lm, srcs, tgts, bug=bug, traces=list(bad_traces), concurrent=False
+            ),
         )
 
     return functools.partial(_in_thread, threads, both)
