@@ -79,14 +79,8 @@ def scaled_dot_product(
     elif bool(mask.all()):  # nothing masked (no padding, not causal): filling would change nothing
         probs = softmax(scores)
     else:
-        # where(): the same numbers as scores.masked_fill(~mask, min) in one pass (not a copy, then a fill);
-        # with a map buffer, written into it and turned into probabilities in place (no temporary map)
-        low = torch.finfo(scores.dtype).min
-        if out is None:
-            probs = softmax(torch.where(mask, scores, low))
-        else:
-            torch.where(mask, scores, torch.tensor(low, dtype=scores.dtype, device=scores.device), out=out)
-            probs = torch.softmax(out, dim=-1, out=out)
+        # where(): the same numbers as scores.masked_fill(~mask, min) in one pass (not a copy, then a fill)
+        probs = softmax(torch.where(mask, scores, torch.finfo(scores.dtype).min))
         # A masked key in a row with an allowed key gets exp(min - max) = exactly 0 already; only a row
         # with no allowed key at all (softmax spread it evenly over masked keys) must be set to 0. The
         # test reads the small bool mask, not the [B, H, Lq, Lk] maps (a full masked_fill pass was ~7%
