@@ -794,7 +794,7 @@ def dynamic_checks(fwd: ForwardFn | None, batch: ProbeBatch | None, pad_id: int,
             probes.append(p)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-alone") as pool:
         later = (
-            pool.submit(_with_threads, torch.get_num_threads(), alone_outputs, fwd, batch)
+            pool.submit(with_threads, torch.get_num_threads(), alone_outputs, fwd, batch)
             if concurrent
             else None
         )
@@ -818,11 +818,11 @@ def dynamic_checks(fwd: ForwardFn | None, batch: ProbeBatch | None, pad_id: int,
     ]
 
 
-def _with_threads(threads: int, fn, *args):
-    """``fn(*args)`` in a worker thread with the caller's intra-op thread count (a new thread starts
-    with torch's default)."""
+def with_threads(threads: int, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with ``threads`` intra-op threads: for a worker thread, which starts with
+    torch's default count, not its caller's."""
     torch.set_num_threads(threads)
-    return fn(*args)
+    return fn(*args, **kwargs)
 
 
 # -- whole audit ------------------------------------------------------------------------------------------

@@ -78,11 +78,7 @@ def _sidebar_traces(lm, name, device, version, sources, targets) -> list[Attenti
     return None if any(t.meta.get("warnings") for t in cached) else cached  # nothing truncated
 
 
-def _in_thread(threads: int, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` in a worker thread with the app's intra-op thread count (a new thread
-    starts with torch's default, not the app's: see loaders)."""
-    torch.set_num_threads(threads)
-    return fn(*args, **kwargs)
+_in_thread = audit.with_threads  # a worker thread with the app's intra-op thread count (see loaders)
 
 
 def _at_once(here, there) -> tuple:
