@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from core import map_pool
 from core import masks as M
 from core.attention import AttnMaps, Intervention
 from core.config import TransformerConfig
@@ -58,8 +59,9 @@ def map_buffers(
     Stored layer-major, so a layer's slice is contiguous and a matmul writes it in place; returned as
     a (B, layer, ...) view (one sequence's maps are a strided view unless the batch is one sequence)."""
     b, h, lq, lk = shape
-    scores = torch.empty((n_layers, b, h, lq, lk), dtype=like.dtype, device=like.device)
-    probs = torch.empty_like(scores)
+    full = (n_layers, b, h, lq, lk)
+    scores = map_pool.empty(full, like.dtype, like.device)  # recycled memory when the pool is on
+    probs = map_pool.empty(full, like.dtype, like.device)
     return AttnMaps(scores.transpose(0, 1), probs.transpose(0, 1)), [
         AttnMaps(scores[i], probs[i]) for i in range(n_layers)
     ]

@@ -25,6 +25,7 @@ from pathlib import Path
 import streamlit as st
 import torch
 
+from core import map_pool
 from core.checkpoint import CONFIG, ModelLoadError, read_meta
 from core.interface import AttentionModel
 from core.trace import AttentionTrace
@@ -45,6 +46,10 @@ EXTRA_MODELS_ENV = "ATTNSCOPE_MODELS"
 TRACE_CACHE_ENTRIES = 32
 TRACE_CACHE_MB = 1024
 TRACE_CACHE_TTL_S = 3600
+# Memory of traces that are gone is kept for the next traced pass (core/map_pool.py): at most this
+# many MB of it (ATTNSCOPE_MAP_POOL_MB; 0 turns the pool off). A MiniLM pair at 512 tokens is ~600 MB.
+MAP_POOL_MB = 1024
+map_pool.POOL.configure(int(float(os.environ.get("ATTNSCOPE_MAP_POOL_MB", MAP_POOL_MB)) * 2**20))
 DEMO_SEED = 2026  # examples shown by default (not a training/eval seed)
 UPLOAD_PREFIX = "attnscope-upload-"  # per-session temporary folders of uploaded checkpoints
 # Inputs offered for models with a natural-language tokenizer and no examples of their own.

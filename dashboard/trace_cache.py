@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from core import map_pool
+
 MB = 2**20
 
 
@@ -58,8 +60,11 @@ class TraceStore:
     def _expire(self, now: float) -> None:
         if self.ttl_s is None:
             return
-        for key in [k for k, (_, _, used) in self._items.items() if now - used > self.ttl_s]:
+        old = [k for k, (_, _, used) in self._items.items() if now - used > self.ttl_s]
+        for key in old:
             self.bytes -= self._items.pop(key)[1]
+        if old:
+            map_pool.POOL.trim()  # the maps of what left, beyond the pool's budget, go back to the system
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         with self._lock:
@@ -82,8 +87,12 @@ class TraceStore:
                 return  # bigger than the whole budget: returned to the caller, not kept
             self._items[key] = (value, size, time.monotonic())
             self.bytes += size
+            evicted = 0
             while self._items and (len(self._items) > self.max_entries or self.bytes > self.max_bytes):
                 self.bytes -= self._items.popitem(last=False)[1][1]
+                evicted += 1
+        if evicted:
+            map_pool.POOL.trim()
 
     def get_or_compute(
         self, key: Hashable, compute: Callable[[], Any], on_miss: Callable | None = None
