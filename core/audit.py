@@ -38,6 +38,7 @@ from core.attention import Intervention
 from core.trace import AttentionTrace
 
 ROW_SUM_TOL = 1e-5
+MAP_CHUNK = 2**20  # values read at once where a check streams through maps
 LEAK_TOL = 1e-5
 EXTRA_PAD = 2  # PAD columns the leak tests append so that even one text has padding
 MAX_VARIANTS = 96  # causal leak: at most this many (sequence, position) changes
@@ -161,16 +162,27 @@ def check_masked_mass(traces: list[AttentionTrace], kind: str, pad_id: int | Non
         n_pairs += int(forbidden.sum())
         if not forbidden.any():
             continue
-        on = np.where(forbidden, p, 0.0)  # (L, H, Q, K); NaN stays NaN on forbidden keys
-        row = on.sum(-1)  # (L, H, Q)
+        # Only the block of rows and columns that hold a forbidden pair is read: a view when they are
+        # runs (PAD rows of real queries, PAD columns), and no masking pass when the whole block is
+        # forbidden (padding): a quarter of the maps for a sequence padded to twice its length.
+        rows, cols = _columns(forbidden.any(1)), _columns(forbidden.any(0))
+        sub, where = p[:, :, rows][..., cols], forbidden[rows][:, cols]
+        on = (
+            sub if where.all() else np.where(where, sub, 0.0)
+        )  # (L, H, q, k); NaN stays NaN on forbidden keys
+        row = on.sum(-1)  # (L, H, q)
         bad = ~(row == 0)  # NaN counts as bad
         bad_heads.update(tuple(int(i) for i in lh) for lh in np.argwhere(bad.any(-1)))
         if bad.any():
             score = np.where(np.isnan(row), np.inf, row)
-            ly, h, q = np.unravel_index(int(np.argmax(score)), score.shape)
-            k = int(np.argmax(np.nan_to_num(on[ly, h, q], nan=np.inf)))
-            if worst is None or score[ly, h, q] > worst[0]:
-                worst = (float(score[ly, h, q]), b, int(ly), int(h), int(q), k)
+            ly, h, qi = np.unravel_index(int(np.argmax(score)), score.shape)
+            ki = int(np.argmax(np.nan_to_num(on[ly, h, qi], nan=np.inf)))
+            if worst is None or score[ly, h, qi] > worst[0]:
+                q, k = (
+                    int(np.arange(p.shape[2])[rows][qi]),
+                    int(np.arange(p.shape[3])[cols][ki]),
+                )  # full map's
+                worst = (float(score[ly, h, qi]), b, int(ly), int(h), q, k)
     if worst is None:
         if n_pairs == 0:
             return Verdict(
@@ -213,16 +225,35 @@ def _fits(x: np.ndarray, name: str) -> bool:
 def map_precision(p: np.ndarray) -> tuple[str, float]:
     """(dtype name, row-sum tolerance) of the precision the weights ``p`` were computed in, read from the
     values (a trace keeps them as float32): bfloat16 when every float32 has its low 16 bits zero, float16
-    when every value is a float16 number; else float32 and ROW_SUM_TOL. A sample decides float32 at once."""
-    flat = np.asarray(p, dtype=np.float32).reshape(-1)
-    sample = flat[:: max(1, flat.size // 4096)]
-    sample = sample[np.isfinite(sample)]
-    if sample.size == 0:
+    when every value is a float16 number; else float32 and ROW_SUM_TOL. Zeros (masked keys, dead rows) fit
+    every precision and tell nothing: only the other finite values are read, and maps with none of them
+    are float32. A strided sample decides float32 at once; else the maps are read in chunks, stopping at
+    the first value that fits no half precision."""
+    p = np.asarray(p, dtype=np.float32)
+    # Contiguous pieces, each flattened without a copy (one sequence's maps are a strided view of the
+    # batch's: flattening them whole would copy every map).
+    if p.flags.c_contiguous or p.ndim <= 2:
+        pieces = [p.reshape(-1)]
+    else:  # one (query, key) map at a time
+        pieces = [p[i].reshape(-1) for i in np.ndindex(p.shape[:-2])]
+    informative = lambda x: x[np.isfinite(x) & (x != 0)]  # noqa: E731
+    step = max(1, sum(a.size for a in pieces) // 4096)
+    sample = np.concatenate([informative(a[::step]) for a in pieces])
+    left = [name for name, _ in _HALF if _fits(sample, name)]
+    seen = False
+    for a in pieces:
+        for start in range(0, a.size, MAP_CHUNK):
+            if not left:
+                return "float32", ROW_SUM_TOL
+            chunk = a[start : start + MAP_CHUNK]
+            if not chunk.any():
+                continue
+            values = informative(chunk)
+            seen = seen or values.size > 0
+            left = [name for name in left if _fits(values, name)]
+    if not left or not seen:
         return "float32", ROW_SUM_TOL
-    for name, eps in _HALF:
-        if _fits(sample, name) and _fits(flat[np.isfinite(flat)], name):
-            return name, max(ROW_SUM_TOL, eps)
-    return "float32", ROW_SUM_TOL
+    return left[0], max(ROW_SUM_TOL, dict(_HALF)[left[0]])
 
 
 def check_row_sums(traces: list[AttentionTrace], kind: str, pad_id: int | None = None) -> Verdict:

@@ -432,6 +432,51 @@ def test_static_checks_on_hand_made_traces(lm):
     assert AU.check_masked_mass([bad], "enc_self").passed is False
 
 
+@pytest.mark.parametrize("bug", [None, *B.names()])
+def test_masked_mass_reads_the_forbidden_block_with_the_full_maps_numbers(lm, bug):
+    """check_masked_mass reads only the rows and columns holding a forbidden pair: it fails exactly when
+    some real query row puts mass on a forbidden key in the full maps (masked_mass_per_head, NaN as inf),
+    its value is the largest such mass (up to float32 rounding: fewer terms, another summation order),
+    and the (query, key) it names are in the full map: a forbidden pair, the row's largest."""
+    traces = (
+        lm.trace(LAB_SOURCES, LAB_TARGETS)
+        if bug is None
+        else B.trace_with_bug(lm, LAB_SOURCES, bug, LAB_TARGETS)
+    )
+    for kind in traces[0].kinds:
+        v = AU.check_masked_mass(traces, kind, 0)
+        per_head = [np.nan_to_num(AU.masked_mass_per_head(tr, kind, 0), nan=np.inf) for tr in traces]
+        worst = max(float(m.max()) for m in per_head)
+        assert v.passed == (worst == 0), (bug, kind, v.line())
+        if v.passed:
+            continue
+        assert v.value == pytest.approx(worst, rel=1e-6)  # the same numbers, summed in another order
+        b, q, k = v.positions
+        q_real, ok = AU.expected_mask(traces[b], kind, 0)
+        assert q_real[q] and not ok[q, k]
+        row = traces[b].probs(kind)[v.layer, v.head, q]
+        forbidden = np.where(~ok[q], np.nan_to_num(row, nan=np.inf), -1.0)
+        assert k == int(np.argmax(forbidden))
+
+
+def test_map_precision_reads_only_informative_values():
+    """Zeros fit every precision: a map of zeros (every key masked) is float32, not bfloat16, and so is
+    a map whose strided sample holds only zeros but whose other values are float32 numbers. A strided
+    view (one sequence of a batch) of bfloat16 values is bfloat16."""
+    assert AU.map_precision(np.zeros((2, 3, 8, 8), np.float32)) == ("float32", AU.ROW_SUM_TOL)
+    g = torch.Generator().manual_seed(1)
+    batch = torch.randn(2, 2, 3, 64, 64, generator=g).softmax(-1).bfloat16().float().numpy()
+    seq = batch[:, 1]  # (layer, head, q, k), not contiguous
+    assert not seq.flags.c_contiguous and AU.map_precision(seq) == ("bfloat16", 2.0**-7)
+    sparse = np.zeros((1, 1, 4096, 4096), np.float32)  # the sample (every 4096th value) reads column 0
+    sparse[0, 0, :, 1] = 0.1  # not a bfloat16 number
+    assert AU.map_precision(sparse)[0] == "float32"
+    late = np.full((1, 1, 2048, 2048), 0.5, np.float32)  # a bfloat16 number everywhere...
+    late[0, 0, -1, -1] = 0.1  # ...but one, past the sample and the first chunks
+    assert AU.map_precision(late)[0] == "float32"
+    assert AU.map_precision(late[..., :-1, :])[0] == "bfloat16"
+
+
 def test_real_positions_keep_a_pad_decoder_start(lm):
     tr = lm.trace(["abc"], ["cba"])[0]
     # a trace file without stored real positions: derived from the ids, position 0 always real
