@@ -167,9 +167,7 @@ def check_masked_mass(traces: list[AttentionTrace], kind: str, pad_id: int | Non
         # forbidden (padding): a quarter of the maps for a sequence padded to twice its length.
         rows, cols = _columns(forbidden.any(1)), _columns(forbidden.any(0))
         sub, where = p[:, :, rows][..., cols], forbidden[rows][:, cols]
-        on = (
-            sub if where.all() else np.where(where, sub, 0.0)
-        )  # (L, H, q, k); NaN stays NaN on forbidden keys
+        on = sub if where.all() else np.where(where, sub, 0.0)  # (L, H, q, k); NaN stays NaN there
         row = on.sum(-1)  # (L, H, q)
         bad = ~(row == 0)  # NaN counts as bad
         bad_heads.update(tuple(int(i) for i in lh) for lh in np.argwhere(bad.any(-1)))
@@ -178,11 +176,8 @@ def check_masked_mass(traces: list[AttentionTrace], kind: str, pad_id: int | Non
             ly, h, qi = np.unravel_index(int(np.argmax(score)), score.shape)
             ki = int(np.argmax(np.nan_to_num(on[ly, h, qi], nan=np.inf)))
             if worst is None or score[ly, h, qi] > worst[0]:
-                q, k = (
-                    int(np.arange(p.shape[2])[rows][qi]),
-                    int(np.arange(p.shape[3])[cols][ki]),
-                )  # full map's
-                worst = (float(score[ly, h, qi]), b, int(ly), int(h), q, k)
+                q, k = np.arange(p.shape[2])[rows][qi], np.arange(p.shape[3])[cols][ki]  # in the full map
+                worst = (float(score[ly, h, qi]), b, int(ly), int(h), int(q), int(k))
     if worst is None:
         if n_pairs == 0:
             return Verdict(
