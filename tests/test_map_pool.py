@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,3 +138,16 @@ def test_cache_eviction_gives_free_blocks_back(tiny_model, pool):
     store.put("b", tiny_model.trace(TEXTS))  # "a" is evicted: its blocks are free, then dropped
     s = pool.stats()
     assert s["free_blocks"] == 0 and s["blocks"] == 6  # only "b"'s blocks are held
+
+
+@pytest.mark.parametrize(("env", "expect"), [(None, 1024 * MB), ("0", 0), ("5", 5 * MB)])
+def test_the_dashboard_turns_the_pool_on_with_its_budget(env, expect):
+    environ = {k: v for k, v in os.environ.items() if k != "ATTNSCOPE_MAP_POOL_MB"}
+    if env is not None:
+        environ["ATTNSCOPE_MAP_POOL_MB"] = env
+    code = "import dashboard.loaders, core.map_pool as m; print(m.POOL.keep_bytes)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=environ, cwd=Path(__file__).resolve().parents[1],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert int(out.stdout.split()[-1]) == expect
