@@ -55,7 +55,9 @@ class MapPool:
         self._lock = threading.Lock()
         self.reused = 0  # blocks handed out again (for tests and benchmarks)
         self.created = 0
-        self._idle = self._idle_refs()
+        self._idle = self._idle_refs() if hasattr(sys, "getrefcount") else None  # (PyPy: the pool stays off)
+        if self._idle is None:
+            self.keep_bytes = 0
 
     @staticmethod
     def _refs(blocks: list[np.ndarray], i: int) -> int:
@@ -72,7 +74,7 @@ class MapPool:
     def configure(self, keep_bytes: int) -> None:
         """Keep at most ``keep_bytes`` of free blocks (0: the pool is off; its free blocks are dropped)."""
         with self._lock:
-            self.keep_bytes = max(0, int(keep_bytes))
+            self.keep_bytes = max(0, int(keep_bytes)) if self._idle is not None else 0
             self._trim(self.keep_bytes)
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
@@ -93,10 +95,17 @@ class MapPool:
                 owner = _block(need + ALIGN)
                 self._blocks.append(owner)
                 self.created += 1
-            # from_numpy takes the one reference that marks the block as used (see the docstring).
-            flat = torch.from_numpy(owner)
-            start = (-flat.data_ptr()) % ALIGN
-            out = flat[start : start + need].view(dtype).view(shape)
+            # The tensor's storage is the requested bytes only, not the whole block (whose tail may hold an
+            # earlier trace's maps: torch.save of a view writes its whole storage). from_numpy takes the
+            # reference that marks the block as used: the region's base is the owner (checked; else the
+            # storage is the whole owner, which is always safe).
+            start = (-owner.ctypes.data) % ALIGN
+            region = owner[start : start + need]
+            if region.base is owner:
+                out = torch.from_numpy(region)
+            else:
+                out = torch.from_numpy(owner)[start : start + need]
+            out = out.view(dtype).view(shape)
             self._trim(self.keep_bytes)
         return out
 

@@ -119,6 +119,22 @@ def test_free_blocks_beyond_the_budget_go_back():
     assert p.stats()["blocks"] == 0
 
 
+def test_a_recycled_tensor_holds_only_its_own_bytes():
+    """A smaller request on a recycled block: its storage is the requested bytes, so nothing that
+    writes a tensor's whole storage (torch.save of a view) carries the earlier user's maps along."""
+    p = MapPool(keep_bytes=256 * MB)
+    big = 5 * map_pool.MIN_BYTES // 16  # float32 elements: 1.25 x the minimum
+    a = p.empty((big,), torch.float32, "cpu")
+    a.fill_(42.0)
+    del a
+    b = p.empty((map_pool.MIN_BYTES // 4,), torch.float32, "cpu")
+    assert p.reused == 1
+    assert b.untyped_storage().nbytes() == map_pool.MIN_BYTES
+    assert p.stats()["free_blocks"] == 0  # and the block counts as used while b lives
+    del b
+    assert p.stats()["free_blocks"] == 1
+
+
 def test_blocks_are_aligned_and_typed():
     p = MapPool(keep_bytes=256 * MB)
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
