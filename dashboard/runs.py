@@ -78,15 +78,12 @@ def _sidebar_traces(lm, name, device, version, sources, targets) -> list[Attenti
     return None if any(t.meta.get("warnings") for t in cached) else cached  # nothing truncated
 
 
-_in_thread = audit.with_threads  # a worker thread with the app's intra-op thread count (see loaders)
-
-
 def _at_once(here, there) -> tuple:
     """(here(), there()), computed at the same time: ``there`` in a worker thread with this thread's
     intra-op thread count (torch releases the GIL; the model's forward keeps no state). Its errors
     (InputError, ValueError) are raised here once ``here`` is done."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-pair") as pool:
-        other = pool.submit(_in_thread, torch.get_num_threads(), there)
+        other = pool.submit(audit.with_threads, torch.get_num_threads(), there)
         try:
             mine = here()
         finally:
@@ -159,7 +156,7 @@ def _lab_job(
                 lm, srcs, tgts, bug=bug, probe=ok.traces, later=traced, concurrent=False
             )
 
-        return functools.partial(_in_thread, threads, with_probe)
+        return functools.partial(audit.with_threads, threads, with_probe)
 
     ok_traces, bad_traces = lab_traces(name, device, version, sources, targets, bug)
     ok_store, ok_key = audit_report.store(), audit_report.key(name, device, version, sources, targets)
@@ -178,7 +175,7 @@ def _lab_job(
             ),
         )
 
-    return functools.partial(_in_thread, threads, both)
+    return functools.partial(audit.with_threads, threads, both)
 
 
 # Workers for the lab's leak tests, so that the page draws its charts while they run.

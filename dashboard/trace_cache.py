@@ -57,42 +57,48 @@ class TraceStore:
     def __len__(self) -> int:
         return len(self._items)
 
-    def _expire(self, now: float) -> None:
+    def _expire(self, now: float) -> int:
+        """Drop the entries unused for ``ttl_s``; returns how many (the lock is held)."""
         if self.ttl_s is None:
-            return
+            return 0
         old = [k for k, (_, _, used) in self._items.items() if now - used > self.ttl_s]
         for key in old:
             self.bytes -= self._items.pop(key)[1]
-        if old:
-            map_pool.POOL.trim()  # the maps of what left, beyond the pool's budget, go back to the system
+        return len(old)
+
+    @staticmethod
+    def _released(dropped: int) -> None:
+        """After entries left (outside the lock): the maps they held, beyond the pool's budget, go back
+        to the system (core/map_pool.py)."""
+        if dropped:
+            map_pool.POOL.trim()
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         with self._lock:
             now = time.monotonic()
-            self._expire(now)
+            dropped = self._expire(now)
             item = self._items.get(key)
-            if item is None:
-                return default
-            self._items[key] = (item[0], item[1], now)
-            self._items.move_to_end(key)
-            self.hits += 1
-            return item[0]
+            if item is not None:
+                self._items[key] = (item[0], item[1], now)
+                self._items.move_to_end(key)
+                self.hits += 1
+        self._released(dropped)
+        return default if item is None else item[0]
 
     def put(self, key: Hashable, value: Any) -> None:
         size = nbytes(value)
+        dropped = 0
         with self._lock:
             if key in self._items:
                 self.bytes -= self._items.pop(key)[1]
-            if size > self.max_bytes:
-                return  # bigger than the whole budget: returned to the caller, not kept
-            self._items[key] = (value, size, time.monotonic())
-            self.bytes += size
-            evicted = 0
-            while self._items and (len(self._items) > self.max_entries or self.bytes > self.max_bytes):
-                self.bytes -= self._items.popitem(last=False)[1][1]
-                evicted += 1
-        if evicted:
-            map_pool.POOL.trim()
+                dropped += 1
+            if size <= self.max_bytes:  # else bigger than the whole budget: returned to the caller, not kept
+                self._items[key] = (value, size, time.monotonic())
+                self.bytes += size
+                while self._items and (len(self._items) > self.max_entries or self.bytes > self.max_bytes):
+                    self.bytes -= self._items.popitem(last=False)[1][1]
+                    dropped += 1
+        self._released(dropped)
 
     def get_or_compute(
         self, key: Hashable, compute: Callable[[], Any], on_miss: Callable | None = None
