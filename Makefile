@@ -12,13 +12,13 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e .   # the `attnscope` command; `import core` anywhere
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .   # the `attnscope` command; `import attnscope` anywhere
 	touch $@
 
 setup: $(VENV)/.installed
 
 run: setup
-	$(PY) -m streamlit run dashboard/app.py --server.address $(ADDRESS) --server.port $(PORT)
+	$(PY) -m attnscope run --address $(ADDRESS) --port $(PORT)
 
 lint: setup
 	$(PY) -m ruff check .

@@ -1,7 +1,7 @@
-"""``python -m core audit``: the mask audit from the command line (for CI).
+"""``python -m attnscope audit``: the mask audit from the command line (for CI).
 
-    python -m core audit --model NAME|PATH [--inject BUG] [--target T ...] "text" ["text2" ...]
-    python -m core audit --list-bugs
+    python -m attnscope audit --model NAME|PATH [--inject BUG] [--target T ...] "text" ["text2" ...]
+    python -m attnscope audit --list-bugs
 
 Prints one line per check (``PASS|FAIL|SKIP|INFO name: detail``); exit code 0 when no check
 fails, 1 when one does, 2 for input the command cannot use (one line on stderr).
@@ -19,7 +19,7 @@ EXIT_FAIL = 1
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from core import audit, bugs
+    from attnscope.core.analysis import audit, bugs
 
     if args.list_bugs:
         width = max(len(n) for n in bugs.names())
@@ -27,9 +27,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
             print(f"{name:<{width}}  {bug.description}")
         return 0
     if not args.model:
-        raise cli.CliError("--model is required (a zoo name or a model folder); see `python -m core models`")
+        raise cli.CliError(
+            "--model is required (a zoo name or a model folder); see `python -m attnscope models`"
+        )
     if not args.text:
-        raise cli.CliError('give at least one input text, e.g. python -m core audit --model NAME "some text"')
+        raise cli.CliError(
+            'give at least one input text, e.g. python -m attnscope audit --model NAME "some text"'
+        )
     bug = None
     if args.inject:
         try:

@@ -1,4 +1,4 @@
-"""Command line: ``attnscope run | view | models | predict | trace | audit | stats`` (also ``python -m core ...``).
+"""Command line: ``attnscope run | view | models | predict | trace | audit | stats`` (also ``python -m attnscope ...``).
 
 Every failure a user can cause ends with one line on stderr and exit code 2
 (1 is kept for checks that ran and failed, e.g. ``audit``), never a traceback.
@@ -19,9 +19,9 @@ class CliError(Exception):
 
 
 def _load(name: str, device: str):
-    from core.checkpoint import ModelLoadError
-    from core.runner import resolve_device
-    from models import registry
+    from attnscope.core.families.native import resolve_device
+    from attnscope.core.transformer.checkpoint import ModelLoadError
+    from attnscope.models import registry
 
     try:
         return registry.load(name, device=resolve_device(device))
@@ -30,13 +30,13 @@ def _load(name: str, device: str):
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from models import registry
+    from attnscope.models import registry
 
     if args.snapshots is not None:
         return _list_snapshots(args.snapshots)
     names = registry.zoo_names()
     if not names:
-        print("no models in the zoo yet (train one: python -m models.train --task reverse)")
+        print("no models in the zoo yet (train one: python -m attnscope.models.train --task reverse)")
     width = max((len(n) for n in names), default=0)
     for name in names:
         print(f"{name:<{width}}  {registry.zoo_summary(name)}")
@@ -47,8 +47,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def _list_snapshots(name: str) -> int:
     """The training snapshots of one zoo model with the held-out accuracy measured at each."""
-    from core.checkpoint import ModelLoadError
-    from models import registry
+    from attnscope.core.transformer.checkpoint import ModelLoadError
+    from attnscope.models import registry
 
     if name not in registry.zoo_names():
         raise CliError(
@@ -59,7 +59,9 @@ def _list_snapshots(name: str) -> int:
     except ModelLoadError as exc:
         raise CliError(str(exc)) from exc
     if not snaps:
-        raise CliError(f"{name} has no training snapshots (retrain it: python -m models.train --task {name})")
+        raise CliError(
+            f"{name} has no training snapshots (retrain it: python -m attnscope.models.train --task {name})"
+        )
     print(f"{'snapshot':<16}{'step':>8}  {'held-out':>9}  {'held-out loss':>13}")
     for snap in snaps:
         loss = snap.get("heldout_loss")
@@ -94,12 +96,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def _server_flags(config: Path) -> list[str]:
-    """The repository's .streamlit/config.toml as command-line flags: streamlit reads that file only
-    from the current folder, and ``attnscope run`` must serve the same way from any folder."""
+    """The package's server defaults (dashboard/server.toml) as command-line flags: streamlit reads a
+    config file only from the current folder, and ``attnscope run`` must serve the same way from any
+    folder, from a checkout or an installed wheel."""
     import tomllib
 
-    if not config.is_file():
-        return []
     flags = []
     for section, options in tomllib.loads(config.read_text(encoding="utf-8")).items():
         for key, value in options.items():
@@ -109,12 +110,12 @@ def _server_flags(config: Path) -> list[str]:
 
 
 def dashboard_command(port: int, address: str, extra: list[str] | None = None) -> list[str]:
-    """The streamlit command that serves the dashboard (found next to this package, from any folder)."""
-    import dashboard
+    """The streamlit command that serves the dashboard (the installed package's app, from any folder)."""
+    from attnscope import dashboard
 
-    root = Path(dashboard.__file__).resolve().parents[1]
-    return [sys.executable, "-m", "streamlit", "run", str(root / "dashboard" / "app.py"),
-            *_server_flags(root / ".streamlit" / "config.toml"),
+    here = Path(dashboard.__file__).resolve().parent
+    return [sys.executable, "-m", "streamlit", "run", str(here / "app.py"),
+            *_server_flags(here / "server.toml"),
             f"--server.address={address}", f"--server.port={port}", *(extra or [])]  # fmt: skip
 
 
@@ -137,7 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_view(args: argparse.Namespace) -> int:
     """Check the trace file here (one line on a bad file, before any server starts), then serve it."""
-    from core.trace import AttentionTrace
+    from attnscope.core.traces.trace import AttentionTrace
 
     path = Path(args.file).expanduser().resolve()
     tr = AttentionTrace.load(path)
@@ -147,7 +148,7 @@ def cmd_view(args: argparse.Namespace) -> int:
 
 
 def _prog() -> str:
-    """How the user called us: ``attnscope`` (the installed command) or ``python -m core``."""
+    """How the user called us: ``attnscope`` (the installed command) or ``python -m attnscope``."""
     main_file = sys.argv[0] if sys.argv else ""
     if os.path.basename(main_file) == "__main__.py":
         return f"python -m {Path(main_file).resolve().parent.name}"
@@ -217,11 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from core.checkpoint import ModelLoadError
-    from core.config import ConfigError
-    from core.runner import InputError
-    from core.tokenizer import TokenizerError
-    from core.trace import TraceFormatError
+    from attnscope.core.families.native import InputError
+    from attnscope.core.traces.trace import TraceFormatError
+    from attnscope.core.transformer.checkpoint import ModelLoadError
+    from attnscope.core.transformer.config import ConfigError
+    from attnscope.core.transformer.tokenizer import TokenizerError
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -1,7 +1,7 @@
-"""``attnscope stats`` / ``python -m core stats``: per-head statistics over a corpus (core/corpus.py).
+"""``attnscope stats`` / ``python -m attnscope stats``: per-head statistics over a corpus (core/analysis/corpus.py).
 
-One process:  python -m core stats --model minilm --input-file lines.txt --out stats.parquet
-Many:         torchrun --nproc_per_node=N -m core stats --model minilm --input-file lines.txt --out stats.parquet
+One process:  python -m attnscope stats --model minilm --input-file lines.txt --out stats.parquet
+Many:         torchrun --nproc_per_node=N -m attnscope stats --model minilm --input-file lines.txt --out stats.parquet
               (lines are sharded i mod N; sums reduced with torch.distributed: gloo on CPU, nccl on GPU;
               across machines add torchrun's --nnodes/--node_rank/--rdzv_endpoint flags)
 """
@@ -51,7 +51,7 @@ def _file_digest(path: Path) -> str:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     from attnscope.cli import CliError, _load
-    from core import corpus
+    from attnscope.core.analysis import corpus
 
     src, out = Path(args.input_file), Path(args.out)
     if out.suffix != ".parquet":

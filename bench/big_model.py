@@ -68,9 +68,9 @@ def python_side(folder: Path, n_tokens: int) -> dict:
     """Trace time, bytes, peak memory added; grid and head figure build times and JSON sizes."""
     import plotly.io as pio
 
-    from dashboard.plots import attention as P
-    from dashboard.trace_cache import nbytes
-    from models import registry
+    from attnscope.dashboard.plots import attention as P
+    from attnscope.dashboard.trace_cache import nbytes
+    from attnscope.models import registry
 
     lm = registry.load(str(folder))
     n_new = max(0, min(lm.max_new_tokens, n_tokens - 1))
@@ -139,7 +139,7 @@ def browser_side(folder: Path, n_tokens: int) -> dict:
     """The real app: grid after Enter, one head after picking it, server memory."""
     from playwright.sync_api import sync_playwright
 
-    from models import registry
+    from attnscope.models import registry
 
     lm = registry.load(str(folder))
     n_new = max(0, min(lm.max_new_tokens, n_tokens - 1))

@@ -52,7 +52,7 @@ CDN_PATHS = {
 
 def bertviz_page(trace) -> str:
     """bertviz's own model-view HTML for the trace (no subsetting), CDN swapped for the vendored files."""
-    from core.bertviz_adapter import bertviz_args, render_html
+    from attnscope.core.traces.bertviz_adapter import bertviz_args, render_html
 
     args = bertviz_args(trace, view="model", max_tokens=10**9, max_cells=10**15)
     html = render_html(args)
@@ -256,7 +256,7 @@ def main() -> None:
     import torch
     from playwright.sync_api import sync_playwright
 
-    from models import registry
+    from attnscope.models import registry
 
     torch.set_num_threads(1)
     lm = registry.load("minilm")

@@ -33,8 +33,8 @@ def main() -> None:
             logging.getLogger(name).setLevel(logging.ERROR)
     import torch
 
-    from dashboard import trace_cache
-    from models import registry
+    from attnscope.dashboard import trace_cache
+    from attnscope.models import registry
 
     torch.set_num_threads(1)
     lm = registry.load("minilm")

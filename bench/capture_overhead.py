@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from core import attention as core_attention
-from core.config import base
-from core.model import Transformer
+from attnscope.core.transformer import attention as core_attention
+from attnscope.core.transformer.config import base
+from attnscope.core.transformer.model import Transformer
 
 
 def _time(fn, device: str) -> float:
@@ -36,9 +36,9 @@ def _time(fn, device: str) -> float:
 
 
 def sdp_at(rev: str):
-    """core.attention.scaled_dot_product as it was at git revision ``rev``."""
+    """attnscope.core.transformer.attention.scaled_dot_product as it was at git revision ``rev``."""
     src = subprocess.run(
-        ["git", "show", f"{rev}:core/attention.py"],
+        ["git", "show", f"{rev}:core/transformer/attention.py"],
         capture_output=True,
         text=True,
         check=True,
@@ -46,7 +46,7 @@ def sdp_at(rev: str):
     ).stdout
     module = types.ModuleType(f"core_attention_at_{rev}")
     sys.modules[module.__name__] = module  # dataclasses look their module up there
-    exec(compile(src, f"{rev}:core/attention.py", "exec"), module.__dict__)
+    exec(compile(src, f"{rev}:core/transformer/attention.py", "exec"), module.__dict__)
     return module.scaled_dot_product
 
 
@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument(
         "--against",
         metavar="REV",
-        help="also time the capture path of core/attention.py at this "
+        help="also time the capture path of core/transformer/attention.py at this "
         "git revision, interleaved (before/after of a change to the explicit path)",
     )
     args = ap.parse_args()
@@ -129,7 +129,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     models: list[tuple[str, Transformer]] = []
     try:
-        from models import registry
+        from attnscope.models import registry
 
         lm = registry.load(registry.DEFAULT_MODEL, device=args.device)
         models.append((f"zoo:{lm.name}", lm.model))

@@ -3,7 +3,7 @@
     python -m bench.corpus_stats [--model minilm] [--lines 1000 10000] [--batch 32]
 
 Writes synthetic sentences (6-30 words from a fixed word list, seeded), then runs, for each corpus
-size, ``python -m core stats`` (one process) and ``torchrun --standalone --nproc_per_node=2 -m core
+size, ``python -m attnscope stats`` (one process) and ``torchrun --standalone --nproc_per_node=2 -m core
 stats`` (two processes, gloo), each process with one torch thread. Prints inputs per second of each,
 their ratio, and the peak resident memory of the whole process tree (sampled every 0.1 s with psutil),
 which must not grow with the number of lines: no trace is kept, only running sums and a top-k.
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             src.write_text("\n".join(corpus(n)) + "\n", encoding="utf-8")
             for procs in (1, 2):
                 out = Path(tmp) / f"s{n}_{procs}.parquet"
-                stats = ["core", "stats", "--model", args.model, "--input-file", str(src), "--out", str(out),
+                stats = ["attnscope", "stats", "--model", args.model, "--input-file", str(src), "--out", str(out),
                          "--batch", str(args.batch)]  # fmt: skip
                 cmd = (
                     [sys.executable, "-m", *stats]

@@ -1,4 +1,4 @@
-"""Capture from any model (core.capture): forward time with capture_attention / without, side by side.
+"""Capture from any model (attnscope.core.families.capture): forward time with capture_attention / without, side by side.
 
     python -m bench.generic_capture [--lengths 32 128 512] [--repeats 7] [--d-model 256] [--layers 4]
 
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.capture import capture_attention
+from attnscope.core.families.capture import capture_attention
 
 VOCAB, PAD = 1000, 0
 

@@ -21,7 +21,10 @@ from pathlib import Path
 from bench import harness
 from bench import page_times as PT
 
-SWITCHES = ("query axis", "broadcast the wrong way")  # bug titles (dashboard.words.BUG_HELP), as typed
+SWITCHES = (
+    "query axis",
+    "broadcast the wrong way",
+)  # bug titles (attnscope.dashboard.words.BUG_HELP), as typed
 
 
 def _pick_bug(tab, title: str, timeout_ms: int) -> float:
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     labels = args.label or [Path(a).resolve().parents[1].name for a in args.app]
     from playwright.sync_api import sync_playwright
 
-    from models import registry
+    from attnscope.models import registry
 
     tok = registry.load("minilm").src_tok
     words = harness.one_piece_words(tok)

@@ -30,9 +30,10 @@ CHILD = r"""
 import inspect, json, sys, time, torch
 torch.set_num_threads(1)
 from bench import harness
-from core import audit, bugs
-from dashboard import runs
-from models import registry
+from attnscope.core.analysis import audit
+from attnscope.core.analysis import bugs
+from attnscope.dashboard import runs
+from attnscope.models import registry
 tokens, repeats, seed, bug = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
 lm = registry.load("minilm")
 ran = [0]

@@ -85,9 +85,9 @@ class LoadResult:
 
 def plan_for(name: str) -> SessionPlan:
     """How a session using model ``name`` makes inputs (within the model's vocabulary) and what it expects."""
-    from dashboard import loaders
-    from dashboard.plots.common import token_label
-    from models import registry
+    from attnscope.dashboard import loaders
+    from attnscope.dashboard.plots.common import token_label
+    from attnscope.models import registry
 
     lm = registry.load(name)
     examples = [e for e in loaders.examples(lm, 5) if e.strip()]
@@ -507,7 +507,7 @@ def main() -> None:
     problem = harness.chromium_problem()
     if problem:
         raise SystemExit(problem)
-    from models import registry
+    from attnscope.models import registry
 
     models = args.models or registry.all_names()
     print(

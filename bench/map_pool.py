@@ -1,4 +1,4 @@
-"""Traced passes with and without core.map_pool (recycled map memory), side by side in one process.
+"""Traced passes with and without attnscope.core.families.map_pool (recycled map memory), side by side in one process.
 
     python -m bench.map_pool [--tokens 512] [--repeats 5] [--keep-mb 1024]
 
@@ -31,10 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bug", default="inverted")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    from attnscope.core.analysis import bugs
+    from attnscope.core.families import map_pool
+    from attnscope.dashboard import runs
+    from attnscope.models import registry
     from bench import harness
-    from core import bugs, map_pool
-    from dashboard import runs
-    from models import registry
 
     lm = registry.load("minilm")
     srcs = list(runs.lab_batch(lm, (harness.word_text(lm.src_tok, args.tokens, 0),), None, True)[0])

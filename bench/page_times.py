@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     labels = args.label or [Path(a).resolve().parents[1].name for a in args.app]
     from playwright.sync_api import sync_playwright
 
-    from models import registry
+    from attnscope.models import registry
 
     tok = registry.load("minilm").src_tok
     words = harness.one_piece_words(tok)

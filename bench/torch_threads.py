@@ -52,7 +52,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from models import registry
+    from attnscope.models import registry
 
     lm = registry.load("minilm")
     print(

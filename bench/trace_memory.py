@@ -16,10 +16,10 @@ import sys
 
 CHILD = r"""
 import json, resource, sys, torch
-from core.config import base
-from core.model import Transformer
-from core.runner import LoadedModel
-from core.tokenizer import CharTokenizer
+from attnscope.core.transformer.config import base
+from attnscope.core.transformer.model import Transformer
+from attnscope.core.families.native import LoadedModel
+from attnscope.core.transformer.tokenizer import CharTokenizer
 length, capture = int(sys.argv[1]), sys.argv[2] == "1"
 torch.manual_seed(0)
 tok = CharTokenizer.fit(["abcdefghijklmnopqrstuvwxyz"])
@@ -54,7 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
     args = ap.parse_args()
-    from core.runner import MAX_TRACE_MB, trace_bytes
+    from attnscope.core.families.native import MAX_TRACE_MB, trace_bytes
 
     print("# peak RSS of one forward pass of `base` (6+6 layers, 8 heads), batch 1, source = target length")
     print(f"{'tokens':>7}{'maps MB (theory)':>18}{'no capture MB':>15}{'capture MB':>12}{'ratio':>8}")

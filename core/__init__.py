@@ -1,7 +1,11 @@
-"""attnscope core: the Transformer of "Attention Is All You Need" with faithful attention capture."""
+"""attnscope.core: the model side of attnscope, laid out as data flows.
 
-from core.config import TransformerConfig
-from core.model import Transformer
-from core.trace import KINDS, AttentionTrace
+- ``transformer``: the encoder-decoder of "Attention Is All You Need", from scratch.
+- ``families``: every model family behind one ``AttentionModel`` interface, and the capture of
+  attention from any PyTorch model.
+- ``traces``: ``AttentionTrace`` and its files.
+- ``analysis``: what is computed from traces and models (mask audit, mask bugs, head analytics,
+  corpus statistics).
 
-__all__ = ["KINDS", "AttentionTrace", "Transformer", "TransformerConfig"]
+``core`` imports nothing from ``attnscope.models``, ``attnscope.dashboard`` or the command line.
+"""

@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from dashboard import links, loaders, state  # noqa: E402
+from attnscope.dashboard import links, loaders, state  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "app_pages"
 

@@ -14,7 +14,7 @@ JavaScript files (read from the installed package) with three changes:
 3. A Content-Security-Policy allows only this page's own scripts (by nonce) and no network
    at all (``default-src 'none'``).
 
-``data_from_args`` turns core.bertviz_adapter's ``BertvizArgs`` (its layer/head/token subset for
+``data_from_args`` turns attnscope.core.traces.bertviz_adapter's ``BertvizArgs`` (its layer/head/token subset for
 long inputs) into this page's data; ``render(view, data, layers, heads)`` keeps the model's own
 layer and head numbers in the labels.
 """
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from core.bertviz_adapter import BertvizArgs
-from core.trace import AttentionTrace
+from attnscope.core.traces.bertviz_adapter import BertvizArgs
+from attnscope.core.traces.trace import AttentionTrace
 
 VENDOR = Path(__file__).resolve().parent / "static" / "vendor"
 VENDOR_FILES = ("jquery-3.7.1.min.js", "d3-5.7.0.min.js", "require-2.3.6.js")
@@ -105,7 +105,7 @@ def attention_data(
 
 
 def data_from_args(args: BertvizArgs, decimals: int = 4) -> list[dict]:
-    """bertviz's ``attn_data`` from core.bertviz_adapter.bertviz_args: only the layers, heads
+    """bertviz's ``attn_data`` from attnscope.core.traces.bertviz_adapter.bertviz_args: only the layers, heads
     and tokens it chose (``args.layers`` / ``args.heads``), one entry per attention kind."""
     kw = args.kwargs
     if "attention" in kw:  # one self-attention (encoder-only or decoder-only)

@@ -1,4 +1,4 @@
-"""Head analytics over a corpus: open a stats file written by ``attnscope stats`` (core/corpus.py) and
+"""Head analytics over a corpus: open a stats file written by ``attnscope stats`` (core/analysis/corpus.py) and
 show what each head does over all its inputs: the mean per head ("over 10,000 inputs"), the spread
 across inputs, and the inputs where a head behaves most atypically, each one click from its own trace.
 
@@ -12,12 +12,12 @@ import json
 
 import streamlit as st
 
-from core import corpus
-from core.analytics import STAT_LABELS
-from core.trace import KIND_LABELS
-from dashboard import keys as K
-from dashboard import loaders, opened, ui
-from dashboard.plots import analytics as P
+from attnscope.core.analysis import corpus
+from attnscope.core.analysis.analytics import STAT_LABELS
+from attnscope.core.traces.trace import KIND_LABELS
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import loaders, opened, ui
+from attnscope.dashboard.plots import analytics as P
 
 LABELS = {**STAT_LABELS, **corpus.STAT_LABELS}
 
@@ -79,7 +79,7 @@ def section() -> None:
         "Corpus statistics: open a file from `attnscope stats`", expanded=o is None and msg is not None
     ):
         st.caption(
-            "`python -m core stats --model NAME --input-file lines.txt --out stats.parquet` (or under "
+            "`python -m attnscope stats --model NAME --input-file lines.txt --out stats.parquet` (or under "
             "`torchrun --nproc_per_node=N`) measures every head over every line; open its file here."
         )
         st.file_uploader("Upload a stats file (.parquet)", type=["parquet"], key=K.HA_CORPUS_UPLOAD)

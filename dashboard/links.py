@@ -21,13 +21,13 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from core import analytics, bugs
-from core.checkpoint import ModelLoadError
-from core.trace import KINDS
-from dashboard import keys as K
-from dashboard import loaders, state, words
-from dashboard.plots.attention import AGGREGATES
-from models import registry
+from attnscope.core.analysis import analytics, bugs
+from attnscope.core.traces.trace import KINDS
+from attnscope.core.transformer.checkpoint import ModelLoadError
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import loaders, state, words
+from attnscope.dashboard.plots.attention import AGGREGATES
+from attnscope.models import registry
 
 MAX_TEXT = 2000  # characters of one text parameter (the longest model input is 512 tokens)
 MAX_VALUE = 64  # characters of any other parameter

@@ -1,13 +1,13 @@
 """Cached model loading and trace computation (the only place the dashboard runs a model).
 
-- ``load_model`` : ``st.cache_resource``, one model (core.interface.AttentionModel) per (model, device, version) per
+- ``load_model`` : ``st.cache_resource``, one model (attnscope.core.families.interface.AttentionModel) per (model, device, version) per
   process, shared read-only by every session.
 - ``compute_traces`` : ``trace_cache.shared_cache`` (bounded entries, bytes and age; the traces
   are shared read-only, not copied per rerun), one list of AttentionTrace per
   (model, device, version, inputs). Widgets that only change what is shown (layer, head,
   colour scale...) never reach it, so they never re-run the model.
 
-Models come from the zoo (``models.registry``) plus any folders listed in the environment
+Models come from the zoo (``attnscope.models.registry``) plus any folders listed in the environment
 variable ``ATTNSCOPE_MODELS`` (os.pathsep-separated), so tests and other pages can add models
 without touching this file, plus the paths a session loaded from the sidebar (``user`` below;
 checked by dashboard/user_models.py). Everything is coded against that one
@@ -25,12 +25,12 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from core import map_pool
-from core.checkpoint import CONFIG, ModelLoadError, read_meta
-from core.interface import AttentionModel
-from core.trace import AttentionTrace
-from dashboard import model_facts, trace_cache, user_models
-from models import registry
+from attnscope.core.families import map_pool
+from attnscope.core.families.interface import AttentionModel
+from attnscope.core.traces.trace import AttentionTrace
+from attnscope.core.transformer.checkpoint import CONFIG, ModelLoadError, read_meta
+from attnscope.dashboard import model_facts, trace_cache, user_models
+from attnscope.models import registry
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model name is looked up locally, never downloaded
 
@@ -46,7 +46,7 @@ EXTRA_MODELS_ENV = "ATTNSCOPE_MODELS"
 TRACE_CACHE_ENTRIES = 32
 TRACE_CACHE_MB = 1024
 TRACE_CACHE_TTL_S = 3600
-# Memory of traces that are gone is kept for the next traced pass (core/map_pool.py): at most this
+# Memory of traces that are gone is kept for the next traced pass (core/families/map_pool.py): at most this
 # many MB of it (ATTNSCOPE_MAP_POOL_MB; 0 turns the pool off). A MiniLM pair at 512 tokens is ~600 MB.
 MAP_POOL_MB = 1024
 map_pool.POOL.configure(int(float(os.environ.get("ATTNSCOPE_MAP_POOL_MB", MAP_POOL_MB)) * 2**20))
@@ -226,7 +226,7 @@ def compute_traces(
     """One AttentionTrace per source (targets: teacher forcing; None: greedy decoding).
 
     Over-long inputs are truncated (``truncate=True``); the warnings are in
-    ``trace.meta["warnings"]``. Raises core.runner.InputError with a message for users.
+    ``trace.meta["warnings"]``. Raises attnscope.core.families.native.InputError with a message for users.
     """
     lm = load_model(name, device, version)
     if targets is None and lm.arch == "decoder":  # 'generate': each prompt continued, then traced
@@ -244,7 +244,7 @@ def examples(lm: AttentionModel, n: int = 3) -> list[str]:
     task = lm.meta.get("task")
     if task:
         try:
-            from models import tasks
+            from attnscope.models import tasks
 
             return [src for src, _ in tasks.generate(str(task), n, DEMO_SEED)]
         except (ImportError, KeyError, AttributeError, TypeError, ValueError):

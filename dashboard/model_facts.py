@@ -1,6 +1,6 @@
 """What a loaded model has, for every family the dashboard shows (pure: no streamlit, no plotly).
 
-Every model has the interface of core.interface.AttentionModel: core models (zoo, core folders,
+Every model has the interface of attnscope.core.families.interface.AttentionModel: core models (zoo, core folders,
 minilm) carry a TransformerConfig as ``cfg``, Hugging Face folders and adapter files a ModelFacts.
 Pages ask here, so one page works for encoder-only, decoder-only and encoder-decoder models.
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from core.trace import AttentionTrace
+from attnscope.core.traces.trace import AttentionTrace
 
 ARCH_LABELS = {"encoder": "encoder only", "decoder": "decoder only", "seq2seq": "encoder-decoder"}
 KIND_LABELS = {
@@ -52,7 +52,7 @@ def maps_mb(lm: Any, n_tokens: int) -> float | None:
     """About how many MB of attention maps (probabilities and scores, float32) one input of
     ``n_tokens`` tokens costs this model (decoders: as many target tokens); None when the model
     does not say its layers and heads (an adapter file)."""
-    from core.runner import trace_bytes
+    from attnscope.core.families.native import trace_bytes
 
     cfg = getattr(lm, "cfg", None)
     n_heads = getattr(cfg, "n_heads", None)
@@ -69,7 +69,7 @@ def maps_mb(lm: Any, n_tokens: int) -> float | None:
 def limits_line(lm: Any) -> str:
     """The sidebar's statement of the limits: tokens per input and MB of maps per run (both refused
     with a message beyond them, never a frozen page), with what this model's longest input costs."""
-    from core import runner
+    from attnscope.core.families import native as runner
 
     line = f"At most {lm.max_src_tokens:,} tokens per input (longer inputs are truncated)"
     line += f" and {runner.MAX_TRACE_MB:,} MB of attention maps per run (ATTNSCOPE_MAX_TRACE_MB)"

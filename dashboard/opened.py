@@ -3,7 +3,7 @@
 A trace is opened from the sidebar (an upload, or a path inside the allowed folders) or by
 ``attnscope view FILE``, which starts the server with ``ATTNSCOPE_VIEW_TRACE`` set: every new
 session then opens that file (whoever started the server chose it, so no folder check). The
-reader is core.trace's checked one (never unpickles; one sentence per bad file). Opened traces
+reader is attnscope.core.traces.trace's checked one (never unpickles; one sentence per bad file). Opened traces
 live in this session only; the pages that need nothing but a trace draw it, the others say in
 one line that they run the model and name the model to load (``needs_model``).
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from core.trace import AttentionTrace
-from dashboard import keys as K
-from dashboard import loaders, user_models
+from attnscope.core.traces.trace import AttentionTrace
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import loaders, user_models
 
 VIEW_ENV = "ATTNSCOPE_VIEW_TRACE"  # set by `attnscope view FILE`
 TRACE_TYPES = ["npz", "json"]

@@ -14,11 +14,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import streamlit as st
 import torch
 
-from core import analytics, audit, bugs
-from core.audit import AuditReport
-from core.trace import KIND_LABELS, AttentionTrace
-from dashboard import loaders, trace_cache
-from models import registry
+from attnscope.core.analysis import analytics, audit, bugs
+from attnscope.core.analysis.audit import AuditReport
+from attnscope.core.traces.trace import KIND_LABELS, AttentionTrace
+from attnscope.dashboard import loaders, trace_cache
+from attnscope.models import registry
 
 CACHE_ENTRIES = 16
 # Audits carry traces: shared objects (dashboard/trace_cache.py), never pickled per rerun (a lab pair at
@@ -48,11 +48,11 @@ def audit_report(
     bug: str | None = None,
     off: Heads = (),
 ) -> AuditReport:
-    """core.audit.run_audit of the sidebar's model (with ``bug`` injected / heads ``off``).
+    """attnscope.core.analysis.audit.run_audit of the sidebar's model (with ``bug`` injected / heads ``off``).
 
     The report's traces are what the static checks read: without a bug or ablation, the
     model's own traces; with one, the buggy run teacher-forced on the correct model's output.
-    Raises core.runner.InputError (bad input) or ValueError (a bug this model cannot take).
+    Raises attnscope.core.families.native.InputError (bad input) or ValueError (a bug this model cannot take).
     """
     lm = loaders.load_model(name, device, version)
     own = None if bug is not None or off else _sidebar_traces(lm, name, device, version, sources, targets)
@@ -107,7 +107,7 @@ def lab_traces(
     audited); else the two traced passes run at once, the buggy one in a worker thread with the app's
     intra-op thread count (torch releases the GIL; the forward keeps no state), the correct one here
     (from the sidebar's trace cache when the lab's batch is the sidebar's input). Raises
-    core.runner.InputError (bad input) or ValueError (a bug this model cannot take).
+    attnscope.core.families.native.InputError (bad input) or ValueError (a bug this model cannot take).
     """
     lm = loaders.load_model(name, device, version)
     tgts = None if targets is None else list(targets)
@@ -242,7 +242,7 @@ def head_stats(
     seq: int,
     pad: int | None,
 ) -> tuple[dict[str, dict], list[dict]]:
-    """({kind: core.analytics.trace_head_stats}, head_records) of sequence ``seq`` of the sidebar's
+    """({kind: attnscope.core.analysis.analytics.trace_head_stats}, head_records) of sequence ``seq`` of the sidebar's
     traces (the traces come from loaders' cache): a 12-layer model at 512 tokens takes about a
     second, so a click that only picks another head does not recompute them."""
     tr = loaders.compute_traces(name, device, version, sources, targets)[seq]

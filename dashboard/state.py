@@ -21,12 +21,12 @@ from pathlib import Path
 
 import streamlit as st
 
-from core.interface import AttentionModel
-from core.runner import InputError
-from core.trace import AttentionTrace
-from dashboard import keys as K
-from dashboard import loaders, model_facts, opened, user_models
-from models import registry
+from attnscope.core.families.interface import AttentionModel
+from attnscope.core.families.native import InputError
+from attnscope.core.traces.trace import AttentionTrace
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import loaders, model_facts, opened, user_models
+from attnscope.models import registry
 
 GENERATE, TEACHER = "generate (greedy decoding)", "teacher forcing (give the target)"
 
@@ -90,7 +90,7 @@ def _target_problems(n_sources: int, targets: list[str] | None, t_empty: list[in
 
 
 def upload_limit_mb() -> int:
-    """Streamlit's server.maxUploadSize (MB; .streamlit/config.toml sets it)."""
+    """Streamlit's server.maxUploadSize (MB; dashboard/server.toml sets it)."""
     return int(st.get_option("server.maxUploadSize"))
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from core import map_pool
+from attnscope.core.families import map_pool
 
 MB = 2**20
 
@@ -69,7 +69,7 @@ class TraceStore:
     @staticmethod
     def _released(dropped: int) -> None:
         """After entries left (outside the lock): the maps they held, beyond the pool's budget, go back
-        to the system (core/map_pool.py)."""
+        to the system (core/families/map_pool.py)."""
         if dropped:
             map_pool.POOL.trim()
 

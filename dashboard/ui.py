@@ -9,9 +9,9 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from core.trace import AttentionTrace
-from dashboard.loaders import display_name
-from dashboard.plots.common import figure_html
+from attnscope.core.traces.trace import AttentionTrace
+from attnscope.dashboard.loaders import display_name
+from attnscope.dashboard.plots.common import figure_html
 
 # Plotly's camera button saves a PNG; no logo; scroll zoom off so the page scrolls.
 PLOTLY_CONFIG = {
@@ -153,7 +153,7 @@ def side_by_side(fig, n_keys: int):
 
 def verdict_frame(verdicts, columns: list[str] | None = None):
     """The verdict table (plots.audit.verdict_table) with each status cell coloured; its height fits every row."""
-    from dashboard.plots.audit import STATUS_COLOR, STATUS_ICON, verdict_table
+    from attnscope.dashboard.plots.audit import STATUS_COLOR, STATUS_ICON, verdict_table
 
     df = verdict_table(verdicts)
     if columns is not None:

@@ -24,8 +24,8 @@ import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
 
-from core.checkpoint import CONFIG, SRC_VOCAB, ModelLoadError
-from models.registry import WEIGHT_SUFFIXES, ZOO_DIR
+from attnscope.core.transformer.checkpoint import CONFIG, SRC_VOCAB, ModelLoadError
+from attnscope.models.registry import WEIGHT_SUFFIXES, ZOO_DIR
 
 MODEL_DIRS_ENV = "ATTNSCOPE_MODEL_DIRS"
 ALLOW_CODE_ENV = "ATTNSCOPE_ALLOW_CODE"  # =1: the dashboard may run adapter files (.py) from allowed folders
@@ -131,7 +131,7 @@ def check_code_allowed(path: str | Path) -> None:
             f"{Path(path).name} is an adapter file, and loading it runs its Python code: the dashboard does "
             f"that only when whoever starts the server sets {ALLOW_CODE_ENV}=1 (e.g. "
             f"`{ALLOW_CODE_ENV}=1 make run`); the command line runs it directly: "
-            f"python -m core trace --model {path} ..."
+            f"python -m attnscope trace --model {path} ..."
         )
 
 

@@ -3,9 +3,9 @@ and why a page does not apply to a model. Plain strings and functions of data: n
 
 from __future__ import annotations
 
-from core.audit import AuditReport
-from core.trace import AttentionTrace
-from dashboard import loaders
+from attnscope.core.analysis.audit import AuditReport
+from attnscope.core.traces.trace import AttentionTrace
+from attnscope.dashboard import loaders
 
 # the audit checks, in the order the page lists them
 STATIC = ("masked_mass", "row_sums", "fully_masked", "declared_mask", "finite")
@@ -130,7 +130,7 @@ def verdict_line(report: AuditReport) -> str:
 
 
 def report_text(report: AuditReport) -> str:
-    """The report as ``python -m core audit`` prints it."""
+    """The report as ``python -m attnscope audit`` prints it."""
     head = f"# mask audit of {report.meta.get('model', '')}" + (
         f" with bug {report.bug}" if report.bug else ""
     )
@@ -158,7 +158,7 @@ def not_injectable_message(lm) -> str:
     }.get(lm.meta.get("kind", ""), "not one of attnscope's own Transformer models")
     return (
         f"Masks cannot be injected into **{loaders.display_name(lm.name)}**: it is {what}, and the lab "
-        "changes the masks inside attnscope's own forward pass (core.model.Transformer). "
+        "changes the masks inside attnscope's own forward pass (attnscope.core.transformer.model.Transformer). "
         "The **Mask audit** page still audits this model as a black box (static checks on its attention "
         "and leak tests through its public call). Pick a zoo model in the sidebar to try the bugs."
     )

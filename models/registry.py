@@ -4,8 +4,8 @@ Besides the zoo (models/<name>/ folders trained with core) there are pretrained 
 installed packages (EXTRA_MODELS, e.g. ``minilm``) and any folder or file a user points to:
 - a core model folder (config.json without "model_type" + model.safetensors or model.pt/.pth),
 - a ``.pt``/``.pth`` state dict beside a core config.json (read with weights_only, never code),
-- a Hugging Face folder (config.json with "model_type"), run by core.hf.HFModel,
-- an adapter file (``*.py``): any PyTorch model, run by core.adapter.AdapterModel (this runs the
+- a Hugging Face folder (config.json with "model_type"), run by attnscope.core.families.hf.HFModel,
+- an adapter file (``*.py``): any PyTorch model, run by attnscope.core.families.adapter.AdapterModel (this runs the
   file's code: the CLI runs what you name; the dashboard only with ATTNSCOPE_ALLOW_CODE=1).
 ``model_kind(name_or_path)`` says which: "zoo", "pretrained", "core", "hf", "adapter".
 
@@ -13,7 +13,7 @@ Training snapshots: ``NAME@STEP`` names the zoo model ``NAME`` as it was after S
 (float16 weights under models/NAME/snapshots/, listed with their held-out accuracy in
 models/NAME/history.json); ``snapshots(NAME)`` lists them, and ``NAME@STEP`` is accepted wherever
 a model name is (CLI, sidebar, links, compare). The last step is the model itself.
-Every one of them implements core.interface.AttentionModel.
+Every one of them implements attnscope.core.families.interface.AttentionModel.
 """
 
 from __future__ import annotations
@@ -23,29 +23,29 @@ import re
 from pathlib import Path
 from typing import Any
 
-from core.checkpoint import CONFIG, ModelLoadError, read_meta
-from core.hf import is_hf_folder
-from core.interface import AttentionModel
-from core.runner import LoadedModel, load_folder, resolve_device
+from attnscope.core.families.hf import is_hf_folder
+from attnscope.core.families.interface import AttentionModel
+from attnscope.core.families.native import LoadedModel, load_folder, resolve_device
+from attnscope.core.transformer.checkpoint import CONFIG, ModelLoadError, read_meta
 
 ZOO_DIR = Path(__file__).resolve().parent
 DEFAULT_MODEL = "reverse"
 # Zoo models in the order the dashboard lists them.
 ORDER = ("reverse", "sort", "dates", "numbers", "brackets")
 WEIGHT_SUFFIXES = (".pt", ".pth", ".safetensors")  # a weights file beside a core config.json
-ADAPTER_SUFFIX = ".py"  # an adapter file (core/adapter.py)
+ADAPTER_SUFFIX = ".py"  # an adapter file (core/families/adapter.py)
 HISTORY = "history.json"  # written by models/train.py: curves and the snapshot list
 SNAPSHOT = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)@(?P<step>\d{1,9})$")
 
 
 def _pretrained() -> dict:
-    """name -> models.pretrained.Pretrained, for the pretrained models whose package is installed."""
-    from models import pretrained
+    """name -> attnscope.models.pretrained.Pretrained, for the pretrained models whose package is installed."""
+    from attnscope.models import pretrained
 
     return {name: p for name, p in pretrained.PRETRAINED.items() if p.available()}
 
 
-# Pretrained models (not trained here), name -> one-line summary; `python -m core models` lists them.
+# Pretrained models (not trained here), name -> one-line summary; `python -m attnscope models` lists them.
 EXTRA_MODELS: dict[str, str] = {name: p.summary for name, p in _pretrained().items()}
 
 
@@ -188,14 +188,14 @@ def resolve(name_or_path: str) -> tuple[str, Path]:
 def load(name_or_path: str, device: str = "cpu", **hf_options) -> AttentionModel:
     """Any model by zoo name, pretrained name, folder, weights file (.pt/.pth/.safetensors) or adapter file.
 
-    hf_options go to core.hf.load_hf for Hugging Face folders (dtype, device_map, max_new_tokens).
+    hf_options go to attnscope.core.families.hf.load_hf for Hugging Face folders (dtype, device_map, max_new_tokens).
     """
     pretrained = _pretrained()
     if name_or_path in pretrained and name_or_path not in zoo_names():
         return pretrained[name_or_path].load(resolve_device(device))
     name, folder = resolve(name_or_path)
     if is_snapshot(name_or_path):  # the zoo model as it was at that training step
-        from core import checkpoint
+        from attnscope.core.transformer import checkpoint
 
         cfg, model, src_tok, tgt_tok, card, meta = checkpoint.load_parts(
             folder, resolve_device(device), weights=snapshot_weights(name_or_path)
@@ -205,16 +205,16 @@ def load(name_or_path: str, device: str = "cpu", **hf_options) -> AttentionModel
         )
     path = Path(name_or_path).expanduser()
     if path.suffix == ADAPTER_SUFFIX:
-        from core.adapter import load_adapter
+        from attnscope.core.families.adapter import load_adapter
 
         return load_adapter(path, name=name, device=device)
     if path.is_file():  # a weights file (.pt/.pth: weights_only) next to a core config.json and vocabularies
-        from core import checkpoint
+        from attnscope.core.transformer import checkpoint
 
         parts = checkpoint.load_parts(folder, resolve_device(device), weights=path)
         return LoadedModel(name, folder, *parts)
     if is_hf_folder(folder):
-        from core.hf import load_hf
+        from attnscope.core.families.hf import load_hf
 
         return load_hf(folder, name=name, device=device, **hf_options)
     return load_folder(folder, name=name, device=device)

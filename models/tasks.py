@@ -407,7 +407,7 @@ class Task:
     labels: tuple[str, ...] = ()  # class names, id order, for classifiers
     max_src: int = 0  # longest source in tokens (EOS not counted)
     max_tgt: int = 0  # longest target in tokens (EOS not counted)
-    summary: str = ""  # one line for `python -m core models`
+    summary: str = ""  # one line for `python -m attnscope models`
     attention: str = ""  # what the right attention looks like (for the card)
 
 

@@ -1,4 +1,4 @@
-"""Train one zoo model on CPU: ``python -m models.train --task NAME [--seed S] [--steps N] [--out DIR]``.
+"""Train one zoo model on CPU: ``python -m attnscope.models.train --task NAME [--seed S] [--steps N] [--out DIR]``.
 
 Examples are drawn fresh every step from the training side of the task's split
 (models/tasks.training_stream: no held-out input is ever drawn). Adam with the paper's schedule
@@ -7,9 +7,9 @@ recipe's fixed number of steps, seeded: deterministic on CPU, so the same comman
 model (time is reported, never a stopping rule). Every ``eval_every`` steps and at ~12
 log-spaced snapshot steps the model decodes 1,000 distinct held-out inputs; the snapshots are
 saved in float16 under ``snapshots/`` (``NAME@STEP`` loads one) and the curves in history.json.
-The final model is saved with core.checkpoint.save together with card.md and meta.json.
+The final model is saved with attnscope.core.transformer.checkpoint.save together with card.md and meta.json.
 
-Data format (what core.runner.LoadedModel uses at inference):
+Data format (what attnscope.core.families.native.LoadedModel uses at inference):
 source = text tokens + [EOS] (no BOS); decoder input = [BOS] + target; labels = target + [EOS]; PAD = 0.
 """
 
@@ -28,15 +28,15 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from core import checkpoint
-from core.checkpoint import WEIGHTS
-from core.config import TransformerConfig
-from core.decode import greedy_decode
-from core.interface import pad_rows
-from core.model import Transformer, count_parameters
-from core.positional import sinusoidal_table
-from core.tokenizer import CharTokenizer, Tokenizer, WordTokenizer
-from models import tasks as T
+from attnscope.core.families.interface import pad_rows
+from attnscope.core.transformer import checkpoint
+from attnscope.core.transformer.checkpoint import WEIGHTS
+from attnscope.core.transformer.config import TransformerConfig
+from attnscope.core.transformer.decode import greedy_decode
+from attnscope.core.transformer.model import Transformer, count_parameters
+from attnscope.core.transformer.positional import sinusoidal_table
+from attnscope.core.transformer.tokenizer import CharTokenizer, Tokenizer, WordTokenizer
+from attnscope.models import tasks as T
 
 ZOO = Path(__file__).resolve().parent
 N_HELDOUT = 1000
@@ -454,7 +454,9 @@ def make_meta(
 
 
 def reproduce_command(task: str, seed: int) -> str:
-    return f"python -m models.train --task {task}" + (f" --seed {seed}" if seed != T.TRAIN_SEED else "")
+    return f"python -m attnscope.models.train --task {task}" + (
+        f" --seed {seed}" if seed != T.TRAIN_SEED else ""
+    )
 
 
 def make_card(task, recipe, cfg, model, seed, minutes, steps, acc, n_heldout, history) -> str:
@@ -516,11 +518,11 @@ def make_card(task, recipe, cfg, model, seed, minutes, steps, acc, n_heldout, hi
 Config: {fields}, max_len={cfg.max_len}, vocab {cfg.src_vocab_size} source / {cfg.tgt_vocab_size if not cfg.is_encoder_only else "-"} target.
 
 ## Data
-Generator `models.tasks.{task.sample.__name__}` (exact checker `models.tasks.{task.answer.__name__}`).
+Generator `attnscope.models.tasks.{task.sample.__name__}` (exact checker `attnscope.models.tasks.{task.answer.__name__}`).
 The input space is split by construction: a stable hash of the {key} puts {T.HELDOUT_PER_MILLE / 10:g}% of all inputs
-on the held-out side (`models.tasks.is_heldout`). Training draws only from the other side
-(`models.tasks.training_stream`, seed {seed}): {steps:,} steps x {recipe.batch} = {steps * recipe.batch:,} examples.
-The held-out set is {n_heldout:,} distinct held-out inputs (`models.tasks.heldout_set`, seed {T.EVAL_SEED}): none can occur in training.
+on the held-out side (`attnscope.models.tasks.is_heldout`). Training draws only from the other side
+(`attnscope.models.tasks.training_stream`, seed {seed}): {steps:,} steps x {recipe.batch} = {steps * recipe.batch:,} examples.
+The held-out set is {n_heldout:,} distinct held-out inputs (`attnscope.models.tasks.heldout_set`, seed {T.EVAL_SEED}): none can occur in training.
 
 ## Training
 {sched}.
@@ -540,7 +542,7 @@ Held-out {metric}: **{acc:.2%}** on {n_heldout:,} never-seen inputs ({how}).
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m attnscope.models.train", description=__doc__.splitlines()[0])
     p.add_argument("--task", required=True, choices=sorted(T.TASKS))
     p.add_argument("--seed", type=int, default=T.TRAIN_SEED)
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the task's recipe)")

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-from dashboard import keys as K
-from models import registry
+from attnscope.dashboard import keys as K
+from attnscope.models import registry
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 PAGES = {  # the pages that show a model's attention, decoding, masks, positions, bertviz, summary

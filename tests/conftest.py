@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from core import checkpoint
-from core.config import tiny as tiny_config
-from core.model import Transformer
-from core.runner import LoadedModel, load_folder
-from core.tokenizer import CharTokenizer
+from attnscope.core.families.native import LoadedModel, load_folder
+from attnscope.core.transformer import checkpoint
+from attnscope.core.transformer.config import tiny as tiny_config
+from attnscope.core.transformer.model import Transformer
+from attnscope.core.transformer.tokenizer import CharTokenizer
 
 # Tiny models on a small shared machine: one intra-op thread is ~40x faster than two that
 # spin-wait for each other when the cores are busy.

@@ -13,12 +13,12 @@ import torch
 from torch import nn
 
 from attnscope.cli import main
-from core import audit as AU
-from core.adapter import load_adapter
-from core.checkpoint import ModelLoadError
-from core.interface import AttentionModel
-from core.runner import InputError
-from core.trace import AttentionTrace
+from attnscope.core.analysis import audit as AU
+from attnscope.core.families.adapter import load_adapter
+from attnscope.core.families.interface import AttentionModel
+from attnscope.core.families.native import InputError
+from attnscope.core.traces.trace import AttentionTrace
+from attnscope.core.transformer.checkpoint import ModelLoadError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "my_adapter.py"

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from attnscope.cli import main
-from core import audit as AU
-from core.adapter import load_adapter
-from core.checkpoint import ModelLoadError
-from core.trace import AttentionTrace
+from attnscope.core.analysis import audit as AU
+from attnscope.core.families.adapter import load_adapter
+from attnscope.core.traces.trace import AttentionTrace
+from attnscope.core.transformer.checkpoint import ModelLoadError
 
 ADAPTERS = Path(__file__).resolve().parent / "adapters"
 TEXTS = ["hello world", "abc"]

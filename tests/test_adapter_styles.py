@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from attnscope.cli import main
-from core import audit as AU
-from core.adapter import load_adapter
-from core.checkpoint import ModelLoadError
-from core.runner import InputError
-from core.trace import AttentionTrace
+from attnscope.core.analysis import audit as AU
+from attnscope.core.families.adapter import load_adapter
+from attnscope.core.families.native import InputError
+from attnscope.core.traces.trace import AttentionTrace
+from attnscope.core.transformer.checkpoint import ModelLoadError
 
 # PyTorch's notes on the translation tutorial's nn.Transformer use (the CLI filters them too)
 pytestmark = pytest.mark.filterwarnings(
@@ -351,7 +351,7 @@ def test_cli_runs_the_tutorial_without_noise_or_traceback():
     """A fresh process: no traceback, and PyTorch's warnings about the tutorial's nn.Transformer use
     (sequence-first, mixed mask types) are not printed on every command."""
     path = str(ADAPTERS / "torch_translation_seqfirst.py")
-    run = [sys.executable, "-m", "core"]
+    run = [sys.executable, "-m", "attnscope"]
     ok = subprocess.run([*run, "predict", "--model", path, "ein mann sieht einen hund"], capture_output=True,
                         text=True, cwd=ROOT, timeout=120)  # fmt: skip
     assert ok.returncode == 0 and ok.stdout.strip() and ok.stderr == "", ok.stderr

@@ -9,13 +9,13 @@ import pytest
 import torch
 from scipy.stats import kendalltau
 
-from core import analytics as A
-from core.config import tiny
-from core.model import Transformer
-from core.runner import LoadedModel
-from core.tokenizer import CharTokenizer
-from core.trace import AttentionTrace
-from dashboard.plots import analytics as P
+from attnscope.core.analysis import analytics as A
+from attnscope.core.families.native import LoadedModel
+from attnscope.core.traces.trace import AttentionTrace
+from attnscope.core.transformer.config import tiny
+from attnscope.core.transformer.model import Transformer
+from attnscope.core.transformer.tokenizer import CharTokenizer
+from attnscope.dashboard.plots import analytics as P
 
 
 def stack(*heads: np.ndarray) -> np.ndarray:

@@ -11,10 +11,10 @@ import pytest
 from apptest_helpers import PAGES, ZOO, _array, assert_clean, figure, figures, titles
 from streamlit.testing.v1 import AppTest
 
-from core.model import count_parameters
-from core.runner import LoadedModel
-from dashboard import keys as K
-from dashboard import state as S
+from attnscope.core.families.native import LoadedModel
+from attnscope.core.transformer.model import count_parameters
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import state as S
 
 # -- helpers (make_app and tiny: conftest.py) ------------------------------------------------------
 
@@ -259,7 +259,7 @@ def test_model_page_summarises_the_model(make_app, tiny, tiny_model):
 def test_every_run_ends_by_keeping_the_next_collection_cheap(make_app, tiny, monkeypatch):
     """app.py calls loaders.keep_collection_cheap at the end of each run (gc.freeze of what lives on,
     tests/test_load.py); the run that loads a model asks for a refreeze."""
-    from dashboard import loaders
+    from attnscope.dashboard import loaders
 
     calls: list[bool] = []
     original = loaders.keep_collection_cheap

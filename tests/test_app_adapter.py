@@ -12,8 +12,8 @@ import pytest
 import streamlit as st
 from apptest_helpers import ANALYSIS_PAGES, PAGES, assert_clean, errors, load_path, run_app
 
-from dashboard import keys as K
-from dashboard import user_models
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import user_models
 
 ADAPTERS = Path(__file__).resolve().parent / "adapters"
 EVERY_PAGE = [*PAGES.values(), *ANALYSIS_PAGES.values()]

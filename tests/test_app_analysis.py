@@ -16,12 +16,12 @@ import pytest
 from apptest_helpers import ANALYSIS_PAGES, ZOO, _array, assert_no_exception, errors, figure, figures, titles
 from streamlit.testing.v1 import AppTest
 
-from core import audit as core_audit
-from core import bugs
-from dashboard import keys as K
-from dashboard import state as S
-from dashboard import words
-from dashboard.plots.audit import STATUS_ICON
+from attnscope.core.analysis import audit as core_audit
+from attnscope.core.analysis import bugs
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import state as S
+from attnscope.dashboard import words
+from attnscope.dashboard.plots.audit import STATUS_ICON
 
 PASS = STATUS_ICON["pass"]
 
@@ -42,7 +42,7 @@ def successes(at: AppTest) -> list[str]:
 
 @pytest.fixture()
 def audits(monkeypatch) -> list[int]:
-    """Counts core.audit.run_audit calls (each runs the model several times)."""
+    """Counts attnscope.core.analysis.audit.run_audit calls (each runs the model several times)."""
     calls = [0]
     original = core_audit.run_audit
 
@@ -197,7 +197,7 @@ def test_lab_traces_its_own_batch_only(make_app, tiny, monkeypatch):
     sidebar's single input (it would be thrown away), only for its two-input batch."""
     from apptest_helpers import ANALYSIS_PAGES
 
-    from dashboard import loaders
+    from attnscope.dashboard import loaders
 
     at = make_app(tiny)
     asked: list[tuple[str, ...]] = []

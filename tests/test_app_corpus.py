@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from apptest_helpers import _array, assert_clean, figure, run_app
 
-from core import corpus
-from dashboard import keys as K
-from models import registry
+from attnscope.core.analysis import corpus
+from attnscope.dashboard import keys as K
+from attnscope.models import registry
 
 HEADS = "app_pages/head_analytics.py"
 LINES = ["hello", "attention", "abc", "zzzzzz", "stressed", "desserts", "qwerty", "a", "mississippi", "kayak"]

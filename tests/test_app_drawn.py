@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from apptest_helpers import ZOO, _array, assert_clean, figure, run_app
 
-from core import analytics as A
-from dashboard import keys as K
-from dashboard.plots import attention as PA
-from dashboard.plots.common import MAX_TICKS, token_labels
-from models import registry
+from attnscope.core.analysis import analytics as A
+from attnscope.dashboard import keys as K
+from attnscope.dashboard.plots import attention as PA
+from attnscope.dashboard.plots.common import MAX_TICKS, token_labels
+from attnscope.models import registry
 
 HEADS_PAGE = "app_pages/head_analytics.py"
 

@@ -32,10 +32,10 @@ from apptest_helpers import (
 )
 from streamlit.testing.v1 import AppTest
 
-from core.checkpoint import ModelLoadError
-from dashboard import keys as K
-from dashboard import model_facts, user_models
-from models import registry
+from attnscope.core.transformer.checkpoint import ModelLoadError
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import model_facts, user_models
+from attnscope.models import registry
 
 transformers = pytest.importorskip("transformers")
 
@@ -325,7 +325,7 @@ def _zip(members: dict[str, bytes]) -> bytes:
 
 def test_upload_zip_and_pt_checkpoint(env, tiny_folder):
     at = run_app(timeout=TIMEOUT)
-    assert any("At most 16 MB" in c.value for c in at.sidebar.caption)  # .streamlit/config.toml
+    assert any("At most 16 MB" in c.value for c in at.sidebar.caption)  # dashboard/server.toml
     members = {f"mine/{f.name}": f.read_bytes() for f in tiny_folder.iterdir()}
     upload(at, [("mine.zip", _zip(members))])
     assert not at.exception and not at.error, errors(at)

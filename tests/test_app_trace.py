@@ -11,12 +11,12 @@ import torch
 from apptest_helpers import ANALYSIS_PAGES, PAGES, _array, assert_clean, assert_no_exception, figure, run_app
 from test_hf import _specs
 
-from core.capture import capture_attention
-from core.trace import AttentionTrace
-from dashboard import keys as K
-from dashboard import opened
-from dashboard.plots.common import token_labels
-from models import registry
+from attnscope.core.families.capture import capture_attention
+from attnscope.core.traces.trace import AttentionTrace
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import opened
+from attnscope.dashboard.plots.common import token_labels
+from attnscope.models import registry
 
 TRACE_PAGES = ["attention", "masks", "heads", "bertviz", "audit", "decoding", "model"]
 MODEL_PAGES = ["lab", "compare", "positional"]

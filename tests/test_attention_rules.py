@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from models import attention_rules as RA
-from models import registry
-from models import tasks as T
+from attnscope.models import attention_rules as RA
+from attnscope.models import registry
+from attnscope.models import tasks as T
 
 HAND = [
     ("reverse", "abc", "cross", [[2], [1], [0], [3]]),

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from core import audit as AU
-from core import bugs as B
-from core.attention import Intervention
-from core.config import tiny
-from core.model import Transformer
-from core.runner import LoadedModel
-from core.tokenizer import CharTokenizer
-from dashboard.plots import audit as P
+from attnscope.core.analysis import audit as AU
+from attnscope.core.analysis import bugs as B
+from attnscope.core.families.native import LoadedModel
+from attnscope.core.transformer.attention import Intervention
+from attnscope.core.transformer.config import tiny
+from attnscope.core.transformer.model import Transformer
+from attnscope.core.transformer.tokenizer import CharTokenizer
+from attnscope.dashboard.plots import audit as P
 
 LAB_SOURCES, LAB_TARGETS = ["abcdefg", "abc"], ["gfedcba", "cba"]  # the lab's 2-line batch
 
@@ -361,7 +361,7 @@ def test_encoder_only_classifier(clf):
 
 
 def test_head_ablation_keeps_masks_correct(lm):
-    from core.analytics import ablation
+    from attnscope.core.analysis.analytics import ablation
 
     iv = ablation(lm.cfg, [("enc_self", 0, 1), ("dec_self", 1, 3)])
     assert AU.run_audit(lm, LAB_SOURCES, LAB_TARGETS, interv=iv).passed
@@ -526,7 +526,7 @@ def test_special_mass_equals_the_rows_first_sums_bit_for_bit(lm):
 
 
 def _zoo():
-    from models import registry
+    from attnscope.models import registry
 
     return registry.zoo_names()
 
@@ -535,8 +535,8 @@ def _zoo():
     "name", _zoo() or [pytest.param("none", marks=pytest.mark.skip(reason="no zoo models yet"))]
 )
 def test_zoo_models_pass_and_catch_a_bug(name):
-    from models import registry
-    from models import tasks as T
+    from attnscope.models import registry
+    from attnscope.models import tasks as T
 
     lm = registry.load(name)
     task = T.TASKS.get(lm.meta.get("task", ""))
@@ -609,7 +609,7 @@ def _hf_folder(tmp_path, arch: str) -> Path:
 
 @pytest.mark.parametrize("arch", ["bert", "gpt2", "t5"])
 def test_hugging_face_models_pass_static_and_leak_checks(tmp_path, arch):
-    from models import registry
+    from attnscope.models import registry
 
     lm = registry.load(str(_hf_folder(tmp_path, arch)))
     targets = ["a dog ran", "dog"] if lm.has_decoder else None
@@ -623,7 +623,7 @@ def test_hugging_face_models_pass_static_and_leak_checks(tmp_path, arch):
 
 
 def test_hugging_face_wrapper_that_drops_the_attention_mask_leaks(tmp_path):
-    from models import registry
+    from attnscope.models import registry
 
     lm = registry.load(str(_hf_folder(tmp_path, "bert")))
     lm.forward_outputs = lambda src, tgt, sr, tr: type(lm).forward_outputs(

@@ -1,4 +1,4 @@
-"""`python -m core audit`: one line per check, exit 0 (all pass) / 1 (a check failed) / 2 (bad input)."""
+"""`python -m attnscope audit`: one line per check, exit 0 (all pass) / 1 (a check failed) / 2 (bad input)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from attnscope.cli import main
-from core import bugs, checkpoint
-from core.config import tiny
-from core.model import Transformer
-from core.tokenizer import CharTokenizer
+from attnscope.core.analysis import bugs
+from attnscope.core.transformer import checkpoint
+from attnscope.core.transformer.config import tiny
+from attnscope.core.transformer.model import Transformer
+from attnscope.core.transformer.tokenizer import CharTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^(PASS|FAIL|SKIP|INFO) [a-z_]+(\[[a-z_]+\])?: .+$")
@@ -110,6 +111,6 @@ def test_bad_model_and_decoder_bug_on_encoder_only(clf_folder, tmp_path, capsys)
 
 
 def test_entry_point_subprocess():
-    proc = subprocess.run([sys.executable, "-m", "core", "audit", "--list-bugs"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "attnscope", "audit", "--list-bugs"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0 and "wrong_broadcast" in proc.stdout

@@ -1,12 +1,12 @@
-"""core.bertviz_adapter: AttentionTrace -> bertviz head_view / model_view arguments, for every model type."""
+"""attnscope.core.traces.bertviz_adapter: AttentionTrace -> bertviz head_view / model_view arguments, for every model type."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from core.bertviz_adapter import bertviz_args, render_html
-from core.trace import AttentionTrace
+from attnscope.core.traces.bertviz_adapter import bertviz_args, render_html
+from attnscope.core.traces.trace import AttentionTrace
 
 L, H = 3, 4
 

@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 import numpy as np
 import pytest
 
+from attnscope.core.traces.trace import AttentionTrace
 from bench import harness
-from core.trace import AttentionTrace
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "dashboard" / "app.py"
@@ -343,7 +343,7 @@ def test_plotly_redraws_a_figure_only_for_new_numbers(browser):
     revision of its own: one shared by two figures would leave the first picture in place)."""
     import plotly
 
-    from dashboard.plots import attention as PT
+    from attnscope.dashboard.plots import attention as PT
 
     n = 48
     rng = np.random.default_rng(0)

@@ -9,9 +9,9 @@ import json
 import pytest
 from test_browser import WAIT_MS, _new_page, _no_exception_box, _settle, _wait_chart_title, browser  # noqa: F401
 
+from attnscope.core.analysis import corpus
+from attnscope.models import registry
 from bench import harness
-from core import corpus
-from models import registry
 
 pytestmark = pytest.mark.browser
 LINES = ["hello", "attention", "abc", "zzzzzz", "stressed", "desserts", "qwerty", "a", "mississippi", "kayak"]

@@ -1,6 +1,6 @@
 """Trace files and links in a real browser (chromium, as test_browser.py):
 
-- ``python -m core trace ... --out t.npz`` then ``python -m core view t.npz`` shows that trace's tokens;
+- ``python -m attnscope trace ... --out t.npz`` then ``python -m attnscope view t.npz`` shows that trace's tokens;
 - a link copied from one session reproduces the view in a fresh browser context;
 - hostile query parameters and hostile trace files give messages and leave the app usable.
 """
@@ -31,8 +31,8 @@ from test_browser import (  # noqa: F401
     browser,
 )
 
+from attnscope.core.traces.trace import AttentionTrace
 from bench import harness
-from core.trace import AttentionTrace
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.browser
@@ -69,7 +69,7 @@ def test_trace_then_view_shows_that_trace(browser, tmp_path):  # noqa: F811
     out = tmp_path / "t.npz"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     made = subprocess.run(
-        [sys.executable, "-m", "core", "trace", "--model", "reverse", "stressed", "--out", str(out)],
+        [sys.executable, "-m", "attnscope", "trace", "--model", "reverse", "stressed", "--out", str(out)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
@@ -77,7 +77,7 @@ def test_trace_then_view_shows_that_trace(browser, tmp_path):  # noqa: F811
     port = harness.free_port()
     log = open(tmp_path / "view.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "core", "view", str(out), "--port", str(port), "--server.fileWatcherType", "none"],
+        [sys.executable, "-m", "attnscope", "view", str(out), "--port", str(port), "--server.fileWatcherType", "none"],
         cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

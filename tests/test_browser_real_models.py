@@ -28,7 +28,7 @@ from test_browser import (  # noqa: F401  (browser: a fixture)
     run_app,
 )
 
-from models import registry
+from attnscope.models import registry
 
 pytestmark = [
     pytest.mark.browser,

@@ -9,8 +9,8 @@ import time
 import pytest
 from test_browser import WAIT_MS, _new_page, _no_exception_box, _settle, _wait_chart_title, browser  # noqa: F401
 
+from attnscope.models import registry
 from bench import harness
-from models import registry
 
 pytestmark = pytest.mark.browser
 

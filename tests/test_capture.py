@@ -1,4 +1,4 @@
-"""core.capture on torch.nn modules: weights equal a hand computation, outputs unchanged, modules restored."""
+"""attnscope.core.families.capture on torch.nn modules: weights equal a hand computation, outputs unchanged, modules restored."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from core.capture import capture_attention, capture_call
+from attnscope.core.families.capture import capture_attention, capture_call
 
 D, H = 16, 4
 

@@ -1,4 +1,4 @@
-"""core.capture on more attention code written the way people write it (tests/usermodels): each map
+"""attnscope.core.families.capture on more attention code written the way people write it (tests/usermodels): each map
 the model computed is recorded, in call order, with its kind and the mask the model applied, on
 padded batches; outputs are bit-identical with and without capture; square softmaxes that are not
 attention are left out. Styles that capture got wrong before: baddbmm with the mask as its input
@@ -17,7 +17,7 @@ import importlib
 import pytest
 import torch
 
-from core.capture import capture_attention
+from attnscope.core.families.capture import capture_attention
 
 STYLES = {  # module -> the mask_source its records must have
     "bert_ext": "additive",  # inputs_embeds + ids, (1 - mask) * -10000.0 extended mask

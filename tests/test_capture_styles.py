@@ -1,4 +1,4 @@
-"""core.capture on models written the way users write them (tests/usermodels): every attention map
+"""attnscope.core.families.capture on models written the way users write them (tests/usermodels): every attention map
 the model computed is recorded, in call order, with its kind, equal within 1e-6 on padded batches;
 the vocabulary softmax is not; outputs are bit-identical with and without capture."""
 
@@ -9,7 +9,7 @@ import importlib
 import pytest
 import torch
 
-from core.capture import capture_attention
+from attnscope.core.families.capture import capture_attention
 
 STYLES = {  # module -> what it imitates
     "tutorial": "3-D (B*H) heads, nn.Softmax(dim=2), masked_fill(-inf), one module for self and context, vocab softmax",

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from attnscope.cli import main
-from core import checkpoint
-from core.config import tiny
-from core.model import Transformer
-from core.tokenizer import CharTokenizer
-from models import registry
+from attnscope.core.transformer import checkpoint
+from attnscope.core.transformer.config import tiny
+from attnscope.core.transformer.model import Transformer
+from attnscope.core.transformer.tokenizer import CharTokenizer
+from attnscope.models import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,7 @@ def folder(tmp_path_factory):
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "core", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "attnscope", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
 
 
@@ -49,7 +49,7 @@ def test_predict_prints_output(folder, capsys):
     assert main(["predict", "--model", str(folder), "abc", "hello"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2
-    from models.registry import load
+    from attnscope.models.registry import load
 
     lm = load(str(folder))
     assert lines == lm.predict(["abc"]) + lm.predict(["hello"])

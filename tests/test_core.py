@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from core import masks as M
-from core.attention import AttnMaps, scaled_dot_product
-from core.config import ConfigError, TransformerConfig, base, tiny
-from core.decode import greedy_decode
-from core.model import Masks, Transformer, count_parameters
-from core.positional import sinusoidal_table, wavelengths
+from attnscope.core.transformer import masks as M
+from attnscope.core.transformer.attention import AttnMaps, scaled_dot_product
+from attnscope.core.transformer.config import ConfigError, TransformerConfig, base, tiny
+from attnscope.core.transformer.decode import greedy_decode
+from attnscope.core.transformer.model import Masks, Transformer, count_parameters
+from attnscope.core.transformer.positional import sinusoidal_table, wavelengths
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 CONFIGS = {
@@ -357,10 +357,10 @@ def test_base_with_max_len_2048_traces_and_draws_2048_tokens(tmp_path):
     map budget (teacher forcing: the budget counts the real target, not a guess as long as the
     source), every map row sums to 1, and the pages' figures stay bounded: the grid shows blocks
     (16 x 16 tokens a cell), the head view carries that head's exact weights."""
-    from core import checkpoint
-    from core.tokenizer import CharTokenizer
-    from dashboard.plots import attention as P
-    from models import registry
+    from attnscope.core.transformer import checkpoint
+    from attnscope.core.transformer.tokenizer import CharTokenizer
+    from attnscope.dashboard.plots import attention as P
+    from attnscope.models import registry
 
     tok = CharTokenizer.fit(["abcdefghijklmnopqrstuvwxyz"])
     torch.manual_seed(0)

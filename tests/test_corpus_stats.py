@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from core import corpus
-from core.runner import load_folder
+from attnscope.core.analysis import corpus
+from attnscope.core.families.native import load_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = ["hello world", "abc", "attention is all you need", "the cat sat", "a", "mask (or not)", "x = y;",
@@ -32,7 +32,7 @@ def lines_file(tmp_path_factory) -> Path:
 
 def _cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "core", "stats", *args], capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "attnscope", "stats", *args], capture_output=True, text=True, timeout=300,
         cwd=cwd or ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
     )  # fmt: skip
 
@@ -119,7 +119,7 @@ def test_torchrun_two_processes_equal_one(single, tiny_folder, lines_file, tmp_p
     out1, _ = single
     out2 = tmp_path / "dist.parquet"
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "core", "stats",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "attnscope", "stats",
          "--model", str(tiny_folder), "--input-file", str(lines_file), "--out", str(out2), "--batch", "8"],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip

@@ -18,11 +18,11 @@ from conftest import TINY_CHARS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.runner import InputError
-from dashboard import bertviz_html
-from dashboard.plots import attention as PA
-from dashboard.plots.common import LOG_FLOOR, token_label
-from models import registry
+from attnscope.core.families.native import InputError
+from attnscope.dashboard import bertviz_html
+from attnscope.dashboard.plots import attention as PA
+from attnscope.dashboard.plots.common import LOG_FLOOR, token_label
+from attnscope.models import registry
 
 HAS_MINILM = "minilm" in registry.all_names()
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -1,4 +1,4 @@
-"""Hugging Face models from local folders (core.hf): traces equal the model's own output_attentions.
+"""Hugging Face models from local folders (attnscope.core.families.hf): traces equal the model's own output_attentions.
 
 Tiny randomly initialised BERT, GPT-2, BART, T5 and Marian models are built from configs here and
 saved with a tiny WordLevel tokenizer into tmp_path; nothing is downloaded.
@@ -16,9 +16,9 @@ transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
-from core.checkpoint import ModelLoadError  # noqa: E402
-from core.hf import HFModel, load_hf  # noqa: E402
-from models import registry  # noqa: E402
+from attnscope.core.families.hf import HFModel, load_hf  # noqa: E402
+from attnscope.core.transformer.checkpoint import ModelLoadError  # noqa: E402
+from attnscope.models import registry  # noqa: E402
 
 WORDS = "the cat sat on a mat dog ran hello world is big small".split()
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "[CLS]", "[SEP]"]
@@ -252,7 +252,7 @@ def test_seq2seq_generates_without_target(loaded, name):
 
 def test_trace_roundtrip_and_cli(folders, tmp_path, capsys):
     from attnscope.cli import main
-    from core.trace import AttentionTrace
+    from attnscope.core.traces.trace import AttentionTrace
 
     out = tmp_path / "t.npz"
     assert main(["trace", "--model", str(folders["gpt2"]), "the cat sat", "--out", str(out)]) == 0
@@ -287,8 +287,8 @@ def test_routing_and_options(folders, tmp_path):
 
 
 def test_refuses_what_hf_models_cannot_do(loaded, monkeypatch):
-    from core.attention import Intervention
-    from core.runner import InputError
+    from attnscope.core.families.native import InputError
+    from attnscope.core.transformer.attention import Intervention
 
     lm = loaded["bert"]
     with pytest.raises(InputError, match="core models only"):
@@ -299,6 +299,8 @@ def test_refuses_what_hf_models_cannot_do(loaded, monkeypatch):
         lm.trace([" ".join(["cat"] * 40)])
     (t,) = lm.trace([" ".join(["cat"] * 40)], truncate=True)
     assert len(t.src_tokens) == 32 and t.meta["warnings"]
-    monkeypatch.setattr("core.runner.MAX_TRACE_MB", 0)  # the runner's memory budget applies here too
+    monkeypatch.setattr(
+        "attnscope.core.families.native.MAX_TRACE_MB", 0
+    )  # the runner's memory budget applies here too
     with pytest.raises(InputError, match="MB of attention maps"):
         loaded["t5"].trace(["the cat"])

@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnscope.cli import main
-from core import checkpoint
-from core.config import tiny
-from core.model import Transformer
-from core.runner import InputError, load_folder
-from core.tokenizer import CharTokenizer
+from attnscope.core.families.native import InputError, load_folder
+from attnscope.core.transformer import checkpoint
+from attnscope.core.transformer.config import tiny
+from attnscope.core.transformer.model import Transformer
+from attnscope.core.transformer.tokenizer import CharTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 ALPHABET = "abcdefghijklmnopqrstuvwxyz1 <>/()="
@@ -60,7 +60,7 @@ def test_cli_answers_hostile_text_with_one_line(folder, case, capsys):
 
 def test_cli_process_huge_input_exits_2_without_traceback(folder):
     proc = subprocess.run(
-        [sys.executable, "-m", "core", "predict", "--model", str(folder), HOSTILE["huge"]],
+        [sys.executable, "-m", "attnscope", "predict", "--model", str(folder), HOSTILE["huge"]],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -24,7 +24,7 @@ import streamlit as st
 from apptest_helpers import APP, HAS_MINILM, figures, run_app
 from streamlit.testing.v1 import AppTest
 
-from dashboard import keys as K
+from attnscope.dashboard import keys as K
 
 PAGES_DIR = APP.parent / "app_pages"
 TIMEOUT = 90
@@ -161,7 +161,7 @@ def test_a_batch_of_1000_lines_is_refused_with_the_limit(app_env):
 
 
 def test_a_trace_beyond_the_memory_budget_is_refused_in_the_page(app_env, monkeypatch):
-    from core import runner
+    from attnscope.core.families import native as runner
 
     monkeypatch.setattr(runner, "MAX_TRACE_MB", 1)  # as ATTNSCOPE_MAX_TRACE_MB=1 would
     for model in models_under_test(app_env):
@@ -175,10 +175,10 @@ def test_a_trace_beyond_the_memory_budget_is_refused_in_the_page(app_env, monkey
 def test_the_limits_are_stated_in_the_sidebar_and_match_what_a_run_costs(app_env):
     """The sidebar says the token limit, the MB budget of attention maps and what the model's longest
     input needs; that figure is what a trace of that length really holds (probs and scores)."""
-    from core import runner
-    from dashboard import model_facts
-    from dashboard.trace_cache import nbytes
-    from models import registry
+    from attnscope.core.families import native as runner
+    from attnscope.dashboard import model_facts
+    from attnscope.dashboard.trace_cache import nbytes
+    from attnscope.models import registry
 
     for model in models_under_test(app_env):
         at = run_app(model, timeout=TIMEOUT)
@@ -239,13 +239,15 @@ def test_injected_model_card_and_summary_stay_text(app_env, tiny_folder, tmp_pat
 
 
 def test_server_defaults_fit_a_laptop():
-    """Bound to localhost, XSRF protection on, uploads and messages limited (.streamlit/config.toml)."""
+    """Bound to localhost, XSRF protection on, uploads and messages limited (dashboard/server.toml, which
+    the installed package carries and the repository's .streamlit/config.toml links to)."""
     import tomllib
 
     from streamlit import config as st_config
 
     root = APP.parents[1]
-    cfg = tomllib.loads((root / ".streamlit" / "config.toml").read_text(encoding="utf-8"))
+    cfg = tomllib.loads((root / "dashboard" / "server.toml").read_text(encoding="utf-8"))
+    assert (root / ".streamlit" / "config.toml").resolve() == (root / "dashboard" / "server.toml").resolve()
     server = cfg["server"]
     assert server["address"] == "127.0.0.1"
     assert server["enableXsrfProtection"] is True and server["enableCORS"] is True

@@ -12,8 +12,8 @@ import pytest
 from apptest_helpers import ANALYSIS_PAGES, PAGES, assert_no_exception, figure, run_app
 from streamlit.testing.v1 import AppTest
 
-from dashboard import keys as K
-from dashboard import links, words
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import links, words
 
 ALL_PAGES = {**PAGES, **ANALYSIS_PAGES}
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dashboard.trace_cache import MB, TraceStore, nbytes
+from attnscope.dashboard.trace_cache import MB, TraceStore, nbytes
 
 ROOT = Path(__file__).resolve().parents[1]
 SESSIONS = 10
@@ -110,7 +110,7 @@ def test_nbytes_counts_trace_arrays(tiny_model):
 def test_cached_traces_are_shared_and_read_only(extra_models):
     import streamlit as st
 
-    from dashboard import loaders
+    from attnscope.dashboard import loaders
 
     st.cache_resource.clear()
     args = (extra_models[0], "cpu", 0.0, ("hello",), None)
@@ -129,8 +129,8 @@ def test_each_cached_function_has_its_own_store_and_nesting_does_not_wait_on_its
     would deadlock: the audit calls the trace cache so). Audit reports count their traces' bytes."""
     import streamlit as st
 
-    from dashboard import loaders, runs
-    from dashboard.trace_cache import shared_cache
+    from attnscope.dashboard import loaders, runs
+    from attnscope.dashboard.trace_cache import shared_cache
 
     st.cache_resource.clear()
 
@@ -162,9 +162,9 @@ def test_lab_reports_equal_the_two_audits_run_one_after_the_other(extra_models):
     verdict and value for value; an input error in the worker reaches the page as that error."""
     import streamlit as st
 
-    from core import audit
-    from core.runner import InputError
-    from dashboard import loaders, runs
+    from attnscope.core.analysis import audit
+    from attnscope.core.families.native import InputError
+    from attnscope.dashboard import loaders, runs
 
     st.cache_resource.clear()
     name = extra_models[0]
@@ -188,8 +188,8 @@ def test_lab_reports_later_runs_the_leak_tests_while_the_page_goes_on(extra_mode
     correct audit lands in audit_report's cache, and a second call is a done Future of the same pair."""
     import streamlit as st
 
-    from core import audit
-    from dashboard import runs
+    from attnscope.core.analysis import audit
+    from attnscope.dashboard import runs
 
     st.cache_resource.clear()
     name = extra_models[0]
@@ -217,7 +217,7 @@ def test_lab_reports_later_runs_the_leak_tests_while_the_page_goes_on(extra_mode
     assert again.done() and again.result() == (ok, bad)
     # Another bug on this input: its leak tests start before its traced pass (the page's lab_traces,
     # which reuses the cached correct traces); the bug is traced once, and the report is the plain one.
-    from core import bugs
+    from attnscope.core.analysis import bugs
 
     traced = []
     real_trace = bugs.trace_with_bug
@@ -246,8 +246,8 @@ def test_ten_concurrent_sessions_each_see_their_own_input(tiny_folder, tiny_clf_
         if os.environ.get("ATTNSCOPE_REQUIRE_BROWSER") == "1":
             pytest.fail(f"ATTNSCOPE_REQUIRE_BROWSER=1 but {problem}")
         pytest.skip(problem)
+    from attnscope.models import registry
     from bench.load import hostile_steps, run_load
-    from models import registry
 
     models = [str(tiny_folder), str(tiny_clf_folder), *registry.all_names()]
     allowed = tmp_path / "allowed"
@@ -309,14 +309,14 @@ def test_ten_concurrent_sessions_each_see_their_own_input(tiny_folder, tiny_clf_
 
 
 def test_collection_after_each_run_skips_what_lives_on_and_still_frees_what_runs_leave(monkeypatch):
-    """dashboard.loaders.keep_collection_cheap (end of every run): what lives on is frozen out of the
+    """attnscope.dashboard.loaders.keep_collection_cheap (end of every run): what lives on is frozen out of the
     collector's view, so Streamlit's gc.collect(2) after each run walks little; a cycle a run leaves is
     still freed; one frozen along (alive at the freeze) is freed at the next refreeze; refreezes come
     after a model load and every REFREEZE_RUNS runs."""
     import gc
     import weakref
 
-    from dashboard import loaders
+    from attnscope.dashboard import loaders
 
     class Node:  # a cycle, as a plotly figure and its parts are
         def __init__(self):

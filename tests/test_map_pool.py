@@ -1,4 +1,4 @@
-"""core.map_pool: recycled memory for traced passes' maps. Never handed out while in use, the same numbers."""
+"""attnscope.core.families.map_pool: recycled memory for traced passes' maps. Never handed out while in use, the same numbers."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from core import map_pool
-from core.map_pool import MapPool
-from dashboard import trace_cache
+from attnscope.core.families import map_pool
+from attnscope.core.families.map_pool import MapPool
+from attnscope.dashboard import trace_cache
 
 MB = 2**20
 TEXTS = ["hello world", "abc"]
@@ -161,7 +161,9 @@ def test_the_dashboard_turns_the_pool_on_with_its_budget(env, expect):
     environ = {k: v for k, v in os.environ.items() if k != "ATTNSCOPE_MAP_POOL_MB"}
     if env is not None:
         environ["ATTNSCOPE_MAP_POOL_MB"] = env
-    code = "import dashboard.loaders, core.map_pool as m; print(m.POOL.keep_bytes)"
+    code = (
+        "import attnscope.dashboard.loaders, attnscope.core.families.map_pool as m; print(m.POOL.keep_bytes)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], env=environ, cwd=Path(__file__).resolve().parents[1],
         capture_output=True, text=True, timeout=120, check=True,

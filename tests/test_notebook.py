@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from core.trace import AttentionTrace
+from attnscope.core.traces.trace import AttentionTrace
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "examples" / "attention_in_a_notebook.ipynb"

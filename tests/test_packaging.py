@@ -1,4 +1,4 @@
-"""The project installs as ``attnscope``: the command works from any folder, ``import core`` works in any
+"""The project installs as ``attnscope``: the command works from any folder, ``import attnscope`` works in any
 script using the venv, and pyproject.toml pins what requirements.txt pins."""
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import time
 import tomllib
 import urllib.request
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).parent / "attnscope"
@@ -61,10 +59,14 @@ def test_attnscope_command_from_any_folder(tmp_path):
     )
 
 
-def test_import_core_in_any_script(tmp_path):
-    code = "import core, models, dashboard.plots.attention; print(core.AttentionTrace.__name__)"
+def test_import_attnscope_in_any_script(tmp_path):
+    code = (
+        "import sys, attnscope; light = 'torch' not in sys.modules; "
+        "import attnscope.dashboard.plots.attention, attnscope.models.registry; "
+        "print(light, attnscope.AttentionTrace.__module__)"
+    )
     out = _run([sys.executable, "-c", code], tmp_path)
-    assert out.returncode == 0 and out.stdout.strip() == "AttentionTrace", out.stderr
+    assert out.returncode == 0 and out.stdout.split() == ["True", "attnscope.core.traces.trace"], out.stderr
 
 
 def _free_port() -> int:
@@ -113,14 +115,20 @@ def test_run_passes_the_repositorys_server_settings():
     from attnscope.cli import dashboard_command
 
     cmd = dashboard_command(8599, "127.0.0.1", ["--server.headless", "true"])
-    assert cmd[:5] == [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py")]
+    assert cmd[:5] == [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(ROOT / "dashboard" / "app.py"),
+    ]  # editable
     assert "--browser.gatherUsageStats=false" in cmd and "--server.maxUploadSize=16" in cmd
     assert cmd[-4:] == ["--server.address=127.0.0.1", "--server.port=8599", "--server.headless", "true"][-4:]
     # the explicit port and address come after the file's, so they win
     assert cmd.index("--server.port=8599") > cmd.index("--server.enableCORS=true")
 
 
-@pytest.mark.parametrize("module", ["core", "attnscope"])
-def test_python_m_runs_the_same_command(module, tmp_path):
-    out = _run([sys.executable, "-m", module, "--help"], ROOT)
-    assert out.returncode == 0 and out.stdout.startswith(f"usage: python -m {module} ")
+def test_python_m_attnscope_is_the_command(tmp_path):
+    out = _run([sys.executable, "-m", "attnscope", "--help"], tmp_path)
+    assert out.returncode == 0 and out.stdout.startswith("usage: python -m attnscope ")
+    assert not (ROOT / "core" / "__main__.py").exists()  # one command name: `python -m core` is gone

@@ -12,15 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-from core.decode import greedy_decode
-from core.model import count_parameters, parameters_by_module
-from core.positional import sinusoidal_table, wavelengths
-from dashboard import analysis, bertviz_html, model_facts
-from dashboard.plots import attention as PA
-from dashboard.plots import decoding as PD
-from dashboard.plots import masks as PM
-from dashboard.plots import positional as PP
-from dashboard.plots.common import (
+from attnscope.core.analysis import tables as analysis
+from attnscope.core.transformer.decode import greedy_decode
+from attnscope.core.transformer.model import count_parameters, parameters_by_module
+from attnscope.core.transformer.positional import sinusoidal_table, wavelengths
+from attnscope.dashboard import bertviz_html, model_facts
+from attnscope.dashboard.plots import attention as PA
+from attnscope.dashboard.plots import decoding as PD
+from attnscope.dashboard.plots import masks as PM
+from attnscope.dashboard.plots import positional as PP
+from attnscope.dashboard.plots.common import (
     LOG_FLOOR,
     MAX_MASK_RECTS,
     MAX_TICKS,
@@ -30,7 +31,7 @@ from dashboard.plots.common import (
     token_label,
     token_labels,
 )
-from dashboard.plots.model import params_figure
+from attnscope.dashboard.plots.model import params_figure
 
 INJECTION = "</script><script>alert(1)</script>"
 
@@ -424,7 +425,7 @@ def test_grid_hover_names_nan_only_when_there_is_one():
 def test_mask_heatmaps_drop_cell_gaps_once_cells_are_small(n):
     """Gaps between mask cells while every token has a tick; none beyond (a 1-pixel gap would hide
     1-pixel cells, and plotly draws gapped cells one by one: twice as slow at 512 tokens)."""
-    from dashboard.plots import audit as PU
+    from attnscope.dashboard.plots import audit as PU
 
     mask = np.tril(np.ones((n, n), dtype=bool))
     toks = [f"t{i}" for i in range(n)]
@@ -500,7 +501,7 @@ def test_figure_cache_shares_a_figure_while_its_trace_lives():
     import gc
     import weakref
 
-    from dashboard.trace_cache import FigureCache
+    from attnscope.dashboard.trace_cache import FigureCache
 
     class Owner:  # stands in for an AttentionTrace
         pass
@@ -532,7 +533,7 @@ def test_figure_cache_shares_a_figure_while_its_trace_lives():
 def test_finish_puts_the_template_in_the_layout_and_a_digest_of_the_data_as_revision():
     import plotly.graph_objects as go
 
-    from dashboard.plots import common
+    from attnscope.dashboard.plots import common
 
     def build(z, title="t", labels=("a",)):
         heat = go.Heatmap(z=np.asarray(z, dtype=np.float32), x=list(labels))

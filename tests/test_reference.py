@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from core.attention import MultiHeadAttention
-from core.config import tiny
-from core.layers import DecoderLayer, EncoderLayer
-from core.masks import causal_mask, to_torch_nn
-from core.model import Transformer
+from attnscope.core.transformer.attention import MultiHeadAttention
+from attnscope.core.transformer.config import tiny
+from attnscope.core.transformer.layers import DecoderLayer, EncoderLayer
+from attnscope.core.transformer.masks import causal_mask, to_torch_nn
+from attnscope.core.transformer.model import Transformer
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 D, H = 16, 4
@@ -188,7 +188,7 @@ def test_decoder_layer_matches_torch(device, norm, activation, return_attn):
 
 def paper_embedding(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Token embedding x sqrt(d_model) + the sinusoidal encoding of the paper (section 3.5), built
-    here without core.positional: the Annotated Transformer's float32 formula."""
+    here without attnscope.core.transformer.positional: the Annotated Transformer's float32 formula."""
     d_model = table.shape[1]
     pos = torch.arange(ids.shape[1], dtype=torch.float32, device=ids.device)[:, None]
     div = torch.exp(

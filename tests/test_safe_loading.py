@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from attnscope.cli import main
-from core import checkpoint
-from core.checkpoint import ModelLoadError
-from core.config import tiny
-from core.model import Transformer
-from core.tokenizer import CharTokenizer
-from models import registry
+from attnscope.core.transformer import checkpoint
+from attnscope.core.transformer.checkpoint import ModelLoadError
+from attnscope.core.transformer.config import tiny
+from attnscope.core.transformer.model import Transformer
+from attnscope.core.transformer.tokenizer import CharTokenizer
+from attnscope.models import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,7 +110,7 @@ def test_malicious_pickle_refused_by_the_real_cli(folder, tmp_path):
         [
             sys.executable,
             "-m",
-            "core",
+            "attnscope",
             "trace",
             "--model",
             str(folder / "evil.pth"),

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from models import tasks as T
+from attnscope.models import tasks as T
 
 N = 3000
 
@@ -57,7 +57,7 @@ def test_seeds_are_distinct():
 
 
 def test_training_refuses_reserved_seeds(tmp_path):
-    from models import train
+    from attnscope.models import train
 
     for seed in T.RESERVED_SEEDS:
         with pytest.raises(SystemExit):

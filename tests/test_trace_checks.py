@@ -1,4 +1,4 @@
-"""Trace files from anyone (core/trace_io.py): every trace round-trips; every bad file gets one
+"""Trace files from anyone (core/traces/trace_io.py): every trace round-trips; every bad file gets one
 sentence naming the file and the problem, before any pickled or oversized data is read; what opens
 but looks wrong (NaN, a leaking mask, rows not summing to 1) is named by ``problems()``."""
 
@@ -11,9 +11,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from core import trace_io
-from core.trace import AttentionTrace, TraceFormatError
-from models import registry
+from attnscope.core.traces import trace_io
+from attnscope.core.traces.trace import AttentionTrace, TraceFormatError
+from attnscope.models import registry
 
 
 @pytest.fixture(scope="module")

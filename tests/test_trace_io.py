@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from core import checkpoint
-from core.config import tiny
-from core.model import Transformer
-from core.runner import InputError, load_folder, resolve_device
-from core.tokenizer import CharTokenizer, Tokenizer, TokenizerError, WordTokenizer
-from core.trace import AttentionTrace, TraceFormatError
+from attnscope.core.families.native import InputError, load_folder, resolve_device
+from attnscope.core.traces.trace import AttentionTrace, TraceFormatError
+from attnscope.core.transformer import checkpoint
+from attnscope.core.transformer.config import tiny
+from attnscope.core.transformer.model import Transformer
+from attnscope.core.transformer.tokenizer import CharTokenizer, Tokenizer, TokenizerError, WordTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +200,7 @@ def test_trace_is_immutable_and_axes_match_tensors(folder, tmp_path):
 
 
 def test_trace_budget_refuses_instead_of_running_out_of_memory(folder, monkeypatch):
-    from core import runner
+    from attnscope.core.families import native as runner
 
     lm = load_folder(folder)
     monkeypatch.setattr(runner, "MAX_TRACE_MB", 0)

@@ -13,11 +13,11 @@ import torch
 from apptest_helpers import _array, assert_clean, figure, figures, run_app
 from safetensors.torch import load_file
 
-from core.checkpoint import ModelLoadError
-from dashboard import keys as K
-from models import attention_rules as R
-from models import registry, train
-from models import tasks as T
+from attnscope.core.transformer.checkpoint import ModelLoadError
+from attnscope.dashboard import keys as K
+from attnscope.models import attention_rules as R
+from attnscope.models import registry, train
+from attnscope.models import tasks as T
 
 TRAINING_PAGE = "app_pages/training.py"
 SMOKE_STEPS = 20
@@ -50,7 +50,7 @@ def test_smoke_training_loss_falls_and_files_are_written(smoke, name):
     assert meta == json.loads((folder / "meta.json").read_text())
     assert meta["task"] == name and meta["metrics"]["n_heldout"] == 60 and 0 <= meta["metrics"][metric] <= 1
     assert meta["train"]["steps"] == SMOKE_STEPS and meta["train"]["seed"] == T.TRAIN_SEED
-    assert meta["train"]["command"] == f"python -m models.train --task {name}"
+    assert meta["train"]["command"] == f"python -m attnscope.models.train --task {name}"
     card = (folder / "card.md").read_text()
     assert (
         f"Held-out {'accuracy' if name == 'brackets' else 'exact match'}: **{meta['metrics'][metric]:.2%}**"

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from core import checkpoint
-from core.decode import greedy_decode
-from core.interface import pad_rows
-from models import registry, train
-from models import tasks as T
+from attnscope.core.families.interface import pad_rows
+from attnscope.core.transformer import checkpoint
+from attnscope.core.transformer.decode import greedy_decode
+from attnscope.models import registry, train
+from attnscope.models import tasks as T
 
 NAMES = list(registry.ORDER)  # every zoo model must be there: a missing folder fails, never skips
 MAX_FOLDER_BYTES = 3 * 2**20  # the model itself (config, weights, vocabularies, card)
@@ -106,7 +106,7 @@ def test_meta_and_card(loaded):
     assert meta["train"]["seed"] not in T.RESERVED_SEEDS
     if loaded.name == "brackets":
         assert meta["labels"] == ["unbalanced", "balanced"]
-    assert f"python -m models.train --task {loaded.name}" in loaded.card
+    assert f"python -m attnscope.models.train --task {loaded.name}" in loaded.card
     assert f"{meta['metrics'][metric]:.2%}" in loaded.card
 
 

@@ -1,1 +1,1 @@
-"""One file per page; pages only wire widgets to dashboard.plots functions."""
+"""One file per page; pages only wire widgets to attnscope.dashboard.plots functions."""

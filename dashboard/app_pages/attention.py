@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from core.trace import KIND_LABELS
-from dashboard import keys as K
-from dashboard import marks, model_facts, state, trace_cache, ui
-from dashboard.plots import attention as P
-from dashboard.plots.common import ATTENTION_AXIS_TITLES, DECODER_ONLY_TITLES
+from attnscope.core.traces.trace import KIND_LABELS
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import marks, model_facts, state, trace_cache, ui
+from attnscope.dashboard.plots import attention as P
+from attnscope.dashboard.plots.common import ATTENTION_AXIS_TITLES, DECODER_ONLY_TITLES
 
 MISSING = {  # what a model family has no attention of, said on the page
     "encoder": "This model has no decoder (encoder only): there is no decoder self-attention or cross-attention.",

@@ -1,19 +1,19 @@
-"""Mask audit: every check of core.audit on the sidebar's model and inputs, in words and numbers."""
+"""Mask audit: every check of attnscope.core.analysis.audit on the sidebar's model and inputs, in words and numbers."""
 
 from __future__ import annotations
 
 import numpy as np
 import streamlit as st
 
-from core import audit
-from core.runner import InputError
-from core.trace import KIND_LABELS
-from dashboard import keys as K
-from dashboard import loaders, opened, runs, state, ui, words
-from dashboard.plots import analytics as PA
-from dashboard.plots import attention as PT
-from dashboard.plots import audit as P
-from dashboard.plots.common import AXIS_TITLES
+from attnscope.core.analysis import audit
+from attnscope.core.families.native import InputError
+from attnscope.core.traces.trace import KIND_LABELS
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import loaders, opened, runs, state, ui, words
+from attnscope.dashboard.plots import analytics as PA
+from attnscope.dashboard.plots import attention as PT
+from attnscope.dashboard.plots import audit as P
+from attnscope.dashboard.plots.common import AXIS_TITLES
 
 COLUMN_ORDER = ["status", "check", "detail", "kind", "layer", "head", "positions", "value"]
 COLUMNS = {
@@ -175,5 +175,5 @@ st.download_button(
     mime="text/plain",
     key="aud_report_txt",
     on_click="ignore",
-    help="One line per check, as `python -m core audit` prints it.",
+    help="One line per check, as `python -m attnscope audit` prints it.",
 )

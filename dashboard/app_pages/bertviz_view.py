@@ -1,6 +1,6 @@
 """bertviz: its head view and model view for the current input, offline and escaped.
 
-core.bertviz_adapter.bertviz_args picks what goes to bertviz (layers, heads, and for inputs over
+attnscope.core.traces.bertviz_adapter.bertviz_args picks what goes to bertviz (layers, heads, and for inputs over
 100 tokens a subset with a warning, so the browser never freezes); dashboard/bertviz_html renders
 it offline. Works for encoder-only (enc_self), decoder-only (dec_self) and encoder-decoder traces.
 """
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from core.bertviz_adapter import MAX_TOKENS, bertviz_args
-from core.trace import KIND_LABELS
-from dashboard import bertviz_html, model_facts, state, ui
-from dashboard import keys as K
+from attnscope.core.traces.bertviz_adapter import MAX_TOKENS, bertviz_args
+from attnscope.core.traces.trace import KIND_LABELS
+from attnscope.dashboard import bertviz_html, model_facts, state, ui
+from attnscope.dashboard import keys as K
 
 MAX_HEIGHT = 1800
 MISSING = {

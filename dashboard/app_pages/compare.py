@@ -5,17 +5,17 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from core import analytics as A
-from core import bugs
-from core.checkpoint import ModelLoadError
-from core.runner import InputError
-from core.trace import KIND_LABELS, AttentionTrace
-from dashboard import keys as K
-from dashboard import loaders, runs, state, ui, words
-from dashboard.plots import analytics as P
-from dashboard.plots import attention as PT
-from dashboard.plots.common import AXIS_TITLES
-from models import registry
+from attnscope.core.analysis import analytics as A
+from attnscope.core.analysis import bugs
+from attnscope.core.families.native import InputError
+from attnscope.core.traces.trace import KIND_LABELS, AttentionTrace
+from attnscope.core.transformer.checkpoint import ModelLoadError
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import loaders, runs, state, ui, words
+from attnscope.dashboard.plots import analytics as P
+from attnscope.dashboard.plots import attention as PT
+from attnscope.dashboard.plots.common import AXIS_TITLES
+from attnscope.models import registry
 
 MODES = ("another input", "another model", "a mask bug", "heads switched off", "another training step")
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from dashboard import keys as K
-from dashboard import model_facts, state, ui
-from dashboard.plots import decoding as P
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import model_facts, state, ui
+from attnscope.dashboard.plots import decoding as P
 
 st.title("Decoding")
 file = state.trace_file()  # a trace file: its own steps (no model to run)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from core import analytics as A
-from core.audit import real_positions
-from core.trace import KIND_LABELS
-from dashboard import corpus_view, marks, runs, state, ui, words
-from dashboard import keys as K
-from dashboard.plots import analytics as P
-from dashboard.plots import attention as PT
-from dashboard.plots.common import AXIS_TITLES
+from attnscope.core.analysis import analytics as A
+from attnscope.core.analysis.audit import real_positions
+from attnscope.core.traces.trace import KIND_LABELS
+from attnscope.dashboard import corpus_view, marks, runs, state, ui, words
+from attnscope.dashboard import keys as K
+from attnscope.dashboard.plots import analytics as P
+from attnscope.dashboard.plots import attention as PT
+from attnscope.dashboard.plots.common import AXIS_TITLES
 
 STAT_HELP = {
     "entropy": "how spread out each query's attention is (0 = one key, log n = uniform over n keys)",

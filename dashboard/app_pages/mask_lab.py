@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from core import analytics, bugs
-from core.runner import InputError
-from core.trace import KIND_LABELS
-from dashboard import keys as K
-from dashboard import runs, state, ui, words
-from dashboard.plots import analytics as PA
-from dashboard.plots import attention as PT
-from dashboard.plots import audit as P
-from dashboard.plots.common import AXIS_TITLES
+from attnscope.core.analysis import analytics, bugs
+from attnscope.core.families.native import InputError
+from attnscope.core.traces.trace import KIND_LABELS
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import runs, state, ui, words
+from attnscope.dashboard.plots import analytics as PA
+from attnscope.dashboard.plots import attention as PT
+from attnscope.dashboard.plots import audit as P
+from attnscope.dashboard.plots.common import AXIS_TITLES
 
 SHORT_COLUMNS = ["status", "check", "layer", "head", "detail"]
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from core.trace import KIND_LABELS
-from dashboard import analysis, model_facts, state, ui
-from dashboard import keys as K
-from dashboard.plots import masks as P
+from attnscope.core.analysis import tables as analysis
+from attnscope.core.traces.trace import KIND_LABELS
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import model_facts, state, ui
+from attnscope.dashboard.plots import masks as P
 
 st.title("Masks")
 st.markdown(

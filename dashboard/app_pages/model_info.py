@@ -5,10 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from core.model import count_parameters
-from core.trace import KIND_LABELS, KINDS
-from dashboard import loaders, marks, model_facts, opened, state, ui
-from dashboard.plots.model import params_figure
+from attnscope.core.traces.trace import KIND_LABELS, KINDS
+from attnscope.core.transformer.model import count_parameters
+from attnscope.dashboard import loaders, marks, model_facts, opened, state, ui
+from attnscope.dashboard.plots.model import params_figure
 
 st.title("Model")
 

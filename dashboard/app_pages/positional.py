@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from core.positional import sinusoidal_table, wavelengths
-from dashboard import analysis, model_facts, state, ui
-from dashboard import keys as K
-from dashboard.plots import positional as P
+from attnscope.core.analysis import tables as analysis
+from attnscope.core.transformer.positional import sinusoidal_table, wavelengths
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import model_facts, state, ui
+from attnscope.dashboard.plots import positional as P
 
 OWN, FREE = "this model's encoding", "explore the paper's sinusoids (any d_model, length)"
 

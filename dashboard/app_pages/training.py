@@ -5,16 +5,16 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from core.checkpoint import ModelLoadError
-from core.runner import InputError
-from core.trace import KIND_LABELS
-from dashboard import keys as K
-from dashboard import loaders, marks, runs, state, ui
-from dashboard.plots import attention as PA
-from dashboard.plots import training as P
-from models import attention_rules as R
-from models import registry
-from models import tasks as T
+from attnscope.core.families.native import InputError
+from attnscope.core.traces.trace import KIND_LABELS
+from attnscope.core.transformer.checkpoint import ModelLoadError
+from attnscope.dashboard import keys as K
+from attnscope.dashboard import loaders, marks, runs, state, ui
+from attnscope.dashboard.plots import attention as PA
+from attnscope.dashboard.plots import training as P
+from attnscope.models import attention_rules as R
+from attnscope.models import registry
+from attnscope.models import tasks as T
 
 st.title("Training")
 st.markdown(

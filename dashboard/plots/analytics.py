@@ -1,6 +1,6 @@
 """Head-analytics figures: layer x head statistic heatmaps, rollout, attribution, alignment, diffs.
 
-Pure Plotly (numpy in, ``go.Figure`` out); the numbers come from ``core.analytics``.
+Pure Plotly (numpy in, ``go.Figure`` out); the numbers come from ``attnscope.core.analysis.analytics``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,14 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboard.plots.common import MARK_COLOR, finish, indexed_labels, matrix_height, token_axis, token_label
+from attnscope.dashboard.plots.common import (
+    MARK_COLOR,
+    finish,
+    indexed_labels,
+    matrix_height,
+    token_axis,
+    token_label,
+)
 
 DIVERGING = "RdBu_r"
 _HEAD_RE = re.compile(r"^head (\d+)$")
@@ -85,7 +92,7 @@ def parse_head_point(x: str, y: str) -> tuple[int, int] | None:
 
 
 def head_table(records: Sequence[dict], digits: int = 3) -> pd.DataFrame:
-    """``core.analytics.head_records`` rows as a sortable DataFrame (statistics rounded)."""
+    """``attnscope.core.analysis.analytics.head_records`` rows as a sortable DataFrame (statistics rounded)."""
     df = pd.DataFrame(list(records))
     if df.empty:
         return df

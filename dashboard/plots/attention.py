@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from dashboard.plots.common import (
+from attnscope.dashboard.plots.common import (
     COLORSCALE,
     LOG_FLOOR,
     MARK_COLOR,

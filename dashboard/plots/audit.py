@@ -1,6 +1,6 @@
 """Mask-audit figures: the verdict table and a correct-vs-buggy mask comparison.
 
-Pure Plotly / pandas; verdicts come from ``core.audit``.
+Pure Plotly / pandas; verdicts come from ``attnscope.core.analysis.audit``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboard.plots.common import cell_gap, finish, indexed_labels, matrix_height, token_axis
+from attnscope.dashboard.plots.common import cell_gap, finish, indexed_labels, matrix_height, token_axis
 
 # Plain symbols (no emoji): they render in every font, also in the table's canvas.
 STATUS_ICON = {"pass": "✓ pass", "fail": "✗ fail", "skip": "– skip", "info": "ℹ info"}
@@ -27,7 +27,7 @@ VERDICT_COLUMNS = ["status", "check", "kind", "layer", "head", "positions", "val
 
 
 def verdict_table(verdicts: Sequence, icons: bool = True) -> pd.DataFrame:
-    """One row per ``core.audit.Verdict``: status, check, kind, layer, head, positions, value, detail."""
+    """One row per ``attnscope.core.analysis.audit.Verdict``: status, check, kind, layer, head, positions, value, detail."""
     rows = [
         {
             "status": STATUS_ICON.get(v.status, v.status) if icons else v.status,

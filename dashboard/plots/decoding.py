@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from dashboard.plots.attention import head_heatmap
-from dashboard.plots.common import (
+from attnscope.dashboard.plots.attention import head_heatmap
+from attnscope.dashboard.plots.common import (
     COLORSCALE,
     color_values,
     colorbar,

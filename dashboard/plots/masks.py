@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from dashboard.plots.common import cell_gap, finish, matrix_height, token_axis, token_label
+from attnscope.dashboard.plots.common import cell_gap, finish, matrix_height, token_axis, token_label
 
 ALLOWED_COLOR = "#2a9d8f"  # True: may attend
 MASKED_COLOR = "#e9e9e9"  # False: masked

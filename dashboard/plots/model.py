@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import plotly.graph_objects as go
 
-from dashboard.plots.common import finish
+from attnscope.dashboard.plots.common import finish
 
 
 def params_figure(counts: Mapping[str, int], *, title: str) -> go.Figure:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from dashboard.plots.common import finish
+from attnscope.dashboard.plots.common import finish
 
 
 def dim_name(d: int, sinusoidal: bool) -> str:

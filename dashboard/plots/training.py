@@ -13,8 +13,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboard.plots.attention import grid_figure
-from dashboard.plots.common import MARK_COLOR, finish
+from attnscope.dashboard.plots.attention import grid_figure
+from attnscope.dashboard.plots.common import MARK_COLOR, finish
 
 CURRENT = "#d62728"  # the current step's marker line
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from core.attention import Intervention
-from core.interface import pad_rows
-from core.model import Masks
+from attnscope.core.families.interface import pad_rows
+from attnscope.core.transformer.attention import Intervention
+from attnscope.core.transformer.model import Masks
 
 __all__ = ["BUGS", "Bug", "UnknownBugError", "get", "names", "reference_masks", "real_from_masks"]
 

@@ -1,11 +1,11 @@
 """Corpus statistics: what every head does over many inputs, streamed, resumable, and sharded.
 
-``python -m core stats --model X --input-file lines.txt --out stats.parquet`` runs every line through
+``python -m attnscope stats --model X --input-file lines.txt --out stats.parquet`` runs every line through
 the model in batches and keeps, per (kind, layer, head, statistic), running sums: count, sum, sum of
 squares, min, max (float64), and the ``TOP_K`` inputs with the highest and the lowest value (the ones
 where the head behaves most atypically). No trace is kept, so memory is flat in the number of lines.
 
-Statistics per input (core.analytics.head_stats over real positions): entropy, mean distance, the
+Statistics per input (attnscope.core.analysis.analytics.head_stats over real positions): entropy, mean distance, the
 head-type scores (diagonal/self, previous, next, first, last, monotonic for cross-attention), and
 the attention mass on special tokens (``<bos>``, ``[CLS]``, ...) and on punctuation keys.
 
@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from core.analytics import CROSS_STATS, head_stats
-from core.audit import kind_sides, real_positions
-from core.interface import InputError
-from core.trace import KINDS, AttentionTrace
+from attnscope.core.analysis.analytics import CROSS_STATS, head_stats
+from attnscope.core.analysis.audit import kind_sides, real_positions
+from attnscope.core.families.interface import InputError
+from attnscope.core.traces.trace import KINDS, AttentionTrace
 
 TOP_K = 5
 STATS = (*CROSS_STATS, "specials", "punctuation")
@@ -55,7 +55,7 @@ def is_punctuation(token: str) -> bool:
 
 
 def trace_stats(trace: AttentionTrace, pad_id: int | None) -> dict[str, dict[str, np.ndarray]]:
-    """{kind: {stat: (layer, head)}} for one input: core.analytics.head_stats plus the mass on special
+    """{kind: {stat: (layer, head)}} for one input: attnscope.core.analysis.analytics.head_stats plus the mass on special
     and punctuation keys (mean over real query rows)."""
     out = {}
     for kind in trace.kinds:

@@ -49,8 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.checkpoint import ModelLoadError, _one_line
-from core.interface import (
+from attnscope.core.families.interface import (
     ModelFacts,
     Side,
     package_trace,
@@ -59,15 +58,22 @@ from core.interface import (
     prediction_fields,
     prepare_targets,
 )
-from core.runner import InputError, Prepared, check_trace_budget, resolve_device, trace_bytes
-from core.trace import AttentionTrace
+from attnscope.core.families.native import (
+    InputError,
+    Prepared,
+    check_trace_budget,
+    resolve_device,
+    trace_bytes,
+)
+from attnscope.core.traces.trace import AttentionTrace
+from attnscope.core.transformer.checkpoint import ModelLoadError, _one_line
 
 ARCHS = ("encoder", "decoder", "seq2seq")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 MAX_NEW_TOKENS = 32  # generation bound when no target is given
 
 
-HFArch = ModelFacts  # the facts of a Hugging Face model (core.interface.ModelFacts)
+HFArch = ModelFacts  # the facts of a Hugging Face model (attnscope.core.families.interface.ModelFacts)
 
 
 def _first(config: Any, *names: str, default: Any = 0) -> Any:
@@ -195,7 +201,7 @@ class HFTokenizerView:
 
 @dataclass
 class HFModel:
-    """A Hugging Face model with the common interface (core.interface.AttentionModel)."""
+    """A Hugging Face model with the common interface (attnscope.core.families.interface.AttentionModel)."""
 
     name: str
     folder: Path | None

@@ -86,7 +86,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from core.trace import KINDS, AttentionTrace
+from attnscope.core.traces.trace import KINDS, AttentionTrace
 
 NEG = -1e4  # a fill / additive value at or below this masks a key
 CROSS_WORDS = ("cross", "context", "src_attn", "enc_attn", "encoder_attn", "enc_dec", "encdec", "memory_attn")

@@ -1,8 +1,8 @@
 """The one model interface every page, command and check is written against.
 
-Four classes implement it: ``core.runner.LoadedModel`` (attnscope's own Transformer: the zoo and
-core folders), ``models.pretrained.BertEncoderModel`` (MiniLM in core's Transformer),
-``core.hf.HFModel`` (Hugging Face folders) and ``core.adapter.AdapterModel`` (any PyTorch model
+Four classes implement it: ``attnscope.core.families.native.LoadedModel`` (attnscope's own Transformer: the zoo and
+core folders), ``attnscope.models.pretrained.BertEncoderModel`` (MiniLM in core's Transformer),
+``attnscope.core.families.hf.HFModel`` (Hugging Face folders) and ``attnscope.core.families.adapter.AdapterModel`` (any PyTorch model
 through an adapter file). Callers ask the model what it can do (``arch``, ``injectable``,
 ``masks_from_ids``) instead of probing its type.
 
@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from core.trace import AttentionTrace
+from attnscope.core.traces.trace import AttentionTrace
 
 ARCHS = ("encoder", "decoder", "seq2seq")  # encoder only | decoder only | encoder-decoder
 TOPK = 5
@@ -114,7 +114,7 @@ class AttentionModel(Protocol):
     def summary(self) -> str: ...
 
     def prepare(self, text: str, truncate: bool = False) -> Any:
-        """Token ids of one input (a ``core.runner.Prepared``); InputError with a message if unusable."""
+        """Token ids of one input (a ``attnscope.core.families.native.Prepared``); InputError with a message if unusable."""
 
     def prepare_target(self, text: str, truncate: bool = False) -> Any: ...
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from core.trace import AttentionTrace
+from attnscope.core.traces.trace import AttentionTrace
 
 MAX_TOKENS = 100  # above this, warn and show a subset
 MAX_CELLS = 250_000  # numbers handed to bertviz for a long input (layers x heads x query x key, all kinds)

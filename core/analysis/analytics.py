@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.attention import Intervention
-from core.audit import kind_sides, real_positions
-from core.trace import AttentionTrace
+from attnscope.core.analysis.audit import kind_sides, real_positions
+from attnscope.core.traces.trace import AttentionTrace
+from attnscope.core.transformer.attention import Intervention
 
 STATS = ("entropy", "distance", "diagonal", "previous", "next", "first", "last")
 CROSS_STATS = STATS + ("monotonic",)
@@ -224,7 +224,7 @@ def ablation(cfg, off: list[tuple[str, int, int]]) -> Intervention:
 
 def run_ablation(lm, sources: list[str], off: list[tuple[str, int, int]], targets: list[str] | None = None):
     """Traces of a core LoadedModel with heads switched off (teacher-forced on the intact model's output)."""
-    from core.bugs import trace_with_bug
+    from attnscope.core.analysis.bugs import trace_with_bug
 
     return trace_with_bug(lm, sources, None, targets, ablation(lm.cfg, off))
 

@@ -13,9 +13,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from core.config import ConfigError, TransformerConfig
-from core.model import Transformer
-from core.tokenizer import Tokenizer, TokenizerError
+from attnscope.core.transformer.config import ConfigError, TransformerConfig
+from attnscope.core.transformer.model import Transformer
+from attnscope.core.transformer.tokenizer import Tokenizer, TokenizerError
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"

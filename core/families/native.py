@@ -15,14 +15,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from core import checkpoint
-from core.attention import Intervention
-from core.config import TransformerConfig
-from core.decode import greedy_decode
-from core.interface import InputError, Side, package_trace, pad_rows, prediction_fields, prepare_targets
-from core.model import Masks, Transformer
-from core.tokenizer import Tokenizer, TokenizerError
-from core.trace import AttentionTrace
+from attnscope.core.families.interface import (
+    InputError,
+    Side,
+    package_trace,
+    pad_rows,
+    prediction_fields,
+    prepare_targets,
+)
+from attnscope.core.traces.trace import AttentionTrace
+from attnscope.core.transformer import checkpoint
+from attnscope.core.transformer.attention import Intervention
+from attnscope.core.transformer.config import TransformerConfig
+from attnscope.core.transformer.decode import greedy_decode
+from attnscope.core.transformer.model import Masks, Transformer
+from attnscope.core.transformer.tokenizer import Tokenizer, TokenizerError
 
 # Attention maps a single trace may hold (probs + scores, all kinds); beyond it the runner refuses
 # with a message instead of running the machine out of memory. Override: ATTNSCOPE_MAX_TRACE_MB.
@@ -114,7 +121,7 @@ class LoadedModel:
 
     def forward_outputs(self, src, tgt, src_real, tgt_real) -> dict[str, torch.Tensor]:
         """Encoder memory and decoder hidden states, masks built from the real-position vectors."""
-        from core.bugs import reference_masks
+        from attnscope.core.analysis.bugs import reference_masks
 
         with torch.no_grad():
             out = self.model(src, tgt, masks=reference_masks(src_real, tgt_real))

@@ -10,7 +10,7 @@ Kinds and their axes:
 - ``enc_self``: query = source, key = source
 - ``dec_self``: query = decoder input (BOS + target), key = the same
 - ``cross``:    query = decoder input, key = source
-Decoder-only models (GPT-2 family, core.hf) have ``dec_self`` only: src_tokens is empty and
+Decoder-only models (GPT-2 family, attnscope.core.families.hf) have ``dec_self`` only: src_tokens is empty and
 tgt_tokens is the whole sequence (prompt, then target), so ``axes`` stays as above.
 """
 
@@ -200,23 +200,23 @@ class AttentionTrace:
 
     @classmethod
     def load(cls, path: str | Path, *, max_bytes: int | None = None) -> AttentionTrace:
-        """Read a ``.npz`` / ``.json`` trace, checked field by field (core/trace_io.py): never unpickled;
+        """Read a ``.npz`` / ``.json`` trace, checked field by field (core/traces/trace_io.py): never unpickled;
         a bad file raises TraceFormatError with one sentence naming it."""
-        from core import trace_io
+        from attnscope.core.traces import trace_io
 
         return trace_io.read_path(path, trace_io.MAX_TRACE_BYTES if max_bytes is None else max_bytes)
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str) -> AttentionTrace:
         """The same from a file's bytes (an upload); ``name``'s extension picks the format."""
-        from core import trace_io
+        from attnscope.core.traces import trace_io
 
         return trace_io.read_bytes(data, name)
 
     def problems(self) -> list[str]:
         """What opens but must be said: NaN, attention on keys the trace's own mask forbids, rows
         that do not sum to 1 (one sentence each, naming kind, layer and head)."""
-        from core import trace_io
+        from attnscope.core.traces import trace_io
 
         return trace_io.problems(self)
 

@@ -24,7 +24,7 @@ An adapter file defines exactly these names (see README, "Your own model in 20 l
 ``load_adapter(path)`` runs the file (it is code: the dashboard only does so with
 ``ATTNSCOPE_ALLOW_CODE=1``), builds the model, and checks it once on an example: the names,
 their types, the output shape and that attention was found. Every problem is one sentence
-(``ModelLoadError``) naming what is wrong. Attention comes from ``core.capture`` around the
+(``ModelLoadError``) naming what is wrong. Attention comes from ``attnscope.core.families.capture`` around the
 user's ``forward``; the model's code is never changed. The model computes its masks from the ids
 itself, so the audit uses batch invariance and future invariance (``masks_from_ids``).
 """
@@ -48,11 +48,24 @@ import numpy as np
 import torch
 from torch import nn
 
-from core.capture import Captured, Record, capture_attention
-from core.checkpoint import ModelLoadError, _one_line
-from core.interface import ModelFacts, Side, package_trace, pad_rows, prediction_fields, prepare_targets
-from core.runner import InputError, Prepared, check_trace_budget, resolve_device, trace_bytes
-from core.trace import KINDS, AttentionTrace
+from attnscope.core.families.capture import Captured, Record, capture_attention
+from attnscope.core.families.interface import (
+    ModelFacts,
+    Side,
+    package_trace,
+    pad_rows,
+    prediction_fields,
+    prepare_targets,
+)
+from attnscope.core.families.native import (
+    InputError,
+    Prepared,
+    check_trace_budget,
+    resolve_device,
+    trace_bytes,
+)
+from attnscope.core.traces.trace import KINDS, AttentionTrace
+from attnscope.core.transformer.checkpoint import ModelLoadError, _one_line
 
 # nn.TransformerEncoder in eval mode announces its prototype nested-tensor fast path on every first
 # call, and PyTorch's own translation tutorial (sequence-first, a bool src_mask beside float masks)

@@ -13,7 +13,7 @@ Dynamic checks call the model as a black box through a *forward-outputs function
 
 ``*_real`` say where the real tokens are (True = not PAD), independently of the ids,
 so a test can change what sits in PAD positions while the padding stays the same.
-Every model provides it as ``lm.forward_outputs`` (core.interface); ``core_forward_outputs``
+Every model provides it as ``lm.forward_outputs`` (attnscope.core.families.interface); ``core_forward_outputs``
 runs a core model with a mask-lab bug or head ablation injected. Models that build their masks
 from the ids themselves (adapters, ``lm.masks_from_ids``) cannot have PAD content changed; for
 them (and every model) ``batch_invariance`` runs each sequence alone and compares.
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from core import bugs as B
-from core.attention import Intervention
-from core.trace import AttentionTrace
+from attnscope.core.analysis import bugs as B
+from attnscope.core.traces.trace import AttentionTrace
+from attnscope.core.transformer.attention import Intervention
 
 ROW_SUM_TOL = 1e-5
 MAP_CHUNK = 2**20  # values read at once where a check streams through maps
@@ -894,7 +894,7 @@ def run_audit(
 ) -> AuditReport:
     """Static checks on the traces of ``sources`` plus the leak tests, with ``bug`` injected if given.
     ``traces``: this run's traces when the caller already has them: ``lm.trace(sources, targets)``,
-    or with a bug or ablation ``core.bugs.trace_with_bug(lm, sources, bug, targets, interv)``.
+    or with a bug or ablation ``attnscope.core.analysis.bugs.trace_with_bug(lm, sources, bug, targets, interv)``.
     ``probe`` and ``later``: traces of the same inputs with the same token ids (the correct model's,
     for a bug teacher-forced on its output), from which the leak tests' batch is built, and a function
     that returns this run's traces (e.g. a Future's ``result`` of the traced pass running in another

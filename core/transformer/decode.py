@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.model import Transformer
+from attnscope.core.transformer.model import Transformer
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from core.attention import AttnMaps, MultiHeadAttention
-from core.config import TransformerConfig
+from attnscope.core.transformer.attention import AttnMaps, MultiHeadAttention
+from attnscope.core.transformer.config import TransformerConfig
 
 
 class FeedForward(nn.Module):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from core.trace import KIND_LABELS, AttentionTrace
+from attnscope.core.traces.trace import KIND_LABELS, AttentionTrace
 
 # -- masks ----------------------------------------------------------------------------------
 

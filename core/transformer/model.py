@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from core import map_pool
-from core import masks as M
-from core.attention import AttnMaps, Intervention
-from core.config import TransformerConfig
-from core.layers import DecoderLayer, EncoderLayer
-from core.positional import LearnedPositions, SinusoidalPositions
+from attnscope.core.families import map_pool
+from attnscope.core.transformer import masks as M
+from attnscope.core.transformer.attention import AttnMaps, Intervention
+from attnscope.core.transformer.config import TransformerConfig
+from attnscope.core.transformer.layers import DecoderLayer, EncoderLayer
+from attnscope.core.transformer.positional import LearnedPositions, SinusoidalPositions
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def map_buffers(
     n_layers: int, shape: tuple[int, int, int, int], like: torch.Tensor
 ) -> tuple[AttnMaps, list[AttnMaps]]:
     """Empty (B, layer, H, Lq, Lk) scores and probabilities for ``shape`` = (B, H, Lq, Lk), and each
-    layer's slice of them: the layers write their maps straight into these (core.attention.
+    layer's slice of them: the layers write their maps straight into these (attnscope.core.transformer.attention.
     scaled_dot_product's ``into``), so a trace holds the maps once and never stacks a copy of them.
     Stored layer-major, so a layer's slice is contiguous and a matmul writes it in place; returned as
     a (B, layer, ...) view (one sequence's maps are a strided view unless the batch is one sequence)."""

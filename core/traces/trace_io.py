@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from core.trace import _ARRAYS, _TOKENS, KINDS, AttentionTrace, TraceFormatError
+from attnscope.core.traces.trace import _ARRAYS, _TOKENS, KINDS, AttentionTrace, TraceFormatError
 
 MAX_TRACE_TOKENS = 2048  # per axis (source, decoder)
 MAX_TRACE_VALUES = (
