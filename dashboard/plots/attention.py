@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
@@ -115,6 +116,211 @@ def _axis_labels(tokens: Sequence[str], what: str, block: int) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class _Grid:
+    """The grid's cells: tiles of ``nq`` x ``nk`` cells, row = layer, column = head then aggregate."""
+
+    columns: list[int | str]
+    n_layers: int
+    nq: int
+    nk: int
+    z: np.ndarray  # (n_layers * nq, len(columns) * nk) uint8 weights (quantise)
+    zm: np.ndarray | None  # same shape, 1 = masked; None when nothing is masked
+    xs: list[str]  # one unique category name per column of cells
+    ys: list[str]  # one per row of cells
+
+    @property
+    def n_rows(self) -> int:
+        return self.n_layers * self.nq
+
+    @property
+    def n_cols(self) -> int:
+        return len(self.columns) * self.nk
+
+    def col_start(self, c: int) -> int:
+        return c * self.nk
+
+    def tick_x(self) -> list[str]:
+        """The category at the centre of each column of tiles."""
+        return [self.xs[self.col_start(c) + self.nk // 2] for c in range(len(self.columns))]
+
+    def tick_y(self) -> list[str]:
+        return [self.ys[layer * self.nq + self.nq // 2] for layer in range(self.n_layers)]
+
+
+def _grid_cells(probs, query_tokens, key_tokens, mask, log, aggregates, bq, bk) -> _Grid:
+    """Every tile quantised and laid side by side, the masked overlay and the category names."""
+    n_layers, n_heads = probs.shape[:2]
+    columns: list[int | str] = list(range(n_heads)) + list(aggregates)
+    per_head = block_max(probs, bq, bk)  # (L, H, Q', K'): every head in one pass over the maps
+    tiles = [
+        quantise(per_head[:, h] if isinstance(h, int) else block_max(reduce_heads(probs, h), bq, bk), log)
+        for h in columns
+    ]  # each (L, Q', K') uint8
+    masked_tile = None
+    if mask is not None and not np.asarray(mask, dtype=bool).all():
+        # 1 = masked; a block is masked when none of its cells may attend
+        masked_tile = (block_max(np.asarray(mask, dtype=np.uint8), bq, bk) == 0).astype(np.uint8)
+    nq, nk = tiles[0].shape[1:]
+    n_rows, n_cols = n_layers * nq, len(columns) * nk
+    z = np.empty((n_rows, n_cols), dtype=np.uint8)
+    zm = np.zeros((n_rows, n_cols), dtype=np.uint8) if masked_tile is not None else None
+    for layer in range(n_layers):
+        y0 = layer * nq
+        for c in range(len(columns)):
+            x0 = c * nk
+            z[y0 : y0 + nq, x0 : x0 + nk] = tiles[c][layer]
+            if zm is not None:
+                zm[y0 : y0 + nq, x0 : x0 + nk] = masked_tile
+    klab = _axis_labels(key_tokens, "key", bk)
+    qlab = _axis_labels(query_tokens, "query", bq)
+    xs = [f"{head_name(head)} · {lab}" for head in columns for lab in klab]  # unique category names
+    ys = [f"layer {layer} · {lab}" for layer in range(n_layers) for lab in qlab]
+    return _Grid(columns, n_layers, nq, nk, z, zm, xs, ys)
+
+
+def _grid_heatmaps(grid: _Grid, log: bool, blocks: bool) -> go.Figure:
+    """The weights' heatmap (hover: query, key, weight) and, where something is masked, the grey
+    overlay."""
+    block_note = " (max of the block)" if blocks else ""
+    nan_note = f"<br>({GRID_NAN} means NaN: drawn white)" if (grid.z == GRID_NAN).any() else ""
+    value = (
+        ("log colour level %{z} of 100 (1e-4 … 1)" if log else "weight ≈ %{z}%")
+        + block_note
+        + nan_note
+        + "<br><i>exact weights: click the tile</i>"
+    )
+    cb = colorbar(log)
+    if log:
+        exps = list(range(int(math.log10(LOG_FLOOR)), 1))
+        cb.update(tickvals=[(e - math.log10(LOG_FLOOR)) * GRID_LEVELS / -math.log10(LOG_FLOOR) for e in exps])
+    else:
+        cb.update(tickvals=[0, 20, 40, 60, 80, 100], ticktext=["0", "0.2", "0.4", "0.6", "0.8", "1"])
+    heat = go.Heatmap(
+        z=grid.z,
+        x=grid.xs,
+        y=grid.ys,
+        zmin=0,
+        zmax=GRID_NAN,
+        colorscale=grid_colorscale(GRID_LEVELS),
+        colorbar=cb,
+        name="attention",
+        hovertemplate="%{y}<br>%{x}<br>" + value + "<extra></extra>",
+    )
+    fig = go.Figure(heat)
+    if grid.zm is not None:
+        # uint8 overlay, transparent where allowed (a quarter of a float32 trace's JSON);
+        # hover falls through to the weights underneath.
+        fig.add_trace(
+            go.Heatmap(
+                z=grid.zm,
+                x=grid.xs,
+                y=grid.ys,
+                zmin=0,
+                zmax=1,
+                colorscale=[[0, "rgba(0,0,0,0)"], [1, MASKED_COLOR]],
+                showscale=False,
+                hoverinfo="skip",
+                name="masked",
+            )
+        )
+    return fig
+
+
+def _add_separators(fig: go.Figure, grid: _Grid) -> None:
+    """White lines over the boundaries between tiles (twice as wide before the aggregate columns), in
+    cell coordinates (category index): one path per width."""
+    columns, nk = grid.columns, grid.nk
+    wide = {
+        c for c in range(1, len(columns)) if isinstance(columns[c], str) and isinstance(columns[c - 1], int)
+    }
+    for cs, width in (([c for c in range(1, len(columns)) if c not in wide], 1), (sorted(wide), 2)):
+        if cs:
+            path = " ".join(f"M{c * nk - 0.5},-0.5 L{c * nk - 0.5},{grid.n_rows - 0.5}" for c in cs)
+            fig.add_shape(type="path", path=path, line=dict(color="white", width=SEPARATOR_PX * width),
+                          layer="above")  # fmt: skip
+    if grid.n_layers > 1:
+        nq = grid.nq
+        path = " ".join(
+            f"M-0.5,{ly * nq - 0.5} L{grid.n_cols - 0.5},{ly * nq - 0.5}" for ly in range(1, grid.n_layers)
+        )
+        fig.add_shape(type="path", path=path, line=dict(color="white", width=SEPARATOR_PX), layer="above")
+
+
+def _add_tile_markers(fig: go.Figure, grid: _Grid) -> None:
+    """Plotly cannot select heatmap cells, so each tile gets one invisible, selectable marker at its
+    centre; a click there is reported by Streamlit as the chart's selection. Elsewhere in the tile
+    the heatmap's own hover (query, key, weight) shows."""
+    xt, yt = grid.tick_x(), grid.tick_y()
+    fig.add_trace(
+        go.Scatter(
+            x=[x for x in xt for _ in range(grid.n_layers)],
+            y=[y for _ in xt for y in yt],
+            mode="markers",
+            marker=dict(size=12, opacity=0.0),
+            name="tiles",
+            showlegend=False,
+            customdata=[[layer, head_name(h)] for h in grid.columns for layer in range(grid.n_layers)],
+            hovertemplate="layer %{customdata[0]} · %{customdata[1]}<br>click to show it below<extra></extra>",
+            selected=dict(marker=dict(opacity=0.0)),
+            unselected=dict(marker=dict(opacity=0.0)),
+        )
+    )
+
+
+def _grid_axes(fig: go.Figure, grid: _Grid) -> None:
+    """Categorical axes labelled once per tile: heads on top, layers on the left."""
+    fig.update_xaxes(
+        title=dict(text="head (each tile: key tokens →)"),
+        type="category",
+        tickmode="array",
+        tickvals=grid.tick_x(),
+        ticktext=[head_name(h) for h in grid.columns],
+        showgrid=False,
+        side="top",
+        range=[-0.5, grid.n_cols - 0.5],
+    )
+    fig.update_yaxes(
+        title=dict(text="layer (each tile: query tokens ↓)"),
+        type="category",
+        tickmode="array",
+        tickvals=grid.tick_y(),
+        ticktext=[f"layer {layer}" for layer in range(grid.n_layers)],
+        showgrid=False,
+        range=[grid.n_rows - 0.5, -0.5],
+    )
+    fig.update_layout(
+        margin=dict(l=80, r=20, t=120, b=20),
+        clickmode="event+select",
+        dragmode=False,
+        hoverdistance=8,
+    )
+
+
+def _add_marks(fig: go.Figure, grid: _Grid, marks: Mapping[tuple[int, int], str]) -> None:
+    """Tiles of heads a training loss forced into a pattern: outlined and labelled "trained"."""
+    n_heads = sum(isinstance(h, int) for h in grid.columns)
+    for (layer, head), note in marks.items():
+        if not (0 <= layer < grid.n_layers and 0 <= head < n_heads):
+            continue
+        c = grid.columns.index(head)
+        x0, y0 = grid.col_start(c) - 0.5, layer * grid.nq - 0.5
+        fig.add_shape(
+            type="rect",
+            x0=x0,
+            x1=x0 + grid.nk,
+            y0=y0,
+            y1=y0 + grid.nq,
+            line=dict(color=MARK_COLOR, width=3),
+            layer="above",
+        )
+        fig.add_annotation(  # inside the tile, at its foot (above it sit the head labels)
+            x=x0 + grid.nk / 2, y=y0 + grid.nq, text="▣ trained", showarrow=False, yanchor="bottom",
+            bgcolor="rgba(255,255,255,0.8)", font=dict(color=MARK_COLOR, size=10),
+            hovertext=f"trained to look like this: {note}" if note else "trained to look like this",
+        )  # fmt: skip
+
+
 def grid_figure(
     probs: np.ndarray,
     query_tokens: Sequence[str],
@@ -143,160 +349,22 @@ def grid_figure(
     ((layer, head) -> note): tiles outlined and labelled "trained" (heads a training loss forced
     into a pattern; dashboard/marks.py).
     """
-    n_layers, n_heads, nq_full, nk_full = probs.shape
+    _, _, nq_full, nk_full = probs.shape
     if (nq_full, nk_full) != (len(query_tokens), len(key_tokens)):
         raise ValueError(
             f"probs are {nq_full}x{nk_full} but there are {len(query_tokens)}x{len(key_tokens)} tokens"
         )
-    columns: list[int | str] = list(range(n_heads)) + list(aggregates)
     bq, bk = _blocks(nq_full, max_tile), _blocks(nk_full, max_tile)
-    probs = np.asarray(probs)
-    per_head = block_max(probs, bq, bk)  # (L, H, Q', K'): every head in one pass over the maps
-    tiles = [
-        quantise(per_head[:, h] if isinstance(h, int) else block_max(reduce_heads(probs, h), bq, bk), log)
-        for h in columns
-    ]  # each (L, Q', K') uint8
-    masked_tile = None
-    if mask is not None and not np.asarray(mask, dtype=bool).all():
-        # 1 = masked; a block is masked when none of its cells may attend
-        masked_tile = (block_max(np.asarray(mask, dtype=np.uint8), bq, bk) == 0).astype(np.uint8)
-    nq, nk = tiles[0].shape[1:]
-    n_rows, n_cols = n_layers * nq, len(columns) * nk
-    col_start = [c * nk for c in range(len(columns))]
-    z = np.empty((n_rows, n_cols), dtype=np.uint8)
-    zm = np.zeros((n_rows, n_cols), dtype=np.uint8) if masked_tile is not None else None  # 1 = masked
-    klab = _axis_labels(key_tokens, "key", bk)
-    qlab = _axis_labels(query_tokens, "query", bq)
-    xs = [f"{head_name(head)} · {lab}" for head in columns for lab in klab]  # unique category names
-    ys = [f"layer {layer} · {lab}" for layer in range(n_layers) for lab in qlab]
-    for layer in range(n_layers):
-        y0 = layer * nq
-        for c in range(len(columns)):
-            x0 = col_start[c]
-            z[y0 : y0 + nq, x0 : x0 + nk] = tiles[c][layer]
-            if zm is not None:
-                zm[y0 : y0 + nq, x0 : x0 + nk] = masked_tile
-    block_note = " (max of the block)" if bq > 1 or bk > 1 else ""
-    nan_note = f"<br>({GRID_NAN} means NaN: drawn white)" if (z == GRID_NAN).any() else ""
-    value = (
-        ("log colour level %{z} of 100 (1e-4 … 1)" if log else "weight ≈ %{z}%")
-        + block_note
-        + nan_note
-        + "<br><i>exact weights: click the tile</i>"
-    )
-    cb = colorbar(log)
-    if log:
-        exps = list(range(int(math.log10(LOG_FLOOR)), 1))
-        cb.update(tickvals=[(e - math.log10(LOG_FLOOR)) * GRID_LEVELS / -math.log10(LOG_FLOOR) for e in exps])
-    else:
-        cb.update(tickvals=[0, 20, 40, 60, 80, 100], ticktext=["0", "0.2", "0.4", "0.6", "0.8", "1"])
-    heat = go.Heatmap(
-        z=z,
-        x=xs,
-        y=ys,
-        zmin=0,
-        zmax=GRID_NAN,
-        colorscale=grid_colorscale(GRID_LEVELS),
-        colorbar=cb,
-        name="attention",
-        hovertemplate="%{y}<br>%{x}<br>" + value + "<extra></extra>",
-    )
-    fig = go.Figure(heat)
-    if zm is not None:
-        # uint8 overlay, transparent where allowed (a quarter of a float32 trace's JSON);
-        # hover falls through to the weights underneath.
-        fig.add_trace(
-            go.Heatmap(
-                z=zm,
-                x=xs,
-                y=ys,
-                zmin=0,
-                zmax=1,
-                colorscale=[[0, "rgba(0,0,0,0)"], [1, MASKED_COLOR]],
-                showscale=False,
-                hoverinfo="skip",
-                name="masked",
-            )
-        )
-    xt = [xs[col_start[c] + nk // 2] for c in range(len(columns))]
-    yt = [ys[layer * nq + nq // 2] for layer in range(n_layers)]
-    # White lines over the boundaries between tiles (twice as wide before the aggregate columns), in
-    # cell coordinates (category index): one path per width.
-    wide = {
-        c for c in range(1, len(columns)) if isinstance(columns[c], str) and isinstance(columns[c - 1], int)
-    }
-    for cs, width in (([c for c in range(1, len(columns)) if c not in wide], 1), (sorted(wide), 2)):
-        if cs:
-            path = " ".join(f"M{c * nk - 0.5},-0.5 L{c * nk - 0.5},{n_rows - 0.5}" for c in cs)
-            fig.add_shape(type="path", path=path, line=dict(color="white", width=SEPARATOR_PX * width),
-                          layer="above")  # fmt: skip
-    if n_layers > 1:
-        path = " ".join(f"M-0.5,{ly * nq - 0.5} L{n_cols - 0.5},{ly * nq - 0.5}" for ly in range(1, n_layers))
-        fig.add_shape(type="path", path=path, line=dict(color="white", width=SEPARATOR_PX), layer="above")
+    blocks = bq > 1 or bk > 1
+    grid = _grid_cells(np.asarray(probs), query_tokens, key_tokens, mask, log, aggregates, bq, bk)
+    fig = _grid_heatmaps(grid, log, blocks)
+    _add_separators(fig, grid)
     width_px = 900  # about the width Streamlit gives a chart; keeps cells roughly square
-    height = int(np.clip(n_rows * width_px / max(n_cols, 1) + 140, 260, 1400))
-    # Plotly cannot select heatmap cells, so each tile gets one invisible, selectable marker at
-    # its centre; a click there is reported by Streamlit as the chart's selection. Elsewhere in
-    # the tile the heatmap's own hover (query, key, weight) shows.
-    fig.add_trace(
-        go.Scatter(
-            x=[x for x in xt for _ in range(n_layers)],
-            y=[y for _ in xt for y in yt],
-            mode="markers",
-            marker=dict(size=12, opacity=0.0),
-            name="tiles",
-            showlegend=False,
-            customdata=[[layer, head_name(h)] for h in columns for layer in range(n_layers)],
-            hovertemplate="layer %{customdata[0]} · %{customdata[1]}<br>click to show it below<extra></extra>",
-            selected=dict(marker=dict(opacity=0.0)),
-            unselected=dict(marker=dict(opacity=0.0)),
-        )
-    )
-    fig.update_xaxes(
-        title=dict(text="head (each tile: key tokens →)"),
-        type="category",
-        tickmode="array",
-        tickvals=xt,
-        ticktext=[head_name(h) for h in columns],
-        showgrid=False,
-        side="top",
-        range=[-0.5, n_cols - 0.5],
-    )
-    fig.update_yaxes(
-        title=dict(text="layer (each tile: query tokens ↓)"),
-        type="category",
-        tickmode="array",
-        tickvals=yt,
-        ticktext=[f"layer {layer}" for layer in range(n_layers)],
-        showgrid=False,
-        range=[n_rows - 0.5, -0.5],
-    )
-    fig.update_layout(
-        margin=dict(l=80, r=20, t=120, b=20),
-        clickmode="event+select",
-        dragmode=False,
-        hoverdistance=8,
-    )
-    for (layer, head), note in (marks or {}).items():
-        if not (0 <= layer < n_layers and 0 <= head < n_heads):
-            continue
-        c = columns.index(head)
-        x0, y0 = col_start[c] - 0.5, layer * nq - 0.5
-        fig.add_shape(
-            type="rect",
-            x0=x0,
-            x1=x0 + nk,
-            y0=y0,
-            y1=y0 + nq,
-            line=dict(color=MARK_COLOR, width=3),
-            layer="above",
-        )
-        fig.add_annotation(  # inside the tile, at its foot (above it sit the head labels)
-            x=x0 + nk / 2, y=y0 + nq, text="▣ trained", showarrow=False, yanchor="bottom",
-            bgcolor="rgba(255,255,255,0.8)", font=dict(color=MARK_COLOR, size=10),
-            hovertext=f"trained to look like this: {note}" if note else "trained to look like this",
-        )  # fmt: skip
-    if bq > 1 or bk > 1:  # say so where it shows: tiles are summaries past GRID_MAX_TILE tokens
+    height = int(np.clip(grid.n_rows * width_px / max(grid.n_cols, 1) + 140, 260, 1400))
+    _add_tile_markers(fig, grid)
+    _grid_axes(fig, grid)
+    _add_marks(fig, grid, marks or {})
+    if blocks:  # say so where it shows: tiles are summaries past GRID_MAX_TILE tokens
         title += f"<br><sup>each cell: the max of {bq}×{bk} tokens (exact weights in the head view)</sup>"
     return finish(fig, title, height)
 
