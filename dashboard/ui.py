@@ -11,6 +11,7 @@ import streamlit as st
 
 from attnscope.core.traces.trace import AttentionTrace
 from attnscope.dashboard.loaders import display_name
+from attnscope.dashboard.plots.attention import head_name
 from attnscope.dashboard.plots.common import figure_html
 
 # Plotly's camera button saves a PNG; no logo; scroll zoom off so the page scrolls.
@@ -128,6 +129,28 @@ def keep_valid(key: str, options: list, default=None) -> None:
     """Reset a widget's stored value when it is not among the options (new model, new batch)."""
     if st.session_state.get(key) not in options:
         st.session_state[key] = options[0] if default is None or default not in options else default
+
+
+def layer_head_picker(
+    layer_key: str,
+    head_key: str,
+    n_layers: int,
+    heads: int | list,
+    default: tuple | None = None,
+    columns: tuple | None = None,
+) -> tuple:
+    """The Layer and Head boxes every page that shows one head uses: their stored values are kept
+    valid for this trace (``default`` (layer, head) where the old one no longer exists), heads are
+    named as the grid names them. ``heads``: the number of heads, or the options (aggregates
+    included). ``columns``: the two containers to put them in (default: two narrow columns)."""
+    layers = list(range(n_layers))
+    options = list(range(heads)) if isinstance(heads, int) else list(heads)
+    keep_valid(layer_key, layers, None if default is None else default[0])
+    keep_valid(head_key, options, None if default is None else default[1])
+    c1, c2 = columns if columns is not None else st.columns([1, 1, 3])[:2]
+    layer = c1.selectbox("Layer", layers, key=layer_key)
+    head = c2.selectbox("Head", options, key=head_key, format_func=head_name)
+    return layer, head
 
 
 def apply_click(event, applied_key: str, tag, layer_key: str, head_key: str, parse) -> None:

@@ -17,11 +17,6 @@ MISSING = {  # what a model family has no attention of, said on the page
 }
 
 
-def _keep_valid(key: str, options: list) -> None:
-    if st.session_state.get(key) not in options:
-        st.session_state[key] = options[0]
-
-
 st.title("Attention")
 traces = state.traces()
 
@@ -31,7 +26,7 @@ if arch in MISSING:
     st.caption(MISSING[arch])
 c_kind, c_seq = st.columns([3, 2])
 with c_kind:
-    _keep_valid(K.ATT_KIND, kinds)
+    ui.keep_valid(K.ATT_KIND, kinds)
     kind = st.radio("Attention kind", kinds, key=K.ATT_KIND, format_func=KIND_LABELS.get, horizontal=True)
 with c_seq:
     seq = state.sequence_picker(K.ATT_SEQ, traces)
@@ -87,12 +82,7 @@ if points:
         st.session_state[K.ATT_LAYER], st.session_state[K.ATT_HEAD] = picked
 
 heads: list[int | str] = list(range(n_heads)) + list(P.AGGREGATES)
-layers = list(range(n_layers))
-_keep_valid(K.ATT_LAYER, layers)
-_keep_valid(K.ATT_HEAD, heads)
-s1, s2, _ = st.columns([1, 1, 3])
-layer = s1.selectbox("Layer", layers, key=K.ATT_LAYER)
-head = s2.selectbox("Head", heads, key=K.ATT_HEAD, format_func=P.head_name)
+layer, head = ui.layer_head_picker(K.ATT_LAYER, K.ATT_HEAD, n_layers, heads)
 
 weights = P.head_weights(probs, layer, head)
 q_title, k_title = DECODER_ONLY_TITLES if arch == "decoder" else ATTENTION_AXIS_TITLES[kind]

@@ -127,11 +127,7 @@ worst = next(
 )
 default = (worst.layer, worst.head) if worst else tuple(int(i) for i in np.unravel_index(
     int(np.argmax(np.nan_to_num(per_head, nan=np.inf))), per_head.shape))  # fmt: skip
-ui.keep_valid(K.AUD_LAYER, list(range(n_layers)), default[0])
-ui.keep_valid(K.AUD_HEAD, list(range(n_heads)), default[1])
-s1, s2, _ = st.columns([1, 1, 3])
-layer = s1.selectbox("Layer", list(range(n_layers)), key=K.AUD_LAYER)
-head = s2.selectbox("Head", list(range(n_heads)), key=K.AUD_HEAD, format_func=PT.head_name)
+layer, head = ui.layer_head_picker(K.AUD_LAYER, K.AUD_HEAD, n_layers, n_heads, default)
 
 c1, c2 = st.columns(2)
 declared = tr.mask(kind)

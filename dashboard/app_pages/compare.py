@@ -201,11 +201,7 @@ else:
         f"{pb.shape[1]}: the maps are shown side by side but cannot be subtracted."
     )
 n_layers, n_heads = pa.shape[:2]
-ui.keep_valid(K.CMP_LAYER, list(range(n_layers)))
-ui.keep_valid(K.CMP_HEAD, list(range(n_heads)))
-s1, s2, _ = st.columns([1, 1, 3])
-layer = s1.selectbox("Layer", list(range(n_layers)), key=K.CMP_LAYER)
-head = s2.selectbox("Head", list(range(n_heads)), key=K.CMP_HEAD, format_func=PT.head_name)
+layer, head = ui.layer_head_picker(K.CMP_LAYER, K.CMP_HEAD, n_layers, n_heads)
 q_title, k_title = AXIS_TITLES[kind]
 layer_b, head_b = min(layer, pb.shape[0] - 1), min(head, pb.shape[1] - 1)
 

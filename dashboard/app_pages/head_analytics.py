@@ -85,11 +85,7 @@ st.caption(f"**{A.STAT_LABELS[stat]}**: {STAT_HELP[stat]}.")
 
 probs = tr.probs(kind)
 n_layers, n_heads = probs.shape[:2]
-ui.keep_valid(K.HA_LAYER, list(range(n_layers)))
-ui.keep_valid(K.HA_HEAD, list(range(n_heads)))
-s1, s2, _ = st.columns([1, 1, 3])
-layer = s1.selectbox("Layer", list(range(n_layers)), key=K.HA_LAYER)
-head = s2.selectbox("Head", list(range(n_heads)), key=K.HA_HEAD, format_func=PT.head_name)
+layer, head = ui.layer_head_picker(K.HA_LAYER, K.HA_HEAD, n_layers, n_heads)
 q_tok, k_tok = tr.axes(kind)
 q_title, k_title = AXIS_TITLES[kind]
 figs["head"] = PT.head_heatmap(

@@ -147,10 +147,7 @@ seq = c_seq.selectbox(
 )
 tr_ok, tr_bad = traces_ok[seq], traces_bad[seq]
 n_layers, n_heads = tr_ok.probs(kind).shape[:2]
-ui.keep_valid(K.LAB_LAYER, list(range(n_layers)))
-ui.keep_valid(K.LAB_HEAD, list(range(n_heads)))
-layer = c_layer.selectbox("Layer", list(range(n_layers)), key=K.LAB_LAYER)
-head = c_head.selectbox("Head", list(range(n_heads)), key=K.LAB_HEAD, format_func=PT.head_name)
+layer, head = ui.layer_head_picker(K.LAB_LAYER, K.LAB_HEAD, n_layers, n_heads, columns=(c_layer, c_head))
 
 where = words.where(traces_ok, seq)
 q_tok, k_tok = tr_ok.axes(kind)
