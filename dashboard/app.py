@@ -1,21 +1,19 @@
 """attnscope dashboard entry point: page config, the shared sidebar, navigation.
 
-Run with ``streamlit run dashboard/app.py`` (or ``make run``) from the repository root.
+Served by ``attnscope run`` (or ``make run``), which passes the package's server defaults
+(``server.toml``); ``streamlit run dashboard/app.py`` from the repository root reads the same file
+through ``.streamlit/config.toml``.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-# Streamlit puts this script's folder on sys.path, not the repository root.
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import streamlit as st
 
-import streamlit as st  # noqa: E402
+from attnscope.dashboard import links, loaders, state
 
-from attnscope.dashboard import links, loaders, state  # noqa: E402
+loaders.configure_process()  # torch threads, the map pool, offline Hugging Face: once per process
 
 HERE = Path(__file__).resolve().parent / "app_pages"
 

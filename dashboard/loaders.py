@@ -1,11 +1,14 @@
-"""Cached model loading and trace computation (the only place the dashboard runs a model).
+"""Cached model loading and trace computation, and the server process's settings.
 
 - ``load_model`` : ``st.cache_resource``, one model (attnscope.core.families.interface.AttentionModel) per (model, device, version) per
   process, shared read-only by every session.
 - ``compute_traces`` : ``trace_cache.shared_cache`` (bounded entries, bytes and age; the traces
   are shared read-only, not copied per rerun), one list of AttentionTrace per
   (model, device, version, inputs). Widgets that only change what is shown (layer, head,
-  colour scale...) never reach it, so they never re-run the model.
+  colour scale...) never reach it, so they never re-run the model. (The analysis pages run models
+  through ``dashboard/runs.py``, the Training page's replay too.)
+- ``configure_process`` : what the server process sets once for every session (torch threads, the
+  map pool, offline Hugging Face); ``app.py`` calls it, importing this module changes nothing.
 
 Models come from the zoo (``attnscope.models.registry``) plus any folders listed in the environment
 variable ``ATTNSCOPE_MODELS`` (os.pathsep-separated), so tests and other pages can add models
@@ -32,12 +35,9 @@ from attnscope.core.transformer.checkpoint import CONFIG, ModelLoadError, read_m
 from attnscope.dashboard import model_facts, trace_cache, user_models
 from attnscope.models import registry
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model name is looked up locally, never downloaded
-
 # Sessions run models at the same time; intra-op threads that outnumber the cores spin-wait for
 # each other (bench/load.py compares). Half the cores, at least one; ATTNSCOPE_TORCH_THREADS overrides.
 TORCH_THREADS = int(os.environ.get("ATTNSCOPE_TORCH_THREADS") or max(1, (os.cpu_count() or 2) // 2))
-torch.set_num_threads(TORCH_THREADS)
 
 EXTRA_MODELS_ENV = "ATTNSCOPE_MODELS"
 # Traces are shared by every session (no copy per rerun; see dashboard/trace_cache.py): at most
@@ -49,7 +49,21 @@ TRACE_CACHE_TTL_S = 3600
 # Memory of traces that are gone is kept for the next traced pass (core/families/map_pool.py): at most this
 # many MB of it (ATTNSCOPE_MAP_POOL_MB; 0 turns the pool off). A MiniLM pair at 512 tokens is ~600 MB.
 MAP_POOL_MB = 1024
-map_pool.POOL.configure(int(float(os.environ.get("ATTNSCOPE_MAP_POOL_MB", MAP_POOL_MB)) * 2**20))
+_configured = False
+
+
+def configure_process() -> None:
+    """The server process's settings, once (every run of app.py calls it): intra-op threads, the map
+    pool's budget, and no Hugging Face download (a model name is looked up locally)."""
+    global _configured
+    if _configured:
+        return
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(TORCH_THREADS)
+    map_pool.POOL.configure(int(float(os.environ.get("ATTNSCOPE_MAP_POOL_MB", MAP_POOL_MB)) * 2**20))
+    _configured = True
+
+
 DEMO_SEED = 2026  # examples shown by default (not a training/eval seed)
 UPLOAD_PREFIX = "attnscope-upload-"  # per-session temporary folders of uploaded checkpoints
 # Inputs offered for models with a natural-language tokenizer and no examples of their own.

@@ -162,10 +162,12 @@ def test_the_dashboard_turns_the_pool_on_with_its_budget(env, expect):
     if env is not None:
         environ["ATTNSCOPE_MAP_POOL_MB"] = env
     code = (
-        "import attnscope.dashboard.loaders, attnscope.core.families.map_pool as m; print(m.POOL.keep_bytes)"
+        "import attnscope.dashboard.loaders as L, attnscope.core.families.map_pool as m; "
+        "before = m.POOL.keep_bytes; L.configure_process(); print(before, m.POOL.keep_bytes)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], env=environ, cwd=Path(__file__).resolve().parents[1],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
-    assert int(out.stdout.split()[-1]) == expect
+    before, after = map(int, out.stdout.split()[-2:])
+    assert before == 0 and after == expect  # importing the dashboard changes nothing; app.py configures
