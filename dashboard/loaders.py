@@ -23,6 +23,7 @@ import gc
 import os
 import random
 import threading
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import streamlit as st
@@ -223,6 +224,39 @@ def load_model(name: str, device: str, version: float = 0.0) -> AttentionModel:
     return lm
 
 
+Heads = tuple[tuple[str, int, int], ...]  # (kind, layer, head) switched off
+
+
+@dataclass(frozen=True)
+class TraceKey:
+    """What a traced run depends on: the model (name, device, weights version), the inputs, and for
+    the analysis pages' runs the mask bug injected and the heads switched off. Hashable: it keys the
+    shared caches (``compute_traces`` here, ``dashboard/runs.py``)."""
+
+    name: str
+    device: str
+    version: float
+    sources: tuple[str, ...]
+    targets: tuple[str, ...] | None = None  # None: greedy decoding
+    bug: str | None = None
+    off: Heads = ()
+
+    def model(self) -> AttentionModel:
+        return load_model(self.name, self.device, self.version)
+
+    def but(self, **changes) -> TraceKey:
+        """This key with some fields changed (another input, model, bug...)."""
+        return replace(self, **changes)
+
+    def plain(self) -> TraceKey:
+        """The model's own run of the same inputs: no bug, no head switched off."""
+        return replace(self, bug=None, off=())
+
+    @property
+    def target_list(self) -> list[str] | None:
+        return None if self.targets is None else list(self.targets)
+
+
 @trace_cache.shared_cache(
     TRACE_CACHE_MB,
     TRACE_CACHE_ENTRIES,
@@ -230,22 +264,21 @@ def load_model(name: str, device: str, version: float = 0.0) -> AttentionModel:
     "Running the model…",
     env="ATTNSCOPE_TRACE_CACHE_MB",
 )
-def compute_traces(
-    name: str,
-    device: str,
-    version: float,
-    sources: tuple[str, ...],
-    targets: tuple[str, ...] | None = None,
-) -> list[AttentionTrace]:
-    """One AttentionTrace per source (targets: teacher forcing; None: greedy decoding).
+def compute_traces(key: TraceKey) -> list[AttentionTrace]:
+    """One AttentionTrace per source of the model as it is (targets: teacher forcing; None: greedy
+    decoding). A key with a bug or switched-off heads is the analysis pages' run (runs.audit_report).
 
     Over-long inputs are truncated (``truncate=True``); the warnings are in
     ``trace.meta["warnings"]``. Raises attnscope.core.families.native.InputError with a message for users.
     """
-    lm = load_model(name, device, version)
-    if targets is None and lm.arch == "decoder":  # 'generate': each prompt continued, then traced
-        return lm.trace_continuation(list(sources), truncate=True)
-    return lm.trace(list(sources), None if targets is None else list(targets), truncate=True)
+    if key.bug is not None or key.off:
+        raise ValueError(
+            "compute_traces runs the model as it is: a bug or an ablation goes to runs.audit_report"
+        )
+    lm = key.model()
+    if key.targets is None and lm.arch == "decoder":  # 'generate': each prompt continued, then traced
+        return lm.trace_continuation(list(key.sources), truncate=True)
+    return lm.trace(list(key.sources), key.target_list, truncate=True)
 
 
 def examples(lm: AttentionModel, n: int = 3) -> list[str]:

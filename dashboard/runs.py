@@ -1,8 +1,7 @@
 """Cached runs of the analysis pages (mask audit, mask lab, head analytics, compare).
 
-Everything that runs a model here is cached, keyed on hashable inputs (model name,
-device, weights version, input tuples, bug name, heads switched off), with a bounded number of
-entries, so a widget that only changes what is shown (kind, layer, head, sequence...) never runs
+Everything that runs a model here is cached, keyed on a ``loaders.TraceKey`` (model name, device,
+weights version, inputs, bug name, heads switched off), with a bounded number of entries, so a widget that only changes what is shown (kind, layer, head, sequence...) never runs
 the model again. Models come from ``loaders.load_model`` (shared by every session: read-only).
 """
 
@@ -18,6 +17,7 @@ from attnscope.core.analysis import analytics, audit, bugs
 from attnscope.core.analysis.audit import AuditReport
 from attnscope.core.traces.trace import KIND_LABELS, AttentionTrace
 from attnscope.dashboard import loaders, trace_cache
+from attnscope.dashboard.loaders import Heads, TraceKey
 from attnscope.models import registry
 
 CACHE_ENTRIES = 16
@@ -31,7 +31,6 @@ _audit_cache = functools.partial(
     loaders.TRACE_CACHE_TTL_S,
     env="ATTNSCOPE_AUDIT_CACHE_MB",
 )
-Heads = tuple[tuple[str, int, int], ...]  # (kind, layer, head) switched off
 
 
 def _intervention(lm, off: Heads):
@@ -39,40 +38,28 @@ def _intervention(lm, off: Heads):
 
 
 @_audit_cache(spinner="Auditing the masks…")
-def audit_report(
-    name: str,
-    device: str,
-    version: float,
-    sources: tuple[str, ...],
-    targets: tuple[str, ...] | None = None,
-    bug: str | None = None,
-    off: Heads = (),
-) -> AuditReport:
-    """attnscope.core.analysis.audit.run_audit of the sidebar's model (with ``bug`` injected / heads ``off``).
+def audit_report(key: TraceKey) -> AuditReport:
+    """attnscope.core.analysis.audit.run_audit of the key's model on its inputs (with its bug injected /
+    heads switched off).
 
     The report's traces are what the static checks read: without a bug or ablation, the
     model's own traces; with one, the buggy run teacher-forced on the correct model's output.
     Raises attnscope.core.families.native.InputError (bad input) or ValueError (a bug this model cannot take).
     """
-    lm = loaders.load_model(name, device, version)
-    own = None if bug is not None or off else _sidebar_traces(lm, name, device, version, sources, targets)
+    lm = key.model()
+    own = None if key.bug is not None or key.off else _sidebar_traces(lm, key)
     return audit.run_audit(
-        lm,
-        list(sources),
-        None if targets is None else list(targets),
-        bug=bug,
-        interv=_intervention(lm, off),
-        traces=own,
+        lm, list(key.sources), key.target_list, bug=key.bug, interv=_intervention(lm, key.off), traces=own
     )
 
 
-def _sidebar_traces(lm, name, device, version, sources, targets) -> list[AttentionTrace] | None:
+def _sidebar_traces(lm, key: TraceKey) -> list[AttentionTrace] | None:
     """The model's own traces of these inputs from the sidebar's cache (loaders.compute_traces), when
     they are the run an audit makes (not a decoder generating, not truncated); else None."""
-    if targets is None and lm.arch == "decoder":
+    if key.targets is None and lm.arch == "decoder":
         return None
     try:
-        cached = list(loaders.compute_traces(name, device, version, sources, targets))
+        cached = list(loaders.compute_traces(key.plain()))
     except Exception:  # noqa: BLE001 (the audit's own run says what is wrong, in its words)
         return None
     return None if any(t.meta.get("warnings") for t in cached) else cached  # nothing truncated
@@ -92,16 +79,9 @@ def _at_once(here, there) -> tuple:
 
 
 @_audit_cache(spinner="Tracing with and without the bug…")
-def lab_traces(
-    name: str,
-    device: str,
-    version: float,
-    sources: tuple[str, ...],
-    targets: tuple[str, ...] | None,
-    bug: str,
-) -> tuple[tuple[AttentionTrace, ...], tuple[AttentionTrace, ...]]:
-    """(traces with the correct masks, traces with ``bug`` injected, teacher-forced on the correct
-    model's output): what the Mask lab draws, and what its two audits check.
+def lab_traces(key: TraceKey) -> tuple[tuple[AttentionTrace, ...], tuple[AttentionTrace, ...]]:
+    """(traces with the correct masks, traces with the key's bug injected, teacher-forced on the
+    correct model's output): what the Mask lab draws, and what its two audits check.
 
     The correct traces come from the correct audit when it is cached (another bug on an input already
     audited); else the two traced passes run at once, the buggy one in a worker thread with the app's
@@ -109,14 +89,14 @@ def lab_traces(
     (from the sidebar's trace cache when the lab's batch is the sidebar's input). Raises
     attnscope.core.families.native.InputError (bad input) or ValueError (a bug this model cannot take).
     """
-    lm = loaders.load_model(name, device, version)
-    tgts = None if targets is None else list(targets)
-    ok = audit_report.cached(name, device, version, sources, targets)
+    bug = _bug_of(key)
+    lm, srcs, tgts = key.model(), list(key.sources), key.target_list
+    ok = audit_report.cached(key.plain())
     if ok is not None:
-        return _with_cached_correct(lm, ok, list(sources), tgts, bug)
+        return _with_cached_correct(lm, ok, srcs, tgts, bug)
     correct, bad = _at_once(
-        lambda: _sidebar_traces(lm, name, device, version, sources, targets) or lm.trace(list(sources), tgts),
-        functools.partial(bugs.trace_with_bug, lm, list(sources), bug, tgts),
+        lambda: _sidebar_traces(lm, key) or lm.trace(srcs, tgts),
+        functools.partial(bugs.trace_with_bug, lm, srcs, bug, tgts),
     )
     return tuple(correct), tuple(bad)
 
@@ -126,29 +106,32 @@ def _with_cached_correct(lm, ok: AuditReport, sources: list[str], targets: list[
     return tuple(ok.traces), tuple(bugs.trace_with_bug(lm, sources, bug, targets))
 
 
-def _lab_job(
-    name: str,
-    device: str,
-    version: float,
-    sources: tuple[str, ...],
-    targets: tuple[str, ...] | None,
-    bug: str,
-):
+def _bug_of(key: TraceKey) -> str:
+    if key.bug is None:
+        raise ValueError("the Mask lab's runs need a bug in their key")
+    return key.bug
+
+
+def _lab_job(key: TraceKey):
     """lab_reports' work as a function that touches no Streamlit, so that it can run in a worker thread:
     the model, the cached correct audit and the caches it fills are looked up here, in the script's
     thread. A new input: both traced passes run here (lab_traces), the job audits them. Another bug on
     an input already audited: nothing runs here; the job's leak tests start at once on a batch built
     from the correct traces (the same token ids) while the page traces the bug (lab_traces); the job
     takes those traces from lab_traces' cache when it needs them (or traces them itself)."""
-    lm = loaders.load_model(name, device, version)
+    bug = _bug_of(key)
+    lm = key.model()
     threads = torch.get_num_threads()
-    srcs, tgts = list(sources), None if targets is None else list(targets)
-    ok = audit_report.cached(name, device, version, sources, targets)
+    srcs, tgts = list(key.sources), key.target_list
+    ok = audit_report.cached(key.plain())
     if ok is not None:
-        store, key = lab_traces.store(), lab_traces.key(name, device, version, sources, targets, bug)
+        store, lab_key = lab_traces.store(), lab_traces.key(key)
+
+        def pair() -> tuple[tuple[AttentionTrace, ...], tuple[AttentionTrace, ...]]:
+            return _with_cached_correct(lm, ok, srcs, tgts, bug)
 
         def traced() -> list[AttentionTrace]:
-            return list(store.get_or_compute(key, lambda: _with_cached_correct(lm, ok, srcs, tgts, bug))[1])
+            return list(store.get_or_compute(lab_key, pair)[1])
 
         def with_probe() -> tuple[AuditReport, AuditReport]:
             # (the page traces the bug meanwhile: the cores are busy, no second thread here)
@@ -158,8 +141,8 @@ def _lab_job(
 
         return functools.partial(audit.with_threads, threads, with_probe)
 
-    ok_traces, bad_traces = lab_traces(name, device, version, sources, targets, bug)
-    ok_store, ok_key = audit_report.store(), audit_report.key(name, device, version, sources, targets)
+    ok_traces, bad_traces = lab_traces(key)
+    ok_store, ok_key = audit_report.store(), audit_report.key(key.plain())
 
     def correct() -> AuditReport:
         # Two audits run at once (both()): no second thread inside each.
@@ -183,69 +166,40 @@ _BACKGROUND = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lab-audit")
 
 
 @_audit_cache(spinner="Running the leak tests with and without the bug…")
-def lab_reports(
-    name: str,
-    device: str,
-    version: float,
-    sources: tuple[str, ...],
-    targets: tuple[str, ...] | None,
-    bug: str,
-) -> tuple[AuditReport, AuditReport]:
-    """(audit with the correct masks, audit with ``bug`` injected): the Mask lab's two reports.
+def lab_reports(key: TraceKey) -> tuple[AuditReport, AuditReport]:
+    """(audit with the correct masks, audit with the key's bug injected): the Mask lab's two reports.
 
     Both audits check the traces of ``lab_traces`` (so the lab traces each run once); their leak tests
     run at the same time in two threads, and the correct audit is kept in ``audit_report``'s cache.
     """
-    return _lab_job(name, device, version, sources, targets, bug)()
+    return _lab_job(key)()
 
 
-def lab_reports_later(
-    name: str,
-    device: str,
-    version: float,
-    sources: tuple[str, ...],
-    targets: tuple[str, ...] | None,
-    bug: str,
-) -> Future:
-    """A Future of ``lab_reports(...)``, computed in a worker thread (a done Future when cached): the
+def lab_reports_later(key: TraceKey) -> Future:
+    """A Future of ``lab_reports(key)``, computed in a worker thread (a done Future when cached): the
     page calls it first, then draws the masks and attention maps of ``lab_traces`` while the leak tests
     run, and waits for the verdicts last. Call it from the script's thread (it looks up what the worker
     needs; for a new input that includes both traced passes)."""
-    args = (name, device, version, sources, targets, bug)
-    return lab_reports.submit(_BACKGROUND, lambda: _lab_job(*args), *args)
+    return lab_reports.submit(_BACKGROUND, lambda: _lab_job(key), key)
 
 
 @st.cache_data(max_entries=32, show_spinner="Generating…")
-def generated(
-    name: str,
-    device: str,
-    version: float,
-    sources: tuple[str, ...],
-    bug: str | None = None,
-    off: Heads = (),
-) -> tuple[str, ...]:
-    """The model's own greedy output (text) per source, with ``bug`` / heads ``off`` in every step.
+def generated(key: TraceKey) -> tuple[str, ...]:
+    """The model's own greedy output (text) per source, with the key's bug / heads switched off in
+    every step (its targets are not used).
 
     Encoder-only models: their output (class label or embedding summary).
     """
-    lm = loaders.load_model(name, device, version)
-    return tuple(bugs.greedy_with_bug(lm, list(sources), bug, interv=_intervention(lm, off)))
+    lm = key.model()
+    return tuple(bugs.greedy_with_bug(lm, list(key.sources), key.bug, interv=_intervention(lm, key.off)))
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def head_stats(
-    name: str,
-    device: str,
-    version: float,
-    sources: tuple[str, ...],
-    targets: tuple[str, ...] | None,
-    seq: int,
-    pad: int | None,
-) -> tuple[dict[str, dict], list[dict]]:
+def head_stats(key: TraceKey, seq: int, pad: int | None) -> tuple[dict[str, dict], list[dict]]:
     """({kind: attnscope.core.analysis.analytics.trace_head_stats}, head_records) of sequence ``seq`` of the sidebar's
     traces (the traces come from loaders' cache): a 12-layer model at 512 tokens takes about a
     second, so a click that only picks another head does not recompute them."""
-    tr = loaders.compute_traces(name, device, version, sources, targets)[seq]
+    tr = loaders.compute_traces(key)[seq]
     stats = {kind: analytics.trace_head_stats(tr, kind, pad) for kind in tr.kinds}
     return stats, analytics.head_records(tr, pad, stats)
 
@@ -257,15 +211,14 @@ def file_head_stats(digest: str, _trace) -> tuple[dict[str, dict], list[dict]]:
     return stats, analytics.head_records(_trace, None, stats)
 
 
-def outputs(
-    sel, sources: tuple[str, ...], targets: tuple[str, ...] | None, report: AuditReport, bug=None, off=()
-) -> tuple[str, ...]:
-    """What the model answers: its greedy output (generate mode) or the teacher-forced argmax.
-    Encoder-only models answer in one pass: the report's traces already hold that output."""
-    lm = loaders.load_model(sel.name, sel.device, sel.version)
-    if targets is not None or not lm.injectable or not lm.has_decoder:
+def outputs(key: TraceKey, report: AuditReport) -> tuple[str, ...]:
+    """What the model answers (with the key's bug / heads switched off): its greedy output (generate
+    mode) or the teacher-forced argmax. Encoder-only models answer in one pass: the report's traces
+    already hold that output."""
+    lm = key.model()
+    if key.targets is not None or not lm.injectable or not lm.has_decoder:
         return tuple(t.output_text for t in report.traces)
-    return generated(sel.name, sel.device, sel.version, sources, bug, off)
+    return generated(key)
 
 
 def shorter_copy(text: str, char_level: bool) -> str | None:

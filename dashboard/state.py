@@ -45,6 +45,11 @@ class Selection:
     target_problems: tuple[str, ...] = ()  # teacher-forcing target problems
     trace: str | None = None  # digest of an opened trace file shown instead of the model (opened.py)
 
+    @property
+    def key(self) -> loaders.TraceKey:
+        """The model and inputs of this selection: what its traces depend on."""
+        return loaders.TraceKey(self.name, self.device, self.version, self.sources, self.targets)
+
 
 def _split_lines(text: str) -> tuple[list[str], list[int]]:
     """Lines of a batch (a final newline is not an empty line) and 1-based empty line numbers."""
@@ -382,9 +387,7 @@ def traces(greedy: bool = False) -> list[AttentionTrace]:
         return [opened.current().trace]
     check_inputs(greedy)
     try:
-        out = loaders.compute_traces(
-            sel.name, sel.device, sel.version, sel.sources, None if greedy else sel.targets
-        )
+        out = loaders.compute_traces(sel.key.but(targets=None) if greedy else sel.key)
     except InputError as exc:
         st.error(sentence(str(exc)))
         st.stop()

@@ -202,7 +202,7 @@ def test_lab_traces_its_own_batch_only(make_app, tiny, monkeypatch):
     at = make_app(tiny)
     asked: list[tuple[str, ...]] = []
     real = loaders.compute_traces
-    monkeypatch.setattr(loaders, "compute_traces", lambda *a, **kw: asked.append(a[3]) or real(*a, **kw))
+    monkeypatch.setattr(loaders, "compute_traces", lambda key: asked.append(key.sources) or real(key))
     at.switch_page(ANALYSIS_PAGES["lab"]).run()
     assert_no_exception(at)
     assert asked and all(len(sources) == 2 for sources in asked), asked

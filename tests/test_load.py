@@ -113,14 +113,16 @@ def test_cached_traces_are_shared_and_read_only(extra_models):
     from attnscope.dashboard import loaders
 
     st.cache_resource.clear()
-    args = (extra_models[0], "cpu", 0.0, ("hello",), None)
-    first, second = loaders.compute_traces(*args), loaders.compute_traces(*args)
+    key = loaders.TraceKey(extra_models[0], "cpu", 0.0, ("hello",), None)
+    first, second = loaders.compute_traces(key), loaders.compute_traces(key)
     assert first[0] is second[0]  # no copy per rerun
     assert first is not second  # but each caller gets its own list
     with pytest.raises(ValueError):
         first[0].enc_self[0, 0, 0, 0] = 1.0  # nobody can change what the others see
     st.cache_resource.clear()  # the app's caches reset (tests rely on it)
-    assert loaders.compute_traces(*args)[0] is not first[0]
+    assert loaders.compute_traces(key)[0] is not first[0]
+    with pytest.raises(ValueError, match="a bug or an ablation"):
+        loaders.compute_traces(key.but(bug="inverted"))  # the analysis pages' run, not the sidebar's
 
 
 def test_each_cached_function_has_its_own_store_and_nesting_does_not_wait_on_itself(extra_models):
@@ -149,10 +151,11 @@ def test_each_cached_function_has_its_own_store_and_nesting_does_not_wait_on_its
     assert done == ["outer of inner 1"] and inner(1) == "inner 1"
     assert inner.store() is not outer.store()
 
-    args = (extra_models[0], "cpu", 0.0, ("hello",), None)
-    report = runs.audit_report(*args)
-    assert runs.audit_report(*args) is report  # shared, not a pickled copy per rerun
-    assert report.traces[0] is loaders.compute_traces(*args)[0]  # the sidebar's traces, not a second run
+    key = loaders.TraceKey(extra_models[0], "cpu", 0.0, ("hello",), None)
+    report = runs.audit_report(key)
+    again = loaders.TraceKey(extra_models[0], "cpu", 0.0, ("hello",), None)
+    assert again is not key and runs.audit_report(again) is report  # equal keys: one entry, shared
+    assert report.traces[0] is loaders.compute_traces(key)[0]  # the sidebar's traces, not a second run
     assert nbytes(report) == nbytes(report.traces) > 0
     st.cache_resource.clear()
 
@@ -169,7 +172,7 @@ def test_lab_reports_equal_the_two_audits_run_one_after_the_other(extra_models):
     st.cache_resource.clear()
     name = extra_models[0]
     sources, targets = ("abcdefg", "abc"), ("gfedcba", "cba")
-    ok, bad = runs.lab_reports(name, "cpu", 0.0, sources, targets, "inverted")
+    ok, bad = runs.lab_reports(loaders.TraceKey(name, "cpu", 0.0, sources, targets, "inverted"))
     lm = loaders.load_model(name, "cpu", 0.0)
     for got, want in ((ok, audit.run_audit(lm, list(sources), list(targets))),
                       (bad, audit.run_audit(lm, list(sources), list(targets), bug="inverted"))):  # fmt: skip
@@ -178,7 +181,7 @@ def test_lab_reports_equal_the_two_audits_run_one_after_the_other(extra_models):
             np.testing.assert_array_equal(a.enc_self, b.enc_self)
     assert ok.passed and not bad.passed and bad.bug == "inverted"
     with pytest.raises(InputError):
-        runs.lab_reports(name, "cpu", 0.0, ("abc\x00" * 50,), None, "inverted")
+        runs.lab_reports(loaders.TraceKey(name, "cpu", 0.0, ("abc\x00" * 50,), None, "inverted"))
     st.cache_resource.clear()
 
 
@@ -193,8 +196,8 @@ def test_lab_reports_later_runs_the_leak_tests_while_the_page_goes_on(extra_mode
 
     st.cache_resource.clear()
     name = extra_models[0]
-    args = (name, "cpu", 0.0, ("abcdefg", "abc"), ("gfedcba", "cba"), "inverted")
-    ok_traces, bad_traces = runs.lab_traces(*args)
+    key = runs.TraceKey(name, "cpu", 0.0, ("abcdefg", "abc"), ("gfedcba", "cba"), "inverted")
+    ok_traces, bad_traces = runs.lab_traces(key)
     release, seen = threading.Event(), []
     real = audit.run_audit
 
@@ -204,7 +207,7 @@ def test_lab_reports_later_runs_the_leak_tests_while_the_page_goes_on(extra_mode
         return real(*a, **kw)
 
     monkeypatch.setattr(audit, "run_audit", held)
-    pending = runs.lab_reports_later(*args)
+    pending = runs.lab_reports_later(key)
     time.sleep(0.3)
     assert not pending.done()  # the script goes on (the charts) while the audits wait
     release.set()
@@ -212,8 +215,8 @@ def test_lab_reports_later_runs_the_leak_tests_while_the_page_goes_on(extra_mode
     assert len(seen) == 2 and all(t is not None for t in seen)  # no audit traced the inputs again
     assert ok.traces[0] is ok_traces[0] and bad.traces[0] is bad_traces[0]
     assert ok.passed and not bad.passed and bad.bug == "inverted"
-    assert runs.audit_report.cached(*args[:5]) is ok  # the Mask audit page and the next bug reuse it
-    again = runs.lab_reports_later(*args)
+    assert runs.audit_report.cached(key.plain()) is ok  # the Mask audit page and the next bug reuse it
+    again = runs.lab_reports_later(key)
     assert again.done() and again.result() == (ok, bad)
     # Another bug on this input: its leak tests start before its traced pass (the page's lab_traces,
     # which reuses the cached correct traces); the bug is traced once, and the report is the plain one.
@@ -222,13 +225,13 @@ def test_lab_reports_later_runs_the_leak_tests_while_the_page_goes_on(extra_mode
     traced = []
     real_trace = bugs.trace_with_bug
     monkeypatch.setattr(bugs, "trace_with_bug", lambda *a, **kw: traced.append(a[2]) or real_trace(*a, **kw))
-    pending = runs.lab_reports_later(*args[:5], "pad_on_queries")
-    ok2, bad2 = runs.lab_traces(*args[:5], "pad_on_queries")
+    pending = runs.lab_reports_later(key.but(bug="pad_on_queries"))
+    ok2, bad2 = runs.lab_traces(key.but(bug="pad_on_queries"))
     assert ok2[0] is ok.traces[0] and bad2[0] is not bad_traces[0]
     ok3, bad3 = pending.result(timeout=60)
     assert ok3 is ok and bad3.traces[0] is bad2[0] and traced == ["pad_on_queries"]
-    lm = runs.loaders.load_model(*args[:3])
-    plain = real(lm, list(args[3]), list(args[4]), bug="pad_on_queries")
+    lm = key.model()
+    plain = real(lm, list(key.sources), key.target_list, bug="pad_on_queries")
     assert bad3.lines() == plain.lines() and not bad3.passed
     st.cache_resource.clear()
 

@@ -56,7 +56,7 @@ else:
     lm = state.model()
     pad = lm.cfg.pad_id
     try:
-        report = runs.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets)
+        report = runs.audit_report(sel.key)
     except (InputError, ValueError) as exc:
         st.error("The audit cannot run on this input: " + state.sentence(str(exc)))
         st.stop()

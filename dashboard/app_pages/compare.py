@@ -70,7 +70,7 @@ try:
             st.stop()
         traces_a = traces
         traces_b = loaders.compute_traces(
-            sel.name, sel.device, sel.version, (src_b,), None if tgt_b is None else (tgt_b,)
+            sel.key.but(sources=(src_b,), targets=None if tgt_b is None else (tgt_b,))
         )
         b_what = (src_b, tgt_b)
     elif mode == "another model":
@@ -83,7 +83,7 @@ try:
         version_b = loaders.model_version(name_b)
         loaders.load_model(name_b, sel.device, version_b)
         traces_a = traces
-        traces_b = loaders.compute_traces(name_b, sel.device, version_b, sel.sources, sel.targets)
+        traces_b = loaders.compute_traces(sel.key.but(name=name_b, version=version_b))
         b_what = name_b
     elif mode == "another training step":
         base, step_a = registry.split_snapshot(sel.name)
@@ -104,17 +104,16 @@ try:
         name_b = f"{base}@{step_b}"
         version_b = loaders.model_version(name_b)
         traces_a = traces
-        traces_b = loaders.compute_traces(name_b, sel.device, version_b, sel.sources, sel.targets)
+        traces_b = loaders.compute_traces(sel.key.but(name=name_b, version=version_b))
         b_what = name_b
     elif mode == "a mask bug":
         names = [n for n in bugs.names() if lm.has_decoder or not bugs.get(n).needs_decoder]
         ui.keep_valid(K.CMP_BUG, names)
         bug_name = st.selectbox("Mask bug in B", names, key=K.CMP_BUG, format_func=words.bug_title)
         st.caption(words.BUG_HELP[bug_name][3] + " (The Mask lab page explains each bug.)")
-        ok = runs.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets)
-        bad = runs.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets, bug=bug_name)
-        out_a = runs.outputs(sel, sel.sources, sel.targets, ok)
-        out_b = runs.outputs(sel, sel.sources, sel.targets, bad, bug=bug_name)
+        key_b = sel.key.but(bug=bug_name)
+        ok, bad = runs.audit_report(sel.key), runs.audit_report(key_b)
+        out_a, out_b = runs.outputs(sel.key, ok), runs.outputs(key_b, bad)
         traces_a, traces_b = ok.traces, bad.traces
         b_what = bug_name
     else:
@@ -128,10 +127,9 @@ try:
             help="A switched-off head still computes its attention, but its output is multiplied by 0.",
         )
         off_t = tuple(sorted((str(k), int(ly), int(h)) for k, ly, h in off))
-        ok = runs.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets)
-        bad = runs.audit_report(sel.name, sel.device, sel.version, sel.sources, sel.targets, off=off_t)
-        out_a = runs.outputs(sel, sel.sources, sel.targets, ok)
-        out_b = runs.outputs(sel, sel.sources, sel.targets, bad, off=off_t)
+        key_b = sel.key.but(off=off_t)
+        ok, bad = runs.audit_report(sel.key), runs.audit_report(key_b)
+        out_a, out_b = runs.outputs(sel.key, ok), runs.outputs(key_b, bad)
         traces_a, traces_b = ok.traces, bad.traces
         b_what = off_t
         if not off_t:

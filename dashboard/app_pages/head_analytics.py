@@ -65,9 +65,7 @@ sel = state.current()
 if file is not None:
     all_stats, records = runs.file_head_stats(file.digest, tr)
 else:
-    all_stats, records = runs.head_stats(
-        sel.name, sel.device, sel.version, sel.sources, sel.targets, seq, pad
-    )
+    all_stats, records = runs.head_stats(sel.key, seq, pad)
 stats = all_stats[kind]
 hinted = marks.hinted({} if file is not None else state.model().meta, kind)
 figs = {}

@@ -64,8 +64,9 @@ sources, targets, added = runs.lab_batch(lm, sel.sources, sel.targets, add_copy)
 try:
     # The leak tests run in worker threads while this script draws the masks and maps below; the
     # verdicts are written above them when the tests are done.
-    pending = runs.lab_reports_later(sel.name, sel.device, sel.version, sources, targets, bug_name)
-    traces_ok, traces_bad = runs.lab_traces(sel.name, sel.device, sel.version, sources, targets, bug_name)
+    lab_key = sel.key.but(sources=sources, targets=targets, bug=bug_name)
+    pending = runs.lab_reports_later(lab_key)
+    traces_ok, traces_bad = runs.lab_traces(lab_key)
 except (InputError, ValueError) as exc:
     st.error("The lab cannot run on this input: " + state.sentence(str(exc)))
     st.stop()
@@ -82,8 +83,7 @@ def show_verdicts() -> None:
     """Verdicts and outputs, side by side: written into ``verdicts`` once the leak tests are done."""
     try:
         ok, bad = pending.result()
-        out_ok = runs.outputs(sel, sources, targets, ok)
-        out_bad = runs.outputs(sel, sources, targets, bad, bug=bug_name)
+        out_ok, out_bad = runs.outputs(lab_key.plain(), ok), runs.outputs(lab_key, bad)
     except (InputError, ValueError) as exc:
         waiting.error("The lab cannot run on this input: " + state.sentence(str(exc)))
         return
