@@ -15,8 +15,8 @@ import streamlit as st
 from attnscope.core.analysis import corpus
 from attnscope.core.analysis.analytics import STAT_LABELS
 from attnscope.core.traces.trace import KIND_LABELS
+from attnscope.dashboard import files, loaders, ui
 from attnscope.dashboard import keys as K
-from attnscope.dashboard import loaders, opened, ui
 from attnscope.dashboard.plots import analytics as P
 
 LABELS = {**STAT_LABELS, **corpus.STAT_LABELS}
@@ -31,7 +31,7 @@ def _keep(frame, meta, name: str) -> None:
 
 
 def _fail(what: str, exc: BaseException) -> None:
-    st.session_state[K.HA_CORPUS_MSG] = ("error", opened._sentence(f"Cannot open {what}", exc))
+    st.session_state[K.HA_CORPUS_MSG] = ("error", files.error_sentence(f"Cannot open {what}", exc))
 
 
 def _open_upload() -> None:
@@ -40,7 +40,7 @@ def _open_upload() -> None:
         st.session_state[K.HA_CORPUS_MSG] = ("error", "Choose a .parquet stats file to upload first.")
         return
     try:
-        _keep(*corpus.read(opened.upload_bytes(f), f.name), f.name)
+        _keep(*corpus.read(files.upload_bytes(f), f.name), f.name)
     except Exception as exc:  # a hostile file: one sentence, the app keeps running
         _fail(getattr(f, "name", "the file"), exc)
 
@@ -48,7 +48,7 @@ def _open_upload() -> None:
 def _open_path() -> None:
     text = (st.session_state.get(K.HA_CORPUS_PATH) or "").strip().strip("'\"")
     try:
-        real = opened.resolve_allowed_file(text, (".parquet",), "a .parquet stats file")
+        real = files.resolve_allowed_file(text, (".parquet",), "a .parquet stats file")
         _keep(*corpus.read(real), real.name)
     except Exception as exc:
         _fail(text or "the file", exc)

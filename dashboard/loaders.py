@@ -34,6 +34,7 @@ from attnscope.core.families.interface import AttentionModel
 from attnscope.core.traces.trace import AttentionTrace
 from attnscope.core.transformer.checkpoint import CONFIG, ModelLoadError, read_meta
 from attnscope.dashboard import model_facts, trace_cache, user_models
+from attnscope.dashboard.files import UPLOAD_PREFIX
 from attnscope.models import registry
 
 # Sessions run models at the same time; intra-op threads that outnumber the cores spin-wait for
@@ -66,7 +67,6 @@ def configure_process() -> None:
 
 
 DEMO_SEED = 2026  # examples shown by default (not a training/eval seed)
-UPLOAD_PREFIX = "attnscope-upload-"  # per-session temporary folders of uploaded checkpoints
 # Inputs offered for models with a natural-language tokenizer and no examples of their own.
 TEXT_EXAMPLES = [
     "The cat sat on the mat.",

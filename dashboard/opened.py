@@ -18,8 +18,8 @@ from pathlib import Path
 import streamlit as st
 
 from attnscope.core.traces.trace import AttentionTrace
+from attnscope.dashboard import files, loaders
 from attnscope.dashboard import keys as K
-from attnscope.dashboard import loaders, user_models
 
 VIEW_ENV = "ATTNSCOPE_VIEW_TRACE"  # set by `attnscope view FILE`
 TRACE_TYPES = ["npz", "json"]
@@ -80,39 +80,6 @@ def _read_path(path: Path) -> tuple[AttentionTrace, bytes]:
     return tr, f"{path}:{st_.st_size}:{st_.st_mtime_ns}".encode()
 
 
-def upload_limit_bytes() -> int:
-    return int(st.get_option("server.maxUploadSize")) * 2**20
-
-
-def upload_bytes(f) -> bytes:
-    """An uploaded file's bytes, refused (ValueError) past the server's upload limit."""
-    data = f.getvalue()
-    if len(data) > upload_limit_bytes():
-        raise ValueError(f"{f.name} is larger than the upload limit ({upload_limit_bytes() >> 20} MB)")
-    return data
-
-
-def resolve_allowed_file(text: str, suffixes: tuple[str, ...], kind: str) -> Path:
-    """What the user typed -> an existing file with one of ``suffixes`` in an allowed folder
-    (user_models.PathRefused / ValueError naming ``kind``, e.g. "a .parquet stats file")."""
-    text = (text or "").strip().strip("'\"")
-    if not text:
-        raise ValueError(f"type the path of {kind}")
-    _, real = user_models.real_path(text)
-    user_models.check_allowed(text, real, user_models.allowed_roots())
-    if real.suffix.lower() not in suffixes:
-        raise ValueError(f"{real.name} is not {kind}")
-    if not real.is_file():
-        raise ValueError(f"{text} does not exist")
-    return real
-
-
-def _sentence(prefix: str, exc: BaseException) -> str:
-    text = " ".join(str(exc).split())[:400] or type(exc).__name__
-    text = f"{prefix}: {text}" if prefix else text
-    return text if text.endswith((".", "!", "?")) else text + "."
-
-
 def _open_upload() -> None:
     """Callback of 'Open trace' (upload): read the bytes with the checked reader."""
     f = st.session_state.get(K.TRACE_UPLOAD)
@@ -120,23 +87,23 @@ def _open_upload() -> None:
         st.session_state[K.TRACE_MSG] = ("error", "Choose a .npz or .json trace file to upload first.")
         return
     try:
-        data = upload_bytes(f)
+        data = files.upload_bytes(f)
         o = _keep(AttentionTrace.from_bytes(data, f.name), f.name, data)
         st.session_state[K.TRACE_MSG] = _opened_message(o)
     except Exception as exc:  # a hostile file: one sentence, the app keeps running
-        st.session_state[K.TRACE_MSG] = ("error", _sentence("Cannot open the trace", exc))
+        st.session_state[K.TRACE_MSG] = ("error", files.error_sentence("Cannot open the trace", exc))
 
 
 def _open_path() -> None:
     text = st.session_state.get(K.TRACE_PATH) or ""
     try:
-        path = resolve_allowed_file(text, (".npz", ".json"), "a .npz or .json trace file")
+        path = files.resolve_allowed_file(text, (".npz", ".json"), "a .npz or .json trace file")
         tr, data = _read_path(path)
         st.session_state[K.TRACE_MSG] = _opened_message(_keep(tr, path.name, data))
     except Exception as exc:
         st.session_state[K.TRACE_MSG] = (
             "error",
-            _sentence(f"Cannot open {text.strip() or 'the trace'}", exc),
+            files.error_sentence(f"Cannot open {text.strip() or 'the trace'}", exc),
         )
 
 
@@ -150,7 +117,7 @@ def open_served_trace() -> None:
         tr, data = _read_path(Path(path))
         st.session_state[K.TRACE_MSG] = _opened_message(_keep(tr, Path(path).name, data))
     except Exception as exc:
-        st.session_state[K.TRACE_MSG] = ("error", _sentence(f"Cannot open {Path(path).name}", exc))
+        st.session_state[K.TRACE_MSG] = ("error", files.error_sentence(f"Cannot open {Path(path).name}", exc))
 
 
 def close() -> None:
@@ -224,6 +191,6 @@ def sidebar_box(o: OpenTrace | None) -> None:
         st.button("Open trace", key=K.TRACE_UPLOAD_BUTTON, on_click=_open_upload)
         st.text_input("or a trace file's path", key=K.TRACE_PATH, placeholder="~/traces/run.npz")
         st.button("Open path", key=K.TRACE_PATH_BUTTON, on_click=_open_path)
-        st.caption(f"At most {upload_limit_bytes() >> 20} MB per upload; paths inside the allowed folders.")
+        st.caption(f"At most {files.upload_limit_mb()} MB per upload; paths inside the allowed folders.")
     if msg is not None:
         (st.error if msg[0] == "error" else st.warning if msg[0] == "warning" else st.success)(msg[1])

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +23,9 @@ import streamlit as st
 from attnscope.core.families.interface import AttentionModel
 from attnscope.core.families.native import InputError
 from attnscope.core.traces.trace import AttentionTrace
+from attnscope.dashboard import files, loaders, model_facts, opened, user_models
 from attnscope.dashboard import keys as K
-from attnscope.dashboard import loaders, model_facts, opened, user_models
+from attnscope.dashboard.files import sentence
 from attnscope.models import registry
 
 GENERATE, TEACHER = "generate (greedy decoding)", "teacher forcing (give the target)"
@@ -94,25 +94,6 @@ def _target_problems(n_sources: int, targets: list[str] | None, t_empty: list[in
 # -- your own model ---------------------------------------------------------------------------
 
 
-def upload_limit_mb() -> int:
-    """Streamlit's server.maxUploadSize (MB; dashboard/server.toml sets it)."""
-    return int(st.get_option("server.maxUploadSize"))
-
-
-def _upload_root() -> Path:
-    """This session's folder for uploads (removed when the session's state is dropped)."""
-    tmp = st.session_state.get(K.UPLOAD_DIR)
-    if tmp is None:
-        tmp = tempfile.TemporaryDirectory(prefix=loaders.UPLOAD_PREFIX)
-        st.session_state[K.UPLOAD_DIR] = tmp
-    return Path(tmp.name)
-
-
-def _one_sentence(prefix: str, exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return sentence(f"{prefix}: {text[:400]}")
-
-
 def _use_model(path: str, what: str) -> None:
     """Load ``path`` (raises on failure), list it in the picker and select it."""
     lm = loaders.load_model(path, st.session_state.get(K.DEVICE) or "cpu", loaders.model_version(path))
@@ -137,15 +118,18 @@ def _load_from_path() -> None:
         roots = [st.session_state[K.UPLOAD_DIR].name] if K.UPLOAD_DIR in st.session_state else []
         _use_model(user_models.resolve_user_model(text, roots), "model")
     except Exception as exc:  # any file may be handed in: report it, keep the app running
-        st.session_state[K.LOAD_MSG] = ("error", _one_sentence(f"Cannot load {text or 'the model'}", exc))
+        st.session_state[K.LOAD_MSG] = (
+            "error",
+            files.error_sentence(f"Cannot load {text or 'the model'}", exc),
+        )
 
 
-def _upload_stem(files) -> str:
+def _upload_stem(uploads) -> str:
     """A folder name for an upload: the .zip's name, else the config's "name", else 'upload'."""
     stem = ""
-    if len(files) == 1 and files[0].name.lower().endswith(".zip"):
-        stem = Path(files[0].name).stem
-    for f in files:
+    if len(uploads) == 1 and uploads[0].name.lower().endswith(".zip"):
+        stem = Path(uploads[0].name).stem
+    for f in uploads:
         if f.name == "config.json":
             try:
                 stem = str(json.loads(f.getvalue()).get("name", ""))
@@ -156,17 +140,17 @@ def _upload_stem(files) -> str:
 
 def _load_upload() -> None:
     """Callback of the upload's Load button: check, save into this session's folder, load."""
-    files = st.session_state.get(K.UPLOADS) or []
+    uploads = st.session_state.get(K.UPLOADS) or []
     dest = None
     try:
-        root = _upload_root()
-        dest = root / f"{_upload_stem(files)}-{sum(1 for _ in root.iterdir()) + 1}"
-        user_models.save_upload([(f.name, f.getvalue()) for f in files], dest, upload_limit_mb() * 2**20)
+        root = files.session_upload_root()
+        dest = root / f"{_upload_stem(uploads)}-{sum(1 for _ in root.iterdir()) + 1}"
+        user_models.save_upload([(f.name, f.getvalue()) for f in uploads], dest, files.upload_limit_bytes())
         _use_model(str(dest), "uploaded checkpoint")
     except Exception as exc:
         if dest is not None:
             shutil.rmtree(dest, ignore_errors=True)
-        st.session_state[K.LOAD_MSG] = ("error", _one_sentence("Cannot load the upload", exc))
+        st.session_state[K.LOAD_MSG] = ("error", files.error_sentence("Cannot load the upload", exc))
 
 
 def own_model_box() -> None:
@@ -190,7 +174,7 @@ def own_model_box() -> None:
             st.caption(
                 f"Adapter files (.py) are off: start the server with `{user_models.ALLOW_CODE_ENV}=1` to load them."
             )
-        limit = upload_limit_mb()
+        limit = files.upload_limit_mb()
         st.file_uploader(
             "Upload a core checkpoint",
             type=user_models.UPLOAD_TYPES,
@@ -268,7 +252,7 @@ def sidebar() -> Selection | None:
         try:
             lm = loaders.load_model(name, device, version)
         except Exception as exc:  # a broken folder, CUDA, ...: one sentence, the sidebar keeps working
-            st.error(_one_sentence(f"Cannot load model {loaders.display_name(name)!r}", exc))
+            st.error(files.error_sentence(f"Cannot load model {loaders.display_name(name)!r}", exc))
             st.session_state[K.SELECTION] = None
             own_model_box()
             opened.sidebar_box(None)
@@ -393,14 +377,6 @@ def traces(greedy: bool = False) -> list[AttentionTrace]:
         st.stop()
     show_warnings(out, sel.batch)
     return out
-
-
-def sentence(text: str) -> str:
-    """A core message ('the input has ...') as a sentence for the page."""
-    text = text.strip()
-    if not text:
-        return text
-    return text[0].upper() + text[1:] + ("" if text[-1] in ".!?)" else ".")
 
 
 def sequence_picker(key: str, traces_: list[AttentionTrace]) -> int:

@@ -8,8 +8,8 @@ import streamlit as st
 from attnscope.core.analysis import audit
 from attnscope.core.families.native import InputError
 from attnscope.core.traces.trace import KIND_LABELS
+from attnscope.dashboard import files, loaders, opened, runs, state, ui, words
 from attnscope.dashboard import keys as K
-from attnscope.dashboard import loaders, opened, runs, state, ui, words
 from attnscope.dashboard.plots import analytics as PA
 from attnscope.dashboard.plots import attention as PT
 from attnscope.dashboard.plots import audit as P
@@ -58,7 +58,7 @@ else:
     try:
         report = runs.audit_report(sel.key)
     except (InputError, ValueError) as exc:
-        st.error("The audit cannot run on this input: " + state.sentence(str(exc)))
+        st.error("The audit cannot run on this input: " + files.sentence(str(exc)))
         st.stop()
 
 ui.run_caption(report.traces[0])

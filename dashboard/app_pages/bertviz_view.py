@@ -11,7 +11,7 @@ import streamlit as st
 
 from attnscope.core.traces.bertviz_adapter import MAX_TOKENS, bertviz_args
 from attnscope.core.traces.trace import KIND_LABELS
-from attnscope.dashboard import bertviz_html, model_facts, state, ui
+from attnscope.dashboard import bertviz_html, files, model_facts, state, ui
 from attnscope.dashboard import keys as K
 
 MAX_HEIGHT = 1800
@@ -68,7 +68,7 @@ args = bertviz_args(
     drop_padding=drop_pad,
 )
 for note in args.warnings:
-    st.warning(state.sentence(note))
+    st.warning(files.sentence(note))
 data = bertviz_html.data_from_args(args)
 html = bertviz_html.render(view, data, layers=args.layers, heads=args.heads)
 st.markdown(

@@ -10,8 +10,8 @@ from attnscope.core.analysis import bugs
 from attnscope.core.families.native import InputError
 from attnscope.core.traces.trace import KIND_LABELS, AttentionTrace
 from attnscope.core.transformer.checkpoint import ModelLoadError
+from attnscope.dashboard import files, loaders, runs, state, ui, words
 from attnscope.dashboard import keys as K
-from attnscope.dashboard import loaders, runs, state, ui, words
 from attnscope.dashboard.plots import analytics as P
 from attnscope.dashboard.plots import attention as PT
 from attnscope.dashboard.plots.common import AXIS_TITLES
@@ -140,7 +140,7 @@ except (InputError, ValueError) as exc:
         if mode == MODES[1]
         else "B cannot run"
     )
-    st.error(f"{who}: " + state.sentence(str(exc)) + (" Pick another model B." if mode == MODES[1] else ""))
+    st.error(f"{who}: " + files.sentence(str(exc)) + (" Pick another model B." if mode == MODES[1] else ""))
     st.stop()
 except (ModelLoadError, OSError, RuntimeError) as exc:
     st.error(f"Cannot load model {loaders.display_name(name_b)!r}: {exc}")

@@ -8,8 +8,8 @@ import streamlit as st
 from attnscope.core.analysis import analytics, bugs
 from attnscope.core.families.native import InputError
 from attnscope.core.traces.trace import KIND_LABELS
+from attnscope.dashboard import files, runs, state, ui, words
 from attnscope.dashboard import keys as K
-from attnscope.dashboard import runs, state, ui, words
 from attnscope.dashboard.plots import analytics as PA
 from attnscope.dashboard.plots import attention as PT
 from attnscope.dashboard.plots import audit as P
@@ -68,7 +68,7 @@ try:
     pending = runs.lab_reports_later(lab_key)
     traces_ok, traces_bad = runs.lab_traces(lab_key)
 except (InputError, ValueError) as exc:
-    st.error("The lab cannot run on this input: " + state.sentence(str(exc)))
+    st.error("The lab cannot run on this input: " + files.sentence(str(exc)))
     st.stop()
 state.show_warnings(traces_ok, len(traces_ok) > 1)
 if added:
@@ -85,7 +85,7 @@ def show_verdicts() -> None:
         ok, bad = pending.result()
         out_ok, out_bad = runs.outputs(lab_key.plain(), ok), runs.outputs(lab_key, bad)
     except (InputError, ValueError) as exc:
-        waiting.error("The lab cannot run on this input: " + state.sentence(str(exc)))
+        waiting.error("The lab cannot run on this input: " + files.sentence(str(exc)))
         return
     waiting.empty()
     generate = targets is None and lm.has_decoder
