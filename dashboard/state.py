@@ -212,6 +212,83 @@ def _trace_sidebar(o: opened.OpenTrace) -> Selection:
     return sel
 
 
+def _without_model(warning: str | None = None) -> None:
+    """The sidebar when no model can run: the reason, and the boxes that load a model or a trace."""
+    if warning:
+        st.warning(warning)
+    st.session_state[K.SELECTION] = None
+    own_model_box()
+    opened.sidebar_box(None)
+
+
+def _pick_model(choices: list[str]) -> tuple[str, str]:
+    """The Model and Device widgets: (model name, device)."""
+    if st.session_state.get(K.MODEL) not in choices:
+        st.session_state[K.MODEL] = "reverse" if "reverse" in choices else choices[0]
+    name = st.selectbox(
+        "Model",
+        choices,
+        key=K.MODEL,
+        format_func=loaders.picker_label,
+        help="The model zoo (models/<name>/) and installed pretrained models, with each card's summary.",
+    )
+    summary = loaders.model_summary(name)
+    if summary:
+        st.caption(summary)
+    options = loaders.devices()
+    if st.session_state.get(K.DEVICE) not in options:
+        st.session_state[K.DEVICE] = options[0]
+    device = st.radio(
+        "Device", options, key=K.DEVICE, horizontal=True, help="CUDA is offered when a GPU is available."
+    )
+    return name, device
+
+
+def _source_boxes(lm: AttentionModel) -> tuple[bool, list[str], list[int]]:
+    """The input box (or the batch's lines), filled with the model's examples when the model changed:
+    (batch, sources, 1-based numbers of empty lines)."""
+    if st.session_state.get(K.TEXT_FOR_MODEL) != lm.name:
+        if st.session_state.pop(K.LINK_TEXT, False):  # a link's text stays
+            st.session_state[K.TEXT_FOR_MODEL] = lm.name
+        else:
+            _fill_examples(lm)
+    batch = st.toggle(
+        "Batch: several inputs, one per line",
+        key=K.BATCH,
+        help="A batch pads shorter inputs with <pad>, so padding masks are real.",
+    )
+    if batch:
+        raw = st.text_area("Inputs (one per line)", key=K.SOURCES, height=110)
+        sources, empty = _split_lines(raw)
+    else:
+        raw = st.text_input("Input text", key=K.SOURCE)
+        sources, empty = [raw], []
+    st.caption(model_facts.limits_line(lm))
+    return batch, sources, empty
+
+
+def _decoder_boxes(lm: AttentionModel, batch: bool) -> tuple[list[str] | None, list[int]]:
+    """Generate or teacher-force, and the targets: (targets or None, 1-based numbers of empty lines)."""
+    targets, t_empty = None, []
+    if not lm.has_decoder:
+        st.caption("Encoder-only model: no decoder input.")
+        return targets, t_empty
+    # Labels stay the same for every model: the browser matches radio values by their label.
+    mode = st.radio("Decoder input", (GENERATE, TEACHER), key=K.MODE)
+    if mode == TEACHER:
+        if batch:
+            targets, t_empty = _split_lines(st.text_area("Targets (one per line)", key=K.TARGETS, height=90))
+        else:
+            targets = [st.text_input("Target text", key=K.TARGET)]
+    if model_facts.arch(lm) == "decoder":
+        st.caption(
+            "Decoder-only model: the input is the prompt; 'generate' continues it greedily and "
+            "the target is the continuation. Prompt and continuation are one sequence "
+            "(decoder self-attention only)."
+        )
+    return targets, t_empty
+
+
 def sidebar() -> Selection | None:
     """Draw the shared sidebar; store and return the Selection (None when no model loads)."""
     opened.open_served_trace()
@@ -222,79 +299,23 @@ def sidebar() -> Selection | None:
     with st.sidebar:
         st.header("attnscope")
         if not choices:
-            st.warning(
+            _without_model(
                 "No models yet. Train the zoo (see models/README) or set ATTNSCOPE_MODELS "
                 "to a model folder, then reload."
             )
-            st.session_state[K.SELECTION] = None
-            own_model_box()
-            opened.sidebar_box(None)
             return None
-        if st.session_state.get(K.MODEL) not in choices:
-            st.session_state[K.MODEL] = "reverse" if "reverse" in choices else choices[0]
-        name = st.selectbox(
-            "Model",
-            choices,
-            key=K.MODEL,
-            format_func=loaders.picker_label,
-            help="The model zoo (models/<name>/) and installed pretrained models, with each card's summary.",
-        )
-        summary = loaders.model_summary(name)
-        if summary:
-            st.caption(summary)
-        options = loaders.devices()
-        if st.session_state.get(K.DEVICE) not in options:
-            st.session_state[K.DEVICE] = options[0]
-        device = st.radio(
-            "Device", options, key=K.DEVICE, horizontal=True, help="CUDA is offered when a GPU is available."
-        )
+        name, device = _pick_model(choices)
         version = loaders.model_version(name)
         try:
             lm = loaders.load_model(name, device, version)
         except Exception as exc:  # a broken folder, CUDA, ...: one sentence, the sidebar keeps working
             st.error(files.error_sentence(f"Cannot load model {loaders.display_name(name)!r}", exc))
-            st.session_state[K.SELECTION] = None
-            own_model_box()
-            opened.sidebar_box(None)
+            _without_model()
             return None
         st.caption(_model_facts_caption(lm, name))
         st.caption(f"Device used: **{lm.device}**")
-        if st.session_state.get(K.TEXT_FOR_MODEL) != lm.name:
-            if st.session_state.pop(K.LINK_TEXT, False):  # a link's text stays
-                st.session_state[K.TEXT_FOR_MODEL] = lm.name
-            else:
-                _fill_examples(lm)
-        batch = st.toggle(
-            "Batch: several inputs, one per line",
-            key=K.BATCH,
-            help="A batch pads shorter inputs with <pad>, so padding masks are real.",
-        )
-        if batch:
-            raw = st.text_area("Inputs (one per line)", key=K.SOURCES, height=110)
-            sources, empty = _split_lines(raw)
-        else:
-            raw = st.text_input("Input text", key=K.SOURCE)
-            sources, empty = [raw], []
-        st.caption(model_facts.limits_line(lm))
-        targets, t_empty = None, []
-        # Labels stay the same for every model: the browser matches radio values by their label.
-        if lm.has_decoder:
-            mode = st.radio("Decoder input", (GENERATE, TEACHER), key=K.MODE)
-            if mode == TEACHER:
-                if batch:
-                    targets, t_empty = _split_lines(
-                        st.text_area("Targets (one per line)", key=K.TARGETS, height=90)
-                    )
-                else:
-                    targets = [st.text_input("Target text", key=K.TARGET)]
-            if model_facts.arch(lm) == "decoder":
-                st.caption(
-                    "Decoder-only model: the input is the prompt; 'generate' continues it greedily and "
-                    "the target is the continuation. Prompt and continuation are one sequence "
-                    "(decoder self-attention only)."
-                )
-        else:
-            st.caption("Encoder-only model: no decoder input.")
+        batch, sources, empty = _source_boxes(lm)
+        targets, t_empty = _decoder_boxes(lm, batch)
         own_model_box()
         opened.sidebar_box(None)
     sel = Selection(
