@@ -74,12 +74,7 @@ event = ui.chart(grid, key=K.ATT_GRID, on_select="rerun", selection_mode="points
 marks.caption(hinted)
 
 # A click on a tile picks that layer and head (applied once, so the selectors stay usable).
-points = list(getattr(getattr(event, "selection", None), "points", None) or [])
-if points:
-    picked = P.parse_grid_point(points[0].get("x"), points[0].get("y"))
-    if picked is not None and st.session_state.get(K.ATT_GRID_APPLIED) != (kind, picked):
-        st.session_state[K.ATT_GRID_APPLIED] = (kind, picked)
-        st.session_state[K.ATT_LAYER], st.session_state[K.ATT_HEAD] = picked
+ui.apply_click(event, K.ATT_GRID_APPLIED, kind, K.ATT_LAYER, K.ATT_HEAD, P.parse_grid_point)
 
 heads: list[int | str] = list(range(n_heads)) + list(P.AGGREGATES)
 layer, head = ui.layer_head_picker(K.ATT_LAYER, K.ATT_HEAD, n_layers, heads)
