@@ -16,8 +16,10 @@ URL's path (``/attention``, ``/heads``...).
 
 from __future__ import annotations
 
+import itertools
+import json
 from collections.abc import Callable
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import streamlit as st
 
@@ -269,8 +271,35 @@ def link(query: str) -> str:
     return f"{base}?{query}" if query else base
 
 
+# Puts the page's own path and query in the address bar when it shows anything else (replaceState:
+# no new history entry). Streamlit writes the query (st.query_params) onto whatever path the address
+# bar has at that moment, and the new page's path only once the browser has redrawn the navigation,
+# which can come long after the page's query (a page that computes for seconds): until then the
+# address bar would show the new query under the old page's path, or the new path with an old query.
+ADDRESS_JS = (
+    "<script>/* {run} */(() => {{ const want = {want};"
+    " if (location.pathname + location.search !== want) history.replaceState(history.state, '', want);"
+    " }})();</script>"
+)
+_RUNS = itertools.count()
+
+
+def address(query: str) -> str:
+    """What the address bar must show for this view: the page's path, then the query."""
+    path = urlsplit(link("")).path or "/"
+    return f"{path}?{query}" if query else path
+
+
+def _address_script(query: str) -> str:
+    want = json.dumps(address(query))
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):  # never ends the script
+        want = want.replace(ch, esc)
+    return ADDRESS_JS.format(run=next(_RUNS), want=want)  # new text every run: the script runs again
+
+
 def share_box(slot, query: str) -> None:
-    """The sidebar's link to this view: st.code has a copy button (one click)."""
+    """The sidebar's link to this view (st.code has a copy button), and the same view in the address bar."""
     with slot.container():
         st.caption("Link to this view (copy button on the right):")
         st.code(link(query), language=None, wrap_lines=True)
+        st.html(_address_script(query), unsafe_allow_javascript=True)

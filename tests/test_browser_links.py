@@ -16,6 +16,7 @@ import time
 import urllib.request
 import zipfile
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from test_browser import (  # noqa: F401
 )
 
 from attnscope.core.traces.trace import AttentionTrace
+from attnscope.dashboard import links
 from bench import harness
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,4 +221,77 @@ def test_hostile_links_and_trace_files_leave_the_app_usable(browser, zoo_server,
         timeout=WAIT_MS,
     )
     _no_exception_box(page)
+    page.close()
+
+
+# (nav entry, page title, url path, parameters that page always writes); the default page's path is "/".
+NAV_PAGES = {
+    "Attention": ("Attention", "/", {"kind", "layer", "head"}),
+    "Decoding": ("Decoding", "/decoding", {"step", "layer"}),
+    "Masks": ("Masks", "/masks", set()),
+    "Mask audit": ("Mask audit", "/mask-audit", {"kind", "layer", "head"}),
+    "Head analytics": ("Head analytics", "/heads", {"stat", "layer", "head"}),
+    "Model": ("Model", "/model", set()),
+}
+# Clicks in a row, with a new input typed before some of them (the sidebar's input is a widget too).
+CLICKS = [
+    ("Masks", "alpha"), ("Attention", None), ("Decoding", "bravo"), ("Masks", None),
+    ("Head analytics", "charlie"), ("Attention", "delta"), ("Mask audit", None), ("Masks", "echo"),
+    ("Model", None), ("Attention", "foxtrot"), ("Decoding", None), ("Mask audit", "golf"),
+    ("Attention", None), ("Masks", "hotel"), ("Head analytics", None), ("Attention", "india"),
+]  # fmt: skip
+
+
+def _url_view(url: str) -> tuple[str, dict[str, list[str]]]:
+    parts = urlsplit(url)
+    return parts.path or "/", parse_qs(parts.query, keep_blank_values=True)
+
+
+def _shows_page(page, title: str) -> None:
+    """The page's content has rendered and the run that drew it has ended."""
+    page.wait_for_function(
+        """t => [...document.querySelectorAll('[data-testid="stMain"] h1')].some(e => e.textContent.trim() === t)""",
+        arg=title,
+        timeout=WAIT_MS,
+    )
+    _settle(page)
+
+
+def test_the_url_follows_every_navigation_click_and_input(browser, zoo_server):  # noqa: F811
+    page = _new_page(browser)
+    page.goto(zoo_server)
+    _wait_chart_title(page, HEAD)
+    _settle(page)
+    box = _input_box(page)
+    text = box.input_value()
+    for nav, new_text in CLICKS:
+        if new_text is not None:  # a widget change, then the click right away (its run may still go on)
+            box.fill(new_text)
+            box.press("Enter")
+            text = new_text
+        page.locator('[data-testid="stSidebarNav"] a', has_text=nav).first.click()
+        title, path, own = NAV_PAGES[nav]
+        _shows_page(page, title)
+        assert box.input_value() == text
+        seen = f"after clicking {nav}: {page.url}"
+        got_path, params = _url_view(page.url)
+        assert got_path == path, seen
+        assert params.get("text") == [text] and params.get("model") == ["reverse"], seen
+        allowed = set(links.SIDEBAR) | {p for p, _, _ in links.PAGE_PARAMS[links.page_name(path.strip("/"))]}
+        assert set(params) <= allowed, seen  # no parameter of another page left behind
+        assert own <= set(params), seen  # the page's own parameters are there
+        # The link box says the same.
+        link = page.locator('[data-testid="stSidebar"] [data-testid="stCode"] code').last.inner_text().strip()
+        assert _url_view(link) == (got_path, params), seen
+
+    # The copied URL opens the same page with the same input in a new tab.
+    copied = page.url
+    other = _new_page(browser)
+    other.goto(copied)
+    _shows_page(other, NAV_PAGES[CLICKS[-1][0]][0])
+    assert _input_box(other).input_value() == text
+    assert _url_view(other.url) == _url_view(copied)
+    _no_exception_box(other)
+    _no_exception_box(page)
+    other.close()
     page.close()
