@@ -282,7 +282,15 @@ def compute_traces(key: TraceKey) -> list[AttentionTrace]:
 
 
 def examples(lm: AttentionModel, n: int = 3) -> list[str]:
-    """Example inputs for a model: meta["examples"], else its task's generator, else its vocabulary."""
+    """Example inputs for a model: a registry model's first input (registry.FIRST_INPUTS), then
+    meta["examples"], else its task's generator, else its vocabulary."""
+    first = registry.first_input(lm.name, getattr(lm, "folder", None))
+    if first is None or n < 1:
+        return _other_examples(lm, n)
+    return [first, *[e for e in _other_examples(lm, n) if e != first]][:n]
+
+
+def _other_examples(lm: AttentionModel, n: int) -> list[str]:
     meta_examples = [str(e) for e in lm.meta.get("examples", []) if str(e).strip()]
     if meta_examples:
         return meta_examples[:n]

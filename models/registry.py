@@ -32,6 +32,17 @@ ZOO_DIR = Path(__file__).resolve().parent
 DEFAULT_MODEL = "reverse"
 # Zoo models in the order the dashboard lists them.
 ORDER = ("reverse", "sort", "dates", "numbers", "brackets")
+# The input each zoo and pretrained model opens on in the dashboard (the first of
+# attnscope.dashboard.loaders.examples; its task's generator or meta["examples"] give the others):
+# one that shows what the model does, and that the model gets right (tests/test_app.py checks both).
+FIRST_INPUTS: dict[str, str] = {
+    "reverse": "attention",  # -> noitnetta: the cross-attention is an anti-diagonal
+    "sort": "3141592653",  # -> 1123345569: each output digit looks at its copies in the input
+    "dates": "21 Nov 2026",  # -> 2026-11-21: year, month and day read from their places
+    "numbers": "123456",  # -> one hundred twenty-three thousand four hundred fifty-six
+    "brackets": "([]{()})",  # -> balanced: a head goes from each bracket to its partner
+    "minilm": "The cat sat on the mat.",  # a sentence (its embedding; every word in the vocabulary)
+}
 WEIGHT_SUFFIXES = (".pt", ".pth", ".safetensors")  # a weights file beside a core config.json
 ADAPTER_SUFFIX = ".py"  # an adapter file (core/families/adapter.py)
 HISTORY = "history.json"  # written by models/train.py: curves and the snapshot list
@@ -103,6 +114,22 @@ def split_snapshot(name: str) -> tuple[str, int | None]:
     if m and m["name"] in zoo_names():
         return m["name"], int(m["step"])
     return name, None
+
+
+def first_input(name: str, folder: str | Path | None = None) -> str | None:
+    """FIRST_INPUTS for a registry model (a snapshot ``NAME@STEP`` opens on NAME's), None for any
+    other; with ``folder``, only when it is the registry's folder for that name (a user's folder
+    that happens to be called ``reverse`` is not the zoo's)."""
+    base = split_snapshot(name)[0]
+    if base not in FIRST_INPUTS or base not in all_names():
+        return None
+    if folder is not None:
+        try:
+            if Path(folder).resolve() != resolve(base)[1].resolve():
+                return None
+        except (ModelLoadError, OSError):
+            return None
+    return FIRST_INPUTS[base]
 
 
 def is_snapshot(name: str) -> bool:
