@@ -1,12 +1,14 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run   - create .venv, install, start the dashboard on http://localhost:8501
 #   make test  - create .venv, install, lint and run the whole test suite
+# and one redraws the README's picture (headless chromium, /usr/bin/chromium or ATTNSCOPE_CHROMIUM):
+#   make screenshot - docs/images/attention.png and attention.json (what the picture shows, from the page)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PORT   ?= 8501
 ADDRESS ?= 127.0.0.1
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench clean screenshot
 
 $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	python3 -m venv $(VENV)
@@ -28,6 +30,9 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q -p no:cacheprovider
+
+screenshot: setup
+	$(PY) -m bench.screenshot
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache .ruff_cache
