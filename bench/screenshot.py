@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from attnscope.core.traces.trace import KIND_LABELS
 from attnscope.models import registry
@@ -33,7 +35,11 @@ PAGE_PATH = "/"  # the Attention page is the app's default page, served at the r
 VIEWPORT = {"width": 1400, "height": 1120}  # down to the layer and head pickers under the grid
 SCALE = 1  # device pixels per CSS pixel: the PNG is VIEWPORT times SCALE
 WAIT_MS = 90_000
-ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "ATTNSCOPE_MODELS": ""}  # the zoo only
+ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+KEEP = {
+    "ATTNSCOPE_CHROMIUM",
+    "ATTNSCOPE_REQUIRE_BROWSER",
+}  # every other ATTNSCOPE_* is left out: the defaults
 
 # What the page shows, from the DOM; texts are whitespace-normalised, hidden elements left out.
 STRUCTURE_JS = """() => {
@@ -123,6 +129,13 @@ def capture(page, url: str, text: str) -> dict[str, Any]:
     }
 
 
+def _server_env() -> dict[str, str]:
+    """ENV, with the ATTNSCOPE_* settings of this process taken out of os.environ (patched by the caller)."""
+    for key in [k for k in os.environ if k.startswith("ATTNSCOPE_") and k not in KEEP]:
+        del os.environ[key]
+    return dict(ENV)
+
+
 def take(out: Path = OUT, name: str = NAME, text: str | None = None) -> tuple[Path, Path]:
     """Start the app, capture the view, write ``out/name.png`` and ``out/name.json``; returns both paths."""
     problem = harness.chromium_problem()
@@ -135,7 +148,11 @@ def take(out: Path = OUT, name: str = NAME, text: str | None = None) -> tuple[Pa
     png, structure_file = out / f"{name}.png", out / f"{name}.json"
     log = out / f".{name}-server.log"
     try:
-        with harness.app_server(harness.APP, env=ENV, log=log) as (url, _), sync_playwright() as p:
+        with (
+            mock.patch.dict(os.environ),  # the server gets the defaults, whatever this shell has set
+            harness.app_server(harness.APP, env=_server_env(), log=log) as (url, _),
+            sync_playwright() as p,
+        ):
             browser = harness.launch_chromium(p)
             try:
                 page = browser.new_page(viewport=VIEWPORT, device_scale_factor=SCALE)
