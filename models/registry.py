@@ -14,6 +14,7 @@ Training snapshots: ``NAME@STEP`` names the zoo model ``NAME`` as it was after S
 models/NAME/history.json); ``snapshots(NAME)`` lists them, and ``NAME@STEP`` is accepted wherever
 a model name is (CLI, sidebar, links, compare). The last step is the model itself.
 Every one of them implements attnscope.core.families.interface.AttentionModel.
+``FIRST_INPUTS`` is the one table of the input each zoo and pretrained model opens on in the dashboard.
 """
 
 from __future__ import annotations

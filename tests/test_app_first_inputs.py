@@ -45,7 +45,7 @@ def _assert_right(name: str, source: str) -> None:
 
 
 def test_every_registry_model_has_a_first_input():
-    assert set(registry.zoo_names()) <= set(registry.FIRST_INPUTS)
+    assert set(registry.all_names()) <= set(registry.FIRST_INPUTS)
     assert registry.first_input(registry.DEFAULT_MODEL) == registry.FIRST_INPUTS[registry.DEFAULT_MODEL]
     assert registry.first_input("not-a-model") is None
     # a folder that is not the zoo's gets the ordinary examples, even under a zoo name
