@@ -19,8 +19,8 @@ class CliError(Exception):
 
 
 def _load(name: str, device: str):
+    from attnscope.core.errors import ModelLoadError
     from attnscope.core.families.native import resolve_device
-    from attnscope.core.transformer.checkpoint import ModelLoadError
     from attnscope.models import registry
 
     try:
@@ -47,7 +47,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def _list_snapshots(name: str) -> int:
     """The training snapshots of one zoo model with the held-out accuracy measured at each."""
-    from attnscope.core.transformer.checkpoint import ModelLoadError
+    from attnscope.core.errors import ModelLoadError
     from attnscope.models import registry
 
     if name not in registry.zoo_names():
@@ -218,11 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from attnscope.core.families.native import InputError
-    from attnscope.core.traces.trace import TraceFormatError
-    from attnscope.core.transformer.checkpoint import ModelLoadError
-    from attnscope.core.transformer.config import ConfigError
-    from attnscope.core.transformer.tokenizer import TokenizerError
+    from attnscope.core.errors import (
+        ConfigError,
+        InputError,
+        ModelLoadError,
+        TokenizerError,
+        TraceFormatError,
+    )
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -24,8 +24,8 @@ from urllib.parse import urlencode, urlsplit
 import streamlit as st
 
 from attnscope.core.analysis import analytics, bugs
+from attnscope.core.errors import ModelLoadError
 from attnscope.core.traces.trace import KINDS
-from attnscope.core.transformer.checkpoint import ModelLoadError
 from attnscope.dashboard import keys as K
 from attnscope.dashboard import loaders, state, words
 from attnscope.dashboard.plots.attention import AGGREGATES

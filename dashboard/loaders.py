@@ -29,10 +29,11 @@ from pathlib import Path
 import streamlit as st
 import torch
 
+from attnscope.core.errors import ModelLoadError
 from attnscope.core.families import map_pool
 from attnscope.core.families.interface import AttentionModel
 from attnscope.core.traces.trace import AttentionTrace
-from attnscope.core.transformer.checkpoint import CONFIG, ModelLoadError, read_meta
+from attnscope.core.transformer.checkpoint import CONFIG, read_meta
 from attnscope.dashboard import model_facts, trace_cache, user_models
 from attnscope.dashboard.files import UPLOAD_PREFIX
 from attnscope.models import registry
@@ -269,7 +270,7 @@ def compute_traces(key: TraceKey) -> list[AttentionTrace]:
     decoding). A key with a bug or switched-off heads is the analysis pages' run (runs.audit_report).
 
     Over-long inputs are truncated (``truncate=True``); the warnings are in
-    ``trace.meta["warnings"]``. Raises attnscope.core.families.native.InputError with a message for users.
+    ``trace.meta["warnings"]``. Raises attnscope.core.errors.InputError with a message for users.
     """
     if key.bug is not None or key.off:
         raise ValueError(

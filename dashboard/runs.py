@@ -44,7 +44,7 @@ def audit_report(key: TraceKey) -> AuditReport:
 
     The report's traces are what the static checks read: without a bug or ablation, the
     model's own traces; with one, the buggy run teacher-forced on the correct model's output.
-    Raises attnscope.core.families.native.InputError (bad input) or ValueError (a bug this model cannot take).
+    Raises attnscope.core.errors.InputError (bad input) or ValueError (a bug this model cannot take).
     """
     lm = key.model()
     own = None if key.bug is not None or key.off else _sidebar_traces(lm, key)
@@ -87,7 +87,7 @@ def lab_traces(key: TraceKey) -> tuple[tuple[AttentionTrace, ...], tuple[Attenti
     audited); else the two traced passes run at once, the buggy one in a worker thread with the app's
     intra-op thread count (torch releases the GIL; the forward keeps no state), the correct one here
     (from the sidebar's trace cache when the lab's batch is the sidebar's input). Raises
-    attnscope.core.families.native.InputError (bad input) or ValueError (a bug this model cannot take).
+    attnscope.core.errors.InputError (bad input) or ValueError (a bug this model cannot take).
     """
     bug = _bug_of(key)
     lm, srcs, tgts = key.model(), list(key.sources), key.target_list

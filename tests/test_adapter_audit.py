@@ -11,9 +11,9 @@ import torch
 
 from attnscope.cli import main
 from attnscope.core.analysis import audit as AU
+from attnscope.core.errors import ModelLoadError
 from attnscope.core.families.adapter import load_adapter
 from attnscope.core.traces.trace import AttentionTrace
-from attnscope.core.transformer.checkpoint import ModelLoadError
 
 ADAPTERS = Path(__file__).resolve().parent / "adapters"
 TEXTS = ["hello world", "abc"]

@@ -17,10 +17,9 @@ from torch import nn
 
 from attnscope.cli import main
 from attnscope.core.analysis import audit as AU
+from attnscope.core.errors import InputError, ModelLoadError
 from attnscope.core.families.adapter import load_adapter
-from attnscope.core.families.native import InputError
 from attnscope.core.traces.trace import AttentionTrace
-from attnscope.core.transformer.checkpoint import ModelLoadError
 
 # PyTorch's notes on the translation tutorial's nn.Transformer use (the CLI filters them too)
 pytestmark = pytest.mark.filterwarnings(

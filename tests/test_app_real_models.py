@@ -32,7 +32,7 @@ from apptest_helpers import (
 )
 from streamlit.testing.v1 import AppTest
 
-from attnscope.core.transformer.checkpoint import ModelLoadError
+from attnscope.core.errors import ModelLoadError
 from attnscope.dashboard import keys as K
 from attnscope.dashboard import model_facts, user_models
 from attnscope.models import registry

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from attnscope.core.errors import ConfigError
 from attnscope.core.transformer import masks as M
 from attnscope.core.transformer.attention import AttnMaps, scaled_dot_product
-from attnscope.core.transformer.config import ConfigError, TransformerConfig, base, tiny
+from attnscope.core.transformer.config import TransformerConfig, base, tiny
 from attnscope.core.transformer.decode import greedy_decode
 from attnscope.core.transformer.model import Masks, Transformer, count_parameters
 from attnscope.core.transformer.positional import sinusoidal_table, wavelengths

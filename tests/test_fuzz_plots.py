@@ -18,7 +18,7 @@ from conftest import TINY_CHARS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnscope.core.families.native import InputError
+from attnscope.core.errors import InputError
 from attnscope.dashboard import bertviz_html
 from attnscope.dashboard.plots import attention as PA
 from attnscope.dashboard.plots.common import LOG_FLOOR, token_label

@@ -16,8 +16,8 @@ transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
+from attnscope.core.errors import ModelLoadError  # noqa: E402
 from attnscope.core.families.hf import HFModel, load_hf  # noqa: E402
-from attnscope.core.transformer.checkpoint import ModelLoadError  # noqa: E402
 from attnscope.models import registry  # noqa: E402
 
 WORDS = "the cat sat on a mat dog ran hello world is big small".split()
@@ -287,7 +287,7 @@ def test_routing_and_options(folders, tmp_path):
 
 
 def test_refuses_what_hf_models_cannot_do(loaded, monkeypatch):
-    from attnscope.core.families.native import InputError
+    from attnscope.core.errors import InputError
     from attnscope.core.transformer.attention import Intervention
 
     lm = loaded["bert"]

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnscope.cli import main
-from attnscope.core.families.native import InputError, load_folder
+from attnscope.core.errors import InputError
+from attnscope.core.families.native import load_folder
 from attnscope.core.transformer import checkpoint
 from attnscope.core.transformer.config import tiny
 from attnscope.core.transformer.model import Transformer

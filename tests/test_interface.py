@@ -81,7 +81,7 @@ def test_forward_outputs_answer_for_the_real_positions(models):
 
 
 def test_decoder_only_continuation_lives_in_the_model(models):
-    from attnscope.core.families.native import InputError
+    from attnscope.core.errors import InputError
 
     gpt2 = models["hf-gpt2"]
     tr = gpt2.trace_continuation(["hello world"])[0]

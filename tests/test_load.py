@@ -166,7 +166,7 @@ def test_lab_reports_equal_the_two_audits_run_one_after_the_other(extra_models):
     import streamlit as st
 
     from attnscope.core.analysis import audit
-    from attnscope.core.families.native import InputError
+    from attnscope.core.errors import InputError
     from attnscope.dashboard import loaders, runs
 
     st.cache_resource.clear()

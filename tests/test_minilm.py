@@ -128,7 +128,7 @@ def test_predict_is_mean_pooled_embedding(minilm, reference):
 
 
 def test_too_long_input(minilm):
-    from attnscope.core.families.native import InputError
+    from attnscope.core.errors import InputError
 
     text = "word " * 600
     with pytest.raises(InputError, match="at most 510"):

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from attnscope.cli import main
+from attnscope.core.errors import ModelLoadError
 from attnscope.core.transformer import checkpoint
-from attnscope.core.transformer.checkpoint import ModelLoadError
 from attnscope.core.transformer.config import tiny
 from attnscope.core.transformer.model import Transformer
 from attnscope.core.transformer.tokenizer import CharTokenizer

@@ -11,8 +11,9 @@ import zipfile
 import numpy as np
 import pytest
 
+from attnscope.core.errors import TraceFormatError
 from attnscope.core.traces import trace_io
-from attnscope.core.traces.trace import AttentionTrace, TraceFormatError
+from attnscope.core.traces.trace import AttentionTrace
 from attnscope.models import registry
 
 

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from attnscope.core.families.native import InputError, load_folder, resolve_device
-from attnscope.core.traces.trace import AttentionTrace, TraceFormatError
+from attnscope.core.errors import InputError, TokenizerError, TraceFormatError
+from attnscope.core.families.native import load_folder, resolve_device
+from attnscope.core.traces.trace import AttentionTrace
 from attnscope.core.transformer import checkpoint
 from attnscope.core.transformer.config import tiny
 from attnscope.core.transformer.model import Transformer
-from attnscope.core.transformer.tokenizer import CharTokenizer, Tokenizer, TokenizerError, WordTokenizer
+from attnscope.core.transformer.tokenizer import CharTokenizer, Tokenizer, WordTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 from apptest_helpers import _array, assert_clean, figure, figures, run_app
 from safetensors.torch import load_file
 
-from attnscope.core.transformer.checkpoint import ModelLoadError
+from attnscope.core.errors import ModelLoadError
 from attnscope.dashboard import keys as K
 from attnscope.models import attention_rules as R
 from attnscope.models import registry, train

@@ -34,7 +34,7 @@ import numpy as np
 
 from attnscope.core.analysis.analytics import CROSS_STATS, head_stats
 from attnscope.core.analysis.audit import kind_sides, real_positions
-from attnscope.core.families.interface import InputError
+from attnscope.core.errors import InputError
 from attnscope.core.traces.trace import KINDS, AttentionTrace
 
 TOP_K = 5

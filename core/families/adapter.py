@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attnscope.core.errors import InputError, ModelLoadError
 from attnscope.core.families.capture import Captured, Record, capture_attention
 from attnscope.core.families.interface import (
     ModelFacts,
@@ -57,15 +58,9 @@ from attnscope.core.families.interface import (
     prediction_fields,
     prepare_targets,
 )
-from attnscope.core.families.native import (
-    InputError,
-    Prepared,
-    check_trace_budget,
-    resolve_device,
-    trace_bytes,
-)
+from attnscope.core.families.native import Prepared, check_trace_budget, resolve_device, trace_bytes
 from attnscope.core.traces.trace import KINDS, AttentionTrace
-from attnscope.core.transformer.checkpoint import ModelLoadError, _one_line
+from attnscope.core.transformer.checkpoint import _one_line
 
 # nn.TransformerEncoder in eval mode announces its prototype nested-tensor fast path on every first
 # call, and PyTorch's own translation tutorial (sequence-first, a bool src_mask beside float masks)

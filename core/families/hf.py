@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from attnscope.core.errors import InputError, ModelLoadError
 from attnscope.core.families.interface import (
     ModelFacts,
     Side,
@@ -58,15 +59,9 @@ from attnscope.core.families.interface import (
     prediction_fields,
     prepare_targets,
 )
-from attnscope.core.families.native import (
-    InputError,
-    Prepared,
-    check_trace_budget,
-    resolve_device,
-    trace_bytes,
-)
+from attnscope.core.families.native import Prepared, check_trace_budget, resolve_device, trace_bytes
 from attnscope.core.traces.trace import AttentionTrace
-from attnscope.core.transformer.checkpoint import ModelLoadError, _one_line
+from attnscope.core.transformer.checkpoint import _one_line
 
 ARCHS = ("encoder", "decoder", "seq2seq")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

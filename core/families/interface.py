@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from attnscope.core.errors import InputError
 from attnscope.core.traces.trace import AttentionTrace
 
 ARCHS = ("encoder", "decoder", "seq2seq")  # encoder only | decoder only | encoder-decoder
@@ -142,10 +143,6 @@ class AttentionModel(Protocol):
         """pad_id, skip_ids (specials), vocab (src, tgt sizes or None) and max_len for the leak tests."""
 
     def to(self, device: str) -> AttentionModel: ...
-
-
-class InputError(ValueError):
-    """Text the model cannot take; the message says what to do."""
 
 
 def prepare_targets(

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from attnscope.core.errors import InputError, TokenizerError
 from attnscope.core.families.interface import (
-    InputError,
     Side,
     package_trace,
     pad_rows,
@@ -29,7 +29,7 @@ from attnscope.core.transformer.attention import Intervention
 from attnscope.core.transformer.config import TransformerConfig
 from attnscope.core.transformer.decode import greedy_decode
 from attnscope.core.transformer.model import Masks, Transformer
-from attnscope.core.transformer.tokenizer import Tokenizer, TokenizerError
+from attnscope.core.transformer.tokenizer import Tokenizer
 
 # Attention maps a single trace may hold (probs + scores, all kinds); beyond it the runner refuses
 # with a message instead of running the machine out of memory. Override: ATTNSCOPE_MAX_TRACE_MB.

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.core.errors import TraceFormatError
+
 KINDS = ("enc_self", "dec_self", "cross")
 KIND_LABELS = {
     "enc_self": "encoder self-attention",
@@ -39,10 +41,6 @@ _ARRAYS = (
     "src_real", "tgt_real", "topk_tokens",
 )  # fmt: skip
 _TOKENS = ("src_tokens", "tgt_tokens", "out_tokens")
-
-
-class TraceFormatError(ValueError):
-    """A trace file that cannot be read back."""
 
 
 def _readonly(a: Any) -> Any:

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.core.traces.trace import _ARRAYS, _TOKENS, KINDS, AttentionTrace, TraceFormatError
+from attnscope.core.errors import TraceFormatError
+from attnscope.core.traces.trace import _ARRAYS, _TOKENS, KINDS, AttentionTrace
 
 MAX_TRACE_TOKENS = 2048  # per axis (source, decoder)
 MAX_TRACE_VALUES = (

@@ -13,9 +13,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from attnscope.core.transformer.config import ConfigError, TransformerConfig
+from attnscope.core.errors import ConfigError, ModelLoadError, TokenizerError
+from attnscope.core.transformer.config import TransformerConfig
 from attnscope.core.transformer.model import Transformer
-from attnscope.core.transformer.tokenizer import Tokenizer, TokenizerError
+from attnscope.core.transformer.tokenizer import Tokenizer
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -24,10 +25,6 @@ TGT_VOCAB = "tgt_vocab.json"
 CARD = "card.md"
 META = "meta.json"  # task, summary, class labels, measured metrics
 TORCH_WEIGHTS = ("model.pt", "model.pth")  # read with weights_only when there is no safetensors file
-
-
-class ModelLoadError(RuntimeError):
-    """A model folder that cannot be turned into a working model."""
 
 
 def save(

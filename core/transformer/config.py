@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot describe a working model."""
+from attnscope.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

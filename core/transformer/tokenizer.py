@@ -6,12 +6,10 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from attnscope.core.errors import TokenizerError
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3 in every vocabulary
-
-
-class TokenizerError(ValueError):
-    """Text a tokenizer cannot encode, or a vocabulary file it cannot read."""
 
 
 class Tokenizer:

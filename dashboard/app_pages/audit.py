@@ -6,7 +6,7 @@ import numpy as np
 import streamlit as st
 
 from attnscope.core.analysis import audit
-from attnscope.core.families.native import InputError
+from attnscope.core.errors import InputError
 from attnscope.core.traces.trace import KIND_LABELS
 from attnscope.dashboard import files, loaders, opened, runs, state, ui, words
 from attnscope.dashboard import keys as K

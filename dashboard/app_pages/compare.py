@@ -7,9 +7,8 @@ import streamlit as st
 
 from attnscope.core.analysis import analytics as A
 from attnscope.core.analysis import bugs
-from attnscope.core.families.native import InputError
+from attnscope.core.errors import InputError, ModelLoadError
 from attnscope.core.traces.trace import KIND_LABELS, AttentionTrace
-from attnscope.core.transformer.checkpoint import ModelLoadError
 from attnscope.dashboard import files, loaders, runs, state, ui, words
 from attnscope.dashboard import keys as K
 from attnscope.dashboard.plots import analytics as P

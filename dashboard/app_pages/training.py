@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from attnscope.core.families.native import InputError
+from attnscope.core.errors import InputError, ModelLoadError
 from attnscope.core.traces.trace import KIND_LABELS
-from attnscope.core.transformer.checkpoint import ModelLoadError
 from attnscope.dashboard import keys as K
 from attnscope.dashboard import loaders, marks, runs, state, ui
 from attnscope.dashboard.plots import attention as PA
