@@ -514,12 +514,12 @@ def test_special_mass_equals_the_rows_first_sums_bit_for_bit(lm):
             scattered = np.zeros(p.shape[-1], dtype=bool)
             scattered[::2] = True
             np.testing.assert_array_equal(
-                p[..., AU._columns(scattered)].sum(-1)[:, :, q_real].mean(-1),
+                p[..., AU.static._columns(scattered)].sum(-1)[:, :, q_real].mean(-1),
                 rows[..., scattered].sum(-1).mean(-1),
             )
-    assert AU._columns(np.array([0, 1, 1, 0], bool)) == slice(1, 3)
-    np.testing.assert_array_equal(AU._columns(np.array([1, 0, 1], bool)), [0, 2])
-    assert len(AU._columns(np.zeros(3, bool))) == 0
+    assert AU.static._columns(np.array([0, 1, 1, 0], bool)) == slice(1, 3)
+    np.testing.assert_array_equal(AU.static._columns(np.array([1, 0, 1], bool)), [0, 2])
+    assert len(AU.static._columns(np.zeros(3, bool))) == 0
 
 
 # -- zoo models ---------------------------------------------------------------------------------------------
