@@ -164,3 +164,31 @@ def test_nan_a_leaking_mask_and_bad_rows_open_with_problems_named(trace):
 def test_a_clean_padded_batch_has_no_problems():
     tr = registry.load("reverse").trace(["abcdefghij" * 2, "ab"])[1]
     assert trace_io.problems(tr) == []
+
+
+def test_files_are_written_in_the_documented_layout(trace, tmp_path):
+    """trace_io writes what docs say, checked with plain numpy, zipfile and json (not with our reader):
+    one .npy member per array plus a JSON ``header``; the .json file is the header's keys and nested lists."""
+    import zipfile
+
+    header = {k: trace.header()[k] for k in ("model", "config_name", "device", "output_text", "meta")}
+    arrays = trace.to_numpy()
+    for data in (trace.save(tmp_path / "t.npz").read_bytes(), trace.to_npz_bytes()):
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            assert sorted(zf.namelist()) == sorted([f"{n}.npy" for n in arrays] + ["header.npy"])
+            assert all(i.compress_type == zipfile.ZIP_DEFLATED for i in zf.infolist())
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            assert json.loads(str(npz["header"])) == header
+            for name, value in arrays.items():
+                np.testing.assert_array_equal(npz[name], value, err_msg=name)
+    for text in (
+        trace.save(tmp_path / "t.json").read_text(),
+        trace.to_json(),
+    ):
+        doc = json.loads(text)
+        assert set(doc) == set(header) | set(arrays)
+        assert {k: doc[k] for k in header} == header
+        for name, value in arrays.items():
+            assert doc[name] == value.tolist(), name
+    with pytest.raises(TraceFormatError, match="must end in .npz or .json"):
+        trace.save(tmp_path / "t.pkl")

@@ -17,14 +17,11 @@ tgt_tokens is the whole sequence (prompt, then target), so ``axes`` stays as abo
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from attnscope.core.errors import TraceFormatError
 
 KINDS = ("enc_self", "dec_self", "cross")
 KIND_LABELS = {
@@ -149,52 +146,21 @@ class AttentionTrace:
         }
 
     def save(self, path: str | Path) -> Path:
-        """Write ``.npz`` (numpy, no pickle) or ``.json`` (nested lists), chosen by extension."""
-        path = Path(path)
-        if path.suffix == ".npz":
-            arrays = self.to_numpy()
-            arrays["header"] = np.array(json.dumps(self.header(), ensure_ascii=False))
-            np.savez_compressed(path, **arrays)
-        elif path.suffix == ".json":
-            path.write_text(self.to_json())
-        else:
-            raise TraceFormatError(f"trace file must end in .npz or .json, got {path.name!r}")
-        return path
+        """Write ``.npz`` (numpy, no pickle) or ``.json`` (nested lists), chosen by extension
+        (core/traces/trace_io.py writes every trace file)."""
+        from attnscope.core.traces import trace_io
+
+        return trace_io.write_path(self, path)
 
     def to_json(self) -> str:
-        doc: dict[str, Any] = dict(self.header())
-        for name, arr in self.to_numpy().items():
-            doc[name] = arr.tolist()
-        return json.dumps(doc, ensure_ascii=False)
+        from attnscope.core.traces import trace_io
+
+        return trace_io.to_json(self)
 
     def to_npz_bytes(self) -> bytes:
-        import io
+        from attnscope.core.traces import trace_io
 
-        buf = io.BytesIO()
-        arrays = self.to_numpy()
-        arrays["header"] = np.array(json.dumps(self.header(), ensure_ascii=False))
-        np.savez_compressed(buf, **arrays)
-        return buf.getvalue()
-
-    @classmethod
-    def _from_fields(cls, header: dict[str, Any], arrays: dict[str, Any]) -> AttentionTrace:
-        kw: dict[str, Any] = {k: header.get(k, "") for k in ("model", "config_name", "device", "output_text")}
-        kw["meta"] = header.get("meta", {}) or {}
-        for name in _TOKENS:
-            kw[name] = tuple(str(t) for t in arrays.get(name, ()))
-        for name in _ARRAYS:
-            if name in arrays:
-                value = np.asarray(arrays[name])
-                if name == "topk_tokens":
-                    value = value.astype(str)
-                elif name.endswith(("_mask", "_real")):
-                    value = value.astype(bool)
-                elif name.endswith("_ids"):
-                    value = value.astype(np.int64)
-                else:
-                    value = value.astype(np.float32)
-                kw[name] = value
-        return cls(**kw)
+        return trace_io.to_npz_bytes(self)
 
     @classmethod
     def load(cls, path: str | Path, *, max_bytes: int | None = None) -> AttentionTrace:

@@ -1,6 +1,11 @@
-"""Reading trace files that anyone may hand us: checked before they are believed.
+"""Trace files: writing them, and reading those that anyone may hand us, checked before they are believed.
 
-``AttentionTrace.load(path)`` and ``AttentionTrace.from_bytes(data, name)`` come here. A bad file
+Writing: ``AttentionTrace.save(path)``, ``to_npz_bytes()`` and ``to_json()`` come here. A ``.npz`` holds
+one member per array (the names of ``AttentionTrace.to_numpy``) plus ``header``, a JSON string (model,
+config_name, device, output_text, meta); a ``.json`` file is the header's keys and every array as
+nested lists.
+
+Reading: ``AttentionTrace.load(path)`` and ``AttentionTrace.from_bytes(data, name)`` come here. A bad file
 raises TraceFormatError with one sentence that starts with the file's name. Nothing is unpickled:
 in a ``.npz`` every member's ``.npy`` header is read first (``np.lib.format``), so object arrays,
 wrong dtypes and wrong or huge shapes are refused before any data is read; ``.json`` nested lists
@@ -244,9 +249,30 @@ def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
             )
 
 
+def _from_fields(header: dict[str, Any], arrays: dict[str, Any]) -> AttentionTrace:
+    """The trace a checked header and arrays describe, each array in the dtype its field holds."""
+    kw: dict[str, Any] = {k: header.get(k, "") for k in ("model", "config_name", "device", "output_text")}
+    kw["meta"] = header.get("meta", {}) or {}
+    for name in _TOKENS:
+        kw[name] = tuple(str(t) for t in arrays.get(name, ()))
+    for name in _ARRAYS:
+        if name in arrays:
+            value = np.asarray(arrays[name])
+            if name == "topk_tokens":
+                value = value.astype(str)
+            elif name.endswith(("_mask", "_real")):
+                value = value.astype(bool)
+            elif name.endswith("_ids"):
+                value = value.astype(np.int64)
+            else:
+                value = value.astype(np.float32)
+            kw[name] = value
+    return AttentionTrace(**kw)
+
+
 def _build(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> AttentionTrace:
     _check(header, arrays)
-    return AttentionTrace._from_fields(header, arrays)
+    return _from_fields(header, arrays)
 
 
 def read_bytes(data: bytes, name: str) -> AttentionTrace:
@@ -293,6 +319,42 @@ def read_path(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> AttentionTr
         raise TraceFormatError(f"cannot read {path}: {exc.strerror or exc}") from None
     except (ValueError, TypeError, KeyError) as exc:
         raise _fail(path.name, f"{type(exc).__name__}: {exc}") from None
+
+
+# -- writing ------------------------------------------------------------------------------------------
+
+
+def _npz_members(trace: AttentionTrace) -> dict[str, np.ndarray]:
+    arrays = trace.to_numpy()
+    arrays["header"] = np.array(json.dumps(trace.header(), ensure_ascii=False))
+    return arrays
+
+
+def to_npz_bytes(trace: AttentionTrace) -> bytes:
+    """The ``.npz`` file's bytes (numpy's compressed archive; nothing pickled)."""
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **_npz_members(trace))
+    return buf.getvalue()
+
+
+def to_json(trace: AttentionTrace) -> str:
+    """The ``.json`` file's text: the header's keys and every array as nested lists."""
+    doc: dict[str, Any] = dict(trace.header())
+    for name, arr in trace.to_numpy().items():
+        doc[name] = arr.tolist()
+    return json.dumps(doc, ensure_ascii=False)
+
+
+def write_path(trace: AttentionTrace, path: str | Path) -> Path:
+    """Write ``trace`` as ``.npz`` or ``.json``, chosen by the path's extension."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        np.savez_compressed(path, **_npz_members(trace))
+    elif path.suffix == ".json":
+        path.write_text(to_json(trace))
+    else:
+        raise TraceFormatError(f"trace file must end in .npz or .json, got {path.name!r}")
+    return path
 
 
 # -- opens, but must be said -------------------------------------------------------------------------
