@@ -52,10 +52,12 @@ CDN_PATHS = {
 
 def bertviz_page(trace) -> str:
     """bertviz's own model-view HTML for the trace (no subsetting), CDN swapped for the vendored files."""
-    from attnscope.core.traces.bertviz_adapter import bertviz_args, render_html
+    import bertviz
+
+    from attnscope.core.traces.bertviz_adapter import bertviz_args
 
     args = bertviz_args(trace, view="model", max_tokens=10**9, max_cells=10**15)
-    html = render_html(args)
+    html = bertviz.model_view(**args.kwargs, html_action="return").data  # bertviz's own page, as users get it
     if CDN_REQUIRE not in html:
         raise RuntimeError("bertviz's HTML no longer loads require.js from the expected CDN URL")
     html = html.replace(CDN_REQUIRE, '<script src="/vendor/require-2.3.6.js"></script>')

@@ -5,10 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnscope.core.traces.bertviz_adapter import bertviz_args, render_html
+from attnscope.core.traces.bertviz_adapter import BertvizArgs, bertviz_args
 from attnscope.core.traces.trace import AttentionTrace
+from attnscope.dashboard import bertviz_html
 
 L, H = 3, 4
+
+
+def render_html(args: BertvizArgs) -> str:
+    """The page the dashboard serves for these arguments (vendored bertviz, no CDN)."""
+    return bertviz_html.render(args.view, bertviz_html.data_from_args(args), args.layers, args.heads)
 
 
 def _probs(rng, q, k, mask):

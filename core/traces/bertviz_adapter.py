@@ -156,12 +156,3 @@ def bertviz_args(
     if view == "model":
         kwargs["include_heads"] = heads
     return BertvizArgs(view, kwargs, layers, heads, n_tokens, notes)
-
-
-def render_html(args: BertvizArgs) -> str:
-    """The HTML bertviz returns for these arguments (it loads require.js from a CDN: the page serving
-    it offline must replace that script tag)."""
-    import bertviz
-
-    fn = getattr(bertviz, args.fn_name)
-    return fn(**args.kwargs, html_action="return").data
