@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.core.families.interface import AttentionModel
 from attnscope.core.traces.trace import AttentionTrace
 
 ARCH_LABELS = {"encoder": "encoder only", "decoder": "decoder only", "seq2seq": "encoder-decoder"}
@@ -26,26 +27,11 @@ KIND_LABELS = {
     "upload": "upload",
     "adapter": "adapter file",
 }
-# Module names of position tables in Hugging Face models (BERT, GPT-2, BART/Marian, ...).
-POSITION_MODULES = ("position_embeddings", "wpe", "embed_positions", "pos_embed", "position_embedding")
-POSITION_SCHEMES = {
-    "relative": "relative position biases inside attention (T5 family): no table is added to the embeddings",
-    "rotary": "rotary position embeddings (RoPE): positions rotate queries and keys inside attention, "
-    "no table is added to the embeddings",
-}
 
 
 def arch(lm: Any) -> str:
     """'encoder', 'decoder' (decoder only, GPT-2 style) or 'seq2seq'."""
     return lm.arch
-
-
-def has_encoder(lm: Any) -> bool:
-    return arch(lm) != "decoder"
-
-
-def has_decoder(lm: Any) -> bool:
-    return arch(lm) != "encoder"
 
 
 def maps_mb(lm: Any, n_tokens: int) -> float | None:
@@ -54,13 +40,13 @@ def maps_mb(lm: Any, n_tokens: int) -> float | None:
     does not say its layers and heads (an adapter file)."""
     from attnscope.core.families.native import trace_bytes
 
-    cfg = getattr(lm, "cfg", None)
-    n_heads = getattr(cfg, "n_heads", None)
+    cfg = lm.cfg
+    n_heads = cfg.n_heads
     if not n_heads:
         return None
     a = arch(lm)
-    enc = getattr(cfg, "n_enc_layers", 0) if a != "decoder" else 0
-    dec = getattr(cfg, "n_dec_layers", 0) if a != "encoder" else 0
+    enc = cfg.n_enc_layers if a != "decoder" else 0
+    dec = cfg.n_dec_layers if a != "encoder" else 0
     if a == "decoder":  # one sequence, in decoder self-attention only
         return trace_bytes(0, dec, n_heads, 1, 0, n_tokens) / 2**20
     return trace_bytes(enc, dec, n_heads, 1, n_tokens, n_tokens if dec else 0) / 2**20
@@ -77,11 +63,6 @@ def limits_line(lm: Any) -> str:
     if mb is not None:
         line += f"; this model's longest input needs about {mb:,.0f} MB"
     return line + ". Beyond a limit the run is refused with a message."
-
-
-def model_kind(lm: Any) -> str:
-    """'pretrained', 'hf', 'adapter' or 'core' (the registry says 'zoo' for zoo names)."""
-    return str(lm.meta.get("kind") or "core")
 
 
 def trace_arch(trace: AttentionTrace) -> str:
@@ -182,48 +163,20 @@ def decode_step(trace: AttentionTrace, t: int, itos=None) -> DecodeStep:
     )
 
 
-# -- positions ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PositionTable:
-    """A model's own position table, or why it has none."""
-
-    table: np.ndarray | None  # (positions, d_model)
-    scheme: str  # sinusoidal | learned | relative | rotary | none
-    where: str  # module the table came from (or the reason there is none)
-    offset: int = 0  # position ids start here (BART's learned table starts at 2)
-
-
-def position_table(lm: Any) -> PositionTable:
-    """The table added to the token embeddings: core's ``src_embed.pos``, a Hugging Face
-    model's position embedding module, or none (relative / rotary positions)."""
-    cfg = lm.cfg
-    scheme = str(getattr(cfg, "pos_encoding", "learned"))
-    offset = int(getattr(cfg, "pos_offset", 0) or 0)
-    embed = getattr(lm.model, "src_embed", None)
-    if embed is not None and hasattr(getattr(embed, "pos", None), "table"):
-        table = embed.pos.table().detach().float().cpu().numpy()
-        return PositionTable(table, scheme, "src_embed.pos", offset)
-    if scheme in POSITION_SCHEMES:
-        return PositionTable(None, scheme, POSITION_SCHEMES[scheme], offset)
-    for name, module in lm.model.named_modules():
-        weight = getattr(module, "weight", None)
-        if name.rsplit(".", 1)[-1] in POSITION_MODULES and weight is not None and weight.dim() == 2:
-            if weight.shape[1] == cfg.d_model:
-                return PositionTable(weight.detach().float().cpu().numpy(), scheme, name, offset)
-    return PositionTable(None, "none", "no position table found in this model", offset)
-
-
 # -- parameters -----------------------------------------------------------------------------------
 
 
-def parameter_groups(model: Any, share: float = 0.9) -> dict[str, int]:
+def parameter_count(lm: AttentionModel) -> int:
+    """Distinct parameters of the model (tied weights counted once)."""
+    return sum(p.numel() for _, p in lm.named_parameters())  # torch lists a tied weight once
+
+
+def parameter_groups(lm: AttentionModel, share: float = 0.9) -> dict[str, int]:
     """Module -> parameter count (tied weights counted once). When one top-level module holds
     most parameters (Hugging Face wrappers: ``model.``, ``transformer.``), its children are shown."""
     seen: set[int] = set()
     named = []
-    for name, p in model.named_parameters():
+    for name, p in lm.named_parameters():
         if id(p) not in seen:
             seen.add(id(p))
             named.append((name, p.numel()))

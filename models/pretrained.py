@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from attnscope.core.errors import ConfigError, InputError, ModelLoadError
+from attnscope.core.families.interface import Family
 from attnscope.core.families.native import LoadedModel, Prepared, resolve_device
 from attnscope.core.transformer.checkpoint import _one_line, model_from_state
 from attnscope.core.transformer.config import TransformerConfig
@@ -183,7 +184,7 @@ class BertEncoderModel(LoadedModel):
     mean over every non-PAD token, [CLS] and [SEP] included) before its final normalisation.
     """
 
-    kind = "pretrained"
+    family: Family = "pretrained"
 
     @property
     def max_src_tokens(self) -> int:

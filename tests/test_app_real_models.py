@@ -402,5 +402,5 @@ def test_decoder_steps_come_from_the_mask(hf_folders):
     assert (
         ds.cross is None and ds.prefix == ("the", "cat", "sat", "on", "a") and ds.dec_self.shape == (2, 4, 5)
     )
-    assert model_facts.position_table(t5).table is None
-    assert model_facts.position_table(gpt2).where == "transformer.wpe"
+    assert t5.position_table().table is None
+    assert gpt2.position_table().where == "transformer.wpe"

@@ -374,7 +374,9 @@ class BlackBox:
     """A model with the common interface that is not injectable (like an HF or adapter model):
     its forward_outputs may hide a mask bug that its traces do not show."""
 
+    family = "adapter"
     injectable = False
+    thread_safe = False
     masks_from_ids = False
 
     def __init__(self, lm: LoadedModel, bug: str | None = None):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnscope.core.families.interface import ARCHS, AttentionModel, pad_rows
+from attnscope.core.families.interface import ARCHS, FAMILIES, AttentionModel, InjectableModel, pad_rows
 from attnscope.models import registry
 
 transformers = pytest.importorskip("transformers")
@@ -45,6 +45,60 @@ def test_every_family_implements_the_interface(models):
         assert (
             set(facts) == {"pad_id", "skip_ids", "vocab", "max_len"} and facts["pad_id"] in facts["skip_ids"]
         )
+
+
+def test_the_declared_members_answer_for_every_family(models):
+    """family, thread_safe, InjectableModel, position_table and named_parameters: what callers use,
+    declared on the interface, with values a wrong implementation would get wrong."""
+    family = {
+        "core": "core",
+        "adapter": "adapter",
+        "pretrained": "pretrained",
+        "hf-gpt2": "hf",
+        "hf-bart": "hf",
+    }
+    for key, lm in models.items():
+        assert lm.family == family[key] and lm.family in FAMILIES, key
+        assert lm.thread_safe == (key in ("core", "pretrained")), key
+        assert isinstance(lm, InjectableModel) == lm.injectable, key
+        names = [n for n, _ in lm.named_parameters()]
+        assert names and len(names) == len(set(names)), key
+        assert sum(p.numel() for _, p in lm.named_parameters()) == sum(
+            p.numel() for p in {id(p): p for _, p in lm.named_parameters()}.values()
+        ), key
+    core = models["core"]
+    pt = core.position_table()
+    pos, i = np.arange(core.cfg.max_len)[:, None], np.arange(0, core.cfg.d_model, 2)[None, :]
+    want = np.zeros((core.cfg.max_len, core.cfg.d_model))
+    want[:, 0::2], want[:, 1::2] = (
+        np.sin(pos / 10000 ** (i / core.cfg.d_model)),
+        np.cos(pos / 10000 ** (i / core.cfg.d_model)),
+    )
+    assert pt.scheme == "sinusoidal" and pt.where == "src_embed.pos"
+    np.testing.assert_allclose(pt.table, want, atol=1e-6)
+    gpt2 = models["hf-gpt2"].position_table()
+    wpe = dict(models["hf-gpt2"].named_parameters())["transformer.wpe.weight"]
+    assert gpt2.where == "transformer.wpe" and np.array_equal(gpt2.table, wpe.detach().numpy())
+    bart = models["hf-bart"].position_table()
+    assert bart.table is not None and bart.offset == models["hf-bart"].cfg.pos_offset
+    assert models["adapter"].position_table().table is None  # the example adapter adds no position table
+    if "pretrained" in models:
+        minilm = models["pretrained"].position_table()
+        weight = dict(models["pretrained"].named_parameters())["src_embed.pos.weight"]
+        assert minilm.scheme == "learned" and np.array_equal(minilm.table, weight.detach().numpy())
+
+
+def test_forward_with_is_the_models_own_forward(models):
+    """InjectableModel.forward_with runs core's forward with the masks given (what the lab and the
+    audit inject), equal to the plain forward when the masks are the model's own."""
+    lm = models["core"]
+    src = torch.tensor([lm.prepare("abc").ids])
+    tgt = torch.tensor([[lm.cfg.bos_id, 5, 6]])
+    with torch.no_grad():
+        plain = lm.model(src, tgt)
+    out = lm.forward_with(src, tgt, masks=plain.masks)
+    torch.testing.assert_close(out.logits, plain.logits)
+    assert not out.logits.requires_grad
 
 
 def test_traces_carry_real_positions_from_the_model(models):

@@ -64,7 +64,7 @@ def test_config_is_bert(minilm):
     assert cfg.pos_encoding == "learned" and cfg.activation == "gelu" and cfg.norm == "post"
     assert not cfg.scale_embeddings and cfg.embed_norm and cfg.type_vocab_size == 2
     assert cfg.layer_norm_eps == 1e-12
-    assert minilm.has_decoder is False and minilm.kind == "pretrained"
+    assert minilm.has_decoder is False and minilm.family == "pretrained"
     assert minilm.max_src_tokens == 510
 
 

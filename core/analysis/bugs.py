@@ -282,7 +282,7 @@ def greedy_with_bug(
     cols = []
     for _ in range(max_len):
         masks, iv = masks_for(lm, src, ys, bug, interv)
-        logits = lm.model(src, ys, masks=masks, interv=iv).logits[:, -1]  # (B, V)
+        logits = lm.forward_with(src, ys, masks=masks, interv=iv).logits[:, -1]  # (B, V)
         nxt = torch.nan_to_num(logits, nan=float("-inf")).argmax(-1).masked_fill(done, cfg.pad_id)
         cols.append(nxt)
         done = done | (nxt == cfg.eos_id)

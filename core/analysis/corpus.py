@@ -278,7 +278,7 @@ def run(
                 "delete it or run without --resume"
             )
         acc, start = Accumulator.from_state(saved["acc"]), int(saved["next"])
-    pad = getattr(getattr(lm, "cfg", None), "pad_id", None)
+    pad = lm.cfg.pad_id
     done_batches = 0
     for b0 in range(start, len(mine), batch):
         chunk = mine[b0 : b0 + batch]

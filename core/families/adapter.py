@@ -39,7 +39,7 @@ import operator
 import sys
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -51,8 +51,11 @@ from torch import nn
 from attnscope.core.errors import InputError, ModelLoadError
 from attnscope.core.families.capture import Captured, Record, capture_attention
 from attnscope.core.families.interface import (
+    Family,
     ModelFacts,
+    PositionTable,
     Side,
+    find_position_table,
     package_trace,
     pad_rows,
     prediction_fields,
@@ -324,7 +327,9 @@ class AdapterModel:
     card: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
 
+    family: Family = "adapter"
     injectable = False  # masks and interventions go into core's own forward pass only
+    thread_safe = False  # a user's module may keep state between calls (caches, counters)
     masks_from_ids = True  # the model builds its masks from the ids: PAD content cannot be changed
 
     # -- facts ------------------------------------------------------------------------------------
@@ -370,6 +375,13 @@ class AdapterModel:
     @property
     def device(self) -> str:
         return str(next(self.model.parameters(), torch.empty(0)).device)
+
+    def position_table(self) -> PositionTable:
+        cfg = self.cfg
+        return find_position_table(self.model, cfg.pos_encoding, cfg.d_model, cfg.pos_offset)
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        return self.model.named_parameters()
 
     def to(self, device: str) -> AdapterModel:
         other = copy.copy(self)

@@ -42,6 +42,7 @@ import copy
 import importlib.util
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,11 @@ import torch
 
 from attnscope.core.errors import InputError, ModelLoadError
 from attnscope.core.families.interface import (
+    Family,
     ModelFacts,
+    PositionTable,
     Side,
+    find_position_table,
     package_trace,
     pad_rows,
     padding_masks,
@@ -207,8 +211,9 @@ class HFModel:
     meta: dict[str, Any] = field(default_factory=dict)
     max_new_tokens: int = MAX_NEW_TOKENS
 
-    kind = "hf"
+    family: Family = "hf"
     injectable = False  # run by transformers: custom masks and interventions cannot go in
+    thread_safe = False  # a library's model: whether its forward keeps state is not ours to say
     masks_from_ids = False  # the attention_mask argument says where PAD is
 
     def __post_init__(self) -> None:
@@ -223,6 +228,13 @@ class HFModel:
         cfg = self.cfg
         return {"pad_id": cfg.pad_id, "skip_ids": {cfg.pad_id, cfg.bos_id, cfg.eos_id}, "vocab": (None, None),
                 "max_len": cfg.max_len}  # fmt: skip
+
+    def position_table(self) -> PositionTable:
+        cfg = self.cfg
+        return find_position_table(self.model, cfg.pos_encoding, cfg.d_model, cfg.pos_offset)
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        return self.model.named_parameters()
 
     def forward_outputs(self, src, tgt, src_real, tgt_real) -> dict[str, torch.Tensor]:
         """Last hidden states through the library's public call, attention_mask from ``*_real``."""

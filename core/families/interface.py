@@ -6,6 +6,11 @@ core folders), ``attnscope.models.pretrained.BertEncoderModel`` (MiniLM in core'
 through an adapter file). Callers ask the model what it can do (``arch``, ``injectable``,
 ``masks_from_ids``) instead of probing its type.
 
+What callers may use is declared here and nothing else: the family (``family``), whether masks and
+head interventions can be put into the forward pass (``InjectableModel``, ``injectable``), whether two
+threads may run it at once (``thread_safe``), the position table (``position_table()``) and the
+parameters (``named_parameters()``). No caller reaches into the wrapped ``torch.nn.Module``.
+
 Shared pieces live here too: ``ModelFacts`` (what a page shows about a model that is not a core
 ``TransformerConfig``), ``pad_rows`` (the one way a batch is right-padded, with the real positions
 beside it) and ``prediction_fields`` (the top-k packaging of a model's output probabilities).
@@ -13,10 +18,10 @@ beside it) and ``prediction_fields`` (the top-k packaging of a model's output pr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -25,6 +30,15 @@ from attnscope.core.errors import InputError
 from attnscope.core.traces.trace import AttentionTrace
 
 ARCHS = ("encoder", "decoder", "seq2seq")  # encoder only | decoder only | encoder-decoder
+Family = Literal["core", "pretrained", "hf", "adapter"]
+FAMILIES: tuple[Family, ...] = ("core", "pretrained", "hf", "adapter")
+# Module names of position tables in Hugging Face and hand-written models (BERT, GPT-2, BART, ViT, ...).
+POSITION_MODULES = ("position_embeddings", "wpe", "embed_positions", "pos_embed", "position_embedding")
+POSITION_SCHEMES = {
+    "relative": "relative position biases inside attention (T5 family): no table is added to the embeddings",
+    "rotary": "rotary position embeddings (RoPE): positions rotate queries and keys inside attention, "
+    "no table is added to the embeddings",
+}
 TOPK = 5
 
 
@@ -64,6 +78,67 @@ class ModelFacts:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class PositionTable:
+    """A model's own position table, or why it has none."""
+
+    table: np.ndarray | None  # (positions, d_model)
+    scheme: str  # sinusoidal | learned | relative | rotary | none
+    where: str  # module the table came from (or the reason there is none)
+    offset: int = 0  # position ids start here (BART's learned table starts at 2)
+
+
+def find_position_table(module: torch.nn.Module, scheme: str, d_model: int, offset: int = 0) -> PositionTable:
+    """The position table a model adds to its token embeddings, found by module name (POSITION_MODULES)
+    and shape (positions, d_model); none for relative and rotary schemes."""
+    if scheme in POSITION_SCHEMES:
+        return PositionTable(None, scheme, POSITION_SCHEMES[scheme], offset)
+    for name, sub in module.named_modules():
+        weight = getattr(sub, "weight", None)
+        if (
+            name.rsplit(".", 1)[-1] in POSITION_MODULES
+            and isinstance(weight, torch.Tensor)
+            and weight.dim() == 2
+        ):
+            if weight.shape[1] == d_model:
+                return PositionTable(weight.detach().float().cpu().numpy(), scheme, name, offset)
+    return PositionTable(None, "none", "no position table found in this model", offset)
+
+
+class ModelConfig(Protocol):
+    """What every family's ``cfg`` says (TransformerConfig for core models, ModelFacts otherwise)."""
+
+    @property
+    def d_model(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def n_enc_layers(self) -> int: ...
+    @property
+    def n_dec_layers(self) -> int: ...
+    @property
+    def src_vocab_size(self) -> int: ...
+    @property
+    def tgt_vocab_size(self) -> int: ...
+    @property
+    def max_len(self) -> int: ...
+    @property
+    def pad_id(self) -> int: ...
+    @property
+    def bos_id(self) -> int: ...
+    @property
+    def eos_id(self) -> int: ...
+    @property
+    def pos_encoding(self) -> str: ...
+    @property
+    def pos_offset(self) -> int: ...
+    @property
+    def n_classes(self) -> int: ...
+    @property
+    def pooling(self) -> str: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 @runtime_checkable
 class AttentionModel(Protocol):
     """What the CLI, the audit, the lab and every dashboard page use of a loaded model."""
@@ -74,11 +149,15 @@ class AttentionModel(Protocol):
     meta: dict[str, Any]
 
     @property
+    def family(self) -> Family:
+        """core (attnscope's Transformer) | pretrained (shipped by a package, run in core) | hf | adapter."""
+
+    @property
     def arch(self) -> str:
         """encoder | decoder | seq2seq."""
 
     @property
-    def cfg(self) -> Any:
+    def cfg(self) -> ModelConfig:
         """TransformerConfig (core models) or ModelFacts: d_model, n_heads, n_*_layers, ids, max_len."""
 
     @property
@@ -92,7 +171,18 @@ class AttentionModel(Protocol):
 
     @property
     def injectable(self) -> bool:
-        """True when custom masks and head interventions can be put into its forward pass (core)."""
+        """True when custom masks and head interventions can be put into its forward pass: the model
+        is an ``InjectableModel`` (core's Transformer)."""
+
+    @property
+    def thread_safe(self) -> bool:
+        """True when two threads may run its forward pass at once (it keeps no state between calls)."""
+
+    def position_table(self) -> PositionTable:
+        """The table added to the token embeddings, or why there is none."""
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """Every parameter of the model, by module path (tied weights appear under each name)."""
 
     @property
     def masks_from_ids(self) -> bool:
@@ -143,6 +233,18 @@ class AttentionModel(Protocol):
         """pad_id, skip_ids (specials), vocab (src, tgt sizes or None) and max_len for the leak tests."""
 
     def to(self, device: str) -> AttentionModel: ...
+
+
+@runtime_checkable
+class InjectableModel(AttentionModel, Protocol):
+    """A model whose forward pass takes masks and head interventions from outside (attnscope's own
+    Transformer): the mask lab's bugs and the ablations run through ``forward_with``."""
+
+    def forward_with(
+        self, src: torch.Tensor | None, tgt: torch.Tensor | None, masks: Any = None, interv: Any = None
+    ) -> Any:
+        """The model's ``ModelOutput`` with these masks (``attnscope.core.transformer.model.Masks``) and
+        ``Intervention``, without gradients."""
 
 
 def prepare_targets(

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from attnscope.core.errors import InputError, TokenizerError
 from attnscope.core.families.interface import (
+    Family,
+    PositionTable,
     Side,
     package_trace,
     pad_rows,
@@ -28,7 +32,7 @@ from attnscope.core.transformer import checkpoint
 from attnscope.core.transformer.attention import Intervention
 from attnscope.core.transformer.config import TransformerConfig
 from attnscope.core.transformer.decode import greedy_decode
-from attnscope.core.transformer.model import Masks, Transformer
+from attnscope.core.transformer.model import Masks, ModelOutput, Transformer
 from attnscope.core.transformer.tokenizer import Tokenizer
 
 # Attention maps a single trace may hold (probs + scores, all kinds); beyond it the runner refuses
@@ -97,7 +101,9 @@ class LoadedModel:
     card: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
 
-    injectable = True  # custom masks and head interventions go into core's forward pass
+    family: Family = "core"
+    injectable = True  # custom masks and head interventions go into core's forward pass (forward_with)
+    thread_safe = True  # the forward pass keeps no state: two threads may run it at once
     masks_from_ids = False  # masks come from real-position vectors (the leak tests can change PAD content)
 
     # -- facts ------------------------------------------------------------------
@@ -118,6 +124,19 @@ class LoadedModel:
             "vocab": (cfg.src_vocab_size, cfg.tgt_vocab_size if self.has_decoder else None),
             "max_len": cfg.max_len,
         }
+
+    def forward_with(self, src, tgt, masks=None, interv=None) -> ModelOutput:
+        """Core's forward pass with these masks and head intervention (InjectableModel), no gradients."""
+        with torch.no_grad():
+            return self.model(src, tgt, masks=masks, interv=interv)
+
+    def position_table(self) -> PositionTable:
+        """Core's own table (``src_embed.pos``): sinusoidal or learned."""
+        table = self.model.src_embed.pos.table().detach().float().cpu().numpy()
+        return PositionTable(table, self.cfg.pos_encoding, "src_embed.pos", self.cfg.pos_offset)
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        return self.model.named_parameters()
 
     def forward_outputs(self, src, tgt, src_real, tgt_real) -> dict[str, torch.Tensor]:
         """Encoder memory and decoder hidden states, masks built from the real-position vectors."""

@@ -6,7 +6,6 @@ import pandas as pd
 import streamlit as st
 
 from attnscope.core.traces.trace import KIND_LABELS, KINDS
-from attnscope.core.transformer.model import count_parameters
 from attnscope.dashboard import loaders, marks, model_facts, opened, state, ui
 from attnscope.dashboard.plots.model import params_figure
 
@@ -61,7 +60,7 @@ metrics = lm.meta.get("metrics", {}) if isinstance(lm.meta.get("metrics"), dict)
 score_key = next((k for k in metrics if "accuracy" in k or "exact" in k), None)
 
 c = st.columns(5)
-c[0].metric("Parameters", f"{count_parameters(lm.model):,}")
+c[0].metric("Parameters", f"{model_facts.parameter_count(lm):,}")
 c[1].metric("Source vocabulary", f"{len(lm.src_tok):,}")
 c[2].metric("Target vocabulary", f"{len(lm.tgt_tok):,}" if lm.tgt_tok is not None else "—")
 c[3].metric("Device", lm.device)
@@ -96,7 +95,7 @@ elif lm.folder is not None:
     st.caption(f"Files: `{lm.folder}`")
 
 left, right = st.columns([3, 2])
-counts = model_facts.parameter_groups(lm.model)
+counts = model_facts.parameter_groups(lm)
 fig = params_figure(counts, title=f"parameters per module ({lm.name}, {sum(counts.values()):,} in all)")
 with left:
     ui.chart(fig, key="model_params")

@@ -13,7 +13,7 @@ import streamlit as st
 from attnscope.core.analysis import tables as analysis
 from attnscope.core.transformer.positional import sinusoidal_table, wavelengths
 from attnscope.dashboard import keys as K
-from attnscope.dashboard import model_facts, state, ui
+from attnscope.dashboard import state, ui
 from attnscope.dashboard.plots import positional as P
 
 OWN, FREE = "this model's encoding", "explore the paper's sinusoids (any d_model, length)"
@@ -21,7 +21,7 @@ OWN, FREE = "this model's encoding", "explore the paper's sinusoids (any d_model
 st.title("Positional encoding")
 lm = state.model("The position table")
 cfg = lm.cfg
-own = model_facts.position_table(lm)
+own = lm.position_table()
 if own.table is None:
     st.info(
         f"Model **{lm.name}** has no position table to show: it uses {own.where}. "

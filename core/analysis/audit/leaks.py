@@ -94,8 +94,7 @@ def core_forward_outputs(lm, src, tgt, src_real, tgt_real, bug: B.Bug | None = N
     """Forward-outputs function of a core LoadedModel (masks from the real vectors, bug optional)."""
     masks = B.reference_masks(src_real, tgt_real) if bug is None else bug.masks(src_real, tgt_real)
     iv = interv if bug is None else bug.intervention(interv)
-    with torch.no_grad():
-        out = lm.model(src, tgt, masks=masks, interv=iv)
+    out = lm.forward_with(src, tgt, masks=masks, interv=iv)  # no gradients
     res = {"enc": out.memory}
     if tgt is not None:
         res["dec"] = out.hidden

@@ -66,10 +66,10 @@ def run_audit(
     that returns this run's traces (e.g. a Future's ``result`` of the traced pass running in another
     thread): the leak tests run here first, then ``later()`` is called. If its ids are not the probe's,
     the leak tests run again on its own batch. ``concurrent``: run the sequences alone in a second
-    thread beside the leak tests (see dynamic_checks); default: for core models. A caller that already
+    thread beside the leak tests (see dynamic_checks); default: when the model is thread_safe. A caller that already
     keeps the cores busy (the Mask lab audits two models at once) passes False."""
-    if concurrent is None:  # core models' forward keeps no state: two threads may run it at once
-        concurrent = lm.injectable
+    if concurrent is None:  # a forward that keeps no state: two threads may run it at once
+        concurrent = lm.thread_safe
     bug = B.get(bug) if isinstance(bug, str) else bug
     if (bug is not None or interv is not None) and not lm.injectable:
         raise ValueError("mask bugs and head ablation can only be injected into core models")
