@@ -80,7 +80,7 @@ def trace_arch(trace: AttentionTrace) -> str:
 def real_source(trace: AttentionTrace) -> np.ndarray:
     """(S,) bool, True = real source token (keys some query may attend to)."""
     if trace.enc_self_mask is not None:
-        return np.asarray(trace.enc_self_mask).any(axis=0)
+        return np.asarray(np.asarray(trace.enc_self_mask).any(axis=0), dtype=bool)
     return np.ones(len(trace.src_tokens), dtype=bool)
 
 
@@ -127,7 +127,7 @@ class DecodeStep:
     query_token: str  # decoder input token at position t
     new_token: str  # argmax output at position t (the token this step generated)
     new_prob: float
-    cross: np.ndarray  # (layer, head, S): the step's attention over the source
+    cross: np.ndarray | None  # (layer, head, S): the step's attention over the source; None: decoder only
     dec_self: np.ndarray  # (layer, head, t+1): its attention over the prefix
     topk_tokens: tuple[str, ...]
     topk_probs: np.ndarray  # (k,)
@@ -149,17 +149,25 @@ def decode_step(trace: AttentionTrace, t: int, itos=None) -> DecodeStep:
     if not 0 <= t < steps.count:
         raise IndexError(f"step {t} is outside 0..{steps.count - 1}")
     q = steps.first + t
-    topk_ids = np.asarray(trace.topk_ids[q])
+    dec_self, topk_ids, topk_probs, out_probs = (
+        trace.dec_self,
+        trace.topk_ids,
+        trace.topk_probs,
+        trace.out_probs,
+    )
+    if dec_self is None or topk_ids is None or topk_probs is None or out_probs is None:
+        raise ValueError("a decoding step needs a decoder trace with its top-k predictions")
+    top = np.asarray(topk_ids[q])
     return DecodeStep(
         step=t,
         prefix=tuple(trace.tgt_tokens[: q + 1]),
         query_token=trace.tgt_tokens[q],
         new_token=trace.out_tokens[q],
-        new_prob=float(trace.out_probs[q]),
+        new_prob=float(out_probs[q]),
         cross=None if trace.cross is None else np.asarray(trace.cross[:, :, q, :]),
-        dec_self=np.asarray(trace.dec_self[:, :, q, : q + 1]),
-        topk_tokens=_topk_tokens(trace, q, topk_ids, itos),
-        topk_probs=np.asarray(trace.topk_probs[q]),
+        dec_self=np.asarray(dec_self[:, :, q, : q + 1]),
+        topk_tokens=_topk_tokens(trace, q, top, itos),
+        topk_probs=np.asarray(topk_probs[q]),
     )
 
 

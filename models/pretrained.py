@@ -265,7 +265,8 @@ def load_bert_folder(
         "tokenizer": "WordPiece (tokenizer.json)",
         "pooling": "mean over non-PAD tokens",
     }
-    return BertEncoderModel(name, folder, cfg, model, tok, None, card, meta)
+    # WordPieceTokenizer has what LoadedModel reads of a Tokenizer (itos, encode, tokens, decode); prepare is its own
+    return BertEncoderModel(name, folder, cfg, model, tok, None, card, meta)  # type: ignore[arg-type]
 
 
 MINILM_CARD = """# minilm: all-MiniLM-L6-v2

@@ -139,15 +139,23 @@ def _as_int(value: Any) -> int | None:
         return None
 
 
+def _id(value: Any) -> int:
+    """``_as_int`` of a value already checked to be an id."""
+    i = _as_int(value)
+    if i is None:
+        raise TypeError(f"{value!r} is not an integer id")
+    return i
+
+
 def _vocab(value: Any, name: str, vname: str) -> list[str]:
     """VOCAB/TGT_VOCAB as a list id -> token: a list of token strings, a dict token -> id
     (``stoi``, ``get_vocab()``, ``get_stoi()``) or a dict id -> token (``itos``)."""
     if isinstance(value, Mapping) and value:
         items = list(value.items())
         if all(isinstance(k, str) and _as_int(v) is not None for k, v in items):
-            pairs = [(_as_int(v), k) for k, v in items]
+            pairs = [(_id(v), k) for k, v in items]
         elif all(_as_int(k) is not None and isinstance(v, str) for k, v in items):
-            pairs = [(_as_int(k), v) for k, v in items]
+            pairs = [(_id(k), v) for k, v in items]
         else:
             raise ModelLoadError(
                 f"{name}: {vname} is a dict but not token -> id (str -> int) nor id -> token (int -> str)"
@@ -189,6 +197,13 @@ class Spec:
     def specials(self) -> set[int]:
         return {i for i in (self.pad, self.bos, self.eos) if i is not None}
 
+    @property
+    def start(self) -> int:
+        """The decoder's first input (BOS): an encoder-decoder must have one (checked at load)."""
+        if self.bos is None:
+            raise InputError("this model has no BOS id, so its decoder cannot start")
+        return self.bos
+
 
 def _check_names(module, name: str) -> Spec:
     missing = [n for n in REQUIRED if not hasattr(module, n)]
@@ -218,8 +233,8 @@ def _check_names(module, name: str) -> Spec:
                 "(a decoder-only model without a pad token can use its EOS id: the causal mask hides "
                 "right padding)"
             )
-        ids[iname] = None if value is None else _as_int(value)
-        if value is not None and (ids[iname] is None or not 0 <= ids[iname] < n):
+        ids[iname] = token_id = None if value is None else _as_int(value)
+        if value is not None and (token_id is None or not 0 <= token_id < n):
             raise ModelLoadError(f"{name}: {iname} must be a token id between 0 and {n - 1}, got {value!r}")
     labels = getattr(module, "LABELS", None)
     if labels is not None:
@@ -232,8 +247,8 @@ def _check_names(module, name: str) -> Spec:
     limits: dict[str, int | None] = {}
     for lname, least in (("MAX_LEN", 2), ("MAX_BATCH", 1)):
         value = getattr(module, lname, None)
-        limits[lname] = None if value is None else _as_int(value)
-        if value is not None and (limits[lname] is None or limits[lname] < least):
+        limits[lname] = limit = None if value is None else _as_int(value)
+        if value is not None and (limit is None or limit < least):
             raise ModelLoadError(f"{name}: {lname} must be an integer of at least {least}, got {value!r}")
     pad = ids["PAD"]
     assert pad is not None  # None was refused above
@@ -523,7 +538,7 @@ class AdapterModel:
         """Seq2seq: decoder inputs of greedy decoding ([BOS] + every generated token but the last)."""
         m = self.spec
         limit = min(MAX_NEW_TOKENS, (self.max_len or MAX_NEW_TOKENS + 1) - 1)
-        rows = [[m.bos] for _ in range(src.shape[0])]
+        rows = [[m.start] for _ in range(src.shape[0])]
         done = [False] * src.shape[0]
         for _ in range(limit):
             tgt, _ = pad_rows(rows, m.pad, src.device)
@@ -540,7 +555,7 @@ class AdapterModel:
                 new = new[: new.index(m.pad)] + [m.pad]
             if m.eos in new:
                 new = new[: new.index(m.eos) + 1]
-            out.append([m.bos] + new[:-1])
+            out.append([m.start] + new[:-1])
         return out
 
     @torch.no_grad()
@@ -595,7 +610,7 @@ class AdapterModel:
         else:
             src, src_real = pad_rows([p.ids for p in prepared], m.pad, dev)
             if self.arch == "seq2seq":
-                rows = [[m.bos] + t.ids for t in tp] if tp else self._greedy(src)
+                rows = [[m.start] + t.ids for t in tp] if tp else self._greedy(src)
                 tgt, tgt_real = pad_rows(rows, m.pad, dev)
         s_len = 0 if src is None else src.shape[1]
         t_len = 0 if tgt is None else tgt.shape[1]
@@ -608,15 +623,20 @@ class AdapterModel:
         start = time.perf_counter()
         lengths = [n for n in (s_len, t_len) if n]
         first, outs, parts = None, [], []
-        for rows in self._parts(len(prepared)):  # one capture per call of forward (MAX_BATCH)
+        for part in self._parts(len(prepared)):  # one capture per call of forward (MAX_BATCH)
             with torch.no_grad(), capture_attention(self.model, lengths=lengths) as cap:
-                outs.append(self._call(_rows(src, rows), _rows(tgt, rows)))
+                outs.append(self._call(_rows(src, part), _rows(tgt, part)))
             first = cap if first is None else first
             parts.append(self._stacks(cap, s_len, t_len))
         ms = (time.perf_counter() - start) * 1000
+        if first is None:  # _parts of a non-empty batch has one part at least
+            raise InputError("no input text given")
         probs, stacks, cap = torch.cat(outs), _join_stacks(parts), first
-        src_side = None if src is None else Side(src, src_real, self.src_tok.tokens)
-        tgt_side = None if tgt is None else Side(tgt, tgt_real, self.tgt_tok_.tokens)
+        src_side = None if src is None or src_real is None else Side(src, src_real, self.src_tok.tokens)
+        tgt_side = None if tgt is None or tgt_real is None else Side(tgt, tgt_real, self.tgt_tok_.tokens)
+        real_rows = tgt_real if tgt_real is not None else src_real
+        if real_rows is None:
+            raise InputError("the model read neither a source nor a target")
         sources = {k: s for k, s in self._mask_sources(cap).items() if k in stacks}
         traces = []
         for i, p in enumerate(prepared):
@@ -628,11 +648,14 @@ class AdapterModel:
                 k = int(probs[i].argmax())
                 meta["labels"] = self.labels
                 text = self.labels[k]
-                fields = {"out_tokens": (self.labels[k],), "out_probs": probs[i].cpu().numpy()}
+                fields: dict[str, Any] = {
+                    "out_tokens": (self.labels[k],),
+                    "out_probs": probs[i].cpu().numpy(),
+                }
             else:
                 fields = prediction_fields(probs[i], self.out_tok.tokens)
                 guesses = fields["topk_ids"][:, 0]
-                n_real = int((tgt_real if tgt is not None else src_real)[i].sum())
+                n_real = int(real_rows[i].sum())
                 if self.arch == "decoder":
                     n_prompt = len(p.ids)
                     meta.update(prompt_len=n_prompt, decoder_only=True)
@@ -802,6 +825,7 @@ def _examples(module, tok: AdapterTokens) -> list[str]:
 
 def _load_model(module, name: str, device: str) -> nn.Module:
     """``load()``, or ``load(device=...)`` when it takes a ``device`` argument."""
+    params: Mapping[str, Any]
     try:
         params = inspect.signature(module.load).parameters
     except (TypeError, ValueError):  # a builtin or C callable: no signature to read

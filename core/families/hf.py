@@ -622,6 +622,7 @@ def load_hf(
             raise ModelLoadError(f"cannot read {folder / 'config.json'}: {_one_line(exc)[:300]}") from exc
         arch = arch or detect_arch(config)
         head = "base"
+        cls: Any  # a transformers Auto* class (their from_pretrained stubs disagree on what they return)
         if arch == "seq2seq":
             cls = transformers.AutoModelForSeq2SeqLM
         elif arch == "decoder":

@@ -18,7 +18,7 @@ beside it) and ``prediction_fields`` (the top-k packaging of a model's output pr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -287,7 +287,7 @@ class Side:
 
     ids: torch.Tensor
     real: torch.Tensor
-    tokens: Callable[[list[int]], tuple[str, ...]]
+    tokens: Callable[[list[int]], Sequence[str]]
 
 
 def package_trace(

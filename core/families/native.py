@@ -125,6 +125,12 @@ class LoadedModel:
             "max_len": cfg.max_len,
         }
 
+    def _decoder_tok(self) -> Tokenizer:
+        """The decoder's vocabulary (a model with a decoder always has one: checked at load)."""
+        if self.tgt_tok is None:
+            raise RuntimeError(f"{self.name} has a decoder but no target vocabulary")
+        return self.tgt_tok
+
     def forward_with(self, src, tgt, masks=None, interv=None) -> ModelOutput:
         """Core's forward pass with these masks and head intervention (InjectableModel), no gradients."""
         with torch.no_grad():
@@ -231,7 +237,11 @@ class LoadedModel:
         prepared = [self.prepare(s, truncate) for s in sources]
         src_len = max(len(p.ids) for p in prepared)
         teacher = targets is not None
-        tp = prepare_targets(self, prepared, targets, truncate) if teacher and self.has_decoder else None
+        tp = (
+            prepare_targets(self, prepared, targets, truncate)
+            if targets is not None and self.has_decoder
+            else None
+        )
         if tp is not None:  # the decoder input is known: BOS + the longest target
             tgt_guess = 1 + max(len(t.ids) for t in tp)
         else:  # greedy output: as long as the source, a guess (checked again once decoded)
@@ -251,7 +261,7 @@ class LoadedModel:
         src = self._pad([p.ids for p in prepared])
         if not self.has_decoder:
             tgt = None
-        elif teacher:
+        elif tp is not None:
             tgt = self._pad([[self.cfg.bos_id] + t.ids for t in tp])
         else:
             with torch.no_grad():
@@ -300,10 +310,11 @@ class LoadedModel:
         if self.has_decoder:
             tgt_real = tgt != pad
             tgt_real[:, 0] = True  # BOS (some configs share the PAD id)
-            tgt_side = Side(tgt, tgt_real, self.tgt_tok.tokens)
-            fields.update(prediction_fields(out.logits[i].float().softmax(-1), self.tgt_tok.tokens))
+            tgt_tok = self._decoder_tok()
+            tgt_side = Side(tgt, tgt_real, tgt_tok.tokens)
+            fields.update(prediction_fields(out.logits[i].float().softmax(-1), tgt_tok.tokens))
             n_real = int(tgt_real[i].sum())
-            output_text = self.tgt_tok.decode(fields["topk_ids"][:n_real, 0])
+            output_text = tgt_tok.decode(fields["topk_ids"][:n_real, 0])
         elif out.logits is not None:
             probs = out.logits[i].float().softmax(-1).cpu().numpy()
             labels = self.labels or [str(k) for k in range(len(probs))]
@@ -337,7 +348,7 @@ class LoadedModel:
         src = self._pad([p.ids for p in prepared])
         if self.has_decoder:
             res = greedy_decode(self.model, src)
-            return [self.tgt_tok.decode(row) for row in res.out_ids.tolist()]
+            return [self._decoder_tok().decode(row) for row in res.out_ids.tolist()]
         return [t.output_text for t in self.trace(sources)]
 
 
