@@ -59,24 +59,18 @@ def downloads(
     html_pages = html_pages or {}
     with st.expander("Downloads", expanded=False):
         cols = st.columns(2 + len(figures) + len(html_pages))
-        cols[0].download_button(
-            "trace .npz",
-            data=trace.to_npz_bytes,
-            file_name=f"{stem}.npz",
-            mime="application/octet-stream",
-            key=f"{key}_npz",
-            on_click="ignore",
-            help="AttentionTrace.to_npz_bytes (numpy, no pickle)",
-        )
-        cols[1].download_button(
-            "trace .json",
-            data=trace.to_json,
-            file_name=f"{stem}.json",
-            mime="application/json",
-            key=f"{key}_json",
-            on_click="ignore",
-            help="AttentionTrace.to_json",
-        )
+        formats = (
+            (
+                "npz",
+                trace.to_npz_bytes,
+                "application/octet-stream",
+                "AttentionTrace.to_npz_bytes (numpy, no pickle)",
+            ),
+            ("json", trace.to_json, "application/json", "AttentionTrace.to_json"),
+        )  # each file is written on click
+        for col, (ext, data, mime, help_) in zip(cols[:2], formats, strict=True):
+            col.download_button(f"trace .{ext}", data=data, file_name=f"{stem}.{ext}", mime=mime,
+                                key=f"{key}_{ext}", on_click="ignore", help=help_)  # fmt: skip
         _figure_buttons(cols[2 : 2 + len(figures)], figures, stem, key)
         for col, (name, doc) in zip(cols[2 + len(figures) :], html_pages.items(), strict=True):
             col.download_button(

@@ -148,6 +148,15 @@ class _Grid:
         return [self.ys[layer * self.nq + self.nq // 2] for layer in range(self.n_layers)]
 
 
+def masked_overlay(z: np.ndarray, x: Sequence[str], y: Sequence[str], name: str, **kw) -> go.Heatmap:
+    """Grey where ``z`` is 1 (masked), transparent where 0: a uint8 trace (a quarter of a float32 one's
+    JSON) over the weights; hover falls through to the weights underneath."""
+    return go.Heatmap(
+        z=z, x=x, y=y, zmin=0, zmax=1, colorscale=[[0, "rgba(0,0,0,0)"], [1, MASKED_COLOR]],
+        showscale=False, hoverinfo="skip", name=name, **kw,
+    )  # fmt: skip
+
+
 def _grid_cells(probs, query_tokens, key_tokens, mask, log, aggregates, bq, bk) -> _Grid:
     """Every tile quantised and laid side by side, the masked overlay and the category names."""
     n_layers, n_heads = probs.shape[:2]
@@ -209,21 +218,7 @@ def _grid_heatmaps(grid: _Grid, log: bool, blocks: bool) -> go.Figure:
     )
     fig = go.Figure(heat)
     if grid.zm is not None:
-        # uint8 overlay, transparent where allowed (a quarter of a float32 trace's JSON);
-        # hover falls through to the weights underneath.
-        fig.add_trace(
-            go.Heatmap(
-                z=grid.zm,
-                x=grid.xs,
-                y=grid.ys,
-                zmin=0,
-                zmax=1,
-                colorscale=[[0, "rgba(0,0,0,0)"], [1, MASKED_COLOR]],
-                showscale=False,
-                hoverinfo="skip",
-                name="masked",
-            )
-        )
+        fig.add_trace(masked_overlay(grid.zm, grid.xs, grid.ys, name="masked"))
     return fig
 
 
@@ -462,17 +457,8 @@ def head_heatmap(
             )
         else:  # a scattered mask: a grey uint8 overlay (1 = masked, 0 = transparent)
             fig.add_trace(
-                go.Heatmap(
-                    z=(~allowed).astype(np.uint8),
-                    x=kl,
-                    y=ql,
-                    zmin=0,
-                    zmax=1,
-                    colorscale=[[0, "rgba(0,0,0,0)"], [1, MASKED_COLOR]],
-                    showscale=False,
-                    hoverinfo="skip",
-                    name="masked (may not attend)",
-                    showlegend=True,
+                masked_overlay(
+                    (~allowed).astype(np.uint8), kl, ql, name="masked (may not attend)", showlegend=True
                 )
             )
         fig.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0))
