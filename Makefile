@@ -33,7 +33,7 @@ typecheck: setup
 	for d in core models dashboard; do ln -s ../../$$d .typecheck/attnscope/$$d; done
 	cd .typecheck && $(abspath $(PY)) -m mypy --config-file ../pyproject.toml $(TYPED)
 
-lint: setup
+lint: setup typecheck
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
