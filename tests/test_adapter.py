@@ -1,5 +1,5 @@
 """Adapter files: any PyTorch model on every command (trace, predict, audit) with its maps exact,
-bad files answered in one sentence, and the README's example kept runnable."""
+bad files answered in one sentence, and the adapter reference's example kept runnable."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ def example():
     return load_adapter(EXAMPLE)
 
 
-def test_readme_shows_the_tested_example():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+def test_the_adapter_reference_shows_the_tested_example():
+    doc = (ROOT / "docs" / "your-model.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
     assert EXAMPLE.read_text(encoding="utf-8") in blocks
 
 
