@@ -23,8 +23,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     if args.list_bugs:
         width = max(len(n) for n in bugs.names())
-        for name, bug in bugs.BUGS.items():
-            print(f"{name:<{width}}  {bug.description}")
+        for name, listed in bugs.BUGS.items():
+            print(f"{name:<{width}}  {listed.description}")
         return 0
     if not args.model:
         raise cli.CliError(

@@ -312,9 +312,9 @@ def bracket_partners(s: str) -> list[int | None]:
     last: dict[int, int] = {}  # level -> latest position seen on it
     for i, c in enumerate(s):
         if c in CLOSERS and level[i] in last:
-            partner[i] = last[level[i]]
-            if s[partner[i]] in OPENERS and partner[partner[i]] is None:
-                partner[partner[i]] = i
+            j = partner[i] = last[level[i]]
+            if s[j] in OPENERS and partner[j] is None:
+                partner[j] = i
         last[level[i]] = i
     return partner
 

@@ -327,6 +327,8 @@ def reduce(acc: Accumulator, shard: Shard) -> Accumulator | None:
         return None
     total = Accumulator(top_k=acc.top_k)
     for state in gathered:  # rank order: the same merge on every run
+        if state is None:
+            raise RuntimeError("a process sent no statistics to rank 0")
         total.merge(Accumulator.from_state(state))
     return total
 

@@ -40,10 +40,10 @@ def _block(nbytes: int) -> np.ndarray:
     """Fresh memory for a block: a private anonymous mapping (where there is one) with the system's
     ordinary pages, as torch's allocator gets them. numpy's own allocation asks for huge pages, which
     on a VM short of free 2 MB pages made a fresh process's first traced pass up to 1.3x slower."""
-    flags = getattr(mmap, "MAP_PRIVATE", None), getattr(mmap, "MAP_ANONYMOUS", None)
-    if None in flags:
+    private, anonymous = getattr(mmap, "MAP_PRIVATE", None), getattr(mmap, "MAP_ANONYMOUS", None)
+    if private is None or anonymous is None:
         return np.empty(nbytes, dtype=np.uint8)
-    return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags[0] | flags[1]), dtype=np.uint8)
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=private | anonymous), dtype=np.uint8)
 
 
 class MapPool:
@@ -69,7 +69,10 @@ class MapPool:
         return self._refs(probe, 0)
 
     def _free(self) -> list[int]:
-        return [i for i in range(len(self._blocks)) if self._refs(self._blocks, i) <= self._idle]
+        idle = self._idle
+        if idle is None:  # no reference counts here: the pool is off and holds no block
+            return []
+        return [i for i in range(len(self._blocks)) if self._refs(self._blocks, i) <= idle]
 
     def configure(self, keep_bytes: int) -> None:
         """Keep at most ``keep_bytes`` of free blocks (0: the pool is off; its free blocks are dropped)."""

@@ -50,7 +50,7 @@ def _trailing_pad(mask: np.ndarray | None) -> int:
     """Keys at the end that no query may attend to (right padding)."""
     if mask is None:
         return 0
-    usable = mask.any(axis=0)  # (key,)
+    usable = np.asarray(np.asarray(mask).any(axis=0), dtype=bool)  # (key,)
     n = len(usable)
     while n > 0 and not usable[n - 1]:
         n -= 1

@@ -65,9 +65,10 @@ def scaled_dot_product(
         and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
     )
     kt = k.transpose(-2, -1)
-    scores = torch.matmul(q, kt, out=into.scores) if direct else q @ kt
+    buffers = into if direct else None  # (direct implies into is not None)
+    scores = torch.matmul(q, kt, out=buffers.scores) if buffers is not None else q @ kt
     scores.div_(math.sqrt(q.shape[-1]))  # (B, H, Lq, Lk)
-    out = into.probs if direct else None
+    out = buffers.probs if buffers is not None else None
 
     def softmax(x: torch.Tensor) -> torch.Tensor:
         return x.softmax(dim=-1) if out is None else torch.softmax(x, dim=-1, out=out)

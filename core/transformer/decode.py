@@ -28,6 +28,7 @@ def greedy_decode(
     """
     cfg = model.cfg
     max_len = min(max_len or cfg.max_len - 1, cfg.max_len - 1)
+    generator = model.decoder_parts()[2]
     b = src.shape[0]
     masks = model.make_masks(src)
     memory, _, _ = model.encode(src, masks.enc_self)
@@ -36,8 +37,10 @@ def greedy_decode(
     out_cols: list[torch.Tensor] = []
     for _ in range(max_len):
         m = model.make_masks(src, ys)
+        if m.dec_self is None or m.cross is None:  # make_masks gives both when a decoder input is given
+            raise ValueError("decoding needs the decoder's masks")
         hidden, _, _ = model.decode(ys, memory, m.dec_self, m.cross, return_attn=False)
-        probs = model.generator(hidden[:, -1]).softmax(-1)  # (B, V)
+        probs = generator(hidden[:, -1]).softmax(-1)  # (B, V)
         _, nxt = probs.max(-1)
         nxt = nxt.masked_fill(done, cfg.pad_id)
         out_cols.append(nxt)

@@ -107,9 +107,10 @@ class Transformer(nn.Module):
             self.tgt_embed = Embeddings(cfg, cfg.tgt_vocab_size, shared)
             self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec_layers))
             self.dec_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if pre else None
-            self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size)
-            if cfg.share_vocab:
-                self.generator.weight = shared.weight  # tied output projection (paper, 3.4)
+            generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size)
+            if shared is not None:  # share_vocab: tied output projection (paper, 3.4)
+                generator.weight = shared.weight
+            self.generator = generator
         elif cfg.n_classes:
             self.classifier = nn.Linear(cfg.d_model, cfg.n_classes)
         self._init_weights()
@@ -163,6 +164,12 @@ class Transformer(nn.Module):
             x = self.enc_norm(x)
         return x, maps, (tuple(hidden) if return_hidden else None)
 
+    def decoder_parts(self) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
+        """(target embeddings, decoder layers, generator): what only an encoder-decoder has."""
+        if self.tgt_embed is None or self.decoder is None or self.generator is None:
+            raise ValueError(f"{self.cfg.name} is encoder-only: it has no decoder")
+        return self.tgt_embed, self.decoder, self.generator
+
     def decode(
         self,
         tgt: torch.Tensor,
@@ -175,13 +182,14 @@ class Transformer(nn.Module):
         """tgt (B, T) ids, memory (B, S, D) -> states (B, T, D), self maps, cross maps."""
         interv = interv or Intervention()
         sk, ck = interv.head_mask.get("dec_self"), interv.head_mask.get("cross")
-        y = self.tgt_embed(tgt)
-        (b, t), s, n = tgt.shape, memory.shape[1], len(self.decoder)
+        tgt_embed, decoder, _ = self.decoder_parts()
+        y = tgt_embed(tgt)
+        (b, t), s, n = tgt.shape, memory.shape[1], len(decoder)
         self_maps, self_into = map_buffers(n, (b, self.cfg.n_heads, t, t), y) if return_attn else (None, None)
         cross_maps, cross_into = (
             map_buffers(n, (b, self.cfg.n_heads, t, s), y) if return_attn else (None, None)
         )
-        for i, layer in enumerate(self.decoder):
+        for i, layer in enumerate(decoder):
             y, _, _ = layer(
                 y,
                 memory,
@@ -235,12 +243,14 @@ class Transformer(nn.Module):
                 real = masks.enc_self.any(dim=1)  # (B, S): keys some query may attend to
                 logits = self.classifier(self.pool(memory, real))
             return ModelOutput(logits, memory, memory, masks, attn, enc_hidden)
+        if tgt is None or masks.dec_self is None or masks.cross is None:
+            raise ValueError("an encoder-decoder needs the decoder input (tgt) and its masks")
         hidden, self_maps, cross_maps = self.decode(
             tgt, memory, masks.dec_self, masks.cross, return_attn, interv
         )
-        if self_maps is not None:
+        if self_maps is not None and cross_maps is not None:
             attn["dec_self"], attn["cross"] = self_maps, cross_maps
-        return ModelOutput(self.generator(hidden), hidden, memory, masks, attn, enc_hidden)
+        return ModelOutput(self.decoder_parts()[2](hidden), hidden, memory, masks, attn, enc_hidden)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -28,6 +28,7 @@ def wavelengths(d_model: int) -> torch.Tensor:
 class SinusoidalPositions(nn.Module):
     def __init__(self, max_len: int, d_model: int):
         super().__init__()
+        self.pe: torch.Tensor
         self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:

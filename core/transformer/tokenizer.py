@@ -81,7 +81,7 @@ class Tokenizer:
     def from_dict(data: dict) -> Tokenizer:
         if not isinstance(data, dict) or "tokens" not in data:
             raise TokenizerError("vocabulary file must be a JSON object with 'kind' and 'tokens'")
-        cls = {"char": CharTokenizer, "word": WordTokenizer}.get(data.get("kind"))
+        cls = {"char": CharTokenizer, "word": WordTokenizer}.get(str(data.get("kind")))
         if cls is None:
             raise TokenizerError(f"unknown tokenizer kind {data.get('kind')!r}")
         tokens = data["tokens"]

@@ -32,7 +32,8 @@ class _PendingTraces(Sequence):
     behind a failure, so they can start before the traced pass has finished. ``later`` is called once."""
 
     def __init__(self, later: Callable[[], Sequence[AttentionTrace]]):
-        self._later, self._traces = later, None
+        self._later = later
+        self._traces: list[AttentionTrace] | None = None
 
     def get(self) -> list[AttentionTrace]:
         if self._traces is None:
