@@ -61,7 +61,7 @@ def _npy_header(fp) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(int(s) for s in shape), dtype
 
 
-def _read_npz(source) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _read_npz(source) -> tuple[Any, dict[str, np.ndarray]]:  # the header as parsed: _check judges it
     try:
         zf = zipfile.ZipFile(source)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
@@ -231,7 +231,7 @@ def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
     ti, tp = arrays.get("topk_ids"), arrays.get("topk_probs")
     if (ti is None) != (tp is None):
         raise _Bad("it has only one of topk_ids and topk_probs")
-    if ti is not None:
+    if ti is not None and tp is not None:
         if ti.ndim != 2 or ti.shape != tp.shape or ti.dtype.kind not in "iu" or tp.dtype.kind not in "fiu":
             raise _Bad(f"topk_ids ({ti.dtype} {_shape(ti)}) and topk_probs ({tp.dtype} {_shape(tp)}) must be "
                        "whole numbers and probabilities of one [position, k] shape")  # fmt: skip
@@ -324,7 +324,7 @@ def read_path(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> AttentionTr
 # -- writing ------------------------------------------------------------------------------------------
 
 
-def _npz_members(trace: AttentionTrace) -> dict[str, np.ndarray]:
+def _npz_members(trace: AttentionTrace) -> dict[str, Any]:  # name -> array, for np.savez_compressed
     arrays = trace.to_numpy()
     arrays["header"] = np.array(json.dumps(trace.header(), ensure_ascii=False))
     return arrays
@@ -388,7 +388,7 @@ def problems(trace: AttentionTrace) -> list[str]:
         rows = np.nansum(p, axis=-1)
         ok_rows = ~nan.any(axis=-1)
         if mask is not None:
-            ok_rows &= np.asarray(mask, bool).any(axis=-1)[None, None]
+            ok_rows &= np.asarray(np.asarray(mask, bool).any(axis=-1))[None, None]
         dev = np.where(ok_rows, np.abs(rows - 1.0), 0.0)
         if dev.size and float(dev.max()) > PROB_TOL:
             ly, h, q = np.unravel_index(int(np.argmax(dev)), dev.shape)

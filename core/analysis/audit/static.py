@@ -137,7 +137,8 @@ def _where(trace: AttentionTrace, kind: str, b: int, q: int, k: int | None = Non
 def check_masked_mass(traces: list[AttentionTrace], kind: str, pad_id: int | None = None) -> Verdict:
     """Attention mass that real queries put on keys they must not see (PAD, future): exactly 0."""
     name = f"masked_mass[{kind}]"
-    worst, n_pairs, bad_heads = None, 0, set()
+    worst: tuple[float, int, int, int, int, int] | None = None
+    n_pairs, bad_heads = 0, set[tuple[int, ...]]()
     for b, tr in enumerate(traces):
         p = tr.probs(kind)  # (L, H, Q, K)
         q_real, ok = expected_mask(tr, kind, pad_id)
@@ -156,7 +157,7 @@ def check_masked_mass(traces: list[AttentionTrace], kind: str, pad_id: int | Non
         bad_heads.update(tuple(int(i) for i in lh) for lh in np.argwhere(bad.any(-1)))
         if bad.any():
             score = np.where(np.isnan(row), np.inf, row)
-            ly, h, qi = np.unravel_index(int(np.argmax(score)), score.shape)
+            ly, h, qi = (int(i) for i in np.unravel_index(int(np.argmax(score)), score.shape))
             ki = int(np.argmax(np.nan_to_num(on[ly, h, qi], nan=np.inf)))
             if worst is None or score[ly, h, qi] > worst[0]:
                 q, k = np.arange(p.shape[2])[rows][qi], np.arange(p.shape[3])[cols][ki]  # in the full map
@@ -238,7 +239,8 @@ def check_row_sums(traces: list[AttentionTrace], kind: str, pad_id: int | None =
     """Every real query row of probabilities sums to 1 (within 1e-5, or within the precision of half-
     precision maps: ``map_precision``); NaN fails."""
     name = f"row_sums[{kind}]"
-    worst, n_rows = None, 0
+    worst: tuple[float, int, int, int, int] | None = None
+    n_rows = 0
     precision, tol = "float32", ROW_SUM_TOL
     for b, tr in enumerate(traces):
         p = tr.probs(kind)
@@ -247,9 +249,11 @@ def check_row_sums(traces: list[AttentionTrace], kind: str, pad_id: int | None =
         dev = np.abs(p.sum(-1, dtype=np.float64) - 1.0)  # (L, H, Q)
         dev = np.where(np.isnan(dev), np.inf, dev)
         dev = np.where(q_real[None, None, :], dev, 0.0)
-        ly, h, q = np.unravel_index(int(np.argmax(dev)), dev.shape)
+        ly, h, q = (int(i) for i in np.unravel_index(int(np.argmax(dev)), dev.shape))
         if worst is None or dev[ly, h, q] > worst[0]:
             worst = (float(dev[ly, h, q]), b, int(ly), int(h), int(q))
+    if worst is None:
+        raise ValueError("no traces to check")
     dev, b, ly, h, q = worst
     if dev > ROW_SUM_TOL:  # only then does the maps' precision matter
         precision, tol = map_precision(traces[b].probs(kind))
@@ -282,10 +286,10 @@ def check_fully_masked(traces: list[AttentionTrace], kind: str, pad_id: int | No
         q_real, exp = expected_mask(tr, kind, pad_id)
         mask = tr.mask(kind) if tr.mask(kind) is not None else exp
         p = tr.probs(kind)
-        for q in np.nonzero(~mask.any(-1))[0]:
+        for q in (int(i) for i in np.nonzero(~mask.any(-1))[0]):
             what = _produced(p[:, :, q, :])
             if q_real[q]:
-                real_rows.append((b, int(q), what))
+                real_rows.append((b, q, what))
             else:
                 pad_rows[what] = pad_rows.get(what, 0) + 1
     pad_txt = ", ".join(f"{n} -> {w}" for w, n in pad_rows.items())
@@ -383,7 +387,7 @@ def check_special_tokens(traces: list[AttentionTrace], kind: str, pad_id: int | 
         if not np.isfinite(m).all():
             parts.append(f"{g} NaN")
             continue
-        ly, h = np.unravel_index(int(np.argmax(m)), m.shape)
+        ly, h = (int(i) for i in np.unravel_index(int(np.argmax(m)), m.shape))
         parts.append(f"{g} {m.mean():.2f} (max {m[ly, h]:.2f} at layer {ly} head {h})")
     return Verdict(
         f"special_tokens[{kind}]", True, "mean mass on " + ", ".join(parts), status="info", kind=kind
@@ -399,7 +403,7 @@ def static_checks(
     """Every static check for every kind of a batch of traces (one per sequence)."""
     if not traces:
         raise ValueError("no traces to audit")
-    out = []
+    out: list[Verdict] = []
     for check in STATIC_CHECKS:
         out.extend(check(traces, kind, pad_id) for kind in traces[0].kinds)
     out.append(check_finite(traces))
