@@ -16,6 +16,7 @@ A leak test passes when no real-position output moves by more than LEAK_TOL (flo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -49,6 +50,21 @@ class ProbeBatch:
     tgt_real: torch.Tensor | None = None
     extra_pad: int = 0
 
+    @property
+    def n(self) -> int:
+        """Sequences in the batch."""
+        ids = self.src if self.src is not None else self.tgt
+        if ids is None:
+            raise ValueError("a probe batch needs a source or a target")
+        return ids.shape[0]
+
+    def side(self, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, real) of ``side`` ("src" or "tgt"); ValueError when the batch has none."""
+        ids, real = (self.src, self.src_real) if side == "src" else (self.tgt, self.tgt_real)
+        if ids is None or real is None:
+            raise ValueError(f"this batch has no {side} sequence")
+        return ids, real
+
     def call(self, fwd: ForwardFn, src=None, tgt=None, rows=None) -> dict[str, torch.Tensor]:
         sel = (lambda t: t) if rows is None else (lambda t: None if t is None else t[rows])
         return fwd(
@@ -67,10 +83,11 @@ def batch_from_traces(
 
     def stack(side: str) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
         ids = [tr.src_ids if side == "src" else tr.tgt_ids for tr in traces]
-        if ids[0] is None or len(ids[0]) == 0:
+        present = [i for i in ids if i is not None]
+        if len(present) < len(ids) or len(present[0]) == 0:
             return None, None
         real = torch.tensor(np.stack([real_positions(tr, side, pad_id) for tr in traces]))
-        return torch.tensor(np.stack(ids), dtype=torch.long), real
+        return torch.tensor(np.stack(present), dtype=torch.long), real
 
     src, src_real = stack("src")
     tgt, tgt_real = stack("tgt")
@@ -156,7 +173,7 @@ def _blame(traces, kind: str, b: int, q: int, keys: list[int]) -> tuple[int, int
 
 
 def _pool(
-    ids: torch.Tensor, real: torch.Tensor, pad_id: int, vocab: int | None, skip: set[int]
+    ids: torch.Tensor, real: torch.Tensor, pad_id: int, vocab: int | None, skip: AbstractSet[int]
 ) -> torch.Tensor:
     """Token ids to write into positions: the model's vocabulary minus specials, else ids seen."""
     if vocab:
@@ -182,12 +199,12 @@ class _PadProbe:
 
 
 def _pad_probe(
-    batch: ProbeBatch, side: str, pad_id: int, vocab: int | None, skip_ids: set[int], seed: int = 0
+    batch: ProbeBatch, side: str, pad_id: int, vocab: int | None, skip_ids: AbstractSet[int], seed: int = 0
 ) -> _PadProbe | Verdict:
     """The rows of ``side`` with their PAD content changed, or the skip verdict when there is none."""
     name = f"padding_leak[{side}]"
     ids, real = (batch.src, batch.src_real) if side == "src" else (batch.tgt, batch.tgt_real)
-    if ids is None:
+    if ids is None or real is None:
         return Verdict(name, True, f"the model reads no {side} sequence", status="skip")
     pads = ~real
     pool = _pool(ids, real, pad_id, vocab, skip_ids)
@@ -208,8 +225,8 @@ def _run_probes(
     call (same kernels, same batch shape: no float noise between them), and a row without PAD is not
     run a second time. One sequence's outputs depend only on its own tokens in a sound model; one that
     mixes sequences fails ``batch_invariance``, which runs each sequence alone."""
-    n = (batch.src if batch.src is not None else batch.tgt).shape[0]
-    parts = {name: [t] for name, t in (("src", batch.src), ("tgt", batch.tgt), ("sr", batch.src_real),
+    n = batch.n
+    parts: dict[str, list[torch.Tensor | None]] = {name: [t] for name, t in (("src", batch.src), ("tgt", batch.tgt), ("sr", batch.src_real),
                                        ("tr", batch.tgt_real))}  # fmt: skip
     for p in probes:
         for name, t in (
@@ -219,7 +236,10 @@ def _run_probes(
             ("tr", batch.tgt_real),
         ):
             parts[name].append(None if t is None else (p.ids if name == p.side else t[p.rows]))
-    cat = {name: None if ts[0] is None else torch.cat(ts) for name, ts in parts.items()}
+    cat = {
+        name: None if ts[0] is None else torch.cat([t for t in ts if t is not None])
+        for name, ts in parts.items()
+    }
     out = fwd(cat["src"], cat["tgt"], cat["sr"], cat["tr"])
     base = {name: t[:n] for name, t in out.items()}
     alts, start = {}, n
@@ -244,6 +264,8 @@ def _padding_verdict(
         if worst is None or v > worst[0]:
             r, i = divmod(int(d.argmax()), d.shape[1])
             worst = (v, out_name, int(p.rows[r]), i)
+    if worst is None:
+        raise ValueError("the model gave no output to compare")
     v, out_name, b, i = worst
     if v <= LEAK_TOL:
         return Verdict(
@@ -254,7 +276,7 @@ def _padding_verdict(
         )
     where = f"{out_name} output at seq {b} position {i}"
     kind = "enc_self" if out_name == "enc" else ("cross" if side == "src" else "dec_self")
-    real = batch.src_real if side == "src" else batch.tgt_real
+    _, real = batch.side(side)
     pad_pos = [int(k) for k in torch.nonzero(~real[b]).flatten()]
     blame = _blame(traces, kind, b, i, pad_pos)
     extra = f"; {kind} layer {blame[0]} head {blame[1]} puts {blame[2]:.3g} on PAD there" if blame else ""
@@ -266,7 +288,7 @@ def _padding_verdict(
 
 def check_padding_leak(
     fwd: ForwardFn, batch: ProbeBatch, side: str, pad_id: int, traces=(), vocab: int | None = None,
-    skip_ids: set[int] = frozenset(), seed: int = 0,
+    skip_ids: AbstractSet[int] = frozenset(), seed: int = 0,
 ) -> Verdict:  # fmt: skip
     """Change what sits in the PAD positions of ``side``; real-position outputs must not move. The
     changed rows run in one call with the unchanged batch (``_run_probes``)."""
@@ -279,11 +301,11 @@ def check_padding_leak(
 
 def check_causal_leak(
     fwd: ForwardFn, batch: ProbeBatch, pad_id: int, traces=(), vocab: int | None = None,
-    skip_ids: set[int] = frozenset(), seed: int = 0,
+    skip_ids: AbstractSet[int] = frozenset(), seed: int = 0,
 ) -> Verdict:  # fmt: skip
     """Change each future target token; decoder outputs at earlier positions must not move."""
     name = "causal_leak"
-    if batch.tgt is None:
+    if batch.tgt is None or batch.tgt_real is None:
         return Verdict(name, True, "the model has no decoder", status="skip")
     tgt, real = batch.tgt, batch.tgt_real
     pool = _pool(tgt[:, 1:], real[:, 1:], pad_id, vocab, skip_ids)
@@ -294,7 +316,7 @@ def check_causal_leak(
         pick = np.linspace(0, len(pairs) - 1, MAX_VARIANTS).round().astype(int)
         pairs = [pairs[i] for i in sorted(set(pick))]
     g = torch.Generator().manual_seed(seed)
-    worst = (0.0, None)
+    worst: tuple[float, tuple[int, int, int] | None] = (0.0, None)
     for start in range(0, len(pairs), CHUNK):
         chunk = pairs[start : start + CHUNK]
         rows = torch.tensor([b for b, _ in chunk], device=tgt.device)
@@ -330,13 +352,13 @@ def check_causal_leak(
 
 def _alone_inputs(batch: ProbeBatch) -> list[tuple[list, dict[str, int]]]:
     """Per sequence: [src, src_real, tgt, tgt_real] trimmed to its real tokens, and its real lengths."""
-    n_seq = (batch.src if batch.src is not None else batch.tgt).shape[0]
+    n_seq = batch.n
     out = []
     for b in range(n_seq):
         lens: dict[str, int] = {}
         parts: list = []
         for side, ids, real in (("src", batch.src, batch.src_real), ("tgt", batch.tgt, batch.tgt_real)):
-            if ids is None:
+            if ids is None or real is None:
                 parts += [None, None]
                 continue
             n = int(real[b].sum())
@@ -349,7 +371,7 @@ def _alone_inputs(batch: ProbeBatch) -> list[tuple[list, dict[str, int]]]:
 def _same_call(batch: ProbeBatch, lens: dict[str, int]) -> bool:
     """One sequence with no PAD column: alone it is the very call that gave the batch's outputs (same
     ids, same shapes, so the same numbers): the comparison is exact without running it again."""
-    n_seq = (batch.src if batch.src is not None else batch.tgt).shape[0]
+    n_seq = batch.n
     return n_seq == 1 and all(
         ids is None or n == ids.shape[1]
         for ids, n in ((batch.src, lens.get("enc")), (batch.tgt, lens.get("dec")))
@@ -399,7 +421,7 @@ def check_batch_invariance(
 
 
 def dynamic_checks(fwd: ForwardFn | None, batch: ProbeBatch | None, pad_id: int, traces=(),
-                   vocab: tuple[int | None, int | None] = (None, None), skip_ids: set[int] = frozenset(),
+                   vocab: tuple[int | None, int | None] = (None, None), skip_ids: AbstractSet[int] = frozenset(),
                    masks_from_ids: bool = False, concurrent: bool = False) -> list[Verdict]:  # fmt: skip
     """finite_outputs, batch_invariance, causal_leak (future invariance), padding_leak[src/tgt]
     (skipped for models that compute their masks from the ids: a changed PAD id is no longer PAD).
@@ -434,7 +456,7 @@ def dynamic_checks(fwd: ForwardFn | None, batch: ProbeBatch | None, pad_id: int,
             if concurrent
             else None
         )
-        n = (batch.src if batch.src is not None else batch.tgt).shape[0]
+        n = batch.n
         if sum(len(p.rows) for p in probes) <= n:
             base, alts = _run_probes(fwd, batch, probes)
         else:  # each side's changed batch runs on its own, the same shape as the unchanged one
