@@ -78,6 +78,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -319,7 +320,7 @@ class _Session:
     # -- module path ----------------------------------------------------------------------------------
     def path(self) -> str:
         """Module path of the innermost model module whose code is running (from the call stack)."""
-        frame = sys._getframe(2)
+        frame: FrameType | None = sys._getframe(2)
         while frame is not None:
             obj = frame.f_locals.get("self")
             if obj is not None and id(obj) in self.names and isinstance(obj, nn.Module):
@@ -643,8 +644,9 @@ class _Session:
         if tag is not None and tag.allowed is not None:
             full = tag.allowed.expand(shape)
             allowed = layout.bhqk(full if perm is None else full.permute(perm))
-        rec = self._record(path, layout.bhqk(out), layout.bhqk(scores.detach()), allowed, "softmax",
-                           tag.mask_source if allowed is not None else None, cross, ext=ext)  # fmt: skip
+        source = tag.mask_source if tag is not None and allowed is not None else None
+        rec = self._record(path, layout.bhqk(out), layout.bhqk(scores.detach()), allowed, "softmax", source, cross,
+                           ext=ext)  # fmt: skip
         if rec is not None and perm is None:  # follow the weights: a masked renormalization replaces them
             layout.record = rec
             self.set(out, _Tag(None, tag.origin if tag is not None else frozenset(), probs=layout))
@@ -714,9 +716,10 @@ class _Session:
     def _update_record(self, p: _Probs, **changes) -> None:
         """The record these weights were recorded as, with ``changes`` (it is still the one in
         ``cap.records``: a record joined with the next head's is left alone)."""
-        i = next((i for i, r in enumerate(self.cap.records) if r is p.record), None)
-        if i is not None:
-            self.cap.records[i] = replace(p.record, **changes)
+        rec = p.record
+        i = next((i for i, r in enumerate(self.cap.records) if r is rec), None)
+        if i is not None and rec is not None:
+            self.cap.records[i] = replace(rec, **changes)
             p.record = self.cap.records[i]
 
     def _replace_probs(self, p: _Probs, out: torch.Tensor) -> None:
@@ -724,11 +727,11 @@ class _Session:
         self._update_record(p, probs=p.bhqk(out.detach()))
 
     def _renormalized(self, p: _Probs, out: torch.Tensor) -> None:
-        if not any(r is p.record for r in self.cap.records):
+        rec, multiplier = p.record, p.allowed
+        if rec is None or multiplier is None or not any(r is rec for r in self.cap.records):
             return
-        rec = p.record
         probs = p.bhqk(out.detach())
-        allowed = p.bhqk(p.allowed.expand(out.shape))
+        allowed = p.bhqk(multiplier.expand(out.shape))
         mask = allowed.all(dim=1)
         differ = rec.head_masks_differ or not bool((allowed == mask[:, None]).all())
         source = rec.mask_source
@@ -942,7 +945,7 @@ def _heads_joined(a: Record, b: Record, name: str) -> Record:
         name,
         a.kind,
         torch.cat([a.probs, b.probs], dim=1),
-        None if a.scores is None else torch.cat([a.scores, b.scores], dim=1),
+        None if a.scores is None or b.scores is None else torch.cat([a.scores, b.scores], dim=1),
         mask,
         a.source,
         a.mask_source,
