@@ -74,6 +74,21 @@ def launch_chromium(playwright):
     return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
 
 
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> bool:
+    """Whether the server at ``url`` answers its health check before ``timeout`` s (False as soon as
+    ``proc`` exits)."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.3)
+    return False
+
+
 @contextlib.contextmanager
 def app_server(
     app: Path = APP,
@@ -110,18 +125,9 @@ def app_server(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log.read_text(errors="replace")[-3000:] if log else ""
-                raise RuntimeError(f"streamlit did not start (exit {proc.poll()}):\n{tail}")
-            time.sleep(0.3)
+        if not wait_healthy(url, proc, timeout):
+            tail = log.read_text(errors="replace")[-3000:] if log else ""
+            raise RuntimeError(f"streamlit did not start (exit {proc.poll()}):\n{tail}")
         yield url, proc
     finally:
         proc.terminate()

@@ -202,13 +202,7 @@ class BertEncoderModel(LoadedModel):
         n_unk = sum(i == tok.unk_id for i in ids)
         if n_unk:
             warnings.append(f"{n_unk} piece(s) unknown to the vocabulary became [UNK]")
-        limit = self.max_src_tokens
-        if len(ids) > limit:
-            if not truncate:
-                raise InputError(f"the input has {len(ids)} tokens; this model takes at most {limit}")
-            warnings.append(f"input truncated from {len(ids)} to {limit} tokens (the model's maximum)")
-            ids = ids[:limit]
-        return Prepared([tok.cls_id, *ids, tok.sep_id], warnings)
+        return Prepared([tok.cls_id, *self._fit(ids, truncate, warnings), tok.sep_id], warnings)
 
     def prepare_target(self, text: str, truncate: bool = False) -> Prepared:
         raise InputError("this model has no decoder, so it takes no target text")

@@ -8,10 +8,11 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import tomllib
 import urllib.request
 from pathlib import Path
+
+from bench import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).parent / "attnscope"
@@ -82,15 +83,8 @@ def test_attnscope_run_serves_the_dashboard_from_another_folder(tmp_path):
     proc = subprocess.Popen([str(SCRIPT), "run", "--port", str(port)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
-        deadline, health = time.monotonic() + 90, ""
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                    health = r.read().decode()
-                break
-            except OSError:
-                time.sleep(0.5)
-        assert health == "ok", f"no dashboard on port {port}; exit code {proc.poll()}"
+        url = f"http://127.0.0.1:{port}"
+        assert harness.wait_healthy(url, proc, 90), f"no dashboard on port {port}; exit code {proc.poll()}"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
             assert "<title>Streamlit</title>" in r.read().decode() or r.status == 200
     finally:

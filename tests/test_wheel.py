@@ -13,8 +13,6 @@ import os
 import subprocess
 import sys
 import sysconfig
-import time
-import urllib.request
 import venv
 import zipfile
 from pathlib import Path
@@ -153,15 +151,7 @@ def test_attnscope_run_serves_a_page(wheel_env):
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline, health = time.monotonic() + 90, ""
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    health = r.read().decode()
-                break
-            except OSError:
-                time.sleep(0.5)
-        assert health == "ok", f"no dashboard on port {port}; exit code {proc.poll()}"
+        assert harness.wait_healthy(url, proc, 90), f"no dashboard on port {port}; exit code {proc.poll()}"
         problem = harness.chromium_problem()
         if problem and os.environ.get("ATTNSCOPE_REQUIRE_BROWSER") == "1":
             pytest.fail(f"ATTNSCOPE_REQUIRE_BROWSER=1 but {problem}")

@@ -196,14 +196,18 @@ class LoadedModel:
             allowed = "".join(t for t in self.src_tok.itos[4:] if len(t) == 1)
             hint = f" (this model reads: {allowed[:80]})" if allowed else ""
             raise InputError(f"unknown characters in the input, {exc}{hint}") from exc
-        warnings = []
+        warnings: list[str] = []
+        return Prepared(self._fit(ids, truncate, warnings) + [self.cfg.eos_id], warnings)
+
+    def _fit(self, ids: list[int], truncate: bool, warnings: list[str]) -> list[int]:
+        """``ids`` within ``max_src_tokens``: cut with a warning (``truncate``), else an InputError."""
         limit = self.max_src_tokens
-        if len(ids) > limit:
-            if not truncate:
-                raise InputError(f"the input has {len(ids)} tokens; this model takes at most {limit}")
-            warnings.append(f"input truncated from {len(ids)} to {limit} tokens (the model's maximum)")
-            ids = ids[:limit]
-        return Prepared(ids + [self.cfg.eos_id], warnings)
+        if len(ids) <= limit:
+            return ids
+        if not truncate:
+            raise InputError(f"the input has {len(ids)} tokens; this model takes at most {limit}")
+        warnings.append(f"input truncated from {len(ids)} to {limit} tokens (the model's maximum)")
+        return ids[:limit]
 
     def prepare_target(self, text: str, truncate: bool = False) -> Prepared:
         if self.tgt_tok is None:
