@@ -93,6 +93,8 @@ def test_the_wheel_installs_only_attnscope_at_the_top_level(wheel_env):
         "attnscope/core/families/capture.py",
         "attnscope/dashboard/app.py",
         "attnscope/dashboard/server.toml",
+        "attnscope/dashboard/static/vendor/require-2.3.6.js",  # bertviz offline
+        "attnscope/dashboard/static/favicon.png",
         "attnscope/dashboard/app_pages/attention.py",
         "attnscope/models/reverse/model.safetensors",
         "attnscope/models/reverse/snapshots/",
