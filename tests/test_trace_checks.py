@@ -10,6 +10,8 @@ import zipfile
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from attnscope.core.errors import TraceFormatError
 from attnscope.core.traces import trace_io
@@ -172,6 +174,7 @@ def test_files_are_written_in_the_documented_layout(trace, tmp_path):
     import zipfile
 
     header = {k: trace.header()[k] for k in ("model", "config_name", "device", "output_text", "meta")}
+    header["format"] = trace_io.FORMAT_VERSION  # files carry their format's version
     arrays = trace.to_numpy()
     for data in (trace.save(tmp_path / "t.npz").read_bytes(), trace.to_npz_bytes()):
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
@@ -192,3 +195,110 @@ def test_files_are_written_in_the_documented_layout(trace, tmp_path):
             assert doc[name] == value.tolist(), name
     with pytest.raises(TraceFormatError, match="must end in .npz or .json"):
         trace.save(tmp_path / "t.pkl")
+
+
+# -- files that try to cost more than they are worth --------------------------------------------------
+
+
+def _member(name: str, arr: np.ndarray | None = None, header: dict | None = None) -> tuple[str, bytes]:
+    item = io.BytesIO()
+    if arr is not None:
+        np.lib.format.write_array(item, arr, allow_pickle=False)
+    else:
+        np.lib.format.write_array_header_1_0(item, header)
+    return f"{name}.npy", item.getvalue()
+
+
+def _zip(members: list[tuple[str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members:
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def test_a_member_that_unpacks_far_past_its_trace_is_refused_before_it_is_read(trace, monkeypatch):
+    """A mask of zeros declared 6,000 x 6,000 (288 MB unpacked, a few hundred KB in the zip) beside a
+    trace of a few tokens: refused from its .npy header, and numpy never reads a member's data."""
+    arrays, header = _fields(trace)
+    members = [_member(k, v) for k, v in arrays.items() if k != "enc_self_mask"]
+    members.append(_member("header", np.array(json.dumps(header))))
+    members.append(_member("enc_self_mask", np.zeros((6000, 6000), dtype=np.int64)))
+    data = _zip(members)
+    assert len(data) < 2**20
+    read = []
+    monkeypatch.setattr(np.lib.format, "read_array", lambda *a, **k: read.append(1))
+    msg = _refused(data, "bomb.npz", "enc_self_mask declares 6000x6000", "more than a trace of")
+    assert read == [] and "MB" in msg
+
+
+def test_members_outside_the_format_and_newer_versions_are_refused(trace):
+    arrays, header = _fields(trace)
+    members = [_member(k, v) for k, v in arrays.items()] + [_member("header", np.array(json.dumps(header)))]
+    _refused(_zip([*members, _member("payload", np.zeros(3))]), "extra.npz", "'payload.npy'", "not a member")
+    _refused(_zip([*members, ("notes.txt", b"hi")]), "extra.npz", "'notes.txt'")
+    newer = [m for m in members if m[0] != "header.npy"] + [
+        _member("header", np.array(json.dumps({**header, "format": 99})))
+    ]
+    _refused(_zip(newer), "new.npz", "trace format 99", "newer attnscope")
+    doc = json.loads(trace.to_json())
+    assert doc["format"] == trace_io.FORMAT_VERSION
+    _refused(json.dumps({**doc, "format": 99}).encode(), "new.json", "trace format 99")
+    _refused(json.dumps({**doc, "payload": [1, 2]}).encode(), "extra.json", "'payload'")
+    _refused(json.dumps({**doc, "format": "one"}).encode(), "odd.json", "not a version number")
+    old = {k: v for k, v in doc.items() if k != "format"}  # written before the format had a version
+    assert AttentionTrace.from_bytes(json.dumps(old).encode(), "old.json").kinds == trace.kinds
+
+
+def test_a_member_larger_than_the_zip_directory_says_is_refused(trace):
+    arrays, header = _fields(trace)
+    members = [_member(k, v) for k, v in arrays.items() if k != "enc_self"]
+    members.append(_member("header", np.array(json.dumps(header))))
+    head = {"descr": "<f4", "fortran_order": False, "shape": arrays["enc_self"].shape}
+    members.append(_member("enc_self", header=head))  # the header, and no data behind it
+    _refused(_zip(members), "short.npz", "'enc_self.npy'", "truncated")
+
+
+def test_json_nested_beyond_a_trace_is_one_sentence():
+    deep = "[" * 200_000 + "]" * 200_000
+    _refused(deep.encode(), "deep.json", "nests deeper than")
+    _refused(('{"src_tokens": ' + deep + "}").encode(), "deep.json", "nests deeper than")
+    _refused(
+        b'{"model": "' + b"[" * 50_000 + b'", "enc_self": []}', "str.json", "enc_self is"
+    )  # brackets in a string do not count
+
+
+# -- fuzz: any bytes are a trace, or one sentence ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def valid_files(trace):
+    return {"npz": trace.to_npz_bytes(), "json": trace.to_json().encode()}
+
+
+def _opens_or_one_sentence(data: bytes, name: str) -> None:
+    try:
+        AttentionTrace.from_bytes(data, name)
+    except TraceFormatError as exc:
+        msg = str(exc)
+        assert "\n" not in msg and len(msg) < 420, msg
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=4096), suffix=st.sampled_from([".npz", ".json"]))
+def test_random_bytes(data, suffix):
+    _opens_or_one_sentence(data, f"random{suffix}")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_truncated_and_mutated_valid_files(valid_files, data):
+    kind = data.draw(st.sampled_from(["npz", "json"]))
+    raw = bytearray(valid_files[kind])
+    if data.draw(st.booleans()):
+        raw = raw[: data.draw(st.integers(0, len(raw)))]
+    else:
+        for _ in range(data.draw(st.integers(1, 8))):
+            if raw:
+                raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    _opens_or_one_sentence(bytes(raw), f"fuzzed.{kind}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import zipfile
 import zlib
 from pathlib import Path
@@ -33,7 +34,16 @@ MAX_TRACE_VALUES = (
     160_000_000  # attention values over all kinds (a 12 x 12-head model at 1,024 tokens: 151 M)
 )
 MAX_TRACE_BYTES = 1 << 30  # a file opened from a path (uploads have the server's own limit)
+MAX_NPZ_BYTES = 2 << 30  # what a .npz's members may unpack to in all (the zip directory says, before reading)
 MAX_HEADER_CHARS = 1 << 20
+MAX_TOKEN_CHARS = 1024  # one token's text
+MAX_TOPK = 64  # predictions kept per position
+MAX_CLASSES = 100_000  # out_probs of a classifier
+MAX_JSON_DEPTH = 16  # a trace's JSON nests 5 deep (a [layer, head, query, key] list in the object)
+# The format's version, in the header of every file written, and the members each version may hold:
+# a reader refuses members it does not know and versions newer than it reads.
+FORMAT_VERSION = 1
+FORMAT_MEMBERS = {1: frozenset((*_TOKENS, *_ARRAYS, "header"))}
 PROB_TOL = 1e-3
 _STR_ARRAYS = ("topk_tokens",)
 
@@ -67,9 +77,17 @@ def _read_npz(source) -> tuple[Any, dict[str, np.ndarray]]:  # the header as par
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
         raise _Bad("the file is truncated or not a .npz archive") from exc
     with zf:
-        members = {}
-        for info in zf.infolist():
+        infos = zf.infolist()
+        known = set().union(*FORMAT_MEMBERS.values())
+        for info in infos:  # the zip directory first: nothing is decompressed for a member refused here
             key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            if key not in known or not info.filename.endswith(".npy"):
+                raise _Bad(f"it holds {info.filename!r}, which is not a member of the trace format")
+        if sum(i.file_size for i in infos) > MAX_NPZ_BYTES:
+            raise _Bad(f"its members unpack to more than {MAX_NPZ_BYTES / 2**20:,.0f} MB")
+        members = {}
+        for info in infos:
+            key = info.filename[:-4]
             try:
                 with zf.open(info) as fp:
                     shape, dtype = _npy_header(fp)
@@ -86,6 +104,9 @@ def _read_npz(source) -> tuple[Any, dict[str, np.ndarray]]:  # the header as par
         if "header" not in members:
             raise _Bad("it has no 'header' (the model, device and meta that trace.save writes)")
         _check_declared(members)
+        for info in infos:  # a member cannot hold more than the zip directory says it unpacks to
+            if _nbytes(*members[info.filename[:-4]]) > info.file_size:
+                raise _Bad(f"member {info.filename!r} declares more data than it holds (truncated)")
 
         def load(key: str) -> np.ndarray:
             try:
@@ -95,16 +116,38 @@ def _read_npz(source) -> tuple[Any, dict[str, np.ndarray]]:  # the header as par
                 raise _Bad(f"{key!r} is truncated or damaged") from exc
 
         header_text = str(load("header"))
+        try:
+            header = json.loads(header_text) if len(header_text) <= MAX_HEADER_CHARS else None
+        except (ValueError, RecursionError) as exc:
+            raise _Bad("its header is not JSON") from exc
+        allowed = FORMAT_MEMBERS[_version(header)]
+        extra = sorted(set(members) - allowed)
+        if extra:
+            raise _Bad(f"it holds {extra[0]!r}, which format {_version(header)} of traces does not have")
         arrays = {k: load(k) for k in members if k != "header"}
-    try:
-        header = json.loads(header_text) if len(header_text) <= MAX_HEADER_CHARS else None
-    except ValueError as exc:
-        raise _Bad("its header is not JSON") from exc
     return header, arrays
 
 
+def _version(header: Any) -> int:
+    """The format version a header declares (files written before versions existed are version 1)."""
+    version = header.get("format", 1) if isinstance(header, dict) else 1
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise _Bad(f"its header's format {version!r} is not a version number")
+    if version not in FORMAT_MEMBERS:
+        raise _Bad(
+            f"it is trace format {version}, written by a newer attnscope; this one reads format "
+            f"{max(FORMAT_MEMBERS)} and older"
+        )
+    return version
+
+
+def _nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
 def _check_declared(members: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
-    """Token counts and attention sizes from the .npy headers alone (before any data is read)."""
+    """Token counts, attention sizes and every other member's bytes from the .npy headers alone,
+    before any data is read: no member may declare more than a trace of these tokens can hold."""
     for name in _TOKENS:
         if name in members:
             shape = members[name][0]
@@ -122,18 +165,64 @@ def _check_declared(members: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Non
             values += int(np.prod(shape, dtype=np.int64)) if name in KINDS else 0
     if values > MAX_TRACE_VALUES:
         raise _Bad(f"it holds {values:,} attention values; attnscope opens at most {MAX_TRACE_VALUES:,}")
+    if not any(k in members for k in KINDS):
+        raise _Bad("it holds no attention (none of enc_self, dec_self, cross)")
+    for kind in KINDS:
+        if kind in members and members[kind][1].kind not in "fiu":
+            raise _Bad(f"{kind} must hold real numbers, got {members[kind][1]}")
+    n = max([1] + [members[t][0][0] for t in _TOKENS if t in members and len(members[t][0]) == 1])
+    for name, (shape, dtype) in members.items():
+        if name == "header":
+            limit = MAX_HEADER_CHARS * 4
+        elif name in _TOKENS:
+            limit = MAX_TRACE_TOKENS * MAX_TOKEN_CHARS * 4
+        elif name in KINDS or name.endswith("_scores"):
+            limit = values * 16  # float64, or complex (refused with its own sentence later)
+        elif name.endswith("_mask"):
+            limit = n * n * 8
+        elif name.startswith("topk"):
+            limit = n * MAX_TOPK * max(8, MAX_TOKEN_CHARS * 4 if name == "topk_tokens" else 8)
+        elif name == "out_probs":
+            limit = max(n, MAX_CLASSES) * 8
+        else:  # ids and real positions
+            limit = n * 8
+        if _nbytes(shape, dtype) > limit:
+            raise _Bad(
+                f"{name} declares {'x'.join(map(str, shape)) or 'a scalar'} {dtype} "
+                f"({_nbytes(shape, dtype) / 2**20:,.1f} MB), more than a trace of {n:,} tokens holds"
+            )
 
 
 # -- .json -----------------------------------------------------------------------------------------
 
 
+def _json_depth(text: str) -> int:
+    """How deep the document's arrays and objects nest (strings left out), without parsing it."""
+    raw = np.frombuffer(re.sub(r'"(?:\\.|[^"\\])*"', '""', text).encode(), dtype=np.uint8)
+    step = (raw == ord("[")).astype(np.int32) + (raw == ord("{")) - (raw == ord("]")) - (raw == ord("}"))
+    return int(np.cumsum(step, dtype=np.int64).max(initial=0))
+
+
 def _read_json(text: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    if _json_depth(text) > MAX_JSON_DEPTH:
+        raise _Bad(f"it nests deeper than {MAX_JSON_DEPTH} levels; a trace nests 5")
     try:
         doc = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise _Bad("it is truncated or not JSON") from exc
     if not isinstance(doc, dict):
         raise _Bad("it is not a JSON object with the trace's fields")
+    allowed = FORMAT_MEMBERS[_version(doc)] | {
+        "model",
+        "config_name",
+        "device",
+        "output_text",
+        "meta",
+        "format",
+    }
+    extra = sorted(set(doc) - allowed)
+    if extra:
+        raise _Bad(f"it holds {extra[0]!r}, which format {_version(doc)} of traces does not have")
     arrays: dict[str, np.ndarray] = {}
     for name in (*_TOKENS, *_ARRAYS, *_STR_ARRAYS):
         if name in doc and doc[name] is not None:
@@ -326,8 +415,12 @@ def read_path(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> AttentionTr
 
 def _npz_members(trace: AttentionTrace) -> dict[str, Any]:  # name -> array, for np.savez_compressed
     arrays = trace.to_numpy()
-    arrays["header"] = np.array(json.dumps(trace.header(), ensure_ascii=False))
+    arrays["header"] = np.array(json.dumps(_file_header(trace), ensure_ascii=False))
     return arrays
+
+
+def _file_header(trace: AttentionTrace) -> dict[str, Any]:
+    return {**trace.header(), "format": FORMAT_VERSION}
 
 
 def to_npz_bytes(trace: AttentionTrace) -> bytes:
@@ -339,7 +432,7 @@ def to_npz_bytes(trace: AttentionTrace) -> bytes:
 
 def to_json(trace: AttentionTrace) -> str:
     """The ``.json`` file's text: the header's keys and every array as nested lists."""
-    doc: dict[str, Any] = dict(trace.header())
+    doc: dict[str, Any] = _file_header(trace)
     for name, arr in trace.to_numpy().items():
         doc[name] = arr.tolist()
     return json.dumps(doc, ensure_ascii=False)
