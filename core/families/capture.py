@@ -87,6 +87,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from attnscope.core.families import lineage
+from attnscope.core.families.lineage import Layout, ScoreMap
 from attnscope.core.traces.trace import KINDS, AttentionTrace
 
 NEG = -1e4  # a fill / additive value at or below this masks a key
@@ -99,6 +101,9 @@ SUB = frozenset({"sub", "sub_", "__sub__", "__isub__", "subtract"})
 MUL = frozenset({"mul", "mul_", "__mul__", "__rmul__", "__imul__", "multiply"})
 DIV = frozenset({"div", "div_", "__truediv__", "__itruediv__", "true_divide", "divide"})
 CAT = frozenset({"cat", "concat", "concatenate", "hstack", "vstack"})
+CONV = frozenset({"conv1d", "conv2d", "conv3d"})
+# ops through which a tensor from outside the call (features, an image, hidden states) enters the model
+ENTRY = LINEAR | CONV | MATMUL | ADD | MUL | CAT | frozenset({"layer_norm", "stack"})
 IN_PLACE = frozenset({"masked_fill_", "__iadd__", "add_", "__isub__", "sub_", "__setitem__"})
 FILL = frozenset({"masked_fill", "masked_fill_"})
 CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})  # a dtype cast (of the weights, say)
@@ -129,13 +134,35 @@ class Record:
     )
     check: float | None = None  # SDPA: max |probs @ v - output| (how exactly the weights were recomputed)
     head_masks_differ: bool = False  # the mask was not the same for every head of a sequence
+    exact: bool = True  # the (batch, head, query, key) layout is known, not inferred
+    flag: str | None = None  # why the layout could not be verified (exact is False)
+    key_labels: tuple[str | None, ...] | None = None  # "<mem_k 0>" at learned keys, None at the tokens
+    query_labels: tuple[str | None, ...] | None = None  # the same for learned queries
+
+
+class _NoCode(Exception):
+    """An argument of a replayed op has no lineage codes."""
+
+
+@dataclass(frozen=True)
+class Note:
+    """A softmax (or attention call) that was not recorded, or a record that could not be verified."""
+
+    level: str  # "info" (not attention) | "warning" (could not verify)
+    module: str
+    shape: tuple[int, ...]
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.module or '(model)'} {tuple(self.shape)}: {self.reason}"
 
 
 @dataclass
 class Captured:
     records: list[Record] = field(default_factory=list)
     lengths: set[int] = field(default_factory=set)  # sequence lengths seen (token ids' dims, lengths=)
-    notes: list[str] = field(default_factory=list)  # what the capture could not follow
+    notes: list[str] = field(default_factory=list)  # warnings: what the capture could not follow or verify
+    skipped: list[Note] = field(default_factory=list)  # softmaxes that were not recorded, and why
 
     def kinds(self) -> tuple[str, ...]:
         found = {r.kind for r in self.records}
@@ -215,11 +242,16 @@ class _Tag:
     ext: bool = False  # scores: the keys extend the queries' own sequence (a KV cache): self-attention
     axes: tuple[str, ...] | None = None  # einsum scores: each dim's letter is in q (q), k (k) or both (s)
     probs: _Probs | None = None  # a recorded softmax's output (followed to a masked renormalization)
+    code: torch.Tensor | None = None  # lineage codes (same shape): source position and feature per element
+    smap: ScoreMap | None = None  # scores: which query and key every element holds (lineage)
+    rowq: torch.Tensor | None = None  # weights: the query code of every row (the key dim kept as 1)
+    attn_out: str | None = None  # weights times values: the module whose attention made it
 
     def derived(self, origin: frozenset) -> _Tag:
         """The tag of a tensor an op made from this one (dataclasses.replace is slower, on every op)."""
         return _Tag(self.role, origin, self.split, self.scores, self.allowed, self.mask_source, self.cross,
-                    self.heads, self.cache, self.ext, self.axes)  # fmt: skip
+                    self.heads, self.cache, self.ext, self.axes, None, None, self.smap, self.rowq,
+                    self.attn_out)  # fmt: skip
 
 
 @dataclass
@@ -233,9 +265,12 @@ class _Probs:
     ext: bool
     shape: tuple[int, ...] = ()  # the softmax output's
     allowed: torch.Tensor | None = None  # the 0/1 mask it was multiplied by (True = kept)
+    layout: Layout | None = None  # from lineage: exact, whatever the fold
 
     def bhqk(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor shaped like the softmax output -> (B, H, q, k) as in the record."""
+        if self.layout is not None:
+            return self.layout.bhqk(t)
         q, k = t.shape[-2], t.shape[-1]
         t4 = t.reshape(*self.heads, q, k) if t.dim() == 3 else t.reshape(t.shape[0], -1, q, k)
         return t4.transpose(0, 1) if self.transpose else t4
@@ -299,6 +334,11 @@ class _Session:
         self.head_group: tuple[str, int] | None = None  # (parent, index) of the last per-head module recorded
         self._tags: dict[int, tuple[weakref.ref, _Tag]] = {}
         cap.lengths.update(int(n) for n in (lengths or ()))
+        self.sources = lineage.Sources()
+        self.param_names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+        self._fixed_codes: dict[int, tuple[Any, torch.Tensor]] = {}  # params and tensors from outside
+        self.n_inputs = 0
+        self._seen: set[tuple[str, str]] = set()  # (module, reason) of notes given
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -372,8 +412,144 @@ class _Session:
             if self.first_len is None:
                 self.first_len = int(ids.shape[-1])
         if isinstance(out, torch.Tensor):
-            self.set(out, _Tag(origin=frozenset({self.n_embed})))
+            code = None
+            if isinstance(ids, torch.Tensor) and out.dim() == ids.dim() + 1:
+                start = self.sources.new(ids.numel(), "tokens", str(self.n_embed), self.n_embed)
+                code = lineage.fresh(start, tuple(ids.shape), int(out.shape[-1]), out.device)
+            self.set(out, _Tag(origin=frozenset({self.n_embed}), code=code))
             self.n_embed += 1
+
+    # -- lineage codes --------------------------------------------------------------------------------
+    def code_of(self, t: Any) -> torch.Tensor | None:
+        """The lineage codes of a tensor: its tag's; a parameter's rows; a tensor from outside the call."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        if not isinstance(t, nn.Parameter):
+            tag = self.tag(t)
+            if tag is not None:
+                return tag.code
+        entry = self._fixed_codes.get(id(t))
+        if entry is not None and entry[0]() is t:
+            return entry[1]
+        if not t.is_floating_point() or t.dim() == 0:
+            return None
+        lead = tuple(t.shape[:-1])
+        if isinstance(t, nn.Parameter):
+            name = self.param_names.get(id(t), "learned").rsplit(".", 1)[-1]
+            start = self.sources.new(math.prod(lead), "param", name)
+        else:
+            start = self.sources.new(math.prod(lead), "external", "input", ("in", self.n_inputs))
+            self.n_inputs += 1
+        code = lineage.fresh(start, lead, int(t.shape[-1]), t.device, raw=True)
+        self._fixed_codes[id(t)] = (weakref.ref(t), code)
+        return code
+
+    def _external(self, t: torch.Tensor) -> _Tag:
+        """Tag a tensor that enters the model from outside the call (its own origin and positions)."""
+        code = self.code_of(t)
+        entry = self.sources.items[-1] if code is not None else None
+        origin = frozenset({entry.origin}) if entry is not None and entry.kind == "external" else frozenset()
+        tag = _Tag(origin=origin, code=code)
+        self.set(t, tag)
+        return tag
+
+    def _op_code(self, name, func, args, kwargs, out, act) -> torch.Tensor | None:
+        """The codes of an op's output: replayed, kept, projected, or lost (None)."""
+        if name in LINEAR or name in CONV:
+            x = args[1] if name == "addmm" and len(args) > 1 else args[0] if args else None
+            xc = self.code_of(x)
+            if xc is None or name == "bilinear":
+                return None
+            if name in CONV:
+                return self._conv_code(x, xc, out)
+            if tuple(xc.shape[:-1]) != tuple(out.shape[:-1]):
+                return None
+            code, mixed = lineage.projected(xc, int(out.shape[-1]))
+            if mixed:
+                self._mixed(x)
+            return code
+        if name in lineage.KEEP and args and isinstance(args[0], torch.Tensor):
+            c = self.code_of(args[0])
+            if c is not None and tuple(c.shape) == tuple(out.shape):
+                return c.to(out.device) if c.device != out.device else c
+        if name in ("view_as_complex", "view_as_real") and args:
+            c = self.code_of(args[0])
+            if c is None:
+                return None
+            res = c[..., 0] if name == "view_as_complex" else torch.stack([c, c], -1)
+            return res if tuple(res.shape) == tuple(out.shape) else None
+        if name in lineage.REPLAY:
+            try:
+                coded = [self._coded(a) for a in args]
+                if name.endswith("_as") and len(args) > 1:
+                    coded[1] = args[1]  # only its shape is used
+                if name == "view":  # the codes may not be contiguous where the tensor was
+                    func = torch.Tensor.reshape
+                res = func(*coded, **kwargs)
+            except _NoCode:
+                return None
+            except Exception:
+                return None
+            if isinstance(res, torch.Tensor) and tuple(res.shape) == tuple(out.shape):
+                return res
+            return None
+        for t, g in act:  # position-wise: the first operand that has codes, broadcast to the output
+            if g.code is not None:
+                try:
+                    return g.code.expand(out.shape) if tuple(g.code.shape) != tuple(out.shape) else g.code
+                except RuntimeError:
+                    continue
+        return None
+
+    def _conv_code(self, x: torch.Tensor, xc: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+        """(B, C, *space) convolutions: a position-wise one keeps the positions; one that makes new
+        positions (patches of an image) starts them afresh, as a tensor from outside."""
+        if out.dim() != x.dim() or out.dim() < 3:
+            return None
+        space = tuple(out.shape[2:])
+        f = torch.arange(int(out.shape[1]), dtype=torch.int64, device=out.device).view(1, -1, *(1,) * len(space))
+        if space == tuple(x.shape[2:]) and not bool((xc & lineage.RAW).any()):
+            return ((xc[:, :1] >> lineage.SHIFT) << lineage.SHIFT) | f
+        tag = self.tag(x)
+        label = "patches" if tag is None or not tag.origin else "input"
+        start = self.sources.new(int(out.shape[0]) * math.prod(space), "external", label, ("in", self.n_inputs))
+        self.n_inputs += 1
+        pos = start + torch.arange(int(out.shape[0]) * math.prod(space), device=out.device).view(
+            out.shape[0], 1, *space
+        )
+        return (pos << lineage.SHIFT) | f
+
+    def _coded(self, a: Any) -> Any:
+        """An op's argument with every floating tensor replaced by its codes."""
+        if isinstance(a, torch.Tensor):
+            if not a.is_floating_point():
+                return a
+            c = self.code_of(a)
+            if c is None:
+                raise _NoCode
+            return c
+        if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a):
+            return type(a)(self._coded(x) for x in a)
+        return a
+
+    def _mixed(self, x: Any) -> None:
+        """A projection read rows whose features come from several positions: when they are
+        attention's output, its heads were merged back in another order than they were split."""
+        tag = self.tag(x)
+        if tag is not None and tag.attn_out is not None:
+            self.warn(tag.attn_out, tuple(x.shape), "its heads are merged back in another order than they were "
+                      "split: each output row mixes several positions (a fold and unfold that do not match)")  # fmt: skip
+
+    def warn(self, module: str, shape: tuple[int, ...], reason: str) -> None:
+        note = Note("warning", module, tuple(int(n) for n in shape), reason)
+        if (module, reason) not in self._seen:
+            self._seen.add((module, reason))
+            self.cap.notes.append(str(note))
+
+    def skip(self, module: str, shape: tuple[int, ...], reason: str) -> None:
+        if (module, reason) not in self._seen:
+            self._seen.add((module, reason))
+            self.cap.skipped.append(Note("info", module, tuple(int(n) for n in shape), reason))
 
     def propagate(self, name, func, args, kwargs, out, pre) -> None:
         outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
@@ -381,6 +557,12 @@ class _Session:
             return
         ins = _tensors(args, kwargs)
         tags = [self.tag(t) for t in ins]
+        if name in ENTRY and not any(g is not None and g.role != "param" for g in tags):
+            outside = next((t for t, g in zip(ins, tags, strict=True) if g is None and t.is_floating_point()
+                            and t.dim() >= 2 and not isinstance(t, nn.Parameter)), None)  # fmt: skip
+            if outside is not None and (name in LINEAR or name in CONV or name in MATMUL or len(tags) > 1):
+                self._external(outside)  # features, an image, hidden states from outside the call
+                tags = [self.tag(t) for t in ins]
         known = [(t, g) for t, g in zip(ins, tags, strict=True) if g is not None]
         if not known:
             return
@@ -389,13 +571,22 @@ class _Session:
         if not isinstance(out, torch.Tensor):  # split / chunk / unbind: the pieces keep role and origin
             role = act[0][1].role if act else "param"
             heads, cache = (act[0][1].heads, act[0][1].cache) if act else (None, False)
-            for o in outs:
-                self.set(o, _Tag(role, origin, heads=heads, cache=cache))
+            codes: list[Any] = [None] * len(outs)
+            if act and name in lineage.REPLAY and args and args[0] is act[0][0]:
+                try:
+                    res = func(*[self._coded(a) for a in args], **kwargs)
+                    if len(res) == len(outs) and all(tuple(c.shape) == tuple(o.shape) for c, o in zip(res, outs, strict=True)):
+                        codes = list(res)
+                except Exception:
+                    pass
+            for o, c in zip(outs, codes, strict=True):
+                self.set(o, _Tag(role, origin, heads=heads, cache=cache, code=c))
             return
         if name in MATMUL and len(ins) >= 2:
             new = self._matmul(name, args, kwargs, ins, tags, out, origin)
         elif name in LINEAR:  # position-wise: a cache joined before the projection (Transformer-XL) stays one
             new = _Tag("linear", origin, cache=any(g.cache for _, g in act))
+            new.code = self._op_code(name, func, args, kwargs, out, act)
         elif not act:
             new = _Tag("param")
         elif act[0][1].probs is not None and self._probs_step(name, args, out, act[0][0], act[0][1]):
@@ -409,6 +600,7 @@ class _Session:
                 self._reshaped(base_t, base, out, new)
             if tuple(out.shape) != tuple(base_t.shape):
                 new.axes = None
+                new.rowq = None
             if (
                 name in CAT
                 and (len(ins) > len(known) or len({g.origin for _, g in known}) > 1)
@@ -417,8 +609,39 @@ class _Session:
                 new.cache = True  # joined to positions from outside this call or other inputs (a KV cache)
             if base.role == "scores":
                 self._mask_step(name, func, args, kwargs, out, base_t, base, new, pre)
+                new.smap = self._score_map_step(name, func, args, kwargs, out, base_t, base.smap)
+            else:
+                new.code = self._op_code(name, func, args, kwargs, out, act)
         for o in outs:
             self.set(o, new)
+
+    def _score_map_step(self, name, func, args, kwargs, out, base_t, smap: ScoreMap | None) -> ScoreMap | None:
+        """Carry the score map through an op on the scores: same shape keeps it, data movement is
+        chained (replayed at the softmax), anything else breaks it with a reason."""
+        if smap is None or smap.broken:
+            return smap
+        if tuple(out.shape) == tuple(base_t.shape) and (name not in lineage.REPLAY or name in lineage.KEEP
+                                                         or name in ("contiguous", "clone", "detach")):
+            return smap  # fmt: skip
+        if name in lineage.REPLAY and args and args[0] is base_t:
+            rest = tuple(a.shape if name.endswith("_as") and isinstance(a, torch.Tensor) else a for a in args[1:])
+            if name.endswith("_as"):
+                fn, nm = getattr(torch.Tensor, name[: -len("_as")]), name[: -len("_as")]
+            elif name == "view":  # the index tensor may not be contiguous where the scores were
+                fn, nm = torch.Tensor.reshape, name
+            else:
+                fn, nm = func, name
+            if any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in rest):
+                return smap.fail(f"{name} with a tensor argument on the scores could not be followed")
+            return smap.then((nm, fn, rest, dict(kwargs)))
+        try:
+            torch.broadcast_shapes(tuple(base_t.shape), tuple(out.shape))
+            if torch.broadcast_shapes(tuple(base_t.shape), tuple(out.shape)) == tuple(out.shape):
+                shape = tuple(out.shape)
+                return smap.then(("broadcast", lambda t, shape=shape: t.expand(shape), (), {}))
+        except RuntimeError:
+            pass
+        return smap.fail(f"{name} changed the scores' shape in a way capture does not follow")
 
     def _reshaped(self, base_t, base, out, new) -> None:
         """A view that splits the features into (heads, d) names the head count; 4-D -> 3-D folds two dims."""
@@ -455,8 +678,13 @@ class _Session:
         else:
             ops, op_tags = ins, tags
         if any(g is not None and g.role == "param" for g in op_tags):
-            return _Tag("linear", origin)
+            new = _Tag("linear", origin)
+            if len(ops) == 2 and op_tags[1] is not None and op_tags[1].role == "param" and name != "einsum":
+                new.code = self._op_code("linear", None, (ops[0],), {}, out, [])  # x @ W
+            return new
         first = op_tags[0] if op_tags else None
+        if first is not None and (first.rowq is not None or first.probs is not None):
+            return self._weighted(ops, first, out, origin)
         split = (
             first.split
             if first is not None and out.dim() == 3 and ops[0].dim() == 3 and ops[0].shape[0] == out.shape[0]
@@ -465,6 +693,7 @@ class _Session:
         new = _Tag("scores", origin, split, heads=first.heads if first is not None else None)
         if name == "einsum" and args and isinstance(args[0], str) and out.dim() >= 3:
             new.axes = _einsum_axes(args[0], out.dim())
+        new.smap = self._product_map(name, args, ops, out)
         if len(op_tags) >= 2 and op_tags[0] is not None and op_tags[1] is not None:
             qo, ko = op_tags[0].origin, op_tags[1].origin
             if qo and ko:
@@ -481,6 +710,37 @@ class _Session:
                         new.scores = torch.baddbmm(bias.detach().masked_fill(masked, 0), ops[0].detach(),
                                                    ops[1].detach(), beta=beta, alpha=alpha)  # fmt: skip
                     new.allowed, new.mask_source = ~masked, "additive"
+        return new
+
+    def _product_map(self, name, args, ops, out) -> ScoreMap | None:
+        """Which query and key every element of a product of two activations holds (lineage)."""
+        if len(ops) != 2 or out.dim() < 2:
+            return None
+        a, b = self.code_of(ops[0]), self.code_of(ops[1])
+        if a is None or b is None:
+            return None
+        if name == "einsum":
+            return lineage.einsum_map(args[0], a, b, out) if isinstance(args[0], str) else None
+        if ops[0].dim() < 2 or ops[1].dim() < 2 or tuple(a.shape) != tuple(ops[0].shape):
+            return None
+        if name in ("__rmatmul__",):
+            a, b = b, a
+        return lineage.matmul_map(a, b, out)
+
+    def _weighted(self, ops, first: _Tag, out, origin) -> _Tag:
+        """Weights times values: the output rows are the weights' queries, its features the values'."""
+        new = _Tag(None, origin, attn_out=first.attn_out)
+        vc = self.code_of(ops[1]) if len(ops) > 1 else None
+        rowq = first.rowq
+        if (rowq is None or vc is None or ops[0].dim() < 2 or ops[1].dim() < 2
+                or tuple(rowq.shape) != (*ops[0].shape[:-1], 1)):  # fmt: skip
+            return new
+        v, _ = lineage.reduced(vc, -2)  # (..., c): the values' features
+        try:
+            code = ((rowq >> lineage.SHIFT) << lineage.SHIFT) | (v & lineage.FEATURES).unsqueeze(-2)
+            new.code = code.expand(out.shape) if tuple(code.shape) != tuple(out.shape) else code
+        except RuntimeError:
+            pass
         return new
 
     def _mask_step(self, name, func, args, kwargs, out, base_t, base, new, pre) -> None:
@@ -567,7 +827,8 @@ class _Session:
             new.scores, new.allowed = None, None
 
     # -- recording -------------------------------------------------------------------------------------
-    def _record(self, path, probs, scores, allowed, source, mask_source, cross, check=None, ext=False):
+    def _record(self, path, probs, scores, allowed, source, mask_source, cross, check=None, ext=False,
+                layout: Layout | None = None, flag: str | None = None, key_labels=None):
         """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None. The new Record (None: joined)."""
         probs = probs.detach()
         differ = False
@@ -580,9 +841,11 @@ class _Session:
             mask_source = "zeros"
         else:
             mask = None
-        kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], mask, cross, ext)
+        kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], mask, cross, ext, exact=flag is None)
         scores = None if scores is None else scores.detach()
-        rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ)
+        rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
+                     layout.key_labels if layout is not None else key_labels,
+                     layout.query_labels if layout is not None else None)  # fmt: skip
         item = _HEAD_ITEM.match(path)
         group = (item["parent"], int(item["i"])) if item else None
         last = self.cap.records[-1] if self.cap.records else None
@@ -594,16 +857,21 @@ class _Session:
         self.cap.records.append(rec)
         return rec
 
-    def kind_of(self, path, lq, lk, mask, cross, ext=False) -> str:
+    def kind_of(self, path, lq, lk, mask, cross, ext=False, exact=False) -> str:
+        """The kind of an attention call. With lineage (``exact``), queries and keys from different
+        inputs are cross-attention whatever their lengths, and keys beyond the queries' own are a
+        cache; without it, names and lengths decide."""
         for pattern, kind in self.fixed.items():
             if pattern == path or fnmatch.fnmatchcase(path, pattern):
                 return kind
         low = path.lower()
-        if any(w in low for w in CROSS_WORDS):
+        if cross is None and any(w in low for w in CROSS_WORDS):
+            return "cross"
+        if cross:
             return "cross"
         if ext and lk > lq:  # keys = a KV cache (or a memory) then the queries' own keys: decoding
             return "dec_self"
-        if lq != lk or cross:
+        if not exact and lq != lk:
             return "cross"
         if mask is not None and lq > 1 and _is_causal_mask(mask):
             return "dec_self"
@@ -612,28 +880,76 @@ class _Session:
     def on_softmax(self, args, kwargs, out) -> None:
         x = args[0] if args else kwargs.get("input")
         dim = args[1] if len(args) > 1 else kwargs.get("dim")
-        if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor) or dim is None or x.dim() < 3:
+        if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
+            return
+        path = self.path()
+        shape = tuple(x.shape)
+        if dim is None:
+            self.skip(path, shape, "a softmax without a dim (over the whole tensor) is not attention")
+            return
+        if x.dim() < 2:
+            self.skip(path, shape, "a softmax over one vector is not attention")
+            return
+        dim = dim % x.dim()
+        if _matches(path, self.exclude):
+            self.skip(path, shape, "left out by exclude=")
             return
         tag = self.tag(x)
-        shape, perm = x.shape, None
-        if dim % x.dim() != x.dim() - 1:  # einsum scores laid out as (q, k, B, H) (Transformer-XL's "ijbn")
+        smap = tag.smap if tag is not None else None
+        why: str | None = None
+        if smap is not None:
+            found = lineage.decode(smap, shape, dim, self.sources)
+            if isinstance(found, Layout):
+                self._record_exact(path, x, out, tag, found)
+                return
+            why = found
+        self._record_guess(path, x, out, dim, tag, why)
+
+    def _record_exact(self, path, x, out, tag, layout: Layout) -> None:
+        """A softmax whose layout lineage found: recorded as it is, whatever the fold."""
+        scores = tag.scores if tag.scores is not None else x
+        allowed = layout.bhqk(tag.allowed.expand(x.shape)) if tag.allowed is not None else None
+        source = tag.mask_source if allowed is not None else None
+        rec = self._record(path, layout.bhqk(out), layout.bhqk(scores.detach()), allowed, "softmax", source,
+                           layout.cross, ext=layout.ext, layout=layout)  # fmt: skip
+        if rec is None:
+            return
+        b, h = rec.probs.shape[0], rec.probs.shape[1]
+        p = _Probs(rec, (int(b), int(h)), False, layout.cross, layout.ext, tuple(out.shape), layout=layout)
+        moved = out.movedim(layout.dim, -1).shape
+        rowq = layout.qcode.to(out.device).view(*moved[:-1], 1).movedim(-1, layout.dim)
+        self.set(out, _Tag(None, tag.origin, probs=p, rowq=rowq, attn_out=path))
+
+    def _record_guess(self, path, x, out, dim, tag, why) -> None:
+        """No lineage for this softmax: the shape rules decide, and a record is flagged as a guess."""
+        shape = tuple(x.shape)
+        if x.dim() < 3:
+            self.skip(path, shape, "a 2-D softmax is a distribution per row, not per-head attention")
+            return
+        perm = None
+        if dim != x.dim() - 1:  # einsum scores laid out as (q, k, B, H) (Transformer-XL's "ijbn")
             axes = tag.axes if tag is not None else None
-            if not axes or axes[dim % x.dim()] != "k" or sorted(axes) != ["k", "q", *["s"] * (x.dim() - 2)]:
+            if not axes or axes[dim] != "k" or sorted(axes) != ["k", "q", *["s"] * (x.dim() - 2)]:
+                self._unrecorded(path, shape, tag, why or "the softmax is not over the last axis, and lineage does "
+                                 "not say which axis holds the keys")  # fmt: skip
                 return
             perm = [i for i, a in enumerate(axes) if a == "s"] + [axes.index("q"), axes.index("k")]
             x, out = x.permute(perm), out.permute(perm)
-        path = self.path()
         role = tag.role if tag is not None else None
         ext = bool(tag is not None and tag.ext and x.shape[-1] > x.shape[-2])
-        if _matches(path, self.exclude):
-            return
         if not _matches(path, self.include):
             if role in ("linear", "param"):
+                self.skip(path, shape, "a softmax over a projection's output (a vocabulary, class or router "
+                          "distribution), not over query-key scores")  # fmt: skip
                 return
             lengths = self.cap.lengths
             if lengths and int(x.shape[-1]) not in lengths and not ext:  # ext: past + current keys
+                self._unrecorded(path, shape, tag, why or f"its last axis ({int(x.shape[-1])}) is not a sequence "
+                                 "length of this call")  # fmt: skip
                 return
             if not lengths and role != "scores":
+                self._unrecorded(path, shape, tag, why or "it is not made from a product of two activations "
+                                 "and no sequence length is known")  # fmt: skip
                 return
         cross = tag.cross if tag is not None else None
         layout = _Probs(None, *self._layout(x, tag), cross, ext, tuple(out.shape))
@@ -645,11 +961,22 @@ class _Session:
             full = tag.allowed.expand(shape)
             allowed = layout.bhqk(full if perm is None else full.permute(perm))
         source = tag.mask_source if tag is not None and allowed is not None else None
+        flag = why or "the queries' and keys' lineage was lost before the product, so the head and batch " \
+            "split comes from the shape"
         rec = self._record(path, layout.bhqk(out), layout.bhqk(scores.detach()), allowed, "softmax", source, cross,
-                           ext=ext)  # fmt: skip
+                           ext=ext, flag=flag)  # fmt: skip
+        self.warn(path, shape, f"could not verify: {flag}")
         if rec is not None and perm is None:  # follow the weights: a masked renormalization replaces them
             layout.record = rec
-            self.set(out, _Tag(None, tag.origin if tag is not None else frozenset(), probs=layout))
+            self.set(out, _Tag(None, tag.origin if tag is not None else frozenset(), probs=layout, attn_out=path))
+
+    def _unrecorded(self, path, shape, tag, reason) -> None:
+        """A softmax left out: a warning when it was made from a product of activations (it may be
+        attention), information otherwise."""
+        if tag is not None and tag.role == "scores":
+            self.warn(path, shape, f"not recorded: {reason}")
+        else:
+            self.skip(path, shape, reason)
 
     def _layout(self, x, tag) -> tuple[tuple[int, int], bool]:
         """(a, b) factors of the first dim of 3-D scores, and whether they are (H, B) (head-major);
@@ -766,10 +1093,18 @@ class _Session:
         vt = self.tag(value)
         if not isinstance(value, torch.Tensor) or vt is None or vt.role in ("param", "scores"):
             return
+        code = None
+        tc, vc = self.code_of(target), self.code_of(value)
+        if tc is not None and vc is not None:
+            try:
+                code = tc.clone()
+                code[index] = vc
+            except Exception:  # an index the codes cannot take: the lineage of the buffer is lost
+                code = None
         if t is None:  # a buffer that holds this call's keys (and maybe earlier ones)
-            self.set(target, _Tag(vt.role, vt.origin, heads=vt.heads, cache=True))
+            self.set(target, _Tag(vt.role, vt.origin, heads=vt.heads, cache=True, code=code))
         elif t.role != "param":
-            self.set(target, replace(t, origin=t.origin | vt.origin))
+            self.set(target, replace(t, origin=t.origin | vt.origin, code=code))
 
     def on_sdpa(self, args, kwargs, out) -> None:
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")

@@ -1,0 +1,346 @@
+"""Lineage codes: where every element of an activation came from, to split attention exactly.
+
+Capture gives each activation it follows an integer tensor of the same shape, its *code*: the
+high bits say which source position the element belongs to (a token of an embedding call, a
+position of a tensor that entered the forward from outside, a row of a learned parameter), the
+low bits which feature of the last projection it is. Data-movement ops (``view``, ``permute``,
+``chunk`` + ``cat``, ``repeat``, indexing, einops' ``rearrange``, ...) are replayed on the code
+as they run; position-wise ops (norms, activations, adds) keep it; a projection keeps the
+positions and numbers its output features afresh.
+
+At a product of two activations (``q @ k.T``, ``bmm``, ``einsum``) the operands' codes say,
+for every slice, which query position and which head (the first feature of the query's slice of
+the projection) it holds, and which key position. The ops between that product and the softmax
+are replayed once on an index tensor, so for every row of the softmax the capture knows exactly
+which sequence, head and query it is, and what each key is. Nothing about the layout is guessed:
+batch-major or head-major folds, keys-first layouts and learned keys all come out of the same
+bookkeeping, and what does not add up is reported with its reason instead of a picture.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+SHIFT = 24  # low bits: the feature index of the last projection
+FEATURES = (1 << SHIFT) - 1
+RAW = 1 << (SHIFT - 1)  # set on features that were never projected inside the capture (a tensor from outside)
+
+# ops that only move elements around: replayed on the code with the same arguments
+REPLAY = frozenset(
+    {"view", "reshape", "permute", "transpose", "t", "flatten", "unflatten", "squeeze", "unsqueeze",
+     "expand", "expand_as", "view_as", "reshape_as", "repeat", "repeat_interleave", "tile", "chunk", "split",
+     "tensor_split", "unbind", "cat", "concat", "concatenate", "stack", "hstack", "vstack", "__getitem__",
+     "narrow", "select", "movedim", "moveaxis", "swapaxes", "swapdims", "flip", "roll", "index_select",
+     "gather", "take_along_dim", "split_with_sizes", "unsafe_split", "unsafe_chunk", "dsplit", "hsplit",
+     "vsplit", "diagonal", "unfold", "as_strided", "broadcast_to", "contiguous", "clone", "detach"}
+)  # fmt: skip
+# ops whose output is the input's values in another dtype or place: the code is kept as it is
+KEEP = frozenset(
+    {"to", "type", "type_as", "float", "double", "half", "bfloat16", "cpu", "cuda", "contiguous", "clone",
+     "detach", "requires_grad_", "detach_"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Source:
+    """A run of positions: ``tokens`` (an embedding call's ids), ``param`` (rows of a learned tensor),
+    ``external`` (a tensor that entered the captured call from outside: inputs, a KV cache)."""
+
+    start: int
+    n: int
+    kind: str
+    label: str  # the parameter's attribute name; the embedding call's number; "input"
+    origin: Any = None  # the lineage origin the capture's tags use for these positions
+
+
+@dataclass
+class Sources:
+    items: list[Source] = field(default_factory=list)
+    end: int = 0
+
+    def new(self, n: int, kind: str, label: str, origin: Any = None) -> int:
+        start = self.end
+        self.items.append(Source(start, n, kind, label, origin))
+        self.end += max(int(n), 1)
+        if self.end >= 1 << (62 - SHIFT):
+            raise OverflowError("too many positions to follow")
+        return start
+
+    def index(self, pos: torch.Tensor) -> torch.Tensor:
+        """Source number of every position code."""
+        starts = torch.tensor([s.start for s in self.items], dtype=torch.int64, device=pos.device)
+        return torch.searchsorted(starts, pos.contiguous(), right=True) - 1
+
+
+def fresh(start: int, lead: tuple[int, ...], features: int, device, raw: bool = False) -> torch.Tensor:
+    """Codes of a tensor (*lead, features) whose positions are start, start + 1, ... (row-major)."""
+    pos = start + torch.arange(math.prod(lead), dtype=torch.int64, device=device).view(*lead, 1)
+    f = torch.arange(features, dtype=torch.int64, device=device)
+    return (pos << SHIFT) | (f | RAW if raw else f)
+
+
+def projected(code: torch.Tensor, features: int) -> tuple[torch.Tensor, bool]:
+    """Codes of a projection's output (the same positions, ``features`` new features), and whether
+    the input's rows mixed positions (the features of one row came from several positions)."""
+    pos = code[..., :1] >> SHIFT
+    mixed = code.shape[-1] > 1 and bool(((code >> SHIFT) != pos).any())
+    f = torch.arange(features, dtype=torch.int64, device=code.device)
+    return (pos << SHIFT) | f, mixed
+
+
+def reduced(code: torch.Tensor, dim: int) -> tuple[torch.Tensor, bool]:
+    """One code per slice along ``dim`` (the contracted features of a product): the position and
+    the first feature; and whether the slice held more than one position."""
+    low = code.amin(dim)
+    high = code.amax(dim)
+    return low, bool(((low >> SHIFT) != (high >> SHIFT)).any())
+
+
+Op = tuple[str, Callable[..., Any], tuple, dict]
+
+
+@dataclass
+class ScoreMap:
+    """Scores made by a product of two activations, in a canonical layout ``(*s, n, m)``: ``q``
+    (*s, n) holds the query code of every slice and row, ``k`` (*s, m) the key code of every
+    column; ``chain`` the data-movement ops from that layout to the tensor as it is now."""
+
+    shape: tuple[int, ...]
+    q: torch.Tensor
+    k: torch.Tensor
+    chain: tuple[Op, ...] = ()
+    broken: str | None = None
+
+    def then(self, op: Op) -> ScoreMap:
+        return ScoreMap(self.shape, self.q, self.k, (*self.chain, op), self.broken)
+
+    def fail(self, why: str) -> ScoreMap:
+        return ScoreMap(self.shape, self.q, self.k, self.chain, self.broken or why)
+
+
+def matmul_map(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> ScoreMap:
+    """a (..., n, c) @ b (..., c, m) -> the score map of out (..., n, m)."""
+    shape = tuple(out.shape)
+    q, mixed_q = reduced(a, -1)
+    k, mixed_k = reduced(b, -2)
+    lead = shape[:-2]
+    q = q.expand(*lead, q.shape[-1]) if q.dim() - 1 <= len(lead) else q
+    k = k.expand(*lead, k.shape[-1]) if k.dim() - 1 <= len(lead) else k
+    smap = ScoreMap(shape, q, k)
+    if mixed_q or mixed_k:
+        return smap.fail("the product multiplies features of different positions")
+    return smap
+
+
+def einsum_map(equation: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> ScoreMap | None:
+    """The score map of ``einsum(equation, a, b)`` when its output has one query letter (only in a),
+    one key letter (only in b) and shared letters (batch, heads); None otherwise."""
+    eq = equation.replace(" ", "")
+    if "->" not in eq or "." in eq:
+        return None
+    lhs, rhs = eq.split("->")
+    ops = lhs.split(",")
+    if len(ops) != 2 or len(rhs) != out.dim() or len(ops[0]) != a.dim() or len(ops[1]) != b.dim():
+        return None
+    la, lb = ops
+    qs = [c for c in rhs if c in la and c not in lb]
+    ks = [c for c in rhs if c in lb and c not in la]
+    ss = [c for c in rhs if c in la and c in lb]
+    if len(qs) != 1 or len(ks) != 1 or any(c not in la and c not in lb for c in rhs):
+        return None
+    canon = [*ss, qs[0], ks[0]]
+    sizes = dict(zip(rhs, out.shape, strict=True))
+    shape = tuple(sizes[c] for c in canon)
+
+    def side(code: torch.Tensor, letters: str, keep: list[str]) -> tuple[torch.Tensor, bool]:
+        mixed = False
+        for c in reversed([c for c in letters if c not in rhs]):  # contracted: one code per slice
+            code, m = reduced(code, letters.index(c))
+            letters = letters.replace(c, "")
+            mixed = mixed or m
+        code = code.permute([letters.index(c) for c in keep])
+        return code, mixed
+
+    q, mq = side(a, la, [*ss, qs[0]])
+    k, mk = side(b, lb, [*ss, ks[0]])
+    perm = [canon.index(c) for c in rhs]
+    smap = ScoreMap(shape, q, k, (("permute", torch.Tensor.permute, (perm,), {}),))
+    return smap.fail("the product multiplies features of different positions") if mq or mk else smap
+
+
+@dataclass
+class Layout:
+    """How a softmax's output maps onto (batch, head, query, key), found from lineage."""
+
+    rows: torch.Tensor  # (B, H, q): the row of the (rows, keys) view of the softmax output
+    dim: int  # the softmax's (key) dim
+    keys: int
+    key_labels: tuple[str | None, ...] | None  # None for the sequence's own positions, "<name i>" for learned ones
+    query_labels: tuple[str | None, ...] | None
+    cross: bool | None  # queries and keys come from different inputs
+    ext: bool  # the keys include positions from outside the call (a KV cache, a memory)
+    qcode: torch.Tensor  # (rows,) the query code of every row of the (rows, keys) view
+
+    def bhqk(self, t: torch.Tensor) -> torch.Tensor:
+        """A tensor shaped like the softmax input/output -> (B, H, q, k)."""
+        flat = t.movedim(self.dim, -1).reshape(-1, self.keys)
+        return flat[self.rows.to(flat.device)]
+
+
+_MIX = torch.tensor(0x9E3779B97F4A7C15 - (1 << 64), dtype=torch.int64)  # a 64-bit odd constant (row hashes)
+
+
+def _replayed(smap: ScoreMap, shape: tuple[int, ...]) -> torch.Tensor | str:
+    idx = torch.arange(math.prod(smap.shape), dtype=torch.int64).view(smap.shape)
+    for name, fn, args, kwargs in smap.chain:
+        try:
+            idx = fn(idx, *args, **kwargs)
+        except Exception as exc:  # an op whose replay needs more than its arguments
+            return f"{name} on the scores could not be followed ({type(exc).__name__})"
+    if tuple(idx.shape) != tuple(shape):
+        return "the scores were reshaped in a way capture could not follow"
+    return idx
+
+
+def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -> Layout | str:
+    """The layout of a softmax over ``dim`` of scores shaped ``shape``, or why it cannot be known."""
+    if smap.broken:
+        return smap.broken
+    idx = _replayed(smap, shape)
+    if isinstance(idx, str):
+        return idx
+    n, m = smap.shape[-2], smap.shape[-1]
+    keys = shape[dim]
+    idx = idx.movedim(dim, -1).reshape(-1, keys)
+    if not idx.numel():
+        return "the scores are empty"
+    sl, qi, kj = idx // (n * m), (idx // m) % n, idx % m
+    if not bool((sl == sl[:, :1]).all()) or not bool((qi == qi[:, :1]).all()):
+        return "the softmax runs over queries or heads, not over the keys of one query"
+    device = smap.q.device
+    qflat, kflat = smap.q.reshape(-1, n), smap.k.reshape(-1, m)
+    sl0, qi0 = sl[:, 0].to(device), qi[:, 0].to(device)
+    q = qflat[sl0, qi0]  # (R,)
+    k = kflat[sl.to(device), kj.to(device)]  # (R, K)
+    qf = q & FEATURES
+    if bool((qf & RAW).any()):
+        return "the queries were not projected inside the captured call, so their head axis cannot be traced"
+    qpos, kpos = q >> SHIFT, k >> SHIFT
+    kinds = [s.kind for s in sources.items]
+    ksrc = sources.index(kpos)
+    is_param = torch.tensor([kd == "param" for kd in kinds], dtype=torch.bool, device=device)[ksrc]
+    heads, h = torch.unique(qf, return_inverse=True)
+    n_heads = int(heads.numel())
+    # rows of one sequence have the same keys: group by (head, the keys' positions), learned keys
+    # left out; where that puts one query position twice in a group (keys learned or broadcast over
+    # the batch), the product's slices tell the sequences apart as well
+    seq_keys = kpos.masked_fill(is_param, -1)
+    if not bool((~is_param).any()):
+        return "every key is a learned vector, so the sequences cannot be told apart"
+    weights = torch.arange(1, keys + 1, dtype=torch.int64, device=device) * _MIX.to(device)
+    key_hash = (seq_keys * weights).sum(-1) ^ (h * 0x2545F491)
+    q_param = torch.tensor([kd == "param" for kd in kinds], dtype=torch.bool, device=device)[sources.index(qpos)]
+    grouped = _groups(key_hash, qpos, kpos)
+    if grouped is None:
+        grouped = _groups(key_hash ^ (sl0 * 0x61C88647), qpos, kpos)
+    if isinstance(grouped, str) or grouped is None:
+        return grouped or "rows of one sequence and head see different keys"
+    g, first, n_groups = grouped
+    per_head = torch.zeros(n_heads, dtype=torch.int64, device=device).index_add_(
+        0, h[first], torch.ones_like(first)
+    )
+    batch = int(per_head[0])
+    rows_per_group = torch.bincount(g, minlength=n_groups)
+    if not bool((per_head == batch).all()) or not bool((rows_per_group == rows_per_group[0]).all()):
+        return "heads hold different numbers of sequences or queries"
+    n_q = int(rows_per_group[0])
+    # order: heads by feature, sequences by their first query (then key) position, queries by position
+    big = torch.iinfo(torch.int64).max
+    gq = torch.full_like(first, big).scatter_reduce(0, g, qpos.masked_fill(q_param, big), "amin")
+    gk = seq_keys.masked_fill(is_param, big).amin(-1)[first]
+    gs = torch.full_like(first, big).scatter_reduce(0, g, sl0, "amin")
+    gh = h[first]
+    key = list(zip(gh.tolist(), gq.tolist(), gk.tolist(), gs.tolist(), strict=True))
+    order = sorted(range(n_groups), key=key.__getitem__)
+    rank = torch.empty_like(first)
+    for i, gi in enumerate(order):
+        rank[gi] = i % batch
+    r = torch.arange(g.numel(), device=device)
+    sort_key = (h * batch + rank[g]) * (int(qpos.max()) + 1) + qpos
+    rows = r[torch.argsort(sort_key)].view(n_heads, batch, n_q).transpose(0, 1).contiguous()
+    qp = qpos[rows]  # (B, H, q)
+    if not bool((qp == qp[:, :1]).all()):
+        return "the heads of one sequence hold different queries"
+    kh = seq_keys[rows[:, :, 0]]  # (B, H, K)
+    if not bool((kh == kh[:, :1]).all()):
+        return "the heads of one sequence see different keys"
+    kp = kh[:, 0]  # (B, K)
+    if batch > 1 and not bool(((kp >= 0) == (kp[:1] >= 0)).all()):
+        return "sequences have learned keys in different places"
+    cross = _cross(qpos[rows[0, 0]], kpos[rows[0, 0, 0]], sources)
+    return Layout(
+        rows=rows.cpu(),
+        dim=dim,
+        keys=keys,
+        key_labels=_labels(kpos[rows[0, 0, 0]], sources),
+        query_labels=_labels(qpos[rows[0, 0]], sources),
+        cross=cross,
+        ext=cross is False and _extends(qpos[rows[0, 0]], kpos[rows[0, 0, 0]], sources),
+        qcode=q,
+    )
+
+
+def _groups(key_hash: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor):
+    """(group of every row, each group's first row, the number of groups) for rows grouped by
+    ``key_hash``; a string when rows of a group see different keys, None when a group holds one
+    query position twice."""
+    groups, g = torch.unique(key_hash, return_inverse=True)
+    n = int(groups.numel())
+    first = torch.full((n,), -1, dtype=torch.int64, device=g.device)
+    first = first.scatter_reduce(0, g, torch.arange(g.numel(), device=g.device), "amin", include_self=False)
+    if not bool((kpos == kpos[first[g]]).all()):
+        return "rows of one sequence and head see different keys"
+    pairs = torch.unique(g * (int(qpos.max()) + 1) + qpos)
+    if pairs.numel() != g.numel():
+        return None
+    return g, first, n
+
+
+def _kinds(pos: torch.Tensor, sources: Sources) -> list[Source]:
+    return [sources.items[i] for i in sources.index(pos).tolist()]
+
+
+def _labels(pos: torch.Tensor, sources: Sources) -> tuple[str | None, ...] | None:
+    """"<name i>" for learned positions (numbered per parameter in order), None for the others."""
+    seen: dict[int, int] = {}
+    out: list[str | None] = []
+    for s in _kinds(pos, sources):
+        if s.kind == "param":
+            i = seen.get(s.start, 0)
+            seen[s.start] = i + 1
+            out.append(f"<{s.label} {i}>")
+        else:
+            out.append(None)
+    return tuple(out) if seen else None
+
+
+def _cross(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool | None:
+    """Queries and keys from different inputs: no query position among the keys."""
+    qs = {int(p) for p, s in zip(qpos.tolist(), _kinds(qpos, sources), strict=True) if s.kind != "param"}
+    ks = {int(p) for p, s in zip(kpos.tolist(), _kinds(kpos, sources), strict=True) if s.kind != "param"}
+    if not ks:
+        return None
+    if not qs:
+        return True  # learned queries reading the tokens (a Perceiver's latents)
+    return qs.isdisjoint(ks)
+
+
+def _extends(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool:
+    """The keys hold positions besides the queries' own (a KV cache, a memory of earlier positions)."""
+    qs = set(qpos.tolist())
+    return any(s.kind != "param" and p not in qs for p, s in zip(kpos.tolist(), _kinds(kpos, sources), strict=True))
