@@ -493,7 +493,7 @@ class _Session:
             if isinstance(res, torch.Tensor) and tuple(res.shape) == tuple(out.shape):
                 return res
             return None
-        for t, g in act:  # position-wise: the first operand that has codes, broadcast to the output
+        for _t, g in act:  # position-wise: the first operand that has codes, broadcast to the output
             if g.code is not None:
                 try:
                     return g.code.expand(out.shape) if tuple(g.code.shape) != tuple(out.shape) else g.code
@@ -507,12 +507,16 @@ class _Session:
         if out.dim() != x.dim() or out.dim() < 3:
             return None
         space = tuple(out.shape[2:])
-        f = torch.arange(int(out.shape[1]), dtype=torch.int64, device=out.device).view(1, -1, *(1,) * len(space))
+        f = torch.arange(int(out.shape[1]), dtype=torch.int64, device=out.device).view(
+            1, -1, *(1,) * len(space)
+        )
         if space == tuple(x.shape[2:]) and not bool((xc & lineage.RAW).any()):
             return ((xc[:, :1] >> lineage.SHIFT) << lineage.SHIFT) | f
         tag = self.tag(x)
         label = "patches" if tag is None or not tag.origin else "input"
-        start = self.sources.new(int(out.shape[0]) * math.prod(space), "external", label, ("in", self.n_inputs))
+        start = self.sources.new(
+            int(out.shape[0]) * math.prod(space), "external", label, ("in", self.n_inputs)
+        )
         self.n_inputs += 1
         pos = start + torch.arange(int(out.shape[0]) * math.prod(space), device=out.device).view(
             out.shape[0], 1, *space
@@ -575,7 +579,9 @@ class _Session:
             if act and name in lineage.REPLAY and args and args[0] is act[0][0]:
                 try:
                     res = func(*[self._coded(a) for a in args], **kwargs)
-                    if len(res) == len(outs) and all(tuple(c.shape) == tuple(o.shape) for c, o in zip(res, outs, strict=True)):
+                    if len(res) == len(outs) and all(
+                        tuple(c.shape) == tuple(o.shape) for c, o in zip(res, outs, strict=True)
+                    ):
                         codes = list(res)
                 except Exception:
                     pass
@@ -588,7 +594,9 @@ class _Session:
             new = _Tag("linear", origin, cache=any(g.cache for _, g in act))
             new.code = self._op_code(name, func, args, kwargs, out, act)
         elif not act:
-            new = _Tag("param")
+            new = _Tag("param")  # made from parameters alone: learned vectors (a [CLS], memory keys)
+            if out.is_floating_point():
+                new.code = self._op_code(name, func, args, kwargs, out, known)
         elif act[0][1].probs is not None and self._probs_step(name, args, out, act[0][0], act[0][1]):
             return
         else:
@@ -615,16 +623,21 @@ class _Session:
         for o in outs:
             self.set(o, new)
 
-    def _score_map_step(self, name, func, args, kwargs, out, base_t, smap: ScoreMap | None) -> ScoreMap | None:
+    def _score_map_step(
+        self, name, func, args, kwargs, out, base_t, smap: ScoreMap | None
+    ) -> ScoreMap | None:
         """Carry the score map through an op on the scores: same shape keeps it, data movement is
         chained (replayed at the softmax), anything else breaks it with a reason."""
         if smap is None or smap.broken:
             return smap
-        if tuple(out.shape) == tuple(base_t.shape) and (name not in lineage.REPLAY or name in lineage.KEEP
-                                                         or name in ("contiguous", "clone", "detach")):
+        if tuple(out.shape) == tuple(base_t.shape) and (
+            name not in lineage.REPLAY or name in lineage.KEEP or name in ("contiguous", "clone", "detach")
+        ):
             return smap  # fmt: skip
         if name in lineage.REPLAY and args and args[0] is base_t:
-            rest = tuple(a.shape if name.endswith("_as") and isinstance(a, torch.Tensor) else a for a in args[1:])
+            rest = tuple(
+                a.shape if name.endswith("_as") and isinstance(a, torch.Tensor) else a for a in args[1:]
+            )
             if name.endswith("_as"):
                 fn, nm = getattr(torch.Tensor, name[: -len("_as")]), name[: -len("_as")]
             elif name == "view":  # the index tensor may not be contiguous where the scores were
@@ -827,8 +840,21 @@ class _Session:
             new.scores, new.allowed = None, None
 
     # -- recording -------------------------------------------------------------------------------------
-    def _record(self, path, probs, scores, allowed, source, mask_source, cross, check=None, ext=False,
-                layout: Layout | None = None, flag: str | None = None, key_labels=None):
+    def _record(
+        self,
+        path,
+        probs,
+        scores,
+        allowed,
+        source,
+        mask_source,
+        cross,
+        check=None,
+        ext=False,
+        layout: Layout | None = None,
+        flag: str | None = None,
+        key_labels=None,
+    ):
         """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None. The new Record (None: joined)."""
         probs = probs.detach()
         differ = False
@@ -961,14 +987,19 @@ class _Session:
             full = tag.allowed.expand(shape)
             allowed = layout.bhqk(full if perm is None else full.permute(perm))
         source = tag.mask_source if tag is not None and allowed is not None else None
-        flag = why or "the queries' and keys' lineage was lost before the product, so the head and batch " \
+        flag = (
+            why
+            or "the queries' and keys' lineage was lost before the product, so the head and batch "
             "split comes from the shape"
+        )
         rec = self._record(path, layout.bhqk(out), layout.bhqk(scores.detach()), allowed, "softmax", source, cross,
                            ext=ext, flag=flag)  # fmt: skip
         self.warn(path, shape, f"could not verify: {flag}")
         if rec is not None and perm is None:  # follow the weights: a masked renormalization replaces them
             layout.record = rec
-            self.set(out, _Tag(None, tag.origin if tag is not None else frozenset(), probs=layout, attn_out=path))
+            self.set(
+                out, _Tag(None, tag.origin if tag is not None else frozenset(), probs=layout, attn_out=path)
+            )
 
     def _unrecorded(self, path, shape, tag, reason) -> None:
         """A softmax left out: a warning when it was made from a product of activations (it may be

@@ -180,7 +180,9 @@ class Layout:
     rows: torch.Tensor  # (B, H, q): the row of the (rows, keys) view of the softmax output
     dim: int  # the softmax's (key) dim
     keys: int
-    key_labels: tuple[str | None, ...] | None  # None for the sequence's own positions, "<name i>" for learned ones
+    key_labels: (
+        tuple[str | None, ...] | None
+    )  # None for the sequence's own positions, "<name i>" for learned ones
     query_labels: tuple[str | None, ...] | None
     cross: bool | None  # queries and keys come from different inputs
     ext: bool  # the keys include positions from outside the call (a KV cache, a memory)
@@ -220,13 +222,21 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     if not idx.numel():
         return "the scores are empty"
     sl, qi, kj = idx // (n * m), (idx // m) % n, idx % m
-    if not bool((sl == sl[:, :1]).all()) or not bool((qi == qi[:, :1]).all()):
-        return "the softmax runs over queries or heads, not over the keys of one query"
+    if not bool((sl == sl[:, :1]).all()):
+        return "the softmax runs across heads or sequences, not over the keys of one query"
     device = smap.q.device
     qflat, kflat = smap.q.reshape(-1, n), smap.k.reshape(-1, m)
-    sl0, qi0 = sl[:, 0].to(device), qi[:, 0].to(device)
-    q = qflat[sl0, qi0]  # (R,)
-    k = kflat[sl.to(device), kj.to(device)]  # (R, K)
+    sl0 = sl[:, 0].to(device)
+    if bool((qi == qi[:, :1]).all()):  # over the product's columns: q @ k.T
+        q = qflat[sl0, qi[:, 0].to(device)]  # (R,)
+        k = kflat[sl.to(device), kj.to(device)]  # (R, K)
+        along = qi[:, 0].to(device)  # where each row's query sits on the product's query axis
+    elif bool((kj == kj[:, :1]).all()):  # over its rows: keys first, k @ q.T softmaxed over dim -2
+        q = kflat[sl0, kj[:, 0].to(device)]
+        k = qflat[sl.to(device), qi.to(device)]
+        along = kj[:, 0].to(device)
+    else:
+        return "the softmax runs over a mix of query and key positions"
     qf = q & FEATURES
     if bool((qf & RAW).any()):
         return "the queries were not projected inside the captured call, so their head axis cannot be traced"
@@ -244,7 +254,9 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         return "every key is a learned vector, so the sequences cannot be told apart"
     weights = torch.arange(1, keys + 1, dtype=torch.int64, device=device) * _MIX.to(device)
     key_hash = (seq_keys * weights).sum(-1) ^ (h * 0x2545F491)
-    q_param = torch.tensor([kd == "param" for kd in kinds], dtype=torch.bool, device=device)[sources.index(qpos)]
+    q_param = torch.tensor([kd == "param" for kd in kinds], dtype=torch.bool, device=device)[
+        sources.index(qpos)
+    ]
     grouped = _groups(key_hash, qpos, kpos)
     if grouped is None:
         grouped = _groups(key_hash ^ (sl0 * 0x61C88647), qpos, kpos)
@@ -271,7 +283,8 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     for i, gi in enumerate(order):
         rank[gi] = i % batch
     r = torch.arange(g.numel(), device=device)
-    sort_key = (h * batch + rank[g]) * (int(qpos.max()) + 1) + qpos
+    # queries in the model's order: along the product's query axis (slice by slice)
+    sort_key = ((h * batch + rank[g]) * (int(sl0.max()) + 1) + sl0) * (max(n, m) + 1) + along
     rows = r[torch.argsort(sort_key)].view(n_heads, batch, n_q).transpose(0, 1).contiguous()
     qp = qpos[rows]  # (B, H, q)
     if not bool((qp == qp[:, :1]).all()):
@@ -316,7 +329,7 @@ def _kinds(pos: torch.Tensor, sources: Sources) -> list[Source]:
 
 
 def _labels(pos: torch.Tensor, sources: Sources) -> tuple[str | None, ...] | None:
-    """"<name i>" for learned positions (numbered per parameter in order), None for the others."""
+    """ "<name i>" for learned positions (numbered per parameter in order), None for the others."""
     seen: dict[int, int] = {}
     out: list[str | None] = []
     for s in _kinds(pos, sources):
@@ -343,4 +356,6 @@ def _cross(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool | N
 def _extends(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool:
     """The keys hold positions besides the queries' own (a KV cache, a memory of earlier positions)."""
     qs = set(qpos.tolist())
-    return any(s.kind != "param" and p not in qs for p, s in zip(kpos.tolist(), _kinds(kpos, sources), strict=True))
+    return any(
+        s.kind != "param" and p not in qs for p, s in zip(kpos.tolist(), _kinds(kpos, sources), strict=True)
+    )

@@ -1,0 +1,211 @@
+"""Capture from lineage: the layout of every recorded softmax comes from where each element came
+from, not from its shape. Styles that used to be split wrong or not recorded at all (head-major
+folds with batch = heads, chunk + cat folds, keys-first scores, learned keys, text-to-image
+cross-attention of equal lengths) are recorded exactly, for every batch size and head count;
+what cannot be followed is flagged with its reason, never shown as exact."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from attnscope.core.families.capture import capture_attention
+
+PAD = 0
+
+
+def _style(name: str):
+    return importlib.import_module(f"usermodels.{name}")
+
+
+def _captured(model, batch):
+    model.reset()
+    with torch.no_grad():
+        plain = model(*batch)
+        model.reset()
+        with capture_attention(model) as cap:
+            out = model(*batch)
+    assert torch.equal(plain, out), "capture changed the model's output"
+    return cap, list(model.computed)
+
+
+def _assert_exact(cap, computed):
+    assert not cap.notes, cap.notes
+    assert len(cap.records) == len(computed) > 0, [(r.name, r.kind) for r in cap.records]
+    for i, (rec, (kind, probs)) in enumerate(zip(cap.records, computed, strict=True)):
+        assert rec.exact and rec.flag is None, (i, rec.name, rec.flag)
+        assert rec.probs.shape == probs.shape, (i, rec.name, rec.probs.shape, probs.shape)
+        torch.testing.assert_close(rec.probs, probs, atol=1e-6, rtol=0, msg=f"call {i} {rec.name}")
+        assert rec.kind == kind, (i, rec.name, rec.kind, kind)
+
+
+def _ids(batch: int, length: int, vocab: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(1, vocab, (batch, length), generator=g)
+    for i in range(batch):
+        x[i, max(length - i, 2) :] = PAD  # every sequence a different length: PAD shows in the maps
+    return x
+
+
+def _headmajor(heads: int):
+    mod = _style("headmajor")
+    torch.manual_seed(heads)
+    return mod.Classifier(d_model=8 * heads, d_inner=16, n_head=heads).eval(), mod.VOCAB_SIZE
+
+
+def _kyubyong(heads: int):
+    mod = _style("kyubyong")
+    return mod.build(seed=heads, heads=heads), mod.VOCAB_SIZE
+
+
+def _keys_first(heads: int):
+    mod = _style("keys_first")
+    return mod.build(seed=heads, heads=heads), mod.VOCAB_SIZE
+
+
+FOLDS = {"headmajor": _headmajor, "kyubyong": _kyubyong, "keys_first": _keys_first}
+
+
+@pytest.mark.parametrize("heads", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("fold", list(FOLDS))
+def test_every_batch_size_and_head_count_is_split_exactly(fold, heads):
+    """Head-major (H*B) folds by view and by chunk + cat, and keys-first scores: batch sizes 1 to 6
+    against heads 1, 2, 3, 4 and 8, so batch = heads occurs; each map equals the model's own."""
+    model, vocab = FOLDS[fold](heads)
+    for batch in range(1, 7):
+        cap, computed = _captured(model, (_ids(batch, 7, vocab, seed=batch),))
+        _assert_exact(cap, computed)
+        assert {r.kind for r in cap.records} == {"enc_self"}
+        for rec in cap.records:  # a PAD key gets no weight from any head of its own sequence
+            assert rec.probs.shape[:2] == (batch, heads)
+
+
+@pytest.mark.parametrize("name", ["kyubyong", "keys_first", "learned_keys", "captioning"])
+def test_new_styles_equal_what_the_model_computed(name):
+    mod = _style(name)
+    cap, computed = _captured(mod.build(), mod.sample_batch())
+    _assert_exact(cap, computed)
+
+
+def test_learned_keys_are_labelled_and_encoder_attention_stays_enc_self():
+    """A [CLS] parameter prepended to the tokens, memory key/values joined to the keys, a null key
+    appended: recorded with every key, the learned ones labelled, and still encoder self-attention."""
+    mod = _style("learned_keys")
+    (ids,) = mod.sample_batch()
+    cap, computed = _captured(mod.build(), (ids,))
+    _assert_exact(cap, computed)
+    first, last = cap.records
+    n = ids.shape[1]
+    assert [r.kind for r in cap.records] == ["enc_self", "enc_self"]
+    assert first.query_labels == ("<cls_token 0>", *[None] * n)
+    assert first.key_labels == ("<mem_k 0>", "<mem_k 1>", "<cls_token 0>", *[None] * n)
+    assert last.key_labels == ("<mem_k 0>", "<mem_k 1>", "<cls_token 0>", *[None] * n, "<null_k 0>")
+    # the mask hides each sequence's PAD tokens and nothing learned
+    real = torch.nn.functional.pad(ids != PAD, (3, 0), value=True)
+    assert torch.equal(first.mask, real[:, None, :].expand(ids.shape[0], n + 1, n + 3))
+
+
+def test_text_to_image_attention_of_equal_length_is_cross():
+    """Six patches, six text tokens, modules named mix1/mix2: lineage alone says which is which."""
+    mod = _style("captioning")
+    image, ids = mod.sample_batch()
+    assert image.shape[-2] // 4 * image.shape[-1] // 4 == ids.shape[1]  # the lengths are equal
+    cap, computed = _captured(mod.build(), (image, ids))
+    _assert_exact(cap, computed)
+    assert [r.kind for r in cap.records] == ["dec_self", "cross"] * 2
+    assert [r.name.rsplit(".", 1)[-1] for r in cap.records] == ["mix1", "mix2"] * 2
+
+
+class _OutsideQueries(nn.Module):
+    """Queries sent through numpy and back: the capture cannot follow them."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.q, self.k = nn.Embedding(10, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, _ = x.shape
+        q = torch.from_numpy(self.q(x).detach().numpy().copy())
+        q = q.view(b, n, 2, 4).transpose(1, 2).reshape(b * 2, n, 4)
+        k = self.k(x).view(b, n, 2, 4).transpose(1, 2).reshape(b * 2, n, 4)
+        return torch.softmax(q @ k.transpose(1, 2), dim=-1)
+
+
+def test_a_layout_capture_cannot_follow_is_flagged_with_its_reason():
+    model = _OutsideQueries().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    (rec,) = cap.records
+    assert not rec.exact and "not projected inside the captured call" in rec.flag
+    assert len(cap.notes) == 1 and "could not verify" in cap.notes[0] and "(4, 3, 3)" in cap.notes[0]
+
+
+def test_softmaxes_that_are_not_attention_are_noted_once_per_module():
+    """The vocabulary softmax is information, not a warning, and said once per module and reason."""
+    mod = _style("tutorial")
+    model, batch = mod.build(), mod.sample_batch()
+    model.reset()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(*batch)
+        model(*batch)
+    assert not cap.notes
+    assert [(n.level, n.module) for n in cap.skipped] == [("info", "generator.softmax")]
+    assert "projection" in cap.skipped[0].reason
+
+
+class _Shuffled(nn.Module):
+    """Heads folded head-major but merged back batch-major: each output row mixes positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.qkv, self.out = nn.Embedding(10, 8), nn.Linear(8, 24), nn.Linear(8, 8)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, _ = x.shape
+        q, k, v = (
+            t.view(b, n, 2, 4).permute(2, 0, 1, 3).reshape(2 * b, n, 4) for t in self.qkv(x).chunk(3, -1)
+        )
+        w = torch.softmax(q @ k.transpose(1, 2) / 2, dim=-1)
+        y = (w @ v).view(b, 2, n, 4).transpose(1, 2).reshape(b, n, 8)  # the wrong inverse
+        return self.out(y)
+
+
+def test_heads_merged_back_in_another_order_are_reported():
+    model = _Shuffled().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]]))
+    (rec,) = cap.records
+    assert rec.exact  # the weights are what the model computed ...
+    assert len(cap.notes) == 1 and "merged back in another order" in cap.notes[0]  # ... its merge is not
+
+
+def test_hugging_face_sdpa_with_left_padding_equals_eager_output_attentions():
+    """GPT-2 on its default SDPA attention, a left-padded batch: the captured maps equal what the
+    same weights return with eager attention and output_attentions=True."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=50, n_positions=16)
+    torch.manual_seed(0)
+    eager = transformers.GPT2Model(cfg).eval()
+    cfg_sdpa = transformers.GPT2Config(**cfg.to_dict())
+    cfg_sdpa._attn_implementation = "sdpa"
+    sdpa = transformers.GPT2Model(cfg_sdpa).eval()
+    sdpa.load_state_dict(eager.state_dict())
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [0, 9, 10, 11, 12, 13], [14, 15, 16, 17, 18, 19]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    eager.config._attn_implementation = "eager"
+    with torch.no_grad():
+        want = eager(ids, attention_mask=mask, output_attentions=True).attentions
+        with capture_attention(sdpa) as cap:
+            sdpa(ids, attention_mask=mask)
+    assert len(cap.records) == len(want) == 2 and not cap.notes
+    for rec, ref in zip(cap.records, want, strict=True):
+        assert rec.source == "sdpa" and rec.kind == "dec_self"
+        real = mask.bool()[:, None, :, None] & mask.bool()[:, None, None, :]
+        got, ref = rec.probs.masked_fill(~real, 0), ref.masked_fill(~real, 0)  # PAD query rows: undefined
+        np.testing.assert_allclose(got.numpy(), ref.numpy(), atol=1e-6)
