@@ -73,8 +73,21 @@ def _list_snapshots(name: str) -> int:
     return 0
 
 
+def _capture_warnings(meta: dict) -> None:
+    """What capture could not verify, one line each on stderr (the output still goes to stdout)."""
+    notes = meta.get("capture_notes") or []
+    if notes:
+        print(
+            f"warning: {len(notes)} attention call(s) could not be verified or were left out:",
+            file=sys.stderr,
+        )
+    for note in notes:
+        print(f"warning:   {note}", file=sys.stderr)
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     lm = _load(args.model, args.device)
+    _capture_warnings(getattr(lm, "meta", None) or {})
     for text in args.text:
         print(lm.predict([text])[0])
     return 0
@@ -89,6 +102,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     lm = _load(args.model, args.device)
     targets = [args.target] if args.target is not None else None
     trace = lm.trace([args.text], targets)[0]
+    _capture_warnings(trace.meta)
     trace.save(out)
     shapes = ", ".join(f"{k} {tuple(trace.probs(k).shape)}" for k in trace.kinds)
     print(f"wrote {out} ({shapes}); output: {trace.output_text}")

@@ -381,6 +381,19 @@ def show_warnings(traces: list[AttentionTrace], batch: bool) -> None:
                 st.warning(msg)
 
 
+def show_capture_flags(traces: list[AttentionTrace]) -> None:
+    """One warning when capture could not verify (or left out) attention calls of a model it
+    captured, naming each module and reason; the trace carries them, from the model or a file."""
+    notes: list[str] = []
+    for tr in traces:
+        notes.extend(n for n in tr.meta.get("capture_notes", []) or [] if n not in notes)
+    if notes:
+        lines = "\n".join(f"- {n}" for n in notes[:8])
+        more = f"\n- and {len(notes) - 8} more" if len(notes) > 8 else ""
+        st.warning(f"{len(notes)} attention call(s) could not be verified or were left out of these maps:\n"
+                   f"{lines}{more}", icon="⚠️")  # fmt: skip
+
+
 def traces(greedy: bool = False) -> list[AttentionTrace]:
     """Traces of the sidebar's inputs (greedy=True: always greedy decoding, whatever the mode).
 
@@ -389,7 +402,9 @@ def traces(greedy: bool = False) -> list[AttentionTrace]:
     """
     sel = current()
     if sel.trace:
-        return [opened.current().trace]
+        out = [opened.current().trace]
+        show_capture_flags(out)
+        return out
     check_inputs(greedy)
     try:
         out = loaders.compute_traces(sel.key.but(targets=None) if greedy else sel.key)
@@ -397,6 +412,7 @@ def traces(greedy: bool = False) -> list[AttentionTrace]:
         st.error(sentence(str(exc)))
         st.stop()
     show_warnings(out, sel.batch)
+    show_capture_flags(out)
     return out
 
 

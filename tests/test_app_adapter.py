@@ -99,3 +99,18 @@ def test_broken_adapter_keeps_the_previous_model(env):
     assert at.sidebar.selectbox(key=K.MODEL).value == before
     at.switch_page("app_pages/attention.py").run()
     assert not at.exception
+
+
+def test_adapter_with_learned_keys_on_every_page(env):
+    """A [CLS] parameter joined to the tokens, memory keys and a null key outside them: every page
+    renders; the Attention page names the learned keys and draws them as columns of the head view."""
+    env.setenv(user_models.ALLOW_CODE_ENV, "1")
+    at = load_path(_app(), str(ADAPTERS / "vit_style_memkv.py"))
+    assert_clean(at)
+    for page in EVERY_PAGE:
+        at.switch_page(page).run()
+        assert_clean(at)
+    at.switch_page("app_pages/attention.py").run()
+    assert_clean(at)
+    note = " ".join(i.value for i in at.info)
+    assert "3 learned key(s)" in note and "<mem_k 0>" in note and "<null_k 0>" in note

@@ -174,7 +174,7 @@ def test_files_are_written_in_the_documented_layout(trace, tmp_path):
     import zipfile
 
     header = {k: trace.header()[k] for k in ("model", "config_name", "device", "output_text", "meta")}
-    header["format"] = trace_io.FORMAT_VERSION  # files carry their format's version
+    header["format"] = 1  # files carry the oldest format version that holds their members
     arrays = trace.to_numpy()
     for data in (trace.save(tmp_path / "t.npz").read_bytes(), trace.to_npz_bytes()):
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
@@ -242,7 +242,7 @@ def test_members_outside_the_format_and_newer_versions_are_refused(trace):
     ]
     _refused(_zip(newer), "new.npz", "trace format 99", "newer attnscope")
     doc = json.loads(trace.to_json())
-    assert doc["format"] == trace_io.FORMAT_VERSION
+    assert doc["format"] == 1 < trace_io.FORMAT_VERSION  # no learned keys: readable by a format-1 reader
     _refused(json.dumps({**doc, "format": 99}).encode(), "new.json", "trace format 99")
     _refused(json.dumps({**doc, "payload": [1, 2]}).encode(), "extra.json", "'payload'")
     _refused(json.dumps({**doc, "format": "one"}).encode(), "odd.json", "not a version number")
@@ -302,3 +302,31 @@ def test_truncated_and_mutated_valid_files(valid_files, data):
             if raw:
                 raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
     _opens_or_one_sentence(bytes(raw), f"fuzzed.{kind}")
+
+
+def test_learned_keys_make_a_format_2_file_that_round_trips_and_is_checked(trace):
+    """Weights on learned keys outside the sequence (memory keys, a null key) are trace format 2:
+    written and read back as they are, counted in the rows' sums; a format-1 file may not hold
+    them, and their shape and labels are checked like every member."""
+    p = trace.probs("enc_self")
+    extra = np.full((*p.shape[:3], 2), 0.0, dtype=np.float32)
+    extra[..., 0] = 0.25  # a quarter of each row on <mem 0>: the tokens keep three quarters
+    learned = trace.replace(
+        enc_self=(p * 0.75).astype(np.float32),
+        enc_self_learned=extra,
+        meta={**trace.meta, "learned_keys": {"enc_self": ["<mem 0>", "<mem 1>"]}},
+    )
+    assert trace_io.problems(learned) == [] and trace_io.problems(learned.replace(enc_self_learned=None))
+    doc = json.loads(learned.to_json())
+    assert doc["format"] == 2
+    for data, name in ((learned.to_npz_bytes(), "l.npz"), (learned.to_json().encode(), "l.json")):
+        back = AttentionTrace.from_bytes(data, name)
+        labels, weights = back.learned("enc_self")
+        assert labels == ("<mem 0>", "<mem 1>") and np.array_equal(weights, extra)
+    _refused(json.dumps({**doc, "format": 1}).encode(), "old.json", "'enc_self_learned'", "format 1")
+    unnamed = {**doc, "meta": {**doc["meta"], "learned_keys": {"enc_self": ["<mem 0>"]}}}
+    _refused(json.dumps(unnamed).encode(), "unnamed.json", "does not name each one")
+    wrong = {**doc, "enc_self_learned": np.zeros((1, 1, 1, 2)).tolist()}
+    _refused(json.dumps(wrong).encode(), "wrong.json", "enc_self_learned is", "[layer, head, query")
+    huge = {**doc, "enc_self_learned": (np.ones_like(extra) * 3).tolist()}
+    _refused(json.dumps(huge).encode(), "huge.json", "outside [0, 1]")

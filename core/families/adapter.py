@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from attnscope.core.errors import InputError, ModelLoadError
-from attnscope.core.families.capture import Captured, Record, capture_attention
+from attnscope.core.families.capture import Captured, Record, capture_attention, kind_maps
 from attnscope.core.families.interface import (
     Family,
     ModelFacts,
@@ -623,17 +623,29 @@ class AdapterModel:
         start = time.perf_counter()
         lengths = [n for n in (s_len, t_len) if n]
         first, outs, parts = None, [], []
+        dropped: list[str] = []  # records left out of the trace, said in its capture notes
         for part in self._parts(len(prepared)):  # one capture per call of forward (MAX_BATCH)
             with torch.no_grad(), capture_attention(self.model, lengths=lengths) as cap:
                 outs.append(self._call(_rows(src, part), _rows(tgt, part)))
             first = cap if first is None else first
-            parts.append(self._stacks(cap, s_len, t_len))
+            parts.append(self._stacks(cap, s_len, t_len, dropped))
         ms = (time.perf_counter() - start) * 1000
         if first is None:  # _parts of a non-empty batch has one part at least
             raise InputError("no input text given")
-        probs, stacks, cap = torch.cat(outs), _join_stacks(parts), first
-        src_side = None if src is None or src_real is None else Side(src, src_real, self.src_tok.tokens)
-        tgt_side = None if tgt is None or tgt_real is None else Side(tgt, tgt_real, self.tgt_tok_.tokens)
+        probs, joined_stacks, cap = torch.cat(outs), _join_stacks(parts), first
+        labels = joined_stacks.pop("sides")
+        stacks = {k: v[:3] for k, v in joined_stacks.items()}
+        learned = {k: (v[3], v[4]) for k, v in joined_stacks.items() if v[3] is not None}
+        src_side = (
+            None
+            if src is None or src_real is None
+            else _side(src, src_real, self.src_tok.tokens, labels["src"])
+        )
+        tgt_side = (
+            None
+            if tgt is None or tgt_real is None
+            else _side(tgt, tgt_real, self.tgt_tok_.tokens, labels["tgt"])
+        )
         real_rows = tgt_real if tgt_real is not None else src_real
         if real_rows is None:
             raise InputError("the model read neither a source nor a target")
@@ -642,8 +654,10 @@ class AdapterModel:
         for i, p in enumerate(prepared):
             meta = {"forward_ms": round(ms, 3), "teacher_forced": teacher, "warnings": list(p.warnings),
                     "kind": "adapter", "arch": self.arch, "has_scores": True, "mask_sources": sources}  # fmt: skip
-            if cap.notes:
-                meta["capture_notes"] = cap.notes[:5]
+            if cap.notes or dropped:
+                meta["capture_notes"] = [*cap.notes, *dropped][:20]
+            if learned:
+                meta["learned_keys"] = {k: list(labs) for k, (_, labs) in learned.items()}
             if self.labels:  # a classifier: the class and its distribution, like core classifiers
                 k = int(probs[i].argmax())
                 meta["labels"] = self.labels
@@ -670,6 +684,8 @@ class AdapterModel:
                     if self.arch == "seq2seq" and m.eos is not None and m.eos in ids:
                         ids = ids[: ids.index(m.eos)]
                     text = self.out_tok.decode(ids)
+            for kind, (weights, _) in learned.items():
+                fields[f"{kind}_learned"] = weights[i].detach().float().cpu().numpy()
             traces.append(
                 package_trace(
                     i,
@@ -696,10 +712,22 @@ class AdapterModel:
     def _kind(self, record) -> str:
         return {"encoder": "enc_self", "decoder": "dec_self"}.get(self.arch, record.kind)
 
-    def _stacks(self, cap: Captured, s_len: int, t_len: int) -> dict[str, tuple]:
-        """kind -> (probs (B, layer, H, q, k), scores or None, mask (B, q, k)), checked against the lengths."""
-        want = {"enc_self": (s_len, s_len), "dec_self": (t_len, t_len), "cross": (t_len, s_len)}
+    def _stacks(
+        self, cap: Captured, s_len: int, t_len: int, dropped: list[str] | None = None
+    ) -> dict[str, tuple]:
+        """kind -> (probs (B, layer, H, q, k), scores or None, mask (B, q, k), learned (B, layer, H, q, M)
+        or None, their labels), checked against the lengths; "src"/"tgt" -> the labels of learned
+        positions joined to that side's tokens (a [CLS]), None where there are none."""
         records = cap.records
+        joined = cap.joined_labels()
+        sides: dict[str, tuple[str | None, ...] | None] = {"src": None, "tgt": None}
+        for r in records:
+            side = "src" if self._kind(r) == "enc_self" else "tgt"
+            if r.query_labels and sides[side] is None:
+                sides[side] = r.query_labels
+        s_full = s_len + sum(lab is not None for lab in sides["src"] or ())
+        t_full = t_len + sum(lab is not None for lab in sides["tgt"] or ())
+        want = {"enc_self": (s_full, s_full), "dec_self": (t_full, t_full), "cross": (t_full, s_full)}
         stepwise = self.arch == "decoder" and all(
             tuple(r.probs.shape[-2:]) != want["dec_self"] for r in records
         )
@@ -708,16 +736,27 @@ class AdapterModel:
         by_kind: dict[str, list] = {}
         for r in records:
             kind = self._kind(r)
-            if tuple(r.probs.shape[-2:]) != want[kind]:
-                continue  # e.g. attention over something that is not this call's sequences
+            n_keys = sum(
+                lab is None or lab in joined for lab in (r.key_labels or (None,) * r.probs.shape[-1])
+            )
+            if (r.probs.shape[-2], n_keys) != want[
+                kind
+            ]:  # e.g. attention over something that is not the tokens
+                note = (f"{r.name or '(model)'} {tuple(r.probs.shape)}: left out of the trace, its "
+                        f"{r.probs.shape[-2]} x {n_keys} map is not the {want[kind][0]} x "
+                        f"{want[kind][1]} of this input's tokens")  # fmt: skip
+                if dropped is not None and note not in dropped:
+                    dropped.append(note)
+                continue
             by_kind.setdefault(kind, []).append(r)
         if not by_kind:
             raise InputError(
                 "no attention found in the forward pass: attnscope records nn.MultiheadAttention, "
-                "F.scaled_dot_product_attention and softmax over (B, H, q, k) or (B*H, q, k) scores"
-                + (f" ({'; '.join(cap.notes[:2])})" if cap.notes else "")
+                "F.scaled_dot_product_attention and every softmax over query-key scores; attention "
+                "inside TorchScript or a compiled extension cannot be seen"
+                + (f" ({'; '.join([*cap.notes, *(dropped or [])][:2])})" if cap.notes or dropped else "")
             )
-        out = {}
+        out: dict[str, Any] = {}
         for kind in KINDS:
             recs = by_kind.get(kind)
             if not recs:
@@ -727,12 +766,14 @@ class AdapterModel:
                 raise InputError(
                     f"{kind} layers have different head counts {sorted(heads)}; attnscope shows one head count per kind"
                 )
-            probs = torch.stack([r.probs for r in recs], 1)
-            scores = None if any(r.scores is None for r in recs) else torch.stack([r.scores for r in recs], 1)
-            first = recs[0].mask
-            b, (q, k) = probs.shape[0], want[kind]
-            mask = torch.ones(b, q, k, dtype=torch.bool) if first is None else first.cpu()
-            out[kind] = (probs, scores, mask)
+            try:
+                km = kind_maps(recs, joined)
+            except ValueError as exc:
+                raise InputError(f"{kind}: {exc}") from None
+            b, (q, k) = km.probs.shape[0], want[kind]
+            mask = torch.ones(b, q, k, dtype=torch.bool) if km.mask is None else km.mask.cpu()
+            out[kind] = (km.probs, km.scores, mask, km.learned, km.learned_labels)
+        out["sides"] = sides
         return out
 
     @torch.no_grad()
@@ -740,6 +781,24 @@ class AdapterModel:
         if self.arch == "decoder":
             return [self.out_tok.decode(self._continue(self.prepare(s).ids)) for s in sources]
         return [t.output_text for t in self.trace(sources)]
+
+
+def _side(ids: torch.Tensor, real: torch.Tensor, tokens, labels: tuple[str | None, ...] | None) -> Side:
+    """One side of the batch, with the learned positions the model joins to it (a [CLS]) put in
+    where they sit: id -1, real, shown under their labels."""
+    if not labels or sum(lab is None for lab in labels) != ids.shape[1]:
+        return Side(ids, real, tokens)
+    at = torch.tensor([lab is not None for lab in labels])
+    full_ids = torch.full((ids.shape[0], len(labels)), -1, dtype=ids.dtype, device=ids.device)
+    full_real = torch.ones(ids.shape[0], len(labels), dtype=torch.bool, device=real.device)
+    full_ids[:, ~at] = ids
+    full_real[:, ~at] = real.bool()
+
+    def named(row: list[int]) -> list[str]:
+        plain = iter(tokens([t for t, learned in zip(row, at.tolist(), strict=True) if not learned]))
+        return [lab if lab is not None else next(plain) for lab in labels]
+
+    return Side(full_ids, full_real, named)
 
 
 def _rows(t: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
@@ -783,18 +842,22 @@ def _join_stacks(parts: list[dict[str, tuple]]) -> dict[str, tuple]:
     """The stacks of consecutive calls of forward (MAX_BATCH rows each) as one batch."""
     if len(parts) == 1:
         return parts[0]
-    shapes = [{k: tuple(v[0].shape[1:]) for k, v in p.items()} for p in parts]
+    shapes = [{k: (tuple(v[0].shape[1:]), v[4]) for k, v in p.items() if k != "sides"} for p in parts]
     if any(sh != shapes[0] for sh in shapes):
         raise InputError(
             f"forward recorded other attention layers or heads in each call of MAX_BATCH sequences "
             f"({shapes[0]} then {next(sh for sh in shapes if sh != shapes[0])})"
         )
-    out = {}
+    out: dict[str, Any] = {"sides": parts[0]["sides"]}
     for kind in parts[0]:
+        if kind == "sides":
+            continue
         probs = torch.cat([p[kind][0] for p in parts])
         scores = [p[kind][1] for p in parts]
         mask = torch.cat([p[kind][2] for p in parts])
-        out[kind] = (probs, None if any(x is None for x in scores) else torch.cat(scores), mask)
+        learned = [p[kind][3] for p in parts]
+        out[kind] = (probs, None if any(x is None for x in scores) else torch.cat(scores), mask,
+                     None if any(x is None for x in learned) else torch.cat(learned), parts[0][kind][4])  # fmt: skip
     return out
 
 
@@ -891,4 +954,6 @@ def load_adapter(path: str | Path, name: str | None = None, device: str = "cpu")
         n_classes=len(lm.labels),
     )
     lm.meta["kinds_found"] = list(tr.kinds)
+    if tr.meta.get("capture_notes"):  # the loading check says what capture could not verify
+        lm.meta["capture_notes"] = list(tr.meta["capture_notes"])
     return lm

@@ -188,6 +188,14 @@ class Captured:
             out[kind] = torch.stack(tensors, dim=1)
         return out
 
+    def joined_labels(self) -> set[str]:
+        """Labels of learned positions joined to a sequence (a [CLS], registers): they are queries too."""
+        return {lab for r in self.records for lab in (r.query_labels or ()) if lab}
+
+    def kind_maps(self, kind: str) -> KindMaps:
+        """A kind's layers as one stack over its sequence's positions, learned keys apart."""
+        return kind_maps(self.of(kind), self.joined_labels())
+
     def masks(self) -> dict[str, torch.Tensor | None]:
         """kind -> (B, q, k) bool mask of its first layer (None when the call had no mask)."""
         return {k: self.of(k)[0].mask for k in self.kinds()}
@@ -200,29 +208,120 @@ class Captured:
         model: str = "torch.nn",
         output_text: str = "",
     ) -> AttentionTrace:
-        """An AttentionTrace of sequence ``index``: probs, scores, masks (all-True where no mask was given)."""
-        probs, scores = self.stacks("probs"), self.stacks("scores")
+        """An AttentionTrace of sequence ``index``: probs, scores, masks (all-True where no mask was given).
+        Learned positions joined to a sequence (a [CLS] token) are put among its tokens under their
+        labels; learned keys outside it (memory key/values, a null key) go to ``{kind}_learned``."""
         kw: dict[str, Any] = {}
-        for kind, p in probs.items():
-            p = p[index]  # (layer, head, q, k)
+        labels: dict[str, list[str | None]] = {}  # side -> labels of its positions (None: a token)
+        learned_keys: dict[str, list[str]] = {}
+        probs: dict[str, torch.Tensor] = {}
+        for kind in self.kinds():
+            km = self.kind_maps(kind)
+            p = km.probs[index]  # (layer, head, q, k)
+            probs[kind] = p
             kw[kind] = p.float().cpu().numpy()
-            if kind in scores:
-                kw[f"{kind}_scores"] = scores[kind][index].float().cpu().numpy()
-            m = self.of(kind)[0].mask
+            if km.scores is not None:
+                kw[f"{kind}_scores"] = km.scores[index].float().cpu().numpy()
             kw[f"{kind}_mask"] = (
-                np.ones(p.shape[-2:], dtype=bool) if m is None else m[index].cpu().numpy().astype(bool)
+                np.ones(p.shape[-2:], dtype=bool)
+                if km.mask is None
+                else km.mask[index].cpu().numpy().astype(bool)
             )
+            if km.learned is not None:
+                kw[f"{kind}_learned"] = km.learned[index].float().cpu().numpy()
+                learned_keys[kind] = list(km.learned_labels)
+            q_side, k_side = {
+                "enc_self": ("src", "src"),
+                "dec_self": ("tgt", "tgt"),
+                "cross": ("tgt", "src"),
+            }[kind]
+            for side, labs in ((q_side, km.query_labels), (k_side, km.key_labels)):
+                if labs and side not in labels:
+                    labels[side] = list(labs)
+        src = _with_labels(tuple(src_tokens), labels.get("src"))
+        tgt = _with_labels(tuple(tgt_tokens), labels.get("tgt"))
         sources = sorted({r.source for r in self.records})
+        meta: dict[str, Any] = {"kind": "torch.nn", "capture": ", ".join(sources)}
+        if self.notes:
+            meta["capture_notes"] = list(self.notes)
+        if self.skipped:
+            meta["capture_skipped"] = [str(n) for n in self.skipped]
+        if learned_keys:
+            meta["learned_keys"] = learned_keys
         return AttentionTrace(
             model=model,
             config_name="torch.nn",
             device=str(next(iter(probs.values())).device) if probs else "cpu",
-            src_tokens=tuple(src_tokens),
-            tgt_tokens=tuple(tgt_tokens),
+            src_tokens=src,
+            tgt_tokens=tgt,
             output_text=output_text,
-            meta={"kind": "torch.nn", "capture": ", ".join(sources)},
+            meta=meta,
             **kw,
         )
+
+
+@dataclass
+class KindMaps:
+    """One kind's layers over its sequence's positions (B, layer, head, q, k), learned keys apart."""
+
+    probs: torch.Tensor
+    scores: torch.Tensor | None
+    mask: torch.Tensor | None  # (B, q, k), the first layer's
+    learned: torch.Tensor | None  # (B, layer, head, q, M): weights on learned keys outside the sequence
+    learned_labels: tuple[str, ...]  # their labels (a layer without one of them has 0 there)
+    query_labels: tuple[str | None, ...] | None  # learned positions joined to the queries' sequence
+    key_labels: tuple[str | None, ...] | None  # the same among the keys
+
+
+def kind_maps(records: list[Record], joined: set[str]) -> KindMaps:
+    """Stack records of one kind: the key columns that are positions of the sequence (tokens, and
+    learned positions in ``joined``), and the learned keys outside it by label."""
+    if not records:
+        raise ValueError("no records to stack")
+    seqs, extras, labels = [], [], []
+    for r in records:
+        k = r.probs.shape[-1]
+        kl = r.key_labels or (None,) * k
+        seqs.append([j for j, lab in enumerate(kl) if lab is None or lab in joined])
+        extras.append([(j, lab) for j, lab in enumerate(kl) if lab is not None and lab not in joined])
+        labels.extend(lab for _, lab in extras[-1] if lab not in labels)
+    seq_labels = {
+        tuple(r.key_labels[j] if r.key_labels else None for j in seq)
+        for r, seq in zip(records, seqs, strict=True)
+    }
+    shapes = {
+        (tuple(r.probs.shape[:2]), r.probs.shape[-2], len(seq)) for r, seq in zip(records, seqs, strict=True)
+    }
+    if len(seq_labels) > 1 or len(shapes) > 1 or len({r.query_labels for r in records}) > 1:
+        raise ValueError(
+            f"{records[0].kind} calls have different shapes {sorted(tuple(r.probs.shape) for r in records)}: was the "
+            "model run more than once (e.g. step-by-step decoding), or do layers have different head counts? "
+            "Use .records for the individual calls"
+        )
+    probs = torch.stack([r.probs[..., seq] for r, seq in zip(records, seqs, strict=True)], dim=1)
+    scores = None
+    if all(r.scores is not None for r in records):
+        scores = torch.stack([r.scores[..., seq] for r, seq in zip(records, seqs, strict=True)], dim=1)  # type: ignore[index]
+    first = records[0]
+    mask = None if first.mask is None else first.mask[..., seqs[0]]
+    learned = None
+    if labels:
+        learned = probs.new_zeros(*probs.shape[:-1], len(labels))
+        for i, (r, extra) in enumerate(zip(records, extras, strict=True)):
+            for j, lab in extra:
+                learned[:, i, ..., labels.index(lab)] = r.probs[..., j]
+    (key_labels,) = seq_labels
+    return KindMaps(probs, scores, mask, learned, tuple(labels), first.query_labels,
+                    key_labels if any(key_labels) else None)  # fmt: skip
+
+
+def _with_labels(tokens: tuple[str, ...], labels: list[str | None] | None) -> tuple[str, ...]:
+    """The sequence's tokens with its learned positions put in under their labels (when the given
+    tokens are exactly its other positions)."""
+    if not labels or not any(labels) or sum(lab is None for lab in labels) != len(tokens):
+        return tokens
+    it = iter(tokens)
+    return tuple(lab if lab is not None else next(it) for lab in labels)
 
 
 # -- lineage tags ---------------------------------------------------------------------------------
@@ -1362,9 +1461,22 @@ def capture_attention(
         if k not in KINDS:
             raise ValueError(f"unknown attention kind {k!r}; expected one of {KINDS}")
     cap = Captured()
+    blind = _blind_spot(model)
+    if blind:
+        cap.notes.append(blind)
     session = _Session(cap, model, kinds, include, exclude, lengths)
     with _Mode(session):
         yield cap
+
+
+def _blind_spot(model: nn.Module) -> str | None:
+    """One sentence when (part of) the model runs where a TorchFunctionMode cannot see."""
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.jit.ScriptModule):
+            where = f"module {name!r}" if name else "the model"
+            return (f"{where} is TorchScript: its operations run outside Python, where attnscope cannot see "
+                    "them, so its attention is not recorded (capture the model before torch.jit.script)")  # fmt: skip
+    return None
 
 
 def capture_call(

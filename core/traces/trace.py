@@ -36,7 +36,9 @@ _ARRAYS = (
     "enc_self_mask", "dec_self_mask", "cross_mask",
     "out_probs", "topk_ids", "topk_probs",
     "src_real", "tgt_real", "topk_tokens",
+    "enc_self_learned", "dec_self_learned", "cross_learned",
 )  # fmt: skip
+LEARNED = ("enc_self_learned", "dec_self_learned", "cross_learned")  # trace format 2
 _TOKENS = ("src_tokens", "tgt_tokens", "out_tokens")
 
 
@@ -73,6 +75,11 @@ class AttentionTrace:
     src_real: np.ndarray | None = None  # (S,) bool, True = a real source token (False = PAD)
     tgt_real: np.ndarray | None = None  # (T,) bool, True = a real decoder position
     topk_tokens: np.ndarray | None = None  # (T, k) str: topk_ids as tokens (a trace file has no vocabulary)
+    # weights on learned keys that are not positions of the sequence (memory key/values, a null key):
+    # (layer, head, query, M), labelled by meta["learned_keys"][kind]; the kind's map holds the rest
+    enc_self_learned: np.ndarray | None = None
+    dec_self_learned: np.ndarray | None = None
+    cross_learned: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name in _ARRAYS:
@@ -108,6 +115,16 @@ class AttentionTrace:
         """(query, key) bool mask used by that kind, True = may attend."""
         self._check(kind)
         return getattr(self, f"{kind}_mask")
+
+    def learned(self, kind: str) -> tuple[tuple[str, ...], np.ndarray] | None:
+        """(labels, weights (layer, head, query, M)) of the learned keys outside the sequence that
+        ``kind`` attends to besides its tokens (memory key/values, a null key), or None."""
+        self._check(kind)
+        weights = getattr(self, f"{kind}_learned")
+        if weights is None:
+            return None
+        labels = (self.meta.get("learned_keys") or {}).get(kind) or []
+        return tuple(str(x) for x in labels), weights
 
     def axes(self, kind: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(query tokens, key tokens) of one kind."""

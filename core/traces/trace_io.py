@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.core.errors import TraceFormatError
-from attnscope.core.traces.trace import _ARRAYS, _TOKENS, KINDS, AttentionTrace
+from attnscope.core.traces.trace import _ARRAYS, _TOKENS, KINDS, LEARNED, AttentionTrace
 
 MAX_TRACE_TOKENS = 2048  # per axis (source, decoder)
 MAX_TRACE_VALUES = (
@@ -42,8 +42,13 @@ MAX_CLASSES = 100_000  # out_probs of a classifier
 MAX_JSON_DEPTH = 16  # a trace's JSON nests 5 deep (a [layer, head, query, key] list in the object)
 # The format's version, in the header of every file written, and the members each version may hold:
 # a reader refuses members it does not know and versions newer than it reads.
-FORMAT_VERSION = 1
-FORMAT_MEMBERS = {1: frozenset((*_TOKENS, *_ARRAYS, "header"))}
+FORMAT_VERSION = 2  # the newest this reader knows; a file is written in the oldest that holds its members
+_V1 = frozenset((*_TOKENS, *(a for a in _ARRAYS if a not in LEARNED), "header"))
+FORMAT_MEMBERS = {
+    1: _V1,
+    2: _V1 | frozenset(LEARNED),
+}  # 2: weights on learned keys (memory key/values, null keys)
+MAX_LEARNED_KEYS = 1024
 PROB_TOL = 1e-3
 _STR_ARRAYS = ("topk_tokens",)
 
@@ -180,6 +185,8 @@ def _check_declared(members: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Non
             limit = values * 16  # float64, or complex (refused with its own sentence later)
         elif name.endswith("_mask"):
             limit = n * n * 8
+        elif name in LEARNED:
+            limit = min(values, MAX_TRACE_VALUES) * 8 + MAX_LEARNED_KEYS * 8 * max(1, values // max(n, 1))
         elif name.startswith("topk"):
             limit = n * MAX_TOPK * max(8, MAX_TOKEN_CHARS * 4 if name == "topk_tokens" else 8)
         elif name == "out_probs":
@@ -308,6 +315,7 @@ def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
                     f"{kind} holds values from {np.nanmin(pf):.3g} to {np.nanmax(pf):.3g}; attention "
                     "probabilities lie in [0, 1] (scores before the softmax go in {kind}_scores)"
                 )
+    _check_learned(header, arrays)
     for name, n in (("src", S), ("tgt", T)):
         for suffix, kinds_ok, what in (("_ids", "iu", "whole numbers"), ("_real", "b", "booleans")):
             a = arrays.get(name + suffix)
@@ -336,6 +344,39 @@ def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
             raise _Bad(
                 f"out_probs is {op.dtype} {_shape(op)}, not one probability per output token ({n_out})"
             )
+
+
+def _check_learned(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Weights on learned keys: one (layer, head, query) row per row of their kind's map, at most
+    MAX_LEARNED_KEYS keys, probabilities, one label each in meta["learned_keys"]."""
+    labels = (header.get("meta") or {}).get("learned_keys") or {}
+    if not isinstance(labels, dict):
+        raise _Bad("the header's meta 'learned_keys' is not an object of kind -> labels")
+    for kind in KINDS:
+        w = arrays.get(f"{kind}_learned")
+        if w is None:
+            continue
+        p = arrays.get(kind)
+        if p is None:
+            raise _Bad(f"it holds {kind}_learned but no {kind}")
+        if (
+            w.dtype.kind not in "fiu"
+            or w.ndim != 4
+            or w.shape[:3] != p.shape[:3]
+            or not 0 < w.shape[3] <= MAX_LEARNED_KEYS
+        ):
+            raise _Bad(f"{kind}_learned is {w.dtype} {_shape(w)}, not real numbers shaped [layer, head, query, "
+                       f"learned keys] = {_shape(p[..., :1])[:-2]}x(1 to {MAX_LEARNED_KEYS}) like {kind}")  # fmt: skip
+        wf = np.asarray(w, dtype=np.float32)
+        if not np.isfinite(wf).all() or wf.min(initial=0.0) < -PROB_TOL or wf.max(initial=0.0) > 1 + PROB_TOL:
+            raise _Bad(f"{kind}_learned holds values outside [0, 1], which are not probabilities")
+        names = labels.get(kind)
+        if (
+            not isinstance(names, list)
+            or len(names) != w.shape[3]
+            or not all(isinstance(x, str) for x in names)
+        ):
+            raise _Bad(f"{kind}_learned has {w.shape[3]} keys but meta 'learned_keys' does not name each one")
 
 
 def _from_fields(header: dict[str, Any], arrays: dict[str, Any]) -> AttentionTrace:
@@ -420,7 +461,9 @@ def _npz_members(trace: AttentionTrace) -> dict[str, Any]:  # name -> array, for
 
 
 def _file_header(trace: AttentionTrace) -> dict[str, Any]:
-    return {**trace.header(), "format": FORMAT_VERSION}
+    members = set(trace.to_numpy())
+    version = min(v for v, allowed in FORMAT_MEMBERS.items() if members <= allowed)
+    return {**trace.header(), "format": version}
 
 
 def to_npz_bytes(trace: AttentionTrace) -> bytes:
@@ -479,6 +522,9 @@ def problems(trace: AttentionTrace) -> list[str]:
                     f"from query {q}, which the mask forbids; the Masks page and the mask audit show where."
                 )
         rows = np.nansum(p, axis=-1)
+        learned = trace.learned(kind)
+        if learned is not None:  # the weight on learned keys completes each row
+            rows = rows + np.nansum(learned[1], axis=-1)
         ok_rows = ~nan.any(axis=-1)
         if mask is not None:
             ok_rows &= np.asarray(np.asarray(mask, bool).any(axis=-1))[None, None]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import streamlit as st
 
 from attnscope.core.traces.trace import KIND_LABELS
@@ -80,12 +81,20 @@ heads: list[int | str] = list(range(n_heads)) + list(P.AGGREGATES)
 layer, head = ui.layer_head_picker(K.ATT_LAYER, K.ATT_HEAD, n_layers, heads)
 
 weights = P.head_weights(probs, layer, head)
+head_keys, head_mask = k_tok, mask
+learned = tr.learned(kind)
+if learned is not None:  # learned keys outside the sequence (memory key/values, a null key): extra columns
+    labels, extra = learned
+    weights = np.concatenate([weights, P.head_weights(extra, layer, head)], axis=-1)
+    head_keys = (*k_tok, *labels)
+    if mask is not None:
+        head_mask = np.concatenate([mask, np.ones((mask.shape[0], len(labels)), dtype=bool)], axis=-1)
 q_title, k_title = DECODER_ONLY_TITLES if arch == "decoder" else ATTENTION_AXIS_TITLES[kind]
 big = P.head_heatmap(
     weights,
     q_tok,
-    k_tok,
-    mask=mask if show_mask else None,
+    head_keys,
+    mask=head_mask if show_mask else None,
     log=log,
     query_title=q_title,
     key_title=k_title,
@@ -93,6 +102,14 @@ big = P.head_heatmap(
     + (f"<br><sup>▣ {marks.NOTE}: {hinted[(layer, head)]}</sup>" if (layer, head) in hinted else ""),
 )
 ui.chart(big, key="att_head_chart")
+if learned is not None:
+    share = float(np.nanmean(learned[1].sum(-1)))
+    st.info(
+        f"These queries also attend to {len(learned[0])} learned key(s) that are not tokens of the input "
+        f"({', '.join(learned[0][:6])}{', …' if len(learned[0]) > 6 else ''}): the last columns of the head view. "
+        f"They take {share:.0%} of the weight on average; the grid shows the tokens' columns only, so its rows "
+        "sum to the rest."
+    )
 st.caption(
     "Rows: queries (each row sums to 1 over the keys it may attend to). Columns: keys. "
     "PAD positions are shown; with 'Show mask' on, ✕ marks keys the mask forbids (their weight is exactly 0)."

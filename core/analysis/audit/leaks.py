@@ -86,8 +86,10 @@ def batch_from_traces(
         present = [i for i in ids if i is not None]
         if len(present) < len(ids) or len(present[0]) == 0:
             return None, None
-        real = torch.tensor(np.stack([real_positions(tr, side, pad_id) for tr in traces]))
-        return torch.tensor(np.stack(present), dtype=torch.long), real
+        real = np.stack([real_positions(tr, side, pad_id) for tr in traces])
+        ids_ = np.stack(present)
+        fed = (ids_ >= 0).all(axis=0)  # id -1: a learned position the model joins itself (a [CLS]), not fed
+        return torch.tensor(ids_[:, fed], dtype=torch.long), torch.tensor(real[:, fed])
 
     src, src_real = stack("src")
     tgt, tgt_real = stack("tgt")

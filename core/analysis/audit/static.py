@@ -239,29 +239,32 @@ def check_row_sums(traces: list[AttentionTrace], kind: str, pad_id: int | None =
     """Every real query row of probabilities sums to 1 (within 1e-5, or within the precision of half-
     precision maps: ``map_precision``); NaN fails."""
     name = f"row_sums[{kind}]"
-    worst: tuple[float, int, int, int, int] | None = None
+    worst: tuple[float, int, int, int, int, float] | None = None
     n_rows = 0
     precision, tol = "float32", ROW_SUM_TOL
     for b, tr in enumerate(traces):
         p = tr.probs(kind)
         q_real, _ = expected_mask(tr, kind, pad_id)
         n_rows += int(q_real.sum()) * p.shape[0] * p.shape[1]
-        dev = np.abs(p.sum(-1, dtype=np.float64) - 1.0)  # (L, H, Q)
+        sums = p.sum(-1, dtype=np.float64)
+        learned = tr.learned(kind)
+        if learned is not None:  # weight on learned keys outside the sequence completes the rows
+            sums = sums + learned[1].sum(-1, dtype=np.float64)
+        dev = np.abs(sums - 1.0)  # (L, H, Q)
         dev = np.where(np.isnan(dev), np.inf, dev)
         dev = np.where(q_real[None, None, :], dev, 0.0)
         ly, h, q = (int(i) for i in np.unravel_index(int(np.argmax(dev)), dev.shape))
         if worst is None or dev[ly, h, q] > worst[0]:
-            worst = (float(dev[ly, h, q]), b, int(ly), int(h), int(q))
+            worst = (float(dev[ly, h, q]), b, int(ly), int(h), int(q), float(sums[ly, h, q]))
     if worst is None:
         raise ValueError("no traces to check")
-    dev, b, ly, h, q = worst
+    dev, b, ly, h, q, total = worst
     if dev > ROW_SUM_TOL:  # only then does the maps' precision matter
         precision, tol = map_precision(traces[b].probs(kind))
     within = f"; {precision} maps: within {tol:.1e}" if precision != "float32" else ""
     if dev <= tol:
         return Verdict(name, True, f"{n_rows} real query rows (all layers, heads) sum to 1 (largest deviation "
                        f"{dev:.1e}{within})", kind=kind, value=dev)  # fmt: skip
-    total = traces[b].probs(kind)[ly, h, q].sum()
     detail = f"row sums to {total:.6g} at layer {ly} head {h}, {_where(traces[b], kind, b, q)}{within}"
     return Verdict(name, False, detail, kind=kind, layer=ly, head=h, positions=(b, q), value=dev)
 
