@@ -209,3 +209,44 @@ def test_hugging_face_sdpa_with_left_padding_equals_eager_output_attentions():
         real = mask.bool()[:, None, :, None] & mask.bool()[:, None, None, :]
         got, ref = rec.probs.masked_fill(~real, 0), ref.masked_fill(~real, 0)  # PAD query rows: undefined
         np.testing.assert_allclose(got.numpy(), ref.numpy(), atol=1e-6)
+
+
+def test_multihead_attention_bias_k_and_zero_attn_are_labelled_learned_keys():
+    """nn.MultiheadAttention(add_bias_kv=True, add_zero_attn=True) appends a learned key and a zero
+    key: recorded with their own columns, labelled, the padding mask kept for the tokens."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(8, 2, add_bias_kv=True, add_zero_attn=True, batch_first=True).eval()
+    x = torch.randn(2, 4, 8)
+    pad = torch.tensor([[False, False, False, True], [False, False, False, False]])
+    with torch.no_grad(), capture_attention(mha) as cap:
+        _, want = mha(x, x, x, key_padding_mask=pad, average_attn_weights=False)
+    (rec,) = cap.records
+    assert not cap.notes and rec.probs.shape == (2, 2, 4, 6)
+    torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)
+    assert rec.key_labels == (None, None, None, None, "<bias_k 0>", "<zero_attn 0>")
+    assert rec.mask[0, 0].tolist() == [True, True, True, False, True, True]
+
+
+class _SdpaMemory(nn.Module):
+    """x-transformers' memory key/values on its SDPA path: learned keys joined in front of k and v."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.qkv = nn.Embedding(10, 8), nn.Linear(8, 24)
+        self.mem_kv = nn.Parameter(torch.randn(2, 2, 3, 4))  # (k/v, heads, memories, dim)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = (t.view(b, n, 2, 4).transpose(1, 2) for t in self.qkv(self.emb(ids)).chunk(3, -1))
+        mk, mv = (m.expand(b, -1, -1, -1) for m in self.mem_kv)
+        k, v = torch.cat((mk, k), dim=-2), torch.cat((mv, v), dim=-2)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def test_sdpa_memory_keys_are_labelled_and_stay_encoder_self_attention():
+    model = _SdpaMemory().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]))
+    (rec,) = cap.records
+    assert rec.kind == "enc_self" and rec.probs.shape == (2, 2, 4, 7)
+    assert rec.key_labels == ("<mem_kv 0>", "<mem_kv 1>", "<mem_kv 2>", None, None, None, None)

@@ -675,7 +675,11 @@ class _Session:
             role = act[0][1].role if act else "param"
             heads, cache = (act[0][1].heads, act[0][1].cache) if act else (None, False)
             codes: list[Any] = [None] * len(outs)
-            if act and name in lineage.REPLAY and args and args[0] is act[0][0]:
+            if (
+                name in lineage.REPLAY
+                and args
+                and (args[0] is act[0][0] if act else isinstance(args[0], torch.Tensor))
+            ):
                 try:
                     res = func(*[self._coded(a) for a in args], **kwargs)
                     if len(res) == len(outs) and all(
@@ -953,6 +957,7 @@ class _Session:
         layout: Layout | None = None,
         flag: str | None = None,
         key_labels=None,
+        query_labels=None,
     ):
         """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None. The new Record (None: joined)."""
         probs = probs.detach()
@@ -970,7 +975,7 @@ class _Session:
         scores = None if scores is None else scores.detach()
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
-                     layout.query_labels if layout is not None else None)  # fmt: skip
+                     layout.query_labels if layout is not None else query_labels)  # fmt: skip
         item = _HEAD_ITEM.match(path)
         group = (item["parent"], int(item["i"])) if item else None
         last = self.cap.records[-1] if self.cap.records else None
@@ -1282,9 +1287,21 @@ class _Session:
         b = int(math.prod(lead)) if lead else 1
         shape = (b, hq, lq, lk)
         cross, ext = self._cross(a["query"], a["key"])
+        seen = self._described(a["query"], a["key"])
+        if seen is not None and seen.cross is not None:  # lineage: where q and k came from
+            cross, ext = seen.cross, seen.ext
         self._record(self.path(), probs.reshape(shape), scores.reshape(shape),
                      None if allowed is None else allowed.reshape(shape), "sdpa",
-                     "arguments" if allowed is not None else None, cross, check, ext)  # fmt: skip
+                     "arguments" if allowed is not None else None, cross, check, ext,
+                     key_labels=seen.key_labels if seen else None,
+                     query_labels=seen.query_labels if seen else None)  # fmt: skip
+
+    def _described(self, q: torch.Tensor, k: torch.Tensor) -> lineage.Described | None:
+        """What lineage says of an attention call's queries and keys (..., L, d), or None."""
+        qc, kc = self.code_of(q), self.code_of(k)
+        if qc is None or kc is None or tuple(qc.shape) != tuple(q.shape) or tuple(kc.shape) != tuple(k.shape):
+            return None
+        return lineage.describe(qc, kc, self.sources)
 
     def _cross(self, q, k) -> tuple[bool | None, bool]:
         """(queries come from other embedding calls than the keys, the keys extend the queries' own)."""
@@ -1316,6 +1333,20 @@ class _Session:
             b, h, lq, lk = weights.shape
             kpm = p["key_padding_mask"]
             kpm = kpm[None] if unbatched and kpm is not None else kpm
+            extra = (["<bias_k 0>"] if p["bias_k"] is not None else []) + (
+                ["<zero_attn 0>"] if p["add_zero_attn"] else []
+            )
+            labels = (*[None] * (lk - len(extra)), *extra) if extra else None  # learned keys MHA appends
+            if extra:  # MHA pads its masks with "may attend" for them
+                kpm = (
+                    None
+                    if kpm is None
+                    else F.pad(kpm, (0, len(extra)), value=False if kpm.dtype == torch.bool else 0.0)
+                )
+                if attn_mask is not None and attn_mask.shape[-1] != lk:
+                    attn_mask = F.pad(
+                        attn_mask, (0, len(extra)), value=False if attn_mask.dtype == torch.bool else 0.0
+                    )
             allowed = _mask(b, h, lq, lk, attn_mask, kpm, weights.device)
             with torch.no_grad():
                 scores = _mha_scores(p, h)
@@ -1324,7 +1355,8 @@ class _Session:
             if query is key and path not in self.fixed:
                 cross = False
             self._record(path, weights, scores, None if allowed is None else allowed[:, None],
-                         "nn.MultiheadAttention", "arguments" if allowed is not None else None, cross)  # fmt: skip
+                         "nn.MultiheadAttention", "arguments" if allowed is not None else None, cross,
+                         key_labels=labels)  # fmt: skip
         except Exception as exc:
             self.cap.notes.append(f"nn.MultiheadAttention: {type(exc).__name__}: {exc}")
         finally:
@@ -1406,7 +1438,7 @@ def _heads_joined(a: Record, b: Record, name: str) -> Record:
         differ = differ or not torch.equal(a.mask, b.mask)
         mask = a.mask & b.mask
     checks = [c for c in (a.check, b.check) if c is not None]
-    return Record(
+    return Record(  # the heads of a layer: exact only if every head is, learned keys as the first head's
         name,
         a.kind,
         torch.cat([a.probs, b.probs], dim=1),
@@ -1416,6 +1448,10 @@ def _heads_joined(a: Record, b: Record, name: str) -> Record:
         a.mask_source,
         max(checks) if checks else None,
         differ,
+        a.exact and b.exact,
+        a.flag or b.flag,
+        a.key_labels,
+        a.query_labels,
     )
 
 

@@ -308,6 +308,26 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     )
 
 
+@dataclass(frozen=True)
+class Described:
+    key_labels: tuple[str | None, ...] | None
+    query_labels: tuple[str | None, ...] | None
+    cross: bool | None
+    ext: bool
+
+
+def describe(q: torch.Tensor, k: torch.Tensor, sources: Sources) -> Described | None:
+    """Labels, cross and cache of an attention call given its queries' and keys' codes (..., L, d)
+    (SDPA's arguments): read off the first sequence and head."""
+    if q.dim() < 2 or k.dim() < 2 or not q.numel() or not k.numel():
+        return None
+    qpos = (q.amin(-1) >> SHIFT).reshape(-1, q.shape[-2])[0]
+    kpos = (k.amin(-1) >> SHIFT).reshape(-1, k.shape[-2])[0]
+    cross = _cross(qpos, kpos, sources)
+    return Described(_labels(kpos, sources), _labels(qpos, sources), cross,
+                     cross is False and _extends(qpos, kpos, sources))  # fmt: skip
+
+
 def _groups(key_hash: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor):
     """(group of every row, each group's first row, the number of groups) for rows grouped by
     ``key_hash``; a string when rows of a group see different keys, None when a group holds one
