@@ -163,4 +163,19 @@ def test_a_trace_with_nan_and_a_leaking_mask_opens_with_warnings(reverse_trace, 
     assert "FAIL" in failed and "declared_mask[enc_self]" in failed, failed
 
 
+def test_capture_flags_in_a_trace_show_on_every_page_that_draws_it(reverse_trace, tmp_path, monkeypatch):
+    """What capture could not verify travels in the file and is one warning above each page."""
+    tr = AttentionTrace.load(reverse_trace)
+    note = (
+        "encoder.layers.0.attn (12, 7, 7): could not verify: the queries were not projected inside the call"
+    )
+    path = tr.replace(meta={**tr.meta, "capture_notes": [note]}).save(tmp_path / "flagged.npz")
+    monkeypatch.setenv(opened.VIEW_ENV, str(path))
+    for page in ("attention", "masks", "heads", "bertviz"):
+        at = run_app(page=page)
+        assert_no_exception(at)
+        shown = [w.value for w in at.warning if "could not be verified" in w.value]
+        assert len(shown) == 1 and "1 attention call(s)" in shown[0] and note in shown[0], page
+
+
 assert set(TRACE_PAGES + MODEL_PAGES) == set(PAGES) | set(ANALYSIS_PAGES)

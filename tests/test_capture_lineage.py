@@ -250,3 +250,23 @@ def test_sdpa_memory_keys_are_labelled_and_stay_encoder_self_attention():
     (rec,) = cap.records
     assert rec.kind == "enc_self" and rec.probs.shape == (2, 2, 4, 7)
     assert rec.key_labels == ("<mem_kv 0>", "<mem_kv 1>", "<mem_kv 2>", None, None, None, None)
+
+
+def test_torchscript_is_said_in_one_sentence_not_answered_with_an_empty_picture():
+    mod = _style("kyubyong")
+    with torch.no_grad():
+        model = torch.jit.trace(mod.build(), mod.sample_batch(), check_trace=False)
+        with capture_attention(model) as cap:
+            model(*mod.sample_batch())
+    assert not cap.records
+    assert len(cap.notes) == 1 and "TorchScript" in cap.notes[0] and "\n" not in cap.notes[0]
+
+
+def test_capture_notes_travel_in_the_trace_file(tmp_path):
+    model = _OutsideQueries().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    tr = cap.trace(0, src_tokens=["a", "b", "c"])
+    for suffix in ("npz", "json"):
+        back = type(tr).load(tr.save(tmp_path / f"t.{suffix}"))
+        assert back.meta["capture_notes"] == cap.notes and "could not verify" in back.meta["capture_notes"][0]

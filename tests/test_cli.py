@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnscope.cli import main
+from attnscope.core.traces.trace import AttentionTrace
 from attnscope.core.transformer import checkpoint
 from attnscope.core.transformer.config import tiny
 from attnscope.core.transformer.model import Transformer
@@ -104,3 +105,15 @@ def test_bad_input_exits_nonzero_with_one_line(folder, tmp_path, args, message):
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert lines[0].startswith("error:") and message in lines[0]
+
+
+def test_capture_flags_print_on_stderr_and_travel_in_the_file(tmp_path, capsys):
+    """An adapter whose attention capture cannot verify: the trace is written, and stderr says why."""
+    adapter = Path(__file__).resolve().parent / "adapters" / "flagged_outside_queries.py"
+    out = tmp_path / "t.json"
+    assert main(["trace", "--model", str(adapter), "abc", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "wrote" in captured.out
+    assert "warning: 1 attention call(s) could not be verified" in captured.err
+    assert "not projected inside the captured call" in captured.err
+    assert "could not verify" in AttentionTrace.load(out).meta["capture_notes"][0]
