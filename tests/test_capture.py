@@ -179,7 +179,15 @@ def test_fast_path_comes_back():
         with capture_attention(enc) as cap:
             slow = enc(x, src_key_padding_mask=pad)
         again = enc(x, src_key_padding_mask=pad)
-    assert cap.stacks()["enc_self"].shape == (2, 2, H, 5, 5)
+    maps = cap.stacks()["enc_self"]
+    assert maps.shape == (2, 2, H, 5, 5)
+    with torch.enable_grad():  # the python path, by hand: each layer's own weights on its own input
+        h, want = x, []
+        for layer_ in enc.layers:
+            want.append(layer_.self_attn(h, h, h, key_padding_mask=pad, average_attn_weights=False)[1].detach())
+            h = layer_(h, src_key_padding_mask=pad).detach()
+    torch.testing.assert_close(maps, torch.stack(want, dim=1), atol=1e-6, rtol=0)
+    assert (maps[1, :, :, :, 3:] == 0).all()  # no weight on the second sequence's PAD keys
     # the nested-tensor fast path writes 0 at PAD positions, the python path does not
     assert (fast[1, 3:] == 0).all() and not (slow[1, 3:] == 0).all()
     assert torch.equal(again, fast)

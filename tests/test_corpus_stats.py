@@ -4,6 +4,7 @@ counted, never fatal; resumable after an interrupt; the same under torchrun with
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -80,6 +81,60 @@ def test_statistics_equal_a_line_by_line_computation(single, tiny_folder, lines_
             assert top[0]["text"] == (GOOD * 3)[top[0]["line"]]
 
 
+def _reference(trace, kind: str) -> dict[str, np.ndarray]:
+    """Every statistic of one kind of one trace by plain loops over layers, heads, rows and keys:
+    written from the statistics' definitions, independent of attnscope.core.analysis."""
+    sides = {"enc_self": ("src", "src"), "dec_self": ("tgt", "tgt"), "cross": ("tgt", "src")}[kind]
+    real = {"src": trace.src_real, "tgt": trace.tgt_real}
+    q_ok, k_ok = (np.asarray(real[s], bool) for s in sides)
+    _, keys = trace.axes(kind)
+    p = np.asarray(trace.probs(kind), dtype=np.float64)
+    n_layers, n_heads, n_q, n_k = p.shape
+    qs = [q for q in range(n_q) if q_ok[q]]
+    ks = [k for k in range(n_k) if k_ok[k]]
+    names = ["entropy", "distance", "diagonal", "previous", "next", "first", "last", "specials", "punctuation"]
+    names += ["monotonic"] if kind == "cross" else []
+    out = {n: np.full((n_layers, n_heads), np.nan) for n in names}
+    for ly in range(n_layers):
+        for h in range(n_heads):
+            rows = {n: [] for n in names}
+            for q in qs:
+                w = p[ly, h, q]
+                rows["entropy"].append(-sum(w[k] * math.log(w[k]) for k in ks if w[k] > 0))
+                rows["distance"].append(sum(w[k] * abs(q - k) for k in ks))
+                for name, off in (("diagonal", 0), ("previous", -1), ("next", 1)):
+                    if 0 <= q + off < n_k and k_ok[q + off]:
+                        rows[name].append(w[q + off])
+                rows["first"].append(w[ks[0]])
+                rows["last"].append(w[ks[-1]])
+                rows["specials"].append(sum(w[k] for k in ks if corpus.is_special(keys[k])))
+                rows["punctuation"].append(sum(w[k] for k in ks if corpus.is_punctuation(keys[k])))
+            for n in names:
+                if rows[n]:
+                    out[n][ly, h] = sum(rows[n]) / len(rows[n])
+            if kind == "cross" and len(qs) > 1:
+                best = [max(ks, key=lambda k, q=q: p[ly, h, q, k]) for q in qs]
+                pairs = [(i, j) for i in range(len(qs)) for j in range(i + 1, len(qs))]
+                out["monotonic"][ly, h] = sum(np.sign(best[j] - best[i]) for i, j in pairs) / len(pairs)
+    return out
+
+
+def test_every_statistic_of_every_kind_equals_an_independent_reference(single, tiny_folder):
+    """Each statistic's corpus mean, for every kind, against plain loops written from its definition."""
+    out, _ = single
+    frame, _ = corpus.read(out)
+    lm = load_folder(tiny_folder)
+    lines = GOOD * 3
+    per_line = [lm.trace([t])[0] for t in lines]
+    assert set(frame["kind"]) == {"enc_self", "dec_self", "cross"}
+    for kind in ("enc_self", "dec_self", "cross"):
+        refs = [_reference(tr, kind) for tr in per_line]
+        for stat in refs[0]:
+            want = np.nanmean(np.stack([r[stat] for r in refs]), 0)
+            got = corpus.stat_matrix(frame, kind, stat)
+            np.testing.assert_allclose(got, want, atol=1e-5, err_msg=f"{kind} {stat}")
+
+
 def test_bad_lines_are_counted_and_reported(single):
     out, done = single
     _, meta = corpus.read(out)
@@ -131,6 +186,12 @@ def test_torchrun_two_processes_equal_one(single, tiny_folder, lines_file, tmp_p
         and meta_b["n_inputs"] == meta_a["n_inputs"]
         and meta_b["skipped"] == meta_a["skipped"]
     )
+    # rank 1 did its share: the inputs it computed, and lines only it read among the extremes
+    assert meta_a["per_rank"] == [meta_a["n_inputs"]]
+    assert len(meta_b["per_rank"]) == 2 and sum(meta_b["per_rank"]) == meta_b["n_inputs"]
+    assert min(meta_b["per_rank"]) >= meta_b["n_inputs"] // 2 - 2
+    odd = [d["line"] % 2 for col in ("top_high", "top_low") for cell in b[col] for d in json.loads(cell)]
+    assert 1 in odd and 0 in odd  # line i goes to rank i mod 2
     assert (
         (a[["kind", "layer", "head", "stat", "n"]] == b[["kind", "layer", "head", "stat", "n"]]).all().all()
     )

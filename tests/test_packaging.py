@@ -86,7 +86,8 @@ def test_attnscope_run_serves_the_dashboard_from_another_folder(tmp_path):
         url = f"http://127.0.0.1:{port}"
         assert harness.wait_healthy(url, proc, 90), f"no dashboard on port {port}; exit code {proc.poll()}"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
-            assert "<title>Streamlit</title>" in r.read().decode() or r.status == 200
+            body = r.read().decode()
+            assert r.status == 200 and "<title>Streamlit</title>" in body and 'id="root"' in body, body[:300]
     finally:
         proc.terminate()
         try:

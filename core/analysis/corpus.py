@@ -82,6 +82,7 @@ class Accumulator:
     n_inputs: int = 0
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
     skipped_lines: list[tuple[int, str]] = field(default_factory=list)  # the first few, (line, reason)
+    per_rank: list[int] = field(default_factory=list)  # inputs each process computed (reduce fills it)
 
     def add(self, stats: dict[str, dict[str, np.ndarray]], line: int) -> None:
         self.n_inputs += 1
@@ -320,6 +321,7 @@ def reduce(acc: Accumulator, shard: Shard) -> Accumulator | None:
     import torch.distributed as dist
 
     if shard.world == 1:
+        acc.per_rank = [acc.n_inputs]
         return acc
     gathered: list[dict | None] = [None] * shard.world
     dist.all_gather_object(gathered, acc.state())
@@ -330,6 +332,7 @@ def reduce(acc: Accumulator, shard: Shard) -> Accumulator | None:
         if state is None:
             raise RuntimeError("a process sent no statistics to rank 0")
         total.merge(Accumulator.from_state(state))
+    total.per_rank = [int(state["n_inputs"]) for state in gathered if state is not None]
     return total
 
 
@@ -341,7 +344,8 @@ def write(acc: Accumulator, lines: Sequence[str], out: Path, meta: dict[str, Any
     frame = acc.frame(lambda i: lines[i][:300])
     table = pa.Table.from_pandas(frame, preserve_index=False)
     info = {**meta, "format": FORMAT, "n_inputs": acc.n_inputs, "skipped": acc.skipped,
-            "skipped_lines": acc.skipped_lines, "top_k": acc.top_k}  # fmt: skip
+            "skipped_lines": acc.skipped_lines, "top_k": acc.top_k,
+            "per_rank": acc.per_rank or [acc.n_inputs]}  # fmt: skip
     table = table.replace_schema_metadata(
         {**(table.schema.metadata or {}), b"attnscope": json.dumps(info).encode()}
     )

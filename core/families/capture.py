@@ -14,17 +14,19 @@ What is recorded, whatever module or function wrote it:
 - ``F.scaled_dot_product_attention``: it returns no weights, so they are recomputed from q, k,
   ``attn_mask``, ``is_causal``, ``scale`` and grouped query heads (``record.check`` is the largest
   difference between ``probs @ v`` and the output SDPA returned).
-- a softmax over the key axis of an attention-shaped tensor (``torch.softmax``, ``F.softmax``,
-  ``Tensor.softmax``, ``nn.Softmax``, ``torch.special.softmax``) on ``(B, H, q, k)`` or
-  ``(B·H, q, k)``, or on einsum scores laid out otherwise (Transformer-XL's ``"ibnd,jbnd->ijbn"``
-  with the softmax over ``dim=1``: the einsum's letters say which axis holds the queries and which
-  the keys). A 3-D tensor is split into heads from the reshape that made it (batch-major
-  ``(B, H, ...)`` or head-major ``(H, B, ...)`` before the ``view``: the head count of the view that
-  split the projection's features into ``(H, d)`` tells which), else from that head count, else
-  from the batch size. When the weights are then multiplied by a 0/1 mask and divided by their
-  sums (AllenNLP's ``masked_softmax``), the record holds the renormalized weights; when they are
-  cast down to a lower precision (LLaMA's ``softmax(scores.float()).type_as(q)`` in bfloat16), the
-  record holds the cast weights, the ones the model multiplies the values with.
+- a softmax over query-key scores (``torch.softmax``, ``F.softmax``, ``Tensor.softmax``,
+  ``nn.Softmax``, ``torch.special.softmax``), split into (batch, head, query, key) from lineage
+  (attnscope.core.families.lineage): every activation carries codes of its source positions and
+  projected features, replayed through data-movement ops, so batch-major, head-major and
+  ``chunk`` + ``cat`` folds, keys-first layouts (``k @ q.T`` softmaxed over ``dim=-2``) and einsum
+  layouts are all exact; learned keys and queries (a prepended ``[CLS]``, memory key/values, a null
+  key) are recorded and labelled (``record.key_labels``: ``"<mem_k 0>"``). Where lineage cannot place
+  a softmax, the shape rules decide and the record is flagged (``record.exact`` False,
+  ``record.flag`` the reason, a warning in ``cap.notes``). When the weights are then multiplied by a
+  0/1 mask and divided by their sums (AllenNLP's ``masked_softmax``), the record holds the
+  renormalized weights; when they are cast down to a lower precision (LLaMA's
+  ``softmax(scores.float()).type_as(q)`` in bfloat16), the record holds the cast weights, the ones
+  the model multiplies the values with.
 
 How: a ``torch.overrides.TorchFunctionMode`` sees every torch call made in the ``with`` block
 *by this thread* (modes are thread-local), so sessions running the same model in other threads
@@ -35,16 +37,15 @@ no gradients) is not taken while a mode is active; the python path computes the 
 bit for bit (and returns values where the nested-tensor path writes 0 at PAD). ``capture_call``
 runs the model once normally (that output is returned) and once under capture.
 
-Which softmax is attention. The mode follows each tensor's lineage: a matmul of two activations
-makes *scores*; ``F.linear`` (or a matmul with a parameter) makes a projection. A softmax over
-a projection (the vocabulary softmax at a model's end) is not attention. Otherwise the key length
-must be a sequence length of this call: either dimension of a token-id tensor that went through an
-embedding (``(B, L)``, or ``(L, B)`` in sequence-first code), or one given in ``lengths=``; or the
-keys extend the queries' own sequence (below). ``include=``/``exclude=`` (glob patterns on module
-paths) override the rules. A bilinear pointer scorer (a biaffine parser's ``(x W) @ y.T`` softmaxed
-over tokens) is two activations multiplied, like ``q @ k.T``: it cannot be told from attention by
-lineage and is recorded; ``exclude=`` keeps it out (an additive pointer or a router made by an
-``nn.Linear`` is a projection and is not recorded).
+Which softmax is attention: one over scores made by a product of two activations. A softmax over
+a projection (the vocabulary softmax at a model's end, a router made by an ``nn.Linear``) is not, and
+is noted in ``cap.skipped`` (information, once per module and reason); every other softmax that is
+not recorded is a warning in ``cap.notes``. Without lineage the key length must be a sequence length
+of this call (either dimension of a token-id tensor that went through an embedding, one given in
+``lengths=``, or keys that extend the queries' own sequence). ``include=``/``exclude=`` (glob
+patterns on module paths) override the rules. A bilinear pointer scorer (a biaffine parser's
+``(x W) @ y.T``) is two activations multiplied, like ``q @ k.T``, and is recorded unless excluded.
+A model (or module) that is TorchScript is said in one sentence in ``cap.notes``.
 
 Masks and scores. A ``masked_fill`` with a very negative value (or ``-inf``), a ``torch.where``
 against one, an index assignment ``scores[~mask] = -1e6`` (d2l's ``sequence_mask``), or an
@@ -54,16 +55,14 @@ additive mask (values <= -1e4 added, also as ``baddbmm``'s ``input``; or >= 1e4 
 multiplied by before a renormalization is one too (``mask_source == "multiplied"``); without
 one, keys that got exactly zero in every head count as masked (``mask_source == "zeros"``).
 
-Kinds (``kinds={module_pattern: kind}`` overrides): ``nn.Transformer*Layer`` attributes; module
-paths (cross/context/src_attn/enc_attn/encoder_attn -> cross); query length != key length, or
-queries that come from an embedding call the keys do not come from (decoder tokens vs source
-tokens) -> cross, unless the keys extend the queries' own sequence -> dec_self (a KV cache: keys joined
-along the sequence to cached ones, with ``torch.cat`` or written into a buffer, or a memory of
-earlier positions as in Transformer-XL; decoding steps then record ``(B, H, 1, past + 1)``);
-a causal mask -> dec_self; paths with "decoder" -> dec_self, else enc_self. Layers are
-numbered in call order per kind; a module called twice (self, then context attention) is two
-records. One module per head (``heads = nn.ModuleList([Head() ...])``, as in "Let's build GPT"):
-consecutive single-head calls of ``*head*.0``, ``.1``, ... are joined into one layer's record.
+Kinds (``kinds={module_pattern: kind}`` overrides): ``nn.Transformer*Layer`` attributes; from
+lineage, queries and keys from different inputs -> cross (whatever their lengths), keys that extend
+the queries' own positions (a KV cache, a Transformer-XL memory) -> dec_self; without lineage, module
+paths (cross/context/src_attn/enc_attn/encoder_attn -> cross) and lengths (q != k -> cross); a causal
+mask -> dec_self; paths with "decoder" -> dec_self, else enc_self. Layers are numbered in call order
+per kind; a module called twice (self, then context attention) is two records. One module per head
+(``heads = nn.ModuleList([Head() ...])``, as in "Let's build GPT"): consecutive single-head calls of
+``*head*.0``, ``.1``, ... are joined into one layer's record.
 """
 
 from __future__ import annotations

@@ -250,8 +250,6 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     # left out; where that puts one query position twice in a group (keys learned or broadcast over
     # the batch), the product's slices tell the sequences apart as well
     seq_keys = kpos.masked_fill(is_param, -1)
-    if not bool((~is_param).any()):
-        return "every key is a learned vector, so the sequences cannot be told apart"
     weights = torch.arange(1, keys + 1, dtype=torch.int64, device=device) * _MIX.to(device)
     key_hash = (seq_keys * weights).sum(-1) ^ (h * 0x2545F491)
     q_param = torch.tensor([kd == "param" for kd in kinds], dtype=torch.bool, device=device)[
