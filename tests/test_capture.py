@@ -184,7 +184,9 @@ def test_fast_path_comes_back():
     with torch.enable_grad():  # the python path, by hand: each layer's own weights on its own input
         h, want = x, []
         for layer_ in enc.layers:
-            want.append(layer_.self_attn(h, h, h, key_padding_mask=pad, average_attn_weights=False)[1].detach())
+            want.append(
+                layer_.self_attn(h, h, h, key_padding_mask=pad, average_attn_weights=False)[1].detach()
+            )
             h = layer_(h, src_key_padding_mask=pad).detach()
     torch.testing.assert_close(maps, torch.stack(want, dim=1), atol=1e-6, rtol=0)
     assert (maps[1, :, :, :, 3:] == 0).all()  # no weight on the second sequence's PAD keys

@@ -92,7 +92,17 @@ def _reference(trace, kind: str) -> dict[str, np.ndarray]:
     n_layers, n_heads, n_q, n_k = p.shape
     qs = [q for q in range(n_q) if q_ok[q]]
     ks = [k for k in range(n_k) if k_ok[k]]
-    names = ["entropy", "distance", "diagonal", "previous", "next", "first", "last", "specials", "punctuation"]
+    names = [
+        "entropy",
+        "distance",
+        "diagonal",
+        "previous",
+        "next",
+        "first",
+        "last",
+        "specials",
+        "punctuation",
+    ]
     names += ["monotonic"] if kind == "cross" else []
     out = {n: np.full((n_layers, n_heads), np.nan) for n in names}
     for ly in range(n_layers):
