@@ -57,6 +57,22 @@ def test_traces_from_the_pool_have_the_same_numbers(tiny_model, pool, monkeypatc
     assert pool.stats()["reused"] >= 6  # 3 kinds x (scores, probs), second and third pass
 
 
+def test_recycled_blocks_hold_the_new_traces_numbers_not_the_old(tiny_model, pool, monkeypatch):
+    """Blocks recycled for traces of other content (other texts, of the same and other lengths)
+    hold exactly what a pass without the pool computes: nothing of the previous traces shows through."""
+    batches = [TEXTS, ["world hello", "cab"], ["attention please", "xyz"], ["dlrow olleh", "bca"], ["hi", "abcd"]]
+    monkeypatch.setattr(map_pool, "POOL", MapPool())  # off
+    plain = [_copy(tiny_model.trace(texts)) for texts in batches]
+    monkeypatch.setattr(map_pool, "POOL", pool)
+    for texts, want in zip(batches, plain, strict=True):
+        got = _copy(tiny_model.trace(texts))  # the previous batch's traces are gone: its blocks come back
+        for a, b in zip(want, got, strict=True):
+            for name in ARRAYS:
+                np.testing.assert_array_equal(a[name], b[name], err_msg=f"{texts} {name}")
+    assert pool.stats()["reused"] >= 2 * 6  # passes of the first's lengths ran on recycled blocks
+    assert not np.array_equal(plain[0][0]["enc_self"], plain[1][0]["enc_self"])  # the contents differ
+
+
 def test_a_block_in_use_is_never_handed_out(tiny_model, pool):
     first = tiny_model.trace(TEXTS)
     kept = _copy(first)
