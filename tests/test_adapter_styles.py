@@ -403,3 +403,33 @@ def test_sequence_first_output_not_transposed_is_named(tmp_path):
     )
     with pytest.raises(ModelLoadError, match=r"sequence-first\? transpose it to batch-first"):
         load_adapter(path)
+
+
+@pytest.mark.parametrize(
+    "name", ["bentrevett_seq2seq", "hf_style_decoder", "fairseq_lm_seqfirst", "tutorial_bf16",
+             "bert_cls_pooled"]
+)  # fmt: skip
+def test_a_padded_batch_is_traced_with_the_models_own_maps(name, lms):
+    """Two inputs of different lengths traced together (PAD in the shorter one's rows and columns):
+    each trace's maps equal what the model itself computed on that padded batch, row for row."""
+    lm = lms(name)
+    texts, targets = STYLES[name]
+    traces = lm.trace(texts, targets)
+    sides = [("src", traces[0].src_real), ("tgt", traces[0].tgt_real)]
+    assert any(r is not None and len(r) and not all(t.src_real.all() if s == "src" else t.tgt_real.all()
+                                                   for t in traces) for s, r in sides)  # fmt: skip
+    holder = _holder(lm.model)
+    holder.reset()
+    src = torch.tensor(np.stack([t.src_ids for t in traces])) if len(traces[0].src_tokens) else None
+    tgt = torch.tensor(np.stack([t.tgt_ids for t in traces])) if traces[0].tgt_ids is not None else None
+    with torch.no_grad():
+        lm.module.forward(lm.model, src, tgt)
+    own: dict[str, list[torch.Tensor]] = {}
+    for kind, probs in holder.computed:
+        own.setdefault(kind, []).append(probs.float())
+    assert set(own) == set(traces[0].kinds)
+    for i, tr in enumerate(traces):
+        for kind, maps in own.items():
+            for layer, probs in enumerate(maps):
+                np.testing.assert_allclose(tr.probs(kind)[layer], probs[i].numpy(), atol=1e-6, rtol=0,
+                                           err_msg=f"{name} input {i} {kind} layer {layer}")  # fmt: skip
