@@ -796,6 +796,14 @@ class _Session:
             new = _Tag("linear", origin)
             if len(ops) == 2 and op_tags[1] is not None and op_tags[1].role == "param" and name != "einsum":
                 new.code = self._op_code("linear", None, (ops[0],), {}, out, [])  # x @ W
+            elif name == "einsum" and len(ops) == 2 and isinstance(args[0], str):  # Keras' "abc,cde->abde"
+                first = op_tags[0] is None or op_tags[0].role != "param"
+                xc = self.code_of(ops[0] if first else ops[1])
+                done = None if xc is None else lineage.einsum_projected(args[0], xc, first, out)
+                if done is not None:
+                    new.code = done[0]
+                    if done[1]:
+                        self._mixed(ops[0] if first else ops[1])
             return new
         first = op_tags[0] if op_tags else None
         if first is not None and (first.rowq is not None or first.probs is not None):

@@ -137,6 +137,37 @@ def matmul_map(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> ScoreMap:
     return smap
 
 
+def einsum_projected(
+    equation: str, code: torch.Tensor, first: bool, out: torch.Tensor
+) -> tuple[torch.Tensor, bool] | None:
+    """Codes of an einsum of an activation (with ``code``; the first operand when ``first``) and a
+    parameter: the activation's positions, the output's parameter-only letters numbered as features
+    (Keras' ``"abc,cde->abde"``). None when the equation is not of that form."""
+    eq = equation.replace(" ", "")
+    if "->" not in eq or "." in eq:
+        return None
+    lhs, rhs = eq.split("->")
+    ops = lhs.split(",")
+    if len(ops) != 2 or len(rhs) != out.dim():
+        return None
+    letters = ops[0] if first else ops[1]
+    if len(letters) != code.dim() or len(set(letters)) != len(letters):
+        return None
+    mixed = False
+    for c in reversed([c for c in letters if c not in rhs]):  # contracted: one position per slice
+        code, m = reduced(code, letters.index(c))
+        letters = letters.replace(c, "")
+        mixed = mixed or m
+    sizes = dict(zip(rhs, out.shape, strict=True))
+    feat = [c for c in rhs if c not in letters]
+    pos = (code >> SHIFT).permute([letters.index(c) for c in rhs if c in letters])
+    pos = pos.reshape([sizes[c] if c in letters else 1 for c in rhs])
+    f = torch.arange(math.prod(sizes[c] for c in feat), dtype=torch.int64, device=code.device)
+    f = f.reshape([sizes[c] for c in feat]) if feat else f.reshape(())
+    f = f.reshape([sizes[c] if c in feat else 1 for c in rhs])
+    return ((pos << SHIFT) | f).expand(out.shape), mixed
+
+
 def einsum_map(equation: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> ScoreMap | None:
     """The score map of ``einsum(equation, a, b)`` when its output has one query letter (only in a),
     one key letter (only in b) and shared letters (batch, heads); None otherwise."""
@@ -269,13 +300,15 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     if not bool((per_head == batch).all()) or not bool((rows_per_group == rows_per_group[0]).all()):
         return "heads hold different numbers of sequences or queries"
     n_q = int(rows_per_group[0])
-    # order: heads by feature, sequences by their first query (then key) position, queries by position
+    # order: heads by feature
     big = torch.iinfo(torch.int64).max
     gq = torch.full_like(first, big).scatter_reduce(0, g, qpos.masked_fill(q_param, big), "amin")
     gk = seq_keys.masked_fill(is_param, big).amin(-1)[first]
     gs = torch.full_like(first, big).scatter_reduce(0, g, sl0, "amin")
     gh = h[first]
-    key = list(zip(gh.tolist(), gq.tolist(), gk.tolist(), gs.tolist(), strict=True))
+    # sequences in the model's own order: by the product's slice (a fold keeps the batch order in
+    # every head), then by position where sequences share a slice
+    key = list(zip(gh.tolist(), gs.tolist(), gq.tolist(), gk.tolist(), strict=True))
     order = sorted(range(n_groups), key=key.__getitem__)
     rank = torch.empty_like(first)
     for i, gi in enumerate(order):
