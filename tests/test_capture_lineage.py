@@ -299,3 +299,25 @@ def test_capture_notes_travel_in_the_trace_file(tmp_path):
     for suffix in ("npz", "json"):
         back = type(tr).load(tr.save(tmp_path / f"t.{suffix}"))
         assert back.meta["capture_notes"] == cap.notes and "could not verify" in back.meta["capture_notes"][0]
+
+
+def test_heads_split_across_positions_are_flagged_not_regrouped():
+    """The classic bug ``x.view(B * H, -1, d)`` without the transpose: every "head" row mixes
+    positions. Lineage sees that the keys of one query come from different heads' features and says
+    so; the maps are shown as the model laid them out, flagged, never as an exact regrouping."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "adapters"))
+    mod = importlib.import_module("tutorial_headsplit_bug")
+    model = mod.load().eval()
+    src = torch.tensor([[5, 6, 7, 8, 9, 2], [5, 6, 2, 0, 0, 0]])
+    tgt = torch.tensor([[1, 5, 6, 7], [1, 5, 0, 0]])
+    model.reset()
+    with torch.no_grad(), capture_attention(model) as cap:
+        mod.forward(model, src, tgt)
+    assert len(cap.records) == len(model.computed) == 6
+    for rec, (kind, probs) in zip(cap.records, model.computed, strict=True):
+        assert not rec.exact and "different heads' features" in rec.flag, (rec.name, rec.flag)
+        assert rec.kind == kind and torch.equal(rec.probs, probs)  # the model's own (B*H) view, flagged
+    assert len(cap.notes) == 4 and all("could not verify" in n for n in cap.notes)  # per module and reason

@@ -60,7 +60,13 @@ def test_traces_from_the_pool_have_the_same_numbers(tiny_model, pool, monkeypatc
 def test_recycled_blocks_hold_the_new_traces_numbers_not_the_old(tiny_model, pool, monkeypatch):
     """Blocks recycled for traces of other content (other texts, of the same and other lengths)
     hold exactly what a pass without the pool computes: nothing of the previous traces shows through."""
-    batches = [TEXTS, ["world hello", "cab"], ["attention please", "xyz"], ["dlrow olleh", "bca"], ["hi", "abcd"]]
+    batches = [
+        TEXTS,
+        ["world hello", "cab"],
+        ["attention please", "xyz"],
+        ["dlrow olleh", "bca"],
+        ["hi", "abcd"],
+    ]
     monkeypatch.setattr(map_pool, "POOL", MapPool())  # off
     plain = [_copy(tiny_model.trace(texts)) for texts in batches]
     monkeypatch.setattr(map_pool, "POOL", pool)

@@ -275,6 +275,13 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     kinds = [s.kind for s in sources.items]
     ksrc = sources.index(kpos)
     is_param = torch.tensor([kd == "param" for kd in kinds], dtype=torch.bool, device=device)[ksrc]
+    kf = k & FEATURES
+    projected_key = ~is_param & ((kf & RAW) == 0)  # keys made by a projection inside the call
+    big = torch.iinfo(torch.int64).max
+    lo, hi = kf.masked_fill(~projected_key, big).amin(-1), kf.masked_fill(~projected_key, -1).amax(-1)
+    if bool(((lo != hi) & projected_key.any(-1)).any()):
+        return ("the keys of one query come from different heads' features: the heads were split across "
+                "positions (a view to (B*H, L, d) without moving the head axis first?)")  # fmt: skip
     heads, h = torch.unique(qf, return_inverse=True)
     n_heads = int(heads.numel())
     # rows of one sequence have the same keys: group by (head, the keys' positions), learned keys
@@ -301,7 +308,6 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         return "heads hold different numbers of sequences or queries"
     n_q = int(rows_per_group[0])
     # order: heads by feature
-    big = torch.iinfo(torch.int64).max
     gq = torch.full_like(first, big).scatter_reduce(0, g, qpos.masked_fill(q_param, big), "amin")
     gk = seq_keys.masked_fill(is_param, big).amin(-1)[first]
     gs = torch.full_like(first, big).scatter_reduce(0, g, sl0, "amin")
