@@ -714,7 +714,7 @@ class AdapterModel:
 
     def _stacks(
         self, cap: Captured, s_len: int, t_len: int, dropped: list[str] | None = None
-    ) -> dict[str, tuple]:
+    ) -> dict[str, Any]:
         """kind -> (probs (B, layer, H, q, k), scores or None, mask (B, q, k), learned (B, layer, H, q, M)
         or None, their labels), checked against the lengths; "src"/"tgt" -> the labels of learned
         positions joined to that side's tokens (a [CLS]), None where there are none."""
@@ -838,7 +838,7 @@ def _decode_steps(records: list[Record], n: int) -> list[Record] | None:
     return joined
 
 
-def _join_stacks(parts: list[dict[str, tuple]]) -> dict[str, tuple]:
+def _join_stacks(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The stacks of consecutive calls of forward (MAX_BATCH rows each) as one batch."""
     if len(parts) == 1:
         return parts[0]

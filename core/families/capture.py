@@ -277,7 +277,9 @@ def kind_maps(records: list[Record], joined: set[str]) -> KindMaps:
     learned positions in ``joined``), and the learned keys outside it by label."""
     if not records:
         raise ValueError("no records to stack")
-    seqs, extras, labels = [], [], []
+    seqs: list[list[int]] = []
+    extras: list[list[tuple[int, str]]] = []
+    labels: list[str] = []
     for r in records:
         k = r.probs.shape[-1]
         kl = r.key_labels or (None,) * k
@@ -556,7 +558,7 @@ class _Session:
         if name in LINEAR or name in CONV:
             x = args[1] if name == "addmm" and len(args) > 1 else args[0] if args else None
             xc = self.code_of(x)
-            if xc is None or name == "bilinear":
+            if xc is None or x is None or name == "bilinear":
                 return None
             if name in CONV:
                 return self._conv_code(x, xc, out)
@@ -797,13 +799,13 @@ class _Session:
             if len(ops) == 2 and op_tags[1] is not None and op_tags[1].role == "param" and name != "einsum":
                 new.code = self._op_code("linear", None, (ops[0],), {}, out, [])  # x @ W
             elif name == "einsum" and len(ops) == 2 and isinstance(args[0], str):  # Keras' "abc,cde->abde"
-                first = op_tags[0] is None or op_tags[0].role != "param"
-                xc = self.code_of(ops[0] if first else ops[1])
-                done = None if xc is None else lineage.einsum_projected(args[0], xc, first, out)
+                x_first = op_tags[0] is None or op_tags[0].role != "param"
+                xc = self.code_of(ops[0] if x_first else ops[1])
+                done = None if xc is None else lineage.einsum_projected(args[0], xc, x_first, out)
                 if done is not None:
                     new.code = done[0]
                     if done[1]:
-                        self._mixed(ops[0] if first else ops[1])
+                        self._mixed(ops[0] if x_first else ops[1])
             return new
         first = op_tags[0] if op_tags else None
         if first is not None and (first.rowq is not None or first.probs is not None):
@@ -988,7 +990,7 @@ class _Session:
         last = self.cap.records[-1] if self.cap.records else None
         joined = group and self.head_group == (group[0], group[1] - 1) and _same_layer(last, rec)
         self.head_group = group
-        if joined:
+        if joined and last is not None and group is not None:
             self.cap.records[-1] = _heads_joined(last, rec, group[0])
             return None
         self.cap.records.append(rec)
