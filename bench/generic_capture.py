@@ -4,9 +4,12 @@
 
 Three hand-written styles a user might bring, each 8 heads: a softmax with masked_fill(-1e9) on 4-D
 scores (the Annotated Transformer's way), F.scaled_dot_product_attention with is_causal=True (nanoGPT),
-and nn.TransformerEncoder. The two modes alternate so both see the same machine load; the script prints
-the median of each and their ratio. The capture runs the model's own forward once: what it adds is the
-TorchFunctionMode's per-op bookkeeping plus, for SDPA and MultiheadAttention, recomputing the weights.
+and nn.TransformerEncoder. The modes alternate so all see the same machine load; the script prints
+the median of each and their ratios. The capture runs the model's own forward once: what it adds is the
+TorchFunctionMode's per-op bookkeeping (lineage codes included) plus, for SDPA and MultiheadAttention,
+recomputing the weights. Where the model never writes its maps (SDPA's fused kernel, the encoder's
+fast path), computing them is the floor: ``eager ms`` is the same model with an eager attention that
+writes them (softmax over q @ k.T with the same masks), and ``vs eager`` the capture's ratio to it.
 """
 
 from __future__ import annotations
@@ -43,10 +46,28 @@ class SoftmaxAttention(nn.Module):
         return self.o(y.transpose(1, 2).reshape(b, n, d))
 
 
+class EagerEncoderLayer(nn.Module):
+    """nn.TransformerEncoderLayer's math (post-norm, ReLU) with an attention that writes its maps."""
+
+    def __init__(self, layer: nn.TransformerEncoderLayer):
+        super().__init__()
+        self.layer, self.h = layer, layer.self_attn.num_heads
+
+    def forward(self, x, keep):
+        a, (b, n, d) = self.layer.self_attn, x.shape
+        q, k, v = (t.view(b, n, self.h, d // self.h).transpose(1, 2)
+                   for t in F.linear(x, a.in_proj_weight, a.in_proj_bias).chunk(3, dim=-1))  # fmt: skip
+        w = (q @ k.transpose(-2, -1) / math.sqrt(d // self.h)).masked_fill(~keep, float("-inf")).softmax(-1)
+        y = a.out_proj((w @ v).transpose(1, 2).reshape(b, n, d))
+        x = self.layer.norm1(x + y)
+        return self.layer.norm2(x + self.layer.linear2(F.relu(self.layer.linear1(x))))
+
+
 class Stack(nn.Module):
     def __init__(self, d: int, layers: int, style: str):
         super().__init__()
         self.style = style
+        self.eager = False  # SDPA and the encoder: run the same weights with an attention that writes maps
         self.emb = nn.Embedding(VOCAB, d)
         if style == "nn.TransformerEncoder":
             layer = nn.TransformerEncoderLayer(d, 8, 4 * d, dropout=0.0, batch_first=True)
@@ -60,8 +81,25 @@ class Stack(nn.Module):
 
     def forward(self, ids):
         x = self.emb(ids)
-        if self.style == "nn.TransformerEncoder":
+        if self.style == "nn.TransformerEncoder" and self.eager:
+            keep = (ids != PAD)[:, None, None, :]
+            for layer in self.enc.layers:
+                x = EagerEncoderLayer(layer)(x, keep)
+        elif self.style == "nn.TransformerEncoder":
             x = self.enc(x, src_key_padding_mask=ids == PAD)
+        elif self.style == "sdpa" and self.eager:
+            n = ids.shape[1]
+            causal = torch.ones(n, n, dtype=torch.bool).tril()
+            for attn, ff in zip(self.attn, self.ff, strict=True):
+                b, _, d = x.shape
+                q, k, v = (t.view(b, n, 8, d // 8).transpose(1, 2) for t in attn.qkv(x).split(d, dim=2))
+                w = (
+                    (q @ k.transpose(-2, -1) / math.sqrt(d // 8))
+                    .masked_fill(~causal, float("-inf"))
+                    .softmax(-1)
+                )
+                x = x + attn.o((w @ v).transpose(1, 2).reshape(b, n, d))
+                x = x + ff(x)
         else:
             mask = (ids != PAD)[:, None, None, :]
             for attn, ff in zip(self.attn, self.ff, strict=True):
@@ -80,13 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, d_model {args.d_model}, {args.layers} layers x 8 heads, batch 2")  # fmt: skip
-    print(f"{'style':<22} {'tokens':>6} {'plain ms':>9} {'capture ms':>11} {'ratio':>6} {'maps':>5}")
+    print(f"{'style':<22} {'tokens':>6} {'plain ms':>9} {'capture ms':>11} {'ratio':>6} {'eager ms':>9} "
+          f"{'vs eager':>8} {'maps':>5}")  # fmt: skip
     for style in ("softmax + masked_fill", "sdpa", "nn.TransformerEncoder"):
         model = Stack(args.d_model, args.layers, style).eval()
         for n in args.lengths:
             ids = torch.randint(1, VOCAB, (2, n))
             ids[1, n // 2 :] = PAD
-            plain, captured, n_maps = [], [], 0
+            plain, captured, eager, n_maps = [], [], [], 0
+            writes = style == "softmax + masked_fill"  # the model writes its maps itself
             with torch.no_grad():
                 model(ids)  # warm-up
                 for _ in range(args.repeats):
@@ -98,8 +138,17 @@ def main(argv: list[str] | None = None) -> int:
                         model(ids)
                     captured.append(time.perf_counter() - start)
                     n_maps = len(cap.records)
+                    if not writes:
+                        model.eager = True
+                        start = time.perf_counter()
+                        model(ids)
+                        eager.append(time.perf_counter() - start)
+                        model.eager = False
             a, b = statistics.median(plain) * 1000, statistics.median(captured) * 1000
-            print(f"{style:<22} {n:>6} {a:>9.1f} {b:>11.1f} {b / a:>6.2f} {n_maps:>5}")
+            e = statistics.median(eager) * 1000 if eager else a
+            print(
+                f"{style:<22} {n:>6} {a:>9.1f} {b:>11.1f} {b / a:>6.2f} {e:>9.1f} {b / e:>8.2f} {n_maps:>5}"
+            )
     return 0
 
 

@@ -439,6 +439,7 @@ class _Session:
         self._fixed_codes: dict[int, tuple[Any, torch.Tensor]] = {}  # params and tensors from outside
         self.n_inputs = 0
         self._seen: set[tuple[str, str]] = set()  # (module, reason) of notes given
+        self._layouts: dict[tuple, list] = {}  # decoded layouts, shared by layers with the same codes
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -564,7 +565,10 @@ class _Session:
                 return self._conv_code(x, xc, out)
             if tuple(xc.shape[:-1]) != tuple(out.shape[:-1]):
                 return None
-            code, mixed = lineage.projected(xc, int(out.shape[-1]))
+            x_tag = self.tag(x)
+            code, mixed = lineage.projected(
+                xc, int(out.shape[-1]), check=x_tag is not None and x_tag.attn_out is not None
+            )
             if mixed:
                 self._mixed(x)
             return code
@@ -1037,12 +1041,23 @@ class _Session:
         smap = tag.smap if tag is not None else None
         why: str | None = None
         if smap is not None:
-            found = lineage.decode(smap, shape, dim, self.sources)
+            found = self._decoded(smap, shape, dim)
             if isinstance(found, Layout):
                 self._record_exact(path, x, out, tag, found)
                 return
             why = found
         self._record_guess(path, x, out, dim, tag, why)
+
+    def _decoded(self, smap: ScoreMap, shape: tuple[int, ...], dim: int) -> Layout | str:
+        """lineage.decode, once per layout: layers whose queries and keys carry the same codes (the
+        same positions and heads) share it."""
+        key = (smap.shape, len(smap.chain), smap.broken, tuple(shape), dim)
+        for q, k, chain, found in self._layouts.get(key, ()):
+            if chain == smap.chain and torch.equal(q, smap.q) and torch.equal(k, smap.k):
+                return found
+        found = lineage.decode(smap, shape, dim, self.sources)
+        self._layouts.setdefault(key, []).append((smap.q, smap.k, smap.chain, found))
+        return found
 
     def _record_exact(self, path, x, out, tag, layout: Layout) -> None:
         """A softmax whose layout lineage found: recorded as it is, whatever the fold."""

@@ -84,11 +84,11 @@ def fresh(start: int, lead: tuple[int, ...], features: int, device, raw: bool = 
     return (pos << SHIFT) | (f | RAW if raw else f)
 
 
-def projected(code: torch.Tensor, features: int) -> tuple[torch.Tensor, bool]:
-    """Codes of a projection's output (the same positions, ``features`` new features), and whether
-    the input's rows mixed positions (the features of one row came from several positions)."""
+def projected(code: torch.Tensor, features: int, check: bool = False) -> tuple[torch.Tensor, bool]:
+    """Codes of a projection's output (the same positions, ``features`` new features), and (when
+    ``check``) whether the input's rows mixed positions (one row's features from several positions)."""
     pos = code[..., :1] >> SHIFT
-    mixed = code.shape[-1] > 1 and bool(((code >> SHIFT) != pos).any())
+    mixed = check and code.shape[-1] > 1 and bool(((code >> SHIFT) != pos).any())
     f = torch.arange(features, dtype=torch.int64, device=code.device)
     return (pos << SHIFT) | f, mixed
 
@@ -218,11 +218,20 @@ class Layout:
     cross: bool | None  # queries and keys come from different inputs
     ext: bool  # the keys include positions from outside the call (a KV cache, a memory)
     qcode: torch.Tensor  # (rows,) the query code of every row of the (rows, keys) view
+    _in_order: bool | None = None
 
     def bhqk(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor shaped like the softmax input/output -> (B, H, q, k)."""
         flat = t.movedim(self.dim, -1).reshape(-1, self.keys)
+        if self.in_order:  # the rows already are (B, H, q) in order: a view, no copy
+            return flat.view(*self.rows.shape, self.keys)
         return flat[self.rows.to(flat.device)]
+
+    @property
+    def in_order(self) -> bool:
+        if self._in_order is None:
+            self._in_order = bool(torch.equal(self.rows.flatten(), torch.arange(self.rows.numel())))
+        return self._in_order
 
 
 _MIX = torch.tensor(0x9E3779B97F4A7C15 - (1 << 64), dtype=torch.int64)  # a 64-bit odd constant (row hashes)
@@ -240,10 +249,40 @@ def _replayed(smap: ScoreMap, shape: tuple[int, ...]) -> torch.Tensor | str:
     return idx
 
 
-def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -> Layout | str:
-    """The layout of a softmax over ``dim`` of scores shaped ``shape``, or why it cannot be known."""
-    if smap.broken:
-        return smap.broken
+@dataclass(frozen=True)
+class _Structure:
+    """Where every row of a softmax sits in its product, from the replayed index (shape only)."""
+
+    slice_: torch.Tensor  # (R,) the product slice of each row
+    along: torch.Tensor  # (R,) the row's query index on the product's query axis
+    swapped: bool  # keys first: the softmax runs over the product's rows
+    key_row: torch.Tensor | None  # (K,) the key index of every column, when the same for every row
+    key_idx: torch.Tensor | None  # (R, K) otherwise
+
+
+_STRUCTURES: dict[
+    tuple, _Structure | str
+] = {}  # (shape, chain, dim) -> structure: layers and calls share one
+_MAX_STRUCTURES = 64
+
+
+def _structure(smap: ScoreMap, shape: tuple[int, ...], dim: int) -> _Structure | str:
+    key = None
+    if not any(isinstance(a, torch.Tensor) for op in smap.chain for a in (*op[2], *op[3].values())):
+        key = (smap.shape, tuple((op[0], repr(op[2]), repr(sorted(op[3].items()))) for op in smap.chain),
+               tuple(shape), dim)  # fmt: skip
+        hit = _STRUCTURES.get(key)
+        if hit is not None:
+            return hit
+    found = _find_structure(smap, shape, dim)
+    if key is not None and (isinstance(found, str) or found.key_idx is None):
+        if len(_STRUCTURES) >= _MAX_STRUCTURES:
+            _STRUCTURES.pop(next(iter(_STRUCTURES)))
+        _STRUCTURES[key] = found
+    return found
+
+
+def _find_structure(smap: ScoreMap, shape: tuple[int, ...], dim: int) -> _Structure | str:
     idx = _replayed(smap, shape)
     if isinstance(idx, str):
         return idx
@@ -255,28 +294,49 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     sl, qi, kj = idx // (n * m), (idx // m) % n, idx % m
     if not bool((sl == sl[:, :1]).all()):
         return "the softmax runs across heads or sequences, not over the keys of one query"
-    device = smap.q.device
-    qflat, kflat = smap.q.reshape(-1, n), smap.k.reshape(-1, m)
-    sl0 = sl[:, 0].to(device)
     if bool((qi == qi[:, :1]).all()):  # over the product's columns: q @ k.T
-        q = qflat[sl0, qi[:, 0].to(device)]  # (R,)
-        k = kflat[sl.to(device), kj.to(device)]  # (R, K)
-        along = qi[:, 0].to(device)  # where each row's query sits on the product's query axis
+        along, key_idx, swapped = qi[:, 0], kj, False
     elif bool((kj == kj[:, :1]).all()):  # over its rows: keys first, k @ q.T softmaxed over dim -2
-        q = kflat[sl0, kj[:, 0].to(device)]
-        k = qflat[sl.to(device), qi.to(device)]
-        along = kj[:, 0].to(device)
+        along, key_idx, swapped = kj[:, 0], qi, True
     else:
         return "the softmax runs over a mix of query and key positions"
+    regular = bool((key_idx == key_idx[:1]).all())
+    return _Structure(sl[:, 0].contiguous(), along.contiguous(), swapped,
+                      key_idx[0].contiguous() if regular else None, None if regular else key_idx)  # fmt: skip
+
+
+def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -> Layout | str:
+    """The layout of a softmax over ``dim`` of scores shaped ``shape``, or why it cannot be known.
+
+    Key-side work runs on the distinct key rows of the product (one per slice when every row reads
+    its keys in the same order), so a 512-token map costs about one pass over its rows."""
+    if smap.broken:
+        return smap.broken
+    st = _structure(smap, shape, dim)
+    if isinstance(st, str):
+        return st
+    n, m = smap.shape[-2], smap.shape[-1]
+    keys = shape[dim]
+    device = smap.q.device
+    qtab, ktab = smap.q.reshape(-1, n), smap.k.reshape(-1, m)
+    if st.swapped:
+        qtab, ktab = ktab, qtab
+    sl0, along = st.slice_.to(device), st.along.to(device)
+    q = qtab[sl0, along]  # (R,)
+    if st.key_row is not None:  # every row reads its slice's keys in one order: one key row per slice
+        kbase, krow = ktab[:, st.key_row.to(device)], sl0  # (S, K), (R,)
+    else:
+        assert st.key_idx is not None
+        kbase, krow = ktab[sl0[:, None], st.key_idx.to(device)], torch.arange(q.numel(), device=device)
     qf = q & FEATURES
     if bool((qf & RAW).any()):
         return "the queries were not projected inside the captured call, so their head axis cannot be traced"
-    qpos, kpos = q >> SHIFT, k >> SHIFT
-    kinds = [s.kind for s in sources.items]
-    ksrc = sources.index(kpos)
-    is_param = torch.tensor([kd == "param" for kd in kinds], dtype=torch.bool, device=device)[ksrc]
-    kf = k & FEATURES
-    projected_key = ~is_param & ((kf & RAW) == 0)  # keys made by a projection inside the call
+    qpos, kpos_b = q >> SHIFT, kbase >> SHIFT
+    param_src = torch.tensor([s.kind == "param" for s in sources.items], dtype=torch.bool, device=device)
+    is_param_b = param_src[sources.index(kpos_b)]  # (U, K)
+    used = torch.unique(krow)
+    kf = kbase[used] & FEATURES
+    projected_key = ~is_param_b[used] & ((kf & RAW) == 0)  # keys made by a projection inside the call
     big = torch.iinfo(torch.int64).max
     lo, hi = kf.masked_fill(~projected_key, big).amin(-1), kf.masked_fill(~projected_key, -1).amax(-1)
     if bool(((lo != hi) & projected_key.any(-1)).any()):
@@ -287,15 +347,13 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     # rows of one sequence have the same keys: group by (head, the keys' positions), learned keys
     # left out; where that puts one query position twice in a group (keys learned or broadcast over
     # the batch), the product's slices tell the sequences apart as well
-    seq_keys = kpos.masked_fill(is_param, -1)
+    seq_b = kpos_b.masked_fill(is_param_b, -1)  # (U, K)
     weights = torch.arange(1, keys + 1, dtype=torch.int64, device=device) * _MIX.to(device)
-    key_hash = (seq_keys * weights).sum(-1) ^ (h * 0x2545F491)
-    q_param = torch.tensor([kd == "param" for kd in kinds], dtype=torch.bool, device=device)[
-        sources.index(qpos)
-    ]
-    grouped = _groups(key_hash, qpos, kpos)
+    key_hash = (seq_b * weights).sum(-1)[krow] ^ (h * 0x2545F491)
+    q_param = param_src[sources.index(qpos)]
+    grouped = _groups(key_hash, qpos, kpos_b, krow)
     if grouped is None:
-        grouped = _groups(key_hash ^ (sl0 * 0x61C88647), qpos, kpos)
+        grouped = _groups(key_hash ^ (sl0 * 0x61C88647), qpos, kpos_b, krow)
     if isinstance(grouped, str) or grouped is None:
         return grouped or "rows of one sequence and head see different keys"
     g, first, n_groups = grouped
@@ -307,13 +365,12 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     if not bool((per_head == batch).all()) or not bool((rows_per_group == rows_per_group[0]).all()):
         return "heads hold different numbers of sequences or queries"
     n_q = int(rows_per_group[0])
-    # order: heads by feature
+    # order: heads by feature; sequences in the model's own order: by the product's slice (a fold
+    # keeps the batch order in every head), then by position where sequences share a slice
     gq = torch.full_like(first, big).scatter_reduce(0, g, qpos.masked_fill(q_param, big), "amin")
-    gk = seq_keys.masked_fill(is_param, big).amin(-1)[first]
+    gk = seq_b.masked_fill(is_param_b, big).amin(-1)[krow[first]]
     gs = torch.full_like(first, big).scatter_reduce(0, g, sl0, "amin")
     gh = h[first]
-    # sequences in the model's own order: by the product's slice (a fold keeps the batch order in
-    # every head), then by position where sequences share a slice
     key = list(zip(gh.tolist(), gs.tolist(), gq.tolist(), gk.tolist(), strict=True))
     order = sorted(range(n_groups), key=key.__getitem__)
     rank = torch.empty_like(first)
@@ -326,21 +383,22 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     qp = qpos[rows]  # (B, H, q)
     if not bool((qp == qp[:, :1]).all()):
         return "the heads of one sequence hold different queries"
-    kh = seq_keys[rows[:, :, 0]]  # (B, H, K)
+    kh = seq_b[krow[rows[:, :, 0]]]  # (B, H, K)
     if not bool((kh == kh[:, :1]).all()):
         return "the heads of one sequence see different keys"
     kp = kh[:, 0]  # (B, K)
     if batch > 1 and not bool(((kp >= 0) == (kp[:1] >= 0)).all()):
         return "sequences have learned keys in different places"
-    cross = _cross(qpos[rows[0, 0]], kpos[rows[0, 0, 0]], sources)
+    k0 = kpos_b[krow[rows[0, 0, 0]]]
+    cross = _cross(qpos[rows[0, 0]], k0, sources)
     return Layout(
         rows=rows.cpu(),
         dim=dim,
         keys=keys,
-        key_labels=_labels(kpos[rows[0, 0, 0]], sources),
+        key_labels=_labels(k0, sources),
         query_labels=_labels(qpos[rows[0, 0]], sources),
         cross=cross,
-        ext=cross is False and _extends(qpos[rows[0, 0]], kpos[rows[0, 0, 0]], sources),
+        ext=cross is False and _extends(qpos[rows[0, 0]], k0, sources),
         qcode=q,
     )
 
@@ -365,18 +423,20 @@ def describe(q: torch.Tensor, k: torch.Tensor, sources: Sources) -> Described | 
                      cross is False and _extends(qpos, kpos, sources))  # fmt: skip
 
 
-def _groups(key_hash: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor):
+def _groups(key_hash: torch.Tensor, qpos: torch.Tensor, kpos_b: torch.Tensor, krow: torch.Tensor):
     """(group of every row, each group's first row, the number of groups) for rows grouped by
-    ``key_hash``; a string when rows of a group see different keys, None when a group holds one
-    query position twice."""
+    ``key_hash``; a string when rows of a group see different keys (row r's keys are
+    ``kpos_b[krow[r]]``), None when a group holds one query position twice."""
     groups, g = torch.unique(key_hash, return_inverse=True)
     n = int(groups.numel())
     first = torch.full((n,), -1, dtype=torch.int64, device=g.device)
     first = first.scatter_reduce(0, g, torch.arange(g.numel(), device=g.device), "amin", include_self=False)
-    if not bool((kpos == kpos[first[g]]).all()):
+    width = int(krow.max()) + 1
+    pairs = torch.unique(krow * width + krow[first[g]])  # (key row, its group's first key row)
+    if not bool((kpos_b[pairs // width] == kpos_b[pairs % width]).all()):
         return "rows of one sequence and head see different keys"
-    pairs = torch.unique(g * (int(qpos.max()) + 1) + qpos)
-    if pairs.numel() != g.numel():
+    seen = torch.unique(g * (int(qpos.max()) + 1) + qpos)
+    if seen.numel() != g.numel():
         return None
     return g, first, n
 
