@@ -321,3 +321,14 @@ def test_heads_split_across_positions_are_flagged_not_regrouped():
         assert not rec.exact and "different heads' features" in rec.flag, (rec.name, rec.flag)
         assert rec.kind == kind and torch.equal(rec.probs, probs)  # the model's own (B*H) view, flagged
     assert len(cap.notes) == 4 and all("could not verify" in n for n in cap.notes)  # per module and reason
+
+
+def test_a_forward_with_no_attention_call_at_all_is_said():
+    """Attention in a compiled extension never reaches Python's torch calls: capture says that it
+    saw none, instead of answering with an empty picture (a model without attention gets it too)."""
+    model = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 8), nn.ReLU()).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[1, 2, 3]]))
+    assert not cap.records and len(cap.notes) == 1
+    assert "no softmax, scaled_dot_product_attention or MultiheadAttention call was seen" in cap.notes[0]
+    assert "C++/CUDA extension" in cap.notes[0]

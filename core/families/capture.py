@@ -440,6 +440,9 @@ class _Session:
         self.n_inputs = 0
         self._seen: set[tuple[str, str]] = set()  # (module, reason) of notes given
         self._layouts: dict[tuple, list] = {}  # decoded layouts, shared by layers with the same codes
+        self.n_ops = self.n_attention = (
+            0  # torch calls seen; softmax / SDPA / MultiheadAttention calls among them
+        )
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -474,8 +477,12 @@ class _Session:
         if getattr(_LOCAL, "busy", 0):  # torch calls of another capture's bookkeeping: not the model's
             return func(*args, **kwargs)
         name = getattr(func, "__name__", "")
+        self.n_ops += 1
         if name == "multi_head_attention_forward":
+            self.n_attention += 1
             return self.on_mha(func, args, kwargs)
+        if name in SOFTMAX or name == "scaled_dot_product_attention":
+            self.n_attention += 1
         pre = None
         if name in IN_PLACE and args and isinstance(args[0], torch.Tensor):
             t = self.tag(args[0])
@@ -1527,6 +1534,12 @@ def capture_attention(
     session = _Session(cap, model, kinds, include, exclude, lengths)
     with _Mode(session):
         yield cap
+    if session.n_ops and not session.n_attention and not blind:
+        cap.notes.append(
+            "no softmax, scaled_dot_product_attention or MultiheadAttention call was seen in this forward "
+            f"({session.n_ops} torch calls): if the model has attention, it runs where capture cannot see "
+            "(a compiled C++/CUDA extension, TorchScript, or code outside torch)"
+        )
 
 
 def _blind_spot(model: nn.Module) -> str | None:
