@@ -7,13 +7,15 @@
 
 What is recorded, whatever module or function wrote it:
 - ``nn.MultiheadAttention`` (through ``F.multi_head_attention_forward``): the call runs exactly as
-  the caller asked, then once more without gradients with ``need_weights=True,
-  average_attn_weights=False`` to get every head's weights (that output is discarded; in training
-  mode the RNG state is restored around it, so dropout draws do not move). Scores are recomputed
-  from the call's projection weights.
+  the caller asked; the scores are recomputed from the call's projection weights and the weights
+  are their softmax with the call's masks. With ``bias_k``, zero attention, static keys or dropout
+  in training, the call runs once more without gradients with ``need_weights=True,
+  average_attn_weights=False`` instead (that output is discarded; the RNG state is restored around
+  it, so dropout draws do not move).
 - ``F.scaled_dot_product_attention``: it returns no weights, so they are recomputed from q, k,
   ``attn_mask``, ``is_causal``, ``scale`` and grouped query heads (``record.check`` is the largest
-  difference between ``probs @ v`` and the output SDPA returned).
+  difference between ``probs @ v`` and the output SDPA returned, on 16 query rows spread over every
+  sequence and head: a wrong scale, mask or head mapping moves nearly every row).
 - a softmax over query-key scores (``torch.softmax``, ``F.softmax``, ``Tensor.softmax``,
   ``nn.Softmax``, ``torch.special.softmax``), split into (batch, head, query, key) from lineage
   (attnscope.core.families.lineage): every activation carries codes of its source positions and
@@ -91,6 +93,7 @@ from attnscope.core.families.lineage import Layout, ScoreMap
 from attnscope.core.traces.trace import KINDS, AttentionTrace
 
 NEG = -1e4  # a fill / additive value at or below this masks a key
+CHECK_ROWS = 16  # SDPA: query rows (evenly spread, first and last included) whose probs @ v is checked
 CROSS_WORDS = ("cross", "context", "src_attn", "enc_attn", "encoder_attn", "enc_dec", "encdec", "memory_attn")
 SOFTMAX = frozenset({"softmax", "special_softmax"})
 MATMUL = frozenset({"matmul", "bmm", "einsum", "baddbmm", "__matmul__", "__rmatmul__", "mm"})
@@ -1312,9 +1315,13 @@ class _Session:
                     ~allowed.any(-1, keepdim=True), 0.0
                 )  # fully masked rows: 0, as SDPA
             check = None
-            if not a.get("dropout_p"):
+            if not a.get("dropout_p"):  # probs @ v against SDPA's output, on up to CHECK_ROWS query rows
                 got = out[:, None] if unsq else out
-                check = float((probs @ v.to(work) - got.to(work)).abs().max()) if got.numel() else 0.0
+                rows = torch.linspace(0, lq - 1, min(lq, CHECK_ROWS), device=q.device).round().long().unique()
+                check = (
+                    float((probs[..., rows, :] @ v.to(work) - got[..., rows, :].to(work)).abs().max())
+                    if got.numel() else 0.0
+                )  # fmt: skip
         b = int(math.prod(lead)) if lead else 1
         shape = (b, hq, lq, lk)
         cross, ext = self._cross(a["query"], a["key"])
@@ -1354,11 +1361,15 @@ class _Session:
                 n = query.shape[0]
                 attn_mask = ~torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
             p.update(need_weights=True, average_attn_weights=False, attn_mask=attn_mask, is_causal=False)
-            rng = None
-            if p["training"] and p["dropout_p"]:
-                rng = torch.random.fork_rng(devices=[query.device] if query.is_cuda else [])
-            with torch.no_grad(), rng or contextlib.nullcontext():
-                _, weights = func(**p)
+            with torch.no_grad():
+                scores = _mha_scores(p, int(p["num_heads"]))
+            weights = _mha_weights(p, scores)  # the softmax of the scores with the call's masks
+            if weights is None:  # learned keys, static keys or dropout: MultiheadAttention itself, again
+                rng = None
+                if p["training"] and p["dropout_p"]:
+                    rng = torch.random.fork_rng(devices=[query.device] if query.is_cuda else [])
+                with torch.no_grad(), rng or contextlib.nullcontext():
+                    _, weights = func(**p)
             unbatched = query.dim() == 2
             weights = weights[None] if unbatched else weights  # (B, H, q, k)
             b, h, lq, lk = weights.shape
@@ -1379,8 +1390,6 @@ class _Session:
                         attn_mask, (0, len(extra)), value=False if attn_mask.dtype == torch.bool else 0.0
                     )
             allowed = _mask(b, h, lq, lk, attn_mask, kpm, weights.device)
-            with torch.no_grad():
-                scores = _mha_scores(p, h)
             path = self.path()
             cross = None if query is key else True
             if query is key and path not in self.fixed:
@@ -1423,6 +1432,27 @@ def _mask(b: int, h: int, lq: int, lk: int, attn_mask, key_padding_mask, device)
     if key_padding_mask is not None:
         allowed = allowed & _allowed(key_padding_mask).view(b, 1, lk)
     return allowed
+
+
+def _mha_weights(p: dict[str, Any], scores: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, H, q, k) weights from the scores and the call's masks, as MultiheadAttention computes them
+    (a fully masked row is NaN there too); None where only the module itself can say (learned or
+    static keys, dropout while training)."""
+    if scores is None or (p["training"] and p["dropout_p"]) or p["static_v"] is not None:
+        return None
+    b, h, lq, lk = scores.shape
+    with torch.no_grad():
+        logits = scores
+        masks = []
+        if p["attn_mask"] is not None:
+            am = p["attn_mask"]
+            masks.append(am.view(b, h, lq, lk) if am.dim() == 3 else am)
+        kpm = p["key_padding_mask"]
+        if kpm is not None:
+            masks.append((kpm[None] if p["query"].dim() == 2 else kpm).view(b, 1, 1, lk))
+        for m in masks:
+            logits = logits.masked_fill(m, float("-inf")) if m.dtype == torch.bool else logits + m
+        return torch.softmax(logits, dim=-1)
 
 
 def _mha_scores(p: dict[str, Any], h: int) -> torch.Tensor | None:
