@@ -332,3 +332,32 @@ def test_a_forward_with_no_attention_call_at_all_is_said():
     assert not cap.records and len(cap.notes) == 1
     assert "no softmax, scaled_dot_product_attention or MultiheadAttention call was seen" in cap.notes[0]
     assert "C++/CUDA extension" in cap.notes[0]
+
+
+class _Idioms(nn.Module):
+    """Three idioms in one layer: ``k.mT`` (a property, not a call), an einsum with "...", and keys
+    padded in front with ``F.pad`` (local attention pads the sequence's edges so)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.qkv = nn.Embedding(10, 12), nn.Linear(12, 36)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, _ = (t.view(b, n, 3, 4).transpose(1, 2) for t in self.qkv(self.emb(ids)).chunk(3, -1))
+        first = (q @ k.mT / 2).softmax(-1)
+        second = torch.einsum("...id,...jd->...ij", q, k).softmax(-1)
+        padded = torch.nn.functional.pad(k, (0, 0, 2, 0))
+        third = (q @ padded.transpose(-1, -2)).softmax(-1)
+        return first, second, third
+
+
+def test_properties_ellipsis_einsums_and_padded_keys_are_followed():
+    model = _Idioms().eval()
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    with torch.no_grad(), capture_attention(model) as cap:
+        want = model(ids)
+    assert not cap.notes and [r.exact for r in cap.records] == [True] * 3
+    for rec, probs in zip(cap.records, want, strict=True):
+        assert torch.equal(rec.probs, probs) and rec.kind == "enc_self"
+    assert cap.records[2].key_labels == ("<padding 0>", "<padding 1>", None, None, None)

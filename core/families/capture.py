@@ -443,9 +443,9 @@ class _Session:
         self.n_inputs = 0
         self._seen: set[tuple[str, str]] = set()  # (module, reason) of notes given
         self._layouts: dict[tuple, list] = {}  # decoded layouts, shared by layers with the same codes
-        self.n_ops = self.n_attention = (
-            0  # torch calls seen; softmax / SDPA / MultiheadAttention calls among them
-        )
+        self.n_ops = 0  # torch calls seen
+        self.n_attention = 0  # softmax / SDPA / MultiheadAttention calls among them
+        self._pad_start: int | None = None
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -480,6 +480,8 @@ class _Session:
         if getattr(_LOCAL, "busy", 0):  # torch calls of another capture's bookkeeping: not the model's
             return func(*args, **kwargs)
         name = getattr(func, "__name__", "")
+        if name == "__get__":  # a property: x.mT, x.T, x.H, x.data
+            name = getattr(getattr(func, "__self__", None), "__name__", name)
         self.n_ops += 1
         if name == "multi_head_attention_forward":
             self.n_attention += 1
@@ -586,6 +588,17 @@ class _Session:
             c = self.code_of(args[0])
             if c is not None and tuple(c.shape) == tuple(out.shape):
                 return c.to(out.device) if c.device != out.device else c
+        if (
+            name == "pad"
+            and args
+            and (kwargs.get("mode", args[2] if len(args) > 2 else "constant") == "constant")
+        ):
+            c = self.code_of(args[0])  # the padding is a position of its own, never a token's
+            pad = args[1] if len(args) > 1 else kwargs.get("pad")
+            if c is None or pad is None:
+                return None
+            res = F.pad(c, pad, value=self._pad_code())
+            return res if tuple(res.shape) == tuple(out.shape) else None
         if name in ("view_as_complex", "view_as_real") and args:
             c = self.code_of(args[0])
             if c is None:
@@ -636,6 +649,12 @@ class _Session:
             out.shape[0], 1, *space
         )
         return (pos << lineage.SHIFT) | f
+
+    def _pad_code(self) -> int:
+        """The code of padding added by F.pad: a source of its own (one position, feature 0)."""
+        if self._pad_start is None:
+            self._pad_start = self.sources.new(1, "pad", "padding")
+        return self._pad_start << lineage.SHIFT
 
     def _coded(self, a: Any) -> Any:
         """An op's argument with every floating tensor replaced by its codes."""

@@ -29,6 +29,7 @@ import torch
 SHIFT = 24  # low bits: the feature index of the last projection
 FEATURES = (1 << SHIFT) - 1
 RAW = 1 << (SHIFT - 1)  # set on features that were never projected inside the capture (a tensor from outside)
+LABELLED = ("param", "pad")  # positions that are not a sequence's: learned vectors, F.pad's padding
 
 # ops that only move elements around: replayed on the code with the same arguments
 REPLAY = frozenset(
@@ -37,7 +38,8 @@ REPLAY = frozenset(
      "tensor_split", "unbind", "cat", "concat", "concatenate", "stack", "hstack", "vstack", "__getitem__",
      "narrow", "select", "movedim", "moveaxis", "swapaxes", "swapdims", "flip", "roll", "index_select",
      "gather", "take_along_dim", "split_with_sizes", "unsafe_split", "unsafe_chunk", "dsplit", "hsplit",
-     "vsplit", "diagonal", "unfold", "as_strided", "broadcast_to", "contiguous", "clone", "detach"}
+     "vsplit", "diagonal", "unfold", "as_strided", "broadcast_to", "contiguous", "clone", "detach",
+     "T", "mT", "H", "mH", "adjoint"}
 )  # fmt: skip
 # ops whose output is the input's values in another dtype or place: the code is kept as it is
 KEEP = frozenset(
@@ -49,7 +51,8 @@ KEEP = frozenset(
 @dataclass(frozen=True)
 class Source:
     """A run of positions: ``tokens`` (an embedding call's ids), ``param`` (rows of a learned tensor),
-    ``external`` (a tensor that entered the captured call from outside: inputs, a KV cache)."""
+    ``external`` (a tensor that entered the captured call from outside: inputs, a KV cache),
+    ``pad`` (what F.pad added)."""
 
     start: int
     n: int
@@ -137,6 +140,33 @@ def matmul_map(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> ScoreMap:
     return smap
 
 
+def _explicit(equation: str, ndims: list[int]) -> str | None:
+    """An einsum equation with its "..." written out as letters (aligned from the right, as
+    broadcasting aligns them); None when it cannot be."""
+    eq = equation.replace(" ", "")
+    if "..." not in eq:
+        return eq
+    if "->" not in eq:
+        return None
+    lhs, rhs = eq.split("->")
+    ops = lhs.split(",")
+    if len(ops) != len(ndims):
+        return None
+    used = set(eq)
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in used]
+    widths = [n - len(op.replace("...", "")) for op, n in zip(ops, ndims, strict=True) if "..." in op]
+    if not widths or min(widths) < 0 or max(widths) > len(free):
+        return None
+    full = free[: max(widths)]
+    out_ops = []
+    for op, n in zip(ops, ndims, strict=True):
+        if "..." in op:
+            w = n - len(op.replace("...", ""))
+            op = op.replace("...", "".join(full[len(full) - w :]))
+        out_ops.append(op)
+    return ",".join(out_ops) + "->" + rhs.replace("...", "".join(full))
+
+
 def einsum_projected(
     equation: str, code: torch.Tensor, first: bool, out: torch.Tensor
 ) -> tuple[torch.Tensor, bool] | None:
@@ -144,6 +174,8 @@ def einsum_projected(
     parameter: the activation's positions, the output's parameter-only letters numbered as features
     (Keras' ``"abc,cde->abde"``). None when the equation is not of that form."""
     eq = equation.replace(" ", "")
+    if "..." in eq:
+        return None
     if "->" not in eq or "." in eq:
         return None
     lhs, rhs = eq.split("->")
@@ -171,7 +203,7 @@ def einsum_projected(
 def einsum_map(equation: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> ScoreMap | None:
     """The score map of ``einsum(equation, a, b)`` when its output has one query letter (only in a),
     one key letter (only in b) and shared letters (batch, heads); None otherwise."""
-    eq = equation.replace(" ", "")
+    eq = _explicit(equation, [a.dim(), b.dim()]) or ""
     if "->" not in eq or "." in eq:
         return None
     lhs, rhs = eq.split("->")
@@ -332,7 +364,7 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     if bool((qf & RAW).any()):
         return "the queries were not projected inside the captured call, so their head axis cannot be traced"
     qpos, kpos_b = q >> SHIFT, kbase >> SHIFT
-    param_src = torch.tensor([s.kind == "param" for s in sources.items], dtype=torch.bool, device=device)
+    param_src = torch.tensor([s.kind in LABELLED for s in sources.items], dtype=torch.bool, device=device)
     is_param_b = param_src[sources.index(kpos_b)]  # (U, K)
     used = torch.unique(krow)
     kf = kbase[used] & FEATURES
@@ -450,7 +482,7 @@ def _labels(pos: torch.Tensor, sources: Sources) -> tuple[str | None, ...] | Non
     seen: dict[int, int] = {}
     out: list[str | None] = []
     for s in _kinds(pos, sources):
-        if s.kind == "param":
+        if s.kind in LABELLED:
             i = seen.get(s.start, 0)
             seen[s.start] = i + 1
             out.append(f"<{s.label} {i}>")
@@ -461,8 +493,8 @@ def _labels(pos: torch.Tensor, sources: Sources) -> tuple[str | None, ...] | Non
 
 def _cross(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool | None:
     """Queries and keys from different inputs: no query position among the keys."""
-    qs = {int(p) for p, s in zip(qpos.tolist(), _kinds(qpos, sources), strict=True) if s.kind != "param"}
-    ks = {int(p) for p, s in zip(kpos.tolist(), _kinds(kpos, sources), strict=True) if s.kind != "param"}
+    qs = {int(p) for p, s in zip(qpos.tolist(), _kinds(qpos, sources), strict=True) if s.kind not in LABELLED}
+    ks = {int(p) for p, s in zip(kpos.tolist(), _kinds(kpos, sources), strict=True) if s.kind not in LABELLED}
     if not ks:
         return None
     if not qs:
@@ -474,5 +506,6 @@ def _extends(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool:
     """The keys hold positions besides the queries' own (a KV cache, a memory of earlier positions)."""
     qs = set(qpos.tolist())
     return any(
-        s.kind != "param" and p not in qs for p, s in zip(kpos.tolist(), _kinds(kpos, sources), strict=True)
+        s.kind not in LABELLED and p not in qs
+        for p, s in zip(kpos.tolist(), _kinds(kpos, sources), strict=True)
     )
