@@ -93,6 +93,7 @@ from attnscope.core.families.lineage import Layout, ScoreMap
 from attnscope.core.traces.trace import KINDS, AttentionTrace
 
 NEG = -1e4  # a fill / additive value at or below this masks a key
+MAX_PARAM_CODES = 1 << 20  # parameters larger than this are weights, never followed as learned positions
 CHECK_ROWS = 16  # SDPA: query rows (evenly spread, first and last included) whose probs @ v is checked
 CROSS_WORDS = ("cross", "context", "src_attn", "enc_attn", "encoder_attn", "enc_dec", "encdec", "memory_attn")
 SOFTMAX = frozenset({"softmax", "special_softmax"})
@@ -546,6 +547,8 @@ class _Session:
             return entry[1]
         if not t.is_floating_point() or t.dim() == 0:
             return None
+        if isinstance(t, nn.Parameter) and t.numel() > MAX_PARAM_CODES:
+            return None  # a weight matrix (a tied vocabulary projection), not learned positions
         lead = tuple(t.shape[:-1])
         if isinstance(t, nn.Parameter):
             name = self.param_names.get(id(t), "learned").rsplit(".", 1)[-1]
