@@ -257,7 +257,25 @@ def _shows_page(page, title: str) -> None:
     _settle(page)
 
 
+def _url_caught_up(page, path: str, own: set[str], text: str) -> None:
+    """The address bar is rewritten after the page's run (replaceState from the page): wait until it
+    shows the page, its own parameters and the input (the asserts after it then say what is wrong)."""
+    try:
+        page.wait_for_function(
+            """([path, own, text]) => {
+                const q = new URLSearchParams(location.search);
+                return location.pathname === path && q.get("text") === text && own.every(p => q.has(p));
+            }""",
+            arg=[path, sorted(own), text],
+            timeout=WAIT_MS,
+        )
+    except Exception:  # noqa: BLE001 (the asserts that follow name what the address bar lacks)
+        pass
+
+
 def test_the_url_follows_every_navigation_click_and_input(browser, zoo_server):  # noqa: F811
+    from playwright.sync_api import expect
+
     page = _new_page(browser)
     page.goto(zoo_server)
     _wait_chart_title(page, HEAD)
@@ -272,7 +290,8 @@ def test_the_url_follows_every_navigation_click_and_input(browser, zoo_server): 
         page.locator('[data-testid="stSidebarNav"] a', has_text=nav).first.click()
         title, path, own = NAV_PAGES[nav]
         _shows_page(page, title)
-        assert box.input_value() == text
+        expect(box).to_have_value(text, timeout=WAIT_MS)  # the run that writes it may still be on its way
+        _url_caught_up(page, path, own, text)
         seen = f"after clicking {nav}: {page.url}"
         got_path, params = _url_view(page.url)
         assert got_path == path, seen
@@ -289,7 +308,8 @@ def test_the_url_follows_every_navigation_click_and_input(browser, zoo_server): 
     other = _new_page(browser)
     other.goto(copied)
     _shows_page(other, NAV_PAGES[CLICKS[-1][0]][0])
-    assert _input_box(other).input_value() == text
+    expect(_input_box(other)).to_have_value(text, timeout=WAIT_MS)  # the link's run, then the page's
+    _settle(other)
     assert _url_view(other.url) == _url_view(copied)
     _no_exception_box(other)
     _no_exception_box(page)
