@@ -97,11 +97,17 @@ def projected(code: torch.Tensor, features: int, check: bool = False) -> tuple[t
 
 
 def reduced(code: torch.Tensor, dim: int) -> tuple[torch.Tensor, bool]:
-    """One code per slice along ``dim`` (the contracted features of a product): the position and
-    the first feature; and whether the slice held more than one position."""
-    low = code.amin(dim)
-    high = code.amax(dim)
-    return low, bool(((low >> SHIFT) != (high >> SHIFT)).any())
+    """One code per slice along ``dim`` (the contracted features of a product): its first element,
+    whose position is the slice's and whose feature stands for its head (every row of a head starts
+    with the same feature); and whether the slice held more than one position (its first, middle
+    and last elements are compared: one pass over the slices, not over every feature)."""
+    n = code.shape[dim]
+    first = code.select(dim, 0)
+    pos = first >> SHIFT
+    mixed = n > 1 and bool(
+        ((code.select(dim, n - 1) >> SHIFT) != pos).any() | ((code.select(dim, n // 2) >> SHIFT) != pos).any()
+    )
+    return first, mixed
 
 
 Op = tuple[str, Callable[..., Any], tuple, dict]
