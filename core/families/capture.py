@@ -1007,7 +1007,9 @@ class _Session:
         """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None. The new Record (None: joined)."""
         probs = probs.detach()
         differ = False
-        if allowed is not None:
+        if allowed is not None and allowed.dim() == 4 and allowed.shape[1] == 1:  # one mask for every head
+            mask = allowed[:, 0].expand(probs.shape[0], *probs.shape[2:])
+        elif allowed is not None:
             allowed = allowed.expand(probs.shape)
             mask = allowed.all(dim=1)
             differ = not bool((allowed == mask[:, None]).all())
@@ -1328,8 +1330,7 @@ class _Session:
                     logits = logits + m.to(work)
                     ok = torch.isfinite(m) & (m > NEG)
                     allowed = ok if allowed is None else allowed & ok
-            if allowed is not None:
-                allowed = allowed.expand(scores.shape)
+            if allowed is not None:  # broadcast as given: a causal (q, k) mask is never expanded
                 logits = logits.masked_fill(~allowed, float("-inf"))
             probs = torch.softmax(logits, dim=-1)
             if allowed is not None:
@@ -1350,8 +1351,12 @@ class _Session:
         seen = self._described(a["query"], a["key"])
         if seen is not None and seen.cross is not None:  # lineage: where q and k came from
             cross, ext = seen.cross, seen.ext
-        self._record(self.path(), probs.reshape(shape), scores.reshape(shape),
-                     None if allowed is None else allowed.reshape(shape), "sdpa",
+        if allowed is not None:  # (b or 1, h or 1, q, k), broadcastable to the record
+            while allowed.dim() < scores.dim():
+                allowed = allowed[None]
+            if scores.dim() != 4:
+                allowed = allowed.expand(scores.shape).reshape(shape)
+        self._record(self.path(), probs.reshape(shape), scores.reshape(shape), allowed, "sdpa",
                      "arguments" if allowed is not None else None, cross, check, ext,
                      key_labels=seen.key_labels if seen else None,
                      query_labels=seen.query_labels if seen else None)  # fmt: skip

@@ -454,8 +454,8 @@ def describe(q: torch.Tensor, k: torch.Tensor, sources: Sources) -> Described | 
     (SDPA's arguments): read off the first sequence and head."""
     if q.dim() < 2 or k.dim() < 2 or not q.numel() or not k.numel():
         return None
-    qpos = (q.amin(-1) >> SHIFT).reshape(-1, q.shape[-2])[0]
-    kpos = (k.amin(-1) >> SHIFT).reshape(-1, k.shape[-2])[0]
+    qpos = (q[..., 0] >> SHIFT).reshape(-1, q.shape[-2])[0]
+    kpos = (k[..., 0] >> SHIFT).reshape(-1, k.shape[-2])[0]
     cross = _cross(qpos, kpos, sources)
     return Described(_labels(kpos, sources), _labels(qpos, sources), cross,
                      cross is False and _extends(qpos, kpos, sources))  # fmt: skip
