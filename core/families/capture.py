@@ -119,6 +119,9 @@ SHAPE_OPS = frozenset(
 # layers (a list named like ``multi_head_layers`` holds whole layers and is left alone).
 _HEAD_ITEM = re.compile(r"^(?P<parent>(?:.*\.)?(?![^.]*multi)[^.]*head[^.]*)\.(?P<i>\d+)$", re.IGNORECASE)
 _MHA_SIG = inspect.signature(F.multi_head_attention_forward)
+_LAYOUTS: dict[tuple, list] = {}  # decoded layouts by shape, chain, dim and sources (see _Session._decoded)
+_LAYOUTS_LOCK = threading.Lock()
+MAX_LAYOUTS = 64
 _LOCAL = threading.local()  # .busy > 0 while a capture does its own torch calls (nested captures skip them)
 
 
@@ -443,7 +446,6 @@ class _Session:
         self._fixed_codes: dict[int, tuple[Any, torch.Tensor]] = {}  # params and tensors from outside
         self.n_inputs = 0
         self._seen: set[tuple[str, str]] = set()  # (module, reason) of notes given
-        self._layouts: dict[tuple, list] = {}  # decoded layouts, shared by layers with the same codes
         self.n_ops = 0  # torch calls seen
         self.n_attention = 0  # softmax / SDPA / MultiheadAttention calls among them
         self._pad_start: int | None = None
@@ -1083,14 +1085,22 @@ class _Session:
         self._record_guess(path, x, out, dim, tag, why)
 
     def _decoded(self, smap: ScoreMap, shape: tuple[int, ...], dim: int) -> Layout | str:
-        """lineage.decode, once per layout: layers whose queries and keys carry the same codes (the
-        same positions and heads) share it."""
-        key = (smap.shape, len(smap.chain), smap.broken, tuple(shape), dim)
-        for q, k, chain, found in self._layouts.get(key, ()):
+        """lineage.decode, once per layout: layers (and later calls of the same model on inputs of
+        the same shape) whose queries and keys carry the same codes (the same positions and heads)
+        and whose sources are the same share it."""
+        sources = tuple((s.start, s.n, s.kind, s.label) for s in self.sources.items)
+        key = (smap.shape, len(smap.chain), smap.broken, tuple(shape), dim, str(smap.q.device), sources)
+        with _LAYOUTS_LOCK:
+            seen = list(_LAYOUTS.get(key, ()))
+        for q, k, chain, found in seen:
             if chain == smap.chain and torch.equal(q, smap.q) and torch.equal(k, smap.k):
                 return found
         found = lineage.decode(smap, shape, dim, self.sources)
-        self._layouts.setdefault(key, []).append((smap.q, smap.k, smap.chain, found))
+        with _LAYOUTS_LOCK:
+            if key not in _LAYOUTS and len(_LAYOUTS) >= MAX_LAYOUTS:
+                _LAYOUTS.pop(next(iter(_LAYOUTS)))
+            entries = _LAYOUTS.setdefault(key, [])
+            entries[:] = [*entries[-3:], (smap.q, smap.k, smap.chain, found)]
         return found
 
     def _record_exact(self, path, x, out, tag, layout: Layout) -> None:
