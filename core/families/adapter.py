@@ -739,9 +739,7 @@ class AdapterModel:
             n_keys = sum(
                 lab is None or lab in joined for lab in (r.key_labels or (None,) * r.probs.shape[-1])
             )
-            if (r.probs.shape[-2], n_keys) != want[
-                kind
-            ]:  # e.g. attention over something that is not the tokens
+            if (r.probs.shape[-2], n_keys) != want[kind]:  # attention over something that is not the tokens
                 note = (f"{r.name or '(model)'} {tuple(r.probs.shape)}: left out of the trace, its "
                         f"{r.probs.shape[-2]} x {n_keys} map is not the {want[kind][0]} x "
                         f"{want[kind][1]} of this input's tokens")  # fmt: skip
@@ -788,14 +786,14 @@ def _side(ids: torch.Tensor, real: torch.Tensor, tokens, labels: tuple[str | Non
     where they sit: id -1, real, shown under their labels."""
     if not labels or sum(lab is None for lab in labels) != ids.shape[1]:
         return Side(ids, real, tokens)
-    at = torch.tensor([lab is not None for lab in labels])
+    at = torch.tensor([lab is not None for lab in labels], device=ids.device)
     full_ids = torch.full((ids.shape[0], len(labels)), -1, dtype=ids.dtype, device=ids.device)
     full_real = torch.ones(ids.shape[0], len(labels), dtype=torch.bool, device=real.device)
     full_ids[:, ~at] = ids
     full_real[:, ~at] = real.bool()
 
     def named(row: list[int]) -> list[str]:
-        plain = iter(tokens([t for t, learned in zip(row, at.tolist(), strict=True) if not learned]))
+        plain = iter(tokens([t for t, lab in zip(row, labels, strict=True) if lab is None]))
         return [lab if lab is not None else next(plain) for lab in labels]
 
     return Side(full_ids, full_real, named)
