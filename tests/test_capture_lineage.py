@@ -361,3 +361,64 @@ def test_properties_ellipsis_einsums_and_padded_keys_are_followed():
     for rec, probs in zip(cap.records, want, strict=True):
         assert torch.equal(rec.probs, probs) and rec.kind == "enc_self"
     assert cap.records[2].key_labels == ("<padding 0>", "<padding 1>", None, None, None)
+
+
+def _tiny_hf(name: str):
+    transformers = pytest.importorskip("transformers")
+    t = transformers
+    return {
+        "bert": (t.BertConfig, t.BertModel, dict(vocab_size=60, hidden_size=32, num_hidden_layers=2,
+                                                 num_attention_heads=4, intermediate_size=64)),
+        "llama": (t.LlamaConfig, t.LlamaModel, dict(vocab_size=60, hidden_size=32, intermediate_size=64,
+                                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                    max_position_embeddings=32)),
+        "mistral": (t.MistralConfig, t.MistralModel, dict(vocab_size=60, hidden_size=32, intermediate_size=64,
+                                                          num_hidden_layers=2, num_attention_heads=4,
+                                                          num_key_value_heads=1, max_position_embeddings=32,
+                                                          sliding_window=3)),
+        "bart": (t.BartConfig, t.BartModel, dict(vocab_size=60, d_model=32, encoder_layers=2, decoder_layers=2,
+                                                 encoder_attention_heads=4, decoder_attention_heads=4,
+                                                 encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32)),
+        "t5": (t.T5Config, t.T5Model, dict(vocab_size=60, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                           num_decoder_layers=2, num_heads=4)),
+    }[name]  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("name", ["bert", "llama", "mistral", "bart", "t5"])
+def test_hugging_face_models_captured_equal_their_own_output_attentions(name, impl):
+    """Library models as users load them (random weights): captured on eager or SDPA attention with
+    a padded batch (left padding for the decoder-only ones), every map of every kind equals what the
+    same weights return with eager attention and output_attentions=True, on the real query rows."""
+    config_cls, model_cls, kw = _tiny_hf(name)
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**kw, attn_implementation=impl)).eval()
+    reference = model_cls(config_cls(**kw, attn_implementation="eager")).eval()
+    reference.load_state_dict(model.state_dict())
+    left = name in ("llama", "mistral")
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [0, 0, 0, 5, 6, 7] if left else [5, 6, 7, 0, 0, 0]])
+    inputs = {"input_ids": ids, "attention_mask": (ids != 0).long()}
+    if name in ("bart", "t5"):
+        inputs["decoder_input_ids"] = torch.tensor([[1, 5, 6, 7], [1, 5, 6, 7]])
+    with torch.no_grad():
+        want = reference(**inputs, output_attentions=True)
+        with capture_attention(model) as cap:
+            model(**inputs)
+    assert not cap.notes and all(r.exact for r in cap.records)
+    expected = {"enc_self": want.encoder_attentions, "dec_self": want.decoder_attentions,
+                "cross": want.cross_attentions} if name in ("bart", "t5") else {
+                    "enc_self" if name == "bert" else "dec_self": want.attentions}  # fmt: skip
+    assert {r.kind for r in cap.records} == set(expected)
+    for kind, maps in expected.items():
+        records = [r for r in cap.records if r.kind == kind]
+        assert len(records) == len(maps) == 2
+        for rec, ref in zip(records, maps, strict=True):
+            assert rec.probs.shape == ref.shape
+            real = (
+                (ids != 0)[:, None, :, None]
+                if ref.shape[-2] == ids.shape[1]
+                else torch.ones(1, 1, 1, 1, dtype=torch.bool)
+            )
+            torch.testing.assert_close(
+                rec.probs.masked_fill(~real, 0), ref.masked_fill(~real, 0), atol=1e-6, rtol=0
+            )

@@ -1326,27 +1326,28 @@ class _Session:
         work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         with torch.no_grad():
             scores = (q.to(work) @ k.to(work).transpose(-2, -1)) * scale  # (..., H, q, k)
-            allowed = None
+            allowed = None  # the record's mask: keys hidden by a bool mask, -inf or a very negative value
+            fill = None  # where SDPA itself puts -inf: the causal mask and bool masks
             logits = scores
             if a.get("is_causal"):
-                allowed = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
+                allowed = fill = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
             m = a.get("attn_mask")
             if m is not None:
                 if unsq and m.dim() >= 3:
                     m = m.unsqueeze(-3)
                 if m.dtype == torch.bool:
                     allowed = m if allowed is None else allowed & m
-                else:
+                    fill = m if fill is None else fill & m
+                else:  # added as SDPA adds it: a row hidden by finfo.min is uniform there, as here
                     logits = logits + m.to(work)
                     ok = torch.isfinite(m) & (m > NEG)
                     allowed = ok if allowed is None else allowed & ok
-            if allowed is not None:  # broadcast as given: a causal (q, k) mask is never expanded
-                logits = logits.masked_fill(~allowed, float("-inf"))
+            if fill is not None:  # broadcast as given: a causal (q, k) mask is never expanded
+                logits = logits.masked_fill(~fill, float("-inf"))
             probs = torch.softmax(logits, dim=-1)
-            if allowed is not None:
-                probs = probs.masked_fill(
-                    ~allowed.any(-1, keepdim=True), 0.0
-                )  # fully masked rows: 0, as SDPA
+            if fill is not None or (m is not None and m.dtype != torch.bool):
+                dead = torch.isneginf(logits).all(-1, keepdim=True)  # rows with no key at all: 0, as SDPA
+                probs = probs.masked_fill(dead, 0.0)
             check = None
             if not a.get("dropout_p"):  # probs @ v against SDPA's output, on up to CHECK_ROWS query rows
                 got = out[:, None] if unsq else out
