@@ -1494,27 +1494,29 @@ def _mha_weights(p: dict[str, Any], scores: torch.Tensor | None) -> torch.Tensor
 
 
 def _mha_scores(p: dict[str, Any], h: int) -> torch.Tensor | None:
-    """(B, H, q, k) q.k/sqrt(d_head) from F.multi_head_attention_forward's arguments."""
+    """(B, H, q, k) q.k/sqrt(d_head) from F.multi_head_attention_forward's arguments, computed the
+    way it computes them (one packed projection, q scaled before the product), so the weights
+    made from them equal its own to the bit."""
     if p["bias_k"] is not None or p["add_zero_attn"] or p["static_k"] is not None:
         return None
-    query, key = p["query"], p["key"]
+    query, key, value = p["query"], p["key"], p["value"]
     if query.dim() == 2:
-        query, key = query[:, None], key[:, None]
-    e = query.shape[-1]
+        query, key, value = query[:, None], key[:, None], value[:, None]
+    lq, b, e = query.shape
+    lk, d = key.shape[0], e // h
     bias = p["in_proj_bias"]
-    bq = bk = None
-    if bias is not None:
-        bq, bk = bias[:e], bias[e : 2 * e]
     if p["use_separate_proj_weight"]:
-        wq, wk = p["q_proj_weight"], p["k_proj_weight"]
+        b_q = b_k = None
+        if bias is not None:
+            b_q, b_k = bias[:e], bias[e : 2 * e]
+        q = F.linear(query, p["q_proj_weight"], b_q)
+        k = F.linear(key, p["k_proj_weight"], b_k)
     else:
-        wq, wk = p["in_proj_weight"][:e], p["in_proj_weight"][e : 2 * e]
-    q = F.linear(query, wq, bq).transpose(0, 1)  # (B, q, E): F.multi_head_attention_forward is seq-first
-    k = F.linear(key, wk, bk).transpose(0, 1)  # (B, k, E)
-    b, lq, lk, d = q.shape[0], q.shape[1], k.shape[1], e // h
-    q = q.reshape(b, lq, h, d).transpose(1, 2)  # (B, H, q, d)
-    k = k.reshape(b, lk, h, d).transpose(1, 2)  # (B, H, k, d)
-    return q @ k.transpose(-2, -1) / math.sqrt(d)
+        q, k, _ = F._in_projection_packed(query, key, value, p["in_proj_weight"], bias)
+    q = q.reshape(lq, b * h, d).transpose(0, 1)  # (B*H, q, d), as F.multi_head_attention_forward
+    k = k.reshape(lk, b * h, d).transpose(0, 1)
+    q = q * math.sqrt(1.0 / float(d))
+    return torch.bmm(q, k.transpose(-2, -1)).view(b, h, lq, lk)
 
 
 def _same_layer(a: Record | None, b: Record) -> bool:
