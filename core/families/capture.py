@@ -1512,7 +1512,13 @@ def _mha_scores(p: dict[str, Any], h: int) -> torch.Tensor | None:
         q = F.linear(query, p["q_proj_weight"], b_q)
         k = F.linear(key, p["k_proj_weight"], b_k)
     else:
-        q, k, _ = F._in_projection_packed(query, key, value, p["in_proj_weight"], bias)
+        packed = getattr(F, "_in_projection_packed", None)  # private: the projection MHA itself runs
+        if packed is not None:
+            q, k, _ = packed(query, key, value, p["in_proj_weight"], bias)
+        else:
+            w = p["in_proj_weight"]
+            q = F.linear(query, w[:e], None if bias is None else bias[:e])
+            k = F.linear(key, w[e : 2 * e], None if bias is None else bias[e : 2 * e])
     q = q.reshape(lq, b * h, d).transpose(0, 1)  # (B*H, q, d), as F.multi_head_attention_forward
     k = k.reshape(lk, b * h, d).transpose(0, 1)
     q = q * math.sqrt(1.0 / float(d))
