@@ -793,7 +793,7 @@ class _Session:
             torch.broadcast_shapes(tuple(base_t.shape), tuple(out.shape))
             if torch.broadcast_shapes(tuple(base_t.shape), tuple(out.shape)) == tuple(out.shape):
                 shape = tuple(out.shape)
-                return smap.then(("broadcast", lambda t, shape=shape: t.expand(shape), (), {}))
+                return smap.then(("broadcast", torch.Tensor.expand, (shape,), {}))
         except RuntimeError:
             pass
         return smap.fail(f"{name} changed the scores' shape in a way capture does not follow")
