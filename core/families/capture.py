@@ -565,8 +565,12 @@ class _Session:
     def _external(self, t: torch.Tensor) -> _Tag:
         """Tag a tensor that enters the model from outside the call (its own origin and positions)."""
         code = self.code_of(t)
-        entry = self.sources.items[-1] if code is not None else None
-        origin = frozenset({entry.origin}) if entry is not None and entry.kind == "external" else frozenset()
+        origin: frozenset = frozenset()
+        if code is not None and code.numel():  # the source its codes name (it may have been seen before)
+            first = code.reshape(-1)[:1] >> lineage.SHIFT
+            src = self.sources.items[int(self.sources.index(first)[0])]
+            if src.kind == "external":
+                origin = frozenset({src.origin})
         tag = _Tag(origin=origin, code=code)
         self.set(t, tag)
         return tag
@@ -612,15 +616,12 @@ class _Session:
             return res if tuple(res.shape) == tuple(out.shape) else None
         if name in lineage.REPLAY:
             try:
-                coded = [self._coded(a) for a in args]
-                if name.endswith("_as") and len(args) > 1:
-                    coded[1] = args[1]  # only its shape is used
-                if name == "view":  # the codes may not be contiguous where the tensor was
-                    func = torch.Tensor.reshape
-                res = func(*coded, **kwargs)
-            except _NoCode:
-                return None
-            except Exception:
+                if name.endswith("_as") and len(args) > 1:  # only the other tensor's shape is used
+                    coded = [self._coded(args[0]), tuple(args[1].shape), *args[2:]]
+                else:
+                    coded = [self._coded(a) for a in args]
+                res = lineage.replay_fn(name, func)(*coded, **kwargs)
+            except Exception:  # _NoCode, or an op its arguments do not replay on codes
                 return None
             if isinstance(res, torch.Tensor) and tuple(res.shape) == tuple(out.shape):
                 return res
@@ -772,28 +773,19 @@ class _Session:
         chained (replayed at the softmax), anything else breaks it with a reason."""
         if smap is None or smap.broken:
             return smap
-        if tuple(out.shape) == tuple(base_t.shape) and (
-            name not in lineage.REPLAY or name in lineage.KEEP or name in ("contiguous", "clone", "detach")
-        ):
-            return smap  # fmt: skip
+        if tuple(out.shape) == tuple(base_t.shape) and (name not in lineage.REPLAY or name in lineage.KEEP):
+            return smap
         if name in lineage.REPLAY and args and args[0] is base_t:
             rest = tuple(
-                a.shape if name.endswith("_as") and isinstance(a, torch.Tensor) else a for a in args[1:]
+                tuple(a.shape) if name.endswith("_as") and isinstance(a, torch.Tensor) else a
+                for a in args[1:]
             )
-            if name.endswith("_as"):
-                fn, nm = getattr(torch.Tensor, name[: -len("_as")]), name[: -len("_as")]
-            elif name == "view":  # the index tensor may not be contiguous where the scores were
-                fn, nm = torch.Tensor.reshape, name
-            else:
-                fn, nm = func, name
             if any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in rest):
                 return smap.fail(f"{name} with a tensor argument on the scores could not be followed")
-            return smap.then((nm, fn, rest, dict(kwargs)))
+            return smap.then((name, lineage.replay_fn(name, func), rest, dict(kwargs)))
         try:
-            torch.broadcast_shapes(tuple(base_t.shape), tuple(out.shape))
             if torch.broadcast_shapes(tuple(base_t.shape), tuple(out.shape)) == tuple(out.shape):
-                shape = tuple(out.shape)
-                return smap.then(("broadcast", torch.Tensor.expand, (shape,), {}))
+                return smap.then(("broadcast", torch.Tensor.expand, (tuple(out.shape),), {}))
         except RuntimeError:
             pass
         return smap.fail(f"{name} changed the scores' shape in a way capture does not follow")

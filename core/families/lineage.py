@@ -48,6 +48,16 @@ KEEP = frozenset(
 )  # fmt: skip
 
 
+def replay_fn(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
+    """The function that replays data-movement op ``name`` on codes or indices: ``view`` becomes
+    ``reshape`` (they need not be contiguous where the tensor was), and ``x_as(other)`` becomes
+    ``x(other's shape)`` (the caller passes the shape)."""
+    base = name[: -len("_as")] if name.endswith("_as") else name
+    if base == "view":
+        return torch.Tensor.reshape
+    return getattr(torch.Tensor, base) if base != name else func
+
+
 @dataclass(frozen=True)
 class Source:
     """A run of positions: ``tokens`` (an embedding call's ids), ``param`` (rows of a learned tensor),
