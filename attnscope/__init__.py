@@ -13,6 +13,9 @@ The public API (imported on first use, so ``import attnscope`` stays light)::
     trace = attnscope.AttentionTrace.load("t.npz")     # a trace file, checked, never unpickled
     report = attnscope.audit(lm, ["hello", "abc"])     # the mask audit: report.verdicts
 
+    w = attnscope.watch(model, probe=ids, every=100, run_dir="runs/x")   # in a training loop:
+    w.step(step, loss=loss)                            # the run opens with `attnscope view runs/x`
+
 The packages: ``attnscope.core`` (the model side), ``attnscope.models`` (the zoo and the registry),
 ``attnscope.dashboard`` (the Streamlit app) and ``attnscope.cli`` (the command line).
 """
@@ -24,13 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from attnscope.core.families.capture import capture_attention
+    from attnscope.core.runs.watch import watch
     from attnscope.core.traces.trace import AttentionTrace
 
-__all__ = ["AttentionTrace", "audit", "capture_attention", "load"]
+__all__ = ["AttentionTrace", "audit", "capture_attention", "load", "watch"]
 
 _LAZY = {
     "capture_attention": ("attnscope.core.families.capture", "capture_attention"),
     "AttentionTrace": ("attnscope.core.traces.trace", "AttentionTrace"),
+    "watch": ("attnscope.core.runs.watch", "watch"),
 }
 
 

@@ -1,0 +1,553 @@
+"""``attnscope.watch``: watch a model's attention form while it trains, from inside any training loop.
+
+    w = attnscope.watch(model, probe=ids, every=100, run_dir="runs/x", vocab=itos)
+    for step, batch in enumerate(loader):
+        ...
+        w.step(step, loss=loss)          # every call logs the scalars; every ``every`` steps it probes
+    w.close()
+
+At a watched step the model runs the probe once in eval mode without gradients, under
+``capture_attention``; the traces go to the run folder (``attnscope.core.runs.runfile``) in float16.
+Then every module's own ``training`` flag and the random number generators (CPU and CUDA) are put back
+as they were, so training with and without watching computes the same weights, bit for bit.
+
+The probe is a tensor (``model(probe)``), a tuple of tensors (``model(*probe)``), a dict
+(``model(**probe)``), or texts with ``adapter=`` (an adapter file or module: its encode turns them into
+ids and its forward runs them). ``forward=(model, probe) -> output`` replaces the call.
+
+Distributed training: under DDP only rank 0 probes, on the unwrapped module, so no collective starts on
+one rank alone; under FSDP every rank runs the probe (the forward gathers the shards) and rank 0
+writes. Other ranks' ``step`` does nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnscope.core.errors import InputError, ModelLoadError
+from attnscope.core.runs import runfile
+from attnscope.core.traces.trace import AttentionTrace
+
+_SIZE = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+
+
+def parse_size(value: int | float | str) -> int:
+    """Bytes from 1_000_000, "500MB", "1 GB" (binary units: 1 GB = 2**30 bytes)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value <= 0 or not math.isfinite(value):
+            raise ValueError(f"a size must be positive, got {value!r}")
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip().upper().replace(" ", "").removesuffix("IB").removesuffix("B")
+        unit = text.lstrip("0123456789.")
+        number = text[: len(text) - len(unit)]
+        if (unit + "B" if unit else "") in _SIZE or unit == "":
+            try:
+                n = float(number) * _SIZE[unit + "B" if unit else ""]
+            except ValueError:
+                n = -1
+            if n > 0:
+                return int(n)
+    raise ValueError(f"cannot read {value!r} as a size: give bytes or e.g. '500MB', '1GB'")
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module under DistributedDataParallel / DataParallel and torch.compile's wrapper."""
+    seen = 0
+    while seen < 8:
+        seen += 1
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod  # type: ignore[assignment]
+        else:
+            break
+    return model
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    """FSDP (the wrapper, or fully_shard's modules): its forward gathers shards on every rank."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # a build without distributed
+        return False
+    return any(
+        isinstance(m, FullyShardedDataParallel) or type(m).__name__.startswith("FSDP")
+        for m in model.modules()
+    )
+
+
+def _dist() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class _Labels:
+    """Token ids -> the strings a trace shows: a list (id -> token), a dict (token -> id), a tokenizer
+    (``convert_ids_to_tokens``) or a callable; without one, the ids themselves."""
+
+    def __init__(self, vocab: Any):
+        self.fn: Callable[[list[int]], list[str]]
+        if vocab is None:
+            self.fn = lambda ids: [str(i) for i in ids]
+        elif hasattr(vocab, "convert_ids_to_tokens"):
+            self.fn = lambda ids: [str(t) for t in vocab.convert_ids_to_tokens(ids)]
+        elif isinstance(vocab, Mapping):
+            itos = {int(i): str(t) for t, i in vocab.items()}
+            self.fn = lambda ids: [itos.get(i, f"<{i}>") for i in ids]
+        elif isinstance(vocab, Sequence) and not isinstance(vocab, str):
+            items = [str(t) for t in vocab]
+            self.fn = lambda ids: [items[i] if 0 <= i < len(items) else f"<{i}>" for i in ids]
+        elif callable(vocab):
+            self.fn = lambda ids: [str(vocab(i)) for i in ids]
+        else:
+            raise ValueError(
+                f"vocab must be a list (id -> token), a dict (token -> id), a tokenizer or a function, "
+                f"not {type(vocab).__name__}"
+            )
+
+    def __call__(self, ids: torch.Tensor) -> list[str]:
+        return self.fn([int(i) for i in ids.tolist()])
+
+
+def _id_tensors(probe: Any) -> list[tuple[str, torch.Tensor]]:
+    """The probe's token-id tensors (2-D integer), named, in order."""
+    if isinstance(probe, torch.Tensor):
+        items: list[tuple[str, Any]] = [("0", probe)]
+    elif isinstance(probe, Mapping):
+        items = [(str(k), v) for k, v in probe.items()]
+    elif isinstance(probe, (tuple, list)):
+        items = [(str(i), v) for i, v in enumerate(probe)]
+    else:
+        items = []
+    return [
+        (name, t)
+        for name, t in items
+        if isinstance(t, torch.Tensor)
+        and t.dim() == 2
+        and not t.is_floating_point()
+        and t.dtype != torch.bool
+    ]
+
+
+def _device(model: nn.Module) -> torch.device | None:
+    p = next(model.parameters(), None)
+    return None if p is None else p.device
+
+
+def _to_device(probe: Any, device: torch.device | None) -> Any:
+    """The probe's tensors on the model's device (the probe is often made on the CPU)."""
+    if device is None:
+        return probe
+    if isinstance(probe, torch.Tensor):
+        return probe.to(device)
+    if isinstance(probe, Mapping):
+        return {k: _to_device(v, device) for k, v in probe.items()}
+    if isinstance(probe, (tuple, list)):
+        return type(probe)(_to_device(v, device) for v in probe)
+    return probe
+
+
+def _default_forward(model: nn.Module, probe: Any) -> Any:
+    if isinstance(probe, Mapping):
+        return model(**probe)
+    if isinstance(probe, (tuple, list)):
+        return model(*probe)
+    return model(probe)
+
+
+class Watcher:
+    """What ``attnscope.watch`` returns: call ``step`` in the training loop, ``close`` at the end (or use
+    it as a context manager). See the module's doc and docs/watch.md."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        probe: Any,
+        every: int = 100,
+        run_dir: str | Path = "runs/watch",
+        *,
+        vocab: Any = None,
+        tgt_vocab: Any = None,
+        adapter: Any = None,
+        targets: list[str] | None = None,
+        forward: Callable[[nn.Module, Any], Any] | None = None,
+        arch: str | None = None,
+        pad: int | None = None,
+        bos: int | None = None,
+        audit_every: int | None = None,
+        keep_weights: bool = False,
+        budget: int | float | str = runfile.DEFAULT_BUDGET,
+        title: str | None = None,
+        capture: Mapping[str, Any] | None = None,
+    ):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"watch needs the torch.nn.Module being trained, got {type(model).__name__}")
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"every must be a positive number of steps, got {every!r}")
+        if audit_every is not None and (not isinstance(audit_every, int) or audit_every < 1):
+            raise ValueError(f"audit_every must be a positive number of steps, got {audit_every!r}")
+        self.model = model
+        self.every = every
+        self.audit_every = audit_every
+        self.keep_weights = bool(keep_weights)
+        self.forward = forward or _default_forward
+        self.capture_kw = dict(capture or {})
+        self.rank, self.world = _dist()
+        self.fsdp = is_fsdp(model)
+        if self.fsdp and self.keep_weights:
+            raise ValueError(
+                "keep_weights is not supported under FSDP (the weights are sharded across ranks); "
+                "save full checkpoints with FSDP's own state-dict API instead"
+            )
+        # DDP: rank 0 alone probes, on the module under the wrapper (no collective starts on one rank)
+        self.net = model if self.fsdp else unwrap(model)
+        self.probes = (self.rank == 0) or self.fsdp
+        self.writes = self.rank == 0
+        self.probe = probe
+        self.targets = list(targets) if targets is not None else None
+        self.labels = _Labels(vocab)
+        self.tgt_labels = _Labels(tgt_vocab) if tgt_vocab is not None else self.labels
+        self.arch, self.pad, self.bos = arch, pad, bos
+        self._said: set[str] = set()
+        self.lm: Any = None  # an AdapterModel over the live model: texts, the audit
+        if adapter is not None:
+            self.lm = self._adapter_model(adapter)
+            if (
+                not isinstance(probe, (list, tuple))
+                or not probe
+                or not all(isinstance(t, str) for t in probe)
+            ):
+                raise ValueError(
+                    "with adapter=, probe is a list of texts (the adapter's encode makes the ids)"
+                )
+        elif isinstance(probe, (list, tuple)) and probe and all(isinstance(t, str) for t in probe):
+            raise ValueError("a probe of texts needs adapter= (an adapter file or module that encodes them)")
+        elif audit_every is not None:
+            self.lm = self._probe_model()
+        if audit_every is not None and self.lm is None:
+            raise ValueError("audit_every needs arch= and pad= (or an adapter) to audit the masks")
+        self.run: runfile.RunWriter | None = None
+        self.kinds: tuple[str, ...] = ()
+        first: list[AttentionTrace] = []
+        if self.probes:
+            first = self._traces()  # the probe is checked now, not 100 steps into training
+            self.kinds = tuple(first[0].kinds) if first else ()
+            if not self.kinds:
+                raise ValueError(
+                    "the probe ran but no attention was captured: "
+                    + "; ".join(first[0].meta.get("capture_notes", []) if first else [])
+                )
+        if self.writes:
+            header = {
+                "model": type(self.net).__name__,
+                "title": title or Path(run_dir).name,
+                "arch": self.lm.arch if self.lm is not None else arch,
+                "pad": pad if self.lm is None else self.lm.spec.pad,
+                "every": every,
+                "audit_every": audit_every,
+                "kinds": list(self.kinds),
+                "probe": {
+                    "n": len(first),
+                    "texts": list(probe) if self.lm is not None and adapter is not None else None,
+                    "targets": self.targets,
+                },
+                "adapter": str(self.lm.path)
+                if adapter is not None and getattr(self.lm, "path", None)
+                else None,
+                "weights": self.keep_weights,
+                "world_size": self.world,
+            }
+            self.run = runfile.RunWriter(run_dir, header, parse_size(budget))
+        # a run continued in its folder: steps up to its last are not written again
+        self._floor = self.run.last_step if self.run is not None and self.run.resumed else -1
+        self.closed = False
+
+    # -- the models that texts and the audit go through ------------------------------------------------
+    def _adapter_model(self, adapter: Any) -> Any:
+        from attnscope.core.families import adapter as A
+
+        if isinstance(adapter, (str, Path)):
+            path = Path(adapter).expanduser().resolve()
+            if not path.is_file() or path.suffix != ".py":
+                raise ModelLoadError(f"{path} is not a Python adapter file")
+            module = A._import(path)
+        elif isinstance(adapter, types.ModuleType) or hasattr(adapter, "ARCH"):
+            module, path = adapter, Path(getattr(adapter, "__file__", "adapter.py") or "adapter.py")
+        else:
+            raise ValueError(
+                "adapter must be an adapter file's path or its module (ARCH, PAD, encode, forward)"
+            )
+        spec = A._check_names(module, path.name)
+        return self._wrap(A, module, spec, path)
+
+    def _wrap(self, A: Any, module: Any, spec: Any, path: Path) -> Any:
+        src_tok = A.AdapterTokens(spec.vocab, module.encode, spec.specials)
+        tgt_tok = A.AdapterTokens(
+            spec.tgt_vocab or spec.vocab,
+            getattr(module, "encode_target", None) or module.encode,
+            spec.specials,
+        )
+        lm = A.AdapterModel(path.stem, path.parent, path, module, self.net, src_tok, tgt_tok, spec,
+                            meta={"kind": "adapter", "arch": spec.arch})  # fmt: skip
+        return lm
+
+    def _probe_model(self) -> Any:
+        """An adapter over the probe's own ids (texts "probe 0", "probe 1", ...) for the audit."""
+        from attnscope.core.families import adapter as A
+
+        if self.arch is None or self.pad is None:
+            raise ValueError("audit_every needs arch= ('encoder', 'decoder' or 'encoder-decoder') and pad=")
+        tensors = [t for _, t in _id_tensors(self.probe)]
+        seq2seq = self.arch in ("encoder-decoder", "seq2seq")
+        if not tensors or (seq2seq and len(tensors) < 2):
+            raise ValueError(
+                "the audit needs the probe's token ids: a [batch, length] integer tensor "
+                + ("for the source and one for the decoder input" if seq2seq else "")
+            )
+        src, tgt = tensors[0], (tensors[1] if seq2seq else None)
+        pad = self.pad
+
+        def rows(t: torch.Tensor) -> list[list[int]]:
+            out = []
+            for r in t.tolist():
+                while r and r[-1] == pad:
+                    r = r[:-1]
+                out.append(r)
+            return out
+
+        src_rows = rows(src)
+        bos = self.bos
+        tgt_rows: list[list[int]] = []
+        if tgt is not None:
+            firsts = {int(x) for x in tgt[:, 0].tolist()}
+            if bos is None and len(firsts) == 1:
+                bos = firsts.pop()
+            if bos is None:
+                raise ValueError("the audit needs bos= (the decoder inputs do not all start with one id)")
+            tgt_rows = [r[1:] for r in rows(tgt)]
+        n = 1 + max(int(t.max()) for t in tensors)
+        emb = next((m for m in self.net.modules() if isinstance(m, nn.Embedding)), None)
+        n = max(n, emb.num_embeddings if emb is not None else 0, pad + 1, (bos or 0) + 1)
+        fwd = self.forward
+
+        def index(text: str) -> int:
+            return int(text.rsplit(" ", 1)[-1])
+
+        def forward(model: nn.Module, s: Any, t: Any) -> Any:
+            if seq2seq:
+                return fwd(model, (s, t))
+            return fwd(model, s if s is not None else t)
+
+        module = types.SimpleNamespace(
+            ARCH=self.arch,
+            VOCAB=[f"<{i}>" for i in range(n)],
+            PAD=pad,
+            BOS=bos,
+            EOS=None,
+            load=lambda: self.net,
+            encode=lambda text: src_rows[index(text)],
+            encode_target=lambda text: tgt_rows[index(text)],
+            forward=forward,
+        )
+        spec = A._check_names(module, "the watched model")
+        lm = self._wrap(A, module, spec, Path("watched.py"))
+        lm.audit_texts = [f"probe {i}" for i in range(len(src_rows))]
+        lm.audit_targets = [f"probe {i}" for i in range(len(src_rows))] if seq2seq else None
+        return lm
+
+    # -- the probe ----------------------------------------------------------------------------------
+    def _isolated(self, fn: Callable[[], Any]) -> Any:
+        """fn() in eval mode without gradients; then each module's training flag and the RNGs as before."""
+        flags = [(m, m.training) for m in self.net.modules()]
+        cpu = torch.get_rng_state()
+        cuda = (
+            torch.cuda.get_rng_state_all()
+            if torch.cuda.is_available() and torch.cuda.is_initialized()
+            else None
+        )
+        try:
+            self.net.eval()
+            with torch.no_grad():
+                return fn()
+        finally:
+            for m, was in flags:
+                m.training = was
+            torch.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state_all(cuda)
+
+    def _traces(self) -> list[AttentionTrace]:
+        return self._isolated(self._trace_probe)
+
+    def _trace_probe(self) -> list[AttentionTrace]:
+        if self.lm is not None and all(isinstance(t, str) for t in self.probe):
+            return list(self.lm.trace(list(self.probe), self.targets, truncate=True))
+        from attnscope.core.families.capture import capture_attention
+
+        probe = _to_device(self.probe, _device(self.net))
+        with capture_attention(self.net, **self.capture_kw) as cap:
+            self.forward(self.net, probe)
+        kinds = cap.kinds()
+        if not kinds:
+            note = "; ".join([*cap.notes, *(str(n) for n in cap.skipped)]) or "no softmax met the rules"
+            raise ValueError(f"the probe ran but no attention was captured ({note})")
+        ids = [t for _, t in _id_tensors(self.probe)]
+        has_src = "enc_self" in kinds or "cross" in kinds
+        src = ids[0] if has_src and ids else None
+        tgt = (ids[1] if len(ids) > 1 else None) if has_src else (ids[0] if ids else None)
+        b = cap.records[0].probs.shape[0]
+        title = type(self.net).__name__
+        out = []
+        for i in range(b):
+            src_tok = self.labels(src[i]) if src is not None and i < len(src) else ()
+            tgt_tok = self.tgt_labels(tgt[i]) if tgt is not None and i < len(tgt) else ()
+            tr = cap.trace(i, src_tok, tgt_tok, model=title)
+            out.append(self._numbered(tr))
+        return out
+
+    @staticmethod
+    def _numbered(tr: AttentionTrace) -> AttentionTrace:
+        """Positions numbered where the probe's ids do not label a side (a float input, a length mismatch)."""
+        changes: dict[str, Any] = {}
+        for side, kind_q in (("src", "enc_self"), ("tgt", "dec_self")):
+            tokens = getattr(tr, f"{side}_tokens")
+            maps = getattr(tr, kind_q)
+            if maps is not None:
+                n = maps.shape[-1]
+            elif side == "src" and tr.cross is not None:
+                n = tr.cross.shape[-1]
+            elif side == "tgt" and tr.cross is not None:
+                n = tr.cross.shape[-2]
+            else:
+                continue
+            if len(tokens) != n:
+                changes[f"{side}_tokens"] = tuple(f"#{j}" for j in range(n))
+        return tr.replace(**changes) if changes else tr
+
+    # -- the loop's calls ------------------------------------------------------------------------------
+    @property
+    def last_step(self) -> int:
+        """The last step this run folder holds (-1: none): a restarted run continues after it."""
+        return self.run.last_step if self.run is not None else -1
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self.run.path if self.run is not None else None
+
+    def step(self, step: int, loss: Any = None, **metrics: Any) -> bool:
+        """Log ``loss`` and ``metrics`` for ``step``; at every ``every``-th step also probe (and audit at
+        every ``audit_every``-th). Returns True when this call probed. Steps at or before the run's last
+        step (a run continued in the same folder) are not written again."""
+        if self.closed:
+            raise RuntimeError("this watcher is closed")
+        step = int(step)
+        if self.run is not None and step <= self._floor:
+            self._say(
+                f"the run folder {self.run.path} already holds steps up to {self._floor}; "
+                "steps up to there are not written again (a new run: a new run_dir)"
+            )
+            return False
+        record: dict[str, Any] = {"step": step}
+        if loss is not None:
+            v = runfile.scalar_value(loss)
+            if v is not None:
+                record["loss"] = v
+        for key, value in metrics.items():
+            v = runfile.scalar_value(value)
+            if v is not None:
+                record[str(key)] = v
+        due = step % self.every == 0
+        audit_due = self.audit_every is not None and step % self.audit_every == 0
+        probed = False
+        if (due or audit_due) and self.probes:
+            if due:
+                try:
+                    traces = self._traces()
+                except Exception as exc:  # noqa: BLE001 (training goes on; the run says why)
+                    record["watch_error"] = f"{type(exc).__name__}: {exc}"[:500]
+                    self._say(f"attnscope.watch could not probe step {step}: {record['watch_error']}")
+                else:
+                    if self.run is not None:
+                        weights = self._weights() if self.keep_weights else None
+                        self.run.write_step(step, [runfile.slim(t) for t in traces], weights)
+                        if self.run.over_budget:
+                            self._say(
+                                f"the run's first and latest steps alone are over its budget "
+                                f"({self.run.budget / 2**20:,.0f} MB): raise budget= or probe fewer inputs"
+                            )
+                    probed = True
+            if audit_due:
+                record["audit"] = self._audit()
+        if self.run is not None and (len(record) > 1 or probed):
+            self.run.append_scalars(record, sync=probed)
+        return probed
+
+    def log(self, step: int, **scalars: Any) -> None:
+        """Scalars only (no probe), e.g. from a logging callback."""
+        if self.run is None or int(step) <= self._floor:
+            return
+        record: dict[str, Any] = {"step": int(step)}
+        for key, value in scalars.items():
+            v = runfile.scalar_value(value)
+            if v is not None:
+                record[str(key)] = v
+        if len(record) > 1:
+            self.run.append_scalars(record)
+
+    def _audit(self) -> dict[str, Any]:
+        from attnscope.core.analysis.audit import run_audit
+
+        lm = self.lm
+        texts = getattr(lm, "audit_texts", None) or list(self.probe)
+        targets = getattr(lm, "audit_targets", None) if hasattr(lm, "audit_texts") else self.targets
+        try:
+            report = self._isolated(lambda: run_audit(lm, texts, targets, concurrent=False))
+        except (InputError, ValueError) as exc:
+            return {"passed": True, "failed": [], "lines": [f"the audit could not run: {exc}"], "error": True}
+        return {
+            "passed": bool(report.passed),
+            "failed": sorted({v.name for v in report.failed}),
+            "lines": [v.line() for v in report.failed][:20],  # what failed, in the audit's words
+        }
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, t in self.net.state_dict().items():
+            t = t.detach()
+            out[name] = (t.half() if t.is_floating_point() else t).cpu().contiguous().clone()
+        return out
+
+    def _say(self, message: str) -> None:
+        if message not in self._said:
+            self._said.add(message)
+            warnings.warn(message, stacklevel=3)
+
+    def close(self) -> None:
+        if self.run is not None and not self.closed:
+            self.run.close()
+        self.closed = True
+
+    def __enter__(self) -> Watcher:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def watch(
+    model: nn.Module, probe: Any, every: int = 100, run_dir: str | Path = "runs/watch", **kw: Any
+) -> Watcher:
+    """Watch ``model``'s attention on ``probe`` every ``every`` steps while it trains; see ``Watcher``."""
+    return Watcher(model, probe, every, run_dir, **kw)
