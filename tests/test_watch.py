@@ -337,3 +337,26 @@ def test_the_reader_refuses_bad_parts_in_one_sentence(tmp_path):
         run.scalars()
     with pytest.raises(RunFormatError, match="not a folder"):
         Run.open(tmp_path / "missing")
+
+
+def test_the_example_trains_and_writes_a_run_that_opens(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("watch_training", ROOT / "examples" / "watch_training.py")
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    model, _ = ex.train(20, str(tmp_path / "run"), every=10)
+    run = Run.open(tmp_path / "run")
+    assert run.steps() == [0, 10, 20]
+    assert sorted(run.audits()) == [0, 10, 20] and all(a["passed"] for a in run.audits().values())
+    traces = run.traces(20)
+    assert len(traces) == len(ex.PROBE) and traces[0].src_tokens == (
+        *ex.PROBE[0],
+        "<eos>",
+        "<pad>",
+        "<pad>",
+        "<pad>",
+        "<pad>",
+        "<pad>",
+    )
+    assert len(run.series()["loss"][0]) == 21
