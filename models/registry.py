@@ -10,8 +10,8 @@ installed packages (EXTRA_MODELS, e.g. ``minilm``) and any folder or file a user
 ``model_kind(name_or_path)`` says which: "zoo", "pretrained", "core", "hf", "adapter".
 
 Training snapshots: ``NAME@STEP`` names the zoo model ``NAME`` as it was after STEP training steps
-(float16 weights under models/NAME/snapshots/, listed with their held-out accuracy in
-models/NAME/history.json); ``snapshots(NAME)`` lists them, and ``NAME@STEP`` is accepted wherever
+(float16 weights in the run folder models/NAME/run, the format ``attnscope.watch`` writes, with the
+held-out accuracy and loss in its scalars); ``snapshots(NAME)`` lists them, and ``NAME@STEP`` is accepted wherever
 a model name is (CLI, sidebar, links, compare). The last step is the model itself.
 Every one of them implements attnscope.core.families.interface.AttentionModel.
 ``FIRST_INPUTS`` is the one table of the input each zoo and pretrained model opens on in the dashboard.
@@ -19,7 +19,7 @@ Every one of them implements attnscope.core.families.interface.AttentionModel.
 
 from __future__ import annotations
 
-import json
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from attnscope.core.errors import ModelLoadError
 from attnscope.core.families.hf import is_hf_folder
 from attnscope.core.families.interface import AttentionModel
 from attnscope.core.families.native import LoadedModel, load_folder, resolve_device
+from attnscope.core.runs.runfile import STEPS, WEIGHTS, Run, RunFormatError, is_run, step_dir_name
 from attnscope.core.transformer.checkpoint import CONFIG, read_meta
 
 ZOO_DIR = Path(__file__).resolve().parent
@@ -47,7 +48,8 @@ FIRST_INPUTS: dict[str, str] = {
 }
 WEIGHT_SUFFIXES = (".pt", ".pth", ".safetensors")  # a weights file beside a core config.json
 ADAPTER_SUFFIX = ".py"  # an adapter file (core/families/adapter.py)
-HISTORY = "history.json"  # written by models/train.py: curves and the snapshot list
+RUN = "run"  # models/NAME/run: the training run (attnscope.core.runs.runfile's format), written by models/train.py
+WEIGHT_FILE = "model.safetensors"
 SNAPSHOT = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)@(?P<step>\d{1,9})$")
 
 
@@ -81,33 +83,66 @@ def zoo_summary(name: str) -> str:
     return ""
 
 
-def history(name: str) -> dict[str, Any]:
-    """models/NAME/history.json ({} when the model has none): "curve" (held-out accuracy and loss
-    by step) and "snapshots" (step, held-out accuracy, loss, file), checked for shape."""
-    path = ZOO_DIR / name / HISTORY
-    if name not in zoo_names() or not path.is_file():
-        return {}
+def _run(name: str) -> Run | None:
+    """models/NAME/run (the training run, in the run format of attnscope.watch), None when absent."""
+    path = ZOO_DIR / name / RUN
+    if name not in zoo_names() or not is_run(path):
+        return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("snapshots"), list):
-        raise ModelLoadError(f"{path} has no snapshot list")
-    return data
+        return Run.open(path)
+    except RunFormatError as exc:
+        raise ModelLoadError(f"cannot read the training run of {name}: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=32)
+def _history(name: str, version: tuple[int, ...]) -> dict[str, Any]:
+    del version  # the cache key: a retrain writes a new run
+    run = _run(name)
+    return {} if run is None else read_history(run)
+
+
+def read_history(run: Run | Path) -> dict[str, Any]:
+    """A zoo training run's history (see ``history``) from its run folder."""
+    if not isinstance(run, Run):
+        run = Run.open(run)
+    name = run.name
+    try:
+        points = run.by_step()
+        snaps = []
+        for step in run.steps():
+            info = run.step_info(step)
+            if info.get("weights") is True and run.weights(step) is not None:
+                file = f"{RUN}/{STEPS}/{step_dir_name(step)}/{WEIGHTS}"
+            elif step == run.header.get("steps") and run.header.get("final_weights") == WEIGHT_FILE:
+                file = WEIGHT_FILE  # the last step is the model itself
+            else:
+                continue
+            point = points.get(step, {})
+            snaps.append({"step": step, "heldout": point.get("heldout"), "heldout_loss": point.get("heldout_loss"),
+                          "train_loss": point.get("train_loss"), "file": file})  # fmt: skip
+    except RunFormatError as exc:
+        raise ModelLoadError(f"cannot read the training run of {name}: {exc}") from exc
+    curve = [
+        {"step": step, **{k: p.get(k) for k in ("heldout", "heldout_loss", "train_loss")}}
+        for step, p in points.items()
+    ]
+    head = run.header
+    return {"task": head.get("task"), "steps": head.get("steps"), "n_heldout": head.get("n_heldout"),
+            "curve": curve, "snapshots": snaps}  # fmt: skip
+
+
+def history(name: str) -> dict[str, Any]:
+    """The training history of zoo model ``name`` ({} when it has none), from its run folder
+    models/NAME/run: "task", "steps" (the run's total), "n_heldout", "curve" (held-out accuracy and
+    loss, training loss, by step) and "snapshots" (step, held-out figures, weights file)."""
+    run = _run(name)
+    return {} if run is None else _history(name, run.version())
 
 
 def snapshots(name: str) -> list[dict[str, Any]]:
     """The training snapshots of zoo model ``name``, step order: dicts with step, heldout
     (accuracy on the never-seen set), heldout_loss, train_loss and file (inside the folder)."""
-    snaps = []
-    for item in history(name).get("snapshots", []):
-        file = str(item.get("file", ""))
-        if not isinstance(item.get("step"), int) or not re.fullmatch(
-            r"(snapshots/step-\d+\.safetensors|model\.safetensors)", file
-        ):
-            raise ModelLoadError(f"models/{name}/{HISTORY}: bad snapshot entry {item!r}")
-        snaps.append(item)
-    return sorted(snaps, key=lambda s: s["step"])
+    return [dict(s) for s in history(name).get("snapshots", [])]
 
 
 def split_snapshot(name: str) -> tuple[str, int | None]:

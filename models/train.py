@@ -5,8 +5,9 @@ Examples are drawn fresh every step from the training side of the task's split
 (linear warm-up, then 1/sqrt(step) decay), cross-entropy that ignores PAD. Training runs the
 recipe's fixed number of steps, seeded: deterministic on CPU, so the same command gives the same
 model (time is reported, never a stopping rule). Every ``eval_every`` steps and at ~12
-log-spaced snapshot steps the model decodes 1,000 distinct held-out inputs; the snapshots are
-saved in float16 under ``snapshots/`` (``NAME@STEP`` loads one) and the curves in history.json.
+log-spaced snapshot steps the model decodes 1,000 distinct held-out inputs; the snapshots (float16
+weights, ``NAME@STEP`` loads one) and the curves go to the run folder ``run/``, in the format that
+``attnscope.watch`` writes (attnscope.core.runs.runfile).
 The final model is saved with attnscope.core.transformer.checkpoint.save together with card.md and meta.json.
 
 Data format (what attnscope.core.families.native.LoadedModel uses at inference):
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -26,9 +28,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 from attnscope.core.families.interface import pad_rows
+from attnscope.core.runs import runfile
 from attnscope.core.transformer import checkpoint
 from attnscope.core.transformer.checkpoint import WEIGHTS
 from attnscope.core.transformer.config import TransformerConfig
@@ -41,8 +43,7 @@ from attnscope.models import tasks as T
 ZOO = Path(__file__).resolve().parent
 N_HELDOUT = 1000
 N_SNAPSHOTS = 12  # log-spaced, step 0 and the last step included (the last is the model itself)
-SNAPSHOT_DIR = "snapshots"
-HISTORY = "history.json"
+RUN_DIR = "run"  # the training run: snapshots and curves (attnscope.core.runs.runfile's format)
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class Recipe:
     lr: float = 1e-3  # peak learning rate, reached at the end of warm-up
     warmup: int = 400  # steps of linear warm-up; then lr * sqrt(warmup / step) (paper, 5.3)
     label_smoothing: float = 0.0
-    eval_every: int = 500  # held-out accuracy and loss for the curves in history.json
+    eval_every: int = 500  # held-out accuracy and loss for the curves (the run's scalars)
     # Learned position table initialised with the sinusoidal one (else core's N(0, 0.02) init,
     # which token embeddings drown out at first).
     sinusoidal_init: bool = False
@@ -267,16 +268,9 @@ def snapshot_steps(total: int, n: int = N_SNAPSHOTS) -> list[int]:
     return sorted(steps)
 
 
-def snapshot_file(step: int) -> str:
-    return f"{SNAPSHOT_DIR}/step-{step:06d}.safetensors"
-
-
-def save_snapshot(out: Path, model: Transformer, step: int) -> str:
-    """float16 copy of the weights at ``step`` (what ``NAME@STEP`` loads); its path inside out."""
-    name = snapshot_file(step)
-    state = {k: v.detach().cpu().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(out / name), metadata={"format": "pt", "producer": "attnscope", "step": str(step)})
-    return name
+def snapshot_weights(model: Transformer) -> dict[str, torch.Tensor]:
+    """float16 copy of the weights (what ``NAME@STEP`` loads)."""
+    return {k: v.detach().cpu().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
 
 
 @torch.no_grad()
@@ -336,17 +330,16 @@ def train(
     opt = torch.optim.Adam(params, lr=recipe.lr, betas=(0.9, 0.98), eps=1e-9)
     heldout = T.heldout_set(task.name, n_heldout)
     out = Path(out)
-    (out / SNAPSHOT_DIR).mkdir(parents=True, exist_ok=True)
-    for old in (out / SNAPSHOT_DIR).glob("step-*.safetensors"):  # a retrain replaces every snapshot
-        old.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / RUN_DIR, ignore_errors=True)  # a retrain replaces the whole run
+    run = runfile.RunWriter(
+        out / RUN_DIR,
+        {"title": task.name, "model": "Transformer", "zoo": task.name, "task": task.name, "steps": total,
+         "n_heldout": len(heldout), "kinds": [], "probe": {"n": 0}, "weights": True, "final_weights": WEIGHTS},
+        budget_bytes=1 << 40,  # a dozen snapshots: never thinned
+    )  # fmt: skip
     snaps = set(snapshot_steps(total))
-    history: dict[str, Any] = {
-        "task": task.name,
-        "steps": total,
-        "n_heldout": len(heldout),
-        "snapshots": [],
-        "curve": [],
-    }
+    history: dict[str, Any] = {"snapshots": [], "curve": []}
     recent: list[float] = []
     start = time.perf_counter()
     acc = float("nan")
@@ -361,9 +354,10 @@ def train(
             }
             recent = []
             history["curve"].append(point)
-            if step in snaps:
-                file = save_snapshot(out, model, step) if step < total else WEIGHTS
-                history["snapshots"].append({**point, "file": file})
+            run.append_scalars({k: v for k, v in point.items() if v is not None})
+            if step in snaps:  # the last step's weights are the model itself (model.safetensors)
+                run.write_step(step, [], snapshot_weights(model) if step < total else None)
+                history["snapshots"].append(point)
             elapsed = (time.perf_counter() - start) / 60
             log(
                 f"step {step:6d}  {elapsed:5.2f} min  train loss {point['train_loss']}  "
@@ -402,7 +396,7 @@ def train(
     meta = make_meta(task, recipe, seed, minutes, total, acc, len(heldout))
     card = make_card(task, recipe, cfg, model, seed, minutes, total, acc, len(heldout), history)
     checkpoint.save(out, model, src_tok, tgt_tok, card=card, meta=meta)
-    (out / HISTORY).write_text(json.dumps(history, indent=1) + "\n")
+    run.close()
     log(f"saved {out}")
     return meta
 
@@ -530,7 +524,7 @@ The held-out set is {n_heldout:,} distinct held-out inputs (`attnscope.models.ta
 A fixed {steps:,} steps, seeded and deterministic on CPU; time is reported, never a stopping rule
 (it took {minutes:.1f} minutes here, {threads} torch thread{"s" if threads > 1 else ""}).
 {len(snaps)} snapshots at log-spaced steps ({", ".join(str(p["step"]) for p in snaps)}) are kept in float16
-under `snapshots/` for the dashboard's Training page (`{task.name}@STEP`): held-out {metric}
+in the run folder `run/` for the dashboard's Training page (`{task.name}@STEP`): held-out {metric}
 {first["heldout"]:.1%} at step {first["step"]}, {last["heldout"]:.1%} at step {last["step"]}.
 
 ## Result

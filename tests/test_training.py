@@ -40,7 +40,7 @@ def smoke(tmp_path_factory):
 @pytest.mark.parametrize("name", list(T.TASKS))
 def test_smoke_training_loss_falls_and_files_are_written(smoke, name):
     folder, meta = smoke[name]
-    history = json.loads((folder / train.HISTORY).read_text())
+    history = registry.read_history(folder / train.RUN_DIR)
     curve = history["curve"]
     assert curve[0]["step"] == 0 and curve[-1]["step"] == SMOKE_STEPS
     # the training loss falls (brackets' includes its hint terms; its class loss needs more steps)

@@ -97,7 +97,9 @@ def test_the_wheel_installs_only_attnscope_at_the_top_level(wheel_env):
         "attnscope/dashboard/static/favicon.png",
         "attnscope/dashboard/app_pages/attention.py",
         "attnscope/models/reverse/model.safetensors",
-        "attnscope/models/reverse/snapshots/",
+        "attnscope/models/reverse/run/run.json",
+        "attnscope/models/reverse/run/scalars.jsonl",
+        "attnscope/models/reverse/run/steps/step-0000000010/weights.safetensors",
     ):
         assert any(n.startswith(needed) for n in names), needed
 

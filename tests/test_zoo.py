@@ -73,12 +73,11 @@ def loaded(request):
 def test_folder_complete_and_small(loaded):
     files = {p.name: p.stat().st_size for p in loaded.folder.iterdir() if p.is_file()}
     needed = {checkpoint.CONFIG, checkpoint.WEIGHTS, checkpoint.SRC_VOCAB, checkpoint.CARD, checkpoint.META}
-    needed.add(registry.HISTORY)
     if loaded.has_decoder:
         needed.add(checkpoint.TGT_VOCAB)
     assert needed <= set(files)
     assert sum(files.values()) < MAX_FOLDER_BYTES
-    snaps = sum(p.stat().st_size for p in (loaded.folder / "snapshots").iterdir())
+    snaps = sum(p.stat().st_size for p in (loaded.folder / registry.RUN).rglob("*") if p.is_file())
     assert 0 < snaps < MAX_SNAPSHOT_BYTES
 
 
