@@ -1,6 +1,6 @@
 """attnscope.watch where people train: a real Hugging Face Trainer with AttnscopeCallback, a PyTorch
-Lightning Trainer, and DistributedDataParallel on two gloo processes (rank 0 alone writes; training
-stays bit-identical)."""
+Lightning Trainer, and DistributedDataParallel and FSDP on two gloo processes (rank 0 alone writes;
+training stays bit-identical)."""
 
 from __future__ import annotations
 
@@ -87,7 +87,9 @@ def test_hf_trainer_callback_writes_a_run_and_training_is_unchanged(tmp_path):
 
 
 def test_lightning_callback_writes_a_run(tmp_path):
-    pl = pytest.importorskip("pytorch_lightning", reason="pytorch-lightning is a test dependency (requirements.txt)")
+    pl = pytest.importorskip(
+        "pytorch_lightning", reason="pytorch-lightning is a test dependency (requirements.txt)"
+    )
     from attnscope.integrations.lightning import AttnscopeCallback
 
     class Module(pl.LightningModule):
@@ -129,20 +131,26 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def _ddp(out: Path, run: str) -> dict[int, dict[str, torch.Tensor]]:
+def _ddp(out: Path, run: str, mode: str = "ddp") -> dict[int, dict[str, torch.Tensor]]:
     out.mkdir()
-    subprocess.run([sys.executable, str(ROOT / "tests" / "watch_ddp_worker.py"), str(out), run, _free_port()],
-                   check=True, cwd=ROOT, timeout=240)  # fmt: skip
+    worker = str(ROOT / "tests" / "watch_ddp_worker.py")
+    subprocess.run(
+        [sys.executable, worker, str(out), run, _free_port(), mode], check=True, cwd=ROOT, timeout=240
+    )
     return {r: load_file(str(out / f"rank{r}.safetensors")) for r in (0, 1)}
 
 
-def test_ddp_rank_zero_writes_once_and_training_is_unchanged(tmp_path):
-    watched = _ddp(tmp_path / "w", str(tmp_path / "run"))
-    plain = _ddp(tmp_path / "p", "-")
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_distributed_rank_zero_writes_once_and_training_is_unchanged(tmp_path, mode):
+    watched = _ddp(tmp_path / "w", str(tmp_path / "run"), mode)
+    plain = _ddp(tmp_path / "p", "-", mode)
     for rank in (0, 1):
         for name, a in plain[rank].items():
             assert torch.equal(a, watched[rank][name]), (rank, name)
     run = Run.open(tmp_path / "run")
     assert run.steps() == [0, 2, 4]
     assert [r["step"] for r in run.scalars()] == list(range(6))  # one writer: each step once
-    assert run.header["world_size"] == 2 and run.header["model"] == "EncoderDecoder"  # the unwrapped module
+    assert run.header["world_size"] == 2
+    # DDP: the module under the wrapper; FSDP: the sharded module itself, whose forward gathers the shards
+    assert run.header["model"] == ("EncoderDecoder" if mode == "ddp" else "FSDPEncoderDecoder")
+    assert run.traces(4)[0].kinds == ("enc_self", "dec_self", "cross")
