@@ -28,6 +28,7 @@ from attnscope.core.errors import ModelLoadError
 from attnscope.core.families.hf import is_hf_folder
 from attnscope.core.families.interface import AttentionModel
 from attnscope.core.families.native import LoadedModel, load_folder, resolve_device
+from attnscope.core.runs.replay import load_step, split_run_step
 from attnscope.core.runs.runfile import STEPS, WEIGHTS, Run, RunFormatError, is_run, step_dir_name
 from attnscope.core.transformer.checkpoint import CONFIG, read_meta
 
@@ -224,6 +225,8 @@ def model_kind(name_or_path: str) -> str:
     """The model's origin: zoo, pretrained (shipped by a package), hf (Hugging Face folder) or core."""
     if name_or_path in zoo_names() or is_snapshot(name_or_path):
         return "zoo"
+    if split_run_step(name_or_path) is not None:  # a watched run's step: its adapter's model
+        return "adapter"
     if name_or_path in EXTRA_MODELS:
         return "pretrained"
     path = Path(name_or_path).expanduser()
@@ -238,6 +241,9 @@ def resolve(name_or_path: str) -> tuple[str, Path]:
         return name_or_path, ZOO_DIR / name_or_path
     if is_snapshot(name_or_path):
         return name_or_path, ZOO_DIR / split_snapshot(name_or_path)[0]
+    hit = split_run_step(name_or_path)
+    if hit is not None:
+        return f"{hit[0].name}@{hit[1]}", hit[0]
     if name_or_path in EXTRA_MODELS:  # its package's files (registry.load knows how to run them)
         return name_or_path, _pretrained()[name_or_path].folder()
     path = Path(name_or_path).expanduser()
@@ -257,6 +263,9 @@ def load(name_or_path: str, device: str = "cpu", **hf_options) -> AttentionModel
     pretrained = _pretrained()
     if name_or_path in pretrained and name_or_path not in zoo_names():
         return pretrained[name_or_path].load(resolve_device(device))
+    hit = split_run_step(name_or_path)
+    if hit is not None:  # RUN_DIR@STEP: a watched run at a step it kept weights for
+        return load_step(hit[0], hit[1], device)
     name, folder = resolve(name_or_path)
     if is_snapshot(name_or_path):  # the zoo model as it was at that training step
         from attnscope.core.transformer import checkpoint

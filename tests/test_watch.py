@@ -360,3 +360,36 @@ def test_the_example_trains_and_writes_a_run_that_opens(tmp_path):
         "<pad>",
     )
     assert len(run.series()["loss"][0]) == 21
+
+
+def test_a_step_with_weights_replays_any_input(tmp_path):
+    adapter = ROOT / "examples" / "my_adapter.py"
+    from attnscope.core.families.adapter import load_adapter
+    from attnscope.models import registry
+
+    model = load_adapter(adapter).model
+    with torch.no_grad():  # a different model at step 0 than the adapter's trained one
+        for p in model.parameters():
+            p.mul_(0.5)
+    w = attnscope.watch(model, ["hello"], every=1, run_dir=tmp_path / "r", adapter=adapter, targets=["olleh"],
+                        keep_weights=True)  # fmt: skip
+    w.step(0)
+    w.close()
+    lm = attnscope.load(f"{tmp_path / 'r'}@0")
+    assert registry.model_kind(f"{tmp_path / 'r'}@0") == "adapter"
+    recorded = Run.open(tmp_path / "r").traces(0)[0]
+    replayed = lm.trace(["hello"], ["olleh"])[0]
+    np.testing.assert_allclose(replayed.probs("cross"), recorded.probs("cross"), atol=2e-2)  # float16 weights
+    trained = load_adapter(adapter).trace(["hello"], ["olleh"])[0]
+    assert np.abs(trained.probs("cross") - recorded.probs("cross")).max() > 0.05  # the step's, not the file's
+    other = lm.trace(["a different input"])[0]  # any input, not only the probe
+    assert other.src_tokens[:3] == ("a", " ", "d")
+    from attnscope.core.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="no step 7"):
+        attnscope.load(f"{tmp_path / 'r'}@7")
+    w = attnscope.watch(model, ["hello"], every=1, run_dir=tmp_path / "nw", adapter=adapter)
+    w.step(0)
+    w.close()
+    with pytest.raises(ModelLoadError, match="kept no weights"):
+        attnscope.load(f"{tmp_path / 'nw'}@0")
