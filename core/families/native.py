@@ -305,7 +305,11 @@ class LoadedModel:
     def _package(self, i, src, tgt, out, forward_ms, teacher, warnings) -> AttentionTrace:
         pad = self.cfg.pad_id
         maps = {kind: (m.probs, m.scores, out.masks.get(kind)) for kind, m in out.attn.items()}
-        fields: dict[str, Any] = {}
+        fields: dict[str, Any] = {
+            f"{kind}_value_norms": m.value_norms[i].float().cpu().numpy()
+            for kind, m in out.attn.items()
+            if m.value_norms is not None
+        }
         if "enc_self" not in out.attn:
             fields["enc_self_mask"] = out.masks.enc_self[i].cpu().numpy()
         meta = {"forward_ms": round(forward_ms, 3), "teacher_forced": teacher, "warnings": list(warnings)}

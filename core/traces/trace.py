@@ -37,8 +37,10 @@ _ARRAYS = (
     "out_probs", "topk_ids", "topk_probs",
     "src_real", "tgt_real", "topk_tokens",
     "enc_self_learned", "dec_self_learned", "cross_learned",
+    "enc_self_value_norms", "dec_self_value_norms", "cross_value_norms",
 )  # fmt: skip
 LEARNED = ("enc_self_learned", "dec_self_learned", "cross_learned")  # trace format 2
+VALUE_NORMS = ("enc_self_value_norms", "dec_self_value_norms", "cross_value_norms")  # trace format 3
 _TOKENS = ("src_tokens", "tgt_tokens", "out_tokens")
 
 
@@ -80,6 +82,11 @@ class AttentionTrace:
     enc_self_learned: np.ndarray | None = None
     dec_self_learned: np.ndarray | None = None
     cross_learned: np.ndarray | None = None
+    # ||f_h(x_j)||: the norm of what head h moves from key j per unit of weight, (layer, head, key), with
+    # f_h(x) = (x W_V,h + b_V,h) W_O,h (meta["value_norms"][kind] says when W_O could not be included)
+    enc_self_value_norms: np.ndarray | None = None
+    dec_self_value_norms: np.ndarray | None = None
+    cross_value_norms: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name in _ARRAYS:
@@ -125,6 +132,33 @@ class AttentionTrace:
             return None
         labels = (self.meta.get("learned_keys") or {}).get(kind) or []
         return tuple(str(x) for x in labels), weights
+
+    def value_norms(self, kind: str) -> np.ndarray | None:
+        """(layer, head, key) norms ||f_h(x_j)|| of the value vectors the weights multiply, or None."""
+        self._check(kind)
+        return getattr(self, f"{kind}_value_norms")
+
+    def moves(self, kind: str, normalize: bool = False) -> np.ndarray | None:
+        """What attention moves: ||alpha_ij f_h(x_j)|| = alpha_ij ||f_h(x_j)||, (layer, head, query, key),
+        or None where the model gave no values. ``normalize``: each row scaled to sum 1 (rows that move
+        nothing stay 0)."""
+        norms = self.value_norms(kind)
+        if norms is None:
+            return None
+        m = (
+            np.asarray(self.probs(kind), dtype=np.float32)
+            * np.asarray(norms, dtype=np.float32)[:, :, None, :]
+        )
+        if normalize:
+            total = m.sum(axis=-1, keepdims=True)
+            m = np.divide(m, total, out=np.zeros_like(m), where=total > 0)
+        return m
+
+    def value_norms_scope(self, kind: str) -> str:
+        """How the norms were taken: "with the output projection" (exact contributions) or "without the
+        output projection" (||v_j||: the model's W_O could not be found)."""
+        scope = (self.meta.get("value_norms") or {}).get(kind)
+        return str(scope) if scope else "with the output projection"
 
     def axes(self, kind: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(query tokens, key tokens) of one kind."""

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.core.errors import TraceFormatError
-from attnscope.core.traces.trace import _ARRAYS, _TOKENS, KINDS, LEARNED, AttentionTrace
+from attnscope.core.traces.trace import _ARRAYS, _TOKENS, KINDS, LEARNED, VALUE_NORMS, AttentionTrace
 
 MAX_TRACE_TOKENS = 2048  # per axis (source, decoder)
 MAX_TRACE_VALUES = (
@@ -42,12 +42,13 @@ MAX_CLASSES = 100_000  # out_probs of a classifier
 MAX_JSON_DEPTH = 16  # a trace's JSON nests 5 deep (a [layer, head, query, key] list in the object)
 # The format's version, in the header of every file written, and the members each version may hold:
 # a reader refuses members it does not know and versions newer than it reads.
-FORMAT_VERSION = 2  # the newest this reader knows; a file is written in the oldest that holds its members
-_V1 = frozenset((*_TOKENS, *(a for a in _ARRAYS if a not in LEARNED), "header"))
+FORMAT_VERSION = 3  # the newest this reader knows; a file is written in the oldest that holds its members
+_V1 = frozenset((*_TOKENS, *(a for a in _ARRAYS if a not in LEARNED and a not in VALUE_NORMS), "header"))
 FORMAT_MEMBERS = {
     1: _V1,
     2: _V1 | frozenset(LEARNED),
-}  # 2: weights on learned keys (memory key/values, null keys)
+    3: _V1 | frozenset(LEARNED) | frozenset(VALUE_NORMS),
+}  # 2: weights on learned keys (memory key/values, null keys); 3: value norms (what attention moves)
 MAX_LEARNED_KEYS = 1024
 PROB_TOL = 1e-3
 _STR_ARRAYS = ("topk_tokens",)
@@ -185,6 +186,8 @@ def _check_declared(members: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Non
             limit = values * 16  # float64, or complex (refused with its own sentence later)
         elif name.endswith("_mask"):
             limit = n * n * 8
+        elif name in VALUE_NORMS:  # (layer, head, key): at most one per attention value
+            limit = values * 8
         elif name in LEARNED:
             limit = min(values, MAX_TRACE_VALUES) * 8 + MAX_LEARNED_KEYS * 8 * max(1, values // max(n, 1))
         elif name.startswith("topk"):
@@ -316,6 +319,7 @@ def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
                     "probabilities lie in [0, 1] (scores before the softmax go in {kind}_scores)"
                 )
     _check_learned(header, arrays)
+    _check_value_norms(header, arrays)
     for name, n in (("src", S), ("tgt", T)):
         for suffix, kinds_ok, what in (("_ids", "iu", "whole numbers"), ("_real", "b", "booleans")):
             a = arrays.get(name + suffix)
@@ -377,6 +381,30 @@ def _check_learned(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Non
             or not all(isinstance(x, str) for x in names)
         ):
             raise _Bad(f"{kind}_learned has {w.shape[3]} keys but meta 'learned_keys' does not name each one")
+
+
+VALUE_SCOPES = ("with the output projection", "without the output projection")
+
+
+def _check_value_norms(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Value norms: one per (layer, head, key) of their kind's map, finite and not negative."""
+    scopes = (header.get("meta") or {}).get("value_norms") or {}
+    if not isinstance(scopes, dict) or not all(v in VALUE_SCOPES for v in scopes.values()):
+        raise _Bad(f"the header's meta 'value_norms' must map kinds to one of {VALUE_SCOPES}")
+    for kind in KINDS:
+        n = arrays.get(f"{kind}_value_norms")
+        if n is None:
+            continue
+        p = arrays.get(kind)
+        if p is None:
+            raise _Bad(f"it holds {kind}_value_norms but no {kind}")
+        want = (*p.shape[:2], p.shape[3])
+        if n.dtype.kind not in "fiu" or n.shape != want:
+            raise _Bad(f"{kind}_value_norms is {n.dtype} {_shape(n)}, not real numbers shaped [layer, head, key] = "
+                       f"{'x'.join(map(str, want))} like {kind}")  # fmt: skip
+        nf = np.asarray(n, dtype=np.float32)
+        if not np.isfinite(nf).all() or nf.min(initial=0.0) < 0:
+            raise _Bad(f"{kind}_value_norms holds negative or non-finite values, which are not norms")
 
 
 def _from_fields(header: dict[str, Any], arrays: dict[str, Any]) -> AttentionTrace:

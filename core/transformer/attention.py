@@ -22,6 +22,26 @@ class AttnMaps:
 
     scores: torch.Tensor  # q.k / sqrt(d_head), before masking and softmax
     probs: torch.Tensor  # softmax over allowed keys; masked entries exactly 0
+    # ||f_h(x_j)|| per key, [batch, head, key]: f_h(x) = (x W_V,h + b_V,h) W_O,h, what head h moves from key
+    # j per unit of weight (the head's output at query i is sum_j probs_ij f_h(x_j))
+    value_norms: torch.Tensor | None = None
+
+
+def head_value_norms(
+    v: torch.Tensor, w_o: torch.Tensor, head_keep: torch.Tensor | None = None
+) -> torch.Tensor:
+    """||v_hj W_O,h^T|| for v (B, H, L, dh) and the output projection's weight w_o (D, H*dh): (B, H, L).
+
+    Through each head's Gram matrix G_h = W_O,h^T W_O,h (dh x dh): ||v W^T||^2 = v G v^T, without making
+    the (B, H, L, D) vectors. A head switched off (head_keep 0) moves nothing."""
+    b, h, n, dh = v.shape
+    w = w_o.reshape(w_o.shape[0], h, dh).to(v.dtype)  # (D, H, dh)
+    gram = torch.einsum("dhe,dhf->hef", w, w)  # (H, dh, dh)
+    sq = torch.einsum("bhle,hef,bhlf->bhl", v, gram, v)
+    norms = sq.clamp_min(0).sqrt()
+    if head_keep is not None:
+        norms = norms * head_keep.to(norms.dtype).view(1, -1, 1)
+    return norms
 
 
 @dataclass(frozen=True)
@@ -145,7 +165,11 @@ class MultiHeadAttention(nn.Module):
             if self.training and self.attn_dropout.p > 0:
                 out = self.attn_dropout(probs) @ v
             if return_attn:
-                maps = AttnMaps(scores=scores.detach(), probs=probs.detach())
+                norms = head_value_norms(v.detach(), self.w_o.weight.detach(), head_keep)
+                if into is not None and into.value_norms is not None:
+                    into.value_norms.copy_(norms)
+                    norms = into.value_norms
+                maps = AttnMaps(scores=scores.detach(), probs=probs.detach(), value_norms=norms)
         else:
             dropout_p = self.attn_dropout.p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)

@@ -62,8 +62,9 @@ def map_buffers(
     full = (n_layers, b, h, lq, lk)
     scores = map_pool.empty(full, like.dtype, like.device)  # recycled memory when the pool is on
     probs = map_pool.empty(full, like.dtype, like.device)
-    return AttnMaps(scores.transpose(0, 1), probs.transpose(0, 1)), [
-        AttnMaps(scores[i], probs[i]) for i in range(n_layers)
+    norms = torch.empty((n_layers, b, h, lk), dtype=like.dtype, device=like.device)  # value norms, per key
+    return AttnMaps(scores.transpose(0, 1), probs.transpose(0, 1), norms.transpose(0, 1)), [
+        AttnMaps(scores[i], probs[i], norms[i]) for i in range(n_layers)
     ]
 
 
