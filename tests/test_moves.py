@@ -12,7 +12,7 @@ import torch
 
 import attnscope
 from attnscope.core.errors import TraceFormatError
-from attnscope.core.traces.trace import AttentionTrace
+from attnscope.core.traces.trace import VALUE_NORMS, AttentionTrace
 from attnscope.core.transformer.attention import MultiHeadAttention, head_value_norms
 from attnscope.models import registry
 from attnscope.models.pretrained import minilm_available
@@ -111,7 +111,7 @@ def test_trace_files_carry_value_norms_as_format_3(tmp_path):
 
     header = json.loads(np.load(tmp_path / "t.npz")["header"].item())
     assert header["format"] == 3
-    old = tr.replace(enc_self_value_norms=None, dec_self_value_norms=None, cross_value_norms=None)
+    old = tr.replace(**dict.fromkeys(VALUE_NORMS))
     header = json.loads(np.load(old.save(tmp_path / "old.npz"))["header"].item())
     assert header["format"] == 1  # a file is written in the oldest version that holds its members
 
@@ -119,14 +119,41 @@ def test_trace_files_carry_value_norms_as_format_3(tmp_path):
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda n: n[:, :, :-1], "shaped"),
+        (lambda n: n[..., :-1], "shaped"),
         (lambda n: -n, "negative"),
         (lambda n: n * np.nan, "non-finite"),
     ],
 )
-def test_bad_value_norms_are_refused_in_one_sentence(tmp_path, change, message):
+@pytest.mark.parametrize("member", ["cross_value_norms", "enc_self_residual_norms"])
+def test_bad_value_norms_are_refused_in_one_sentence(tmp_path, change, message, member):
     tr = attnscope.load("reverse").trace(["attention"])[0]
-    bad = tr.replace(cross_value_norms=change(tr.cross_value_norms.copy()))
+    bad = tr.replace(**{member: change(getattr(tr, member).copy())})
     path = bad.save(tmp_path / "bad.npz")
     with pytest.raises(TraceFormatError, match=message):
         AttentionTrace.load(path)
+
+
+@pytest.mark.parametrize("name", ["reverse", *(["minilm"] if minilm_available() else [])])
+def test_residual_norms_are_the_stream_each_attention_output_joins(name):
+    lm = registry.load(name)
+    seen: dict[tuple[str, int], torch.Tensor] = {}
+    handles = []
+    encoder = lm.model.encoder
+    decoder = getattr(lm.model, "decoder", None) or []
+    for i, layer in enumerate(encoder):
+        handles.append(layer.sub_attn.register_forward_pre_hook(
+            lambda mod, args, i=i: seen.__setitem__(("enc_self", i), args[0].norm(dim=-1))))  # fmt: skip
+    for i, layer in enumerate(decoder):
+        for sub, kind in ((layer.sub_self, "dec_self"), (layer.sub_cross, "cross")):
+            handles.append(sub.register_forward_pre_hook(
+                lambda mod, args, i=i, kind=kind: seen.__setitem__((kind, i), args[0].norm(dim=-1))))  # fmt: skip
+    try:
+        first = registry.first_input(name) or "hello"
+        tr = lm.trace([first, first[:3]])[1]  # padded: the second sequence of a batch
+    finally:
+        for h in handles:
+            h.remove()
+    for kind in tr.kinds:
+        got = tr.residual_norms(kind)
+        for layer in range(got.shape[0]):
+            np.testing.assert_allclose(got[layer], seen[(kind, layer)][1].detach().numpy(), rtol=1e-5)

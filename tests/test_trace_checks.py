@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from attnscope.core.errors import TraceFormatError
 from attnscope.core.traces import trace_io
-from attnscope.core.traces.trace import AttentionTrace
+from attnscope.core.traces.trace import VALUE_NORMS, AttentionTrace
 from attnscope.models import registry
 
 
@@ -28,7 +28,7 @@ def full() -> AttentionTrace:
 @pytest.fixture(scope="module")
 def trace(full) -> AttentionTrace:
     """The same as a format-1 trace (no value norms): the tests of versions build on it."""
-    return full.replace(enc_self_value_norms=None, dec_self_value_norms=None, cross_value_norms=None)
+    return full.replace(**dict.fromkeys(VALUE_NORMS))
 
 
 def _npz(arrays: dict, header: dict | None = None) -> bytes:

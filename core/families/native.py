@@ -305,11 +305,15 @@ class LoadedModel:
     def _package(self, i, src, tgt, out, forward_ms, teacher, warnings) -> AttentionTrace:
         pad = self.cfg.pad_id
         maps = {kind: (m.probs, m.scores, out.masks.get(kind)) for kind, m in out.attn.items()}
-        fields: dict[str, Any] = {
-            f"{kind}_value_norms": m.value_norms[i].float().cpu().numpy()
-            for kind, m in out.attn.items()
-            if m.value_norms is not None
-        }
+        fields: dict[str, Any] = {}
+        for (
+            kind,
+            m,
+        ) in out.attn.items():  # what attention moves: value norms per key, residual norms per query
+            if m.value_norms is not None:
+                fields[f"{kind}_value_norms"] = m.value_norms[i].float().cpu().numpy()
+            if m.residual_norms is not None:
+                fields[f"{kind}_residual_norms"] = m.residual_norms[i].float().cpu().numpy()
         if "enc_self" not in out.attn:
             fields["enc_self_mask"] = out.masks.enc_self[i].cpu().numpy()
         meta = {"forward_ms": round(forward_ms, 3), "teacher_forced": teacher, "warnings": list(warnings)}

@@ -38,9 +38,13 @@ _ARRAYS = (
     "src_real", "tgt_real", "topk_tokens",
     "enc_self_learned", "dec_self_learned", "cross_learned",
     "enc_self_value_norms", "dec_self_value_norms", "cross_value_norms",
+    "enc_self_residual_norms", "dec_self_residual_norms", "cross_residual_norms",
 )  # fmt: skip
 LEARNED = ("enc_self_learned", "dec_self_learned", "cross_learned")  # trace format 2
-VALUE_NORMS = ("enc_self_value_norms", "dec_self_value_norms", "cross_value_norms")  # trace format 3
+VALUE_NORMS = (  # trace format 3: what attention moves
+    "enc_self_value_norms", "dec_self_value_norms", "cross_value_norms",
+    "enc_self_residual_norms", "dec_self_residual_norms", "cross_residual_norms",
+)  # fmt: skip
 _TOKENS = ("src_tokens", "tgt_tokens", "out_tokens")
 
 
@@ -87,6 +91,10 @@ class AttentionTrace:
     enc_self_value_norms: np.ndarray | None = None
     dec_self_value_norms: np.ndarray | None = None
     cross_value_norms: np.ndarray | None = None
+    # ||x_i||: the residual stream each query's attention output is added to, (layer, query)
+    enc_self_residual_norms: np.ndarray | None = None
+    dec_self_residual_norms: np.ndarray | None = None
+    cross_residual_norms: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name in _ARRAYS:
@@ -137,6 +145,11 @@ class AttentionTrace:
         """(layer, head, key) norms ||f_h(x_j)|| of the value vectors the weights multiply, or None."""
         self._check(kind)
         return getattr(self, f"{kind}_value_norms")
+
+    def residual_norms(self, kind: str) -> np.ndarray | None:
+        """(layer, query) norms ||x_i|| of the residual stream each query's attention output joins, or None."""
+        self._check(kind)
+        return getattr(self, f"{kind}_residual_norms")
 
     def moves(self, kind: str, normalize: bool = False) -> np.ndarray | None:
         """What attention moves: ||alpha_ij f_h(x_j)|| = alpha_ij ||f_h(x_j)||, (layer, head, query, key),

@@ -392,19 +392,20 @@ def _check_value_norms(header: dict[str, Any], arrays: dict[str, np.ndarray]) ->
     if not isinstance(scopes, dict) or not all(v in VALUE_SCOPES for v in scopes.values()):
         raise _Bad(f"the header's meta 'value_norms' must map kinds to one of {VALUE_SCOPES}")
     for kind in KINDS:
-        n = arrays.get(f"{kind}_value_norms")
-        if n is None:
-            continue
         p = arrays.get(kind)
-        if p is None:
-            raise _Bad(f"it holds {kind}_value_norms but no {kind}")
-        want = (*p.shape[:2], p.shape[3])
-        if n.dtype.kind not in "fiu" or n.shape != want:
-            raise _Bad(f"{kind}_value_norms is {n.dtype} {_shape(n)}, not real numbers shaped [layer, head, key] = "
-                       f"{'x'.join(map(str, want))} like {kind}")  # fmt: skip
-        nf = np.asarray(n, dtype=np.float32)
-        if not np.isfinite(nf).all() or nf.min(initial=0.0) < 0:
-            raise _Bad(f"{kind}_value_norms holds negative or non-finite values, which are not norms")
+        for member, axes in (("value_norms", "[layer, head, key]"), ("residual_norms", "[layer, query]")):
+            n = arrays.get(f"{kind}_{member}")
+            if n is None:
+                continue
+            if p is None:
+                raise _Bad(f"it holds {kind}_{member} but no {kind}")
+            want = (*p.shape[:2], p.shape[3]) if member == "value_norms" else (p.shape[0], p.shape[2])
+            if n.dtype.kind not in "fiu" or n.shape != want:
+                raise _Bad(f"{kind}_{member} is {n.dtype} {_shape(n)}, not real numbers shaped {axes} = "
+                           f"{'x'.join(map(str, want))} like {kind}")  # fmt: skip
+            nf = np.asarray(n, dtype=np.float32)
+            if not np.isfinite(nf).all() or nf.min(initial=0.0) < 0:
+                raise _Bad(f"{kind}_{member} holds negative or non-finite values, which are not norms")
 
 
 def _from_fields(header: dict[str, Any], arrays: dict[str, Any]) -> AttentionTrace:

@@ -25,6 +25,9 @@ class AttnMaps:
     # ||f_h(x_j)|| per key, [batch, head, key]: f_h(x) = (x W_V,h + b_V,h) W_O,h, what head h moves from key
     # j per unit of weight (the head's output at query i is sum_j probs_ij f_h(x_j))
     value_norms: torch.Tensor | None = None
+    # ||x_i|| of the residual stream the attention's output is added to, [batch, query] (written by the
+    # layer around the attention; the identity term of the norm-based rollout)
+    residual_norms: torch.Tensor | None = None
 
 
 def head_value_norms(
@@ -169,7 +172,8 @@ class MultiHeadAttention(nn.Module):
                 if into is not None and into.value_norms is not None:
                     into.value_norms.copy_(norms)
                     norms = into.value_norms
-                maps = AttnMaps(scores=scores.detach(), probs=probs.detach(), value_norms=norms)
+                maps = AttnMaps(scores=scores.detach(), probs=probs.detach(), value_norms=norms,
+                                residual_norms=None if into is None else into.residual_norms)  # fmt: skip
         else:
             dropout_p = self.attn_dropout.p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)

@@ -38,6 +38,8 @@ class _Sublayer(nn.Module):
 
     def forward(self, x: torch.Tensor, fn) -> tuple[torch.Tensor, AttnMaps | None]:
         out, maps = fn(self.norm(x) if self.pre else x)
+        if maps is not None and maps.residual_norms is not None:  # the residual the output is added to
+            maps.residual_norms.copy_(x.detach().norm(dim=-1))
         x = x + self.dropout(out)
         return (x if self.pre else self.norm(x)), maps
 

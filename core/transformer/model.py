@@ -63,9 +63,10 @@ def map_buffers(
     scores = map_pool.empty(full, like.dtype, like.device)  # recycled memory when the pool is on
     probs = map_pool.empty(full, like.dtype, like.device)
     norms = torch.empty((n_layers, b, h, lk), dtype=like.dtype, device=like.device)  # value norms, per key
-    return AttnMaps(scores.transpose(0, 1), probs.transpose(0, 1), norms.transpose(0, 1)), [
-        AttnMaps(scores[i], probs[i], norms[i]) for i in range(n_layers)
-    ]
+    resid = torch.empty((n_layers, b, lq), dtype=like.dtype, device=like.device)  # residual norms, per query
+    return AttnMaps(
+        scores.transpose(0, 1), probs.transpose(0, 1), norms.transpose(0, 1), resid.transpose(0, 1)
+    ), [AttnMaps(scores[i], probs[i], norms[i], resid[i]) for i in range(n_layers)]
 
 
 class Embeddings(nn.Module):
