@@ -103,6 +103,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 f"({frame['kind'].nunique()} kinds x layers x heads x {frame['stat'].nunique()} statistics); "
                 f"lines skipped: {skipped}"
             )
+            print(corpus.parked_summary(frame))
         partial.unlink(missing_ok=True)
     finally:
         if dist_on:

@@ -14,6 +14,11 @@ One run, one headless chromium, MiniLM (6 layers x 12 heads), texts of exactly N
   the HTML page per attention value. A memory guard stops bertviz's renderer above --bertviz-max-mb
   (long inputs make it build one SVG line per query-key pair per head) and a time limit stops waiting.
 
+--moves adds a what-moves case: a second tab per app with the Attention page's toggle on "what moves"
+(the grid of ‖α·f(x)‖ rows scaled to sum 1, computed from the trace's value norms), labelled
+"<app>+moves", measured the same way and interleaved with the weight tab; the summary prints its grid
+time as a ratio of the weight grid's (the issue asks for at most 1.2x).
+
 The two are interleaved (attnscope N, bertviz N, next N, ...) so both see the same machine load.
 ``--app`` takes several checkouts' dashboard/app.py (e.g. a "before" worktree and this one): each gets
 its own server and tab, and every input goes to each in turn, so they see the same machine load.
@@ -201,6 +206,19 @@ class FrameLog:
         )
 
 
+def show_what_moves(page, timeout_s: float) -> None:
+    """Flip the Attention page's toggle to "what moves" and wait for that grid."""
+    page.locator('[data-testid="stMain"] [data-testid="stRadio"]').filter(has_text="Show").get_by_text(
+        "what moves", exact=False
+    ).first.click()
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]
+                 .some(e => e.textContent.includes('what moves') && e.textContent.includes('click a tile'))""",
+        timeout=timeout_s * 1000,
+    )
+    page.wait_for_function(harness.SETTLED_JS, timeout=timeout_s * 1000)
+
+
 def attnscope_trial(page, frames: FrameLog, text: str, timeout_s: float) -> dict:
     start = len(frames.frames)
     grid_ms = harness.send_input(page, text, timeout_ms=int(timeout_s * 1000))
@@ -244,15 +262,19 @@ def main() -> None:
     )
     ap.add_argument("--bertviz-timeout", type=float, default=180, help="seconds to wait for bertviz to draw")
     ap.add_argument("--no-bertviz", action="store_true", help="measure the app(s) only")
+    ap.add_argument(
+        "--moves", action="store_true", help="also time each app's grid with the what-moves toggle on"
+    )
     ap.add_argument("--timeout", type=float, default=180, help="seconds to wait for attnscope's grid")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     args = ap.parse_args()
     problem = harness.chromium_problem()
     if problem:
         raise SystemExit(problem)
-    labels = args.label or [Path(a).resolve().parents[1].name for a in args.app]
-    if len(labels) != len(args.app):
+    app_labels = args.label or [Path(a).resolve().parents[1].name for a in args.app]
+    if len(app_labels) != len(args.app):
         raise SystemExit("give one --label per --app")
+    labels = [x for lab in app_labels for x in ([lab, f"{lab}+moves"] if args.moves else [lab])]
 
     import psutil
     import torch
@@ -281,20 +303,28 @@ def main() -> None:
         static_url = stack.enter_context(static_server(tmp))
         guard = stack.enter_context(MemoryGuard(bv_main, args.bertviz_max_mb))
         apps = {}
-        for lab, app in zip(labels, args.app, strict=True):
+        for lab, app in zip(app_labels, args.app, strict=True):
             url, proc = stack.enter_context(
                 harness.app_server(app, env={"OMP_NUM_THREADS": "1"}, log=tmp / f"server-{lab}.log")
             )
             rss = stack.enter_context(harness.RssSampler(proc.pid))
-            page = app_browser.new_page(viewport={"width": 1400, "height": 1100})
-            frames = FrameLog(page)
-            harness.open_app(page, url, "minilm")
-            apps[lab] = (page, frames, rss)
+            for tab in [lab, f"{lab}+moves"] if args.moves else [lab]:
+                page = app_browser.new_page(viewport={"width": 1400, "height": 1100})
+                frames = FrameLog(page)
+                harness.open_app(page, url, "minilm")
+                if tab != lab:
+                    show_what_moves(page, args.timeout)
+                apps[tab] = (page, frames, rss)
         for rep in range(args.repeats):
             for n in args.lengths:
                 text = harness.word_text(lm.src_tok, n, seed=7919 * rep + n, words=words)
                 for lab, (page, frames, _) in apps.items():
-                    a = attnscope_trial(page, frames, text, args.timeout)
+                    # the what-moves tab shares its app's server: its own text, so it runs the model too
+                    # rather than finding the weight tab's trace in the cache
+                    own = lab.endswith("+moves")
+                    seed = 7919 * rep + n + 104729
+                    tab_text = harness.word_text(lm.src_tok, n, seed=seed, words=words) if own else text
+                    a = attnscope_trial(page, frames, tab_text, args.timeout)
                     results[lab][n].append(a)
                     print(
                         f"  {lab:<10} {n:>4} tokens: grid {a['ms']:8.0f} ms, page done {a['settled_ms']:8.0f} ms, "
@@ -371,6 +401,13 @@ def main() -> None:
                 "note": bertviz_gave_up.get(n),
                 "raw": bv_results[n],
             }
+    if args.moves:
+        for lab in app_labels:
+            ratios = ", ".join(
+                f"{n} tokens {summary['apps'][lab + '+moves'][n]['grid_ms'] / summary['apps'][lab][n]['grid_ms']:.2f}x"
+                for n in args.lengths
+            )
+            print(f"what-moves grid ÷ weight grid ({lab}): {ratios}")
     for n, why in bertviz_gave_up.items():
         print(f"bertviz at {n} tokens ({bertviz_bytes[n] / 2**20:,.0f} MB of HTML): {why}")
     print("streamlit server peak RSS: " + ", ".join(f"{lab} {mb:,.0f} MB" for lab, mb in server_peak.items()))

@@ -92,6 +92,26 @@ def section() -> None:
         _view(o["frame"], o["meta"], o["name"])
 
 
+def _parked_line(frame) -> str:
+    """The heads parked over the corpus (weight on sinks >= 0.5, what moves from them <= half that)."""
+    if "sink_moves" not in set(frame["stat"]):
+        return "Parked heads: not measured (this file has no value-weighted statistics)."
+    heads = corpus.parked_heads(frame)
+    rule = (
+        f"mean share of weight on sinks ≥ {corpus.SINK_WEIGHT:g}, mean share of what moves from them "
+        f"≤ {corpus.SINK_RATIO:g} × that"
+    )
+    if not heads:
+        return f"Parked heads ({rule}): none."
+    listed = ", ".join(
+        f"{KIND_LABELS[r['kind']]} layer {r['layer']} head {r['head']} "
+        f"({r['sink_weight']:.2f} / {r['sink_moves']:.2f})"
+        for r in heads[:12]
+    )
+    more = f" and {len(heads) - 12} more" if len(heads) > 12 else ""
+    return f"Parked heads ({rule}): {len(heads)}: {listed}{more}."
+
+
 def _view(frame, meta: dict, name: str) -> None:
     n = int(meta.get("n_inputs", 0))
     st.subheader(f"Over {n:,} inputs")
@@ -101,6 +121,7 @@ def _view(frame, meta: dict, name: str) -> None:
         f"({meta.get('n_lines', '?')} lines, {meta.get('world', 1)} process(es)); lines skipped: {skipped}."
     )
     st.button("Close the stats file", key=K.HA_CORPUS_CLOSE, on_click=_close)
+    st.caption(_parked_line(frame))
     kinds = [k for k in KIND_LABELS if k in set(frame["kind"])]
     c1, c2 = st.columns([3, 2])
     ui.keep_valid(K.HA_C_KIND, kinds)

@@ -7,11 +7,20 @@ count real keys, so padding in a batch does not change a head's numbers.
 
 from __future__ import annotations
 
+import re
+import unicodedata
+from collections.abc import Sequence
+
 import numpy as np
 
-from attnscope.core.analysis.audit import kind_sides, real_positions
+from attnscope.core.analysis.audit import PAD_TOKENS, kind_sides, real_positions
 from attnscope.core.traces.trace import AttentionTrace
 from attnscope.core.transformer.attention import Intervention
+
+SPECIAL = re.compile(r"^(<[^<>\s]+>|\[[A-Z]+\]|<\|[^|]+\|>)$")  # <bos>, </s>, [CLS], <|endoftext|>
+WORD_MARKS = "Ġ▁#"  # BPE / sentencepiece / WordPiece markers, not part of the word
+SINK_WEIGHT = 0.5  # a head is "parked" when at least this share of its weight is on sinks ...
+SINK_RATIO = 0.5  # ... and its share of what moves there is at most this fraction of that weight share
 
 STATS = ("entropy", "distance", "diagonal", "previous", "next", "first", "last")
 CROSS_STATS = STATS + ("monotonic",)
@@ -127,6 +136,161 @@ def head_records(
     return rows
 
 
+# -- what attention moves: value-weighted rows, sinks, parked heads ---------------------------------
+
+
+def is_special(token: str) -> bool:
+    """A special token: <bos>, <eos>, </s>, [CLS], [SEP], <|endoftext|> (and <pad>, [PAD])."""
+    return bool(SPECIAL.match(token))
+
+
+def is_punctuation(token: str) -> bool:
+    t = token.strip(WORD_MARKS)
+    return bool(t) and not is_special(token) and all(unicodedata.category(c).startswith("P") for c in t)
+
+
+def normalized_moves(probs: np.ndarray, value_norms: np.ndarray) -> np.ndarray:
+    """alpha_ij ||f_h(x_j)||, each row scaled to sum 1 (rows that move nothing stay 0), float64.
+
+    probs (..., Q, K) and value_norms (..., K) (the leading axes are layer, head) -> (..., Q, K); the
+    same numbers as ``AttentionTrace.moves(kind, normalize=True)``."""
+    m = np.asarray(probs, dtype=np.float64) * np.asarray(value_norms, dtype=np.float64)[..., None, :]
+    total = m.sum(-1, keepdims=True)
+    return np.divide(m, total, out=np.zeros_like(m), where=total > 0)
+
+
+def sink_keys(key_tokens: Sequence[str], k_valid: np.ndarray | None = None) -> np.ndarray:
+    """(K,) bool: the keys attention "parks" on when it has nowhere better to go: the first real key,
+    special tokens (<bos>, [CLS], <eos>, [SEP]) and punctuation. PAD is never a sink (its keys are
+    masked: real = False)."""
+    n = len(key_tokens)
+    real = np.ones(n, bool) if k_valid is None else np.asarray(k_valid, bool)
+    sinks = np.array(
+        [(is_special(t) and t not in PAD_TOKENS) or is_punctuation(t) for t in key_tokens], dtype=bool
+    ).reshape(n)
+    first = np.nonzero(real)[0]
+    if len(first):
+        sinks[first[0]] = True
+    return sinks & real
+
+
+def sink_shares(
+    probs: np.ndarray,
+    sinks: np.ndarray,
+    q_valid: np.ndarray | None = None,
+    value_norms: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(weight share, moves share) per head, each (L, H): the mean over real query rows of the
+    attention weight on sink keys, and of the share of what moves (rows of alpha ||f(x)|| scaled to
+    sum 1) that comes from them. moves share is None without value norms."""
+    p = np.asarray(probs, dtype=np.float64)
+    q_ok = np.ones(p.shape[-2], bool) if q_valid is None else np.asarray(q_valid, bool)
+    sel = np.asarray(sinks, bool)
+    weight = _mean_rows(p[..., sel].sum(-1), q_ok)
+    if value_norms is None:
+        return weight, None
+    return weight, _mean_rows(normalized_moves(p, value_norms)[..., sel].sum(-1), q_ok)
+
+
+def parked(
+    weight_share: np.ndarray,
+    moves_share: np.ndarray,
+    min_weight: float = SINK_WEIGHT,
+    ratio: float = SINK_RATIO,
+) -> np.ndarray:
+    """True where a head is parked: weight share >= ``min_weight`` (at least half its weight on
+    sinks) and moves share <= ``ratio`` x weight share (what it moves from there is at most half as
+    much): the weight is large but carries little. NaN (no value norms) is never parked."""
+    w, m = np.asarray(weight_share, dtype=np.float64), np.asarray(moves_share, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return (w >= min_weight) & (m <= ratio * w) & np.isfinite(w) & np.isfinite(m)
+
+
+def value_weighted_entropy(
+    probs: np.ndarray,
+    value_norms: np.ndarray,
+    q_valid: np.ndarray | None = None,
+    k_valid: np.ndarray | None = None,
+) -> np.ndarray:
+    """(L, H) mean over real query rows of the entropy (nats) of the normalized moves rows: how spread
+    out what a head moves is, where ``head_stats``'s entropy says how spread out its weights are."""
+    return head_stats(normalized_moves(probs, value_norms), q_valid, k_valid)["entropy"]
+
+
+def trace_sink_stats(trace: AttentionTrace, kind: str, pad_id: int | None = None) -> dict[str, np.ndarray]:
+    """{"sink_weight", "sink_moves", "vw_entropy"} of one kind of a trace, each (L, H); the last two are
+    NaN where the trace holds no value norms."""
+    qside, kside = kind_sides(kind)
+    q_ok, k_ok = real_positions(trace, qside, pad_id), real_positions(trace, kside, pad_id)
+    probs, norms = trace.probs(kind), trace.value_norms(kind)
+    _, keys = trace.axes(kind)
+    weight, moves = sink_shares(probs, sink_keys(keys, k_ok), q_ok, norms)
+    nan = np.full(weight.shape, np.nan)
+    return {
+        "sink_weight": weight,
+        "sink_moves": nan if moves is None else moves,
+        "vw_entropy": nan if norms is None else value_weighted_entropy(probs, norms, q_ok, k_ok),
+    }
+
+
+def sink_records(trace: AttentionTrace, pad_id: int | None = None) -> list[dict]:
+    """One row per (kind, layer, head): the sink tokens' share of the weight and of what moves, whether
+    the head is parked, and the sink taking most of its weight; sorted by weight share, highest first."""
+    rows = []
+    for kind in trace.kinds:
+        qside, kside = kind_sides(kind)
+        q_ok, k_ok = real_positions(trace, qside, pad_id), real_positions(trace, kside, pad_id)
+        _, keys = trace.axes(kind)
+        sinks = sink_keys(keys, k_ok)
+        p = np.asarray(trace.probs(kind), dtype=np.float64)
+        weight, moves = sink_shares(p, sinks, q_ok, trace.value_norms(kind))
+        is_parked = parked(weight, moves) if moves is not None else np.zeros(weight.shape, bool)
+        idx = np.nonzero(sinks)[0]
+        per_key = _mean_rows(np.moveaxis(p[..., idx], -1, 0), q_ok) if len(idx) and q_ok.any() else None
+        for (ly, h), w in np.ndenumerate(weight):
+            main = keys[idx[int(np.nanargmax(per_key[:, ly, h]))]] if per_key is not None else ""
+            rows.append({
+                "kind": kind, "layer": ly, "head": h, "sink weight": float(w),
+                "sink moves": float("nan") if moves is None else float(moves[ly, h]),
+                "parked": bool(is_parked[ly, h]), "main sink": main,
+            })  # fmt: skip
+    return sorted(rows, key=lambda r: -r["sink weight"] if np.isfinite(r["sink weight"]) else np.inf)
+
+
+def parked_sentence(records: Sequence[dict], kind_labels: dict[str, str]) -> str:
+    """The sink table in words (markdown: tokens in backticks): per kind, how many heads are parked and
+    on which token; "" when no kind has value norms."""
+    parts = []
+    for kind in dict.fromkeys(r["kind"] for r in records):
+        rows = [r for r in records if r["kind"] == kind]
+        label = kind_labels.get(kind, kind)
+        if all(not np.isfinite(r["sink moves"]) for r in rows):
+            continue
+        hits = [r for r in rows if r["parked"]]
+        if not hits:
+            top = rows[0]
+            parts.append(
+                f"No {label} head is parked (the most on sinks: layer {top['layer']} head {top['head']}, "
+                f"{top['sink weight']:.0%} of its weight and {top['sink moves']:.0%} of what it moves)."
+            )
+            continue
+        on: dict[str, int] = {}
+        for r in hits:
+            on[r["main sink"]] = on.get(r["main sink"], 0) + 1
+        tokens = " and ".join(f"`{t}`" for t in sorted(on, key=lambda t: -on[t])[:3])
+        heads = ", ".join(
+            f"layer {r['layer']} head {r['head']} ({r['sink weight']:.0%} of the weight, "
+            f"{r['sink moves']:.0%} of what moves)"
+            for r in hits[:4]
+        )
+        more = f" and {len(hits) - 4} more" if len(hits) > 4 else ""
+        parts.append(
+            f"{len(hits)} of {len(rows)} {label} heads are parked on {tokens}: they put at least half their "
+            f"weight there, but what they move from there is at most half that share: {heads}{more}."
+        )
+    return " ".join(parts)
+
+
 # -- rollout and attribution -----------------------------------------------------------------------
 
 
@@ -153,20 +317,101 @@ def rollout(probs: np.ndarray, residual: float = 0.5, valid: np.ndarray | None =
     return np.stack(out)
 
 
+def norm_layers(
+    probs: np.ndarray, value_norms: np.ndarray, residual_norms: np.ndarray | None = None
+) -> np.ndarray:
+    """Each layer's norm-based mixing matrix (L, Q, K), rows scaled to sum 1:
+    C_ij = sum_h alpha^h_ij ||f_h(x_j)|| (+ delta_ij ||x_i|| with ``residual_norms`` (L, Q): the
+    residual connection as an identity term weighted by the norm of the stream it keeps)."""
+    c = np.einsum(
+        "lhqk,lhk->lqk", np.asarray(probs, dtype=np.float64), np.asarray(value_norms, dtype=np.float64)
+    )
+    if residual_norms is not None:
+        n = min(c.shape[1], c.shape[2])
+        idx = np.arange(n)
+        c[:, idx, idx] += np.asarray(residual_norms, dtype=np.float64)[:, :n]
+    total = c.sum(-1, keepdims=True)
+    return np.divide(c, total, out=np.zeros_like(c), where=total > 0)
+
+
+def norm_rollout(
+    probs: np.ndarray,
+    value_norms: np.ndarray,
+    residual_norms: np.ndarray,
+    valid: np.ndarray | None = None,
+) -> np.ndarray:
+    """Norm-based (effective) rollout of self-attention (Kobayashi et al. 2021's residual-aware norms).
+
+    probs (L, H, S, S), value_norms (L, H, S) = ||f_h(x_j)||, residual_norms (L, S) = ||x_i||. Per
+    layer C_ij = sum_h alpha^h_ij ||f_h(x_j)|| + delta_ij ||x_i||, rows scaled to sum 1 (over the
+    ``valid`` tokens only), then multiplied as attention rollout is: C_l @ ... @ C_0. Returns (L, S', S').
+    """
+    p = np.asarray(probs, dtype=np.float64)
+    vn = np.asarray(value_norms, dtype=np.float64)
+    rn = np.asarray(residual_norms, dtype=np.float64)
+    if valid is not None:
+        v = np.asarray(valid, bool)
+        p, vn, rn = p[:, :, v][:, :, :, v], vn[..., v], rn[:, v]
+    layers = norm_layers(p, vn, rn)
+    out, acc = [], np.eye(p.shape[-1])
+    for c in layers:
+        acc = c @ acc
+        out.append(acc)
+    return np.stack(out)
+
+
+def has_norms(trace: AttentionTrace, *kinds: str) -> bool:
+    """Whether the trace holds the value norms (and, for self-attention, the residual norms) that the
+    norm-based rollout and attribution need, for every kind named."""
+    for kind in kinds:
+        if kind not in trace.kinds or trace.value_norms(kind) is None:
+            return False
+        if kind == "enc_self" and trace.residual_norms(kind) is None:
+            return False
+    return True
+
+
+def trace_rollout(
+    trace: AttentionTrace, valid: np.ndarray | None = None, method: str = "attention", residual: float = 0.5
+) -> np.ndarray:
+    """The encoder's rollout: ``rollout`` of its weights, or ``norm_rollout`` (method="norm")."""
+    if method == "attention":
+        return rollout(trace.probs("enc_self"), residual, valid)
+    if method != "norm":
+        raise ValueError(f"unknown rollout {method!r}; use 'attention' or 'norm'")
+    vn, rn = trace.value_norms("enc_self"), trace.residual_norms("enc_self")
+    if vn is None or rn is None:
+        raise ValueError("this trace holds no value or residual norms: the norm-based rollout needs them")
+    return norm_rollout(trace.probs("enc_self"), vn, rn, valid)
+
+
 def source_attribution(
-    trace: AttentionTrace, through_encoder: bool = True, layer: int | None = None, residual: float = 0.5
+    trace: AttentionTrace,
+    through_encoder: bool = True,
+    layer: int | None = None,
+    residual: float = 0.5,
+    method: str = "attention",
 ) -> np.ndarray:
     """(T, S) share of each source token in each target position's cross-attention input.
 
     Cross attention is averaged over heads (and over decoder layers unless ``layer`` is given);
     through_encoder multiplies by the encoder rollout, so the columns are source tokens rather
-    than encoder states. Rows sum to 1 for real target positions.
+    than encoder states. Rows sum to 1 for real target positions. method="norm": per decoder
+    layer the cross-attention's what-moves matrix sum_h alpha^h_tj ||f_h(e_j)|| (rows scaled to
+    sum 1) instead of the head mean, and the encoder's norm-based rollout.
     """
-    c = np.asarray(trace.probs("cross"), dtype=np.float64)
-    c = c.mean(1)  # (L, T, S)
+    if method == "norm":
+        vn = trace.value_norms("cross")
+        if vn is None or not (not through_encoder or has_norms(trace, "enc_self")):
+            raise ValueError("this trace holds no value norms: the norm-based attribution needs them")
+        c = norm_layers(trace.probs("cross"), vn)  # (L, T, S)
+    elif method == "attention":
+        c = np.asarray(trace.probs("cross"), dtype=np.float64).mean(1)  # (L, T, S)
+    else:
+        raise ValueError(f"unknown attribution {method!r}; use 'attention' or 'norm'")
     c = c[layer] if layer is not None else c.mean(0)
     if through_encoder:
-        c = c @ rollout(trace.probs("enc_self"), residual)[-1]
+        c = c @ trace_rollout(trace, method=method, residual=residual)[-1]
     return c
 
 

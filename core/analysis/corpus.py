@@ -6,8 +6,10 @@ squares, min, max (float64), and the ``TOP_K`` inputs with the highest and the l
 where the head behaves most atypically). No trace is kept, so memory is flat in the number of lines.
 
 Statistics per input (attnscope.core.analysis.analytics.head_stats over real positions): entropy, mean distance, the
-head-type scores (diagonal/self, previous, next, first, last, monotonic for cross-attention), and
-the attention mass on special tokens (``<bos>``, ``[CLS]``, ...) and on punctuation keys.
+head-type scores (diagonal/self, previous, next, first, last, monotonic for cross-attention), the
+attention mass on special tokens (``<bos>``, ``[CLS]``, ...) and on punctuation keys, the share of
+weight on sinks (first token, specials, punctuation) and, for traces that carry value norms, the
+share of what moves from them and the value-weighted entropy (analytics.trace_sink_stats).
 
 Resumable: every ``checkpoint_every`` batches the running state goes to ``OUT.partial.json`` (one per
 process under torchrun); ``--resume`` continues from it after an interrupt and gives the same result.
@@ -22,9 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import time
-import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,26 +32,33 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.core.analysis.analytics import CROSS_STATS, head_stats
+from attnscope.core.analysis.analytics import (
+    CROSS_STATS,
+    SINK_RATIO,
+    SINK_WEIGHT,
+    SPECIAL,  # noqa: F401  (re-exported: corpus.SPECIAL, corpus.is_special as before)
+    WORD_MARKS,  # noqa: F401
+    head_stats,
+    is_punctuation,
+    is_special,
+    parked,
+    trace_sink_stats,
+)
 from attnscope.core.analysis.audit import kind_sides, real_positions
 from attnscope.core.errors import InputError
 from attnscope.core.traces.trace import KINDS, AttentionTrace
 
 TOP_K = 5
-STATS = (*CROSS_STATS, "specials", "punctuation")
-STAT_LABELS = {"specials": "mass on special tokens", "punctuation": "mass on punctuation"}
-SPECIAL = re.compile(r"^(<[^<>\s]+>|\[[A-Z]+\]|<\|[^|]+\|>)$")  # <bos>, </s>, [CLS], <|endoftext|>
-WORD_MARKS = "Ġ▁#"  # BPE / sentencepiece / WordPiece markers, not part of the word
+VALUE_STATS = ("vw_entropy", "sink_weight", "sink_moves")  # what attention moves (needs value norms)
+STATS = (*CROSS_STATS, "specials", "punctuation", *VALUE_STATS)
+STAT_LABELS = {
+    "specials": "mass on special tokens",
+    "punctuation": "mass on punctuation",
+    "vw_entropy": "value-weighted entropy (nats)",
+    "sink_weight": "share of weight on sinks",
+    "sink_moves": "share of what moves from sinks",
+}
 FORMAT = "attnscope-corpus-stats/1"
-
-
-def is_special(token: str) -> bool:
-    return bool(SPECIAL.match(token))
-
-
-def is_punctuation(token: str) -> bool:
-    t = token.strip(WORD_MARKS)
-    return bool(t) and not is_special(token) and all(unicodedata.category(c).startswith("P") for c in t)
 
 
 def trace_stats(trace: AttentionTrace, pad_id: int | None) -> dict[str, dict[str, np.ndarray]]:
@@ -68,8 +75,42 @@ def trace_stats(trace: AttentionTrace, pad_id: int | None) -> dict[str, dict[str
         for name, test in (("specials", is_special), ("punctuation", is_punctuation)):
             sel = np.array([test(t) for t in keys]) & k_ok
             stats[name] = p[..., sel].sum(-1).mean(-1) if q_ok.any() else np.full(p.shape[:2], np.nan)
+        sinks = trace_sink_stats(trace, kind, pad_id)
+        stats["sink_weight"] = sinks["sink_weight"]
+        if trace.value_norms(kind) is not None:  # traces without values (other families) leave them out
+            stats["vw_entropy"], stats["sink_moves"] = sinks["vw_entropy"], sinks["sink_moves"]
         out[kind] = stats
     return out
+
+
+def parked_heads(frame) -> list[dict]:
+    """The heads parked over the corpus: mean share of weight on sinks >= SINK_WEIGHT and mean share
+    of what moves from them <= SINK_RATIO x that (analytics.parked), by kind then weight share."""
+    found = []
+    for kind in (k for k in KINDS if k in set(frame["kind"])):
+        have = set(frame[frame["kind"] == kind]["stat"])
+        if not {"sink_weight", "sink_moves"} <= have:
+            continue
+        weight, moves = stat_matrix(frame, kind, "sink_weight"), stat_matrix(frame, kind, "sink_moves")
+        for ly, h in zip(*np.nonzero(parked(weight, moves)), strict=True):
+            found.append({"kind": kind, "layer": int(ly), "head": int(h),
+                          "sink_weight": float(weight[ly, h]), "sink_moves": float(moves[ly, h])})  # fmt: skip
+    return sorted(found, key=lambda r: (KINDS.index(r["kind"]), -r["sink_weight"]))
+
+
+def parked_summary(frame) -> str:
+    """One line for ``attnscope stats``: the parked heads, or that there are none (or no value norms)."""
+    if "sink_moves" not in set(frame["stat"]):
+        return "parked heads: not measured (the model's traces hold no value norms)"
+    heads = parked_heads(frame)
+    rule = f"weight on sinks >= {SINK_WEIGHT:.0%}, what moves from them <= {SINK_RATIO:g} x that"
+    if not heads:
+        return f"parked heads ({rule}): none"
+    listed = ", ".join(
+        f"{r['kind']} L{r['layer']} H{r['head']} ({r['sink_weight']:.2f} weight, {r['sink_moves']:.2f} moves)"
+        for r in heads
+    )
+    return f"parked heads ({rule}): {len(heads)}: {listed}"
 
 
 @dataclass

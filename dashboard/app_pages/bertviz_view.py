@@ -28,6 +28,10 @@ st.caption(
     "require.js, d3 and jQuery served from dashboard/static/vendor/ (no internet needed). "
     f"Inputs over {MAX_TOKENS} tokens are shown as a subset of layers, heads or tokens."
 )
+st.caption(
+    "bertviz draws attention **weights** only; to see what those weights actually move (‖α·f(x)‖), use the "
+    "**Attention** page's *what moves* toggle."
+)
 traces = state.traces()
 kinds = list(traces[0].kinds)
 arch = model_facts.trace_arch(traces[0])

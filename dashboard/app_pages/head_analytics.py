@@ -8,7 +8,7 @@ import streamlit as st
 from attnscope.core.analysis import analytics as A
 from attnscope.core.analysis.audit import real_positions
 from attnscope.core.traces.trace import KIND_LABELS
-from attnscope.dashboard import corpus_view, marks, runs, state, ui, words
+from attnscope.dashboard import corpus_view, marks, runs, state, trace_cache, ui, words
 from attnscope.dashboard import keys as K
 from attnscope.dashboard.plots import analytics as P
 from attnscope.dashboard.plots import attention as PT
@@ -25,6 +25,29 @@ STAT_HELP = {
     "monotonic": "Kendall tau between target position and its argmax source position (+1: reads the source "
     "left to right, -1: right to left, e.g. a reversing model)",
 }
+ROLLOUT = "ha_moves_rollout"  # session key of the attention | norm-based rollout switch (this page's own)
+ROLLOUTS = {"attention": "attention rollout", "norm": "norm-based rollout"}
+SINK_RULE = (
+    f"**Sinks** are the first token, special tokens (`<bos>`, `[CLS]`, `<eos>`, `[SEP]`; PAD is masked, never a "
+    f"sink) and punctuation. A head is **parked** when its weight share is at least {A.SINK_WEIGHT:g} (at "
+    f"least half its weight is on sinks) but its share of what moves from them is at most {A.SINK_RATIO:g} × "
+    "its weight share: it looks at the sinks, but what it takes from them is small. Both shares are means "
+    "over real (non-PAD) query rows."
+)
+SINK_FORMULA = (
+    r"\text{weight share} = \operatorname{mean}_i \sum_{j \in \text{sinks}} \alpha_{ij}, \qquad "
+    r"\text{moves share} = \operatorname{mean}_i \frac{\sum_{j \in \text{sinks}} \alpha_{ij}\,\lVert f(x_j) "
+    r"\rVert}{\sum_j \alpha_{ij}\,\lVert f(x_j) \rVert}"
+)
+NORM_ROLLOUT_FORMULA = (
+    r"C^{(l)}_{ij} = \frac{\sum_h \alpha^{h}_{ij}\,\lVert f_h(x_j)\rVert + \delta_{ij}\,\lVert x_i\rVert}"
+    r"{\sum_{k}\big(\sum_h \alpha^{h}_{ik}\,\lVert f_h(x_k)\rVert + \delta_{ik}\,\lVert x_i\rVert\big)}, "
+    r"\qquad R^{(l)} = C^{(l)} C^{(l-1)} \cdots C^{(0)}"
+)
+ATTENTION_ROLLOUT_FORMULA = (
+    r"A'^{(l)} = \operatorname{rownorm}\big(0.5\, I + 0.5\, \operatorname{mean}_h A^{h,(l)}\big), \qquad "
+    r"R^{(l)} = A'^{(l)} A'^{(l-1)} \cdots A'^{(0)}"
+)
 
 
 def _select_from_table() -> None:
@@ -118,11 +141,69 @@ st.caption(
     "monotonic is for cross-attention only (empty elsewhere)."
 )
 
+# -- sinks: weight parked where nothing moves ------------------------------------------------------------
+st.subheader("Sink heads: weight parked where little moves")
+sink_rows = trace_cache.figures.get(tr, ("ha_sinks", pad), lambda: A.sink_records(tr, pad))
+st.markdown(SINK_RULE)
+st.latex(SINK_FORMULA)
+st.caption(
+    "f(x_j) is key j's value vector after the head's output projection: α_ij‖f(x_j)‖ is how much key j "
+    "actually adds to query i (Kobayashi et al. 2020). A large weight on a short vector moves little."
+)
+sentence = A.parked_sentence(sink_rows, KIND_LABELS)
+if sentence:
+    st.markdown(sentence)
+else:
+    st.caption(
+        "This trace holds no value vectors (traces of attnscope's own models and MiniLM do): the table gives "
+        "the weight share only, and no head can be called parked."
+    )
+scopes = {k: tr.value_norms_scope(k) for k in kinds if tr.value_norms(k) is not None}
+if "without the output projection" in scopes.values():
+    st.caption(
+        "The model's output projection could not be found for "
+        + ", ".join(KIND_LABELS[k] for k, v in scopes.items() if v == "without the output projection")
+        + ": what moves there uses the value vectors' norms ‖v_j‖, without the output projection."
+    )
+st.dataframe(
+    P.sink_table(sink_rows),
+    hide_index=True,
+    key="ha_sink_table",
+    column_config={
+        c: st.column_config.NumberColumn(label, format="%.3f") for c, label in P.SINK_COLUMNS.items()
+    },
+)
+
 # -- rollout, attribution, alignment -----------------------------------------------------------------------
+method = "attention"
 if "enc_self" in kinds:
     st.subheader("Attention rollout (encoder)")
     src_real = real_positions(tr, "src", pad)
-    roll = A.rollout(tr.probs("enc_self"), valid=src_real)
+    can_norm = A.has_norms(tr, "enc_self")
+    if not can_norm:
+        st.session_state[ROLLOUT] = "attention"
+    method = (
+        st.radio(
+            "Rollout",
+            list(ROLLOUTS),
+            key=ROLLOUT,
+            format_func=ROLLOUTS.get,
+            horizontal=True,
+            disabled=not can_norm,
+            help="Norm-based: each layer mixes tokens by what moves (‖α·f(x)‖) plus the residual stream "
+            "(‖x‖), not by the weights alone. Source attribution below follows this switch.",
+        )
+        or "attention"
+    )
+    if not can_norm:
+        st.caption(
+            "The norm-based rollout is not available: this trace holds no value or residual norms (traces "
+            "of attnscope's own models and MiniLM do)."
+        )
+    st.latex(NORM_ROLLOUT_FORMULA if method == "norm" else ATTENTION_ROLLOUT_FORMULA)
+    roll = trace_cache.figures.get(
+        tr, ("ha_rollout", method, pad), lambda: A.trace_rollout(tr, src_real, method=method)
+    )
     n_enc = roll.shape[0]
     ui.keep_valid(K.HA_ROLL_LAYER, list(range(n_enc)), n_enc - 1)
     r_layer = st.selectbox(
@@ -133,13 +214,25 @@ if "enc_self" in kinds:
     figs["rollout"] = P.rollout_figure(
         roll[r_layer],
         toks,
-        title=f"encoder attention rollout through layers 0–{r_layer} (of {n_enc}), head mean · {where}",
+        title=(
+            f"encoder norm-based rollout through layers 0–{r_layer} (of {n_enc}), ‖α·f(x)‖ + ‖x‖ · {where}"
+            if method == "norm"
+            else f"encoder attention rollout through layers 0–{r_layer} (of {n_enc}), head mean · {where}"
+        ),
     )
     ui.chart(figs["rollout"], key="ha_rollout")
     st.caption(
-        "Rollout (Abnar & Zuidema, 2020): per layer the head-mean attention plus the residual connection "
-        "(0.5 I + 0.5 A, rows normalised), multiplied layer after layer. Row = encoder position after these "
-        "layers, column = input token it draws on. PAD positions are left out."
+        (
+            "Norm-based rollout (Kobayashi et al. 2021, residual-aware norms): per layer, how much each token "
+            "adds to each position (the sum over heads of α·‖f(x)‖) plus the residual stream the position "
+            "keeps (‖x_i‖ on the diagonal), rows scaled to sum 1, multiplied layer after layer as attention "
+            "rollout is."
+            if method == "norm"
+            else "Rollout (Abnar & Zuidema, 2020): per layer the head-mean attention plus the residual "
+            "connection (0.5 I + 0.5 A, rows normalised), multiplied layer after layer."
+        )
+        + " Row = encoder position after these layers, column = input token it draws on. PAD positions "
+        "are left out."
     )
 
 if "cross" in kinds:
@@ -150,14 +243,15 @@ if "cross" in kinds:
         value=True,
         help="Off: columns are encoder states (cross-attention alone); on: source tokens.",
     )
-    attr = A.source_attribution(tr, through_encoder=through)
+    attr_method = method if A.has_norms(tr, "cross", "enc_self") else "attention"
+    attr = A.source_attribution(tr, through_encoder=through, method=attr_method)
     t_real, s_real = real_positions(tr, "tgt", pad), real_positions(tr, "src", pad)
     figs["attribution"] = P.matrix_figure(
         attr,
         tr.tgt_tokens,
         tr.src_tokens,
         title=f"share of each source {'token' if through else 'state'} in each target step "
-        f"(cross-attention, all layers and heads) · {where}",
+        f"(cross-attention, all layers and heads{', norm-based' if attr_method == 'norm' else ''}) · {where}",
         query_title="target step: decoder input",
         key_title="source token" if through else "source position (encoder state)",
         marks=A.alignment(attr, t_real, s_real),
@@ -167,6 +261,12 @@ if "cross" in kinds:
     st.caption(
         "Row t is the decoder step that reads input token t and predicts output token t; each real row sums "
         "to 1. Circles: the source token with the largest share."
+        + (
+            " Norm-based (the rollout switch above): each decoder layer's cross-attention counts what moves "
+            "(Σ_h α·‖f(e_j)‖, rows scaled to sum 1) and the encoder part is its norm-based rollout."
+            if attr_method == "norm"
+            else ""
+        )
     )
 
     st.subheader("Cross-attention alignment")

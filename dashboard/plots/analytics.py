@@ -232,3 +232,18 @@ def alignment_figure(
         title=dict(text=f"token position (lines: cross-attention weight ≥ {min_weight:.2g}; orange: argmax source)"),
     )  # fmt: skip
     return finish(fig, title, 300)
+
+
+SINK_COLUMNS = {"sink weight": "share of weight on sinks", "sink moves": "share of what moves from sinks"}
+
+
+def sink_table(records: Sequence[dict], digits: int = 3) -> pd.DataFrame:
+    """``attnscope.core.analysis.analytics.sink_records`` rows as a DataFrame, highest weight share first
+    (shares rounded; "parked" a bool column)."""
+    df = pd.DataFrame(list(records))
+    if df.empty:
+        return df
+    df = df.sort_values("sink weight", ascending=False, kind="stable").reset_index(drop=True)
+    for col in SINK_COLUMNS:
+        df[col] = df[col].astype(float).round(digits)
+    return df[["kind", "layer", "head", "sink weight", "sink moves", "parked", "main sink"]]

@@ -50,6 +50,35 @@ def head_weights(probs: np.ndarray, layer: int, head: int | str) -> np.ndarray:
     return probs[layer, head]
 
 
+def moves_shares(probs: np.ndarray, value_norms: np.ndarray) -> np.ndarray:
+    """``[L, H, Q, K]`` rows of alpha_ij ||f_h(x_j)|| scaled to sum 1 (``AttentionTrace.moves(kind,
+    normalize=True)``), float32, built in one array and divided in place: the what-moves grid costs one
+    multiply over the maps (at 512 tokens ~10x less than allocating twice). Rows that move nothing stay
+    0; a NaN row stays NaN (drawn white, as NaN weights are)."""
+    m = np.multiply(probs, np.asarray(value_norms)[:, :, None, :], dtype=np.float32)
+    total = m.sum(axis=-1, keepdims=True)
+    np.divide(m, total, out=m, where=total > 0)
+    return m
+
+
+def head_moves(
+    probs: np.ndarray, value_norms: np.ndarray, layer: int, head: int | str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(share ``[q, k]``, raw ``[q, k]``) of what one head moves: raw = alpha_ij ||f_h(x_j)||, share =
+    raw with each row scaled to sum 1 (rows that move nothing stay 0), float32 as
+    ``AttentionTrace.moves``; for "mean"/"max" the head mean/max of the shares (and of the raws)."""
+    if isinstance(head, str):
+        pairs = [head_moves(probs, value_norms, layer, h) for h in range(probs.shape[1])]
+        shares, raws = np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
+        return reduce_heads(shares[None], head)[0], reduce_heads(raws[None], head)[0]
+    raw = (
+        np.asarray(probs[layer, head], dtype=np.float32)
+        * np.asarray(value_norms[layer, head], dtype=np.float32)[None, :]
+    )
+    total = raw.sum(axis=-1, keepdims=True)
+    return np.divide(raw, total, out=np.zeros_like(raw), where=total > 0), raw
+
+
 def head_name(head: int | str) -> str:
     return f"head {head}" if isinstance(head, int) else f"{head} of heads"
 
@@ -188,18 +217,18 @@ def _grid_cells(probs, query_tokens, key_tokens, mask, log, aggregates, bq, bk) 
     return _Grid(columns, n_layers, nq, nk, z, zm, xs, ys)
 
 
-def _grid_heatmaps(grid: _Grid, log: bool, blocks: bool) -> go.Figure:
+def _grid_heatmaps(grid: _Grid, log: bool, blocks: bool, value_name: str = "weight") -> go.Figure:
     """The weights' heatmap (hover: query, key, weight) and, where something is masked, the grey
-    overlay."""
+    overlay. ``value_name`` names what the cells hold (the weight, or the what-moves share)."""
     block_note = " (max of the block)" if blocks else ""
     nan_note = f"<br>({GRID_NAN} means NaN: drawn white)" if (grid.z == GRID_NAN).any() else ""
     value = (
-        ("log colour level %{z} of 100 (1e-4 … 1)" if log else "weight ≈ %{z}%")
+        ("log colour level %{z} of 100 (1e-4 … 1)" if log else f"{value_name} ≈ %{{z}}%")
         + block_note
         + nan_note
-        + "<br><i>exact weights: click the tile</i>"
+        + "<br><i>exact numbers: click the tile</i>"
     )
-    cb = colorbar(log)
+    cb = colorbar(log, title=value_name)
     if log:
         exps = list(range(int(math.log10(LOG_FLOOR)), 1))
         cb.update(tickvals=[(e - math.log10(LOG_FLOOR)) * GRID_LEVELS / -math.log10(LOG_FLOOR) for e in exps])
@@ -327,6 +356,7 @@ def grid_figure(
     aggregates: Sequence[str] = (),
     max_tile: int = GRID_MAX_TILE,
     marks: Mapping[tuple[int, int], str] | None = None,
+    value_name: str = "weight",
 ) -> go.Figure:
     """All layers x heads as tiles of ONE heatmap trace on one colour scale (an overview).
 
@@ -342,7 +372,8 @@ def grid_figure(
     drawn grey by a second, uint8 trace (1 = masked; 0 = transparent), left out when nothing
     is masked. ``parse_grid_point`` maps a clicked (x, y) back to (layer, head). ``marks``
     ((layer, head) -> note): tiles outlined and labelled "trained" (heads a training loss forced
-    into a pattern; dashboard/marks.py).
+    into a pattern; dashboard/marks.py). ``value_name``: what the cells are, in the hover and on the
+    colour bar (e.g. "what-moves share" when ``probs`` are rows of alpha ||f(x)|| scaled to sum 1).
     """
     _, _, nq_full, nk_full = probs.shape
     if (nq_full, nk_full) != (len(query_tokens), len(key_tokens)):
@@ -352,7 +383,7 @@ def grid_figure(
     bq, bk = _blocks(nq_full, max_tile), _blocks(nk_full, max_tile)
     blocks = bq > 1 or bk > 1
     grid = _grid_cells(np.asarray(probs), query_tokens, key_tokens, mask, log, aggregates, bq, bk)
-    fig = _grid_heatmaps(grid, log, blocks)
+    fig = _grid_heatmaps(grid, log, blocks, value_name)
     _add_separators(fig, grid)
     width_px = 900  # about the width Streamlit gives a chart; keeps cells roughly square
     height = int(np.clip(grid.n_rows * width_px / max(grid.n_cols, 1) + 140, 260, 1400))
@@ -360,7 +391,9 @@ def grid_figure(
     _grid_axes(fig, grid)
     _add_marks(fig, grid, marks or {})
     if blocks:  # say so where it shows: tiles are summaries past GRID_MAX_TILE tokens
-        title += f"<br><sup>each cell: the max of {bq}×{bk} tokens (exact weights in the head view)</sup>"
+        title += (
+            f"<br><sup>each cell: the max of {bq}×{bk} tokens (exact {value_name}s in the head view)</sup>"
+        )
     return finish(fig, title, height)
 
 
@@ -392,6 +425,8 @@ def head_heatmap(
     key_title: str = "key",
     mask: np.ndarray | None = None,
     log: bool = False,
+    value_name: str = "weight",
+    extra: Mapping[str, np.ndarray] | None = None,
 ) -> go.Figure:
     """Large heatmap of one head ``[Q, K]``: queries on y (top to bottom), keys on x.
 
@@ -401,17 +436,31 @@ def head_heatmap(
     near-0; past MAX_MASK_MARKS masked cells they are greyed by rectangles (one path shape; a
     causal mask at 1,024 tokens is ~40 kB, a cell overlay was 1.4 MB and a second heatmap to draw),
     and a mask too scattered for MAX_MASK_RECTS rectangles by a uint8 overlay.
+    ``value_name``: what ``weights`` are (hover and colour bar), e.g. "what-moves share". ``extra``
+    (label -> ``[Q, K]``): more numbers per cell shown in the hover (the weight beside the what-moves
+    share, the raw ‖α f(x)‖), sent as one float32 customdata array.
     """
     w = np.asarray(weights, dtype=np.float32)
     nq, nk = w.shape
     if (nq, nk) != (len(query_tokens), len(key_tokens)):
         raise ValueError(f"weights are {nq}x{nk} but there are {len(query_tokens)}x{len(key_tokens)} tokens")
+    for label, arr in (extra or {}).items():
+        if np.shape(arr) != (nq, nk):
+            raise ValueError(f"{label} is {np.shape(arr)} but the weights are {nq}x{nk}")
     # Categorical axes named "3 tok" (unique): hover shows the tokens without any per-cell text, and
     # the weights go out as one float32 array (exact; ~5.3 bytes a cell instead of ~45 of strings).
     ql = [f"{i} {token_label(t)}" for i, t in enumerate(query_tokens)]
     kl = [f"{j} {token_label(t)}" for j, t in enumerate(key_tokens)]
     allowed = np.ones_like(w, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
     zmin, zmax = zrange(log)
+    if extra:  # customdata (Q, K, 1 + n): the exact values, then each extra number
+        custom = np.stack([w, *(np.asarray(a, dtype=np.float32) for a in extra.values())], axis=-1)
+        shown = f"{value_name} %{{customdata[0]:.7g}}" + "".join(
+            f"<br>{label} %{{customdata[{i + 1}]:.7g}}" for i, label in enumerate(extra)
+        )
+    else:
+        custom = w if log else None  # the exact weights (z holds their log10)
+        shown = f"{value_name} " + ("%{customdata:.7g}" if log else "%{z:.7g}")
     heat = go.Heatmap(
         z=color_values(w, log),
         x=kl,
@@ -419,14 +468,12 @@ def head_heatmap(
         zmin=zmin,
         zmax=zmax,
         colorscale=COLORSCALE,
-        colorbar=colorbar(log),
+        colorbar=colorbar(log, title=value_name),
         name="attention",
-        hovertemplate="query %{y}<br>key %{x}<br>weight "
-        + ("%{customdata:.7g}" if log else "%{z:.7g}")
-        + "<extra></extra>",
+        hovertemplate="query %{y}<br>key %{x}<br>" + shown + "<extra></extra>",
     )
-    if log:
-        heat.customdata = w  # the exact weights (z holds their log10)
+    if custom is not None:
+        heat.customdata = custom
     fig = go.Figure(heat)
     if mask is not None:
         qi, ki = masked_cells(allowed)
