@@ -134,6 +134,7 @@ def dashboard_command(port: int, address: str, extra: list[str] | None = None) -
 
 
 VIEW_ENV = "ATTNSCOPE_VIEW_TRACE"  # dashboard/opened.py opens this trace in every new session
+RUN_ENV = "ATTNSCOPE_VIEW_RUN"  # dashboard/watched.py opens this run folder in every new session
 
 
 def _serve(args: argparse.Namespace, env: dict[str, str], what: str) -> int:
@@ -146,19 +147,37 @@ def _serve(args: argparse.Namespace, env: dict[str, str], what: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    env = {k: v for k, v in os.environ.items() if k != VIEW_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (VIEW_ENV, RUN_ENV)}
     return _serve(args, env, "the dashboard")
 
 
+def _view_run(args: argparse.Namespace, path: Path) -> int:
+    """A run folder (attnscope.watch): checked here, then served open on the Training page."""
+    from attnscope.core.runs.runfile import Run, RunFormatError
+
+    try:
+        run = Run.open(path)
+        steps = run.steps()
+    except RunFormatError as exc:
+        raise CliError(str(exc)) from exc
+    env = {k: v for k, v in os.environ.items() if k != VIEW_ENV}
+    latest = f", latest {steps[-1]:,}" if steps else ""
+    return _serve(args, {**env, RUN_ENV: str(path)}, f"run {run.name} ({len(steps)} watched steps{latest})")
+
+
 def cmd_view(args: argparse.Namespace) -> int:
-    """Check the trace file here (one line on a bad file, before any server starts), then serve it."""
+    """Check the trace file or run folder here (one line on a bad one, before any server starts), then
+    serve it."""
     from attnscope.core.traces.trace import AttentionTrace
 
     path = Path(args.file).expanduser().resolve()
+    if path.is_dir():
+        return _view_run(args, path)
     tr = AttentionTrace.load(path)
     for problem in tr.problems():
         print(f"warning: {problem}", file=sys.stderr)
-    return _serve(args, {**os.environ, VIEW_ENV: str(path)}, f"{path.name} ({tr.model or 'trace'})")
+    env = {k: v for k, v in os.environ.items() if k != RUN_ENV}
+    return _serve(args, {**env, VIEW_ENV: str(path)}, f"{path.name} ({tr.model or 'trace'})")
 
 
 def _prog() -> str:
@@ -196,8 +215,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve_args(sp)
     sp.set_defaults(fn=cmd_run)
 
-    sp = sub.add_parser("view", help="serve the dashboard with a trace file (.npz/.json) open")
-    sp.add_argument("file", help="a trace written by `trace --out`, a download button or trace.save()")
+    sp = sub.add_parser(
+        "view",
+        help="serve the dashboard with a trace file (.npz/.json) or a run folder (attnscope.watch) open",
+    )
+    sp.add_argument(
+        "file",
+        help="a trace written by `trace --out`, a download button or trace.save(); or a run folder "
+        "(the run_dir of attnscope.watch), shown on the Training page",
+    )
     serve_args(sp)
     sp.set_defaults(fn=cmd_view)
 

@@ -38,6 +38,16 @@ TRACE_MSG = "_trace_msg"  # (level, text) of the last open attempt, shown once
 TRACE_BOX_USED = "_trace_box_used"  # the Open-a-trace box was used: keep it unfolded
 VIEW_DONE = "_view_done"  # this session already opened the trace `attnscope view FILE` serves
 
+# -- sidebar: open a run folder (dashboard/watched.py) --------------------------------------------
+RUN_PATH = "run_path"  # text_input: a run folder (attnscope.watch) in an allowed folder
+RUN_PATH_BUTTON = "run_path_button"
+RUN_CLOSE_BUTTON = "run_close_button"
+RUN = "_run"  # the open run folder's path (str; None: no run open), shown on Training and Compare
+RUN_MSG = "_run_msg"  # (level, text) of the last open attempt, shown once
+RUN_BOX_USED = "_run_box_used"  # the Open-a-run box was used: keep it unfolded
+RUN_VIEW_DONE = "_run_view_done"  # this session already opened the run `attnscope view FOLDER` serves
+RUN_GOTO = "_run_goto"  # a run was just opened: show the Training page
+
 # -- links (dashboard/links.py) -------------------------------------------------------------------
 LINK_APPLIED = "_link_applied"  # this session already read the URL's parameters
 LINK_TEXT = "_link_text"  # the input came from the link: the model's examples must not replace it
@@ -126,10 +136,14 @@ CMP_B_FOR_MODEL = "_cmp_b_for_model"  # model whose example fills input B
 CMP_CLICK_APPLIED = "_cmp_click_applied"
 CMP_AUTO_FOR = "_cmp_auto_for"  # the B whose most-changed head was last put in the selectors
 CMP_STEP_B = "cmp_step_b"  # "another training step": the step B shows
+CMP_RUN_A = "cmp_run_a"  # "two steps of the run": the step A shows
+CMP_RUN_B = "cmp_run_b"  # and the step B shows
 
-# Training
+# Training (a zoo model's snapshots, or the open run: the same kind and step widgets)
 TRAIN_KIND = "train_kind"
 TRAIN_STEP = "train_step"
+TRAIN_PROBE = "train_probe"  # which of the run's probe inputs
+TRAIN_LATEST = "_train_latest"  # (run path, newest step) the slider saw last: on it, the slider follows
 
 # Head analytics over a corpus (dashboard/corpus_view.py)
 HA_CORPUS = "ha_corpus"  # {"frame", "meta", "name"} of the open stats file, or None

@@ -23,7 +23,7 @@ import streamlit as st
 from attnscope.core.errors import InputError
 from attnscope.core.families.interface import AttentionModel
 from attnscope.core.traces.trace import AttentionTrace
-from attnscope.dashboard import files, loaders, model_facts, opened, user_models
+from attnscope.dashboard import files, loaders, model_facts, opened, user_models, watched
 from attnscope.dashboard import keys as K
 from attnscope.dashboard.files import sentence
 from attnscope.models import registry
@@ -204,6 +204,7 @@ def _trace_sidebar(o: opened.OpenTrace) -> Selection:
     with st.sidebar:
         st.header("attnscope")
         opened.sidebar_box(o)
+        watched.sidebar_box(watched.current())
     tr = o.trace
     text = tr.meta.get("source") if isinstance(tr.meta.get("source"), str) else None
     label = text or " ".join(tr.src_tokens or tr.tgt_tokens)[:200]
@@ -219,6 +220,7 @@ def _without_model(warning: str | None = None) -> None:
     st.session_state[K.SELECTION] = None
     own_model_box()
     opened.sidebar_box(None)
+    watched.sidebar_box(watched.current())
 
 
 def _pick_model(choices: list[str]) -> tuple[str, str]:
@@ -290,8 +292,11 @@ def _decoder_boxes(lm: AttentionModel, batch: bool) -> tuple[list[str] | None, l
 
 
 def sidebar() -> Selection | None:
-    """Draw the shared sidebar; store and return the Selection (None when no model loads)."""
+    """Draw the shared sidebar; store and return the Selection (None when no model loads). A run
+    folder just opened (``attnscope view FOLDER`` or the sidebar's box) switches to the Training page."""
     opened.open_served_trace()
+    watched.open_served_run()
+    watched.go_to_training()
     o = opened.current()
     if o is not None:
         return _trace_sidebar(o)
@@ -318,6 +323,7 @@ def sidebar() -> Selection | None:
         targets, t_empty = _decoder_boxes(lm, batch)
         own_model_box()
         opened.sidebar_box(None)
+        watched.sidebar_box(watched.current())
     sel = Selection(
         name,
         device,

@@ -1,4 +1,5 @@
-"""Compare: the sidebar's run (A) against another input, another model, a mask bug or heads switched off (B)."""
+"""Compare: the sidebar's run (A) against another input, another model, a mask bug or heads switched off (B);
+or, with a run folder open (attnscope.watch), two of its watched steps."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import streamlit as st
 from attnscope.core.analysis import analytics as A
 from attnscope.core.analysis import bugs
 from attnscope.core.errors import InputError, ModelLoadError
+from attnscope.core.runs.runfile import RunFormatError
 from attnscope.core.traces.trace import KIND_LABELS, AttentionTrace
-from attnscope.dashboard import files, loaders, runs, state, ui, words
+from attnscope.dashboard import files, loaders, runs, state, ui, watched, words
 from attnscope.dashboard import keys as K
 from attnscope.dashboard.plots import analytics as P
 from attnscope.dashboard.plots import attention as PT
@@ -17,6 +19,7 @@ from attnscope.dashboard.plots.common import AXIS_TITLES
 from attnscope.models import registry
 
 MODES = ("another input", "another model", "a mask bug", "heads switched off", "another training step")
+RUN_MODE = "two steps of the open run"  # offered while a run folder is open
 
 
 def _pair_labels(a: tuple[str, ...], b: tuple[str, ...]) -> list[str]:
@@ -33,138 +36,185 @@ def _audit_lines(ca, cb, ok, bad) -> None:
         st.markdown("**Checks that fail only in B:** " + ", ".join(f"`{n}`" for n in changed))
 
 
+def _run_steps(o: watched.OpenRun) -> tuple[list[AttentionTrace], list[AttentionTrace], int, int, int]:
+    """Two steps of the open run, picked here: (traces at A, traces at B, probe index, step A, step B)."""
+    run = watched.open_run(o.path)
+    steps = run.steps()
+    if len(steps) < 2:
+        st.info(f"The run {o.label} has {len(steps)} watched step(s) so far: comparing needs two.")
+        st.stop()
+    ui.keep_valid(K.CMP_RUN_A, steps, default=steps[0])
+    ui.keep_valid(K.CMP_RUN_B, steps, default=steps[-1])
+    c1, c2 = st.columns(2)
+    fmt = "{:,}".format
+    step_a = c1.select_slider("Step A", steps, key=K.CMP_RUN_A, format_func=fmt)
+    step_b = c2.select_slider("Step B", steps, key=K.CMP_RUN_B, format_func=fmt)
+    traces_a, traces_b = list(watched.step_traces(o.path, step_a)), list(watched.step_traces(o.path, step_b))
+    if not traces_a or not traces_b:
+        st.info(f"The run {o.label} keeps no probe traces (weights only): there is no attention to compare.")
+        st.stop()
+    probe = 0
+    if len(traces_a) > 1:
+        labels = watched.probe_labels(run, traces_a)
+        ui.keep_valid(K.CMP_SEQ, list(range(len(traces_a))))
+        probe = st.selectbox(
+            "Probe input", list(range(len(traces_a))), key=K.CMP_SEQ, format_func=lambda i: labels[i]
+        )
+    return traces_a, traces_b, probe, step_a, step_b
+
+
 st.title("Compare")
 st.markdown(
     "**A** is the sidebar's run. **B** is the same model on another input, another model on the same input, "
     "the same model with a mask bug injected, with heads switched off, or the same zoo model at another step "
     "of its training. Both are shown side by side at the "
-    "same kind, layer and head, with B − A below (positions compared index by index)."
+    "same kind, layer and head, with B − A below (positions compared index by index). With a run folder "
+    "open (the sidebar's **Open a run**), A and B can be two of its watched steps."
 )
-traces = state.traces()
-sel = state.current()
-lm = state.model("Compare")
-mode = st.radio("Compare A with", MODES, key=K.CMP_MODE, horizontal=True)
-if mode in MODES[2:] and not lm.injectable:
-    st.warning(words.not_injectable_message(lm))
-    st.stop()
-
+open_run = watched.current()
+modes = MODES + ((RUN_MODE,) if open_run is not None else ())
+ui.keep_valid(K.CMP_MODE, list(modes), default=RUN_MODE if open_run is not None else None)
+mode = st.radio("Compare A with", modes, key=K.CMP_MODE, horizontal=True)
 ok = bad = None
 out_a = out_b = None
-name_b = sel.name
 b_what: object = None  # what B is (input, model, bug, heads off): a new B re-picks the head shown
-try:
-    if mode == "another input":
-        if st.session_state.get(K.CMP_B_FOR_MODEL) != lm.name:
-            ex = loaders.examples(lm, 3)
-            st.session_state[K.CMP_SOURCE_B] = ex[1] if len(ex) > 1 else ex[0]
-            st.session_state[K.CMP_TARGET_B] = sel.targets[0] if sel.targets else ""
-            st.session_state[K.CMP_B_FOR_MODEL] = lm.name
-        c1, c2 = st.columns(2)
-        src_b = c1.text_input("Input B", key=K.CMP_SOURCE_B)
-        tgt_b = None
-        if sel.targets is not None:
-            tgt_b = c2.text_input("Target B (teacher forcing)", key=K.CMP_TARGET_B)
-        if not src_b.strip() or (tgt_b is not None and not tgt_b.strip()):
-            st.warning("Input B is empty: type a text (and a target) for B.")
-            st.stop()
-        traces_a = traces
-        traces_b = loaders.compute_traces(
-            sel.key.but(sources=(src_b,), targets=None if tgt_b is None else (tgt_b,))
-        )
-        b_what = (src_b, tgt_b)
-    elif mode == "another model":
-        others = [m for m in loaders.model_choices() if m != sel.name]
-        if not others:
-            st.info("Only one model is available: there is no other model to compare with.")
-            st.stop()
-        ui.keep_valid(K.CMP_MODEL_B, others)
-        name_b = st.selectbox("Model B", others, key=K.CMP_MODEL_B, format_func=loaders.picker_label)
-        version_b = loaders.model_version(name_b)
-        loaders.load_model(name_b, sel.device, version_b)
-        traces_a = traces
-        traces_b = loaders.compute_traces(sel.key.but(name=name_b, version=version_b))
-        b_what = name_b
-    elif mode == "another training step":
-        base, step_a = registry.split_snapshot(sel.name)
-        snaps = registry.snapshots(base) if base in registry.zoo_names() else []
-        if not snaps:
-            st.info(
-                f"{loaders.display_name(sel.name)} has no training snapshots: pick a zoo model "
-                "(or NAME@STEP) in the sidebar to compare two steps of its training."
-            )
-            st.stop()
-        steps = [s["step"] for s in snaps]
-        step_a = steps[-1] if step_a is None else step_a
-        others = [s for s in steps if s != step_a] or steps
-        ui.keep_valid(K.CMP_STEP_B, others, default=others[len(others) // 2])
-        step_b = st.select_slider(
-            f"Step B (A is step {step_a:,})", others, key=K.CMP_STEP_B, format_func=lambda s: f"{s:,}"
-        )
-        name_b = f"{base}@{step_b}"
-        version_b = loaders.model_version(name_b)
-        traces_a = traces
-        traces_b = loaders.compute_traces(sel.key.but(name=name_b, version=version_b))
-        b_what = name_b
-    elif mode == "a mask bug":
-        names = [n for n in bugs.names() if lm.has_decoder or not bugs.get(n).needs_decoder]
-        ui.keep_valid(K.CMP_BUG, names)
-        bug_name = st.selectbox("Mask bug in B", names, key=K.CMP_BUG, format_func=words.bug_title)
-        st.caption(words.BUG_HELP[bug_name][3] + " (The Mask lab page explains each bug.)")
-        key_b = sel.key.but(bug=bug_name)
-        ok, bad = runs.audit_report(sel.key), runs.audit_report(key_b)
-        out_a, out_b = runs.outputs(sel.key, ok), runs.outputs(key_b, bad)
-        traces_a, traces_b = ok.traces, bad.traces
-        b_what = bug_name
-    else:
-        options = runs.head_options(lm)
-        off = st.multiselect(
-            "Heads to switch off in B",
-            options,
-            key=K.CMP_OFF,
-            format_func=runs.head_label,
-            placeholder="pick heads (kind · layer · head)",
-            help="A switched-off head still computes its attention, but its output is multiplied by 0.",
-        )
-        off_t = tuple(sorted((str(k), int(ly), int(h)) for k, ly, h in off))
-        key_b = sel.key.but(off=off_t)
-        ok, bad = runs.audit_report(sel.key), runs.audit_report(key_b)
-        out_a, out_b = runs.outputs(sel.key, ok), runs.outputs(key_b, bad)
-        traces_a, traces_b = ok.traces, bad.traces
-        b_what = off_t
-        if not off_t:
-            st.info("No head is switched off yet: B equals A. Pick heads above.")
-except (InputError, ValueError) as exc:
-    who = (
-        f"Model B ({loaders.display_name(name_b)}) cannot read this input"
-        if mode == MODES[1]
-        else "B cannot run"
-    )
-    st.error(f"{who}: " + files.sentence(str(exc)) + (" Pick another model B." if mode == MODES[1] else ""))
-    st.stop()
-except (ModelLoadError, OSError, RuntimeError) as exc:
-    st.error(f"Cannot load model {loaders.display_name(name_b)!r}: {exc}")
-    st.stop()
+if mode == RUN_MODE and open_run is not None:
+    try:
+        traces_a, traces_b, seq, step_a, step_b = _run_steps(open_run)
+    except RunFormatError as exc:
+        st.error(files.error_sentence(f"Cannot read the run {open_run.label}", exc))
+        st.stop()
+    tr_a, tr_b = traces_a[seq], traces_b[min(seq, len(traces_b) - 1)]
+    where = f"probe input {seq}" if len(traces_a) > 1 else "probe input"
+    label_a, label_b = f"A: {open_run.label} at step {step_a:,}", f"B: step {step_b:,}"
+    b_what = (open_run.path, step_a, step_b)
+    ca, cb = st.columns(2)
+    ca.markdown(f"**{label_a}**")
+    cb.markdown(f"**{label_b}**")
+else:
+    traces = state.traces()
+    sel = state.current()
+    lm = state.model("Compare")
+    if mode in MODES[2:] and not lm.injectable:
+        st.warning(words.not_injectable_message(lm))
+        st.stop()
 
-# -- A and B: sequences, outputs, audits ------------------------------------------------------------------
-seq = state.sequence_picker(K.CMP_SEQ, traces_a) if len(traces_a) > 1 else 0
-tr_a = traces_a[seq]
-tr_b = traces_b[min(seq, len(traces_b) - 1)]
-where = words.where(traces_a, seq)
-label_a = f"A: {loaders.display_name(sel.name)}"
-label_b = {
-    "another input": "B: input B",
-    "another model": f"B: {loaders.display_name(name_b)}",
-    "a mask bug": f"B: with {st.session_state.get(K.CMP_BUG)}",
-    "heads switched off": "B: heads off",
-    "another training step": f"B: {name_b}",
-}[mode]
-ca, cb = st.columns(2)
-ca.markdown(f"**{label_a}**")
-cb.markdown(f"**{label_b}**")
-ca.text(f"Output: {out_a[seq] if out_a else tr_a.output_text}")
-cb.text(f"Output: {out_b[seq] if out_b else tr_b.output_text}")
-if ok is not None and bad is not None:
-    _audit_lines(ca, cb, ok, bad)
+    name_b = sel.name
+    try:
+        if mode == "another input":
+            if st.session_state.get(K.CMP_B_FOR_MODEL) != lm.name:
+                ex = loaders.examples(lm, 3)
+                st.session_state[K.CMP_SOURCE_B] = ex[1] if len(ex) > 1 else ex[0]
+                st.session_state[K.CMP_TARGET_B] = sel.targets[0] if sel.targets else ""
+                st.session_state[K.CMP_B_FOR_MODEL] = lm.name
+            c1, c2 = st.columns(2)
+            src_b = c1.text_input("Input B", key=K.CMP_SOURCE_B)
+            tgt_b = None
+            if sel.targets is not None:
+                tgt_b = c2.text_input("Target B (teacher forcing)", key=K.CMP_TARGET_B)
+            if not src_b.strip() or (tgt_b is not None and not tgt_b.strip()):
+                st.warning("Input B is empty: type a text (and a target) for B.")
+                st.stop()
+            traces_a = traces
+            traces_b = loaders.compute_traces(
+                sel.key.but(sources=(src_b,), targets=None if tgt_b is None else (tgt_b,))
+            )
+            b_what = (src_b, tgt_b)
+        elif mode == "another model":
+            others = [m for m in loaders.model_choices() if m != sel.name]
+            if not others:
+                st.info("Only one model is available: there is no other model to compare with.")
+                st.stop()
+            ui.keep_valid(K.CMP_MODEL_B, others)
+            name_b = st.selectbox("Model B", others, key=K.CMP_MODEL_B, format_func=loaders.picker_label)
+            version_b = loaders.model_version(name_b)
+            loaders.load_model(name_b, sel.device, version_b)
+            traces_a = traces
+            traces_b = loaders.compute_traces(sel.key.but(name=name_b, version=version_b))
+            b_what = name_b
+        elif mode == "another training step":
+            base, step_a = registry.split_snapshot(sel.name)
+            snaps = registry.snapshots(base) if base in registry.zoo_names() else []
+            if not snaps:
+                st.info(
+                    f"{loaders.display_name(sel.name)} has no training snapshots: pick a zoo model "
+                    "(or NAME@STEP) in the sidebar to compare two steps of its training."
+                )
+                st.stop()
+            steps = [s["step"] for s in snaps]
+            step_a = steps[-1] if step_a is None else step_a
+            others = [s for s in steps if s != step_a] or steps
+            ui.keep_valid(K.CMP_STEP_B, others, default=others[len(others) // 2])
+            step_b = st.select_slider(
+                f"Step B (A is step {step_a:,})", others, key=K.CMP_STEP_B, format_func=lambda s: f"{s:,}"
+            )
+            name_b = f"{base}@{step_b}"
+            version_b = loaders.model_version(name_b)
+            traces_a = traces
+            traces_b = loaders.compute_traces(sel.key.but(name=name_b, version=version_b))
+            b_what = name_b
+        elif mode == "a mask bug":
+            names = [n for n in bugs.names() if lm.has_decoder or not bugs.get(n).needs_decoder]
+            ui.keep_valid(K.CMP_BUG, names)
+            bug_name = st.selectbox("Mask bug in B", names, key=K.CMP_BUG, format_func=words.bug_title)
+            st.caption(words.BUG_HELP[bug_name][3] + " (The Mask lab page explains each bug.)")
+            key_b = sel.key.but(bug=bug_name)
+            ok, bad = runs.audit_report(sel.key), runs.audit_report(key_b)
+            out_a, out_b = runs.outputs(sel.key, ok), runs.outputs(key_b, bad)
+            traces_a, traces_b = ok.traces, bad.traces
+            b_what = bug_name
+        else:
+            options = runs.head_options(lm)
+            off = st.multiselect(
+                "Heads to switch off in B",
+                options,
+                key=K.CMP_OFF,
+                format_func=runs.head_label,
+                placeholder="pick heads (kind · layer · head)",
+                help="A switched-off head still computes its attention, but its output is multiplied by 0.",
+            )
+            off_t = tuple(sorted((str(k), int(ly), int(h)) for k, ly, h in off))
+            key_b = sel.key.but(off=off_t)
+            ok, bad = runs.audit_report(sel.key), runs.audit_report(key_b)
+            out_a, out_b = runs.outputs(sel.key, ok), runs.outputs(key_b, bad)
+            traces_a, traces_b = ok.traces, bad.traces
+            b_what = off_t
+            if not off_t:
+                st.info("No head is switched off yet: B equals A. Pick heads above.")
+    except (InputError, ValueError) as exc:
+        who = (
+            f"Model B ({loaders.display_name(name_b)}) cannot read this input"
+            if mode == MODES[1]
+            else "B cannot run"
+        )
+        st.error(
+            f"{who}: " + files.sentence(str(exc)) + (" Pick another model B." if mode == MODES[1] else "")
+        )
+        st.stop()
+    except (ModelLoadError, OSError, RuntimeError) as exc:
+        st.error(f"Cannot load model {loaders.display_name(name_b)!r}: {exc}")
+        st.stop()
+
+    # -- A and B: sequences, outputs, audits --------------------------------------------------------------
+    seq = state.sequence_picker(K.CMP_SEQ, traces_a) if len(traces_a) > 1 else 0
+    tr_a = traces_a[seq]
+    tr_b = traces_b[min(seq, len(traces_b) - 1)]
+    where = words.where(traces_a, seq)
+    label_a = f"A: {loaders.display_name(sel.name)}"
+    label_b = {
+        "another input": "B: input B",
+        "another model": f"B: {loaders.display_name(name_b)}",
+        "a mask bug": f"B: with {st.session_state.get(K.CMP_BUG)}",
+        "heads switched off": "B: heads off",
+        "another training step": f"B: {name_b}",
+    }[mode]
+    ca, cb = st.columns(2)
+    ca.markdown(f"**{label_a}**")
+    cb.markdown(f"**{label_b}**")
+    ca.text(f"Output: {out_a[seq] if out_a else tr_a.output_text}")
+    cb.text(f"Output: {out_b[seq] if out_b else tr_b.output_text}")
+    if ok is not None and bad is not None:
+        _audit_lines(ca, cb, ok, bad)
 
 kinds = [k for k in tr_a.kinds if k in tr_b.kinds]
 if not kinds:
