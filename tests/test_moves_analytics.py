@@ -173,3 +173,17 @@ def test_norm_based_attribution_on_a_zoo_trace():
     assert not A.has_norms(bare, "enc_self")
     with pytest.raises(ValueError, match="no value"):
         A.source_attribution(bare, method="norm")
+
+
+def test_a_head_of_nan_rows_names_no_sink():
+    import attnscope
+    from attnscope.core.analysis import analytics
+
+    tr = attnscope.load("reverse").trace(["attention"])[0]
+    probs = tr.enc_self.copy()
+    probs[0, 1] = np.nan  # a whole head broken
+    rows = analytics.sink_records(tr.replace(enc_self=probs))
+    broken = next(r for r in rows if r["kind"] == "enc_self" and r["layer"] == 0 and r["head"] == 1)
+    assert broken["main sink"] == "" and not broken["parked"]
+    fine = next(r for r in rows if r["kind"] == "enc_self" and r["layer"] == 0 and r["head"] == 0)
+    assert fine["main sink"] != ""

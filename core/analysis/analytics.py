@@ -248,7 +248,9 @@ def sink_records(trace: AttentionTrace, pad_id: int | None = None) -> list[dict]
         idx = np.nonzero(sinks)[0]
         per_key = _mean_rows(np.moveaxis(p[..., idx], -1, 0), q_ok) if len(idx) and q_ok.any() else None
         for (ly, h), w in np.ndenumerate(weight):
-            main = keys[idx[int(np.nanargmax(per_key[:, ly, h]))]] if per_key is not None else ""
+            col = per_key[:, ly, h] if per_key is not None else None
+            # a head whose rows are all NaN (a broken trace) names no sink
+            main = keys[idx[int(np.nanargmax(col))]] if col is not None and np.isfinite(col).any() else ""
             rows.append({
                 "kind": kind, "layer": ly, "head": h, "sink weight": float(w),
                 "sink moves": float("nan") if moves is None else float(moves[ly, h]),
