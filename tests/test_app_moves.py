@@ -131,3 +131,26 @@ def test_sink_table_thresholds_and_the_rollout_switch(make_app, reverse_trace):
     np.testing.assert_allclose(
         _array(attr["data"][0]["z"]), A.source_attribution(reverse_trace, method="norm"), atol=1e-5
     )
+
+
+def test_compare_puts_the_weights_and_what_moves_side_by_side(make_app, reverse_trace):
+    at = make_app(
+        "reverse",
+        page="compare",
+        **{
+            K.SOURCE: TEXT,
+            K.TEXT_FOR_MODEL: "reverse",
+            K.CMP_MODE: "what the weights move",
+            K.CMP_KIND: "enc_self",
+        },
+    )
+    assert_clean(at)
+    at.selectbox(key=K.CMP_LAYER).select(1).run()
+    at.selectbox(key=K.CMP_HEAD).select(2).run()
+    a = _array(figure(at, "A: the weights α<br>encoder self-attention · layer 1 · head 2")["data"][0]["z"])
+    b = figure(at, "B: what moves, ‖α·f(x)‖ (each row scaled to sum 1)<br>encoder self-attention · layer 1")
+    np.testing.assert_allclose(a, reverse_trace.probs("enc_self")[1, 2], atol=1e-6)
+    np.testing.assert_allclose(_array(b["data"][0]["z"]), reverse_trace.moves("enc_self", normalize=True)[1, 2],
+                               atol=1e-6)  # fmt: skip
+    per_head = _array(figure(at, "how much each head changed")["data"][0]["z"])
+    assert per_head.shape == reverse_trace.probs("enc_self").shape[:2] and np.all(per_head > 0)

@@ -20,6 +20,20 @@ from attnscope.models import registry
 
 MODES = ("another input", "another model", "a mask bug", "heads switched off", "another training step")
 RUN_MODE = "two steps of the open run"  # offered while a run folder is open
+MOVES_MODE = "what the weights move"  # A: the weights; B: what moves (||alpha f(x)||, rows sum to 1)
+
+
+def _what_moves(tr: AttentionTrace) -> AttentionTrace:
+    """The trace with each kind's weights replaced by what moves (rows scaled to sum 1); kinds without
+    value norms left out."""
+    changes = {}
+    for kind in tr.kinds:
+        moved = tr.moves(kind, normalize=True)
+        changes[kind] = moved
+        if moved is None:
+            changes[f"{kind}_scores"] = None
+            changes[f"{kind}_learned"] = None
+    return tr.replace(**changes)
 
 
 def _pair_labels(a: tuple[str, ...], b: tuple[str, ...]) -> list[str]:
@@ -72,7 +86,7 @@ st.markdown(
     "open (the sidebar's **Open a run**), A and B can be two of its watched steps."
 )
 open_run = watched.current()
-modes = MODES + ((RUN_MODE,) if open_run is not None else ())
+modes = MODES + (MOVES_MODE,) + ((RUN_MODE,) if open_run is not None else ())
 ui.keep_valid(K.CMP_MODE, list(modes), default=RUN_MODE if open_run is not None else None)
 mode = st.radio("Compare A with", modes, key=K.CMP_MODE, horizontal=True)
 ok = bad = None
@@ -91,6 +105,29 @@ if mode == RUN_MODE and open_run is not None:
     ca, cb = st.columns(2)
     ca.markdown(f"**{label_a}**")
     cb.markdown(f"**{label_b}**")
+elif mode == MOVES_MODE:
+    traces_a = state.traces()
+    if not any(t.value_norms(k) is not None for t in traces_a[:1] for k in t.kinds):
+        st.info(
+            "This trace holds no value vectors, so what its weights move is not known: traces of attnscope's "
+            "own models and MiniLM carry them (see the Attention page's toggle)."
+        )
+        st.stop()
+    traces_b = [_what_moves(t) for t in traces_a]
+    seq = state.sequence_picker(K.CMP_SEQ, traces_a) if len(traces_a) > 1 else 0
+    tr_a, tr_b = traces_a[seq], traces_b[seq]
+    where = words.where(traces_a, seq)
+    label_a, label_b = "A: the weights α", "B: what moves, ‖α·f(x)‖ (each row scaled to sum 1)"
+    b_what = MOVES_MODE
+    ca, cb = st.columns(2)
+    ca.markdown(f"**{label_a}**")
+    cb.markdown(f"**{label_b}**")
+    st.caption(
+        "The same head twice: how much each query looks at each key (A), and how much of each key's value "
+        "vector actually reaches the query (B). A key with a large weight and a short value vector (often "
+        "a special token or punctuation) is strong in A and faint in B. The difference per head is how far "
+        "apart the two rows are (total variation)."
+    )
 else:
     traces = state.traces()
     sel = state.current()
