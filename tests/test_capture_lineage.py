@@ -422,3 +422,202 @@ def test_hugging_face_models_captured_equal_their_own_output_attentions(name, im
             torch.testing.assert_close(
                 rec.probs.masked_fill(~real, 0), ref.masked_fill(~real, 0), atol=1e-6, rtol=0
             )
+
+
+# -- remembered codes (lineage.remember): later layers and later captures reuse them ------------------
+class _Branching(nn.Module):
+    """q @ k.T folded batch-major or head-major by a flag: with batch = heads the two forwards have
+    the same shapes and op names everywhere, and only the fold's arguments tell them apart."""
+
+    def __init__(self, heads: int = 2, d: int = 8):
+        super().__init__()
+        self.h = heads
+        self.emb, self.q, self.k = nn.Embedding(20, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.head_major = False
+        self.computed: list[tuple[str, torch.Tensor]] = []
+
+    def reset(self):
+        self.computed = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        h = self.h
+        q, k = self.q(x).view(b, n, h, d // h), self.k(x).view(b, n, h, d // h)
+        order = (2, 0, 1, 3) if self.head_major else (0, 2, 1, 3)
+        q, k = q.permute(*order).reshape(b * h, n, d // h), k.permute(*order).reshape(b * h, n, d // h)
+        p = torch.softmax(q @ k.transpose(1, 2), dim=-1)
+        want = p.view(h, b, n, n).transpose(0, 1) if self.head_major else p.view(b, h, n, n)
+        self.computed.append(("enc_self", want.detach().clone()))
+        return p
+
+
+def test_a_forward_with_other_ops_at_the_same_shapes_does_not_reuse_the_first_layout():
+    """Batch-major, then head-major, then batch-major again, on the same ids (batch = heads = 2):
+    every capture equals the model's own maps, never the previous forward's layout."""
+    torch.manual_seed(0)
+    model = _Branching().eval()
+    ids = _ids(2, 5, 20, seed=1)
+    seen = []
+    for head_major in (False, True, False, True):
+        model.head_major = head_major
+        cap, computed = _captured(model, (ids,))
+        _assert_exact(cap, computed)
+        seen.append(cap.records[0].probs)
+    assert not torch.equal(seen[0], seen[1].transpose(0, 1))  # the two folds do place heads differently
+    assert torch.equal(seen[0], seen[2]) and torch.equal(seen[1], seen[3])
+
+
+REMEMBERED = ["kyubyong", "keys_first", "learned_keys", "captioning", "tutorial", "einops_lucidrains", "swin_windows",
+              "transfo_xl", "sdpa_masked", "keras_port_einsum", "incremental_decoding", "perceiver_latents"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", REMEMBERED)
+def test_remembered_codes_give_the_records_of_a_cold_capture(name):
+    """A capture with every code computed afresh, then the same capture again with the codes (and
+    layouts) remembered from it: the records are the same, field by field."""
+    from attnscope.core.families import capture as capture_mod
+    from attnscope.core.families import lineage
+
+    assert name in STYLE_NAMES
+    mod = _style(name)
+    model, batch = mod.build(), mod.sample_batch()
+    runs = []
+    for cold in (True, False, False):
+        if cold:
+            lineage.forget()
+            capture_mod._LAYOUTS.clear()
+        cap, computed = _captured(model, batch)
+        _assert_exact(cap, computed)
+        runs.append(cap)
+        if cold:
+            assert lineage._MEMO, "nothing was remembered"
+    for warm in runs[1:]:
+        assert len(warm.records) == len(runs[0].records)
+        for a, b in zip(runs[0].records, warm.records, strict=True):
+            for f in ("name", "kind", "source", "mask_source", "exact", "flag", "key_labels", "query_labels",
+                      "head_masks_differ"):  # fmt: skip
+                assert getattr(a, f) == getattr(b, f), (name, f)
+            for f in ("probs", "scores", "mask"):
+                assert _same(getattr(a, f), getattr(b, f)), (name, f)
+        assert warm.notes == runs[0].notes and warm.skipped == runs[0].skipped
+
+
+class _PermutedKeys(nn.Module):
+    """Memory keys joined to the tokens, then the keys put in the order of an index buffer that the
+    caller changes in place between forwards (the same tensor, other values)."""
+
+    def __init__(self, n: int, d: int = 8):
+        super().__init__()
+        self.emb, self.q, self.k = nn.Embedding(20, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.mem = nn.Parameter(torch.randn(1, 2, d))
+        self.register_buffer("perm", torch.arange(n + 2))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        keys = torch.cat([self.mem.expand(x.shape[0], -1, -1), x], 1).index_select(1, self.perm)
+        return torch.softmax(self.q(x) @ self.k(keys).transpose(1, 2), dim=-1)
+
+
+def test_an_index_changed_in_place_is_followed_not_remembered():
+    torch.manual_seed(0)
+    n = 4
+    model = _PermutedKeys(n).eval()
+    ids = _ids(2, n, 20, seed=2)
+    for perm in (torch.arange(n + 2), torch.arange(n + 2).flip(0), torch.tensor([2, 0, 3, 1, 5, 4])):
+        model.perm.copy_(perm)  # in place: the buffer keeps its identity
+        with torch.no_grad(), capture_attention(model) as cap:
+            want = model(ids)
+        (rec,) = cap.records
+        assert rec.exact and not cap.notes, (rec.flag, cap.notes)
+        learned = iter(("<mem 0>", "<mem 1>"))  # learned keys are numbered in the order they come
+        assert rec.key_labels == tuple(next(learned) if i < 2 else None for i in perm.tolist())
+        torch.testing.assert_close(rec.probs[:, 0], want, atol=0, rtol=0)
+
+
+def test_remembered_codes_stay_within_their_bounds():
+    from attnscope.core.families import lineage
+
+    mod = _style("kyubyong")
+    for heads in (1, 2, 4):
+        model = mod.build(seed=heads, heads=heads)
+        for batch in range(1, 6):
+            _captured(model, (_ids(batch, 3 + batch, mod.VOCAB_SIZE, seed=batch),))
+    assert 0 < len(lineage._MEMO) <= lineage.MEMO_ENTRIES
+    assert 0 < lineage._memo_bytes <= lineage.MEMO_BYTES
+    assert lineage._memo_bytes == sum(entry[2] for entry in lineage._MEMO.values())
+
+
+class _MaskedSDPA(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x, mask):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, 2, 4).transpose(1, 2) for t in self.qkv(x).split(8, dim=-1))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_sdpa_rows_with_no_key_are_zero_and_the_others_are_its_softmax(kind):
+    """A row that may attend to no key at all gets 0 (as SDPA gives it), every other row the softmax
+    of its allowed scores; rows whose keys are all allowed are untouched by that step."""
+    torch.manual_seed(0)
+    model, x = _MaskedSDPA().eval(), torch.randn(2, 5, 8)
+    allowed = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    allowed[1, :, 2] = False  # sequence 1, query 2: no key
+    mask = allowed if kind == "bool" else torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(x, mask)
+    (rec,) = cap.records
+    assert rec.source == "sdpa" and rec.check is not None and rec.check < 1e-5
+    assert torch.equal(rec.probs[1, :, 2], torch.zeros(2, 5))
+    want = torch.softmax(rec.scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    keep = allowed.any(-1, keepdim=True)
+    torch.testing.assert_close(rec.probs.masked_fill(~keep, 0), want.masked_fill(~keep, 0), atol=1e-7, rtol=0)
+    assert not torch.isnan(rec.probs).any()
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("case", ["self", "padded", "cross", "kdim", "float_mask"])
+def test_multihead_attention_scores_from_its_own_projection_equal_a_second_one(case, batch_first):
+    """MultiheadAttention's q and k are taken where its own code hands them to SDPA (no second
+    projection): its output is bit-identical to the call without capture, and the scores equal,
+    bit for bit, those of projecting its inputs again the way it projects them."""
+    from attnscope.core.families import capture as capture_mod
+
+    torch.manual_seed(0)
+    kdim = 12 if case == "kdim" else None
+    mha = nn.MultiheadAttention(16, 4, batch_first=batch_first, kdim=kdim, vdim=kdim).eval()
+    x = torch.randn(3, 7, 16)
+    y = torch.randn(3, 5, kdim or 16)
+    if not batch_first:
+        x, y = x.transpose(0, 1), y.transpose(0, 1)
+    key = x if case in ("self", "padded", "float_mask") else y
+    kw: dict = {}
+    if case == "padded":
+        kw["key_padding_mask"] = torch.zeros(3, 7, dtype=torch.bool).index_fill(1, torch.tensor([5, 6]), True)
+    if case == "float_mask":
+        kw["attn_mask"] = torch.randn(7, 7)
+    seen = []
+    real = capture_mod._mha_scores
+
+    def both(p, h, qk=None):
+        own = real(p, h, qk)
+        seen.append((qk is not None, own, real(p, h, None)))
+        return own
+
+    capture_mod._mha_scores = both
+    try:  # with gradients (training): the python path of MultiheadAttention runs with or without capture
+        with capture_attention(mha) as cap:
+            out = mha(x, key, key, need_weights=False, **kw)[0]
+    finally:
+        capture_mod._mha_scores = real
+    assert torch.equal(out, mha(x, key, key, need_weights=False, **kw)[0])
+    _, want = mha(x, key, key, need_weights=True, average_attn_weights=False, **kw)
+    want = want.detach()
+    ((from_call, own, again),) = seen
+    assert from_call and torch.equal(own, again)
+    (rec,) = cap.records
+    torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)

@@ -7,8 +7,10 @@
 
 What is recorded, whatever module or function wrote it:
 - ``nn.MultiheadAttention`` (through ``F.multi_head_attention_forward``): the call runs exactly as
-  the caller asked; the scores are recomputed from the call's projection weights and the weights
-  are their softmax with the call's masks. With ``bias_k``, zero attention, static keys or dropout
+  the caller asked (its own code, with a pass-through mode around it that keeps the q and k it hands
+  to SDPA, so they are not projected a second time; where that cannot be, they are projected again
+  from the call's weights the way it projects them); the scores are their product and the weights
+  their softmax with the call's masks. With ``bias_k``, zero attention, static keys or dropout
   in training, the call runs once more without gradients with ``need_weights=True,
   average_attn_weights=False`` instead (that output is discarded; the RNG state is restored around
   it, so dropout draws do not move).
@@ -29,6 +31,13 @@ What is recorded, whatever module or function wrote it:
   renormalized weights; when they are cast down to a lower precision (LLaMA's
   ``softmax(scores.float()).type_as(q)`` in bfloat16), the record holds the cast weights, the ones
   the model multiplies the values with.
+
+Speed: the codes of an op are a pure function of its operands' codes (which are never written
+to) and its other arguments, so they are remembered (``lineage.remember``) under the identity of
+those codes and the value of the rest: the next layers, and later captures of the model on inputs
+of the same shape, get the same code tensors back for a dict lookup, and the layouts decoded from
+them are found by identity. An argument that has no such key (a tensor of indices, whose values can
+change in place) is never remembered; the op is replayed each time.
 
 How: a ``torch.overrides.TorchFunctionMode`` sees every torch call made in the ``with`` block
 *by this thread* (modes are thread-local), so sessions running the same model in other threads
@@ -76,6 +85,7 @@ import math
 import re
 import sys
 import threading
+import types
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -119,6 +129,10 @@ SHAPE_OPS = frozenset(
 # layers (a list named like ``multi_head_layers`` holds whole layers and is left alone).
 _HEAD_ITEM = re.compile(r"^(?P<parent>(?:.*\.)?(?![^.]*multi)[^.]*head[^.]*)\.(?P<i>\d+)$", re.IGNORECASE)
 _MHA_SIG = inspect.signature(F.multi_head_attention_forward)
+_MHA_NAMES = tuple(_MHA_SIG.parameters)
+_MHA_DEFAULTS = {
+    n: q.default for n, q in _MHA_SIG.parameters.items() if q.default is not inspect.Parameter.empty
+}
 _LAYOUTS: dict[tuple, list] = {}  # decoded layouts by shape, chain, dim and sources (see _Session._decoded)
 _LAYOUTS_LOCK = threading.Lock()
 MAX_LAYOUTS = 64
@@ -361,6 +375,9 @@ class _Tag:
                     self.attn_out)  # fmt: skip
 
 
+_PARAM_TAG = _Tag(role="param")  # every parameter's (shared: tags are replaced, never changed in place)
+
+
 @dataclass
 class _Probs:
     """How a softmax output maps onto its record, to follow ``p * mask / (p * mask).sum(-1)``."""
@@ -389,13 +406,72 @@ def _very_negative(v: Any) -> bool:
     return isinstance(v, (int, float)) and v <= NEG
 
 
+def _is_param(t: Any) -> bool:
+    """isinstance(t, nn.Parameter) without its metaclass hook for the common types (a plain tensor
+    is never one: Parameter's own constructor gives every parameter its class or a subclass)."""
+    cls = type(t)
+    return cls is nn.Parameter or (cls is not torch.Tensor and isinstance(t, nn.Parameter))
+
+
+class _Ref(weakref.ref):
+    __slots__ = ("key",)
+    key: int
+
+
+def _dropper(tags: dict):
+    """The weakref callback of a session's tags: drops a tensor's entry when it is freed."""
+
+    def drop(ref: _Ref) -> None:
+        if tags.get(ref.key, (None,))[0] is ref:
+            del tags[ref.key]
+
+    return drop
+
+
+_NOKEY = object()  # an argument with no hashable key (lineage.remember is not used)
+_CODE = object()  # marks a code operand's identity in a key (never one of the model's own values)
+
+
+def _ints(args: tuple) -> bool:
+    """Every argument after the first is an int."""
+    for a in args[1:]:
+        if type(a) is not int:
+            return False
+    return True
+
+
+def _arg_key(a: Any) -> Any:
+    """A hashable key of an op's non-tensor argument that tells apart every value (True from 1,
+    1.0 from 1), or _NOKEY."""
+    t = type(a)
+    if t is int or t is str or a is None or a is Ellipsis:
+        return a
+    if t is float:
+        return (t, a.hex())  # -0.0 apart from 0.0
+    if t is bool or isinstance(a, (torch.dtype, torch.device, torch.memory_format)):
+        return (t, a)
+    if t is slice:
+        parts = (_arg_key(a.start), _arg_key(a.stop), _arg_key(a.step))
+        return _NOKEY if _NOKEY in parts else (slice, parts)
+    if t is tuple or t is list or t is torch.Size:
+        keys = tuple(_arg_key(x) for x in a)
+        return _NOKEY if _NOKEY in keys else (t, keys)
+    return _NOKEY
+
+
 def _tensors(args, kwargs) -> list[torch.Tensor]:
     out = []
-    for a in (*args, *kwargs.values()):
+    for a in args:
         if isinstance(a, torch.Tensor):
             out.append(a)
         elif isinstance(a, (list, tuple)):
             out.extend(t for t in a if isinstance(t, torch.Tensor))
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, torch.Tensor):
+                out.append(a)
+            elif isinstance(a, (list, tuple)):
+                out.extend(t for t in a if isinstance(t, torch.Tensor))
     return out
 
 
@@ -430,19 +506,22 @@ def _cat_dim(name: str, args, kwargs, out: torch.Tensor) -> int:
 class _Session:
     """The state of one capture: tags by tensor identity, and the records."""
 
-    def __init__(self, cap: Captured, model: nn.Module, kinds, include, exclude, lengths):
+    def __init__(self, cap: Captured, model: nn.Module, kinds, include, exclude, lengths, modules=None):
         self.cap = cap
-        self.names = {id(m): n for n, m in model.named_modules()}
-        self.fixed = {**_layer_kinds(model), **(kinds or {})}
+        modules = list(model.named_modules()) if modules is None else modules
+        self.names = {id(m): n for n, m in modules}
+        self.fixed = {**_layer_kinds(model, modules), **(kinds or {})}
+        self.model = model
         self.include, self.exclude = tuple(include or ()), tuple(exclude or ())
         self.batch: int | None = None
         self.n_embed = 0
         self.first_len: int | None = None  # length of the first token sequence (the encoder input)
         self.head_group: tuple[str, int] | None = None  # (parent, index) of the last per-head module recorded
         self._tags: dict[int, tuple[weakref.ref, _Tag]] = {}
+        self._drop = _dropper(self._tags)
         cap.lengths.update(int(n) for n in (lengths or ()))
         self.sources = lineage.Sources()
-        self.param_names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+        self._param_names: dict[int, str] | None = None  # read when a parameter is first followed
         self._fixed_codes: dict[int, tuple[Any, torch.Tensor]] = {}  # params and tensors from outside
         self.n_inputs = 0
         self._seen: set[tuple[str, str]] = set()  # (module, reason) of notes given
@@ -452,26 +531,32 @@ class _Session:
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
-        if isinstance(t, nn.Parameter):
-            return _Tag(role="param")
-        entry = self._tags.get(id(t)) if isinstance(t, torch.Tensor) else None
+        if type(t) is not torch.Tensor:
+            if _is_param(t):
+                return _PARAM_TAG
+            if not isinstance(t, torch.Tensor):
+                return None
+        entry = self._tags.get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else None
 
     def set(self, t: torch.Tensor, tag: _Tag) -> None:
-        key = id(t)
-        tags = self._tags
-
-        def drop(ref, key=key):
-            if tags.get(key, (None,))[0] is ref:
-                del tags[key]
-
-        tags[key] = (weakref.ref(t, drop), tag)
+        ref = _Ref(t, self._drop)
+        ref.key = id(t)
+        self._tags[ref.key] = (ref, tag)
 
     # -- module path ----------------------------------------------------------------------------------
     def path(self) -> str:
         """Module path of the innermost model module whose code is running (from the call stack)."""
         frame: FrameType | None = sys._getframe(2)
         while frame is not None:
+            code = frame.f_code
+            if (
+                "self" not in code.co_varnames
+                and "self" not in code.co_freevars
+                and "self" not in code.co_cellvars
+            ):
+                frame = frame.f_back  # no local named self: f_locals (a dict built per frame) is not read
+                continue
             obj = frame.f_locals.get("self")
             if obj is not None and id(obj) in self.names and isinstance(obj, nn.Module):
                 return self.names[id(obj)]
@@ -497,6 +582,8 @@ class _Session:
             if t is not None and t.role == "scores" and t.scores is None:
                 pre = args[0].detach().clone()  # in place: keep the scores before the mask
         out = func(*args, **kwargs)
+        if not isinstance(out, (torch.Tensor, tuple, list)) and name != "__setitem__":
+            return out  # x.dtype, x.dim(), x.size(): nothing to follow
         try:
             _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
             if name == "scaled_dot_product_attention":
@@ -540,20 +627,23 @@ class _Session:
         """The lineage codes of a tensor: its tag's; a parameter's rows; a tensor from outside the call."""
         if not isinstance(t, torch.Tensor):
             return None
-        if not isinstance(t, nn.Parameter):
-            tag = self.tag(t)
-            if tag is not None:
-                return tag.code
+        param = _is_param(t)
+        if not param:
+            tagged = self._tags.get(id(t))
+            if tagged is not None and tagged[0]() is t:
+                return tagged[1].code
         entry = self._fixed_codes.get(id(t))
         if entry is not None and entry[0]() is t:
             return entry[1]
         if not t.is_floating_point() or t.dim() == 0:
             return None
-        if isinstance(t, nn.Parameter) and t.numel() > MAX_PARAM_CODES:
+        if param and t.numel() > MAX_PARAM_CODES:
             return None  # a weight matrix (a tied vocabulary projection), not learned positions
         lead = tuple(t.shape[:-1])
-        if isinstance(t, nn.Parameter):
-            name = self.param_names.get(id(t), "learned").rsplit(".", 1)[-1]
+        if param:
+            if self._param_names is None:
+                self._param_names = {id(p): n for n, p in self.model.named_parameters(remove_duplicate=False)}
+            name = self._param_names.get(id(t), "learned").rsplit(".", 1)[-1]
             start = self.sources.new(math.prod(lead), "param", name)
         else:
             start = self.sources.new(math.prod(lead), "external", "input", ("in", self.n_inputs))
@@ -567,8 +657,7 @@ class _Session:
         code = self.code_of(t)
         origin: frozenset = frozenset()
         if code is not None and code.numel():  # the source its codes name (it may have been seen before)
-            first = code.reshape(-1)[:1] >> lineage.SHIFT
-            src = self.sources.items[int(self.sources.index(first)[0])]
+            src = self.sources.at(int(code.reshape(-1)[0]) >> lineage.SHIFT)
             if src.kind == "external":
                 origin = frozenset({src.origin})
         tag = _Tag(origin=origin, code=code)
@@ -606,7 +695,13 @@ class _Session:
             pad = args[1] if len(args) > 1 else kwargs.get("pad")
             if c is None or pad is None:
                 return None
-            res = F.pad(c, pad, value=self._pad_code())
+            value = self._pad_code()
+            key = ("pad", id(c), _arg_key(pad), value)
+            res: Any = lineage.recall(key) if key[2] is not _NOKEY else lineage.MISS
+            if res is lineage.MISS:
+                res = F.pad(c, pad, value=value)
+                if key[2] is not _NOKEY:
+                    lineage.remember(key, (c,), res)
             return res if tuple(res.shape) == tuple(out.shape) else None
         if name in ("view_as_complex", "view_as_real") and args:
             c = self.code_of(args[0])
@@ -616,23 +711,97 @@ class _Session:
             return res if tuple(res.shape) == tuple(out.shape) else None
         if name in lineage.REPLAY:
             try:
-                if name.endswith("_as") and len(args) > 1:  # only the other tensor's shape is used
-                    coded = [self._coded(args[0]), tuple(args[1].shape), *args[2:]]
-                else:
-                    coded = [self._coded(a) for a in args]
-                res = lineage.replay_fn(name, func)(*coded, **kwargs)
+                res = self._replay(name, func, args, kwargs, None)
             except Exception:  # _NoCode, or an op its arguments do not replay on codes
                 return None
-            if isinstance(res, torch.Tensor) and tuple(res.shape) == tuple(out.shape):
+            if isinstance(res, torch.Tensor) and res.shape == out.shape:
                 return res
             return None
+        shape = out.shape
         for _t, g in act:  # position-wise: the first operand that has codes, broadcast to the output
-            if g.code is not None:
+            c = g.code
+            if c is not None:
+                if c.shape == shape:
+                    return c
+                ekey = ("expand", id(c), tuple(shape))
+                hit = lineage.recall(ekey)
+                if hit is not lineage.MISS:
+                    return hit
                 try:
-                    return g.code.expand(out.shape) if tuple(g.code.shape) != tuple(out.shape) else g.code
+                    return lineage.remember(ekey, (c,), c.expand(shape))
                 except RuntimeError:
                     continue
         return None
+
+    def _replay(self, name, func, args, kwargs, fn=None) -> Any:
+        """``fn`` (a data-movement op; its replay_fn when None) on the codes of ``args``: remembered (lineage.remember) under
+        the codes' identities and the other arguments' values, when every argument has a key."""
+        if (
+            args
+            and _ints(args)
+            and (not kwargs or _ints((None, *kwargs.values())))
+            and not name.endswith("_as")
+        ):
+            x = args[0]  # x.transpose(1, 2), x.view(b, n, h, d), x.split(d, dim=2), x.mT: one tensor and ints
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                c = self.code_of(x)
+                if c is None:
+                    raise _NoCode
+                key1 = ("replay1", name, func, id(c), args[1:], tuple(kwargs.items()) if kwargs else ())
+                try:
+                    hit = lineage.recall(key1)
+                except TypeError:  # an unhashable function
+                    return (fn or lineage.replay_fn(name, func))(c, *args[1:], **kwargs)
+                if hit is not lineage.MISS:
+                    return hit
+                res = (fn or lineage.replay_fn(name, func))(c, *args[1:], **kwargs)
+                return lineage.remember(key1, (c,), res)
+        held: list[torch.Tensor] = []
+        if name.endswith("_as") and len(args) > 1:  # only the other tensor's shape is used
+            c0, k0 = self._code_key(args[0], held)
+            shape = tuple(args[1].shape)
+            coded, keys = [c0, shape, *args[2:]], [k0, shape, *(_arg_key(a) for a in args[2:])]
+        else:
+            coded, keys = [], []
+            for a in args:
+                c, k = self._code_key(a, held)
+                coded.append(c)
+                keys.append(k)
+        key = None
+        if _NOKEY not in keys:
+            kw = tuple((k, _arg_key(v)) for k, v in kwargs.items())
+            if not any(v is _NOKEY for _, v in kw):
+                key = ("replay", name, func, tuple(keys), kw)
+                try:
+                    hit = lineage.recall(key)
+                except TypeError:  # an unhashable function
+                    key, hit = None, lineage.MISS
+                if hit is not lineage.MISS:
+                    return hit
+        res = (fn or lineage.replay_fn(name, func))(*coded, **kwargs)
+        return res if key is None else lineage.remember(key, tuple(held), res)
+
+    def _code_key(self, a: Any, held: list) -> tuple[Any, Any]:
+        """(``a`` with every floating tensor replaced by its codes, a hashable key of it, or _NOKEY
+        where it has none: a tensor of indices, whose values may change in place)."""
+        t = type(a)
+        if t is int or t is str or a is None:
+            return a, a
+        if isinstance(a, torch.Tensor):
+            if not a.is_floating_point():
+                return a, _NOKEY
+            c = self.code_of(a)
+            if c is None:
+                raise _NoCode
+            held.append(c)
+            return c, (_CODE, id(c))
+        if isinstance(a, (list, tuple)):
+            if not any(isinstance(x, torch.Tensor) for x in a):
+                return a, _arg_key(a)
+            parts = [self._code_key(x, held) for x in a]
+            keys = tuple(k for _, k in parts)
+            return t(c for c, _ in parts), _NOKEY if _NOKEY in keys or t not in (tuple, list) else (t, keys)
+        return a, _arg_key(a)
 
     def _conv_code(self, x: torch.Tensor, xc: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
         """(B, C, *space) convolutions: a position-wise one keeps the positions; one that makes new
@@ -662,19 +831,6 @@ class _Session:
             self._pad_start = self.sources.new(1, "pad", "padding")
         return self._pad_start << lineage.SHIFT
 
-    def _coded(self, a: Any) -> Any:
-        """An op's argument with every floating tensor replaced by its codes."""
-        if isinstance(a, torch.Tensor):
-            if not a.is_floating_point():
-                return a
-            c = self.code_of(a)
-            if c is None:
-                raise _NoCode
-            return c
-        if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a):
-            return type(a)(self._coded(x) for x in a)
-        return a
-
     def _mixed(self, x: Any) -> None:
         """A projection read rows whose features come from several positions: when they are
         attention's output, its heads were merged back in another order than they were split."""
@@ -695,21 +851,54 @@ class _Session:
             self.cap.skipped.append(Note("info", module, tuple(int(n) for n in shape), reason))
 
     def propagate(self, name, func, args, kwargs, out, pre) -> None:
-        outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
-        if not outs:
-            return
+        if isinstance(out, torch.Tensor):
+            outs: Any = (out,)
+        else:
+            outs = [o for o in (out if isinstance(out, (tuple, list)) else ()) if isinstance(o, torch.Tensor)]
+            if not outs:
+                return
         ins = _tensors(args, kwargs)
+        if len(ins) == 1 and outs[0] is out and name not in LINEAR and name not in MATMUL:
+            x = ins[0]  # one activation in, one out (view, transpose, relu, dropout, x / c): the common case
+            g = self.tag(x)
+            if g is None:
+                return  # (a single tensor from outside enters through LINEAR / CONV / MATMUL / joins only)
+            if (g.role is None or g.role == "linear") and g.probs is None:
+                new = g.derived(g.origin)
+                if out.dim() != 3 or x.dim() != 3 or out.shape[0] != x.shape[0]:
+                    new.split = None
+                if name in ("view", "reshape", "unflatten"):
+                    self._reshaped(x, g, out, new)
+                if out.shape != x.shape:
+                    new.axes = None
+                    new.rowq = None
+                new.code = self._op_code(name, func, args, kwargs, out, [(x, g)])
+                self.set(out, new)
+                return
+        if name == "linear" and len(ins) > 1 and outs[0] is out and ins[0] is args[0]:
+            g = self.tag(args[0])  # x W^T + b of an activation and parameters: a projection of its positions
+            if g is not None and g.role != "param" and all(_is_param(t) for t in ins[1:]):
+                new = _Tag("linear", g.origin, cache=g.cache)
+                new.code = self._op_code(name, func, args, kwargs, out, [(args[0], g)])
+                self.set(out, new)
+                return
         tags = [self.tag(t) for t in ins]
+        if not ins or (name not in ENTRY and not any(tags)):
+            return  # nothing the capture follows went in (a tensor from outside enters through ENTRY ops)
         if name in ENTRY and not any(g is not None and g.role != "param" for g in tags):
             outside = next((t for t, g in zip(ins, tags, strict=True) if g is None and t.is_floating_point()
-                            and t.dim() >= 2 and not isinstance(t, nn.Parameter)), None)  # fmt: skip
+                            and t.dim() >= 2 and not _is_param(t)), None)  # fmt: skip
             if outside is not None and (name in LINEAR or name in CONV or name in MATMUL or len(tags) > 1):
                 self._external(outside)  # features, an image, hidden states from outside the call
                 tags = [self.tag(t) for t in ins]
         known = [(t, g) for t, g in zip(ins, tags, strict=True) if g is not None]
         if not known:
             return
-        origin = frozenset().union(*(g.origin for _, g in known))
+        origin = known[0][1].origin
+        for _, g in known[1:]:
+            o = g.origin
+            if o and o is not origin and not o <= origin:
+                origin = origin | o if origin else o
         act = [(t, g) for t, g in known if g.role != "param"]
         if not isinstance(out, torch.Tensor):  # split / chunk / unbind: the pieces keep role and origin
             role = act[0][1].role if act else "param"
@@ -721,7 +910,7 @@ class _Session:
                 and (args[0] is act[0][0] if act else isinstance(args[0], torch.Tensor))
             ):
                 try:
-                    res = func(*[self._coded(a) for a in args], **kwargs)
+                    res = self._replay(name, func, args, kwargs, func)
                     if len(res) == len(outs) and all(
                         tuple(c.shape) == tuple(o.shape) for c, o in zip(res, outs, strict=True)
                     ):
@@ -890,10 +1079,16 @@ class _Session:
         if (rowq is None or vc is None or ops[0].dim() < 2 or ops[1].dim() < 2
                 or tuple(rowq.shape) != (*ops[0].shape[:-1], 1)):  # fmt: skip
             return new
+        key = ("weighted", id(rowq), id(vc), tuple(out.shape))
+        hit = lineage.recall(key)
+        if hit is not lineage.MISS:
+            new.code = hit
+            return new
         v, _ = lineage.reduced(vc, -2)  # (..., c): the values' features
         try:
             code = ((rowq >> lineage.SHIFT) << lineage.SHIFT) | (v & lineage.FEATURES).unsqueeze(-2)
-            new.code = code.expand(out.shape) if tuple(code.shape) != tuple(out.shape) else code
+            code = code.expand(out.shape) if tuple(code.shape) != tuple(out.shape) else code
+            new.code = lineage.remember(key, (rowq, vc), code)
         except RuntimeError:
             pass
         return new
@@ -997,22 +1192,30 @@ class _Session:
         flag: str | None = None,
         key_labels=None,
         query_labels=None,
+        causal: bool | None = None,
     ):
-        """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None. The new Record (None: joined)."""
+        """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None. The new Record (None: joined).
+        ``causal``: whether the mask is a causal one, where the caller knows it (SDPA's is_causal)."""
         probs = probs.detach()
         differ = False
         if allowed is not None and allowed.dim() == 4 and allowed.shape[1] == 1:  # one mask for every head
             mask = allowed[:, 0].expand(probs.shape[0], *probs.shape[2:])
         elif allowed is not None:
             allowed = allowed.expand(probs.shape)
-            mask = allowed.all(dim=1)
-            differ = not bool((allowed == mask[:, None]).all())
+            if (
+                allowed.stride(1) == 0 and allowed.shape[1]
+            ):  # broadcast over the heads: every head's is the same memory
+                mask = allowed[:, 0]
+            else:
+                mask = allowed.all(dim=1)
+                differ = not bool((allowed == mask[:, None]).all())
         elif bool((probs == 0).any()):
             mask = (probs != 0).any(dim=1)  # keys no head attended at all
             mask_source = "zeros"
         else:
             mask = None
-        kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], mask, cross, ext, exact=flag is None)
+        kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], mask, cross, ext, exact=flag is None,
+                            causal=causal if mask is not None else None)  # fmt: skip
         scores = None if scores is None else scores.detach()
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
@@ -1028,7 +1231,7 @@ class _Session:
         self.cap.records.append(rec)
         return rec
 
-    def kind_of(self, path, lq, lk, mask, cross, ext=False, exact=False) -> str:
+    def kind_of(self, path, lq, lk, mask, cross, ext=False, exact=False, causal: bool | None = None) -> str:
         """The kind of an attention call. With lineage (``exact``), queries and keys from different
         inputs are cross-attention whatever their lengths, and keys beyond the queries' own are a
         cache; without it, names and lengths decide."""
@@ -1044,7 +1247,7 @@ class _Session:
             return "dec_self"
         if not exact and lq != lk:
             return "cross"
-        if mask is not None and lq > 1 and _is_causal_mask(mask):
+        if mask is not None and lq > 1 and (_is_causal_mask(mask) if causal is None else causal):
             return "dec_self"
         return "dec_self" if "decoder" in low or ".dec" in f".{low}" else "enc_self"
 
@@ -1085,7 +1288,11 @@ class _Session:
         with _LAYOUTS_LOCK:
             seen = list(_LAYOUTS.get(key, ()))
         for q, k, chain, found in seen:
-            if chain == smap.chain and torch.equal(q, smap.q) and torch.equal(k, smap.k):
+            if (
+                chain == smap.chain
+                and (q is smap.q or torch.equal(q, smap.q))
+                and (k is smap.k or torch.equal(k, smap.k))
+            ):
                 return found
         found = lineage.decode(smap, shape, dim, self.sources)
         with _LAYOUTS_LOCK:
@@ -1107,7 +1314,11 @@ class _Session:
         b, h = rec.probs.shape[0], rec.probs.shape[1]
         p = _Probs(rec, (int(b), int(h)), False, layout.cross, layout.ext, tuple(out.shape), layout=layout)
         moved = out.movedim(layout.dim, -1).shape
-        rowq = layout.qcode.to(out.device).view(*moved[:-1], 1).movedim(-1, layout.dim)
+        key = ("rowq", id(layout.qcode), str(out.device), tuple(moved), layout.dim)
+        rowq = lineage.recall(key)
+        if rowq is lineage.MISS:
+            rowq = layout.qcode.to(out.device).view(*moved[:-1], 1).movedim(-1, layout.dim)
+            lineage.remember(key, (layout.qcode,), rowq)
         self.set(out, _Tag(None, tag.origin, probs=p, rowq=rowq, attn_out=path))
 
     def _record_guess(self, path, x, out, dim, tag, why) -> None:
@@ -1317,7 +1528,8 @@ class _Session:
         scale = a.get("scale") or 1.0 / math.sqrt(e)
         work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         with torch.no_grad():
-            scores = (q.to(work) @ k.to(work).transpose(-2, -1)) * scale  # (..., H, q, k)
+            q, k, v = (t if t.dtype == work else t.to(work) for t in (q, k, v))
+            scores = (q @ k.transpose(-2, -1)).mul_(scale)  # (..., H, q, k)
             allowed = None  # the record's mask: keys hidden by a bool mask, -inf or a very negative value
             fill = None  # where SDPA itself puts -inf: the causal mask and bool masks
             logits = scores
@@ -1335,19 +1547,31 @@ class _Session:
                     ok = torch.isfinite(m) & (m > NEG)
                     allowed = ok if allowed is None else allowed & ok
             if fill is not None:  # broadcast as given: a causal (q, k) mask is never expanded
-                logits = logits.masked_fill(~fill, float("-inf"))
+                logits = torch.where(fill, logits, float("-inf"))
             probs = torch.softmax(logits, dim=-1)
-            if fill is not None or (m is not None and m.dtype != torch.bool):
-                dead = torch.isneginf(logits).all(-1, keepdim=True)  # rows with no key at all: 0, as SDPA
-                probs = probs.masked_fill(dead, 0.0)
+            if (fill is not None or (m is not None and m.dtype != torch.bool)) and (
+                not lk or bool(torch.isnan(probs[..., :1]).any())
+            ):  # rows with no key at all: 0, as SDPA (the softmax of a row of -inf is NaN throughout, so
+                # only rows whose first weight is NaN can be one; a row's max is -inf when all of it is)
+                dead = (
+                    (logits.amax(-1, keepdim=True) == float("-inf"))
+                    if lk
+                    else torch.isneginf(logits).all(-1, keepdim=True)
+                )
+                if bool(dead.any()):
+                    probs = probs.masked_fill(dead, 0.0)
             check = None
             if not a.get("dropout_p"):  # probs @ v against SDPA's output, on up to CHECK_ROWS query rows
                 got = out[:, None] if unsq else out
-                rows = torch.linspace(0, lq - 1, min(lq, CHECK_ROWS), device=q.device).round().long().unique()
-                check = (
-                    float((probs[..., rows, :] @ v.to(work) - got[..., rows, :].to(work)).abs().max())
-                    if got.numel() else 0.0
-                )  # fmt: skip
+                check = 0.0
+                if got.numel():
+                    p_rows, g_rows = probs, got  # up to CHECK_ROWS query rows: all of them
+                    if lq > CHECK_ROWS:
+                        rows = _check_rows(lq, q.device)
+                        p_rows, g_rows = probs.index_select(-2, rows), got.index_select(-2, rows)
+                    if g_rows.dtype != work:
+                        g_rows = g_rows.to(work)
+                    check = float((p_rows @ v).sub_(g_rows).abs_().max())
         b = int(math.prod(lead)) if lead else 1
         shape = (b, hq, lq, lk)
         cross, ext = self._cross(a["query"], a["key"])
@@ -1355,21 +1579,26 @@ class _Session:
         if seen is not None and seen.cross is not None:  # lineage: where q and k came from
             cross, ext = seen.cross, seen.ext
         if allowed is not None:  # (b or 1, h or 1, q, k), broadcastable to the record
-            while allowed.dim() < scores.dim():
-                allowed = allowed[None]
+            if allowed.dim() < scores.dim():
+                allowed = allowed.view((1,) * (scores.dim() - allowed.dim()) + tuple(allowed.shape))
             if scores.dim() != 4:
                 allowed = allowed.expand(scores.shape).reshape(shape)
         self._record(self.path(), probs.reshape(shape), scores.reshape(shape), allowed, "sdpa",
                      "arguments" if allowed is not None else None, cross, check, ext,
                      key_labels=seen.key_labels if seen else None,
-                     query_labels=seen.query_labels if seen else None)  # fmt: skip
+                     query_labels=seen.query_labels if seen else None,
+                     causal=lq == lk >= 2 if a.get("is_causal") and a.get("attn_mask") is None else None)  # fmt: skip
 
     def _described(self, q: torch.Tensor, k: torch.Tensor) -> lineage.Described | None:
         """What lineage says of an attention call's queries and keys (..., L, d), or None."""
         qc, kc = self.code_of(q), self.code_of(k)
         if qc is None or kc is None or tuple(qc.shape) != tuple(q.shape) or tuple(kc.shape) != tuple(k.shape):
             return None
-        return lineage.describe(qc, kc, self.sources)
+        key = ("describe", id(qc), id(kc), tuple(self.sources.items))
+        hit = lineage.recall(key)
+        if hit is not lineage.MISS:
+            return hit
+        return lineage.remember(key, (qc, kc), lineage.describe(qc, kc, self.sources))
 
     def _cross(self, q, k) -> tuple[bool | None, bool]:
         """(queries come from other embedding calls than the keys, the keys extend the queries' own)."""
@@ -1379,12 +1608,18 @@ class _Session:
         return not tq.origin <= tk.origin, tq.origin < tk.origin or (tq.origin == tk.origin and tk.cache)
 
     def on_mha(self, func, args, kwargs):
-        out = func(*args, **kwargs)
+        own = _unguarded(func, args, kwargs)
+        qk = None
+        if own is None:
+            out = func(*args, **kwargs)
+        else:  # the call runs as asked; its own q and k are kept where it hands them to SDPA
+            grab = _GrabQK()
+            with grab:
+                out = own(*args, **kwargs)
+            qk = grab.qk
         _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
         try:
-            bound = _MHA_SIG.bind(*args, **kwargs)
-            bound.apply_defaults()
-            p = dict(bound.arguments)
+            p = _mha_arguments(args, kwargs)
             query, key = p["query"], p["key"]
             attn_mask = p["attn_mask"]
             if p["is_causal"] and attn_mask is None:
@@ -1392,7 +1627,7 @@ class _Session:
                 attn_mask = ~torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
             p.update(need_weights=True, average_attn_weights=False, attn_mask=attn_mask, is_causal=False)
             with torch.no_grad():
-                scores = _mha_scores(p, int(p["num_heads"]))
+                scores = _mha_scores(p, int(p["num_heads"]), qk)
             weights = _mha_weights(p, scores)  # the softmax of the scores with the call's masks
             if weights is None:  # learned keys, static keys or dropout: MultiheadAttention itself, again
                 rng = None
@@ -1434,6 +1669,46 @@ class _Session:
         return out
 
 
+def _no_torch_function(*_args) -> bool:
+    return False
+
+
+def _unguarded(func, args, kwargs):
+    """F.multi_head_attention_forward's own code (the same bytecode, defaults and module globals)
+    with its torch-function guard answered "none", so the ops inside it reach a mode pushed around
+    it; None where that guard would not say "none" anyway (another mode on the stack, a tensor
+    subclass among the arguments) or the function is not one of Python code."""
+    code = getattr(func, "__code__", None)
+    if not isinstance(func, types.FunctionType) or code is None or "has_torch_function" not in code.co_names:
+        return None
+    tensors = tuple(a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+    if torch.overrides.has_torch_function(tensors):
+        return None
+    scope = dict(func.__globals__)
+    scope["has_torch_function"] = _no_torch_function
+    own = types.FunctionType(code, scope, func.__name__, func.__defaults__, func.__closure__)
+    own.__kwdefaults__ = func.__kwdefaults__
+    return own
+
+
+class _GrabQK(TorchFunctionMode):
+    """Around F.multi_head_attention_forward's own code: the q and k of the SDPA call it makes
+    (need_weights=False); every call passes through unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.qk: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __torch_function__(self, func, types=(), args=(), kwargs=None):
+        if (
+            self.qk is None
+            and getattr(func, "__name__", "") == "scaled_dot_product_attention"
+            and len(args) >= 2
+        ):
+            self.qk = (args[0], args[1])
+        return func(*args, **(kwargs or {}))
+
+
 class _Mode(TorchFunctionMode):
     def __init__(self, session: _Session):
         super().__init__()
@@ -1449,19 +1724,54 @@ def _allowed(m: torch.Tensor) -> torch.Tensor:
     return ~m if m.dtype == torch.bool else torch.isfinite(m) & (m > torch.finfo(m.dtype).min / 2)
 
 
+_ROWS: dict[tuple[int, str], torch.Tensor] = {}  # SDPA's checked rows by query length and device
+
+
+def _check_rows(lq: int, device) -> torch.Tensor:
+    """Up to CHECK_ROWS query rows evenly spread, the first and last included (never written to)."""
+    key = (lq, str(device))
+    rows = _ROWS.get(key)
+    if rows is None:
+        rows = torch.linspace(0, lq - 1, min(lq, CHECK_ROWS), device=device).round().long().unique()
+        if len(_ROWS) >= 256:
+            _ROWS.clear()
+        _ROWS[key] = rows
+    return rows
+
+
+def _mha_arguments(args, kwargs) -> dict[str, Any]:
+    """F.multi_head_attention_forward's arguments by name, defaults filled in (inspect's bind where
+    the call is not a plain one)."""
+    p = dict(_MHA_DEFAULTS)
+    p.update(zip(_MHA_NAMES, args, strict=False))
+    if len(args) > len(_MHA_NAMES) or any(
+        k in _MHA_NAMES[: len(args)] or k not in _MHA_SIG.parameters for k in kwargs
+    ):
+        bound = _MHA_SIG.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+    p.update(kwargs)
+    if len(p) != len(_MHA_NAMES):  # a required argument missing: bind says which
+        _MHA_SIG.bind(*args, **kwargs)
+    return p
+
+
 def _mask(b: int, h: int, lq: int, lk: int, attn_mask, key_padding_mask, device):
-    """Allowed mask (B, q, k) from MultiheadAttention's arguments, or None when nothing is masked."""
+    """Allowed mask (B, q, k) from MultiheadAttention's arguments, or None when nothing is masked
+    (broadcast to (B, q, k): a padding mask stays one row per sequence)."""
     if attn_mask is None and key_padding_mask is None:
         return None
-    allowed = torch.ones(b, lq, lk, dtype=torch.bool, device=device)
+    allowed = None
     if attn_mask is not None:
         am = _allowed(attn_mask)
         if am.dim() == 3:  # (B*H, q, k): keep a query/key pair if any head may use it
             am = am.view(b, h, lq, lk).any(dim=1)
-        allowed = allowed & am
+        allowed = am
     if key_padding_mask is not None:
-        allowed = allowed & _allowed(key_padding_mask).view(b, 1, lk)
-    return allowed
+        kpm = _allowed(key_padding_mask).view(b, 1, lk)
+        allowed = kpm if allowed is None else allowed & kpm
+    assert allowed is not None
+    return allowed.to(device).expand(b, lq, lk)
 
 
 def _mha_weights(p: dict[str, Any], scores: torch.Tensor | None) -> torch.Tensor | None:
@@ -1485,10 +1795,12 @@ def _mha_weights(p: dict[str, Any], scores: torch.Tensor | None) -> torch.Tensor
         return torch.softmax(logits, dim=-1)
 
 
-def _mha_scores(p: dict[str, Any], h: int) -> torch.Tensor | None:
+def _mha_scores(p: dict[str, Any], h: int, qk=None) -> torch.Tensor | None:
     """(B, H, q, k) q.k/sqrt(d_head) from F.multi_head_attention_forward's arguments, computed the
     way it computes them (one packed projection, q scaled before the product), so the weights
-    made from them equal its own to the bit."""
+    made from them equal its own to the bit. ``qk``: the (B, H, L, d) q and k the call itself handed
+    to SDPA (its own projection, laid out as it lays them out for its own product): not projected
+    again."""
     if p["bias_k"] is not None or p["add_zero_attn"] or p["static_k"] is not None:
         return None
     query, key, value = p["query"], p["key"], p["value"]
@@ -1496,6 +1808,9 @@ def _mha_scores(p: dict[str, Any], h: int) -> torch.Tensor | None:
         query, key, value = query[:, None], key[:, None], value[:, None]
     lq, b, e = query.shape
     lk, d = key.shape[0], e // h
+    if qk is not None and tuple(qk[0].shape) == (b, h, lq, d) and tuple(qk[1].shape) == (b, h, lk, d):
+        q = qk[0].reshape(b * h, lq, d) * math.sqrt(1.0 / float(d))
+        return torch.bmm(q, qk[1].reshape(b * h, lk, d).transpose(-2, -1)).view(b, h, lq, lk)
     bias = p["in_proj_bias"]
     if p["use_separate_proj_weight"]:
         b_q = b_k = None
@@ -1559,16 +1874,18 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool:
     masks with padding (of any sequence) and sliding windows (Mistral) alike."""
     if mask is None or mask.shape[-1] != mask.shape[-2] or mask.shape[-1] < 2:
         return False
-    n = mask.shape[-1]
-    later = torch.ones(n, n, dtype=torch.bool, device=mask.device).triu(1)
-    earlier = torch.ones(n, n, dtype=torch.bool, device=mask.device).tril(-1)
-    return not bool((mask & later).any()) and bool((mask & earlier).any())
+    while mask.dim() > 2 and mask.stride(0) == 0:  # the same mask for every sequence: check one
+        mask = mask[0]
+    if mask.stride(-2) == 0:  # one row for every query (a padding mask): causal only if it keeps key 0 alone
+        row = mask[..., 0, :]
+        return not bool(row[..., 1:].any()) and bool(row[..., 0].any())
+    return not bool(mask.triu(1).any()) and bool(mask.tril(-1).any())
 
 
-def _layer_kinds(model: nn.Module) -> dict[str, str]:
+def _layer_kinds(model: nn.Module, modules=None) -> dict[str, str]:
     """module name -> kind for attention modules inside torch.nn encoder/decoder layers."""
     kinds = {}
-    for name, mod in model.named_modules():
+    for name, mod in model.named_modules() if modules is None else modules:
         prefix = f"{name}." if name else ""
         if isinstance(mod, nn.TransformerEncoderLayer):
             kinds[prefix + "self_attn"] = "enc_self"
@@ -1596,10 +1913,11 @@ def capture_attention(
         if k not in KINDS:
             raise ValueError(f"unknown attention kind {k!r}; expected one of {KINDS}")
     cap = Captured()
-    blind = _blind_spot(model)
+    modules = list(model.named_modules())  # one walk for the names, the layer kinds and TorchScript
+    blind = _blind_spot(model, modules)
     if blind:
         cap.notes.append(blind)
-    session = _Session(cap, model, kinds, include, exclude, lengths)
+    session = _Session(cap, model, kinds, include, exclude, lengths, modules)
     with _Mode(session):
         yield cap
     if session.n_ops and not session.n_attention and not blind:
@@ -1610,9 +1928,9 @@ def capture_attention(
         )
 
 
-def _blind_spot(model: nn.Module) -> str | None:
+def _blind_spot(model: nn.Module, modules=None) -> str | None:
     """One sentence when (part of) the model runs where a TorchFunctionMode cannot see."""
-    for name, mod in model.named_modules():
+    for name, mod in model.named_modules() if modules is None else modules:
         if isinstance(mod, torch.jit.ScriptModule):
             where = f"module {name!r}" if name else "the model"
             return (f"{where} is TorchScript: its operations run outside Python, where attnscope cannot see "

@@ -19,7 +19,9 @@ bookkeeping, and what does not add up is reported with its reason instead of a p
 
 from __future__ import annotations
 
+import bisect
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +48,60 @@ KEEP = frozenset(
     {"to", "type", "type_as", "float", "double", "half", "bfloat16", "cpu", "cuda", "contiguous", "clone",
      "detach", "requires_grad_", "detach_"}
 )  # fmt: skip
+
+
+# -- memo: code ops are pure functions of their code operands, which are never written to ------------
+# A code op's result is kept under the identity of its code operands (held by the entry, so an id is
+# never another tensor's while its entry lives) and the value of its other arguments. The same
+# layers, and later captures of the model on inputs of the same shape, then get the same code
+# tensors back for a dict lookup: exact by construction (the same inputs give the same result),
+# and every layout cached downstream compares its codes by identity first.
+MEMO_ENTRIES = 4096
+MEMO_BYTES = 256 << 20  # int64 codes the memo may keep alive (storages counted once per entry)
+_MEMO: dict[tuple, tuple[tuple, Any, int]] = {}  # key -> (held operands, result, bytes)
+_MEMO_LOCK = threading.Lock()
+_memo_bytes = 0
+MISS = object()
+
+
+def recall(key: tuple) -> Any:
+    """The remembered result of a code op, or MISS."""
+    entry = _MEMO.get(key)
+    return MISS if entry is None else entry[1]
+
+
+def remember(key: tuple, held: tuple, result: Any) -> Any:
+    """Keep ``result`` under ``key`` (whose tensor ids are those of ``held``); returns it."""
+    global _memo_bytes
+    nbytes = _nbytes(result)
+    if nbytes > MEMO_BYTES // 4:
+        return result
+    with _MEMO_LOCK:
+        if key in _MEMO:
+            return result
+        while _MEMO and (len(_MEMO) >= MEMO_ENTRIES or _memo_bytes + nbytes > MEMO_BYTES):
+            _memo_bytes -= _MEMO.pop(next(iter(_MEMO)))[2]
+        _MEMO[key] = (held, result, nbytes)
+        _memo_bytes += nbytes
+    return result
+
+
+def forget() -> None:
+    """Drop every remembered code (tests; memory)."""
+    global _memo_bytes
+    with _MEMO_LOCK:
+        _MEMO.clear()
+        _memo_bytes = 0
+
+
+def _nbytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return int(x.untyped_storage().nbytes())
+    if isinstance(x, (tuple, list)):
+        return sum(_nbytes(t) for t in x)
+    if isinstance(x, ScoreMap):
+        return _nbytes(x.q) + _nbytes(x.k)
+    return 0
 
 
 def replay_fn(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
@@ -84,6 +140,10 @@ class Sources:
             raise OverflowError("too many positions to follow")
         return start
 
+    def at(self, pos: int) -> Source:
+        """The source of one position code."""
+        return self.items[bisect.bisect_right([s.start for s in self.items], pos) - 1]
+
     def index(self, pos: torch.Tensor) -> torch.Tensor:
         """Source number of every position code."""
         starts = torch.tensor([s.start for s in self.items], dtype=torch.int64, device=pos.device)
@@ -92,18 +152,26 @@ class Sources:
 
 def fresh(start: int, lead: tuple[int, ...], features: int, device, raw: bool = False) -> torch.Tensor:
     """Codes of a tensor (*lead, features) whose positions are start, start + 1, ... (row-major)."""
+    key = ("fresh", start, lead, features, str(device), raw)
+    hit = recall(key)
+    if hit is not MISS:
+        return hit
     pos = start + torch.arange(math.prod(lead), dtype=torch.int64, device=device).view(*lead, 1)
     f = torch.arange(features, dtype=torch.int64, device=device)
-    return (pos << SHIFT) | (f | RAW if raw else f)
+    return remember(key, (), (pos << SHIFT) | (f | RAW if raw else f))
 
 
 def projected(code: torch.Tensor, features: int, check: bool = False) -> tuple[torch.Tensor, bool]:
     """Codes of a projection's output (the same positions, ``features`` new features), and (when
     ``check``) whether the input's rows mixed positions (one row's features from several positions)."""
+    key = ("projected", id(code), features, check)
+    hit = recall(key)
+    if hit is not MISS:
+        return hit
     pos = code[..., :1] >> SHIFT
     mixed = check and code.shape[-1] > 1 and bool(((code >> SHIFT) != pos).any())
     f = torch.arange(features, dtype=torch.int64, device=code.device)
-    return (pos << SHIFT) | f, mixed
+    return remember(key, (code,), ((pos << SHIFT) | f, mixed))
 
 
 def reduced(code: torch.Tensor, dim: int) -> tuple[torch.Tensor, bool]:
@@ -111,13 +179,17 @@ def reduced(code: torch.Tensor, dim: int) -> tuple[torch.Tensor, bool]:
     whose position is the slice's and whose feature stands for its head (every row of a head starts
     with the same feature); and whether the slice held more than one position (its first, middle
     and last elements are compared: one pass over the slices, not over every feature)."""
+    key = ("reduced", id(code), dim)
+    hit = recall(key)
+    if hit is not MISS:
+        return hit
     n = code.shape[dim]
     first = code.select(dim, 0)
     pos = first >> SHIFT
     mixed = n > 1 and bool(
         ((code.select(dim, n - 1) >> SHIFT) != pos).any() | ((code.select(dim, n // 2) >> SHIFT) != pos).any()
     )
-    return first, mixed
+    return remember(key, (code,), (first, mixed))
 
 
 Op = tuple[str, Callable[..., Any], tuple, dict]
@@ -145,6 +217,14 @@ class ScoreMap:
 def matmul_map(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> ScoreMap:
     """a (..., n, c) @ b (..., c, m) -> the score map of out (..., n, m)."""
     shape = tuple(out.shape)
+    key = ("matmul", id(a), id(b), shape)
+    hit = recall(key)
+    if hit is not MISS:
+        return hit
+    return remember(key, (a, b), _matmul_map(a, b, shape))
+
+
+def _matmul_map(a: torch.Tensor, b: torch.Tensor, shape: tuple[int, ...]) -> ScoreMap:
     q, mixed_q = reduced(a, -1)
     k, mixed_k = reduced(b, -2)
     lead = shape[:-2]
@@ -189,6 +269,16 @@ def einsum_projected(
     """Codes of an einsum of an activation (with ``code``; the first operand when ``first``) and a
     parameter: the activation's positions, the output's parameter-only letters numbered as features
     (Keras' ``"abc,cde->abde"``). None when the equation is not of that form."""
+    key = ("einsum_projected", equation, id(code), first, tuple(out.shape))
+    hit = recall(key)
+    if hit is not MISS:
+        return hit
+    return remember(key, (code,), _einsum_projected(equation, code, first, out))
+
+
+def _einsum_projected(
+    equation: str, code: torch.Tensor, first: bool, out: torch.Tensor
+) -> tuple[torch.Tensor, bool] | None:
     eq = equation.replace(" ", "")
     if "..." in eq:
         return None
@@ -219,6 +309,14 @@ def einsum_projected(
 def einsum_map(equation: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> ScoreMap | None:
     """The score map of ``einsum(equation, a, b)`` when its output has one query letter (only in a),
     one key letter (only in b) and shared letters (batch, heads); None otherwise."""
+    key = ("einsum_map", equation, id(a), id(b), tuple(out.shape))
+    hit = recall(key)
+    if hit is not MISS:
+        return hit
+    return remember(key, (a, b), _einsum_map(equation, a, b, out))
+
+
+def _einsum_map(equation: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> ScoreMap | None:
     eq = _explicit(equation, [a.dim(), b.dim()]) or ""
     if "->" not in eq or "." in eq:
         return None
@@ -270,6 +368,8 @@ class Layout:
 
     def bhqk(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor shaped like the softmax input/output -> (B, H, q, k)."""
+        if self.dim == t.dim() - 1 and t.shape[:-1] == self.rows.shape and self.in_order:
+            return t  # already (B, H, q, k) in order (an expanded mask stays a view)
         flat = t.movedim(self.dim, -1).reshape(-1, self.keys)
         if self.in_order:  # the rows already are (B, H, q) in order: a view, no copy
             return flat.view(*self.rows.shape, self.keys)
