@@ -636,6 +636,7 @@ class AdapterModel:
         labels = joined_stacks.pop("sides")
         stacks = {k: v[:3] for k, v in joined_stacks.items()}
         learned = {k: (v[3], v[4]) for k, v in joined_stacks.items() if v[3] is not None}
+        norms = {k: (v[5], v[6]) for k, v in joined_stacks.items() if v[5] is not None}
         src_side = (
             None
             if src is None or src_real is None
@@ -658,6 +659,8 @@ class AdapterModel:
                 meta["capture_notes"] = [*cap.notes, *dropped][:20]
             if learned:
                 meta["learned_keys"] = {k: list(labs) for k, (_, labs) in learned.items()}
+            if norms:
+                meta["value_norms"] = {k: scope for k, (_, scope) in norms.items()}
             if self.labels:  # a classifier: the class and its distribution, like core classifiers
                 k = int(probs[i].argmax())
                 meta["labels"] = self.labels
@@ -686,6 +689,8 @@ class AdapterModel:
                     text = self.out_tok.decode(ids)
             for kind, (weights, _) in learned.items():
                 fields[f"{kind}_learned"] = weights[i].detach().float().cpu().numpy()
+            for kind, (vn, _) in norms.items():
+                fields[f"{kind}_value_norms"] = vn[i].detach().float().cpu().numpy()
             traces.append(
                 package_trace(
                     i,
@@ -770,7 +775,15 @@ class AdapterModel:
                 raise InputError(f"{kind}: {exc}") from None
             b, (q, k) = km.probs.shape[0], want[kind]
             mask = torch.ones(b, q, k, dtype=torch.bool) if km.mask is None else km.mask.cpu()
-            out[kind] = (km.probs, km.scores, mask, km.learned, km.learned_labels)
+            out[kind] = (
+                km.probs,
+                km.scores,
+                mask,
+                km.learned,
+                km.learned_labels,
+                km.value_norms,
+                km.value_scope,
+            )
         out["sides"] = sides
         return out
 
@@ -854,8 +867,12 @@ def _join_stacks(parts: list[dict[str, Any]]) -> dict[str, Any]:
         scores = [p[kind][1] for p in parts]
         mask = torch.cat([p[kind][2] for p in parts])
         learned = [p[kind][3] for p in parts]
+        vn = [p[kind][5] for p in parts]
+        same_scope = len({p[kind][6] for p in parts}) == 1
         out[kind] = (probs, None if any(x is None for x in scores) else torch.cat(scores), mask,
-                     None if any(x is None for x in learned) else torch.cat(learned), parts[0][kind][4])  # fmt: skip
+                     None if any(x is None for x in learned) else torch.cat(learned), parts[0][kind][4],
+                     None if any(x is None for x in vn) or not same_scope else torch.cat(vn),
+                     parts[0][kind][6])  # fmt: skip
     return out
 
 

@@ -99,6 +99,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from attnscope.core.families import lineage
+from attnscope.core.families import values as values_
 from attnscope.core.families.lineage import Layout, ScoreMap
 from attnscope.core.traces.trace import KINDS, AttentionTrace
 
@@ -158,6 +159,9 @@ class Record:
     flag: str | None = None  # why the layout could not be verified (exact is False)
     key_labels: tuple[str | None, ...] | None = None  # "<mem_k 0>" at learned keys, None at the tokens
     query_labels: tuple[str | None, ...] | None = None  # the same for learned queries
+    # what the weights multiply, (B, H, k, dv), and the output projection's slice per head where lineage
+    # found it: ||f_h(x_j)|| for what attention moves (attnscope.core.families.values)
+    values: values_.HeadValues | None = None
 
 
 class _NoCode(Exception):
@@ -234,6 +238,7 @@ class Captured:
         kw: dict[str, Any] = {}
         labels: dict[str, list[str | None]] = {}  # side -> labels of its positions (None: a token)
         learned_keys: dict[str, list[str]] = {}
+        scopes: dict[str, str | None] = {}
         probs: dict[str, torch.Tensor] = {}
         for kind in self.kinds():
             km = self.kind_maps(kind)
@@ -250,6 +255,9 @@ class Captured:
             if km.learned is not None:
                 kw[f"{kind}_learned"] = km.learned[index].float().cpu().numpy()
                 learned_keys[kind] = list(km.learned_labels)
+            if km.value_norms is not None:
+                kw[f"{kind}_value_norms"] = km.value_norms[index].float().cpu().numpy()
+                scopes[kind] = km.value_scope
             q_side, k_side = {
                 "enc_self": ("src", "src"),
                 "dec_self": ("tgt", "tgt"),
@@ -268,6 +276,8 @@ class Captured:
             meta["capture_skipped"] = [str(n) for n in self.skipped]
         if learned_keys:
             meta["learned_keys"] = learned_keys
+        if scopes:
+            meta["value_norms"] = scopes
         return AttentionTrace(
             model=model,
             config_name="torch.nn",
@@ -291,6 +301,8 @@ class KindMaps:
     learned_labels: tuple[str, ...]  # their labels (a layer without one of them has 0 there)
     query_labels: tuple[str | None, ...] | None  # learned positions joined to the queries' sequence
     key_labels: tuple[str | None, ...] | None  # the same among the keys
+    value_norms: torch.Tensor | None = None  # (B, layer, head, k): ||f_h(x_j)|| of the sequence's keys
+    value_scope: str | None = None  # values_.WITH_WO or values_.WITHOUT_WO
 
 
 def kind_maps(records: list[Record], joined: set[str]) -> KindMaps:
@@ -333,8 +345,29 @@ def kind_maps(records: list[Record], joined: set[str]) -> KindMaps:
             for j, lab in extra:
                 learned[:, i, ..., labels.index(lab)] = r.probs[..., j]
     (key_labels,) = seq_labels
+    norms, scope = _kind_value_norms(records, seqs)
     return KindMaps(probs, scores, mask, learned, tuple(labels), first.query_labels,
-                    key_labels if any(key_labels) else None)  # fmt: skip
+                    key_labels if any(key_labels) else None, norms, scope)  # fmt: skip
+
+
+def _kind_value_norms(records: list[Record], seqs: list[list[int]]) -> tuple[torch.Tensor | None, str | None]:
+    """(B, layer, head, k) value norms of a kind's sequence keys, and their scope: with the output
+    projection where every layer's was found, else the values' own norms for every layer (one scope
+    per kind); None when a layer's values were not seen."""
+    if not records or any(r.values is None for r in records):
+        return None, None
+    hvs = [r.values for r in records if r.values is not None]
+    with_wo = all(hv.w_o is not None for hv in hvs)
+    norms = []
+    for r, hv, seq in zip(records, hvs, seqs, strict=True):
+        n = hv.norms() if with_wo else values_.HeadValues(hv.values, None, None).norms()
+        if tuple(n.shape) != (*r.probs.shape[:2], r.probs.shape[-1]):  # e.g. heads joined from per-head calls
+            return None, None
+        norms.append(n[..., seq].to(r.probs.device))
+    try:
+        return torch.stack(norms, dim=1), values_.WITH_WO if with_wo else values_.WITHOUT_WO
+    except RuntimeError:  # layers of other shapes
+        return None, None
 
 
 def _with_labels(tokens: tuple[str, ...], labels: list[str | None] | None) -> tuple[str, ...]:
@@ -367,6 +400,7 @@ class _Tag:
     smap: ScoreMap | None = None  # scores: which query and key every element holds (lineage)
     rowq: torch.Tensor | None = None  # weights: the query code of every row (the key dim kept as 1)
     attn_out: str | None = None  # weights times values: the module whose attention made it
+    moved: bool = False  # weights times values, then only moved (views, transposes, cat): no arithmetic
 
     def derived(self, origin: frozenset) -> _Tag:
         """The tag of a tensor an op made from this one (dataclasses.replace is slower, on every op)."""
@@ -527,6 +561,11 @@ class _Session:
         self._seen: set[tuple[str, str]] = set()  # (module, reason) of notes given
         self.n_ops = 0  # torch calls seen
         self.n_attention = 0  # softmax / SDPA / MultiheadAttention calls among them
+        # weights whose values were seen, by the module that made them: (weights, the values' codes)
+        # until a projection reads the heads merged back (its W_O slices complete their values)
+        self._pending: dict[str, tuple[_Probs, torch.Tensor]] = {}
+        self._rowq_owner: dict[int, tuple[torch.Tensor, _Probs]] = {}  # the record whose rows rowq holds
+        self._consumed: dict[int, _Probs] = {}  # weights already multiplied by values (held: ids stay theirs)
         self._pad_start: int | None = None
 
     # -- tags ---------------------------------------------------------------------------------------
@@ -681,6 +720,12 @@ class _Session:
             )
             if mixed:
                 self._mixed(x)
+            if x_tag is not None and x_tag.attn_out is not None and self._pending:
+                if name == "linear":
+                    self._out_projection(x, args[1] if len(args) > 1 else kwargs.get("weight"),
+                                         args[2] if len(args) > 2 else kwargs.get("bias"), False)  # fmt: skip
+                elif name == "addmm":
+                    self._out_projection(x, args[2] if len(args) > 2 else None, args[0], True)
             return code
         if name in lineage.KEEP and args and isinstance(args[0], torch.Tensor):
             c = self.code_of(args[0])
@@ -865,6 +910,7 @@ class _Session:
                 return  # (a single tensor from outside enters through LINEAR / CONV / MATMUL / joins only)
             if (g.role is None or g.role == "linear") and g.probs is None:
                 new = g.derived(g.origin)
+                new.moved = g.moved and name in lineage.REPLAY
                 if out.dim() != 3 or x.dim() != 3 or out.shape[0] != x.shape[0]:
                     new.split = None
                 if name in ("view", "reshape", "unflatten"):
@@ -934,6 +980,7 @@ class _Session:
         else:
             base_t, base = act[0]
             new = base.derived(origin)
+            new.moved = name in lineage.REPLAY and all(g.moved for _, g in act) and len(act) == len(ins)
             if out.dim() != 3 or base_t.dim() != 3 or out.shape[0] != base_t.shape[0]:
                 new.split = None
             if name in ("view", "reshape", "unflatten"):
@@ -1017,6 +1064,8 @@ class _Session:
             new = _Tag("linear", origin)
             if len(ops) == 2 and op_tags[1] is not None and op_tags[1].role == "param" and name != "einsum":
                 new.code = self._op_code("linear", None, (ops[0],), {}, out, [])  # x @ W
+                if self._pending and name in ("matmul", "__matmul__", "mm", "bmm"):
+                    self._out_projection(ops[0], ops[1], None, True)
             elif name == "einsum" and len(ops) == 2 and isinstance(args[0], str):  # Keras' "abc,cde->abde"
                 x_first = op_tags[0] is None or op_tags[0].role != "param"
                 xc = self.code_of(ops[0] if x_first else ops[1])
@@ -1073,8 +1122,9 @@ class _Session:
 
     def _weighted(self, ops, first: _Tag, out, origin) -> _Tag:
         """Weights times values: the output rows are the weights' queries, its features the values'."""
-        new = _Tag(None, origin, attn_out=first.attn_out)
+        new = _Tag(None, origin, attn_out=first.attn_out, moved=True)
         vc = self.code_of(ops[1]) if len(ops) > 1 else None
+        self._keep_values(first, ops, vc)
         rowq = first.rowq
         if (rowq is None or vc is None or ops[0].dim() < 2 or ops[1].dim() < 2
                 or tuple(rowq.shape) != (*ops[0].shape[:-1], 1)):  # fmt: skip
@@ -1092,6 +1142,79 @@ class _Session:
         except RuntimeError:
             pass
         return new
+
+    def _keep_values(self, first: _Tag, ops, vc: torch.Tensor | None) -> None:
+        """The values an exactly laid-out record's weights multiply, (B, H, k, dv), kept on the record;
+        their codes wait for the projection that reads the heads merged back."""
+        p = first.probs
+        if p is None and first.rowq is not None and id(first.rowq) in self._rowq_owner:
+            owner = self._rowq_owner[id(first.rowq)]
+            p = owner[1] if owner[0] is first.rowq else None
+        if p is None or p.layout is None or p.record is None or len(ops) < 2:
+            return
+        if id(p) in self._consumed:  # the weights multiply a second tensor (Shaw's relative values): what
+            if p.record.values is not None:  # moves from a key is no longer one vector per key
+                self._update_record(p, values=None)
+            self._pending.pop(first.attn_out or "", None)
+            return
+        self._consumed[id(p)] = p
+        w, v = ops[0], ops[1]
+        if not isinstance(v, torch.Tensor) or not v.is_floating_point():
+            return
+        shape = tuple(w.shape)
+        vals = values_.bh_values(p.layout, shape, v.detach())
+        rec = p.record
+        if vals is None or tuple(vals.shape[:3]) != (*rec.probs.shape[:2], rec.probs.shape[-1]):
+            return
+        try:  # the weights multiplied are the ones recorded (not dropped out, gated or renormalized since)
+            same = torch.equal(p.layout.bhqk(w.detach()).to(rec.probs.dtype), rec.probs)
+        except RuntimeError:
+            same = False
+        if not same:
+            return
+        self._update_record(p, values=values_.HeadValues(vals, None, None))
+        vcb = (
+            values_.bh_values(p.layout, shape, vc)
+            if vc is not None and tuple(vc.shape) == tuple(v.shape)
+            else None
+        )
+        if vcb is not None and first.attn_out is not None:
+            self._pending[first.attn_out] = (p, vcb)
+
+    def _set_values(self, rec: Record, hv: values_.HeadValues) -> None:
+        i = next((i for i, r in enumerate(self.cap.records) if r is rec), None)
+        if i is not None:
+            self.cap.records[i] = replace(rec, values=hv)
+
+    def _out_projection(self, x: Any, weight: Any, bias: Any, transposed: bool) -> None:
+        """A projection of heads merged back: the columns each head's value features meet are its
+        W_O slice (from the codes of its input), completing that record's values."""
+        x_tag = self.tag(x) if isinstance(x, torch.Tensor) else None
+        if x_tag is None or x_tag.attn_out is None or x_tag.attn_out not in self._pending:
+            return
+        if not x_tag.moved:  # something was added to or multiplied with the heads' output after the weights
+            p, _ = self._pending.pop(x_tag.attn_out)  # (a gate, Shaw's relative values): what moves from a
+            self._update_record(p, values=None)  # key is no longer its value vector alone
+            return
+        p, vcodes = self._pending.pop(x_tag.attn_out)
+        rec = p.record
+        xc = self.code_of(x)
+        if (
+            rec is None
+            or rec.values is None
+            or xc is None
+            or not isinstance(weight, torch.Tensor)
+            or weight.dim() != 2
+        ):
+            return
+        if int(xc.shape[-1]) != int(weight.shape[0] if transposed else weight.shape[1]):
+            return
+        cols = values_.head_columns(vcodes, xc)
+        if cols is None:
+            return
+        b = bias.detach() if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None
+        w_o = values_.projection_slices(weight, cols, transposed)
+        self._update_record(p, values=replace(rec.values, w_o=w_o, b_o=b))
 
     def _mask_step(self, name, func, args, kwargs, out, base_t, base, new, pre) -> None:
         """A scores tensor went through an op: note a mask it applied, or carry scores/mask along."""
@@ -1320,6 +1443,10 @@ class _Session:
             rowq = layout.qcode.to(out.device).view(*moved[:-1], 1).movedim(-1, layout.dim)
             lineage.remember(key, (layout.qcode,), rowq)
         self.set(out, _Tag(None, tag.origin, probs=p, rowq=rowq, attn_out=path))
+        self._rowq_owner[id(rowq)] = (
+            rowq,
+            p,
+        )  # ops that keep the weights' rows keep rowq (held: its id stays)
 
     def _record_guess(self, path, x, out, dim, tag, why) -> None:
         """No lineage for this softmax: the shape rules decide, and a record is flagged as a guess."""
@@ -1583,11 +1710,13 @@ class _Session:
                 allowed = allowed.view((1,) * (scores.dim() - allowed.dim()) + tuple(allowed.shape))
             if scores.dim() != 4:
                 allowed = allowed.expand(scores.shape).reshape(shape)
-        self._record(self.path(), probs.reshape(shape), scores.reshape(shape), allowed, "sdpa",
+        rec = self._record(self.path(), probs.reshape(shape), scores.reshape(shape), allowed, "sdpa",
                      "arguments" if allowed is not None else None, cross, check, ext,
                      key_labels=seen.key_labels if seen else None,
                      query_labels=seen.query_labels if seen else None,
                      causal=lq == lk >= 2 if a.get("is_causal") and a.get("attn_mask") is None else None)  # fmt: skip
+        if rec is not None and v.shape[-2] == lk:  # the values the weights multiply (the projection unseen)
+            self._set_values(rec, values_.HeadValues(v.detach().reshape(b, hq, lk, -1), None, None))
 
     def _described(self, q: torch.Tensor, k: torch.Tensor) -> lineage.Described | None:
         """What lineage says of an attention call's queries and keys (..., L, d), or None."""
@@ -1659,9 +1788,13 @@ class _Session:
             cross = None if query is key else True
             if query is key and path not in self.fixed:
                 cross = False
-            self._record(path, weights, scores, None if allowed is None else allowed[:, None],
-                         "nn.MultiheadAttention", "arguments" if allowed is not None else None, cross,
-                         key_labels=labels)  # fmt: skip
+            rec = self._record(path, weights, scores, None if allowed is None else allowed[:, None],
+                               "nn.MultiheadAttention", "arguments" if allowed is not None else None, cross,
+                               key_labels=labels)  # fmt: skip
+            with torch.no_grad():
+                hv = _mha_values(p, h)
+            if rec is not None and hv is not None and tuple(hv.values.shape[:3]) == (b, h, lk):
+                self._set_values(rec, hv)
         except Exception as exc:
             self.cap.notes.append(f"nn.MultiheadAttention: {type(exc).__name__}: {exc}")
         finally:
@@ -1830,6 +1963,29 @@ def _mha_scores(p: dict[str, Any], h: int, qk=None) -> torch.Tensor | None:
     k = k.reshape(lk, b * h, d).transpose(0, 1)
     q = q * math.sqrt(1.0 / float(d))
     return torch.bmm(q, k.transpose(-2, -1)).view(b, h, lq, lk)
+
+
+def _mha_values(p: dict[str, Any], h: int) -> values_.HeadValues | None:
+    """MultiheadAttention's values (B, H, k, d), projected as it projects them, and its out_proj's
+    slice per head; None with learned keys (bias_k, zero_attn) or static values."""
+    if p["bias_k"] is not None or p["add_zero_attn"] or p.get("static_v") is not None:
+        return None
+    value = p["value"]
+    if value.dim() == 2:
+        value = value[:, None]
+    lk, b = value.shape[0], value.shape[1]
+    e = int(p["embed_dim_to_check"])
+    d = e // h
+    bias = p["in_proj_bias"]
+    b_v = None if bias is None else bias[2 * e :]
+    w_v = p["v_proj_weight"] if p["use_separate_proj_weight"] else p["in_proj_weight"][2 * e :]
+    if w_v is None:
+        return None
+    v = F.linear(value, w_v, b_v).reshape(lk, b, h, d).permute(1, 2, 0, 3)  # (B, H, k, d)
+    w_o = p["out_proj_weight"].detach()
+    w_o = w_o.reshape(w_o.shape[0], h, d).permute(1, 0, 2)  # (H, D, d)
+    b_o = p["out_proj_bias"]
+    return values_.HeadValues(v.detach(), w_o, None if b_o is None else b_o.detach())
 
 
 def _same_layer(a: Record | None, b: Record) -> bool:
