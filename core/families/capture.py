@@ -360,9 +360,9 @@ def _kind_value_norms(records: list[Record], seqs: list[list[int]]) -> tuple[tor
     with_wo = all(hv.w_o is not None for hv in hvs)
     norms = []
     for r, hv, seq in zip(records, hvs, seqs, strict=True):
-        n = hv.norms() if with_wo else values_.HeadValues(hv.values, None, None).norms()
-        if tuple(n.shape) != (*r.probs.shape[:2], r.probs.shape[-1]):  # e.g. heads joined from per-head calls
-            return None, None
+        n = hv.norms(with_projection=with_wo)
+        if n is None or tuple(n.shape) != (*r.probs.shape[:2], r.probs.shape[-1]):  # e.g. heads joined
+            return None, None  # from per-head calls, or values that could not be confirmed
         norms.append(n[..., seq].to(r.probs.device))
     try:
         return torch.stack(norms, dim=1), values_.WITH_WO if with_wo else values_.WITHOUT_WO
@@ -1161,18 +1161,20 @@ class _Session:
         w, v = ops[0], ops[1]
         if not isinstance(v, torch.Tensor) or not v.is_floating_point():
             return
-        shape = tuple(w.shape)
-        vals = values_.bh_values(p.layout, shape, v.detach())
-        rec = p.record
-        if vals is None or tuple(vals.shape[:3]) != (*rec.probs.shape[:2], rec.probs.shape[-1]):
-            return
-        try:  # the weights multiplied are the ones recorded (not dropped out, gated or renormalized since)
-            same = torch.equal(p.layout.bhqk(w.detach()).to(rec.probs.dtype), rec.probs)
-        except RuntimeError:
-            same = False
-        if not same:
-            return
-        self._update_record(p, values=values_.HeadValues(vals, None, None))
+        shape, rec, layout = tuple(w.shape), p.record, p.layout
+        w, v = w.detach(), v.detach()
+
+        def make() -> torch.Tensor | None:  # on first use: the values, if the weights are the ones recorded
+            vals = values_.bh_values(layout, shape, v)
+            if vals is None or tuple(vals.shape[:3]) != (*rec.probs.shape[:2], rec.probs.shape[-1]):
+                return None
+            try:  # not dropped out, gated or renormalized between the softmax and the product
+                same = torch.equal(layout.bhqk(w).to(rec.probs.dtype), rec.probs)
+            except RuntimeError:
+                same = False
+            return vals if same else None
+
+        self._update_record(p, values=values_.HeadValues(make=make))
         vcb = (
             values_.bh_values(p.layout, shape, vc)
             if vc is not None and tuple(vc.shape) == tuple(v.shape)
@@ -1212,9 +1214,8 @@ class _Session:
         cols = values_.head_columns(vcodes, xc)
         if cols is None:
             return
-        b = bias.detach() if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None
-        w_o = values_.projection_slices(weight, cols, transposed)
-        self._update_record(p, values=replace(rec.values, w_o=w_o, b_o=b))
+        rec.values.b_o = bias.detach() if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None
+        rec.values.w_o = values_.projection_slices(weight, cols, transposed)
 
     def _mask_step(self, name, func, args, kwargs, out, base_t, base, new, pre) -> None:
         """A scores tensor went through an op: note a mask it applied, or carry scores/mask along."""
@@ -1716,7 +1717,8 @@ class _Session:
                      query_labels=seen.query_labels if seen else None,
                      causal=lq == lk >= 2 if a.get("is_causal") and a.get("attn_mask") is None else None)  # fmt: skip
         if rec is not None and v.shape[-2] == lk:  # the values the weights multiply (the projection unseen)
-            self._set_values(rec, values_.HeadValues(v.detach().reshape(b, hq, lk, -1), None, None))
+            v_kept = v.detach()
+            self._set_values(rec, values_.HeadValues(make=lambda: v_kept.reshape(b, hq, lk, -1)))
 
     def _described(self, q: torch.Tensor, k: torch.Tensor) -> lineage.Described | None:
         """What lineage says of an attention call's queries and keys (..., L, d), or None."""
@@ -1791,9 +1793,8 @@ class _Session:
             rec = self._record(path, weights, scores, None if allowed is None else allowed[:, None],
                                "nn.MultiheadAttention", "arguments" if allowed is not None else None, cross,
                                key_labels=labels)  # fmt: skip
-            with torch.no_grad():
-                hv = _mha_values(p, h)
-            if rec is not None and hv is not None and tuple(hv.values.shape[:3]) == (b, h, lk):
+            hv = _mha_values(p, h, (b, h, lk))
+            if rec is not None and hv is not None:
                 self._set_values(rec, hv)
         except Exception as exc:
             self.cap.notes.append(f"nn.MultiheadAttention: {type(exc).__name__}: {exc}")
@@ -1965,27 +1966,33 @@ def _mha_scores(p: dict[str, Any], h: int, qk=None) -> torch.Tensor | None:
     return torch.bmm(q, k.transpose(-2, -1)).view(b, h, lq, lk)
 
 
-def _mha_values(p: dict[str, Any], h: int) -> values_.HeadValues | None:
-    """MultiheadAttention's values (B, H, k, d), projected as it projects them, and its out_proj's
-    slice per head; None with learned keys (bias_k, zero_attn) or static values."""
+def _mha_values(p: dict[str, Any], h: int, want: tuple[int, int, int]) -> values_.HeadValues | None:
+    """MultiheadAttention's values (B, H, k, d), projected as it projects them (on first use), and its
+    out_proj's slice per head; None with learned keys (bias_k, zero_attn) or static values."""
     if p["bias_k"] is not None or p["add_zero_attn"] or p.get("static_v") is not None:
         return None
-    value = p["value"]
+    value = p["value"].detach()
     if value.dim() == 2:
         value = value[:, None]
-    lk, b = value.shape[0], value.shape[1]
     e = int(p["embed_dim_to_check"])
     d = e // h
     bias = p["in_proj_bias"]
-    b_v = None if bias is None else bias[2 * e :]
+    b_v = None if bias is None else bias.detach()[2 * e :]
     w_v = p["v_proj_weight"] if p["use_separate_proj_weight"] else p["in_proj_weight"][2 * e :]
     if w_v is None:
         return None
-    v = F.linear(value, w_v, b_v).reshape(lk, b, h, d).permute(1, 2, 0, 3)  # (B, H, k, d)
+    w_v = w_v.detach()
+
+    def make() -> torch.Tensor | None:
+        lk, b = value.shape[0], value.shape[1]
+        with torch.no_grad():
+            v = F.linear(value, w_v, b_v).reshape(lk, b, h, d).permute(1, 2, 0, 3)  # (B, H, k, d)
+        return v if tuple(v.shape[:3]) == want else None
+
     w_o = p["out_proj_weight"].detach()
     w_o = w_o.reshape(w_o.shape[0], h, d).permute(1, 0, 2)  # (H, D, d)
     b_o = p["out_proj_bias"]
-    return values_.HeadValues(v.detach(), w_o, None if b_o is None else b_o.detach())
+    return values_.HeadValues(None, w_o, None if b_o is None else b_o.detach(), make=make)
 
 
 def _same_layer(a: Record | None, b: Record) -> bool:

@@ -18,7 +18,7 @@ model never merges the heads through one projection, or it is not a linear map),
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 
@@ -72,24 +72,45 @@ def head_columns(v_codes: torch.Tensor, x_codes: torch.Tensor) -> torch.Tensor |
     return order[pos].view(feats_v.shape)
 
 
-@dataclass
 class HeadValues:
-    """One attention call's values and output projection: enough to rebuild every contribution."""
+    """One attention call's values and output projection: enough to rebuild every contribution.
 
-    values: torch.Tensor  # (B, H, k, dv) what the weights multiply
-    w_o: torch.Tensor | None  # (H, D, dv): head h's slice of the output projection, None if not found
-    b_o: torch.Tensor | None  # (D,)
+    The values are made on first use (``make``), so a capture that is never asked what moves pays
+    nothing for them; ``make`` may find that they cannot be trusted and give None."""
 
-    def vectors(self) -> torch.Tensor:
+    def __init__(
+        self,
+        values: torch.Tensor | None = None,
+        w_o: torch.Tensor | None = None,
+        b_o: torch.Tensor | None = None,
+        make: Callable[[], torch.Tensor | None] | None = None,
+    ):
+        self._values, self._make = values, make
+        self.w_o = w_o  # (H, D, dv): head h's slice of the output projection, None if not found
+        self.b_o = b_o  # (D,)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        """(B, H, k, dv) what the weights multiply (None: they could not be confirmed)."""
+        if self._make is not None:
+            self._values, self._make = self._make(), None
+        return self._values
+
+    def vectors(self) -> torch.Tensor | None:
         """f_h(x_j), (B, H, k, D) (or the values themselves without the projection)."""
-        if self.w_o is None:
-            return self.values
-        return torch.einsum("bhke,hde->bhkd", self.values, self.w_o.to(self.values.dtype))
+        v = self.values
+        if v is None or self.w_o is None:
+            return v
+        return torch.einsum("bhke,hde->bhkd", v, self.w_o.to(v.dtype))
 
-    def norms(self) -> torch.Tensor:
-        """||f_h(x_j)||, (B, H, k), through each head's Gram matrix (no (B, H, k, D) tensor)."""
-        v = self.values.float()
-        if self.w_o is None:
+    def norms(self, with_projection: bool = True) -> torch.Tensor | None:
+        """||f_h(x_j)||, (B, H, k), through each head's Gram matrix (no (B, H, k, D) tensor);
+        ``with_projection`` False: the values' own norms."""
+        v = self.values
+        if v is None:
+            return None
+        v = v.float()
+        if self.w_o is None or not with_projection:
             return v.norm(dim=-1)
         w = self.w_o.float()
         gram = torch.einsum("hde,hdf->hef", w, w)
