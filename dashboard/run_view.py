@@ -15,6 +15,7 @@ import time
 
 import streamlit as st
 
+from attnscope.core.errors import InputError, ModelLoadError
 from attnscope.core.runs.runfile import Run, RunFormatError
 from attnscope.core.traces.trace import KIND_LABELS, AttentionTrace
 from attnscope.dashboard import files, ui, watched
@@ -216,6 +217,7 @@ def _steps_view(run: Run, path: str, steps: list[int], series: dict, failed_step
     )
     if tr.meta.get("capture_notes"):
         st.warning("Capture could not verify: " + "; ".join(map(str, tr.meta["capture_notes"][:4])))
+    _other_input(run, path, step, kind)
     _curves(run, series, step, failed_step)
 
     st.markdown("#### Heads over training")
@@ -233,6 +235,36 @@ def _steps_view(run: Run, path: str, steps: list[int], series: dict, failed_step
         key="run_entropy",
     )
     _replay(path, steps, probe, kind, tr)
+
+
+OTHER = "run_other_input"  # the text box of "Another input at this step"
+
+
+def _other_input(run: Run, path: str, step: int, kind: str) -> None:
+    """Any input through the model as it was at this step (weights kept, and an adapter to build it)."""
+    with st.expander("Another input at this step", expanded=bool(st.session_state.get(OTHER))):
+        why = watched.can_replay(run, step)
+        if why is not None:
+            st.caption(why)
+            return
+        text = st.text_input("Input", key=OTHER, placeholder="type a text for the model at this step")
+        if not text.strip():
+            return
+        try:
+            tr = watched.replay_input(path, step, text)
+        except (InputError, ModelLoadError, RunFormatError) as exc:
+            st.warning(files.error_sentence("This input cannot run at this step", exc))
+            return
+        kinds = list(tr.kinds)
+        shown = kind if kind in kinds else kinds[0]
+        q_tok, k_tok = tr.axes(shown)
+        ui.chart(
+            PA.grid_figure(tr.probs(shown), q_tok, k_tok, mask=tr.mask(shown),
+                           title=f"{KIND_LABELS[shown]} of {text!r} at step {step:,} (weights kept in float16)"),
+            key="run_other_grid",
+        )  # fmt: skip
+        if tr.output_text:
+            st.caption(f"The model's output at this step: {tr.output_text!r}")
 
 
 def _replay(path: str, steps: list[int], probe: int, kind: str, tr: AttentionTrace) -> None:

@@ -75,6 +75,40 @@ def step_traces(path: str, step: int) -> tuple[AttentionTrace, ...]:
     return _step_traces(path, step, step_stamp(path, step))
 
 
+@st.cache_resource(max_entries=4, show_spinner="Loading the model at this step…")
+def _step_model(path: str, step: int, stamp: Stamp):
+    """The run's model at ``step`` (its adapter with the step's weights: registry's RUN_DIR@STEP)."""
+    del stamp  # part of the key only
+    from attnscope.models import registry
+
+    return registry.load(f"{path}@{step}")
+
+
+def can_replay(run: Run, step: int) -> str | None:
+    """None when another input can be replayed at ``step``; else why not, in one sentence."""
+    if run.weights(step) is None:
+        return (
+            "To run other inputs at the watched steps, watch with keep_weights=True and adapter= "
+            "(the adapter builds the model, the step's weights go into it)."
+        )
+    if not run.header.get("adapter"):
+        return (
+            "This run kept weights but names no adapter file to build the model from (watch with adapter=)."
+        )
+    if not user_models.code_allowed():
+        return (
+            f"This run's model comes from its adapter file, which is code: start the server with "
+            f"`{user_models.ALLOW_CODE_ENV}=1` to run other inputs at its steps."
+        )
+    return None
+
+
+def replay_input(path: str, step: int, text: str) -> AttentionTrace:
+    """``text`` through the run's model as it was at ``step`` (InputError / ModelLoadError: one sentence)."""
+    lm = _step_model(path, step, step_stamp(path, step))
+    return lm.trace([text], truncate=True)[0]
+
+
 def _quiet_traces(path: str, step: int, stamp: Stamp) -> tuple[AttentionTrace, ...]:
     """_step_traces without its spinner (for use inside another cached function)."""
     store = _step_traces.store()

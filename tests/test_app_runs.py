@@ -8,6 +8,7 @@ sentence. The pure pieces (the animation's choice of frames, the curves) are tes
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -330,3 +331,37 @@ def test_compare_two_steps_of_the_run(run_dir, monkeypatch):
     diff = figure(at, "B − A")
     want = b.probs("dec_self")[1, 2] - a.probs("dec_self")[1, 2]
     np.testing.assert_allclose(_array(diff["data"][0]["z"]), want, atol=1e-4)
+
+
+def test_another_input_at_a_step_of_a_run_with_weights_and_an_adapter(tmp_path, monkeypatch):
+    """A run watched with keep_weights and an adapter replays any input at its steps (the page's
+    "Another input at this step"), with the model as it was there; without code allowed it says why."""
+    import attnscope
+    from attnscope.core.families.adapter import load_adapter
+    from attnscope.dashboard import user_models
+
+    adapter = Path(__file__).resolve().parents[1] / "examples" / "my_adapter.py"
+    model = load_adapter(adapter).model
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)  # step 0 is not the adapter's trained model
+    w = attnscope.watch(model, ["hello"], every=1, run_dir=tmp_path / "r", adapter=adapter,
+                        targets=["olleh"], keep_weights=True)  # fmt: skip
+    w.step(0)
+    w.close()
+    monkeypatch.setenv(watched.RUN_ENV, str(tmp_path / "r"))
+    monkeypatch.delenv(user_models.ALLOW_CODE_ENV, raising=False)
+    at = run_app()
+    assert_clean(at)
+    assert any(user_models.ALLOW_CODE_ENV in c.value for c in at.caption)  # code off: said, not run
+    monkeypatch.setenv(user_models.ALLOW_CODE_ENV, "1")
+    at = run_app()
+    at.text_input(key="run_other_input").input("world").run()
+    assert_clean(at)
+    grid = figure(at, "of 'world' at step 0")
+    want = attnscope.load(f"{tmp_path / 'r'}@0").trace(["world"], truncate=True)[0]
+    kind = "cross" if "cross-attention" in grid["layout"]["title"]["text"] else "enc_self"
+    z = _array(grid["data"][0]["z"])
+    probs = want.probs(kind)
+    nq, nk = probs.shape[2:]
+    np.testing.assert_allclose(z[:nq, :nk], np.rint(probs[0, 0] * 100), atol=1)

@@ -563,7 +563,7 @@ class _Session:
         self.n_attention = 0  # softmax / SDPA / MultiheadAttention calls among them
         # weights whose values were seen, by the module that made them: (weights, the values' codes)
         # until a projection reads the heads merged back (its W_O slices complete their values)
-        self._pending: dict[str, tuple[_Probs, torch.Tensor]] = {}
+        self._pending: dict[str, tuple[_Probs, tuple[Any, tuple[int, ...], torch.Tensor]]] = {}
         self._rowq_owner: dict[int, tuple[torch.Tensor, _Probs]] = {}  # the record whose rows rowq holds
         self._consumed: dict[int, _Probs] = {}  # weights already multiplied by values (held: ids stay theirs)
         self._pad_start: int | None = None
@@ -1175,13 +1175,8 @@ class _Session:
             return vals if same else None
 
         self._update_record(p, values=values_.HeadValues(make=make))
-        vcb = (
-            values_.bh_values(p.layout, shape, vc)
-            if vc is not None and tuple(vc.shape) == tuple(v.shape)
-            else None
-        )
-        if vcb is not None and first.attn_out is not None:
-            self._pending[first.attn_out] = (p, vcb)
+        if vc is not None and tuple(vc.shape) == tuple(v.shape) and first.attn_out is not None:
+            self._pending[first.attn_out] = (p, (layout, shape, vc))
 
     def _set_values(self, rec: Record, hv: values_.HeadValues) -> None:
         i = next((i for i, r in enumerate(self.cap.records) if r is rec), None)
@@ -1195,10 +1190,12 @@ class _Session:
         if x_tag is None or x_tag.attn_out is None or x_tag.attn_out not in self._pending:
             return
         if not x_tag.moved:  # something was added to or multiplied with the heads' output after the weights
-            p, _ = self._pending.pop(x_tag.attn_out)  # (a gate, Shaw's relative values): what moves from a
+            p, _unused = self._pending.pop(
+                x_tag.attn_out
+            )  # (a gate, Shaw's relative values): what moves from a
             self._update_record(p, values=None)  # key is no longer its value vector alone
             return
-        p, vcodes = self._pending.pop(x_tag.attn_out)
+        p, (layout, shape, vc) = self._pending.pop(x_tag.attn_out)
         rec = p.record
         xc = self.code_of(x)
         if (
@@ -1211,7 +1208,12 @@ class _Session:
             return
         if int(xc.shape[-1]) != int(weight.shape[0] if transposed else weight.shape[1]):
             return
-        cols = values_.head_columns(vcodes, xc)
+        key = ("head columns", id(layout), shape, id(vc), id(xc))  # codes and layouts are shared: once
+        cols = lineage.recall(key)
+        if cols is lineage.MISS:
+            vcodes = values_.bh_values(layout, shape, vc)
+            found = None if vcodes is None else values_.head_columns(vcodes, xc)
+            cols = lineage.remember(key, (layout, vc, xc), found)
         if cols is None:
             return
         rec.values.b_o = bias.detach() if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None
