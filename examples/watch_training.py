@@ -140,9 +140,9 @@ def train(
         opt.zero_grad()
         loss.backward()
         opt.step()
+        real = labels != PAD  # the loop's own metric (computed with or without watching)
+        acc = ((logits.argmax(-1) == labels) & real).sum() / real.sum()
         if w is not None:
-            real = labels != PAD
-            acc = ((logits.argmax(-1) == labels) & real).sum() / real.sum()
             w.step(step, loss=loss, token_accuracy=acc)
     seconds = time.perf_counter() - start
     if w is not None:
