@@ -61,6 +61,7 @@ ATT_HEAD = "att_head"
 ATT_LOG = "att_log"
 ATT_MASK = "att_mask"
 ATT_AGG = "att_agg"
+ATT_SHOW = "att_moves_mode"  # weight | moves: the Attention page's toggle
 ATT_GRID = "att_grid"  # plotly selection of the grid
 ATT_GRID_APPLIED = "_att_grid_applied"  # last grid click already copied into the selectors
 

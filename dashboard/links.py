@@ -10,7 +10,8 @@ current values back (``st.query_params``) on every run, so the URL follows the c
 ``share_box`` shows the link with a one-click copy button.
 
 Parameters: ``model``, ``text``, ``batch``, ``mode``, ``target`` (sidebar) plus each page's
-own (``kind``, ``seq``, ``layer``, ``head`` and its main options, ``PAGE_PARAMS``). The page is the
+own (``kind``, ``seq``, ``layer``, ``head`` and its main options, such as the Attention page's
+``show=moves``, ``PAGE_PARAMS``). The page is the
 URL's path (``/attention``, ``/heads``...).
 """
 
@@ -41,6 +42,7 @@ COMPARE = {
     "bug": "a mask bug",
     "heads": "heads switched off",
     "step": "another training step",
+    "moves": "what the weights move",
 }
 
 Parse = Callable[[str], object]  # raises ValueError with the reason
@@ -130,7 +132,8 @@ HEAD = ("head", None, _head)
 # url path -> (parameter, session key, parse); None keys are filled from the page's prefix below.
 _VIEW = {  # page: (prefix of its keys, its parameters)
     "attention": ("ATT", [KIND, SEQ, LAYER, HEAD, ("log", K.ATT_LOG, _bool), ("mask", K.ATT_MASK, _bool),
-                          ("agg", K.ATT_AGG, _list_of(AGGREGATES))]),
+                          ("agg", K.ATT_AGG, _list_of(AGGREGATES)),
+                          ("show", K.ATT_SHOW, _one_of(("weight", "moves")))]),
     "decoding": ("DEC", [SEQ, ("step", K.DEC_STEP, _int(1)), LAYER, ("log", K.DEC_LOG, _bool)]),
     "masks": ("MASK", [SEQ]),
     "mask-audit": ("AUD", [KIND, SEQ, LAYER, HEAD]),

@@ -304,3 +304,136 @@ def test_refuses_what_hf_models_cannot_do(loaded, monkeypatch):
     )  # the runner's memory budget applies here too
     with pytest.raises(InputError, match="MB of attention maps"):
         loaded["t5"].trace(["the cat"])
+
+
+# -- what moves: ||f_h(x_j)|| = ||(x_j W_V,h + b_V,h) W_O,h||, from the weights of each family ---------------
+def _head_norms(v: torch.Tensor, w_o: torch.Tensor, heads: int) -> torch.Tensor:
+    """v (B, L, H*dh) the values of every head, w_o (D, H*dh) F.linear's weight -> (B, H, L)."""
+    b, n, c = v.shape
+    dh = c // heads
+    f = torch.einsum("blhe,dhe->bhld", v.view(b, n, heads, dh), w_o.view(w_o.shape[0], heads, dh))
+    return f.norm(dim=-1)
+
+
+def _reference_norms(lm, src, src_real, dec, dec_real) -> dict[str, list[torch.Tensor]]:
+    """kind -> per layer (B, H, key) norms, from each family's own modules and hidden states."""
+    m, h = lm.model, lm.cfg.n_heads
+    if lm.cfg.model_type == "bert":
+        bert = getattr(m, "bert", m)
+        hs = bert(input_ids=src, attention_mask=src_real, output_hidden_states=True).hidden_states
+        return {"enc_self": [_head_norms(lay.attention.self.value(hs[i]), lay.attention.output.dense.weight, h)
+                             for i, lay in enumerate(bert.encoder.layer)]}  # fmt: skip
+    if lm.cfg.model_type == "gpt2":
+        hs = m.transformer(input_ids=dec, attention_mask=dec_real, output_hidden_states=True).hidden_states
+        out = []
+        for i, blk in enumerate(m.transformer.h):
+            v = blk.attn.c_attn(blk.ln_1(hs[i])).split(m.config.n_embd, dim=-1)[2]
+            out.append(_head_norms(v, blk.attn.c_proj.weight.t(), h))  # Conv1D: x @ W
+        return {"dec_self": out}
+    o = m(input_ids=src, attention_mask=src_real, decoder_input_ids=dec, decoder_attention_mask=dec_real,
+          output_hidden_states=True, use_cache=False)  # fmt: skip
+    enc_hs, dec_hs, memory = o.encoder_hidden_states, o.decoder_hidden_states, o.encoder_last_hidden_state
+    ref: dict[str, list[torch.Tensor]] = {"enc_self": [], "dec_self": [], "cross": []}
+    if lm.cfg.model_type == "t5":
+        for i, blk in enumerate(m.encoder.block):
+            sa = blk.layer[0]
+            ref["enc_self"].append(
+                _head_norms(sa.SelfAttention.v(sa.layer_norm(enc_hs[i])), sa.SelfAttention.o.weight, h)
+            )
+        for i, blk in enumerate(m.decoder.block):
+            sa, ca = blk.layer[0], blk.layer[1]
+            ref["dec_self"].append(
+                _head_norms(sa.SelfAttention.v(sa.layer_norm(dec_hs[i])), sa.SelfAttention.o.weight, h)
+            )
+            ref["cross"].append(_head_norms(ca.EncDecAttention.v(memory), ca.EncDecAttention.o.weight, h))
+        return ref
+    model = m.model  # BART, Marian: post-LN, every attention reads its layer's input
+    for i, lay in enumerate(model.encoder.layers):
+        ref["enc_self"].append(_head_norms(lay.self_attn.v_proj(enc_hs[i]), lay.self_attn.out_proj.weight, h))
+    for i, lay in enumerate(model.decoder.layers):
+        ref["dec_self"].append(_head_norms(lay.self_attn.v_proj(dec_hs[i]), lay.self_attn.out_proj.weight, h))
+        ref["cross"].append(_head_norms(lay.encoder_attn.v_proj(memory), lay.encoder_attn.out_proj.weight, h))
+    return ref
+
+
+@pytest.mark.parametrize("name", ["bert", "bert_cls", "gpt2", "bart", "t5", "marian"])
+def test_value_norms_equal_each_familys_own_weights(loaded, name):
+    """Every kind of every family carries ||f_h(x_j)|| with its output projection, equal to the norms
+    computed from the family's own value and output projections on the same padded batch."""
+    lm = loaded[name]
+    traces = lm.trace(TEXTS, TARGETS) if lm.cfg.arch == "seq2seq" else lm.trace(TEXTS)
+
+    def batch(field):
+        rows = [getattr(t, field) for t in traces]
+        return None if rows[0] is None else torch.as_tensor(np.stack(rows)).long()
+
+    src, src_real, dec, dec_real = batch("src_ids"), batch("src_real"), batch("tgt_ids"), batch("tgt_real")
+    with torch.no_grad():
+        ref = _reference_norms(lm, src, src_real, dec, dec_real)
+    for i, t in enumerate(traces):
+        assert set(t.kinds) == set(ref)
+        for kind, layers in ref.items():
+            assert t.value_norms_scope(kind) == "with the output projection"
+            want = torch.stack([layer[i] for layer in layers]).numpy()  # (layer, head, key)
+            np.testing.assert_allclose(t.value_norms(kind), want, rtol=1e-4, atol=1e-5)
+            moves = t.moves(kind)  # weights times the norms
+            np.testing.assert_allclose(moves, t.probs(kind) * want[:, :, None, :], rtol=1e-4, atol=1e-6)
+    # padding: the PAD keys of the shorter text carry norms too (the weights on them are 0)
+    assert (
+        traces[1].value_norms(traces[1].kinds[0]).shape[-1]
+        == traces[0].value_norms(traces[0].kinds[0]).shape[-1]
+    )
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "bart", "t5"])
+def test_decomposition_rebuilds_each_attention_output(loaded, name):
+    """sum_h sum_j alpha_ij f_h(x_j) + b_O equals the output projection's output, for every call of a
+    padded batch (the records the traces' norms come from)."""
+    from transformers.pytorch_utils import Conv1D
+
+    from attnscope.core.families.capture import capture_attention
+
+    lm = loaded[name]
+    enc = lm.tokenizer(TEXTS, padding=True, return_tensors="pt")
+    kw = dict(enc)
+    if lm.cfg.arch == "seq2seq":
+        kw.update(
+            decoder_input_ids=enc["input_ids"][:, :3], decoder_attention_mask=enc["attention_mask"][:, :3]
+        )
+    outs: list[torch.Tensor] = []
+    hooks = [mod.register_forward_hook(lambda _m, _a, o: outs.append(o.detach()))
+             for mod in lm.model.modules() if isinstance(mod, (torch.nn.Linear, Conv1D))]  # fmt: skip
+    try:
+        with torch.no_grad(), capture_attention(lm.model) as cap:
+            lm.model(**kw, use_cache=False) if lm.cfg.arch != "encoder" else lm.model(**kw)
+    finally:
+        for hk in hooks:
+            hk.remove()
+    assert len(cap.records) == {"encoder": 2, "decoder": 2, "seq2seq": 6}[lm.cfg.arch]
+    for rec in cap.records:
+        hv = rec.values
+        assert hv is not None and hv.w_o is not None
+        want = torch.einsum("bhqk,bhkd->bqd", rec.probs, hv.vectors())
+        want = want + hv.b_o if hv.b_o is not None else want
+        assert any(o.shape == want.shape and torch.allclose(o, want, atol=1e-5) for o in outs), rec.name
+
+
+@pytest.mark.parametrize("name", ["bert", "t5"])
+def test_encoder_residual_norms_and_norm_rollout(loaded, name):
+    """The encoder's residual norms are ||x_i|| of each layer's input (post-LN BERT and pre-LN T5 alike),
+    so the norm-based rollout is offered, its rows summing to 1 over the real tokens."""
+    from attnscope.core.analysis.analytics import has_norms, trace_rollout
+
+    lm = loaded[name]
+    traces = lm.trace(TEXTS, TARGETS) if lm.cfg.arch == "seq2seq" else lm.trace(TEXTS)
+    src = torch.as_tensor(np.stack([t.src_ids for t in traces])).long()
+    real = torch.as_tensor(np.stack([t.src_real for t in traces])).long()
+    with torch.no_grad():
+        encoder = lm.model.get_encoder() if lm.cfg.arch == "seq2seq" else lm.model
+        hs = encoder(input_ids=src, attention_mask=real, output_hidden_states=True).hidden_states
+    for i, t in enumerate(traces):
+        want = torch.stack([h[i].norm(dim=-1) for h in hs[: lm.cfg.n_enc_layers]]).numpy()
+        np.testing.assert_allclose(t.residual_norms("enc_self"), want, rtol=1e-5)
+        assert has_norms(t, "enc_self")
+        roll = trace_rollout(t, valid=t.src_real, method="norm")
+        np.testing.assert_allclose(roll[-1].sum(-1), 1.0, atol=1e-6)

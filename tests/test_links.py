@@ -69,6 +69,8 @@ def test_the_url_follows_the_clicks_and_a_link_rebuilds_the_picture():
         ("lab", {"bug": "inverted", "view": "maps", "layer": "1"}, K.LAB_VIEW, words.LAB_VIEWS["maps"]),
         ("decoding", {"step": "3", "layer": "0", "log": "1"}, K.DEC_STEP, 3),
         ("compare", {"vs": "bug", "bug": "causal_diag_masked", "kind": "dec_self"}, K.CMP_BUG, "causal_diag_masked"),
+        ("attention", {"show": "moves", "kind": "enc_self", "layer": "1"}, K.ATT_SHOW, "moves"),
+        ("compare", {"vs": "moves", "kind": "cross"}, K.CMP_MODE, "what the weights move"),
     ],
 )  # fmt: skip
 def test_each_pages_settings_come_back_from_a_link(page, params, key, value):

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import attnscope
@@ -158,12 +159,65 @@ def test_a_second_term_after_the_weights_leaves_no_values():
     assert cap.records and not any(_has(r) for r in cap.records)
 
 
-def test_sdpa_values_are_kept_without_the_projection():
+def test_sdpa_output_projection_is_followed():
+    """SDPA returns the weights times the values: the projection that reads its heads merged back is
+    found from lineage, so nanoGPT's c_proj gives each head's W_O slice and the decomposition rebuilds
+    c_proj's output."""
     from usermodels import nanogpt
 
     model, batch = nanogpt.build(), nanogpt.sample_batch()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(*batch)
+
+    def run():
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(*batch)
+        return cap
+
+    cap, outs = _linear_outputs(model, run)
+    assert cap.records
     for rec in cap.records:
-        assert rec.values is not None and rec.values.scope == V.WITHOUT_WO
-        assert tuple(rec.values.values.shape[:3]) == (*rec.probs.shape[:2], rec.probs.shape[-1])
+        assert rec.source == "sdpa" and rec.values is not None and rec.values.scope == V.WITH_WO
+        want = _rebuilt(rec)
+        assert any(tuple(o.shape) == tuple(want.shape) and torch.allclose(o, want, atol=1e-5) for o in outs)
+
+
+class _SDPABlock(nn.Module):
+    """Hand-written SDPA block: grouped-query heads (kv_heads < heads), optionally a gate on the heads'
+    output before the projection."""
+
+    def __init__(self, d=32, heads=4, kv_heads=2, gated=False):
+        super().__init__()
+        self.h, self.kvh, self.gated = heads, kv_heads, gated
+        self.emb = nn.Embedding(40, d)
+        self.q = nn.Linear(d, d)
+        self.kv = nn.Linear(d, 2 * d // heads * kv_heads)
+        self.g = nn.Linear(d, d)
+        self.o = nn.Linear(d, d)
+
+    def forward(self, ids, pad):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        dh = d // self.h
+        q = self.q(x).view(b, n, self.h, dh).transpose(1, 2)
+        k, v = self.kv(x).view(b, n, 2, self.kvh, dh).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=~pad[:, None, None, :], enable_gqa=True)
+        y = y.transpose(1, 2).reshape(b, n, d)
+        if self.gated:
+            y = y * torch.sigmoid(self.g(x))
+        return self.o(y)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_sdpa_grouped_query_heads_and_gates(gated):
+    torch.manual_seed(0)
+    model = _SDPABlock(gated=gated).eval()
+    ids = torch.randint(0, 40, (3, 6))
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2, [False] * 2 + [True] * 4])
+    with torch.no_grad(), capture_attention(model) as cap:
+        out = model(ids, pad)
+    (rec,) = cap.records
+    if gated:  # what moves from a key is no longer its value vector alone
+        assert rec.values is None or rec.values.w_o is None
+        return
+    assert rec.values is not None and rec.values.scope == V.WITH_WO
+    assert tuple(rec.values.w_o.shape) == (4, 32, 8)
+    torch.testing.assert_close(_rebuilt(rec), out, atol=1e-5, rtol=1e-5)

@@ -87,7 +87,7 @@ import sys
 import threading
 import types
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any
@@ -345,12 +345,12 @@ def kind_maps(records: list[Record], joined: set[str]) -> KindMaps:
             for j, lab in extra:
                 learned[:, i, ..., labels.index(lab)] = r.probs[..., j]
     (key_labels,) = seq_labels
-    norms, scope = _kind_value_norms(records, seqs)
+    norms, scope = kind_value_norms(records, seqs)
     return KindMaps(probs, scores, mask, learned, tuple(labels), first.query_labels,
                     key_labels if any(key_labels) else None, norms, scope)  # fmt: skip
 
 
-def _kind_value_norms(records: list[Record], seqs: list[list[int]]) -> tuple[torch.Tensor | None, str | None]:
+def kind_value_norms(records: list[Record], seqs: list[list[int]]) -> tuple[torch.Tensor | None, str | None]:
     """(B, layer, head, k) value norms of a kind's sequence keys, and their scope: with the output
     projection where every layer's was found, else the values' own norms for every layer (one scope
     per kind); None when a layer's values were not seen."""
@@ -540,8 +540,10 @@ def _cat_dim(name: str, args, kwargs, out: torch.Tensor) -> int:
 class _Session:
     """The state of one capture: tags by tensor identity, and the records."""
 
-    def __init__(self, cap: Captured, model: nn.Module, kinds, include, exclude, lengths, modules=None):
+    def __init__(self, cap: Captured, model: nn.Module, kinds, include, exclude, lengths, modules=None,
+                 scores: bool = True):  # fmt: skip
         self.cap = cap
+        self.keep_scores = scores
         modules = list(model.named_modules()) if modules is None else modules
         self.names = {id(m): n for n, m in modules}
         self.fixed = {**_layer_kinds(model, modules), **(kinds or {})}
@@ -561,9 +563,9 @@ class _Session:
         self._seen: set[tuple[str, str]] = set()  # (module, reason) of notes given
         self.n_ops = 0  # torch calls seen
         self.n_attention = 0  # softmax / SDPA / MultiheadAttention calls among them
-        # weights whose values were seen, by the module that made them: (weights, the values' codes)
-        # until a projection reads the heads merged back (its W_O slices complete their values)
-        self._pending: dict[str, tuple[_Probs, tuple[Any, tuple[int, ...], torch.Tensor]]] = {}
+        # module path -> (the weights' _Probs, the values' codes (B, H, k, dv) on demand, a memo key for
+        # them): a product's values wait for the projection that reads the heads merged back
+        self._pending: dict[str, tuple[_Probs, Callable[[], torch.Tensor | None], tuple]] = {}
         self._rowq_owner: dict[int, tuple[torch.Tensor, _Probs]] = {}  # the record whose rows rowq holds
         self._consumed: dict[int, _Probs] = {}  # weights already multiplied by values (held: ids stay theirs)
         self._pad_start: int | None = None
@@ -1176,12 +1178,17 @@ class _Session:
 
         self._update_record(p, values=values_.HeadValues(make=make))
         if vc is not None and tuple(vc.shape) == tuple(v.shape) and first.attn_out is not None:
-            self._pending[first.attn_out] = (p, (layout, shape, vc))
+            self._pending[first.attn_out] = (
+                p, lambda: values_.bh_values(layout, shape, vc), (id(layout), shape, id(vc))
+            )  # fmt: skip
 
-    def _set_values(self, rec: Record, hv: values_.HeadValues) -> None:
+    def _set_values(self, rec: Record, hv: values_.HeadValues) -> Record | None:
+        """The record with ``hv`` as its values (it replaces ``rec`` in the capture), or None."""
         i = next((i for i, r in enumerate(self.cap.records) if r is rec), None)
-        if i is not None:
-            self.cap.records[i] = replace(rec, values=hv)
+        if i is None:
+            return None
+        self.cap.records[i] = replace(rec, values=hv)
+        return self.cap.records[i]
 
     def _out_projection(self, x: Any, weight: Any, bias: Any, transposed: bool) -> None:
         """A projection of heads merged back: the columns each head's value features meet are its
@@ -1190,12 +1197,11 @@ class _Session:
         if x_tag is None or x_tag.attn_out is None or x_tag.attn_out not in self._pending:
             return
         if not x_tag.moved:  # something was added to or multiplied with the heads' output after the weights
-            p, _unused = self._pending.pop(
-                x_tag.attn_out
-            )  # (a gate, Shaw's relative values): what moves from a
-            self._update_record(p, values=None)  # key is no longer its value vector alone
+            # (a gate, Shaw's relative values): what moves from a key is no longer its value vector alone
+            p = self._pending.pop(x_tag.attn_out)[0]
+            self._update_record(p, values=None)
             return
-        p, (layout, shape, vc) = self._pending.pop(x_tag.attn_out)
+        p, vcodes_of, held = self._pending.pop(x_tag.attn_out)
         rec = p.record
         xc = self.code_of(x)
         if (
@@ -1208,12 +1214,12 @@ class _Session:
             return
         if int(xc.shape[-1]) != int(weight.shape[0] if transposed else weight.shape[1]):
             return
-        key = ("head columns", id(layout), shape, id(vc), id(xc))  # codes and layouts are shared: once
+        key = ("head columns", *held, id(xc))  # codes and layouts are shared: found once
         cols = lineage.recall(key)
         if cols is lineage.MISS:
-            vcodes = values_.bh_values(layout, shape, vc)
+            vcodes = vcodes_of()
             found = None if vcodes is None else values_.head_columns(vcodes, xc)
-            cols = lineage.remember(key, (layout, vc, xc), found)
+            cols = lineage.remember(key, (vcodes_of, xc), found)
         if cols is None:
             return
         rec.values.b_o = bias.detach() if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None
@@ -1342,7 +1348,7 @@ class _Session:
             mask = None
         kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], mask, cross, ext, exact=flag is None,
                             causal=causal if mask is not None else None)  # fmt: skip
-        scores = None if scores is None else scores.detach()
+        scores = None if scores is None or not self.keep_scores else scores.detach()
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
                      layout.query_labels if layout is not None else query_labels)  # fmt: skip
@@ -1718,9 +1724,41 @@ class _Session:
                      key_labels=seen.key_labels if seen else None,
                      query_labels=seen.query_labels if seen else None,
                      causal=lq == lk >= 2 if a.get("is_causal") and a.get("attn_mask") is None else None)  # fmt: skip
-        if rec is not None and v.shape[-2] == lk:  # the values the weights multiply (the projection unseen)
+        if rec is not None and v.shape[-2] == lk:  # the values the weights multiply
             v_kept = v.detach()
-            self._set_values(rec, values_.HeadValues(make=lambda: v_kept.reshape(b, hq, lk, -1)))
+            rec = self._set_values(rec, values_.HeadValues(make=lambda: v_kept.reshape(b, hq, lk, -1)))
+            if rec is not None and check is not None and check <= 1e-3 * max(1.0, float(v.abs().max())):
+                self._follow_sdpa_out(a, out, rec, unsq, (b, hq, lk))
+
+    def _follow_sdpa_out(self, a: dict, out: torch.Tensor, rec: Record, unsq: bool, bhk) -> None:
+        """SDPA's output is the weights times the values: tagged as such, with lineage codes for its
+        rows (the queries' positions) and features (numbered head by head, so heads that share a value
+        head under grouped-query attention stay apart), so the projection that reads the heads merged
+        back is found as after a softmax and a product (each head's W_O slice)."""
+        qc = self.code_of(a["query"])
+        if qc is None or tuple(qc.shape) != tuple(a["query"].shape) or not isinstance(out, torch.Tensor):
+            return
+        b, hq, lk = bhk
+        dv = int(out.shape[-1])
+        qpos, _ = lineage.reduced(qc, -1)  # (..., lq): each query row's code
+        feat = torch.arange((1 if unsq else hq) * dv, device=qc.device).view(-1, dv)  # (H or 1, dv)
+        try:
+            code = ((qpos >> lineage.SHIFT) << lineage.SHIFT).unsqueeze(-1) | feat.unsqueeze(-2)
+            code = code.expand(out.shape) if tuple(code.shape) != tuple(out.shape) else code
+        except RuntimeError:
+            return
+
+        def vcodes() -> torch.Tensor:  # (B, H, k, dv): the same feature numbers, head by head
+            return feat.view(1, -1, 1, dv).expand(b, hq, lk, dv)
+
+        origin: frozenset = frozenset()
+        for t in (a["query"], a["key"], a["value"]):
+            tag = self.tag(t)
+            if tag is not None:
+                origin = origin | tag.origin
+        self.set(out, _Tag(None, origin, attn_out=rec.name, moved=True, code=code))
+        p = _Probs(rec, (b, hq), False, None, False, tuple(rec.probs.shape))
+        self._pending[rec.name] = (p, vcodes, ("sdpa", str(qc.device), hq, dv, unsq, b, lk))
 
     def _described(self, q: torch.Tensor, k: torch.Tensor) -> lineage.Described | None:
         """What lineage says of an attention call's queries and keys (..., L, d), or None."""
@@ -2068,12 +2106,15 @@ def capture_attention(
     include: list[str] | tuple[str, ...] | None = None,
     exclude: list[str] | tuple[str, ...] | None = None,
     lengths: list[int] | tuple[int, ...] | None = None,
+    *,
+    scores: bool = True,
 ) -> Iterator[Captured]:
     """Record every attention map this thread computes inside ``model`` during the block.
 
     kinds: {module path or glob: "enc_self" | "dec_self" | "cross"}; include/exclude: globs on module
     paths that force a softmax in or out; lengths: sequence lengths of the call (besides those seen
-    going through an embedding)."""
+    going through an embedding); scores: False keeps no scores on the records (a map less per call
+    held until the block ends)."""
     for k in (kinds or {}).values():
         if k not in KINDS:
             raise ValueError(f"unknown attention kind {k!r}; expected one of {KINDS}")
@@ -2082,7 +2123,7 @@ def capture_attention(
     blind = _blind_spot(model, modules)
     if blind:
         cap.notes.append(blind)
-    session = _Session(cap, model, kinds, include, exclude, lengths, modules)
+    session = _Session(cap, model, kinds, include, exclude, lengths, modules, scores)
     with _Mode(session):
         yield cap
     if session.n_ops and not session.n_attention and not blind:

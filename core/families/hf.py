@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from attnscope.core.errors import InputError, ModelLoadError
+from attnscope.core.families.capture import Captured, capture_attention, kind_value_norms
 from attnscope.core.families.interface import (
     Family,
     ModelFacts,
@@ -355,18 +356,31 @@ class HFModel:
         run = {"encoder": self._run_encoder, "decoder": self._run_decoder, "seq2seq": self._run_seq2seq}
         return run[self.cfg.arch](prepared, tp)
 
-    def _forward(self, **kwargs) -> tuple[Any, float]:
+    def _forward(self, names: dict[str, str], **kwargs) -> tuple[Any, float, _Moves]:
+        """The model's output with its maps (``names``: its attributes that hold them -> kind), the
+        forward's time, and what the heads move, from a capture of the same forward."""
         start = time.perf_counter()
-        out = self.model(**kwargs, output_attentions=True, return_dict=True)
+        with capture_attention(self.model, scores=False) as cap:
+            out = self.model(**kwargs, output_attentions=True, output_hidden_states=True, return_dict=True)
         if self.model.device.type == "cuda":
             torch.cuda.synchronize()
-        return out, (time.perf_counter() - start) * 1000
+        ms = (time.perf_counter() - start) * 1000
+        moves = _Moves(_value_norms(out, cap, names))
+        if "enc_self" in moves.norms:  # the residual each encoder layer's attention output is added to
+            states = getattr(out, "encoder_hidden_states", None) or getattr(out, "hidden_states", None)
+            n_layers = moves.norms["enc_self"][0].shape[1]
+            if states is not None and len(states) == n_layers + 1:  # each layer's input, and the last output
+                moves.residual = torch.stack([h.norm(dim=-1) for h in states[:-1]], dim=1)
+        for name in ("hidden_states", "encoder_hidden_states", "decoder_hidden_states"):
+            if getattr(out, name, None) is not None:
+                out[name] = None  # not kept with the maps
+        return out, ms, moves
 
     def _run_encoder(self, prepared: list[Prepared], tp) -> list[AttentionTrace]:
         if tp is not None:
             raise InputError("this model has no decoder, so it takes no target text")
         src, src_real = self._pad([p.ids for p in prepared])
-        out, ms = self._forward(input_ids=src, attention_mask=src_real)
+        out, ms, moves = self._forward({"attentions": "enc_self"}, input_ids=src, attention_mask=src_real)
         masks = padding_masks(src_real, None)
         maps = {"enc_self": (_stack_layers(out, "attentions"), None, masks["enc_self"])}
         side = Side(src, src_real, self.src_tok.tokens)
@@ -387,7 +401,7 @@ class HFModel:
                 meta["embedding_norm"] = float(np.linalg.norm(emb))
                 meta["embedding_head"] = [round(float(v), 6) for v in emb[:8]]
                 text = f"embedding norm {np.linalg.norm(emb):.4f}"
-            traces.append(self._make(i, side, None, maps, text, meta, **fields))
+            traces.append(self._make(i, side, None, maps, text, meta, moves, **fields))
         return traces
 
     def _run_decoder(self, prepared: list[Prepared], tp) -> list[AttentionTrace]:
@@ -395,7 +409,9 @@ class HFModel:
         if max(len(r) for r in rows) > self.cfg.max_len:
             raise InputError(f"prompt and target together exceed the model's {self.cfg.max_len} tokens")
         seq, real = self._pad(rows)
-        out, ms = self._forward(input_ids=seq, attention_mask=real, use_cache=False)
+        out, ms, moves = self._forward(
+            {"attentions": "dec_self"}, input_ids=seq, attention_mask=real, use_cache=False
+        )
         maps = {"dec_self": (_stack_layers(out, "attentions"), None, padding_masks(None, real)["dec_self"])}
         side = Side(seq, real, self.src_tok.tokens)
         traces = []
@@ -409,7 +425,7 @@ class HFModel:
                 text = self.tokenizer.decode(guesses[n_prompt - 1 : n_prompt], skip_special_tokens=False)
             meta = self._meta(ms, tp is not None, p.warnings)
             meta.update(prompt_len=n_prompt, decoder_only=True)
-            traces.append(self._make(i, None, side, maps, text, meta, **fields))
+            traces.append(self._make(i, None, side, maps, text, meta, moves, **fields))
         return traces
 
     def _run_seq2seq(self, prepared: list[Prepared], tp) -> list[AttentionTrace]:
@@ -420,7 +436,8 @@ class HFModel:
         else:
             dec_rows = self._generate_rows(src, src_real)
         dec, dec_real = self._pad(dec_rows)
-        out, ms = self._forward(
+        out, ms, moves = self._forward(
+            {"encoder_attentions": "enc_self", "decoder_attentions": "dec_self", "cross_attentions": "cross"},
             input_ids=src,
             attention_mask=src_real,
             decoder_input_ids=dec,
@@ -443,7 +460,7 @@ class HFModel:
             n_real = int(dec_real[i].sum())
             text = self.tokenizer.decode(fields["topk_ids"][:n_real, 0], skip_special_tokens=True)
             meta = self._meta(ms, tp is not None, p.warnings)
-            traces.append(self._make(i, src_side, dec_side, maps, text, meta, **fields))
+            traces.append(self._make(i, src_side, dec_side, maps, text, meta, moves, **fields))
         return traces
 
     def _generate_rows(self, src: torch.Tensor, src_real: torch.Tensor) -> list[list[int]]:
@@ -478,7 +495,15 @@ class HFModel:
             "has_scores": False,
         }
 
-    def _make(self, i, src: Side | None, tgt: Side | None, maps, text: str, meta, **fields) -> AttentionTrace:
+    def _make(
+        self, i, src: Side | None, tgt: Side | None, maps, text: str, meta, norms: _Moves, **fields
+    ) -> AttentionTrace:
+        for kind, (vn, _) in norms.norms.items():
+            fields[f"{kind}_value_norms"] = vn[i].detach().float().cpu().numpy()
+        if norms.norms:
+            meta["value_norms"] = {kind: scope for kind, (_, scope) in norms.norms.items()}
+        if norms.residual is not None:
+            fields["enc_self_residual_norms"] = norms.residual[i].detach().float().cpu().numpy()
         return package_trace(
             i, model=self.name, config_name=self.cfg.model_type, device=self.device, src=src, tgt=tgt,
             maps=maps, output_text=text, meta=meta, **fields,
@@ -549,6 +574,44 @@ class HFModel:
             )
             answers.append(self.tokenizer.decode(gen[0, len(p.ids) :], skip_special_tokens=True))
         return answers
+
+
+@dataclass
+class _Moves:
+    """What a forward's heads move: kind -> ((B, layer, head, k) ||f_h(x_j)||, scope), and the encoder
+    layers' residual norms ||x_i|| (B, layer, L) for the norm-based rollout."""
+
+    norms: dict[str, tuple[torch.Tensor, str]]
+    residual: torch.Tensor | None = None
+
+
+def _value_norms(out: Any, cap: Captured, names: dict[str, str]) -> dict[str, tuple[torch.Tensor, str]]:
+    """kind -> ((B, layer, head, k) ||f_h(x_j)||, scope) for each output ``names`` holds (its attribute ->
+    kind). Each layer's record is the captured call whose weights are that layer's map, element for
+    element (never matched by order alone); a kind with a layer unmatched, or values that could not be
+    confirmed, has none (the dashboard then offers weights only)."""
+    records = [r for r in cap.records if r.values is not None]
+    used: set[int] = set()
+    result = {}
+    for name, kind in names.items():
+        layers = getattr(out, name, None)
+        if not layers:
+            continue
+        matched = []
+        for layer in layers:
+            hit = next((i for i, r in enumerate(records) if i not in used
+                        and tuple(r.probs.shape) == tuple(layer.shape)
+                        and (r.probs is layer or torch.equal(r.probs, layer))), None)  # fmt: skip
+            if hit is None:
+                break
+            used.add(hit)
+            matched.append(records[hit])
+        if len(matched) != len(layers):
+            continue
+        norms, scope = kind_value_norms(matched, [list(range(int(r.probs.shape[-1]))) for r in matched])
+        if norms is not None and scope is not None:
+            result[kind] = (norms, scope)
+    return result
 
 
 def _stack_layers(out: Any, name: str) -> torch.Tensor:

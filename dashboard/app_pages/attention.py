@@ -16,12 +16,13 @@ MISSING = {  # what a model family has no attention of, said on the page
     "decoder": "This model has no encoder (decoder only): its one attention is causal self-attention over "
     "the prompt and the continuation; there is no encoder self-attention or cross-attention.",
 }
-MODE = "att_moves_mode"  # session key of the weight | what-moves toggle (this page's own)
+MODE = K.ATT_SHOW  # session key of the weight | what-moves toggle
 MODES = {"weight": "weight", "moves": "what moves (‖α·f(x)‖, each row scaled to sum 1)"}
 MOVES_NAME = "what-moves share"
 NO_VALUES = (
-    "What moves is not available: this trace holds no value vectors (traces of attnscope's own models "
-    "and MiniLM do)."
+    "What moves is not available: this trace holds no value vectors (a trace file saved without them, or a "
+    "model whose heads' output is gated or gets a second term, so that what moves from a key is not its "
+    "value vector alone)."
 )
 
 
