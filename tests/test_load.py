@@ -29,7 +29,7 @@ from attnscope.dashboard.trace_cache import MB, TraceStore, nbytes
 
 ROOT = Path(__file__).resolve().parents[1]
 SESSIONS = 10
-LOAD_SECONDS = float(os.environ.get("ATTNSCOPE_LOAD_SECONDS", "20"))
+LOAD_SECONDS = float(os.environ.get("ATTNSCOPE_LOAD_SECONDS", "10"))
 THINK = (0.3, 1.5)  # seconds a user waits before the next input
 PEAK_RSS_LIMIT_MB = 3000  # server (and its children): models + the trace cache budget + Streamlit
 

@@ -221,3 +221,78 @@ def test_sdpa_grouped_query_heads_and_gates(gated):
     assert rec.values is not None and rec.values.scope == V.WITH_WO
     assert tuple(rec.values.w_o.shape) == (4, 32, 8)
     torch.testing.assert_close(_rebuilt(rec), out, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name,block,seq_first",
+    [
+        ("nanogpt", "Block", False),
+        ("nanogpt_manual", "Block", False),
+        ("fairseq_seqfirst", "DecoderLayer", True),
+    ],
+)
+def test_residual_norms_are_the_stream_the_projection_is_added_to(name, block, seq_first):
+    """Each record's residual norms are ||x_i|| of the block's input (x = x + attn(ln(x))), in the record's
+    (batch, query) order whether the model runs batch-first or sequence-first (SDPA and softmax alike)."""
+    mod = _style(name)
+    model, batch = mod.build(), mod.sample_batch()
+    inputs: list[torch.Tensor] = []
+    hooks = [m.register_forward_pre_hook(lambda _m, a: inputs.append(a[0].detach()))
+             for m in model.modules() if type(m).__name__ == block]  # fmt: skip
+    try:
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(*batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(cap.records) == len(inputs) >= 2
+    for rec, x in zip(cap.records, inputs, strict=True):
+        want = x.norm(dim=-1)
+        want = want.t() if seq_first else want  # -> (B, q)
+        assert rec.residual is not None, rec.name
+        torch.testing.assert_close(rec.residual, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_captured_encoder_trace_offers_the_norm_rollout():
+    from attnscope.core.analysis.analytics import has_norms, trace_rollout
+
+    mod = _style("annotated")
+    model, batch = mod.build(), mod.sample_batch()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(*batch)
+    tr = cap.trace(0)
+    assert has_norms(tr, "enc_self")
+    assert (
+        tr.residual_norms("enc_self").shape
+        == tr.probs("enc_self").shape[:1] + tr.probs("enc_self").shape[2:3]
+    )
+    roll = trace_rollout(tr, method="norm")
+    np.testing.assert_allclose(roll[-1].sum(-1), 1.0, atol=1e-6)
+
+
+def test_no_residual_where_the_projection_output_is_not_added_as_is():
+    """A gate on the projection's output before the sum: the residual is not claimed."""
+
+    class Gated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.qkv, self.o, self.g = (
+                nn.Embedding(20, 16),
+                nn.Linear(16, 48),
+                nn.Linear(16, 16),
+                nn.Linear(16, 16),
+            )
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            b, n, d = x.shape
+            q, k, v = (t.view(b, n, 4, 4).transpose(1, 2) for t in self.qkv(x).split(16, dim=-1))
+            y = (q @ k.transpose(-1, -2) / 2).softmax(-1) @ v
+            return x + self.o(y.transpose(1, 2).reshape(b, n, d)) * torch.sigmoid(self.g(x))
+
+    torch.manual_seed(0)
+    model = Gated().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 20, (2, 5)))
+    (rec,) = cap.records
+    assert rec.values is not None and rec.values.w_o is not None and rec.residual is None

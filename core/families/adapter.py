@@ -637,6 +637,7 @@ class AdapterModel:
         stacks = {k: v[:3] for k, v in joined_stacks.items()}
         learned = {k: (v[3], v[4]) for k, v in joined_stacks.items() if v[3] is not None}
         norms = {k: (v[5], v[6]) for k, v in joined_stacks.items() if v[5] is not None}
+        residual = {k: v[7] for k, v in joined_stacks.items() if v[7] is not None}
         src_side = (
             None
             if src is None or src_real is None
@@ -691,6 +692,8 @@ class AdapterModel:
                 fields[f"{kind}_learned"] = weights[i].detach().float().cpu().numpy()
             for kind, (vn, _) in norms.items():
                 fields[f"{kind}_value_norms"] = vn[i].detach().float().cpu().numpy()
+            for kind, rn in residual.items():
+                fields[f"{kind}_residual_norms"] = rn[i].detach().float().cpu().numpy()
             traces.append(
                 package_trace(
                     i,
@@ -783,6 +786,7 @@ class AdapterModel:
                 km.learned_labels,
                 km.value_norms,
                 km.value_scope,
+                km.residual_norms,
             )
         out["sides"] = sides
         return out
@@ -868,11 +872,12 @@ def _join_stacks(parts: list[dict[str, Any]]) -> dict[str, Any]:
         mask = torch.cat([p[kind][2] for p in parts])
         learned = [p[kind][3] for p in parts]
         vn = [p[kind][5] for p in parts]
+        rn = [p[kind][7] for p in parts]
         same_scope = len({p[kind][6] for p in parts}) == 1
         out[kind] = (probs, None if any(x is None for x in scores) else torch.cat(scores), mask,
                      None if any(x is None for x in learned) else torch.cat(learned), parts[0][kind][4],
                      None if any(x is None for x in vn) or not same_scope else torch.cat(vn),
-                     parts[0][kind][6])  # fmt: skip
+                     parts[0][kind][6], None if any(x is None for x in rn) else torch.cat(rn))  # fmt: skip
     return out
 
 

@@ -108,6 +108,9 @@ MAX_PARAM_CODES = 1 << 20  # parameters larger than this are weights, never foll
 CHECK_ROWS = 16  # SDPA: query rows (evenly spread, first and last included) whose probs @ v is checked
 CROSS_WORDS = ("cross", "context", "src_attn", "enc_attn", "encoder_attn", "enc_dec", "encdec", "memory_attn")
 SOFTMAX = frozenset({"softmax", "special_softmax"})
+DROPOUT = frozenset(
+    {"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d"}
+)
 MATMUL = frozenset({"matmul", "bmm", "einsum", "baddbmm", "__matmul__", "__rmatmul__", "mm"})
 LINEAR = frozenset({"linear", "addmm", "bilinear"})
 ADD = frozenset({"add", "add_", "__add__", "__radd__", "__iadd__"})
@@ -162,6 +165,9 @@ class Record:
     # what the weights multiply, (B, H, k, dv), and the output projection's slice per head where lineage
     # found it: ||f_h(x_j)|| for what attention moves (attnscope.core.families.values)
     values: values_.HeadValues | None = None
+    # ||x_i|| (B, q) of the residual stream the attention's output projection is added to, where lineage
+    # saw that sum: the identity term of the norm-based rollout
+    residual: torch.Tensor | None = None
 
 
 class _NoCode(Exception):
@@ -258,6 +264,8 @@ class Captured:
             if km.value_norms is not None:
                 kw[f"{kind}_value_norms"] = km.value_norms[index].float().cpu().numpy()
                 scopes[kind] = km.value_scope
+            if km.residual_norms is not None:
+                kw[f"{kind}_residual_norms"] = km.residual_norms[index].float().cpu().numpy()
             q_side, k_side = {
                 "enc_self": ("src", "src"),
                 "dec_self": ("tgt", "tgt"),
@@ -303,6 +311,7 @@ class KindMaps:
     key_labels: tuple[str | None, ...] | None  # the same among the keys
     value_norms: torch.Tensor | None = None  # (B, layer, head, k): ||f_h(x_j)|| of the sequence's keys
     value_scope: str | None = None  # values_.WITH_WO or values_.WITHOUT_WO
+    residual_norms: torch.Tensor | None = None  # (B, layer, q): ||x_i|| of the stream each layer adds to
 
 
 def kind_maps(records: list[Record], joined: set[str]) -> KindMaps:
@@ -346,8 +355,20 @@ def kind_maps(records: list[Record], joined: set[str]) -> KindMaps:
                 learned[:, i, ..., labels.index(lab)] = r.probs[..., j]
     (key_labels,) = seq_labels
     norms, scope = kind_value_norms(records, seqs)
+    residual = None
+    if (
+        norms is not None
+        and scope == values_.WITH_WO
+        and all(
+            r.residual is not None and tuple(r.residual.shape) == (r.probs.shape[0], r.probs.shape[-2])
+            for r in records
+        )
+    ):
+        residual = torch.stack(
+            [r.residual.to(probs.device) for r in records if r.residual is not None], dim=1
+        )
     return KindMaps(probs, scores, mask, learned, tuple(labels), first.query_labels,
-                    key_labels if any(key_labels) else None, norms, scope)  # fmt: skip
+                    key_labels if any(key_labels) else None, norms, scope, residual)  # fmt: skip
 
 
 def kind_value_norms(records: list[Record], seqs: list[list[int]]) -> tuple[torch.Tensor | None, str | None]:
@@ -401,6 +422,7 @@ class _Tag:
     rowq: torch.Tensor | None = None  # weights: the query code of every row (the key dim kept as 1)
     attn_out: str | None = None  # weights times values: the module whose attention made it
     moved: bool = False  # weights times values, then only moved (views, transposes, cat): no arithmetic
+    wo: _Probs | None = None  # the output projection's output (then moved or dropped out) of these weights
 
     def derived(self, origin: frozenset) -> _Tag:
         """The tag of a tensor an op made from this one (dataclasses.replace is slower, on every op)."""
@@ -424,6 +446,7 @@ class _Probs:
     shape: tuple[int, ...] = ()  # the softmax output's
     allowed: torch.Tensor | None = None  # the 0/1 mask it was multiplied by (True = kept)
     layout: Layout | None = None  # from lineage: exact, whatever the fold
+    qpos: torch.Tensor | None = None  # (B, q) each query's position code, where no layout says it (SDPA)
 
     def bhqk(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor shaped like the softmax output -> (B, H, q, k) as in the record."""
@@ -432,6 +455,16 @@ class _Probs:
         q, k = t.shape[-2], t.shape[-1]
         t4 = t.reshape(*self.heads, q, k) if t.dim() == 3 else t.reshape(t.shape[0], -1, q, k)
         return t4.transpose(0, 1) if self.transpose else t4
+
+
+def _query_positions(p: _Probs) -> torch.Tensor | None:
+    """(B, q) the position code of each query of the record ``p``'s weights were recorded as."""
+    if p.qpos is not None:
+        return p.qpos
+    lay = p.layout
+    if lay is None:
+        return None
+    return lay.qcode.to(lay.rows.device)[lay.rows[:, 0, :]] >> lineage.SHIFT
 
 
 def _very_negative(v: Any) -> bool:
@@ -566,6 +599,7 @@ class _Session:
         # module path -> (the weights' _Probs, the values' codes (B, H, k, dv) on demand, a memo key for
         # them): a product's values wait for the projection that reads the heads merged back
         self._pending: dict[str, tuple[_Probs, Callable[[], torch.Tensor | None], tuple]] = {}
+        self._last_wo: _Probs | None = None  # the weights whose W_O the op being followed just applied
         self._rowq_owner: dict[int, tuple[torch.Tensor, _Probs]] = {}  # the record whose rows rowq holds
         self._consumed: dict[int, _Probs] = {}  # weights already multiplied by values (held: ids stay theirs)
         self._pad_start: int | None = None
@@ -637,6 +671,11 @@ class _Session:
                 self.on_setitem(args, pre)
             else:
                 self.propagate(name, func, args, kwargs, out, pre)
+                if self._last_wo is not None:  # the output projection of heads merged back: its output
+                    wo, self._last_wo = self._last_wo, None  # is followed to the residual it is added to
+                    tag = self.tag(out) if isinstance(out, torch.Tensor) else None
+                    if tag is not None and tag is not _PARAM_TAG:
+                        tag.wo = wo
         except Exception as exc:  # bookkeeping must never break the user's forward pass
             note = f"{name}: {type(exc).__name__}: {exc}"
             if note not in self.cap.notes:
@@ -913,6 +952,8 @@ class _Session:
             if (g.role is None or g.role == "linear") and g.probs is None:
                 new = g.derived(g.origin)
                 new.moved = g.moved and name in lineage.REPLAY
+                if g.wo is not None and (name in lineage.REPLAY or name in DROPOUT):
+                    new.wo = g.wo
                 if out.dim() != 3 or x.dim() != 3 or out.shape[0] != x.shape[0]:
                     new.split = None
                 if name in ("view", "reshape", "unflatten"):
@@ -931,6 +972,18 @@ class _Session:
                 self.set(out, new)
                 return
         tags = [self.tag(t) for t in ins]
+        if name in ADD and len(ins) == 2 and isinstance(out, torch.Tensor):
+            for (a, ta), (b, _) in (
+                ((ins[0], tags[0]), (ins[1], tags[1])),
+                ((ins[1], tags[1]), (ins[0], tags[0])),
+            ):
+                if (
+                    ta is not None
+                    and ta.wo is not None
+                    and tuple(a.shape) == tuple(b.shape) == tuple(out.shape)
+                ):
+                    self._residual(ta.wo, a, b, out if name in IN_PLACE and b is out else None)
+                    break
         if not ins or (name not in ENTRY and not any(tags)):
             return  # nothing the capture follows went in (a tensor from outside enters through ENTRY ops)
         if name in ENTRY and not any(g is not None and g.role != "param" for g in tags):
@@ -1224,6 +1277,34 @@ class _Session:
             return
         rec.values.b_o = bias.detach() if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None
         rec.values.w_o = values_.projection_slices(weight, cols, transposed)
+        self._last_wo = p
+
+    def _residual(self, p: _Probs, proj: torch.Tensor, x: torch.Tensor, summed: torch.Tensor | None) -> None:
+        """``proj`` (the output projection's output) is added to ``x``, the residual stream: its norms
+        ||x_i|| (B, q) in the record's query order, found from the codes of ``proj``'s rows. ``summed``:
+        x was added to in place (x += proj), so x is now the sum and the stream was ``x - proj``."""
+        rec = p.record
+        pc = self.code_of(proj)
+        if rec is None or rec.residual is not None or pc is None or tuple(pc.shape) != tuple(proj.shape):
+            return
+        qpos = _query_positions(p)
+        if qpos is None:
+            return
+        with torch.no_grad():
+            stream = (summed - proj) if summed is not None else x
+            norms = stream.detach().float().norm(dim=-1).reshape(-1)
+        rows = (pc.select(-1, 0) >> lineage.SHIFT).reshape(-1).to(norms.device)
+        order = torch.argsort(rows)
+        ranked = rows[order]
+        want = qpos.reshape(-1).to(norms.device)
+        at = torch.searchsorted(ranked, want).clamp_max(max(ranked.numel() - 1, 0))
+        if (
+            not ranked.numel()
+            or not bool((ranked[at] == want).all())
+            or ranked.unique().numel() != ranked.numel()
+        ):
+            return  # a query row the sum does not hold, or one position on two rows
+        self._update_record(p, residual=norms[order[at]].view(qpos.shape))
 
     def _mask_step(self, name, func, args, kwargs, out, base_t, base, new, pre) -> None:
         """A scores tensor went through an op: note a mask it applied, or carry scores/mask along."""
@@ -1758,6 +1839,12 @@ class _Session:
                 origin = origin | tag.origin
         self.set(out, _Tag(None, origin, attn_out=rec.name, moved=True, code=code))
         p = _Probs(rec, (b, hq), False, None, False, tuple(rec.probs.shape))
+        if not unsq:
+            p.qpos = (
+                (qpos.reshape(b, hq, -1)[:, 0] >> lineage.SHIFT)
+                if qpos.numel() == b * hq * int(out.shape[-2])
+                else None
+            )
         self._pending[rec.name] = (p, vcodes, ("sdpa", str(qc.device), hq, dv, unsq, b, lk))
 
     def _described(self, q: torch.Tensor, k: torch.Tensor) -> lineage.Described | None:

@@ -155,7 +155,8 @@ if sentence:
     st.markdown(sentence)
 else:
     st.caption(
-        "This trace holds no value vectors (traces of attnscope's own models and MiniLM do): the table gives "
+        "This trace holds no value vectors (a trace file saved without them, or a model whose heads' output "
+        "is gated or gets a second term): the table gives "
         "the weight share only, and no head can be called parked."
     )
 scopes = {k: tr.value_norms_scope(k) for k in kinds if tr.value_norms(k) is not None}
@@ -197,8 +198,9 @@ if "enc_self" in kinds:
     )
     if not can_norm:
         st.caption(
-            "The norm-based rollout is not available: this trace holds no value or residual norms (traces "
-            "of attnscope's own models and MiniLM do)."
+            "The norm-based rollout is not available: this trace holds no value or residual norms (the "
+            "model's output projection or the residual stream it is added to could not be followed, or "
+            "the trace file was saved without them)."
         )
     st.latex(NORM_ROLLOUT_FORMULA if method == "norm" else ATTENTION_ROLLOUT_FORMULA)
     roll = trace_cache.figures.get(
