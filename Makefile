@@ -38,7 +38,7 @@ lint: setup typecheck
 	$(PY) -m ruff format --check .
 
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n 2   # two workers (pytest-xdist): the tests are independent
 
 screenshot: setup
 	$(PY) -m bench.screenshot

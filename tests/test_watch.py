@@ -393,3 +393,22 @@ def test_a_step_with_weights_replays_any_input(tmp_path):
     w.close()
     with pytest.raises(ModelLoadError, match="kept no weights"):
         attnscope.load(f"{tmp_path / 'nw'}@0")
+
+
+def test_a_compiled_model_is_probed_through_its_original_module(tmp_path, monkeypatch):
+    """torch.compile's wrapper: the probe runs on ``_orig_mod`` (eager, where capture sees every op), so
+    watching never triggers a compilation and records the same maps as the module itself."""
+    m = _model(dropout=0.0).eval()
+    compiled = torch.compile(m)
+    assert compiled._orig_mod is m
+    calls = []
+    monkeypatch.setattr(type(compiled), "forward", lambda self, *a, **k: calls.append(1))  # never called
+    w = attnscope.watch(compiled, _probe(), every=1, run_dir=tmp_path / "r", vocab=VOCAB)
+    assert w.step(0, loss=1.0)
+    w.close()
+    assert not calls
+    src, tgt = _probe()
+    with attnscope.capture_attention(m) as cap:
+        m(src, tgt)
+    got = Run.open(tmp_path / "r").traces(0)[0].probs("cross")
+    np.testing.assert_allclose(got, cap.stacks()["cross"][0].numpy(), atol=1e-3)
