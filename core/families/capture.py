@@ -457,6 +457,38 @@ class _Probs:
         return t4.transpose(0, 1) if self.transpose else t4
 
 
+def _sdpa_out_codes(qc: torch.Tensor, shape: tuple[int, ...], unsq: bool, hq: int, b: int):
+    """(codes of SDPA's output, its feature numbers (H or 1, dv), (B, q) query positions or None), or
+    None: rows are the queries' positions, features numbered head by head."""
+    dv = shape[-1]
+    qpos, _ = lineage.reduced(qc, -1)  # (..., lq): each query row's code
+    feat = torch.arange((1 if unsq else hq) * dv, device=qc.device).view(-1, dv)  # (H or 1, dv)
+    try:
+        code = ((qpos >> lineage.SHIFT) << lineage.SHIFT).unsqueeze(-1) | feat.unsqueeze(-2)
+        code = code.expand(shape) if tuple(code.shape) != shape else code
+    except RuntimeError:
+        return None
+    qrows = None
+    if not unsq and qpos.numel() == b * hq * shape[-2]:
+        qrows = qpos.reshape(b, hq, -1)[:, 0] >> lineage.SHIFT
+    return code, feat, qrows
+
+
+def _rows_of(pc: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor | None:
+    """The flat row of ``pc`` (codes (..., D)) that holds each query position of ``qpos`` (B, q), or
+    None when one is missing or a position sits on two rows."""
+    rows = (pc.select(-1, 0) >> lineage.SHIFT).reshape(-1)
+    if not rows.numel():
+        return None
+    order = torch.argsort(rows)
+    ranked = rows[order]
+    want = qpos.reshape(-1).to(rows.device)
+    at = torch.searchsorted(ranked, want).clamp_max(ranked.numel() - 1)
+    if not bool((ranked[at] == want).all()) or bool((ranked[1:] == ranked[:-1]).any()):
+        return None
+    return order[at]
+
+
 def _query_positions(p: _Probs) -> torch.Tensor | None:
     """(B, q) the position code of each query of the record ``p``'s weights were recorded as."""
     if p.qpos is not None:
@@ -464,7 +496,11 @@ def _query_positions(p: _Probs) -> torch.Tensor | None:
     lay = p.layout
     if lay is None:
         return None
-    return lay.qcode.to(lay.rows.device)[lay.rows[:, 0, :]] >> lineage.SHIFT
+    key = ("query positions", id(lay))
+    hit = lineage.recall(key)
+    if hit is lineage.MISS:
+        hit = lineage.remember(key, (lay,), lay.qcode.to(lay.rows.device)[lay.rows[:, 0, :]] >> lineage.SHIFT)
+    return hit
 
 
 def _very_negative(v: Any) -> bool:
@@ -1276,7 +1312,11 @@ class _Session:
         if cols is None:
             return
         rec.values.b_o = bias.detach() if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None
-        rec.values.w_o = values_.projection_slices(weight, cols, transposed)
+        key = ("W_O", id(weight), weight._version, id(cols), transposed)  # again only if the weight changed
+        w_o = lineage.recall(key)
+        if w_o is lineage.MISS:
+            w_o = lineage.remember(key, (weight, cols), values_.projection_slices(weight, cols, transposed))
+        rec.values.w_o = w_o
         self._last_wo = p
 
     def _residual(self, p: _Probs, proj: torch.Tensor, x: torch.Tensor, summed: torch.Tensor | None) -> None:
@@ -1290,21 +1330,16 @@ class _Session:
         qpos = _query_positions(p)
         if qpos is None:
             return
+        key = ("residual rows", id(pc), id(qpos))
+        index = lineage.recall(key)
+        if index is lineage.MISS:
+            index = lineage.remember(key, (pc, qpos), _rows_of(pc, qpos))
+        if index is None:
+            return  # a query row the sum does not hold, or one position on two rows
         with torch.no_grad():
             stream = (summed - proj) if summed is not None else x
             norms = stream.detach().float().norm(dim=-1).reshape(-1)
-        rows = (pc.select(-1, 0) >> lineage.SHIFT).reshape(-1).to(norms.device)
-        order = torch.argsort(rows)
-        ranked = rows[order]
-        want = qpos.reshape(-1).to(norms.device)
-        at = torch.searchsorted(ranked, want).clamp_max(max(ranked.numel() - 1, 0))
-        if (
-            not ranked.numel()
-            or not bool((ranked[at] == want).all())
-            or ranked.unique().numel() != ranked.numel()
-        ):
-            return  # a query row the sum does not hold, or one position on two rows
-        self._update_record(p, residual=norms[order[at]].view(qpos.shape))
+        self._update_record(p, residual=norms[index.to(norms.device)].view(qpos.shape))
 
     def _mask_step(self, name, func, args, kwargs, out, base_t, base, new, pre) -> None:
         """A scores tensor went through an op: note a mask it applied, or carry scores/mask along."""
@@ -1751,7 +1786,7 @@ class _Session:
             fill = None  # where SDPA itself puts -inf: the causal mask and bool masks
             logits = scores
             if a.get("is_causal"):
-                allowed = fill = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
+                allowed = fill = _causal(lq, lk, q.device)
             m = a.get("attn_mask")
             if m is not None:
                 if unsq and m.dim() >= 3:
@@ -1766,7 +1801,8 @@ class _Session:
             if fill is not None:  # broadcast as given: a causal (q, k) mask is never expanded
                 logits = torch.where(fill, logits, float("-inf"))
             probs = torch.softmax(logits, dim=-1)
-            if (fill is not None or (m is not None and m.dtype != torch.bool)) and (
+            only_causal = m is None and lq <= lk  # causal alone: every row keeps its first key
+            if (not only_causal and (fill is not None or (m is not None and m.dtype != torch.bool))) and (
                 not lk or bool(torch.isnan(probs[..., :1]).any())
             ):  # rows with no key at all: 0, as SDPA (the softmax of a row of -inf is NaN throughout, so
                 # only rows whose first weight is NaN can be one; a row's max is -inf when all of it is)
@@ -1783,7 +1819,7 @@ class _Session:
                 check = 0.0
                 if got.numel():
                     p_rows, g_rows = probs, got  # up to CHECK_ROWS query rows: all of them
-                    if lq > CHECK_ROWS:
+                    if lq > 4 * CHECK_ROWS:  # a few rows more cost less than picking them
                         rows = _check_rows(lq, q.device)
                         p_rows, g_rows = probs.index_select(-2, rows), got.index_select(-2, rows)
                     if g_rows.dtype != work:
@@ -1808,7 +1844,7 @@ class _Session:
         if rec is not None and v.shape[-2] == lk:  # the values the weights multiply
             v_kept = v.detach()
             rec = self._set_values(rec, values_.HeadValues(make=lambda: v_kept.reshape(b, hq, lk, -1)))
-            if rec is not None and check is not None and check <= 1e-3 * max(1.0, float(v.abs().max())):
+            if rec is not None:
                 self._follow_sdpa_out(a, out, rec, unsq, (b, hq, lk))
 
     def _follow_sdpa_out(self, a: dict, out: torch.Tensor, rec: Record, unsq: bool, bhk) -> None:
@@ -1821,13 +1857,13 @@ class _Session:
             return
         b, hq, lk = bhk
         dv = int(out.shape[-1])
-        qpos, _ = lineage.reduced(qc, -1)  # (..., lq): each query row's code
-        feat = torch.arange((1 if unsq else hq) * dv, device=qc.device).view(-1, dv)  # (H or 1, dv)
-        try:
-            code = ((qpos >> lineage.SHIFT) << lineage.SHIFT).unsqueeze(-1) | feat.unsqueeze(-2)
-            code = code.expand(out.shape) if tuple(code.shape) != tuple(out.shape) else code
-        except RuntimeError:
+        key = ("sdpa out", id(qc), tuple(out.shape), unsq, hq)  # the same codes every call: kept once
+        hit = lineage.recall(key)
+        if hit is lineage.MISS:
+            hit = lineage.remember(key, (qc,), _sdpa_out_codes(qc, tuple(out.shape), unsq, hq, b))
+        if hit is None:
             return
+        code, feat, qrows = hit
 
         def vcodes() -> torch.Tensor:  # (B, H, k, dv): the same feature numbers, head by head
             return feat.view(1, -1, 1, dv).expand(b, hq, lk, dv)
@@ -1838,13 +1874,7 @@ class _Session:
             if tag is not None:
                 origin = origin | tag.origin
         self.set(out, _Tag(None, origin, attn_out=rec.name, moved=True, code=code))
-        p = _Probs(rec, (b, hq), False, None, False, tuple(rec.probs.shape))
-        if not unsq:
-            p.qpos = (
-                (qpos.reshape(b, hq, -1)[:, 0] >> lineage.SHIFT)
-                if qpos.numel() == b * hq * int(out.shape[-2])
-                else None
-            )
+        p = _Probs(rec, (b, hq), False, None, False, tuple(rec.probs.shape), qpos=qrows)
         self._pending[rec.name] = (p, vcodes, ("sdpa", str(qc.device), hq, dv, unsq, b, lk))
 
     def _described(self, q: torch.Tensor, k: torch.Tensor) -> lineage.Described | None:
@@ -1985,7 +2015,19 @@ def _allowed(m: torch.Tensor) -> torch.Tensor:
     return ~m if m.dtype == torch.bool else torch.isfinite(m) & (m > torch.finfo(m.dtype).min / 2)
 
 
-_ROWS: dict[tuple[int, str], torch.Tensor] = {}  # SDPA's checked rows by query length and device
+_ROWS: dict[tuple, torch.Tensor] = {}  # SDPA: checked rows by query length and device; causal masks
+
+
+def _causal(lq: int, lk: int, device) -> torch.Tensor:
+    """SDPA's is_causal mask (lq, lk), kept per shape and device (never written to)."""
+    key = ("causal", lq, lk, str(device))
+    mask = _ROWS.get(key)
+    if mask is None:
+        mask = torch.ones(lq, lk, dtype=torch.bool, device=device).tril()
+        if len(_ROWS) >= 256:
+            _ROWS.clear()
+        _ROWS[key] = mask
+    return mask
 
 
 def _check_rows(lq: int, device) -> torch.Tensor:
