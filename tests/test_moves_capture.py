@@ -131,6 +131,15 @@ def test_an_adapter_trace_carries_value_norms():
         assert tr.value_norms_scope(kind) == V.WITH_WO
     rows = tr.moves("cross", normalize=True).sum(-1)
     np.testing.assert_allclose(rows, 1.0, atol=1e-5)
+    # nn.Transformer's MultiheadAttention output is followed to the residual sum: the norm rollout is offered
+    from attnscope.core.analysis.analytics import has_norms, trace_rollout
+
+    assert has_norms(tr, "enc_self") and tr.residual_norms("enc_self").shape == tr.probs("enc_self").shape[
+        :1
+    ] + (len(tr.src_tokens),)
+    np.testing.assert_allclose(
+        trace_rollout(tr, valid=tr.src_real, method="norm")[-1].sum(-1), 1.0, atol=1e-6
+    )
 
 
 def test_a_captured_trace_keeps_its_scope_in_the_file(tmp_path):
@@ -296,3 +305,26 @@ def test_no_residual_where_the_projection_output_is_not_added_as_is():
         model(torch.randint(0, 20, (2, 5)))
     (rec,) = cap.records
     assert rec.values is not None and rec.values.w_o is not None and rec.residual is None
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_residual_is_the_layers_input(batch_first):
+    """nn.TransformerEncoderLayer adds MultiheadAttention's output (after dropout) to the layer's input:
+    that input's norms are each record's residual, (batch, query), with padding, either layout."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=batch_first)
+    enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(3, 6, 32)
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2, [False] * 2 + [True] * 4])
+    inputs: list[torch.Tensor] = []
+    hooks = [m.register_forward_pre_hook(lambda _m, a: inputs.append(a[0].detach())) for m in enc.layers]
+    try:
+        with torch.no_grad(), capture_attention(enc) as cap:
+            enc(x if batch_first else x.transpose(0, 1), src_key_padding_mask=pad)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(cap.records) == len(inputs) == 2
+    for rec, inp in zip(cap.records, inputs, strict=True):
+        want = inp.norm(dim=-1)
+        torch.testing.assert_close(rec.residual, want if batch_first else want.t(), rtol=1e-5, atol=1e-5)

@@ -1952,12 +1952,35 @@ class _Session:
                                key_labels=labels)  # fmt: skip
             hv = _mha_values(p, h, (b, h, lk))
             if rec is not None and hv is not None:
-                self._set_values(rec, hv)
+                rec = self._set_values(rec, hv)
+                if rec is not None and hv.w_o is not None:
+                    self._follow_mha_out(query, out, rec, unbatched)
         except Exception as exc:
             self.cap.notes.append(f"nn.MultiheadAttention: {type(exc).__name__}: {exc}")
         finally:
             _LOCAL.busy -= 1
         return out
+
+
+    def _follow_mha_out(self, query: torch.Tensor, out: Any, rec: Record, unbatched: bool) -> None:
+        """MultiheadAttention's output went through its own output projection: tagged as a projection
+        of the queries' positions that these weights made, so the sum adding it to the residual stream
+        is found (the residual norms)."""
+        attn = out[0] if isinstance(out, (tuple, list)) else out
+        qc = self.code_of(query)
+        if not isinstance(attn, torch.Tensor) or qc is None or tuple(qc.shape) != tuple(query.shape):
+            return
+        if tuple(attn.shape[:-1]) != tuple(query.shape[:-1]):
+            return
+        code, _ = lineage.projected(qc, int(attn.shape[-1]))
+        key = ("mha query positions", id(qc))
+        qpos = lineage.recall(key)
+        if qpos is lineage.MISS:
+            rows = qc.select(-1, 0) >> lineage.SHIFT  # (L, B) or (L,): MultiheadAttention is sequence-first
+            qpos = lineage.remember(key, (qc,), rows[None] if unbatched else rows.t())
+        g = self.tag(query)
+        p = _Probs(rec, tuple(rec.probs.shape[:2]), False, None, False, tuple(rec.probs.shape), qpos=qpos)
+        self.set(attn, _Tag("linear", g.origin if g is not None else frozenset(), code=code, wo=p))
 
 
 def _no_torch_function(*_args) -> bool:
