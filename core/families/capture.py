@@ -1979,7 +1979,8 @@ class _Session:
             rows = qc.select(-1, 0) >> lineage.SHIFT  # (L, B) or (L,): MultiheadAttention is sequence-first
             qpos = lineage.remember(key, (qc,), rows[None] if unbatched else rows.t())
         g = self.tag(query)
-        p = _Probs(rec, tuple(rec.probs.shape[:2]), False, None, False, tuple(rec.probs.shape), qpos=qpos)
+        b, h = int(rec.probs.shape[0]), int(rec.probs.shape[1])
+        p = _Probs(rec, (b, h), False, None, False, tuple(rec.probs.shape), qpos=qpos)
         self.set(attn, _Tag("linear", g.origin if g is not None else frozenset(), code=code, wo=p))
 
 
