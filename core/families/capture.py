@@ -1961,7 +1961,6 @@ class _Session:
             _LOCAL.busy -= 1
         return out
 
-
     def _follow_mha_out(self, query: torch.Tensor, out: Any, rec: Record, unbatched: bool) -> None:
         """MultiheadAttention's output went through its own output projection: tagged as a projection
         of the queries' positions that these weights made, so the sum adding it to the residual stream
