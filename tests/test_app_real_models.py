@@ -180,6 +180,14 @@ def test_hf_folder_from_the_sidebar_every_page(env, hf_folders, name):
     at.sidebar.text_input(key=K.SOURCE).input("the cat sat on a mat").run()
     every_page(at)
 
+    # what moves: the folder's traces carry the value norms, so the toggle is live and the grid follows
+    at.switch_page(PAGES["attention"]).run()
+    assert not at.radio(key=K.ATT_SHOW).disabled
+    at.radio(key=K.ATT_SHOW).set_value("moves").run()
+    assert not at.exception and not at.error, errors(at)
+    assert any("what moves" in t for t in titles(at)), titles(at)
+    at.radio(key=K.ATT_SHOW).set_value("weight").run()
+
     lm = registry.load(path)
     if name == "gpt2":
         at.switch_page(PAGES["attention"]).run()

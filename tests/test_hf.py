@@ -418,22 +418,34 @@ def test_decomposition_rebuilds_each_attention_output(loaded, name):
         assert any(o.shape == want.shape and torch.allclose(o, want, atol=1e-5) for o in outs), rec.name
 
 
-@pytest.mark.parametrize("name", ["bert", "t5"])
-def test_encoder_residual_norms_and_norm_rollout(loaded, name):
-    """The encoder's residual norms are ||x_i|| of each layer's input (post-LN BERT and pre-LN T5 alike),
-    so the norm-based rollout is offered, its rows summing to 1 over the real tokens."""
+@pytest.mark.parametrize("name", ["bert", "t5", "gpt2", "bart"])
+def test_residual_norms_are_each_layers_input_and_the_norm_rollout_runs(loaded, name):
+    """The residual norms are ||x_i|| of the stream each attention output is added to: for self-attention,
+    each layer's input (post-LN BERT, pre-LN T5 and GPT-2 alike), found by capture, never assumed; every
+    kind carries them, so the norm-based rollout is offered, its rows summing to 1 over the real tokens."""
     from attnscope.core.analysis.analytics import has_norms, trace_rollout
 
     lm = loaded[name]
     traces = lm.trace(TEXTS, TARGETS) if lm.cfg.arch == "seq2seq" else lm.trace(TEXTS)
-    src = torch.as_tensor(np.stack([t.src_ids for t in traces])).long()
-    real = torch.as_tensor(np.stack([t.src_real for t in traces])).long()
+    side = "tgt" if lm.cfg.arch == "decoder" else "src"
+    ids = torch.as_tensor(np.stack([getattr(t, f"{side}_ids") for t in traces])).long()
+    real = torch.as_tensor(np.stack([getattr(t, f"{side}_real") for t in traces])).long()
     with torch.no_grad():
-        encoder = lm.model.get_encoder() if lm.cfg.arch == "seq2seq" else lm.model
-        hs = encoder(input_ids=src, attention_mask=real, output_hidden_states=True).hidden_states
+        if lm.cfg.arch == "decoder":
+            hs = lm.model.transformer(
+                input_ids=ids, attention_mask=real, output_hidden_states=True
+            ).hidden_states
+        else:
+            encoder = lm.model.get_encoder() if lm.cfg.arch == "seq2seq" else lm.model
+            hs = encoder(input_ids=ids, attention_mask=real, output_hidden_states=True).hidden_states
+    kind = "dec_self" if lm.cfg.arch == "decoder" else "enc_self"
+    n_layers = lm.cfg.n_dec_layers if lm.cfg.arch == "decoder" else lm.cfg.n_enc_layers
     for i, t in enumerate(traces):
-        want = torch.stack([h[i].norm(dim=-1) for h in hs[: lm.cfg.n_enc_layers]]).numpy()
-        np.testing.assert_allclose(t.residual_norms("enc_self"), want, rtol=1e-5)
-        assert has_norms(t, "enc_self")
-        roll = trace_rollout(t, valid=t.src_real, method="norm")
-        np.testing.assert_allclose(roll[-1].sum(-1), 1.0, atol=1e-6)
+        want = torch.stack([h[i].norm(dim=-1) for h in hs[:n_layers]]).numpy()
+        np.testing.assert_allclose(t.residual_norms(kind), want, rtol=1e-5)
+        for k in t.kinds:
+            assert t.residual_norms(k).shape == t.probs(k).shape[:1] + t.probs(k).shape[2:3]
+        if kind == "enc_self":
+            assert has_norms(t, "enc_self")
+            roll = trace_rollout(t, valid=t.src_real, method="norm")
+            np.testing.assert_allclose(roll[-1].sum(-1), 1.0, atol=1e-6)

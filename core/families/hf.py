@@ -361,20 +361,11 @@ class HFModel:
         forward's time, and what the heads move, from a capture of the same forward."""
         start = time.perf_counter()
         with capture_attention(self.model, scores=False) as cap:
-            out = self.model(**kwargs, output_attentions=True, output_hidden_states=True, return_dict=True)
+            out = self.model(**kwargs, output_attentions=True, return_dict=True)
         if self.model.device.type == "cuda":
             torch.cuda.synchronize()
         ms = (time.perf_counter() - start) * 1000
-        moves = _Moves(_value_norms(out, cap, names))
-        if "enc_self" in moves.norms:  # the residual each encoder layer's attention output is added to
-            states = getattr(out, "encoder_hidden_states", None) or getattr(out, "hidden_states", None)
-            n_layers = moves.norms["enc_self"][0].shape[1]
-            if states is not None and len(states) == n_layers + 1:  # each layer's input, and the last output
-                moves.residual = torch.stack([h.norm(dim=-1) for h in states[:-1]], dim=1)
-        for name in ("hidden_states", "encoder_hidden_states", "decoder_hidden_states"):
-            if getattr(out, name, None) is not None:
-                out[name] = None  # not kept with the maps
-        return out, ms, moves
+        return out, ms, _moves(out, cap, names)
 
     def _run_encoder(self, prepared: list[Prepared], tp) -> list[AttentionTrace]:
         if tp is not None:
@@ -502,8 +493,8 @@ class HFModel:
             fields[f"{kind}_value_norms"] = vn[i].detach().float().cpu().numpy()
         if norms.norms:
             meta["value_norms"] = {kind: scope for kind, (_, scope) in norms.norms.items()}
-        if norms.residual is not None:
-            fields["enc_self_residual_norms"] = norms.residual[i].detach().float().cpu().numpy()
+        for kind, rn in norms.residual.items():
+            fields[f"{kind}_residual_norms"] = rn[i].detach().float().cpu().numpy()
         return package_trace(
             i, model=self.name, config_name=self.cfg.model_type, device=self.device, src=src, tgt=tgt,
             maps=maps, output_text=text, meta=meta, **fields,
@@ -578,21 +569,23 @@ class HFModel:
 
 @dataclass
 class _Moves:
-    """What a forward's heads move: kind -> ((B, layer, head, k) ||f_h(x_j)||, scope), and the encoder
-    layers' residual norms ||x_i|| (B, layer, L) for the norm-based rollout."""
+    """What a forward's heads move: kind -> ((B, layer, head, k) ||f_h(x_j)||, scope), and kind ->
+    (B, layer, q) ||x_i|| of the residual stream each layer's attention output is added to (the
+    norm-based rollout's identity term)."""
 
     norms: dict[str, tuple[torch.Tensor, str]]
-    residual: torch.Tensor | None = None
+    residual: dict[str, torch.Tensor]
 
 
-def _value_norms(out: Any, cap: Captured, names: dict[str, str]) -> dict[str, tuple[torch.Tensor, str]]:
-    """kind -> ((B, layer, head, k) ||f_h(x_j)||, scope) for each output ``names`` holds (its attribute ->
-    kind). Each layer's record is the captured call whose weights are that layer's map, element for
-    element (never matched by order alone); a kind with a layer unmatched, or values that could not be
-    confirmed, has none (the dashboard then offers weights only)."""
+def _moves(out: Any, cap: Captured, names: dict[str, str]) -> _Moves:
+    """What moves, for each output ``names`` holds (its attribute -> kind). Each layer's record is the
+    captured call whose weights are that layer's map, element for element (never matched by order
+    alone); a kind with a layer unmatched, or values that could not be confirmed, has none (the
+    dashboard then offers weights only). The residual norms are the capture's: the tensor the output
+    projection's result was added to, found from lineage, for every layer of the kind or none."""
     records = [r for r in cap.records if r.values is not None]
     used: set[int] = set()
-    result = {}
+    result, residual = {}, {}
     for name, kind in names.items():
         layers = getattr(out, name, None)
         if not layers:
@@ -609,9 +602,14 @@ def _value_norms(out: Any, cap: Captured, names: dict[str, str]) -> dict[str, tu
         if len(matched) != len(layers):
             continue
         norms, scope = kind_value_norms(matched, [list(range(int(r.probs.shape[-1]))) for r in matched])
-        if norms is not None and scope is not None:
-            result[kind] = (norms, scope)
-    return result
+        if norms is None or scope is None:
+            continue
+        result[kind] = (norms, scope)
+        rows = [r.residual for r in matched]
+        if all(x is not None and tuple(x.shape) == (r.probs.shape[0], r.probs.shape[-2])
+               for x, r in zip(rows, matched, strict=True)):  # fmt: skip
+            residual[kind] = torch.stack([x for x in rows if x is not None], dim=1)
+    return _Moves(result, residual)
 
 
 def _stack_layers(out: Any, name: str) -> torch.Tensor:
