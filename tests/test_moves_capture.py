@@ -328,3 +328,44 @@ def test_multihead_attention_residual_is_the_layers_input(batch_first):
     for rec, inp in zip(cap.records, inputs, strict=True):
         want = inp.norm(dim=-1)
         torch.testing.assert_close(rec.residual, want if batch_first else want.t(), rtol=1e-5, atol=1e-5)
+
+
+class _ParallelBlock(nn.Module):
+    """GPT-J / GPT-NeoX / Falcon style: attention and MLP read the same normed input, and their outputs
+    are summed with the stream in the order ``order`` says."""
+
+    def __init__(self, order: str):
+        super().__init__()
+        self.order = order
+        self.emb, self.ln = nn.Embedding(20, 16), nn.LayerNorm(16)
+        self.qkv, self.o = nn.Linear(16, 48), nn.Linear(16, 16)
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        h = self.ln(x)
+        b, n, d = h.shape
+        q, k, v = (t.view(b, n, 4, 4).transpose(1, 2) for t in self.qkv(h).split(16, dim=-1))
+        attn = self.o(((q @ k.transpose(-1, -2)) / 2).softmax(-1).matmul(v).transpose(1, 2).reshape(b, n, d))
+        mlp = self.fc2(F.gelu(self.fc1(h)))
+        if self.order == "stream first":  # x + attn + mlp: the stream is what the attention's output meets
+            return x + attn + mlp
+        if self.order == "mlp first":  # GPT-NeoX: mlp + attn + x
+            return mlp + attn + x
+        mlp += attn  # Falcon: in place on the MLP's output
+        return mlp + x
+
+
+@pytest.mark.parametrize("order", ["stream first", "mlp first", "in place"])
+def test_a_parallel_blocks_mlp_output_is_never_taken_for_the_residual(order):
+    torch.manual_seed(0)
+    model = _ParallelBlock(order).eval()
+    ids = torch.randint(0, 20, (2, 5))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    assert rec.values is not None and rec.values.w_o is not None
+    if order == "stream first":
+        torch.testing.assert_close(rec.residual, model.emb(ids).norm(dim=-1))
+    else:  # the attention's output meets the MLP's first: no residual is claimed
+        assert rec.residual is None

@@ -168,6 +168,7 @@ class Record:
     # ||x_i|| (B, q) of the residual stream the attention's output projection is added to, where lineage
     # saw that sum: the identity term of the norm-based rollout
     residual: torch.Tensor | None = None
+    seq: int = -1  # the capture's op count when the record was made (what existed before the attention ran)
 
 
 class _NoCode(Exception):
@@ -622,7 +623,7 @@ class _Session:
         self.n_embed = 0
         self.first_len: int | None = None  # length of the first token sequence (the encoder input)
         self.head_group: tuple[str, int] | None = None  # (parent, index) of the last per-head module recorded
-        self._tags: dict[int, tuple[weakref.ref, _Tag]] = {}
+        self._tags: dict[int, tuple[weakref.ref, _Tag, int]] = {}  # id -> (ref, tag, op count when tagged)
         self._drop = _dropper(self._tags)
         cap.lengths.update(int(n) for n in (lengths or ()))
         self.sources = lineage.Sources()
@@ -650,10 +651,16 @@ class _Session:
         entry = self._tags.get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else None
 
+    def made_at(self, t: torch.Tensor) -> int:
+        """The op count when ``t`` got its tag; -1 for a tensor no followed op made (an input from
+        outside the call: every op that reads an activation through a parameter tags its output)."""
+        entry = self._tags.get(id(t))
+        return entry[2] if entry is not None and entry[0]() is t else -1
+
     def set(self, t: torch.Tensor, tag: _Tag) -> None:
         ref = _Ref(t, self._drop)
         ref.key = id(t)
-        self._tags[ref.key] = (ref, tag)
+        self._tags[ref.key] = (ref, tag, self.n_ops)
 
     # -- module path ----------------------------------------------------------------------------------
     def path(self) -> str:
@@ -1327,6 +1334,11 @@ class _Session:
         pc = self.code_of(proj)
         if rec is None or rec.residual is not None or pc is None or tuple(pc.shape) != tuple(proj.shape):
             return
+        made = self.made_at(summed if summed is not None else x)
+        if made >= rec.seq:
+            # the stream existed before the attention ran; a tensor made since (a parallel block's MLP
+            # output, added to the attention's first or added to in place) is not claimed
+            return
         qpos = _query_positions(p)
         if qpos is None:
             return
@@ -1467,7 +1479,7 @@ class _Session:
         scores = None if scores is None or not self.keep_scores else scores.detach()
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
-                     layout.query_labels if layout is not None else query_labels)  # fmt: skip
+                     layout.query_labels if layout is not None else query_labels, seq=self.n_ops)  # fmt: skip
         item = _HEAD_ITEM.match(path)
         group = (item["parent"], int(item["i"])) if item else None
         last = self.cap.records[-1] if self.cap.records else None
