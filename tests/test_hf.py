@@ -78,6 +78,12 @@ def _specs():
             t.GPT2Config(**SMALL, n_embd=16, n_layer=2, n_head=4, n_positions=32, bos_token_id=1, eos_token_id=2),
             _tokenizer(None, **seq2seq_tok),
         ),
+        "llama": (  # grouped-query attention: 4 query heads share 2 key/value heads
+            t.LlamaForCausalLM,
+            t.LlamaConfig(**SMALL, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, max_position_embeddings=32, bos_token_id=1, eos_token_id=2),
+            _tokenizer(None, **seq2seq_tok),
+        ),
         "bart": (
             t.BartForConditionalGeneration,
             t.BartConfig(**SEQ2SEQ, bos_token_id=1, decoder_start_token_id=2, forced_eos_token_id=2),
@@ -323,6 +329,16 @@ def _reference_norms(lm, src, src_real, dec, dec_real) -> dict[str, list[torch.T
         hs = bert(input_ids=src, attention_mask=src_real, output_hidden_states=True).hidden_states
         return {"enc_self": [_head_norms(lay.attention.self.value(hs[i]), lay.attention.output.dense.weight, h)
                              for i, lay in enumerate(bert.encoder.layer)]}  # fmt: skip
+    if lm.cfg.model_type == "llama":  # pre-RMSNorm; head h reads key/value head h // (H / kv_heads)
+        hs = m.model(input_ids=dec, attention_mask=dec_real, output_hidden_states=True).hidden_states
+        out = []
+        for i, lay in enumerate(m.model.layers):
+            v = lay.self_attn.v_proj(lay.input_layernorm(hs[i]))  # (B, L, kv * dh)
+            b, n, c = v.shape
+            kv = m.config.num_key_value_heads
+            v = v.view(b, n, kv, c // kv).repeat_interleave(h // kv, dim=2).reshape(b, n, -1)
+            out.append(_head_norms(v, lay.self_attn.o_proj.weight, h))
+        return {"dec_self": out}
     if lm.cfg.model_type == "gpt2":
         hs = m.transformer(input_ids=dec, attention_mask=dec_real, output_hidden_states=True).hidden_states
         out = []
@@ -356,7 +372,7 @@ def _reference_norms(lm, src, src_real, dec, dec_real) -> dict[str, list[torch.T
     return ref
 
 
-@pytest.mark.parametrize("name", ["bert", "bert_cls", "gpt2", "bart", "t5", "marian"])
+@pytest.mark.parametrize("name", ["bert", "bert_cls", "gpt2", "llama", "bart", "t5", "marian"])
 def test_value_norms_equal_each_familys_own_weights(loaded, name):
     """Every kind of every family carries ||f_h(x_j)|| with its output projection, equal to the norms
     computed from the family's own value and output projections on the same padded batch."""
@@ -385,7 +401,7 @@ def test_value_norms_equal_each_familys_own_weights(loaded, name):
     )
 
 
-@pytest.mark.parametrize("name", ["bert", "gpt2", "bart", "t5"])
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "bart", "t5"])
 def test_decomposition_rebuilds_each_attention_output(loaded, name):
     """sum_h sum_j alpha_ij f_h(x_j) + b_O equals the output projection's output, for every call of a
     padded batch (the records the traces' norms come from)."""

@@ -458,6 +458,25 @@ class _Probs:
         return t4.transpose(0, 1) if self.transpose else t4
 
 
+def _lead_heads(layout: Layout, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """The head of each leading slice of weights shaped ``shape`` (..., q, k), flat, from the layout's
+    rows (B, H, q); None unless each slice is one (batch, head)'s rows in order."""
+    key = ("lead heads", id(layout), shape)
+    hit = lineage.recall(key)
+    if hit is not lineage.MISS:
+        return hit
+    q, n_lead = int(shape[-2]), math.prod(int(n) for n in shape[:-2])
+    rows = layout.rows
+    heads = None
+    if q >= 1 and rows.shape[-1] == q and rows.numel() == n_lead * q:
+        lead = rows[..., 0] // q  # (B, H)
+        if torch.equal(rows, lead[..., None] * q + torch.arange(q, device=rows.device)):
+            heads = torch.full((n_lead,), -1, dtype=torch.int64, device=rows.device)
+            heads[lead.reshape(-1)] = torch.arange(rows.shape[1], device=rows.device).repeat(rows.shape[0])
+            heads = None if bool((heads < 0).any()) else heads
+    return lineage.remember(key, (layout,), heads)
+
+
 def _sdpa_out_codes(qc: torch.Tensor, shape: tuple[int, ...], unsq: bool, hq: int, b: int):
     """(codes of SDPA's output, its feature numbers (H or 1, dv), (B, q) query positions or None), or
     None: rows are the queries' positions, features numbered head by head."""
@@ -1222,10 +1241,23 @@ class _Session:
         """Weights times values: the output rows are the weights' queries, its features the values'."""
         new = _Tag(None, origin, attn_out=first.attn_out, moved=True)
         vc = self.code_of(ops[1]) if len(ops) > 1 else None
-        self._keep_values(first, ops, vc)
+        heads = self._keep_values(first, ops, vc)
         rowq = first.rowq
         if (rowq is None or vc is None or ops[0].dim() < 2 or ops[1].dim() < 2
                 or tuple(rowq.shape) != (*ops[0].shape[:-1], 1)):  # fmt: skip
+            return new
+        if heads is not None and tuple(out.shape[:-2]) == tuple(ops[0].shape[:-2]):
+            # features numbered head by head (h * dv + d): heads that share their values (grouped-query
+            # attention repeats them) stay apart where a projection reads them merged back
+            dv = int(out.shape[-1])
+            key = ("weighted heads", id(rowq), id(heads), tuple(out.shape))
+            hit = lineage.recall(key)
+            if hit is lineage.MISS:
+                feat = heads.to(rowq.device).view(*out.shape[:-2], 1, 1) * dv + torch.arange(
+                    dv, device=rowq.device
+                )
+                hit = lineage.remember(key, (rowq, heads), ((rowq >> lineage.SHIFT) << lineage.SHIFT) | feat)
+            new.code = hit
             return new
         key = ("weighted", id(rowq), id(vc), tuple(out.shape))
         hit = lineage.recall(key)
@@ -1241,24 +1273,25 @@ class _Session:
             pass
         return new
 
-    def _keep_values(self, first: _Tag, ops, vc: torch.Tensor | None) -> None:
+    def _keep_values(self, first: _Tag, ops, vc: torch.Tensor | None) -> torch.Tensor | None:
         """The values an exactly laid-out record's weights multiply, (B, H, k, dv), kept on the record;
-        their codes wait for the projection that reads the heads merged back."""
+        their codes wait for the projection that reads the heads merged back. Returns the head of each
+        leading slice of the product (``_lead_heads``) where the layout gives it, else None."""
         p = first.probs
         if p is None and first.rowq is not None and id(first.rowq) in self._rowq_owner:
             owner = self._rowq_owner[id(first.rowq)]
             p = owner[1] if owner[0] is first.rowq else None
         if p is None or p.layout is None or p.record is None or len(ops) < 2:
-            return
+            return None
         if id(p) in self._consumed:  # the weights multiply a second tensor (Shaw's relative values): what
             if p.record.values is not None:  # moves from a key is no longer one vector per key
                 self._update_record(p, values=None)
             self._pending.pop(first.attn_out or "", None)
-            return
+            return None
         self._consumed[id(p)] = p
         w, v = ops[0], ops[1]
         if not isinstance(v, torch.Tensor) or not v.is_floating_point():
-            return
+            return None
         shape, rec, layout = tuple(w.shape), p.record, p.layout
         w, v = w.detach(), v.detach()
 
@@ -1273,10 +1306,23 @@ class _Session:
             return vals if same else None
 
         self._update_record(p, values=values_.HeadValues(make=make))
-        if vc is not None and tuple(vc.shape) == tuple(v.shape) and first.attn_out is not None:
+        if vc is None or tuple(vc.shape) != tuple(v.shape) or first.attn_out is None:
+            return None
+        heads = _lead_heads(layout, shape)
+        if heads is None:  # the values' own features (two heads sharing them cannot be told apart)
             self._pending[first.attn_out] = (
                 p, lambda: values_.bh_values(layout, shape, vc), (id(layout), shape, id(vc))
             )  # fmt: skip
+            return None
+        b, h = int(layout.rows.shape[0]), int(layout.rows.shape[1])
+        k, dv = int(shape[-1]), int(v.shape[-1])
+
+        def vcodes() -> torch.Tensor:  # (B, H, k, dv): head h's feature d is h * dv + d, as in the product
+            grid = torch.arange(h, device=vc.device)[:, None] * dv + torch.arange(dv, device=vc.device)
+            return grid.view(1, h, 1, dv).expand(b, h, k, dv)
+
+        self._pending[first.attn_out] = (p, vcodes, ("heads", id(layout), shape, dv))
+        return heads
 
     def _set_values(self, rec: Record, hv: values_.HeadValues) -> Record | None:
         """The record with ``hv`` as its values (it replaces ``rec`` in the capture), or None."""
