@@ -104,7 +104,7 @@ def test_most_styles_find_their_output_projection():
             if recs and all(r.values is not None and r.values.w_o is not None for r in recs)
             else missing
         ).append(name)
-    assert len(found) >= 32, (found, missing)  # grouped-query styles included (gqa_expand, llama_meta)
+    assert len(found) >= 33, (found, missing)  # grouped-query styles and einsum products included
 
 
 @pytest.mark.parametrize("batch_first", [True, False])
@@ -369,3 +369,37 @@ def test_a_parallel_blocks_mlp_output_is_never_taken_for_the_residual(order):
         torch.testing.assert_close(rec.residual, model.emb(ids).norm(dim=-1))
     else:  # the attention's output meets the MLP's first: no residual is claimed
         assert rec.residual is None
+
+
+class _EinsumHeadsLast(nn.Module):
+    """Heads kept beside the features, products written as einsums ("bhqk,bkhd->bqhd"); as many heads
+    as tokens, so a reading through the wrong axes would have the right shapes."""
+
+    def __init__(self, d=16, heads=4):
+        super().__init__()
+        self.h = heads
+        self.emb, self.qkv, self.o = nn.Embedding(20, d), nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.h, d // self.h) for t in self.qkv(x).split(d, dim=-1))
+        w = torch.einsum("bqhd,bkhd->bhqk", q, k).softmax(dim=-1)
+        return x + self.o(torch.einsum("bhqk,bkhd->bqhd", w, v).reshape(b, n, d))
+
+
+def test_an_einsum_product_in_another_layout_is_read_through_its_own_axes():
+    torch.manual_seed(0)
+    model = _EinsumHeadsLast().eval()
+    ids = torch.randint(0, 20, (3, 4))  # 4 tokens, 4 heads
+
+    def run():
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(ids)
+        return cap
+
+    cap, outs = _linear_outputs(model, run)
+    (rec,) = cap.records
+    assert rec.values is not None and rec.values.w_o is not None
+    torch.testing.assert_close(_rebuilt(rec), outs[-1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rec.residual, model.emb(ids).norm(dim=-1))

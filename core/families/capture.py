@@ -458,6 +458,37 @@ class _Probs:
         return t4.transpose(0, 1) if self.transpose else t4
 
 
+def _permuted(code: torch.Tensor, perm: list[int]) -> torch.Tensor:
+    """``code.permute(perm)``, the same view object every time (later ops' memo keys are identities)."""
+    key = ("permute", id(code), tuple(perm))
+    hit = lineage.recall(key)
+    return hit if hit is not lineage.MISS else lineage.remember(key, (code,), code.permute(perm))
+
+
+def _einsum_product(equation: Any) -> tuple[list[int], list[int]] | None:
+    """An einsum of weights (lead..., q, k) and values that sums over the keys, e.g. "bhqk,bkhd->bqhd":
+    (the permutation of the values to (lead, k, d), the permutation of (lead, q, d) to the output's
+    order), or None for any other einsum."""
+    if not isinstance(equation, str):
+        return None
+    eq = equation.replace(" ", "")
+    if "->" not in eq or "." in eq:
+        return None
+    lhs, out = eq.split("->")
+    ops = lhs.split(",")
+    if len(ops) != 2 or len(ops[0]) < 2:
+        return None
+    w, v = ops
+    lead, q, k = w[:-2], w[-2], w[-1]
+    extra = [c for c in v if c not in w]
+    if len(set(w)) != len(w) or len(set(v)) != len(v) or len(extra) != 1:
+        return None
+    plain_v, plain_out = lead + k + extra[0], lead + q + extra[0]
+    if sorted(v) != sorted(plain_v) or sorted(out) != sorted(plain_out) or len(set(out)) != len(out):
+        return None
+    return [v.index(c) for c in plain_v], [plain_out.index(c) for c in out]
+
+
 def _lead_heads(layout: Layout, shape: tuple[int, ...]) -> torch.Tensor | None:
     """The head of each leading slice of weights shaped ``shape`` (..., q, k), flat, from the layout's
     rows (B, H, q); None unless each slice is one (batch, head)'s rows in order."""
@@ -1194,7 +1225,19 @@ class _Session:
             return new
         first = op_tags[0] if op_tags else None
         if first is not None and (first.rowq is not None or first.probs is not None):
-            return self._weighted(ops, first, out, origin)
+            if name != "einsum":
+                return self._weighted(ops, first, out, origin)
+            perms = _einsum_product(args[0] if args else None)
+            if perms is None or len(ops) != 2:  # not weights times values along the keys: nothing claimed
+                return _Tag(None, origin, attn_out=first.attn_out)
+            v_perm, out_perm = perms  # the values to (lead, k, d); the output from (lead, q, d) to its own
+            plain = out.permute([out_perm.index(i) for i in range(out.dim())])
+            vc = self.code_of(ops[1])
+            vc = _permuted(vc, v_perm) if vc is not None and vc.dim() == len(v_perm) else None
+            new = self._weighted([ops[0], ops[1].permute(v_perm)], first, plain, origin, (vc,))
+            if new.code is not None:
+                new.code = _permuted(new.code, out_perm)
+            return new
         split = (
             first.split
             if first is not None and out.dim() == 3 and ops[0].dim() == 3 and ops[0].shape[0] == out.shape[0]
@@ -1237,10 +1280,14 @@ class _Session:
             a, b = b, a
         return lineage.matmul_map(a, b, out)
 
-    def _weighted(self, ops, first: _Tag, out, origin) -> _Tag:
-        """Weights times values: the output rows are the weights' queries, its features the values'."""
+    def _weighted(self, ops, first: _Tag, out, origin, given: tuple | None = None) -> _Tag:
+        """Weights times values: the output rows are the weights' queries, its features the values'.
+        ``given``: (the values' codes,) where ``ops[1]`` is an einsum's values permuted to (lead, k, d)."""
         new = _Tag(None, origin, attn_out=first.attn_out, moved=True)
-        vc = self.code_of(ops[1]) if len(ops) > 1 else None
+        if given is not None:
+            vc = given[0]
+        else:
+            vc = self.code_of(ops[1]) if len(ops) > 1 else None
         heads = self._keep_values(first, ops, vc)
         rowq = first.rowq
         if (rowq is None or vc is None or ops[0].dim() < 2 or ops[1].dim() < 2
