@@ -104,7 +104,7 @@ def test_most_styles_find_their_output_projection():
             if recs and all(r.values is not None and r.values.w_o is not None for r in recs)
             else missing
         ).append(name)
-    assert len(found) >= 33, (found, missing)  # grouped-query styles and einsum products included
+    assert len(found) >= 34, (found, missing)  # grouped- and multi-query styles, einsum products included
 
 
 @pytest.mark.parametrize("batch_first", [True, False])

@@ -489,22 +489,21 @@ def _einsum_product(equation: Any) -> tuple[list[int], list[int]] | None:
     return [v.index(c) for c in plain_v], [plain_out.index(c) for c in out]
 
 
-def _lead_heads(layout: Layout, shape: tuple[int, ...]) -> torch.Tensor | None:
-    """The head of each leading slice of weights shaped ``shape`` (..., q, k), flat, from the layout's
-    rows (B, H, q); None unless each slice is one (batch, head)'s rows in order."""
-    key = ("lead heads", id(layout), shape)
+def _row_heads(layout: Layout, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """The head of each row of weights shaped ``shape`` (..., q, k), flat over (lead..., q), from the
+    layout's rows (B, H, q'); None unless every row belongs to one (batch, head)."""
+    key = ("row heads", id(layout), shape)
     hit = lineage.recall(key)
     if hit is not lineage.MISS:
         return hit
-    q, n_lead = int(shape[-2]), math.prod(int(n) for n in shape[:-2])
+    n_rows = math.prod(int(n) for n in shape[:-1])
     rows = layout.rows
     heads = None
-    if q >= 1 and rows.shape[-1] == q and rows.numel() == n_lead * q:
-        lead = rows[..., 0] // q  # (B, H)
-        if torch.equal(rows, lead[..., None] * q + torch.arange(q, device=rows.device)):
-            heads = torch.full((n_lead,), -1, dtype=torch.int64, device=rows.device)
-            heads[lead.reshape(-1)] = torch.arange(rows.shape[1], device=rows.device).repeat(rows.shape[0])
-            heads = None if bool((heads < 0).any()) else heads
+    if rows.numel() == n_rows:
+        heads = torch.full((n_rows,), -1, dtype=torch.int64, device=rows.device)
+        h = torch.arange(rows.shape[1], device=rows.device).view(1, -1, 1).expand(rows.shape)
+        heads[rows.reshape(-1)] = h.reshape(-1)
+        heads = None if bool((heads < 0).any()) else heads
     return lineage.remember(key, (layout,), heads)
 
 
@@ -1300,7 +1299,7 @@ class _Session:
             key = ("weighted heads", id(rowq), id(heads), tuple(out.shape))
             hit = lineage.recall(key)
             if hit is lineage.MISS:
-                feat = heads.to(rowq.device).view(*out.shape[:-2], 1, 1) * dv + torch.arange(
+                feat = heads.to(rowq.device).view(*out.shape[:-1], 1) * dv + torch.arange(
                     dv, device=rowq.device
                 )
                 hit = lineage.remember(key, (rowq, heads), ((rowq >> lineage.SHIFT) << lineage.SHIFT) | feat)
@@ -1323,7 +1322,7 @@ class _Session:
     def _keep_values(self, first: _Tag, ops, vc: torch.Tensor | None) -> torch.Tensor | None:
         """The values an exactly laid-out record's weights multiply, (B, H, k, dv), kept on the record;
         their codes wait for the projection that reads the heads merged back. Returns the head of each
-        leading slice of the product (``_lead_heads``) where the layout gives it, else None."""
+        row of the product (``_row_heads``) where the layout gives it, else None."""
         p = first.probs
         if p is None and first.rowq is not None and id(first.rowq) in self._rowq_owner:
             owner = self._rowq_owner[id(first.rowq)]
@@ -1355,7 +1354,7 @@ class _Session:
         self._update_record(p, values=values_.HeadValues(make=make))
         if vc is None or tuple(vc.shape) != tuple(v.shape) or first.attn_out is None:
             return None
-        heads = _lead_heads(layout, shape)
+        heads = _row_heads(layout, shape)
         if heads is None:  # the values' own features (two heads sharing them cannot be told apart)
             self._pending[first.attn_out] = (
                 p, lambda: values_.bh_values(layout, shape, vc), (id(layout), shape, id(vc))

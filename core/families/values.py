@@ -42,14 +42,14 @@ def bh_values(layout: lineage.Layout, weights_shape: tuple[int, ...], v: torch.T
         vb = v.broadcast_to((*lead, k, int(v.shape[-1]))).reshape(-1, k, int(v.shape[-1]))
     except RuntimeError:
         return None
-    rows = layout.rows.to(v.device)  # (B, H, q): row = lead index * q + query
-    if q < 1 or rows.shape[-1] != q:
+    rows = layout.rows.to(v.device)  # (B, H, q'): row = lead index * q + row in the slice
+    if q < 1:
         return None
-    lead_idx = rows[..., 0] // q  # (B, H)
-    want = lead_idx[..., None] * q + torch.arange(q, device=rows.device)
-    if not torch.equal(rows, want):  # a row of one slice mixed with another's: not this simple form
-        return None
-    return vb[lead_idx]  # (B, H, k, dv)
+    lead_all = rows // q  # the leading slice each of a head's query rows is in
+    lead_idx = lead_all[..., 0]  # (B, H)
+    if not bool((lead_all == lead_idx[..., None]).all()):  # one head's rows in several slices: they
+        return None  # multiply different values (not this form)
+    return vb[lead_idx]  # (B, H, k, dv): a slice may hold several heads' rows (queries folded with heads)
 
 
 def head_columns(v_codes: torch.Tensor, x_codes: torch.Tensor) -> torch.Tensor | None:
