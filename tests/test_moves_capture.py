@@ -72,9 +72,10 @@ def test_every_found_projection_is_rebuilt_exactly(name):
         return cap
 
     cap, outs = _linear_outputs(model, run)
-    # (MultiheadAttention applies its out_proj with F.linear, not the module: checked on its own below)
+    # (MultiheadAttention applies its out_proj with F.linear, not the module, and Keras' projection is an
+    # einsum, not an nn.Linear: each is checked on its own below)
     with_wo = [r for r in cap.records if _has(r) and r.values.w_o is not None
-               and r.source != "nn.MultiheadAttention"]  # fmt: skip
+               and r.source != "nn.MultiheadAttention" and name != "keras_port_einsum"]  # fmt: skip
     for rec in with_wo:
         want = _rebuilt(rec)
         hits = [
@@ -104,7 +105,7 @@ def test_most_styles_find_their_output_projection():
             if recs and all(r.values is not None and r.values.w_o is not None for r in recs)
             else missing
         ).append(name)
-    assert len(found) >= 34, (found, missing)  # grouped- and multi-query styles, einsum products included
+    assert len(found) >= 35, (found, missing)  # grouped- and multi-query styles, einsum products included
 
 
 @pytest.mark.parametrize("batch_first", [True, False])
@@ -403,3 +404,28 @@ def test_an_einsum_product_in_another_layout_is_read_through_its_own_axes():
     assert rec.values is not None and rec.values.w_o is not None
     torch.testing.assert_close(_rebuilt(rec), outs[-1], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(rec.residual, model.emb(ids).norm(dim=-1))
+
+
+def test_an_einsum_output_projection_gives_each_heads_slice():
+    """Keras' EinsumDense ("abcd,cde->abe" with a (heads, d, D) kernel) reads the heads unmerged: each
+    head's W_O slice comes from the kernel, and the decomposition plus the layer's bias is its output."""
+    mod = _style("keras_port_einsum")
+    model, batch = mod.build(), mod.sample_batch()
+    outs: dict[str, torch.Tensor] = {}
+    attn = {n: m for n, m in model.named_modules() if type(m).__name__ == "MultiHeadAttention"}
+    hooks = [
+        m.register_forward_hook(lambda _m, _a, o, n=n: outs.__setitem__(n, o.detach()))
+        for n, m in attn.items()
+    ]
+    try:
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(*batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(cap.records) == len(attn) >= 2
+    for rec in cap.records:
+        assert rec.values is not None and rec.values.scope == V.WITH_WO
+        owner = next(n for n in attn if rec.name == n or rec.name.startswith(n + "."))
+        want = outs[owner] - attn[owner].output_bias.detach()
+        torch.testing.assert_close(_rebuilt(rec), want, atol=1e-5, rtol=1e-5)

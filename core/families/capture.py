@@ -458,6 +458,36 @@ class _Probs:
         return t4.transpose(0, 1) if self.transpose else t4
 
 
+def _einsum_contracts_last(equation: Any) -> int | None:
+    """For an einsum of an activation and a kernel ("abcd,cde->abe"): how many trailing dims of the
+    activation it contracts with the kernel's leading dims, in order, the kernel keeping one output
+    dim; None for any other form."""
+    if not isinstance(equation, str):
+        return None
+    eq = equation.replace(" ", "")
+    if "->" not in eq or "." in eq:
+        return None
+    lhs, out = eq.split("->")
+    ops = lhs.split(",")
+    if len(ops) != 2 or len(ops[1]) < 2:
+        return None
+    x, w = ops
+    contracted = w[:-1]
+    n = len(contracted)
+    if len(set(x)) != len(x) or not x.endswith(contracted) or out != x[:-n] + w[-1] or w[-1] in x:
+        return None
+    return n
+
+
+def _flat_codes(code: torch.Tensor, n: int) -> torch.Tensor:
+    """``code`` with its last ``n`` dims flattened into one, the same object every time (memo)."""
+    key = ("flat", id(code), n)
+    hit = lineage.recall(key)
+    if hit is lineage.MISS:
+        hit = lineage.remember(key, (code,), code.reshape(*code.shape[:-n], -1))
+    return hit
+
+
 def _permuted(code: torch.Tensor, perm: list[int]) -> torch.Tensor:
     """``code.permute(perm)``, the same view object every time (later ops' memo keys are identities)."""
     key = ("permute", id(code), tuple(perm))
@@ -1221,6 +1251,15 @@ class _Session:
                     new.code = done[0]
                     if done[1]:
                         self._mixed(ops[0] if x_first else ops[1])
+                n_in = _einsum_contracts_last(args[0]) if x_first and self._pending else None
+                if xc is not None and n_in is not None and ops[1].dim() == n_in + 1:
+                    # "abcd,cde->abe": x's last n_in dims (heads, features) times a kernel read as (C, D)
+                    kernel = ops[1]
+                    wkey = ("kernel", id(kernel), kernel._version)
+                    w = lineage.recall(wkey)
+                    if w is lineage.MISS:
+                        w = lineage.remember(wkey, (kernel,), kernel.reshape(-1, kernel.shape[-1]))
+                    self._out_projection(ops[0], w, None, True, _flat_codes(xc, n_in))
             return new
         first = op_tags[0] if op_tags else None
         if first is not None and (first.rowq is not None or first.probs is not None):
@@ -1378,9 +1417,10 @@ class _Session:
         self.cap.records[i] = replace(rec, values=hv)
         return self.cap.records[i]
 
-    def _out_projection(self, x: Any, weight: Any, bias: Any, transposed: bool) -> None:
+    def _out_projection(self, x: Any, weight: Any, bias: Any, transposed: bool, xc: Any = None) -> None:
         """A projection of heads merged back: the columns each head's value features meet are its
-        W_O slice (from the codes of its input), completing that record's values."""
+        W_O slice (from the codes of its input, or ``xc``: codes of ``x`` with the contracted dims
+        flattened, for an einsum), completing that record's values."""
         x_tag = self.tag(x) if isinstance(x, torch.Tensor) else None
         if x_tag is None or x_tag.attn_out is None or x_tag.attn_out not in self._pending:
             return
@@ -1391,7 +1431,7 @@ class _Session:
             return
         p, vcodes_of, held = self._pending.pop(x_tag.attn_out)
         rec = p.record
-        xc = self.code_of(x)
+        xc = self.code_of(x) if xc is None else xc
         if (
             rec is None
             or rec.values is None
