@@ -429,3 +429,21 @@ def test_an_einsum_output_projection_gives_each_heads_slice():
         owner = next(n for n in attn if rec.name == n or rec.name.startswith(n + "."))
         want = outs[owner] - attn[owner].output_bias.detach()
         torch.testing.assert_close(_rebuilt(rec), want, atol=1e-5, rtol=1e-5)
+
+
+def test_renormalized_weights_are_followed_into_their_product():
+    """AllenNLP's masked_softmax (softmax, times the mask, divided by the sums): the record holds the
+    renormalized weights, and their product with the values reaches the output projection."""
+    mod = _style("allennlp")
+    model, batch = mod.build(), mod.sample_batch()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(*batch)
+    selfs = [r for r in cap.records if r.kind == "enc_self"]
+    assert len(selfs) == 2 and all(r.mask_source == "multiplied" or r.mask is not None for r in selfs)
+    for rec in selfs:
+        assert rec.values is not None and rec.values.scope == V.WITH_WO
+        np.testing.assert_allclose(
+            rec.probs.sum(-1)[rec.mask.any(-1)[:, None].expand(-1, rec.probs.shape[1], -1)].numpy(),
+            1.0,
+            atol=1e-5,
+        )

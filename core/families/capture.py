@@ -1838,8 +1838,9 @@ class _Session:
             return True
         if name in DIV and args[0] is base_t and p.allowed is not None:
             sums = out.detach().sum(-1)
-            if bool((((sums - 1).abs() < 1e-3) | (sums == 0)).all()):
-                self._renormalized(p, out)
+            if bool((((sums - 1).abs() < 1e-3) | (sums == 0)).all()) and self._renormalized(p, out):
+                self.set(out, replace(base, probs=replace(p, allowed=None)))  # the record's weights now:
+                return True  # followed into the product with the values
         return False
 
     def _update_record(self, p: _Probs, **changes) -> None:
@@ -1855,10 +1856,11 @@ class _Session:
         """The record's weights become ``out`` (the softmax output cast to a lower precision)."""
         self._update_record(p, probs=p.bhqk(out.detach()))
 
-    def _renormalized(self, p: _Probs, out: torch.Tensor) -> None:
+    def _renormalized(self, p: _Probs, out: torch.Tensor) -> bool:
+        """The record takes the renormalized weights ``out`` and the mask they were multiplied by."""
         rec, multiplier = p.record, p.allowed
         if rec is None or multiplier is None or not any(r is rec for r in self.cap.records):
-            return
+            return False
         probs = p.bhqk(out.detach())
         allowed = p.bhqk(multiplier.expand(out.shape))
         mask = allowed.all(dim=1)
@@ -1872,6 +1874,7 @@ class _Session:
         self._update_record(
             p, kind=kind, probs=probs, mask=mask, mask_source=source, head_masks_differ=differ
         )
+        return True
 
     def on_setitem(self, args, pre) -> None:
         """``X[~mask] = -1e6`` on scores (d2l's ``sequence_mask``) masks them; ``cache[:, a:b] = k``
