@@ -447,3 +447,30 @@ def test_renormalized_weights_are_followed_into_their_product():
             1.0,
             atol=1e-5,
         )
+
+
+def test_a_stream_changed_in_place_after_the_sum_claims_no_residual():
+    """The residual norms are taken when a trace asks: a stream the model changed in place since the
+    sum gives none, never the changed numbers."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.qkv, self.o = nn.Embedding(20, 16), nn.Linear(16, 48), nn.Linear(16, 16)
+
+        def forward(self, ids):
+            x = self.emb(ids) * 1.0
+            b, n, d = x.shape
+            q, k, v = (t.view(b, n, 4, 4).transpose(1, 2) for t in self.qkv(x).split(16, dim=-1))
+            y = x + self.o(
+                ((q @ k.transpose(-1, -2)) / 2).softmax(-1).matmul(v).transpose(1, 2).reshape(b, n, d)
+            )
+            x.mul_(3.0)  # the old stream, changed after it was added
+            return y + x
+
+    torch.manual_seed(0)
+    model = Block().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 20, (2, 5)))
+    (rec,) = cap.records
+    assert rec.values is not None and rec.values.w_o is not None and rec.residual is None

@@ -165,10 +165,33 @@ class Record:
     # what the weights multiply, (B, H, k, dv), and the output projection's slice per head where lineage
     # found it: ||f_h(x_j)|| for what attention moves (attnscope.core.families.values)
     values: values_.HeadValues | None = None
-    # ||x_i|| (B, q) of the residual stream the attention's output projection is added to, where lineage
-    # saw that sum: the identity term of the norm-based rollout
-    residual: torch.Tensor | None = None
+    # the residual stream the attention's output projection is added to, where lineage saw that sum
+    residual_of: _Residual | None = None
     seq: int = -1  # the capture's op count when the record was made (what existed before the attention ran)
+
+    @property
+    def residual(self) -> torch.Tensor | None:
+        """||x_i|| (B, q) of the residual stream (the identity term of the norm-based rollout), or None."""
+        return None if self.residual_of is None else self.residual_of.get()
+
+
+class _Residual:
+    """A record's residual norms, taken on first use from the stream it kept (None if the stream was
+    changed in place since), or given."""
+
+    __slots__ = ("_stream", "_version", "_index", "_shape", "_norms")
+
+    def __init__(self, stream, index, shape, norms=None):
+        self._stream, self._index, self._shape, self._norms = stream, index, shape, norms
+        self._version = None if stream is None else stream._version
+
+    def get(self) -> torch.Tensor | None:
+        stream, self._stream = self._stream, None
+        if self._norms is None and stream is not None and stream._version == self._version:
+            with torch.no_grad():
+                n = stream.detach().float().norm(dim=-1).reshape(-1)
+            self._norms = n[self._index.to(n.device)].view(self._shape)
+        return self._norms
 
 
 class _NoCode(Exception):
@@ -1464,7 +1487,7 @@ class _Session:
         x was added to in place (x += proj), so x is now the sum and the stream was ``x - proj``."""
         rec = p.record
         pc = self.code_of(proj)
-        if rec is None or rec.residual is not None or pc is None or tuple(pc.shape) != tuple(proj.shape):
+        if rec is None or rec.residual_of is not None or pc is None or tuple(pc.shape) != tuple(proj.shape):
             return
         made = self.made_at(summed if summed is not None else x)
         if made >= rec.seq:
@@ -1480,10 +1503,15 @@ class _Session:
             index = lineage.remember(key, (pc, qpos), _rows_of(pc, qpos))
         if index is None:
             return  # a query row the sum does not hold, or one position on two rows
-        with torch.no_grad():
-            stream = (summed - proj) if summed is not None else x
-            norms = stream.detach().float().norm(dim=-1).reshape(-1)
-        self._update_record(p, residual=norms[index.to(norms.device)].view(qpos.shape))
+        shape = tuple(qpos.shape)
+        if summed is None:  # the stream, taken when a trace asks (it was not changed in place by then)
+            self._update_record(p, residual_of=_Residual(x.detach(), index, shape))
+            return
+        with torch.no_grad():  # added to in place: the stream is the sum minus the projection, now
+            norms = (summed - proj).float().norm(dim=-1).reshape(-1)
+        self._update_record(
+            p, residual_of=_Residual(None, index, shape, norms[index.to(norms.device)].view(shape))
+        )
 
     def _mask_step(self, name, func, args, kwargs, out, base_t, base, new, pre) -> None:
         """A scores tensor went through an op: note a mask it applied, or carry scores/mask along."""
