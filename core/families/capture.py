@@ -123,7 +123,10 @@ CONV = frozenset({"conv1d", "conv2d", "conv3d"})
 ENTRY = LINEAR | CONV | MATMUL | ADD | MUL | CAT | frozenset({"layer_norm", "stack"})
 IN_PLACE = frozenset({"masked_fill_", "__iadd__", "add_", "__isub__", "sub_", "__setitem__"})
 FILL = frozenset({"masked_fill", "masked_fill_"})
-CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})  # a dtype cast (of the weights, say)
+CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})
+TRANSPOSES = frozenset(
+    {"transpose", "swapaxes", "swapdims", "mT", "permute"}
+)  # a dtype cast (of the weights, say)
 SHAPE_OPS = frozenset(
     {"view", "reshape", "transpose", "permute", "contiguous", "clone", "float", "to", "type_as", "double",
      "half", "bfloat16", "type", "flatten", "unflatten", "squeeze", "unsqueeze", "expand", "__getitem__"}
@@ -509,6 +512,25 @@ def _flat_codes(code: torch.Tensor, n: int) -> torch.Tensor:
     if hit is lineage.MISS:
         hit = lineage.remember(key, (code,), code.reshape(*code.shape[:-n], -1))
     return hit
+
+
+def _permutation(name: str, args, kwargs, n: int) -> list[int] | None:
+    """The dims order a transpose / swapaxes / mT / permute call makes, or None."""
+    try:
+        if name == "mT":
+            a, b = n - 2, n - 1
+        elif name == "permute":
+            dims = args[1:] if len(args) > 2 or (len(args) == 2 and isinstance(args[1], int)) else args[1]
+            perm = [int(d) % n for d in dims]
+            return perm if sorted(perm) == list(range(n)) else None
+        else:
+            a = int(args[1] if len(args) > 1 else kwargs.get("dim0", kwargs.get("axis0")))
+            b = int(args[2] if len(args) > 2 else kwargs.get("dim1", kwargs.get("axis1")))
+        perm = list(range(n))
+        perm[a % n], perm[b % n] = perm[b % n], perm[a % n]
+        return perm
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 def _permuted(code: torch.Tensor, perm: list[int]) -> torch.Tensor:
@@ -1175,7 +1197,7 @@ class _Session:
             new = _Tag("param")  # made from parameters alone: learned vectors (a [CLS], memory keys)
             if out.is_floating_point():
                 new.code = self._op_code(name, func, args, kwargs, out, known)
-        elif act[0][1].probs is not None and self._probs_step(name, args, out, act[0][0], act[0][1]):
+        elif act[0][1].probs is not None and self._probs_step(name, args, out, act[0][0], act[0][1], kwargs):
             return
         else:
             base_t, base = act[0]
@@ -1827,10 +1849,12 @@ class _Session:
             return (self.batch, n // self.batch), False
         return (n, 1), False
 
-    def _probs_step(self, name, args, out, base_t, base) -> bool:
+    def _probs_step(self, name, args, out, base_t, base, kwargs=None) -> bool:
         """Softmax weights multiplied by a 0/1 mask (or filled with 0), then divided by their sums
         (AllenNLP's ``masked_softmax``): the record takes the renormalized weights and that mask."""
         p = base.probs
+        if name in TRANSPOSES and args and args[0] is base_t:
+            return self._weights_transposed(name, args, kwargs or {}, out, base)
         if tuple(out.shape) != p.shape:
             return False
         if (
@@ -1870,6 +1894,27 @@ class _Session:
                 self.set(out, replace(base, probs=replace(p, allowed=None)))  # the record's weights now:
                 return True  # followed into the product with the values
         return False
+
+    def _weights_transposed(self, name, args, kwargs, out, base: _Tag) -> bool:
+        """The weights transposed with the keys moved and every other dim in its order (keys-first
+        scores, ``att.transpose(-1, -2) @ v``): still the record's weights, at a new key dim."""
+        p, n = base.probs, out.dim()
+        if p is None or p.layout is None or base.rowq is None or base.rowq.dim() != n:
+            return False
+        perm = _permutation(name, args, kwargs, n)
+        if perm is None:
+            return False
+        old = p.layout.dim % n
+        new_dim = perm.index(old)
+        if [d for d in perm if d != old] != [d for d in range(n) if d != old]:
+            return False  # the other dims moved too: the layout's rows no longer read in order
+        key = ("rowq permuted", id(base.rowq), tuple(perm))
+        rowq = lineage.recall(key)
+        if rowq is lineage.MISS:
+            rowq = lineage.remember(key, (base.rowq,), base.rowq.permute(perm))
+        layout = replace(p.layout, dim=new_dim)
+        self.set(out, replace(base, probs=replace(p, layout=layout, shape=tuple(out.shape)), rowq=rowq))
+        return True
 
     def _update_record(self, p: _Probs, **changes) -> None:
         """The record these weights were recorded as, with ``changes`` (it is still the one in
