@@ -105,7 +105,7 @@ def test_most_styles_find_their_output_projection():
             if recs and all(r.values is not None and r.values.w_o is not None for r in recs)
             else missing
         ).append(name)
-    assert len(found) >= 36, (found, missing)  # grouped- and multi-query, einsum, keys-first styles included
+    assert len(found) >= 37, (found, missing)  # grouped- and multi-query, einsum, keys-first, Transformer-XL
 
 
 @pytest.mark.parametrize("batch_first", [True, False])

@@ -540,10 +540,11 @@ def _permuted(code: torch.Tensor, perm: list[int]) -> torch.Tensor:
     return hit if hit is not lineage.MISS else lineage.remember(key, (code,), code.permute(perm))
 
 
-def _einsum_product(equation: Any) -> tuple[list[int], list[int]] | None:
-    """An einsum of weights (lead..., q, k) and values that sums over the keys, e.g. "bhqk,bkhd->bqhd":
-    (the permutation of the values to (lead, k, d), the permutation of (lead, q, d) to the output's
-    order), or None for any other einsum."""
+def _einsum_product(equation: Any) -> tuple[list[int], list[int], list[int]] | None:
+    """An einsum of weights and values that sums over the keys, e.g. "bhqk,bkhd->bqhd" or Transformer-XL's
+    "ijbn,jbnd->ibnd": (the permutation of the weights to (lead, q, k), of the values to (lead, k, d),
+    and of (lead, q, d) to the output's order), or None for any other einsum. The leading letters are
+    those of all three operands, in the weights' order."""
     if not isinstance(equation, str):
         return None
     eq = equation.replace(" ", "")
@@ -554,14 +555,19 @@ def _einsum_product(equation: Any) -> tuple[list[int], list[int]] | None:
     if len(ops) != 2 or len(ops[0]) < 2:
         return None
     w, v = ops
-    lead, q, k = w[:-2], w[-2], w[-1]
-    extra = [c for c in v if c not in w]
-    if len(set(w)) != len(w) or len(set(v)) != len(v) or len(extra) != 1:
+    if len(set(w)) != len(w) or len(set(v)) != len(v) or len(set(out)) != len(out):
         return None
-    plain_v, plain_out = lead + k + extra[0], lead + q + extra[0]
-    if sorted(v) != sorted(plain_v) or sorted(out) != sorted(plain_out) or len(set(out)) != len(out):
+    qs = [c for c in w if c in out and c not in v]
+    ks = [c for c in w if c in v and c not in out]
+    ds = [c for c in v if c in out and c not in w]
+    lead = "".join(c for c in w if c in v and c in out)
+    if len(qs) != 1 or len(ks) != 1 or len(ds) != 1 or len(lead) + 2 != len(w):
         return None
-    return [v.index(c) for c in plain_v], [plain_out.index(c) for c in out]
+    q, k, d = qs[0], ks[0], ds[0]
+    plain_w, plain_v, plain_out = lead + q + k, lead + k + d, lead + q + d
+    if sorted(v) != sorted(plain_v) or sorted(out) != sorted(plain_out):
+        return None
+    return [w.index(c) for c in plain_w], [v.index(c) for c in plain_v], [plain_out.index(c) for c in out]
 
 
 def _row_heads(layout: Layout, shape: tuple[int, ...]) -> torch.Tensor | None:
@@ -1313,11 +1319,17 @@ class _Session:
             perms = _einsum_product(args[0] if args else None)
             if perms is None or len(ops) != 2:  # not weights times values along the keys: nothing claimed
                 return _Tag(None, origin, attn_out=first.attn_out)
-            v_perm, out_perm = perms  # the values to (lead, k, d); the output from (lead, q, d) to its own
+            w_perm, v_perm, out_perm = perms  # to (lead, q, k), (lead, k, d); (lead, q, d) to the output's
+            w, weights = ops[0], first
+            if w_perm != list(range(len(w_perm))):  # the weights laid out otherwise (Transformer-XL's ijbn)
+                plain_tag = self._plain_weights(first, w_perm)
+                if plain_tag is None:
+                    return _Tag(None, origin, attn_out=first.attn_out)
+                w, weights = w.permute(w_perm), plain_tag
             plain = out.permute([out_perm.index(i) for i in range(out.dim())])
             vc = self.code_of(ops[1])
             vc = _permuted(vc, v_perm) if vc is not None and vc.dim() == len(v_perm) else None
-            new = self._weighted([ops[0], ops[1].permute(v_perm)], first, plain, origin, (vc,))
+            new = self._weighted([w, ops[1].permute(v_perm)], weights, plain, origin, (vc,))
             if new.code is not None:
                 new.code = _permuted(new.code, out_perm)
             return new
@@ -1894,6 +1906,37 @@ class _Session:
                 self.set(out, replace(base, probs=replace(p, allowed=None)))  # the record's weights now:
                 return True  # followed into the product with the values
         return False
+
+    def _plain_weights(self, first: _Tag, perm: list[int]) -> _Tag | None:
+        """The tag of the weights permuted by ``perm`` to (lead, q, k): their layout's rows re-read in
+        that order (the same (batch, head, query) for every row), or None where it cannot be."""
+        p = first.probs
+        if p is None or p.layout is None or first.rowq is None or first.rowq.dim() != len(perm):
+            return None
+        layout, n = p.layout, len(perm)
+        if perm[-1] != layout.dim % n:
+            return None
+        key = ("plain weights", id(layout), id(first.rowq), tuple(perm))
+        hit = lineage.recall(key)
+        if hit is lineage.MISS:
+            nonkey = [d for d in range(n) if d != perm[-1]]  # the weights' other dims, in their order
+            shape = [int(p.shape[d]) for d in nonkey] if len(p.shape) == n else None
+            hit = None
+            if shape is not None and math.prod(shape) == layout.qcode.numel():
+                order = [nonkey.index(d) for d in perm[:-1]]
+                multi = torch.unravel_index(layout.rows.reshape(-1), shape)
+                flat = torch.zeros_like(layout.rows.reshape(-1))
+                for i in order:
+                    flat = flat * shape[i] + multi[i]
+                plain = replace(layout, rows=flat.view(layout.rows.shape), dim=n - 1,
+                                qcode=layout.qcode.view(shape).permute(order).reshape(-1), _in_order=None)  # fmt: skip
+                hit = (plain, first.rowq.permute(perm))
+            hit = lineage.remember(key, (layout, first.rowq), hit)
+        if hit is None:
+            return None
+        plain_layout, rowq = hit
+        shape_plain = tuple(p.shape[d] for d in perm) if len(p.shape) == n else p.shape
+        return replace(first, probs=replace(p, layout=plain_layout, shape=shape_plain), rowq=rowq)
 
     def _weights_transposed(self, name, args, kwargs, out, base: _Tag) -> bool:
         """The weights transposed with the keys moved and every other dim in its order (keys-first
