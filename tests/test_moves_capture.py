@@ -33,16 +33,32 @@ def _style(name: str):
     return importlib.import_module(f"usermodels.{name}")
 
 
-def _linear_outputs(model: nn.Module, run) -> tuple[object, list[torch.Tensor]]:
-    outs: list[torch.Tensor] = []
-    hooks = [m.register_forward_hook(lambda _m, _a, o: outs.append(o.detach()))
-             for m in model.modules() if isinstance(m, nn.Linear)]  # fmt: skip
+def _seen(modules, run, inputs: bool = False) -> tuple[object, list[tuple[nn.Module, torch.Tensor]]]:
+    """``run()``, and each call of ``modules`` during it, in call order: (module, its output), or
+    (module, its first input) with ``inputs``."""
+    seen: list[tuple[nn.Module, torch.Tensor]] = []
+    if inputs:
+        hooks = [m.register_forward_pre_hook(lambda m, a: seen.append((m, a[0].detach()))) for m in modules]
+    else:
+        hooks = [m.register_forward_hook(lambda m, _a, o: seen.append((m, o.detach()))) for m in modules]
     try:
         result = run()
     finally:
         for h in hooks:
             h.remove()
-    return result, outs
+    return result, seen
+
+
+def _captured(model: nn.Module, *args, **kwargs):
+    """The capture of ``model(*args, **kwargs)`` (no gradients)."""
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(*args, **kwargs)
+    return cap
+
+
+def _linear_outputs(model: nn.Module, run) -> tuple[object, list[torch.Tensor]]:
+    result, seen = _seen([m for m in model.modules() if isinstance(m, nn.Linear)], run)
+    return result, [o for _, o in seen]
 
 
 def _has(rec) -> bool:
@@ -66,12 +82,7 @@ def test_every_found_projection_is_rebuilt_exactly(name):
     model = mod.build()
     batch = mod.sample_batch()
 
-    def run():
-        with torch.no_grad(), capture_attention(model) as cap:
-            model(*batch)
-        return cap
-
-    cap, outs = _linear_outputs(model, run)
+    cap, outs = _linear_outputs(model, lambda: _captured(model, *batch))
     # (MultiheadAttention applies its out_proj with F.linear, not the module, and Keras' projection is an
     # einsum, not an nn.Linear: each is checked on its own below)
     with_wo = [r for r in cap.records if _has(r) and r.values.w_o is not None
@@ -177,12 +188,7 @@ def test_sdpa_output_projection_is_followed():
 
     model, batch = nanogpt.build(), nanogpt.sample_batch()
 
-    def run():
-        with torch.no_grad(), capture_attention(model) as cap:
-            model(*batch)
-        return cap
-
-    cap, outs = _linear_outputs(model, run)
+    cap, outs = _linear_outputs(model, lambda: _captured(model, *batch))
     assert cap.records
     for rec in cap.records:
         assert rec.source == "sdpa" and rec.values is not None and rec.values.scope == V.WITH_WO
@@ -246,17 +252,10 @@ def test_residual_norms_are_the_stream_the_projection_is_added_to(name, block, s
     (batch, query) order whether the model runs batch-first or sequence-first (SDPA and softmax alike)."""
     mod = _style(name)
     model, batch = mod.build(), mod.sample_batch()
-    inputs: list[torch.Tensor] = []
-    hooks = [m.register_forward_pre_hook(lambda _m, a: inputs.append(a[0].detach()))
-             for m in model.modules() if type(m).__name__ == block]  # fmt: skip
-    try:
-        with torch.no_grad(), capture_attention(model) as cap:
-            model(*batch)
-    finally:
-        for h in hooks:
-            h.remove()
+    blocks = [m for m in model.modules() if type(m).__name__ == block]
+    cap, inputs = _seen(blocks, lambda: _captured(model, *batch), inputs=True)
     assert len(cap.records) == len(inputs) >= 2
-    for rec, x in zip(cap.records, inputs, strict=True):
+    for rec, (_, x) in zip(cap.records, inputs, strict=True):
         want = x.norm(dim=-1)
         want = want.t() if seq_first else want  # -> (B, q)
         assert rec.residual is not None, rec.name
@@ -317,16 +316,10 @@ def test_multihead_attention_residual_is_the_layers_input(batch_first):
     enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
     x = torch.randn(3, 6, 32)
     pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2, [False] * 2 + [True] * 4])
-    inputs: list[torch.Tensor] = []
-    hooks = [m.register_forward_pre_hook(lambda _m, a: inputs.append(a[0].detach())) for m in enc.layers]
-    try:
-        with torch.no_grad(), capture_attention(enc) as cap:
-            enc(x if batch_first else x.transpose(0, 1), src_key_padding_mask=pad)
-    finally:
-        for h in hooks:
-            h.remove()
+    run = lambda: _captured(enc, x if batch_first else x.transpose(0, 1), src_key_padding_mask=pad)  # noqa: E731
+    cap, inputs = _seen(enc.layers, run, inputs=True)
     assert len(cap.records) == len(inputs) == 2
-    for rec, inp in zip(cap.records, inputs, strict=True):
+    for rec, (_, inp) in zip(cap.records, inputs, strict=True):
         want = inp.norm(dim=-1)
         torch.testing.assert_close(rec.residual, want if batch_first else want.t(), rtol=1e-5, atol=1e-5)
 
@@ -394,12 +387,7 @@ def test_an_einsum_product_in_another_layout_is_read_through_its_own_axes():
     model = _EinsumHeadsLast().eval()
     ids = torch.randint(0, 20, (3, 4))  # 4 tokens, 4 heads
 
-    def run():
-        with torch.no_grad(), capture_attention(model) as cap:
-            model(ids)
-        return cap
-
-    cap, outs = _linear_outputs(model, run)
+    cap, outs = _linear_outputs(model, lambda: _captured(model, ids))
     (rec,) = cap.records
     assert rec.values is not None and rec.values.w_o is not None
     torch.testing.assert_close(_rebuilt(rec), outs[-1], atol=1e-5, rtol=1e-5)
@@ -411,23 +399,15 @@ def test_an_einsum_output_projection_gives_each_heads_slice():
     head's W_O slice comes from the kernel, and the decomposition plus the layer's bias is its output."""
     mod = _style("keras_port_einsum")
     model, batch = mod.build(), mod.sample_batch()
-    outs: dict[str, torch.Tensor] = {}
-    attn = {n: m for n, m in model.named_modules() if type(m).__name__ == "MultiHeadAttention"}
-    hooks = [
-        m.register_forward_hook(lambda _m, _a, o, n=n: outs.__setitem__(n, o.detach()))
-        for n, m in attn.items()
-    ]
-    try:
-        with torch.no_grad(), capture_attention(model) as cap:
-            model(*batch)
-    finally:
-        for h in hooks:
-            h.remove()
-    assert len(cap.records) == len(attn) >= 2
-    for rec in cap.records:
+    attn = {m: n for n, m in model.named_modules() if type(m).__name__ == "MultiHeadAttention"}
+    cap, outs = _seen(attn, lambda: _captured(model, *batch))
+    assert len(cap.records) == len(outs) == len(attn) >= 2
+    for rec, (owner, out) in zip(cap.records, outs, strict=True):
+        assert rec.name == attn[owner] or rec.name.startswith(
+            attn[owner] + "."
+        )  # one call per module, in order
         assert rec.values is not None and rec.values.scope == V.WITH_WO
-        owner = next(n for n in attn if rec.name == n or rec.name.startswith(n + "."))
-        want = outs[owner] - attn[owner].output_bias.detach()
+        want = out - owner.output_bias.detach()
         torch.testing.assert_close(_rebuilt(rec), want, atol=1e-5, rtol=1e-5)
 
 

@@ -484,10 +484,9 @@ class _Probs:
         return t4.transpose(0, 1) if self.transpose else t4
 
 
-def _einsum_contracts_last(equation: Any) -> int | None:
-    """For an einsum of an activation and a kernel ("abcd,cde->abe"): how many trailing dims of the
-    activation it contracts with the kernel's leading dims, in order, the kernel keeping one output
-    dim; None for any other form."""
+def _two_operands(equation: Any) -> tuple[str, str, str] | None:
+    """An explicit einsum of two operands ("ibnd,jbnd->ijbn") as (first, second, output) letters, or None
+    (no "->", an ellipsis, another operand count)."""
     if not isinstance(equation, str):
         return None
     eq = equation.replace(" ", "")
@@ -495,9 +494,17 @@ def _einsum_contracts_last(equation: Any) -> int | None:
         return None
     lhs, out = eq.split("->")
     ops = lhs.split(",")
-    if len(ops) != 2 or len(ops[1]) < 2:
+    return (ops[0], ops[1], out) if len(ops) == 2 else None
+
+
+def _einsum_contracts_last(equation: Any) -> int | None:
+    """For an einsum of an activation and a kernel ("abcd,cde->abe"): how many trailing dims of the
+    activation it contracts with the kernel's leading dims, in order, the kernel keeping one output
+    dim; None for any other form."""
+    letters = _two_operands(equation)
+    if letters is None or len(letters[1]) < 2:
         return None
-    x, w = ops
+    x, w, out = letters
     contracted = w[:-1]
     n = len(contracted)
     if len(set(x)) != len(x) or not x.endswith(contracted) or out != x[:-n] + w[-1] or w[-1] in x:
@@ -505,13 +512,17 @@ def _einsum_contracts_last(equation: Any) -> int | None:
     return n
 
 
-def _flat_codes(code: torch.Tensor, n: int) -> torch.Tensor:
-    """``code`` with its last ``n`` dims flattened into one, the same object every time (memo)."""
-    key = ("flat", id(code), n)
+def _same_view(code: torch.Tensor, what: tuple, make: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``make(code)`` (a view of codes or of a kernel), the same object every time for ``code`` and ``what``:
+    later ops' memo keys are the identities of their operands' codes."""
+    key = ("view", id(code), what)
     hit = lineage.recall(key)
-    if hit is lineage.MISS:
-        hit = lineage.remember(key, (code,), code.reshape(*code.shape[:-n], -1))
-    return hit
+    return hit if hit is not lineage.MISS else lineage.remember(key, (code,), make(code))
+
+
+def _flat_codes(code: torch.Tensor, n: int) -> torch.Tensor:
+    """``code`` with its last ``n`` dims flattened into one."""
+    return _same_view(code, ("flat", n), lambda c: c.reshape(*c.shape[:-n], -1))
 
 
 def _permutation(name: str, args, kwargs, n: int) -> list[int] | None:
@@ -534,10 +545,8 @@ def _permutation(name: str, args, kwargs, n: int) -> list[int] | None:
 
 
 def _permuted(code: torch.Tensor, perm: list[int]) -> torch.Tensor:
-    """``code.permute(perm)``, the same view object every time (later ops' memo keys are identities)."""
-    key = ("permute", id(code), tuple(perm))
-    hit = lineage.recall(key)
-    return hit if hit is not lineage.MISS else lineage.remember(key, (code,), code.permute(perm))
+    """``code.permute(perm)``."""
+    return _same_view(code, ("permute", tuple(perm)), lambda c: c.permute(perm))
 
 
 def _einsum_product(equation: Any) -> tuple[list[int], list[int], list[int]] | None:
@@ -545,16 +554,10 @@ def _einsum_product(equation: Any) -> tuple[list[int], list[int], list[int]] | N
     "ijbn,jbnd->ibnd": (the permutation of the weights to (lead, q, k), of the values to (lead, k, d),
     and of (lead, q, d) to the output's order), or None for any other einsum. The leading letters are
     those of all three operands, in the weights' order."""
-    if not isinstance(equation, str):
+    letters = _two_operands(equation)
+    if letters is None or len(letters[0]) < 2:
         return None
-    eq = equation.replace(" ", "")
-    if "->" not in eq or "." in eq:
-        return None
-    lhs, out = eq.split("->")
-    ops = lhs.split(",")
-    if len(ops) != 2 or len(ops[0]) < 2:
-        return None
-    w, v = ops
+    w, v, out = letters
     if len(set(w)) != len(w) or len(set(v)) != len(v) or len(set(out)) != len(out):
         return None
     qs = [c for c in w if c in out and c not in v]
@@ -716,14 +719,10 @@ def _matches(name: str, patterns) -> bool:
 def _einsum_axes(equation: str, ndim: int) -> tuple[str, ...] | None:
     """ "ibnd,jbnd->ijbn" -> ("q", "k", "s", "s"): whether each output letter is the first operand's
     only (queries), the second's only (keys) or both (batch, heads)."""
-    eq = equation.replace(" ", "")
-    if "->" not in eq or "." in eq:
+    letters = _two_operands(equation)
+    if letters is None or len(letters[2]) != ndim:
         return None
-    lhs, rhs = eq.split("->")
-    ops = lhs.split(",")
-    if len(ops) != 2 or len(rhs) != ndim:
-        return None
-    a, b = ops
+    a, b, rhs = letters
     return tuple("s" if c in a and c in b else "q" if c in a else "k" if c in b else "?" for c in rhs)
 
 
@@ -1306,10 +1305,7 @@ class _Session:
                 if xc is not None and n_in is not None and ops[1].dim() == n_in + 1:
                     # "abcd,cde->abe": x's last n_in dims (heads, features) times a kernel read as (C, D)
                     kernel = ops[1]
-                    wkey = ("kernel", id(kernel), kernel._version)
-                    w = lineage.recall(wkey)
-                    if w is lineage.MISS:
-                        w = lineage.remember(wkey, (kernel,), kernel.reshape(-1, kernel.shape[-1]))
+                    w = _same_view(kernel, ("kernel", kernel._version), lambda k: k.reshape(-1, k.shape[-1]))
                     self._out_projection(ops[0], w, None, True, _flat_codes(xc, n_in))
             return new
         first = op_tags[0] if op_tags else None
@@ -1951,10 +1947,7 @@ class _Session:
         new_dim = perm.index(old)
         if [d for d in perm if d != old] != [d for d in range(n) if d != old]:
             return False  # the other dims moved too: the layout's rows no longer read in order
-        key = ("rowq permuted", id(base.rowq), tuple(perm))
-        rowq = lineage.recall(key)
-        if rowq is lineage.MISS:
-            rowq = lineage.remember(key, (base.rowq,), base.rowq.permute(perm))
+        rowq = _permuted(base.rowq, perm)
         layout = replace(p.layout, dim=new_dim)
         self.set(out, replace(base, probs=replace(p, layout=layout, shape=tuple(out.shape)), rowq=rowq))
         return True
@@ -2304,28 +2297,27 @@ def _allowed(m: torch.Tensor) -> torch.Tensor:
 _ROWS: dict[tuple, torch.Tensor] = {}  # SDPA: checked rows by query length and device; causal masks
 
 
-def _causal(lq: int, lk: int, device) -> torch.Tensor:
-    """SDPA's is_causal mask (lq, lk), kept per shape and device (never written to)."""
-    key = ("causal", lq, lk, str(device))
-    mask = _ROWS.get(key)
-    if mask is None:
-        mask = torch.ones(lq, lk, dtype=torch.bool, device=device).tril()
+def _kept(key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """A small constant tensor of SDPA's checks, made once per key (never written to)."""
+    t = _ROWS.get(key)
+    if t is None:
+        t = make()
         if len(_ROWS) >= 256:
             _ROWS.clear()
-        _ROWS[key] = mask
-    return mask
+        _ROWS[key] = t
+    return t
+
+
+def _causal(lq: int, lk: int, device) -> torch.Tensor:
+    """SDPA's is_causal mask (lq, lk), kept per shape and device."""
+    return _kept(("causal", lq, lk, str(device)),
+                 lambda: torch.ones(lq, lk, dtype=torch.bool, device=device).tril())  # fmt: skip
 
 
 def _check_rows(lq: int, device) -> torch.Tensor:
-    """Up to CHECK_ROWS query rows evenly spread, the first and last included (never written to)."""
-    key = (lq, str(device))
-    rows = _ROWS.get(key)
-    if rows is None:
-        rows = torch.linspace(0, lq - 1, min(lq, CHECK_ROWS), device=device).round().long().unique()
-        if len(_ROWS) >= 256:
-            _ROWS.clear()
-        _ROWS[key] = rows
-    return rows
+    """Up to CHECK_ROWS query rows evenly spread, the first and last included."""
+    return _kept((lq, str(device)),
+                 lambda: torch.linspace(0, lq - 1, min(lq, CHECK_ROWS), device=device).round().long().unique())  # fmt: skip
 
 
 def _mha_arguments(args, kwargs) -> dict[str, Any]:
