@@ -103,20 +103,22 @@ def test_every_found_projection_is_rebuilt_exactly(name):
                                        rtol=1e-4, atol=1e-5)  # fmt: skip
 
 
-def test_most_styles_find_their_output_projection():
-    found, missing = [], []
+def test_most_styles_find_their_output_projection_and_residual():
+    found, missing, residual = [], [], []
     for name in STYLES:
         mod = _style(name)
         model, batch = mod.build(), mod.sample_batch()
-        with torch.no_grad(), capture_attention(model) as cap:
-            model(*batch)
+        cap = _captured(model, *batch)
         recs = [r for r in cap.records if r.exact]
         (
             found
             if recs and all(r.values is not None and r.values.w_o is not None for r in recs)
             else missing
         ).append(name)
+        if name in found and all(r.residual is not None for r in recs):
+            residual.append(name)
     assert len(found) >= 37, (found, missing)  # grouped- and multi-query, einsum, keys-first, Transformer-XL
+    assert len(residual) >= 31, sorted(set(found) - set(residual))  # the norm-based rollout is offered
 
 
 @pytest.mark.parametrize("batch_first", [True, False])
