@@ -621,3 +621,37 @@ def test_multihead_attention_scores_from_its_own_projection_equal_a_second_one(c
     assert from_call and torch.equal(own, again)
     (rec,) = cap.records
     torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)
+
+
+def test_multihead_attention_calls_a_patched_sdpa_after_an_earlier_capture():
+    """MultiheadAttention's own code is built once and built again when a global it reads was replaced
+    since: a user's patched F.scaled_dot_product_attention is the one the captured call runs, and
+    its q and k are still the ones recorded."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        with capture_attention(mha) as first:
+            mha(x, x, x, need_weights=False)
+        real, calls = F.scaled_dot_product_attention, []
+
+        def patched(*a, **k):
+            calls.append(a[0].shape)
+            return real(*a, **k)
+
+        F.scaled_dot_product_attention = patched
+        try:
+            with capture_attention(mha) as second:
+                out = mha(x, x, x, need_weights=False)[0]
+        finally:
+            F.scaled_dot_product_attention = real
+        with capture_attention(mha) as third:
+            mha(x, x, x, need_weights=False)
+    assert calls == [torch.Size([2, 4, 5, 4])]  # the patched function ran, once, inside the capture
+    assert torch.equal(out, mha(x, x, x, need_weights=False)[0])
+    _, want = mha(x, x, x, need_weights=True, average_attn_weights=False)
+    for cap in (first, second, third):
+        (rec,) = cap.records
+        torch.testing.assert_close(rec.probs, want.detach(), atol=1e-6, rtol=0)

@@ -137,12 +137,15 @@ SHAPE_OPS = frozenset(
 _HEAD_ITEM = re.compile(r"^(?P<parent>(?:.*\.)?(?![^.]*multi)[^.]*head[^.]*)\.(?P<i>\d+)$", re.IGNORECASE)
 _MHA_SIG = inspect.signature(F.multi_head_attention_forward)
 _MHA_NAMES = tuple(_MHA_SIG.parameters)
+_MHA_POSITIONAL = [frozenset(_MHA_NAMES[:n]) for n in range(len(_MHA_NAMES) + 1)]  # given by position
 _MHA_DEFAULTS = {
     n: q.default for n, q in _MHA_SIG.parameters.items() if q.default is not inspect.Parameter.empty
 }
 _LAYOUTS: dict[tuple, list] = {}  # decoded layouts by shape, chain, dim and sources (see _Session._decoded)
 _LAYOUTS_LOCK = threading.Lock()
 MAX_LAYOUTS = 64
+_HAS_SELF: dict[types.CodeType, bool] = {}  # code -> whether its frames can name a module (path)
+_OWN_FILE = (lambda: None).__code__.co_filename  # capture's own frames never do
 _LOCAL = threading.local()  # .busy > 0 while a capture does its own torch calls (nested captures skip them)
 
 
@@ -797,16 +800,18 @@ class _Session:
         frame: FrameType | None = sys._getframe(2)
         while frame is not None:
             code = frame.f_code
-            if (
-                "self" not in code.co_varnames
-                and "self" not in code.co_freevars
-                and "self" not in code.co_cellvars
-            ):
-                frame = frame.f_back  # no local named self: f_locals (a dict built per frame) is not read
-                continue
-            obj = frame.f_locals.get("self")
-            if obj is not None and id(obj) in self.names and isinstance(obj, nn.Module):
-                return self.names[id(obj)]
+            has = _HAS_SELF.get(code)
+            if has is None:  # capture's own frames, and frames with no local named self, are passed
+                has = code.co_filename != _OWN_FILE and (  # without reading f_locals (a dict built
+                    "self" in code.co_varnames or "self" in code.co_freevars or "self" in code.co_cellvars
+                )  # per frame)
+                if len(_HAS_SELF) >= 4096:
+                    _HAS_SELF.clear()
+                _HAS_SELF[code] = has
+            if has:
+                obj = frame.f_locals.get("self")
+                if obj is not None and id(obj) in self.names and isinstance(obj, nn.Module):
+                    return self.names[id(obj)]
             frame = frame.f_back
         return ""
 
@@ -1462,14 +1467,6 @@ class _Session:
         self._pending[first.attn_out] = (p, vcodes, ("heads", id(layout), shape, dv))
         return heads
 
-    def _set_values(self, rec: Record, hv: values_.HeadValues) -> Record | None:
-        """The record with ``hv`` as its values (it replaces ``rec`` in the capture), or None."""
-        i = next((i for i, r in enumerate(self.cap.records) if r is rec), None)
-        if i is None:
-            return None
-        self.cap.records[i] = replace(rec, values=hv)
-        return self.cap.records[i]
-
     def _out_projection(self, x: Any, weight: Any, bias: Any, transposed: bool, xc: Any = None) -> None:
         """A projection of heads merged back: the columns each head's value features meet are its
         W_O slice (from the codes of its input, or ``xc``: codes of ``x`` with the contracted dims
@@ -1643,13 +1640,15 @@ class _Session:
         key_labels=None,
         query_labels=None,
         causal: bool | None = None,
+        values: values_.HeadValues | None = None,
     ):
         """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None. The new Record (None: joined).
-        ``causal``: whether the mask is a causal one, where the caller knows it (SDPA's is_causal)."""
+        ``causal``: whether the mask is a causal one, where the caller knows it (SDPA's is_causal);
+        ``values``: what the weights multiply (kept only on a record of its own, not on heads joined)."""
         probs = probs.detach()
         differ = False
         if allowed is not None and allowed.dim() == 4 and allowed.shape[1] == 1:  # one mask for every head
-            mask = allowed[:, 0].expand(probs.shape[0], *probs.shape[2:])
+            mask = allowed.select(1, 0).expand(probs.shape[0], *probs.shape[2:])
         elif allowed is not None:
             allowed = allowed.expand(probs.shape)
             if (
@@ -1669,9 +1668,8 @@ class _Session:
         scores = None if scores is None or not self.keep_scores else scores.detach()
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
-                     layout.query_labels if layout is not None else query_labels, seq=self.n_ops)  # fmt: skip
-        item = _HEAD_ITEM.match(path)
-        group = (item["parent"], int(item["i"])) if item else None
+                     layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops)  # fmt: skip
+        group = _head_group(path)
         last = self.cap.records[-1] if self.cap.records else None
         joined = group and self.head_group == (group[0], group[1] - 1) and _same_layer(last, rec)
         self.head_group = group
@@ -2035,7 +2033,7 @@ class _Session:
             v = v.repeat_interleave(hq // hk, dim=-3)
         scale = a.get("scale") or 1.0 / math.sqrt(e)
         work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-        with torch.no_grad():
+        with _no_grad():
             q, k, v = (t if t.dtype == work else t.to(work) for t in (q, k, v))
             scores = (q @ k.transpose(-2, -1)).mul_(scale)  # (..., H, q, k)
             allowed = None  # the record's mask: keys hidden by a bool mask, -inf or a very negative value
@@ -2092,16 +2090,18 @@ class _Session:
                 allowed = allowed.view((1,) * (scores.dim() - allowed.dim()) + tuple(allowed.shape))
             if scores.dim() != 4:
                 allowed = allowed.expand(scores.shape).reshape(shape)
+        hv = None
+        if v.shape[-2] == lk:  # the values the weights multiply
+            v_kept = v.detach()
+            hv = values_.HeadValues(make=lambda: v_kept.reshape(b, hq, lk, -1))
         rec = self._record(self.path(), probs.reshape(shape), scores.reshape(shape), allowed, "sdpa",
                      "arguments" if allowed is not None else None, cross, check, ext,
                      key_labels=seen.key_labels if seen else None,
                      query_labels=seen.query_labels if seen else None,
-                     causal=lq == lk >= 2 if a.get("is_causal") and a.get("attn_mask") is None else None)  # fmt: skip
-        if rec is not None and v.shape[-2] == lk:  # the values the weights multiply
-            v_kept = v.detach()
-            rec = self._set_values(rec, values_.HeadValues(make=lambda: v_kept.reshape(b, hq, lk, -1)))
-            if rec is not None:
-                self._follow_sdpa_out(a, out, rec, unsq, (b, hq, lk))
+                     causal=lq == lk >= 2 if a.get("is_causal") and a.get("attn_mask") is None else None,
+                     values=hv)  # fmt: skip
+        if rec is not None and hv is not None:
+            self._follow_sdpa_out(a, out, rec, unsq, (b, hq, lk))
 
     def _follow_sdpa_out(self, a: dict, out: torch.Tensor, rec: Record, unsq: bool, bhk) -> None:
         """SDPA's output is the weights times the values: tagged as such, with lineage codes for its
@@ -2152,14 +2152,22 @@ class _Session:
         return not tq.origin <= tk.origin, tq.origin < tk.origin or (tq.origin == tk.origin and tk.cache)
 
     def on_mha(self, func, args, kwargs):
-        own = _unguarded(func, args, kwargs)
+        unguarded = _unguarded(func, args, kwargs)
         qk = None
-        if own is None:
+        if unguarded is None:
             out = func(*args, **kwargs)
-        else:  # the call runs as asked; its own q and k are kept where it hands them to SDPA
+        elif unguarded[1] is not None:  # the call runs as asked; its own q and k are kept where it
+            own, held = unguarded  # hands them to SDPA
+            held.qk = None
+            try:
+                out = own(*args, **kwargs)
+                qk = held.qk
+            finally:
+                held.qk = 0
+        else:
             grab = _GrabQK()
             with grab:
-                out = own(*args, **kwargs)
+                out = unguarded[0](*args, **kwargs)
             qk = grab.qk
         _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
         try:
@@ -2170,7 +2178,7 @@ class _Session:
                 n = query.shape[0]
                 attn_mask = ~torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
             p.update(need_weights=True, average_attn_weights=False, attn_mask=attn_mask, is_causal=False)
-            with torch.no_grad():
+            with _no_grad():
                 scores = _mha_scores(p, int(p["num_heads"]), qk)
             weights = _mha_weights(p, scores)  # the softmax of the scores with the call's masks
             if weights is None:  # learned keys, static keys or dropout: MultiheadAttention itself, again
@@ -2203,14 +2211,12 @@ class _Session:
             cross = None if query is key else True
             if query is key and path not in self.fixed:
                 cross = False
+            hv = _mha_values(p, h, (b, h, lk))
             rec = self._record(path, weights, scores, None if allowed is None else allowed[:, None],
                                "nn.MultiheadAttention", "arguments" if allowed is not None else None, cross,
-                               key_labels=labels)  # fmt: skip
-            hv = _mha_values(p, h, (b, h, lk))
-            if rec is not None and hv is not None:
-                rec = self._set_values(rec, hv)
-                if rec is not None and hv.w_o is not None:
-                    self._follow_mha_out(query, out, rec, unbatched)
+                               key_labels=labels, values=hv)  # fmt: skip
+            if rec is not None and hv is not None and hv.w_o is not None:
+                self._follow_mha_out(query, out, rec, unbatched)
         except Exception as exc:
             self.cap.notes.append(f"nn.MultiheadAttention: {type(exc).__name__}: {exc}")
         finally:
@@ -2243,27 +2249,53 @@ def _no_torch_function(*_args) -> bool:
     return False
 
 
-def _unguarded(func, args, kwargs):
+# func -> (the globals its code reads, as they were, its own code, the grab of its q and k or None)
+_OWN: dict[Any, tuple[tuple, Callable[..., Any], threading.local | None]] = {}
+
+
+def _unguarded(func, args, kwargs) -> tuple[Callable[..., Any], threading.local | None] | None:
     """F.multi_head_attention_forward's own code (the same bytecode, defaults and module globals)
-    with its torch-function guard answered "none", so the ops inside it reach a mode pushed around
-    it; None where that guard would not say "none" anyway (another mode on the stack, a tensor
-    subclass among the arguments) or the function is not one of Python code."""
+    with its torch-function guard answered "none", so its ops run as torch runs them without a mode;
+    and, where it calls ``scaled_dot_product_attention`` by its module name, that call wrapped so
+    the q and k it hands to SDPA are kept (the grab's ``qk``, per thread). None where the guard would
+    not say "none" anyway (another mode on the stack, a tensor subclass among the arguments) or the
+    function is not one of Python code. Built once, and again whenever a global its code reads has
+    been replaced since (a patched F.scaled_dot_product_attention or F.linear is the one it calls)."""
     code = getattr(func, "__code__", None)
     if not isinstance(func, types.FunctionType) or code is None or "has_torch_function" not in code.co_names:
         return None
     tensors = tuple(a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
     if torch.overrides.has_torch_function(tensors):
         return None
-    scope = dict(func.__globals__)
+    g = func.__globals__
+    now = tuple(g.get(n) for n in code.co_names)
+    key = (func, code)
+    hit = _OWN.get(key)
+    if hit is not None and len(hit[0]) == len(now) and all(a is b for a, b in zip(hit[0], now, strict=True)):
+        return hit[1], hit[2]
+    scope = dict(g)
     scope["has_torch_function"] = _no_torch_function
+    grab: threading.local | None = None
+    sdpa = scope.get("scaled_dot_product_attention")
+    if "scaled_dot_product_attention" in code.co_names and callable(sdpa):
+        grab = threading.local()
+        held = grab
+
+        def grabbed(*a, **k):
+            if getattr(held, "qk", 0) is None and len(a) >= 2:
+                held.qk = (a[0], a[1])
+            return sdpa(*a, **k)
+
+        scope["scaled_dot_product_attention"] = grabbed
     own = types.FunctionType(code, scope, func.__name__, func.__defaults__, func.__closure__)
     own.__kwdefaults__ = func.__kwdefaults__
-    return own
+    _OWN[key] = (now, own, grab)
+    return own, grab
 
 
 class _GrabQK(TorchFunctionMode):
-    """Around F.multi_head_attention_forward's own code: the q and k of the SDPA call it makes
-    (need_weights=False); every call passes through unchanged."""
+    """Around F.multi_head_attention_forward's own code where it does not call SDPA by its module
+    name: the q and k of the SDPA call it makes (need_weights=False); every call passes through."""
 
     def __init__(self):
         super().__init__()
@@ -2325,9 +2357,8 @@ def _mha_arguments(args, kwargs) -> dict[str, Any]:
     the call is not a plain one)."""
     p = dict(_MHA_DEFAULTS)
     p.update(zip(_MHA_NAMES, args, strict=False))
-    if len(args) > len(_MHA_NAMES) or any(
-        k in _MHA_NAMES[: len(args)] or k not in _MHA_SIG.parameters for k in kwargs
-    ):
+    if len(args) > len(_MHA_NAMES) or any(k in _MHA_POSITIONAL[len(args)] or k not in _MHA_SIG.parameters
+                                           for k in kwargs):  # fmt: skip
         bound = _MHA_SIG.bind(*args, **kwargs)
         bound.apply_defaults()
         return dict(bound.arguments)
@@ -2362,7 +2393,7 @@ def _mha_weights(p: dict[str, Any], scores: torch.Tensor | None) -> torch.Tensor
     if scores is None or (p["training"] and p["dropout_p"]) or p["static_v"] is not None:
         return None
     b, h, lq, lk = scores.shape
-    with torch.no_grad():
+    with _no_grad():
         logits = scores
         masks = []
         if p["attn_mask"] is not None:
@@ -2477,6 +2508,26 @@ def _heads_joined(a: Record, b: Record, name: str) -> Record:
         a.key_labels,
         a.query_labels,
     )
+
+
+_GROUPS: dict[str, tuple[str, int] | None] = {}
+
+
+def _head_group(path: str) -> tuple[str, int] | None:
+    """(parent, index) of a module path that is one item of a list of per-head modules, or None."""
+    if path in _GROUPS:
+        return _GROUPS[path]
+    item = _HEAD_ITEM.match(path)
+    group = (item["parent"], int(item["i"])) if item else None
+    if len(_GROUPS) >= 4096:
+        _GROUPS.clear()
+    _GROUPS[path] = group
+    return group
+
+
+def _no_grad() -> Any:
+    """torch.no_grad() where gradients are on; a no-op context where they are off already."""
+    return torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()
 
 
 def _is_causal_mask(mask: torch.Tensor | None) -> bool:
