@@ -121,8 +121,9 @@ CAT = frozenset({"cat", "concat", "concatenate", "hstack", "vstack"})
 CONV = frozenset({"conv1d", "conv2d", "conv3d"})
 # ops through which a tensor from outside the call (features, an image, hidden states) enters the model
 ENTRY = LINEAR | CONV | MATMUL | ADD | MUL | CAT | frozenset({"layer_norm", "stack"})
-IN_PLACE = frozenset({"masked_fill_", "__iadd__", "add_", "__isub__", "sub_", "__setitem__"})
+IN_PLACE = frozenset({"masked_fill_", "__iadd__", "add_", "__isub__", "sub_", "__setitem__", "exp_"})
 FILL = frozenset({"masked_fill", "masked_fill_"})
+HAND_STEPS = frozenset({"exp", "exp_", "log_softmax", "sum", "unsqueeze"})  # a softmax written by hand
 CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})
 TRANSPOSES = frozenset(
     {"transpose", "swapaxes", "swapdims", "mT", "permute"}
@@ -453,12 +454,15 @@ class _Tag:
     attn_out: str | None = None  # weights times values: the module whose attention made it
     moved: bool = False  # weights times values, then only moved (views, transposes, cat): no arithmetic
     wo: _Probs | None = None  # the output projection's output (then moved or dropped out) of these weights
+    # weights changed since the softmax by an op on their values (a head mask, dropout while training,
+    # NaN rows set to 0): the record takes them as they are multiplied with the values
+    touched: bool = False
 
     def derived(self, origin: frozenset) -> _Tag:
         """The tag of a tensor an op made from this one (dataclasses.replace is slower, on every op)."""
         return _Tag(self.role, origin, self.split, self.scores, self.allowed, self.mask_source, self.cross,
                     self.heads, self.cache, self.ext, self.axes, None, None, self.smap, self.rowq,
-                    self.attn_out)  # fmt: skip
+                    self.attn_out, False, None, self.touched)  # fmt: skip
 
 
 _PARAM_TAG = _Tag(role="param")  # every parameter's (shared: tags are replaced, never changed in place)
@@ -772,6 +776,9 @@ class _Session:
         self._rowq_owner: dict[int, tuple[torch.Tensor, _Probs]] = {}  # the record whose rows rowq holds
         self._consumed: dict[int, _Probs] = {}  # weights already multiplied by values (held: ids stay theirs)
         self._pad_start: int | None = None
+        # a softmax written by hand: id(tensor) -> (its weakref, what it is, the scores, the dim): the
+        # exp of scores, its sum over a dim, log_softmax of scores (whose exp is the weights)
+        self._hand: dict[int, tuple[weakref.ref, str, torch.Tensor, int | None]] = {}
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -831,7 +838,7 @@ class _Session:
         pre = None
         if name in IN_PLACE and args and isinstance(args[0], torch.Tensor):
             t = self.tag(args[0])
-            if t is not None and t.role == "scores" and t.scores is None:
+            if t is not None and t.role == "scores" and (t.scores is None or name == "exp_"):
                 pre = args[0].detach().clone()  # in place: keep the scores before the mask
         out = func(*args, **kwargs)
         if not isinstance(out, (torch.Tensor, tuple, list)) and name != "__setitem__":
@@ -847,7 +854,11 @@ class _Session:
             elif name == "__setitem__":
                 self.on_setitem(args, pre)
             else:
+                if self._hand and name in MATMUL:
+                    self._hand_weights(args, kwargs)  # a softmax by hand: recorded where its weights are used
                 self.propagate(name, func, args, kwargs, out, pre)
+                if isinstance(out, torch.Tensor) and (name in HAND_STEPS or self._hand):
+                    self._hand_step(name, args, kwargs, out, pre)
                 if self._last_wo is not None:  # the output projection of heads merged back: its output
                     wo, self._last_wo = self._last_wo, None  # is followed to the residual it is added to
                     tag = self.tag(out) if isinstance(out, torch.Tensor) else None
@@ -860,6 +871,93 @@ class _Session:
         finally:
             _LOCAL.busy -= 1
         return out
+
+    # -- a softmax written by hand ------------------------------------------------------------------------
+    def _hand_of(self, t: Any, what: str) -> tuple[torch.Tensor, int | None, torch.Tensor] | None:
+        """(the scores, the dim, the exp) where ``t`` is the ``what`` ("exp" | "sum" | "log") of scores."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        entry = self._hand.get(id(t))
+        if entry is None or entry[0]() is not t or entry[1][0] != what:
+            return None
+        return entry[2], entry[3], entry[1][1]
+
+    def _remember_hand(
+        self, out: torch.Tensor, what: str, of: torch.Tensor, scores: torch.Tensor, dim
+    ) -> None:
+        if len(self._hand) >= 256:  # a few per layer are pending at a time; older ones were never divided
+            self._hand.clear()
+        self._hand[id(out)] = (weakref.ref(out), (what, of), scores, dim)
+
+    def _hand_step(self, name: str, args, kwargs, out: torch.Tensor, pre: torch.Tensor | None) -> None:
+        """Note the steps of a softmax written by hand: exp of scores (``s - s.amax(...)`` included), its
+        sum over one dim (kept, or unsqueezed back), log_softmax of scores; the weights they make
+        (``e / sum``, ``log_softmax(s).exp()``) and those weights changed in place of shape (dropout)."""
+        x = args[0] if args else kwargs.get("input")
+        if not isinstance(x, torch.Tensor) or not out.is_floating_point():
+            return
+        if name in ("exp", "exp_"):
+            found = self._hand_of(x, "log")
+            if found is not None and tuple(out.shape) == tuple(x.shape):  # log_softmax(s).exp()
+                self._remember_hand(out, "weights", out, found[0], found[1])
+                return
+            tag = self.tag(x)
+            scores = x if name == "exp" else pre  # exp_: the scores as they were before it (kept, with
+            if (
+                tag is not None
+                and tag.role == "scores"
+                and scores is not None
+                and tuple(out.shape) == tuple(x.shape)
+            ):
+                if scores is not x:  # what the capture knew of them)
+                    self.set(scores, tag)
+                self._remember_hand(out, "exp", out, scores, None)
+        elif name == "log_softmax":
+            tag = self.tag(x)
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            if tag is not None and tag.role == "scores" and isinstance(dim, int) and x.dim() >= 2:
+                self._remember_hand(out, "log", out, x, dim % x.dim())
+        elif not self._hand:
+            return
+        elif name == "sum":
+            found = self._hand_of(x, "exp")
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            if isinstance(dim, (tuple, list)) and len(dim) == 1:
+                dim = dim[0]
+            if found is not None and isinstance(dim, int) and x.dim() >= 2:
+                keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+                self._remember_hand(out, "sum" if keep else "sum-", x, found[0], dim % x.dim())
+        elif name == "unsqueeze":
+            entry = self._hand.get(id(x))
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            if (entry is not None and entry[0]() is x and entry[1][0] == "sum-" and isinstance(dim, int)
+                    and entry[3] is not None and dim % out.dim() == entry[3]):  # fmt: skip
+                self._remember_hand(out, "sum", entry[1][1], entry[2], entry[3])
+        elif name in DIV and len(args) >= 2:
+            e = self._hand_of(args[0], "exp")
+            total = self._hand_of(args[1], "sum")
+            if (
+                e is not None
+                and total is not None
+                and total[2] is args[0]
+                and tuple(out.shape) == tuple(x.shape)
+            ):
+                self._remember_hand(out, "weights", out, e[0], total[1])
+        elif name not in MATMUL:
+            found = self._hand_of(x, "weights")  # dropped out, masked, cast: still the weights
+            if found is not None and tuple(out.shape) == tuple(x.shape):
+                self._remember_hand(out, "weights", out, found[0], found[1])
+
+    def _hand_weights(self, args, kwargs) -> None:
+        """A product whose weights a softmax written by hand made: recorded as the softmax of its scores
+        over its dim (the weights as the product takes them), before the product is followed."""
+        for t in _tensors(args, kwargs):
+            found = self._hand_of(t, "weights")
+            if found is not None:
+                del self._hand[id(t)]
+                self.n_attention += 1
+                self.on_softmax((found[0], found[1]), {}, t)
+                return
 
     def on_embedding(self, args, out) -> None:
         ids = args[0]
@@ -1213,6 +1311,13 @@ class _Session:
             base_t, base = act[0]
             new = base.derived(origin)
             new.moved = name in lineage.REPLAY and all(g.moved for _, g in act) and len(act) == len(ins)
+            if (
+                (base.probs is not None or base.rowq is not None)
+                and (out is not base_t or name not in DROPOUT)  # dropout in eval mode hands back its input
+                and name not in lineage.REPLAY
+                and tuple(out.shape) == tuple(base_t.shape)
+            ):
+                new.touched = True  # the weights' values changed: what the product multiplies is taken there
             if out.dim() != 3 or base_t.dim() != 3 or out.shape[0] != base_t.shape[0]:
                 new.split = None
             if name in ("view", "reshape", "unflatten"):
@@ -1424,6 +1529,8 @@ class _Session:
         if p is None and first.rowq is not None and id(first.rowq) in self._rowq_owner:
             owner = self._rowq_owner[id(first.rowq)]
             p = owner[1] if owner[0] is first.rowq else None
+        if p is not None and first.touched and len(ops) >= 2 and isinstance(ops[0], torch.Tensor):
+            self._weights_used(p, ops[0])
         if p is None or p.layout is None or p.record is None or len(ops) < 2:
             return None
         if id(p) in self._consumed:  # the weights multiply a second tensor (Shaw's relative values): what
@@ -1871,7 +1978,7 @@ class _Session:
             and torch.finfo(out.dtype).eps > torch.finfo(base_t.dtype).eps
         ):  # LLaMA's softmax(scores.float()).type_as(q): the model goes on with the rounded weights
             self._replace_probs(p, out)
-            self.set(out, replace(base, probs=p))
+            self.set(out, replace(base, probs=p, touched=False))
             return True
         if len(args) < 2:
             return False
@@ -1892,12 +1999,14 @@ class _Session:
             else:
                 return False
             layout = replace(p, allowed=keep if p.allowed is None else p.allowed & keep)
-            self.set(out, replace(base, probs=layout))
+            self.set(out, replace(base, probs=layout, touched=True))
             return True
         if name in DIV and args[0] is base_t and p.allowed is not None:
             sums = out.detach().sum(-1)
             if bool((((sums - 1).abs() < 1e-3) | (sums == 0)).all()) and self._renormalized(p, out):
-                self.set(out, replace(base, probs=replace(p, allowed=None)))  # the record's weights now:
+                self.set(
+                    out, replace(base, probs=replace(p, allowed=None), touched=False)
+                )  # the record's weights now:
                 return True  # followed into the product with the values
         return False
 
@@ -1949,6 +2058,18 @@ class _Session:
         layout = replace(p.layout, dim=new_dim)
         self.set(out, replace(base, probs=replace(p, layout=layout, shape=tuple(out.shape)), rowq=rowq))
         return True
+
+    def _weights_used(self, p: _Probs, w: torch.Tensor) -> None:
+        """The weights were changed since the softmax (``touched``) and ``w`` is what the model multiplies
+        the values with: the record takes it (where its shape is still the softmax output's)."""
+        rec = p.record
+        if rec is None or tuple(w.shape) != tuple(p.shape) or not any(r is rec for r in self.cap.records):
+            return
+        used = p.bhqk(w.detach())
+        if used.dtype != rec.probs.dtype:
+            used = used.to(rec.probs.dtype)
+        if tuple(used.shape) == tuple(rec.probs.shape) and not torch.equal(used, rec.probs):
+            self._update_record(p, probs=used)
 
     def _update_record(self, p: _Probs, **changes) -> None:
         """The record these weights were recorded as, with ``changes`` (it is still the one in

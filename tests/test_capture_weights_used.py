@@ -1,0 +1,219 @@
+"""attnscope.core.families.capture records the weights the model multiplies its values with.
+
+- Weights changed after the softmax (a Hugging Face ``head_mask`` that switches heads off, attention
+  dropout while training, NaN rows of fully masked queries set to 0 with ``nan_to_num`` or
+  ``masked_fill(isnan, 0)``): the record holds them as they went into the product, not the softmax's
+  output; dropout in eval mode changes nothing.
+- A softmax written by hand (``e = exp(s - s.amax(-1, keepdim=True)); e / e.sum(-1, keepdim=True)``, the
+  sum unsqueezed back, ``exp_`` in place) and ``log_softmax(s, -1).exp()`` are recorded like
+  ``torch.softmax``, in call order, with the mask the model applied before them and as scores the
+  logits the model exponentiated (shifted by each row's max where it subtracts it). They are
+  recorded where their weights multiply something (dropout in between included): weights by hand
+  that go nowhere (a reference computed beside SDPA, tests/usermodels/sdpa_masked.py) and a softmax
+  by hand over a vocabulary projection are not attention.
+
+Every model keeps the weights it used (``used``), so the records are checked against the model itself.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscope.core.families.capture import capture_attention
+
+D_HEAD, VOCAB = 4, 11
+
+
+def _softmax_by_hand(s: torch.Tensor, how: str) -> torch.Tensor:
+    if how == "torch":
+        return torch.softmax(s, -1)
+    if how == "exp_sum":
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+    if how == "exp_unsqueeze":
+        e = (s - s.max(dim=-1, keepdim=True).values).exp()
+        return e / e.sum(dim=-1).unsqueeze(-1)
+    if how == "exp_inplace":
+        e = s - s.amax(-1, keepdim=True)
+        e.exp_()
+        return e.div(e.sum(-1, keepdim=True))
+    if how == "log_softmax":
+        return F.log_softmax(s, dim=-1).exp()
+    raise ValueError(how)
+
+
+class Encoder(nn.Module):
+    """BERT-style self-attention, heads split by view; ``after`` is applied to the weights before the
+    product, ``how`` is how the softmax is written; the last layer always uses torch.softmax."""
+
+    def __init__(self, heads: int, after=None, how: str = "torch", layers: int = 2, causal: bool = False):
+        super().__init__()
+        d = heads * D_HEAD
+        self.h, self.after, self.how, self.causal = heads, after, how, causal
+        self.emb = nn.Embedding(VOCAB, d)
+        self.qkv = nn.ModuleList(nn.Linear(d, 3 * d) for _ in range(layers))
+        self.o = nn.ModuleList(nn.Linear(d, d) for _ in range(layers))
+        self.lm = nn.Linear(d, VOCAB)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids: torch.Tensor, head_mask: torch.Tensor | None = None):
+        b, n = ids.shape
+        x = self.emb(ids)
+        keep = (ids != 0)[:, None, None, :]
+        if self.causal:
+            keep = keep & torch.ones(n, n, dtype=torch.bool).tril()
+        for i, (qkv, o) in enumerate(zip(self.qkv, self.o, strict=True)):
+            q, k, v = (t.view(b, n, self.h, D_HEAD).transpose(1, 2) for t in qkv(x).chunk(3, dim=-1))
+            s = (q @ k.transpose(-1, -2)) / D_HEAD**0.5
+            s = s.masked_fill(~keep, float("-inf"))
+            last = i == len(self.qkv) - 1
+            a = _softmax_by_hand(s, "torch" if last else self.how)
+            if self.after is not None:
+                a = self.after(a, head_mask)
+            self.used.append(a.detach().clone())
+            x = x + o((a @ v).transpose(1, 2).reshape(b, n, -1))
+        return x, self.lm(x).softmax(-1)
+
+
+def _captured(model: Encoder, ids: torch.Tensor, *rest, grad: bool = False):
+    model.used.clear()
+    with torch.set_grad_enabled(grad), capture_attention(model) as cap:
+        out = model(ids, *rest)
+    return out, cap
+
+
+def _ids(batch: int, n: int = 6, left: bool = False) -> torch.Tensor:
+    g = torch.Generator().manual_seed(batch)
+    ids = torch.randint(1, VOCAB, (batch, n), generator=g)
+    for i in range(1, batch):  # sequence i has i pad positions (at most n - 1)
+        pad = min(i, n - 1)
+        if left:
+            ids[i, :pad] = 0
+        else:
+            ids[i, n - pad :] = 0
+    return ids
+
+
+def _assert_used(cap, model: Encoder) -> None:
+    assert len(cap.records) == len(model.used)
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert rec.exact and rec.flag is None
+        torch.testing.assert_close(rec.probs, used, atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4), (4, 4), (6, 3)])
+def test_a_head_mask_that_switches_heads_off_is_in_the_record(batch, heads):
+    def head_mask(a, m):  # Hugging Face BERT: attention_probs * head_mask, (H,) broadcast
+        return a * m[None, :, None, None]
+
+    torch.manual_seed(0)
+    model = Encoder(heads, head_mask).eval()
+    mask = torch.ones(heads)
+    mask[0] = 0.0
+    ids = _ids(batch)
+    _, cap = _captured(model, ids, mask)
+    _assert_used(cap, model)
+    for rec in cap.records:
+        assert torch.equal(rec.probs[:, 0], torch.zeros_like(rec.probs[:, 0]))  # head 0 moved nothing
+        if heads > 1:
+            assert torch.allclose(rec.probs[:, 1:].sum(-1), torch.ones(batch, heads - 1, ids.shape[1]))
+
+
+def test_a_scaled_head_mask_and_its_values_agree():
+    """A head mask that is not 0/1 (0.5) is what the weights are; the values kept on the record are
+    those weights multiply (their decomposition gives the attention's output)."""
+    torch.manual_seed(1)
+    model = Encoder(2, lambda a, m: a * m[None, :, None, None]).eval()
+    ids = _ids(3)
+    _, cap = _captured(model, ids, torch.tensor([0.5, 1.0]))
+    _assert_used(cap, model)
+    assert torch.allclose(cap.records[0].probs[:, 0].sum(-1), torch.full((3, 6), 0.5))
+
+
+def test_attention_dropout_while_training_is_in_the_record_and_eval_changes_nothing():
+    def dropout(a, _):
+        return F.dropout(a, 0.3, training=model.training)
+
+    torch.manual_seed(2)
+    model = Encoder(4, dropout).train()
+    ids = _ids(3)
+    torch.manual_seed(5)
+    plain, _ = model(ids)
+    torch.manual_seed(5)
+    (out, _), cap = _captured(model, ids, grad=True)
+    assert torch.equal(out, plain)  # the same random numbers: capture draws none
+    _assert_used(cap, model)
+    assert any(bool(((r.probs == 0) & r.mask[:, None]).any()) for r in cap.records)  # dropped, not masked
+    model.eval()
+    _, cap = _captured(model, ids)
+    _assert_used(cap, model)
+    for rec in cap.records:
+        assert torch.allclose(rec.probs.sum(-1), torch.ones(rec.probs.shape[:-1]))
+
+
+@pytest.mark.parametrize("clean", ["nan_to_num", "masked_fill_isnan"])
+def test_nan_rows_of_fully_masked_queries_set_to_zero_are_in_the_record(clean):
+    def zeroed(a, _):
+        return torch.nan_to_num(a, nan=0.0) if clean == "nan_to_num" else a.masked_fill(torch.isnan(a), 0.0)
+
+    torch.manual_seed(3)
+    model = Encoder(2, zeroed, causal=True).eval()
+    ids = _ids(4, left=True)  # left padding: the first queries of padded sequences see no key
+    _, cap = _captured(model, ids)
+    _assert_used(cap, model)
+    for rec in cap.records:
+        assert not torch.isnan(rec.probs).any()
+        assert torch.equal(rec.probs[3, :, 0], torch.zeros_like(rec.probs[3, :, 0]))
+        assert rec.kind == "dec_self"
+
+
+@pytest.mark.parametrize("how", ["exp_sum", "exp_unsqueeze", "exp_inplace", "log_softmax"])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 2), (2, 2), (3, 1), (4, 8)])
+def test_a_softmax_written_by_hand_is_recorded_like_torch_softmax(how, batch, heads):
+    torch.manual_seed(4)
+    model = Encoder(heads, how=how, layers=3).eval()
+    reference = Encoder(heads, how="torch", layers=3).eval()
+    reference.load_state_dict(model.state_dict())
+    ids = _ids(batch)
+    (out, _), cap = _captured(model, ids)
+    _assert_used(cap, model)  # three records, the first two by hand
+    (want, _), ref = _captured(reference, ids)
+    torch.testing.assert_close(out, want, atol=1e-6, rtol=0)
+    for rec, other in zip(cap.records, ref.records, strict=True):
+        assert rec.kind == other.kind == "enc_self"
+        assert torch.equal(rec.mask, other.mask)  # the padding the model masked before its exp
+        assert rec.mask_source == "masked_fill"
+        torch.testing.assert_close(rec.probs, other.probs, atol=1e-6, rtol=0)
+        # the logits the model exponentiated: shifted by each row's max, if at all
+        seen = rec.mask[:, None].expand_as(rec.scores)
+        shift = (rec.scores - other.scores).masked_fill(~seen, 0.0)
+        row = shift.gather(-1, seen.int().argmax(-1, keepdim=True)).masked_fill(~seen, 0.0)
+        torch.testing.assert_close(shift, row, atol=1e-5, rtol=0)
+    assert [str(n) for n in cap.skipped] == [str(n) for n in ref.skipped]  # the vocabulary softmax
+
+
+def test_a_softmax_by_hand_over_a_vocabulary_is_not_attention():
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.out = nn.Embedding(VOCAB, 8), nn.Linear(8, VOCAB)
+
+        def forward(self, ids):
+            logits = self.out(self.emb(ids))
+            e = torch.exp(logits - logits.amax(-1, keepdim=True))
+            return e / e.sum(-1, keepdim=True)
+
+    with torch.no_grad(), capture_attention(LM()) as cap:
+        LM()(_ids(2))
+    assert cap.records == []
+
+
+def test_a_softmax_by_hand_then_dropout_is_recorded_as_multiplied():
+    torch.manual_seed(6)
+    model = Encoder(2, lambda a, _: F.dropout(a, 0.25, training=True), how="exp_sum").train()
+    _, cap = _captured(model, _ids(3), grad=True)
+    _assert_used(cap, model)
+    assert any(bool(((r.probs == 0) & r.mask[:, None]).any()) for r in cap.records)  # dropped, not masked
