@@ -776,9 +776,9 @@ class _Session:
         self._rowq_owner: dict[int, tuple[torch.Tensor, _Probs]] = {}  # the record whose rows rowq holds
         self._consumed: dict[int, _Probs] = {}  # weights already multiplied by values (held: ids stay theirs)
         self._pad_start: int | None = None
-        # a softmax written by hand: id(tensor) -> (its weakref, what it is, the scores, the dim): the
-        # exp of scores, its sum over a dim, log_softmax of scores (whose exp is the weights)
-        self._hand: dict[int, tuple[weakref.ref, str, torch.Tensor, int | None]] = {}
+        # a softmax written by hand: id(tensor) -> (its weakref, what it is, the tensor it was made of,
+        # the scores, the dim): the exp of scores, its sum over a dim, log_softmax of scores, the weights
+        self._hand: dict[int, tuple[weakref.ref, str, torch.Tensor, torch.Tensor, int | None]] = {}
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -878,16 +878,16 @@ class _Session:
         if not isinstance(t, torch.Tensor):
             return None
         entry = self._hand.get(id(t))
-        if entry is None or entry[0]() is not t or entry[1][0] != what:
+        if entry is None or entry[0]() is not t or entry[1] != what:
             return None
-        return entry[2], entry[3], entry[1][1]
+        return entry[3], entry[4], entry[2]
 
     def _remember_hand(
         self, out: torch.Tensor, what: str, of: torch.Tensor, scores: torch.Tensor, dim
     ) -> None:
         if len(self._hand) >= 256:  # a few per layer are pending at a time; older ones were never divided
             self._hand.clear()
-        self._hand[id(out)] = (weakref.ref(out), (what, of), scores, dim)
+        self._hand[id(out)] = (weakref.ref(out), what, of, scores, dim)
 
     def _hand_step(self, name: str, args, kwargs, out: torch.Tensor, pre: torch.Tensor | None) -> None:
         """Note the steps of a softmax written by hand: exp of scores (``s - s.amax(...)`` included), its
@@ -930,9 +930,9 @@ class _Session:
         elif name == "unsqueeze":
             entry = self._hand.get(id(x))
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
-            if (entry is not None and entry[0]() is x and entry[1][0] == "sum-" and isinstance(dim, int)
-                    and entry[3] is not None and dim % out.dim() == entry[3]):  # fmt: skip
-                self._remember_hand(out, "sum", entry[1][1], entry[2], entry[3])
+            if (entry is not None and entry[0]() is x and entry[1] == "sum-" and isinstance(dim, int)
+                    and entry[4] is not None and dim % out.dim() == entry[4]):  # fmt: skip
+                self._remember_hand(out, "sum", entry[2], entry[3], entry[4])
         elif name in DIV and len(args) >= 2:
             e = self._hand_of(args[0], "exp")
             total = self._hand_of(args[1], "sum")
