@@ -703,6 +703,19 @@ def _arg_key(a: Any) -> Any:
     return _NOKEY
 
 
+def _linear_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """F.linear's arguments by position (input, weight, bias), whichever were given by name."""
+    given = dict(zip(("input", "weight", "bias"), args, strict=False))
+    rest = {k: v for k, v in kwargs.items() if k not in ("input", "weight", "bias") or k in given}
+    for k in ("input", "weight", "bias"):
+        if k in kwargs and k not in given:
+            given[k] = kwargs[k]
+    names = [k for k in ("input", "weight", "bias") if k in given]
+    if names != ["input", "weight", "bias"][: len(names)]:
+        return args, kwargs
+    return tuple(given[k] for k in names), rest
+
+
 def _tensors(args, kwargs) -> list[torch.Tensor]:
     out = []
     for a in args:
@@ -843,6 +856,8 @@ class _Session:
         out = func(*args, **kwargs)
         if not isinstance(out, (torch.Tensor, tuple, list)) and name != "__setitem__":
             return out  # x.dtype, x.dim(), x.size(): nothing to follow
+        if kwargs and name == "linear":  # F.linear(input=x, weight=w, bias=b): followed as given by position
+            args, kwargs = _linear_arguments(args, kwargs)
         try:
             _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
             if name == "scaled_dot_product_attention":
@@ -1770,7 +1785,10 @@ class _Session:
             mask_source = "zeros"
         else:
             mask = None
-        kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], mask, cross, ext, exact=flag is None,
+        # heads masked differently (a top-k per head): what any head may see says whether the call is
+        # causal (what every head may see can be nearly empty, and nearly empty looks causal)
+        seen = allowed.any(dim=1) if differ and allowed is not None else mask
+        kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], seen, cross, ext, exact=flag is None,
                             causal=causal if mask is not None else None)  # fmt: skip
         scores = None if scores is None or not self.keep_scores else scores.detach()
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,

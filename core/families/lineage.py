@@ -498,6 +498,11 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     seq_b = kpos_b.masked_fill(is_param_b, -1)  # (U, K)
     weights = torch.arange(1, keys + 1, dtype=torch.int64, device=device) * _MIX.to(device)
     key_hash = (seq_b * weights).sum(-1)[krow] ^ (h * 0x2545F491)
+    # keys that are all learned (an induced summary, a latent array) name no sequence: the product's
+    # slice does (a fold of the batch keeps one sequence per slice), so rows of different slices stay apart
+    learned_only = (seq_b < 0).all(-1)[krow]
+    if bool(learned_only.any()):
+        key_hash = key_hash ^ torch.where(learned_only, (sl0 + 1) * 0x61C88647, 0)
     q_param = param_src[sources.index(qpos)]
     grouped = _groups(key_hash, qpos, kpos_b, krow)
     if grouped is None:
