@@ -1,0 +1,143 @@
+"""attnscope.core.families.capture on three more ways people write attention, each model keeping the
+weights it multiplied its values with (``computed``):
+
+- the Set Transformer (juho-lee/set_transformer ``modules.py``): heads folded head-major with
+  ``torch.cat(Q.split(dim_split, 2), 0)``; an ISAB's inducing points (a parameter repeated over the
+  batch) attend over the set, then the set attends over that induced summary, whose keys are all
+  learned positions: every sequence stays its own (batch, head) slice, never one long sequence;
+- top-k sparse attention (Explicit Sparse Transformer): each head keeps its own k best keys, so the
+  heads' masks differ; an encoder stays ``enc_self`` although what *every* head may see is nearly
+  empty (an empty mask looks causal);
+- ``F.linear(input=x, weight=w, bias=b)`` by keyword (Swin-v2 ports): followed like a positional call,
+  so the layout is exact rather than flagged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscope.core.families.capture import capture_attention
+
+
+class MAB(nn.Module):
+    def __init__(self, dq: int, dk: int, dv: int, heads: int, sink: list):
+        super().__init__()
+        self.dim_V, self.num_heads, self.sink = dv, heads, sink
+        self.fc_q, self.fc_k, self.fc_v, self.fc_o = (nn.Linear(dq, dv), nn.Linear(dk, dv), nn.Linear(dk, dv),
+                                                      nn.Linear(dv, dv))  # fmt: skip
+
+    def forward(self, Q, K):
+        Q = self.fc_q(Q)
+        K, V = self.fc_k(K), self.fc_v(K)
+        dim_split = self.dim_V // self.num_heads
+        Q_, K_, V_ = (torch.cat(t.split(dim_split, 2), 0) for t in (Q, K, V))
+        A = torch.softmax(Q_.bmm(K_.transpose(1, 2)) / math.sqrt(self.dim_V), 2)
+        b = Q.size(0)
+        self.sink.append(A.detach().clone().view(self.num_heads, b, *A.shape[1:]).transpose(0, 1))
+        O = torch.cat((Q_ + A.bmm(V_)).split(b, 0), 2)
+        return O + F.relu(self.fc_o(O))
+
+
+class SetTransformer(nn.Module):
+    def __init__(self, heads: int, inducing: int = 4):
+        super().__init__()
+        d = 4 * heads
+        self.computed: list[torch.Tensor] = []
+        self.I = nn.Parameter(torch.randn(1, inducing, d))
+        self.mab0 = MAB(d, 3, d, heads, self.computed)  # inducing points over the set
+        self.mab1 = MAB(3, d, d, heads, self.computed)  # the set over the induced summary
+        self.S = nn.Parameter(torch.randn(1, 2, d))
+        self.pma = MAB(d, d, d, heads, self.computed)  # seeds over the set
+        self.out = nn.Linear(d, 4)
+
+    def forward(self, X):
+        H = self.mab0(self.I.repeat(X.size(0), 1, 1), X)
+        X = self.mab1(X, H)
+        return self.out(self.pma(self.S.repeat(X.size(0), 1, 1), X))
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 2), (4, 4), (6, 1), (2, 4)])
+def test_set_transformer_sequences_over_an_induced_summary_stay_apart(batch, heads):
+    torch.manual_seed(batch * 10 + heads)
+    model = SetTransformer(heads).eval()
+    X = torch.randn(batch, 6, 3)
+    with torch.no_grad():
+        plain = model(X)
+        model.computed.clear()
+        with capture_attention(model) as cap:
+            out = model(X)
+    assert torch.equal(out, plain)
+    assert [r.name for r in cap.records] == ["mab0", "mab1", "pma"]
+    for rec, used in zip(cap.records, model.computed, strict=True):
+        assert rec.exact, rec.flag
+        assert rec.probs.shape == used.shape  # (B, H, q, k): the batch is not folded into the queries
+        torch.testing.assert_close(rec.probs, used, atol=1e-6, rtol=0)
+    assert cap.records[0].query_labels == ("<I 0>", "<I 1>", "<I 2>", "<I 3>")
+
+
+class TopK(nn.Module):
+    """Each head keeps its own TOPK best keys among the unpadded ones (Explicit Sparse Transformer)."""
+
+    def __init__(self, heads: int, layers: int = 2, topk: int = 3):
+        super().__init__()
+        d = 4 * heads
+        self.h, self.topk, self.computed = heads, topk, []
+        self.inp = nn.Linear(5, d)
+        self.qkv = nn.ModuleList(nn.Linear(d, 3 * d) for _ in range(layers))
+
+    def forward(self, x, lengths):
+        b, t, _ = x.shape
+        keep = torch.arange(t)[None] < lengths[:, None]
+        h = self.inp(x)
+        for qkv in self.qkv:
+            q, k, v = qkv(h).view(b, t, 3, self.h, -1).permute(2, 0, 3, 1, 4)
+            s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(
+                ~keep[:, None, None, :], -math.inf
+            )
+            thresh = s.topk(min(self.topk, t), dim=-1).values[..., -1:]
+            w = torch.softmax(s.masked_fill(s < thresh, -math.inf), dim=-1)
+            self.computed.append(w.detach().clone())
+            h = h + (w @ v).transpose(1, 2).reshape(b, t, -1)
+        return h
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 4), (2, 4), (3, 8), (4, 4)])
+def test_heads_with_their_own_top_k_keys_are_an_encoder(batch, heads):
+    torch.manual_seed(batch + heads)
+    model = TopK(heads).eval()
+    x, lengths = torch.randn(batch, 7, 5), torch.tensor([7, 5, 6, 4, 7, 3][:batch])
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(x, lengths)
+    assert len(cap.records) == 2
+    for rec, used in zip(cap.records, model.computed, strict=True):
+        torch.testing.assert_close(rec.probs, used, atol=1e-6, rtol=0)
+        assert rec.head_masks_differ
+        assert rec.kind == "enc_self"
+
+
+def test_a_linear_given_by_keywords_is_followed_like_one_given_by_position():
+    class KeywordLinear(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.qkv = nn.Embedding(9, 8), nn.Linear(8, 24)
+
+        def forward(self, ids):
+            b, n = ids.shape
+            x = self.emb(ids)
+            qkv = F.linear(input=x, weight=self.qkv.weight, bias=self.qkv.bias)
+            q, k, v = qkv.view(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4)
+            self.w = torch.softmax(q @ k.transpose(-1, -2), -1)
+            return self.w @ v
+
+    model = KeywordLinear()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, 9, (3, 5)))
+    (rec,) = cap.records
+    assert cap.notes == []
+    assert rec.exact and rec.flag is None
+    torch.testing.assert_close(rec.probs, model.w, atol=0, rtol=0)
