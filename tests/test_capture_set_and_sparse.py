@@ -39,8 +39,8 @@ class MAB(nn.Module):
         A = torch.softmax(Q_.bmm(K_.transpose(1, 2)) / math.sqrt(self.dim_V), 2)
         b = Q.size(0)
         self.sink.append(A.detach().clone().view(self.num_heads, b, *A.shape[1:]).transpose(0, 1))
-        O = torch.cat((Q_ + A.bmm(V_)).split(b, 0), 2)
-        return O + F.relu(self.fc_o(O))
+        out = torch.cat((Q_ + A.bmm(V_)).split(b, 0), 2)
+        return out + F.relu(self.fc_o(out))
 
 
 class SetTransformer(nn.Module):
@@ -78,6 +78,7 @@ def test_set_transformer_sequences_over_an_induced_summary_stay_apart(batch, hea
         assert rec.probs.shape == used.shape  # (B, H, q, k): the batch is not folded into the queries
         torch.testing.assert_close(rec.probs, used, atol=1e-6, rtol=0)
     assert cap.records[0].query_labels == ("<I 0>", "<I 1>", "<I 2>", "<I 3>")
+    assert [r.kind for r in cap.records] == ["cross"] * 3  # the set over its summary too: other keys
 
 
 class TopK(nn.Module):
@@ -141,3 +142,39 @@ def test_a_linear_given_by_keywords_is_followed_like_one_given_by_position():
     assert cap.notes == []
     assert rec.exact and rec.flag is None
     torch.testing.assert_close(rec.probs, model.w, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_queries_computed_a_chunk_at_a_time_are_an_encoder_not_a_cache(batch):
+    """Memory-efficient attention over chunks of queries (every chunk sees all keys of its own input):
+    each chunk is recorded exactly, and the keys beyond a chunk's queries are its own sequence's, not
+    a KV cache, so the kind stays enc_self; a causal chunked decoder stays dec_self by its mask."""
+
+    class Chunked(nn.Module):
+        def __init__(self, causal: bool):
+            super().__init__()
+            self.emb, self.qkv, self.causal, self.used = nn.Embedding(9, 8), nn.Linear(8, 24), causal, []
+
+        def forward(self, ids):
+            b, n = ids.shape
+            q, k, v = self.qkv(self.emb(ids)).view(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4)
+            out = torch.empty_like(q)
+            for s in range(0, n, 3):
+                scores = q[:, :, s : s + 3] @ k.transpose(-1, -2)
+                if self.causal:
+                    rows = torch.arange(s, min(s + 3, n))[:, None]
+                    scores = scores.masked_fill(torch.arange(n)[None] > rows, -math.inf)
+                p = scores.softmax(-1)
+                self.used.append(p)
+                out[:, :, s : s + 3] = p @ v
+            return out
+
+    for causal, kind in ((False, "enc_self"), (True, "dec_self")):
+        torch.manual_seed(batch)
+        model = Chunked(causal)
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(torch.randint(1, 9, (batch, 6)))
+        assert [r.kind for r in cap.records] == [kind, kind]
+        for rec, used in zip(cap.records, model.used, strict=True):
+            assert rec.exact
+            torch.testing.assert_close(rec.probs, used, atol=0, rtol=0)

@@ -217,3 +217,48 @@ def test_a_softmax_by_hand_then_dropout_is_recorded_as_multiplied():
     _, cap = _captured(model, _ids(3), grad=True)
     _assert_used(cap, model)
     assert any(bool(((r.probs == 0) & r.mask[:, None]).any()) for r in cap.records)  # dropped, not masked
+
+
+@pytest.mark.parametrize("how", ["logsumexp", "eps", "online"])
+def test_a_softmax_capture_cannot_follow_is_a_warning_not_a_silence(how):
+    """``exp(s - logsumexp(s))``, a sum plus an epsilon, and an online softmax over key blocks (flash
+    attention written in PyTorch) are not recorded, and ``cap.notes`` says so (once per module), even
+    beside a layer that is recorded and a vocabulary softmax."""
+
+    class Odd(Encoder):
+        def forward(self, ids, head_mask=None):
+            b, n = ids.shape
+            x = self.emb(ids)
+            for i, (qkv, o) in enumerate(zip(self.qkv, self.o, strict=True)):
+                q, k, v = (t.view(b, n, self.h, D_HEAD).transpose(1, 2) for t in qkv(x).chunk(3, dim=-1))
+                s = (q @ k.transpose(-1, -2)) / D_HEAD**0.5
+                if i == len(self.qkv) - 1:
+                    y = torch.softmax(s, -1) @ v
+                elif how == "logsumexp":
+                    y = torch.exp(s - torch.logsumexp(s, -1, keepdim=True)) @ v
+                elif how == "eps":
+                    e = torch.exp(s - s.amax(-1, keepdim=True))
+                    y = (e / (e.sum(-1, keepdim=True) + 1e-9)) @ v
+                else:  # running max and sum over blocks of 3 keys
+                    m = torch.full(s.shape[:-1] + (1,), -torch.inf)
+                    total, acc = torch.zeros_like(m), torch.zeros_like(q)
+                    for j in range(0, n, 3):
+                        blk = s[..., j : j + 3]
+                        new = torch.maximum(m, blk.amax(-1, keepdim=True))
+                        p = torch.exp(blk - new)
+                        scale = torch.exp(m - new)
+                        total = total * scale + p.sum(-1, keepdim=True)
+                        acc = acc * scale + p @ v[:, :, j : j + 3]
+                        m = new
+                    y = acc / total
+                x = x + o(y.transpose(1, 2).reshape(b, n, -1))
+            return x, self.lm(x).softmax(-1)
+
+    torch.manual_seed(7)
+    model = Odd(2, layers=3).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(2))
+    assert len(cap.records) == 1  # the torch.softmax layer
+    warned = [n for n in cap.notes if "could not follow into a softmax" in n]
+    assert len(warned) == 1 and warned[0].startswith("(model)")  # once per module: the model runs both layers
+    assert len(cap.skipped) == 1  # the vocabulary softmax, not attention

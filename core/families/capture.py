@@ -792,6 +792,8 @@ class _Session:
         # a softmax written by hand: id(tensor) -> (its weakref, what it is, the tensor it was made of,
         # the scores, the dim): the exp of scores, its sum over a dim, log_softmax of scores, the weights
         self._hand: dict[int, tuple[weakref.ref, str, torch.Tensor, torch.Tensor, int | None]] = {}
+        # the exp (or log_softmax) of scores not yet followed into weights: id -> (module, shape)
+        self._unfinished: dict[int, tuple[str, tuple[int, ...]]] = {}
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -915,6 +917,7 @@ class _Session:
             found = self._hand_of(x, "log")
             if found is not None and tuple(out.shape) == tuple(x.shape):  # log_softmax(s).exp()
                 self._remember_hand(out, "weights", out, found[0], found[1])
+                self._unfinished.pop(id(x), None)
                 return
             tag = self.tag(x)
             scores = x if name == "exp" else pre  # exp_: the scores as they were before it (kept, with
@@ -927,11 +930,13 @@ class _Session:
                 if scores is not x:  # what the capture knew of them)
                     self.set(scores, tag)
                 self._remember_hand(out, "exp", out, scores, None)
+                self._unfinished[id(out)] = (self.path(), tuple(out.shape))
         elif name == "log_softmax":
             tag = self.tag(x)
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             if tag is not None and tag.role == "scores" and isinstance(dim, int) and x.dim() >= 2:
                 self._remember_hand(out, "log", out, x, dim % x.dim())
+                self._unfinished[id(out)] = (self.path(), tuple(out.shape))
         elif not self._hand:
             return
         elif name == "sum":
@@ -958,10 +963,20 @@ class _Session:
                 and tuple(out.shape) == tuple(x.shape)
             ):
                 self._remember_hand(out, "weights", out, e[0], total[1])
+                self._unfinished.pop(id(args[0]), None)
         elif name not in MATMUL:
             found = self._hand_of(x, "weights")  # dropped out, masked, cast: still the weights
             if found is not None and tuple(out.shape) == tuple(x.shape):
                 self._remember_hand(out, "weights", out, found[0], found[1])
+
+    def finish(self) -> None:
+        """Warn of the exp (or log_softmax) of attention scores never followed into weights: a softmax
+        written another way (``exp(s - logsumexp(s))``, a sum plus an epsilon) or one computed block
+        by block (an online softmax) is not recorded, and says so."""
+        for module, shape in self._unfinished.values():
+            self.warn(module, shape, "exp of query-key scores that capture could not follow into a softmax (one "
+                      "written another way, or computed block by block): these weights are not recorded")  # fmt: skip
+        self._unfinished.clear()
 
     def _hand_weights(self, args, kwargs) -> None:
         """A product whose weights a softmax written by hand made: recorded as the softmax of its scores
@@ -2672,10 +2687,21 @@ def _no_grad() -> Any:
 def _is_causal_mask(mask: torch.Tensor | None) -> bool:
     """No query may see a later key, and some query sees an earlier one: plain causal masks, causal
     masks with padding (of any sequence) and sliding windows (Mistral) alike."""
-    if mask is None or mask.shape[-1] != mask.shape[-2] or mask.shape[-1] < 2:
+    if mask is None or mask.shape[-1] < 2 or mask.shape[-2] > mask.shape[-1]:
         return False
     while mask.dim() > 2 and mask.stride(0) == 0:  # the same mask for every sequence: check one
         mask = mask[0]
+    lq, lk = mask.shape[-2], mask.shape[-1]
+    if lq < lk:  # a chunk of queries (or the last ones) over more keys: causal if no query sees a key
+        # further ahead than the chunk's offset allows, rows see different keys (a padding mask's rows
+        # are all the same) and some query sees an earlier key
+        if lq < 2 or mask.stride(-2) == 0 or not bool(mask.any()):
+            return False
+        i = torch.arange(lq, device=mask.device)[:, None]
+        j = torch.arange(lk, device=mask.device)[None, :]
+        ahead = int((j - i).masked_fill(~mask, -lk).amax())  # the furthest key ahead of its row
+        rows_differ = bool((mask != mask[..., :1, :]).any())
+        return 0 <= ahead <= lk - lq and rows_differ and bool(mask.tril(ahead - 1).any())
     if mask.stride(-2) == 0:  # one row for every query (a padding mask): causal only if it keeps key 0 alone
         row = mask[..., 0, :]
         return not bool(row[..., 1:].any()) and bool(row[..., 0].any())
@@ -2723,6 +2749,7 @@ def capture_attention(
     session = _Session(cap, model, kinds, include, exclude, lengths, modules, scores)
     with _Mode(session):
         yield cap
+    session.finish()
     if session.n_ops and not session.n_attention and not blind:
         cap.notes.append(
             "no softmax, scaled_dot_product_attention or MultiheadAttention call was seen in this forward "

@@ -616,17 +616,22 @@ def _cross(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool | N
     """Queries and keys from different inputs: no query position among the keys."""
     qs = {int(p) for p, s in zip(qpos.tolist(), _kinds(qpos, sources), strict=True) if s.kind not in LABELLED}
     ks = {int(p) for p, s in zip(kpos.tolist(), _kinds(kpos, sources), strict=True) if s.kind not in LABELLED}
-    if not ks:
-        return None
+    if not ks:  # learned keys alone: read by the tokens (a memory bank, a Set Transformer's induced
+        return (
+            True if qs else None
+        )  # summary) they are another input than the queries; among learned queries, unknown
     if not qs:
         return True  # learned queries reading the tokens (a Perceiver's latents)
     return qs.isdisjoint(ks)
 
 
 def _extends(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool:
-    """The keys hold positions besides the queries' own (a KV cache, a memory of earlier positions)."""
+    """The keys hold positions besides the queries' own (a KV cache, a memory of earlier positions)
+    from another input than the queries'. Other positions of the queries' own input are not a cache:
+    the queries are a part of their sequence (attention computed a chunk of queries at a time)."""
     qs = set(qpos.tolist())
+    own = {s.start for s in _kinds(qpos, sources)}
     return any(
-        s.kind not in LABELLED and p not in qs
+        s.kind not in LABELLED and p not in qs and s.start not in own
         for p, s in zip(kpos.tolist(), _kinds(kpos, sources), strict=True)
     )
