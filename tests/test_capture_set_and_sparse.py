@@ -178,3 +178,64 @@ def test_queries_computed_a_chunk_at_a_time_are_an_encoder_not_a_cache(batch):
         for rec, used in zip(cap.records, model.used, strict=True):
             assert rec.exact
             torch.testing.assert_close(rec.probs, used, atol=0, rtol=0)
+        assert len([n for n in cap.notes if "several attention maps over different queries" in n]) == 1
+
+
+def test_attention_sliced_over_batch_and_heads_says_its_pieces_are_not_one_layer():
+    """diffusers' attention slicing: ``get_attention_scores`` on one (batch x head) slice at a time,
+    written into a preallocated output. Each slice is recorded exactly, and a warning says the pieces
+    are not joined into one layer; layers written inline in one forward (the same queries each time)
+    and an axial block (rows, then columns, over the same positions) are not warned of."""
+
+    class Sliced(nn.Module):
+        def __init__(self, heads: int = 2, slice_size: int = 1):
+            super().__init__()
+            self.h, self.slice_size, self.scale = heads, slice_size, 0.5
+            self.to_q, self.to_k, self.to_v = (
+                nn.Linear(4, 4 * heads),
+                nn.Linear(4, 4 * heads),
+                nn.Linear(4, 4 * heads),
+            )
+
+        def get_attention_scores(self, q, k):
+            empty = torch.empty(q.shape[0], q.shape[1], k.shape[1])
+            return torch.baddbmm(empty, q, k.transpose(-1, -2), beta=0, alpha=self.scale).softmax(dim=-1)
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            q, k, v = (f(x).view(b, n, self.h, 4).permute(0, 2, 1, 3).reshape(b * self.h, n, 4)
+                       for f in (self.to_q, self.to_k, self.to_v))  # fmt: skip
+            out = torch.zeros(b * self.h, n, 4)
+            for i in range(0, b * self.h, self.slice_size):
+                p = self.get_attention_scores(q[i : i + self.slice_size], k[i : i + self.slice_size])
+                out[i : i + self.slice_size] = torch.bmm(p, v[i : i + self.slice_size])
+            return out
+
+    class Inline(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.q, self.k = nn.Embedding(9, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            b, n, _ = x.shape
+            for _ in range(2):  # two layers (shared weights) inline
+                q, k = (f(x).view(b, n, 2, 4).transpose(1, 2) for f in (self.q, self.k))
+                x = x + (torch.softmax(q @ k.transpose(-1, -2), -1) @ q).transpose(1, 2).reshape(b, n, 8)
+            grid = x.view(b, 2, n // 2, 8)  # axial: along rows, then along columns
+            rows = torch.softmax(grid @ grid.transpose(-1, -2), -1) @ grid
+            cols = grid.transpose(1, 2)
+            return rows.sum() + (torch.softmax(cols @ cols.transpose(-1, -2), -1) @ cols).sum()
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        sliced = Sliced()
+        with capture_attention(sliced) as cap:
+            sliced(torch.randn(2, 5, 4))
+        assert len(cap.records) == 4 and all(r.exact and r.probs.shape == (1, 1, 5, 5) for r in cap.records)
+        (note,) = [n for n in cap.notes if "several attention maps" in n]
+        assert "not joined into one layer" in note
+        inline = Inline()
+        with capture_attention(inline) as cap:
+            inline(torch.randint(1, 9, (2, 6)))
+        assert len(cap.records) == 4 and not [n for n in cap.notes if "several attention maps" in n]

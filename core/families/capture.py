@@ -794,6 +794,9 @@ class _Session:
         self._hand: dict[int, tuple[weakref.ref, str, torch.Tensor, torch.Tensor, int | None]] = {}
         # the exp (or log_softmax) of scores not yet followed into weights: id -> (module, shape)
         self._unfinished: dict[int, tuple[str, tuple[int, ...]]] = {}
+        self._frame: FrameType | None = None  # the module call path() found last
+        # the last record's module call (held, so a later call is never taken for it), path, query codes
+        self._record_call: tuple[FrameType | None, str, torch.Tensor | None] = (None, "", None)
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -833,8 +836,10 @@ class _Session:
             if has:
                 obj = frame.f_locals.get("self")
                 if obj is not None and id(obj) in self.names and isinstance(obj, nn.Module):
+                    self._frame = _module_call(frame, obj)
                     return self.names[id(obj)]
             frame = frame.f_back
+        self._frame = None
         return ""
 
     # -- the mode's entry point ------------------------------------------------------------------------
@@ -977,6 +982,7 @@ class _Session:
             self.warn(module, shape, "exp of query-key scores that capture could not follow into a softmax (one "
                       "written another way, or computed block by block): these weights are not recorded")  # fmt: skip
         self._unfinished.clear()
+        self._frame, self._record_call = None, (None, "", None)  # no module call is held on
 
     def _hand_weights(self, args, kwargs) -> None:
         """A product whose weights a softmax written by hand made: recorded as the softmax of its scores
@@ -1778,10 +1784,12 @@ class _Session:
         query_labels=None,
         causal: bool | None = None,
         values: values_.HeadValues | None = None,
+        queries: torch.Tensor | None = None,
     ):
         """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None. The new Record (None: joined).
         ``causal``: whether the mask is a causal one, where the caller knows it (SDPA's is_causal);
-        ``values``: what the weights multiply (kept only on a record of its own, not on heads joined)."""
+        ``values``: what the weights multiply (kept only on a record of its own, not on heads joined);
+        ``queries``: the lineage codes of its query rows (position and head), where known."""
         probs = probs.detach()
         differ = False
         if allowed is not None and allowed.dim() == 4 and allowed.shape[1] == 1:  # one mask for every head
@@ -1809,6 +1817,7 @@ class _Session:
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
                      layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops)  # fmt: skip
+        self._pieces(path, probs.shape, queries)
         group = _head_group(path)
         last = self.cap.records[-1] if self.cap.records else None
         joined = group and self.head_group == (group[0], group[1] - 1) and _same_layer(last, rec)
@@ -1818,6 +1827,22 @@ class _Session:
             return None
         self.cap.records.append(rec)
         return rec
+
+    def _pieces(self, path: str, shape, queries: torch.Tensor | None) -> None:
+        """Warn where one call of a module makes maps over other queries than its previous map (other
+        positions or heads): attention computed in slices or chunks, recorded a map per piece. Layers
+        written inline in one forward read the same positions and heads, and are not warned of."""
+        frame = self._frame
+        held, held_path, held_q = self._record_call
+        self._record_call = (frame, path, queries)
+        if frame is None or frame is not held or path != held_path or queries is None or held_q is None:
+            return
+        if queries.device != held_q.device or bool(torch.isin(queries, held_q).any()):
+            return
+        self.warn(path, tuple(int(n) for n in shape), "several attention maps over different queries (other "
+                  "positions or heads) from one call of this module, as attention computed in slices or "
+                  "chunks makes them: each piece is recorded as a map of its own, not joined into one layer, "
+                  "so a trace shows the pieces as layers")  # fmt: skip
 
     def kind_of(self, path, lq, lk, mask, cross, ext=False, exact=False, causal: bool | None = None) -> str:
         """The kind of an attention call. With lineage (``exact``), queries and keys from different
@@ -1896,7 +1921,7 @@ class _Session:
         allowed = layout.bhqk(tag.allowed.expand(x.shape)) if tag.allowed is not None else None
         source = tag.mask_source if allowed is not None else None
         rec = self._record(path, layout.bhqk(out), layout.bhqk(scores.detach()), allowed, "softmax", source,
-                           layout.cross, ext=layout.ext, layout=layout)  # fmt: skip
+                           layout.cross, ext=layout.ext, layout=layout, queries=layout.qcode)  # fmt: skip
         if rec is None:
             return
         b, h = rec.probs.shape[0], rec.probs.shape[1]
@@ -2662,6 +2687,22 @@ def _heads_joined(a: Record, b: Record, name: str) -> Record:
         a.key_labels,
         a.query_labels,
     )
+
+
+_CALL_IMPL = getattr(getattr(nn.Module, "_call_impl", None), "__code__", None)
+
+
+def _module_call(frame: FrameType, module: nn.Module) -> FrameType:
+    """The frame of the call of ``module`` that ``frame`` runs in (``Module._call_impl``'s, alive for the
+    whole call, whichever of its methods made the op), or ``frame`` where none is nearby."""
+    up: FrameType | None = frame
+    for _ in range(8):
+        up = up.f_back if up is not None else None
+        if up is None:
+            break
+        if up.f_code is _CALL_IMPL and up.f_locals.get("self") is module:
+            return up
+    return frame
 
 
 _GROUPS: dict[str, tuple[str, int] | None] = {}
