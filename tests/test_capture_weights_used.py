@@ -262,3 +262,29 @@ def test_a_softmax_capture_cannot_follow_is_a_warning_not_a_silence(how):
     warned = [n for n in cap.notes if "could not follow into a softmax" in n]
     assert len(warned) == 1 and warned[0].startswith("(model)")  # once per module: the model runs both layers
     assert len(cap.skipped) == 1  # the vocabulary softmax, not attention
+
+
+def test_under_cpu_autocast_the_record_holds_the_weights_as_the_product_casts_them():
+    """``softmax(scores.float())`` then ``w @ v`` under ``torch.autocast("cpu", torch.bfloat16)``: the
+    product multiplies the weights rounded to bfloat16, and so does the record."""
+
+    class Mixed(Encoder):
+        def forward(self, ids, head_mask=None):
+            b, n = ids.shape
+            x = self.emb(ids)
+            keep = (ids != 0)[:, None, None, :]
+            for qkv, o in zip(self.qkv, self.o, strict=True):
+                q, k, v = (t.view(b, n, self.h, D_HEAD).transpose(1, 2) for t in qkv(x).chunk(3, dim=-1))
+                s = (q @ k.transpose(-1, -2) / D_HEAD**0.5).masked_fill(~keep, -1e4)
+                w = torch.softmax(s.float(), -1)
+                self.used.append(w.detach().to(v.dtype).float())  # what matmul takes under autocast
+                x = x + o((w @ v).transpose(1, 2).reshape(b, n, -1))
+            return x, None
+
+    torch.manual_seed(8)
+    model = Mixed(2).eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), capture_attention(model) as cap:
+        model(_ids(2))
+    assert len(cap.records) == 2
+    for rec, used in zip(cap.records, model.used, strict=True):
+        torch.testing.assert_close(rec.probs.float(), used, atol=0, rtol=0)

@@ -1525,7 +1525,7 @@ class _Session:
             vc = given[0]
         else:
             vc = self.code_of(ops[1]) if len(ops) > 1 else None
-        heads = self._keep_values(first, ops, vc)
+        heads = self._keep_values(first, ops, vc, out.dtype)
         rowq = first.rowq
         if (rowq is None or vc is None or ops[0].dim() < 2 or ops[1].dim() < 2
                 or tuple(rowq.shape) != (*ops[0].shape[:-1], 1)):  # fmt: skip
@@ -1557,7 +1557,7 @@ class _Session:
             pass
         return new
 
-    def _keep_values(self, first: _Tag, ops, vc: torch.Tensor | None) -> torch.Tensor | None:
+    def _keep_values(self, first: _Tag, ops, vc: torch.Tensor | None, out_dtype=None) -> torch.Tensor | None:
         """The values an exactly laid-out record's weights multiply, (B, H, k, dv), kept on the record;
         their codes wait for the projection that reads the heads merged back. Returns the head of each
         row of the product (``_row_heads``) where the layout gives it, else None."""
@@ -1565,8 +1565,19 @@ class _Session:
         if p is None and first.rowq is not None and id(first.rowq) in self._rowq_owner:
             owner = self._rowq_owner[id(first.rowq)]
             p = owner[1] if owner[0] is first.rowq else None
-        if p is not None and first.touched and len(ops) >= 2 and isinstance(ops[0], torch.Tensor):
-            self._weights_used(p, ops[0])
+        if p is not None and len(ops) >= 2 and isinstance(ops[0], torch.Tensor):
+            w = ops[0]
+            if (  # under autocast the product takes the weights cast down to its own dtype
+                out_dtype is not None
+                and out_dtype != w.dtype
+                and w.is_floating_point()
+                and out_dtype.is_floating_point
+                and torch.finfo(out_dtype).eps > torch.finfo(w.dtype).eps
+                and torch.is_autocast_enabled(w.device.type)
+            ):
+                self._weights_used(p, w.to(out_dtype))
+            elif first.touched:
+                self._weights_used(p, w)
         if p is None or p.layout is None or p.record is None or len(ops) < 2:
             return None
         if id(p) in self._consumed:  # the weights multiply a second tensor (Shaw's relative values): what
