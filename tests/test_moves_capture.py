@@ -303,9 +303,7 @@ def test_no_residual_where_the_projection_output_is_not_added_as_is():
 
     torch.manual_seed(0)
     model = Gated().eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(0, 20, (2, 5)))
-    (rec,) = cap.records
+    (rec,) = _captured(model, torch.randint(0, 20, (2, 5))).records
     assert rec.values is not None and rec.values.w_o is not None and rec.residual is None
 
 
@@ -452,7 +450,5 @@ def test_a_stream_changed_in_place_after_the_sum_claims_no_residual():
 
     torch.manual_seed(0)
     model = Block().eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(0, 20, (2, 5)))
-    (rec,) = cap.records
+    (rec,) = _captured(model, torch.randint(0, 20, (2, 5))).records
     assert rec.values is not None and rec.values.w_o is not None and rec.residual is None

@@ -124,10 +124,8 @@ ENTRY = LINEAR | CONV | MATMUL | ADD | MUL | CAT | frozenset({"layer_norm", "sta
 IN_PLACE = frozenset({"masked_fill_", "__iadd__", "add_", "__isub__", "sub_", "__setitem__", "exp_"})
 FILL = frozenset({"masked_fill", "masked_fill_"})
 HAND_STEPS = frozenset({"exp", "exp_", "log_softmax", "sum", "unsqueeze"})  # a softmax written by hand
-CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})
-TRANSPOSES = frozenset(
-    {"transpose", "swapaxes", "swapdims", "mT", "permute"}
-)  # a dtype cast (of the weights, say)
+CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})  # a dtype cast (of the weights, say)
+TRANSPOSES = frozenset({"transpose", "swapaxes", "swapdims", "mT", "permute"})
 SHAPE_OPS = frozenset(
     {"view", "reshape", "transpose", "permute", "contiguous", "clone", "float", "to", "type_as", "double",
      "half", "bfloat16", "type", "flatten", "unflatten", "squeeze", "unsqueeze", "expand", "__getitem__"}
@@ -706,7 +704,7 @@ def _arg_key(a: Any) -> Any:
 def _linear_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """F.linear's arguments by position (input, weight, bias), whichever were given by name."""
     given = dict(zip(("input", "weight", "bias"), args, strict=False))
-    rest = {k: v for k, v in kwargs.items() if k not in ("input", "weight", "bias") or k in given}
+    rest = {k: v for k, v in kwargs.items() if k not in ("input", "weight", "bias")}
     for k in ("input", "weight", "bias"):
         if k in kwargs and k not in given:
             given[k] = kwargs[k]
@@ -1569,10 +1567,7 @@ class _Session:
             w = ops[0]
             if (  # under autocast the product takes the weights cast down to its own dtype
                 out_dtype is not None
-                and out_dtype != w.dtype
-                and w.is_floating_point()
-                and out_dtype.is_floating_point
-                and torch.finfo(out_dtype).eps > torch.finfo(w.dtype).eps
+                and _cast_down(w.dtype, out_dtype)
                 and torch.is_autocast_enabled(w.device.type)
             ):
                 self._weights_used(p, w.to(out_dtype))
@@ -2040,11 +2035,7 @@ class _Session:
         if tuple(out.shape) != p.shape:
             return False
         if (
-            name in CASTS
-            and args[0] is base_t
-            and out.is_floating_point()
-            and base_t.is_floating_point()
-            and torch.finfo(out.dtype).eps > torch.finfo(base_t.dtype).eps
+            name in CASTS and args[0] is base_t and _cast_down(base_t.dtype, out.dtype)
         ):  # LLaMA's softmax(scores.float()).type_as(q): the model goes on with the rounded weights
             self._replace_probs(p, out)
             self.set(out, replace(base, probs=p, touched=False))
@@ -2131,8 +2122,8 @@ class _Session:
     def _weights_used(self, p: _Probs, w: torch.Tensor) -> None:
         """The weights were changed since the softmax (``touched``) and ``w`` is what the model multiplies
         the values with: the record takes it (where its shape is still the softmax output's)."""
-        rec = p.record
-        if rec is None or tuple(w.shape) != tuple(p.shape) or not any(r is rec for r in self.cap.records):
+        rec = p.record  # (a record since joined with the next head's is left alone by _update_record)
+        if rec is None or tuple(w.shape) != tuple(p.shape):
             return
         used = p.bhqk(w.detach())
         if used.dtype != rec.probs.dtype:
@@ -2729,6 +2720,11 @@ def _head_group(path: str) -> tuple[str, int] | None:
         _GROUPS.clear()
     _GROUPS[path] = group
     return group
+
+
+def _cast_down(src: torch.dtype, dst: torch.dtype) -> bool:
+    """A cast from one floating dtype to a less precise one (float32 -> bfloat16)."""
+    return src.is_floating_point and dst.is_floating_point and torch.finfo(dst).eps > torch.finfo(src).eps
 
 
 def _no_grad() -> Any:

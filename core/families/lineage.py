@@ -616,10 +616,9 @@ def _cross(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool | N
     """Queries and keys from different inputs: no query position among the keys."""
     qs = {int(p) for p, s in zip(qpos.tolist(), _kinds(qpos, sources), strict=True) if s.kind not in LABELLED}
     ks = {int(p) for p, s in zip(kpos.tolist(), _kinds(kpos, sources), strict=True) if s.kind not in LABELLED}
-    if not ks:  # learned keys alone: read by the tokens (a memory bank, a Set Transformer's induced
-        return (
-            True if qs else None
-        )  # summary) they are another input than the queries; among learned queries, unknown
+    if not ks:  # learned keys alone (a memory bank, a Set Transformer's induced summary): the tokens
+        # reading them read another input than their own; learned queries over learned keys: unknown
+        return True if qs else None
     if not qs:
         return True  # learned queries reading the tokens (a Perceiver's latents)
     return qs.isdisjoint(ks)
