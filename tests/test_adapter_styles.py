@@ -42,6 +42,7 @@ STYLES = {
     "fairseq_lm_seqfirst": (["the cat sat", "a dog"], ["on the mat", "ran"]),
     "bert_cls_pooled": (["the movie was good", "boring"], None),
     "tutorial_bf16": (["hello world", "abc"], ["dlrow olleh", "cba"]),
+    "sliced_attention": (["abc", "hedcab"], None),
 }
 
 
@@ -407,7 +408,7 @@ def test_sequence_first_output_not_transposed_is_named(tmp_path):
 
 @pytest.mark.parametrize(
     "name", ["bentrevett_seq2seq", "hf_style_decoder", "fairseq_lm_seqfirst", "tutorial_bf16",
-             "bert_cls_pooled"]
+             "bert_cls_pooled", "sliced_attention"]
 )  # fmt: skip
 def test_a_padded_batch_is_traced_with_the_models_own_maps(name, lms):
     """Two inputs of different lengths traced together (PAD in the shorter one's rows and columns):
@@ -433,3 +434,27 @@ def test_a_padded_batch_is_traced_with_the_models_own_maps(name, lms):
             for layer, probs in enumerate(maps):
                 np.testing.assert_allclose(tr.probs(kind)[layer], probs[i].numpy(), atol=1e-6, rtol=0,
                                            err_msg=f"{name} input {i} {kind} layer {layer}")  # fmt: skip
+
+
+def test_attention_in_slices_and_a_logsumexp_softmax_are_traced_whole(lms):
+    """diffusers-style slices of the batch x heads fold are joined into one layer, and
+    exp(s - logsumexp(s)) is a softmax: both layers are in the trace, nothing noted."""
+    traces = lms("sliced_attention").trace(["abc", "hedcab"])
+    for tr in traces:
+        assert tr.probs("enc_self").shape == (2, 2, 6, 6)
+        assert "capture_notes" not in tr.meta
+
+
+def test_slices_that_cannot_be_joined_are_left_out_with_a_note_not_a_crash(tmp_path):
+    """Slices of 3 rows of a (2 sequences x 2 heads) fold mix sequences: capture flags them and cannot
+    join them into one layer, so the trace leaves them out, says why, and keeps the other layer."""
+    text = (ADAPTERS / "sliced_attention.py").read_text(encoding="utf-8")
+    path = tmp_path / "sliced3.py"
+    path.write_text(
+        text.replace("HEADS, DIM, SLICE = 2, 8, 1", "HEADS, DIM, SLICE = 2, 8, 3"), encoding="utf-8"
+    )
+    traces = load_adapter(path).trace(["abc", "hedcab"])
+    assert traces[0].probs("enc_self").shape == (1, 2, 6, 6)  # the logsumexp layer
+    notes = traces[1].meta["capture_notes"]
+    assert any("layers.0" in n and "left out of the trace" in n and "sequence(s)" in n for n in notes), notes
+    assert any("could not verify" in n for n in notes), notes

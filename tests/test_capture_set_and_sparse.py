@@ -145,10 +145,11 @@ def test_a_linear_given_by_keywords_is_followed_like_one_given_by_position():
 
 
 @pytest.mark.parametrize("batch", [1, 2, 3])
-def test_queries_computed_a_chunk_at_a_time_are_an_encoder_not_a_cache(batch):
+def test_queries_computed_a_chunk_at_a_time_are_one_layer_of_an_encoder_not_a_cache(batch):
     """Memory-efficient attention over chunks of queries (every chunk sees all keys of its own input):
-    each chunk is recorded exactly, and the keys beyond a chunk's queries are its own sequence's, not
-    a KV cache, so the kind stays enc_self; a causal chunked decoder stays dec_self by its mask."""
+    the chunks are joined into one exact map of the layer, and the keys beyond a chunk's queries are
+    its own sequence's, not a KV cache, so the kind stays enc_self; a causal chunked decoder stays
+    dec_self by its mask."""
 
     class Chunked(nn.Module):
         def __init__(self, causal: bool):
@@ -174,42 +175,96 @@ def test_queries_computed_a_chunk_at_a_time_are_an_encoder_not_a_cache(batch):
         model = Chunked(causal)
         with torch.no_grad(), capture_attention(model) as cap:
             model(torch.randint(1, 9, (batch, 6)))
-        assert [r.kind for r in cap.records] == [kind, kind]
-        for rec, used in zip(cap.records, model.used, strict=True):
-            assert rec.exact
-            torch.testing.assert_close(rec.probs, used, atol=0, rtol=0)
-        assert len([n for n in cap.notes if "several attention maps over different queries" in n]) == 1
+        (rec,) = cap.records
+        assert rec.kind == kind and rec.exact and rec.probs.shape == (batch, 2, 6, 6)
+        torch.testing.assert_close(rec.probs, torch.cat(model.used, dim=2), atol=0, rtol=0)
+        if causal:
+            assert torch.equal(rec.mask, torch.ones(6, 6, dtype=torch.bool).tril().expand(batch, 6, 6))
+        assert cap.notes == []
 
 
-def test_attention_sliced_over_batch_and_heads_says_its_pieces_are_not_one_layer():
-    """diffusers' attention slicing: ``get_attention_scores`` on one (batch x head) slice at a time,
-    written into a preallocated output. Each slice is recorded exactly, and a warning says the pieces
-    are not joined into one layer; layers written inline in one forward (the same queries each time)
-    and an axial block (rows, then columns, over the same positions) are not warned of."""
+class _Sliced(nn.Module):
+    """diffusers' attention slicing: ``get_attention_scores`` on ``slice_size`` rows of the (batch x
+    heads) fold at a time, written into a preallocated output; ``shared`` keys: one memory (1, m, 4)
+    for the whole batch."""
 
-    class Sliced(nn.Module):
-        def __init__(self, heads: int = 2, slice_size: int = 1):
-            super().__init__()
-            self.h, self.slice_size, self.scale = heads, slice_size, 0.5
-            self.to_q, self.to_k, self.to_v = (
-                nn.Linear(4, 4 * heads),
-                nn.Linear(4, 4 * heads),
-                nn.Linear(4, 4 * heads),
-            )
+    def __init__(self, heads: int = 2, slice_size: int = 1, shared: bool = False):
+        super().__init__()
+        self.h, self.slice_size, self.scale, self.shared = heads, slice_size, 0.5, shared
+        self.to_q, self.to_k, self.to_v = (nn.Linear(4, 4 * heads) for _ in range(3))
+        self.memory = torch.randn(1, 3, 4)
 
-        def get_attention_scores(self, q, k):
-            empty = torch.empty(q.shape[0], q.shape[1], k.shape[1])
-            return torch.baddbmm(empty, q, k.transpose(-1, -2), beta=0, alpha=self.scale).softmax(dim=-1)
+    def fold(self, t):
+        b, n, _ = t.shape
+        return t.view(b, n, self.h, 4).permute(0, 2, 1, 3).reshape(b * self.h, n, 4)
 
-        def forward(self, x):
-            b, n, _ = x.shape
-            q, k, v = (f(x).view(b, n, self.h, 4).permute(0, 2, 1, 3).reshape(b * self.h, n, 4)
-                       for f in (self.to_q, self.to_k, self.to_v))  # fmt: skip
-            out = torch.zeros(b * self.h, n, 4)
-            for i in range(0, b * self.h, self.slice_size):
-                p = self.get_attention_scores(q[i : i + self.slice_size], k[i : i + self.slice_size])
-                out[i : i + self.slice_size] = torch.bmm(p, v[i : i + self.slice_size])
-            return out
+    def get_attention_scores(self, q, k):
+        empty = torch.empty(q.shape[0], q.shape[1], k.shape[1])
+        return torch.baddbmm(empty, q, k.transpose(-1, -2), beta=0, alpha=self.scale).softmax(dim=-1)
+
+    def keys(self, x, f):  # shared: one memory projected once, then broadcast over the batch
+        return self.fold(f(self.memory).expand(x.shape[0], -1, -1) if self.shared else f(x))
+
+    def reference(self, x):  # every (sequence, head) at once, outside the capture: (B, H, q, k)
+        q, k = self.fold(self.to_q(x)), self.keys(x, self.to_k)
+        return torch.softmax(q @ k.transpose(-1, -2) * self.scale, -1).view(
+            x.shape[0], self.h, x.shape[1], -1
+        )
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.fold(self.to_q(x)), self.keys(x, self.to_k), self.keys(x, self.to_v)
+        out = torch.zeros(b * self.h, n, 4)
+        for i in range(0, b * self.h, self.slice_size):
+            p = self.get_attention_scores(q[i : i + self.slice_size], k[i : i + self.slice_size])
+            out[i : i + self.slice_size] = torch.bmm(p, v[i : i + self.slice_size])
+        return out
+
+
+@pytest.mark.parametrize("slice_size", [1, 2])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 2), (2, 4), (4, 4), (3, 6)])
+def test_attention_sliced_over_batch_and_heads_is_joined_into_one_exact_layer(batch, heads, slice_size):
+    """Every slice is placed by its lineage (which sequence, which head): one head or several per
+    slice, batch size equal to the head count or not."""
+    torch.manual_seed(batch * 10 + heads)
+    sliced = _Sliced(heads, slice_size)
+    x = torch.randn(batch, 5, 4)
+    with torch.no_grad(), capture_attention(sliced) as cap:
+        sliced(x)
+    (rec,) = cap.records
+    assert rec.exact and rec.flag is None and cap.notes == []
+    with torch.no_grad():
+        torch.testing.assert_close(rec.probs, sliced.reference(x), atol=1e-6, rtol=0)
+
+
+def test_slices_across_sequences_are_flagged_not_guessed():
+    """A slice size that does not divide the heads puts the end of one sequence's heads and the start
+    of the next's in one slice: that slice is not a grid of sequences and heads, so it is flagged with
+    its reason, and nothing is joined into a layer that looks exact."""
+    torch.manual_seed(0)
+    sliced = _Sliced(2, 3)
+    with torch.no_grad(), capture_attention(sliced) as cap:
+        sliced(torch.randn(2, 5, 4))
+    assert any("could not verify: heads hold different numbers of sequences" in n for n in cap.notes)
+    assert not all(r.exact for r in cap.records)
+    assert [n for n in cap.notes if "several attention maps" in n] == []  # a flagged slice is no piece
+
+
+def test_slices_over_keys_the_batch_shares_are_not_joined_and_say_so():
+    """Keys one memory gives every sequence do not tell the slices' sequences apart: the slices stay
+    maps of their own, exact each, and a warning says they could not be joined."""
+    torch.manual_seed(0)
+    sliced = _Sliced(2, 1, shared=True)
+    with torch.no_grad(), capture_attention(sliced) as cap:
+        sliced(torch.randn(2, 5, 4))
+    assert len(cap.records) == 4 and all(r.exact and r.probs.shape == (1, 1, 5, 3) for r in cap.records)
+    (note,) = [n for n in cap.notes if "several attention maps" in n]
+    assert "could not be joined into one layer" in note and "shared by the batch" in note
+
+
+def test_layers_inline_and_axial_attention_are_not_taken_for_pieces():
+    """Layers written inline in one forward (the same queries each time) and an axial block (rows,
+    then columns, over the same positions) are maps of their own, not pieces of one."""
 
     class Inline(nn.Module):
         def __init__(self):
@@ -229,12 +284,6 @@ def test_attention_sliced_over_batch_and_heads_says_its_pieces_are_not_one_layer
 
     torch.manual_seed(0)
     with torch.no_grad():
-        sliced = Sliced()
-        with capture_attention(sliced) as cap:
-            sliced(torch.randn(2, 5, 4))
-        assert len(cap.records) == 4 and all(r.exact and r.probs.shape == (1, 1, 5, 5) for r in cap.records)
-        (note,) = [n for n in cap.notes if "several attention maps" in n]
-        assert "not joined into one layer" in note
         inline = Inline()
         with capture_attention(inline) as cap:
             inline(torch.randint(1, 9, (2, 6)))

@@ -5,7 +5,8 @@
   ``masked_fill(isnan, 0)``): the record holds them as they went into the product, not the softmax's
   output; dropout in eval mode changes nothing.
 - A softmax written by hand (``e = exp(s - s.amax(-1, keepdim=True)); e / e.sum(-1, keepdim=True)``, the
-  sum unsqueezed back, ``exp_`` in place) and ``log_softmax(s, -1).exp()`` are recorded like
+  sum unsqueezed back, ``exp_`` in place), ``log_softmax(s, -1).exp()`` and ``exp(s - logsumexp(s))``
+  are recorded like
   ``torch.softmax``, in call order, with the mask the model applied before them and as scores the
   logits the model exponentiated (shifted by each row's max where it subtracts it). They are
   recorded where their weights multiply something (dropout in between included): weights by hand
@@ -42,6 +43,10 @@ def _softmax_by_hand(s: torch.Tensor, how: str) -> torch.Tensor:
         return e.div(e.sum(-1, keepdim=True))
     if how == "log_softmax":
         return F.log_softmax(s, dim=-1).exp()
+    if how == "logsumexp":  # jax.nn.softmax's definition, as ports from JAX write it
+        return torch.exp(s - torch.logsumexp(s, -1, keepdim=True))
+    if how == "logsumexp_unsqueeze":
+        return (s - s.logsumexp(dim=(-1,)).unsqueeze(-1)).exp()
     raise ValueError(how)
 
 
@@ -170,7 +175,9 @@ def test_nan_rows_of_fully_masked_queries_set_to_zero_are_in_the_record(clean):
         assert rec.kind == "dec_self"
 
 
-@pytest.mark.parametrize("how", ["exp_sum", "exp_unsqueeze", "exp_inplace", "log_softmax"])
+@pytest.mark.parametrize(
+    "how", ["exp_sum", "exp_unsqueeze", "exp_inplace", "log_softmax", "logsumexp", "logsumexp_unsqueeze"]
+)
 @pytest.mark.parametrize(("batch", "heads"), [(1, 2), (2, 2), (3, 1), (4, 8)])
 def test_a_softmax_written_by_hand_is_recorded_like_torch_softmax(how, batch, heads):
     torch.manual_seed(4)
@@ -219,10 +226,10 @@ def test_a_softmax_by_hand_then_dropout_is_recorded_as_multiplied():
     assert any(bool(((r.probs == 0) & r.mask[:, None]).any()) for r in cap.records)  # dropped, not masked
 
 
-@pytest.mark.parametrize("how", ["logsumexp", "eps", "online"])
+@pytest.mark.parametrize("how", ["logsumexp_other", "eps", "online"])
 def test_a_softmax_capture_cannot_follow_is_a_warning_not_a_silence(how):
-    """``exp(s - logsumexp(s))``, a sum plus an epsilon, and an online softmax over key blocks (flash
-    attention written in PyTorch) are not recorded, and ``cap.notes`` says so (once per module), even
+    """``exp(s - logsumexp)`` of other scores than its own, a sum plus an epsilon, and an online softmax
+    over key blocks (flash attention written in PyTorch) are not recorded, and ``cap.notes`` says so (once per module), even
     beside a layer that is recorded and a vocabulary softmax."""
 
     class Odd(Encoder):
@@ -234,8 +241,8 @@ def test_a_softmax_capture_cannot_follow_is_a_warning_not_a_silence(how):
                 s = (q @ k.transpose(-1, -2)) / D_HEAD**0.5
                 if i == len(self.qkv) - 1:
                     y = torch.softmax(s, -1) @ v
-                elif how == "logsumexp":
-                    y = torch.exp(s - torch.logsumexp(s, -1, keepdim=True)) @ v
+                elif how == "logsumexp_other":  # normalized by other scores: not a softmax of s
+                    y = torch.exp(s - torch.logsumexp(s.detach() * 2, -1, keepdim=True)) @ v
                 elif how == "eps":
                     e = torch.exp(s - s.amax(-1, keepdim=True))
                     y = (e / (e.sum(-1, keepdim=True) + 1e-9)) @ v

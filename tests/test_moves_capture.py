@@ -83,8 +83,19 @@ def test_every_found_projection_is_rebuilt_exactly(name):
     batch = mod.sample_batch()
 
     cap, outs = _linear_outputs(model, lambda: _captured(model, *batch))
+    # a projection written as an einsum over a kernel (a Flax port's "bqhk,hkd->bqd"): its module's output
+    seen_outs: list[torch.Tensor] = []
+    hooks = [m.register_forward_hook(lambda _m, _a, o: seen_outs.append(o.detach()) if isinstance(o, torch.Tensor)
+                                     else None) for m in model.modules() if not isinstance(m, nn.Linear)]  # fmt: skip
+    try:
+        with torch.no_grad():
+            model(*batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    outs = [*outs, *seen_outs]
     # (MultiheadAttention applies its out_proj with F.linear, not the module, and Keras' projection is an
-    # einsum, not an nn.Linear: each is checked on its own below)
+    # einsum plus a bias inside its module: each is checked on its own below)
     with_wo = [r for r in cap.records if _has(r) and r.values.w_o is not None
                and r.source != "nn.MultiheadAttention" and name != "keras_port_einsum"]  # fmt: skip
     for rec in with_wo:

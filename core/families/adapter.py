@@ -628,7 +628,7 @@ class AdapterModel:
             with torch.no_grad(), capture_attention(self.model, lengths=lengths) as cap:
                 outs.append(self._call(_rows(src, part), _rows(tgt, part)))
             first = cap if first is None else first
-            parts.append(self._stacks(cap, s_len, t_len, dropped))
+            parts.append(self._stacks(cap, s_len, t_len, dropped, rows=part.stop - part.start))
         ms = (time.perf_counter() - start) * 1000
         if first is None:  # _parts of a non-empty batch has one part at least
             raise InputError("no input text given")
@@ -721,11 +721,12 @@ class AdapterModel:
         return {"encoder": "enc_self", "decoder": "dec_self"}.get(self.arch, record.kind)
 
     def _stacks(
-        self, cap: Captured, s_len: int, t_len: int, dropped: list[str] | None = None
+        self, cap: Captured, s_len: int, t_len: int, dropped: list[str] | None = None, rows: int | None = None
     ) -> dict[str, Any]:
         """kind -> (probs (B, layer, H, q, k), scores or None, mask (B, q, k), learned (B, layer, H, q, M)
-        or None, their labels), checked against the lengths; "src"/"tgt" -> the labels of learned
-        positions joined to that side's tokens (a [CLS]), None where there are none."""
+        or None, their labels), checked against the lengths and (``rows``) the batch of the call;
+        "src"/"tgt" -> the labels of learned positions joined to that side's tokens (a [CLS]), None
+        where there are none."""
         records = cap.records
         joined = cap.joined_labels()
         sides: dict[str, tuple[str | None, ...] | None] = {"src": None, "tgt": None}
@@ -747,10 +748,16 @@ class AdapterModel:
             n_keys = sum(
                 lab is None or lab in joined for lab in (r.key_labels or (None,) * r.probs.shape[-1])
             )
+            note = None
             if (r.probs.shape[-2], n_keys) != want[kind]:  # attention over something that is not the tokens
                 note = (f"{r.name or '(model)'} {tuple(r.probs.shape)}: left out of the trace, its "
                         f"{r.probs.shape[-2]} x {n_keys} map is not the {want[kind][0]} x "
                         f"{want[kind][1]} of this input's tokens")  # fmt: skip
+            elif rows is not None and r.probs.shape[0] != rows:  # blocks or slices of the sequences
+                note = (f"{r.name or '(model)'} {tuple(r.probs.shape)}: left out of the trace, it holds "
+                        f"{r.probs.shape[0]} maps per head where this call has {rows} sequence(s) (attention "
+                        "over blocks or slices of the sequences, each map a piece)")  # fmt: skip
+            if note is not None:
                 if dropped is not None and note not in dropped:
                     dropped.append(note)
                 continue

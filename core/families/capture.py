@@ -123,7 +123,7 @@ CONV = frozenset({"conv1d", "conv2d", "conv3d"})
 ENTRY = LINEAR | CONV | MATMUL | ADD | MUL | CAT | frozenset({"layer_norm", "stack"})
 IN_PLACE = frozenset({"masked_fill_", "__iadd__", "add_", "__isub__", "sub_", "__setitem__", "exp_"})
 FILL = frozenset({"masked_fill", "masked_fill_"})
-HAND_STEPS = frozenset({"exp", "exp_", "log_softmax", "sum", "unsqueeze"})  # a softmax written by hand
+HAND_STEPS = frozenset({"exp", "exp_", "log_softmax", "logsumexp", "sum", "unsqueeze"})  # a softmax by hand
 CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})  # a dtype cast (of the weights, say)
 TRANSPOSES = frozenset({"transpose", "swapaxes", "swapdims", "mT", "permute"})
 SHAPE_OPS = frozenset(
@@ -793,8 +793,14 @@ class _Session:
         # the exp (or log_softmax) of scores not yet followed into weights: id -> (module, shape)
         self._unfinished: dict[int, tuple[str, tuple[int, ...]]] = {}
         self._frame: FrameType | None = None  # the module call path() found last
-        # the last record's module call (held, so a later call is never taken for it), path, query codes
-        self._record_call: tuple[FrameType | None, str, torch.Tensor | None] = (None, "", None)
+        # the last record's module call (held, so a later call is never taken for it), path, query codes,
+        # the record and its layout
+        # the record's place in cap.records and its layout
+        self._record_call: tuple[FrameType | None, str, torch.Tensor | None, int, Layout | None] = (
+            None, "", None, -1, None)  # fmt: skip
+        # records that are pieces of one attention call (computed in slices or chunks), by their place in
+        # cap.records (records are replaced there, never moved, while the forward runs), joined at finish
+        self._runs: list[list[tuple[int, Record, Layout]]] = []
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -934,14 +940,26 @@ class _Session:
                     self.set(scores, tag)
                 self._remember_hand(out, "exp", out, scores, None)
                 self._unfinished[id(out)] = (self.path(), tuple(out.shape))
-        elif name == "log_softmax":
+        elif name in ("log_softmax", "logsumexp"):
             tag = self.tag(x)
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
-            if tag is not None and tag.role == "scores" and isinstance(dim, int) and x.dim() >= 2:
+            if isinstance(dim, (tuple, list)) and len(dim) == 1:
+                dim = dim[0]
+            if tag is None or tag.role != "scores" or not isinstance(dim, int) or x.dim() < 2:
+                return
+            if name == "log_softmax":
                 self._remember_hand(out, "log", out, x, dim % x.dim())
                 self._unfinished[id(out)] = (self.path(), tuple(out.shape))
+            else:  # s - logsumexp(s) is log_softmax(s)
+                keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+                self._remember_hand(out, "lse" if keep else "lse-", x, x, dim % x.dim())
         elif not self._hand:
             return
+        elif name in SUB and len(args) >= 2 and kwargs.get("alpha", 1) == 1:
+            lse = self._hand_of(args[1], "lse")
+            if lse is not None and lse[2] is args[0] and tuple(out.shape) == tuple(x.shape):
+                self._remember_hand(out, "log", out, lse[0], lse[1])
+                self._unfinished[id(out)] = (self.path(), tuple(out.shape))
         elif name == "sum":
             found = self._hand_of(x, "exp")
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
@@ -953,9 +971,9 @@ class _Session:
         elif name == "unsqueeze":
             entry = self._hand.get(id(x))
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
-            if (entry is not None and entry[0]() is x and entry[1] == "sum-" and isinstance(dim, int)
+            if (entry is not None and entry[0]() is x and entry[1] in ("sum-", "lse-") and isinstance(dim, int)
                     and entry[4] is not None and dim % out.dim() == entry[4]):  # fmt: skip
-                self._remember_hand(out, "sum", entry[2], entry[3], entry[4])
+                self._remember_hand(out, entry[1][:-1], entry[2], entry[3], entry[4])
         elif name in DIV and len(args) >= 2:
             e = self._hand_of(args[0], "exp")
             total = self._hand_of(args[1], "sum")
@@ -980,7 +998,30 @@ class _Session:
             self.warn(module, shape, "exp of query-key scores that capture could not follow into a softmax (one "
                       "written another way, or computed block by block): these weights are not recorded")  # fmt: skip
         self._unfinished.clear()
-        self._frame, self._record_call = None, (None, "", None)  # no module call is held on
+        self._frame, self._record_call = None, (None, "", None, -1, None)  # no module call is held on
+        records = self.cap.records
+        for run in self._runs:
+            now = [records[i] if i < len(records) else None for i, _, _ in run]
+            first = run[0][1]
+            joined: Record | str = "the pieces were changed after they were recorded"
+            if all(r is not None and r.seq == made.seq and r.name == made.name for r, (_, made, _) in
+                   zip(now, run, strict=True)):  # fmt: skip
+                joined = _join_pieces(
+                    [(r, lay) for r, (_, _, lay) in zip(now, run, strict=True) if r is not None]
+                )
+            if isinstance(joined, str):
+                self.warn(first.name, tuple(int(n) for n in first.probs.shape), "several attention maps over "
+                          "different queries (other positions or heads) from one call of this module, as "
+                          "attention computed in slices or chunks makes them, could not be joined into one "
+                          f"layer ({joined}): each piece is recorded as a map of its own, so a trace shows the "
+                          "pieces as layers")  # fmt: skip
+                continue
+            for i, _, _ in run:
+                records[i] = joined
+        if self._runs:  # each run's pieces are one record now, at the first piece's place
+            seen: set[int] = set()
+            records[:] = [r for r in records if not (id(r) in seen or seen.add(id(r)))]  # type: ignore[func-returns-value]
+        self._runs.clear()
 
     def _hand_weights(self, args, kwargs) -> None:
         """A product whose weights a softmax written by hand made: recorded as the softmax of its scores
@@ -1823,7 +1864,7 @@ class _Session:
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
                      layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops)  # fmt: skip
-        self._pieces(path, probs.shape, queries)
+        self._pieces(path, rec, queries, layout)
         group = _head_group(path)
         last = self.cap.records[-1] if self.cap.records else None
         joined = group and self.head_group == (group[0], group[1] - 1) and _same_layer(last, rec)
@@ -1834,21 +1875,25 @@ class _Session:
         self.cap.records.append(rec)
         return rec
 
-    def _pieces(self, path: str, shape, queries: torch.Tensor | None) -> None:
-        """Warn where one call of a module makes maps over other queries than its previous map (other
-        positions or heads): attention computed in slices or chunks, recorded a map per piece. Layers
-        written inline in one forward read the same positions and heads, and are not warned of."""
+    def _pieces(self, path: str, rec: Record, queries: torch.Tensor | None, layout: Layout | None) -> None:
+        """Note where one call of a module makes maps over other queries than its previous map (other
+        positions or heads): attention computed in slices or chunks, a map per piece, joined into one
+        layer at finish. Layers written inline in one forward read the same positions and heads, and
+        are not taken for pieces."""
         frame = self._frame
-        held, held_path, held_q = self._record_call
-        self._record_call = (frame, path, queries)
+        held, held_path, held_q, held_at, held_layout = self._record_call
+        at = len(self.cap.records)  # where rec goes (a record joined to the previous head's is no piece)
+        self._record_call = (frame, path, queries, at, layout)
         if frame is None or frame is not held or path != held_path or queries is None or held_q is None:
             return
         if queries.device != held_q.device or bool(torch.isin(queries, held_q).any()):
             return
-        self.warn(path, tuple(int(n) for n in shape), "several attention maps over different queries (other "
-                  "positions or heads) from one call of this module, as attention computed in slices or "
-                  "chunks makes them: each piece is recorded as a map of its own, not joined into one layer, "
-                  "so a trace shows the pieces as layers")  # fmt: skip
+        if layout is None or held_layout is None or not 0 <= held_at < at:
+            return
+        if self._runs and self._runs[-1][-1][0] == held_at:
+            self._runs[-1].append((at, rec, layout))
+        else:
+            self._runs.append([(held_at, self.cap.records[held_at], held_layout), (at, rec, layout)])
 
     def kind_of(self, path, lq, lk, mask, cross, ext=False, exact=False, causal: bool | None = None) -> str:
         """The kind of an attention call. With lineage (``exact``), queries and keys from different
@@ -2689,6 +2734,90 @@ def _heads_joined(a: Record, b: Record, name: str) -> Record:
         a.key_labels,
         a.query_labels,
     )
+
+
+def _join_pieces(pieces: list[tuple[Record, Layout]]) -> Record | str:
+    """One record (B, H, q, k) from the pieces of one attention call computed in slices of its batch x
+    heads (diffusers' sliced attention) or in chunks of queries (memory-efficient attention), each
+    recorded exactly with its lineage; or why they do not make one map. Every piece's rows are
+    placed by their codes: the head by its feature, the sequence by its keys' positions, the queries
+    in the order the model computed them. Nothing is assumed of the slicing: every (sequence, head)
+    must be there with the same queries, none twice."""
+    first = pieces[0][0]
+    Unit = tuple[tuple[int, ...], int]  # (the sequence's key positions, the head's feature)
+    units: dict[Unit, list[tuple[int, int, int]]] = {}  # -> (piece, b, h) in the order computed
+    queries: dict[Unit, list[int]] = {}
+    for i, (r, lay) in enumerate(pieces):
+        if (r.probs.shape[-1] != first.probs.shape[-1] or r.key_labels != first.key_labels
+                or r.query_labels != first.query_labels or r.kind != first.kind or r.source != first.source
+                or not r.exact):  # fmt: skip
+            return "the pieces differ in their keys, kind or labels"
+        seq_keys = lay.seq_keys
+        if seq_keys is None or bool((seq_keys < 0).all(-1).any()):
+            return "a piece's keys name no sequence"
+        qc = lay.qcode.to(lay.rows.device)[lay.rows]  # (B, H, q)
+        for b in range(int(r.probs.shape[0])):
+            keys = tuple(seq_keys[b].tolist())
+            for h in range(int(r.probs.shape[1])):
+                unit = (keys, int(qc[b, h, 0]) & lineage.FEATURES)
+                units.setdefault(unit, []).append((i, b, h))
+                queries.setdefault(unit, []).extend((qc[b, h] >> lineage.SHIFT).tolist())
+    seqs = sorted({keys for keys, _ in units}, key=lambda k: min(p for p in k if p >= 0))
+    heads = sorted({f for _, f in units})
+    if len(units) != len(seqs) * len(heads):
+        return "some sequence lacks a head"
+    for unit, held in units.items():  # queries a chunk at a time: parts of the keys' own sequence
+        if len({i for i, _, _ in held}) > 1 and not set(queries[unit]) <= set(unit[0]):
+            return "pieces over the same keys hold queries of other sequences (keys shared by the batch?)"
+    for s in seqs:
+        qs = [queries[(s, f)] for f in heads]
+        if any(q != qs[0] for q in qs) or len(set(qs[0])) != len(qs[0]):
+            return "the heads of a sequence hold different queries, or a query twice"
+    if len({len(queries[(s, heads[0])]) for s in seqs}) != 1:
+        return "sequences hold different numbers of queries"
+
+    def joined(get: Callable[[Record], torch.Tensor]) -> torch.Tensor:
+        """(B, H, q, ...) from every unit's rows of ``get(piece)`` (B', H', q', ...), queries in order."""
+        return torch.stack([torch.stack([torch.cat([get(pieces[i][0])[b, h] for i, b, h in units[(s, f)]])
+                                         for f in heads]) for s in seqs])  # fmt: skip
+
+    probs = joined(lambda r: r.probs)
+    scores = joined(lambda r: r.scores) if all(r.scores is not None for r, _ in pieces) else None  # type: ignore[arg-type,return-value]
+    mask, differ = None, any(r.head_masks_differ for r, _ in pieces)
+    if any(r.mask is not None for r, _ in pieces):
+        per_head = joined(lambda r: (torch.ones(r.probs.shape[0], *r.probs.shape[2:], dtype=torch.bool,
+                                                device=r.probs.device) if r.mask is None else r.mask
+                                     ).unsqueeze(1).expand(r.probs.shape))  # fmt: skip
+        mask = per_head.all(dim=1)
+        differ = differ or not bool((per_head == mask[:, None]).all())
+    checks = [r.check for r, _ in pieces if r.check is not None]
+    # the values do not depend on the query: each (sequence, head)'s from the first piece that holds it
+    where = [[units[(s, f)][0] for f in heads] for s in seqs]
+    values = _joined_values([r.values for r, _ in pieces], where)
+    return Record(first.name, first.kind, probs, scores, mask, first.source,
+                  next((r.mask_source for r, _ in pieces if r.mask_source), None), max(checks) if checks else None,
+                  differ, True, None, first.key_labels, first.query_labels, values, seq=first.seq)  # fmt: skip
+
+
+def _joined_values(
+    hvs: list[values_.HeadValues | None], where: list[list[tuple[int, int, int]]]
+) -> values_.HeadValues | None:
+    """The values of pieces joined into one record: (sequence, head) -> (piece, b, h) in ``where``;
+    the output projection's slice per head where every piece found its own."""
+    held = [hv for hv in hvs if hv is not None]
+    if len(held) != len(hvs):
+        return None
+
+    def make() -> torch.Tensor | None:
+        vs = [hv.values for hv in held]
+        if any(v is None for v in vs):
+            return None
+        return torch.stack([torch.stack([vs[i][b, h] for i, b, h in row]) for row in where])  # type: ignore[index]
+
+    w_o = None
+    if all(hv.w_o is not None for hv in held):
+        w_o = torch.stack([held[i].w_o[h] for i, _, h in where[0]])  # type: ignore[index]
+    return values_.HeadValues(w_o=w_o, b_o=held[0].b_o if w_o is not None else None, make=make)
 
 
 _CALL_IMPL = getattr(getattr(nn.Module, "_call_impl", None), "__code__", None)

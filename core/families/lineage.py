@@ -364,6 +364,7 @@ class Layout:
     cross: bool | None  # queries and keys come from different inputs
     ext: bool  # the keys include positions from outside the call (a KV cache, a memory)
     qcode: torch.Tensor  # (rows,) the query code of every row of the (rows, keys) view
+    seq_keys: torch.Tensor | None = None  # (B, K) every sequence's key positions (-1 at learned keys)
     _in_order: bool | None = None
 
     def bhqk(self, t: torch.Tensor) -> torch.Tensor:
@@ -553,6 +554,7 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         cross=cross,
         ext=cross is False and _extends(qpos[rows[0, 0]], k0, sources),
         qcode=q,
+        seq_keys=kp,
     )
 
 
