@@ -54,15 +54,35 @@ def maps_mb(lm: Any, n_tokens: int) -> float | None:
 
 def limits_line(lm: Any) -> str:
     """The sidebar's statement of the limits: tokens per input and MB of maps per run (both refused
-    with a message beyond them, never a frozen page), with what this model's longest input costs."""
+    with a message beyond them, never a frozen page), with what this model's longest input costs.
+    A model with no length limit of its own (an adapter without MAX_LEN) is told how many tokens the
+    map budget holds instead."""
     from attnscope.core.families import native as runner
 
-    line = f"At most {lm.max_src_tokens:,} tokens per input (longer inputs are truncated)"
-    line += f" and {runner.MAX_TRACE_MB:,} MB of attention maps per run (ATTNSCOPE_MAX_TRACE_MB)"
+    budget = f"{runner.MAX_TRACE_MB:,} MB of attention maps per run (ATTNSCOPE_MAX_TRACE_MB)"
+    if getattr(lm, "max_len", 0) is None:  # no limit of its own: the budget is the limit
+        fit = longest_within(lm, runner.MAX_TRACE_MB)
+        line = "No token limit of its own (its adapter sets no MAX_LEN) and " + budget
+        if fit is not None:
+            line += f"; about {fit:,} tokens per input fit that budget"
+        return line + ". Beyond it the run is refused with a message."
+    line = f"At most {lm.max_src_tokens:,} tokens per input (longer inputs are truncated) and " + budget
     mb = maps_mb(lm, lm.max_src_tokens)
     if mb is not None:
         line += f"; this model's longest input needs about {mb:,.0f} MB"
     return line + ". Beyond a limit the run is refused with a message."
+
+
+def longest_within(lm: Any, budget_mb: float) -> int | None:
+    """The most tokens one input may have for its maps to fit ``budget_mb`` (None when the model does
+    not say its layers and heads)."""
+    if maps_mb(lm, 1) is None:
+        return None
+    lo, hi = 1, 1 << 24
+    while lo < hi:  # the cost grows with the tokens: the largest n within the budget
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if (maps_mb(lm, mid) or 0) <= budget_mb else (lo, mid - 1)
+    return lo
 
 
 def trace_arch(trace: AttentionTrace) -> str:

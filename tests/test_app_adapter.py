@@ -114,3 +114,19 @@ def test_adapter_with_learned_keys_on_every_page(env):
     assert_clean(at)
     note = " ".join(i.value for i in at.info)
     assert "3 learned key(s)" in note and "<mem_k 0>" in note and "<null_k 0>" in note
+
+
+def test_adapter_in_slices_without_max_len_on_every_page(env):
+    """Attention computed in slices of the batch x heads fold (joined into one layer by capture) and a
+    softmax written as exp(s - logsumexp(s)): every page renders; with no MAX_LEN the sidebar says
+    how many tokens the map budget holds, not a limit of a billion tokens."""
+    env.setenv(user_models.ALLOW_CODE_ENV, "1")
+    at = load_path(_app(), str(ADAPTERS / "sliced_attention.py"))
+    assert_clean(at)
+    limits = [c.value for c in at.sidebar.caption if "tokens per input" in c.value]
+    assert limits and "No token limit of its own" in limits[0] and "1,000,000,000" not in limits[0]
+    for page in EVERY_PAGE:
+        at.switch_page(page).run()
+        assert_clean(at)
+    at.switch_page("app_pages/attention.py").run()
+    assert not [w.value for w in at.warning if "could not" in w.value]
