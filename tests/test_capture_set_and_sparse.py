@@ -288,3 +288,38 @@ def test_layers_inline_and_axial_attention_are_not_taken_for_pieces():
         with capture_attention(inline) as cap:
             inline(torch.randint(1, 9, (2, 6)))
         assert len(cap.records) == 4 and not [n for n in cap.notes if "several attention maps" in n]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_two_attentions_inline_in_one_call_are_not_joined_as_pieces(batch):
+    """Segment Anything's two-way block written inline: tokens read the image, then the image reads the
+    tokens, in one call of one module, as many image positions as tokens and the same heads. Each map
+    is its own (cross-attention both), exact, and neither is taken for a piece of the other."""
+
+    class TwoWay(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.img = nn.Embedding(9, 8), nn.Linear(3, 8)
+            self.q1, self.k1, self.q2, self.k2 = (nn.Linear(8, 8) for _ in range(4))
+            self.used = []
+
+        def attend(self, q, k):
+            b, n, _ = q.shape
+            q, k = (t.view(b, -1, 2, 4).transpose(1, 2) for t in (q, k))
+            w = torch.softmax(q @ k.transpose(-1, -2), -1)
+            self.used.append(w)
+            return (w @ k).transpose(1, 2).reshape(b, n, 8)
+
+        def forward(self, ids, image):
+            tokens, pixels = self.emb(ids), self.img(image)
+            tokens = tokens + self.attend(self.q1(tokens), self.k1(pixels))
+            return pixels + self.attend(self.q2(pixels), self.k2(tokens))
+
+    torch.manual_seed(batch)
+    model = TwoWay()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, 9, (batch, 5)), torch.randn(batch, 5, 3))
+    assert [r.kind for r in cap.records] == ["cross", "cross"] and cap.notes == []
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert rec.exact
+        torch.testing.assert_close(rec.probs, used, atol=0, rtol=0)

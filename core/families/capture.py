@@ -1003,12 +1003,14 @@ class _Session:
         for run in self._runs:
             now = [records[i] if i < len(records) else None for i, _, _ in run]
             first = run[0][1]
-            joined: Record | str = "the pieces were changed after they were recorded"
+            joined: Record | str | None = "the pieces were changed after they were recorded"
             if all(r is not None and r.seq == made.seq and r.name == made.name for r, (_, made, _) in
                    zip(now, run, strict=True)):  # fmt: skip
                 joined = _join_pieces(
-                    [(r, lay) for r, (_, _, lay) in zip(now, run, strict=True) if r is not None]
+                    [(r, lay) for r, (_, _, lay) in zip(now, run, strict=True) if r is not None], self.sources
                 )
+            if joined is None:  # not pieces of one attention: maps of their own
+                continue
             if isinstance(joined, str):
                 self.warn(first.name, tuple(int(n) for n in first.probs.shape), "several attention maps over "
                           "different queries (other positions or heads) from one call of this module, as "
@@ -2736,14 +2738,17 @@ def _heads_joined(a: Record, b: Record, name: str) -> Record:
     )
 
 
-def _join_pieces(pieces: list[tuple[Record, Layout]]) -> Record | str:
+def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) -> Record | str | None:
     """One record (B, H, q, k) from the pieces of one attention call computed in slices of its batch x
     heads (diffusers' sliced attention) or in chunks of queries (memory-efficient attention), each
     recorded exactly with its lineage; or why they do not make one map. Every piece's rows are
     placed by their codes: the head by its feature, the sequence by its keys' positions, the queries
     in the order the model computed them. Nothing is assumed of the slicing: every (sequence, head)
-    must be there with the same queries, none twice."""
+    must be there with the same queries, none twice. None where the maps read their queries or keys
+    from different inputs: two attentions written inline in one call (tokens to image, then image to
+    tokens), not pieces of one, left as they are."""
     first = pieces[0][0]
+    inputs: set[tuple[frozenset[int], frozenset[int]]] = set()
     Unit = tuple[tuple[int, ...], int]  # (the sequence's key positions, the head's feature)
     units: dict[Unit, list[tuple[int, int, int]]] = {}  # -> (piece, b, h) in the order computed
     queries: dict[Unit, list[int]] = {}
@@ -2756,6 +2761,11 @@ def _join_pieces(pieces: list[tuple[Record, Layout]]) -> Record | str:
         if seq_keys is None or bool((seq_keys < 0).all(-1).any()):
             return "a piece's keys name no sequence"
         qc = lay.qcode.to(lay.rows.device)[lay.rows]  # (B, H, q)
+        kpos = seq_keys[seq_keys >= 0]
+        inputs.add((frozenset(sources.index(qc >> lineage.SHIFT).unique().tolist()),
+                    frozenset(sources.index(kpos).unique().tolist())))  # fmt: skip
+        if len(inputs) > 1:
+            return None
         for b in range(int(r.probs.shape[0])):
             keys = tuple(seq_keys[b].tolist())
             for h in range(int(r.probs.shape[1])):
