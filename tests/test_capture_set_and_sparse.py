@@ -259,7 +259,7 @@ def test_slices_over_keys_the_batch_shares_are_not_joined_and_say_so():
         sliced(torch.randn(2, 5, 4))
     assert len(cap.records) == 4 and all(r.exact and r.probs.shape == (1, 1, 5, 3) for r in cap.records)
     (note,) = [n for n in cap.notes if "several attention maps" in n]
-    assert "could not be joined into one layer" in note and "shared by the batch" in note
+    assert "could not be joined into one layer" in note and "keys the batch shares" in note
 
 
 def test_layers_inline_and_axial_attention_are_not_taken_for_pieces():

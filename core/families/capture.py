@@ -2778,7 +2778,10 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
         return "some sequence lacks a head"
     for unit, held in units.items():  # queries a chunk at a time: parts of the keys' own sequence
         if len({i for i, _, _ in held}) > 1 and not set(queries[unit]) <= set(unit[0]):
-            return "pieces over the same keys hold queries of other sequences (keys shared by the batch?)"
+            return (
+                "pieces over the same keys hold queries from outside those keys' sequence (keys the "
+                "batch shares, or queries from another input), so their sequences cannot be told apart"
+            )
     for s in seqs:
         qs = [queries[(s, f)] for f in heads]
         if any(q != qs[0] for q in qs) or len(set(qs[0])) != len(qs[0]):
