@@ -290,11 +290,12 @@ def test_layers_inline_and_axial_attention_are_not_taken_for_pieces():
         assert len(cap.records) == 4 and not [n for n in cap.notes if "several attention maps" in n]
 
 
+@pytest.mark.parametrize("pixels", [5, 7])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_two_attentions_inline_in_one_call_are_not_joined_as_pieces(batch):
+def test_two_attentions_inline_in_one_call_are_not_joined_as_pieces(batch, pixels):
     """Segment Anything's two-way block written inline: tokens read the image, then the image reads the
-    tokens, in one call of one module, as many image positions as tokens and the same heads. Each map
-    is its own (cross-attention both), exact, and neither is taken for a piece of the other."""
+    tokens, in one call of one module, with the same heads, as many image positions as tokens or not.
+    Each map is its own (cross-attention both), exact, and neither is taken for a piece of the other."""
 
     class TwoWay(nn.Module):
         def __init__(self):
@@ -318,7 +319,7 @@ def test_two_attentions_inline_in_one_call_are_not_joined_as_pieces(batch):
     torch.manual_seed(batch)
     model = TwoWay()
     with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(1, 9, (batch, 5)), torch.randn(batch, 5, 3))
+        model(torch.randint(1, 9, (batch, 5)), torch.randn(batch, pixels, 3))
     assert [r.kind for r in cap.records] == ["cross", "cross"] and cap.notes == []
     for rec, used in zip(cap.records, model.used, strict=True):
         assert rec.exact

@@ -794,7 +794,6 @@ class _Session:
         self._unfinished: dict[int, tuple[str, tuple[int, ...]]] = {}
         self._frame: FrameType | None = None  # the module call path() found last
         # the last record's module call (held, so a later call is never taken for it), path, query codes,
-        # the record and its layout
         # the record's place in cap.records and its layout
         self._record_call: tuple[FrameType | None, str, torch.Tensor | None, int, Layout | None] = (
             None, "", None, -1, None)  # fmt: skip
@@ -2752,6 +2751,13 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
     Unit = tuple[tuple[int, ...], int]  # (the sequence's key positions, the head's feature)
     units: dict[Unit, list[tuple[int, int, int]]] = {}  # -> (piece, b, h) in the order computed
     queries: dict[Unit, list[int]] = {}
+    for _, lay in pieces:
+        seq_keys = lay.seq_keys
+        kpos = seq_keys[seq_keys >= 0] if seq_keys is not None else lay.qcode[:0]
+        inputs.add((frozenset(sources.index(lay.qcode >> lineage.SHIFT).unique().tolist()),
+                    frozenset(sources.index(kpos).unique().tolist())))  # fmt: skip
+    if len(inputs) > 1:
+        return None
     for i, (r, lay) in enumerate(pieces):
         if (r.probs.shape[-1] != first.probs.shape[-1] or r.key_labels != first.key_labels
                 or r.query_labels != first.query_labels or r.kind != first.kind or r.source != first.source
@@ -2761,11 +2767,6 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
         if seq_keys is None or bool((seq_keys < 0).all(-1).any()):
             return "a piece's keys name no sequence"
         qc = lay.qcode.to(lay.rows.device)[lay.rows]  # (B, H, q)
-        kpos = seq_keys[seq_keys >= 0]
-        inputs.add((frozenset(sources.index(qc >> lineage.SHIFT).unique().tolist()),
-                    frozenset(sources.index(kpos).unique().tolist())))  # fmt: skip
-        if len(inputs) > 1:
-            return None
         for b in range(int(r.probs.shape[0])):
             keys = tuple(seq_keys[b].tolist())
             for h in range(int(r.probs.shape[1])):
