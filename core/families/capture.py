@@ -1023,6 +1023,13 @@ class _Session:
             seen: set[int] = set()
             records[:] = [r for r in records if not (id(r) in seen or seen.add(id(r)))]  # type: ignore[func-returns-value]
         self._runs.clear()
+        # a decoder's first step with a KV cache (one query, one key, nothing cached yet) looks like an
+        # encoder of one token: it takes the kind of the module's later steps, which read the cache
+        decoding = {r.name for r in records if r.kind == "dec_self" and r.probs.shape[-1] > r.probs.shape[-2]}
+        for i, r in enumerate(records):
+            if (r.kind == "enc_self" and r.name in decoding and r.probs.shape[-2:] == (1, 1)
+                    and not any(fnmatch.fnmatchcase(r.name, p) for p in self.fixed)):  # fmt: skip
+                records[i] = replace(r, kind="dec_self")
 
     def _hand_weights(self, args, kwargs) -> None:
         """A product whose weights a softmax written by hand made: recorded as the softmax of its scores
@@ -1048,7 +1055,8 @@ class _Session:
         if isinstance(out, torch.Tensor):
             code = None
             if isinstance(ids, torch.Tensor) and out.dim() == ids.dim() + 1:
-                start = self.sources.new(ids.numel(), "tokens", str(self.n_embed), self.n_embed)
+                start = self.sources.new(ids.numel(), "tokens", str(self.n_embed), self.n_embed,
+                                         int(ids.shape[-1]))  # fmt: skip
                 code = lineage.fresh(start, tuple(ids.shape), int(out.shape[-1]), out.device)
             self.set(out, _Tag(origin=frozenset({self.n_embed}), code=code))
             self.n_embed += 1
@@ -1077,7 +1085,9 @@ class _Session:
             name = self._param_names.get(id(t), "learned").rsplit(".", 1)[-1]
             start = self.sources.new(math.prod(lead), "param", name)
         else:
-            start = self.sources.new(math.prod(lead), "external", "input", ("in", self.n_inputs))
+            start = self.sources.new(
+                math.prod(lead), "external", "input", ("in", self.n_inputs), lead[-1] if lead else 0
+            )
             self.n_inputs += 1
         code = lineage.fresh(start, lead, int(t.shape[-1]), t.device, raw=True)
         self._fixed_codes[id(t)] = (weakref.ref(t), code)
@@ -1254,7 +1264,7 @@ class _Session:
         tag = self.tag(x)
         label = "patches" if tag is None or not tag.origin else "input"
         start = self.sources.new(
-            int(out.shape[0]) * math.prod(space), "external", label, ("in", self.n_inputs)
+            int(out.shape[0]) * math.prod(space), "external", label, ("in", self.n_inputs), math.prod(space)
         )
         self.n_inputs += 1
         pos = start + torch.arange(int(out.shape[0]) * math.prod(space), device=out.device).view(

@@ -125,6 +125,7 @@ class Source:
     kind: str
     label: str  # the parameter's attribute name; the embedding call's number; "input"
     origin: Any = None  # the lineage origin the capture's tags use for these positions
+    row: int = 0  # positions per row of the tensor they came from (its last leading dim), 0: one row
 
 
 @dataclass
@@ -132,9 +133,9 @@ class Sources:
     items: list[Source] = field(default_factory=list)
     end: int = 0
 
-    def new(self, n: int, kind: str, label: str, origin: Any = None) -> int:
+    def new(self, n: int, kind: str, label: str, origin: Any = None, row: int = 0) -> int:
         start = self.end
-        self.items.append(Source(start, n, kind, label, origin))
+        self.items.append(Source(start, n, kind, label, origin, row if 0 < row < n else 0))
         self.end += max(int(n), 1)
         if self.end >= 1 << (62 - SHIFT):
             raise OverflowError("too many positions to follow")
@@ -148,6 +149,17 @@ class Sources:
         """Source number of every position code."""
         starts = torch.tensor([s.start for s in self.items], dtype=torch.int64, device=pos.device)
         return torch.searchsorted(starts, pos.contiguous(), right=True) - 1
+
+    def rows(self, pos: torch.Tensor) -> torch.Tensor:
+        """The row of its source tensor every position code is in (batch-first: (B, L) ids put positions
+        b * L .. b * L + L - 1 in row b), as one number across sources; -1 at learned positions."""
+        src = self.index(pos)
+        start = torch.tensor([s.start for s in self.items], dtype=torch.int64, device=pos.device)[src]
+        per = torch.tensor([s.row or (s.n + 1) for s in self.items], dtype=torch.int64, device=pos.device)[
+            src
+        ]
+        learned = torch.tensor([s.kind in LABELLED for s in self.items], dtype=torch.bool, device=pos.device)
+        return ((pos - start) // per + start).masked_fill(learned[src], -1)
 
 
 def fresh(start: int, lead: tuple[int, ...], features: int, device, raw: bool = False) -> torch.Tensor:
@@ -506,7 +518,9 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         key_hash = key_hash ^ torch.where(learned_only, (sl0 + 1) * 0x61C88647, 0)
     q_param = param_src[sources.index(qpos)]
     grouped = _groups(key_hash, qpos, kpos_b, krow)
-    if grouped is None:
+    if grouped is None or (
+        not isinstance(grouped, str) and _shared_keys(grouped[0], sl0, qpos, q_param, sources)
+    ):
         grouped = _groups(key_hash ^ (sl0 * 0x61C88647), qpos, kpos_b, krow)
     if isinstance(grouped, str) or grouped is None:
         return grouped or "rows of one sequence and head see different keys"
@@ -576,6 +590,29 @@ def describe(q: torch.Tensor, k: torch.Tensor, sources: Sources) -> Described | 
     cross = _cross(qpos, kpos, sources)
     return Described(_labels(kpos, sources), _labels(qpos, sources), cross,
                      cross is False and _extends(qpos, kpos, sources))  # fmt: skip
+
+
+def _shared_keys(
+    g: torch.Tensor, sl0: torch.Tensor, qpos: torch.Tensor, q_param: torch.Tensor, sources: Sources
+) -> bool:
+    """Whether a group of rows with the same keys spans several product slices with queries from
+    several rows of their input: keys the batch shares (one passage for many questions, a memory
+    expanded over beams), where the slices, not the keys, tell the sequences apart. (Queries of one
+    row spread over slices are one sequence computed a chunk of queries per slice.)"""
+    n = int(g.max()) + 1 if g.numel() else 0
+    big = torch.iinfo(torch.int64).max
+
+    def spans(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        lo = torch.full((n,), big, dtype=torch.int64, device=g.device)
+        hi = torch.full((n,), -1, dtype=torch.int64, device=g.device)
+        lo = lo.scatter_reduce(0, g, values.masked_fill(~keep, big), "amin")
+        hi = hi.scatter_reduce(0, g, values.masked_fill(~keep, -1), "amax")
+        return (hi >= 0) & (lo != hi)
+
+    every = torch.ones_like(q_param)
+    if not bool(spans(sl0, every).any()):
+        return False
+    return bool((spans(sl0, every) & spans(sources.rows(qpos), ~q_param)).any())
 
 
 def _groups(key_hash: torch.Tensor, qpos: torch.Tensor, kpos_b: torch.Tensor, krow: torch.Tensor):
