@@ -295,3 +295,39 @@ def test_under_cpu_autocast_the_record_holds_the_weights_as_the_product_casts_th
     assert len(cap.records) == 2
     for rec, used in zip(cap.records, model.used, strict=True):
         torch.testing.assert_close(rec.probs.float(), used, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_heads_mixed_by_a_learned_matrix_are_flagged_not_shown_as_exact(where):
+    """Talking-heads attention mixes the heads with a learned (H, H) matrix, before the softmax (the
+    scores) or after it (the weights, which then multiply the values). After: the softmax's output
+    is not what the values are multiplied with, so the record is flagged; before: the scores' head
+    axis is a mix capture cannot follow through the parameter, so the record is flagged too. Weights
+    multiplied by learned values (the keys contracted) are not a mix and stay exact."""
+
+    class TalkingHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.qkv = nn.Embedding(VOCAB, 8), nn.Linear(8, 24)
+            self.mix = nn.Parameter(torch.randn(2, 2))
+            self.memory = nn.Parameter(torch.randn(5, 4))  # learned values for 5 keys
+
+        def forward(self, ids):
+            b, n = ids.shape
+            q, k, v = self.qkv(self.emb(ids)).view(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4)
+            scores = q @ k.transpose(-1, -2)
+            s = torch.einsum("bhij,hk->bkij", scores, self.mix) if where == "before" else scores
+            w = s.softmax(-1)
+            if where == "after":
+                w = torch.einsum("bhij,hk->bkij", w, self.mix)
+            learned = torch.einsum("bhij,jd->bhid", scores.softmax(-1), self.memory)
+            return w @ v + learned
+
+    torch.manual_seed(0)
+    model = TalkingHeads()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (2, 5)))
+    mixed, plain = cap.records
+    assert not mixed.exact and "talking-heads" in mixed.flag and where in mixed.flag
+    assert plain.exact and plain.flag is None
+    assert [n for n in cap.notes if "talking-heads" in n] and len(cap.notes) == 1

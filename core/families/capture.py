@@ -1484,6 +1484,9 @@ class _Session:
         else:
             ops, op_tags = ins, tags
         if any(g is not None and g.role == "param" for g in op_tags):
+            mixed = self._mixed_by_parameter(name, args, ops, op_tags, origin)
+            if mixed is not None:
+                return mixed
             new = _Tag("linear", origin)
             if len(ops) == 2 and op_tags[1] is not None and op_tags[1].role == "param" and name != "einsum":
                 new.code = self._op_code("linear", None, (ops[0],), {}, out, [])  # x @ W
@@ -1550,6 +1553,49 @@ class _Session:
                         new.scores = torch.baddbmm(bias.detach().masked_fill(masked, 0), ops[0].detach(),
                                                    ops[1].detach(), beta=beta, alpha=alpha)  # fmt: skip
                     new.allowed, new.mask_source = ~masked, "additive"
+        return new
+
+    def _mixed_by_parameter(self, name, args, ops, op_tags, origin) -> _Tag | None:
+        """Scores or weights in a product with a parameter that does not contract their keys: heads
+        mixed by a learned matrix (talking-heads attention, ``einsum("bhij,hk->bkij", attn, w)``). Weights
+        mixed after the softmax are not what the record holds: the record is flagged. Scores mixed before
+        it keep the tag of scores whose layout cannot be followed, so their softmax is recorded, flagged.
+        None where no scores or weights are in the product, or it contracts their keys (learned values)."""
+        i = next(
+            (
+                i
+                for i, g in enumerate(op_tags)
+                if g is not None and (g.probs is not None or g.role == "scores")
+            ),
+            None,
+        )
+        if i is None:
+            return None
+        g, t = op_tags[i], ops[i]
+        key_dim = g.probs.layout.dim if g.probs is not None and g.probs.layout is not None else t.dim() - 1
+        if name == "einsum":
+            sides = _two_operands(args[0] if args else None)
+            if sides is None or len(ops) != 2:
+                return None
+            letter = sides[i][key_dim % t.dim()]
+            if letter not in sides[2]:
+                return None  # the keys are contracted: the weights multiply learned values
+        elif i == 0:
+            return None  # w @ W: the weights' last axis (their keys) meets the parameter
+        why = ("mixed across heads by a product with a parameter (talking-heads attention) "
+               f"({name}{' ' + args[0] if name == 'einsum' else ''})")  # fmt: skip
+        if g.probs is not None:
+            rec = g.probs.record
+            if rec is not None and rec.flag is None:
+                flag = f"the weights are {why} after the softmax: the record holds the softmax's output, not the weights the values are multiplied with"
+                self._update_record(g.probs, exact=False, flag=flag)
+                self.warn(rec.name, tuple(rec.probs.shape), f"could not verify: {flag}")
+            return _Tag("linear", origin)
+        new = _Tag("scores", origin)
+        if g.smap is not None:
+            new.smap = g.smap.fail(
+                f"the scores are {why} before the softmax, so the head split comes from the shape"
+            )
         return new
 
     def _product_map(self, name, args, ops, out) -> ScoreMap | None:
