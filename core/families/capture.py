@@ -124,6 +124,9 @@ ENTRY = LINEAR | CONV | MATMUL | ADD | MUL | CAT | frozenset({"layer_norm", "sta
 IN_PLACE = frozenset({"masked_fill_", "__iadd__", "add_", "__isub__", "sub_", "__setitem__", "exp_"})
 FILL = frozenset({"masked_fill", "masked_fill_"})
 HAND_STEPS = frozenset({"exp", "exp_", "log_softmax", "logsumexp", "sum", "unsqueeze"})  # a softmax by hand
+PACKING = frozenset({"_pack_padded_sequence", "_pad_packed_sequence"})  # nn.utils.rnn's packed sequences
+CELLS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
+RNN = frozenset({"gru", "lstm", "rnn_tanh", "rnn_relu"}) | CELLS  # recurrent layers and their cells
 CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})  # a dtype cast (of the weights, say)
 TRANSPOSES = frozenset({"transpose", "swapaxes", "swapdims", "mT", "permute"})
 SHAPE_OPS = frozenset(
@@ -800,6 +803,12 @@ class _Session:
         # records that are pieces of one attention call (computed in slices or chunks), by their place in
         # cap.records (records are replaced there, never moved, while the forward runs), joined at finish
         self._runs: list[list[tuple[int, Record, Layout]]] = []
+        # weights over positions not made by a product (additive attention), recorded where they multiply
+        # values: id of the weights (or a view of them) -> (them, held; the record to make)
+        self._positional: dict[int, tuple[torch.Tensor, Callable[[], None]]] = {}
+        self._positional_shapes: dict[int, tuple[str, tuple[int, ...]]] = {}  # id(record) -> module, shape
+        # pack_padded_sequence's batch sizes -> (them, held; the positions of the padded input it packed)
+        self._packed_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -881,6 +890,8 @@ class _Session:
             else:
                 if self._hand and name in MATMUL:
                     self._hand_weights(args, kwargs)  # a softmax by hand: recorded where its weights are used
+                if self._positional:
+                    self._positional_step(name, args, kwargs, out)
                 self.propagate(name, func, args, kwargs, out, pre)
                 if isinstance(out, torch.Tensor) and (name in HAND_STEPS or self._hand):
                     self._hand_step(name, args, kwargs, out, pre)
@@ -997,6 +1008,11 @@ class _Session:
             self.warn(module, shape, "exp of query-key scores that capture could not follow into a softmax (one "
                       "written another way, or computed block by block): these weights are not recorded")  # fmt: skip
         self._unfinished.clear()
+        for module, shape in self._positional_shapes.values():
+            self.skip(module, shape, "a distribution over positions that nothing is weighted by (a pointer "
+                      "network's output, a prediction over positions), not attention")  # fmt: skip
+        self._positional.clear()
+        self._positional_shapes.clear()
         self._frame, self._record_call = None, (None, "", None, -1, None)  # no module call is held on
         records = self.cap.records
         for run in self._runs:
@@ -1160,16 +1176,20 @@ class _Session:
             try:
                 res = self._replay(name, func, args, kwargs, None)
             except Exception:  # _NoCode, or an op its arguments do not replay on codes
-                return None
+                return self._features_joined(name, args, kwargs, out) if name in CAT else None
             if isinstance(res, torch.Tensor) and res.shape == out.shape:
                 return res
             return None
         shape = out.shape
-        for _t, g in act:  # position-wise: the first operand that has codes, broadcast to the output
+        if name in ("sum", "mean") and len(act) == 1 and act[0][1].code is not None:
+            return self._reduced_code(args, kwargs, act[0][1].code, out)
+        for _t, g in act:  # position-wise: an operand whose codes have the output's shape (not one
+            c = g.code  # broadcast over it: a bias, a query added to every key), else the first with codes
+            if c is not None and c.shape == shape:
+                return c
+        for _t, g in act:
             c = g.code
             if c is not None:
-                if c.shape == shape:
-                    return c
                 ekey = ("expand", id(c), tuple(shape))
                 hit = lineage.recall(ekey)
                 if hit is not lineage.MISS:
@@ -1179,6 +1199,51 @@ class _Session:
                 except RuntimeError:
                     continue
         return None
+
+    def _features_joined(self, name, args, kwargs, out: torch.Tensor) -> torch.Tensor | None:
+        """Features joined position by position where some parts name no position (a decoder state
+        repeated over the source, joined to each encoder output: Bahdanau's ``cat((s, h), dim=2)``):
+        each row keeps the positions of the parts that have them, if they agree, with its features
+        numbered afresh (a projection reads them next)."""
+        parts = args[0] if args and isinstance(args[0], (tuple, list)) else None
+        if not parts or out.dim() < 2 or _cat_dim(name, args, kwargs, out) != out.dim() - 1:
+            return None
+        rows = None
+        for t in parts:
+            c = self.code_of(t) if isinstance(t, torch.Tensor) else None
+            if c is None:
+                continue
+            if tuple(c.shape[:-1]) != tuple(out.shape[:-1]):
+                return None
+            pos = c[..., :1] >> lineage.SHIFT
+            if bool((c >> lineage.SHIFT != pos).any()) or (rows is not None and not torch.equal(rows, pos)):
+                return None  # a part whose rows mix positions, or parts at other positions
+            rows = pos
+        if rows is None:
+            return None
+        f = torch.arange(int(out.shape[-1]), dtype=torch.int64, device=rows.device)
+        return (rows << lineage.SHIFT) | f
+
+    def _reduced_code(self, args, kwargs, c: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+        """A sum or mean over the features of each position (``(h * enc).sum(2)``, Luong's dot score):
+        the positions stay, one code per position (its first feature). Over any other dim: lost."""
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        if isinstance(dim, (tuple, list)) and len(dim) == 1:
+            dim = dim[0]
+        if not isinstance(dim, int) or c.dim() < 2:
+            return None
+        dim %= c.dim()
+        first, mixed = lineage.reduced(c, dim)
+        keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+        if mixed:  # a sum over positions (words pooled into a sentence vector): each row a new position
+            if dim == c.dim() - 1 or out.dim() < 2:
+                return None
+            lead = tuple(int(n) for n in out.shape[:-1])
+            start = self.sources.new(math.prod(lead), "pooled", "pooled", ("pooled", self.n_inputs), lead[-1])
+            self.n_inputs += 1
+            return lineage.fresh(start, lead, int(out.shape[-1]), out.device)
+        res = first.unsqueeze(dim) if keep else first
+        return res if tuple(res.shape) == tuple(out.shape) else None
 
     def _replay(self, name, func, args, kwargs, fn=None) -> Any:
         """``fn`` (a data-movement op; its replay_fn when None) on the codes of ``args``: remembered (lineage.remember) under
@@ -1305,6 +1370,12 @@ class _Session:
             if not outs:
                 return
         ins = _tensors(args, kwargs)
+        if name in RNN and args and isinstance(args[0], torch.Tensor):
+            self._recurrent(name, args[0], outs)
+            return
+        if name in PACKING and args and isinstance(args[0], torch.Tensor):
+            self._packed(name, func, args, outs)
+            return
         if len(ins) == 1 and outs[0] is out and name not in LINEAR and name not in MATMUL:
             x = ins[0]  # one activation in, one out (view, transpose, relu, dropout, x / c): the common case
             g = self.tag(x)
@@ -1489,7 +1560,11 @@ class _Session:
                 return mixed
             new = _Tag("linear", origin)
             if len(ops) == 2 and op_tags[1] is not None and op_tags[1].role == "param" and name != "einsum":
-                new.code = self._op_code("linear", None, (ops[0],), {}, out, [])  # x @ W
+                xc = self.code_of(ops[0]) if ops[1].dim() == 1 else None
+                if xc is not None and tuple(xc.shape[:-1]) == tuple(out.shape):  # x @ w, w a vector: one
+                    new.code = (xc[..., 0] >> lineage.SHIFT) << lineage.SHIFT  # feature per position
+                else:
+                    new.code = self._op_code("linear", None, (ops[0],), {}, out, [])  # x @ W
                 if self._pending and name in ("matmul", "__matmul__", "mm", "bmm"):
                     self._out_projection(ops[0], ops[1], None, True)
             elif name == "einsum" and len(ops) == 2 and isinstance(args[0], str):  # Keras' "abc,cde->abde"
@@ -1554,6 +1629,49 @@ class _Session:
                                                    ops[1].detach(), beta=beta, alpha=alpha)  # fmt: skip
                     new.allowed, new.mask_source = ~masked, "additive"
         return new
+
+    def _packed(self, name: str, func, args, outs) -> None:
+        """``pack_padded_sequence`` / ``pad_packed_sequence``: the same gather replayed on the codes (the
+        padding they add is a position of its own, as F.pad's)."""
+        g = self.tag(args[0])
+        if g is None:
+            return
+        c = self.code_of(args[0])
+        code = None
+        if c is not None:
+            try:
+                if name == "_pack_padded_sequence":
+                    code = func(c, *args[1:])[0]
+                    if len(outs) > 1:  # the padded slots' positions, for the unpacking
+                        self._packed_slots[id(outs[1])] = (outs[1], c[..., 0] >> lineage.SHIFT)
+                else:  # (data, batch_sizes, batch_first, padding_value, total_length)
+                    code = func(c, args[1], args[2], -1.0, *args[4:])[0]
+                    held = self._packed_slots.get(id(args[1]))
+                    slots = code[..., 0] < 0
+                    if held is not None and held[0] is args[1] and held[1].shape == slots.shape:
+                        # a PAD slot is its own token's position (not computed from it: the mask says so)
+                        f = torch.arange(int(code.shape[-1]), dtype=torch.int64, device=code.device)
+                        code = torch.where(slots[..., None], (held[1][..., None] << lineage.SHIFT) | f, code)
+                    else:
+                        code = code.masked_fill(code < 0, self._pad_code())
+            except Exception:  # an argument the replay does not take: the codes are lost
+                code = None
+        if code is not None and tuple(code.shape) != tuple(outs[0].shape):
+            code = None
+        self.set(outs[0], _Tag(g.role, g.origin, code=code))
+
+    def _recurrent(self, name: str, x: torch.Tensor, outs) -> None:
+        """An RNN (``nn.GRU``/``LSTM``/``RNN``) or one step of a cell: the output at each position is a
+        projection of that position (its state after reading it), so it keeps the input's positions with
+        features of its own, as a linear layer's output does. Final states (h_n, c_n) name no position."""
+        g = self.tag(x)
+        xc = self.code_of(x) if g is not None else None
+        origin = g.origin if g is not None else frozenset()
+        for i, o in enumerate(outs):
+            code = None
+            if xc is not None and (i == 0 or name in CELLS) and tuple(o.shape[:-1]) == tuple(x.shape[:-1]):
+                code = lineage.projected(xc, int(o.shape[-1]))[0]
+            self.set(o, _Tag("linear", origin, code=code))
 
     def _mixed_by_parameter(self, name, args, ops, op_tags, origin) -> _Tag | None:
         """Scores or weights in a product with a parameter that does not contract their keys: heads
@@ -2046,9 +2164,101 @@ class _Session:
             p,
         )  # ops that keep the weights' rows keep rowq (held: its id stays)
 
+    def _record_over_positions(self, path, x, out, dim: int, tag: _Tag) -> bool:
+        """A softmax over positions of a sequence whose scores are not a product of queries and keys:
+        additive (Bahdanau: ``v . tanh(W q + U k)``), a dot written as a sum (Luong: ``(h * enc).sum(2)``),
+        or a learned query (a hierarchical attention network's context vector). Lineage says, for every
+        row, which positions it runs over (one sequence's) and which feature of the last projection
+        made its scores (a head, when the projection has several outputs); the record is
+        (sequences, heads, rows, keys) with each head's rows in the model's order. False where the
+        codes do not show one sequence's positions along the softmax's dim in every row."""
+        code = tag.code
+        keys = int(x.shape[dim])
+        if code is None or tuple(code.shape) != tuple(x.shape) or keys < 2 or not x.numel():
+            return False
+        c = code.movedim(dim, -1).reshape(-1, keys)
+        pos, feat = c >> lineage.SHIFT, c & lineage.FEATURES
+        if not bool((feat == feat[:, :1]).all()) or not bool((pos != pos[:, :1]).any(-1).all()):
+            return False  # features along the dim (a vocabulary, a class), or a row over one position
+        param = torch.tensor([s.kind in lineage.LABELLED for s in self.sources.items], dtype=torch.bool,
+                             device=pos.device)[self.sources.index(pos)]  # fmt: skip
+        seen = pos.masked_fill(param, -1).sort(-1).values
+        if bool(((seen[:, 1:] == seen[:, :-1]) & (seen[:, 1:] >= 0)).any()):
+            return False  # a sequence position twice in a row (padding may repeat)
+        seq_rows, seq = torch.unique(pos.masked_fill(param, -1), dim=0, return_inverse=True)
+        if bool((seq_rows < 0).all(-1).any()):
+            return False  # learned positions alone: no sequence to tell the rows apart by
+        heads, head = torch.unique(feat[:, 0], return_inverse=True)
+        n_seq, n_heads = int(seq_rows.shape[0]), int(heads.numel())
+        unit = seq * n_heads + head
+        counts = torch.bincount(unit, minlength=n_seq * n_heads)
+        if not bool((counts == counts[0]).all()) or not int(counts[0]):
+            return False  # (sequence, head) pairs with different numbers of rows
+        order = torch.sort(seq_rows.masked_fill(seq_rows < 0, torch.iinfo(torch.int64).max).amin(-1)).indices
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(n_seq, device=order.device)
+        r = torch.arange(unit.numel(), device=unit.device)
+        sort_key = (rank[seq] * n_heads + head) * unit.numel() + r  # rows in the model's order in a unit
+        rows = r[torch.argsort(sort_key)].view(n_seq, n_heads, -1).cpu()
+
+        def bhqk(t: torch.Tensor) -> torch.Tensor:
+            return t.movedim(dim, -1).reshape(-1, keys)[rows.to(t.device)]
+
+        source = tag.mask_source
+        if tag.allowed is not None:
+            allowed = bhqk(tag.allowed.expand(x.shape))
+        else:  # keys the scores hide (-inf or a very negative value), as masked by the model
+            allowed, source = bhqk(x.detach() > NEG), "scores"
+            if bool(allowed.all()):
+                allowed = None
+        scores = tag.scores if tag.scores is not None else x
+        labels = lineage._labels(pos[rows[0, 0, 0]], self.sources)
+
+        def record() -> None:  # the rows read other positions than their own (a decoder step's state,
+            self._record(path, bhqk(out), bhqk(scores.detach()), allowed, "softmax",  # a learned query): cross
+                         source if allowed is not None else None, True, key_labels=labels)  # fmt: skip
+
+        if len(self._positional) >= 256:  # a few are pending at a time; older ones were never used
+            self._positional.clear()
+        self._positional[id(out)] = (out, record)
+        self._positional_shapes[id(record)] = (path, tuple(int(n) for n in x.shape))
+        return True
+
+    def _positional_step(self, name: str, args, kwargs, out) -> None:
+        """Weights over positions (``_record_over_positions``) followed through views of them, and
+        recorded where they multiply values (``bmm(a.unsqueeze(1), enc)``, ``(a.unsqueeze(-1) * h).sum(1)``):
+        a distribution over positions nothing is weighted by (a pointer network's output) is not
+        attention."""
+        found = None
+        for t in _tensors(args, kwargs):
+            entry = self._positional.get(id(t))
+            if entry is not None and entry[0] is t:
+                found = entry
+                break
+        if found is None:
+            return
+        if name in lineage.REPLAY and isinstance(out, torch.Tensor) and args and args[0] is found[0]:
+            self._positional[id(out)] = (out, found[1])  # a view of the weights: still them
+            return
+        if name in MATMUL or name in MUL:
+            others = [t for t in _tensors(args, kwargs) if t is not found[0] and t.numel() > 1]
+            if others and any(self.tag(t) is not None for t in others):
+                record = found[1]
+                for key in [k for k, (_, r) in self._positional.items() if r is record]:
+                    del self._positional[key]
+                self._positional_shapes.pop(id(record), None)
+                record()
+
     def _record_guess(self, path, x, out, dim, tag, why) -> None:
         """No lineage for this softmax: the shape rules decide, and a record is flagged as a guess."""
         shape = tuple(x.shape)
+        if (
+            why is None
+            and tag is not None
+            and tag.code is not None
+            and self._record_over_positions(path, x, out, dim, tag)
+        ):
+            return
         if x.dim() < 3:
             self.skip(path, shape, "a 2-D softmax is a distribution per row, not per-head attention")
             return
