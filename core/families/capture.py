@@ -1239,8 +1239,8 @@ class _Session:
             if dim == c.dim() - 1 or out.dim() < 2:
                 return None
             lead = tuple(int(n) for n in out.shape[:-1])
-            start = self.sources.new(math.prod(lead), "pooled", "pooled", ("pooled", self.n_inputs), lead[-1])
-            self.n_inputs += 1
+            parent = self.sources.at(int(first.reshape(-1)[0]) >> lineage.SHIFT).start  # what it pooled
+            start = self.sources.new(math.prod(lead), "pooled", "pooled", ("pooled", parent), lead[-1])
             return lineage.fresh(start, lead, int(out.shape[-1]), out.device)
         res = first.unsqueeze(dim) if keep else first
         return res if tuple(res.shape) == tuple(out.shape) else None
@@ -1398,6 +1398,10 @@ class _Session:
                 return
         if name == "linear" and len(ins) > 1 and outs[0] is out and ins[0] is args[0]:
             g = self.tag(args[0])  # x W^T + b of an activation and parameters: a projection of its positions
+            if g is not None and self._over_heads(args[0], g):  # CaiT's proj_l / proj_w over the heads
+                self.set(out, self._heads_mixed(g, g.origin, "mixed across heads by a linear layer over "
+                                                "them (talking-heads attention)"))  # fmt: skip
+                return
             if g is not None and g.role != "param" and all(_is_param(t) for t in ins[1:]):
                 new = _Tag("linear", g.origin, cache=g.cache)
                 new.code = self._op_code(name, func, args, kwargs, out, [(args[0], g)])
@@ -1586,14 +1590,18 @@ class _Session:
         if first is not None and (first.rowq is not None or first.probs is not None):
             if name != "einsum":
                 return self._weighted(ops, first, out, origin)
-            perms = _einsum_product(args[0] if args else None)
+            eq = args[0] if args and isinstance(args[0], str) else None
+            eq = lineage._explicit(eq, [o.dim() for o in ops]) if eq is not None and len(ops) == 2 else None
+            perms = _einsum_product(eq)  # "... i j, ... j d -> ... i d" with its dots written out
             if perms is None or len(ops) != 2:  # not weights times values along the keys: nothing claimed
+                self._unfollowed(first)
                 return _Tag(None, origin, attn_out=first.attn_out)
             w_perm, v_perm, out_perm = perms  # to (lead, q, k), (lead, k, d); (lead, q, d) to the output's
             w, weights = ops[0], first
             if w_perm != list(range(len(w_perm))):  # the weights laid out otherwise (Transformer-XL's ijbn)
                 plain_tag = self._plain_weights(first, w_perm)
                 if plain_tag is None:
+                    self._unfollowed(first)
                     return _Tag(None, origin, attn_out=first.attn_out)
                 w, weights = w.permute(w_perm), plain_tag
             plain = out.permute([out_perm.index(i) for i in range(out.dim())])
@@ -1702,6 +1710,31 @@ class _Session:
             return None  # w @ W: the weights' last axis (their keys) meets the parameter
         why = ("mixed across heads by a product with a parameter (talking-heads attention) "
                f"({name}{' ' + args[0] if name == 'einsum' else ''})")  # fmt: skip
+        return self._heads_mixed(g, origin, why)
+
+    @staticmethod
+    def _over_heads(x: torch.Tensor, g: _Tag) -> bool:
+        """Scores (from a product of queries and keys) or weights whose last axis is not their keys: a
+        linear layer over it mixes another axis (the heads, permuted last). Over the keys, a linear
+        layer multiplies the weights by learned values."""
+        if g.probs is not None and g.probs.record is not None:
+            return int(x.shape[-1]) != int(g.probs.record.probs.shape[-1])
+        return g.role == "scores" and g.smap is not None and int(x.shape[-1]) != int(g.smap.shape[-1])
+
+    def _unfollowed(self, g: _Tag) -> None:
+        """Weights changed after the softmax (``touched``: rows zeroed, dropout) went into a product capture
+        cannot follow: the record, which holds them as they were, is flagged."""
+        if not g.touched or g.probs is None or g.probs.record is None or g.probs.record.flag is not None:
+            return
+        rec = g.probs.record
+        flag = ("the weights were changed after the softmax and then multiplied in a product capture "
+                "could not follow: the record holds them as the softmax gave them")  # fmt: skip
+        self._update_record(g.probs, exact=False, flag=flag)
+        self.warn(rec.name, tuple(rec.probs.shape), f"could not verify: {flag}")
+
+    def _heads_mixed(self, g: _Tag, origin, why: str) -> _Tag:
+        """The tag of scores or weights whose heads a learned map mixed (``why``): weights flag their
+        record; scores lose their layout, so their softmax is recorded flagged."""
         if g.probs is not None:
             rec = g.probs.record
             if rec is not None and rec.flag is None:
@@ -2190,6 +2223,12 @@ class _Session:
             return False  # learned positions alone: no sequence to tell the rows apart by
         heads, head = torch.unique(feat[:, 0], return_inverse=True)
         n_seq, n_heads = int(seq_rows.shape[0]), int(heads.numel())
+        if n_heads > 1:  # one distribution per feature of a projection: linear attention's keys (a kernel,
+            self.skip(path, tuple(x.shape), "a softmax over positions for every feature of a projection "
+                      "(linear attention's keys, or multi-hop pooling), not a map of queries over keys")  # fmt: skip
+            return (
+                True  # not a query-key map), or multi-hop pooling (Lin et al.): the two cannot be told apart
+            )
         unit = seq * n_heads + head
         counts = torch.bincount(unit, minlength=n_seq * n_heads)
         if not bool((counts == counts[0]).all()) or not int(counts[0]):
@@ -2704,6 +2743,12 @@ class _Session:
             cross = None if query is key else True
             if query is key and path not in self.fixed:
                 cross = False
+            elif query is not key and query.dim() == 3 and key.dim() == 3:  # lineage: where they came from
+                qc, kc = self.code_of(query), self.code_of(key)  # (L, B, E), sequence-first
+                if qc is not None and kc is not None and qc.shape == query.shape and kc.shape == key.shape:
+                    seen = lineage.describe(qc.transpose(0, 1), kc.transpose(0, 1), self.sources)
+                    if seen is not None and seen.cross is not None:
+                        cross = seen.cross  # a mean token among the keys (CLIP's attention pool): self
             hv = _mha_values(p, h, (b, h, lk))
             rec = self._record(path, weights, scores, None if allowed is None else allowed[:, None],
                                "nn.MultiheadAttention", "arguments" if allowed is not None else None, cross,

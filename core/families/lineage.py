@@ -658,8 +658,8 @@ def _cross(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool | N
     if not ks:  # learned keys alone (a memory bank, a Set Transformer's induced summary): the tokens
         # reading them read another input than their own; learned queries over learned keys: unknown
         return True if qs else None
-    if not qs:
-        return True  # learned queries reading the tokens (a Perceiver's latents)
+    if not qs:  # learned queries reading the tokens (a Perceiver's latents, CrossViT's and CaiT's class
+        return True  # token over itself and the patches: named cross-attention by the papers that use it)
     return qs.isdisjoint(ks)
 
 
@@ -668,7 +668,11 @@ def _extends(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool:
     from another input than the queries'. Other positions of the queries' own input are not a cache:
     the queries are a part of their sequence (attention computed a chunk of queries at a time)."""
     qs = set(qpos.tolist())
-    own = {s.start for s in _kinds(qpos, sources)}
+    kinds = _kinds(qpos, sources)
+    if all(s.kind in LABELLED for s in kinds):
+        return False  # learned queries (a class token) reading the tokens: no cache
+    own = {s.start for s in kinds}  # with the inputs a pooled query was pooled from (CLIP's mean token)
+    own |= {s.origin[1] for s in kinds if s.kind == "pooled" and isinstance(s.origin, tuple)}
     return any(
         s.kind not in LABELLED and p not in qs and s.start not in own
         for p, s in zip(kpos.tolist(), _kinds(kpos, sources), strict=True)

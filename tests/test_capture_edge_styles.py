@@ -1,0 +1,199 @@
+"""attnscope.core.families.capture on attention styles at the edges of what lineage decides: an attention
+pool whose query is a mean token among its keys, weight rows zeroed after the softmax then multiplied in
+an einsum with an ellipsis, heads mixed by an nn.Linear over them (CaiT), linear attention's softmax over
+positions per key feature, and a pointer distribution. Each model keeps what it computed, so every
+record is checked against the model itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscope.core.families.capture import capture_attention
+
+
+def _captured(model, *inputs):
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(*inputs)
+    return cap
+
+
+class AttentionPool(nn.Module):
+    """CLIP's AttentionPool2d: the mean of the patch features prepended as a token, position embeddings
+    added, then ``F.multi_head_attention_forward`` with the mean token as the only query."""
+
+    def __init__(self, dim: int = 8, heads: int = 2, patches: int = 4):
+        super().__init__()
+        self.pos = nn.Parameter(torch.randn(patches + 1, dim) / dim)
+        self.q, self.k, self.v, self.c = (nn.Linear(dim, dim) for _ in range(4))
+        self.heads = heads
+
+    def forward(self, feats):  # (B, C, H, W)
+        x = feats.flatten(2).permute(2, 0, 1)  # (HW, B, C)
+        x = torch.cat([x.mean(dim=0, keepdim=True), x], dim=0) + self.pos[:, None, :]
+        out, self.weights = F.multi_head_attention_forward(
+            query=x[:1], key=x, value=x, embed_dim_to_check=x.shape[-1], num_heads=self.heads,
+            q_proj_weight=self.q.weight, k_proj_weight=self.k.weight, v_proj_weight=self.v.weight,
+            in_proj_weight=None, in_proj_bias=torch.cat([self.q.bias, self.k.bias, self.v.bias]),
+            bias_k=None, bias_v=None, add_zero_attn=False, dropout_p=0.0, out_proj_weight=self.c.weight,
+            out_proj_bias=self.c.bias, use_separate_proj_weight=True, training=False,
+            need_weights=True, average_attn_weights=False,
+        )  # fmt: skip
+        return out.squeeze(0)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_an_attention_pool_over_its_own_mean_token_is_self_attention(batch):
+    torch.manual_seed(batch)
+    model = AttentionPool()
+    feats = torch.randn(batch, 8, 2, 2)
+    cap = _captured(model, feats)
+    (rec,) = cap.records
+    assert rec.kind == "enc_self" and rec.exact and rec.probs.shape == (batch, 2, 1, 5)
+    torch.testing.assert_close(rec.probs, model.weights, atol=1e-6, rtol=0)
+
+
+class MediaGated(nn.Module):
+    """Flamingo's masked cross-attention: text rows that precede every image get all-zero weights after
+    the softmax (``attn.masked_fill(mask, 0.)``), multiplied with an ellipsis einsum."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.q, self.kv = nn.Embedding(9, 8), nn.Linear(8, 8), nn.Linear(8, 16)
+
+    def forward(self, ids, media, before_media):
+        b, n = ids.shape
+        q = self.q(self.emb(ids)).view(b, n, 2, 4).transpose(1, 2)
+        k, v = self.kv(media).view(b, -1, 2, 2, 4).permute(2, 0, 3, 1, 4)
+        attn = torch.einsum("... i d, ... j d -> ... i j", q, k).softmax(dim=-1)
+        self.used = attn.masked_fill(before_media[:, None, :, None], 0.0)
+        return torch.einsum("... i j, ... j d -> ... i d", self.used, v)
+
+
+def test_weight_rows_zeroed_after_the_softmax_are_recorded_as_multiplied():
+    torch.manual_seed(0)
+    model = MediaGated()
+    before = torch.tensor([[False] * 5, [True, True, False, False, False]])
+    cap = _captured(model, torch.randint(1, 9, (2, 5)), torch.randn(2, 3, 8), before)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "cross" and cap.notes == []
+    torch.testing.assert_close(rec.probs, model.used, atol=0, rtol=0)
+    assert bool((rec.probs[1, :, :2] == 0).all())
+
+
+def test_changed_weights_in_a_product_capture_cannot_follow_are_flagged():
+    """The same zeroed weights in a three-operand einsum (a per-head gate): capture cannot take the
+    weights at the product, so the record, which holds the softmax's output, says so."""
+
+    class ThreeWay(MediaGated):
+        def forward(self, ids, media, before_media):
+            b, n = ids.shape
+            q = self.q(self.emb(ids)).view(b, n, 2, 4).transpose(1, 2)
+            k, v = self.kv(media).view(b, -1, 2, 2, 4).permute(2, 0, 3, 1, 4)
+            attn = torch.einsum("bhid,bhjd->bhij", q, k).softmax(dim=-1)
+            used = attn.masked_fill(before_media[:, None, :, None], 0.0)
+            return torch.einsum("bhij,bhjd,h->bhid", used, v, torch.ones(2))
+
+    torch.manual_seed(0)
+    before = torch.tensor([[False] * 5, [True, True, False, False, False]])
+    cap = _captured(ThreeWay(), torch.randint(1, 9, (2, 5)), torch.randn(2, 3, 8), before)
+    (rec,) = cap.records
+    assert not rec.exact and "changed after the softmax" in rec.flag
+    assert any("changed after the softmax" in n for n in cap.notes)
+
+
+class ClassTalkingHeads(nn.Module):
+    """CaiT's talking heads: ``proj_l`` (an nn.Linear over the heads, permuted last) before the softmax
+    and ``proj_w`` after it; ``learned`` instead multiplies the weights by learned values through an
+    nn.Linear over the keys."""
+
+    def __init__(self, heads: int = 2, n: int = 5):
+        super().__init__()
+        self.emb, self.qkv = nn.Embedding(9, 8), nn.Linear(8, 24)
+        self.proj_l, self.proj_w = nn.Linear(heads, heads), nn.Linear(heads, heads)
+        self.values = nn.Linear(n, 4, bias=False)
+        self.h = heads
+
+    def forward(self, ids, mixed: bool):
+        b, n = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, n, 3, self.h, 4).permute(2, 0, 3, 1, 4)
+        attn = q @ k.transpose(-2, -1)
+        if mixed:
+            attn = self.proj_l(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        attn = attn.softmax(dim=-1)
+        self.used = attn
+        if mixed:
+            attn = self.proj_w(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+            return attn @ v
+        return self.values(attn)  # (B, H, n, 4): the weights times learned values, keys contracted
+
+
+@pytest.mark.parametrize("mixed", [True, False])
+def test_heads_mixed_by_a_linear_layer_are_flagged_and_learned_values_are_not(mixed):
+    torch.manual_seed(0)
+    model = ClassTalkingHeads()
+    cap = _captured(model, torch.randint(1, 9, (2, 5)), mixed)
+    (rec,) = cap.records
+    if mixed:
+        assert not rec.exact and "talking-heads" in rec.flag and "linear layer" in rec.flag
+    else:
+        assert rec.exact and cap.notes == []
+        torch.testing.assert_close(rec.probs, model.used, atol=0, rtol=0)
+
+
+def test_linear_attention_keys_softmaxed_over_positions_are_not_maps():
+    """Efficient attention (Shen et al.): the keys softmaxed over positions, one distribution per key
+    feature, then ``keys @ values.T``: not a map of queries over keys, noted as such; the queries'
+    softmax over features is a projection's."""
+
+    class Efficient(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.q, self.k, self.v = (
+                nn.Embedding(9, 8),
+                nn.Linear(8, 4),
+                nn.Linear(8, 4),
+                nn.Linear(8, 4),
+            )
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            keys = F.softmax(self.k(x), dim=1)  # (B, n, 4) over positions
+            query = F.softmax(self.q(x), dim=2)  # over features
+            context = keys.transpose(1, 2) @ self.v(x)  # (B, 4, 4)
+            return query @ context
+
+    cap = _captured(Efficient(), torch.randint(1, 9, (2, 6)))
+    assert cap.records == [] and cap.notes == []
+    assert any("for every feature of a projection" in str(n) for n in cap.skipped)
+
+
+def test_a_pointer_distribution_nothing_is_weighted_by_is_not_attention():
+    """An additive pointer over the input positions (Vinyals et al.) that the model returns: a
+    distribution over positions, but nothing is weighted by it, so it is noted as not attention; the
+    same scores whose weights multiply the encoder states (Bahdanau) are recorded."""
+
+    class Pointer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.w1, self.w2 = nn.Embedding(9, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+            self.v = nn.Linear(8, 1, bias=False)
+
+        def forward(self, ids, weigh: bool):
+            e = self.emb(ids)
+            d = e.mean(dim=1, keepdim=True)  # one decoder state per sequence
+            u = self.v(torch.tanh(self.w1(e) + self.w2(d))).squeeze(-1)  # (B, n)
+            self.used = F.softmax(u, dim=-1)
+            return torch.bmm(self.used.unsqueeze(1), e) if weigh else self.used
+
+    torch.manual_seed(0)
+    model = Pointer()
+    ids = torch.randint(1, 9, (3, 6))
+    pointed = _captured(model, ids, False)
+    assert pointed.records == [] and any("nothing is weighted by" in str(n) for n in pointed.skipped)
+    weighed = _captured(model, ids, True)
+    (rec,) = weighed.records
+    assert rec.exact and rec.kind == "cross" and rec.probs.shape == (3, 1, 1, 6)
+    torch.testing.assert_close(rec.probs, model.used[:, None, None, :], atol=0, rtol=0)
