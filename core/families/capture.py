@@ -1200,6 +1200,34 @@ class _Session:
                     continue
         return None
 
+    def _outer_sum(self, ins, tags, out: torch.Tensor) -> bool:
+        """A column of per-query scores plus a row of per-key scores, ``(..., N, 1) + (..., 1, M)``: additive
+        scores of every query against every key, as a graph attention layer makes them (``Wh1 + Wh2.T``).
+        Tagged as scores with the queries' and keys' positions, so their softmax is placed by lineage
+        exactly as after ``q @ k.T``."""
+        if out.dim() < 2 or any(g is None or g.code is None or g.role in ("scores", "param") or g.probs is not None
+                                for g in tags):  # fmt: skip
+            return False
+        a, b = (g.code for g in tags)
+        if a is None or b is None or a.dim() < 2 or b.dim() < 2:
+            return False
+        if a.shape[-1] != 1 or b.shape[-2] != 1:
+            if b.shape[-1] == 1 and a.shape[-2] == 1:
+                a, b = b, a
+            else:
+                return False
+        n, m = int(out.shape[-2]), int(out.shape[-1])
+        if int(a.shape[-2]) != n or int(b.shape[-1]) != m or n < 2 or m < 2:
+            return False
+        lead = tuple(out.shape[:-2])
+        try:
+            q, k = a[..., 0].expand(*lead, n), b[..., 0, :].expand(*lead, m)
+        except RuntimeError:
+            return False
+        origin = tags[0].origin | tags[1].origin
+        self.set(out, _Tag("scores", origin, smap=ScoreMap(tuple(int(d) for d in out.shape), q, k)))
+        return True
+
     def _features_joined(self, name, args, kwargs, out: torch.Tensor) -> torch.Tensor | None:
         """Features joined position by position where some parts name no position (a decoder state
         repeated over the source, joined to each encoder output: Bahdanau's ``cat((s, h), dim=2)``):
@@ -1420,6 +1448,13 @@ class _Session:
                 ):
                     self._residual(ta.wo, a, b, out if name in IN_PLACE and b is out else None)
                     break
+        if (
+            name in ADD
+            and len(ins) == 2
+            and isinstance(out, torch.Tensor)
+            and self._outer_sum(ins, tags, out)
+        ):
+            return
         if not ins or (name not in ENTRY and not any(tags)):
             return  # nothing the capture follows went in (a tensor from outside enters through ENTRY ops)
         if name in ENTRY and not any(g is not None and g.role != "param" for g in tags):
