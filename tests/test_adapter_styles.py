@@ -43,6 +43,7 @@ STYLES = {
     "bert_cls_pooled": (["the movie was good", "boring"], None),
     "tutorial_bf16": (["hello world", "abc"], ["dlrow olleh", "cba"]),
     "sliced_attention": (["abc", "hedcab"], None),
+    "tutorial_gru_attention": (["abc", "hed cab"], ["ab", "cd e"]),
 }
 
 
@@ -93,15 +94,16 @@ def _trace_cli(tmp_path, name: str, text: str, target: str | None) -> AttentionT
 
 @pytest.mark.parametrize(
     "name",
-    ["bentrevett_seq2seq", "hf_style_decoder", "fairseq_lm_seqfirst", "bert_cls_pooled", "tutorial_bf16"],
-)
+    ["bentrevett_seq2seq", "hf_style_decoder", "fairseq_lm_seqfirst", "bert_cls_pooled", "tutorial_bf16",
+     "tutorial_gru_attention"],
+)  # fmt: skip
 def test_trace_is_exactly_what_the_model_computed(name, lms, tmp_path):
     texts, targets = STYLES[name]
     tr = _trace_cli(tmp_path, name, texts[0], targets[0] if targets else None)
     own = _own_maps(lms(name), tr)
     assert set(own) == set(tr.kinds)
     for kind, maps in own.items():
-        assert tr.probs(kind).shape[0] == len(maps) == 2
+        assert tr.probs(kind).shape[0] == len(maps) == (1 if name == "tutorial_gru_attention" else 2)
         for layer, probs in enumerate(maps):
             np.testing.assert_allclose(tr.probs(kind)[layer], probs.numpy(), atol=1e-6, rtol=0)
 
@@ -408,7 +410,7 @@ def test_sequence_first_output_not_transposed_is_named(tmp_path):
 
 @pytest.mark.parametrize(
     "name", ["bentrevett_seq2seq", "hf_style_decoder", "fairseq_lm_seqfirst", "tutorial_bf16",
-             "bert_cls_pooled", "sliced_attention"]
+             "bert_cls_pooled", "sliced_attention", "tutorial_gru_attention"]
 )  # fmt: skip
 def test_a_padded_batch_is_traced_with_the_models_own_maps(name, lms):
     """Two inputs of different lengths traced together (PAD in the shorter one's rows and columns):

@@ -130,3 +130,22 @@ def test_adapter_in_slices_without_max_len_on_every_page(env):
         assert_clean(at)
     at.switch_page("app_pages/attention.py").run()
     assert not [w.value for w in at.warning if "could not" in w.value]
+
+
+def test_rnn_seq2seq_with_cross_attention_only_on_every_page(env):
+    """PyTorch's GRU translation tutorial with Bahdanau attention, decoded a step at a time: its only
+    maps are cross-attention (no self-attention kinds), and every page renders them. Its encoder reads
+    the PAD tokens into the state the decoder starts from, so a sequence padded in a batch attends
+    otherwise than alone: the audit says so (batch invariance), as it should for this model."""
+    env.setenv(user_models.ALLOW_CODE_ENV, "1")
+    at = load_path(_app(), str(ADAPTERS / "tutorial_gru_attention.py"))
+    assert_clean(at)
+    assert any("Loaded model 'tutorial_gru_attention.py' (encoder-decoder)" in s.value for s in at.success)
+    for page in EVERY_PAGE:
+        at.switch_page(page).run()
+        if page != "app_pages/audit.py":
+            assert_clean(at)
+    at.switch_page("app_pages/audit.py").run()
+    assert not at.exception
+    failed = " ".join(e.value for e in at.error)
+    assert "batch_invariance" in failed and "FAIL" in failed

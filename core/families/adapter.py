@@ -742,6 +742,8 @@ class AdapterModel:
         )
         if stepwise and records:  # no full map: perhaps a forward that runs its KV cache step by step
             records = _decode_steps(records, t_len) or records
+        if self.arch == "seq2seq" and records:  # a decoder run a step at a time (an RNN's): its cross
+            records = _cross_steps(records, want["cross"], self._kind)  # attention step by step
         by_kind: dict[str, list] = {}
         for r in records:
             kind = self._kind(r)
@@ -858,6 +860,35 @@ def _decode_steps(records: list[Record], n: int) -> list[Record] | None:
             mask[:, k - q : k, :k] = True if r.mask is None else r.mask.cpu()
         joined.append(replace(first, kind="dec_self", probs=probs, scores=None, mask=mask))
     return joined
+
+
+def _cross_steps(records: list[Record], want: tuple[int, int], kind_of) -> list[Record]:
+    """A decoder that runs a step at a time (an RNN decoder with attention, teacher-forced) records
+    each attention module's cross-attention once per step, (B, H, q, S) with a few queries each: one
+    module's steps, in call order, are joined along the queries into its (B, H, T, S) map when they
+    cover exactly the target's T positions. Anything else is left as it is."""
+    t, s = want
+    steps: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        if kind_of(r) == "cross" and r.probs.shape[-2] < t and r.probs.shape[-1] == s:
+            steps.setdefault(r.name, []).append(i)
+    out = list(records)
+    drop: set[int] = set()
+    for at in steps.values():
+        parts = [records[i] for i in at]
+        if len(parts) < 2 or sum(int(r.probs.shape[-2]) for r in parts) != t:
+            continue
+        if len({(tuple(r.probs.shape[:2]), r.key_labels) for r in parts}) != 1:
+            continue
+        first = parts[0]
+        masks = [r.mask if r.mask is not None else torch.ones(r.probs.shape[0], *r.probs.shape[2:], dtype=torch.bool)
+                 for r in parts]  # fmt: skip
+        scores = None if any(r.scores is None for r in parts) else torch.cat([r.scores for r in parts], dim=2)  # type: ignore[misc]
+        out[at[0]] = replace(first, probs=torch.cat([r.probs for r in parts], dim=2), scores=scores,
+                             mask=torch.cat([m.cpu() for m in masks], dim=1), residual_of=None)  # fmt: skip
+        # (the values are the keys' and the same at every step: the first step's stand for all)
+        drop.update(at[1:])
+    return [r for i, r in enumerate(out) if i not in drop]
 
 
 def _join_stacks(parts: list[dict[str, Any]]) -> dict[str, Any]:

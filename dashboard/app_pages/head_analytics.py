@@ -239,12 +239,18 @@ if "enc_self" in kinds:
 
 if "cross" in kinds:
     st.subheader("Source attribution through cross-attention")
-    through = st.toggle(
-        "Through the encoder (multiply by the encoder rollout)",
-        key=K.HA_ATTR_ENCODER,
-        value=True,
-        help="Off: columns are encoder states (cross-attention alone); on: source tokens.",
-    )
+    through = False  # a model without encoder self-attention (an RNN encoder): its states are the tokens'
+    if "enc_self" in kinds:
+        through = st.toggle(
+            "Through the encoder (multiply by the encoder rollout)",
+            key=K.HA_ATTR_ENCODER,
+            value=True,
+            help="Off: columns are encoder states (cross-attention alone); on: source tokens.",
+        )
+    else:
+        st.caption(
+            "This model has no encoder self-attention: the columns are its encoder's states, one per source token."
+        )
     attr_method = method if A.has_norms(tr, "cross", "enc_self") else "attention"
     attr = A.source_attribution(tr, through_encoder=through, method=attr_method)
     t_real, s_real = real_positions(tr, "tgt", pad), real_positions(tr, "src", pad)

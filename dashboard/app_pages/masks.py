@@ -92,7 +92,7 @@ attention_panels = [
     (
         "causal",
         "mask_causal",
-        has_decoder,
+        has_decoder and tr.dec_self_mask is not None,
         np.tril(np.ones((t_len, t_len), dtype=bool)),
         tr.tgt_tokens,
         tr.tgt_tokens,
@@ -103,7 +103,7 @@ attention_panels = [
     (
         "decoder self",
         "mask_decoder_self",
-        has_decoder,
+        has_decoder and tr.dec_self_mask is not None,
         tr.dec_self_mask,
         tr.tgt_tokens,
         tr.tgt_tokens,
@@ -114,7 +114,7 @@ attention_panels = [
     (
         "cross",
         "mask_cross",
-        has_decoder and has_encoder,
+        has_decoder and has_encoder and tr.cross_mask is not None,
         tr.cross_mask,
         tr.tgt_tokens,
         tr.src_tokens,
@@ -125,7 +125,7 @@ attention_panels = [
     (
         "encoder self",
         "mask_encoder_self",
-        has_encoder,
+        has_encoder and tr.enc_self_mask is not None,  # a model may lack a kind (an RNN seq2seq: cross only)
         tr.enc_self_mask,
         tr.src_tokens,
         tr.src_tokens,
