@@ -197,3 +197,26 @@ def test_a_pointer_distribution_nothing_is_weighted_by_is_not_attention():
     (rec,) = weighed.records
     assert rec.exact and rec.kind == "cross" and rec.probs.shape == (3, 1, 1, 6)
     torch.testing.assert_close(rec.probs, model.used[:, None, None, :], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("how", ["sigmoid", "relu"])
+def test_scores_that_multiply_values_without_a_softmax_are_a_warning(how):
+    """Sigmoid attention (``sigmoid(q @ k.T) @ v``) and unnormalized ReLU attention make weights no
+    softmax made: capture records softmax weights only, and says so instead of staying silent."""
+
+    class NoSoftmax(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.qkv = nn.Embedding(9, 8), nn.Linear(8, 24)
+
+        def forward(self, ids):
+            b, n = ids.shape
+            q, k, v = self.qkv(self.emb(ids)).view(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4)
+            s = q @ k.transpose(-1, -2)
+            w = torch.sigmoid(s) if how == "sigmoid" else torch.relu(s) / n
+            return w @ v
+
+    cap = _captured(NoSoftmax(), torch.randint(1, 9, (2, 5)))
+    assert cap.records == []
+    (note,) = cap.notes
+    assert "without a softmax" in note and "not recorded" in note

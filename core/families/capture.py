@@ -1646,6 +1646,11 @@ class _Session:
             if new.code is not None:
                 new.code = _permuted(new.code, out_perm)
             return new
+        if (first is not None and first.role == "scores" and first.smap is not None and not first.smap.broken
+                and len(op_tags) > 1 and op_tags[1] is not None and op_tags[1].role != "scores"):  # fmt: skip
+            self.warn(self.path(), tuple(int(n) for n in ops[0].shape), "query-key scores multiply values "
+                      "without a softmax (sigmoid attention, sparsemax, attention without normalization): "
+                      "capture records softmax weights, so these weights are not recorded")  # fmt: skip
         split = (
             first.split
             if first is not None and out.dim() == 3 and ops[0].dim() == 3 and ops[0].shape[0] == out.shape[0]
