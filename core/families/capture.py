@@ -1648,6 +1648,7 @@ class _Session:
             return new
         if (first is not None and first.role == "scores" and first.smap is not None and not first.smap.broken
                 and len(op_tags) > 1 and op_tags[1] is not None and op_tags[1].role != "scores"):  # fmt: skip
+            self.n_attention += 1  # attention seen, if not recordable: no "no attention seen" note
             self.warn(self.path(), tuple(int(n) for n in ops[0].shape), "query-key scores multiply values "
                       "without a softmax (sigmoid attention, sparsemax, attention without normalization): "
                       "capture records softmax weights, so these weights are not recorded")  # fmt: skip
