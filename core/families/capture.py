@@ -805,7 +805,7 @@ class _Session:
         self._runs: list[list[tuple[int, Record, Layout]]] = []
         # weights over positions not made by a product (additive attention), recorded where they multiply
         # values: id of the weights (or a view of them) -> (them, held; the record to make)
-        self._positional: dict[int, tuple[torch.Tensor, Callable[[], None]]] = {}
+        self._positional: dict[int, tuple[torch.Tensor, Callable[..., None], Any, Any, bool]] = {}
         self._positional_shapes: dict[int, tuple[str, tuple[int, ...]]] = {}  # id(record) -> module, shape
         # pack_padded_sequence's batch sizes -> (them, held; the positions of the padded input it packed)
         self._packed_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -1178,6 +1178,11 @@ class _Session:
             except Exception:  # _NoCode, or an op its arguments do not replay on codes
                 return self._features_joined(name, args, kwargs, out) if name in CAT else None
             if isinstance(res, torch.Tensor) and res.shape == out.shape:
+                if name in CAT and res.dim() >= 2 and _cat_dim(name, args, kwargs, out) == out.dim() - 1:
+                    pos = res >> lineage.SHIFT  # features joined from parts at other positions in a row
+                    if bool((pos != pos[..., :1]).any()):  # one part a state repeated over the others'
+                        joined = self._features_joined(name, args, kwargs, out)  # positions: theirs
+                        return res if joined is None else joined
                 return res
             return None
         shape = out.shape
@@ -1187,7 +1192,15 @@ class _Session:
             c = g.code  # broadcast over it: a bias, a query added to every key), else the first with codes
             if c is not None and c.shape == shape:
                 return c
-        for _t, g in act:
+
+        def spread(c: torch.Tensor) -> int:  # the dims an operand fills, later dims weighing more (keys
+            lead = len(shape) - c.dim()  # are laid out after queries: (B, T, 1, d) + (B, 1, S, d))
+            return sum(1 << (lead + i) for i, n in enumerate(c.shape) if n == shape[lead + i] and n > 1)
+
+        coded = [g for _t, g in act if g.code is not None and g.code.dim() <= len(shape)]
+        if len(coded) > 1:
+            coded.sort(key=lambda g: -spread(g.code))
+        for g in coded:
             c = g.code
             if c is not None:
                 ekey = ("expand", id(c), tuple(shape))
@@ -1236,7 +1249,7 @@ class _Session:
         parts = args[0] if args and isinstance(args[0], (tuple, list)) else None
         if not parts or out.dim() < 2 or _cat_dim(name, args, kwargs, out) != out.dim() - 1:
             return None
-        rows = None
+        found = []
         for t in parts:
             c = self.code_of(t) if isinstance(t, torch.Tensor) else None
             if c is None:
@@ -1244,11 +1257,29 @@ class _Session:
             if tuple(c.shape[:-1]) != tuple(out.shape[:-1]):
                 return None
             pos = c[..., :1] >> lineage.SHIFT
-            if bool((c >> lineage.SHIFT != pos).any()) or (rows is not None and not torch.equal(rows, pos)):
-                return None  # a part whose rows mix positions, or parts at other positions
-            rows = pos
-        if rows is None:
+            if bool((c >> lineage.SHIFT != pos).any()):
+                return None  # a part whose rows mix positions
+            found.append(pos)
+        if not found:
             return None
+        # parts at other positions: a state repeated over the positions (the same position along an
+        # axis where another part's positions vary) gives way to the part that varies there
+        found.sort(key=lambda p: -int(torch.unique(p).numel()))
+        rows = found[0]
+
+        def varies(p: torch.Tensor) -> list[bool]:  # along each axis of the rows
+            return [bool((p != p.narrow(d, 0, 1)).any()) for d in range(p.dim() - 1)]
+
+        main = varies(rows)
+        for pos in found[1:]:
+            if torch.equal(pos, rows):
+                continue
+            own = varies(pos)  # repeated: constant along an axis where the main part varies, and
+            if not any(m and not o for m, o in zip(main, own, strict=True)) or any(  # varying only where
+                o and not m
+                for m, o in zip(main, own, strict=True)  # the main part varies too
+            ):
+                return None
         f = torch.arange(int(out.shape[-1]), dtype=torch.int64, device=rows.device)
         return (rows << lineage.SHIFT) | f
 
@@ -1714,6 +1745,8 @@ class _Session:
         projection of that position (its state after reading it), so it keeps the input's positions with
         features of its own, as a linear layer's output does. Final states (h_n, c_n) name no position."""
         g = self.tag(x)
+        if g is None and x.is_floating_point() and x.dim() >= 2:  # features from outside (a spectrogram)
+            g = self._external(x)
         xc = self.code_of(x) if g is not None else None
         origin = g.origin if g is not None else frozenset()
         for i, o in enumerate(outs):
@@ -2294,40 +2327,88 @@ class _Session:
         scores = tag.scores if tag.scores is not None else x
         labels = lineage._labels(pos[rows[0, 0, 0]], self.sources)
 
-        def record() -> None:  # the rows read other positions than their own (a decoder step's state,
-            self._record(path, bhqk(out), bhqk(scores.detach()), allowed, "softmax",  # a learned query): cross
-                         source if allowed is not None else None, True, key_labels=labels)  # fmt: skip
+        made_at = self.n_ops
+        out_shape = tuple(out.shape)
+
+        def record(used: torch.Tensor | None, keep: torch.Tensor | None, changed: bool) -> None:
+            """The rows read other positions than their own (a decoder step's state, a learned query): cross.
+            ``used``: the weights as multiplied, in the softmax's shape (None: as the softmax gave them);
+            ``keep``: a 0/1 mask they were multiplied by on the way (True = kept); ``changed`` with no
+            ``used``: changed in a way capture cannot map back, so the record is flagged."""
+            mask = allowed
+            if keep is not None:
+                kept = bhqk(keep.expand(out_shape))
+                mask = kept if mask is None else mask & kept
+            flag = None
+            if changed and used is None:
+                flag = ("the weights were changed after the softmax in a layout capture could not map back: "
+                        "the record holds them as the softmax gave them")  # fmt: skip
+                self.warn(path, out_shape, f"could not verify: {flag}")
+            rec = self._record(path, bhqk(out if used is None else used), bhqk(scores.detach()), mask, "softmax",
+                               (source if keep is None else "multiplied") if mask is not None else None, True,
+                               key_labels=labels, flag=flag)  # fmt: skip
+            records = self.cap.records
+            if rec is not None and not self._runs and records and records[-1] is rec:  # in softmax order
+                at = next((i for i, r in enumerate(records[:-1]) if r.seq > made_at), None)
+                if at is not None:
+                    records.insert(at, records.pop())
 
         if len(self._positional) >= 256:  # a few are pending at a time; older ones were never used
             self._positional.clear()
-        self._positional[id(out)] = (out, record)
+        self._positional[id(out)] = (out, record, lambda t: t, None, False)
         self._positional_shapes[id(record)] = (path, tuple(int(n) for n in x.shape))
         return True
 
     def _positional_step(self, name: str, args, kwargs, out) -> None:
-        """Weights over positions (``_record_over_positions``) followed through views of them, and
-        recorded where they multiply values (``bmm(a.unsqueeze(1), enc)``, ``(a.unsqueeze(-1) * h).sum(1)``):
-        a distribution over positions nothing is weighted by (a pointer network's output) is not
-        attention."""
+        """Weights over positions (``_record_over_positions``) followed through views of them, a 0/1 mask
+        or a renormalization, dropout, and recorded as they are where they multiply values
+        (``bmm(a.unsqueeze(1), enc)``, ``(a.unsqueeze(-1) * h).sum(1)``): a distribution over positions
+        nothing is weighted by (a pointer network's output) is not attention."""
         found = None
         for t in _tensors(args, kwargs):
             entry = self._positional.get(id(t))
             if entry is not None and entry[0] is t:
                 found = entry
                 break
-        if found is None:
+        if found is None or not isinstance(out, torch.Tensor):
             return
-        if name in lineage.REPLAY and isinstance(out, torch.Tensor) and args and args[0] is found[0]:
-            self._positional[id(out)] = (out, found[1])  # a view of the weights: still them
+        t, record, to_softmax, keep, was_changed = found
+        others = [o for o in _tensors(args, kwargs) if o is not t and o.numel() > 1]
+        if name in lineage.REPLAY and args and args[0] is t:  # a view of the weights: still them
+            back = None
+            if to_softmax is not None and name in ("unsqueeze", "squeeze", "view", "reshape", "flatten",
+                                                   "unflatten", "contiguous", "clone", "detach"):  # fmt: skip
+                shape = tuple(t.shape)
+                back = lambda o, f=to_softmax, s=shape: f(o.reshape(s))  # noqa: E731
+            self._positional[id(out)] = (out, record, back, keep, was_changed)
             return
-        if name in MATMUL or name in MUL:
-            others = [t for t in _tensors(args, kwargs) if t is not found[0] and t.numel() > 1]
-            if others and any(self.tag(t) is not None for t in others):
-                record = found[1]
-                for key in [k for k, (_, r) in self._positional.items() if r is record]:
-                    del self._positional[key]
-                self._positional_shapes.pop(id(record), None)
-                record()
+        mask = None
+        if name in MUL and len(others) == 1 and (others[0].dtype == torch.bool or bool(((others[0] == 0) |
+                                                                                       (others[0] == 1)).all())):  # fmt: skip
+            mask = others[0].bool()  # a 0/1 mask the weights are multiplied by (AllenNLP, Keras ports)
+        elif name in FILL and len(args) >= 3 and args[0] is t and args[2] == 0:
+            mask = ~args[1].bool()
+        changed = mask is not None or (
+            tuple(out.shape) == tuple(t.shape)
+            and (name in DIV or name in DROPOUT or name in CASTS or name in ("nan_to_num", "__truediv__"))
+            and (name not in DIV or args[0] is t)
+        )
+        if changed:  # the weights, changed: followed as they are (renormalized after a mask, dropped out)
+            if mask is not None and tuple(out.shape) != tuple(t.shape):
+                return
+            if mask is not None and to_softmax is not None:  # kept in the softmax's shape
+                soft = to_softmax(mask.expand(out.shape).reshape(out.shape))
+                keep = soft if keep is None else keep & soft
+            self._positional[id(out)] = (out, record, to_softmax, keep, True)
+            return
+        if (name in MATMUL or name in MUL) and any(
+            (g := self.tag(o)) is not None and g.role != "param" for o in others
+        ):  # the weights times values (activations, not a learned bias)
+            for key in [k for k, e in self._positional.items() if e[1] is record]:
+                del self._positional[key]
+            self._positional_shapes.pop(id(record), None)
+            used = to_softmax(t) if to_softmax is not None and was_changed else None
+            record(used, keep, was_changed)
 
     def _record_guess(self, path, x, out, dim, tag, why) -> None:
         """No lineage for this softmax: the shape rules decide, and a record is flagged as a guess."""
