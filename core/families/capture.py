@@ -2283,6 +2283,9 @@ class _Session:
         keys = int(x.shape[dim])
         if code is None or tuple(code.shape) != tuple(x.shape) or keys < 2 or not x.numel():
             return False
+        first = code.movedim(dim, -1).reshape(-1, keys)[0]  # one row first: a vocabulary's features vary
+        if bool((first & lineage.FEATURES != first[0] & lineage.FEATURES).any()):  # along it (quick no)
+            return False
         c = code.movedim(dim, -1).reshape(-1, keys)
         pos, feat = c >> lineage.SHIFT, c & lineage.FEATURES
         if not bool((feat == feat[:, :1]).all()) or not bool((pos != pos[:, :1]).any(-1).all()):
