@@ -1633,6 +1633,8 @@ class _Session:
                 xc = self.code_of(ops[0]) if ops[1].dim() == 1 else None
                 if xc is not None and tuple(xc.shape[:-1]) == tuple(out.shape):  # x @ w, w a vector: one
                     new.code = (xc[..., 0] >> lineage.SHIFT) << lineage.SHIFT  # feature per position
+                elif ops[1].dim() > 2:  # weights per head (H, d, o): each head's outputs features of its own
+                    new.code = self._batched_projection(ops[0], ops[1], out)
                 else:
                     new.code = self._op_code("linear", None, (ops[0],), {}, out, [])  # x @ W
                 if self._pending and name in ("matmul", "__matmul__", "mm", "bmm"):
@@ -1754,6 +1756,24 @@ class _Session:
             if xc is not None and (i == 0 or name in CELLS) and tuple(o.shape[:-1]) == tuple(x.shape[:-1]):
                 code = lineage.projected(xc, int(o.shape[-1]))[0]
             self.set(o, _Tag("linear", origin, code=code))
+
+    def _batched_projection(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+        """``x @ W`` with weights per slice (``W`` (H, d, o), a graph attention layer's per-head attention
+        vectors): the positions of x, and features numbered slice by slice (h * o + j), so heads made
+        by different slices of the weights stay apart however many features each has."""
+        xc = self.code_of(x)
+        if xc is None or out.dim() < 2 or tuple(xc.shape[:-1]) != tuple(out.shape[:-1]):
+            return None
+        lead = tuple(int(n) for n in w.shape[:-2])
+        if (
+            len(lead) > out.dim() - 2
+            or tuple(int(n) for n in out.shape[out.dim() - 2 - len(lead) : -2]) != lead
+        ):
+            return None
+        o = int(out.shape[-1])
+        slice_no = torch.arange(math.prod(lead), dtype=torch.int64, device=xc.device).view(*lead, 1, 1)
+        feat = slice_no * o + torch.arange(o, dtype=torch.int64, device=xc.device)
+        return (((xc[..., :1] >> lineage.SHIFT) << lineage.SHIFT) | feat).expand(out.shape)
 
     def _mixed_by_parameter(self, name, args, ops, op_tags, origin) -> _Tag | None:
         """Scores or weights in a product with a parameter that does not contract their keys: heads
