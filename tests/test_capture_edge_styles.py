@@ -220,3 +220,22 @@ def test_scores_that_multiply_values_without_a_softmax_are_a_warning(how):
     assert cap.records == []
     (note,) = cap.notes
     assert "without a softmax" in note and "not recorded" in note
+
+
+def test_the_exp_of_a_projection_that_is_no_softmax_is_not_a_warning():
+    """A VAE's ``exp(0.5 * logvar)`` and an exp of a projection summed over its features: no softmax over
+    positions is written by hand there, so nothing is recorded and nothing is warned of."""
+
+    class Vae(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.mu, self.logvar = nn.Embedding(9, 8), nn.Linear(8, 4), nn.Linear(8, 4)
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            std = torch.exp(0.5 * self.logvar(x))
+            e = torch.exp(self.mu(x))
+            return self.mu(x) + std * (e / e.sum(-1, keepdim=True))
+
+    cap = _captured(Vae(), torch.randint(1, 9, (2, 5)))
+    assert cap.records == [] and cap.notes == []

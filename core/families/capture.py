@@ -950,6 +950,21 @@ class _Session:
                     self.set(scores, tag)
                 self._remember_hand(out, "exp", out, scores, None)
                 self._unfinished[id(out)] = (self.path(), tuple(out.shape))
+            elif (tag is not None and tag.role in (None, "linear") and tag.code is not None and name == "exp"
+                    and x.dim() >= 2 and tuple(out.shape) == tuple(x.shape)):  # fmt: skip
+                # perhaps a softmax over positions by hand (a learned context vector's scores): followed,
+                # never warned of (the exp of a projection is often no softmax at all)
+                self._remember_hand(out, "exp", out, x, None)
+        elif name in MUL and len(args) >= 2 and self._hand:
+            for e_t, m in ((args[0], args[1]), (args[1], args[0])):  # exp(s) * mask: a masked exp
+                e = self._hand_of(e_t, "exp")
+                if (e is not None and isinstance(m, torch.Tensor) and tuple(out.shape) == tuple(e_t.shape)
+                        and (m.dtype == torch.bool or bool(((m == 0) | (m == 1)).all()))):  # fmt: skip
+                    self._remember_hand(out, "exp", out, e[0], None)
+                    self._unfinished.pop(id(e_t), None)
+                    if self.tag(e[0]) is not None and self.tag(e[0]).role == "scores":  # type: ignore[union-attr]
+                        self._unfinished[id(out)] = (self.path(), tuple(out.shape))
+                    break
         elif name in ("log_softmax", "logsumexp"):
             tag = self.tag(x)
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
@@ -993,8 +1008,13 @@ class _Session:
                 and total[2] is args[0]
                 and tuple(out.shape) == tuple(x.shape)
             ):
-                self._remember_hand(out, "weights", out, e[0], total[1])
                 self._unfinished.pop(id(args[0]), None)
+                g = self.tag(e[0])
+                if g is not None and g.role != "scores":  # over positions: its weights followed from here
+                    self.n_attention += 1
+                    self.on_softmax((e[0], total[1]), {}, out)
+                else:
+                    self._remember_hand(out, "weights", out, e[0], total[1])
         elif name not in MATMUL:
             found = self._hand_of(x, "weights")  # dropped out, masked, cast: still the weights
             if found is not None and tuple(out.shape) == tuple(x.shape):
