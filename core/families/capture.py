@@ -962,7 +962,8 @@ class _Session:
                         and (m.dtype == torch.bool or bool(((m == 0) | (m == 1)).all()))):  # fmt: skip
                     self._remember_hand(out, "exp", out, e[0], None)
                     self._unfinished.pop(id(e_t), None)
-                    if self.tag(e[0]) is not None and self.tag(e[0]).role == "scores":  # type: ignore[union-attr]
+                    g = self.tag(e[0])
+                    if g is not None and g.role == "scores":
                         self._unfinished[id(out)] = (self.path(), tuple(out.shape))
                     break
         elif name in ("log_softmax", "logsumexp"):
@@ -1222,15 +1223,14 @@ class _Session:
             coded.sort(key=lambda g: -spread(g.code))
         for g in coded:
             c = g.code
-            if c is not None:
-                ekey = ("expand", id(c), tuple(shape))
-                hit = lineage.recall(ekey)
-                if hit is not lineage.MISS:
-                    return hit
-                try:
-                    return lineage.remember(ekey, (c,), c.expand(shape))
-                except RuntimeError:
-                    continue
+            ekey = ("expand", id(c), tuple(shape))
+            hit = lineage.recall(ekey)
+            if hit is not lineage.MISS:
+                return hit
+            try:
+                return lineage.remember(ekey, (c,), c.expand(shape))
+            except RuntimeError:
+                continue
         return None
 
     def _outer_sum(self, ins, tags, out: torch.Tensor) -> bool:
@@ -1262,10 +1262,11 @@ class _Session:
         return True
 
     def _features_joined(self, name, args, kwargs, out: torch.Tensor) -> torch.Tensor | None:
-        """Features joined position by position where some parts name no position (a decoder state
-        repeated over the source, joined to each encoder output: Bahdanau's ``cat((s, h), dim=2)``):
-        each row keeps the positions of the parts that have them, if they agree, with its features
-        numbered afresh (a projection reads them next)."""
+        """Features joined position by position where some parts name no position, or a position repeated
+        over the others' (a decoder state repeated over the source, joined to each encoder output:
+        Bahdanau's ``cat((s, h), dim=2)``): each row keeps the positions of the part that varies along
+        every axis the others vary along, with its features numbered afresh (a projection reads them
+        next); None where no part is that."""
         parts = args[0] if args and isinstance(args[0], (tuple, list)) else None
         if not parts or out.dim() < 2 or _cat_dim(name, args, kwargs, out) != out.dim() - 1:
             return None
@@ -2323,10 +2324,10 @@ class _Session:
         keys = int(x.shape[dim])
         if code is None or tuple(code.shape) != tuple(x.shape) or keys < 2 or not x.numel():
             return False
-        first = code.movedim(dim, -1).reshape(-1, keys)[0]  # one row first: a vocabulary's features vary
-        if bool((first & lineage.FEATURES != first[0] & lineage.FEATURES).any()):  # along it (quick no)
-            return False
         c = code.movedim(dim, -1).reshape(-1, keys)
+        first = c[0] & lineage.FEATURES  # one row first: a vocabulary's features vary along it (quick no)
+        if bool((first != first[0]).any()):
+            return False
         pos, feat = c >> lineage.SHIFT, c & lineage.FEATURES
         if not bool((feat == feat[:, :1]).all()) or not bool((pos != pos[:, :1]).any(-1).all()):
             return False  # features along the dim (a vocabulary, a class), or a row over one position
@@ -2341,11 +2342,10 @@ class _Session:
         heads, head = torch.unique(feat[:, 0], return_inverse=True)
         n_seq, n_heads = int(seq_rows.shape[0]), int(heads.numel())
         if n_heads > 1:  # one distribution per feature of a projection: linear attention's keys (a kernel,
+            # not a query-key map) or multi-hop pooling (Lin et al.): the two cannot be told apart
             self.skip(path, tuple(x.shape), "a softmax over positions for every feature of a projection "
                       "(linear attention's keys, or multi-hop pooling), not a map of queries over keys")  # fmt: skip
-            return (
-                True  # not a query-key map), or multi-hop pooling (Lin et al.): the two cannot be told apart
-            )
+            return True
         unit = seq * n_heads + head
         counts = torch.bincount(unit, minlength=n_seq * n_heads)
         if not bool((counts == counts[0]).all()) or not int(counts[0]):
@@ -2433,7 +2433,7 @@ class _Session:
             mask = ~args[1].bool()
         changed = mask is not None or (
             tuple(out.shape) == tuple(t.shape)
-            and (name in DIV or name in DROPOUT or name in CASTS or name in ("nan_to_num", "__truediv__"))
+            and (name in DIV or name in DROPOUT or name in CASTS or name == "nan_to_num")
             and (name not in DIV or args[0] is t)
         )
         if changed:  # the weights, changed: followed as they are (renormalized after a mask, dropped out)

@@ -609,10 +609,10 @@ def _shared_keys(
         hi = hi.scatter_reduce(0, g, values.masked_fill(~keep, -1), "amax")
         return (hi >= 0) & (lo != hi)
 
-    every = torch.ones_like(q_param)
-    if not bool(spans(sl0, every).any()):
+    over_slices = spans(sl0, torch.ones_like(q_param))
+    if not bool(over_slices.any()):
         return False
-    return bool((spans(sl0, every) & spans(sources.rows(qpos), ~q_param)).any())
+    return bool((over_slices & spans(sources.rows(qpos), ~q_param)).any())
 
 
 def _groups(key_hash: torch.Tensor, qpos: torch.Tensor, kpos_b: torch.Tensor, krow: torch.Tensor):
@@ -669,8 +669,6 @@ def _extends(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool:
     the queries are a part of their sequence (attention computed a chunk of queries at a time)."""
     qs = set(qpos.tolist())
     kinds = _kinds(qpos, sources)
-    if all(s.kind in LABELLED for s in kinds):
-        return False  # learned queries (a class token) reading the tokens: no cache
     own = {s.start for s in kinds}  # with the inputs a pooled query was pooled from (CLIP's mean token)
     own |= {s.origin[1] for s in kinds if s.kind == "pooled" and isinstance(s.origin, tuple)}
     return any(
