@@ -105,8 +105,11 @@ def real_source(trace: AttentionTrace) -> np.ndarray:
 
 
 def real_decoder(trace: AttentionTrace) -> np.ndarray:
-    """(T,) bool, True = real decoder position (the diagonal of the causal dec_self mask)."""
+    """(T,) bool, True = real decoder position (the diagonal of the causal dec_self mask; without
+    decoder self-attention, an RNN decoder's say, the trace's own record of its real positions)."""
     if trace.dec_self_mask is None:
+        if trace.tgt_real is not None and len(trace.tgt_real) == len(trace.tgt_tokens):
+            return np.asarray(trace.tgt_real, dtype=bool).copy()
         return np.zeros(len(trace.tgt_tokens), dtype=bool)
     return np.diagonal(np.asarray(trace.dec_self_mask)).copy()
 
@@ -148,7 +151,9 @@ class DecodeStep:
     new_token: str  # argmax output at position t (the token this step generated)
     new_prob: float
     cross: np.ndarray | None  # (layer, head, S): the step's attention over the source; None: decoder only
-    dec_self: np.ndarray  # (layer, head, t+1): its attention over the prefix
+    dec_self: (
+        np.ndarray | None
+    )  # (layer, head, t+1): its attention over the prefix; None: no self-attention (an RNN)
     topk_tokens: tuple[str, ...]
     topk_probs: np.ndarray  # (k,)
 
@@ -175,7 +180,12 @@ def decode_step(trace: AttentionTrace, t: int, itos=None) -> DecodeStep:
         trace.topk_probs,
         trace.out_probs,
     )
-    if dec_self is None or topk_ids is None or topk_probs is None or out_probs is None:
+    if (
+        (dec_self is None and trace.cross is None)
+        or topk_ids is None
+        or topk_probs is None
+        or out_probs is None
+    ):
         raise ValueError("a decoding step needs a decoder trace with its top-k predictions")
     top = np.asarray(topk_ids[q])
     return DecodeStep(
@@ -185,7 +195,7 @@ def decode_step(trace: AttentionTrace, t: int, itos=None) -> DecodeStep:
         new_token=trace.out_tokens[q],
         new_prob=float(out_probs[q]),
         cross=None if trace.cross is None else np.asarray(trace.cross[:, :, q, :]),
-        dec_self=np.asarray(dec_self[:, :, q, : q + 1]),
+        dec_self=None if dec_self is None else np.asarray(dec_self[:, :, q, : q + 1]),
         topk_tokens=_topk_tokens(trace, q, top, itos),
         topk_probs=np.asarray(topk_probs[q]),
     )

@@ -140,11 +140,19 @@ def test_rnn_seq2seq_with_cross_attention_only_on_every_page(env):
     env.setenv(user_models.ALLOW_CODE_ENV, "1")
     at = load_path(_app(), str(ADAPTERS / "tutorial_gru_attention.py"))
     assert_clean(at)
+    from attnscope.core.families.adapter import load_adapter
+    from attnscope.dashboard import model_facts
+
+    (trace,) = load_adapter(ADAPTERS / "tutorial_gru_attention.py").trace(["abc"], ["ab"])
+    real = model_facts.real_decoder(trace)  # no decoder self-attention: its real positions still known
+    assert real.tolist() == trace.tgt_real.tolist() and real.all() and model_facts.decode_steps(trace).count
     assert any("Loaded model 'tutorial_gru_attention.py' (encoder-decoder)" in s.value for s in at.success)
     for page in EVERY_PAGE:
         at.switch_page(page).run()
         if page != "app_pages/audit.py":
             assert_clean(at)
+    at.switch_page("app_pages/decoding.py").run()
+    assert any("each step attends to the source only" in c.value for c in at.caption)
     at.switch_page("app_pages/audit.py").run()
     assert not at.exception
     failed = " ".join(e.value for e in at.error)

@@ -47,7 +47,12 @@ if arch == "encoder":
 
 if file is not None:
     tr = file.trace
-    if tr.topk_ids is None or tr.topk_probs is None or tr.out_probs is None or tr.dec_self_mask is None:
+    if (
+        tr.topk_ids is None
+        or tr.topk_probs is None
+        or tr.out_probs is None
+        or (tr.dec_self_mask is None and tr.cross is None)
+    ):
         state.model(
             "Decoding this trace (it holds no predictions)"
         )  # it holds no steps: says which model to load
@@ -94,19 +99,24 @@ st.code(
     language=None,
 )
 
-self_fig = P.step_figure(
-    ds.dec_self,
-    ds.prefix,
-    log=log,
-    key_title="key: prefix (prompt and tokens so far)"
-    if decoder_only
-    else "key: prefix (decoder input so far)",
-    title=f"step {step}: decoder self-attention of position {pos} over the prefix (seq {seq})",
-)
+
+def _self_figure():
+    """The step's decoder self-attention over the prefix."""
+    return P.step_figure(
+        ds.dec_self,
+        ds.prefix,
+        log=log,
+        key_title="key: prefix (prompt and tokens so far)"
+        if decoder_only
+        else "key: prefix (decoder input so far)",
+        title=f"step {step}: decoder self-attention of position {pos} over the prefix (seq {seq})",
+    )
+
+
 topk = P.topk_figure(
     ds.topk_tokens, ds.topk_probs, title=f"step {step}: top-{len(ds.topk_probs)} next tokens (seq {seq})"
 )
-figs = {"self": self_fig, "topk": topk}
+figs = {"topk": topk}
 if ds.cross is not None:
     figs["cross"] = P.step_figure(
         ds.cross,
@@ -115,6 +125,17 @@ if ds.cross is not None:
         key_title="key: source tokens",
         title=f"step {step}: cross-attention of position {pos} over the source (seq {seq})",
     )
+if ds.dec_self is None:  # no decoder self-attention (an RNN decoder): the step reads the source only
+    left, right = st.columns(2)
+    with left:
+        ui.chart(figs["cross"], key="dec_cross")
+    with right:
+        ui.chart(topk, key="dec_topk")
+    st.caption("This model has no decoder self-attention: each step attends to the source only.")
+    left, right = st.columns(2)
+elif ds.cross is not None:
+    self_fig = _self_figure()
+    figs["self"] = self_fig
     left, right = st.columns(2)
     with left:
         ui.chart(figs["cross"], key="dec_cross")
@@ -124,13 +145,15 @@ if ds.cross is not None:
     with left:
         ui.chart(topk, key="dec_topk")
 else:
+    self_fig = _self_figure()
+    figs["self"] = self_fig
     left, right = st.columns(2)
     with left:
         ui.chart(self_fig, key="dec_self")
     with right:
         ui.chart(topk, key="dec_topk")
     left, right = st.columns(2)
-with right if ds.cross is not None else left:
+with right if ds.cross is not None and ds.dec_self is not None else left:
     overview_maps = tr.cross if ds.cross is not None else tr.dec_self
     layers = list(range(overview_maps.shape[0]))
     if st.session_state.get(K.DEC_LAYER) not in layers:
