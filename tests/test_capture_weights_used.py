@@ -297,13 +297,15 @@ def test_under_cpu_autocast_the_record_holds_the_weights_as_the_product_casts_th
         torch.testing.assert_close(rec.probs.float(), used, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("mix_eq", ["bhij,hk->bkij", "...hij,hk->...kij"])
 @pytest.mark.parametrize("where", ["before", "after"])
-def test_heads_mixed_by_a_learned_matrix_are_flagged_not_shown_as_exact(where):
+def test_heads_mixed_by_a_learned_matrix_are_flagged_not_shown_as_exact(where, mix_eq):
     """Talking-heads attention mixes the heads with a learned (H, H) matrix, before the softmax (the
     scores) or after it (the weights, which then multiply the values). After: the softmax's output
     is not what the values are multiplied with, so the record is flagged; before: the scores' head
     axis is a mix capture cannot follow through the parameter, so the record is flagged too. Weights
-    multiplied by learned values (the keys contracted) are not a mix and stay exact."""
+    multiplied by learned values (the keys contracted) are not a mix and stay exact. The mix may be
+    written with an ellipsis for the batch."""
 
     class TalkingHeads(nn.Module):
         def __init__(self):
@@ -316,11 +318,11 @@ def test_heads_mixed_by_a_learned_matrix_are_flagged_not_shown_as_exact(where):
             b, n = ids.shape
             q, k, v = self.qkv(self.emb(ids)).view(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4)
             scores = q @ k.transpose(-1, -2)
-            s = torch.einsum("bhij,hk->bkij", scores, self.mix) if where == "before" else scores
+            s = torch.einsum(mix_eq, scores, self.mix) if where == "before" else scores
             w = s.softmax(-1)
             if where == "after":
-                w = torch.einsum("bhij,hk->bkij", w, self.mix)
-            learned = torch.einsum("bhij,jd->bhid", scores.softmax(-1), self.memory)
+                w = torch.einsum(mix_eq, w, self.mix)
+            learned = torch.einsum("...ij,jd->...id", scores.softmax(-1), self.memory)
             return w @ v + learned
 
     torch.manual_seed(0)

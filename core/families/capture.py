@@ -1815,8 +1815,9 @@ class _Session:
         g, t = op_tags[i], ops[i]
         key_dim = g.probs.layout.dim if g.probs is not None and g.probs.layout is not None else t.dim() - 1
         if name == "einsum":
-            sides = _two_operands(args[0] if args else None)
-            if sides is None or len(ops) != 2:
+            eq = args[0] if args and isinstance(args[0], str) and len(ops) == 2 else None
+            sides = _two_operands(lineage._explicit(eq, [o.dim() for o in ops]) if eq is not None else None)
+            if sides is None:
                 return None
             letter = sides[i][key_dim % t.dim()]
             if letter not in sides[2]:
