@@ -1,6 +1,6 @@
 """Capture from any model (attnscope.core.families.capture): forward time with capture_attention / without, side by side.
 
-    python -m bench.generic_capture [--lengths 32 128 512] [--repeats 7] [--d-model 256] [--layers 4]
+    python -m bench.generic_capture [--lengths 32 128 512] [--repeats 7] [--d-model 256] [--layers 4] [--threads N]
 
 Three hand-written styles a user might bring, each 8 heads: a softmax with masked_fill(-1e9) on 4-D
 scores (the Annotated Transformer's way), F.scaled_dot_product_attention with is_causal=True (nanoGPT),
@@ -10,6 +10,10 @@ TorchFunctionMode's per-op bookkeeping (lineage codes included) plus, for SDPA a
 recomputing the weights. Where the model never writes its maps (SDPA's fused kernel, the encoder's
 fast path), computing them is the floor: ``eager ms`` is the same model with an eager attention that
 writes them (softmax over q @ k.T with the same masks), and ``vs eager`` the capture's ratio to it.
+``floor ms`` is the forward that writes its maps (the eager one for SDPA and the encoder) run under a
+TorchFunctionMode that does nothing but call each op: what any capture that sees every op costs before
+it does any bookkeeping (under a mode, ``nn.TransformerEncoder`` leaves its fused fast path for its
+Python one). ``vs floor`` is the capture's ratio to it: the bookkeeping's own share.
 """
 
 from __future__ import annotations
@@ -23,10 +27,18 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from attnscope.core.families.capture import capture_attention
 
 VOCAB, PAD = 1000, 0
+
+
+class PassThrough(TorchFunctionMode):
+    """A mode that sees every op and does nothing else: the floor of any capture built on one."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
 
 
 class SoftmaxAttention(nn.Module):
@@ -114,18 +126,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, d_model {args.d_model}, {args.layers} layers x 8 heads, batch 2")  # fmt: skip
     print(f"{'style':<22} {'tokens':>6} {'plain ms':>9} {'capture ms':>11} {'ratio':>6} {'eager ms':>9} "
-          f"{'vs eager':>8} {'maps':>5}")  # fmt: skip
+          f"{'vs eager':>8} {'floor ms':>8} {'vs floor':>8} {'maps':>5}")  # fmt: skip
     for style in ("softmax + masked_fill", "sdpa", "nn.TransformerEncoder"):
         model = Stack(args.d_model, args.layers, style).eval()
         for n in args.lengths:
             ids = torch.randint(1, VOCAB, (2, n))
             ids[1, n // 2 :] = PAD
-            plain, captured, eager, n_maps = [], [], [], 0
+            plain, captured, eager, floor, n_maps = [], [], [], [], 0
             writes = style == "softmax + masked_fill"  # the model writes its maps itself
             with torch.no_grad():
                 model(ids)  # warm-up
@@ -138,17 +153,21 @@ def main(argv: list[str] | None = None) -> int:
                         model(ids)
                     captured.append(time.perf_counter() - start)
                     n_maps = len(cap.records)
+                    model.eager = not writes
                     if not writes:
-                        model.eager = True
                         start = time.perf_counter()
                         model(ids)
                         eager.append(time.perf_counter() - start)
-                        model.eager = False
+                    start = time.perf_counter()
+                    with PassThrough():
+                        model(ids)
+                    floor.append(time.perf_counter() - start)
+                    model.eager = False
             a, b = statistics.median(plain) * 1000, statistics.median(captured) * 1000
             e = statistics.median(eager) * 1000 if eager else a
-            print(
-                f"{style:<22} {n:>6} {a:>9.1f} {b:>11.1f} {b / a:>6.2f} {e:>9.1f} {b / e:>8.2f} {n_maps:>5}"
-            )
+            f = statistics.median(floor) * 1000
+            print(f"{style:<22} {n:>6} {a:>9.1f} {b:>11.1f} {b / a:>6.2f} {e:>9.1f} {b / e:>8.2f} {f:>8.1f} "
+                  f"{b / f:>8.2f} {n_maps:>5}")  # fmt: skip
     return 0
 
 
