@@ -118,7 +118,12 @@ SUB = frozenset({"sub", "sub_", "__sub__", "__isub__", "subtract"})
 MUL = frozenset({"mul", "mul_", "__mul__", "__rmul__", "__imul__", "multiply"})
 DIV = frozenset({"div", "div_", "__truediv__", "__itruediv__", "true_divide", "divide"})
 CAT = frozenset({"cat", "concat", "concatenate", "hstack", "vstack"})
-CONV = frozenset({"conv1d", "conv2d", "conv3d"})
+CONV = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})
+# (B, C, *space) pools: each channel stays itself, the positions are new ones pooled from the input's
+POOL = frozenset(
+    {f"{kind}_pool{d}d" for kind in ("max", "avg", "adaptive_max", "adaptive_avg", "lp") for d in (1, 2, 3)}
+    | {f"max_pool{d}d_with_indices" for d in (1, 2, 3)}
+)
 # ops through which a tensor from outside the call (features, an image, hidden states) enters the model
 ENTRY = LINEAR | CONV | MATMUL | ADD | MUL | CAT | frozenset({"layer_norm", "stack"})
 IN_PLACE = frozenset({"masked_fill_", "__iadd__", "add_", "__isub__", "sub_", "__setitem__", "exp_"})
@@ -809,6 +814,9 @@ class _Session:
         self._positional_shapes: dict[int, tuple[str, tuple[int, ...]]] = {}  # id(record) -> module, shape
         # pack_padded_sequence's batch sizes -> (them, held; the positions of the padded input it packed)
         self._packed_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # (id, version, grid, batch) of a tensor from outside -> (it, held weakly; the first of the
+        # positions a conv over it made): every conv over it that keeps one grid reads those positions
+        self._grids: dict[tuple, tuple[weakref.ref, int]] = {}
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -867,6 +875,12 @@ class _Session:
             return self.on_mha(func, args, kwargs)
         if name in SOFTMAX or name == "scaled_dot_product_attention":
             self.n_attention += 1
+        elif name == "flex_attention":
+            self.n_attention += 1
+            q = args[0] if args else kwargs.get("query")
+            self.warn(self.path(), tuple(q.shape) if isinstance(q, torch.Tensor) else (), "flex_attention "
+                      "computes its weights inside its kernel (with its score_mod and block_mask): they are "
+                      "not recorded")  # fmt: skip
         pre = None
         if name in IN_PLACE and args and isinstance(args[0], torch.Tensor):
             t = self.tag(args[0])
@@ -1166,6 +1180,15 @@ class _Session:
                 elif name == "addmm":
                     self._out_projection(x, args[2] if len(args) > 2 else None, args[0], True)
             return code
+        if name in POOL and args and isinstance(args[0], torch.Tensor):
+            x = args[0]
+            c = self.code_of(x)
+            if c is None or tuple(c.shape) != tuple(x.shape) or out.dim() != x.dim() or out.dim() < 3:
+                return None
+            if tuple(out.shape[2:]) == tuple(x.shape[2:]):
+                return c  # stride 1 with the same size: each position pooled from its own neighbours
+            f = (c.flatten(2)[:, :, :1] & lineage.FEATURES).view(*c.shape[:2], *(1,) * (c.dim() - 2))
+            return (self._new_positions(x, c, out) << lineage.SHIFT) | f
         if name in lineage.KEEP and args and isinstance(args[0], torch.Tensor):
             c = self.code_of(args[0])
             if c is not None and tuple(c.shape) == tuple(out.shape):
@@ -1406,16 +1429,33 @@ class _Session:
         )
         if space == tuple(x.shape[2:]) and not bool((xc & lineage.RAW).any()):
             return ((xc[:, :1] >> lineage.SHIFT) << lineage.SHIFT) | f
-        tag = self.tag(x)
-        label = "patches" if tag is None or not tag.origin else "input"
-        start = self.sources.new(
-            int(out.shape[0]) * math.prod(space), "external", label, ("in", self.n_inputs), math.prod(space)
-        )
-        self.n_inputs += 1
-        pos = start + torch.arange(int(out.shape[0]) * math.prod(space), device=out.device).view(
-            out.shape[0], 1, *space
-        )
-        return (pos << lineage.SHIFT) | f
+        return (self._new_positions(x, xc, out) << lineage.SHIFT) | f
+
+    def _new_positions(self, x: torch.Tensor, xc: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """(B, 1, *space) positions of a convolution or pooling of ``x`` (B, C, *space_in) that makes
+        new ones. Of a tensor from outside the call: fresh, the same for every op over it that makes
+        the same grid (a 1x1 query conv and a 1x1 key conv of one feature map read the same positions).
+        Of the model's own positions (a strided conv or a pool of a sequence: PVT's spatial reduction,
+        pooled keys): new positions pooled from their sequence, which stays theirs."""
+        space = tuple(int(n) for n in out.shape[2:])
+        n = int(out.shape[0]) * math.prod(space)
+        raw = bool((xc & lineage.RAW).any())
+        first = int(xc.reshape(-1)[0]) >> lineage.SHIFT if xc.numel() else -1
+        parent = self.sources.at(first) if first >= 0 else None
+        key = (id(x), x._version, space, int(out.shape[0]))
+        held = self._grids.get(key) if raw else None
+        if held is not None and held[0]() is x:
+            start = held[1]
+        elif not raw and parent is not None and parent.kind not in lineage.LABELLED:
+            start = self.sources.new(n, "pooled", "pooled", ("pooled", parent.start), math.prod(space))
+        else:
+            tag = self.tag(x)
+            label = "patches" if tag is None or not tag.origin else "input"
+            start = self.sources.new(n, "external", label, ("in", self.n_inputs), math.prod(space))
+            self.n_inputs += 1
+            if raw:
+                self._grids[key] = (weakref.ref(x), start)
+        return start + torch.arange(n, device=out.device).view(out.shape[0], 1, *space)
 
     def _pad_code(self) -> int:
         """The code of padding added by F.pad: a source of its own (one position, feature 0)."""
@@ -3015,12 +3055,17 @@ class _GrabQK(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
+
 class _Mode(TorchFunctionMode):
     def __init__(self, session: _Session):
         super().__init__()
         self.session = session
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _compiling():  # torch.compile tracing an op inside the call (flex_attention's own): not followed
+            return func(*args, **(kwargs or {}))
         return self.session.call(func, args, kwargs or {})
 
 

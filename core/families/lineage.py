@@ -651,10 +651,20 @@ def _labels(pos: torch.Tensor, sources: Sources) -> tuple[str | None, ...] | Non
     return tuple(out) if seen else None
 
 
+def _pooled_from(kinds: list[Source]) -> set[int]:
+    """The sources that positions pooled from a sequence (a strided conv, a pool, a mean) came from."""
+    return {s.origin[1] for s in kinds if s.kind == "pooled" and isinstance(s.origin, tuple)}
+
+
 def _cross(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool | None:
-    """Queries and keys from different inputs: no query position among the keys."""
-    qs = {int(p) for p, s in zip(qpos.tolist(), _kinds(qpos, sources), strict=True) if s.kind not in LABELLED}
-    ks = {int(p) for p, s in zip(kpos.tolist(), _kinds(kpos, sources), strict=True) if s.kind not in LABELLED}
+    """Queries and keys from different inputs: no query position among the keys, and no key pooled
+    from the queries' own sequence (PVT's and SegFormer's spatial reduction: self-attention over
+    fewer keys)."""
+    qkinds, kkinds = _kinds(qpos, sources), _kinds(kpos, sources)
+    qs = {int(p) for p, s in zip(qpos.tolist(), qkinds, strict=True) if s.kind not in LABELLED}
+    ks = {int(p) for p, s in zip(kpos.tolist(), kkinds, strict=True) if s.kind not in LABELLED}
+    if qs and ks and _pooled_from(kkinds) & {s.start for s in qkinds if s.kind not in LABELLED}:
+        return False
     if not ks:  # learned keys alone (a memory bank, a Set Transformer's induced summary): the tokens
         # reading them read another input than their own; learned queries over learned keys: unknown
         return True if qs else None
@@ -670,8 +680,11 @@ def _extends(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool:
     qs = set(qpos.tolist())
     kinds = _kinds(qpos, sources)
     own = {s.start for s in kinds}  # with the inputs a pooled query was pooled from (CLIP's mean token)
-    own |= {s.origin[1] for s in kinds if s.kind == "pooled" and isinstance(s.origin, tuple)}
+    own |= _pooled_from(kinds)
     return any(
-        s.kind not in LABELLED and p not in qs and s.start not in own
+        s.kind not in LABELLED
+        and p not in qs
+        and s.start not in own
+        and not (s.kind == "pooled" and isinstance(s.origin, tuple) and s.origin[1] in own)
         for p, s in zip(kpos.tolist(), _kinds(kpos, sources), strict=True)
     )

@@ -1,0 +1,170 @@
+"""attnscope.core.families.capture on attention over feature maps, as vision code writes it: SAGAN's
+self-attention with 1x1 convs applied to a feature map handed in from outside (a backbone's), the
+non-local block's max-pooled keys, PVT's spatial reduction (keys from a strided conv of the queries'
+own map), a generator that upsamples with ``ConvTranspose2d`` before its attention, and FlexAttention,
+whose weights capture cannot see. Each model keeps what it computed, so every record is checked
+against the model itself, for several batch sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscope.core.families.capture import capture_attention
+
+
+def _captured(model, *inputs):
+    model.seen = []
+    with torch.no_grad(), capture_attention(model) as cap:
+        out = model(*inputs)
+    return cap, out
+
+
+class SelfAttn(nn.Module):
+    """SAGAN (Zhang et al.): query/key/value 1x1 convs, ``bmm``, softmax over the last axis; ``pool``
+    max-pools the keys and values 2x2 first (the non-local block of BigGAN)."""
+
+    def __init__(self, ch: int = 16, pool: bool = False):
+        super().__init__()
+        self.query_conv, self.key_conv = nn.Conv2d(ch, ch // 4, 1), nn.Conv2d(ch, ch // 4, 1)
+        self.value_conv = nn.Conv2d(ch, ch, 1)
+        self.gamma, self.pool = nn.Parameter(torch.tensor(0.5)), pool
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        q = self.query_conv(x).view(b, -1, h * w).permute(0, 2, 1)  # (B, N, C')
+        k, v = self.key_conv(x), self.value_conv(x)
+        if self.pool:
+            k, v = F.max_pool2d(k, 2), F.max_pool2d(v, 2)
+        k, v = k.flatten(2), v.flatten(2)  # (B, C', M), (B, C, M)
+        attention = torch.softmax(torch.bmm(q, k), dim=-1)  # (B, N, M)
+        self.seen.append(attention)
+        out = torch.bmm(v, attention.permute(0, 2, 1)).view(b, c, h, w)
+        return self.gamma * out + x
+
+
+@pytest.mark.parametrize("pool", [False, True])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_convolutions_of_a_feature_map_from_outside_are_self_attention(pool, batch):
+    """The query and key convs read one tensor handed in from outside: the same positions, so the
+    map is self-attention, exact; max-pooled keys are positions pooled from the same map."""
+    torch.manual_seed(batch)
+    model = SelfAttn(pool=pool).eval()
+    cap, _ = _captured(model, torch.randn(batch, 16, 4, 4))
+    assert not cap.notes, cap.notes
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "enc_self"
+    assert torch.equal(rec.probs, model.seen[0][:, None])
+
+
+def test_two_feature_maps_from_outside_are_cross_attention():
+    """Queries from one map and keys from another (each handed in): other positions, cross."""
+
+    class Across(SelfAttn):
+        def forward(self, x, y):
+            b, c, h, w = x.shape
+            q = self.query_conv(x).view(b, -1, h * w).permute(0, 2, 1)
+            k = self.key_conv(y).flatten(2)
+            a = torch.softmax(torch.bmm(q, k), dim=-1)
+            self.seen.append(a)
+            return torch.bmm(self.value_conv(y).flatten(2), a.permute(0, 2, 1))
+
+    torch.manual_seed(0)
+    model = Across().eval()
+    cap, _ = _captured(model, torch.randn(2, 16, 4, 4), torch.randn(2, 16, 4, 4))
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "cross" and torch.equal(rec.probs, model.seen[0][:, None])
+
+
+class SpatialReduction(nn.Module):
+    """PVT's attention with sr_ratio 2: tokens of an image, keys and values from a strided conv of the
+    same tokens laid back out as a map (``x.permute(0, 2, 1).reshape(B, C, H, W)``)."""
+
+    def __init__(self, dim: int = 16, heads: int = 2, sr: int = 2):
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, 2, 2)
+        self.q, self.kv, self.proj = nn.Linear(dim, dim), nn.Linear(dim, 2 * dim), nn.Linear(dim, dim)
+        self.sr, self.norm, self.heads = nn.Conv2d(dim, dim, sr, sr), nn.LayerNorm(dim), heads
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, img):
+        x = self.patch(img)
+        b, c, h, w = x.shape
+        x = x.flatten(2).transpose(1, 2)  # (B, N, C)
+        q = self.q(x).reshape(b, h * w, self.heads, c // self.heads).permute(0, 2, 1, 3)
+        x_ = self.norm(self.sr(x.permute(0, 2, 1).reshape(b, c, h, w)).reshape(b, c, -1).permute(0, 2, 1))
+        k, v = self.kv(x_).reshape(b, -1, 2, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-2, -1) * (c // self.heads) ** -0.5).softmax(dim=-1)
+        self.seen.append(attn)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, h * w, c))
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_keys_from_a_strided_conv_of_the_queries_own_map_are_self_attention(batch):
+    """PVT and SegFormer call it self-attention over fewer keys: the keys are pooled from the
+    queries' own positions."""
+    torch.manual_seed(batch)
+    model = SpatialReduction().eval()
+    cap, _ = _captured(model, torch.randn(batch, 3, 8, 8))
+    assert not cap.notes, cap.notes
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "enc_self" and rec.probs.shape == (batch, 2, 16, 4)
+    assert torch.equal(rec.probs, model.seen[0])
+
+
+class Generator(nn.Module):
+    """A GAN generator: a latent upsampled by ``ConvTranspose2d`` (kernel 4, stride 2, padding 1), then
+    SAGAN's attention over the upsampled map."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Sequential(nn.ConvTranspose2d(8, 16, 4, 2, 1), nn.BatchNorm2d(16), nn.ReLU())
+        self.attn = SelfAttn()
+
+    def forward(self, z):
+        return self.attn(self.up(z.view(z.shape[0], 8, 2, 2)))
+
+
+def test_attention_after_a_transposed_convolution_is_recorded():
+    torch.manual_seed(0)
+    model = Generator().eval()
+    model.attn.seen = []
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(3, 32))
+    assert not cap.notes and not cap.skipped, (cap.notes, cap.skipped)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "enc_self" and torch.equal(rec.probs, model.attn.seen[0][:, None])
+
+
+def test_flex_attention_is_a_warning_not_an_error():
+    """FlexAttention runs its own compiled code: capture says that its weights are not recorded, and
+    the model's output is what it is without capture."""
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+
+    class Flex(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.qkv = nn.Embedding(10, 16), nn.Linear(16, 48)
+
+        def forward(self, ids):
+            b, n = ids.shape
+            q, k, v = (t.view(b, n, 2, 8).transpose(1, 2) for t in self.qkv(self.emb(ids)).chunk(3, -1))
+
+            def causal(b, h, q_idx, kv_idx):
+                return q_idx >= kv_idx
+
+            mask = flex.create_block_mask(causal, None, None, n, n, device="cpu")
+            return flex.flex_attention(q, k, v, block_mask=mask)
+
+    torch.manual_seed(0)
+    model = Flex().eval()
+    ids = torch.randint(1, 10, (2, 8))
+    with torch.no_grad():
+        plain = model(ids)
+    cap, out = _captured(model, ids)
+    assert torch.equal(out, plain)
+    assert not cap.records
+    assert len(cap.notes) == 1 and "flex_attention" in cap.notes[0] and "not recorded" in cap.notes[0]
