@@ -132,6 +132,16 @@ HAND_STEPS = frozenset({"exp", "exp_", "log_softmax", "logsumexp", "sum", "unsqu
 PACKING = frozenset({"_pack_padded_sequence", "_pad_packed_sequence"})  # nn.utils.rnn's packed sequences
 CELLS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
 RNN = frozenset({"gru", "lstm", "rnn_tanh", "rnn_relu"}) | CELLS  # recurrent layers and their cells
+# ops that move, view or cast values without computing new ones (weights through them stay as they were)
+KEEPS_VALUES = frozenset(
+    {"view", "reshape", "transpose", "permute", "contiguous", "clone", "float", "to", "type_as", "double",
+     "half", "bfloat16", "type", "detach", "__getitem__", "select", "narrow", "unsqueeze", "squeeze",
+     "flatten", "unflatten", "expand", "expand_as", "view_as", "reshape_as", "movedim", "moveaxis",
+     "swapaxes", "swapdims", "t", "mT", "T", "chunk", "split", "unbind", "cpu", "cuda", "repeat",
+     "repeat_interleave", "cat", "stack", "dropout", "feature_alpha_dropout", "alpha_dropout"}
+)  # fmt: skip
+# ops whose tensor arguments after the first give only a dtype, a device or a shape
+SHAPED_LIKE = frozenset({"to", "type_as", "expand_as", "view_as", "reshape_as"})
 CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})  # a dtype cast (of the weights, say)
 TRANSPOSES = frozenset({"transpose", "swapaxes", "swapdims", "mT", "permute"})
 SHAPE_OPS = frozenset(
@@ -463,12 +473,16 @@ class _Tag:
     # weights changed since the softmax by an op on their values (a head mask, dropout while training,
     # NaN rows set to 0): the record takes them as they are multiplied with the values
     touched: bool = False
+    # weights viewed into a shape whose rows lineage no longer reads (``w.view(B, H, 2, T, S)``): the
+    # record they came from; ``changed``: their values changed since (the record is not what they are)
+    lost: _Probs | None = None
+    changed: bool = False
 
     def derived(self, origin: frozenset) -> _Tag:
         """The tag of a tensor an op made from this one (dataclasses.replace is slower, on every op)."""
         return _Tag(self.role, origin, self.split, self.scores, self.allowed, self.mask_source, self.cross,
                     self.heads, self.cache, self.ext, self.axes, None, None, self.smap, self.rowq,
-                    self.attn_out, False, None, self.touched)  # fmt: skip
+                    self.attn_out, False, None, self.touched, self.lost, self.changed)  # fmt: skip
 
 
 _PARAM_TAG = _Tag(role="param")  # every parameter's (shared: tags are replaced, never changed in place)
@@ -1490,6 +1504,8 @@ class _Session:
             if not outs:
                 return
         ins = _tensors(args, kwargs)
+        if name in SHAPED_LIKE and len(ins) > 1 and args and ins[0] is args[0]:
+            ins = ins[:1]  # x.type_as(s), x.to(s), x.expand_as(s): s gives a dtype or a shape, no values
         if name in RNN and args and isinstance(args[0], torch.Tensor):
             self._recurrent(name, args[0], outs)
             return
@@ -1512,7 +1528,11 @@ class _Session:
                     self._reshaped(x, g, out, new)
                 if out.shape != x.shape:
                     new.axes = None
+                    if g.rowq is not None:
+                        new.lost = self._weights_of(g)
                     new.rowq = None
+                if new.lost is not None and name not in KEEPS_VALUES:
+                    new.changed = True
                 new.code = self._op_code(name, func, args, kwargs, out, [(x, g)])
                 self.set(out, new)
                 return
@@ -1564,6 +1584,12 @@ class _Session:
             if o and o is not origin and not o <= origin:
                 origin = origin | o if origin else o
         act = [(t, g) for t, g in known if g.role != "param"]
+        if (
+            (name in ADD or name in SUB)
+            and isinstance(out, torch.Tensor)
+            and self._weights_combined(act, origin, out)
+        ):
+            return
         if not isinstance(out, torch.Tensor):  # split / chunk / unbind: the pieces keep role and origin
             role = act[0][1].role if act else "param"
             heads, cache = (act[0][1].heads, act[0][1].cache) if act else (None, False)
@@ -1612,7 +1638,13 @@ class _Session:
                 self._reshaped(base_t, base, out, new)
             if tuple(out.shape) != tuple(base_t.shape):
                 new.axes = None
+                if base.probs is not None or base.rowq is not None:
+                    new.lost = self._weights_of(base)
                 new.rowq = None
+            if new.lost is None:
+                new.lost = next((g.lost for _, g in act if g.lost is not None), None)
+            if new.lost is not None and (name not in KEEPS_VALUES or any(g.changed for _, g in act)):
+                new.changed = True
             if (
                 name in CAT
                 and (len(ins) > len(known) or len({g.origin for _, g in known}) > 1)
@@ -1716,6 +1748,14 @@ class _Session:
                     self._out_projection(ops[0], w, None, True, _flat_codes(xc, n_in))
             return new
         first = op_tags[0] if op_tags else None
+        if (
+            first is not None
+            and first.lost is not None
+            and first.changed
+            and first.rowq is None
+            and first.probs is None
+        ):
+            self._changed_after_view(first.lost)
         if first is not None and (first.rowq is not None or first.probs is not None):
             if name != "einsum":
                 return self._weighted(ops, first, out, origin)
@@ -1887,6 +1927,43 @@ class _Session:
                 "could not follow: the record holds them as the softmax gave them")  # fmt: skip
         self._update_record(g.probs, exact=False, flag=flag)
         self.warn(rec.name, tuple(rec.probs.shape), f"could not verify: {flag}")
+
+    def _weights_of(self, g: _Tag) -> _Probs | None:
+        """The record's weights a tag of weights (or of their rows) holds."""
+        if g.probs is not None:
+            return g.probs
+        held = self._rowq_owner.get(id(g.rowq)) if g.rowq is not None else None
+        return held[1] if held is not None and held[0] is g.rowq else None
+
+    def _changed_after_view(self, p: _Probs) -> None:
+        """Weights viewed into another shape, changed, then multiplied with values (differential
+        attention's ``w.view(B, H, 2, T, S)``, then ``w[:, :, 0] - lam * w[:, :, 1]``): flagged."""
+        rec = p.record
+        if rec is None or rec.flag is not None:
+            return
+        flag = ("the weights are changed after the softmax, past a view capture does not follow (heads' maps "
+                "combined, as differential attention does?): the record holds the softmax's output, not the "
+                "weights the values are multiplied with")  # fmt: skip
+        self._update_record(p, exact=False, flag=flag)
+        self.warn(rec.name, tuple(rec.probs.shape), f"could not verify: {flag}")
+
+    def _weights_combined(self, act: list[tuple[torch.Tensor, _Tag]], origin, out: torch.Tensor) -> bool:
+        """Weights added to or subtracted from other weights after the softmax (differential attention's
+        ``w[:, :, 0] - lam * w[:, :, 1]``, two maps averaged): the values are multiplied by the mix, which
+        no record holds, so every record among them is flagged. False where fewer than two are weights."""
+        weights = [g for _, g in act if g.probs is not None and g.probs.record is not None]
+        if len(weights) < 2:
+            return False
+        new: _Tag | None = None
+        done: set[int] = set()
+        for g in weights:
+            if id(g.probs.record) not in done:
+                done.add(id(g.probs.record))
+                new = self._heads_mixed(g, origin, "combined with other weights (heads' maps subtracted or "
+                                        "added: differential attention)")  # fmt: skip
+        if new is not None:
+            self.set(out, new)
+        return True
 
     def _heads_mixed(self, g: _Tag, origin, why: str) -> _Tag:
         """The tag of scores or weights whose heads a learned map mixed (``why``): weights flag their

@@ -551,6 +551,11 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     qp = qpos[rows]  # (B, H, q)
     if not bool((qp == qp[:, :1]).all()):
         return "the heads of one sequence hold different queries"
+    why = _gathered(
+        qp[:, 0], kpos_b[krow[rows[:, 0, 0]]], q_param[rows[:, 0]], is_param_b[krow[rows[:, 0, 0]]]
+    )
+    if why is not None:
+        return why
     kh = seq_b[krow[rows[:, :, 0]]]  # (B, H, K)
     if not bool((kh == kh[:, :1]).all()):
         return "the heads of one sequence see different keys"
@@ -570,6 +575,29 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         qcode=q,
         seq_keys=kp,
     )
+
+
+def _gathered(
+    qp: torch.Tensor, kp: torch.Tensor, q_learned: torch.Tensor, k_learned: torch.Tensor
+) -> str | None:
+    """Why rows that are a few of their own sequence's positions are no map capture can label, or None.
+    ``qp`` (B, q) the query positions of each sequence, ``kp`` (B, K) its keys'. Fewer queries than
+    keys of the same sequence are a run of its keys in order, at the same place in every sequence (a
+    chunk of queries, the last ones of a KV cache, a segment after its memory); queries picked per
+    sequence (Informer's top-u ``Q[b, h, idx]``) are other positions in every sequence, in no order."""
+    if qp.shape[1] < 2 or bool(q_learned.any()):
+        return None
+    own = kp.masked_fill(k_learned, -1)
+    if not bool((own >= 0).any()) or qp.shape[1] >= int((own >= 0).sum(-1).max()):
+        return None
+    eq = qp[:, :, None] == own[:, None, :]  # (B, q, K): which of its sequence's keys each query is
+    if not bool(eq.any(-1).all()):
+        return None  # other positions than the keys' own: cross-attention, not a selection
+    at = eq.to(torch.int8).argmax(-1)  # each query's place among its sequence's keys
+    if bool((at[:, 1:] - at[:, :-1] == 1).all()) and bool((at == at[:1]).all()):
+        return None
+    return ("the queries are a few of each sequence's positions picked by index (other positions in "
+            "every sequence, or out of order: Informer's top-u queries), so the rows name no positions")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,212 @@
+"""attnscope.core.families.capture on language-model code as its authors write it: a causal mask made
+with ``.type_as(scores)`` or ``.to(scores)`` (fairseq's future mask, Diff-Transformer), differential
+attention (two softmax maps per head, subtracted before the values), and Informer's ProbSparse
+attention (top-u queries gathered per sequence). Each model keeps what it computed, so every record
+is checked against the model itself, for several batch sizes and head counts (batch = heads too)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscope.core.families.capture import capture_attention
+
+D_HEAD, VOCAB = 4, 20
+
+
+def _ids(batch: int, n: int = 6) -> torch.Tensor:
+    ids = torch.randint(1, VOCAB, (batch, n), generator=torch.Generator().manual_seed(batch))
+    ids[-1, n - 2 :] = 0  # the last sequence padded
+    return ids
+
+
+def _captured(model, ids):
+    model.seen = []
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    return cap
+
+
+class FutureMask(nn.Module):
+    """fairseq: ``triu(fill_with_neg_inf(zeros(T, T)), 1).to(scores)`` (or ``.type_as(scores)``) added to
+    the scores, then the key padding filled with -inf."""
+
+    def __init__(self, heads: int, cast: str):
+        super().__init__()
+        self.h, self.cast = heads, cast
+        self.emb, self.qkv = (
+            nn.Embedding(VOCAB, heads * D_HEAD),
+            nn.Linear(heads * D_HEAD, 3 * heads * D_HEAD),
+        )
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, t = ids.shape
+        q, k, v = (x.view(b, t, self.h, D_HEAD).transpose(1, 2) for x in self.qkv(self.emb(ids)).chunk(3, -1))
+        s = q @ k.transpose(-1, -2) * D_HEAD**-0.5
+        future = torch.zeros(t, t).fill_(float("-inf"))
+        future = future.type_as(s) if self.cast == "type_as" else future.to(s)
+        s = s + torch.triu(future, 1)
+        s = s.masked_fill((ids == 0)[:, None, None, :], float("-inf"))
+        p = F.softmax(s, dim=-1)
+        self.seen.append(p)
+        return p @ v
+
+
+@pytest.mark.parametrize("cast", ["type_as", "to"])
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 1)])
+def test_a_causal_mask_cast_like_the_scores_is_a_mask(cast, batch, heads):
+    """The scores only lend the mask their dtype: the mask is the future and the padding, the kind
+    dec_self (before, the cast made the mask look like scores, and only the padding was kept)."""
+    torch.manual_seed(0)
+    model = FutureMask(heads, cast).eval()
+    ids = _ids(batch)
+    cap = _captured(model, ids)
+    assert not cap.notes, cap.notes
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    assert torch.equal(rec.mask, causal & (ids != 0)[:, None, :])
+
+
+class DiffAttention(nn.Module):
+    """Differential attention (Ye et al. 2024): a softmax over 2H maps, viewed (B, H, 2, T, S), and
+    ``w[:, :, 0] - lam * w[:, :, 1]`` multiplied with the values."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h = heads
+        self.emb = nn.Embedding(VOCAB, 2 * heads * D_HEAD)
+        self.q, self.k = (nn.Linear(2 * heads * D_HEAD, 2 * heads * D_HEAD) for _ in range(2))
+        self.v = nn.Linear(2 * heads * D_HEAD, heads * 2 * D_HEAD)
+        self.lam = nn.Parameter(torch.tensor(0.4))
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, t = ids.shape
+        x = self.emb(ids)
+        q = self.q(x).view(b, t, 2 * self.h, D_HEAD).transpose(1, 2)
+        k = self.k(x).view(b, t, 2 * self.h, D_HEAD).transpose(1, 2)
+        v = self.v(x).view(b, t, self.h, 2 * D_HEAD).transpose(1, 2)
+        w = F.softmax((q @ k.transpose(-1, -2)).masked_fill((ids == 0)[:, None, None, :], -1e9), dim=-1)
+        w = w.view(b, self.h, 2, t, t)
+        attn = w[:, :, 0] - self.lam * w[:, :, 1]
+        self.seen.append(attn)
+        return attn @ v
+
+
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4)])
+def test_differential_attention_is_flagged_not_shown_as_exact(batch, heads):
+    """The values are multiplied by a difference of two heads' maps, which no softmax output is."""
+    torch.manual_seed(1)
+    model = DiffAttention(heads).eval()
+    cap = _captured(model, _ids(batch))
+    (rec,) = cap.records
+    assert rec.probs.shape == (batch, 2 * heads, 6, 6)
+    assert not rec.exact and "changed after the softmax" in rec.flag
+    assert len(cap.notes) == 1 and "could not verify" in cap.notes[0]
+
+
+def test_weights_viewed_then_only_moved_stay_exact():
+    """A view of the weights that only moves them (folded to (B*H, T, T) for bmm) is no change."""
+
+    class Folded(DiffAttention):
+        def forward(self, ids):
+            b, t = ids.shape
+            x = self.emb(ids)
+            q = self.q(x).view(b, t, 2 * self.h, D_HEAD).transpose(1, 2)
+            k = self.k(x).view(b, t, 2 * self.h, D_HEAD).transpose(1, 2)
+            v = self.v(x).view(b, t, 2 * self.h, D_HEAD).transpose(1, 2)
+            w = F.softmax(q @ k.transpose(-1, -2), dim=-1)
+            self.seen.append(w)
+            return torch.bmm(w.reshape(b * 2 * self.h, t, t).float(), v.reshape(b * 2 * self.h, t, D_HEAD))
+
+    torch.manual_seed(2)
+    model = Folded(2).eval()
+    cap = _captured(model, _ids(2))
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes and torch.equal(rec.probs, model.seen[0])
+
+
+class ProbSparse(nn.Module):
+    """Informer's ProbSparse self-attention: the u queries with the largest sparsity measure, picked
+    per sequence and head with ``Q[arange(B)[:, None, None], arange(H)[None, :, None], top]``."""
+
+    def __init__(self, heads: int, u: int = 3):
+        super().__init__()
+        self.h, self.u = heads, u
+        self.emb, self.qkv = (
+            nn.Embedding(VOCAB, heads * D_HEAD),
+            nn.Linear(heads * D_HEAD, 3 * heads * D_HEAD),
+        )
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, t = ids.shape
+        q, k, v = (x.view(b, t, self.h, D_HEAD).transpose(1, 2) for x in self.qkv(self.emb(ids)).chunk(3, -1))
+        full = q @ k.transpose(-1, -2)
+        measure = full.max(-1)[0] - full.sum(-1) / t
+        top = measure.topk(self.u, sorted=False)[1]  # (B, H, u)
+        q_reduce = q[torch.arange(b)[:, None, None], torch.arange(self.h)[None, :, None], top, :]
+        attn = torch.softmax(q_reduce @ k.transpose(-1, -2) / D_HEAD**0.5, dim=-1)
+        self.seen.append(attn)
+        context = v.mean(-2, keepdim=True).expand(b, self.h, t, D_HEAD).clone()
+        context[torch.arange(b)[:, None, None], torch.arange(self.h)[None, :, None], top, :] = attn @ v
+        return context
+
+
+@pytest.mark.parametrize("batch,heads", list(itertools.product([1, 2, 3], [1, 2])))
+def test_queries_picked_per_sequence_are_flagged(batch, heads):
+    """The record's rows are other positions in every sequence (and in no order): no row can be
+    labelled with a position, so the record is flagged, never shown as exact."""
+    torch.manual_seed(3)
+    model = ProbSparse(heads).eval()
+    cap = _captured(model, _ids(batch, 8))
+    (rec,) = cap.records
+    assert rec.probs.shape == (batch, heads, 3, 8)
+    assert not rec.exact and rec.flag and cap.notes
+
+
+def test_a_chunk_of_queries_in_order_is_not_a_selection():
+    """The last queries of a sequence over all its keys (a KV cache's step of several tokens) are a
+    run of its positions in order: exact."""
+
+    class LastQueries(ProbSparse):
+        def forward(self, ids):
+            b, t = ids.shape
+            q, k, _ = (
+                x.view(b, t, self.h, D_HEAD).transpose(1, 2) for x in self.qkv(self.emb(ids)).chunk(3, -1)
+            )
+            attn = torch.softmax(q[:, :, -3:] @ k.transpose(-1, -2), dim=-1)
+            self.seen.append(attn)
+            return attn
+
+    torch.manual_seed(4)
+    model = LastQueries(2).eval()
+    cap = _captured(model, _ids(2, 8))
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes and torch.equal(rec.probs, model.seen[0])
+
+
+def test_two_maps_added_before_the_values_are_both_flagged():
+    """Two softmax maps of the same shape averaged, then multiplied with the values: neither record
+    holds the weights used."""
+
+    class Averaged(FutureMask):
+        def forward(self, ids):
+            b, t = ids.shape
+            q, k, v = (
+                x.view(b, t, self.h, D_HEAD).transpose(1, 2) for x in self.qkv(self.emb(ids)).chunk(3, -1)
+            )
+            first = F.softmax(q @ k.transpose(-1, -2), dim=-1)
+            second = F.softmax(k @ q.transpose(-1, -2), dim=-1)
+            return ((first + second) / 2) @ v
+
+    torch.manual_seed(5)
+    cap = _captured(Averaged(2, "to").eval(), _ids(2))
+    assert len(cap.records) == 2 and not any(r.exact for r in cap.records)
+    assert all("combined with other weights" in r.flag for r in cap.records)
