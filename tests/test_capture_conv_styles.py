@@ -168,3 +168,37 @@ def test_flex_attention_is_a_warning_not_an_error():
     assert torch.equal(out, plain)
     assert not cap.records
     assert len(cap.notes) == 1 and "flex_attention" in cap.notes[0] and "not recorded" in cap.notes[0]
+
+
+class ZeroShot(nn.Module):
+    """CLIP's zero-shot use: an image's class token and a caption's end-of-text token, projected, and
+    ``(img @ txt.T).softmax(-1)``: a distribution over the batch's captions, not attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.patch, self.cls = nn.Conv2d(3, 8, 2, 2), nn.Parameter(torch.randn(8))
+        self.tok, self.img_proj, self.txt_proj = nn.Embedding(10, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, image, text):
+        x = self.patch(image).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls + torch.zeros(x.shape[0], 1, 8), x], dim=1)
+        img = self.img_proj(x)[:, 0]
+        t = self.txt_proj(self.tok(text))
+        txt = t[torch.arange(t.shape[0]), text.argmax(dim=-1)]
+        return (img @ txt.t()).softmax(dim=-1)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_image_text_logits_over_the_batch_are_never_an_exact_map(batch):
+    """The keys are one token of every caption: positions from several sequences. Capture cannot tell
+    that from one sequence laid out sequence-first, so the map is flagged, never exact; with one
+    caption the softmax is 1 and nothing is recorded."""
+    torch.manual_seed(batch)
+    text = torch.randint(1, 9, (batch, 5))
+    text[:, 3] = 9  # the end-of-text token has the highest id
+    cap, _ = _captured(ZeroShot().eval(), torch.randn(batch, 3, 4, 4), text)
+    if batch == 1:
+        assert not cap.records and any("one key" in s.reason for s in cap.skipped)
+        return
+    (rec,) = cap.records
+    assert not rec.exact and "several rows" in rec.flag and cap.notes

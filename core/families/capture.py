@@ -2378,11 +2378,36 @@ class _Session:
         why: str | None = None
         if smap is not None:
             found = self._decoded(smap, shape, dim)
+            if isinstance(found, Layout) and x.dim() == 2 and shape[dim] == 1:
+                self.skip(
+                    path, shape, "a 2-D softmax over one key is 1 everywhere (a similarity of one pair)"
+                )
+                return
+            if isinstance(found, Layout) and x.dim() == 2 and self._across_rows(found):
+                why = ("a 2-D softmax over positions from several rows of their input: a similarity across the "
+                       "batch (contrastive image-text logits, not attention) or one sequence laid out sequence-"
+                       "first, which capture cannot tell apart")  # fmt: skip
+                self._record(path, out[None, None], x.detach()[None, None], None, "softmax", None, found.cross,
+                             layout=found, flag=why)  # fmt: skip
+                self.warn(path, shape, f"could not verify: {why}")
+                return
             if isinstance(found, Layout):
                 self._record_exact(path, x, out, tag, found)
                 return
             why = found
         self._record_guess(path, x, out, dim, tag, why)
+
+    def _across_rows(self, layout: Layout) -> bool:
+        """The queries or the keys of a map are positions from more than one row of the tensor they came
+        from (``x[arange(B), eot]``: one token of every caption)."""
+        keys = layout.seq_keys.reshape(-1) if layout.seq_keys is not None else layout.qcode[:0]
+        for pos in (layout.qcode.reshape(-1) >> lineage.SHIFT, keys):
+            pos = pos[pos >= 0]
+            if pos.numel() > 1:
+                rows = self.sources.rows(pos.cpu())
+                if int(torch.unique(rows[rows >= 0]).numel()) > 1:
+                    return True
+        return False
 
     def _decoded(self, smap: ScoreMap, shape: tuple[int, ...], dim: int) -> Layout | str:
         """lineage.decode, once per layout: layers (and later calls of the same model on inputs of
