@@ -239,3 +239,33 @@ def test_the_exp_of_a_projection_that_is_no_softmax_is_not_a_warning():
 
     cap = _captured(Vae(), torch.randint(1, 9, (2, 5)))
     assert cap.records == [] and cap.notes == []
+
+
+class EdgeSoftmax(nn.Module):
+    """A GraphGPS layer: attention over each node's edges as PyG computes it (scores per edge, the max
+    per destination by ``scatter_reduce``, ``exp``, the sums by ``index_add_``), beside a global
+    ``nn.MultiheadAttention`` over all nodes."""
+
+    def __init__(self, dim: int = 8):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(dim, dim) for _ in range(3))
+        self.glob = nn.MultiheadAttention(dim, 2, batch_first=True)
+
+    def forward(self, x, src, dst):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        alpha = (q[dst] * k[src]).sum(-1)
+        top = torch.full((x.shape[0],), float("-inf")).scatter_reduce(0, dst, alpha, "amax")
+        e = torch.exp(alpha - top[dst])
+        denom = torch.zeros(x.shape[0]).index_add_(0, dst, e)
+        w = e / (denom[dst] + 1e-16)
+        local = torch.zeros_like(v).index_add_(0, dst, v[src] * w[:, None])
+        glob, _ = self.glob(x[None], x[None], x[None])
+        return local + glob[0]
+
+
+def test_attention_over_edges_summed_by_a_scatter_is_a_warning():
+    torch.manual_seed(0)
+    src, dst = torch.tensor([0, 1, 2, 3, 0, 2]), torch.tensor([1, 0, 1, 2, 3, 3])
+    cap = _captured(EdgeSoftmax().eval(), torch.randn(4, 8), src, dst)
+    assert [r.name for r in cap.records] == ["glob"] and cap.records[0].exact
+    assert len(cap.notes) == 1 and "scatter" in cap.notes[0] and "not recorded" in cap.notes[0]

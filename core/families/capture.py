@@ -132,6 +132,9 @@ HAND_STEPS = frozenset({"exp", "exp_", "log_softmax", "logsumexp", "sum", "unsqu
 PACKING = frozenset({"_pack_padded_sequence", "_pad_packed_sequence"})  # nn.utils.rnn's packed sequences
 CELLS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
 RNN = frozenset({"gru", "lstm", "rnn_tanh", "rnn_relu"}) | CELLS  # recurrent layers and their cells
+SCATTER_SUM = frozenset(
+    {"index_add", "index_add_", "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_"}
+)
 # ops that move, view or cast values without computing new ones (weights through them stay as they were)
 KEEPS_VALUES = frozenset(
     {"view", "reshape", "transpose", "permute", "contiguous", "clone", "float", "to", "type_as", "double",
@@ -828,6 +831,7 @@ class _Session:
         self._positional_shapes: dict[int, tuple[str, tuple[int, ...]]] = {}  # id(record) -> module, shape
         # pack_padded_sequence's batch sizes -> (them, held; the positions of the padded input it packed)
         self._packed_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._exps: dict[int, weakref.ref] = {}  # exps of activations (a scatter may sum them per group)
         # (id, version, grid, batch) of a tensor from outside -> (it, held weakly; the first of the
         # positions a conv over it made): every conv over it that keeps one grid reads those positions
         self._grids: dict[tuple, tuple[weakref.ref, int]] = {}
@@ -920,7 +924,15 @@ class _Session:
                     self._hand_weights(args, kwargs)  # a softmax by hand: recorded where its weights are used
                 if self._positional:
                     self._positional_step(name, args, kwargs, out)
+                if name in SCATTER_SUM and self._exps:
+                    self._scatter_softmax(name, args, kwargs)
                 self.propagate(name, func, args, kwargs, out, pre)
+                if name == "exp" and isinstance(out, torch.Tensor) and args:
+                    g = self.tag(args[0])
+                    if g is not None and g.role != "param":
+                        if len(self._exps) >= 256:
+                            self._exps.clear()
+                        self._exps[id(out)] = weakref.ref(out)
                 if isinstance(out, torch.Tensor) and (name in HAND_STEPS or self._hand):
                     self._hand_step(name, args, kwargs, out, pre)
                 if self._last_wo is not None:  # the output projection of heads merged back: its output
@@ -935,6 +947,25 @@ class _Session:
         finally:
             _LOCAL.busy -= 1
         return out
+
+    def _scatter_softmax(self, name, args, kwargs) -> None:
+        """An exp of activations summed into groups by a scatter (``denom.index_add_(0, dst, e)``,
+        ``scatter_add``): a softmax over each node's edges (graph attention as PyG computes it), whose
+        weights per edge are no (query, key) map capture records: a warning, never silence."""
+        src = args[3] if len(args) > 3 else kwargs.get("source", kwargs.get("src"))
+        if not isinstance(src, torch.Tensor):
+            return
+        held = self._exps.get(id(src))
+        if held is None or held() is not src:
+            return
+        if name.startswith("scatter_reduce"):
+            how = args[4] if len(args) > 4 else kwargs.get("reduce")
+            if how != "sum":
+                return
+        self.n_attention += 1
+        self.warn(self.path(), tuple(src.shape), "a softmax over groups summed by a scatter (attention over each "
+                  "node's edges, as PyG's softmax(src, index) computes it): its weights per edge are not a "
+                  "(query, key) map and are not recorded")  # fmt: skip
 
     # -- a softmax written by hand ------------------------------------------------------------------------
     def _hand_of(self, t: Any, what: str) -> tuple[torch.Tensor, int | None, torch.Tensor] | None:
