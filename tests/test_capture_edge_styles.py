@@ -13,6 +13,8 @@ from torch import nn
 
 from attnscope.core.families.capture import capture_attention
 
+VOCAB = 20
+
 
 def _captured(model, *inputs):
     with torch.no_grad(), capture_attention(model) as cap:
@@ -269,3 +271,30 @@ def test_attention_over_edges_summed_by_a_scatter_is_a_warning():
     cap = _captured(EdgeSoftmax().eval(), torch.randn(4, 8), src, dst)
     assert [r.name for r in cap.records] == ["glob"] and cap.records[0].exact
     assert len(cap.notes) == 1 and "scatter" in cap.notes[0] and "not recorded" in cap.notes[0]
+
+
+class SlotAttention(nn.Module):
+    """Slot attention (Locatello et al. 2020), one iteration: learned slots as queries, a softmax over
+    the slots (dim=1), ``+ eps`` and renormalized over the tokens, then ``einsum("bjd,bij->bid", v, w)``
+    with the weights as the second operand."""
+
+    def __init__(self, dim: int = 8, slots: int = 3):
+        super().__init__()
+        self.emb, self.slots = nn.Embedding(VOCAB, dim), nn.Parameter(torch.randn(slots, dim))
+        self.q, self.k, self.v = (nn.Linear(dim, dim) for _ in range(3))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        q = self.q(self.slots).expand(ids.shape[0], -1, -1)
+        attn = torch.einsum("bid,bjd->bij", q, self.k(x)).softmax(dim=1) + 1e-8
+        attn = attn / attn.sum(dim=-1, keepdim=True)
+        return torch.einsum("bjd,bij->bid", self.v(x), attn)
+
+
+def test_weights_renormalized_over_the_other_axis_are_flagged():
+    """The values are multiplied by weights renormalized over the tokens, not by the softmax over
+    the slots: whatever capture records of that softmax is flagged, never exact."""
+    torch.manual_seed(0)
+    cap = _captured(SlotAttention().eval(), torch.randint(1, VOCAB, (2, 5)))
+    assert cap.records and not any(r.exact for r in cap.records)
+    assert all("changed after the softmax" in r.flag for r in cap.records) and cap.notes

@@ -1779,6 +1779,9 @@ class _Session:
                     self._out_projection(ops[0], w, None, True, _flat_codes(xc, n_in))
             return new
         first = op_tags[0] if op_tags else None
+        for g in op_tags[1:]:  # changed weights as a later operand (``einsum("bjd,bij->bid", v, w)``, slot
+            if g is not None and g.touched and (g.probs is not None or g.rowq is not None):  # attention's
+                self._unfollowed(g)  # renormalized weights): not followed, so flagged
         if (
             first is not None
             and first.lost is not None
@@ -1951,12 +1954,13 @@ class _Session:
     def _unfollowed(self, g: _Tag) -> None:
         """Weights changed after the softmax (``touched``: rows zeroed, dropout) went into a product capture
         cannot follow: the record, which holds them as they were, is flagged."""
-        if not g.touched or g.probs is None or g.probs.record is None or g.probs.record.flag is not None:
+        p = self._weights_of(g) if g.touched else None
+        if p is None or p.record is None or p.record.flag is not None:
             return
-        rec = g.probs.record
+        rec = p.record
         flag = ("the weights were changed after the softmax and then multiplied in a product capture "
                 "could not follow: the record holds them as the softmax gave them")  # fmt: skip
-        self._update_record(g.probs, exact=False, flag=flag)
+        self._update_record(p, exact=False, flag=flag)
         self.warn(rec.name, tuple(rec.probs.shape), f"could not verify: {flag}")
 
     def _weights_of(self, g: _Tag) -> _Probs | None:
