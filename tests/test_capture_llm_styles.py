@@ -210,3 +210,55 @@ def test_two_maps_added_before_the_values_are_both_flagged():
     cap = _captured(Averaged(2, "to").eval(), _ids(2))
     assert len(cap.records) == 2 and not any(r.exact for r in cap.records)
     assert all("combined with other weights" in r.flag for r in cap.records)
+
+
+class Sinks(nn.Module):
+    """GPT-OSS's attention sinks: a learned logit per head joined to the scores as one more key
+    (``torch.cat([scores, sinks.reshape(1, H, 1, 1).expand(b, -1, t, -1)], dim=-1)``), the softmax, and
+    the sink's column dropped before the values; ``null`` joins a constant 0 logit instead (a null
+    key, "softmax plus one"). Scores from an einsum laid out (b, h, q, k) or by ``q @ k.T``."""
+
+    def __init__(self, heads: int, how: str):
+        super().__init__()
+        self.h, self.how = heads, how
+        self.emb, self.qkv = (
+            nn.Embedding(VOCAB, heads * D_HEAD),
+            nn.Linear(heads * D_HEAD, 3 * heads * D_HEAD),
+        )
+        self.sinks = nn.Parameter(torch.randn(heads))
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, t = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, t, 3, self.h, D_HEAD).unbind(2)  # (b, t, h, d)
+        if self.how == "einsum":
+            s = torch.einsum("bqhd,bkhd->bhqk", q, k)
+        else:
+            s = q.transpose(1, 2) @ k.permute(0, 2, 3, 1)
+        s = s + torch.full((t, t), float("-inf")).triu(1)
+        s = s.masked_fill((ids == 0)[:, None, None, :], float("-inf"))
+        if self.how == "null":
+            column = torch.zeros(b, self.h, t, 1)
+        else:
+            column = self.sinks.reshape(1, self.h, 1, 1).expand(b, -1, t, -1)
+        w = torch.softmax(torch.cat([s, column], dim=-1), dim=-1)
+        self.seen.append(w)
+        return w[..., :-1] @ v.transpose(1, 2)
+
+
+@pytest.mark.parametrize("how", ["einsum", "matmul", "null"])
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4)])
+def test_attention_sinks_are_learned_keys_of_an_exact_map(how, batch, heads):
+    """The map holds the sequence's keys and the sink, labelled as a learned key; the causal mask
+    over the sequence's own keys makes it dec_self (the sink is seen by every query)."""
+    torch.manual_seed(6)
+    model = Sinks(heads, how).eval()
+    ids = _ids(batch)
+    cap = _captured(model, ids)
+    assert not cap.notes, cap.notes
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])
+    label = "<null 0>" if how == "null" else "<sinks 0>"
+    assert rec.key_labels == (*[None] * 6, label)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril() & (ids != 0)[:, None, :]
+    assert torch.equal(rec.mask, torch.cat([causal, torch.ones(batch, 6, 1, dtype=torch.bool)], -1))

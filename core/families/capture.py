@@ -955,6 +955,7 @@ class _Session:
         src = args[3] if len(args) > 3 else kwargs.get("source", kwargs.get("src"))
         if not isinstance(src, torch.Tensor):
             return
+        shape = tuple(int(n) for n in src.shape)
         held = self._exps.get(id(src))
         if held is None or held() is not src:
             return
@@ -963,7 +964,7 @@ class _Session:
             if how != "sum":
                 return
         self.n_attention += 1
-        self.warn(self.path(), tuple(src.shape), "a softmax over groups summed by a scatter (attention over each "
+        self.warn(self.path(), shape, "a softmax over groups summed by a scatter (attention over each "
                   "node's edges, as PyG's softmax(src, index) computes it): its weights per edge are not a "
                   "(query, key) map and are not recorded")  # fmt: skip
 
@@ -1690,6 +1691,22 @@ class _Session:
         for o in outs:
             self.set(o, new)
 
+    def _learned_columns(self, name, args, kwargs, base_t, out) -> list[torch.Tensor] | None:
+        """``torch.cat([scores, sinks], dim=-1)``: the learned logits joined to the scores as more keys
+        (GPT-OSS's and StreamingLLM's attention sinks, a null key's logit), or None for any other op."""
+        if name not in CAT or not args or not isinstance(args[0], (list, tuple)) or len(args[0]) < 2:
+            return None
+        parts = list(args[0])
+        if parts[0] is not base_t or _cat_dim(name, args, kwargs, out) != out.dim() - 1:
+            return None
+        for p in parts[1:]:
+            if not isinstance(p, torch.Tensor) or p.dim() != base_t.dim():
+                return None
+            g = self.tag(p)
+            if (g is not None and g.role != "param") or tuple(p.shape[:-1]) != tuple(base_t.shape[:-1]):
+                return None
+        return parts[1:]
+
     def _score_map_step(
         self, name, func, args, kwargs, out, base_t, smap: ScoreMap | None
     ) -> ScoreMap | None:
@@ -1697,6 +1714,11 @@ class _Session:
         chained (replayed at the softmax), anything else breaks it with a reason."""
         if smap is None or smap.broken:
             return smap
+        columns = self._learned_columns(name, args, kwargs, base_t, out)
+        if columns is not None:
+            return self._with_learned_keys(smap, columns, tuple(base_t.shape)) or smap.fail(
+                "learned logits joined to the scores in a layout capture does not follow"
+            )
         if tuple(out.shape) == tuple(base_t.shape) and (name not in lineage.REPLAY or name in lineage.KEEP):
             return smap
         if name in lineage.REPLAY and args and args[0] is base_t:
@@ -1713,6 +1735,32 @@ class _Session:
         except RuntimeError:
             pass
         return smap.fail(f"{name} changed the scores' shape in a way capture does not follow")
+
+    def _with_learned_keys(
+        self, smap: ScoreMap, columns: list[torch.Tensor], current: tuple[int, ...]
+    ) -> ScoreMap | None:
+        """The score map with learned keys appended: each joined column's code (a parameter's, as it
+        was viewed and expanded; a constant's, a position of its own), the same in every row."""
+        if smap.chain:
+            now = lineage.rebased(smap, current)
+            if now is None:
+                return None
+            smap = now
+        if len(smap.shape) != columns[0].dim():
+            return None
+        ks = [smap.k]
+        for p in columns:
+            code = self.code_of(p) if self.tag(p) is not None else None  # a parameter's, as viewed
+            if code is None or tuple(code.shape) != tuple(p.shape):  # a constant (a null key's 0 logit)
+                start = self.sources.new(int(p.shape[-1]), "param", "null")
+                code = lineage.fresh(start, (int(p.shape[-1]),), 1, p.device)[..., 0].expand(p.shape)
+            col = code.select(-2, 0)  # (*s, m): one key per column
+            if not bool((code == col.unsqueeze(-2)).all()):
+                return None  # the joined logits differ from row to row: not keys
+            ks.append(col.expand(*smap.k.shape[:-1], col.shape[-1]))
+        k = torch.cat(ks, dim=-1)
+        shape = (*smap.shape[:-1], int(k.shape[-1]))
+        return ScoreMap(shape, smap.q, k, (), None)
 
     def _reshaped(self, base_t, base, out, new) -> None:
         """A view that splits the features into (heads, d) names the head count; 4-D -> 3-D folds two dims."""
@@ -1992,8 +2040,9 @@ class _Session:
         new: _Tag | None = None
         done: set[int] = set()
         for g in weights:
-            if id(g.probs.record) not in done:
-                done.add(id(g.probs.record))
+            rec = g.probs.record if g.probs is not None else None
+            if id(rec) not in done:
+                done.add(id(rec))
                 new = self._heads_mixed(g, origin, "combined with other weights (heads' maps subtracted or "
                                         "added: differential attention)")  # fmt: skip
         if new is not None:
@@ -2211,6 +2260,15 @@ class _Session:
         before = pre if pre is not None else base_t
         prior_scores = base.scores if base.scores is not None else before.detach()
         prior_allowed = base.allowed
+        columns = self._learned_columns(name, args, kwargs, base_t, out)
+        if columns is not None:  # learned logits joined as keys (attention sinks): never masked
+            new.scores = torch.cat([prior_scores, *(p.detach() for p in columns)], dim=-1)
+            if prior_allowed is not None:
+                new.allowed = torch.cat([prior_allowed.expand(base_t.shape),
+                                         *(torch.ones(p.shape, dtype=torch.bool, device=p.device) for p in columns)],
+                                        dim=-1)  # fmt: skip
+            new.mask_source = base.mask_source
+            return
         if name in FILL and len(args) >= 3 and _very_negative(args[2]) and args[0] is base_t:
             allowed = ~args[1].bool()
             new.scores = prior_scores
@@ -2334,6 +2392,10 @@ class _Session:
         # heads masked differently (a top-k per head): what any head may see says whether the call is
         # causal (what every head may see can be nearly empty, and nearly empty looks causal)
         seen = allowed.any(dim=1) if differ and allowed is not None else mask
+        labels = layout.key_labels if layout is not None else key_labels
+        if seen is not None and labels and len(labels) == seen.shape[-1] and None in labels:
+            own = [i for i, label in enumerate(labels) if label is None]  # the sequence's keys decide
+            seen = seen[..., own]  # causality (learned keys, always seen, are not ahead of anyone)
         kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], seen, cross, ext, exact=flag is None,
                             causal=causal if mask is not None else None)  # fmt: skip
         scores = None if scores is None or not self.keep_scores else scores.detach()

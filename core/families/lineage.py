@@ -410,6 +410,26 @@ def _replayed(smap: ScoreMap, shape: tuple[int, ...]) -> torch.Tensor | str:
     return idx
 
 
+def rebased(smap: ScoreMap, shape: tuple[int, ...]) -> ScoreMap | None:
+    """The same score map with the scores' present layout ``shape`` as its canonical one (no chain),
+    where that layout still has the product's queries along its second-last dim and its keys along
+    the last (a permute of the batch and head dims); None otherwise."""
+    idx = _replayed(smap, shape)
+    if isinstance(idx, str) or idx.dim() < 2:
+        return None
+    n, m = smap.shape[-2], smap.shape[-1]
+    sl, qi, kj = idx // (n * m), (idx // m) % n, idx % m
+    if not (
+        bool((sl == sl[..., :1, :1]).all())
+        and bool((qi == qi[..., :1]).all())
+        and bool((kj == kj[..., :1, :]).all())
+    ):
+        return None
+    q = smap.q.reshape(-1, n)[sl[..., :, 0], qi[..., :, 0]]
+    k = smap.k.reshape(-1, m)[sl[..., 0, :], kj[..., 0, :]]
+    return ScoreMap(tuple(shape), q, k)
+
+
 @dataclass(frozen=True)
 class _Structure:
     """Where every row of a softmax sits in its product, from the replayed index (shape only)."""
