@@ -298,3 +298,42 @@ def test_weights_renormalized_over_the_other_axis_are_flagged():
     cap = _captured(SlotAttention().eval(), torch.randint(1, VOCAB, (2, 5)))
     assert cap.records and not any(r.exact for r in cap.records)
     assert all("changed after the softmax" in r.flag for r in cap.records) and cap.notes
+
+
+class InterestPooling(nn.Module):
+    """DIN (Deep Interest Network) as DeepCTR writes it: each behaviour is an item's and its category's
+    embeddings joined (two fields of one position), the candidate the query; an MLP over
+    ``cat([q, k, q - k, q * k])`` scores every behaviour, padding by ``torch.where``, the softmax over
+    the behaviours, ``matmul`` with the keys."""
+
+    def __init__(self, dim: int = 4):
+        super().__init__()
+        self.item, self.cate = nn.Embedding(VOCAB, dim), nn.Embedding(5, dim)
+        self.mlp = nn.Sequential(nn.Linear(8 * dim, 8), nn.ReLU(), nn.Linear(8, 1))
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, target, target_cate, hist, hist_cate, lengths):
+        q = torch.cat([self.item(target), self.cate(target_cate)], -1).unsqueeze(1)  # (B, 1, 2d)
+        k = torch.cat([self.item(hist), self.cate(hist_cate)], -1)  # (B, T, 2d)
+        qs = q.expand(-1, k.shape[1], -1)
+        score = self.mlp(torch.cat([qs, k, qs - k, qs * k], dim=-1)).transpose(1, 2)  # (B, 1, T)
+        keep = (torch.arange(k.shape[1])[None, :] < lengths[:, None]).unsqueeze(1)
+        w = F.softmax(torch.where(keep, score, torch.ones_like(score) * (-(2**32) + 1)), dim=-1)
+        self.seen.append(w)
+        return torch.matmul(w, k)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_behaviours_of_two_fields_are_one_sequence_of_positions(batch):
+    """Keys that join two embeddings of the same positions are those positions: the pooling is
+    recorded, (sequences, 1, 1, behaviours), not taken for a class distribution."""
+    torch.manual_seed(batch)
+    model = InterestPooling().eval()
+    hist, hist_cate = torch.randint(1, VOCAB, (batch, 5)), torch.randint(1, 5, (batch, 5))
+    lengths = torch.tensor([5, 3, 2][:batch])
+    cap = _captured(
+        model, torch.randint(1, VOCAB, (batch,)), torch.randint(1, 5, (batch,)), hist, hist_cate, lengths
+    )
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "cross" and rec.probs.shape == (batch, 1, 1, 5)
+    assert torch.equal(rec.probs, model.seen[0][:, None])

@@ -1333,9 +1333,10 @@ class _Session:
     def _features_joined(self, name, args, kwargs, out: torch.Tensor) -> torch.Tensor | None:
         """Features joined position by position where some parts name no position, or a position repeated
         over the others' (a decoder state repeated over the source, joined to each encoder output:
-        Bahdanau's ``cat((s, h), dim=2)``): each row keeps the positions of the part that varies along
-        every axis the others vary along, with its features numbered afresh (a projection reads them
-        next); None where no part is that."""
+        Bahdanau's ``cat((s, h), dim=2)``), or parts that are fields of the same positions one to one
+        (an item's and its category's embeddings): each row keeps the positions of the part that varies
+        along every axis the others vary along (the first such), with its features numbered afresh (a
+        projection reads them next); None where no part is that."""
         parts = args[0] if args and isinstance(args[0], (tuple, list)) else None
         if not parts or out.dim() < 2 or _cat_dim(name, args, kwargs, out) != out.dim() - 1:
             return None
@@ -1364,7 +1365,13 @@ class _Session:
         for pos in found[1:]:
             if torch.equal(pos, rows):
                 continue
-            own = varies(pos)  # repeated: constant along an axis where the main part varies, and
+            own = varies(pos)
+            if own == main:  # another field of the same positions (DIN's item and category embeddings of
+                pairs = torch.unique(torch.stack([rows.reshape(-1), pos.reshape(-1)]), dim=1).shape[1]
+                if pairs == int(torch.unique(rows).numel()) == int(torch.unique(pos).numel()):
+                    continue  # one history): one position each, kept as the first part's
+                return None
+            # repeated: constant along an axis where the main part varies, and
             if not any(m and not o for m, o in zip(main, own, strict=True)) or any(  # varying only where
                 o and not m
                 for m, o in zip(main, own, strict=True)  # the main part varies too
