@@ -202,3 +202,46 @@ def test_image_text_logits_over_the_batch_are_never_an_exact_map(batch):
         return
     (rec,) = cap.records
     assert not rec.exact and "several rows" in rec.flag and cap.notes
+
+
+class KeysAlongRows(nn.Module):
+    """The SAGAN variant many GAN repositories write: ``s = bmm(f.permute(0, 2, 1), g)``, the softmax
+    over dim=1 and ``bmm(h, beta)``: column j holds query j's weights."""
+
+    def __init__(self, ch: int = 16):
+        super().__init__()
+        self.f, self.g, self.h = nn.Conv2d(ch, ch // 4, 1), nn.Conv2d(ch, ch // 4, 1), nn.Conv2d(ch, ch, 1)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        s = torch.bmm(self.f(x).view(b, -1, h * w).permute(0, 2, 1), self.g(x).view(b, -1, h * w))
+        beta = F.softmax(s, dim=1)
+        self.seen.append(beta.transpose(1, 2))
+        return torch.bmm(self.h(x).view(b, c, h * w), beta).view(b, c, h, w) + x
+
+
+class TwoBlocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = SelfAttn(), KeysAlongRows()
+
+    def forward(self, x):
+        return self.second(self.first(x))
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_values_times_weights_is_followed_to_the_next_block(batch):
+    """``bmm(value, attention.permute(0, 2, 1))`` multiplies values by weights (the weights second):
+    its output keeps the queries' positions, so the next block's attention (keys along dim=1) is
+    exact too, not lost after the first."""
+    torch.manual_seed(batch)
+    model = TwoBlocks().eval()
+    model.first.seen, model.second.seen = [], []
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 16, 4, 4))
+    assert not cap.notes, cap.notes
+    first, second = cap.records
+    assert first.exact and second.exact and first.kind == second.kind == "enc_self"
+    assert torch.equal(first.probs, model.first.seen[0][:, None])
+    assert torch.equal(second.probs, model.second.seen[0][:, None])

@@ -1850,25 +1850,18 @@ class _Session:
                 return self._weighted(ops, first, out, origin)
             eq = args[0] if args and isinstance(args[0], str) else None
             eq = lineage._explicit(eq, [o.dim() for o in ops]) if eq is not None and len(ops) == 2 else None
-            perms = _einsum_product(eq)  # "... i j, ... j d -> ... i d" with its dots written out
-            if perms is None or len(ops) != 2:  # not weights times values along the keys: nothing claimed
-                self._unfollowed(first)
-                return _Tag(None, origin, attn_out=first.attn_out)
-            w_perm, v_perm, out_perm = perms  # to (lead, q, k), (lead, k, d); (lead, q, d) to the output's
-            w, weights = ops[0], first
-            if w_perm != list(range(len(w_perm))):  # the weights laid out otherwise (Transformer-XL's ijbn)
-                plain_tag = self._plain_weights(first, w_perm)
-                if plain_tag is None:
-                    self._unfollowed(first)
-                    return _Tag(None, origin, attn_out=first.attn_out)
-                w, weights = w.permute(w_perm), plain_tag
-            plain = out.permute([out_perm.index(i) for i in range(out.dim())])
-            vc = self.code_of(ops[1])
-            vc = _permuted(vc, v_perm) if vc is not None and vc.dim() == len(v_perm) else None
-            new = self._weighted([w, ops[1].permute(v_perm)], weights, plain, origin, (vc,))
-            if new.code is not None:
-                new.code = _permuted(new.code, out_perm)
-            return new
+            return self._weighted_by_equation(eq, ops, first, out, origin)
+        second = op_tags[1] if len(op_tags) == 2 else None
+        if (
+            second is not None
+            and (second.rowq is not None or second.probs is not None)
+            and (first is None or (first.rowq is None and first.probs is None and first.role != "param"))
+            and name in ("matmul", "__matmul__", "bmm")
+            and ops[0].dim() == ops[1].dim() == out.dim() >= 2
+        ):  # values times weights (SAGAN's ``bmm(value, attention.permute(0, 2, 1))``): (.., d, k) @ (.., k, q)
+            lead = "ABCDEFGHIJKLMNOP"[: out.dim() - 2]
+            eq = f"{lead}kq,{lead}dk->{lead}dq"
+            return self._weighted_by_equation(eq, [ops[1], ops[0]], second, out, origin)
         if (first is not None and first.role == "scores" and first.smap is not None and not first.smap.broken
                 and len(op_tags) > 1 and op_tags[1] is not None and op_tags[1].role != "scores"):  # fmt: skip
             self.n_attention += 1  # attention seen, if not recordable: no "no attention seen" note
@@ -2017,6 +2010,30 @@ class _Session:
                 "could not follow: the record holds them as the softmax gave them")  # fmt: skip
         self._update_record(p, exact=False, flag=flag)
         self.warn(rec.name, tuple(rec.probs.shape), f"could not verify: {flag}")
+
+    def _weighted_by_equation(self, eq, ops, first: _Tag, out, origin) -> _Tag:
+        """Weights (``ops[0]``, tagged ``first``) times values (``ops[1]``) as the explicit einsum ``eq``
+        lays them out: followed as weights (lead, q, k) times values (lead, k, d) where the equation
+        sums over the weights' keys; else the weights' record is flagged if they were changed."""
+        perms = _einsum_product(eq)  # "... i j, ... j d -> ... i d" with its dots written out
+        if perms is None or len(ops) != 2:  # not weights times values along the keys: nothing claimed
+            self._unfollowed(first)
+            return _Tag(None, origin, attn_out=first.attn_out)
+        w_perm, v_perm, out_perm = perms  # to (lead, q, k), (lead, k, d); (lead, q, d) to the output's
+        w, weights = ops[0], first
+        if w_perm != list(range(len(w_perm))):  # the weights laid out otherwise (Transformer-XL's ijbn)
+            plain_tag = self._plain_weights(first, w_perm)
+            if plain_tag is None:
+                self._unfollowed(first)
+                return _Tag(None, origin, attn_out=first.attn_out)
+            w, weights = w.permute(w_perm), plain_tag
+        plain = out.permute([out_perm.index(i) for i in range(out.dim())])
+        vc = self.code_of(ops[1])
+        vc = _permuted(vc, v_perm) if vc is not None and vc.dim() == len(v_perm) else None
+        new = self._weighted([w, ops[1].permute(v_perm)], weights, plain, origin, (vc,))
+        if new.code is not None:
+            new.code = _permuted(new.code, out_perm)
+        return new
 
     def _weights_of(self, g: _Tag) -> _Probs | None:
         """The record's weights a tag of weights (or of their rows) holds."""
