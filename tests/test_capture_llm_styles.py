@@ -262,3 +262,36 @@ def test_attention_sinks_are_learned_keys_of_an_exact_map(how, batch, heads):
     assert rec.key_labels == (*[None] * 6, label)
     causal = torch.ones(6, 6, dtype=torch.bool).tril() & (ids != 0)[:, None, :]
     assert torch.equal(rec.mask, torch.cat([causal, torch.ones(batch, 6, 1, dtype=torch.bool)], -1))
+
+
+class HeadsThird(nn.Module):
+    """DeepSeek's reference code: scores ``einsum("bshd,bthd->bsht")`` (heads at dim 2), the softmax in
+    float32 cast back with ``.type_as(x)`` (a no-op in a float32 model), ``einsum("bsht,bthd->bshd")``."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h = heads
+        self.emb, self.qkv = (
+            nn.Embedding(VOCAB, heads * D_HEAD),
+            nn.Linear(heads * D_HEAD, 3 * heads * D_HEAD),
+        )
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, t = ids.shape
+        x = self.emb(ids)
+        q, k, v = self.qkv(x).view(b, t, 3, self.h, D_HEAD).unbind(2)
+        scores = torch.einsum("bshd,bthd->bsht", q, k) + torch.full((t, t), float("-inf")).triu(1)[:, None]
+        scores = scores.softmax(dim=-1, dtype=torch.float32).type_as(x)
+        self.seen.append(scores.permute(0, 2, 1, 3))
+        return torch.einsum("bsht,bthd->bshd", scores, v)
+
+
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4)])
+def test_weights_cast_to_their_own_dtype_stay_exact(batch, heads):
+    torch.manual_seed(7)
+    model = HeadsThird(heads).eval()
+    cap = _captured(model, _ids(batch))
+    assert not cap.notes, cap.notes
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])

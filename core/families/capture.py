@@ -1668,6 +1668,7 @@ class _Session:
                 (base.probs is not None or base.rowq is not None)
                 and (out is not base_t or name not in DROPOUT)  # dropout in eval mode hands back its input
                 and name not in lineage.REPLAY
+                and (name not in lineage.KEEP or _cast_down(base_t.dtype, out.dtype))
                 and tuple(out.shape) == tuple(base_t.shape)
             ):
                 new.touched = True  # the weights' values changed: what the product multiplies is taken there
@@ -2814,11 +2815,12 @@ class _Session:
             return self._weights_transposed(name, args, kwargs or {}, out, base)
         if tuple(out.shape) != p.shape:
             return False
-        if (
-            name in CASTS and args[0] is base_t and _cast_down(base_t.dtype, out.dtype)
-        ):  # LLaMA's softmax(scores.float()).type_as(q): the model goes on with the rounded weights
-            self._replace_probs(p, out)
-            self.set(out, replace(base, probs=p, touched=False))
+        if name in CASTS and args and args[0] is base_t:
+            if _cast_down(base_t.dtype, out.dtype):  # LLaMA's softmax(scores.float()).type_as(q): the
+                self._replace_probs(p, out)  # model goes on with the rounded weights
+                self.set(out, replace(base, probs=p, touched=False))
+            elif out is not base_t:  # the same weights in a wider (or the same) dtype
+                self.set(out, base)
             return True
         if len(args) < 2:
             return False
