@@ -295,3 +295,49 @@ def test_weights_cast_to_their_own_dtype_stay_exact(batch, heads):
     assert not cap.notes, cap.notes
     (rec,) = cap.records
     assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])
+
+
+class Linformer(nn.Module):
+    """Linformer: keys and values projected along the sequence to ``k`` learned mixtures of positions,
+    with lucidrains' ``einsum("bnd,nk->bkd", keys, E)`` or with an ``nn.Linear`` over the positions of
+    the keys transposed (``E(K.transpose(1, 2)).transpose(1, 2)``)."""
+
+    def __init__(self, heads: int, how: str, n: int = 6, k: int = 3):
+        super().__init__()
+        self.h, self.how = heads, how
+        self.emb, self.qkv = (
+            nn.Embedding(VOCAB, heads * D_HEAD),
+            nn.Linear(heads * D_HEAD, 3 * heads * D_HEAD),
+        )
+        self.proj_k, self.proj_v = nn.Parameter(torch.randn(n, k)), nn.Parameter(torch.randn(n, k))
+        self.lin_k, self.lin_v = nn.Linear(n, k), nn.Linear(n, k)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).chunk(3, dim=-1)
+        if self.how == "einsum":
+            k, v = torch.einsum("bnd,nk->bkd", k, self.proj_k), torch.einsum("bnd,nk->bkd", v, self.proj_v)
+        else:
+            k, v = (
+                self.lin_k(k.transpose(1, 2)).transpose(1, 2),
+                self.lin_v(v.transpose(1, 2)).transpose(1, 2),
+            )
+        q, k, v = (t.reshape(b, -1, self.h, D_HEAD).transpose(1, 2) for t in (q, k, v))
+        attn = (q @ k.transpose(-1, -2) * D_HEAD**-0.5).softmax(dim=-1)
+        self.seen.append(attn)
+        return (attn @ v).transpose(1, 2).reshape(b, n, -1)
+
+
+@pytest.mark.parametrize("how", ["einsum", "linear"])
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4)])
+def test_keys_projected_along_the_sequence_are_pooled_positions(how, batch, heads):
+    """Each key is a learned mixture of the sequence's positions: the map (B, H, n, k) is exact and
+    self-attention over fewer keys, as the paper names it."""
+    torch.manual_seed(8)
+    model = Linformer(heads, how).eval()
+    cap = _captured(model, torch.randint(1, VOCAB, (batch, 6)))
+    assert not cap.notes, cap.notes
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "enc_self" and rec.probs.shape == (batch, heads, 6, 3)
+    assert torch.equal(rec.probs, model.seen[0])

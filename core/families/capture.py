@@ -1214,11 +1214,13 @@ class _Session:
             if tuple(xc.shape[:-1]) != tuple(out.shape[:-1]):
                 return None
             x_tag = self.tag(x)
-            code, mixed = lineage.projected(
-                xc, int(out.shape[-1]), check=x_tag is not None and x_tag.attn_out is not None
-            )
-            if mixed:
+            code, mixed = lineage.projected(xc, int(out.shape[-1]), check=True)
+            if mixed and x_tag is not None and x_tag.attn_out is not None:
                 self._mixed(x)
+            elif mixed:  # rows that mix positions: a projection over the positions themselves (Linformer's
+                over = self._over_positions(xc, out)  # E K^T); elsewhere, lineage of the first one
+                if over is not None:
+                    return over
             if x_tag is not None and x_tag.attn_out is not None and self._pending:
                 if name == "linear":
                     self._out_projection(x, args[1] if len(args) > 1 else kwargs.get("weight"),
@@ -1483,6 +1485,65 @@ class _Session:
         if space == tuple(x.shape[2:]) and not bool((xc & lineage.RAW).any()):
             return ((xc[:, :1] >> lineage.SHIFT) << lineage.SHIFT) | f
         return (self._new_positions(x, xc, out) << lineage.SHIFT) | f
+
+    def _einsum_over_positions(self, equation: str, xc: torch.Tensor, x_first: bool, out: torch.Tensor):
+        """Codes of an einsum of an activation (..., n, d) with a parameter that contracts its positions
+        n and makes new ones (``"bnd,nk->bkd"``): the parameter's output letter is positions pooled from
+        the activation's sequence, its last letter its features. None for any other einsum."""
+        eq = equation.replace(" ", "")
+        if "->" not in eq or "." in eq:
+            return None
+        lhs, rhs = eq.split("->")
+        sides = lhs.split(",")
+        if len(sides) != 2:
+            return None
+        x, w = (sides[0], sides[1]) if x_first else (sides[1], sides[0])
+        if len(x) != xc.dim() or len(rhs) != out.dim() or len(set(x)) != len(x):
+            return None
+        contracted = [c for c in x if c not in rhs]
+        new = [c for c in rhs if c not in x and c in w]
+        if len(contracted) != 1 or len(new) != 1 or x[-1] not in rhs or contracted[0] == x[-1]:
+            return None
+        batch = [c for c in x if c in rhs and c != x[-1]]
+        if sorted(rhs) != sorted([*batch, new[0], x[-1]]):
+            return None
+        dims = {c: i for i, c in enumerate(x)}
+        code = xc.movedim([dims[c] for c in [*batch, contracted[0], x[-1]]], list(range(xc.dim())))
+        fe = code.reshape(-1, code.shape[-1])[0] & lineage.FEATURES  # (d,) the features
+        pos = code[..., 0] >> lineage.SHIFT  # (*batch, n) the positions each batch slice pools
+        parent = self.sources.at(int(pos.reshape(-1)[0]))
+        if parent.kind in lineage.LABELLED:
+            return None
+        first, inverse = torch.unique(pos[..., 0], return_inverse=True)
+        m = int(out.shape[rhs.index(new[0])])
+        start = self.sources.new(len(first) * m, "pooled", "pooled", ("pooled", parent.start), m)
+        positions = start + inverse[..., None] * m + torch.arange(m, device=pos.device)  # (*batch, m)
+        full = (positions[..., None] << lineage.SHIFT) | fe  # (*batch, m, d)
+        order = [*batch, new[0], x[-1]]
+        return full.permute([order.index(c) for c in rhs]).expand(out.shape)
+
+    def _over_positions(self, xc: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+        """Codes of a linear layer over positions: ``xc`` (..., rows, n) holds one feature per row and a
+        sequence's positions along its last dim (features transposed first: Linformer's ``E(K^T)``);
+        the output's last dim is new positions pooled from that sequence, the same for every row of
+        it (every feature, every head). None for any other layout."""
+        fe, pos = xc & lineage.FEATURES, xc >> lineage.SHIFT
+        if xc.dim() < 2 or not bool((fe == fe[..., :1]).all()):
+            return None
+        parent = self.sources.at(int(pos.reshape(-1)[0]))
+        if parent.kind in lineage.LABELLED:
+            return None
+        first, inverse = torch.unique(pos[..., 0], return_inverse=True)
+        rows = pos.reshape(-1, pos.shape[-1])
+        seq = torch.zeros(len(first), dtype=torch.long, device=pos.device).scatter_(
+            0, inverse.reshape(-1), torch.arange(rows.shape[0], device=pos.device)
+        )
+        if not bool((rows == rows[seq][inverse.reshape(-1)]).all()):
+            return None  # rows that begin at one position but read others
+        m = int(out.shape[-1])
+        start = self.sources.new(len(first) * m, "pooled", "pooled", ("pooled", parent.start), m)
+        positions = start + inverse[..., None] * m + torch.arange(m, device=pos.device)
+        return (positions << lineage.SHIFT) | fe[..., :1]
 
     def _new_positions(self, x: torch.Tensor, xc: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """(B, 1, *space) positions of a convolution or pooling of ``x`` (B, C, *space_in) that makes
@@ -1826,7 +1887,13 @@ class _Session:
                 if done is not None:
                     new.code = done[0]
                     if done[1]:
-                        self._mixed(ops[0] if x_first else ops[1])
+                        xt = op_tags[0] if x_first else op_tags[1]
+                        over = None if xt is not None and xt.attn_out is not None else (
+                            self._einsum_over_positions(args[0], xc, x_first, out))  # fmt: skip
+                        if over is not None:
+                            new.code = over  # Linformer's einsum("bnd,nk->bkd", keys, E)
+                        else:
+                            self._mixed(ops[0] if x_first else ops[1])
                 n_in = _einsum_contracts_last(args[0]) if x_first and self._pending else None
                 if xc is not None and n_in is not None and ops[1].dim() == n_in + 1:
                     # "abcd,cde->abe": x's last n_in dims (heads, features) times a kernel read as (C, D)
