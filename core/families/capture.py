@@ -1888,7 +1888,7 @@ class _Session:
                     new.code = done[0]
                     if done[1]:
                         xt = op_tags[0] if x_first else op_tags[1]
-                        over = None if xt is not None and xt.attn_out is not None else (
+                        over = None if xc is None or (xt is not None and xt.attn_out is not None) else (
                             self._einsum_over_positions(args[0], xc, x_first, out))  # fmt: skip
                         if over is not None:
                             new.code = over  # Linformer's einsum("bnd,nk->bkd", keys, E)
