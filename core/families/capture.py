@@ -1915,6 +1915,14 @@ class _Session:
             self._changed_after_view(first.lost)
         if first is not None and (first.rowq is not None or first.probs is not None):
             if name != "einsum":
+                rowq = first.rowq
+                if (
+                    rowq is not None
+                    and rowq.dim() == ops[0].dim()
+                    and rowq.shape[-1] != 1 != ops[0].shape[-1]
+                ):
+                    self._other_axis(first)  # the product sums over another axis than the softmax's keys
+                    return _Tag(None, origin, attn_out=first.attn_out)
                 return self._weighted(ops, first, out, origin)
             eq = args[0] if args and isinstance(args[0], str) else None
             eq = lineage._explicit(eq, [o.dim() for o in ops]) if eq is not None and len(ops) == 2 else None
@@ -2102,6 +2110,19 @@ class _Session:
         if new.code is not None:
             new.code = _permuted(new.code, out_perm)
         return new
+
+    def _other_axis(self, g: _Tag) -> None:
+        """Weights multiplied with the values along another axis than their softmax's (a softmax over
+        the queries, dim=1, then ``bmm(w, v)``, as PCT's offset attention): flagged."""
+        p = self._weights_of(g)
+        rec = p.record if p is not None else None
+        if p is None or rec is None or rec.flag is not None:
+            return
+        flag = ("the weights are multiplied with the values along another axis than their softmax ran over "
+                "(normalized over the queries?): the record holds the softmax's keys, not the ones the "
+                "product sums over")  # fmt: skip
+        self._update_record(p, exact=False, flag=flag)
+        self.warn(rec.name, tuple(rec.probs.shape), f"could not verify: {flag}")
 
     def _weights_of(self, g: _Tag) -> _Probs | None:
         """The record's weights a tag of weights (or of their rows) holds."""

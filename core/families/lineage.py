@@ -686,11 +686,13 @@ def _kinds(pos: torch.Tensor, sources: Sources) -> list[Source]:
 
 
 def _labels(pos: torch.Tensor, sources: Sources) -> tuple[str | None, ...] | None:
-    """ "<name i>" for learned positions (numbered per parameter in order), None for the others."""
+    """ "<name i>" for learned positions (numbered per parameter in order) and for positions pooled
+    from a sequence (``"<pooled i>"``: a strided conv's, a pool's, a projection over positions': no
+    token is one of them), None for the sequence's own."""
     seen: dict[int, int] = {}
     out: list[str | None] = []
     for s in _kinds(pos, sources):
-        if s.kind in LABELLED:
+        if s.kind in LABELLED or s.kind == "pooled":
             i = seen.get(s.start, 0)
             seen[s.start] = i + 1
             out.append(f"<{s.label} {i}>")
