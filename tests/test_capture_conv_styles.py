@@ -113,6 +113,7 @@ def test_keys_from_a_strided_conv_of_the_queries_own_map_are_self_attention(batc
     (rec,) = cap.records
     assert rec.exact and rec.kind == "enc_self" and rec.probs.shape == (batch, 2, 16, 4)
     assert torch.equal(rec.probs, model.seen[0])
+    assert rec.key_labels == tuple(f"<pooled {i}>" for i in range(4))  # no key is one of the tokens
 
 
 class Generator(nn.Module):

@@ -341,3 +341,4 @@ def test_keys_projected_along_the_sequence_are_pooled_positions(how, batch, head
     (rec,) = cap.records
     assert rec.exact and rec.kind == "enc_self" and rec.probs.shape == (batch, heads, 6, 3)
     assert torch.equal(rec.probs, model.seen[0])
+    assert rec.key_labels == ("<pooled 0>", "<pooled 1>", "<pooled 2>") and rec.query_labels is None
