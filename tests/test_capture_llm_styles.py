@@ -342,3 +342,88 @@ def test_keys_projected_along_the_sequence_are_pooled_positions(how, batch, head
     assert rec.exact and rec.kind == "enc_self" and rec.probs.shape == (batch, heads, 6, 3)
     assert torch.equal(rec.probs, model.seen[0])
     assert rec.key_labels == ("<pooled 0>", "<pooled 1>", "<pooled 2>") and rec.query_labels is None
+
+
+class StaticCache(nn.Module):
+    """A static KV cache (Hugging Face's StaticCache, gpt-fast): buffers ``torch.zeros(b, H, MAX, d)``
+    made in the forward, this step's keys written with ``index_copy_(2, positions, k)`` or by slice
+    assignment, the whole buffer read, unfilled slots and the future masked by ``finfo.min``. A prefill,
+    then single-token steps."""
+
+    def __init__(self, heads: int, write: str, slots: int = 9):
+        super().__init__()
+        self.h, self.write, self.slots = heads, write, slots
+        self.emb, self.qkv = (
+            nn.Embedding(VOCAB, heads * D_HEAD),
+            nn.Linear(heads * D_HEAD, 3 * heads * D_HEAD),
+        )
+        self.seen: list[torch.Tensor] = []
+
+    def step(self, ids, positions, kc, vc):
+        b, s = ids.shape
+        q, k, v = (x.view(b, s, self.h, D_HEAD).transpose(1, 2) for x in self.qkv(self.emb(ids)).chunk(3, -1))
+        if self.write == "index_copy":
+            kc.index_copy_(2, positions, k)
+            vc.index_copy_(2, positions, v)
+        else:
+            kc[:, :, positions] = k
+            vc[:, :, positions] = v
+        allowed = torch.arange(self.slots)[None, :] <= positions[:, None]
+        mask = torch.zeros(s, self.slots).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        w = F.softmax(q @ kc.transpose(-1, -2) * D_HEAD**-0.5 + mask, dim=-1)
+        self.seen.append(w)
+        return w @ vc
+
+    def forward(self, ids):
+        b, s = ids.shape
+        kc, vc = torch.zeros(b, self.h, self.slots, D_HEAD), torch.zeros(b, self.h, self.slots, D_HEAD)
+        self.step(ids, torch.arange(s), kc, vc)
+        for t in range(2):
+            self.step(ids[:, -1:], torch.tensor([s + t]), kc, vc)
+
+
+@pytest.mark.parametrize("write", ["index_copy", "slice"])
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4)])
+def test_a_static_cache_is_decoder_self_attention_over_its_slots(write, batch, heads):
+    """Every step is exact dec_self over the buffer's slots; the slots not written yet are no token's
+    (labelled as padding). Before, index_copy_ steps were exact but enc_self or cross, and the prefill
+    was not recorded."""
+    torch.manual_seed(9)
+    model = StaticCache(heads, write).eval()
+    cap = _captured(model, torch.randint(1, VOCAB, (batch, 5)))
+    assert not cap.notes, cap.notes
+    assert len(cap.records) == 3 and all(r.exact and r.kind == "dec_self" for r in cap.records)
+    for rec, seen in zip(cap.records, model.seen, strict=True):
+        assert torch.equal(rec.probs, seen)
+    written = [5, 6, 7]
+    for rec, n in zip(cap.records, written, strict=True):
+        assert rec.key_labels[:n] == (None,) * n and all(
+            lab.startswith("<padding") for lab in rec.key_labels[n:]
+        )
+
+
+class PaddedQueryRows(FutureMask):
+    """ChatGLM2's ``get_masks`` with left padding: a causal mask times the padding, then
+    ``m -= padding.unsqueeze(-1) - 1`` makes a padded query's row see every key."""
+
+    def forward(self, ids):
+        b, t = ids.shape
+        q, k, v = (x.view(b, t, self.h, D_HEAD).transpose(1, 2) for x in self.qkv(self.emb(ids)).chunk(3, -1))
+        pad = (ids != 0).float()
+        m = torch.ones(b, t, t).tril_() * pad.unsqueeze(1)
+        m -= pad.unsqueeze(-1) - 1
+        s = (q @ k.transpose(-1, -2)).masked_fill((m < 0.5).unsqueeze(1), float("-inf"))
+        p = F.softmax(s, dim=-1)
+        self.seen.append(p)
+        return p @ v
+
+
+def test_padded_query_rows_that_see_every_key_leave_a_decoder_causal():
+    torch.manual_seed(10)
+    model = PaddedQueryRows(2, "to").eval()
+    ids = torch.randint(1, VOCAB, (3, 6))
+    ids[1, :2] = 0  # left padding
+    ids[2, :4] = 0
+    cap = _captured(model, ids)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])

@@ -132,6 +132,7 @@ HAND_STEPS = frozenset({"exp", "exp_", "log_softmax", "logsumexp", "sum", "unsqu
 PACKING = frozenset({"_pack_padded_sequence", "_pad_packed_sequence"})  # nn.utils.rnn's packed sequences
 CELLS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
 RNN = frozenset({"gru", "lstm", "rnn_tanh", "rnn_relu"}) | CELLS  # recurrent layers and their cells
+FACTORIES = frozenset({"zeros", "empty", "ones", "full"})  # new tensors made from no other tensor
 SCATTER_SUM = frozenset(
     {"index_add", "index_add_", "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_"}
 )
@@ -832,6 +833,7 @@ class _Session:
         # pack_padded_sequence's batch sizes -> (them, held; the positions of the padded input it packed)
         self._packed_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._exps: dict[int, weakref.ref] = {}  # exps of activations (a scatter may sum them per group)
+        self._made: dict[int, weakref.ref] = {}  # float tensors made inside the call by a factory (buffers)
         # (id, version, grid, batch) of a tensor from outside -> (it, held weakly; the first of the
         # positions a conv over it made): every conv over it that keeps one grid reads those positions
         self._grids: dict[tuple, tuple[weakref.ref, int]] = {}
@@ -905,6 +907,12 @@ class _Session:
             if t is not None and t.role == "scores" and (t.scores is None or name == "exp_"):
                 pre = args[0].detach().clone()  # in place: keep the scores before the mask
         out = func(*args, **kwargs)
+        if name in FACTORIES and isinstance(out, torch.Tensor):
+            if out.is_floating_point() and out.dim() >= 3:  # a buffer (a static KV cache), not a mask
+                if len(self._made) >= 256:
+                    self._made.clear()
+                self._made[id(out)] = weakref.ref(out)
+            return out
         if not isinstance(out, (torch.Tensor, tuple, list)) and name != "__setitem__":
             return out  # x.dtype, x.dim(), x.size(): nothing to follow
         if kwargs and name == "linear":  # F.linear(input=x, weight=w, bias=b): followed as given by position
@@ -919,6 +927,8 @@ class _Session:
                 self.on_softmax(args, kwargs, out)
             elif name == "__setitem__":
                 self.on_setitem(args, pre)
+            elif name == "index_copy_" and len(args) >= 4 and isinstance(args[2], torch.Tensor):
+                self._index_copied(args)
             else:
                 if self._hand and name in MATMUL:
                     self._hand_weights(args, kwargs)  # a softmax by hand: recorded where its weights are used
@@ -3034,6 +3044,19 @@ class _Session:
         )
         return True
 
+    def _index_copied(self, args) -> None:
+        """``cache.index_copy_(dim, positions, k)``: this call's keys written into a buffer (a static KV
+        cache, as Hugging Face's StaticCache writes it), followed as ``cache[..., positions] = k``."""
+        target, dim, index, value = args[0], args[1], args[2], args[3]
+        if (
+            not isinstance(target, torch.Tensor)
+            or not isinstance(dim, int)
+            or not isinstance(value, torch.Tensor)
+        ):
+            return
+        where = (slice(None),) * (dim % target.dim()) + (index,)
+        self.on_setitem((target, where, value), None)
+
     def on_setitem(self, args, pre) -> None:
         """``X[~mask] = -1e6`` on scores (d2l's ``sequence_mask``) masks them; ``cache[:, a:b] = k``
         writes this call's keys into a buffer (a KV cache)."""
@@ -3057,7 +3080,13 @@ class _Session:
         if not isinstance(value, torch.Tensor) or vt is None or vt.role in ("param", "scores"):
             return
         code = None
-        tc, vc = self.code_of(target), self.code_of(value)
+        made = self._made.get(id(target)) if t is None else None
+        tc: torch.Tensor | None
+        if made is not None and made() is target:  # a buffer made inside the call (torch.zeros): its
+            tc = torch.full(tuple(target.shape), self._pad_code(), dtype=torch.int64, device=target.device)
+        else:  # slots not written yet hold no position (a static KV cache)
+            tc = self.code_of(target)
+        vc = self.code_of(value)
         if tc is not None and vc is not None:
             try:
                 code = tc.clone()
@@ -3731,6 +3760,9 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool:
     if mask.stride(-2) == 0:  # one row for every query (a padding mask): causal only if it keeps key 0 alone
         row = mask[..., 0, :]
         return not bool(row[..., 1:].any()) and bool(row[..., 0].any())
+    # rows that see every key say nothing (a causal mask's last row; a left-padded query row that a
+    # model left unmasked, as ChatGLM's get_masks does): the other rows decide
+    mask = mask & ~mask.all(-1, keepdim=True)
     return not bool(mask.triu(1).any()) and bool(mask.tril(-1).any())
 
 
