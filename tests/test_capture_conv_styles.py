@@ -246,3 +246,34 @@ def test_values_times_weights_is_followed_to_the_next_block(batch):
     assert first.exact and second.exact and first.kind == second.kind == "enc_self"
     assert torch.equal(first.probs, model.first.seen[0][:, None])
     assert torch.equal(second.probs, model.second.seen[0][:, None])
+
+
+class MemoryHop(nn.Module):
+    """End-to-end memory networks: a question and story sentences, each a bag of word embeddings
+    summed, then ``softmax(bmm(m, u.unsqueeze(2)).squeeze(2))``: one question over its own story."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Embedding(10, 8), nn.Embedding(10, 8)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, story, question):  # (B, M, words), (B, words)
+        m = self.a(story).sum(2)  # (B, M, d)
+        u = self.b(question).sum(1)  # (B, d)
+        p = F.softmax(torch.bmm(m, u.unsqueeze(2)).squeeze(2), dim=-1)  # (B, M)
+        self.seen.append(p)
+        return torch.bmm(p.unsqueeze(1), m).squeeze(1) + u
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_a_2d_softmax_whose_rows_are_each_their_own_sequences_is_exact(batch):
+    """Each row of the (B, M) softmax is one question over its own story's sentences: no sequence's
+    positions come from several rows, so the map is exact (unlike CLIP's logits above)."""
+    torch.manual_seed(batch)
+    model = MemoryHop().eval()
+    cap, _ = _captured(model, torch.randint(1, 10, (batch, 5, 3)), torch.randint(1, 10, (batch, 4)))
+    assert not cap.notes, cap.notes
+    (rec,) = cap.records
+    assert (
+        rec.exact and rec.probs.shape == (batch, 1, 1, 5) and torch.equal(rec.probs[:, 0, 0], model.seen[0])
+    )

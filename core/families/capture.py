@@ -2618,15 +2618,19 @@ class _Session:
         self._record_guess(path, x, out, dim, tag, why)
 
     def _across_rows(self, layout: Layout) -> bool:
-        """The queries or the keys of a map are positions from more than one row of the tensor they came
-        from (``x[arange(B), eot]``: one token of every caption)."""
-        keys = layout.seq_keys.reshape(-1) if layout.seq_keys is not None else layout.qcode[:0]
-        for pos in (layout.qcode.reshape(-1) >> lineage.SHIFT, keys):
-            pos = pos[pos >= 0]
-            if pos.numel() > 1:
-                rows = self.sources.rows(pos.cpu())
-                if int(torch.unique(rows[rows >= 0]).numel()) > 1:
-                    return True
+        """The queries or the keys of one of a map's sequences are positions from more than one row of the
+        tensor they came from (``x[arange(B), eot]``: one token of every caption)."""
+        queries = layout.qcode.reshape(-1)[layout.rows[:, 0].reshape(-1)].view(layout.rows.shape[0], -1)
+        sides = [queries >> lineage.SHIFT]
+        if layout.seq_keys is not None:
+            sides.append(layout.seq_keys)
+        for side in sides:  # (sequences, n) positions: each sequence's from one row of its input
+            for pos in side.cpu():
+                pos = pos[pos >= 0]
+                if pos.numel() > 1:
+                    rows = self.sources.rows(pos)
+                    if int(torch.unique(rows[rows >= 0]).numel()) > 1:
+                        return True
         return False
 
     def _decoded(self, smap: ScoreMap, shape: tuple[int, ...], dim: int) -> Layout | str:
