@@ -427,3 +427,43 @@ def test_padded_query_rows_that_see_every_key_leave_a_decoder_causal():
     cap = _captured(model, ids)
     (rec,) = cap.records
     assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])
+
+
+class Landmarks(nn.Module):
+    """Nystromformer without its pseudo-inverse: landmarks are segment means of the queries and keys
+    per head (``q.reshape(b, h, m, n // m, d).mean(-2)``); the tokens over the key landmarks, and the
+    query landmarks over the tokens."""
+
+    def __init__(self, heads: int, m: int = 3):
+        super().__init__()
+        self.h, self.m = heads, m
+        self.emb, self.qkv = (
+            nn.Embedding(VOCAB, heads * D_HEAD),
+            nn.Linear(heads * D_HEAD, 3 * heads * D_HEAD),
+        )
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = (x.view(b, n, self.h, D_HEAD).transpose(1, 2) for x in self.qkv(self.emb(ids)).chunk(3, -1))
+        q_l = q.reshape(b, self.h, self.m, n // self.m, D_HEAD).mean(-2)
+        k_l = k.reshape(b, self.h, self.m, n // self.m, D_HEAD).mean(-2)
+        k1 = F.softmax(q @ k_l.transpose(-1, -2), dim=-1)
+        k3 = F.softmax(q_l @ k.transpose(-1, -2), dim=-1)
+        self.seen += [k1, k3]
+        return k1 @ (k3 @ v)
+
+
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4)])
+def test_landmarks_pooled_per_head_are_one_sequence_s_positions(batch, heads):
+    """Every head pools the same segments: the landmarks are positions pooled from the sequence,
+    shared by the heads, so both maps are exact self-attention with the landmarks labelled."""
+    torch.manual_seed(11)
+    model = Landmarks(heads).eval()
+    cap = _captured(model, torch.randint(1, VOCAB, (batch, 6)))
+    assert not cap.notes, cap.notes
+    first, second = cap.records
+    assert first.exact and second.exact and first.kind == second.kind == "enc_self"
+    assert torch.equal(first.probs, model.seen[0]) and torch.equal(second.probs, model.seen[1])
+    pooled = tuple(f"<pooled {i}>" for i in range(3))
+    assert first.key_labels == pooled and second.query_labels == pooled

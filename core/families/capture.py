@@ -1408,8 +1408,18 @@ class _Session:
                 return None
             lead = tuple(int(n) for n in out.shape[:-1])
             parent = self.sources.at(int(first.reshape(-1)[0]) >> lineage.SHIFT).start  # what it pooled
-            start = self.sources.new(math.prod(lead), "pooled", "pooled", ("pooled", parent), lead[-1])
-            return lineage.fresh(start, lead, int(out.shape[-1]), out.device)
+            # one new position per run of positions pooled (its first and last), shared by the heads
+            # that pool the same run (Nystromformer's landmarks: segment means per head); the
+            # features stay the input's, so each head's features stay its own
+            ends = torch.stack([(first >> lineage.SHIFT).reshape(-1),
+                                (c.select(dim, c.shape[dim] - 1) >> lineage.SHIFT).reshape(-1)], 1)  # fmt: skip
+            runs, inverse = torch.unique(ends, dim=0, return_inverse=True)
+            row = lead[-1] if len(runs) % lead[-1] == 0 else 0
+            start = self.sources.new(len(runs), "pooled", "pooled", ("pooled", parent), row)
+            code = ((start + inverse.view(first.shape)) << lineage.SHIFT) | (first & lineage.FEATURES)
+            if keep:
+                code = code.unsqueeze(dim)
+            return code if tuple(code.shape) == tuple(out.shape) else None
         res = first.unsqueeze(dim) if keep else first
         return res if tuple(res.shape) == tuple(out.shape) else None
 

@@ -715,6 +715,10 @@ def _cross(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool | N
     ks = {int(p) for p, s in zip(kpos.tolist(), kkinds, strict=True) if s.kind not in LABELLED}
     if qs and ks and _pooled_from(kkinds) & {s.start for s in qkinds if s.kind not in LABELLED}:
         return False
+    if qs and ks and _pooled_from(qkinds) & {s.start for s in kkinds if s.kind not in LABELLED}:
+        return False  # queries pooled from the keys' own sequence (Nystromformer's landmarks)
+    if qs and ks and _pooled_from(qkinds) & _pooled_from(kkinds):
+        return False  # both pooled from one sequence (landmarks over landmarks)
     if not ks:  # learned keys alone (a memory bank, a Set Transformer's induced summary): the tokens
         # reading them read another input than their own; learned queries over learned keys: unknown
         return True if qs else None
