@@ -467,3 +467,52 @@ def test_landmarks_pooled_per_head_are_one_sequence_s_positions(batch, heads):
     assert torch.equal(first.probs, model.seen[0]) and torch.equal(second.probs, model.seen[1])
     pooled = tuple(f"<pooled {i}>" for i in range(3))
     assert first.key_labels == pooled and second.query_labels == pooled
+
+
+class PrefixLM(FutureMask):
+    """A prefix LM (GLM, MPT, T5's prefix LM): ``~(tril | prefix)`` masked, so the prompt sees itself
+    both ways and the rest causally; ``encoder`` masks the padded keys only (BERT: a padded row still
+    sees the real keys)."""
+
+    def __init__(self, heads: int, prefix: list[int] | None):
+        super().__init__(heads, "to")
+        self.prefix = prefix
+
+    def forward(self, ids):
+        b, t = ids.shape
+        q, k, v = (x.view(b, t, self.h, D_HEAD).transpose(1, 2) for x in self.qkv(self.emb(ids)).chunk(3, -1))
+        keys = (ids != 0)[:, None, :]
+        if self.prefix is None:
+            allowed = keys.expand(b, t, t)
+        else:
+            in_prefix = torch.arange(t)[None, :] < torch.tensor(self.prefix)[:, None]  # (b, t) keys
+            allowed = (torch.ones(t, t, dtype=torch.bool).tril()[None] | in_prefix[:, None, :]) & keys
+        s = (q @ k.transpose(-1, -2)).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
+        p = F.softmax(s, dim=-1)
+        self.seen.append(p)
+        return p @ v
+
+
+@pytest.mark.parametrize("prefix", [[3], [2, 6], [4, 5, 3]])
+def test_a_prefix_lm_is_decoder_self_attention(prefix):
+    """A decoder with a bidirectional prefix, whatever each sequence's prefix (one all prefix too)."""
+    torch.manual_seed(12)
+    model = PrefixLM(2, prefix).eval()
+    ids = torch.randint(1, VOCAB, (len(prefix), 6))
+    ids[-1, 5:] = 0
+    cap = _captured(model, ids)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_an_encoder_whose_every_sequence_is_padded_stays_encoder(batch):
+    """Padded keys masked for every row: the padded rows see the real keys but not themselves, which
+    is no prefix LM's causal part."""
+    torch.manual_seed(13)
+    model = PrefixLM(2, None).eval()
+    ids = torch.randint(1, VOCAB, (batch, 7))
+    ids[:, 4:] = 0  # every sequence padded
+    cap = _captured(model, ids)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "enc_self" and torch.equal(rec.probs, model.seen[0])

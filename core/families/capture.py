@@ -3776,8 +3776,31 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool:
         return not bool(row[..., 1:].any()) and bool(row[..., 0].any())
     # rows that see every key say nothing (a causal mask's last row; a left-padded query row that a
     # model left unmasked, as ChatGLM's get_masks does): the other rows decide
-    mask = mask & ~mask.all(-1, keepdim=True)
-    return not bool(mask.triu(1).any()) and bool(mask.tril(-1).any())
+    rows = mask & ~mask.all(-1, keepdim=True)
+    if not bool(rows.triu(1).any()):
+        return bool(rows.tril(-1).any())
+    return _prefix_causal(mask)
+
+
+def _prefix_causal(mask: torch.Tensor) -> bool:
+    """A prefix-LM's mask (GLM, MPT, T5's prefix LM): the first p positions of a sequence see each other,
+    and every later one (at least one in some sequence) sees itself and what comes before it, nothing
+    after. A decoder with a bidirectional prefix. An encoder's mask is none: all its rows see the
+    same keys (a padded row, which does not see itself, is left out)."""
+    lk = mask.shape[-1]
+    j = torch.arange(lk, device=mask.device)
+    far = torch.where(mask, j, -1).amax(-1)  # (..., q) the furthest key each row sees
+    i = torch.arange(mask.shape[-2], device=mask.device)
+    ahead = far > i  # rows that see a later key: the prefix's
+    prefix = torch.where(ahead, far + 1, 0).amax(-1, keepdim=True)  # (..., 1) each sequence's p
+    in_prefix = i < prefix
+    if bool((ahead & ~in_prefix).any()) or bool((ahead & (far + 1 != prefix)).any()):
+        return False  # a row past the prefix sees ahead, or prefix rows reach different ends
+    after = ~in_prefix & mask.diagonal(dim1=-2, dim2=-1)  # rows past the prefix that see themselves
+    # (a padded row, whose own key is masked, says nothing): each sees nothing after itself
+    if bool((after & (far != i)).any()):
+        return False
+    return bool(after.any()) and bool(mask.tril(-1).any())  # (a sequence all prefix is consistent)
 
 
 def _layer_kinds(model: nn.Module, modules=None) -> dict[str, str]:
