@@ -516,3 +516,25 @@ def test_an_encoder_whose_every_sequence_is_padded_stays_encoder(batch):
     cap = _captured(model, ids)
     (rec,) = cap.records
     assert rec.exact and rec.kind == "enc_self" and torch.equal(rec.probs, model.seen[0])
+
+
+class MaskedAfter(FutureMask):
+    """The mask applied after the softmax and not renormalized (``att = att * tril``: a bug some
+    repositories carry, and the one the mask-bug lab teaches): the weights used do not sum to 1."""
+
+    def forward(self, ids):
+        b, t = ids.shape
+        q, k, v = (x.view(b, t, self.h, D_HEAD).transpose(1, 2) for x in self.qkv(self.emb(ids)).chunk(3, -1))
+        att = torch.softmax(q @ k.transpose(-1, -2), dim=-1) * torch.tril(torch.ones(t, t))
+        self.seen.append(att)
+        return att @ v
+
+
+def test_weights_masked_after_the_softmax_keep_that_mask():
+    torch.manual_seed(14)
+    model = MaskedAfter(2, "to").eval()
+    cap = _captured(model, torch.randint(1, VOCAB, (2, 5)))
+    (rec,) = cap.records
+    assert rec.exact and torch.equal(rec.probs, model.seen[0])  # the weights as used, rows not summing to 1
+    assert rec.mask_source == "multiplied" and rec.kind == "dec_self"
+    assert torch.equal(rec.mask, torch.ones(5, 5, dtype=torch.bool).tril().expand(2, 5, 5))

@@ -2957,7 +2957,7 @@ class _Session:
             return True
         if name in DIV and args[0] is base_t and p.allowed is not None:
             sums = out.detach().sum(-1)
-            if bool((((sums - 1).abs() < 1e-3) | (sums == 0)).all()) and self._renormalized(p, out):
+            if bool((((sums - 1).abs() < 1e-3) | (sums == 0)).all()) and self._masked_weights(p, out):
                 self.set(
                     out, replace(base, probs=replace(p, allowed=None), touched=False)
                 )  # the record's weights now:
@@ -3019,6 +3019,8 @@ class _Session:
         rec = p.record  # (a record since joined with the next head's is left alone by _update_record)
         if rec is None or tuple(w.shape) != tuple(p.shape):
             return
+        if p.allowed is not None and self._masked_weights(p, w):
+            return  # multiplied by a 0/1 mask and not renormalized: the mask is the record's too
         used = p.bhqk(w.detach())
         if used.dtype != rec.probs.dtype:
             used = used.to(rec.probs.dtype)
@@ -3038,8 +3040,9 @@ class _Session:
         """The record's weights become ``out`` (the softmax output cast to a lower precision)."""
         self._update_record(p, probs=p.bhqk(out.detach()))
 
-    def _renormalized(self, p: _Probs, out: torch.Tensor) -> bool:
-        """The record takes the renormalized weights ``out`` and the mask they were multiplied by."""
+    def _masked_weights(self, p: _Probs, out: torch.Tensor) -> bool:
+        """The record takes the weights ``out`` multiplied by a 0/1 mask (renormalized after, or not:
+        ``att * tril`` after the softmax) and that mask, which then says the kind too."""
         rec, multiplier = p.record, p.allowed
         if rec is None or multiplier is None or not any(r is rec for r in self.cap.records):
             return False
