@@ -337,3 +337,32 @@ def test_behaviours_of_two_fields_are_one_sequence_of_positions(batch):
     (rec,) = cap.records
     assert rec.exact and rec.kind == "cross" and rec.probs.shape == (batch, 1, 1, 5)
     assert torch.equal(rec.probs, model.seen[0][:, None])
+
+
+class ObjectQueries(nn.Module):
+    """DETR's decoder self-attention: learned object queries (``query_embed.weight``) attend to each
+    other (``q = k = tgt + query_pos``, tgt the queries' content, zeros at the first layer), then
+    over the image features."""
+
+    def __init__(self, n: int = 5, dim: int = 8):
+        super().__init__()
+        self.query_embed = nn.Embedding(n, dim)
+        self.self_attn = nn.MultiheadAttention(dim, 2, batch_first=True)
+        self.cross_attn = nn.MultiheadAttention(dim, 2, batch_first=True)
+
+    def forward(self, memory):
+        b = memory.shape[0]
+        query_pos = self.query_embed.weight.unsqueeze(0).expand(b, -1, -1)
+        tgt = torch.zeros_like(query_pos)
+        q = k = tgt + query_pos
+        tgt = tgt + self.self_attn(q, k, tgt)[0]
+        return self.cross_attn(tgt + query_pos, memory, memory)[0]
+
+
+def test_learned_queries_among_themselves_are_self_attention():
+    """The same learned positions as queries and keys attend to each other (self); over the image
+    features they read another input (cross)."""
+    torch.manual_seed(0)
+    cap = _captured(ObjectQueries().eval(), torch.randn(2, 6, 8))
+    first, second = cap.records
+    assert first.exact and first.kind == "enc_self" and second.kind == "cross"

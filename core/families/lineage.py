@@ -720,8 +720,11 @@ def _cross(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool | N
     if qs and ks and _pooled_from(qkinds) & _pooled_from(kkinds):
         return False  # both pooled from one sequence (landmarks over landmarks)
     if not ks:  # learned keys alone (a memory bank, a Set Transformer's induced summary): the tokens
-        # reading them read another input than their own; learned queries over learned keys: unknown
-        return True if qs else None
+        # reading them read another input than their own; learned queries over the same learned
+        # positions (DETR's object queries among themselves) attend to each other; else unknown
+        if qs:
+            return True
+        return False if len(qpos) > 1 and set(qpos.tolist()) == set(kpos.tolist()) else None
     if not qs:  # learned queries reading the tokens (a Perceiver's latents, CrossViT's and CaiT's class
         return True  # token over itself and the patches: named cross-attention by the papers that use it)
     return qs.isdisjoint(ks)
