@@ -538,3 +538,15 @@ def test_weights_masked_after_the_softmax_keep_that_mask():
     assert rec.exact and torch.equal(rec.probs, model.seen[0])  # the weights as used, rows not summing to 1
     assert rec.mask_source == "multiplied" and rec.kind == "dec_self"
     assert torch.equal(rec.mask, torch.ones(5, 5, dtype=torch.bool).tril().expand(2, 5, 5))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_causal_mask_over_two_tokens_is_causal(n):
+    """A causal mask's last row sees every key; over two tokens it is the only row that sees an
+    earlier key, and it still counts (rows that see every key do not decide whether a row sees
+    ahead, but they show the earlier keys)."""
+    torch.manual_seed(15)
+    model = MaskedAfter(2, "to").eval()
+    cap = _captured(model, torch.randint(1, VOCAB, (2, n)))
+    (rec,) = cap.records
+    assert rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])

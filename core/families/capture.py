@@ -3779,9 +3779,10 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool:
         return not bool(row[..., 1:].any()) and bool(row[..., 0].any())
     # rows that see every key say nothing (a causal mask's last row; a left-padded query row that a
     # model left unmasked, as ChatGLM's get_masks does): the other rows decide
-    rows = mask & ~mask.all(-1, keepdim=True)
-    if not bool(rows.triu(1).any()):
-        return bool(rows.tril(-1).any())
+    full = mask.all(-1, keepdim=True)
+    rows = mask & ~full
+    if not bool(rows.triu(1).any()):  # (a causal mask's full last row still shows its earlier keys)
+        return not bool(full.all()) and bool(mask.tril(-1).any())
     return _prefix_causal(mask)
 
 
