@@ -1531,13 +1531,9 @@ class _Session:
         code = xc.movedim([dims[c] for c in [*batch, contracted[0], x[-1]]], list(range(xc.dim())))
         fe = code.reshape(-1, code.shape[-1])[0] & lineage.FEATURES  # (d,) the features
         pos = code[..., 0] >> lineage.SHIFT  # (*batch, n) the positions each batch slice pools
-        parent = self.sources.at(int(pos.reshape(-1)[0]))
-        if parent.kind in lineage.LABELLED:
+        positions = self._pooled_positions(pos, int(out.shape[rhs.index(new[0])]))  # (*batch, m)
+        if positions is None:
             return None
-        first, inverse = torch.unique(pos[..., 0], return_inverse=True)
-        m = int(out.shape[rhs.index(new[0])])
-        start = self.sources.new(len(first) * m, "pooled", "pooled", ("pooled", parent.start), m)
-        positions = start + inverse[..., None] * m + torch.arange(m, device=pos.device)  # (*batch, m)
         full = (positions[..., None] << lineage.SHIFT) | fe  # (*batch, m, d)
         order = [*batch, new[0], x[-1]]
         return full.permute([order.index(c) for c in rhs]).expand(out.shape)
@@ -1550,6 +1546,13 @@ class _Session:
         fe, pos = xc & lineage.FEATURES, xc >> lineage.SHIFT
         if xc.dim() < 2 or not bool((fe == fe[..., :1]).all()):
             return None
+        positions = self._pooled_positions(pos, int(out.shape[-1]))
+        return None if positions is None else (positions << lineage.SHIFT) | fe[..., :1]
+
+    def _pooled_positions(self, pos: torch.Tensor, m: int) -> torch.Tensor | None:
+        """(*lead, m) new positions pooled from the positions each row of ``pos`` (*lead, n) reads: the
+        same for rows that read the same positions (every feature, every head of a sequence). None
+        where the rows are learned positions, or rows that begin at one position read others."""
         parent = self.sources.at(int(pos.reshape(-1)[0]))
         if parent.kind in lineage.LABELLED:
             return None
@@ -1560,10 +1563,8 @@ class _Session:
         )
         if not bool((rows == rows[seq][inverse.reshape(-1)]).all()):
             return None  # rows that begin at one position but read others
-        m = int(out.shape[-1])
         start = self.sources.new(len(first) * m, "pooled", "pooled", ("pooled", parent.start), m)
-        positions = start + inverse[..., None] * m + torch.arange(m, device=pos.device)
-        return (positions << lineage.SHIFT) | fe[..., :1]
+        return start + inverse[..., None] * m + torch.arange(m, device=pos.device)
 
     def _new_positions(self, x: torch.Tensor, xc: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """(B, 1, *space) positions of a convolution or pooling of ``x`` (B, C, *space_in) that makes
@@ -2098,12 +2099,17 @@ class _Session:
     def _unfollowed(self, g: _Tag) -> None:
         """Weights changed after the softmax (``touched``: rows zeroed, dropout) went into a product capture
         cannot follow: the record, which holds them as they were, is flagged."""
-        p = self._weights_of(g) if g.touched else None
-        if p is None or p.record is None or p.record.flag is not None:
+        if g.touched:
+            self._flag_weights(self._weights_of(g), "the weights were changed after the softmax and then "
+                               "multiplied in a product capture could not follow: the record holds them as "
+                               "the softmax gave them")  # fmt: skip
+
+    def _flag_weights(self, p: _Probs | None, flag: str) -> None:
+        """The record these weights were recorded as is flagged (not exact, ``flag`` its reason) and the
+        notes warn, unless it has a flag already (the first reason found stays)."""
+        rec = p.record if p is not None else None
+        if p is None or rec is None or rec.flag is not None:
             return
-        rec = p.record
-        flag = ("the weights were changed after the softmax and then multiplied in a product capture "
-                "could not follow: the record holds them as the softmax gave them")  # fmt: skip
         self._update_record(p, exact=False, flag=flag)
         self.warn(rec.name, tuple(rec.probs.shape), f"could not verify: {flag}")
 
@@ -2134,15 +2140,9 @@ class _Session:
     def _other_axis(self, g: _Tag) -> None:
         """Weights multiplied with the values along another axis than their softmax's (a softmax over
         the queries, dim=1, then ``bmm(w, v)``, as PCT's offset attention): flagged."""
-        p = self._weights_of(g)
-        rec = p.record if p is not None else None
-        if p is None or rec is None or rec.flag is not None:
-            return
-        flag = ("the weights are multiplied with the values along another axis than their softmax ran over "
-                "(normalized over the queries?): the record holds the softmax's keys, not the ones the "
-                "product sums over")  # fmt: skip
-        self._update_record(p, exact=False, flag=flag)
-        self.warn(rec.name, tuple(rec.probs.shape), f"could not verify: {flag}")
+        self._flag_weights(self._weights_of(g), "the weights are multiplied with the values along another "
+                           "axis than their softmax ran over (normalized over the queries?): the record holds "
+                           "the softmax's keys, not the ones the product sums over")  # fmt: skip
 
     def _weights_of(self, g: _Tag) -> _Probs | None:
         """The record's weights a tag of weights (or of their rows) holds."""
@@ -2154,14 +2154,9 @@ class _Session:
     def _changed_after_view(self, p: _Probs) -> None:
         """Weights viewed into another shape, changed, then multiplied with values (differential
         attention's ``w.view(B, H, 2, T, S)``, then ``w[:, :, 0] - lam * w[:, :, 1]``): flagged."""
-        rec = p.record
-        if rec is None or rec.flag is not None:
-            return
-        flag = ("the weights are changed after the softmax, past a view capture does not follow (heads' maps "
-                "combined, as differential attention does?): the record holds the softmax's output, not the "
-                "weights the values are multiplied with")  # fmt: skip
-        self._update_record(p, exact=False, flag=flag)
-        self.warn(rec.name, tuple(rec.probs.shape), f"could not verify: {flag}")
+        self._flag_weights(p, "the weights are changed after the softmax, past a view capture does not "
+                           "follow (heads' maps combined, as differential attention does?): the record holds "
+                           "the softmax's output, not the weights the values are multiplied with")  # fmt: skip
 
     def _weights_combined(self, act: list[tuple[torch.Tensor, _Tag]], origin, out: torch.Tensor) -> bool:
         """Weights added to or subtracted from other weights after the softmax (differential attention's
@@ -2186,11 +2181,8 @@ class _Session:
         """The tag of scores or weights whose heads a learned map mixed (``why``): weights flag their
         record; scores lose their layout, so their softmax is recorded flagged."""
         if g.probs is not None:
-            rec = g.probs.record
-            if rec is not None and rec.flag is None:
-                flag = f"the weights are {why} after the softmax: the record holds the softmax's output, not the weights the values are multiplied with"
-                self._update_record(g.probs, exact=False, flag=flag)
-                self.warn(rec.name, tuple(rec.probs.shape), f"could not verify: {flag}")
+            self._flag_weights(g.probs, f"the weights are {why} after the softmax: the record holds the "
+                               "softmax's output, not the weights the values are multiplied with")  # fmt: skip
             return _Tag("linear", origin)
         new = _Tag("scores", origin)
         if g.smap is not None:
