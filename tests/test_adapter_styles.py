@@ -460,3 +460,58 @@ def test_slices_that_cannot_be_joined_are_left_out_with_a_note_not_a_crash(tmp_p
     notes = traces[1].meta["capture_notes"]
     assert any("layers.0" in n and "left out of the trace" in n and "sequence(s)" in n for n in notes), notes
     assert any("could not verify" in n for n in notes), notes
+
+
+LINFORMER = '''
+import torch
+from torch import nn
+
+VOCAB = ["<pad>", "<unk>"] + list("abcdefgh")
+PAD, BOS, EOS = 0, 1, 1
+ARCH = "encoder"
+EXAMPLES = ["abcdef", "hedcab"]
+MAX_LEN = 6
+
+
+class Linformer(nn.Module):
+    """Keys and values projected along the sequence to 3 learned mixtures of its positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.qkv = nn.Embedding(len(VOCAB), 8), nn.Linear(8, 24)
+        self.E, self.F = nn.Parameter(torch.randn(MAX_LEN, 3)), nn.Parameter(torch.randn(MAX_LEN, 3))
+        self.out = nn.Linear(8, len(VOCAB))
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).chunk(3, -1)
+        k, v = torch.einsum("bnd,nk->bkd", k, self.E[:n]), torch.einsum("bnd,nk->bkd", v, self.F[:n])
+        q, k, v = (t.reshape(b, -1, 2, 4).transpose(1, 2) for t in (q, k, v))
+        w = (q @ k.transpose(-1, -2)).softmax(-1)
+        return self.out((w @ v).transpose(1, 2).reshape(b, n, 8))
+
+
+def encode(text):
+    return [VOCAB.index(c) if c in VOCAB else 1 for c in text]
+
+
+def load():
+    torch.manual_seed(0)
+    return Linformer().eval()
+
+
+def forward(model, src, tgt):
+    return model(src)
+'''
+
+
+def test_attention_over_no_token_keys_is_said_as_such_not_as_no_attention(tmp_path):
+    """Linformer's every key is a mixture of positions: capture records its map, exact, but none of
+    it is over the tokens a trace draws. The loading check says so, and why, in one sentence."""
+    path = tmp_path / "linformer.py"
+    path.write_text(LINFORMER, encoding="utf-8")
+    with pytest.raises(ModelLoadError) as err:
+        load_adapter(path)
+    text = str(err.value)
+    assert "computed 1 attention map(s), none of them over this input's tokens" in text
+    assert "left out of the trace" in text and "no attention found" not in text and "\n" not in text

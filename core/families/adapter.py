@@ -764,6 +764,11 @@ class AdapterModel:
                     dropped.append(note)
                 continue
             by_kind.setdefault(kind, []).append(r)
+        if not by_kind and records:  # attention was found, over other positions than the tokens
+            raise InputError(
+                f"the forward pass computed {len(records)} attention map(s), none of them over this input's "
+                "tokens, so there is nothing to draw: " + "; ".join([*(dropped or []), *cap.notes][:2])
+            )
         if not by_kind:
             raise InputError(
                 "no attention found in the forward pass: attnscope records nn.MultiheadAttention, "
