@@ -106,6 +106,9 @@ from attnscope.core.traces.trace import KINDS, AttentionTrace
 NEG = -1e4  # a fill / additive value at or below this masks a key
 MAX_PARAM_CODES = 1 << 20  # parameters larger than this are weights, never followed as learned positions
 CHECK_ROWS = 16  # SDPA: query rows (evenly spread, first and last included) whose probs @ v is checked
+# a decoder by its module path: "decoder", "text_decoder", "dec", "dec1", "dec_layers" (not "decomposable",
+# "deconv_head", "decision")
+_DECODER = re.compile(r"decoder|(?:^|[._])dec(?:s|\d*)(?:[._]|$)")
 CROSS_WORDS = ("cross", "context", "src_attn", "enc_attn", "encoder_attn", "enc_dec", "encdec", "memory_attn")
 SOFTMAX = frozenset({"softmax", "special_softmax"})
 DROPOUT = frozenset(
@@ -128,6 +131,7 @@ POOL = frozenset(
 ENTRY = LINEAR | CONV | MATMUL | ADD | MUL | CAT | frozenset({"layer_norm", "stack"})
 IN_PLACE = frozenset({"masked_fill_", "__iadd__", "add_", "__isub__", "sub_", "__setitem__", "exp_"})
 FILL = frozenset({"masked_fill", "masked_fill_"})
+ROW_REDUCE = frozenset({"max", "amax", "min", "amin", "mean"})  # over one axis of scores: a score per row
 HAND_STEPS = frozenset({"exp", "exp_", "log_softmax", "logsumexp", "sum", "unsqueeze"})  # a softmax by hand
 PACKING = frozenset({"_pack_padded_sequence", "_pad_packed_sequence"})  # nn.utils.rnn's packed sequences
 CELLS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
@@ -674,6 +678,11 @@ def _very_negative(v: Any) -> bool:
     return isinstance(v, (int, float)) and v <= NEG
 
 
+def _expanded(c: torch.Tensor) -> bool:
+    """Codes repeated along a dim by ``expand`` (stride 0): one value broadcast over it."""
+    return any(st == 0 and n > 1 for st, n in zip(c.stride(), c.shape, strict=True))
+
+
 def _is_param(t: Any) -> bool:
     """isinstance(t, nn.Parameter) without its metaclass hook for the common types (a plain tensor
     is never one: Parameter's own constructor gives every parameter its class or a subclass)."""
@@ -738,6 +747,34 @@ def _linear_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     if names != ["input", "weight", "bias"][: len(names)]:
         return args, kwargs
     return tuple(given[k] for k in names), rest
+
+
+def _tensordot_matmul(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(a, b) where ``torch.tensordot(a, b, dims)`` is ``a @ b``: a's last dim contracted with the first of
+    a matrix or vector b; else None."""
+    a = args[0] if args else kwargs.get("a")
+    b = args[1] if len(args) > 1 else kwargs.get("b")
+    dims = args[2] if len(args) > 2 else kwargs.get("dims", 2)
+    if (
+        not isinstance(a, torch.Tensor)
+        or not isinstance(b, torch.Tensor)
+        or a.dim() < 1
+        or b.dim() not in (1, 2)
+    ):
+        return None
+    if isinstance(dims, torch.Tensor):
+        dims = dims.tolist()
+    if isinstance(dims, int):
+        return (a, b) if dims == 1 else None
+    try:
+        da, db = ([int(d)] if isinstance(d, int) else [int(i) for i in d] for d in dims)
+    except (TypeError, ValueError):
+        return None
+    return (
+        (a, b)
+        if len(da) == len(db) == 1 and da[0] % a.dim() == a.dim() - 1 and db[0] % b.dim() == 0
+        else None
+    )
 
 
 def _tensors(args, kwargs) -> list[torch.Tensor]:
@@ -837,6 +874,7 @@ class _Session:
         # (id, version, grid, batch) of a tensor from outside -> (it, held weakly; the first of the
         # positions a conv over it made): every conv over it that keeps one grid reads those positions
         self._grids: dict[tuple, tuple[weakref.ref, int]] = {}
+        self._pooled_by: torch.Tensor | None = None  # weights over positions the op being followed multiplies
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -917,6 +955,15 @@ class _Session:
             return out  # x.dtype, x.dim(), x.size(): nothing to follow
         if kwargs and name == "linear":  # F.linear(input=x, weight=w, bias=b): followed as given by position
             args, kwargs = _linear_arguments(args, kwargs)
+        elif (
+            kwargs and (name in CAT or name == "stack") and not args and "tensors" in kwargs
+        ):  # cat(tensors=[..])
+            kwargs = dict(kwargs)
+            args = (kwargs.pop("tensors"),)
+        elif name == "tensordot":
+            as_matmul = _tensordot_matmul(args, kwargs)
+            if as_matmul is not None:  # x @ W written as tensordot(x, W, dims=1) (DeepCTR's projections)
+                name, args, kwargs = "matmul", as_matmul, {}
         try:
             _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
             if name == "scaled_dot_product_attention":
@@ -1064,6 +1111,15 @@ class _Session:
             if found is not None and isinstance(dim, int) and x.dim() >= 2:
                 keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
                 self._remember_hand(out, "sum" if keep else "sum-", x, found[0], dim % x.dim())
+        elif name in ADD and len(args) >= 2 and kwargs.get("alpha", 1) == 1:
+            entry = self._hand.get(id(x))  # sum + 1e-8 (a guard against 0): still the sum to divide by
+            eps = args[1]
+            if isinstance(eps, torch.Tensor) and eps.numel() == 1 and not eps.requires_grad:
+                eps = float(eps)
+            if (entry is not None and entry[0]() is x and entry[1] in ("sum", "sum-")
+                    and isinstance(eps, (int, float)) and not isinstance(eps, bool)
+                    and 0 <= eps <= 1e-4 and tuple(out.shape) == tuple(x.shape)):  # fmt: skip
+                self._remember_hand(out, entry[1], entry[2], entry[3], entry[4])
         elif name == "unsqueeze":
             entry = self._hand.get(id(x))
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
@@ -1291,18 +1347,21 @@ class _Session:
         if name in ("sum", "mean") and len(act) == 1 and act[0][1].code is not None:
             return self._reduced_code(args, kwargs, act[0][1].code, out)
         for _t, g in act:  # position-wise: an operand whose codes have the output's shape (not one
-            c = g.code  # broadcast over it: a bias, a query added to every key), else the first with codes
-            if c is not None and c.shape == shape:
+            c = g.code  # broadcast or expanded over it: a bias, a query added to every key), else the
+            if (
+                c is not None and c.shape == shape and not (len(act) > 1 and _expanded(_t))
+            ):  # first with codes
                 return c
 
-        def spread(c: torch.Tensor) -> int:  # the dims an operand fills, later dims weighing more (keys
-            lead = len(shape) - c.dim()  # are laid out after queries: (B, T, 1, d) + (B, 1, S, d))
-            return sum(1 << (lead + i) for i, n in enumerate(c.shape) if n == shape[lead + i] and n > 1)
+        def spread(t: torch.Tensor, c: torch.Tensor) -> int:  # the dims an operand fills (not expanded
+            lead = len(shape) - c.dim()  # over by the model), later dims weighing more (keys are laid out
+            return sum(1 << (lead + i) for i, n in enumerate(c.shape)  # after queries: (B, T, 1, d) + (B, 1, S, d))
+                       if n == shape[lead + i] and n > 1 and (t.dim() != c.dim() or t.stride(i) != 0))  # fmt: skip
 
-        coded = [g for _t, g in act if g.code is not None and g.code.dim() <= len(shape)]
+        coded = [(t, g) for t, g in act if g.code is not None and g.code.dim() <= len(shape)]
         if len(coded) > 1:
-            coded.sort(key=lambda g: -spread(g.code))
-        for g in coded:
+            coded.sort(key=lambda tg: -spread(tg[0], tg[1].code))
+        for _t, g in coded:
             c = g.code
             ekey = ("expand", id(c), tuple(shape))
             hit = lineage.recall(ekey)
@@ -1323,19 +1382,34 @@ class _Session:
                                 for g in tags):  # fmt: skip
             return False
         a, b = (g.code for g in tags)
-        if a is None or b is None or a.dim() < 2 or b.dim() < 2:
+        if a is None or b is None or a.dim() < 2 or b.dim() < 2 or len(ins) != 2:
             return False
-        if a.shape[-1] != 1 or b.shape[-2] != 1:
-            if b.shape[-1] == 1 and a.shape[-2] == 1:
-                a, b = b, a
-            else:
-                return False
+        ta, tb = ins
+        if ta.dim() < 2 or tb.dim() < 2:
+            return False
+
+        def column(t: torch.Tensor) -> bool:  # one value per row, broadcast or expanded over the columns
+            return (
+                t.shape[-1] == 1 or t.stride(-1) == 0
+            )  # (by the model: the tensor's strides, not its codes')
+
+        def row(t: torch.Tensor) -> bool:
+            return t.shape[-2] == 1 or t.stride(-2) == 0
+
+        if column(tb) and row(ta) and not (column(ta) or row(tb)):
+            a, b = b, a
+        elif not (column(ta) and row(tb)) or row(ta) or column(tb):
+            return False
+        if (a.shape[-1] > 1 and not bool((a == a[..., :1]).all())) or (
+            b.shape[-2] > 1 and not bool((b == b[..., :1, :]).all())
+        ):
+            return False  # codes that vary where the values are repeated
         n, m = int(out.shape[-2]), int(out.shape[-1])
         if int(a.shape[-2]) != n or int(b.shape[-1]) != m or n < 2 or m < 2:
             return False
         lead = tuple(out.shape[:-2])
         try:
-            q, k = a[..., 0].expand(*lead, n), b[..., 0, :].expand(*lead, m)
+            q, k = a[..., 0].expand(*lead, n), b[..., 0, :].expand(*lead, m)  # (an expanded one's first)
         except RuntimeError:
             return False
         origin = tags[0].origin | tags[1].origin
@@ -1625,6 +1699,8 @@ class _Session:
             if not outs:
                 return
         ins = _tensors(args, kwargs)
+        if name in ROW_REDUCE and len(ins) == 1 and self._row_reduced(name, args, kwargs, outs):
+            return
         if name in SHAPED_LIKE and len(ins) > 1 and args and ins[0] is args[0]:
             ins = ins[:1]  # x.type_as(s), x.to(s), x.expand_as(s): s gives a dtype or a shape, no values
         if name in RNN and args and isinstance(args[0], torch.Tensor):
@@ -1706,6 +1782,21 @@ class _Session:
                 origin = origin | o if origin else o
         act = [(t, g) for t, g in known if g.role != "param"]
         if (
+            len(act) > 1
+            and act[0][1].role in (None, "linear")
+            and act[0][1].attn_out is None
+            and act[0][1].wo is None
+            and act[0][1].rowq is None
+            and act[0][1].lost is None
+            and name not in MATMUL
+            and name not in LINEAR
+        ):
+            at = next((i for i, (t, g) in enumerate(act) if g.role == "scores" and g.probs is None
+                       and g.smap is not None and not g.smap.broken and tuple(t.shape) == tuple(out.shape)),
+                      0)  # fmt: skip
+            if at:  # a bias added to the scores, written first (``rel_bias + q @ k.T``): still the scores
+                act.insert(0, act.pop(at))
+        if (
             (name in ADD or name in SUB)
             and isinstance(out, torch.Tensor)
             and self._weights_combined(act, origin, out)
@@ -1780,6 +1871,30 @@ class _Session:
                 new.code = self._op_code(name, func, args, kwargs, out, act)
         for o in outs:
             self.set(o, new)
+
+    def _row_reduced(self, name, args, kwargs, outs) -> bool:
+        """The max (or mean) of query-key scores over the keys: one score per query position (BiDAF's
+        query-to-context ``softmax(S.max(-1)[0])``), tagged with the queries' codes (over the queries:
+        the keys'), so a softmax over them is placed like any softmax over positions."""
+        x = args[0] if args else None
+        g = self.tag(x)
+        if g is None or g.role != "scores" or g.probs is not None or g.smap is None or g.smap.broken:
+            return False
+        smap = g.smap
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        if smap.chain or tuple(x.shape) != smap.shape or x.dim() < 2 or not isinstance(dim, int):
+            return False
+        dim %= x.dim()
+        if dim not in (x.dim() - 1, x.dim() - 2):
+            return False
+        code = smap.q if dim == x.dim() - 1 else smap.k
+        if bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False)):
+            code = code.unsqueeze(dim)
+        out = outs[0]
+        if tuple(code.shape) != tuple(out.shape):
+            return False
+        self.set(out, _Tag(None, g.origin, code=code))
+        return True
 
     def _learned_columns(self, name, args, kwargs, base_t, out) -> list[torch.Tensor] | None:
         """``torch.cat([scores, sinks], dim=-1)``: the learned logits joined to the scores as more keys
@@ -1886,6 +2001,11 @@ class _Session:
             op_tags = [self.tag(t) for t in ops]
         else:
             ops, op_tags = ins, tags
+        pooled_by, self._pooled_by = self._pooled_by, None
+        if pooled_by is not None and len(ops) == 2 and name != "einsum" and any(o is pooled_by for o in ops):
+            code = self._pooled_code(ops, pooled_by, out)
+            if code is not None:  # sentence vectors pooled from their words by ``bmm(a, h)``
+                return _Tag("linear", origin, code=code)
         if any(g is not None and g.role == "param" for g in op_tags):
             mixed = self._mixed_by_parameter(name, args, ops, op_tags, origin)
             if mixed is not None:
@@ -2037,6 +2157,38 @@ class _Session:
                 code = lineage.projected(xc, int(o.shape[-1]))[0]
             self.set(o, _Tag("linear", origin, code=code))
 
+    def _pooled_code(
+        self, ops: list[torch.Tensor], w: torch.Tensor, out: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Codes of weights over positions times values: ``a (..., R, T) @ h (..., T, d)`` or
+        ``h (..., d, T) @ a (..., T, R)``. Each of the R outputs pools the T positions into a position of
+        its own (as a sum over positions does), with the values' features."""
+        first = ops[0] is w
+        v = ops[1] if first else ops[0]
+        vc = self.code_of(v)
+        if vc is None or tuple(vc.shape) != tuple(v.shape) or v.dim() < 2 or out.dim() != v.dim():
+            return None
+        if first:  # out (..., R, d): the values' features along the last dim
+            feat, r = vc.select(-2, 0) & lineage.FEATURES, int(out.shape[-2])
+            lead = tuple(int(n) for n in out.shape[:-2])
+            feat = feat.unsqueeze(-2)
+        else:  # out (..., d, R): the features along the rows
+            feat, r = vc.select(-1, 0) & lineage.FEATURES, int(out.shape[-1])
+            lead = tuple(int(n) for n in out.shape[:-2])
+            feat = feat.unsqueeze(-1)
+        n = math.prod(lead) * r
+        if n < 1:
+            return None
+        parent = self.sources.at(int(vc.reshape(-1)[0]) >> lineage.SHIFT).start
+        start = self.sources.new(n, "pooled", "pooled", ("pooled", parent))
+        pos = start + torch.arange(n, dtype=torch.int64, device=vc.device).view(*lead, r)
+        pos = pos.unsqueeze(-1) if first else pos.unsqueeze(-2)  # (..., R, 1) or (..., 1, R)
+        try:
+            code = ((pos << lineage.SHIFT) | feat).expand(out.shape)
+        except RuntimeError:
+            return None
+        return code
+
     def _batched_projection(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
         """``x @ W`` with weights per slice (``W`` (H, d, o), a graph attention layer's per-head attention
         vectors): the positions of x, and features numbered slice by slice (h * o + j), so heads made
@@ -2051,6 +2203,11 @@ class _Session:
         ):
             return None
         o = int(out.shape[-1])
+        wc = self.code_of(w)
+        if wc is not None and tuple(wc.shape) == tuple(w.shape) and w.dim() > 2:
+            slices = wc.reshape(-1, *wc.shape[-2:])
+            if bool((slices == slices[:1]).all()):  # one weight expanded or repeated over the batch (a
+                return self._op_code("linear", None, (x,), {}, out, [])  # learned context vector): x @ W
         slice_no = torch.arange(math.prod(lead), dtype=torch.int64, device=xc.device).view(*lead, 1, 1)
         feat = slice_no * o + torch.arange(o, dtype=torch.int64, device=xc.device)
         return (((xc[..., :1] >> lineage.SHIFT) << lineage.SHIFT) | feat).expand(out.shape)
@@ -2576,7 +2733,7 @@ class _Session:
             return "cross"
         if mask is not None and lq > 1 and (_is_causal_mask(mask) if causal is None else causal):
             return "dec_self"
-        return "dec_self" if "decoder" in low or ".dec" in f".{low}" else "enc_self"
+        return "dec_self" if _DECODER.search(low) else "enc_self"
 
     def on_softmax(self, args, kwargs, out) -> None:
         x = args[0] if args else kwargs.get("input")
@@ -2733,7 +2890,8 @@ class _Session:
         if tag.allowed is not None:
             allowed = bhqk(tag.allowed.expand(x.shape))
         else:  # keys the scores hide (-inf or a very negative value), as masked by the model
-            allowed, source = bhqk(x.detach() > NEG), "scores"
+            # (half NEG: a -1e4 penalty added to a positive score stays far below every real score)
+            allowed, source = bhqk(x.detach() > NEG / 2), "scores"
             if bool(allowed.all()):
                 allowed = None
         scores = tag.scores if tag.scores is not None else x
@@ -2821,6 +2979,8 @@ class _Session:
             self._positional_shapes.pop(id(record), None)
             used = to_softmax(t) if to_softmax is not None and was_changed else None
             record(used, keep, was_changed)
+            if name in MATMUL:
+                self._pooled_by = t  # the product's output: positions pooled by these weights
 
     def _record_guess(self, path, x, out, dim, tag, why) -> None:
         """No lineage for this softmax: the shape rules decide, and a record is flagged as a guess."""

@@ -1,0 +1,343 @@
+"""Capture on classic NLP and recommender attention, written the way their repositories write it.
+
+Each model keeps the weights it multiplied its values with (``used``, laid out (batch, head, query, key)),
+so every record is checked against the model itself, at several batch sizes:
+
+- BiDAF's trilinear similarity with its per-position terms ``expand``-ed and written first
+  (``w_c(c).expand(-1, -1, Lq) + w_q(q).permute(0, 2, 1).expand(-1, Lc, -1) + (c * w) @ q.T``) and its
+  query-to-context attention ``softmax(S.max(dim=-1)[0])`` (one score per context word);
+- a relative position bias added first (``bias + q @ k.T``), as an ``expand``-ed or broadcast tensor;
+- OpenNMT's ``mlp`` (Bahdanau) scores over ``expand``-ed queries and keys;
+- a learned context vector expanded over the batch (``bmm(tanh(h), w.expand(B, -1, -1))``, Att-BLSTM);
+- DeepCTR's attention pooling with ``torch.tensordot`` projections;
+- NRMS's softmax by hand with an epsilon in its sum (``exp(e) * mask / (sum + 1e-8)``), pooled by
+  ``bmm(x.permute(0, 2, 1), alpha)``, and attention over the pooled news vectors (hierarchical models);
+- a -10000 penalty added to the pad positions of a softmax over positions: the record's mask has the
+  pads whatever their raw score;
+- ``torch.cat(tensors=[...])`` and ``torch.stack(tensors=...)`` by keyword;
+- module paths that begin with "dec" without naming a decoder (``decomposable``, ``deconv_head``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscope.core.families.capture import capture_attention
+
+VOCAB = 40
+
+
+def _ids(batch: int, n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed + 10 * batch)
+    ids = torch.randint(1, VOCAB, (batch, n), generator=g)
+    for b in range(1, batch):
+        ids[b, n - b % 3 - 1 :] = 0  # some padding, different per sequence
+    return ids
+
+
+def _check(cap, used: list[tuple[str, torch.Tensor]]) -> None:
+    assert not cap.notes, cap.notes
+    assert len(cap.records) == len(used), [(r.name, r.kind, tuple(r.probs.shape)) for r in cap.records]
+    for rec, (kind, want) in zip(cap.records, used, strict=True):
+        assert rec.exact, rec.flag
+        assert rec.kind == kind, (rec.name, rec.kind, kind)
+        assert tuple(rec.probs.shape) == tuple(want.shape), (
+            rec.name,
+            tuple(rec.probs.shape),
+            tuple(want.shape),
+        )
+        torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)
+
+
+class BiDAF(nn.Module):
+    """Context-to-query and query-to-context attention over one trilinear similarity (galsang/BiDAF)."""
+
+    def __init__(self, expand: bool):
+        super().__init__()
+        self.expand = expand
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.rnn = nn.GRU(8, 8, batch_first=True)
+        self.att_weight_c, self.att_weight_q = nn.Linear(8, 1), nn.Linear(8, 1)
+        self.att_weight_cq = nn.Linear(8, 1)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, c_ids, q_ids):
+        c, _ = self.rnn(self.emb(c_ids))
+        q, _ = self.rnn(self.emb(q_ids))
+        c_len, q_len = c.size(1), q.size(1)
+        cq = torch.stack([self.att_weight_cq(c * q.select(1, i).unsqueeze(1)).squeeze(-1) for i in range(q_len)],
+                         dim=-1)  # fmt: skip
+        if self.expand:
+            s = (
+                self.att_weight_c(c).expand(-1, -1, q_len)
+                + self.att_weight_q(q).permute(0, 2, 1).expand(-1, c_len, -1)
+                + cq
+            )
+        else:
+            s = self.att_weight_c(c) + self.att_weight_q(q).permute(0, 2, 1) + cq
+        a = F.softmax(s, dim=2)  # (B, Lc, Lq): each context word over the question
+        c2q = torch.bmm(a, q)
+        b = F.softmax(torch.max(s, dim=2)[0], dim=1)  # (B, Lc): one score per context word
+        q2c = torch.bmm(b.unsqueeze(1), c).squeeze(1)
+        self.used += [("cross", a[:, None]), ("cross", b[:, None, None])]
+        return c2q, q2c
+
+
+@pytest.mark.parametrize("expand", [True, False])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_bidaf_both_directions_are_recorded_exactly(expand, batch):
+    torch.manual_seed(0)
+    model = BiDAF(expand).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 8), _ids(batch, 5, seed=1))
+    _check(cap, model.used)
+
+
+class RelBias(nn.Module):
+    """Multi-head self-attention with a learned relative position bias written before the scores."""
+
+    def __init__(self, heads: int, how: str):
+        super().__init__()
+        self.h, self.how = heads, how
+        self.emb = nn.Embedding(VOCAB, 4 * heads)
+        self.qkv = nn.Linear(4 * heads, 12 * heads)
+        self.rel = nn.Embedding(15, heads)
+        self.gate = nn.Linear(4 * heads, 1)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, ids):
+        b, n = ids.shape
+        x = self.emb(ids)
+        q, k, v = self.qkv(x).view(b, n, 3, self.h, -1).permute(2, 0, 3, 1, 4)
+        rel = (torch.arange(n)[None] - torch.arange(n)[:, None]).clamp(-7, 7) + 7
+        bias = self.rel(rel).permute(2, 0, 1).unsqueeze(0)  # (1, H, n, n)
+        if self.how == "expanded":
+            s = bias.expand(b, -1, -1, -1) + q @ k.transpose(-1, -2)
+        elif self.how == "broadcast":
+            s = bias + q @ k.transpose(-1, -2)
+        else:  # a per-query term expanded over the keys, written first
+            s = self.gate(x).unsqueeze(1).expand(b, self.h, n, n) + q @ k.transpose(-1, -2)
+        s = s.masked_fill((ids == 0)[:, None, None, :], float("-inf"))
+        a = s.softmax(-1)
+        self.used.append(("enc_self", a))
+        return (a @ v).transpose(1, 2).reshape(b, n, -1)
+
+
+@pytest.mark.parametrize("how", ["expanded", "broadcast", "query_term"])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 3), (4, 2)])
+def test_a_bias_written_before_the_scores_keeps_them_scores(how, batch, heads):
+    torch.manual_seed(1)
+    model = RelBias(heads, how).eval()
+    ids = _ids(batch, 7)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    _check(cap, model.used)
+    rec = cap.records[0]
+    assert rec.mask is not None and torch.equal(rec.mask, (ids != 0)[:, None, :].expand(-1, 7, -1))
+
+
+class MLPAttention(nn.Module):
+    """OpenNMT-py's GlobalAttention(attn_type="mlp"): v(tanh(W q + U h)) over expanded queries and keys."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.linear_context = nn.Linear(8, 8, bias=False)
+        self.linear_query = nn.Linear(8, 8)
+        self.v = nn.Linear(8, 1, bias=False)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, src, tgt):
+        h_s, h_t = self.emb(src), self.emb(tgt)
+        b, s_len, dim = h_s.size()
+        t_len = h_t.size(1)
+        wq = self.linear_query(h_t.view(-1, dim)).view(b, t_len, 1, dim).expand(b, t_len, s_len, dim)
+        uh = (
+            self.linear_context(h_s.contiguous().view(-1, dim))
+            .view(b, 1, s_len, dim)
+            .expand(b, t_len, s_len, dim)
+        )
+        align = self.v(torch.tanh(wq + uh).view(-1, dim)).view(b, t_len, s_len)
+        align = align.masked_fill((src == 0)[:, None, :], -float("inf"))
+        a = F.softmax(align.view(b * t_len, s_len), -1).view(b, t_len, s_len)
+        self.used.append(("cross", a[:, None]))
+        return torch.bmm(a, h_s)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_opennmt_mlp_attention_over_expanded_queries_and_keys(batch):
+    torch.manual_seed(2)
+    model = MLPAttention().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 7), _ids(batch, 3, seed=5))
+    _check(cap, model.used)
+
+
+class Pooling(nn.Module):
+    """Attention pooling over an RNN's states, scored four ways real code writes it."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.rnn = nn.GRU(8, 8, batch_first=True)
+        self.w = nn.Parameter(torch.randn(1, 8, 1))
+        self.W, self.h = nn.Parameter(torch.randn(8, 4) * 0.3), nn.Parameter(torch.randn(4, 1) * 0.3)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, ids):
+        h, _ = self.rnn(self.emb(ids))
+        b = h.size(0)
+        if self.how == "expand":  # Att-BLSTM: a context vector per batch row
+            a = F.softmax(torch.bmm(torch.tanh(h), self.w.expand(b, -1, -1)), dim=1)
+        elif self.how == "repeat":
+            a = F.softmax(torch.bmm(torch.tanh(h), self.w.repeat(b, 1, 1)), dim=1)
+        else:  # DeepCTR: tensordot projections
+            t = F.relu(torch.tensordot(h, self.W, dims=([-1], [0])))
+            a = F.softmax(torch.tensordot(t, self.h, dims=([-1], [0])), dim=1)
+        self.used.append(("cross", a.transpose(1, 2)[:, None]))
+        return torch.sum(a * h, dim=1)
+
+
+@pytest.mark.parametrize("how", ["expand", "repeat", "tensordot"])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_a_context_vector_over_the_batch_or_by_tensordot_is_one_head(how, batch):
+    torch.manual_seed(3)
+    model = Pooling(how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 7))
+    _check(cap, model.used)
+
+
+class NRMS(nn.Module):
+    """wuch15's NRMS: words pooled into news vectors by a softmax by hand with an epsilon, then
+    self-attention over a user's news vectors (exp / (sum + eps) there too) and a pooling over them."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h = heads
+        d = 4 * heads
+        self.emb = nn.Embedding(VOCAB, d, padding_idx=0)
+        self.att_fc1, self.att_fc2 = nn.Linear(d, 8), nn.Linear(8, 1)
+        self.W_Q, self.W_K, self.W_V = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def pool(self, x, mask=None):
+        alpha = torch.exp(self.att_fc2(torch.tanh(self.att_fc1(x))))
+        if mask is not None:
+            alpha = alpha * mask.unsqueeze(2)
+        alpha = alpha / (torch.sum(alpha, dim=1, keepdim=True) + 1e-8)
+        self.used.append(("cross", alpha.transpose(1, 2).unsqueeze(1)))
+        return torch.bmm(x.permute(0, 2, 1), alpha).reshape(x.shape[0], -1)
+
+    def forward(self, history):
+        b, n_news, n_words = history.shape
+        words = history.view(-1, n_words)
+        news = self.pool(self.emb(words), words.ne(0).float()).view(b, n_news, -1)  # (B, N, d)
+        q = self.W_Q(news).view(b, -1, self.h, 4).transpose(1, 2)
+        k = self.W_K(news).view(b, -1, self.h, 4).transpose(1, 2)
+        v = self.W_V(news).view(b, -1, self.h, 4).transpose(1, 2)
+        scores = torch.exp(torch.matmul(q, k.transpose(-1, -2)) / 2.0)
+        attn = scores / (torch.sum(scores, dim=-1, keepdim=True) + 1e-8)
+        self.used.append(("enc_self", attn))
+        user = torch.matmul(attn, v).transpose(1, 2).reshape(b, n_news, -1)
+        return self.pool(user)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 1), (2, 4)])
+def test_nrms_softmax_by_hand_with_an_epsilon_and_attention_over_pooled_vectors(batch, heads):
+    torch.manual_seed(4)
+    model = NRMS(heads).eval()
+    g = torch.Generator().manual_seed(batch)
+    history = torch.randint(1, VOCAB, (batch, 3, 6), generator=g)
+    history[:, :, 4:] = 0
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(history)
+    _check(cap, model.used)
+    assert cap.records[0].key_labels is None  # the words are tokens
+    assert cap.records[1].key_labels == ("<pooled 0>", "<pooled 1>", "<pooled 2>")  # news vectors
+
+
+class Penalty(nn.Module):
+    """Lin et al.'s self-attentive pooling with a -10000 penalty on the pads, added to the scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.ws1, self.ws2 = nn.Linear(8, 6, bias=False), nn.Linear(6, 1, bias=False)
+        self.used: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        alphas = self.ws2(torch.tanh(self.ws1(h))).squeeze(-1) + 3.0  # raw scores above 0
+        alphas = alphas + (-10000 * (ids == 0).float())
+        a = F.softmax(alphas, dim=1)
+        self.used.append(("cross", a[:, None, None]))
+        return torch.bmm(a.unsqueeze(1), h).squeeze(1)
+
+
+@pytest.mark.parametrize("batch", [2, 3, 5])
+def test_a_minus_10000_penalty_on_positive_scores_is_the_mask(batch):
+    torch.manual_seed(5)
+    model = Penalty().eval()
+    ids = _ids(batch, 7)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    _check(cap, model.used)
+    rec = cap.records[0]
+    assert rec.mask is not None and torch.equal(rec.mask, (ids != 0)[:, None, :])
+
+
+class Keyword(nn.Module):
+    def __init__(self, stack: bool):
+        super().__init__()
+        self.stack = stack
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.q, self.k = nn.Linear(8, 4), nn.Linear(8, 4)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        if self.stack:
+            x = torch.stack(tensors=[x, x], dim=0).sum(dim=0)
+        else:
+            x = torch.cat(tensors=[x[..., :4], x[..., 4:]], dim=-1)
+        a = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2), -1)
+        self.used.append(("enc_self", a[:, None]))
+        return a @ x
+
+
+@pytest.mark.parametrize("stack", [False, True])
+def test_cat_and_stack_given_their_tensors_by_keyword(stack):
+    model = Keyword(stack).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(2, 6))
+    _check(cap, model.used)
+
+
+class Named(nn.Module):
+    def __init__(self, name: str):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.add_module(name, nn.MultiheadAttention(8, 2, batch_first=True))
+        self.name = name
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        return getattr(self, self.name)(x, x, x, key_padding_mask=ids == 0)[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("decomposable", "enc_self"), ("deconv_head", "enc_self"), ("decision", "enc_self"),
+     ("dec", "dec_self"), ("dec1", "dec_self"), ("text_decoder", "dec_self"), ("dec_layers", "dec_self")],
+)  # fmt: skip
+def test_a_decoder_is_named_by_a_whole_word_not_a_prefix(name, kind):
+    """A padded self-attention with no causal mask: only its module path can call it a decoder's."""
+    model = Named(name).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(3, 6))
+    assert [r.kind for r in cap.records] == [kind]
