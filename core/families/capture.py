@@ -1117,8 +1117,8 @@ class _Session:
             if isinstance(eps, torch.Tensor) and eps.numel() == 1 and not eps.requires_grad:
                 eps = float(eps)
             if (entry is not None and entry[0]() is x and entry[1] in ("sum", "sum-")
-                    and isinstance(eps, (int, float)) and not isinstance(eps, bool)
-                    and 0 <= eps <= 1e-4 and tuple(out.shape) == tuple(x.shape)):  # fmt: skip
+                    and isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 <= eps <= 1e-4
+                    and tuple(out.shape) == tuple(args[0].shape)):  # fmt: skip
                 self._remember_hand(out, entry[1], entry[2], entry[3], entry[4])
         elif name == "unsqueeze":
             entry = self._hand.get(id(x))
@@ -1878,7 +1878,8 @@ class _Session:
         the keys'), so a softmax over them is placed like any softmax over positions."""
         x = args[0] if args else None
         g = self.tag(x)
-        if g is None or g.role != "scores" or g.probs is not None or g.smap is None or g.smap.broken:
+        if (not isinstance(x, torch.Tensor) or g is None or g.role != "scores" or g.probs is not None
+                or g.smap is None or g.smap.broken):  # fmt: skip
             return False
         smap = g.smap
         dim = args[1] if len(args) > 1 else kwargs.get("dim")
