@@ -214,11 +214,13 @@ class _Residual:
 
     def __init__(self, stream, index, shape, norms=None):
         self._stream, self._index, self._shape, self._norms = stream, index, shape, norms
-        self._version = None if stream is None else stream._version
+        self._version = None if stream is None else _version_of(stream)
+        if stream is not None and self._version is None:  # an inference tensor (no version counter): now
+            self.get()
 
     def get(self) -> torch.Tensor | None:
         stream, self._stream = self._stream, None
-        if self._norms is None and stream is not None and stream._version == self._version:
+        if self._norms is None and stream is not None and _version_of(stream) == self._version:
             with torch.no_grad():
                 n = stream.detach().float().norm(dim=-1).reshape(-1)
             self._norms = n[self._index.to(n.device)].view(self._shape)
@@ -509,6 +511,7 @@ class _Probs:
     allowed: torch.Tensor | None = None  # the 0/1 mask it was multiplied by (True = kept)
     layout: Layout | None = None  # from lineage: exact, whatever the fold
     qpos: torch.Tensor | None = None  # (B, q) each query's position code, where no layout says it (SDPA)
+    joined: tuple[int, int] | None = None  # a head joined into the layer's record: (its place, head offset)
 
     def bhqk(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor shaped like the softmax output -> (B, H, q, k) as in the record."""
@@ -678,6 +681,11 @@ def _very_negative(v: Any) -> bool:
     return isinstance(v, (int, float)) and v <= NEG
 
 
+def _version_of(t: torch.Tensor) -> int | None:
+    """``t._version``; None for an inference tensor (torch.inference_mode keeps no version counter)."""
+    return None if t.is_inference() else int(t._version)
+
+
 def _expanded(c: torch.Tensor) -> bool:
     """Codes repeated along a dim by ``expand`` (stride 0): one value broadcast over it."""
     return any(st == 0 and n > 1 for st, n in zip(c.stride(), c.shape, strict=True))
@@ -827,6 +835,7 @@ class _Session:
         modules = list(model.named_modules()) if modules is None else modules
         self.names = {id(m): n for n, m in modules}
         self.fixed = {**_layer_kinds(model, modules), **(kinds or {})}
+        self.given = dict(kinds or {})  # kinds= from the caller: they decide, whatever the mask
         self.model = model
         self.include, self.exclude = tuple(include or ()), tuple(exclude or ())
         self.batch: int | None = None
@@ -875,6 +884,7 @@ class _Session:
         # positions a conv over it made): every conv over it that keeps one grid reads those positions
         self._grids: dict[tuple, tuple[weakref.ref, int]] = {}
         self._pooled_by: torch.Tensor | None = None  # weights over positions the op being followed multiplies
+        self._joined_head: tuple[Record, int, int] | None = None  # the last head _record joined to its layer
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -1429,7 +1439,7 @@ class _Session:
         found = []
         for t in parts:
             c = self.code_of(t) if isinstance(t, torch.Tensor) else None
-            if c is None:
+            if c is None or not c.shape[-1]:  # (a part with no features adds none)
                 continue
             if tuple(c.shape[:-1]) != tuple(out.shape[:-1]):
                 return None
@@ -1552,6 +1562,8 @@ class _Session:
         if t is int or t is str or a is None:
             return a, a
         if isinstance(a, torch.Tensor):
+            if a.is_complex():  # (Fourier features: values, never indices, and no codes)
+                raise _NoCode
             if not a.is_floating_point():
                 return a, _NOKEY
             c = self.code_of(a)
@@ -1651,7 +1663,7 @@ class _Session:
         raw = bool((xc & lineage.RAW).any())
         first = int(xc.reshape(-1)[0]) >> lineage.SHIFT if xc.numel() else -1
         parent = self.sources.at(first) if first >= 0 else None
-        key = (id(x), x._version, space, int(out.shape[0]))
+        key = (id(x), _version_of(x), space, int(out.shape[0]))
         held = self._grids.get(key) if raw else None
         if held is not None and held[0]() is x:
             start = held[1]
@@ -2040,7 +2052,9 @@ class _Session:
                 if xc is not None and n_in is not None and ops[1].dim() == n_in + 1:
                     # "abcd,cde->abe": x's last n_in dims (heads, features) times a kernel read as (C, D)
                     kernel = ops[1]
-                    w = _same_view(kernel, ("kernel", kernel._version), lambda k: k.reshape(-1, k.shape[-1]))
+                    w = _same_view(
+                        kernel, ("kernel", _version_of(kernel)), lambda k: k.reshape(-1, k.shape[-1])
+                    )
                     self._out_projection(ops[0], w, None, True, _flat_codes(xc, n_in))
             return new
         first = op_tags[0] if op_tags else None
@@ -2499,7 +2513,13 @@ class _Session:
         if cols is None:
             return
         rec.values.b_o = bias.detach() if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None
-        key = ("W_O", id(weight), weight._version, id(cols), transposed)  # again only if the weight changed
+        key = (
+            "W_O",
+            id(weight),
+            _version_of(weight),
+            id(cols),
+            transposed,
+        )  # again only if the weight changed
         w_o = lineage.recall(key)
         if w_o is lineage.MISS:
             w_o = lineage.remember(key, (weight, cols), values_.projection_slices(weight, cols, transposed))
@@ -2692,6 +2712,7 @@ class _Session:
         self.head_group = group
         if joined and last is not None and group is not None:
             self.cap.records[-1] = _heads_joined(last, rec, group[0])
+            self._joined_head = (rec, len(self.cap.records) - 1, int(last.probs.shape[1]))
             return None
         self.cap.records.append(rec)
         return rec
@@ -2720,8 +2741,11 @@ class _Session:
         """The kind of an attention call. With lineage (``exact``), queries and keys from different
         inputs are cross-attention whatever their lengths, and keys beyond the queries' own are a
         cache; without it, names and lengths decide."""
-        for pattern, kind in self.fixed.items():
+        for pattern, kind in (*self.given.items(), *self.fixed.items()):  # the caller's kinds= first
             if pattern == path or fnmatch.fnmatchcase(path, pattern):
+                if (kind == "enc_self" and pattern not in self.given and mask is not None and lq > 1
+                        and (_is_causal_mask(mask) if causal is None else causal)):  # fmt: skip
+                    return "dec_self"  # an nn.TransformerEncoder run with a causal mask: a language model
                 return kind
         low = path.lower()
         if cross is None and any(w in low for w in CROSS_WORDS):
@@ -2798,7 +2822,8 @@ class _Session:
         the same shape) whose queries and keys carry the same codes (the same positions and heads)
         and whose sources are the same share it."""
         sources = tuple((s.start, s.n, s.kind, s.label) for s in self.sources.items)
-        key = (smap.shape, len(smap.chain), smap.broken, tuple(shape), dim, str(smap.q.device), sources)
+        key = (smap.shape, len(smap.chain), smap.broken, tuple(shape), dim, str(smap.q.device), sources,
+               torch.is_inference_mode_enabled())  # (tensors made in inference mode stay there)  # fmt: skip
         with _LAYOUTS_LOCK:
             seen = list(_LAYOUTS.get(key, ()))
         for q, k, chain, found in seen:
@@ -2821,12 +2846,19 @@ class _Session:
         scores = tag.scores if tag.scores is not None else x
         allowed = layout.bhqk(tag.allowed.expand(x.shape)) if tag.allowed is not None else None
         source = tag.mask_source if allowed is not None else None
+        self._joined_head = None
         rec = self._record(path, layout.bhqk(out), layout.bhqk(scores.detach()), allowed, "softmax", source,
                            layout.cross, ext=layout.ext, layout=layout, queries=layout.qcode)  # fmt: skip
+        joined = None
+        if rec is None and self._joined_head is not None:  # one module per head: this head's weights are
+            rec, at, offset = self._joined_head  # followed too (dropout after the softmax), into its slice
+            joined = (at, offset)
+        self._joined_head = None
         if rec is None:
             return
         b, h = rec.probs.shape[0], rec.probs.shape[1]
-        p = _Probs(rec, (int(b), int(h)), False, layout.cross, layout.ext, tuple(out.shape), layout=layout)
+        p = _Probs(rec, (int(b), int(h)), False, layout.cross, layout.ext, tuple(out.shape), layout=layout,
+                   joined=joined)  # fmt: skip
         moved = out.movedim(layout.dim, -1).shape
         key = ("rowq", id(layout.qcode), str(out.device), tuple(moved), layout.dim)
         rowq = lineage.recall(key)
@@ -3188,6 +3220,16 @@ class _Session:
         if i is not None and rec is not None:
             self.cap.records[i] = replace(rec, **changes)
             p.record = self.cap.records[i]
+        elif p.joined is not None and rec is not None and set(changes) == {"probs"}:
+            at, offset = p.joined  # a head joined into its layer's record: its slice of the heads
+            layer = self.cap.records[at] if at < len(self.cap.records) else None
+            new = changes["probs"]
+            h = int(new.shape[1])
+            if layer is not None and tuple(layer.probs[:, offset : offset + h].shape) == tuple(new.shape):
+                probs = layer.probs.clone()
+                probs[:, offset : offset + h] = new
+                self.cap.records[at] = replace(layer, probs=probs)
+                p.record = replace(rec, probs=new)
 
     def _replace_probs(self, p: _Probs, out: torch.Tensor) -> None:
         """The record's weights become ``out`` (the softmax output cast to a lower precision)."""
@@ -3592,6 +3634,7 @@ _ROWS: dict[tuple, torch.Tensor] = {}  # SDPA: checked rows by query length and 
 
 def _kept(key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
     """A small constant tensor of SDPA's checks, made once per key (never written to)."""
+    key = (*key, torch.is_inference_mode_enabled())  # inference tensors never leave inference mode
     t = _ROWS.get(key)
     if t is None:
         t = make()
@@ -4012,12 +4055,24 @@ def capture_attention(
 
 def _blind_spot(model: nn.Module, modules=None) -> str | None:
     """One sentence when (part of) the model runs where a TorchFunctionMode cannot see."""
+    scripted: list[str] = []
     for name, mod in model.named_modules() if modules is None else modules:
-        if isinstance(mod, torch.jit.ScriptModule):
-            where = f"module {name!r}" if name else "the model"
-            return (f"{where} is TorchScript: its operations run outside Python, where attnscope cannot see "
-                    "them, so its attention is not recorded (capture the model before torch.jit.script)")  # fmt: skip
-    return None
+        if isinstance(mod, torch.jit.ScriptModule) and not any(
+            s == "" or name.startswith(f"{s}.") for s in scripted
+        ):
+            scripted.append(name)  # (a scripted module's own submodules are script modules too)
+    if not scripted:
+        return None
+    if scripted == [""]:
+        where = "the model is"
+    else:
+        named = ", ".join(repr(n) for n in scripted[:6]) + (
+            f" and {len(scripted) - 6} more" if len(scripted) > 6 else ""
+        )
+        where = f"module {named} is" if len(scripted) == 1 else f"modules {named} are"
+    its = "its" if len(scripted) == 1 else "their"
+    return (f"{where} TorchScript: {its} operations run outside Python, where attnscope cannot see them, so "
+            f"{its} attention is not recorded (capture the model before torch.jit.script)")  # fmt: skip
 
 
 def capture_call(

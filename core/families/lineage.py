@@ -66,7 +66,7 @@ MISS = object()
 
 def recall(key: tuple) -> Any:
     """The remembered result of a code op, or MISS."""
-    entry = _MEMO.get(key)
+    entry = _MEMO.get((key, torch.is_inference_mode_enabled()))
     return MISS if entry is None else entry[1]
 
 
@@ -76,6 +76,8 @@ def remember(key: tuple, held: tuple, result: Any) -> Any:
     nbytes = _nbytes(result)
     if nbytes > MEMO_BYTES // 4:
         return result
+    key = (key, torch.is_inference_mode_enabled())  # codes made in inference mode are inference tensors,
+    # which a capture outside it (gradients on) cannot use
     with _MEMO_LOCK:
         if key in _MEMO:
             return result
@@ -451,7 +453,7 @@ def _structure(smap: ScoreMap, shape: tuple[int, ...], dim: int) -> _Structure |
     key = None
     if not any(isinstance(a, torch.Tensor) for op in smap.chain for a in (*op[2], *op[3].values())):
         key = (smap.shape, tuple((op[0], repr(op[2]), repr(sorted(op[3].items()))) for op in smap.chain),
-               tuple(shape), dim)  # fmt: skip
+               tuple(shape), dim, torch.is_inference_mode_enabled())  # fmt: skip
         hit = _STRUCTURES.get(key)
         if hit is not None:
             return hit
@@ -724,7 +726,11 @@ def _cross(qpos: torch.Tensor, kpos: torch.Tensor, sources: Sources) -> bool | N
         # positions (DETR's object queries among themselves) attend to each other; else unknown
         if qs:
             return True
-        return False if len(qpos) > 1 and set(qpos.tolist()) == set(kpos.tolist()) else None
+        if len(qpos) > 1 and set(qpos.tolist()) == set(kpos.tolist()):
+            return False
+        if {s.start for s in qkinds}.isdisjoint({s.start for s in kkinds}):
+            return True  # learned queries reading another parameter's positions (Crossformer's router)
+        return None
     if not qs:  # learned queries reading the tokens (a Perceiver's latents, CrossViT's and CaiT's class
         return True  # token over itself and the patches: named cross-attention by the papers that use it)
     return qs.isdisjoint(ks)

@@ -1,0 +1,229 @@
+"""Capture under the conditions real training and inference code runs in.
+
+- "Let's build GPT"'s one module per head with attention dropout while training: every head's record
+  holds the dropped weights its product took, not only the first head's.
+- PyTorch's language-model tutorial: an ``nn.TransformerEncoder`` run with a causal mask is
+  ``dec_self`` (the layer class says encoder; the mask says a language model), without one ``enc_self``.
+- ``torch.inference_mode()``: records and residual norms as under ``no_grad``, and a later capture with
+  gradients on is not handed inference tensors remembered from it.
+- Learned queries reading another parameter's positions (Crossformer's router) are ``cross``.
+- Every TorchScript submodule is named in the one note, not only the first.
+- Internal steps that cannot follow an op (a zero-width part joined, a complex einsum of Fourier
+  features) leave no internal error among the notes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscope.core.families.capture import capture_attention
+
+VOCAB = 30
+
+
+def _ids(batch: int, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(batch)
+    return torch.randint(1, VOCAB, (batch, n), generator=g)
+
+
+class Head(nn.Module):
+    def __init__(self, d: int, hs: int, n: int):
+        super().__init__()
+        self.key, self.query, self.value = (nn.Linear(d, hs, bias=False) for _ in range(3))
+        self.register_buffer("tril", torch.tril(torch.ones(n, n)))
+        self.dropout = nn.Dropout(0.3)
+        self.used: torch.Tensor | None = None
+
+    def forward(self, x):
+        _, t, _ = x.shape
+        k, q = self.key(x), self.query(x)
+        wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5
+        wei = wei.masked_fill(self.tril[:t, :t] == 0, float("-inf"))
+        wei = self.dropout(F.softmax(wei, dim=-1))
+        self.used = wei.detach().clone()
+        return wei @ self.value(x)
+
+
+class GPT(nn.Module):
+    def __init__(self, heads: int, n: int = 8, layers: int = 2):
+        super().__init__()
+        d = 4 * heads
+        self.tok = nn.Embedding(VOCAB, d)
+        self.blocks = nn.ModuleList(nn.ModuleDict({"heads": nn.ModuleList(Head(d, 4, n) for _ in range(heads)),
+                                                   "proj": nn.Linear(d, d)}) for _ in range(layers))  # fmt: skip
+
+    def forward(self, ids):
+        x = self.tok(ids)
+        for block in self.blocks:
+            x = x + block["proj"](torch.cat([h(x) for h in block["heads"]], dim=-1))
+        return x
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 3), (2, 2), (2, 4)])
+def test_dropout_in_each_head_module_is_in_each_heads_record(grad, batch, heads):
+    torch.manual_seed(0)
+    model = GPT(heads).train()
+    with torch.set_grad_enabled(grad), capture_attention(model) as cap:
+        model(_ids(batch, 7))
+    assert len(cap.records) == 2 and not cap.notes
+    for rec, block in zip(cap.records, model.blocks, strict=True):
+        used = torch.stack([h.used for h in block["heads"]], dim=1)
+        assert rec.exact and rec.kind == "dec_self"
+        assert bool((used.sum(-1) > 1.01).any())  # dropout rescaled what it kept
+        torch.testing.assert_close(rec.probs, used, atol=1e-6, rtol=0)
+
+
+class LanguageModel(nn.Module):
+    """PyTorch's "Language Modeling with nn.Transformer" tutorial: sequence-first, a causal src_mask."""
+
+    def __init__(self, causal: str, batch_first: bool):
+        super().__init__()
+        self.causal, self.batch_first = causal, batch_first
+        self.embedding = nn.Embedding(VOCAB, 16)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=batch_first)
+        self.transformer_encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    def forward(self, ids):
+        x = self.embedding(ids) if self.batch_first else self.embedding(ids).transpose(0, 1)
+        n = ids.shape[1]
+        if self.causal == "none":
+            return self.transformer_encoder(x)
+        mask = nn.Transformer.generate_square_subsequent_mask(n)
+        if self.causal == "log_tril":  # pytorch/examples word_language_model
+            mask = torch.log(torch.tril(torch.ones(n, n)))
+        return self.transformer_encoder(x, mask=mask, is_causal=self.causal == "is_causal")
+
+
+@pytest.mark.parametrize(
+    ("causal", "kind"),
+    [("mask", "dec_self"), ("is_causal", "dec_self"), ("log_tril", "dec_self"), ("none", "enc_self")],
+)
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_an_encoder_stack_run_with_a_causal_mask_is_a_language_model(causal, kind, batch_first):
+    model = LanguageModel(causal, batch_first).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(3, 6))
+    assert [r.kind for r in cap.records] == [kind, kind]
+    assert all(r.exact for r in cap.records)
+
+
+def test_kinds_given_by_the_caller_still_decide():
+    model = LanguageModel("mask", True).eval()
+    with torch.no_grad(), capture_attention(model, kinds={"transformer_encoder.*": "enc_self"}) as cap:
+        model(_ids(2, 6))
+    assert [r.kind for r in cap.records] == ["enc_self", "enc_self"]
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.qkv, self.o = nn.Linear(8, 24), nn.Linear(8, 8)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, n = ids.shape
+        x = self.emb(ids)
+        q, k, v = (t.view(b, n, 2, 4).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        a = (q @ k.transpose(-1, -2) / 2).softmax(-1)
+        self.used.append(a.detach().clone())
+        return x + self.o((a @ v).transpose(1, 2).reshape(b, n, 8))
+
+
+def test_inference_mode_captures_and_leaves_nothing_a_later_capture_cannot_use():
+    torch.manual_seed(1)
+    model = Encoder().eval()
+    ids = _ids(2, 5)
+    with torch.inference_mode(), capture_attention(model) as first:
+        model(ids)
+    for context in (torch.inference_mode, torch.no_grad, torch.enable_grad):
+        model.used.clear()
+        with context(), capture_attention(model) as cap:
+            model(ids)
+        assert not cap.notes, cap.notes
+        assert len(cap.records) == 1 and cap.records[0].exact
+        torch.testing.assert_close(cap.records[0].probs.detach(), model.used[0].detach(), atol=1e-6, rtol=0)
+        assert cap.records[0].residual is not None
+    torch.testing.assert_close(first.records[0].residual, cap.records[0].residual.detach())
+
+
+class Router(nn.Module):
+    """Crossformer's two-stage attention: learned router vectors read learned decoder positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = nn.Parameter(torch.randn(3, 8))
+        self.dec_pos = nn.Parameter(torch.randn(5, 8))
+        self.q, self.k = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b = ids.shape[0]
+        x = self.dec_pos.unsqueeze(0).expand(b, -1, -1)
+        r = self.router.unsqueeze(0).expand(b, -1, -1)
+        a = torch.softmax(self.q(r) @ self.k(x).transpose(1, 2) / 8**0.5, -1)
+        self.used.append(a.detach()[:, None])
+        return a @ x
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_learned_queries_reading_another_parameters_positions_are_cross(batch):
+    torch.manual_seed(2)
+    model = Router().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 4))
+    assert [r.kind for r in cap.records] == ["cross"]
+    torch.testing.assert_close(cap.records[0].probs, model.used[0])
+
+
+def test_every_torchscript_submodule_is_named():
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, 8)
+            self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+                                        for _ in range(3))  # fmt: skip
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    model = Stack().eval()
+    model.blocks[0] = torch.jit.script(model.blocks[0])
+    model.blocks[2] = torch.jit.script(model.blocks[2])
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(2, 5))
+    assert [r.name for r in cap.records] == ["blocks.1.self_attn"]
+    note = next(n for n in cap.notes if "TorchScript" in n)
+    assert "'blocks.0'" in note and "'blocks.2'" in note and "are TorchScript" in note
+    assert "blocks.0.self_attn" not in note  # a scripted module's own submodules are not listed again
+
+
+def test_a_zero_width_part_and_a_complex_einsum_leave_no_internal_error():
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, 8)
+            self.q, self.k = nn.Linear(8, 8), nn.Linear(8, 8)
+            self.w = nn.Parameter(torch.randn(8, 8, 3, dtype=torch.cfloat))
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            empty = x[..., :0]
+            x = torch.cat([x, empty], dim=-1)  # Emformer's memory blocks, empty at the first segment
+            a = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2), -1)
+            y = a @ x
+            f = torch.fft.rfft(y.transpose(1, 2), dim=-1)[..., :3]  # FEDformer's frequency modes
+            mixed = torch.einsum("bix,iox->box", f, self.w)
+            return y, torch.fft.irfft(mixed, n=ids.shape[1], dim=-1)
+
+    with torch.no_grad(), capture_attention(Odd().eval()) as cap:
+        Odd().eval()(_ids(2, 6))
+    assert len(cap.records) == 1 and cap.records[0].exact
+    assert not [n for n in cap.notes if "Error" in n], cap.notes
