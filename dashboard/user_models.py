@@ -231,7 +231,14 @@ def read_zip(data: bytes, max_total: int) -> list[tuple[str, bytes]]:
     folder level, at most ``max_total`` bytes once unpacked (counted while reading)."""
     try:
         zf = zipfile.ZipFile(io.BytesIO(data))
-    except zipfile.BadZipFile as exc:
+    except (
+        zipfile.BadZipFile,
+        NotImplementedError,
+        ValueError,
+        OSError,
+        EOFError,
+    ) as exc:  # a zip version or
+        # compression zipfile does not read
         raise ModelLoadError("the .zip file is damaged or not a zip archive") from exc
     with zf:
         infos = [i for i in zf.infolist() if not i.is_dir()]
@@ -267,7 +274,14 @@ def read_zip(data: bytes, max_total: int) -> list[tuple[str, bytes]]:
                         if total > max_total:  # sizes in the archive can lie (zip bombs)
                             raise ModelLoadError(f"the .zip unpacks to more than {mb(max_total)}, the limit")
                         chunks.append(chunk)
-            except (zipfile.BadZipFile, RuntimeError, OSError, EOFError) as exc:  # CRC, encryption
+            except (
+                zipfile.BadZipFile,
+                RuntimeError,
+                OSError,
+                EOFError,
+                NotImplementedError,
+                ValueError,
+            ) as exc:
                 raise ModelLoadError(f"cannot unpack {info.filename!r} from the .zip: {exc}") from exc
             out.append((info.filename, b"".join(chunks)))
     return out

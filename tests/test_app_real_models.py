@@ -367,6 +367,12 @@ def test_upload_checks(tmp_path, tiny_folder):
         "two folders": _zip({"a/config.json": b"{}", "b/src_vocab.json": b"{}"}),
         "bomb": _zip({"config.json": b"0" * (4 * limit + 1)}),
     }
+    versioned = bytearray(_zip({"config.json": b"{}"}))
+    versioned[versioned.index(b"PK\x01\x02") + 6] = 64  # "zip file version 6.4": NotImplementedError
+    bad["zip version"] = bytes(versioned)
+    odd = bytearray(_zip({"config.json": b"{}"}))
+    odd[odd.index(b"PK\x01\x02") + 10] = 99  # a compression method zipfile does not know
+    bad["compression"] = bytes(odd)
     for what, data in bad.items():
         with pytest.raises(ModelLoadError):
             user_models.save_upload([("x.zip", data)], tmp_path / what, limit)

@@ -313,6 +313,23 @@ def test_truncated_and_mutated_valid_files(valid_files, data):
     _opens_or_one_sentence(bytes(raw), f"fuzzed.{kind}")
 
 
+@pytest.mark.parametrize("where", ["central directory", "local header"])
+def test_a_zip_version_or_compression_zipfile_cannot_read_is_one_sentence(valid_files, where):
+    """A .npz whose directory asks for zip version 6.4, or whose member uses a compression method
+    zipfile does not know (zipfile raises NotImplementedError for both): refused in one sentence."""
+    raw = bytearray(valid_files["npz"])
+    if where == "central directory":
+        at = raw.index(b"PK\x01\x02")
+        raw[at + 6] = 64  # version needed to extract
+    else:
+        for sig in (b"PK\x01\x02", b"PK\x03\x04"):  # compression method 99 in every header
+            at = raw.find(sig)
+            while at >= 0:
+                raw[at + (10 if sig == b"PK\x01\x02" else 8)] = 99
+                at = raw.find(sig, at + 4)
+    _refused(bytes(raw), "v.npz")
+
+
 def test_learned_keys_make_a_format_2_file_that_round_trips_and_is_checked(trace):
     """Weights on learned keys outside the sequence (memory keys, a null key) are trace format 2:
     written and read back as they are, counted in the rows' sums; a format-1 file may not hold

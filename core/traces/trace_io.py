@@ -80,7 +80,8 @@ def _npy_header(fp) -> tuple[tuple[int, ...], np.dtype]:
 def _read_npz(source) -> tuple[Any, dict[str, np.ndarray]]:  # the header as parsed: _check judges it
     try:
         zf = zipfile.ZipFile(source)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:  # (a zip version
+        # or compression zipfile does not read)
         raise _Bad("the file is truncated or not a .npz archive") from exc
     with zf:
         infos = zf.infolist()
@@ -118,7 +119,8 @@ def _read_npz(source) -> tuple[Any, dict[str, np.ndarray]]:  # the header as par
             try:
                 with zf.open(key + ".npy") as fp:
                     return np.lib.format.read_array(fp, allow_pickle=False)
-            except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError,
+                    RuntimeError) as exc:  # (an encrypted member: RuntimeError)  # fmt: skip
                 raise _Bad(f"{key!r} is truncated or damaged") from exc
 
         header_text = str(load("header"))
