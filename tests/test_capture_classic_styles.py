@@ -341,3 +341,67 @@ def test_a_decoder_is_named_by_a_whole_word_not_a_prefix(name, kind):
     with torch.no_grad(), capture_attention(model) as cap:
         model(_ids(3, 6))
     assert [r.kind for r in cap.records] == [kind]
+
+
+class Persson2020(nn.Module):
+    """Aladdin Persson's transformer as first published: the embedding split into heads first, then one
+    ``Linear(head_dim, head_dim)`` shared by the heads, einsum "nqhd,nkhd->nhqk"."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h, self.hd = heads, 4
+        self.emb = nn.Embedding(VOCAB, 4 * heads)
+        self.values, self.keys, self.queries = (nn.Linear(4, 4, bias=False) for _ in range(3))
+        self.fc_out = nn.Linear(4 * heads, 4 * heads)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        n, length, _ = x.shape
+        values = self.values(x.reshape(n, length, self.h, self.hd))
+        keys = self.keys(x.reshape(n, length, self.h, self.hd))
+        queries = self.queries(x.reshape(n, length, self.h, self.hd))
+        energy = torch.einsum("nqhd,nkhd->nhqk", [queries, keys])
+        energy = energy.masked_fill((ids != 0)[:, None, None, :] == 0, float("-1e20"))
+        attention = torch.softmax(energy / (4 * self.h) ** 0.5, dim=3)
+        self.used.append(("enc_self", attention))
+        out = torch.einsum("nhql,nlhd->nqhd", [attention, values]).reshape(n, length, -1)
+        return self.fc_out(out)
+
+
+class HeadLoop(nn.Module):
+    """Per-head projections of the input's slices in a loop inside one module call (Pulfer's ViT
+    without its class token): the heads are one layer, not H layers."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h = heads
+        self.emb = nn.Embedding(VOCAB, 4 * heads)
+        self.q_mappings = nn.ModuleList(nn.Linear(4, 4) for _ in range(heads))
+        self.k_mappings = nn.ModuleList(nn.Linear(4, 4) for _ in range(heads))
+        self.v_mappings = nn.ModuleList(nn.Linear(4, 4) for _ in range(heads))
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        outs, maps = [], []
+        for h in range(self.h):
+            seq = x[..., 4 * h : 4 * h + 4]
+            q, k, v = self.q_mappings[h](seq), self.k_mappings[h](seq), self.v_mappings[h](seq)
+            attention = torch.softmax(q @ k.transpose(1, 2) / 2.0, dim=-1)
+            maps.append(attention)
+            outs.append(attention @ v)
+        self.used.append(("enc_self", torch.stack(maps, dim=1)))
+        return torch.cat(outs, dim=-1)
+
+
+@pytest.mark.parametrize("style", [Persson2020, HeadLoop])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (1, 3), (2, 2), (3, 3), (4, 2), (2, 4)])
+def test_heads_projected_after_the_split_stay_heads(style, batch, heads):
+    """A projection applied to each head's slice numbers its outputs after the slice's features, so
+    heads stay apart (before, Persson's maps came out as (B * H, 1, q, k) and a head loop as H layers)."""
+    torch.manual_seed(6)
+    model = style(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 6))
+    _check(cap, model.used)

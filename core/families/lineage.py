@@ -185,6 +185,13 @@ def projected(code: torch.Tensor, features: int, check: bool = False) -> tuple[t
     pos = code[..., :1] >> SHIFT
     mixed = check and code.shape[-1] > 1 and bool(((code >> SHIFT) != pos).any())
     f = torch.arange(features, dtype=torch.int64, device=code.device)
+    # rows that start past feature 0 are a slice of a row (a head's features after a view): their outputs
+    # are numbered after that offset, so a projection shared by the heads keeps the heads apart
+    first = code[..., :1] & (FEATURES & ~RAW)
+    if bool(first.any()):
+        width = torch.arange(code.shape[-1], dtype=torch.int64, device=code.device)
+        if bool(((code >> SHIFT) == pos).all()) and bool(((code & (FEATURES & ~RAW)) - first == width).all()):
+            f = (first * features + f) & FEATURES  # every row one position's run of features: a head's
     return remember(key, (code,), ((pos << SHIFT) | f, mixed))
 
 
