@@ -405,3 +405,47 @@ def test_heads_projected_after_the_split_stay_heads(style, batch, heads):
     with torch.no_grad(), capture_attention(model) as cap:
         model(_ids(batch, 6))
     _check(cap, model.used)
+
+
+class NoWeights(nn.Module):
+    """Raschka's "Build a LLM from scratch", 3.3: self-attention without trainable weights over the
+    embeddings handed in, ``inputs @ inputs.T``; with ``causal``, 3.5.1's simple mask (the weights times
+    ``tril(ones)``, renormalized by their row sums)."""
+
+    def __init__(self, causal: bool):
+        super().__init__()
+        self.causal = causal
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, inputs):
+        attn_weights = torch.softmax(inputs @ inputs.T / inputs.shape[-1] ** 0.5, dim=-1)
+        if self.causal:
+            masked = attn_weights * torch.tril(torch.ones(inputs.shape[0], inputs.shape[0]))
+            attn_weights = masked / masked.sum(dim=-1, keepdim=True)
+        self.used.append(("dec_self" if self.causal else "enc_self", attn_weights[None, None]))
+        return attn_weights @ inputs
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_without_weights_over_one_sequence_from_outside(causal):
+    """One 2-D product is one sequence and one head, whatever the features: exact, with no projection."""
+    inputs = torch.tensor([[0.43, 0.15, 0.89], [0.55, 0.87, 0.66], [0.57, 0.85, 0.64],
+                           [0.22, 0.58, 0.33], [0.77, 0.25, 0.10], [0.05, 0.80, 0.55]])  # fmt: skip
+    model = NoWeights(causal)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(inputs)
+    _check(cap, model.used)
+    if causal:
+        assert torch.equal(cap.records[0].mask, torch.ones(6, 6, dtype=torch.bool).tril()[None])
+
+
+def test_a_batch_of_sequences_from_outside_without_projection_is_still_flagged():
+    """(B, L, d) from outside: it may hold heads folded into its batch, so the split is flagged."""
+
+    class Batched(nn.Module):
+        def forward(self, x):
+            return torch.softmax(x @ x.transpose(1, 2), dim=-1) @ x
+
+    with torch.no_grad(), capture_attention(Batched()) as cap:
+        Batched()(torch.randn(3, 5, 4))
+    assert len(cap.records) == 1 and not cap.records[0].exact and cap.records[0].flag

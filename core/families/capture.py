@@ -1266,6 +1266,29 @@ class _Session:
         self._fixed_codes[id(t)] = (weakref.ref(t), code)
         return code
 
+    def _view_tag(self, t: torch.Tensor) -> _Tag | None:
+        """The tag of an untagged view of a tagged tensor from outside (``x.T`` beside ``x`` in
+        ``x @ x.T``): its codes are the base's codes viewed the same way."""
+        base = t._base
+        g = self.tag(base) if isinstance(base, torch.Tensor) else None
+        if (
+            g is None
+            or g.code is None
+            or base is None
+            or not base.is_contiguous()
+            or not g.code.is_contiguous()
+        ):
+            return None
+        if tuple(g.code.shape) != tuple(base.shape) or t.device != base.device:
+            return None
+        try:
+            code = g.code.as_strided(t.size(), t.stride(), t.storage_offset() - base.storage_offset())
+        except RuntimeError:
+            return None
+        tag = _Tag(origin=g.origin, code=code)
+        self.set(t, tag)
+        return tag
+
     def _external(self, t: torch.Tensor) -> _Tag:
         """Tag a tensor that enters the model from outside the call (its own origin and positions)."""
         code = self.code_of(t)
@@ -1783,7 +1806,7 @@ class _Session:
                             and t.dim() >= 2 and not _is_param(t)), None)  # fmt: skip
             if outside is not None and (name in LINEAR or name in CONV or name in MATMUL or len(tags) > 1):
                 self._external(outside)  # features, an image, hidden states from outside the call
-                tags = [self.tag(t) for t in ins]
+                tags = [self.tag(t) or (self._view_tag(t) if t._base is outside else None) for t in ins]
         known = [(t, g) for t, g in zip(ins, tags, strict=True) if g is not None]
         if not known:
             return

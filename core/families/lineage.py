@@ -519,7 +519,7 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         assert st.key_idx is not None
         kbase, krow = ktab[sl0[:, None], st.key_idx.to(device)], torch.arange(q.numel(), device=device)
     qf = q & FEATURES
-    if bool((qf & RAW).any()):
+    if qtab.shape[0] > 1 and bool((qf & RAW).any()):  # (one slice, a 2-D product: one sequence, one head)
         return "the queries were not projected inside the captured call, so their head axis cannot be traced"
     qpos, kpos_b = q >> SHIFT, kbase >> SHIFT
     param_src = torch.tensor([s.kind in LABELLED for s in sources.items], dtype=torch.bool, device=device)
