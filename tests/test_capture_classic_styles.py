@@ -449,3 +449,109 @@ def test_a_batch_of_sequences_from_outside_without_projection_is_still_flagged()
     with torch.no_grad(), capture_attention(Batched()) as cap:
         Batched()(torch.randn(3, 5, 4))
     assert len(cap.records) == 1 and not cap.records[0].exact and cap.records[0].flag
+
+
+class RenamedHeads(nn.Module):
+    """ "Let's build GPT"'s Head modules in a list not named like heads, joined by ``torch.cat``."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, 4 * heads)
+        self.att_list = nn.ModuleList(nn.ModuleDict({"q": nn.Linear(4 * heads, 4), "k": nn.Linear(4 * heads, 4),
+                                                     "v": nn.Linear(4 * heads, 4)}) for _ in range(heads))  # fmt: skip
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def head(self, m, x):
+        wei = (m["q"](x) @ m["k"](x).transpose(-2, -1)) * 0.5
+        n = x.shape[1]
+        wei = F.softmax(wei.masked_fill(torch.tril(torch.ones(n, n)) == 0, float("-inf")), dim=-1)
+        return wei, wei @ m["v"](x)
+
+    def forward(self, ids):
+        x = self.tok(ids)
+        outs, maps = [], []
+        for m in self.att_list:
+            w, o = self.head(m, x)
+            maps.append(w)
+            outs.append(o)
+        self.used.append(("dec_self", torch.stack(maps, dim=1)))
+        return torch.cat(outs, dim=-1)
+
+
+class Interpretable(nn.Module):
+    """pytorch-forecasting's InterpretableMultiHeadAttention: per-head query and key layers, one value
+    layer and one attention module shared by the heads, ``torch.stack(heads, dim=2)`` then a mean."""
+
+    class Attention(nn.Module):
+        def forward(self, q, k, v, mask):
+            attn = torch.bmm(q, k.permute(0, 2, 1)) / 2.0
+            attn = F.softmax(attn.masked_fill(mask, -1e9), dim=2)
+            return torch.bmm(attn, v), attn
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h = heads
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.v_layer = nn.Linear(8, 4)
+        self.q_layers = nn.ModuleList(nn.Linear(8, 4) for _ in range(heads))
+        self.k_layers = nn.ModuleList(nn.Linear(8, 4) for _ in range(heads))
+        self.attention = self.Attention()
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        n = ids.shape[1]
+        mask = torch.ones(n, n, dtype=torch.bool).triu(1)[None]
+        vs = self.v_layer(x)
+        heads, attns = [], []
+        for i in range(self.h):
+            head, attn = self.attention(self.q_layers[i](x), self.k_layers[i](x), vs, mask)
+            heads.append(head)
+            attns.append(attn)
+        self.used.append(("dec_self", torch.stack(attns, dim=1)))
+        return torch.mean(torch.stack(heads, dim=2), dim=2)
+
+
+@pytest.mark.parametrize("style", [RenamedHeads, Interpretable])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 2), (2, 2), (3, 3), (2, 4)])
+def test_single_head_maps_whose_outputs_are_joined_are_one_layer(style, batch, heads):
+    """Outputs of single-head maps joined along their features (or stacked just before them) are the
+    heads of one layer, whatever the modules are named and even from one module called per head."""
+    torch.manual_seed(7)
+    model = style(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 6))
+    _check(cap, model.used)
+
+
+class SharedLayer(nn.Module):
+    """ALBERT-like: one single-head layer called three times (layers, not heads), and a query chunk loop
+    whose outputs are joined along the sequence (pieces of one map, not heads)."""
+
+    def __init__(self, chunks: bool):
+        super().__init__()
+        self.chunks = chunks
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.layer = nn.ModuleDict({"q": nn.Linear(8, 8), "k": nn.Linear(8, 8)})
+
+    def attend(self, q_in, x):
+        w = torch.softmax(self.layer["q"](q_in) @ self.layer["k"](x).transpose(1, 2), -1)
+        return w @ x
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        if self.chunks:
+            return torch.cat([self.attend(x[:, i : i + 3], x) for i in range(0, x.shape[1], 3)], dim=1)
+        for _ in range(3):
+            x = x + self.attend(x, x)
+        return x
+
+
+def test_layers_called_in_a_loop_and_chunks_of_queries_are_not_taken_for_heads():
+    with torch.no_grad(), capture_attention(SharedLayer(False).eval()) as cap:
+        SharedLayer(False).eval()(_ids(2, 6))
+    assert [tuple(r.probs.shape) for r in cap.records] == [(2, 1, 6, 6)] * 3
+    model = SharedLayer(True).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(2, 6))
+    assert [tuple(r.probs.shape) for r in cap.records] == [(2, 1, 6, 6)]  # two pieces of one map, not heads

@@ -885,6 +885,8 @@ class _Session:
         self._grids: dict[tuple, tuple[weakref.ref, int]] = {}
         self._pooled_by: torch.Tensor | None = None  # weights over positions the op being followed multiplies
         self._joined_head: tuple[Record, int, int] | None = None  # the last head _record joined to its layer
+        # single-head maps whose outputs were joined along their features: (places, seqs, the layer's name)
+        self._head_groups: list[tuple[list[int], list[int], str]] = []
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -994,6 +996,8 @@ class _Session:
                 if name in SCATTER_SUM and self._exps:
                     self._scatter_softmax(name, args, kwargs)
                 self.propagate(name, func, args, kwargs, out, pre)
+                if (name in CAT or name == "stack") and isinstance(out, torch.Tensor) and self.cap.records:
+                    self._heads_concatenated(name, args, kwargs, out)
                 if name == "exp" and isinstance(out, torch.Tensor) and args:
                     g = self.tag(args[0])
                     if g is not None and g.role != "param":
@@ -1192,10 +1196,22 @@ class _Session:
                 continue
             for i, _, _ in run:
                 records[i] = joined
-        if self._runs:  # each run's pieces are one record now, at the first piece's place
+        for places, seqs, layer in self._head_groups:  # heads of one layer from separate module calls
+            now = [records[i] if i < len(records) else None for i in places]
+            if any(r is None or r.seq != seq for r, seq in zip(now, seqs, strict=True)):
+                continue
+            heads = now[0]
+            assert heads is not None
+            for r in now[1:]:
+                assert r is not None
+                heads = _heads_joined(heads, r, layer)
+            for i in places:
+                records[i] = heads
+        if self._runs or self._head_groups:  # each run's pieces (each group's heads) are one record now
             seen: set[int] = set()
             records[:] = [r for r in records if not (id(r) in seen or seen.add(id(r)))]  # type: ignore[func-returns-value]
         self._runs.clear()
+        self._head_groups.clear()
         # a decoder's first step with a KV cache (one query, one key, nothing cached yet) looks like an
         # encoder of one token: it takes the kind of the module's later steps, which read the cache
         decoding = {r.name for r in records if r.kind == "dec_self" and r.probs.shape[-1] > r.probs.shape[-2]}
@@ -1265,6 +1281,45 @@ class _Session:
         code = lineage.fresh(start, lead, int(t.shape[-1]), t.device, raw=True)
         self._fixed_codes[id(t)] = (weakref.ref(t), code)
         return code
+
+    def _heads_concatenated(self, name: str, args, kwargs, out: torch.Tensor) -> None:
+        """The outputs of the last k single-head maps joined along their features (``torch.cat([h(x) for h in
+        self.att_list], -1)``), or stacked just before them (TFT's ``torch.stack(heads, dim=2)`` of one shared
+        attention module called per head): heads of one layer, joined into one record at the end."""
+        parts = args[0] if args and isinstance(args[0], (list, tuple)) else None
+        if parts is None or len(parts) < 2 or not all(isinstance(t, torch.Tensor) for t in parts):
+            return
+        if name == "stack":
+            d = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+            if not isinstance(d, int) or d % out.dim() != out.dim() - 2:
+                return
+        elif _cat_dim(name, args, kwargs, out) != out.dim() - 1:
+            return  # joined along positions: chunks of a sequence, not heads
+        paths = []
+        for t in parts:
+            g = self.tag(t)
+            if g is None or g.attn_out is None or g.probs is not None:
+                return
+            paths.append(g.attn_out)
+        records, k = self.cap.records, len(paths)
+        start = len(records) - k
+        if start < 0 or any(i >= start for group, _, _ in self._head_groups for i in group):
+            return
+        group = records[start:]
+        if any(r.name != p or r.probs.shape[1] != 1 for r, p in zip(group, paths, strict=True)):
+            return
+        if not all(_same_layer(group[0], r) for r in group[1:]):
+            return
+        if any(i >= start for run in self._runs for i, _, _ in run):
+            return  # pieces of one call (chunks), joined as such
+        words = [p.split(".") for p in paths]
+        common = []
+        for w in zip(*words, strict=False):
+            if len(set(w)) > 1:
+                break
+            common.append(w[0])
+        self._head_groups.append((list(range(start, len(records))), [r.seq for r in group],
+                                  ".".join(common) if common else paths[0]))  # fmt: skip
 
     def _view_tag(self, t: torch.Tensor) -> _Tag | None:
         """The tag of an untagged view of a tagged tensor from outside (``x.T`` beside ``x`` in

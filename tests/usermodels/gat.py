@@ -4,7 +4,9 @@ product), attention = torch.where(adj > 0, e, -9e15 * torch.ones_like(e)), F.sof
 F.dropout, h' = torch.matmul(attention, Wh); H = 3 heads as separate modules in a list named
 `attentions`, concatenated, then one output attention head.  Used on a token graph: node features
 come from an nn.Embedding of 7 token ids, adjacency = a dependency-like tree + self loops.
-Ground truth per head module call: (1, 1, N, N). forward(ids, adj) -> node logits (N, 4)."""
+Ground truth: the heads' maps joined into one layer (1, NH, N, N), as their outputs are joined along
+the features (multi-head attention by concatenation), then the output head (1, 1, N, N).
+forward(ids, adj) -> node logits (N, 4)."""
 
 from __future__ import annotations
 
@@ -59,6 +61,8 @@ class GAT(nn.Module):
     def forward(self, ids, adj):
         x = self.emb(ids)
         x = torch.cat([att(x, adj) for att in self.attentions], dim=1)
+        heads = [self.computed.pop() for _ in range(NH)][::-1]  # one layer of NH heads
+        self.computed.append((heads[0][0], torch.cat([t for _, t in heads], dim=1)))
         x = F.elu(self.out_att(x, adj))
         return F.log_softmax(x, dim=1)
 
