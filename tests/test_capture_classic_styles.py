@@ -555,3 +555,64 @@ def test_layers_called_in_a_loop_and_chunks_of_queries_are_not_taken_for_heads()
     with torch.no_grad(), capture_attention(model) as cap:
         model(_ids(2, 6))
     assert [tuple(r.probs.shape) for r in cap.records] == [(2, 1, 6, 6)]  # two pieces of one map, not heads
+
+
+class D2LAdditive(nn.Module):
+    """d2l.ai 11.3's additive attention on its toy data: queries and keys handed in, values
+    ``arange(40).reshape(1, 10, 4).repeat(2, 1, 1)`` (not made from the keys), masked by valid lengths."""
+
+    def __init__(self):
+        super().__init__()
+        self.W_k, self.W_q = nn.Linear(2, 8, bias=False), nn.Linear(20, 8, bias=False)
+        self.w_v = nn.Linear(8, 1, bias=False)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, queries, keys, values, valid_lens):
+        queries, keys = self.W_q(queries), self.W_k(keys)
+        features = torch.tanh(queries.unsqueeze(2) + keys.unsqueeze(1))
+        scores = self.w_v(features).squeeze(-1)
+        keep = torch.arange(scores.shape[-1])[None, None, :] < valid_lens[:, None, None]
+        weights = F.softmax(scores.masked_fill(~keep, -1e6), dim=-1)
+        self.used.append(("cross", weights[:, None]))
+        return torch.bmm(weights, values)
+
+
+def test_additive_attention_over_values_handed_in():
+    torch.manual_seed(8)
+    model = D2LAdditive().eval()
+    values = torch.arange(40, dtype=torch.float32).reshape(1, 10, 4).repeat(2, 1, 1)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.normal(0, 1, (2, 1, 20)), torch.normal(0, 1, (2, 10, 2)), values, torch.tensor([2, 6]))
+    _check(cap, model.used)
+    assert cap.records[0].mask[1, 0].tolist() == [True] * 6 + [False] * 4
+
+
+class FillThousand(nn.Module):
+    """Zipformer's ``masked_fill(key_padding_mask.unsqueeze(1), -1000)``: a weight of exactly 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.qkv = nn.Linear(8, 24)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = (t.view(b, n, 2, 4).transpose(1, 2) for t in self.qkv(self.emb(ids)).chunk(3, -1))
+        s = (q @ k.transpose(-1, -2)).masked_fill((ids == 0)[:, None, None, :], -1000)
+        a = s.softmax(-1)
+        self.used.append(("enc_self", a))
+        return a @ v
+
+
+def test_a_fill_of_minus_1000_is_the_mask():
+    torch.manual_seed(9)
+    model = FillThousand().eval()
+    ids = _ids(3, 7)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    _check(cap, model.used)
+    rec = cap.records[0]
+    assert rec.mask_source == "masked_fill" and torch.equal(
+        rec.mask, (ids != 0)[:, None, :].expand(-1, 7, -1)
+    )

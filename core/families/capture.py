@@ -675,10 +675,13 @@ def _query_positions(p: _Probs) -> torch.Tensor | None:
     return hit
 
 
-def _very_negative(v: Any) -> bool:
+def _very_negative(v: Any, limit: float = NEG) -> bool:
     if isinstance(v, torch.Tensor):
-        return v.numel() == 1 and float(v) <= NEG
-    return isinstance(v, (int, float)) and v <= NEG
+        return v.numel() == 1 and float(v) <= limit
+    return isinstance(v, (int, float)) and v <= limit
+
+
+FILL_NEG = -1e3  # a score replaced by this (or less) gets a weight of exactly 0 (Zipformer fills -1000)
 
 
 def _version_of(t: torch.Tensor) -> int | None:
@@ -2650,7 +2653,7 @@ class _Session:
                                         dim=-1)  # fmt: skip
             new.mask_source = base.mask_source
             return
-        if name in FILL and len(args) >= 3 and _very_negative(args[2]) and args[0] is base_t:
+        if name in FILL and len(args) >= 3 and _very_negative(args[2], FILL_NEG) and args[0] is base_t:
             allowed = ~args[1].bool()
             new.scores = prior_scores
             new.allowed = allowed if prior_allowed is None else (prior_allowed & allowed)
@@ -2658,9 +2661,9 @@ class _Session:
             return
         if name == "where" and len(args) == 3:
             cond, x, y = args
-            if x is base_t and _very_negative(y):
+            if x is base_t and _very_negative(y, FILL_NEG):
                 allowed = cond.bool()
-            elif y is base_t and _very_negative(x):
+            elif y is base_t and _very_negative(x, FILL_NEG):
                 allowed = ~cond.bool()
             else:
                 allowed = None
@@ -3082,9 +3085,12 @@ class _Session:
                 keep = soft if keep is None else keep & soft
             self._positional[id(out)] = (out, record, to_softmax, keep, True)
             return
-        if (name in MATMUL or name in MUL) and any(
-            (g := self.tag(o)) is not None and g.role != "param" for o in others
-        ):  # the weights times values (activations, not a learned bias)
+        if (
+            (name in MATMUL or name in MUL)
+            and any((g := self.tag(o)) is not None and g.role != "param" for o in others)
+            or (name in MATMUL and any(o.is_floating_point() and not _is_param(o) for o in others))
+        ):
+            # the weights times values (activations, or values handed in: not a learned bias)
             for key in [k for k, e in self._positional.items() if e[1] is record]:
                 del self._positional[key]
             self._positional_shapes.pop(id(record), None)
