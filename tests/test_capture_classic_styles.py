@@ -616,3 +616,47 @@ def test_a_fill_of_minus_1000_is_the_mask():
     assert rec.mask_source == "masked_fill" and torch.equal(
         rec.mask, (ids != 0)[:, None, :].expand(-1, 7, -1)
     )
+
+
+class PulferMSA(nn.Module):
+    """Pulfer's "ViT from scratch": a class token prepended, then a loop over the sequences and one over
+    the heads inside one call, each head's map from an ``nn.Softmax`` module, the heads joined by
+    ``torch.hstack`` and the sequences by ``torch.cat`` of ``unsqueeze(r, dim=0)``."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h, self.d_head = heads, 4
+        self.emb = nn.Embedding(VOCAB, 4 * heads)
+        self.class_token = nn.Parameter(torch.rand(1, 4 * heads))
+        self.q_mappings = nn.ModuleList(nn.Linear(4, 4) for _ in range(heads))
+        self.k_mappings = nn.ModuleList(nn.Linear(4, 4) for _ in range(heads))
+        self.v_mappings = nn.ModuleList(nn.Linear(4, 4) for _ in range(heads))
+        self.softmax = nn.Softmax(dim=-1)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        sequences = torch.cat([self.class_token.expand(x.shape[0], 1, -1), x], dim=1)
+        result, maps = [], []
+        for sequence in sequences:
+            seq_result, seq_maps = [], []
+            for head in range(self.h):
+                seq = sequence[:, head * self.d_head : (head + 1) * self.d_head]
+                q, k, v = self.q_mappings[head](seq), self.k_mappings[head](seq), self.v_mappings[head](seq)
+                attention = self.softmax(q @ k.T / (self.d_head**0.5))
+                seq_maps.append(attention)
+                seq_result.append(attention @ v)
+            result.append(torch.hstack(seq_result))
+            maps.append(torch.stack(seq_maps))
+        self.used.append(("enc_self", torch.stack(maps)))
+        return torch.cat([torch.unsqueeze(r, dim=0) for r in result])
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 1), (2, 2), (3, 3), (4, 2)])
+def test_a_loop_over_sequences_and_heads_is_one_layer_of_a_batch(batch, heads):
+    torch.manual_seed(10)
+    model = PulferMSA(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 5))
+    _check(cap, model.used)
+    assert cap.records[0].query_labels[0] == "<class_token 0>" == cap.records[0].key_labels[0]

@@ -889,7 +889,7 @@ class _Session:
         self._pooled_by: torch.Tensor | None = None  # weights over positions the op being followed multiplies
         self._joined_head: tuple[Record, int, int] | None = None  # the last head _record joined to its layer
         # single-head maps whose outputs were joined along their features: (places, seqs, the layer's name)
-        self._head_groups: list[tuple[list[int], list[int], str]] = []
+        self._head_groups: list[tuple[list[int], list[int], str, int]] = []  # (+ heads per sequence)
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -1199,17 +1199,23 @@ class _Session:
                 continue
             for i, _, _ in run:
                 records[i] = joined
-        for places, seqs, layer in self._head_groups:  # heads of one layer from separate module calls
-            now = [records[i] if i < len(records) else None for i in places]
+        for places, seqs, layer, per in self._head_groups:  # heads (and sequences) of one layer from
+            now = [records[i] if i < len(records) else None for i in places]  # separate module calls
             if any(r is None or r.seq != seq for r, seq in zip(now, seqs, strict=True)):
                 continue
-            heads = now[0]
-            assert heads is not None
-            for r in now[1:]:
-                assert r is not None
-                heads = _heads_joined(heads, r, layer)
+            rows: list[Record] = []
+            for at in range(0, len(now), per):
+                heads = now[at]
+                assert heads is not None
+                for r in now[at + 1 : at + per]:
+                    assert r is not None
+                    heads = _heads_joined(heads, r, layer)
+                rows.append(heads)
+            joined = rows[0] if len(rows) == 1 else _sequences_joined(rows)
+            if joined is None:
+                continue
             for i in places:
-                records[i] = heads
+                records[i] = joined
         if self._runs or self._head_groups:  # each run's pieces (each group's heads) are one record now
             seen: set[int] = set()
             records[:] = [r for r in records if not (id(r) in seen or seen.add(id(r)))]  # type: ignore[func-returns-value]
@@ -1290,12 +1296,19 @@ class _Session:
         self.att_list], -1)``), or stacked just before them (TFT's ``torch.stack(heads, dim=2)`` of one shared
         attention module called per head): heads of one layer, joined into one record at the end."""
         parts = args[0] if args and isinstance(args[0], (list, tuple)) else None
-        if parts is None or len(parts) < 2 or not all(isinstance(t, torch.Tensor) for t in parts):
+        if parts is None or not parts or not all(isinstance(t, torch.Tensor) for t in parts):
             return
         if name == "stack":
             d = args[1] if len(args) > 1 else kwargs.get("dim", 0)
             if not isinstance(d, int) or d % out.dim() != out.dim() - 2:
                 return
+        elif (
+            _cat_dim(name, args, kwargs, out) == 0 and out.dim() >= 2 and all(t.shape[0] == 1 for t in parts)
+        ):
+            self._sequences_concatenated(
+                parts
+            )  # one sequence each (a loop over the batch), joined into a batch
+            return
         elif _cat_dim(name, args, kwargs, out) != out.dim() - 1:
             return  # joined along positions: chunks of a sequence, not heads
         paths = []
@@ -1306,7 +1319,7 @@ class _Session:
             paths.append(g.attn_out)
         records, k = self.cap.records, len(paths)
         start = len(records) - k
-        if start < 0 or any(i >= start for group, _, _ in self._head_groups for i in group):
+        if start < 0 or any(i >= start for group, _, _, _ in self._head_groups for i in group):
             return
         group = records[start:]
         if any(r.name != p or r.probs.shape[1] != 1 for r, p in zip(group, paths, strict=True)):
@@ -1322,7 +1335,30 @@ class _Session:
                 break
             common.append(w[0])
         self._head_groups.append((list(range(start, len(records))), [r.seq for r in group],
-                                  ".".join(common) if common else paths[0]))  # fmt: skip
+                                  ".".join(common) if common else paths[0], k))  # fmt: skip
+
+    def _sequences_concatenated(self, parts) -> None:
+        """Outputs of attention run one sequence at a time (a loop over the batch inside the model),
+        each sequence's heads grouped by ``_heads_concatenated``, joined along dim 0: the last k groups
+        become one record of k sequences at the end."""
+        for t in parts:
+            g = self.tag(t)
+            if g is None or g.attn_out is None or g.probs is not None:
+                return
+        k, groups, records = len(parts), self._head_groups, self.cap.records
+        if k < 2 or len(groups) < k:
+            return
+        tail = groups[-k:]
+        per = tail[0][3]
+        places = [i for g in tail for i in g[0]]
+        if any(g[3] != per or len(g[0]) != per for g in tail):
+            return  # a group of sequences already, or groups of other head counts
+        if places != list(range(len(records) - len(places), len(records))):
+            return  # other maps among them
+        if any(records[i].probs.shape[0] != 1 or records[i].name != records[places[0]].name for i in places):
+            return
+        del groups[-k:]
+        groups.append((places, [records[i].seq for i in places], tail[0][2], per))
 
     def _view_tag(self, t: torch.Tensor) -> _Tag | None:
         """The tag of an untagged view of a tagged tensor from outside (``x.T`` beside ``x`` in
@@ -3895,6 +3931,27 @@ def _heads_joined(a: Record, b: Record, name: str) -> Record:
         a.flag or b.flag,
         a.key_labels,
         a.query_labels,
+    )
+
+
+def _sequences_joined(rows: list[Record]) -> Record | None:
+    """One record of the sequences a model ran one at a time (each (1, H, q, k), in order), or None where
+    they are not maps of one layer (other kinds, shapes, labels, or fields)."""
+    a = rows[0]
+    if any(r.kind != a.kind or r.probs.shape[1:] != a.probs.shape[1:] or r.key_labels != a.key_labels
+           or r.query_labels != a.query_labels or (r.mask is None) != (a.mask is None)
+           or (r.scores is None) != (a.scores is None) for r in rows[1:]):  # fmt: skip
+        return None
+    return replace(
+        a,
+        probs=torch.cat([r.probs for r in rows]),
+        scores=None if a.scores is None else torch.cat([r.scores for r in rows if r.scores is not None]),
+        mask=None if a.mask is None else torch.cat([r.mask for r in rows if r.mask is not None]),
+        head_masks_differ=any(r.head_masks_differ for r in rows),
+        exact=all(r.exact for r in rows),
+        flag=next((r.flag for r in rows if r.flag), None),
+        values=None,
+        residual_of=None,
     )
 
 
