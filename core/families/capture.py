@@ -970,10 +970,8 @@ class _Session:
             return out  # x.dtype, x.dim(), x.size(): nothing to follow
         if kwargs and name == "linear":  # F.linear(input=x, weight=w, bias=b): followed as given by position
             args, kwargs = _linear_arguments(args, kwargs)
-        elif (
-            kwargs and (name in CAT or name == "stack") and not args and "tensors" in kwargs
-        ):  # cat(tensors=[..])
-            kwargs = dict(kwargs)
+        elif kwargs and (name in CAT or name == "stack") and not args and "tensors" in kwargs:
+            kwargs = dict(kwargs)  # torch.cat(tensors=[...], dim=1): followed as given by position
             args = (kwargs.pop("tensors"),)
         elif name == "tensordot":
             as_matmul = _tensordot_matmul(args, kwargs)
@@ -1305,9 +1303,8 @@ class _Session:
         elif (
             _cat_dim(name, args, kwargs, out) == 0 and out.dim() >= 2 and all(t.shape[0] == 1 for t in parts)
         ):
-            self._sequences_concatenated(
-                parts
-            )  # one sequence each (a loop over the batch), joined into a batch
+            # one sequence each (a loop over the batch inside the model), joined into a batch
+            self._sequences_concatenated(parts)
             return
         elif _cat_dim(name, args, kwargs, out) != out.dim() - 1:
             return  # joined along positions: chunks of a sequence, not heads
@@ -1473,11 +1470,11 @@ class _Session:
         shape = out.shape
         if name in ("sum", "mean") and len(act) == 1 and act[0][1].code is not None:
             return self._reduced_code(args, kwargs, act[0][1].code, out)
-        for _t, g in act:  # position-wise: an operand whose codes have the output's shape (not one
-            c = g.code  # broadcast or expanded over it: a bias, a query added to every key), else the
-            if (
-                c is not None and c.shape == shape and not (len(act) > 1 and _expanded(_t))
-            ):  # first with codes
+        # position-wise: an operand whose codes have the output's shape (not one broadcast or expanded over
+        # it: a bias, a query added to every key), else the first with codes
+        for _t, g in act:
+            c = g.code
+            if c is not None and c.shape == shape and not (len(act) > 1 and _expanded(_t)):
                 return c
 
         def spread(t: torch.Tensor, c: torch.Tensor) -> int:  # the dims an operand fills (not expanded
@@ -1515,10 +1512,10 @@ class _Session:
         if ta.dim() < 2 or tb.dim() < 2:
             return False
 
-        def column(t: torch.Tensor) -> bool:  # one value per row, broadcast or expanded over the columns
-            return (
-                t.shape[-1] == 1 or t.stride(-1) == 0
-            )  # (by the model: the tensor's strides, not its codes')
+        # one value per row, broadcast or expanded over the columns (by the model: the tensor's strides,
+        # not its codes', which position-wise ops expand too)
+        def column(t: torch.Tensor) -> bool:
+            return t.shape[-1] == 1 or t.stride(-1) == 0
 
         def row(t: torch.Tensor) -> bool:
             return t.shape[-2] == 1 or t.stride(-2) == 0
