@@ -227,3 +227,21 @@ def test_a_zero_width_part_and_a_complex_einsum_leave_no_internal_error():
         Odd().eval()(_ids(2, 6))
     assert len(cap.records) == 1 and cap.records[0].exact
     assert not [n for n in cap.notes if "Error" in n], cap.notes
+
+
+def test_a_one_token_prompt_is_the_first_step_of_a_decoder():
+    """ "Let's build GPT"'s ``generate`` from a one-token context, with no KV cache: its first call is a
+    1 x 1 map with no causal evidence; the later calls of the same heads show their causal mask, so the
+    first is ``dec_self`` too. A model called once on one token cannot be told and stays ``enc_self``."""
+    torch.manual_seed(3)
+    model = GPT(2).eval()
+    ids = torch.tensor([[5]])
+    with torch.no_grad(), capture_attention(model) as cap:
+        for _ in range(3):
+            model(ids)
+            ids = torch.cat([ids, torch.tensor([[7]])], dim=1)
+    assert [tuple(r.probs.shape[-2:]) for r in cap.records] == [(1, 1)] * 2 + [(2, 2)] * 2 + [(3, 3)] * 2
+    assert {r.kind for r in cap.records} == {"dec_self"}
+    with torch.no_grad(), capture_attention(model) as once:
+        model(torch.tensor([[5]]))
+    assert {r.kind for r in once.records} == {"enc_self"}

@@ -1219,9 +1219,10 @@ class _Session:
             records[:] = [r for r in records if not (id(r) in seen or seen.add(id(r)))]  # type: ignore[func-returns-value]
         self._runs.clear()
         self._head_groups.clear()
-        # a decoder's first step with a KV cache (one query, one key, nothing cached yet) looks like an
-        # encoder of one token: it takes the kind of the module's later steps, which read the cache
-        decoding = {r.name for r in records if r.kind == "dec_self" and r.probs.shape[-1] > r.probs.shape[-2]}
+        # a decoder's first step (one query, one key: with a KV cache, nothing cached yet; without one, a
+        # one-token prompt) looks like an encoder of one token: it takes the kind of the module's later
+        # steps, which read the cache or show their causal mask
+        decoding = {r.name for r in records if r.kind == "dec_self"}
         for i, r in enumerate(records):
             if (r.kind == "enc_self" and r.name in decoding and r.probs.shape[-2:] == (1, 1)
                     and not any(fnmatch.fnmatchcase(r.name, p) for p in self.fixed)):  # fmt: skip
