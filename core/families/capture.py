@@ -689,9 +689,9 @@ def _version_of(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else int(t._version)
 
 
-def _expanded(c: torch.Tensor) -> bool:
-    """Codes repeated along a dim by ``expand`` (stride 0): one value broadcast over it."""
-    return any(st == 0 and n > 1 for st, n in zip(c.stride(), c.shape, strict=True))
+def _expanded(t: torch.Tensor) -> bool:
+    """A tensor the model ``expand``-ed (stride 0 along a dim of more than one): one value repeated there."""
+    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape, strict=True))
 
 
 def _is_param(t: Any) -> bool:
@@ -1301,14 +1301,14 @@ class _Session:
             d = args[1] if len(args) > 1 else kwargs.get("dim", 0)
             if not isinstance(d, int) or d % out.dim() != out.dim() - 2:
                 return
-        elif (
-            _cat_dim(name, args, kwargs, out) == 0 and out.dim() >= 2 and all(t.shape[0] == 1 for t in parts)
-        ):
-            # one sequence each (a loop over the batch inside the model), joined into a batch
-            self._sequences_concatenated(parts)
-            return
-        elif _cat_dim(name, args, kwargs, out) != out.dim() - 1:
-            return  # joined along positions: chunks of a sequence, not heads
+        else:
+            d = _cat_dim(name, args, kwargs, out)
+            if d == 0 and out.dim() >= 2 and all(t.shape[0] == 1 for t in parts):
+                # one sequence each (a loop over the batch inside the model), joined into a batch
+                self._sequences_concatenated(parts)
+                return
+            if d != out.dim() - 1:
+                return  # joined along positions: chunks of a sequence, not heads
         paths = []
         for t in parts:
             g = self.tag(t)
@@ -2298,14 +2298,11 @@ class _Session:
         vc = self.code_of(v)
         if vc is None or tuple(vc.shape) != tuple(v.shape) or v.dim() < 2 or out.dim() != v.dim():
             return None
+        lead = tuple(int(n) for n in out.shape[:-2])
         if first:  # out (..., R, d): the values' features along the last dim
-            feat, r = vc.select(-2, 0) & lineage.FEATURES, int(out.shape[-2])
-            lead = tuple(int(n) for n in out.shape[:-2])
-            feat = feat.unsqueeze(-2)
+            feat, r = (vc.select(-2, 0) & lineage.FEATURES).unsqueeze(-2), int(out.shape[-2])
         else:  # out (..., d, R): the features along the rows
-            feat, r = vc.select(-1, 0) & lineage.FEATURES, int(out.shape[-1])
-            lead = tuple(int(n) for n in out.shape[:-2])
-            feat = feat.unsqueeze(-1)
+            feat, r = (vc.select(-1, 0) & lineage.FEATURES).unsqueeze(-1), int(out.shape[-1])
         n = math.prod(lead) * r
         if n < 1:
             return None
@@ -2628,13 +2625,8 @@ class _Session:
         if cols is None:
             return
         rec.values.b_o = bias.detach() if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None
-        key = (
-            "W_O",
-            id(weight),
-            _version_of(weight),
-            id(cols),
-            transposed,
-        )  # again only if the weight changed
+        # again only if the weight changed
+        key = ("W_O", id(weight), _version_of(weight), id(cols), transposed)
         w_o = lineage.recall(key)
         if w_o is lineage.MISS:
             w_o = lineage.remember(key, (weight, cols), values_.projection_slices(weight, cols, transposed))
@@ -2856,10 +2848,13 @@ class _Session:
         """The kind of an attention call. With lineage (``exact``), queries and keys from different
         inputs are cross-attention whatever their lengths, and keys beyond the queries' own are a
         cache; without it, names and lengths decide."""
+
+        def causal_mask() -> bool:
+            return mask is not None and lq > 1 and (_is_causal_mask(mask) if causal is None else causal)
+
         for pattern, kind in (*self.given.items(), *self.fixed.items()):  # the caller's kinds= first
             if pattern == path or fnmatch.fnmatchcase(path, pattern):
-                if (kind == "enc_self" and pattern not in self.given and mask is not None and lq > 1
-                        and (_is_causal_mask(mask) if causal is None else causal)):  # fmt: skip
+                if kind == "enc_self" and pattern not in self.given and causal_mask():
                     return "dec_self"  # an nn.TransformerEncoder run with a causal mask: a language model
                 return kind
         low = path.lower()
@@ -2871,7 +2866,7 @@ class _Session:
             return "dec_self"
         if not exact and lq != lk:
             return "cross"
-        if mask is not None and lq > 1 and (_is_causal_mask(mask) if causal is None else causal):
+        if causal_mask():
             return "dec_self"
         return "dec_self" if _DECODER.search(low) else "enc_self"
 
