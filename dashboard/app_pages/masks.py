@@ -77,7 +77,7 @@ for name, key, shown, real, tokens, position_title, what in padding_panels:
             real,
             tokens,
             position_title=position_title,
-            title=f"{what} padding mask [batch {len(traces)} × {real.shape[1]}]: green = real token, grey = PAD",
+            title=f"{what} padding mask [batch {len(traces)} × {real.shape[1]}]<br>green = real token, grey = PAD",
         )
         pad_charts.append((name, key))
 show_in_rows(pad_charts)

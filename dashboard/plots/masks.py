@@ -125,4 +125,5 @@ def padding_mask_figure(
         range=[b - 0.5, -0.5],
         showgrid=False,
     )
-    return finish(fig, title, int(min(600, 170 + 36 * b)))
+    fig.update_layout(margin=dict(t=76))  # a title of two lines
+    return finish(fig, title, int(min(640, 220 + 36 * b)))  # room for "sequence in the batch" at b = 1
