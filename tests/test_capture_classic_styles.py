@@ -15,7 +15,10 @@ so every record is checked against the model itself, at several batch sizes:
 - a -10000 penalty added to the pad positions of a softmax over positions: the record's mask has the
   pads whatever their raw score;
 - ``torch.cat(tensors=[...])`` and ``torch.stack(tensors=...)`` by keyword;
-- module paths that begin with "dec" without naming a decoder (``decomposable``, ``deconv_head``).
+- module paths that begin with "dec" without naming a decoder (``decomposable``, ``deconv_head``);
+- picoGPT ported to torch (every head of every layer made by plain functions in the model's one
+  forward, joined by ``torch.hstack``) and token embeddings picked from a table by indexing it
+  (``wte[idx]``, ``index_select``, ``emb.weight[idx]``) with repeated tokens.
 """
 
 from __future__ import annotations
@@ -660,3 +663,104 @@ def test_a_loop_over_sequences_and_heads_is_one_layer_of_a_batch(batch, heads):
         model(_ids(batch, 5))
     _check(cap, model.used)
     assert cap.records[0].query_labels[0] == "<class_token 0>" == cap.records[0].key_labels[0]
+
+
+def _pico_softmax(x):
+    e = torch.exp(x - torch.amax(x, dim=-1, keepdim=True))
+    return e / torch.sum(e, dim=-1, keepdim=True)
+
+
+class PicoGPT(nn.Module):
+    """picoGPT ("GPT in 60 lines of NumPy") ported to torch line by line: parameters in a dict, one
+    unbatched sequence (T, d), token embeddings by indexing the table (``wte[inputs]``, the input with
+    repeated tokens), ``x @ w + b``, the heads as a list from ``torch.split``, an additive causal mask,
+    a softmax by hand, the heads joined by ``torch.hstack``. Every head of every layer is computed by
+    plain functions inside the model's one forward call."""
+
+    def __init__(self, heads: int, layers: int = 2):
+        super().__init__()
+        d, self.h = 4 * heads, heads
+        self.p = nn.ParameterDict(
+            {"wte": nn.Parameter(torch.randn(VOCAB, d)), "wpe": nn.Parameter(torch.randn(16, d))}
+        )
+        for i in range(layers):
+            self.p[f"h{i}_attn_w"] = nn.Parameter(torch.randn(d, 3 * d) * 0.3)
+            self.p[f"h{i}_attn_b"] = nn.Parameter(torch.randn(3 * d) * 0.1)
+            self.p[f"h{i}_proj_w"] = nn.Parameter(torch.randn(d, d) * 0.3)
+        self.layers = layers
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, inputs):
+        p = self.p
+        x = p["wte"][inputs] + p["wpe"][range(len(inputs))]
+        for i in range(self.layers):
+            qkv = x @ p[f"h{i}_attn_w"] + p[f"h{i}_attn_b"]
+            q, k, v = (torch.split(t, t.shape[-1] // self.h, dim=-1)
+                       for t in torch.split(qkv, qkv.shape[-1] // 3, dim=-1))  # fmt: skip
+            mask = (1 - torch.tril(torch.ones(len(inputs), len(inputs)))) * -1e10
+            heads, maps = [], []
+            for qh, kh, vh in zip(q, k, v, strict=True):
+                w = _pico_softmax(qh @ kh.T / qh.shape[-1] ** 0.5 + mask)
+                maps.append(w)
+                heads.append(w @ vh)
+            self.used.append(("dec_self", torch.stack(maps)[None]))
+            x = x + torch.hstack(heads) @ p[f"h{i}_proj_w"]
+        return x @ p["wte"].T
+
+
+@pytest.mark.parametrize("heads", [1, 2, 3, 4, 8])
+def test_picogpt_heads_of_plain_functions_and_an_indexed_embedding_table(heads):
+    torch.manual_seed(heads)
+    model = PicoGPT(heads).eval()
+    inputs = torch.tensor([5, 9, 5, 31, 9, 9, 2])  # repeated tokens: the table's rows alone name them once
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(inputs)
+    _check(cap, model.used)
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    assert all(torch.equal(r.mask, causal[None]) for r in cap.records)
+
+
+class IndexedTable(nn.Module):
+    """minGPT's batched attention over token embeddings picked from a learned table by indexing it
+    (``wte[idx]``, ``torch.index_select(wte, 0, idx.view(-1))``, ``self.emb.weight[idx]``), learned
+    positions added by a slice (``wpe[:T]``)."""
+
+    def __init__(self, heads: int, how: str):
+        super().__init__()
+        d, self.h, self.how = 4 * heads, heads, how
+        self.wte = nn.Parameter(torch.randn(VOCAB, d)) if how != "weight" else None
+        self.emb = nn.Embedding(VOCAB, d) if how == "weight" else None
+        self.wpe = nn.Parameter(torch.randn(16, d))
+        self.qkv = nn.Linear(d, 3 * d)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, idx):
+        b, t = idx.shape
+        if self.how == "index":
+            x = self.wte[idx]
+        elif self.how == "index_select":
+            x = torch.index_select(self.wte, 0, idx.view(-1)).view(b, t, -1)
+        else:
+            x = self.emb.weight[idx]
+        x = x + self.wpe[:t]
+        q, k, v = (z.view(b, t, self.h, -1).transpose(1, 2) for z in self.qkv(x).split(x.shape[-1], dim=2))
+        w = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(
+            (idx == 0)[:, None, None, :], float("-inf")
+        )
+        w = F.softmax(w, dim=-1)
+        self.used.append(("enc_self", w))
+        return (w @ v).transpose(1, 2).reshape(b, t, -1)
+
+
+@pytest.mark.parametrize("how", ["index", "index_select", "weight"])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 3), (4, 2)])
+def test_token_embeddings_picked_from_a_table_by_indexing_it(how, batch, heads):
+    torch.manual_seed(3)
+    model = IndexedTable(heads, how).eval()
+    ids = _ids(batch, 6)
+    ids[:, 1] = ids[:, 0]  # a repeated token in every sequence, and the same tokens across sequences
+    ids[-1, :2] = ids[0, :2]
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    _check(cap, model.used)
+    assert torch.equal(cap.records[0].mask, (ids != 0)[:, None, :].expand(batch, 6, 6))

@@ -681,6 +681,7 @@ def _very_negative(v: Any, limit: float = NEG) -> bool:
     return isinstance(v, (int, float)) and v <= limit
 
 
+_PROJECTED = "a softmax over a projection's output (a vocabulary, class or router distribution), not over query-key scores"
 FILL_NEG = -1e3  # a score replaced by this (or less) gets a weight of exactly 0 (Zipformer fills -1000)
 
 
@@ -882,6 +883,8 @@ class _Session:
         # pack_padded_sequence's batch sizes -> (them, held; the positions of the padded input it packed)
         self._packed_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._exps: dict[int, weakref.ref] = {}  # exps of activations (a scatter may sum them per group)
+        # softmaxes over a projection's output, noted as no attention: (them, held weakly; module; shape)
+        self._projected: dict[int, tuple[weakref.ref, str, tuple[int, ...]]] = {}
         self._made: dict[int, weakref.ref] = {}  # float tensors made inside the call by a factory (buffers)
         # (id, version, grid, batch) of a tensor from outside -> (it, held weakly; the first of the
         # positions a conv over it made): every conv over it that keeps one grid reads those positions
@@ -890,6 +893,7 @@ class _Session:
         self._joined_head: tuple[Record, int, int] | None = None  # the last head _record joined to its layer
         # single-head maps whose outputs were joined along their features: (places, seqs, the layer's name)
         self._head_groups: list[tuple[list[int], list[int], str, int]] = []  # (+ heads per sequence)
+        self._buffer_ids: set[int] | None = None  # the model's buffers (indices it keeps are no token ids)
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -983,6 +987,8 @@ class _Session:
                 self.on_sdpa(args, kwargs, out)
             elif name == "embedding":
                 self.on_embedding(args, out)
+            elif name in ("__getitem__", "index_select") and self._indexed_embedding(name, args, kwargs, out):
+                self.on_embedding((args[1] if name == "__getitem__" else args[2], args[0]), out)
             elif name in SOFTMAX:
                 self.on_softmax(args, kwargs, out)
             elif name == "__setitem__":
@@ -990,6 +996,7 @@ class _Session:
             elif name == "index_copy_" and len(args) >= 4 and isinstance(args[2], torch.Tensor):
                 self._index_copied(args)
             else:
+                weighted = bool(self._projected) and name in MATMUL and self._projected_used(args, kwargs)
                 if self._hand and name in MATMUL:
                     self._hand_weights(args, kwargs)  # a softmax by hand: recorded where its weights are used
                 if self._positional:
@@ -997,6 +1004,8 @@ class _Session:
                 if name in SCATTER_SUM and self._exps:
                     self._scatter_softmax(name, args, kwargs)
                 self.propagate(name, func, args, kwargs, out, pre)
+                if weighted and isinstance(out, torch.Tensor):  # values weighted by no query-key map: no
+                    self._tags.pop(id(out), None)  # scores either (what a later op reads, it reads as input)
                 if (name in CAT or name == "stack") and isinstance(out, torch.Tensor) and self.cap.records:
                     self._heads_concatenated(name, args, kwargs, out)
                 if name == "exp" and isinstance(out, torch.Tensor) and args:
@@ -1019,6 +1028,35 @@ class _Session:
         finally:
             _LOCAL.busy -= 1
         return out
+
+    def _indexed_embedding(self, name, args, kwargs, out) -> bool:
+        """``wte[idx]`` / ``torch.index_select(wte, 0, idx)``: rows of a learned table picked by a tensor of
+        token ids (picoGPT and its ports, ``self.emb.weight[idx]``) is an embedding lookup, as
+        ``F.embedding(idx, wte)``: each id a token position of its own. (The rows themselves would name
+        a repeated token's two positions as one.) Indices the model keeps as a buffer (Swin's relative
+        position index into its bias table) are not token ids."""
+        if kwargs or not isinstance(out, torch.Tensor) or len(args) < 2 or not _is_param(args[0]):
+            return False
+        table = args[0]
+        if name == "__getitem__":
+            idx = args[1]
+        elif len(args) == 3 and type(args[1]) is int and args[1] in (0, -table.dim()):
+            idx = args[2]
+        else:
+            return False
+        if (
+            type(idx) is not torch.Tensor
+            or idx.dim() < 1
+            or idx.is_floating_point()
+            or idx.dtype == torch.bool
+            or idx.is_complex()
+            or table.dim() != 2
+            or tuple(out.shape) != (*idx.shape, table.shape[1])
+        ):
+            return False
+        if self._buffer_ids is None:
+            self._buffer_ids = {id(b) for b in self.model.buffers()}
+        return id(idx) not in self._buffer_ids and id(idx._base) not in self._buffer_ids
 
     def _scatter_softmax(self, name, args, kwargs) -> None:
         """An exp of activations summed into groups by a scatter (``denom.index_add_(0, dst, e)``,
@@ -1177,18 +1215,19 @@ class _Session:
         self._positional_shapes.clear()
         self._frame, self._record_call = None, (None, "", None, -1, None)  # no module call is held on
         records = self.cap.records
+        in_groups = {i for places, _, _, _ in self._head_groups for i in places}
+        run_joined: set[int] = set()
         for run in self._runs:
-            now = [records[i] if i < len(records) else None for i, _, _ in run]
-            first = run[0][1]
-            joined: Record | str | None = "the pieces were changed after they were recorded"
-            if all(r is not None and r.seq == made.seq and r.name == made.name for r, (_, made, _) in
-                   zip(now, run, strict=True)):  # fmt: skip
-                joined = _join_pieces(
-                    [(r, lay) for r, (_, _, lay) in zip(now, run, strict=True) if r is not None], self.sources
-                )
+            joined = self._run_joined(run)
+            if isinstance(joined, str) and any(piece[0] in in_groups for piece in run):
+                run = [piece for piece in run if piece[0] not in in_groups]  # heads joined by their outputs
+                if len(run) < 2:  # (plain functions making every head of every layer, picoGPT): joined below
+                    continue
+                joined = self._run_joined(run)
             if joined is None:  # not pieces of one attention: maps of their own
                 continue
             if isinstance(joined, str):
+                first = run[0][1]
                 self.warn(first.name, tuple(int(n) for n in first.probs.shape), "several attention maps over "
                           "different queries (other positions or heads) from one call of this module, as "
                           "attention computed in slices or chunks makes them, could not be joined into one "
@@ -1197,10 +1236,13 @@ class _Session:
                 continue
             for i, _, _ in run:
                 records[i] = joined
+                run_joined.add(i)
         for places, seqs, layer, per in self._head_groups:  # heads (and sequences) of one layer from
             now = [records[i] if i < len(records) else None for i in places]  # separate module calls
-            if any(r is None or r.seq != seq for r, seq in zip(now, seqs, strict=True)):
-                continue
+            if any(i in run_joined for i in places) or any(
+                r is None or r.seq != seq for r, seq in zip(now, seqs, strict=True)
+            ):
+                continue  # (joined as pieces of one call already)
             rows: list[Record] = []
             for at in range(0, len(now), per):
                 heads = now[at]
@@ -1227,6 +1269,16 @@ class _Session:
             if (r.kind == "enc_self" and r.name in decoding and r.probs.shape[-2:] == (1, 1)
                     and not any(fnmatch.fnmatchcase(r.name, p) for p in self.fixed)):  # fmt: skip
                 records[i] = replace(r, kind="dec_self")
+
+    def _run_joined(self, run: list[tuple[int, Record, Layout]]) -> Record | str | None:
+        """The pieces of one module call joined into one record; why not; or None (maps of their own)."""
+        records = self.cap.records
+        now = [records[i] if i < len(records) else None for i, _, _ in run]
+        if not all(r is not None and r.seq == made.seq and r.name == made.name for r, (_, made, _) in
+                   zip(now, run, strict=True)):  # fmt: skip
+            return "the pieces were changed after they were recorded"
+        return _join_pieces([(r, lay) for r, (_, _, lay) in zip(now, run, strict=True) if r is not None],
+                            self.sources)  # fmt: skip
 
     def _hand_weights(self, args, kwargs) -> None:
         """A product whose weights a softmax written by hand made: recorded as the softmax of its scores
@@ -1324,8 +1376,6 @@ class _Session:
             return
         if not all(_same_layer(group[0], r) for r in group[1:]):
             return
-        if any(i >= start for run in self._runs for i, _, _ in run):
-            return  # pieces of one call (chunks), joined as such
         words = [p.split(".") for p in paths]
         common = []
         for w in zip(*words, strict=False):
@@ -1956,8 +2006,9 @@ class _Session:
             new.code = self._op_code(name, func, args, kwargs, out, act)
         elif not act:
             new = _Tag("param")  # made from parameters alone: learned vectors (a [CLS], memory keys)
-            if out.is_floating_point():
-                new.code = self._op_code(name, func, args, kwargs, out, known)
+            if out.is_floating_point():  # (a parameter's rows are its codes: ``self.latents * 0.5``)
+                rows = [(t, _Tag("param", code=self.code_of(t)) if g is _PARAM_TAG else g) for t, g in known]
+                new.code = self._op_code(name, func, args, kwargs, out, rows)
         elif act[0][1].probs is not None and self._probs_step(name, args, out, act[0][0], act[0][1], kwargs):
             return
         else:
@@ -3154,8 +3205,10 @@ class _Session:
         ext = bool(tag is not None and tag.ext and x.shape[-1] > x.shape[-2])
         if not _matches(path, self.include):
             if role in ("linear", "param"):
-                self.skip(path, shape, "a softmax over a projection's output (a vocabulary, class or router "
-                          "distribution), not over query-key scores")  # fmt: skip
+                self.skip(path, shape, _PROJECTED)
+                if len(self._projected) >= 256:
+                    self._projected.clear()
+                self._projected[id(out)] = (weakref.ref(out), path, shape)  # told again if values follow
                 return
             lengths = self.cap.lengths
             if lengths and int(x.shape[-1]) not in lengths and not ext:  # ext: past + current keys
@@ -3189,6 +3242,37 @@ class _Session:
             self.set(
                 out, _Tag(None, tag.origin if tag is not None else frozenset(), probs=layout, attn_out=path)
             )
+
+    def _projected_used(self, args, kwargs) -> bool:
+        """A softmax over a projection's output multiplied with values over their positions: weights made
+        without queries and keys (a synthesizer's dense or random attention), not a vocabulary or router
+        distribution after all. A warning, in place of the information that said so. (Efficient
+        attention's queries softmaxed over their features multiply a context over features: not this.)"""
+        ins = _tensors(args, kwargs)
+        if len(ins) != 2 or ins[0].dim() < 2 or ins[1].dim() < 2:
+            return False
+        t, v = ins  # weights @ values
+        entry = self._projected.get(id(t))
+        if entry is None or entry[0]() is not t:
+            return False
+        g, code = self.tag(v), self.code_of(v)
+        if g is None or g.role == "param" or code is None or tuple(code.shape) != tuple(v.shape):
+            return False
+        pos = code >> lineage.SHIFT  # one position per row of the values, other ones along the product's axis
+        if (
+            v.shape[-2] < 2
+            or bool((pos != pos[..., :1]).any())
+            or not bool((pos[..., 1:, :] != pos[..., :1, :]).any())
+        ):
+            return False
+        del self._projected[id(t)]
+        _, path, shape = entry
+        self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, _PROJECTED)]
+        self._seen.discard((path, _PROJECTED))  # (a vocabulary softmax of the module later is one)
+        self.warn(path, shape, "weights made by a projection or a learned table, not from queries and keys "
+                  "(a synthesizer's dense or random attention), multiply values here: capture records maps "
+                  "of query-key scores, so these weights are not recorded")  # fmt: skip
+        return True
 
     def _unrecorded(self, path, shape, tag, reason) -> None:
         """A softmax left out: a warning when it was made from a product of activations (it may be
@@ -3623,9 +3707,9 @@ class _Session:
                     if seen is not None and seen.cross is not None:
                         cross = seen.cross  # a mean token among the keys (CLIP's attention pool): self
             hv = _mha_values(p, h, (b, h, lk))
-            rec = self._record(path, weights, scores, None if allowed is None else allowed[:, None],
-                               "nn.MultiheadAttention", "arguments" if allowed is not None else None, cross,
-                               key_labels=labels, values=hv)  # fmt: skip
+            rec = self._record(path, weights, scores, allowed, "nn.MultiheadAttention",
+                               "arguments" if allowed is not None else None, cross, key_labels=labels,
+                               values=hv)  # fmt: skip
             if rec is not None and hv is not None and hv.w_o is not None:
                 self._follow_mha_out(query, out, rec, unbatched)
         except Exception as exc:
@@ -3738,8 +3822,9 @@ class _Mode(TorchFunctionMode):
 
 # -- masks and scores for nn.MultiheadAttention -------------------------------------------------------------
 def _allowed(m: torch.Tensor) -> torch.Tensor:
-    """torch.nn mask (bool: True = NOT allowed; float: additive, -inf = not allowed) -> True = allowed."""
-    return ~m if m.dtype == torch.bool else torch.isfinite(m) & (m > torch.finfo(m.dtype).min / 2)
+    """torch.nn mask (bool: True = NOT allowed; float: additive, -inf or a very negative value such as
+    -1e9 or -1e4 = not allowed, as a user's ``(1 - mask) * -1e9`` makes it) -> True = allowed."""
+    return ~m if m.dtype == torch.bool else torch.isfinite(m) & (m > NEG)
 
 
 _ROWS: dict[tuple, torch.Tensor] = {}  # SDPA: checked rows by query length and device; causal masks
@@ -3786,21 +3871,25 @@ def _mha_arguments(args, kwargs) -> dict[str, Any]:
 
 
 def _mask(b: int, h: int, lq: int, lk: int, attn_mask, key_padding_mask, device):
-    """Allowed mask (B, q, k) from MultiheadAttention's arguments, or None when nothing is masked
-    (broadcast to (B, q, k): a padding mask stays one row per sequence)."""
+    """Allowed mask (B, 1, q, k) from MultiheadAttention's arguments, or (B, H, q, k) where a 3-D
+    ``attn_mask`` gives each head its own (``m.repeat(H, 1, 1)`` where ``repeat_interleave`` was
+    meant masks each head with another sequence's keys); None when nothing is masked (broadcast: a
+    padding mask stays one row per sequence)."""
     if attn_mask is None and key_padding_mask is None:
         return None
     allowed = None
     if attn_mask is not None:
         am = _allowed(attn_mask)
-        if am.dim() == 3:  # (B*H, q, k): keep a query/key pair if any head may use it
-            am = am.view(b, h, lq, lk).any(dim=1)
-        allowed = am
+        # (B*H, q, k): batch-major, as MultiheadAttention views it
+        allowed = am.view(b, h, lq, lk) if am.dim() == 3 else am.view(1, 1, lq, lk)
     if key_padding_mask is not None:
-        kpm = _allowed(key_padding_mask).view(b, 1, lk)
+        kpm = _allowed(key_padding_mask).view(b, 1, 1, lk)
         allowed = kpm if allowed is None else allowed & kpm
     assert allowed is not None
-    return allowed.to(device).expand(b, lq, lk)
+    allowed = allowed.to(device)
+    if allowed.shape[1] > 1 and bool((allowed == allowed[:, :1]).all()):
+        allowed = allowed[:, :1]  # every head the same
+    return allowed.expand(b, allowed.shape[1], lq, lk)
 
 
 def _mha_weights(p: dict[str, Any], scores: torch.Tensor | None) -> torch.Tensor | None:
@@ -4111,6 +4200,8 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool:
     # model left unmasked, as ChatGLM's get_masks does): the other rows decide
     full = mask.all(-1, keepdim=True)
     rows = mask & ~full
+    if not bool(rows.any()):  # every row sees every key or none (a padding mask over the queries,
+        return False  # ``am[:, None, :, None]``, a (B, L, 1) mask): no triangle, whatever is left out
     if not bool(rows.triu(1).any()):  # (a causal mask's full last row still shows its earlier keys)
         return not bool(full.all()) and bool(mask.tril(-1).any())
     return _prefix_causal(mask)

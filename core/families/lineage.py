@@ -349,9 +349,13 @@ def _einsum_map(equation: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
     qs = [c for c in rhs if c in la and c not in lb]
     ks = [c for c in rhs if c in lb and c not in la]
     ss = [c for c in rhs if c in la and c in lb]
-    if len(qs) != 1 or len(ks) != 1 or any(c not in la and c not in lb for c in rhs):
+    if not qs or not ks or any(c not in la and c not in lb for c in rhs):
         return None
-    canon = [*ss, qs[0], ks[0]]
+    # the last letter of one operand only is its query (key) axis; letters before it of that operand
+    # only are axes the other one is broadcast over (multi-query attention's 'b h i d, b j d -> b h i j':
+    # one key head for every query head)
+    qa, kb = qs[:-1], ks[:-1]
+    canon = [*ss, *qa, *kb, qs[-1], ks[-1]]
     sizes = dict(zip(rhs, out.shape, strict=True))
     shape = tuple(sizes[c] for c in canon)
 
@@ -364,8 +368,13 @@ def _einsum_map(equation: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
         code = code.permute([letters.index(c) for c in keep])
         return code, mixed
 
-    q, mq = side(a, la, [*ss, qs[0]])
-    k, mk = side(b, lb, [*ss, ks[0]])
+    q, mq = side(a, la, [*ss, *qa, qs[-1]])
+    k, mk = side(b, lb, [*ss, *kb, ks[-1]])
+    if kb:  # (*ss, *qa, n) -> (*ss, *qa, *kb, n)
+        q = q.reshape(*q.shape[:-1], *[1] * len(kb), q.shape[-1]).expand(*shape[:-1])
+    if qa:  # (*ss, *kb, m) -> (*ss, *qa, *kb, m)
+        k = k.reshape(*k.shape[: len(ss)], *[1] * len(qa), *k.shape[len(ss) :])
+        k = k.expand(*shape[:-2], shape[-1])
     perm = [canon.index(c) for c in rhs]
     smap = ScoreMap(shape, q, k, (("permute", torch.Tensor.permute, (perm,), {}),))
     return smap.fail("the product multiplies features of different positions") if mq or mk else smap
@@ -591,6 +600,9 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     kp = kh[:, 0]  # (B, K)
     if batch > 1 and not bool(((kp >= 0) == (kp[:1] >= 0)).all()):
         return "sequences have learned keys in different places"
+    why = _reordered(qp[:, 0].masked_fill(q_param[rows[:, 0]], -1), sources) or _reordered(kp, sources)
+    if why is not None:
+        return why
     k0 = kpos_b[krow[rows[0, 0, 0]]]
     cross = _cross(qpos[rows[0, 0]], k0, sources)
     return Layout(
@@ -627,6 +639,39 @@ def _gathered(
         return None
     return ("the queries are a few of each sequence's positions picked by index (other positions in "
             "every sequence, or out of order: Informer's top-u queries), so the rows name no positions")  # fmt: skip
+
+
+def _reordered(pos: torch.Tensor, sources: Sources) -> str | None:
+    """Why rows or keys that hold a whole sequence's positions, in another order than the sequence's,
+    are no map capture can label by its tokens, or None. ``pos`` (B, N): each record sequence's
+    positions in the model's order (-1 at learned ones). A sequence gathered into another order
+    (sorted into buckets, routed, flipped) would show its map as if it were in order; windows that
+    hold part of a sequence (Swin's, rolled) are sequences of their own, in the model's order."""
+    if pos.shape[-1] < 2 or not bool((pos >= 0).any()):
+        return None
+    own = pos >= 0
+    if bool(own.all()) and not bool((pos[:, 1:] <= pos[:, :-1]).any()):
+        return None  # every position after the one before it (the common case)
+    safe = pos.clamp_min(0)
+    row = sources.rows(safe).masked_fill(~own, -1)  # (B, N): which source row each position is in
+    per = torch.tensor([s.row or s.n for s in sources.items], dtype=torch.int64, device=pos.device)
+    size = per[sources.index(safe)]  # positions in that row
+    for b in range(pos.shape[0]):
+        r, p, n = row[b][own[b]], pos[b][own[b]], size[b][own[b]]
+        if r.numel() < 2:
+            continue
+        order = torch.argsort(r, stable=True)  # each row's positions, in the model's order
+        r, p, n = r[order], p[order], n[order]
+        back = (r[1:] == r[:-1]) & (p[1:] <= p[:-1])  # a position at or before the one met before it
+        if not bool(back.any()):
+            continue
+        for rid in torch.unique(r[1:][back]).tolist():
+            at = r == rid
+            if int(torch.unique(p[at]).numel()) == int(n[at][0]):  # the whole row, out of order
+                return ("the positions of a sequence were put in another order before the product "
+                        "(gathered, sorted or flipped: buckets, routing), so the map's rows and keys are in "
+                        "the model's order, not the sequence's")  # fmt: skip
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,204 @@
+"""Capture on attention as research reimplementations write it (lucidrains-style and paper code).
+
+- Positions put in another order before the product (sorted into buckets, routed, gathered by a
+  permutation, flipped): a map whose rows and keys are a whole sequence out of order cannot be labelled
+  by its tokens, so it is flagged, never shown as exact in the wrong order. Windows that each hold part
+  of a sequence stay sequences of their own.
+- Learned vectors scaled by a number before use (``self.latents * 0.5``, fairseq's
+  ``projected_embeddings * sqrt(d)``) keep their rows' lineage: a Perceiver's latents and Luna's packed
+  context stay exact.
+- Multi-query attention written as one einsum with one key head (PaLM's
+  ``einsum('b h i d, b j d -> b h i j', q, k)``) is exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscope.core.families.capture import capture_attention
+
+VOCAB = 30
+
+
+def _ids(batch: int, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(batch)
+    return torch.randint(1, VOCAB, (batch, n), generator=g)
+
+
+class Reordered(nn.Module):
+    """Single-head attention over the sequence gathered by a permutation (or flipped), in ``windows``
+    windows folded into the batch, scattered back afterwards."""
+
+    def __init__(self, how: str, windows: int = 1, d: int = 8):
+        super().__init__()
+        self.how, self.windows = how, windows
+        self.emb = nn.Embedding(VOCAB, d)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        b, n, d = h.shape
+        if self.how == "flip":
+            hs = torch.flip(h, dims=[1])
+        else:
+            if self.how == "sorted":  # buckets: positions sorted by a hash of their features
+                perm = torch.argsort(h[..., 0], dim=-1)
+            elif self.how == "identity":
+                perm = torch.arange(n).expand(b, n)
+            else:
+                perm = torch.stack(
+                    [torch.randperm(n, generator=torch.Generator().manual_seed(i)) for i in range(b)]
+                )
+            hs = h.gather(1, perm[..., None].expand(-1, -1, d))
+        w = n // self.windows
+        q, k, v = (t.reshape(b * self.windows, w, d) for t in (self.q(hs), self.k(hs), self.v(hs)))
+        a = F.softmax(torch.bmm(q, k.transpose(1, 2)) / math.sqrt(d), dim=-1)
+        self.used.append(a[:, None])
+        return torch.bmm(a, v).reshape(b, n, d)
+
+
+@pytest.mark.parametrize("how", ["random", "sorted", "flip"])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_a_whole_sequence_in_another_order_is_flagged_not_shown_in_order(how, batch):
+    torch.manual_seed(0)
+    model = Reordered(how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 8))
+    (rec,) = cap.records
+    torch.testing.assert_close(rec.probs, model.used[0], atol=1e-6, rtol=0)  # the weights as computed
+    assert not rec.exact
+    assert "another order" in rec.flag
+    assert any("another order" in note for note in cap.notes)
+
+
+@pytest.mark.parametrize(("how", "windows"), [("identity", 1), ("identity", 2), ("random", 2)])
+def test_positions_in_order_and_windows_of_part_of_a_sequence_stay_exact(how, windows):
+    torch.manual_seed(0)
+    model = Reordered(how, windows).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(2, 8))
+    (rec,) = cap.records
+    assert rec.exact, rec.flag
+    assert not cap.notes
+    torch.testing.assert_close(rec.probs, model.used[0], atol=1e-6, rtol=0)
+
+
+class ScaledLatents(nn.Module):
+    """A Perceiver block: learned latents, scaled by a number, cross-attend to the tokens, then attend
+    to themselves (einsum, einops-free)."""
+
+    def __init__(self, heads: int, latents: int = 3):
+        super().__init__()
+        d, self.h = 4 * heads, heads
+        self.emb = nn.Embedding(VOCAB, d)
+        self.latents = nn.Parameter(torch.randn(latents, d))
+        self.to_q, self.to_kv = nn.Linear(d, d, bias=False), nn.Linear(d, 2 * d, bias=False)
+        self.self_qkv = nn.Linear(d, 3 * d, bias=False)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def _attend(self, q, k, v, kind):
+        b, n, d = q.shape
+        q, k, v = (t.reshape(b, t.shape[1], self.h, -1).permute(0, 2, 1, 3) for t in (q, k, v))
+        w = torch.einsum("bhid,bhjd->bhij", q, k).mul(q.shape[-1] ** -0.5).softmax(dim=-1)
+        self.used.append((kind, w))
+        return torch.einsum("bhij,bhjd->bhid", w, v).permute(0, 2, 1, 3).reshape(b, n, d)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        lat = (self.latents * 0.5).unsqueeze(0).expand(x.shape[0], -1, -1)
+        lat = lat + self._attend(self.to_q(lat), *self.to_kv(x).chunk(2, dim=-1), "cross")
+        return lat + self._attend(*self.self_qkv(lat).chunk(3, dim=-1), "enc_self")
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 3), (4, 2)])
+def test_learned_latents_scaled_by_a_number_keep_their_lineage(batch, heads):
+    torch.manual_seed(4)
+    model = ScaledLatents(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 6))
+    assert not cap.notes, cap.notes
+    assert [r.kind for r in cap.records] == [k for k, _ in model.used]
+    for rec, (_, want) in zip(cap.records, model.used, strict=True):
+        assert rec.exact, rec.flag
+        torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)
+    assert cap.records[0].query_labels == ("<latents 0>", "<latents 1>", "<latents 2>")
+
+
+class MultiQuery(nn.Module):
+    """PaLM's multi-query attention: one key and value head for every query head, in one einsum."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        d, self.h = 4 * heads, heads
+        self.emb = nn.Embedding(VOCAB, d)
+        self.q, self.kv = nn.Linear(d, d, bias=False), nn.Linear(d, 8, bias=False)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        q = self.q(x).view(b, n, self.h, 4).transpose(1, 2) * 4**-0.5
+        k, v = self.kv(x).split(4, dim=-1)
+        sim = torch.einsum("b h i d, b j d -> b h i j", q, k)
+        sim = sim.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        w = sim.softmax(dim=-1)
+        self.used.append(w)
+        return torch.einsum("b h i j, b j d -> b h i d", w, v)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4), (4, 4)])
+def test_multi_query_attention_in_one_einsum_is_exact(batch, heads):
+    torch.manual_seed(5)
+    model = MultiQuery(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 6))
+    (rec,) = cap.records
+    assert rec.exact, rec.flag
+    assert rec.kind == "dec_self"
+    torch.testing.assert_close(rec.probs, model.used[0], atol=1e-6, rtol=0)
+
+
+class Synthesizer(nn.Module):
+    """Tay et al.'s Synthesizer: weights not from queries and keys but a projection of each position
+    (dense) or a learned table (random), softmaxed and multiplied with the values; a vocabulary softmax
+    at the end."""
+
+    def __init__(self, how: str, heads: int = 2, d: int = 8, max_len: int = 16):
+        super().__init__()
+        self.how, self.h = how, heads
+        self.emb = nn.Embedding(VOCAB, d)
+        self.w1, self.w2 = nn.Linear(d, d), nn.Linear(d // heads, max_len)
+        self.table = nn.Parameter(torch.randn(heads, max_len, max_len))
+        self.value, self.out = nn.Linear(d, d), nn.Linear(d, VOCAB)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        v = self.value(x).view(b, n, self.h, -1).transpose(1, 2)
+        if self.how == "dense":
+            energy = self.w2(F.relu(self.w1(x)).view(b, n, self.h, -1).transpose(1, 2))[..., :n]
+        else:
+            energy = self.table[:, :n, :n].unsqueeze(0).expand(b, -1, -1, -1)
+        y = torch.matmul(torch.softmax(energy, dim=-1), v).transpose(1, 2).reshape(b, n, d)
+        return self.out(y).softmax(-1)
+
+
+@pytest.mark.parametrize("how", ["dense", "random"])
+def test_synthesizer_weights_multiplying_values_are_a_warning_not_a_vocabulary(how):
+    torch.manual_seed(6)
+    model = Synthesizer(how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(2, 6))
+    assert not cap.records
+    (note,) = cap.notes
+    assert "synthesizer" in note and "multiply values" in note
+    skipped = [(n.module, n.reason) for n in cap.skipped]
+    assert (
+        len(skipped) == 1 and "vocabulary" in skipped[0][1]
+    )  # the model's last softmax, over its vocabulary

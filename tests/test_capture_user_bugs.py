@@ -1,0 +1,159 @@
+"""Capture on attention with the bugs people write into their own masks: the record shows what the model
+really computed, with the mask it really applied, and the kind that mask says.
+
+- A padding mask broadcast over the queries instead of the keys (``am[:, None, :, None]``, a (B, L, 1)
+  mask on single-head scores): whole rows masked, no triangle. It is an encoder's self-attention, not
+  a causal one.
+- Additive float masks handed to ``nn.MultiheadAttention`` with a finite very negative value
+  (``(1 - mask) * -1e9``, ``triu(ones, 1) * -1e4``): the keys they hide are masked in the record, and a
+  causal one makes the layer a decoder's self-attention whatever its module is called.
+- A (B·H, L, L) ``attn_mask`` built with ``repeat`` where ``repeat_interleave`` was meant: each head
+  masked with another sequence's keys. The record says its heads' masks differ and keeps what every
+  head may see.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscope.core.families.capture import capture_attention
+
+VOCAB = 30
+
+
+def _batch(batch: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(batch)
+    ids = torch.randint(1, VOCAB, (batch, n), generator=g)
+    keep = torch.ones(batch, n, dtype=torch.long)
+    for b in range(batch):
+        keep[b, n - 2 * (b % 3) :] = 0
+    return ids.masked_fill(keep == 0, 0), keep
+
+
+class QueryPadded(nn.Module):
+    """A hand-written encoder layer whose padding mask hides query rows, not keys (a common bug)."""
+
+    def __init__(self, heads: int, single: bool):
+        super().__init__()
+        d, self.h, self.single = 4 * heads, heads, single
+        self.emb = nn.Embedding(VOCAB, d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids, keep):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        if self.single:  # one head: bmm, a (B, L, 1) mask
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+            s = torch.bmm(q, k.transpose(1, 2)) / math.sqrt(d)
+            w = F.softmax(s.masked_fill(keep.unsqueeze(-1) == 0, -1e9), dim=-1)
+            self.used.append(w[:, None])
+            return torch.bmm(w, v)
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        s = q @ k.transpose(-2, -1) / math.sqrt(d // self.h)
+        w = s.masked_fill(keep[:, None, :, None] == 0, -1e9).softmax(-1)  # meant: keep[:, None, None, :]
+        self.used.append(w)
+        return (w @ v).transpose(1, 2).reshape(b, n, d)
+
+
+@pytest.mark.parametrize(
+    ("batch", "heads", "single"), [(2, 2, False), (3, 1, False), (4, 4, False), (3, 1, True)]
+)
+def test_a_padding_mask_over_the_queries_is_no_causal_mask(batch, heads, single):
+    torch.manual_seed(0)
+    model = QueryPadded(heads, single).eval()
+    ids, keep = _batch(batch, 7)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, keep)
+    (rec,) = cap.records
+    assert rec.exact, rec.flag
+    assert rec.kind == "enc_self"
+    torch.testing.assert_close(rec.probs, model.used[0], atol=1e-6, rtol=0)
+    want = (keep[:, :, None] == 1).expand(batch, 7, 7)  # the rows kept see every key; the others none
+    assert torch.equal(rec.mask, want)
+
+
+class FloatMasked(nn.Module):
+    """``nn.MultiheadAttention`` given additive float masks of a finite very negative value."""
+
+    def __init__(self, heads: int, how: str):
+        super().__init__()
+        d, self.how = 4 * heads, how
+        self.emb = nn.Embedding(VOCAB, d)
+        self.blocks = nn.ModuleList(nn.MultiheadAttention(d, heads, batch_first=True) for _ in range(2))
+
+    def forward(self, ids, keep):
+        x = self.emb(ids)
+        n = ids.shape[1]
+        kpm = attn_mask = None
+        if self.how == "padding":
+            kpm = (1.0 - keep.float()) * -1e9
+        else:
+            attn_mask = torch.triu(torch.ones(n, n), 1) * (-1e4 if self.how == "causal_1e4" else -1e9)
+        for block in self.blocks:
+            x = x + block(x, x, x, key_padding_mask=kpm, attn_mask=attn_mask, need_weights=False)[0]
+        return x
+
+
+@pytest.mark.parametrize("how", ["padding", "causal", "causal_1e4"])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_finite_float_masks_of_multihead_attention_are_masks(how, batch, heads):
+    torch.manual_seed(1)
+    model = FloatMasked(heads, how).eval()
+    ids, keep = _batch(batch, 6)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, keep)
+    assert len(cap.records) == 2
+    for rec in cap.records:
+        assert rec.exact, rec.flag
+        if how == "padding":
+            want = (keep[:, None, :] == 1).expand(batch, 6, 6)
+            assert rec.kind == "enc_self"
+        else:
+            want = torch.ones(6, 6, dtype=torch.bool).tril().expand(batch, 6, 6)
+            assert rec.kind == "dec_self"  # the mask says so; "blocks" names no decoder
+        assert torch.equal(rec.mask, want)
+        assert bool((rec.probs.masked_fill(want[:, None], 0) == 0).all())  # no weight where it says masked
+
+
+class RepeatedMask(nn.Module):
+    """A (B·H, L, L) attn_mask made with ``repeat(H, 1, 1)`` (meant: ``repeat_interleave(H, 0)``)."""
+
+    def __init__(self, heads: int, interleave: bool):
+        super().__init__()
+        d, self.h, self.interleave = 4 * heads, heads, interleave
+        self.emb = nn.Embedding(VOCAB, d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids, keep):
+        x = self.emb(ids)
+        hide = (keep == 0)[:, None, :].expand(-1, ids.shape[1], -1)  # (B, L, L), True = hidden
+        m = hide.repeat_interleave(self.h, 0) if self.interleave else hide.repeat(self.h, 1, 1)
+        out, w = self.attn(x, x, x, attn_mask=m, average_attn_weights=False)
+        self.used.append(w)
+        return out
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_a_mask_repeated_over_the_heads_in_the_wrong_order_shows_its_heads_differ(interleave):
+    torch.manual_seed(2)
+    batch = heads = 2
+    model = RepeatedMask(heads, interleave).eval()
+    ids, keep = _batch(batch, 7)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, keep)
+    (rec,) = cap.records
+    assert rec.exact, rec.flag
+    torch.testing.assert_close(rec.probs, model.used[0], atol=1e-6, rtol=0)
+    per_head = (keep == 1)[:, None, None, :].expand(batch, heads, 7, 7)
+    if not interleave:  # head h of every sequence used sequence h's keys
+        per_head = per_head.permute(1, 0, 2, 3)
+    assert rec.head_masks_differ == (not interleave)
+    assert torch.equal(rec.mask, per_head.all(dim=1))
+    assert bool((rec.probs.masked_fill(per_head, 0) == 0).all())
