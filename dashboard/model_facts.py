@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.core.families.interface import AttentionModel
+from attnscope.core.traces.trace import KIND_LABELS as ATTENTION
 from attnscope.core.traces.trace import AttentionTrace
 
 ARCH_LABELS = {"encoder": "encoder only", "decoder": "decoder only", "seq2seq": "encoder-decoder"}
@@ -95,6 +96,30 @@ def trace_arch(trace: AttentionTrace) -> str:
 
 
 # -- real positions and decoding steps -----------------------------------------------------------
+
+
+def head_masks_note(trace: AttentionTrace) -> str | None:
+    """One sentence when capture saw the heads of a layer masked differently (the trace's masks are
+    what every head may see), naming the layers; None otherwise, or when the trace's meta says it in
+    a shape other than {kind: [module, ...]} (a file from outside)."""
+    differ = trace.meta.get("head_masks_differ") if isinstance(trace.meta, dict) else None
+    if not isinstance(differ, dict):
+        return None
+    parts = []
+    for kind, names in differ.items():
+        if kind not in ATTENTION or not isinstance(names, list) or not names:
+            continue
+        shown = [str(n) or "(model)" for n in names[:4]]
+        more = f" and {len(names) - 4} more" if len(names) > 4 else ""
+        parts.append(f"{ATTENTION[kind]}: {', '.join(shown)}{more}")
+    if not parts:
+        return None
+    return (
+        "The heads of a layer were masked differently (" + "; ".join(parts) + "). The masks shown are what "
+        "every head may see; each head's own mask shows in its map, as weight 0 where it was masked. A "
+        "top-k per head does this by design; an attn_mask of shape (batch × heads, L, L) repeated over "
+        "the heads in the wrong order (repeat where repeat_interleave was meant) does it by mistake."
+    )
 
 
 def real_source(trace: AttentionTrace) -> np.ndarray:

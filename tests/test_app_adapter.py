@@ -157,3 +157,31 @@ def test_rnn_seq2seq_with_cross_attention_only_on_every_page(env):
     assert not at.exception
     failed = " ".join(e.value for e in at.error)
     assert "batch_invariance" in failed and "FAIL" in failed
+
+
+def test_heads_masked_differently_are_said_on_the_masks_page(env):
+    """nn.MultiheadAttention given a (B·heads, L, L) mask repeated over the heads in the wrong order:
+    the Masks page says the heads were masked differently and that what it shows is every head's
+    share, and its audit finds the attention on PAD the bug causes; a model whose heads share their
+    mask gets no such warning."""
+    env.setenv(user_models.ALLOW_CODE_ENV, "1")
+    from attnscope.core.families.adapter import load_adapter
+    from attnscope.dashboard import model_facts
+
+    traces = load_adapter(ADAPTERS / "mha_repeat_mask_bug.py").trace(["hello world", "abc"])
+    assert traces[0].meta["head_masks_differ"] == {"enc_self": ["attn.0", "attn.1"]}
+    assert "repeat_interleave" in model_facts.head_masks_note(traces[0])
+    at = load_path(_app(), str(ADAPTERS / "mha_repeat_mask_bug.py"))
+    assert_clean(at)
+    at.sidebar.toggle(key=K.BATCH).set_value(True).run()
+    at.sidebar.text_area(key=K.SOURCES).input("hello world\nabc").run()
+    at.switch_page("app_pages/masks.py").run()
+    assert not at.exception
+    shown = [w.value for w in at.warning if "masked differently" in w.value]
+    assert shown and "attn.0, attn.1" in shown[0]
+    # the bug's symptom: "abc"'s first head was masked with the other sequence's keys, so it attends to PAD
+    assert any("put attention on masked keys" in e.value for e in at.error)
+    at = load_path(_app(), str(ADAPTERS / "bert_encoder.py"))
+    at.switch_page("app_pages/masks.py").run()
+    assert_clean(at)
+    assert not [w.value for w in at.warning if "masked differently" in w.value]

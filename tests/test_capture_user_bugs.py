@@ -157,3 +157,26 @@ def test_a_mask_repeated_over_the_heads_in_the_wrong_order_shows_its_heads_diffe
     assert rec.head_masks_differ == (not interleave)
     assert torch.equal(rec.mask, per_head.all(dim=1))
     assert bool((rec.probs.masked_fill(per_head, 0) == 0).all())
+
+
+def test_heads_masked_differently_travel_in_the_trace_and_are_told_in_one_sentence():
+    from attnscope.dashboard import model_facts
+
+    torch.manual_seed(2)
+    ids, keep = _batch(2, 7)
+    for interleave in (True, False):
+        model = RepeatedMask(2, interleave).eval()
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(ids, keep)
+        trace = cap.trace(0, src_tokens=[str(i) for i in ids[0].tolist()])
+        if interleave:
+            assert cap.head_masks_differ() == {} and "head_masks_differ" not in trace.meta
+            assert model_facts.head_masks_note(trace) is None
+        else:
+            assert cap.head_masks_differ() == {"enc_self": ["attn"]}
+            assert trace.meta["head_masks_differ"] == {"enc_self": ["attn"]}
+            note = model_facts.head_masks_note(trace)
+            assert "encoder self-attention: attn" in note.lower() and "repeat_interleave" in note
+    for bad in ("attn", ["attn"], {"enc_self": "attn"}, {"nonsense": ["attn"]}, {"enc_self": []}, None, 3):
+        trace.meta["head_masks_differ"] = bad  # what a file from outside may say
+        assert model_facts.head_masks_note(trace) is None

@@ -652,12 +652,15 @@ class AdapterModel:
         if real_rows is None:
             raise InputError("the model read neither a source nor a target")
         sources = {k: s for k, s in self._mask_sources(cap).items() if k in stacks}
+        differ = cap.head_masks_differ()  # heads masked differently: the masks shown are all heads' share
         traces = []
         for i, p in enumerate(prepared):
             meta = {"forward_ms": round(ms, 3), "teacher_forced": teacher, "warnings": list(p.warnings),
                     "kind": "adapter", "arch": self.arch, "has_scores": True, "mask_sources": sources}  # fmt: skip
             if cap.notes or dropped:
                 meta["capture_notes"] = [*cap.notes, *dropped][:20]
+            if differ:
+                meta["head_masks_differ"] = differ
             if learned:
                 meta["learned_keys"] = {k: list(labs) for k, (_, labs) in learned.items()}
             if norms:

@@ -283,6 +283,16 @@ class Captured:
         """A kind's layers as one stack over its sequence's positions, learned keys apart."""
         return kind_maps(self.of(kind), self.joined_labels())
 
+    def head_masks_differ(self) -> dict[str, list[str]]:
+        """kind -> the modules whose heads were masked differently (their record's mask is what every
+        head may see; each head's own shows in its map, 0 where it was masked): a per-head top-k, or an
+        ``attn_mask`` repeated over the heads in the wrong order."""
+        out: dict[str, list[str]] = {}
+        for r in self.records:
+            if r.head_masks_differ and r.name not in out.setdefault(r.kind, []):
+                out[r.kind].append(r.name)
+        return {k: v for k, v in out.items() if v}
+
     def masks(self) -> dict[str, torch.Tensor | None]:
         """kind -> (B, q, k) bool mask of its first layer (None when the call had no mask)."""
         return {k: self.of(k)[0].mask for k in self.kinds()}
@@ -339,6 +349,9 @@ class Captured:
             meta["capture_notes"] = list(self.notes)
         if self.skipped:
             meta["capture_skipped"] = [str(n) for n in self.skipped]
+        differ = self.head_masks_differ()
+        if differ:
+            meta["head_masks_differ"] = differ
         if learned_keys:
             meta["learned_keys"] = learned_keys
         if scopes:

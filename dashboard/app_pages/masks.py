@@ -84,6 +84,9 @@ show_in_rows(pad_charts)
 
 seq = state.sequence_picker(K.MASK_SEQ, traces)
 tr = traces[seq]
+note = model_facts.head_masks_note(tr)
+if note:
+    st.warning(note)
 where = f"sequence {seq}"
 t_len = len(tr.tgt_tokens)
 # Attention masks of the picked sequence:
