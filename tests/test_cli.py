@@ -117,3 +117,15 @@ def test_capture_flags_print_on_stderr_and_travel_in_the_file(tmp_path, capsys):
     assert "warning: 1 attention call(s) could not be verified" in captured.err
     assert "not projected inside the captured call" in captured.err
     assert "could not verify" in AttentionTrace.load(out).meta["capture_notes"][0]
+
+
+def test_heads_masked_differently_are_a_warning_on_stderr(capsys):
+    from attnscope import cli
+
+    cli._capture_warnings({"head_masks_differ": {"enc_self": ["attn.0", "attn.1"]}})
+    err = capsys.readouterr().err
+    assert "masked differently (enc_self: attn.0, attn.1)" in err and "every head may see" in err
+    cli._capture_warnings({"head_masks_differ": "nonsense"})  # a meta from a file: nothing, no traceback
+    cli._capture_warnings({"head_masks_differ": {"enc_self": 5}})
+    cli._capture_warnings({})
+    assert capsys.readouterr().err == ""
