@@ -202,3 +202,74 @@ def test_synthesizer_weights_multiplying_values_are_a_warning_not_a_vocabulary(h
     assert (
         len(skipped) == 1 and "vocabulary" in skipped[0][1]
     )  # the model's last softmax, over its vocabulary
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.h, self.qkv = heads, nn.Linear(d, 3 * d)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        w = (q @ k.transpose(-2, -1) / math.sqrt(d // self.h)).softmax(-1)
+        self.used.append(w)
+        return (w @ v).transpose(1, 2).reshape(b, n, d)
+
+
+class Blocks(nn.Module):
+    """One attention module called once per block of positions (CANINE's local attention: the
+    sequence cut in blocks, each block's queries over its own keys), once per sequence of the batch
+    (a loop over the batch), or on two inputs (a siamese encoder: maps of their own)."""
+
+    def __init__(self, how: str, heads: int):
+        super().__init__()
+        self.how, d = how, 4 * heads
+        self.emb = nn.Embedding(VOCAB, d)
+        self.attn = SelfAttention(d, heads)
+
+    def forward(self, ids, other=None):
+        x = self.emb(ids)
+        if self.how == "blocks":
+            return torch.cat([self.attn(x[:, i : i + 4]) for i in range(0, x.shape[1], 4)], dim=1)
+        if self.how == "sequences":
+            return torch.cat([self.attn(x[b : b + 1]) for b in range(x.shape[0])], dim=0)
+        return self.attn(x), self.attn(self.emb(other))
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 1)])
+def test_an_attention_module_called_once_per_block_is_one_record_of_blocks(batch, heads):
+    torch.manual_seed(7)
+    model = Blocks("blocks", heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 12))
+    (rec,) = cap.records  # not three "layers" over the first four positions
+    assert rec.exact, rec.flag
+    assert not cap.notes
+    want = torch.stack(model.attn.used, dim=1).flatten(
+        0, 1
+    )  # (batch * blocks, H, 4, 4), sequence by sequence
+    torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(2, 2), (3, 3), (4, 1)])
+def test_an_attention_module_called_once_per_sequence_is_one_record_of_the_batch(batch, heads):
+    torch.manual_seed(8)
+    model = Blocks("sequences", heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 6))
+    (rec,) = cap.records
+    assert rec.exact, rec.flag
+    torch.testing.assert_close(rec.probs, torch.cat(model.attn.used), atol=1e-6, rtol=0)
+
+
+def test_one_module_on_two_inputs_keeps_a_map_for_each():
+    torch.manual_seed(9)
+    model = Blocks("siamese", 2).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(2, 6), _ids(3, 5)[:2])
+    assert [tuple(r.probs.shape) for r in cap.records] == [(2, 2, 6, 6), (2, 2, 5, 5)]
+    assert all(r.exact for r in cap.records) and not cap.notes
+    for rec, want in zip(cap.records, model.attn.used, strict=True):
+        torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)

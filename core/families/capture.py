@@ -2892,21 +2892,38 @@ class _Session:
         """Note where one call of a module makes maps over other queries than its previous map (other
         positions or heads): attention computed in slices or chunks, a map per piece, joined into one
         layer at finish. Layers written inline in one forward read the same positions and heads, and
-        are not taken for pieces."""
+        are not taken for pieces. Calls of the module one after another, each over positions and keys
+        of its own (local attention in blocks, each block a call: CANINE's; a loop over the sequences of
+        the batch), are pieces too; calls that share keys or read more of them (decoding steps, a layer
+        in a loop) are not."""
         frame = self._frame
         held, held_path, held_q, held_at, held_layout = self._record_call
         at = len(self.cap.records)  # where rec goes (a record joined to the previous head's is no piece)
         self._record_call = (frame, path, queries, at, layout)
-        if frame is None or frame is not held or path != held_path or queries is None or held_q is None:
+        if frame is None or path != held_path or queries is None or held_q is None:
             return
         if queries.device != held_q.device or bool(torch.isin(queries, held_q).any()):
             return
         if layout is None or held_layout is None or not 0 <= held_at < at:
             return
+        if frame is not held and not self._blocks(queries, held_q, layout, held_layout, held_at, at):
+            return
         if self._runs and self._runs[-1][-1][0] == held_at:
             self._runs[-1].append((at, rec, layout))
         else:
             self._runs.append([(held_at, self.cap.records[held_at], held_layout), (at, rec, layout)])
+
+    def _blocks(self, queries, held_q, layout: Layout, held_layout: Layout, held_at: int, at: int) -> bool:
+        """Whether a map from another call of the module than the previous map, right after it, holds
+        queries and keys at other positions than that map's: a block of its own."""
+        if held_at != at - 1 or layout.seq_keys is None or held_layout.seq_keys is None:
+            return False
+        qp, hq = queries >> lineage.SHIFT, held_q >> lineage.SHIFT
+        kp, hk = layout.seq_keys, held_layout.seq_keys
+        kp, hk = kp[kp >= 0], hk[hk >= 0]
+        if not kp.numel() or not hk.numel() or kp.device != hk.device:
+            return False
+        return not bool(torch.isin(qp, hq).any()) and not bool(torch.isin(kp, hk).any())
 
     def kind_of(self, path, lq, lk, mask, cross, ext=False, exact=False, causal: bool | None = None) -> str:
         """The kind of an attention call. With lineage (``exact``), queries and keys from different
