@@ -10,6 +10,8 @@
 - Every TorchScript submodule is named in the one note, not only the first.
 - Internal steps that cannot follow an op (a zero-width part joined, a complex einsum of Fourier
   features) leave no internal error among the notes.
+- A model, or its blocks, compiled with ``torch.compile`` runs eagerly inside the capture, so its
+  attention is recorded under the model's own module names.
 """
 
 from __future__ import annotations
@@ -245,3 +247,68 @@ def test_a_one_token_prompt_is_the_first_step_of_a_decoder():
     with torch.no_grad(), capture_attention(model) as once:
         model(torch.tensor([[5]]))
     assert {r.kind for r in once.records} == {"enc_self"}
+
+
+class CompiledLM(nn.Module):
+    """A small decoder-only LM whose blocks keep the maps they multiply the values with."""
+
+    def __init__(self, heads: int = 2, layers: int = 2):
+        super().__init__()
+        d = 4 * heads
+        self.tok = nn.Embedding(VOCAB, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+
+    def forward(self, ids):
+        x = self.tok(ids)
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.h, self.qkv = heads, nn.Linear(d, 3 * d)
+        self.used: torch.Tensor | None = None
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        w = (
+            (q @ k.transpose(-2, -1) / (d // self.h) ** 0.5)
+            .masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            .softmax(-1)
+        )
+        self.used = w.detach().clone()
+        return (w @ v).transpose(1, 2).reshape(b, n, d)
+
+
+@pytest.mark.parametrize("what", ["model", "blocks"])
+def test_a_model_compiled_with_torch_compile_is_seen_eagerly(what):
+    """nanoGPT's ``model = torch.compile(model)``, or each block compiled: the compiled code runs where
+    a mode cannot see, so the capture runs the forward eagerly; the module names are the model's own
+    (no ``_orig_mod``) and the information says so. (aot_eager: the same wrapper, no C++ compiler.)"""
+    torch.manual_seed(11)
+    model = CompiledLM().eval()
+    ids = _ids(2, 6)
+    if what == "model":
+        run = torch.compile(model, backend="aot_eager")
+    else:
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = torch.compile(block, backend="aot_eager")
+        run = model
+    with torch.no_grad():
+        want = run(ids)
+        with capture_attention(run) as cap:
+            got = run(ids)
+        again = run(ids)  # compiled again after the block
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(again, want)
+    assert not cap.notes, cap.notes
+    assert [r.name for r in cap.records] == ["blocks.0", "blocks.1"]
+    for rec, block in zip(cap.records, model.blocks, strict=True):
+        assert rec.exact and rec.kind == "dec_self"
+        own = getattr(block, "_orig_mod", block).used
+        torch.testing.assert_close(rec.probs, own, atol=1e-6, rtol=0)
+    (info,) = cap.skipped
+    assert "torch.compile" in info.reason and info.module == ("(model)" if what == "model" else "blocks.0")

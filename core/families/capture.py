@@ -4292,12 +4292,18 @@ def capture_attention(
         if k not in KINDS:
             raise ValueError(f"unknown attention kind {k!r}; expected one of {KINDS}")
     cap = Captured()
-    modules = list(model.named_modules())  # one walk for the names, the layer kinds and TorchScript
+    # one walk for the names, the layer kinds, TorchScript and torch.compile (whose wrapper holds the
+    # model as "_orig_mod": its modules keep the names they have without it)
+    modules = [(_ORIG_MOD.sub("", name).lstrip("."), mod) for name, mod in model.named_modules()]
     blind = _blind_spot(model, modules)
     if blind:
         cap.notes.append(blind)
+    compiled = [name for name, mod in modules if _is_compiled(mod)]
+    if compiled:  # compiled code runs where a mode cannot see: the forward runs eagerly in the block
+        cap.skipped.append(Note("info", compiled[0] or "(model)", (), _COMPILED))
     session = _Session(cap, model, kinds, include, exclude, lengths, modules, scores)
-    with _Mode(session):
+    eager = torch.compiler.set_stance("force_eager") if compiled else contextlib.nullcontext()
+    with eager, _Mode(session):
         yield cap
     session.finish()
     if session.n_ops and not session.n_attention and not blind:
@@ -4306,6 +4312,20 @@ def capture_attention(
             f"({session.n_ops} torch calls): if the model has attention, it runs where capture cannot see "
             "(a compiled C++/CUDA extension, TorchScript, or code outside torch)"
         )
+
+
+_ORIG_MOD = re.compile(r"(^|\.)_orig_mod(?=\.|$)")
+_COMPILED = (
+    "compiled with torch.compile: capture runs its forward eagerly (torch.compiler.set_stance("
+    "'force_eager')), so its attention is seen; the compiled forward computes the same maps up to "
+    "floating-point rounding"
+)
+
+
+def _is_compiled(mod: nn.Module) -> bool:
+    """A module wrapped by torch.compile (its OptimizedModule), without importing torch._dynamo."""
+    cls = type(mod)
+    return cls.__name__ == "OptimizedModule" and cls.__module__.startswith("torch._dynamo")
 
 
 def _blind_spot(model: nn.Module, modules=None) -> str | None:
