@@ -273,3 +273,54 @@ def test_one_module_on_two_inputs_keeps_a_map_for_each():
     assert all(r.exact for r in cap.records) and not cap.notes
     for rec, want in zip(cap.records, model.attn.used, strict=True):
         torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)
+
+
+class KeysTwice(nn.Module):
+    """Keys that hold a sequence's positions twice, each run in order: the tokens and a later state
+    at the same positions (``cat([x, h])``), or learned memory rows picked by an index made inside the
+    forward (``self.mem[torch.arange(M)]``) before the tokens."""
+
+    def __init__(self, how: str, heads: int = 2):
+        super().__init__()
+        d, self.how = 4 * heads, how
+        self.emb, self.ff = nn.Embedding(VOCAB, d), nn.Linear(d, d)
+        self.mem = nn.Parameter(torch.randn(3, d))
+        self.q, self.kv = nn.Linear(d, d), nn.Linear(d, 2 * d)
+        self.h = heads
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        if self.how == "twice":
+            keys = torch.cat([x, torch.relu(self.ff(x))], dim=1)
+        else:
+            keys = torch.cat([self.mem[torch.arange(3)].expand(b, -1, -1), x], dim=1)
+        q = self.q(x).view(b, n, self.h, -1).transpose(1, 2)
+        k, v = (t.view(b, keys.shape[1], self.h, -1).transpose(1, 2) for t in self.kv(keys).chunk(2, dim=-1))
+        w = (q @ k.transpose(-2, -1)).softmax(-1)
+        self.used.append(w)
+        return (w @ v).transpose(1, 2).reshape(b, n, d)
+
+
+@pytest.mark.parametrize("how", ["twice", "memory"])
+def test_keys_with_a_sequence_twice_or_learned_rows_picked_by_position_stay_exact(how):
+    torch.manual_seed(10)
+    model = KeysTwice(how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(2, 5))
+    (rec,) = cap.records
+    assert rec.exact, rec.flag
+    assert rec.kind == "enc_self" and not cap.notes
+    torch.testing.assert_close(rec.probs, model.used[0], atol=1e-6, rtol=0)
+    if how == "memory":
+        assert rec.key_labels == ("<mem 0>", "<mem 1>", "<mem 2>", None, None, None, None, None)
+
+
+def test_blocks_of_other_lengths_stay_maps_of_their_own_without_a_warning():
+    torch.manual_seed(7)
+    model = Blocks("blocks", 2).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(2, 10))  # blocks of 4, 4 and 2 positions
+    assert [tuple(r.probs.shape) for r in cap.records] == [(2, 2, 4, 4), (2, 2, 4, 4), (2, 2, 2, 2)]
+    assert all(r.exact for r in cap.records) and not cap.notes

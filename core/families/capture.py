@@ -137,6 +137,11 @@ PACKING = frozenset({"_pack_padded_sequence", "_pad_packed_sequence"})  # nn.uti
 CELLS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
 RNN = frozenset({"gru", "lstm", "rnn_tanh", "rnn_relu"}) | CELLS  # recurrent layers and their cells
 FACTORIES = frozenset({"zeros", "empty", "ones", "full"})  # new tensors made from no other tensor
+# integer tensors made inside the call (positions, indices of learned rows): never a batch's token ids
+INT_FACTORIES = frozenset(
+    {"arange", "range", "tensor", "as_tensor", "zeros", "ones", "full", "empty", "randint", "randperm",
+     "tril_indices", "triu_indices", "zeros_like", "ones_like", "full_like", "empty_like"}
+)  # fmt: skip
 SCATTER_SUM = frozenset(
     {"index_add", "index_add_", "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_"}
 )
@@ -907,6 +912,8 @@ class _Session:
         # single-head maps whose outputs were joined along their features: (places, seqs, the layer's name)
         self._head_groups: list[tuple[list[int], list[int], str, int]] = []  # (+ heads per sequence)
         self._buffer_ids: set[int] | None = None  # the model's buffers (indices it keeps are no token ids)
+        self._made_ints: dict[int, weakref.ref] = {}  # integer tensors made inside the call, and from them
+        self._block_runs: set[int] = set()  # runs of pieces from separate calls of a module (blocks)
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -977,6 +984,14 @@ class _Session:
             if t is not None and t.role == "scores" and (t.scores is None or name == "exp_"):
                 pre = args[0].detach().clone()  # in place: keep the scores before the mask
         out = func(*args, **kwargs)
+        if (
+            type(out) is torch.Tensor
+            and not out.is_floating_point()
+            and (name in INT_FACTORIES or (self._made_ints and self._from_made_ints(args, kwargs)))
+        ):
+            if len(self._made_ints) >= 256:
+                self._made_ints.clear()
+            self._made_ints[id(out)] = weakref.ref(out)
         if name in FACTORIES and isinstance(out, torch.Tensor):
             if out.is_floating_point() and out.dim() >= 3:  # a buffer (a static KV cache), not a mask
                 if len(self._made) >= 256:
@@ -1069,7 +1084,18 @@ class _Session:
             return False
         if self._buffer_ids is None:
             self._buffer_ids = {id(b) for b in self.model.buffers()}
-        return id(idx) not in self._buffer_ids and id(idx._base) not in self._buffer_ids
+        if id(idx) in self._buffer_ids or id(idx._base) in self._buffer_ids:
+            return False
+        made = self._made_ints.get(id(idx))  # indices made inside the call (``self.mem[torch.arange(M)]``):
+        return made is None or made() is not idx  # learned rows picked by position, not token ids
+
+    def _from_made_ints(self, args, kwargs) -> bool:
+        """Whether an op read an integer tensor made inside the call (``torch.arange(T)[None]``)."""
+        for t in _tensors(args, kwargs):
+            held = self._made_ints.get(id(t))
+            if held is not None and held() is t:
+                return True
+        return False
 
     def _scatter_softmax(self, name, args, kwargs) -> None:
         """An exp of activations summed into groups by a scatter (``denom.index_add_(0, dst, e)``,
@@ -1231,6 +1257,7 @@ class _Session:
         in_groups = {i for places, _, _, _ in self._head_groups for i in places}
         run_joined: set[int] = set()
         for run in self._runs:
+            blocks = id(run) in self._block_runs  # (calls of a module one after another)
             joined = self._run_joined(run)
             if isinstance(joined, str) and any(piece[0] in in_groups for piece in run):
                 run = [piece for piece in run if piece[0] not in in_groups]  # heads joined by their outputs
@@ -1239,6 +1266,8 @@ class _Session:
                 joined = self._run_joined(run)
             if joined is None:  # not pieces of one attention: maps of their own
                 continue
+            if isinstance(joined, str) and blocks:
+                continue  # blocks that do not make one map (a shorter last block): maps of their own
             if isinstance(joined, str):
                 first = run[0][1]
                 self.warn(first.name, tuple(int(n) for n in first.probs.shape), "several attention maps over "
@@ -1273,6 +1302,7 @@ class _Session:
             seen: set[int] = set()
             records[:] = [r for r in records if not (id(r) in seen or seen.add(id(r)))]  # type: ignore[func-returns-value]
         self._runs.clear()
+        self._block_runs.clear()
         self._head_groups.clear()
         # a decoder's first step (one query, one key: with a KV cache, nothing cached yet; without one, a
         # one-token prompt) looks like an encoder of one token: it takes the kind of the module's later
@@ -2906,12 +2936,15 @@ class _Session:
             return
         if layout is None or held_layout is None or not 0 <= held_at < at:
             return
-        if frame is not held and not self._blocks(queries, held_q, layout, held_layout, held_at, at):
+        blocks = frame is not held
+        if blocks and not self._blocks(queries, held_q, layout, held_layout, held_at, at):
             return
         if self._runs and self._runs[-1][-1][0] == held_at:
             self._runs[-1].append((at, rec, layout))
         else:
             self._runs.append([(held_at, self.cap.records[held_at], held_layout), (at, rec, layout)])
+        if blocks:
+            self._block_runs.add(id(self._runs[-1]))
 
     def _blocks(self, queries, held_q, layout: Layout, held_layout: Layout, held_at: int, at: int) -> bool:
         """Whether a map from another call of the module than the previous map, right after it, holds

@@ -650,8 +650,9 @@ def _reordered(pos: torch.Tensor, sources: Sources) -> str | None:
     if pos.shape[-1] < 2 or not bool((pos >= 0).any()):
         return None
     own = pos >= 0
-    if bool(own.all()) and not bool((pos[:, 1:] <= pos[:, :-1]).any()):
-        return None  # every position after the one before it (the common case)
+    seen = torch.where(own, pos, -1).cummax(-1).values  # the furthest position met so far, in each row
+    if not bool((own[:, 1:] & (pos[:, 1:] <= seen[:, :-1])).any()):
+        return None  # every position after the ones before it (the common case, learned ones aside)
     safe = pos.clamp_min(0)
     row = sources.rows(safe).masked_fill(~own, -1)  # (B, N): which source row each position is in
     per = torch.tensor([s.row or s.n for s in sources.items], dtype=torch.int64, device=pos.device)
@@ -667,7 +668,8 @@ def _reordered(pos: torch.Tensor, sources: Sources) -> str | None:
             continue
         for rid in torch.unique(r[1:][back]).tolist():
             at = r == rid
-            if int(torch.unique(p[at]).numel()) == int(n[at][0]):  # the whole row, out of order
+            if int(torch.unique(p[at]).numel()) == int(n[at][0]) == int(at.sum()):  # the whole row, each
+                # position once, out of order (a row twice in order, ``cat([x, h])``, is two runs of it)
                 return ("the positions of a sequence were put in another order before the product "
                         "(gathered, sorted or flipped: buckets, routing), so the map's rows and keys are in "
                         "the model's order, not the sequence's")  # fmt: skip
