@@ -180,3 +180,21 @@ def test_heads_masked_differently_travel_in_the_trace_and_are_told_in_one_senten
     for bad in ("attn", ["attn"], {"enc_self": "attn"}, {"nonsense": ["attn"]}, {"enc_self": []}, None, 3):
         trace.meta["head_masks_differ"] = bad  # what a file from outside may say
         assert model_facts.head_masks_note(trace) is None
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize(("bias_kv", "padding"), [(False, False), (False, True), (True, True)])
+def test_multihead_attention_on_one_unbatched_sequence(batch_first, bias_kv, padding):
+    """``nn.MultiheadAttention`` called on one (L, E) sequence, no batch axis: one record of one sequence
+    (it used to leave an internal error among the notes and no record)."""
+    torch.manual_seed(3)
+    m = nn.MultiheadAttention(8, 2, batch_first=batch_first, add_bias_kv=bias_kv).eval()
+    x = torch.randn(5, 8)
+    kpm = torch.tensor([False, False, False, True, True]) if padding else None
+    with torch.no_grad(), capture_attention(m) as cap:
+        _, w = m(x, x, x, key_padding_mask=kpm, average_attn_weights=False)
+    (rec,) = cap.records
+    assert not cap.notes and rec.exact
+    torch.testing.assert_close(rec.probs, w[None], atol=1e-6, rtol=0)
+    if padding:
+        assert torch.equal(rec.mask[0, 0, :5], ~kpm)

@@ -3740,7 +3740,7 @@ class _Session:
                 with torch.no_grad(), rng or contextlib.nullcontext():
                     _, weights = func(**p)
             unbatched = query.dim() == 2
-            weights = weights[None] if unbatched else weights  # (B, H, q, k)
+            weights = weights[None] if weights.dim() == 3 else weights  # (B, H, q, k); one sequence: B = 1
             b, h, lq, lk = weights.shape
             kpm = p["key_padding_mask"]
             kpm = kpm[None] if unbatched and kpm is not None else kpm
