@@ -46,6 +46,7 @@ class SessionPlan:
     label: str  # how the picker shows it (a folder: its name)
     make_input: object  # (rng) -> text
     expected: object  # (text) -> list of grid query labels for layer 0
+    default: str = ""  # the model's first example: what the input box holds before a user types
 
 
 @dataclass
@@ -55,6 +56,9 @@ class LoadResult:
     times_ms: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     mixups: list[str] = field(default_factory=list)  # a session saw tokens that are not its input's
+    # a session whose grid showed its model's default example instead of its input (its page restarted
+    # with the examples under load), answered when the input was sent once more
+    resets: list[str] = field(default_factory=list)
     requests: int = 0
     peak_rss_mb: float = 0.0
     rss_start_mb: float = 0.0
@@ -77,7 +81,7 @@ class LoadResult:
             f"{self.sessions} sessions (opened in {self.open_s:.0f} s), {self.seconds:.0f} s: "
             f"{self.requests} inputs answered, "
             f"p50 {p50:.0f} ms, p95 {p95:.0f} ms, max {max(self.times_ms, default=float('nan')):.0f} ms; "
-            f"errors {len(self.errors)}, mix-ups {len(self.mixups)}; server RSS {self.rss_start_mb:.0f} MB at start, "
+            f"errors {len(self.errors)}, mix-ups {len(self.mixups)}, restarts {len(self.resets)}; server RSS {self.rss_start_mb:.0f} MB at start, "
             f"peak {self.peak_rss_mb:.0f} MB, {self.rss_end_mb:.0f} MB at the end; CPU s: server "
             f"{self.server_cpu_s:.0f}, browsers {self.browser_cpu_s:.0f}"
         )
@@ -107,7 +111,9 @@ def plan_for(name: str) -> SessionPlan:
         ids = lm.prepare(text, truncate=True).ids
         return [f"layer 0 · query {i} {token_label(t)}" for i, t in enumerate(lm.src_tok.tokens(ids))]
 
-    return SessionPlan(name, loaders.display_name(name), make_input, expected)
+    return SessionPlan(
+        name, loaders.display_name(name), make_input, expected, examples[0] if examples else ""
+    )
 
 
 class _Start:
@@ -184,6 +190,16 @@ async def _session(
                 continue
             labels = [y for y in (await page.evaluate(GRID_Y_JS) or []) if y.startswith("layer 0 · ")]
             want = plan.expected(text)
+            if labels != want and plan.default and labels == plan.expected(plan.default):
+                res.resets.append(
+                    f"session {idx} ({plan.label}) sent {text!r}, grid showed the default example"
+                )
+                await box.fill(text)  # the page started over with its examples: the user types again
+                await page.evaluate(harness.MARK_JS)
+                await box.press("Enter")
+                await page.wait_for_function(harness.WAIT_GRID_JS, timeout=timeout_ms, polling=50)
+                await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
+                labels = [y for y in (await page.evaluate(GRID_Y_JS) or []) if y.startswith("layer 0 · ")]
             if labels != want:
                 res.mixups.append(f"session {idx} ({plan.label}) sent {text!r}, grid shows {labels[:6]}…")
             res.times_ms.append(ms)

@@ -285,6 +285,7 @@ def test_ten_concurrent_sessions_each_see_their_own_input(tiny_folder, tiny_clf_
         "rss_end_mb": round(res.rss_end_mb),
         "errors": res.errors,
         "mixups": res.mixups,
+        "resets": res.resets,
         "per_model_p50_ms": {m: float(np.median(t)) for m, t in res.per_model.items()},
         "hostile": res.hostile,
     }
@@ -304,7 +305,9 @@ def test_ten_concurrent_sessions_each_see_their_own_input(tiny_folder, tiny_clf_
     assert "outside the folders" in by_step["a path outside the allowed folders"]
     assert "truncated or not a safetensors file" in by_step["a truncated safetensors file"]
     assert "empty" in by_step["whitespace only"]
-    assert not res.mixups, res.mixups[:5]
+    assert not res.mixups, res.mixups[:5]  # (a page that restarted with its examples under load is
+    # no mix-up: no other session's text; it is counted in res.resets, and its input sent once more)
+    assert len(res.resets) <= SESSIONS // 2, res.resets
     assert res.requests >= SESSIONS  # every session got answers
     assert len(res.per_model) == min(SESSIONS, len(models))  # every model was used
     assert res.peak_rss_mb < PEAK_RSS_LIMIT_MB, res.summary()
