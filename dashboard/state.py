@@ -249,21 +249,29 @@ def _pick_model(choices: list[str]) -> tuple[str, str]:
 def _source_boxes(lm: AttentionModel) -> tuple[bool, list[str], list[int]]:
     """The input box (or the batch's lines), filled with the model's examples when the model changed:
     (batch, sources, 1-based numbers of empty lines)."""
-    if st.session_state.get(K.TEXT_FOR_MODEL) != lm.name:
+    fresh = K.TEXT_FOR_MODEL not in st.session_state and K.LINK_TEXT not in st.session_state
+    if st.session_state.get(K.TEXT_FOR_MODEL) != lm.name and not fresh:
         if st.session_state.pop(K.LINK_TEXT, False):  # a link's text stays
             st.session_state[K.TEXT_FOR_MODEL] = lm.name
-        else:
+        else:  # the model changed: its examples replace the text
             _fill_examples(lm)
     batch = st.toggle(
         "Batch: several inputs, one per line",
         key=K.BATCH,
         help="A batch pads shorter inputs with <pad>, so padding masks are real.",
     )
+    defaults = ("", "")  # the shown box's default value (what it holds until it has a text of its own)
+    if fresh:  # this session's first run: the examples are the shown box's default, so a browser that
+        ex = loaders.examples(lm, 3)  # comes back to a session started over keeps its text; the hidden
+        shown = (ex[0], "\n".join(ex))  # box gets them as its value
+        defaults = ("", shown[1]) if batch else (shown[0], "")
+        st.session_state[K.SOURCE if batch else K.SOURCES] = shown[0] if batch else shown[1]
+        st.session_state[K.TEXT_FOR_MODEL] = lm.name
     if batch:
-        raw = st.text_area("Inputs (one per line)", key=K.SOURCES, height=110)
+        raw = st.text_area("Inputs (one per line)", value=defaults[1], key=K.SOURCES, height=110)
         sources, empty = _split_lines(raw)
     else:
-        raw = st.text_input("Input text", key=K.SOURCE)
+        raw = st.text_input("Input text", value=defaults[0], key=K.SOURCE)
         sources, empty = [raw], []
     st.caption(model_facts.limits_line(lm))
     return batch, sources, empty

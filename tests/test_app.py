@@ -275,3 +275,23 @@ def test_every_run_ends_by_keeping_the_next_collection_cheap(make_app, tiny, mon
     at.sidebar.text_input(key=K.SOURCE).input("zyx").run()
     assert_clean(at)
     assert len(calls) == n + 1 and calls[-1] is False  # no model loaded in that run: not stale
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_session_started_over_keeps_the_text_its_browser_holds(make_app, tiny, batch):
+    """Under load a page's server session can start over while the browser keeps its widgets: the
+    text it sends is the one drawn, never replaced by the model's examples; a new session still opens
+    with the examples (in both boxes), and changing the model still brings the new model's examples."""
+    at = make_app(tiny, **{K.BATCH: batch})
+    box = at.sidebar.text_area(key=K.SOURCES) if batch else at.sidebar.text_input(key=K.SOURCE)
+    examples = box.value
+    assert examples.strip()  # a new session opens with the examples
+    hidden = K.SOURCE if batch else K.SOURCES
+    assert at.session_state[hidden].strip()  # and the other box holds them too, for when it is shown
+    del at.session_state[K.TEXT_FOR_MODEL]  # the server's state is gone; the browser's widgets are not
+    (at.sidebar.text_area(key=K.SOURCES) if batch else at.sidebar.text_input(key=K.SOURCE)).input("abc").run()
+    assert_clean(at)
+    assert (
+        at.sidebar.text_area(key=K.SOURCES) if batch else at.sidebar.text_input(key=K.SOURCE)
+    ).value == "abc"
+    assert at.session_state[K.TEXT_FOR_MODEL] == "tiny-seq2seq"  # the boxes' text belongs to this model again
