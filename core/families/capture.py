@@ -720,6 +720,23 @@ def _is_param(t: Any) -> bool:
     return cls is nn.Parameter or (cls is not torch.Tensor and isinstance(t, nn.Parameter))
 
 
+HELD = 256  # tensors a registry keeps: a few are pending at a time, and older ones were never used
+
+
+def _hold(registry: dict[int, tuple], t: torch.Tensor, *rest: Any) -> None:
+    """Keep ``t`` (weakly, by identity) in ``registry`` with ``rest``; a full registry starts over."""
+    if len(registry) >= HELD:
+        registry.clear()
+    registry[id(t)] = (weakref.ref(t), *rest)
+
+
+def _held(registry: dict[int, tuple], t: Any) -> tuple | None:
+    """``t``'s entry in a registry of ``_hold`` (its weak reference first), or None: not held, or
+    another tensor now has its id."""
+    entry = registry.get(id(t))
+    return entry if entry is not None and entry[0]() is t else None
+
+
 class _Ref(weakref.ref):
     __slots__ = ("key",)
     key: int
@@ -883,7 +900,7 @@ class _Session:
         self._pad_start: int | None = None
         # a softmax written by hand: id(tensor) -> (its weakref, what it is, the tensor it was made of,
         # the scores, the dim): the exp of scores, its sum over a dim, log_softmax of scores, the weights
-        self._hand: dict[int, tuple[weakref.ref, str, torch.Tensor, torch.Tensor, int | None]] = {}
+        self._hand: dict[int, tuple] = {}  # _hold: (what, exp, scores, dim)
         # the exp (or log_softmax) of scores not yet followed into weights: id -> (module, shape)
         self._unfinished: dict[int, tuple[str, tuple[int, ...]]] = {}
         self._frame: FrameType | None = None  # the module call path() found last
@@ -900,10 +917,9 @@ class _Session:
         self._positional_shapes: dict[int, tuple[str, tuple[int, ...]]] = {}  # id(record) -> module, shape
         # pack_padded_sequence's batch sizes -> (them, held; the positions of the padded input it packed)
         self._packed_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._exps: dict[int, weakref.ref] = {}  # exps of activations (a scatter may sum them per group)
-        # softmaxes over a projection's output, noted as no attention: (them, held weakly; module; shape)
-        self._projected: dict[int, tuple[weakref.ref, str, tuple[int, ...]]] = {}
-        self._made: dict[int, weakref.ref] = {}  # float tensors made inside the call by a factory (buffers)
+        self._exps: dict[int, tuple] = {}  # _hold: exps of activations (a scatter may sum them per group)
+        self._projected: dict[int, tuple] = {}  # _hold: softmaxes over a projection's output (module, shape)
+        self._made: dict[int, tuple] = {}  # _hold: float tensors made inside the call by a factory (buffers)
         # (id, version, grid, batch) of a tensor from outside -> (it, held weakly; the first of the
         # positions a conv over it made): every conv over it that keeps one grid reads those positions
         self._grids: dict[tuple, tuple[weakref.ref, int]] = {}
@@ -912,7 +928,7 @@ class _Session:
         # single-head maps whose outputs were joined along their features: (places, seqs, the layer's name)
         self._head_groups: list[tuple[list[int], list[int], str, int]] = []  # (+ heads per sequence)
         self._buffer_ids: set[int] | None = None  # the model's buffers (indices it keeps are no token ids)
-        self._made_ints: dict[int, weakref.ref] = {}  # integer tensors made inside the call, and from them
+        self._made_ints: dict[int, tuple] = {}  # _hold: integer tensors made inside the call, and from them
         self._block_runs: set[int] = set()  # runs of pieces from separate calls of a module (blocks)
 
     # -- tags ---------------------------------------------------------------------------------------
@@ -989,14 +1005,10 @@ class _Session:
             and not out.is_floating_point()
             and (name in INT_FACTORIES or (self._made_ints and self._from_made_ints(args, kwargs)))
         ):
-            if len(self._made_ints) >= 256:
-                self._made_ints.clear()
-            self._made_ints[id(out)] = weakref.ref(out)
+            _hold(self._made_ints, out)
         if name in FACTORIES and isinstance(out, torch.Tensor):
             if out.is_floating_point() and out.dim() >= 3:  # a buffer (a static KV cache), not a mask
-                if len(self._made) >= 256:
-                    self._made.clear()
-                self._made[id(out)] = weakref.ref(out)
+                _hold(self._made, out)
             return out
         if not isinstance(out, (torch.Tensor, tuple, list)) and name != "__setitem__":
             return out  # x.dtype, x.dim(), x.size(): nothing to follow
@@ -1039,9 +1051,7 @@ class _Session:
                 if name == "exp" and isinstance(out, torch.Tensor) and args:
                     g = self.tag(args[0])
                     if g is not None and g.role != "param":
-                        if len(self._exps) >= 256:
-                            self._exps.clear()
-                        self._exps[id(out)] = weakref.ref(out)
+                        _hold(self._exps, out)
                 if isinstance(out, torch.Tensor) and (name in HAND_STEPS or self._hand):
                     self._hand_step(name, args, kwargs, out, pre)
                 if self._last_wo is not None:  # the output projection of heads merged back: its output
@@ -1086,16 +1096,12 @@ class _Session:
             self._buffer_ids = {id(b) for b in self.model.buffers()}
         if id(idx) in self._buffer_ids or id(idx._base) in self._buffer_ids:
             return False
-        made = self._made_ints.get(id(idx))  # indices made inside the call (``self.mem[torch.arange(M)]``):
-        return made is None or made() is not idx  # learned rows picked by position, not token ids
+        # indices made inside the call (``self.mem[torch.arange(M)]``): learned rows picked by position
+        return _held(self._made_ints, idx) is None
 
     def _from_made_ints(self, args, kwargs) -> bool:
         """Whether an op read an integer tensor made inside the call (``torch.arange(T)[None]``)."""
-        for t in _tensors(args, kwargs):
-            held = self._made_ints.get(id(t))
-            if held is not None and held() is t:
-                return True
-        return False
+        return any(_held(self._made_ints, t) is not None for t in _tensors(args, kwargs))
 
     def _scatter_softmax(self, name, args, kwargs) -> None:
         """An exp of activations summed into groups by a scatter (``denom.index_add_(0, dst, e)``,
@@ -1105,8 +1111,7 @@ class _Session:
         if not isinstance(src, torch.Tensor):
             return
         shape = tuple(int(n) for n in src.shape)
-        held = self._exps.get(id(src))
-        if held is None or held() is not src:
+        if _held(self._exps, src) is None:
             return
         if name.startswith("scatter_reduce"):
             how = args[4] if len(args) > 4 else kwargs.get("reduce")
@@ -1122,17 +1127,15 @@ class _Session:
         """(the scores, the dim, the exp) where ``t`` is the ``what`` ("exp" | "sum" | "log") of scores."""
         if not isinstance(t, torch.Tensor):
             return None
-        entry = self._hand.get(id(t))
-        if entry is None or entry[0]() is not t or entry[1] != what:
+        entry = _held(self._hand, t)
+        if entry is None or entry[1] != what:
             return None
         return entry[3], entry[4], entry[2]
 
     def _remember_hand(
         self, out: torch.Tensor, what: str, of: torch.Tensor, scores: torch.Tensor, dim
     ) -> None:
-        if len(self._hand) >= 256:  # a few per layer are pending at a time; older ones were never divided
-            self._hand.clear()
-        self._hand[id(out)] = (weakref.ref(out), what, of, scores, dim)
+        _hold(self._hand, out, what, of, scores, dim)
 
     def _hand_step(self, name: str, args, kwargs, out: torch.Tensor, pre: torch.Tensor | None) -> None:
         """Note the steps of a softmax written by hand: exp of scores (``s - s.amax(...)`` included), its
@@ -1204,18 +1207,18 @@ class _Session:
                 keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
                 self._remember_hand(out, "sum" if keep else "sum-", x, found[0], dim % x.dim())
         elif name in ADD and len(args) >= 2 and kwargs.get("alpha", 1) == 1:
-            entry = self._hand.get(id(x))  # sum + 1e-8 (a guard against 0): still the sum to divide by
+            entry = _held(self._hand, x)  # sum + 1e-8 (a guard against 0): still the sum to divide by
             eps = args[1]
             if isinstance(eps, torch.Tensor) and eps.numel() == 1 and not eps.requires_grad:
                 eps = float(eps)
-            if (entry is not None and entry[0]() is x and entry[1] in ("sum", "sum-")
+            if (entry is not None and entry[1] in ("sum", "sum-")
                     and isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 <= eps <= 1e-4
                     and tuple(out.shape) == tuple(args[0].shape)):  # fmt: skip
                 self._remember_hand(out, entry[1], entry[2], entry[3], entry[4])
         elif name == "unsqueeze":
-            entry = self._hand.get(id(x))
+            entry = _held(self._hand, x)
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
-            if (entry is not None and entry[0]() is x and entry[1] in ("sum-", "lse-") and isinstance(dim, int)
+            if (entry is not None and entry[1] in ("sum-", "lse-") and isinstance(dim, int)
                     and entry[4] is not None and dim % out.dim() == entry[4]):  # fmt: skip
                 self._remember_hand(out, entry[1][:-1], entry[2], entry[3], entry[4])
         elif name in DIV and len(args) >= 2:
@@ -3269,9 +3272,7 @@ class _Session:
         if not _matches(path, self.include):
             if role in ("linear", "param"):
                 self.skip(path, shape, _PROJECTED)
-                if len(self._projected) >= 256:
-                    self._projected.clear()
-                self._projected[id(out)] = (weakref.ref(out), path, shape)  # told again if values follow
+                _hold(self._projected, out, path, shape)  # told again if values follow
                 return
             lengths = self.cap.lengths
             if lengths and int(x.shape[-1]) not in lengths and not ext:  # ext: past + current keys
@@ -3315,8 +3316,8 @@ class _Session:
         if len(ins) != 2 or ins[0].dim() < 2 or ins[1].dim() < 2:
             return False
         t, v = ins  # weights @ values
-        entry = self._projected.get(id(t))
-        if entry is None or entry[0]() is not t:
+        entry = _held(self._projected, t)
+        if entry is None:
             return False
         g, code = self.tag(v), self.code_of(v)
         if g is None or g.role == "param" or code is None or tuple(code.shape) != tuple(v.shape):
@@ -3552,9 +3553,9 @@ class _Session:
         if not isinstance(value, torch.Tensor) or vt is None or vt.role in ("param", "scores"):
             return
         code = None
-        made = self._made.get(id(target)) if t is None else None
         tc: torch.Tensor | None
-        if made is not None and made() is target:  # a buffer made inside the call (torch.zeros): its
+        made = t is None and _held(self._made, target) is not None
+        if made:  # a buffer made inside the call (torch.zeros): its
             tc = torch.full(tuple(target.shape), self._pad_code(), dtype=torch.int64, device=target.device)
         else:  # slots not written yet hold no position (a static KV cache)
             tc = self.code_of(target)
