@@ -83,9 +83,9 @@ def _capture_warnings(meta: dict) -> None:
         )
     for note in notes:
         print(f"warning:   {note}", file=sys.stderr)
-    differ = meta.get("head_masks_differ")
-    layers = "; ".join(f"{kind}: {', '.join(map(str, names))}" for kind, names in differ.items()
-                       if isinstance(names, list) and names) if isinstance(differ, dict) else ""  # fmt: skip
+    from attnscope.core.traces.trace import head_masks_differ
+
+    layers = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in head_masks_differ(meta).items())
     if layers:  # heads masked differently: the masks saved are what they share
         print(f"warning: the heads of a layer were masked differently ({layers}); the masks saved are what "
               "every head may see", file=sys.stderr)  # fmt: skip

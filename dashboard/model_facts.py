@@ -17,7 +17,7 @@ import numpy as np
 
 from attnscope.core.families.interface import AttentionModel
 from attnscope.core.traces.trace import KIND_LABELS as ATTENTION
-from attnscope.core.traces.trace import AttentionTrace
+from attnscope.core.traces.trace import AttentionTrace, head_masks_differ
 
 ARCH_LABELS = {"encoder": "encoder only", "decoder": "decoder only", "seq2seq": "encoder-decoder"}
 KIND_LABELS = {
@@ -102,14 +102,9 @@ def head_masks_note(trace: AttentionTrace) -> str | None:
     """One sentence when capture saw the heads of a layer masked differently (the trace's masks are
     what every head may see), naming the layers; None otherwise, or when the trace's meta says it in
     a shape other than {kind: [module, ...]} (a file from outside)."""
-    differ = trace.meta.get("head_masks_differ") if isinstance(trace.meta, dict) else None
-    if not isinstance(differ, dict):
-        return None
     parts = []
-    for kind, names in differ.items():
-        if kind not in ATTENTION or not isinstance(names, list) or not names:
-            continue
-        shown = [str(n) or "(model)" for n in names[:4]]
+    for kind, names in head_masks_differ(trace.meta).items():
+        shown = [n or "(model)" for n in names[:4]]
         more = f" and {len(names) - 4} more" if len(names) > 4 else ""
         parts.append(f"{ATTENTION[kind]}: {', '.join(shown)}{more}")
     if not parts:

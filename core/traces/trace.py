@@ -48,6 +48,15 @@ VALUE_NORMS = (  # trace format 3: what attention moves
 _TOKENS = ("src_tokens", "tgt_tokens", "out_tokens")
 
 
+def head_masks_differ(meta: Any) -> dict[str, list[str]]:
+    """A trace's meta ``head_masks_differ`` (kind -> modules whose heads were masked differently), read
+    as a file from outside may hold it: only known kinds with a non-empty list of names."""
+    differ = meta.get("head_masks_differ") if isinstance(meta, dict) else None
+    if not isinstance(differ, dict):
+        return {}
+    return {k: [str(n) for n in v] for k, v in differ.items() if k in KINDS and isinstance(v, list) and v}
+
+
 def _readonly(a: Any) -> Any:
     if isinstance(a, np.ndarray):
         a.setflags(write=False)
