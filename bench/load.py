@@ -47,6 +47,7 @@ class SessionPlan:
     make_input: object  # (rng) -> text
     expected: object  # (text) -> list of grid query labels for layer 0
     default: str = ""  # the model's first example: what the input box holds before a user types
+    examples: tuple[str, ...] = ()  # every example the sidebar offers (a page that starts over shows one)
 
 
 @dataclass
@@ -112,7 +113,12 @@ def plan_for(name: str) -> SessionPlan:
         return [f"layer 0 · query {i} {token_label(t)}" for i, t in enumerate(lm.src_tok.tokens(ids))]
 
     return SessionPlan(
-        name, loaders.display_name(name), make_input, expected, examples[0] if examples else ""
+        name,
+        loaders.display_name(name),
+        make_input,
+        expected,
+        examples[0] if examples else "",
+        tuple(examples),
     )
 
 
@@ -190,7 +196,9 @@ async def _session(
                 continue
             labels = [y for y in (await page.evaluate(GRID_Y_JS) or []) if y.startswith("layer 0 · ")]
             want = plan.expected(text)
-            if labels != want and plan.default and labels == plan.expected(plan.default):
+            if labels != want and any(
+                labels == plan.expected(e) for e in (plan.default, *plan.examples) if e
+            ):
                 res.resets.append(
                     f"session {idx} ({plan.label}) sent {text!r}, grid showed the default example"
                 )
@@ -201,7 +209,10 @@ async def _session(
                 await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
                 labels = [y for y in (await page.evaluate(GRID_Y_JS) or []) if y.startswith("layer 0 · ")]
             if labels != want:
-                res.mixups.append(f"session {idx} ({plan.label}) sent {text!r}, grid shows {labels[:6]}…")
+                res.mixups.append(
+                    f"session {idx} ({plan.label}) sent {text!r} ({len(want)} queries), grid shows "
+                    f"{len(labels)} queries: {labels[:6]}…"
+                )
             res.times_ms.append(ms)
             res.per_model.setdefault(plan.label, []).append(ms)
             res.requests += 1

@@ -273,6 +273,18 @@ def _url_caught_up(page, path: str, own: set[str], text: str) -> None:
         pass
 
 
+def _link_caught_up(page, want, wait_s: float = WAIT_MS / 1000):
+    """The view the sidebar's link box shows, once it shows ``want`` or after ``wait_s``: the box and the
+    address bar come from the same run, but the browser may draw one a moment before the other."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        code = page.locator('[data-testid="stSidebar"] [data-testid="stCode"] code').last
+        got = _url_view(code.inner_text().strip())
+        if got == want or time.monotonic() > deadline:
+            return got
+        page.wait_for_timeout(200)
+
+
 def test_the_url_follows_every_navigation_click_and_input(browser, zoo_server):  # noqa: F811
     from playwright.sync_api import expect
 
@@ -299,9 +311,8 @@ def test_the_url_follows_every_navigation_click_and_input(browser, zoo_server): 
         allowed = set(links.SIDEBAR) | {p for p, _, _ in links.PAGE_PARAMS[links.page_name(path.strip("/"))]}
         assert set(params) <= allowed, seen  # no parameter of another page left behind
         assert own <= set(params), seen  # the page's own parameters are there
-        # The link box says the same.
-        link = page.locator('[data-testid="stSidebar"] [data-testid="stCode"] code').last.inner_text().strip()
-        assert _url_view(link) == (got_path, params), seen
+        # The link box says the same (it is drawn by the same run: wait until that run has drawn it).
+        assert _link_caught_up(page, (got_path, params)) == (got_path, params), seen
 
     # The copied URL opens the same page with the same input in a new tab.
     copied = page.url
