@@ -312,3 +312,69 @@ def test_a_model_compiled_with_torch_compile_is_seen_eagerly(what):
         torch.testing.assert_close(rec.probs, own, atol=1e-6, rtol=0)
     (info,) = cap.skipped
     assert "torch.compile" in info.reason and info.module == ("(model)" if what == "model" else "blocks.0")
+
+
+def test_a_submodule_captured_inside_its_parents_forward_records_its_own_attention_only():
+    """``capture_attention(model.encoder)`` around ``model(src, tgt)``: the encoder's maps, under the
+    encoder's own module names; the decoder's self- and cross-attention run outside it and are not
+    recorded (nor noted). Attention a plain function computes outside any module is still recorded."""
+    torch.manual_seed(0)
+    model = nn.Transformer(8, 2, 2, 2, 16, dropout=0.0, batch_first=True).eval()
+    src, tgt = torch.randn(2, 5, 8), torch.randn(2, 3, 8)
+    with torch.no_grad(), capture_attention(model.encoder) as enc:
+        model(src, tgt)
+    assert [r.name for r in enc.records] == ["layers.0.self_attn", "layers.1.self_attn"]
+    assert {r.kind for r in enc.records} == {"enc_self"} and all(r.exact for r in enc.records)
+    assert not enc.notes and not enc.skipped
+    with torch.no_grad(), capture_attention(model) as whole:
+        model(src, tgt)
+    assert len(whole.records) == 6  # 2 encoder self, 2 decoder self, 2 cross
+    for a, b in zip(enc.records, whole.records[:2], strict=True):
+        assert torch.equal(a.probs, b.probs)
+    q, k = torch.randn(2, 2, 4, 4), torch.randn(2, 2, 4, 4)
+    with torch.no_grad(), capture_attention(model.encoder) as bare:
+        w = (q @ k.transpose(-2, -1)).softmax(-1)  # no module runs: this thread's attention, recorded
+    assert len(bare.records) == 1 and torch.equal(bare.records[0].probs, w)
+
+
+class Keywords(nn.Module):
+    """Self-attention whose torch calls name their tensors by keyword (``input=``, ``other=``), as
+    code generated for a reordered beam (``torch.index_select(input=k, dim=0, index=beams)``) does."""
+
+    def __init__(self, heads: int, keyword: bool):
+        super().__init__()
+        self.h, self.keyword = heads, keyword
+        self.emb, self.qkv = nn.Embedding(VOCAB, 4 * heads), nn.Linear(4 * heads, 12 * heads)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids, beams):
+        b, n = ids.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(self.emb(ids)).chunk(3, dim=-1))
+        if self.keyword:
+            k = torch.index_select(input=k, dim=0, index=beams)
+            v = torch.index_select(input=v, dim=0, index=beams)
+            s = torch.matmul(input=q, other=torch.transpose(input=k, dim0=-2, dim1=-1))
+            w = torch.softmax(input=s, dim=-1)
+        else:
+            k, v = torch.index_select(k, 0, beams), torch.index_select(v, 0, beams)
+            w = torch.softmax(torch.matmul(q, torch.transpose(k, -2, -1)), dim=-1)
+        self.used.append(w)
+        return w @ v
+
+
+@pytest.mark.parametrize("batch,heads", [(2, 2), (3, 1), (2, 4)])
+def test_tensors_named_by_keyword_are_followed_as_by_position(batch, heads):
+    torch.manual_seed(batch)
+    ids = torch.randint(1, VOCAB, (batch, 5))
+    beams = torch.arange(batch).flip(0)  # every query reads another sequence's keys: cross-attention
+    got = []
+    for keyword in (False, True):
+        torch.manual_seed(0)  # the same weights both ways
+        model = Keywords(heads, keyword).eval()
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(ids, beams)
+        assert not cap.notes and not cap.skipped
+        (rec,) = cap.records
+        assert rec.exact and torch.equal(rec.probs, model.used[0])
+        got.append((rec.kind, rec.probs))
+    assert got[0][0] == got[1][0] and torch.equal(got[0][1], got[1][1])

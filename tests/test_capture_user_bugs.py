@@ -198,3 +198,56 @@ def test_multihead_attention_on_one_unbatched_sequence(batch_first, bias_kv, pad
     torch.testing.assert_close(rec.probs, w[None], atol=1e-6, rtol=0)
     if padding:
         assert torch.equal(rec.mask[0, 0, :5], ~kpm)
+
+
+class PerQueryPadded(nn.Module):
+    """Self-attention with a padding mask given per query, ``(B, 1, L, L)`` (as SDPA's bool ``attn_mask`` is
+    often built), optionally with a causal triangle or a bidirectional prefix (a prefix LM)."""
+
+    def __init__(self, heads: int, sdpa: bool, mask: str):
+        super().__init__()
+        d, self.h, self.sdpa, self.mask = 4 * heads, heads, sdpa, mask
+        self.emb = nn.Embedding(VOCAB, d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids, keep):
+        b, n = ids.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(self.emb(ids)).chunk(3, dim=-1))
+        allowed = keep[:, None, None, :].expand(b, 1, n, n)
+        if self.mask != "padding":
+            tri = torch.ones(n, n, dtype=torch.bool).tril()
+            if self.mask == "prefix":  # the first two positions see each other
+                tri[:2, :2] = True
+            allowed = allowed & tri
+        allowed = allowed.contiguous()
+        if self.sdpa:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~allowed, float("-inf"))
+        w = s.softmax(-1)
+        self.used.append(w)
+        return w @ v
+
+
+@pytest.mark.parametrize("sdpa", [False, True])
+@pytest.mark.parametrize("lengths", [(7, 1), (5, 3, 1), (1, 6, 4)])
+@pytest.mark.parametrize("mask", ["padding", "causal", "prefix"])
+def test_a_sequence_of_one_token_in_a_padded_batch_leaves_the_kind_to_the_others(sdpa, lengths, mask):
+    # A one-token sequence's padded rows each see key 0 and not themselves. That is no triangle: a padded
+    # encoder batch holding one stays enc_self; a causal or prefix mask over the same batch is dec_self.
+    torch.manual_seed(0)
+    n = max(lengths)
+    keep = torch.arange(n)[None] < torch.tensor(lengths)[:, None]
+    ids = torch.randint(1, VOCAB, (len(lengths), n)).masked_fill(~keep, 0)
+    model = PerQueryPadded(2, False, mask).eval()
+    with torch.no_grad():
+        model(ids, keep)  # the weights, as a softmax the model writes (SDPA's are the same)
+    model.sdpa = sdpa
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, keep)
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes
+    assert rec.kind == ("enc_self" if mask == "padding" else "dec_self")
+    real = keep[:, :, None] & keep[:, None, :]  # rows of real tokens: the model's weights there
+    assert torch.allclose(rec.probs.masked_fill(~real[:, None], 0), model.used[0].masked_fill(~real[:, None], 0),
+                          atol=1e-6)  # fmt: skip

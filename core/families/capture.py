@@ -111,6 +111,8 @@ CHECK_ROWS = 16  # SDPA: query rows (evenly spread, first and last included) who
 _DECODER = re.compile(r"decoder|(?:^|[._])dec(?:s|\d*)(?:[._]|$)")
 CROSS_WORDS = ("cross", "context", "src_attn", "enc_attn", "encoder_attn", "enc_dec", "encdec", "memory_attn")
 SOFTMAX = frozenset({"softmax", "special_softmax"})
+# calls that are attention (or may be): recorded only where a module of the model captured runs them
+ATTENTION_CALLS = SOFTMAX | {"scaled_dot_product_attention", "multi_head_attention_forward", "flex_attention"}
 DROPOUT = frozenset(
     {"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d"}
 )
@@ -930,6 +932,8 @@ class _Session:
         self._buffer_ids: set[int] | None = None  # the model's buffers (indices it keeps are no token ids)
         self._made_ints: dict[int, tuple] = {}  # _hold: integer tensors made inside the call, and from them
         self._block_runs: set[int] = set()  # runs of pieces from separate calls of a module (blocks)
+        self.outside = False  # set by path(): the op runs in a module that holds the model, outside it
+        self._holders: dict[int, tuple[weakref.ref, bool]] = {}  # modules outside the model: hold it?
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -954,8 +958,12 @@ class _Session:
 
     # -- module path ----------------------------------------------------------------------------------
     def path(self) -> str:
-        """Module path of the innermost model module whose code is running (from the call stack)."""
+        """Module path of the innermost model module whose code is running (from the call stack). Sets
+        ``outside``: no module of the model is running, but a module that holds it is (the model is a
+        submodule of the one called: ``capture_attention(model.encoder)`` around ``model(src, tgt)``,
+        and this op is the decoder's)."""
         frame: FrameType | None = sys._getframe(2)
+        foreign = False
         while frame is not None:
             code = frame.f_code
             has = _HAS_SELF.get(code)
@@ -970,10 +978,21 @@ class _Session:
                 obj = frame.f_locals.get("self")
                 if obj is not None and id(obj) in self.names and isinstance(obj, nn.Module):
                     self._frame = _module_call(frame, obj)
+                    self.outside = False
                     return self.names[id(obj)]
+                foreign = foreign or (isinstance(obj, nn.Module) and self._holds(obj))
             frame = frame.f_back
         self._frame = None
+        self.outside = foreign
         return ""
+
+    def _holds(self, module: nn.Module) -> bool:
+        """``module`` (not part of the model captured) holds the model among its submodules."""
+        held = self._holders.get(id(module))
+        if held is None or held[0]() is not module:
+            held = (weakref.ref(module), any(m is self.model for m in module.modules()))
+            self._holders[id(module)] = held
+        return held[1]
 
     # -- the mode's entry point ------------------------------------------------------------------------
     def call(self, func, args, kwargs):
@@ -983,6 +1002,10 @@ class _Session:
         if name == "__get__":  # a property: x.mT, x.T, x.H, x.data
             name = getattr(getattr(func, "__self__", None), "__name__", name)
         self.n_ops += 1
+        if name in ATTENTION_CALLS:
+            self.path()
+            if self.outside:  # attention of a module outside the model captured (its parent's other parts)
+                return func(*args, **kwargs)
         if name == "multi_head_attention_forward":
             self.n_attention += 1
             return self.on_mha(func, args, kwargs)
@@ -1017,6 +1040,11 @@ class _Session:
         elif kwargs and (name in CAT or name == "stack") and not args and "tensors" in kwargs:
             kwargs = dict(kwargs)  # torch.cat(tensors=[...], dim=1): followed as given by position
             args = (kwargs.pop("tensors"),)
+        elif kwargs and not args and "input" in kwargs:
+            kwargs = dict(
+                kwargs
+            )  # torch.index_select(input=k, dim=0, index=i): followed as given by position
+            args = (kwargs.pop("input"),)
         elif name == "tensordot":
             as_matmul = _tensordot_matmul(args, kwargs)
             if as_matmul is not None:  # x @ W written as tensordot(x, W, dims=1) (DeepCTR's projections)
@@ -1752,6 +1780,24 @@ class _Session:
                 c, k = self._code_key(a, held)
                 coded.append(c)
                 keys.append(k)
+        if kwargs and any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in kwargs.values()):
+            coded_kw, kw_keys = {}, []  # torch.matmul(a, other=b): the activations by keyword, as codes too
+            for k, v in kwargs.items():
+                c, ck = self._code_key(v, held)
+                coded_kw[k] = c
+                kw_keys.append((k, ck))
+            if _NOKEY in keys or any(ck is _NOKEY for _, ck in kw_keys):
+                return (fn or lineage.replay_fn(name, func))(*coded, **coded_kw)
+            key = ("replay", name, func, tuple(keys), tuple(kw_keys))
+            try:
+                hit = lineage.recall(key)
+            except TypeError:  # an unhashable function
+                return (fn or lineage.replay_fn(name, func))(*coded, **coded_kw)
+            if hit is not lineage.MISS:
+                return hit
+            return lineage.remember(
+                key, tuple(held), (fn or lineage.replay_fn(name, func))(*coded, **coded_kw)
+            )
         key = None
         if _NOKEY not in keys:
             kw = tuple((k, _arg_key(v)) for k, v in kwargs.items())
@@ -4267,7 +4313,13 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool:
     if not bool(rows.any()):  # every row sees every key or none (a padding mask over the queries,
         return False  # ``am[:, None, :, None]``, a (B, L, 1) mask): no triangle, whatever is left out
     if not bool(rows.triu(1).any()):  # (a causal mask's full last row still shows its earlier keys)
-        return not bool(full.all()) and bool(mask.tril(-1).any())
+        # a triangle: rows of one sequence that see different numbers of keys (a padding mask given per
+        # query shows one row over and over: a sequence of one token's padded rows each see key 0)
+        n = mask.sum(-1)
+        seen = n > 0
+        most = torch.where(seen, n, -1).amax(-1)
+        least = torch.where(seen, n, mask.shape[-1] + 1).amin(-1)
+        return not bool(full.all()) and bool(mask.tril(-1).any()) and bool((most > least).any())
     return _prefix_causal(mask)
 
 
@@ -4289,7 +4341,9 @@ def _prefix_causal(mask: torch.Tensor) -> bool:
     # (a padded row, whose own key is masked, says nothing): each sees nothing after itself
     if bool((after & (far != i)).any()):
         return False
-    return bool(after.any()) and bool(mask.tril(-1).any())  # (a sequence all prefix is consistent)
+    # some row past its prefix sees itself and an earlier key (a sequence all prefix is consistent; a
+    # one-token sequence's own row sees itself alone, and says nothing)
+    return bool((after & mask.tril(-1).any(-1)).any())
 
 
 def _layer_kinds(model: nn.Module, modules=None) -> dict[str, str]:
