@@ -378,3 +378,79 @@ def test_tensors_named_by_keyword_are_followed_as_by_position(batch, heads):
         assert rec.exact and torch.equal(rec.probs, model.used[0])
         got.append((rec.kind, rec.probs))
     assert got[0][0] == got[1][0] and torch.equal(got[0][1], got[1][1])
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+@pytest.mark.parametrize("batch,heads", [(1, 2), (2, 2), (3, 4)])
+def test_multihead_attention_dropout_while_training_records_the_weights_it_used(need_weights, batch, heads):
+    """In training, MultiheadAttention drops weights at random (by the bmm path when it returns its weights,
+    inside SDPA when it does not). The record holds the dropped weights the call multiplied its values
+    with, drawn again from the RNG state the call started from: they rebuild the call's output; the
+    draws that follow the capture are those that follow a plain call."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(4 * heads, heads, dropout=0.3, batch_first=True).train()
+    x = torch.randn(batch, 6, 4 * heads)
+    torch.manual_seed(1)
+    ref, _ = mha(x, x, x, need_weights=need_weights, average_attn_weights=False)
+    after_plain = torch.rand(3)
+    torch.manual_seed(1)
+    with capture_attention(mha) as cap:
+        out, w = mha(x, x, x, need_weights=need_weights, average_attn_weights=False)
+    assert torch.equal(torch.rand(3), after_plain) and torch.equal(out, ref)
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes
+    assert bool((rec.probs == 0).any())  # dropped
+    if need_weights:
+        assert torch.equal(rec.probs, w.detach())
+    d = 4
+    v = F.linear(x, mha.in_proj_weight[8 * heads :], mha.in_proj_bias[8 * heads :]).view(batch, 6, heads, d)
+    rebuilt = mha.out_proj((rec.probs @ v.transpose(1, 2)).transpose(1, 2).reshape(batch, 6, 4 * heads))
+    torch.testing.assert_close(rebuilt, out, atol=1e-5, rtol=0)
+
+
+def test_sdpa_dropout_while_training_records_the_dropped_weights():
+    torch.manual_seed(0)
+    v = torch.randn(2, 3, 5, 4)
+
+    class Drop(nn.Module):
+        def forward(self, x):
+            return F.scaled_dot_product_attention(x, x, x, dropout_p=0.4, is_causal=True)
+
+    model = Drop()
+    torch.manual_seed(7)
+    with capture_attention(model) as cap:
+        out = model(v)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self" and not cap.notes
+    torch.testing.assert_close(rec.probs @ v, out, atol=1e-6, rtol=0)
+    kept = rec.probs[rec.mask.unsqueeze(1).expand_as(rec.probs)]
+    assert bool((kept == 0).any()) and bool((kept > 1).any())  # dropped, the rest scaled by 1 / (1 - p)
+
+
+def test_dropout_whose_draws_cannot_be_repeated_is_flagged(monkeypatch):
+    """Where drawing again from the call's RNG state does not give the call's output (a GPU kernel with its
+    own generator), the record is flagged, with a warning, for SDPA and MultiheadAttention alike."""
+    from attnscope.core.families import capture as capture_module
+
+    monkeypatch.setattr(capture_module, "_set_rng_state", lambda state, device: torch.manual_seed(12345))
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(8, 2, dropout=0.3, batch_first=True).train()
+    x = torch.randn(2, 6, 8)
+
+    class Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = mha
+
+        def forward(self, x):
+            y = F.scaled_dot_product_attention(x[:, None], x[:, None], x[:, None], dropout_p=0.4)
+            return self.mha(y[:, 0], y[:, 0], y[:, 0])[0]
+
+    model = Both()
+    with capture_attention(model) as cap:
+        model(x)
+    assert [r.exact for r in cap.records] == [False, False]
+    assert (
+        "drops weights at random" in cap.records[0].flag and "drops weights at random" in cap.records[1].flag
+    )
+    assert sum("could not verify" in n and "drops weights at random" in n for n in cap.notes) == 2

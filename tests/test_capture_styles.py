@@ -8,6 +8,8 @@ import importlib
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from attnscope.core.families.capture import capture_attention
 
@@ -343,3 +345,65 @@ def test_one_module_per_head_is_one_layer_of_heads():
         for h, head in enumerate(block["heads"]):
             torch.testing.assert_close(stack[:, layer, h], head.wei, atol=1e-6, rtol=0)
     assert torch.equal(cap.records[0].mask[0], torch.ones(6, 6, dtype=torch.bool).tril())
+
+
+def test_hugging_face_sdpa_decoding_steps_with_grouped_heads_packed_into_the_query_axis():
+    """transformers' SDPA path for one new token under a padding mask packs each KV head's query heads
+    into the query axis ((B, H_kv, H / H_kv, d), no repeat_kv): the rows of a slice are heads, not
+    positions. Lineage places them: every decoding step is (B, H, 1, keys), equal to the eager twin's
+    output_attentions, left padding and all."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                   num_key_value_heads=2, num_hidden_layers=2, pad_token_id=0, eos_token_id=2,
+                                   bos_token_id=1)  # fmt: skip
+    models = {}
+    for impl in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        c = transformers.LlamaConfig.from_dict(cfg.to_dict())
+        c._attn_implementation = impl
+        models[impl] = transformers.LlamaForCausalLM(c).eval()
+        models[impl].generation_config.update(pad_token_id=0, eos_token_id=2, min_new_tokens=3)
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [3, 4, 5, 6, 7, 9]])
+    mask = (ids != 0).long()
+    kw = dict(attention_mask=mask, max_new_tokens=3, do_sample=False)
+    with torch.no_grad(), capture_attention(models["sdpa"]) as cap:
+        models["sdpa"].generate(ids, **kw)
+    with torch.no_grad():
+        ref = models["eager"].generate(ids, **kw, output_attentions=True, return_dict_in_generate=True)
+    steps = [a for step in ref.attentions[1:] for a in step]  # the decoding steps, layer by layer
+    got = [r for r in cap.records if r.probs.shape[-2] == 1]
+    assert len(got) == len(steps) == 4
+    for rec, want in zip(got, steps, strict=True):
+        assert (
+            rec.exact
+            and rec.kind == "dec_self"
+            and tuple(rec.probs.shape) == tuple(want.shape) == (2, 4, 1, rec.probs.shape[-1])
+        )
+        torch.testing.assert_close(rec.probs, want, atol=1e-5, rtol=0)
+    assert not cap.notes
+
+
+def test_query_rows_packed_over_keys_from_outside_the_call_are_flagged():
+    """The same packing over a cache handed in from outside the call: lineage cannot tell which axis of
+    those keys holds the heads, so the record says it could not place the rows, never guesses."""
+    b, h, hkv, d, s = 2, 4, 2, 8, 5
+    torch.manual_seed(0)
+    proj = nn.Linear(h * d, h * d)
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = proj
+
+        def forward(self, x, k, v, keep):
+            q = self.q(x).view(b, 1, h, d).transpose(1, 2).reshape(b, hkv, h // hkv, d)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+
+    keep = torch.ones(b, s, dtype=torch.bool)
+    keep[1, :2] = False
+    step = Step()
+    with torch.no_grad(), capture_attention(step) as cap:
+        step(torch.randn(b, 1, h * d), torch.randn(b, hkv, s, d), torch.randn(b, hkv, s, d), keep)
+    (rec,) = cap.records
+    assert not rec.exact and "packed into its query axis" in rec.flag
+    assert any("packed into its query axis" in n for n in cap.notes)

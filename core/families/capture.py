@@ -932,6 +932,7 @@ class _Session:
         self._buffer_ids: set[int] | None = None  # the model's buffers (indices it keeps are no token ids)
         self._made_ints: dict[int, tuple] = {}  # _hold: integer tensors made inside the call, and from them
         self._block_runs: set[int] = set()  # runs of pieces from separate calls of a module (blocks)
+        self._rng: tuple | None = None  # the RNG state an SDPA call with dropout started from
         self.outside = False  # set by path(): the op runs in a module that holds the model, outside it
         self._holders: dict[int, tuple[weakref.ref, bool]] = {}  # modules outside the model: hold it?
 
@@ -1017,6 +1018,12 @@ class _Session:
             self.warn(self.path(), tuple(q.shape) if isinstance(q, torch.Tensor) else (), "flex_attention "
                       "computes its weights inside its kernel (with its score_mod and block_mask): they are "
                       "not recorded")  # fmt: skip
+        if (
+            name == "scaled_dot_product_attention"
+        ):  # dropout while training: the RNG state its draws start from
+            drop = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
+            q = args[0] if args else kwargs.get("query")
+            self._rng = _rng_state(q.device) if drop and isinstance(q, torch.Tensor) else None
         pre = None
         if name in IN_PLACE and args and isinstance(args[0], torch.Tensor):
             t = self.tag(args[0])
@@ -3667,7 +3674,13 @@ class _Session:
                 if bool(dead.any()):
                     probs = probs.masked_fill(dead, 0.0)
             check = None
-            if not a.get("dropout_p"):  # probs @ v against SDPA's output, on up to CHECK_ROWS query rows
+            dropped: str | None = None
+            if a.get(
+                "dropout_p"
+            ):  # dropped at random inside the call: the same draws from the same RNG state
+                probs, dropped, check = self._sdpa_dropped(probs, v, out[:, None] if unsq else out,
+                                                           float(a["dropout_p"]))  # fmt: skip
+            else:  # probs @ v against SDPA's output, on up to CHECK_ROWS query rows
                 got = out[:, None] if unsq else out
                 check = 0.0
                 if got.numel():
@@ -3680,6 +3693,17 @@ class _Session:
                     check = float((p_rows @ v).sub_(g_rows).abs_().max())
         b = int(math.prod(lead)) if lead else 1
         shape = (b, hq, lq, lk)
+        if dropped is not None:
+            path = self.path()
+            cross, ext = self._cross(a["query"], a["key"])
+            self._record(path, probs.reshape(shape), scores.reshape(shape), allowed, "sdpa",
+                         "arguments" if allowed is not None else None, cross, None, ext, flag=dropped)  # fmt: skip
+            self.warn(path, shape, f"could not verify: {dropped}")
+            return
+        packed = self._sdpa_packed(a["query"], a["key"], unsq, hq, hk, scores)
+        if isinstance(packed, lineage.Layout):  # heads (or sequences) packed into SDPA's query axis
+            self._record_sdpa_packed(a, packed, probs, scores, allowed, check)
+            return
         cross, ext = self._cross(a["query"], a["key"])
         seen = self._described(a["query"], a["key"])
         if seen is not None and seen.cross is not None:  # lineage: where q and k came from
@@ -3689,6 +3713,14 @@ class _Session:
                 allowed = allowed.view((1,) * (scores.dim() - allowed.dim()) + tuple(allowed.shape))
             if scores.dim() != 4:
                 allowed = allowed.expand(scores.shape).reshape(shape)
+        if packed is not None:
+            path = self.path()
+            why = ("query rows of one slice of scaled_dot_product_attention come from the same position (heads "
+                   f"or sequences packed into its query axis), and lineage could not place them: {packed}")  # fmt: skip
+            self._record(path, probs.reshape(shape), scores.reshape(shape), allowed, "sdpa",
+                         "arguments" if allowed is not None else None, cross, check, ext, flag=why)  # fmt: skip
+            self.warn(path, shape, f"could not verify: {why}")
+            return
         hv = None
         if v.shape[-2] == lk:  # the values the weights multiply
             v_kept = v.detach()
@@ -3701,6 +3733,55 @@ class _Session:
                      values=hv)  # fmt: skip
         if rec is not None and hv is not None:
             self._follow_sdpa_out(a, out, rec, unsq, (b, hq, lk))
+
+    def _sdpa_dropped(self, probs, v, out, p: float) -> tuple[torch.Tensor, str | None, float | None]:
+        """SDPA's weights after its dropout: drawn again from the RNG state the call started from (its math
+        path draws them as ``torch.dropout`` does), kept where they times the values give the call's output;
+        else the weights before dropout and why they are not the ones used."""
+        state, self._rng = self._rng, None
+        if state is not None and out.numel():
+            with torch.random.fork_rng(devices=[out.device] if out.is_cuda else []):
+                _set_rng_state(state, out.device)
+                dropped = torch.dropout(probs, p, True)
+            got = dropped @ v
+            if _same_output(got, out):
+                return dropped, None, float((got - out.to(got.dtype)).abs().max())
+        return probs, (f"scaled_dot_product_attention drops weights at random while training (dropout_p={p:g}) "
+                       "inside its kernel, and the draws could not be repeated: the weights recorded are before "
+                       "dropout, not the ones the call multiplied its values with"), None  # fmt: skip
+
+    def _sdpa_packed(self, query, key, unsq: bool, hq: int, hk: int, scores: torch.Tensor):
+        """None where SDPA's query rows are positions, as its API lays them out (the common case, or no
+        lineage to say otherwise); else the layout lineage finds for them (Hugging Face's decoding step
+        packs a grouped head's query heads into the query axis: (B, H_kv, H / H_kv, d)), or why not."""
+        if scores.shape[-2] < 2:
+            return None
+        qc, kc = self.code_of(query), self.code_of(key)
+        if (
+            qc is None
+            or kc is None
+            or tuple(qc.shape) != tuple(query.shape)
+            or tuple(kc.shape) != tuple(key.shape)
+        ):
+            return None
+        pos = (qc.select(-1, 0) >> lineage.SHIFT).sort(-1).values  # (..., h, q) each row's position, sorted
+        if not bool((pos[..., 1:] == pos[..., :-1]).any()):
+            return None  # every row of every slice its own position
+        if unsq:
+            qc, kc = qc[:, None], kc[:, None]
+        if hq != hk:
+            kc = kc.repeat_interleave(hq // hk, dim=-3)
+        smap = lineage.matmul_map(qc, kc.transpose(-2, -1), scores)
+        return self._decoded(smap, tuple(scores.shape), scores.dim() - 1)
+
+    def _record_sdpa_packed(self, a: dict, layout, probs, scores, allowed, check) -> None:
+        """An SDPA call whose query axis holds heads (or sequences) as well as positions: recorded in the
+        layout lineage found (the values it multiplies are not kept: what it moves is not shown)."""
+        if allowed is not None:
+            allowed = layout.bhqk(allowed.expand(scores.shape))
+        self._record(self.path(), layout.bhqk(probs), layout.bhqk(scores), allowed, "sdpa",
+                     "arguments" if allowed is not None else None, layout.cross, check, layout.ext,
+                     layout=layout, queries=layout.qcode)  # fmt: skip
 
     def _follow_sdpa_out(self, a: dict, out: torch.Tensor, rec: Record, unsq: bool, bhk) -> None:
         """SDPA's output is the weights times the values: tagged as such, with lineage codes for its
@@ -3753,6 +3834,8 @@ class _Session:
     def on_mha(self, func, args, kwargs):
         unguarded = _unguarded(func, args, kwargs)
         qk = None
+        p0 = _mha_arguments(args, kwargs)
+        rng = _rng_state(p0["query"].device) if p0["training"] and p0["dropout_p"] else None
         if unguarded is None:
             out = func(*args, **kwargs)
         elif unguarded[1] is not None:  # the call runs as asked; its own q and k are kept where it
@@ -3780,12 +3863,19 @@ class _Session:
             with _no_grad():
                 scores = _mha_scores(p, int(p["num_heads"]), qk)
             weights = _mha_weights(p, scores)  # the softmax of the scores with the call's masks
-            if weights is None:  # learned keys, static keys or dropout: MultiheadAttention itself, again
-                rng = None
-                if p["training"] and p["dropout_p"]:
-                    rng = torch.random.fork_rng(devices=[query.device] if query.is_cuda else [])
-                with torch.no_grad(), rng or contextlib.nullcontext():
+            dropped: str | None = None
+            if weights is None:  # learned keys, static keys or dropout: MultiheadAttention itself, again,
+                fork = None  # with dropout from the RNG state the call started from (the same draws)
+                if rng is not None:
+                    fork = torch.random.fork_rng(devices=[query.device] if query.is_cuda else [])
+                with torch.no_grad(), fork or contextlib.nullcontext():
+                    if rng is not None:
+                        _set_rng_state(rng, query.device)
                     _, weights = func(**p)
+                if rng is not None and not _mha_output_is(weights, p, out):
+                    dropped = (f"nn.MultiheadAttention drops weights at random while training (dropout={p['dropout_p']:g}), "
+                               "and the draws could not be repeated: the weights recorded are not the ones the "
+                               "call multiplied its values with")  # fmt: skip
             unbatched = query.dim() == 2
             weights = weights[None] if weights.dim() == 3 else weights  # (B, H, q, k); one sequence: B = 1
             b, h, lq, lk = weights.shape
@@ -3819,7 +3909,9 @@ class _Session:
             hv = _mha_values(p, h, (b, h, lk))
             rec = self._record(path, weights, scores, allowed, "nn.MultiheadAttention",
                                "arguments" if allowed is not None else None, cross, key_labels=labels,
-                               values=hv)  # fmt: skip
+                               values=hv, flag=dropped)  # fmt: skip
+            if dropped is not None:
+                self.warn(path, tuple(weights.shape), f"could not verify: {dropped}")
             if rec is not None and hv is not None and hv.w_o is not None:
                 self._follow_mha_out(query, out, rec, unbatched)
         except Exception as exc:
@@ -3931,6 +4023,46 @@ class _Mode(TorchFunctionMode):
 
 
 # -- masks and scores for nn.MultiheadAttention -------------------------------------------------------------
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The RNG state dropout on ``device`` draws from (the CPU's, and the GPU's where it runs there)."""
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def _same_output(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Weights times values give what the call returned, up to rounding in its dtype."""
+    if tuple(got.shape) != tuple(want.shape):
+        return False
+    want = want.to(got.dtype)
+    tol = 1e-4 if want.dtype in (torch.float32, torch.float64) else 1e-2
+    return bool(((got - want).abs() <= tol * (1 + want.abs())).all())
+
+
+def _mha_output_is(weights: torch.Tensor | None, p: dict[str, Any], out: Any) -> bool:
+    """MultiheadAttention's output rebuilt from ``weights`` (B·H or B, H, q, k), its values and output
+    projection equals the output the call returned."""
+    got = out[0] if isinstance(out, (tuple, list)) else out
+    if weights is None or not isinstance(got, torch.Tensor):
+        return False
+    w = weights[None] if weights.dim() == 3 else weights
+    h = int(p["num_heads"])
+    hv = _mha_values(p, h, (int(w.shape[0]), h, int(w.shape[-1])))
+    vals = hv.values if hv is not None else None
+    if vals is None or hv is None or hv.w_o is None:
+        return False
+    with torch.no_grad():
+        rebuilt = torch.einsum("bhqk,bhkd,hDd->bqD", w.to(vals.dtype), vals, hv.w_o)
+        if hv.b_o is not None:
+            rebuilt = rebuilt + hv.b_o
+    want = got[None] if got.dim() == 2 else got.transpose(0, 1)  # MultiheadAttention is sequence-first
+    return _same_output(rebuilt, want)
+
+
 def _allowed(m: torch.Tensor) -> torch.Tensor:
     """torch.nn mask (bool: True = NOT allowed; float: additive, -inf or a very negative value such as
     -1e9 or -1e4 = not allowed, as a user's ``(1 - mask) * -1e9`` makes it) -> True = allowed."""
