@@ -251,3 +251,41 @@ def test_a_sequence_of_one_token_in_a_padded_batch_leaves_the_kind_to_the_others
     real = keep[:, :, None] & keep[:, None, :]  # rows of real tokens: the model's weights there
     assert torch.allclose(rec.probs.masked_fill(~real[:, None], 0), model.used[0].masked_fill(~real[:, None], 0),
                           atol=1e-6)  # fmt: skip
+
+
+class SASRec(nn.Module):
+    """SASRec's attention as its TensorFlow code is ported: a causal mask by ``where`` with a large finite
+    value over a ``tril`` built from ``ones_like(scores[0])``, a softmax, then the weights multiplied by a
+    0/1 mask of the real query rows (left-padded item histories), not renormalized."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d, padding_idx=0)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, items):
+        x = self.emb(items)
+        s = self.q(x) @ self.k(x).transpose(1, 2) / math.sqrt(x.shape[-1])
+        tril = torch.tril(torch.ones_like(s[0])).unsqueeze(0).repeat(s.shape[0], 1, 1)
+        s = torch.where(tril == 0, torch.ones_like(s) * (-(2**32) + 1), s)
+        w = torch.softmax(s, dim=-1)
+        w = w * (items != 0).float().unsqueeze(-1).repeat(1, 1, s.shape[-1])  # padded query rows: 0
+        self.used.append(w[:, None])
+        return w @ self.v(x)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 4])
+def test_a_query_mask_multiplied_after_a_causal_softmax_keeps_the_causal_mask(batch):
+    torch.manual_seed(batch)
+    items = torch.randint(1, VOCAB, (batch, 6))
+    for b in range(batch):
+        items[b, : b % 3] = 0  # left padding
+    model = SASRec().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(items)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self" and not cap.notes
+    assert torch.equal(rec.probs, model.used[0])
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    assert torch.equal(rec.mask, causal & (items != 0)[:, :, None])

@@ -139,6 +139,10 @@ PACKING = frozenset({"_pack_padded_sequence", "_pad_packed_sequence"})  # nn.uti
 CELLS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
 RNN = frozenset({"gru", "lstm", "rnn_tanh", "rnn_relu"}) | CELLS  # recurrent layers and their cells
 FACTORIES = frozenset({"zeros", "empty", "ones", "full"})  # new tensors made from no other tensor
+# new tensors that take only a shape (and dtype) from another: none of its values, so none of its lineage
+LIKE_FACTORIES = frozenset(
+    {"zeros_like", "ones_like", "full_like", "empty_like", "rand_like", "randn_like", "randint_like"}
+)
 # integer tensors made inside the call (positions, indices of learned rows): never a batch's token ids
 INT_FACTORIES = frozenset(
     {"arange", "range", "tensor", "as_tensor", "zeros", "ones", "full", "empty", "randint", "randperm",
@@ -1036,10 +1040,10 @@ class _Session:
             and (name in INT_FACTORIES or (self._made_ints and self._from_made_ints(args, kwargs)))
         ):
             _hold(self._made_ints, out)
-        if name in FACTORIES and isinstance(out, torch.Tensor):
+        if (name in FACTORIES or name in LIKE_FACTORIES) and isinstance(out, torch.Tensor):
             if out.is_floating_point() and out.dim() >= 3:  # a buffer (a static KV cache), not a mask
                 _hold(self._made, out)
-            return out
+            return out  # (``ones_like(scores[0])`` takes a shape, none of the scores' values or lineage)
         if not isinstance(out, (torch.Tensor, tuple, list)) and name != "__setitem__":
             return out  # x.dtype, x.dim(), x.size(): nothing to follow
         if kwargs and name == "linear":  # F.linear(input=x, weight=w, bias=b): followed as given by position
@@ -3559,10 +3563,10 @@ class _Session:
         allowed = p.bhqk(multiplier.expand(out.shape))
         mask = allowed.all(dim=1)
         differ = rec.head_masks_differ or not bool((allowed == mask[:, None]).all())
-        source = rec.mask_source
-        if rec.mask is not None and source != "zeros":
+        source = rec.mask_source  # keys hidden before (by the scores, or weights exactly 0) stay hidden:
+        if rec.mask is not None:  # the multiplier hides more (SASRec's ``w * query_mask`` after a causal one)
             mask = mask & rec.mask
-        else:
+        if rec.mask is None or source == "zeros":
             source = "multiplied"
         kind = self.kind_of(rec.name, probs.shape[-2], probs.shape[-1], mask, p.cross, p.ext)
         self._update_record(
