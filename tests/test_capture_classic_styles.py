@@ -764,3 +764,51 @@ def test_token_embeddings_picked_from_a_table_by_indexing_it(how, batch, heads):
         model(ids)
     _check(cap, model.used)
     assert torch.equal(cap.records[0].mask, (ids != 0)[:, None, :].expand(batch, 6, 6))
+
+
+class BroadcastDot(nn.Module):
+    """Dense graph-transformer ports: scores of every node against every node written as a broadcast
+    product summed over the features (``(q[:, :, None] * k[:, None]).sum(-1)``), or GATv2's
+    ``(a * leaky_relu(q[:, :, None] + k[:, None])).sum(-1)``, over one input's positions."""
+
+    def __init__(self, gatv2: bool, d: int = 8):
+        super().__init__()
+        self.gatv2 = gatv2
+        self.emb, self.q, self.k, self.v = (
+            nn.Embedding(VOCAB, d),
+            nn.Linear(d, d),
+            nn.Linear(d, d),
+            nn.Linear(d, d),
+        )
+        self.att = nn.Parameter(torch.randn(d))
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids, adj=None):
+        x = self.emb(ids)
+        q, k = self.q(x), self.k(x)
+        if self.gatv2:
+            s = (self.att * F.leaky_relu(q.unsqueeze(2) + k.unsqueeze(1), 0.2)).sum(-1)
+        else:
+            s = (q.unsqueeze(2) * k.unsqueeze(1)).sum(-1)
+        if adj is not None:
+            s = s.masked_fill(~adj, float("-inf"))
+        w = s.softmax(-1)
+        self.used.append(w[:, None])
+        return w @ self.v(x)
+
+
+@pytest.mark.parametrize("gatv2", [False, True])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_scores_summed_from_a_broadcast_over_one_input_are_self_attention(gatv2, batch):
+    torch.manual_seed(batch)
+    ids = torch.randint(1, VOCAB, (batch, 6))
+    model = BroadcastDot(gatv2).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "enc_self" and torch.equal(rec.probs, model.used[0]) and not cap.notes
+    causal = torch.ones(6, 6, dtype=torch.bool).tril().expand(batch, 6, 6)  # a causal adjacency: a decoder
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, causal)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.mask, causal)

@@ -3216,9 +3216,13 @@ class _Session:
 
         made_at = self.n_ops
         out_shape = tuple(out.shape)
+        # a row per position of the sequence, from one input (``(q[:, :, None] * k[:, None]).sum(-1)``, GATv2's
+        # dense scores): self-attention, as after a product whose queries and keys share their origin
+        cross = not (len(tag.origin) == 1 and int(rows.shape[-1]) == keys and labels is None)
 
         def record(used: torch.Tensor | None, keep: torch.Tensor | None, changed: bool) -> None:
-            """The rows read other positions than their own (a decoder step's state, a learned query): cross.
+            """The rows read other positions than their own (a decoder step's state, a learned query): cross;
+            a row per position of the one input the keys come from: self-attention.
             ``used``: the weights as multiplied, in the softmax's shape (None: as the softmax gave them);
             ``keep``: a 0/1 mask they were multiplied by on the way (True = kept); ``changed`` with no
             ``used``: changed in a way capture cannot map back, so the record is flagged."""
@@ -3232,7 +3236,7 @@ class _Session:
                         "the record holds them as the softmax gave them")  # fmt: skip
                 self.warn(path, out_shape, f"could not verify: {flag}")
             rec = self._record(path, bhqk(out if used is None else used), bhqk(scores.detach()), mask, "softmax",
-                               (source if keep is None else "multiplied") if mask is not None else None, True,
+                               (source if keep is None else "multiplied") if mask is not None else None, cross,
                                key_labels=labels, flag=flag)  # fmt: skip
             records = self.cap.records
             if rec is not None and not self._runs and records and records[-1] is rec:  # in softmax order
