@@ -812,3 +812,34 @@ def test_scores_summed_from_a_broadcast_over_one_input_are_self_attention(gatv2,
         model(ids, causal)
     (rec,) = cap.records
     assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.mask, causal)
+
+
+class Neighbours(nn.Module):
+    """Point Transformer's vector attention over each point's k nearest neighbours, gathered by index
+    (``k[idx] - q``), one group: a softmax over neighbour slots, each row over its own set of points."""
+
+    def __init__(self, d: int = 8, k: int = 3):
+        super().__init__()
+        self.k = k
+        self.emb, self.q, self.kp, self.w = (
+            nn.Embedding(VOCAB, d),
+            nn.Linear(d, d),
+            nn.Linear(d, d),
+            nn.Linear(d, 1),
+        )
+
+    def forward(self, ids, xyz):
+        x = self.emb(ids)
+        idx = torch.cdist(xyz, xyz).topk(self.k, largest=False).indices  # (B, N, K)
+        keys = torch.stack([self.kp(x)[b][idx[b]] for b in range(x.shape[0])])  # (B, N, K, d)
+        w = self.w(keys - self.q(x)[:, :, None]).softmax(dim=2)  # (B, N, K, 1)
+        return (w * keys).sum(2)
+
+
+def test_weights_over_each_points_own_neighbours_are_never_taken_for_sequences():
+    torch.manual_seed(0)
+    model = Neighbours().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (1, 6)), torch.randn(1, 6, 3))
+    assert not any(r.exact for r in cap.records)  # slots of overlapping neighbourhoods: not a map over keys
+    assert cap.skipped or cap.notes

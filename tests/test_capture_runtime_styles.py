@@ -454,3 +454,66 @@ def test_dropout_whose_draws_cannot_be_repeated_is_flagged(monkeypatch):
         "drops weights at random" in cap.records[0].flag and "drops weights at random" in cap.records[1].flag
     )
     assert sum("could not verify" in n and "drops weights at random" in n for n in cap.notes) == 2
+
+
+class StaticCacheLM(nn.Module):
+    """Decoding from a one-token prompt over a preallocated cache of ``slots`` (gpt-fast's, HF's
+    StaticCache): each step writes its key and value into the next slot and masks the slots not written
+    yet. The first step is one query over all the slots, one of them written."""
+
+    def __init__(self, heads: int, slots: int = 6):
+        super().__init__()
+        self.h, self.slots = heads, slots
+        self.emb, self.qkv = nn.Embedding(VOCAB, 4 * heads), nn.Linear(4 * heads, 12 * heads)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, bos, steps: int = 3):
+        b, h = bos.shape[0], self.h
+        kc, vc = torch.zeros(b, h, self.slots, 4), torch.zeros(b, h, self.slots, 4)
+        tok = bos
+        for pos in range(steps):
+            q, k, v = self.qkv(self.emb(tok)).view(b, 1, 3, h, 4).permute(2, 0, 3, 1, 4)
+            kc[:, :, pos : pos + 1] = k
+            vc[:, :, pos : pos + 1] = v
+            s = (q @ kc.transpose(-1, -2) / 2).masked_fill(torch.arange(self.slots) > pos, float("-inf"))
+            w = s.softmax(-1)
+            self.used.append(w)
+            tok = ((w @ vc).flatten(1) @ self.emb.weight[:, : 4 * h].T).argmax(-1, keepdim=True)
+        return tok
+
+
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 2)])
+def test_the_first_step_over_a_preallocated_cache_is_a_decoder_step(batch, heads):
+    torch.manual_seed(batch)
+    model = StaticCacheLM(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.ones(batch, 1, dtype=torch.long))
+    assert [r.kind for r in cap.records] == ["dec_self"] * 3
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert rec.exact and torch.equal(rec.probs, used)
+
+
+def test_attention_inside_vmap_is_said_in_one_sentence():
+    """Per-example attention vmapped over the batch: capture cannot follow the wrapped tensors; it says so
+    once, naming the module, leaves no internal error among the notes, and changes no output."""
+    torch.manual_seed(0)
+
+    class PerExample(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(8, 24)
+
+        def one(self, x):  # (L, 8): one sequence
+            q, k, v = self.qkv(x).chunk(3, -1)
+            return (q @ k.T / 8**0.5).softmax(-1) @ v
+
+        def forward(self, x):
+            return torch.vmap(self.one)(x)
+
+    model, x = PerExample(), torch.randn(3, 5, 8)
+    with torch.no_grad():
+        ref = model(x)
+    with torch.no_grad(), capture_attention(model) as cap:
+        out = model(x)
+    assert torch.equal(out, ref) and not cap.records
+    assert len(cap.notes) == 1 and "torch.vmap" in cap.notes[0] and "not recorded" in cap.notes[0]

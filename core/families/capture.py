@@ -111,6 +111,11 @@ CHECK_ROWS = 16  # SDPA: query rows (evenly spread, first and last included) who
 _DECODER = re.compile(r"decoder|(?:^|[._])dec(?:s|\d*)(?:[._]|$)")
 CROSS_WORDS = ("cross", "context", "src_attn", "enc_attn", "encoder_attn", "enc_dec", "encdec", "memory_attn")
 SOFTMAX = frozenset({"softmax", "special_softmax"})
+_FUNCTORCH_WRAPPED = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+_IN_VMAP = (
+    "attention computed inside torch.vmap (or another torch.func transform) is not recorded: there the model "
+    "sees one example's tensors, wrapped, which capture cannot follow; run the batch without vmap to see it"
+)
 # calls that are attention (or may be): recorded only where a module of the model captured runs them
 ATTENTION_CALLS = SOFTMAX | {"scaled_dot_product_attention", "multi_head_attention_forward", "flex_attention"}
 DROPOUT = frozenset(
@@ -139,7 +144,7 @@ PACKING = frozenset({"_pack_padded_sequence", "_pad_packed_sequence"})  # nn.uti
 CELLS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
 RNN = frozenset({"gru", "lstm", "rnn_tanh", "rnn_relu"}) | CELLS  # recurrent layers and their cells
 FACTORIES = frozenset({"zeros", "empty", "ones", "full"})  # new tensors made from no other tensor
-# new tensors that take only a shape (and dtype) from another: none of its values, so none of its lineage
+# new tensors that take a shape (and dtype) from another: its positions, none of its values
 LIKE_FACTORIES = frozenset(
     {"zeros_like", "ones_like", "full_like", "empty_like", "rand_like", "randn_like", "randint_like"}
 )
@@ -1008,8 +1013,13 @@ class _Session:
             name = getattr(getattr(func, "__self__", None), "__name__", name)
         self.n_ops += 1
         if name in ATTENTION_CALLS:
-            self.path()
+            path = self.path()
             if self.outside:  # attention of a module outside the model captured (its parent's other parts)
+                return func(*args, **kwargs)
+            x = args[0] if args else next(iter(kwargs.values()), None)
+            if isinstance(x, torch.Tensor) and _FUNCTORCH_WRAPPED(x):
+                self.n_attention += 1
+                self.warn(path, (), _IN_VMAP)
                 return func(*args, **kwargs)
         if name == "multi_head_attention_forward":
             self.n_attention += 1
@@ -1040,10 +1050,14 @@ class _Session:
             and (name in INT_FACTORIES or (self._made_ints and self._from_made_ints(args, kwargs)))
         ):
             _hold(self._made_ints, out)
-        if (name in FACTORIES or name in LIKE_FACTORIES) and isinstance(out, torch.Tensor):
+        if name in FACTORIES and isinstance(out, torch.Tensor):
             if out.is_floating_point() and out.dim() >= 3:  # a buffer (a static KV cache), not a mask
                 _hold(self._made, out)
-            return out  # (``ones_like(scores[0])`` takes a shape, none of the scores' values or lineage)
+            return out
+        if name in LIKE_FACTORIES and args:  # ``ones_like(scores[0])`` (a mask's start) is no scores, and
+            g = self.tag(args[0])  # ``zeros_like(weights)`` no weights; ``zeros_like(query_pos)`` (DETR's
+            if g is not None and (g.role == "scores" or g.probs is not None):  # first content) keeps the
+                return out  # positions of what it copies the shape of
         if not isinstance(out, (torch.Tensor, tuple, list)) and name != "__setitem__":
             return out  # x.dtype, x.dim(), x.size(): nothing to follow
         if kwargs and name == "linear":  # F.linear(input=x, weight=w, bias=b): followed as given by position
@@ -1100,7 +1114,9 @@ class _Session:
                         tag.wo = wo
         except Exception as exc:  # bookkeeping must never break the user's forward pass
             note = f"{name}: {type(exc).__name__}: {exc}"
-            if note not in self.cap.notes:
+            if any(_FUNCTORCH_WRAPPED(t) for t in _tensors(args, kwargs)):
+                note = ""  # inside torch.vmap: said once, at its attention (_IN_VMAP)
+            if note and note not in self.cap.notes:
                 self.cap.notes.append(note)
         finally:
             _LOCAL.busy -= 1
@@ -1346,12 +1362,12 @@ class _Session:
         self._runs.clear()
         self._block_runs.clear()
         self._head_groups.clear()
-        # a decoder's first step (one query, one key: with a KV cache, nothing cached yet; without one, a
-        # one-token prompt) looks like an encoder of one token: it takes the kind of the module's later
-        # steps, which read the cache or show their causal mask
+        # a decoder's first step (one query: with a KV cache, nothing cached yet, or a preallocated cache
+        # with one slot written; without one, a one-token prompt) looks like an encoder of one token: it
+        # takes the kind of the module's later steps, which read the cache or show their causal mask
         decoding = {r.name for r in records if r.kind == "dec_self"}
         for i, r in enumerate(records):
-            if (r.kind == "enc_self" and r.name in decoding and r.probs.shape[-2:] == (1, 1)
+            if (r.kind == "enc_self" and r.name in decoding and r.probs.shape[-2] == 1
                     and not any(fnmatch.fnmatchcase(r.name, p) for p in self.fixed)):  # fmt: skip
                 records[i] = replace(r, kind="dec_self")
 
@@ -3182,6 +3198,9 @@ class _Session:
         seq_rows, seq = torch.unique(pos.masked_fill(param, -1), dim=0, return_inverse=True)
         if bool((seq_rows < 0).all(-1).any()):
             return False  # learned positions alone: no sequence to tell the rows apart by
+        held = seq_rows[seq_rows >= 0]
+        if held.numel() != torch.unique(held).numel():  # rows over overlapping sets of positions (each its
+            return False  # neighbours, gathered): slots, not a sequence's keys; no sequences to split by
         heads, head = torch.unique(feat[:, 0], return_inverse=True)
         n_seq, n_heads = int(seq_rows.shape[0]), int(heads.numel())
         if n_heads > 1:  # one distribution per feature of a projection: linear attention's keys (a kernel,
@@ -3772,9 +3791,10 @@ class _Session:
             or tuple(kc.shape) != tuple(key.shape)
         ):
             return None
-        pos = (qc.select(-1, 0) >> lineage.SHIFT).sort(-1).values  # (..., h, q) each row's position, sorted
-        if not bool((pos[..., 1:] == pos[..., :-1]).any()):
-            return None  # every row of every slice its own position
+        first = qc.select(-1, 0).sort(-1).values  # (..., h, q) each row's first code (position, feature)
+        pos = first >> lineage.SHIFT
+        if not bool(((pos[..., 1:] == pos[..., :-1]) & (first[..., 1:] != first[..., :-1])).any()):
+            return None  # no two rows of a slice at one position with other features (other heads' slices)
         if unsq:
             qc, kc = qc[:, None], kc[:, None]
         if hq != hk:
