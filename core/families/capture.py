@@ -1032,9 +1032,8 @@ class _Session:
             self.warn(self.path(), tuple(q.shape) if isinstance(q, torch.Tensor) else (), "flex_attention "
                       "computes its weights inside its kernel (with its score_mod and block_mask): they are "
                       "not recorded")  # fmt: skip
-        if (
-            name == "scaled_dot_product_attention"
-        ):  # dropout while training: the RNG state its draws start from
+        if name == "scaled_dot_product_attention":
+            # dropout while training: the RNG state its draws start from
             drop = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
             q = args[0] if args else kwargs.get("query")
             self._rng = _rng_state(q.device) if drop and isinstance(q, torch.Tensor) else None
@@ -1066,9 +1065,8 @@ class _Session:
             kwargs = dict(kwargs)  # torch.cat(tensors=[...], dim=1): followed as given by position
             args = (kwargs.pop("tensors"),)
         elif kwargs and not args and "input" in kwargs:
-            kwargs = dict(
-                kwargs
-            )  # torch.index_select(input=k, dim=0, index=i): followed as given by position
+            # torch.index_select(input=k, dim=0, index=i): followed as given by position
+            kwargs = dict(kwargs)
             args = (kwargs.pop("input"),)
         elif name == "tensordot":
             as_matmul = _tensordot_matmul(args, kwargs)
@@ -3702,9 +3700,8 @@ class _Session:
                     probs = probs.masked_fill(dead, 0.0)
             check = None
             dropped: str | None = None
-            if a.get(
-                "dropout_p"
-            ):  # dropped at random inside the call: the same draws from the same RNG state
+            if a.get("dropout_p"):
+                # dropped at random inside the call: the same draws from the same RNG state
                 probs, dropped, check = self._sdpa_dropped(probs, v, out[:, None] if unsq else out,
                                                            float(a["dropout_p"]))  # fmt: skip
             else:  # probs @ v against SDPA's output, on up to CHECK_ROWS query rows
@@ -4066,8 +4063,8 @@ def _same_output(got: torch.Tensor, want: torch.Tensor) -> bool:
     """Weights times values give what the call returned, up to rounding in its dtype."""
     if tuple(got.shape) != tuple(want.shape):
         return False
+    tol = 1e-4 if want.dtype in (torch.float32, torch.float64) else 1e-2  # (half: rounded in its dtype)
     want = want.to(got.dtype)
-    tol = 1e-4 if want.dtype in (torch.float32, torch.float64) else 1e-2
     return bool(((got - want).abs() <= tol * (1 + want.abs())).all())
 
 
