@@ -324,3 +324,52 @@ def test_blocks_of_other_lengths_stay_maps_of_their_own_without_a_warning():
         model(_ids(2, 10))  # blocks of 4, 4 and 2 positions
     assert [tuple(r.probs.shape) for r in cap.records] == [(2, 2, 4, 4), (2, 2, 4, 4), (2, 2, 2, 2)]
     assert all(r.exact for r in cap.records) and not cap.notes
+
+
+class Pruned(nn.Module):
+    """Self-attention over some of a sequence's tokens: kept by a score (DynamicViT, mixture of depths),
+    in their order or in the score's; MAE's random visible subset; the CLS token dropped; or the last
+    token left out (``x[:, :-1]``, which keeps the first positions in order)."""
+
+    def __init__(self, how: str, d: int = 8):
+        super().__init__()
+        self.how = how
+        self.emb, self.score, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 1), nn.Linear(d, 3 * d)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        if self.how in ("topk_sorted", "topk"):
+            keep = self.score(x).squeeze(-1).topk(n // 2, dim=1).indices
+            keep = keep.sort(dim=1).values if self.how == "topk_sorted" else keep
+        elif self.how == "mae":
+            keep = torch.rand(b, n).argsort(dim=1)[:, : n // 2]
+        elif self.how == "no_cls":
+            keep = torch.arange(1, n).expand(b, -1)
+        else:  # "no_last"
+            keep = torch.arange(n - 1).expand(b, -1)
+        x = torch.gather(x, 1, keep[..., None].expand(-1, -1, d))
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        w = (q @ k.transpose(-2, -1) / math.sqrt(d)).softmax(-1)
+        self.used.append(w[:, None])
+        return w @ v
+
+
+@pytest.mark.parametrize("how", ["topk_sorted", "topk", "mae", "no_cls", "no_last"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_attention_over_some_of_a_sequences_tokens_is_flagged(how, batch):
+    """Pruned, sampled or shifted tokens would show as the sequence's first ones: the record keeps the
+    weights, flagged with its reason. Leaving out the last positions keeps the first ones in order:
+    exact."""
+    torch.manual_seed(batch)
+    model = Pruned(how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (batch, 8)))
+    (rec,) = cap.records
+    assert torch.equal(rec.probs, model.used[0])
+    if how == "no_last":
+        assert rec.exact and not cap.notes
+    else:
+        assert not rec.exact and "some of a sequence's positions" in rec.flag
+        assert any("some of a sequence's positions" in n for n in cap.notes)

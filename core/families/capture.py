@@ -942,6 +942,8 @@ class _Session:
         self._made_ints: dict[int, tuple] = {}  # _hold: integer tensors made inside the call, and from them
         self._block_runs: set[int] = set()  # runs of pieces from separate calls of a module (blocks)
         self._rng: tuple | None = None  # the RNG state an SDPA call with dropout started from
+        # record.seq -> the key positions of its sequences (B, K), from lineage: are they whole sequences?
+        self._seq_keys: dict[int, list[torch.Tensor]] = {}
         self.outside = False  # set by path(): the op runs in a module that holds the model, outside it
         self._holders: dict[int, tuple[weakref.ref, bool]] = {}  # modules outside the model: hold it?
 
@@ -1322,8 +1324,11 @@ class _Session:
                 joined = self._run_joined(run)
             if joined is None:  # not pieces of one attention: maps of their own
                 continue
-            if isinstance(joined, str) and blocks:
-                continue  # blocks that do not make one map (a shorter last block): maps of their own
+            if isinstance(joined, str) and blocks:  # blocks that do not make one map (a shorter last block):
+                union = [lay.seq_keys for _, _, lay in run if lay.seq_keys is not None]  # maps of their own,
+                for _, piece, _ in run:  # which together hold the whole sequence, as windows do
+                    self._seq_keys[piece.seq] = union
+                continue
             if isinstance(joined, str):
                 first = run[0][1]
                 self.warn(first.name, tuple(int(n) for n in first.probs.shape), "several attention maps over "
@@ -1335,6 +1340,7 @@ class _Session:
             for i, _, _ in run:
                 records[i] = joined
                 run_joined.add(i)
+            self._seq_keys[joined.seq] = [lay.seq_keys for _, _, lay in run if lay.seq_keys is not None]
         for places, seqs, layer, per in self._head_groups:  # heads (and sequences) of one layer from
             now = [records[i] if i < len(records) else None for i in places]  # separate module calls
             if any(i in run_joined for i in places) or any(
@@ -1368,6 +1374,21 @@ class _Session:
             if (r.kind == "enc_self" and r.name in decoding and r.probs.shape[-2] == 1
                     and not any(fnmatch.fnmatchcase(r.name, p) for p in self.fixed)):  # fmt: skip
                 records[i] = replace(r, kind="dec_self")
+        # keys that are some of a sequence's positions (pruned, sampled, merged tokens), over the whole
+        # record (the blocks of one call together): no map a trace can label by the sequence's tokens
+        for i, r in enumerate(records):
+            keys = self._seq_keys.get(r.seq)
+            if not r.exact or not keys:
+                continue
+            width = max(int(k.shape[-1]) for k in keys)
+            kp = torch.cat(
+                [F.pad(k.to(keys[0].device), (0, width - int(k.shape[-1])), value=-1) for k in keys]
+            )
+            why = lineage.subset(kp, self.sources)
+            if why is not None:
+                records[i] = replace(r, exact=False, flag=why)
+                self.warn(r.name, tuple(int(n) for n in r.probs.shape), f"could not verify: {why}")
+        self._seq_keys.clear()
 
     def _run_joined(self, run: list[tuple[int, Record, Layout]]) -> Record | str | None:
         """The pieces of one module call joined into one record; why not; or None (maps of their own)."""
@@ -2980,6 +3001,8 @@ class _Session:
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
                      layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops)  # fmt: skip
+        if layout is not None and flag is None and layout.seq_keys is not None:
+            self._seq_keys.setdefault(rec.seq, []).append(layout.seq_keys)
         self._pieces(path, rec, queries, layout)
         group = _head_group(path)
         last = self.cap.records[-1] if self.cap.records else None

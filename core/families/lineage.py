@@ -676,6 +676,44 @@ def _reordered(pos: torch.Tensor, sources: Sources) -> str | None:
     return None
 
 
+def subset(kp: torch.Tensor, sources: Sources) -> str | None:
+    """Why keys that are some of a sequence's positions, not all of them, are no map capture can label by
+    its tokens, or None. ``kp`` (B, K): each record sequence's key positions (-1 at learned ones). Over
+    all the record's sequences, every row of a source the keys come from is there whole (windows that
+    split a sequence among them, a KV cache of earlier calls), or is its first positions in order (the
+    last ones left out: ``x[:, :-1]``, right padding cut). Tokens kept by a score (DynamicViT, EViT,
+    mixture of depths), MAE's visible patches and ToMe's merged tokens leave out others: a trace would
+    show them as the sequence's first tokens. Capture asks it of a whole record, once the pieces of one
+    attention call (blocks, a loop over the sequences) are joined."""
+    own = kp >= 0
+    if not bool(own.any()):
+        return None
+    pos = torch.unique(kp[own])
+    src = sources.index(pos)
+    start = torch.tensor([s.start for s in sources.items], dtype=torch.int64, device=pos.device)[src]
+    per = torch.tensor([s.row or max(s.n, 1) for s in sources.items], dtype=torch.int64, device=pos.device)[
+        src
+    ]
+    first = start + (pos - start) // per * per  # where each position's row begins
+    rows, at = torch.unique(first, return_inverse=True)
+    count = torch.bincount(at, minlength=rows.numel())
+    size = torch.zeros_like(rows).scatter_reduce(0, at, per, "amax")
+    furthest = torch.zeros_like(rows).scatter_reduce(0, at, pos - first, "amax")
+    partial = count < size  # rows with positions left out
+    if not bool(partial.any()):
+        return None
+    why = ("the keys are some of a sequence's positions, not all of them (tokens kept by a score or sampled "
+           "before the product: pruned, routed, merged, MAE's visible patches), so the map's keys name no "
+           "tokens a trace could label")  # fmt: skip
+    if bool((partial & (furthest != count - 1)).any()):
+        return why  # not a run from the row's first position
+    safe = kp.clamp_min(0)  # first positions of a row, each sequence's in order
+    seen = torch.where(own, kp, -1).cummax(-1).values
+    row_of = sources.index(safe)
+    back = own[:, 1:] & (kp[:, 1:] <= seen[:, :-1]) & (row_of[:, 1:] == row_of[:, :-1])
+    return why if bool(back.any()) else None
+
+
 @dataclass(frozen=True)
 class Described:
     key_labels: tuple[str | None, ...] | None
