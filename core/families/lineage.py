@@ -677,41 +677,53 @@ def _reordered(pos: torch.Tensor, sources: Sources) -> str | None:
 
 
 def subset(kp: torch.Tensor, sources: Sources) -> str | None:
-    """Why keys that are some of a sequence's positions, not all of them, are no map capture can label by
-    its tokens, or None. ``kp`` (B, K): each record sequence's key positions (-1 at learned ones). Over
-    all the record's sequences, every row of a source the keys come from is there whole (windows that
-    split a sequence among them, a KV cache of earlier calls), or is its first positions in order (the
-    last ones left out: ``x[:, :-1]``, right padding cut). Tokens kept by a score (DynamicViT, EViT,
-    mixture of depths), MAE's visible patches and ToMe's merged tokens leave out others: a trace would
-    show them as the sequence's first tokens. Capture asks it of a whole record, once the pieces of one
-    attention call (blocks, a loop over the sequences) are joined."""
+    """Why keys that are some of a sequence's positions, picked per sequence, are no map capture can label
+    by its tokens, or None. ``kp`` (B, K): each record sequence's key positions (-1 at learned ones).
+    Keys that leave out positions of their source row are picked: by the model's structure when the
+    sequences of every row pick the same places (windows, blocks, patches merged 2 x 2, a cache that
+    keeps its first and last tokens, ``x[:, 1:]``), by the data when rows pick different ones (tokens
+    kept by a score as in DynamicViT, EViT or a mixture of depths, MAE's random visible patches, ToMe's
+    merged tokens): those show as if they were the sequence's first tokens. One row alone cannot say
+    which. Capture asks it of a whole record, once the pieces of one call (blocks, a loop over the
+    sequences) are joined."""
     own = kp >= 0
-    if not bool(own.any()):
+    if not bool(own.any()) or kp.shape[0] < 2:
         return None
-    pos = torch.unique(kp[own])
-    src = sources.index(pos)
-    start = torch.tensor([s.start for s in sources.items], dtype=torch.int64, device=pos.device)[src]
-    per = torch.tensor([s.row or max(s.n, 1) for s in sources.items], dtype=torch.int64, device=pos.device)[
-        src
-    ]
-    first = start + (pos - start) // per * per  # where each position's row begins
-    rows, at = torch.unique(first, return_inverse=True)
-    count = torch.bincount(at, minlength=rows.numel())
-    size = torch.zeros_like(rows).scatter_reduce(0, at, per, "amax")
-    furthest = torch.zeros_like(rows).scatter_reduce(0, at, pos - first, "amax")
-    partial = count < size  # rows with positions left out
-    if not bool(partial.any()):
-        return None
-    why = ("the keys are some of a sequence's positions, not all of them (tokens kept by a score or sampled "
-           "before the product: pruned, routed, merged, MAE's visible patches), so the map's keys name no "
-           "tokens a trace could label")  # fmt: skip
-    if bool((partial & (furthest != count - 1)).any()):
-        return why  # not a run from the row's first position
-    safe = kp.clamp_min(0)  # first positions of a row, each sequence's in order
-    seen = torch.where(own, kp, -1).cummax(-1).values
-    row_of = sources.index(safe)
-    back = own[:, 1:] & (kp[:, 1:] <= seen[:, :-1]) & (row_of[:, 1:] == row_of[:, :-1])
-    return why if bool(back.any()) else None
+    starts = torch.tensor([s.start for s in sources.items], dtype=torch.int64, device=kp.device)
+    sizes = torch.tensor([s.row or max(s.n, 1) for s in sources.items], dtype=torch.int64, device=kp.device)
+
+    def row_start(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        src = sources.index(p)
+        return starts[src] + (p - starts[src]) // sizes[src] * sizes[src], sizes[src]
+
+    pos = torch.unique(kp[own])  # the distinct positions the keys hold
+    first_u, size_u = row_start(pos)
+    rows, at = torch.unique(first_u, return_inverse=True)
+    if not bool((torch.bincount(at, minlength=rows.numel()) < size_u.new_zeros(rows.shape).scatter_reduce(
+            0, at, size_u, "amax")).any()):  # fmt: skip
+        return None  # every row the keys come from is there whole
+    safe = kp.clamp_min(0)
+    first, _ = row_start(safe)
+    offsets = (safe - first).masked_fill(~own, -1)
+    # source -> row -> the places each of the record's sequences picks from that row, in order
+    picks: dict[int, dict[int, list[tuple]]] = {}
+    for b in range(kp.shape[0]):
+        m = own[b]
+        for r in torch.unique_consecutive(first[b][m]).tolist():
+            at_src = picks.setdefault(sources.at(r).start, {})
+            got = tuple(offsets[b][m & (first[b] == r)].tolist())
+            size = int(sizes[sources.index(torch.tensor([r]))[0]])
+            if got == tuple(range(got[0], got[0] + len(got))) and (got[0] == 0 or got[-1] == size - 1):
+                got = ("run from an end",)  # a sequence's padding cut (right or left), the same in kind
+            at_src.setdefault(r, []).append(got)
+    for by_row in picks.values():  # rows of one source (the batch of one input) picking other places
+        lists = list(by_row.values())
+        if len(lists) > 1 and any(len({x[j] for x in lists if len(x) > j}) > 1
+                                  for j in range(max(len(x) for x in lists))):  # fmt: skip
+            return ("the keys are some of a sequence's positions, picked differently in each sequence (tokens "
+                    "kept by a score or sampled: pruned, routed, merged, MAE's visible patches), so the map's "
+                    "keys name no tokens a trace could label")  # fmt: skip
+    return None
 
 
 @dataclass(frozen=True)
