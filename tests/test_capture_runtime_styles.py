@@ -517,3 +517,42 @@ def test_attention_inside_vmap_is_said_in_one_sentence():
         out = model(x)
     assert torch.equal(out, ref) and not cap.records
     assert len(cap.notes) == 1 and "torch.vmap" in cap.notes[0] and "not recorded" in cap.notes[0]
+
+
+class RotatingCache(nn.Module):
+    """A sliding-window cache of ``window`` slots written at ``position % window`` and read in slot order
+    (mistral-inference's reference code): once it wraps, its keys are no longer in the sequence's order."""
+
+    def __init__(self, heads: int, window: int = 4):
+        super().__init__()
+        self.h, self.window = heads, window
+        self.emb, self.qkv = nn.Embedding(VOCAB, 4 * heads), nn.Linear(4 * heads, 12 * heads)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, h, w = ids.shape[0], self.h, self.window
+        kc, vc = torch.zeros(b, w, h, 4), torch.zeros(b, w, h, 4)
+        for p in range(ids.shape[1]):
+            q, k, v = self.qkv(self.emb(ids[:, p : p + 1])).view(b, 3, h, 4).unbind(1)
+            kc[:, p % w], vc[:, p % w] = k, v
+            keys, vals = kc[:, : p + 1].transpose(1, 2), vc[:, : p + 1].transpose(1, 2)  # (b, h, slots, 4)
+            a = (q[:, :, None] @ keys.transpose(-2, -1) / 2).softmax(-1)
+            self.used.append(a)
+            a @ vals
+        return kc
+
+
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 1)])
+def test_a_rotating_cache_read_in_slot_order_is_flagged_once_it_wraps(batch, heads):
+    torch.manual_seed(batch)
+    model = RotatingCache(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (batch, 6)))
+    assert len(cap.records) == 6
+    for step, (rec, used) in enumerate(zip(cap.records, model.used, strict=True)):
+        assert torch.equal(rec.probs, used) and rec.kind == "dec_self"
+        if step < 4:  # slots in the order of the tokens
+            assert rec.exact
+        else:
+            assert not rec.exact and "rotating cache" in rec.flag
+    assert any("rotating cache" in n for n in cap.notes)

@@ -687,10 +687,20 @@ def subset(kp: torch.Tensor, sources: Sources) -> str | None:
     which. Capture asks it of a whole record, once the pieces of one call (blocks, a loop over the
     sequences) are joined."""
     own = kp >= 0
-    if not bool(own.any()) or kp.shape[0] < 2:
+    if not bool(own.any()):
         return None
     starts = torch.tensor([s.start for s in sources.items], dtype=torch.int64, device=kp.device)
     sizes = torch.tensor([s.row or max(s.n, 1) for s in sources.items], dtype=torch.int64, device=kp.device)
+    tokens = torch.tensor([s.kind == "tokens" for s in sources.items], dtype=torch.bool, device=kp.device)
+    src = sources.index(kp.clamp_min(0))
+    called = own & tokens[src]  # keys of tokens embedded in the call: earlier calls' first (a KV cache)
+    at_call = torch.where(called, starts[src], -1)
+    if bool((called[:, 1:] & (at_call[:, 1:] < at_call.cummax(-1).values[:, :-1])).any()):
+        return ("the keys hold tokens of several calls (a cache of earlier steps) in another order than the "
+                "calls': a rotating cache read in its slots' order, so the map's keys are not in the "
+                "sequence's order")  # fmt: skip
+    if kp.shape[0] < 2:
+        return None
 
     def row_start(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         src = sources.index(p)
