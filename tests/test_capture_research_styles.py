@@ -374,3 +374,35 @@ def test_attention_over_some_of_a_sequences_tokens_is_flagged(how, batch):
     else:
         assert not rec.exact and "some of a sequence's positions" in rec.flag
         assert any("some of a sequence's positions" in n for n in cap.notes)
+
+
+@pytest.mark.parametrize("how", ["topk", "mae", "no_cls"])
+def test_sdpa_over_some_of_a_sequences_tokens_is_flagged_as_the_softmax_is(how):
+    torch.manual_seed(3)
+
+    class PrunedSDPA(Pruned):
+        def forward(self, ids):
+            x = self.emb(ids)
+            b, n, d = x.shape
+            if how == "topk":
+                keep = self.score(x).squeeze(-1).topk(n // 2, dim=1).indices
+            elif how == "mae":
+                keep = torch.rand(b, n).argsort(dim=1)[:, : n // 2]
+            else:
+                keep = torch.arange(1, n).expand(b, -1)
+            x = torch.gather(x, 1, keep[..., None].expand(-1, -1, d))
+            q, k, v = (t[:, None] for t in self.qkv(x).chunk(3, dim=-1))
+            self.used.append((q, k))
+            return F.scaled_dot_product_attention(q, k, v)
+
+    model = PrunedSDPA(how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (3, 8)))
+    (rec,) = cap.records
+    q, k = model.used[0]
+    torch.testing.assert_close(
+        rec.probs, (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(-1), atol=1e-6, rtol=0
+    )
+    assert rec.exact == (how == "no_cls")
+    if how != "no_cls":
+        assert "picked differently in each sequence" in rec.flag

@@ -3778,8 +3778,23 @@ class _Session:
                      query_labels=seen.query_labels if seen else None,
                      causal=lq == lk >= 2 if a.get("is_causal") and a.get("attn_mask") is None else None,
                      values=hv)  # fmt: skip
+        if rec is not None:
+            self._sdpa_keys(rec, a["key"], unsq, b)
         if rec is not None and hv is not None:
             self._follow_sdpa_out(a, out, rec, unsq, (b, hq, lk))
+
+    def _sdpa_keys(self, rec: Record, key: torch.Tensor, unsq: bool, b: int) -> None:
+        """The positions an SDPA record's keys hold, per sequence (from lineage, where the keys have it):
+        asked at finish whether they are whole sequences (lineage.subset)."""
+        kc = self.code_of(key)
+        if kc is None or tuple(kc.shape) != tuple(key.shape) or kc.dim() < 2 + (not unsq):
+            return
+        pos = kc.select(-1, 0) >> lineage.SHIFT  # (..., H_kv, K), or (B, K) unbatched over heads
+        pos = pos if unsq else pos.select(-2, 0)  # one key head: the same positions for every head
+        pos = pos.reshape(b, -1)
+        labelled = torch.tensor([s.kind in lineage.LABELLED for s in self.sources.items], dtype=torch.bool,
+                                device=pos.device)[self.sources.index(pos)]  # fmt: skip
+        self._seq_keys.setdefault(rec.seq, []).append(pos.masked_fill(labelled, -1))
 
     def _sdpa_dropped(self, probs, v, out, p: float) -> tuple[torch.Tensor, str | None, float | None]:
         """SDPA's weights after its dropout: drawn again from the RNG state the call started from (its math
