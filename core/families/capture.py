@@ -1834,15 +1834,15 @@ class _Session:
                 kw_keys.append((k, ck))
             if _NOKEY in keys or any(ck is _NOKEY for _, ck in kw_keys):
                 return (fn or lineage.replay_fn(name, func))(*coded, **coded_kw)
-            key = ("replay", name, func, tuple(keys), tuple(kw_keys))
+            kw_key: tuple = ("replay", name, func, tuple(keys), tuple(kw_keys))
             try:
-                hit = lineage.recall(key)
+                hit = lineage.recall(kw_key)
             except TypeError:  # an unhashable function
                 return (fn or lineage.replay_fn(name, func))(*coded, **coded_kw)
             if hit is not lineage.MISS:
                 return hit
             return lineage.remember(
-                key, tuple(held), (fn or lineage.replay_fn(name, func))(*coded, **coded_kw)
+                kw_key, tuple(held), (fn or lineage.replay_fn(name, func))(*coded, **coded_kw)
             )
         key = None
         if _NOKEY not in keys:
