@@ -277,3 +277,51 @@ def test_a_2d_softmax_whose_rows_are_each_their_own_sequences_is_exact(batch):
     assert (
         rec.exact and rec.probs.shape == (batch, 1, 1, 5) and torch.equal(rec.probs[:, 0, 0], model.seen[0])
     )
+
+
+class SpatialTransformer(nn.Module):
+    """Latent diffusion's SpatialTransformer, as its repository writes it: GroupNorm over the latent image
+    handed in, a 1 x 1 conv, the pixels as a sequence, self-attention, then cross-attention to the text
+    encoder's tokens, the heads folded into the batch (``(b h) n d``) and multiplied by einsum."""
+
+    def __init__(self, heads: int, channels: int = 8, vocab: int = 30):
+        super().__init__()
+        d = 4 * heads
+        self.h = heads
+        self.text = nn.Embedding(vocab, d)
+        self.norm = nn.GroupNorm(4, channels, eps=1e-6)
+        self.proj_in = nn.Conv2d(channels, d, 1)
+        self.q1, self.k1, self.v1 = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.q2, self.k2, self.v2 = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.used: list[torch.Tensor] = []
+
+    def attend(self, x, context, q, k, v):
+        b, h = x.shape[0], self.h
+        q, k, v = (t.view(b, t.shape[1], h, -1).transpose(1, 2).reshape(b * h, t.shape[1], -1)
+                   for t in (q(x), k(context), v(context)))  # fmt: skip
+        w = torch.einsum("b i d, b j d -> b i j", q, k).mul(q.shape[-1] ** -0.5).softmax(-1)
+        self.used.append(w.view(b, h, *w.shape[1:]))
+        return x + torch.einsum("b i j, b j d -> b i d", w, v).view(b, h, x.shape[1], -1).transpose(
+            1, 2
+        ).flatten(2)
+
+    def forward(self, z, tokens):
+        context = self.text(tokens)
+        x = self.proj_in(self.norm(z)).flatten(2).transpose(1, 2)  # (b, h*w, d)
+        x = self.attend(x, x, self.q1, self.k1, self.v1)
+        return self.attend(x, context, self.q2, self.k2, self.v2)
+
+
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 2)])
+def test_latent_diffusion_attention_after_a_group_norm_of_the_latents_is_exact(batch, heads):
+    """A GroupNorm of the latents handed in keeps them a tensor from outside (its learned scale makes no
+    learned vectors of them): the pixels' self-attention and their cross-attention to the text are
+    exact, as without the norm."""
+    torch.manual_seed(batch)
+    model = SpatialTransformer(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 8, 4, 4), torch.randint(1, 30, (batch, 5)))
+    assert [r.kind for r in cap.records] == ["enc_self", "cross"]
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert rec.exact and torch.equal(rec.probs, used)
+    assert not cap.notes

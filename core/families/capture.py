@@ -144,6 +144,8 @@ PACKING = frozenset({"_pack_padded_sequence", "_pad_packed_sequence"})  # nn.uti
 CELLS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
 RNN = frozenset({"gru", "lstm", "rnn_tanh", "rnn_relu"}) | CELLS  # recurrent layers and their cells
 FACTORIES = frozenset({"zeros", "empty", "ones", "full"})  # new tensors made from no other tensor
+# norms over channels and space, with learned scales: of a tensor from outside, still from outside
+OUTSIDE_NORMS = frozenset({"group_norm", "batch_norm", "instance_norm"})
 # new tensors that take a shape (and dtype) from another: its positions, none of its values
 LIKE_FACTORIES = frozenset(
     {"zeros_like", "ones_like", "full_like", "empty_like", "rand_like", "randn_like", "randint_like"}
@@ -2014,6 +2016,8 @@ class _Session:
             if not outs:
                 return
         ins = _tensors(args, kwargs)
+        if name in OUTSIDE_NORMS and args and isinstance(args[0], torch.Tensor) and self.tag(args[0]) is None:
+            return  # a norm of a tensor from outside (GroupNorm on an image): still from outside, not learned
         if name in ROW_REDUCE and len(ins) == 1 and self._row_reduced(name, args, kwargs, outs):
             return
         if name in SHAPED_LIKE and len(ins) > 1 and args and ins[0] is args[0]:
