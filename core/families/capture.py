@@ -947,6 +947,7 @@ class _Session:
         # record.seq -> the key positions of its sequences (B, K), from lineage: are they whole sequences?
         self._seq_keys: dict[int, list[torch.Tensor]] = {}
         self.outside = False  # set by path(): the op runs in a module that holds the model, outside it
+        self._path_at: tuple[int, str] = (-1, "")  # (op count, path) path() found last
         self._holders: dict[int, tuple[weakref.ref, bool]] = {}  # modules outside the model: hold it?
 
     # -- tags ---------------------------------------------------------------------------------------
@@ -976,6 +977,8 @@ class _Session:
         ``outside``: no module of the model is running, but a module that holds it is (the model is a
         submodule of the one called: ``capture_attention(model.encoder)`` around ``model(src, tgt)``,
         and this op is the decoder's)."""
+        if self._path_at[0] == self.n_ops:  # asked again for the same op (its handler after call): as found
+            return self._path_at[1]
         frame: FrameType | None = sys._getframe(2)
         foreign = False
         while frame is not None:
@@ -993,11 +996,13 @@ class _Session:
                 if obj is not None and id(obj) in self.names and isinstance(obj, nn.Module):
                     self._frame = _module_call(frame, obj)
                     self.outside = False
-                    return self.names[id(obj)]
+                    self._path_at = (self.n_ops, self.names[id(obj)])
+                    return self._path_at[1]
                 foreign = foreign or (isinstance(obj, nn.Module) and self._holds(obj))
             frame = frame.f_back
         self._frame = None
         self.outside = foreign
+        self._path_at = (self.n_ops, "")
         return ""
 
     def _holds(self, module: nn.Module) -> bool:
@@ -3215,8 +3220,7 @@ class _Session:
         pos, feat = c >> lineage.SHIFT, c & lineage.FEATURES
         if not bool((feat == feat[:, :1]).all()) or not bool((pos != pos[:, :1]).any(-1).all()):
             return False  # features along the dim (a vocabulary, a class), or a row over one position
-        param = torch.tensor([s.kind in lineage.LABELLED for s in self.sources.items], dtype=torch.bool,
-                             device=pos.device)[self.sources.index(pos)]  # fmt: skip
+        param = self.sources.learned(pos)
         seen = pos.masked_fill(param, -1).sort(-1).values
         if bool(((seen[:, 1:] == seen[:, :-1]) & (seen[:, 1:] >= 0)).any()):
             return False  # a sequence position twice in a row (padding may repeat)
@@ -3796,9 +3800,7 @@ class _Session:
         pos = kc.select(-1, 0) >> lineage.SHIFT  # (..., H_kv, K), or (B, K) unbatched over heads
         pos = pos if unsq else pos.select(-2, 0)  # one key head: the same positions for every head
         pos = pos.reshape(b, -1)
-        labelled = torch.tensor([s.kind in lineage.LABELLED for s in self.sources.items], dtype=torch.bool,
-                                device=pos.device)[self.sources.index(pos)]  # fmt: skip
-        self._seq_keys.setdefault(rec.seq, []).append(pos.masked_fill(labelled, -1))
+        self._seq_keys.setdefault(rec.seq, []).append(pos.masked_fill(self.sources.learned(pos), -1))
 
     def _sdpa_dropped(self, probs, v, out, p: float) -> tuple[torch.Tensor, str | None, float | None]:
         """SDPA's weights after its dropout: drawn again from the RNG state the call started from (its math
@@ -3901,8 +3903,13 @@ class _Session:
     def on_mha(self, func, args, kwargs):
         unguarded = _unguarded(func, args, kwargs)
         qk = None
-        p0 = _mha_arguments(args, kwargs)
-        rng = _rng_state(p0["query"].device) if p0["training"] and p0["dropout_p"] else None
+        try:  # the arguments by name, once; where they do not bind, the call itself says what is wrong
+            p: dict[str, Any] | None = _mha_arguments(args, kwargs)
+        except TypeError:
+            p = None
+        rng = None  # dropout while training: the RNG state the call starts from
+        if p is not None and p["training"] and p["dropout_p"] and isinstance(p["query"], torch.Tensor):
+            rng = _rng_state(p["query"].device)
         if unguarded is None:
             out = func(*args, **kwargs)
         elif unguarded[1] is not None:  # the call runs as asked; its own q and k are kept where it
@@ -3920,7 +3927,7 @@ class _Session:
             qk = grab.qk
         _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
         try:
-            p = _mha_arguments(args, kwargs)
+            p = _mha_arguments(args, kwargs) if p is None else p
             query, key = p["query"], p["key"]
             attn_mask = p["attn_mask"]
             if p["is_causal"] and attn_mask is None:

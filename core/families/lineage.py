@@ -160,8 +160,22 @@ class Sources:
         per = torch.tensor([s.row or (s.n + 1) for s in self.items], dtype=torch.int64, device=pos.device)[
             src
         ]
-        learned = torch.tensor([s.kind in LABELLED for s in self.items], dtype=torch.bool, device=pos.device)
-        return ((pos - start) // per + start).masked_fill(learned[src], -1)
+        return ((pos - start) // per + start).masked_fill(self.learned(pos), -1)
+
+    def learned(self, pos: torch.Tensor) -> torch.Tensor:
+        """Whether every position code is a learned one (a parameter's row, padding, a pooled position:
+        a labelled source), not a sequence's."""
+        kinds = torch.tensor([s.kind in LABELLED for s in self.items], dtype=torch.bool, device=pos.device)
+        return kinds[self.index(pos)]
+
+    def span(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first position of the row every position code is in, and that row's length."""
+        src = self.index(pos)
+        start = torch.tensor([s.start for s in self.items], dtype=torch.int64, device=pos.device)[src]
+        size = torch.tensor([s.row or max(s.n, 1) for s in self.items], dtype=torch.int64, device=pos.device)[
+            src
+        ]
+        return start + (pos - start) // size * size, size
 
 
 def fresh(start: int, lead: tuple[int, ...], features: int, device, raw: bool = False) -> torch.Tensor:
@@ -531,8 +545,7 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     if qtab.shape[0] > 1 and bool((qf & RAW).any()):  # (one slice, a 2-D product: one sequence, one head)
         return "the queries were not projected inside the captured call, so their head axis cannot be traced"
     qpos, kpos_b = q >> SHIFT, kbase >> SHIFT
-    param_src = torch.tensor([s.kind in LABELLED for s in sources.items], dtype=torch.bool, device=device)
-    is_param_b = param_src[sources.index(kpos_b)]  # (U, K)
+    is_param_b = sources.learned(kpos_b)  # (U, K)
     used = torch.unique(krow)
     kf = kbase[used] & FEATURES
     projected_key = ~is_param_b[used] & ((kf & RAW) == 0)  # keys made by a projection inside the call
@@ -554,7 +567,7 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     learned_only = (seq_b < 0).all(-1)[krow]
     if bool(learned_only.any()):
         key_hash = key_hash ^ torch.where(learned_only, (sl0 + 1) * 0x61C88647, 0)
-    q_param = param_src[sources.index(qpos)]
+    q_param = sources.learned(qpos)
     grouped = _groups(key_hash, qpos, kpos_b, krow)
     if grouped is None or (
         not isinstance(grouped, str) and _shared_keys(grouped[0], sl0, qpos, q_param, sources)
@@ -690,7 +703,6 @@ def subset(kp: torch.Tensor, sources: Sources) -> str | None:
     if not bool(own.any()):
         return None
     starts = torch.tensor([s.start for s in sources.items], dtype=torch.int64, device=kp.device)
-    sizes = torch.tensor([s.row or max(s.n, 1) for s in sources.items], dtype=torch.int64, device=kp.device)
     tokens = torch.tensor([s.kind == "tokens" for s in sources.items], dtype=torch.bool, device=kp.device)
     src = sources.index(kp.clamp_min(0))
     called = own & tokens[src]  # keys of tokens embedded in the call: earlier calls' first (a KV cache)
@@ -702,18 +714,14 @@ def subset(kp: torch.Tensor, sources: Sources) -> str | None:
     if kp.shape[0] < 2:
         return None
 
-    def row_start(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        src = sources.index(p)
-        return starts[src] + (p - starts[src]) // sizes[src] * sizes[src], sizes[src]
-
     pos = torch.unique(kp[own])  # the distinct positions the keys hold
-    first_u, size_u = row_start(pos)
+    first_u, size_u = sources.span(pos)
     rows, at = torch.unique(first_u, return_inverse=True)
     if not bool((torch.bincount(at, minlength=rows.numel()) < size_u.new_zeros(rows.shape).scatter_reduce(
             0, at, size_u, "amax")).any()):  # fmt: skip
         return None  # every row the keys come from is there whole
     safe = kp.clamp_min(0)
-    first, _ = row_start(safe)
+    first, sizes = sources.span(safe)
     offsets = (safe - first).masked_fill(~own, -1)
     # source -> row -> the places each of the record's sequences picks from that row, in order
     picks: dict[int, dict[int, list[tuple]]] = {}
@@ -721,8 +729,9 @@ def subset(kp: torch.Tensor, sources: Sources) -> str | None:
         m = own[b]
         for r in torch.unique_consecutive(first[b][m]).tolist():
             at_src = picks.setdefault(sources.at(r).start, {})
-            got = tuple(offsets[b][m & (first[b] == r)].tolist())
-            size = int(sizes[sources.index(torch.tensor([r]))[0]])
+            row = m & (first[b] == r)
+            got = tuple(offsets[b][row].tolist())
+            size = int(sizes[b][row][0])
             if got == tuple(range(got[0], got[0] + len(got))) and (got[0] == 0 or got[-1] == size - 1):
                 got = ("run from an end",)  # a sequence's padding cut (right or left), the same in kind
             at_src.setdefault(r, []).append(got)
