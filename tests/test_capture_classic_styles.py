@@ -814,6 +814,89 @@ def test_scores_summed_from_a_broadcast_over_one_input_are_self_attention(gatv2,
     assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.mask, causal)
 
 
+class GATv2Heads(nn.Module):
+    """Dense multi-head GATv2 layers, heads first as ports of PyG's GATv2Conv write them:
+    ``(att * leaky_relu(g_r[:, :, :, None] + g_l[:, :, None])).sum(-1)`` per head (B, H, N, N), masked by the
+    adjacency; the next layer reads ``a @ g_l`` with the heads merged back."""
+
+    def __init__(self, heads: int, layers: int = 2, f: int = 4):
+        super().__init__()
+        d, self.h = heads * f, heads
+        self.emb = nn.Embedding(VOCAB, d)
+        self.w_l = nn.ModuleList(nn.Linear(d, d) for _ in range(layers))
+        self.w_r = nn.ModuleList(nn.Linear(d, d) for _ in range(layers))
+        self.att = nn.ParameterList(nn.Parameter(torch.randn(1, heads, 1, 1, f)) for _ in range(layers))
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids, adj):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        for w_l, w_r, att in zip(self.w_l, self.w_r, self.att, strict=True):
+            g_l = w_l(x).view(b, n, self.h, -1).transpose(1, 2)
+            g_r = w_r(x).view(b, n, self.h, -1).transpose(1, 2)
+            e = (att * F.leaky_relu(g_r.unsqueeze(3) + g_l.unsqueeze(2), 0.2)).sum(-1)
+            a = e.masked_fill(~adj[:, None], -1e9).softmax(-1)
+            self.used.append(a)
+            x = F.elu((a @ g_l).transpose(1, 2).reshape(b, n, d)) + x
+        return x
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 1), (1, 3), (2, 2), (3, 4), (4, 4)])
+def test_multi_head_gatv2_layers_are_self_attention_maps_layer_after_layer(batch, heads):
+    """Each head's rows are its graph's nodes over every node (not one distribution per feature, as linear
+    attention's keys are), and a layer's output keeps its nodes' positions for the next layer."""
+    torch.manual_seed(batch * 10 + heads)
+    ids = torch.randint(1, VOCAB, (batch, 6))
+    adj = (torch.rand(batch, 6, 6) < 0.5) | torch.eye(6, dtype=torch.bool)
+    model = GATv2Heads(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, adj)
+    assert len(cap.records) == 2 and not cap.notes and not cap.skipped
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert rec.exact and rec.kind == "enc_self" and rec.flag is None
+        assert rec.key_labels is None
+        torch.testing.assert_close(rec.probs, used, atol=0, rtol=0)
+        assert torch.equal(rec.mask, adj)
+
+
+class EdgeGraphTransformer(nn.Module):
+    """Dwivedi & Bresson's graph transformer layer with edge features, dense: ``(Q[:, :, :, None] * K[:, :, None])``
+    modulated by each pair's embedded edge type ``(B, N, N)``, summed per head, masked by the adjacency."""
+
+    def __init__(self, heads: int, f: int = 4):
+        super().__init__()
+        d, self.h = heads * f, heads
+        self.emb, self.edges = nn.Embedding(VOCAB, d), nn.Embedding(5, d)
+        self.q, self.k, self.v, self.e = (nn.Linear(d, d) for _ in range(4))
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids, edge_types, adj):
+        x, e = self.emb(ids), self.edges(edge_types)
+        b, n, d = x.shape
+        q, k, v = (f(x).view(b, n, self.h, -1).transpose(1, 2) for f in (self.q, self.k, self.v))
+        pair = self.e(e).view(b, n, n, self.h, -1).permute(0, 3, 1, 2, 4)  # (B, H, N, N, f)
+        s = (q.unsqueeze(3) * k.unsqueeze(2) * pair).sum(-1).masked_fill(~adj[:, None], float("-inf"))
+        a = s.softmax(-1)
+        self.used.append(a)
+        return (a @ v).transpose(1, 2).reshape(b, n, d)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 1), (2, 2), (3, 4)])
+def test_scores_modulated_by_features_of_each_pair_stay_self_attention(batch, heads):
+    """The edge types are a second embedding, one position per (query, key) pair: features of the pairs,
+    not a sequence of queries from another input (which would make the map cross-attention)."""
+    torch.manual_seed(batch + heads)
+    ids = torch.randint(1, VOCAB, (batch, 6))
+    adj = (torch.rand(batch, 6, 6) < 0.5) | torch.eye(6, dtype=torch.bool)
+    model = EdgeGraphTransformer(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, torch.randint(0, 5, (batch, 6, 6)), adj)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "enc_self" and not cap.notes
+    torch.testing.assert_close(rec.probs, model.used[0], atol=0, rtol=0)
+    assert torch.equal(rec.mask, adj)
+
+
 class Neighbours(nn.Module):
     """Point Transformer's vector attention over each point's k nearest neighbours, gathered by index
     (``k[idx] - q``), one group: a softmax over neighbour slots, each row over its own set of points."""

@@ -172,6 +172,28 @@ def test_linear_attention_keys_softmaxed_over_positions_are_not_maps():
     assert any("for every feature of a projection" in str(n) for n in cap.skipped)
 
 
+def test_vector_attention_with_weights_per_channel_is_no_map_of_heads():
+    """Point Transformer's vector attention over every point: ``attn_mlp(q[:, :, None] - k[:, None])`` softmaxed
+    over the keys for each channel, ``(B, N, N, d)``. Every channel has weights of its own, over the keys,
+    for every query: rows as many as the keys per channel, as a multi-head GATv2's per head, but each one
+    feature of a projection, not a head's scores summed over its features. Not recorded, and said why."""
+
+    class Vector(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.qkv, self.mlp = nn.Embedding(9, 8), nn.Linear(8, 24), nn.Linear(8, 8)
+
+        def forward(self, ids):
+            q, k, v = self.qkv(self.emb(ids)).chunk(3, dim=-1)
+            attn = self.mlp(q[:, :, None] - k[:, None]).softmax(dim=-2)  # (B, N, N, d): over the keys
+            return (attn * v[:, None]).sum(2)
+
+    for batch in (1, 2, 3):
+        cap = _captured(Vector(), torch.randint(1, 9, (batch, 6)))
+        assert cap.records == [] and cap.notes == []
+        assert any("for every feature of a projection" in str(n) for n in cap.skipped)
+
+
 def test_a_pointer_distribution_nothing_is_weighted_by_is_not_attention():
     """An additive pointer over the input positions (Vinyals et al.) that the model returns: a
     distribution over positions, but nothing is weighted by it, so it is noted as not attention; the

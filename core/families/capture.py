@@ -898,6 +898,7 @@ class _Session:
         self._drop = _dropper(self._tags)
         cap.lengths.update(int(n) for n in (lengths or ()))
         self.sources = lineage.Sources()
+        self._src_key: tuple[int, tuple] = (-1, ())
         self._param_names: dict[int, str] | None = None  # read when a parameter is first followed
         self._fixed_codes: dict[int, tuple[Any, torch.Tensor]] = {}  # params and tensors from outside
         self.n_inputs = 0
@@ -936,7 +937,10 @@ class _Session:
         # (id, version, grid, batch) of a tensor from outside -> (it, held weakly; the first of the
         # positions a conv over it made): every conv over it that keeps one grid reads those positions
         self._grids: dict[tuple, tuple[weakref.ref, int]] = {}
-        self._pooled_by: torch.Tensor | None = None  # weights over positions the op being followed multiplies
+        # weights over positions the op being followed multiplies, and whether their rows are the positions
+        # of the keys (a self-attention over positions: the product keeps them)
+        self._pooled_by: tuple[torch.Tensor, bool] | None = None
+        self._self_weights: set[int] = set()  # records (ids) of such self-attention weights, pending
         self._joined_head: tuple[Record, int, int] | None = None  # the last head _record joined to its layer
         # single-head maps whose outputs were joined along their features: (places, seqs, the layer's name)
         self._head_groups: list[tuple[list[int], list[int], str, int]] = []  # (+ heads per sequence)
@@ -1387,11 +1391,14 @@ class _Session:
             keys = self._seq_keys.get(r.seq)
             if not r.exact or not keys:
                 continue
-            width = max(int(k.shape[-1]) for k in keys)
-            kp = torch.cat(
-                [F.pad(k.to(keys[0].device), (0, width - int(k.shape[-1])), value=-1) for k in keys]
-            )
-            why = lineage.subset(kp, self.sources)
+            key = ("subset", tuple(id(k) for k in keys), self._sources_key())  # (layouts are cached: the
+            why = lineage.recall(key)  # same keys' positions come back for later calls of the same shapes)
+            if why is lineage.MISS:
+                width = max(int(k.shape[-1]) for k in keys)
+                kp = torch.cat(
+                    [F.pad(k.to(keys[0].device), (0, width - int(k.shape[-1])), value=-1) for k in keys]
+                )
+                why = lineage.remember(key, tuple(keys), lineage.subset(kp, self.sources))
             if why is not None:
                 records[i] = replace(r, exact=False, flag=why)
                 self.warn(r.name, tuple(int(n) for n in r.probs.shape), f"could not verify: {why}")
@@ -1988,6 +1995,17 @@ class _Session:
                 self._grids[key] = (weakref.ref(x), start)
         return start + torch.arange(n, device=out.device).view(out.shape[0], 1, *space)
 
+    def _sources_key(self) -> tuple:
+        """The sources so far, hashable: a key for what lineage found from codes and sources (sources are
+        only ever added, so their count says whether the key is still current)."""
+        items = self.sources.items
+        if self._src_key[0] != len(items):
+            self._src_key = (
+                len(items),
+                tuple((s.start, s.n, s.kind, s.label, s.origin, s.row) for s in items),
+            )
+        return self._src_key[1]
+
     def _pad_code(self) -> int:
         """The code of padding added by F.pad: a source of its own (one position, feature 0)."""
         if self._pad_start is None:
@@ -2328,8 +2346,22 @@ class _Session:
         else:
             ops, op_tags = ins, tags
         pooled_by, self._pooled_by = self._pooled_by, None
-        if pooled_by is not None and len(ops) == 2 and name != "einsum" and any(o is pooled_by for o in ops):
-            code = self._pooled_code(ops, pooled_by, out)
+        if (
+            pooled_by is not None
+            and len(ops) == 2
+            and name != "einsum"
+            and any(o is pooled_by[0] for o in ops)
+        ):
+            w, own = pooled_by
+            v = ops[1] if ops[0] is w else None
+            vc = self.code_of(v) if own and v is not None and tuple(v.shape) == tuple(out.shape) else None
+            if (
+                vc is not None
+                and tuple(vc.shape) == tuple(out.shape)
+                and int(w.shape[-1]) == int(w.shape[-2])
+            ):
+                return _Tag("linear", origin, code=vc)  # self-attention over positions: row i is position i
+            code = self._pooled_code(ops, w, out)
             if code is not None:  # sentence vectors pooled from their words by ``bmm(a, h)``
                 return _Tag("linear", origin, code=code)
         if any(g is not None and g.role == "param" for g in op_tags):
@@ -3151,7 +3183,7 @@ class _Session:
         """lineage.decode, once per layout: layers (and later calls of the same model on inputs of
         the same shape) whose queries and keys carry the same codes (the same positions and heads)
         and whose sources are the same share it."""
-        sources = tuple((s.start, s.n, s.kind, s.label) for s in self.sources.items)
+        sources = self._sources_key()
         key = (smap.shape, len(smap.chain), smap.broken, tuple(shape), dim, str(smap.q.device), sources,
                torch.is_inference_mode_enabled())  # (tensors made in inference mode stay there)  # fmt: skip
         with _LAYOUTS_LOCK:
@@ -3213,10 +3245,11 @@ class _Session:
         keys = int(x.shape[dim])
         if code is None or tuple(code.shape) != tuple(x.shape) or keys < 2 or not x.numel():
             return False
-        c = code.movedim(dim, -1).reshape(-1, keys)
-        first = c[0] & lineage.FEATURES  # one row first: a vocabulary's features vary along it (quick no)
-        if bool((first != first[0]).any()):
+        moved = code.movedim(dim, -1)
+        first = moved[(0,) * (moved.dim() - 1)] & lineage.FEATURES  # one row first (no copy of the codes):
+        if bool((first != first[0]).any()):  # a vocabulary's features vary along it (a quick no)
             return False
+        c = moved.reshape(-1, keys)
         pos, feat = c >> lineage.SHIFT, c & lineage.FEATURES
         if not bool((feat == feat[:, :1]).all()) or not bool((pos != pos[:, :1]).any(-1).all()):
             return False  # features along the dim (a vocabulary, a class), or a row over one position
@@ -3232,13 +3265,17 @@ class _Session:
             return False  # neighbours, gathered): slots, not a sequence's keys; no sequences to split by
         heads, head = torch.unique(feat[:, 0], return_inverse=True)
         n_seq, n_heads = int(seq_rows.shape[0]), int(heads.numel())
-        if n_heads > 1:  # one distribution per feature of a projection: linear attention's keys (a kernel,
-            # not a query-key map) or multi-hop pooling (Lin et al.): the two cannot be told apart
-            self.skip(path, tuple(x.shape), "a softmax over positions for every feature of a projection "
-                      "(linear attention's keys, or multi-hop pooling), not a map of queries over keys")  # fmt: skip
-            return True
         unit = seq * n_heads + head
         counts = torch.bincount(unit, minlength=n_seq * n_heads)
+        if n_heads > 1 and (int(counts.max()) <= 1 or bool((heads[1:] - heads[:-1] == 1).any())):
+            # one distribution per feature of a projection: linear attention's keys (a kernel, not a
+            # query-key map), multi-hop pooling (Lin et al.), which cannot be told apart, or vector attention
+            # (Point Transformer: every channel its own weights). Heads are rows, as many per sequence as
+            # there are keys, each head's scores summed over its slice of features (multi-head GATv2)
+            self.skip(path, tuple(x.shape), "a softmax over positions for every feature of a projection "
+                      "(linear attention's keys, multi-hop pooling, or vector attention's channels), not a map "
+                      "of queries over keys")  # fmt: skip
+            return True
         if not bool((counts == counts[0]).all()) or not int(counts[0]):
             return False  # (sequence, head) pairs with different numbers of rows
         order = torch.sort(seq_rows.masked_fill(seq_rows < 0, torch.iinfo(torch.int64).max).amin(-1)).indices
@@ -3266,7 +3303,8 @@ class _Session:
         out_shape = tuple(out.shape)
         # a row per position of the sequence, from one input (``(q[:, :, None] * k[:, None]).sum(-1)``, GATv2's
         # dense scores): self-attention, as after a product whose queries and keys share their origin
-        cross = not (len(tag.origin) == 1 and int(rows.shape[-1]) == keys and labels is None)
+        cross = not (self._one_input(tag.origin, pos[rows[0, 0, 0]], n_seq * int(rows.shape[-1]) * keys)
+                     and int(rows.shape[-1]) == keys and labels is None)  # fmt: skip
 
         def record(used: torch.Tensor | None, keep: torch.Tensor | None, changed: bool) -> None:
             """The rows read other positions than their own (a decoder step's state, a learned query): cross;
@@ -3296,7 +3334,23 @@ class _Session:
             self._positional.clear()
         self._positional[id(out)] = (out, record, lambda t: t, None, False)
         self._positional_shapes[id(record)] = (path, tuple(int(n) for n in x.shape))
+        if not cross:  # what they weigh keeps its positions: row i of ``a @ v`` is position i, as in any
+            self._self_weights.add(id(record))  # self-attention (a GAT layer's output feeds the next)
         return True
+
+    def _one_input(self, origin: frozenset, keys: torch.Tensor, pairs: int) -> bool:
+        """Whether scores over positions ``keys`` of one input come from that input alone, or besides from
+        inputs with one position per (query, key) pair (``pairs`` of them: edge types of a graph,
+        embedded as ``(B, N, N)``), which are features of the pairs, not a sequence of queries."""
+        if len(origin) == 1:
+            return True
+        own = {self.sources.at(int(p)).origin for p in keys.unique().tolist()}
+        if len(own) != 1 or not own <= origin:
+            return False
+        by_origin: dict[Any, list[int]] = {}
+        for s in self.sources.items:
+            by_origin.setdefault(s.origin, []).append(s.n)
+        return all(by_origin.get(o) and all(n == pairs for n in by_origin[o]) for o in origin - own)
 
     def _positional_step(self, name: str, args, kwargs, out) -> None:
         """Weights over positions (``_record_over_positions``) followed through views of them, a 0/1 mask
@@ -3349,10 +3403,12 @@ class _Session:
             for key in [k for k, e in self._positional.items() if e[1] is record]:
                 del self._positional[key]
             self._positional_shapes.pop(id(record), None)
+            own = id(record) in self._self_weights
+            self._self_weights.discard(id(record))
             used = to_softmax(t) if to_softmax is not None and was_changed else None
             record(used, keep, was_changed)
-            if name in MATMUL:
-                self._pooled_by = t  # the product's output: positions pooled by these weights
+            if name in MATMUL:  # the product's output: positions pooled by these weights, or (self-attention
+                self._pooled_by = (t, own and to_softmax is not None)  # in the softmax's shape) the rows' own
 
     def _record_guess(self, path, x, out, dim, tag, why) -> None:
         """No lineage for this softmax: the shape rules decide, and a record is flagged as a guess."""
@@ -3797,10 +3853,14 @@ class _Session:
         kc = self.code_of(key)
         if kc is None or tuple(kc.shape) != tuple(key.shape) or kc.dim() < 2 + (not unsq):
             return
-        pos = kc.select(-1, 0) >> lineage.SHIFT  # (..., H_kv, K), or (B, K) unbatched over heads
-        pos = pos if unsq else pos.select(-2, 0)  # one key head: the same positions for every head
-        pos = pos.reshape(b, -1)
-        self._seq_keys.setdefault(rec.seq, []).append(pos.masked_fill(self.sources.learned(pos), -1))
+        memo = ("sdpa keys", id(kc), unsq, b, self._sources_key())
+        pos = lineage.recall(memo)
+        if pos is lineage.MISS:
+            pos = kc.select(-1, 0) >> lineage.SHIFT  # (..., H_kv, K), or (B, K) unbatched over heads
+            pos = pos if unsq else pos.select(-2, 0)  # one key head: the same positions for every head
+            pos = pos.reshape(b, -1)
+            pos = lineage.remember(memo, (kc,), pos.masked_fill(self.sources.learned(pos), -1))
+        self._seq_keys.setdefault(rec.seq, []).append(pos)
 
     def _sdpa_dropped(self, probs, v, out, p: float) -> tuple[torch.Tensor, str | None, float | None]:
         """SDPA's weights after its dropout: drawn again from the RNG state the call started from (its math
@@ -3887,7 +3947,7 @@ class _Session:
         qc, kc = self.code_of(q), self.code_of(k)
         if qc is None or kc is None or tuple(qc.shape) != tuple(q.shape) or tuple(kc.shape) != tuple(k.shape):
             return None
-        key = ("describe", id(qc), id(kc), tuple(self.sources.items))
+        key = ("describe", id(qc), id(kc), self._sources_key())
         hit = lineage.recall(key)
         if hit is not lineage.MISS:
             return hit
