@@ -361,19 +361,81 @@ class Pruned(nn.Module):
 def test_attention_over_some_of_a_sequences_tokens_is_flagged(how, batch):
     """Tokens pruned or sampled differently in each sequence would show as the sequence's first ones: the
     record keeps the weights, flagged with its reason. The same places left out of every sequence (the
-    last token, the CLS token) are the model's structure, like windows: exact; so is one sequence alone,
-    which cannot show whether its keys were picked by the data."""
+    last token, the CLS token) are the model's structure, like windows: exact. One sequence alone shows
+    it by where its indices came from: a top-k of scores or a sort of random numbers, not ``arange``."""
     torch.manual_seed(batch)
     model = Pruned(how).eval()
     with torch.no_grad(), capture_attention(model) as cap:
         model(torch.randint(1, VOCAB, (batch, 8)))
     (rec,) = cap.records
     assert torch.equal(rec.probs, model.used[0])
-    if how in ("no_last", "no_cls") or batch == 1:  # the same places in every sequence (the model's
-        assert rec.exact and not cap.notes  # structure), or one sequence that cannot show it: exact
+    if how in ("no_last", "no_cls"):  # the same places in every sequence (the model's structure): exact
+        assert rec.exact and not cap.notes
     else:
         assert not rec.exact and "some of a sequence's positions" in rec.flag
         assert any("some of a sequence's positions" in n for n in cap.notes)
+        if batch == 1:
+            assert "picked by indices the model computed from its data" in rec.flag
+
+
+class Routed(nn.Module):
+    """A mixture of attention experts: a router's argmax sends each token of a sequence to one expert, which
+    attends over the tokens it was sent (``x[b, sel]``, one sequence at a time)."""
+
+    def __init__(self, d: int = 8, experts: int = 2):
+        super().__init__()
+        self.emb, self.router = nn.Embedding(VOCAB, d), nn.Linear(d, experts)
+        self.qkv = nn.ModuleList(nn.Linear(d, 3 * d) for _ in range(experts))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        route = self.router(x).softmax(-1).argmax(-1)  # (B, L)
+        out = torch.zeros_like(x)
+        for b in range(x.shape[0]):
+            for e, qkv in enumerate(self.qkv):
+                sel = (route[b] == e).nonzero().squeeze(-1)
+                if sel.numel() < 2 or sel.numel() == x.shape[1]:
+                    continue
+                q, k, v = qkv(x[b, sel]).chunk(3, dim=-1)
+                out[b, sel] = (q @ k.T).softmax(-1) @ v
+        return x + out
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_attention_over_tokens_a_router_sent_is_flagged_even_for_one_sequence(batch):
+    torch.manual_seed(7)
+    model = Routed().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (batch, 10)))
+    assert cap.records and not any(r.exact for r in cap.records)
+    assert all("picked by indices the model computed from its data" in r.flag for r in cap.records)
+
+
+def test_indices_from_the_inputs_or_arange_and_a_whole_row_reordered_by_a_score_stay_exact():
+    """Padding cut by the inputs' mask (token ids are no activation), windows by ``arange``, and a beam
+    search's reorder of whole rows by a top-k (every position of each row kept) pick no keys by the data."""
+
+    class Cut(nn.Module):
+        def __init__(self, d: int = 8):
+            super().__init__()
+            self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            keep = (ids[0] != 0).nonzero().squeeze(-1)  # one sequence, its padding cut by its ids
+            x = x[:, keep]
+            order = x.sum(-1).topk(x.shape[0], dim=0).indices[:, 0]  # rows reordered by a score (beams)
+            x = x.index_select(0, order)
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+            return (q @ k.transpose(-2, -1)).softmax(-1) @ v
+
+    ids = torch.randint(1, VOCAB, (1, 8))
+    ids[0, 5:] = 0
+    model = Cut().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids.expand(3, -1))
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes and rec.probs.shape == (3, 1, 5, 5)
 
 
 @pytest.mark.parametrize("how", ["topk", "mae", "no_cls"])

@@ -556,3 +556,54 @@ def test_a_rotating_cache_read_in_slot_order_is_flagged_once_it_wraps(batch, hea
         else:
             assert not rec.exact and "rotating cache" in rec.flag
     assert any("rotating cache" in n for n in cap.notes)
+
+
+@pytest.mark.parametrize("shape", [(0, 5, 8), (2, 0, 8)])
+def test_attention_over_an_empty_batch_or_sequence_leaves_no_raw_error(shape):
+    """Batch size 0 or length 0: nothing to record, said once in plain words (no internal error text)."""
+
+    class Hand(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x, sdpa=False):
+            b, n, _ = x.shape
+            q, k, v = (f(x).view(b, n, 2, 4).transpose(1, 2) for f in (self.q, self.k, self.v))
+            if sdpa:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return (q @ k.transpose(-1, -2) / 2).softmax(-1) @ v
+
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(*shape)
+    for model, call in (
+        (Hand(), lambda m: m(x)),
+        (Hand(), lambda m: m(x, True)),
+        (mha, lambda m: m(x, x, x)),
+    ):
+        with torch.no_grad(), capture_attention(model) as cap:
+            call(model)
+        assert cap.records == [] and cap.notes == []
+        assert any("empty batch or sequence" in n.reason for n in cap.skipped)
+
+
+def test_sdpa_whose_output_a_nan_key_spreads_over_a_masked_row_is_flagged():
+    """A NaN in a key: SDPA adds its mask to the scores, NaN + -inf is NaN, and the whole row of its
+    output is NaN, while weights recomputed with the key masked are finite: not the call's, flagged."""
+
+    class A(nn.Module):
+        def forward(self, q, k, v, m):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 1, 1, 4, 8).unbind(0)
+    k[0, 0, 1, 0] = float("nan")
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    with torch.no_grad(), capture_attention(A()) as cap:
+        A()(q, k, v, causal)
+    (rec,) = cap.records
+    assert not rec.exact and "NaN" in rec.flag
+    k[0, 0, 1, 0] = 0.5  # the same call without it: exact
+    with torch.no_grad(), capture_attention(A()) as cap:
+        A()(q, k, v, causal)
+    assert cap.records[0].exact and not cap.notes

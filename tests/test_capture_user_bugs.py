@@ -289,3 +289,151 @@ def test_a_query_mask_multiplied_after_a_causal_softmax_keeps_the_causal_mask(ba
     assert torch.equal(rec.probs, model.used[0])
     causal = torch.ones(6, 6, dtype=torch.bool).tril()
     assert torch.equal(rec.mask, causal & (items != 0)[:, :, None])
+
+
+class QueryAxisBug(nn.Module):
+    """The weights summed over the queries instead of the keys: ``einsum("bhqk,bhqd->bhkd", w, v)`` or
+    ``(v.mT @ w).mT``. Output row k is the sum over q of ``w[q, k] v[q]``: the map used is ``w``'s transpose,
+    so a record of ``w``'s rows (each summing to 1) would be a plausible, wrong picture."""
+
+    def __init__(self, how: str, heads: int = 2, d: int = 8):
+        super().__init__()
+        self.how, self.h = how, heads
+        self.emb, self.q, self.k, self.v = (
+            nn.Embedding(VOCAB, d),
+            nn.Linear(d, d),
+            nn.Linear(d, d),
+            nn.Linear(d, d),
+        )
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        q, k, v = (f(x).view(b, n, self.h, -1).transpose(1, 2) for f in (self.q, self.k, self.v))
+        w = torch.einsum("bhqd,bhkd->bhqk", q, k).softmax(-1)
+        y = torch.einsum("bhqk,bhqd->bhkd", w, v) if self.how == "einsum" else (v.mT @ w).mT
+        return y.transpose(1, 2).reshape(b, n, d)
+
+
+@pytest.mark.parametrize("how", ["einsum", "matmul"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_weights_summed_over_the_queries_are_flagged(how, batch):
+    torch.manual_seed(batch)
+    model = QueryAxisBug(how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (batch, 5)))
+    (rec,) = cap.records
+    assert not rec.exact and "another axis than their softmax" in rec.flag
+    assert any("another axis than their softmax" in n for n in cap.notes)
+
+
+def test_a_softmax_without_a_dim_takes_torchs_implicit_one():
+    """``F.softmax(q @ k.T)`` on one unbatched sequence: torch's implicit dim for 2-D input is 1, the keys;
+    a correct attention, recorded exactly (it is no softmax over the whole tensor)."""
+
+    class NoDim(nn.Module):
+        def __init__(self, d: int = 8):
+            super().__init__()
+            self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+            self.used: list[torch.Tensor] = []
+
+        def forward(self, ids):
+            q, k, v = self.qkv(self.emb(ids)).chunk(3, dim=-1)
+            w = F.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=None)
+            self.used.append(w)
+            return w @ v
+
+    model = NoDim().eval()
+    with torch.no_grad(), pytest.warns(UserWarning), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (6,)))
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes and not cap.skipped
+    torch.testing.assert_close(rec.probs[0, 0], model.used[0], atol=0, rtol=0)
+
+
+def test_a_full_row_before_a_restricted_one_is_no_causal_mask():
+    """A (B, L) additive padding mask added to (B, H, L, L) scores without its unsqueeze broadcasts by
+    accident when L == B: query i gets sequence i's padding. Row 0 sees every key, row 1 only key 0:
+    row 0 sees a later key, so no causal mask, whatever row 1 does (a causal mask's full row is its last,
+    or a padding position's, as ChatGLM leaves a left-padded query row unmasked)."""
+
+    class Broadcast(nn.Module):
+        def __init__(self, d: int = 8):
+            super().__init__()
+            self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            q, k, v = (t[:, None] for t in self.qkv(x).chunk(3, dim=-1))
+            add = (ids == 0).float() * -1e9  # (B, L): should be add[:, None, None, :]
+            return ((q @ k.transpose(-2, -1)) + add).softmax(-1) @ v
+
+    ids = torch.tensor([[5, 7], [9, 0]])
+    model = Broadcast().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    assert rec.kind == "enc_self" and torch.equal(
+        rec.mask, torch.tensor([[1, 1], [1, 0]]).bool().expand(2, 2, 2)
+    )
+
+
+class DoubleSoftmax(nn.Module):
+    """``F.softmax(F.softmax(s, -1), -1)``, or an ``nn.Softmax`` module followed by ``F.softmax``: the values are
+    multiplied with the second softmax's weights, which give masked keys weight again."""
+
+    def __init__(self, module: bool, heads: int = 2, d: int = 8):
+        super().__init__()
+        self.h, self.first = heads, nn.Softmax(dim=-1) if module else None
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        s = (q @ k.transpose(-2, -1)).masked_fill((ids == 0)[:, None, None, :], float("-inf"))
+        w = self.first(s) if self.first is not None else F.softmax(s, -1)
+        w = F.softmax(w, -1)
+        self.used.append(w)
+        return (w @ v).transpose(1, 2).reshape(b, n, d)
+
+
+@pytest.mark.parametrize("module", [False, True])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_a_double_softmax_is_one_record_of_the_weights_the_values_are_multiplied_with(module, batch):
+    torch.manual_seed(batch)
+    ids = torch.randint(1, VOCAB, (batch, 6))
+    ids[-1, 4:] = 0
+    model = DoubleSoftmax(module).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes
+    torch.testing.assert_close(rec.probs, model.used[0], atol=0, rtol=0)
+    assert bool((rec.probs[-1, :, :, 4:] > 0).all())  # the padding the first softmax hid has weight again
+
+
+def test_queries_split_into_heads_without_their_transpose_are_flagged():
+    """``q.view(B, L, H, d)`` left as it is, keys moved to (B, H, L, d): with L == H the product runs, and
+    pairs token x's query heads with head x's keys. No (batch, head, query, key) reading is honest."""
+
+    class NoTranspose(nn.Module):
+        def __init__(self, h: int = 2, d: int = 4):
+            super().__init__()
+            self.h = h
+            self.emb = nn.Embedding(VOCAB, h * d)
+            self.q, self.k, self.v = (nn.Linear(h * d, h * d) for _ in range(3))
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            b, n, _ = x.shape
+            q = self.q(x).view(b, n, self.h, -1)  # the transpose forgotten
+            k, v = (f(x).view(b, n, self.h, -1).transpose(1, 2) for f in (self.k, self.v))
+            return ((q @ k.transpose(-2, -1)).softmax(-1) @ v).transpose(1, 2).reshape(b, n, -1)
+
+    for batch in (1, 2, 3):
+        with torch.no_grad(), capture_attention(model := NoTranspose().eval()) as cap:
+            model(torch.randint(1, VOCAB, (batch, 2)))
+        (rec,) = cap.records
+        assert not rec.exact and "keys of different heads" in rec.flag

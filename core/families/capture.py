@@ -167,6 +167,14 @@ KEEPS_VALUES = frozenset(
      "repeat_interleave", "cat", "stack", "dropout", "feature_alpha_dropout", "alpha_dropout"}
 )  # fmt: skip
 # ops whose tensor arguments after the first give only a dtype, a device or a shape
+RANDOM = frozenset(
+    {"rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm", "multinomial",
+     "bernoulli", "normal", "poisson"}
+)  # fmt: skip
+ORDERING = frozenset(
+    {"argsort", "sort", "msort", "topk", "argmax", "argmin", "max", "min", "kthvalue", "multinomial"}
+)  # an order of floats: indices that depend on their values
+GATHERS = frozenset({"__getitem__", "index_select", "gather", "take_along_dim", "masked_select"})
 SHAPED_LIKE = frozenset({"to", "type_as", "expand_as", "view_as", "reshape_as"})
 CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})  # a dtype cast (of the weights, say)
 TRANSPOSES = frozenset({"transpose", "swapaxes", "swapdims", "mT", "permute"})
@@ -946,6 +954,11 @@ class _Session:
         self._head_groups: list[tuple[list[int], list[int], str, int]] = []  # (+ heads per sequence)
         self._buffer_ids: set[int] | None = None  # the model's buffers (indices it keeps are no token ids)
         self._made_ints: dict[int, tuple] = {}  # _hold: integer tensors made inside the call, and from them
+        # _hold: tensors that depend on the data (random numbers, and integers or booleans computed from
+        # activations: a router's argmax, a score's top-k, a sort), and the positions such indices picked,
+        # part of a sequence: keys picked by the data, which even one sequence alone shows
+        self._by_data: dict[int, tuple] = {}
+        self._picked: set[int] = set()
         self._block_runs: set[int] = set()  # runs of pieces from separate calls of a module (blocks)
         self._rng: tuple | None = None  # the RNG state an SDPA call with dropout started from
         # record.seq -> the key positions of its sequences (B, K), from lineage: are they whole sequences?
@@ -1034,6 +1047,11 @@ class _Session:
                 self.n_attention += 1
                 self.warn(path, (), _IN_VMAP)
                 return func(*args, **kwargs)
+            if isinstance(x, torch.Tensor) and x.numel() == 0:  # an empty batch or sequence: no weights
+                self.n_attention += 1
+                self.skip(path, tuple(x.shape), "an attention call over an empty batch or sequence: it has no "
+                          "weights to record")  # fmt: skip
+                return func(*args, **kwargs)
         if name == "multi_head_attention_forward":
             self.n_attention += 1
             return self.on_mha(func, args, kwargs)
@@ -1062,6 +1080,8 @@ class _Session:
             and (name in INT_FACTORIES or (self._made_ints and self._from_made_ints(args, kwargs)))
         ):
             _hold(self._made_ints, out)
+        if name in RANDOM or self._by_data or (type(out) is not torch.Tensor or not out.is_floating_point()):
+            self._data_step(name, args, kwargs, out)
         if name in FACTORIES and isinstance(out, torch.Tensor):
             if out.is_floating_point() and out.dim() >= 3:  # a buffer (a static KV cache), not a mask
                 _hold(self._made, out)
@@ -1108,6 +1128,8 @@ class _Session:
                 if name in SCATTER_SUM and self._exps:
                     self._scatter_softmax(name, args, kwargs)
                 self.propagate(name, func, args, kwargs, out, pre)
+                if name in GATHERS and self._by_data and isinstance(out, torch.Tensor):
+                    self._gathered_by_data(name, args, kwargs, out)
                 if weighted and isinstance(out, torch.Tensor):  # values weighted by no query-key map: no
                     self._tags.pop(id(out), None)  # scores either (what a later op reads, it reads as input)
                 if (name in CAT or name == "stack") and isinstance(out, torch.Tensor) and self.cap.records:
@@ -1125,8 +1147,10 @@ class _Session:
                         tag.wo = wo
         except Exception as exc:  # bookkeeping must never break the user's forward pass
             note = f"{name}: {type(exc).__name__}: {exc}"
-            if any(_FUNCTORCH_WRAPPED(t) for t in _tensors(args, kwargs)):
-                note = ""  # inside torch.vmap: said once, at its attention (_IN_VMAP)
+            if any(_FUNCTORCH_WRAPPED(t) or not t.numel() for t in _tensors(args, kwargs)):
+                note = (
+                    ""  # inside torch.vmap: said once, at its attention (_IN_VMAP); an empty tensor: at its
+                )
             if note and note not in self.cap.notes:
                 self.cap.notes.append(note)
         finally:
@@ -1164,6 +1188,73 @@ class _Session:
             return False
         # indices made inside the call (``self.mem[torch.arange(M)]``): learned rows picked by position
         return _held(self._made_ints, idx) is None
+
+    def _data_step(self, name: str, args, kwargs, out) -> None:
+        """Follow what depends on the data: random numbers (and floats computed from them); integers and
+        booleans computed from activations (a router's ``argmax``, a comparison), by an order of any floats
+        (``topk``, ``argsort``, ``sort``: of scores, of noise handed in), or from such integers. Integers
+        from the call's inputs (token ids, padding masks) and from ``arange`` do not."""
+        try:
+            outs = [out] if isinstance(out, torch.Tensor) else [
+                o for o in (out if isinstance(out, (tuple, list)) else ()) if isinstance(o, torch.Tensor)]  # fmt: skip
+            if not outs:
+                return
+            if name in RANDOM:
+                for o in outs:
+                    _hold(self._by_data, o)
+                return
+            ins = _tensors(args, kwargs)
+            held = [t for t in ins if _held(self._by_data, t) is not None] if self._by_data else []
+            ints = [o for o in outs if not o.is_floating_point()]
+            if ints and not held:
+                if name in ORDERING:
+                    held = [t for t in ins if t.is_floating_point() and not _is_param(t)]
+                else:  # (a softmax over a projection, a router's, leaves no tag: it is held)
+                    held = [t for t in ins if t.is_floating_point() and (
+                        ((g := self.tag(t)) is not None and g.role != "param") or _held(self._projected, t))]  # fmt: skip
+            if not held:
+                return
+            for o in ints:
+                _hold(self._by_data, o)
+            if any(t.is_floating_point() for t in held):  # noise computed on (``noise * 2``): still noise
+                for o in outs:
+                    if o.is_floating_point():
+                        _hold(self._by_data, o)
+        except Exception:  # (bookkeeping never breaks the forward; the flag it feeds is only ever added)
+            return
+
+    def _gathered_by_data(self, name: str, args, kwargs, out: torch.Tensor) -> None:
+        """A gather whose indices depend on the data: the positions it picked, where they are part of what it
+        gathered from in their row (the tokens a router sends to an expert, those a score keeps), are keys
+        picked by the data."""
+        index: Any = None
+        if name == "__getitem__":
+            index = args[1] if len(args) > 1 else None
+        elif name in ("index_select", "gather", "take_along_dim"):
+            index = args[2] if len(args) > 2 else kwargs.get("index", kwargs.get("indices"))
+            if name == "take_along_dim":
+                index = args[1] if len(args) > 1 else kwargs.get("indices")
+        elif name == "masked_select":
+            index = args[1] if len(args) > 1 else kwargs.get("mask")
+        parts = index if isinstance(index, (tuple, list)) else (index,)
+        if not any(isinstance(t, torch.Tensor) and _held(self._by_data, t) is not None for t in parts):
+            return
+        c = self.code_of(out)
+        xc = self.code_of(args[0] if args else None)
+        if c is None or xc is None or not c.numel():
+            return
+        pos = torch.unique(c >> lineage.SHIFT)
+        pos = pos[~self.sources.learned(pos)]
+        if not pos.numel():
+            return
+        had = torch.unique(xc >> lineage.SHIFT)  # what the gathered tensor held: rows of a batch reordered
+        first, _ = self.sources.span(pos)  # whole (a beam search) pick no positions, some of a row's do
+        had_first, _ = self.sources.span(had)
+        rows, at = torch.unique(first, return_inverse=True)
+        counts = torch.bincount(at, minlength=rows.numel())
+        part = counts < (had_first[None, :] == rows[:, None]).sum(1)
+        if bool(part.any()):
+            self._picked.update(pos[part[at]].tolist())
 
     def _from_made_ints(self, args, kwargs) -> bool:
         """Whether an op read an integer tensor made inside the call (``torch.arange(T)[None]``)."""
@@ -1399,10 +1490,38 @@ class _Session:
                     [F.pad(k.to(keys[0].device), (0, width - int(k.shape[-1])), value=-1) for k in keys]
                 )
                 why = lineage.remember(key, tuple(keys), lineage.subset(kp, self.sources))
+            if why is None and self._picked:
+                why = self._picked_by_data(keys)
             if why is not None:
                 records[i] = replace(r, exact=False, flag=why)
                 self.warn(r.name, tuple(int(n) for n in r.probs.shape), f"could not verify: {why}")
         self._seq_keys.clear()
+
+    def _picked_by_data(self, keys: list[torch.Tensor]) -> str | None:
+        """Why a record's keys, each sequence's (-1 at learned ones), are no tokens a trace can label: for a
+        row of their sequence they hold part of, the positions held, or those left out, were all picked by
+        indices that depend on the data (tokens kept by a score or a router; ToMe's unmerged tokens beside
+        the ones merged into). Even a run from one end counts: padding is cut by the inputs' mask, which is
+        no activation. None otherwise."""
+        for kp in keys:
+            for seq in kp.reshape(-1, kp.shape[-1]).cpu():
+                own = torch.unique(seq[seq >= 0])
+                own = own[~self.sources.learned(own)]
+                if not own.numel():
+                    continue
+                first, size = self.sources.span(own)
+                for f in torch.unique(first).tolist():
+                    at = first == f
+                    held, n = set(own[at].tolist()), int(size[at][0])
+                    if len(held) >= n:
+                        continue  # the whole row
+                    left = set(range(f, f + n)) - held
+                    if held <= self._picked or left <= self._picked:
+                        return ("the keys are some of a sequence's positions, picked by indices the model "
+                                "computed from its data (a router's choice, a score's top-k, a random sample: "
+                                "routed, pruned, merged or masked tokens), so the map's keys name no tokens a "
+                                "trace could label")  # fmt: skip
+        return None
 
     def _run_joined(self, run: list[tuple[int, Record, Layout]]) -> Record | str | None:
         """The pieces of one module call joined into one record; why not; or None (maps of their own)."""
@@ -2636,6 +2755,16 @@ class _Session:
             self._unfollowed(first)
             return _Tag(None, origin, attn_out=first.attn_out)
         w_perm, v_perm, out_perm = perms  # to (lead, q, k), (lead, k, d); (lead, q, d) to the output's
+        p = first.probs
+        if (
+            p is not None
+            and p.layout is not None
+            and first.rowq is not None
+            and first.rowq.dim() == len(w_perm)
+            and w_perm[-1] != p.layout.dim % len(w_perm)
+        ):  # summed over another axis than the softmax's keys (``"bhqk,bhqd->bhkd"``: over the queries)
+            self._other_axis(first)
+            return _Tag(None, origin, attn_out=first.attn_out)
         w, weights = ops[0], first
         if w_perm != list(range(len(w_perm))):  # the weights laid out otherwise (Transformer-XL's ijbn)
             plain_tag = self._plain_weights(first, w_perm)
@@ -3129,9 +3258,8 @@ class _Session:
             return
         path = self.path()
         shape = tuple(x.shape)
-        if dim is None:
-            self.skip(path, shape, "a softmax without a dim (over the whole tensor) is not attention")
-            return
+        if dim is None:  # torch's implicit dim (deprecated, still run): 0 for 0-, 1- and 3-D input, else 1
+            dim = 0 if x.dim() in (0, 1, 3) else 1
         if x.dim() < 2:
             self.skip(path, shape, "a softmax over one vector is not attention")
             return
@@ -3140,6 +3268,8 @@ class _Session:
             self.skip(path, shape, "left out by exclude=")
             return
         tag = self.tag(x)
+        if tag is not None and tag.probs is not None and self._softmax_of_weights(x, out, dim, tag):
+            return
         smap = tag.smap if tag is not None else None
         why: str | None = None
         if smap is not None:
@@ -3162,6 +3292,28 @@ class _Session:
                 return
             why = found
         self._record_guess(path, x, out, dim, tag, why)
+
+    def _softmax_of_weights(self, x: torch.Tensor, out: torch.Tensor, dim: int, tag: _Tag) -> bool:
+        """A softmax of recorded weights over their keys again (a double softmax, a classic slip): the record
+        becomes the weights this second softmax gives, which are the ones the values are multiplied with
+        (keys the first one masked get weight again: the map shows it), its scores the first one's output."""
+        p = tag.probs
+        if (
+            p is None
+            or p.layout is None
+            or p.record is None
+            or tag.touched
+            or tuple(out.shape) != tuple(p.shape)
+            or dim != p.layout.dim % out.dim()
+            or not any(r is p.record for r in self.cap.records)
+        ):
+            return False
+        changes: dict[str, Any] = {"probs": p.bhqk(out.detach())}
+        if p.record.scores is not None:
+            changes["scores"] = p.bhqk(x.detach())
+        self._update_record(p, **changes)
+        self.set(out, _Tag(None, tag.origin, probs=p, rowq=tag.rowq, attn_out=tag.attn_out))
+        return True
 
     def _across_rows(self, layout: Layout) -> bool:
         """The queries or the keys of one of a map's sequences are positions from more than one row of the
@@ -3801,7 +3953,12 @@ class _Session:
                         p_rows, g_rows = probs.index_select(-2, rows), got.index_select(-2, rows)
                     if g_rows.dtype != work:
                         g_rows = g_rows.to(work)
-                    check = float((p_rows @ v).sub_(g_rows).abs_().max())
+                    pv = p_rows @ v
+                    if bool((pv.isnan() != g_rows.isnan()).any()):  # a NaN (or inf) in q or k: SDPA adds its
+                        dropped = ("the weights recomputed from the call's arguments do not give its output where "
+                                   "it is NaN (a NaN or infinity in the queries or keys, which SDPA spreads over "
+                                   "their rows through the mask): the record holds them without it")  # fmt: skip
+                    check = float(torch.nan_to_num(pv.sub_(g_rows), nan=0.0).abs_().max())
         b = int(math.prod(lead)) if lead else 1
         shape = (b, hq, lq, lk)
         if dropped is not None:
@@ -4572,10 +4729,16 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool:
     if mask.stride(-2) == 0:  # one row for every query (a padding mask): causal only if it keeps key 0 alone
         row = mask[..., 0, :]
         return not bool(row[..., 1:].any()) and bool(row[..., 0].any())
-    # rows that see every key say nothing (a causal mask's last row; a left-padded query row that a
-    # model left unmasked, as ChatGLM's get_masks does): the other rows decide
+    # rows that see every key say nothing where they are a causal mask's last row, or a padding position's
+    # (its key seen by no other row: a left-padded query row that a model left unmasked, as ChatGLM's
+    # get_masks does): the other rows decide. A full row elsewhere sees later keys: no causal mask
     full = mask.all(-1, keepdim=True)
-    rows = mask & ~full
+    other = mask & ~full
+    said = full[..., 0] & ~other.any(-2)[..., :lq]  # a full row whose own key no other row sees
+    said[..., -1] |= full[..., -1, 0]
+    rows = mask & ~said[..., None]
+    if bool((full[..., 0] & ~said).any()):
+        rows = mask
     if not bool(rows.any()):  # every row sees every key or none (a padding mask over the queries,
         return False  # ``am[:, None, :, None]``, a (B, L, 1) mask): no triangle, whatever is left out
     if not bool(rows.triu(1).any()):  # (a causal mask's full last row still shows its earlier keys)

@@ -554,6 +554,11 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     if bool(((lo != hi) & projected_key.any(-1)).any()):
         return ("the keys of one query come from different heads' features: the heads were split across "
                 "positions (a view to (B*H, L, d) without moving the head axis first?)")  # fmt: skip
+    kh = lo[torch.searchsorted(used, krow)]  # each row's keys' head (their first feature), big: learned keys
+    pairs = torch.unique(torch.stack([qf[kh != big], kh[kh != big]]), dim=1)
+    if bool((pairs[0, 1:] == pairs[0, :-1]).any()):  # (sorted by the queries' head first)
+        return ("the queries of one head meet the keys of different heads in different rows: a head axis "
+                "left in another place on one side (the queries split into heads without their transpose?)")  # fmt: skip
     heads, h = torch.unique(qf, return_inverse=True)
     n_heads = int(heads.numel())
     # rows of one sequence have the same keys: group by (head, the keys' positions), learned keys
