@@ -607,3 +607,26 @@ def test_sdpa_whose_output_a_nan_key_spreads_over_a_masked_row_is_flagged():
     with torch.no_grad(), capture_attention(A()) as cap:
         A()(q, k, v, causal)
     assert cap.records[0].exact and not cap.notes
+
+
+def test_a_sequence_all_padding_is_recorded_as_the_path_that_ran_weighs_it():
+    """``nn.TransformerEncoderLayer`` calls its attention with ``need_weights=False``, inside SDPA, where a
+    row with every key masked gets weight 0 (the bmm path of ``need_weights=True`` gives NaN): the record
+    holds what the call used."""
+    torch.manual_seed(1)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1] = True
+    with torch.no_grad(), capture_attention(layer) as cap:
+        layer(x, src_key_padding_mask=pad)
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes
+    assert torch.equal(rec.probs[1], torch.zeros(2, 5, 5))
+    with torch.no_grad():
+        _, want = layer.self_attn(x[:1], x[:1], x[:1], need_weights=True, average_attn_weights=False)
+    torch.testing.assert_close(rec.probs[:1], want)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()  # the bmm path: NaN, as it returns them
+    with torch.no_grad(), capture_attention(mha) as cap:
+        _, got = mha(x, x, x, key_padding_mask=pad, average_attn_weights=False)
+    assert bool(cap.records[0].probs[1].isnan().all()) and bool(got[1].isnan().all())

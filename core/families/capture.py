@@ -1205,6 +1205,7 @@ class _Session:
                 return
             ins = _tensors(args, kwargs)
             held = [t for t in ins if _held(self._by_data, t) is not None] if self._by_data else []
+            noise = any(t.is_floating_point() for t in held)  # random numbers, or floats made from them
             ints = [o for o in outs if not o.is_floating_point()]
             if ints and not held:
                 if name in ORDERING:
@@ -1216,7 +1217,7 @@ class _Session:
                 return
             for o in ints:
                 _hold(self._by_data, o)
-            if any(t.is_floating_point() for t in held):  # noise computed on (``noise * 2``): still noise
+            if noise:  # noise computed on (``noise * 2``): still noise (the max of scores is no noise)
                 for o in outs:
                     if o.is_floating_point():
                         _hold(self._by_data, o)
@@ -4146,6 +4147,7 @@ class _Session:
         try:
             p = _mha_arguments(args, kwargs) if p is None else p
             query, key = p["query"], p["key"]
+            by_sdpa = not p.get("need_weights", True)  # (its weights inside SDPA: a row with no key is 0)
             attn_mask = p["attn_mask"]
             if p["is_causal"] and attn_mask is None:
                 n = query.shape[0]
@@ -4154,6 +4156,10 @@ class _Session:
             with _no_grad():
                 scores = _mha_scores(p, int(p["num_heads"]), qk)
             weights = _mha_weights(p, scores)  # the softmax of the scores with the call's masks
+            if weights is not None and by_sdpa:
+                dead = weights.isnan().all(-1, keepdim=True)  # every key masked: NaN by the bmm path, 0 by SDPA
+                if bool(dead.any()):
+                    weights = weights.masked_fill(dead, 0.0)
             dropped: str | None = None
             if weights is None:  # learned keys, static keys or dropout: MultiheadAttention itself, again,
                 fork = None  # with dropout from the RNG state the call started from (the same draws)
