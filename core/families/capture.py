@@ -4157,7 +4157,9 @@ class _Session:
                 scores = _mha_scores(p, int(p["num_heads"]), qk)
             weights = _mha_weights(p, scores)  # the softmax of the scores with the call's masks
             if weights is not None and by_sdpa:
-                dead = weights.isnan().all(-1, keepdim=True)  # every key masked: NaN by the bmm path, 0 by SDPA
+                dead = weights.isnan().all(
+                    -1, keepdim=True
+                )  # every key masked: NaN by the bmm path, 0 by SDPA
                 if bool(dead.any()):
                     weights = weights.masked_fill(dead, 0.0)
             dropped: str | None = None
