@@ -4155,13 +4155,7 @@ class _Session:
             p.update(need_weights=True, average_attn_weights=False, attn_mask=attn_mask, is_causal=False)
             with _no_grad():
                 scores = _mha_scores(p, int(p["num_heads"]), qk)
-            weights = _mha_weights(p, scores)  # the softmax of the scores with the call's masks
-            if weights is not None and by_sdpa:
-                dead = weights.isnan().all(
-                    -1, keepdim=True
-                )  # every key masked: NaN by the bmm path, 0 by SDPA
-                if bool(dead.any()):
-                    weights = weights.masked_fill(dead, 0.0)
+            weights = _mha_weights(p, scores, by_sdpa)  # the softmax of the scores with the call's masks
             dropped: str | None = None
             if weights is None:  # learned keys, static keys or dropout: MultiheadAttention itself, again,
                 fork = None  # with dropout from the RNG state the call started from (the same draws)
@@ -4433,10 +4427,13 @@ def _mask(b: int, h: int, lq: int, lk: int, attn_mask, key_padding_mask, device)
     return allowed.expand(b, allowed.shape[1], lq, lk)
 
 
-def _mha_weights(p: dict[str, Any], scores: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, H, q, k) weights from the scores and the call's masks, as MultiheadAttention computes them
-    (a fully masked row is NaN there too); None where only the module itself can say (learned or
-    static keys, dropout while training)."""
+def _mha_weights(
+    p: dict[str, Any], scores: torch.Tensor | None, by_sdpa: bool = False
+) -> torch.Tensor | None:
+    """(B, H, q, k) weights from the scores and the call's masks, as MultiheadAttention computes them: a
+    row with every key masked is NaN by its bmm path (``need_weights=True``), 0 inside SDPA (``by_sdpa``,
+    as ``nn.TransformerEncoderLayer`` calls it; a NaN in the data stays NaN either way); None where only
+    the module itself can say (learned or static keys, dropout while training)."""
     if scores is None or (p["training"] and p["dropout_p"]) or p["static_v"] is not None:
         return None
     b, h, lq, lk = scores.shape
@@ -4451,7 +4448,12 @@ def _mha_weights(p: dict[str, Any], scores: torch.Tensor | None) -> torch.Tensor
             masks.append((kpm[None] if p["query"].dim() == 2 else kpm).view(b, 1, 1, lk))
         for m in masks:
             logits = logits.masked_fill(m, float("-inf")) if m.dtype == torch.bool else logits + m
-        return torch.softmax(logits, dim=-1)
+        weights = torch.softmax(logits, dim=-1)
+        if by_sdpa and masks:
+            dead = torch.isneginf(logits).all(-1, keepdim=True)
+            if bool(dead.any()):
+                weights = weights.masked_fill(dead, 0.0)
+        return weights
 
 
 def _mha_scores(p: dict[str, Any], h: int, qk=None) -> torch.Tensor | None:
