@@ -626,6 +626,11 @@ def test_a_sequence_all_padding_is_recorded_as_the_path_that_ran_weighs_it():
     with torch.no_grad():
         _, want = layer.self_attn(x[:1], x[:1], x[:1], need_weights=True, average_attn_weights=False)
     torch.testing.assert_close(rec.probs[:1], want)
+    x_nan = x.clone()
+    x_nan[0, 2] = float("nan")  # a NaN in the data (no key masked): NaN inside SDPA too, not 0
+    with torch.no_grad(), capture_attention(layer) as cap:
+        layer(x_nan, src_key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
+    assert bool(cap.records[0].probs[0].isnan().all()) and not bool(cap.records[0].probs[1].isnan().any())
     mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()  # the bmm path: NaN, as it returns them
     with torch.no_grad(), capture_attention(mha) as cap:
         _, got = mha(x, x, x, key_padding_mask=pad, average_attn_weights=False)
