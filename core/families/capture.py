@@ -1147,10 +1147,9 @@ class _Session:
                         tag.wo = wo
         except Exception as exc:  # bookkeeping must never break the user's forward pass
             note = f"{name}: {type(exc).__name__}: {exc}"
+            # inside torch.vmap: said once, at its attention (_IN_VMAP); an empty tensor: at its attention
             if any(_FUNCTORCH_WRAPPED(t) or not t.numel() for t in _tensors(args, kwargs)):
-                note = (
-                    ""  # inside torch.vmap: said once, at its attention (_IN_VMAP); an empty tensor: at its
-                )
+                note = ""
             if note and note not in self.cap.notes:
                 self.cap.notes.append(note)
         finally:
@@ -1412,6 +1411,7 @@ class _Session:
             self.skip(module, shape, "a distribution over positions that nothing is weighted by (a pointer "
                       "network's output, a prediction over positions), not attention")  # fmt: skip
         self._positional.clear()
+        self._self_weights.clear()
         self._positional_shapes.clear()
         self._frame, self._record_call = None, (None, "", None, -1, None)  # no module call is held on
         records = self.cap.records
@@ -3485,6 +3485,7 @@ class _Session:
 
         if len(self._positional) >= 256:  # a few are pending at a time; older ones were never used
             self._positional.clear()
+            self._self_weights.clear()
         self._positional[id(out)] = (out, record, lambda t: t, None, False)
         self._positional_shapes[id(record)] = (path, tuple(int(n) for n in x.shape))
         if not cross:  # what they weigh keeps its positions: row i of ``a @ v`` is position i, as in any
