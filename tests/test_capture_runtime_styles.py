@@ -493,6 +493,54 @@ def test_the_first_step_over_a_preallocated_cache_is_a_decoder_step(batch, heads
         assert rec.exact and torch.equal(rec.probs, used)
 
 
+class PrefixLM(nn.Module):
+    """A prefix LM generating: the prompt sees itself both ways (all of it is prefix, no mask), then each
+    step's query reads the cached prompt and the steps so far. ``shared``: the same module instead encodes
+    a source and then runs over a target of its own under a causal mask (no cache: it reads no prompt)."""
+
+    def __init__(self, heads: int = 2, d: int = 8):
+        super().__init__()
+        self.h = heads
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+
+    def attend(self, x, past=None, causal=False):
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        s = q @ k.transpose(-2, -1)
+        if causal:
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        return (s.softmax(-1) @ v).transpose(1, 2).reshape(b, n, d), (k, v)
+
+    def forward(self, prompt, shared=False):
+        if shared:  # an encoder pass over the source, then a causal pass over another input
+            self.attend(self.emb(prompt))
+            return self.attend(self.emb(prompt.flip(1) % 7), causal=True)[0]
+        y, past = self.attend(self.emb(prompt))
+        tok = prompt[:, -1:]
+        for _ in range(3):
+            y, past = self.attend(self.emb(tok), past)
+            tok = (y[:, -1] @ self.emb.weight.T).argmax(-1, keepdim=True)
+        return tok
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_prefill_that_is_all_prefix_takes_its_decoding_steps_kind(batch):
+    """Its positions are read again among the keys of the module's later causal steps (the cache): a
+    decoder's prefill. The same module encoding a source and then running causally over another input
+    (no cache of the source) keeps its encoder pass ``enc_self``."""
+    torch.manual_seed(batch)
+    model = PrefixLM().eval()
+    prompt = torch.randint(1, VOCAB, (batch, 5))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(prompt)
+    assert [r.kind for r in cap.records] == ["dec_self"] * 4 and all(r.exact for r in cap.records)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(prompt, shared=True)
+    assert [r.kind for r in cap.records] == ["enc_self", "dec_self"]
+
+
 def test_attention_inside_vmap_is_said_in_one_sentence():
     """Per-example attention vmapped over the batch: capture cannot follow the wrapped tensors; it says so
     once, naming the module, leaves no internal error among the notes, and changes no output."""

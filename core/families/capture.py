@@ -1474,8 +1474,9 @@ class _Session:
         # takes the kind of the module's later steps, which read the cache or show their causal mask
         decoding = {r.name for r in records if r.kind == "dec_self"}
         for i, r in enumerate(records):
-            if (r.kind == "enc_self" and r.name in decoding and r.probs.shape[-2] == 1
-                    and not any(fnmatch.fnmatchcase(r.name, p) for p in self.fixed)):  # fmt: skip
+            if (r.kind == "enc_self" and r.name in decoding
+                    and not any(fnmatch.fnmatchcase(r.name, p) for p in self.fixed)
+                    and (r.probs.shape[-2] == 1 or self._prefill_of(r, records))):  # fmt: skip
                 records[i] = replace(r, kind="dec_self")
         # keys that are some of a sequence's positions (pruned, sampled, merged tokens), over the whole
         # record (the blocks of one call together): no map a trace can label by the sequence's tokens
@@ -1497,6 +1498,30 @@ class _Session:
                 records[i] = replace(r, exact=False, flag=why)
                 self.warn(r.name, tuple(int(n) for n in r.probs.shape), f"could not verify: {why}")
         self._seq_keys.clear()
+
+    def _prefill_of(self, rec: Record, records: list[Record]) -> bool:
+        """A prompt that sees itself both ways (a prefix LM's prefill that is all prefix) whose positions a
+        later causal step of the same module reads again among its keys (its KV cache): a decoder's
+        prefill, ``dec_self`` like the steps (the same rule names a prefix LM's mask ``dec_self``)."""
+        mine = self._seq_keys.get(rec.seq)
+        if not mine:
+            return False
+        own = {int(p) for k in mine for p in k.reshape(-1).tolist() if p >= 0}
+        if not own:
+            return False
+        for r in records:
+            if (
+                r.name == rec.name
+                and r.kind == "dec_self"
+                and r.seq > rec.seq
+                and r.probs.shape[-2] < rec.probs.shape[-2]
+            ):
+                later = {
+                    int(p) for k in self._seq_keys.get(r.seq, ()) for p in k.reshape(-1).tolist() if p >= 0
+                }
+                if own <= later:
+                    return True
+        return False
 
     def _picked_by_data(self, keys: list[torch.Tensor]) -> str | None:
         """Why a record's keys, each sequence's (-1 at learned ones), are no tokens a trace can label: for a
