@@ -412,8 +412,9 @@ def test_attention_over_tokens_a_router_sent_is_flagged_even_for_one_sequence(ba
 
 
 def test_indices_from_the_inputs_or_arange_and_a_whole_row_reordered_by_a_score_stay_exact():
-    """Padding cut by the inputs' mask (token ids are no activation), windows by ``arange``, and a beam
-    search's reorder of whole rows by a top-k (every position of each row kept) pick no keys by the data."""
+    """Padding cut by the inputs' mask (token ids are no activation) and a beam search's reorder of whole
+    rows by a top-k (every position of each row kept) pick no keys by the data. (Places picked by
+    ``arange``, the model's structure, are ``no_cls`` and ``no_last`` above.)"""
 
     class Cut(nn.Module):
         def __init__(self, d: int = 8):

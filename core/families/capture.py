@@ -1227,15 +1227,10 @@ class _Session:
         """A gather whose indices depend on the data: the positions it picked, where they are part of what it
         gathered from in their row (the tokens a router sends to an expert, those a score keeps), are keys
         picked by the data."""
-        index: Any = None
-        if name == "__getitem__":
-            index = args[1] if len(args) > 1 else None
-        elif name in ("index_select", "gather", "take_along_dim"):
-            index = args[2] if len(args) > 2 else kwargs.get("index", kwargs.get("indices"))
-            if name == "take_along_dim":
-                index = args[1] if len(args) > 1 else kwargs.get("indices")
-        elif name == "masked_select":
-            index = args[1] if len(args) > 1 else kwargs.get("mask")
+        if name in ("index_select", "gather"):  # (input, dim, index)
+            index = args[2] if len(args) > 2 else kwargs.get("index")
+        else:  # x[index], take_along_dim(input, indices), masked_select(input, mask)
+            index = args[1] if len(args) > 1 else kwargs.get("indices", kwargs.get("mask"))
         parts = index if isinstance(index, (tuple, list)) else (index,)
         if not any(isinstance(t, torch.Tensor) and _held(self._by_data, t) is not None for t in parts):
             return
@@ -3523,7 +3518,7 @@ class _Session:
         embedded as ``(B, N, N)``), which are features of the pairs, not a sequence of queries."""
         if len(origin) == 1:
             return True
-        own = {self.sources.at(int(p)).origin for p in keys.unique().tolist()}
+        own = {self.sources.items[i].origin for i in torch.unique(self.sources.index(keys)).tolist()}
         if len(own) != 1 or not own <= origin:
             return False
         by_origin: dict[Any, list[int]] = {}
