@@ -43,21 +43,33 @@ def test_adapter_implements_the_interface(example):
 
 
 def _reference_maps(model, src, tgt) -> dict[str, list[torch.Tensor]]:
-    """Every MultiheadAttention called again by hand on the inputs it got, need_weights per head."""
+    """Every attention of the model called again by hand on the inputs it got, need_weights per head. The
+    model runs as it runs uncaptured (global hooks, which leave torch's fused fast paths on): an encoder
+    layer's self-attention is called on what that layer hands it (its input, or its first norm's)."""
+    names = {id(m): n for n, m in model.named_modules()}
+    in_layer = {id(m.self_attn) for m in model.modules() if isinstance(m, nn.TransformerEncoderLayer)}
     calls: list[tuple[str, tuple, dict]] = []
-    hooks = [
-        m.register_forward_pre_hook(lambda mod, a, k, name=n: calls.append((name, a, k)), with_kwargs=True)
-        for n, m in model.named_modules()
-        if isinstance(m, nn.MultiheadAttention)
-    ]
+
+    def seen(mod, a, k, _out):
+        if isinstance(mod, nn.TransformerEncoderLayer) and id(mod) in names:
+            x = mod.norm1(a[0]) if mod.norm_first else a[0]
+            masks = {"attn_mask": k.get("src_mask"), "key_padding_mask": k.get("src_key_padding_mask")}
+            calls.append((names[id(mod)] + ".self_attn", (x, x, x), masks))
+        elif isinstance(mod, nn.MultiheadAttention) and id(mod) in names and id(mod) not in in_layer:
+            calls.append((names[id(mod)], a, k))
+
+    # under capture an encoder's layers run dense: a mode turns nn.TransformerEncoder's nested tensors off
+    dense = [(m, m.use_nested_tensor) for m in model.modules() if isinstance(m, nn.TransformerEncoder)]
+    hook = torch.nn.modules.module.register_module_forward_hook(seen, with_kwargs=True)
     try:
+        for m, _ in dense:
+            m.use_nested_tensor = False
         with torch.no_grad():
-            torch.backends.mha.set_fastpath_enabled(False)
             model(src, tgt)
     finally:
-        torch.backends.mha.set_fastpath_enabled(True)
-        for h in hooks:
-            h.remove()
+        hook.remove()
+        for m, was in dense:
+            m.use_nested_tensor = was
     out: dict[str, list[torch.Tensor]] = {"enc_self": [], "dec_self": [], "cross": []}
     for name, a, k in calls:
         mod = model.get_submodule(name)

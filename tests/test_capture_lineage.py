@@ -589,12 +589,16 @@ def test_sdpa_rows_with_no_key_are_zero_and_the_others_are_its_softmax(kind):
 def test_multihead_attention_scores_from_its_own_projection_equal_a_second_one(case, batch_first):
     """MultiheadAttention's q and k are taken where its own code hands them to SDPA (no second
     projection): its output is bit-identical to the call without capture, and the scores equal,
-    bit for bit, those of projecting its inputs again the way it projects them."""
+    bit for bit, those of projecting its inputs again the way it projects them. (A subclass: the mode
+    follows its call; torch's own class runs without it, recorded from its arguments.)"""
     from attnscope.core.families import capture as capture_mod
+
+    class Subclassed(nn.MultiheadAttention):
+        pass
 
     torch.manual_seed(0)
     kdim = 12 if case == "kdim" else None
-    mha = nn.MultiheadAttention(16, 4, batch_first=batch_first, kdim=kdim, vdim=kdim).eval()
+    mha = Subclassed(16, 4, batch_first=batch_first, kdim=kdim, vdim=kdim).eval()
     x = torch.randn(3, 7, 16)
     y = torch.randn(3, 5, kdim or 16)
     if not batch_first:
@@ -631,11 +635,15 @@ def test_multihead_attention_scores_from_its_own_projection_equal_a_second_one(c
 def test_multihead_attention_calls_a_patched_sdpa_after_an_earlier_capture():
     """MultiheadAttention's own code is built once and built again when a global it reads was replaced
     since: a user's patched F.scaled_dot_product_attention is the one the captured call runs, and
-    its q and k are still the ones recorded."""
+    its q and k are still the ones recorded. (A subclass: the mode follows its call; torch's own class
+    runs without it, its fused fast path where torch takes it, as uncaptured.)"""
     import torch.nn.functional as F
 
+    class Subclassed(nn.MultiheadAttention):
+        pass
+
     torch.manual_seed(0)
-    mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    mha = Subclassed(16, 4, batch_first=True).eval()
     x = torch.randn(2, 5, 16)
     with torch.no_grad():
         with capture_attention(mha) as first:

@@ -658,21 +658,37 @@ def test_sdpa_whose_output_a_nan_key_spreads_over_a_masked_row_is_flagged():
 
 
 def test_a_sequence_all_padding_is_recorded_as_the_path_that_ran_weighs_it():
-    """``nn.TransformerEncoderLayer`` calls its attention with ``need_weights=False``, inside SDPA, where a
-    row with every key masked gets weight 0 (the bmm path of ``need_weights=True`` gives NaN): the record
-    holds what the call used."""
+    """``nn.TransformerEncoderLayer`` runs under capture as it runs without it: its fused fast path where
+    torch takes it (a sequence all padding: NaN out, NaN weights), its Python path where not (attention
+    called with ``need_weights=False``, inside SDPA, where a row with every key masked gets weight 0; the
+    bmm path of ``need_weights=True`` gives NaN): the record holds what the path that ran used."""
     torch.manual_seed(1)
     layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).eval()
     x = torch.randn(2, 5, 8)
     pad = torch.zeros(2, 5, dtype=torch.bool)
     pad[1] = True
+    with torch.no_grad():
+        want_out = layer(x, src_key_padding_mask=pad)
+        _, want = layer.self_attn(x[:1], x[:1], x[:1], need_weights=True, average_attn_weights=False)
+    assert bool(want_out[1].isnan().all())  # the fast path: a softmax over no key
     with torch.no_grad(), capture_attention(layer) as cap:
-        layer(x, src_key_padding_mask=pad)
+        got_out = layer(x, src_key_padding_mask=pad)
+    assert torch.equal(
+        got_out.nan_to_num(7.0), want_out.nan_to_num(7.0)
+    )  # the model's own output, uncaptured
     (rec,) = cap.records
     assert rec.exact and not cap.notes
+    assert bool(rec.probs[1].isnan().all())
+    torch.testing.assert_close(rec.probs[:1], want)
+    torch.backends.mha.set_fastpath_enabled(False)  # the Python path: SDPA weighs such a row 0
+    try:
+        with torch.no_grad(), capture_attention(layer) as cap:
+            slow_out = layer(x, src_key_padding_mask=pad)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    assert not bool(slow_out.isnan().any())
+    (rec,) = cap.records
     assert torch.equal(rec.probs[1], torch.zeros(2, 5, 5))
-    with torch.no_grad():
-        _, want = layer.self_attn(x[:1], x[:1], x[:1], need_weights=True, average_attn_weights=False)
     torch.testing.assert_close(rec.probs[:1], want)
     x_nan = x.clone()
     x_nan[0, 2] = float("nan")  # a NaN in the data (no key masked): NaN inside SDPA too, not 0

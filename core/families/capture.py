@@ -82,6 +82,7 @@ import contextlib
 import fnmatch
 import inspect
 import math
+import operator
 import re
 import sys
 import threading
@@ -90,7 +91,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -966,6 +967,12 @@ class _Session:
         self.outside = False  # set by path(): the op runs in a module that holds the model, outside it
         self._path_at: tuple[int, str] = (-1, "")  # (op count, path) path() found last
         self._holders: dict[int, tuple[weakref.ref, bool]] = {}  # modules outside the model: hold it?
+        # torch.nn encoder layers as torch ships them: they run as torch runs them (its fused fast path
+        # where it takes it), the mode set aside, and their attention is recorded from their input
+        self.thread = threading.get_ident()
+        self.mode: TorchFunctionMode | None = None
+        self.native = {id(m): m for _, m in modules if _native_layer(m) or _native_mha(m)}
+        self._set_aside: list[nn.Module] = []  # the layers running now without the mode
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -3976,11 +3983,15 @@ class _Session:
                     if g_rows.dtype != work:
                         g_rows = g_rows.to(work)
                     pv = p_rows @ v
-                    if bool((pv.isnan() != g_rows.isnan()).any()):  # a NaN (or inf) in q or k: SDPA adds its
-                        dropped = ("the weights recomputed from the call's arguments do not give its output where "
-                                   "it is NaN (a NaN or infinity in the queries or keys, which SDPA spreads over "
-                                   "their rows through the mask): the record holds them without it")  # fmt: skip
-                    check = float(torch.nan_to_num(pv.sub_(g_rows), nan=0.0).abs_().max())
+                    diff = pv - g_rows
+                    check = float(diff.abs_().max())  # NaN where either is NaN, inf where either is inf
+                    if not math.isfinite(check):  # then as before: NaN where only one of them is NaN flags it
+                        if bool((pv.isnan() != g_rows.isnan()).any()):  # a NaN (or inf) in q or k: SDPA adds
+                            dropped = ("the weights recomputed from the call's arguments do not give its output "
+                                       "where it is NaN (a NaN or infinity in the queries or keys, which SDPA "
+                                       "spreads over their rows through the mask): the record holds them "
+                                       "without it")  # fmt: skip
+                        check = float(torch.nan_to_num(pv.sub_(g_rows), nan=0.0).abs_().max())
         b = int(math.prod(lead)) if lead else 1
         shape = (b, hq, lq, lk)
         if dropped is not None:
@@ -4071,9 +4082,17 @@ class _Session:
             or tuple(kc.shape) != tuple(key.shape)
         ):
             return None
-        first = qc.select(-1, 0).sort(-1).values  # (..., h, q) each row's first code (position, feature)
-        pos = first >> lineage.SHIFT
-        if not bool(((pos[..., 1:] == pos[..., :-1]) & (first[..., 1:] != first[..., :-1])).any()):
+        memo = ("sdpa rows packed", id(qc))  # a pure function of the codes: kept with them
+        packed = lineage.recall(memo)
+        if packed is lineage.MISS:
+            first = qc.select(-1, 0).sort(-1).values  # (..., h, q) each row's first code (position, feature)
+            pos = first >> lineage.SHIFT
+            packed = lineage.remember(
+                memo,
+                (qc,),
+                bool(((pos[..., 1:] == pos[..., :-1]) & (first[..., 1:] != first[..., :-1])).any()),
+            )
+        if not packed:
             return None  # no two rows of a slice at one position with other features (other heads' slices)
         if unsq:
             qc, kc = qc[:, None], kc[:, None]
@@ -4167,72 +4186,256 @@ class _Session:
         _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
         try:
             p = _mha_arguments(args, kwargs) if p is None else p
-            query, key = p["query"], p["key"]
-            by_sdpa = not p.get("need_weights", True)  # (its weights inside SDPA: a row with no key is 0)
-            attn_mask = p["attn_mask"]
-            if p["is_causal"] and attn_mask is None:
-                n = query.shape[0]
-                attn_mask = ~torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
-            p.update(need_weights=True, average_attn_weights=False, attn_mask=attn_mask, is_causal=False)
-            with _no_grad():
-                scores = _mha_scores(p, int(p["num_heads"]), qk)
-            weights = _mha_weights(p, scores, by_sdpa)  # the softmax of the scores with the call's masks
-            dropped: str | None = None
-            if weights is None:  # learned keys, static keys or dropout: MultiheadAttention itself, again,
-                fork = None  # with dropout from the RNG state the call started from (the same draws)
-                if rng is not None:
-                    fork = torch.random.fork_rng(devices=[query.device] if query.is_cuda else [])
-                with torch.no_grad(), fork or contextlib.nullcontext():
-                    if rng is not None:
-                        _set_rng_state(rng, query.device)
-                    _, weights = func(**p)
-                if rng is not None and not _mha_output_is(weights, p, out):
-                    dropped = (f"nn.MultiheadAttention drops weights at random while training (dropout={p['dropout_p']:g}), "
-                               "and the draws could not be repeated: the weights recorded are not the ones the "
-                               "call multiplied its values with")  # fmt: skip
-            unbatched = query.dim() == 2
-            weights = weights[None] if weights.dim() == 3 else weights  # (B, H, q, k); one sequence: B = 1
-            b, h, lq, lk = weights.shape
-            kpm = p["key_padding_mask"]
-            kpm = kpm[None] if unbatched and kpm is not None else kpm
-            extra = (["<bias_k 0>"] if p["bias_k"] is not None else []) + (
-                ["<zero_attn 0>"] if p["add_zero_attn"] else []
-            )
-            labels = (*[None] * (lk - len(extra)), *extra) if extra else None  # learned keys MHA appends
-            if extra:  # MHA pads its masks with "may attend" for them
-                kpm = (
-                    None
-                    if kpm is None
-                    else F.pad(kpm, (0, len(extra)), value=False if kpm.dtype == torch.bool else 0.0)
-                )
-                if attn_mask is not None and attn_mask.shape[-1] != lk:
-                    attn_mask = F.pad(
-                        attn_mask, (0, len(extra)), value=False if attn_mask.dtype == torch.bool else 0.0
-                    )
-            allowed = _mask(b, h, lq, lk, attn_mask, kpm, weights.device)
-            path = self.path()
-            cross = None if query is key else True
-            if query is key and path not in self.fixed:
-                cross = False
-            elif query is not key and query.dim() == 3 and key.dim() == 3:  # lineage: where they came from
-                qc, kc = self.code_of(query), self.code_of(key)  # (L, B, E), sequence-first
-                if qc is not None and kc is not None and qc.shape == query.shape and kc.shape == key.shape:
-                    seen = lineage.describe(qc.transpose(0, 1), kc.transpose(0, 1), self.sources)
-                    if seen is not None and seen.cross is not None:
-                        cross = seen.cross  # a mean token among the keys (CLIP's attention pool): self
-            hv = _mha_values(p, h, (b, h, lk))
-            rec = self._record(path, weights, scores, allowed, "nn.MultiheadAttention",
-                               "arguments" if allowed is not None else None, cross, key_labels=labels,
-                               values=hv, flag=dropped)  # fmt: skip
-            if dropped is not None:
-                self.warn(path, tuple(weights.shape), f"could not verify: {dropped}")
-            if rec is not None and hv is not None and hv.w_o is not None:
-                self._follow_mha_out(query, out, rec, unbatched)
+            self._mha_record(func, p, out, qk, rng, self.path())
         except Exception as exc:
             self.cap.notes.append(f"nn.MultiheadAttention: {type(exc).__name__}: {exc}")
         finally:
             _LOCAL.busy -= 1
         return out
+
+    def _mha_record(self, func, p: dict[str, Any], out: Any, qk, rng, path: str) -> Record | None:
+        """The record of one F.multi_head_attention_forward call from its arguments ``p`` (by name) and
+        its output ``out`` (None where the call ran where capture does not see its output: a torch.nn
+        encoder layer's fused fast path); ``qk``: the q and k it handed to SDPA, or None."""
+        query, key = p["query"], p["key"]
+        by_sdpa = not p.get("need_weights", True)  # (its weights inside SDPA: a row with no key is 0)
+        attn_mask = p["attn_mask"]
+        if p["is_causal"] and attn_mask is None:
+            n = query.shape[0]
+            attn_mask = ~torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
+        p.update(need_weights=True, average_attn_weights=False, attn_mask=attn_mask, is_causal=False)
+        with _no_grad():
+            scores = _mha_scores(p, int(p["num_heads"]), qk)
+        weights = _mha_weights(p, scores, by_sdpa)  # the softmax of the scores with the call's masks
+        dropped: str | None = None
+        if weights is None:  # learned keys, static keys or dropout: MultiheadAttention itself, again,
+            fork = None  # with dropout from the RNG state the call started from (the same draws)
+            if rng is not None:
+                fork = torch.random.fork_rng(devices=[query.device] if query.is_cuda else [])
+            with torch.no_grad(), fork or contextlib.nullcontext():
+                if rng is not None:
+                    _set_rng_state(rng, query.device)
+                _, weights = func(**p)
+            if rng is not None and not _mha_output_is(weights, p, out):
+                dropped = (f"nn.MultiheadAttention drops weights at random while training (dropout={p['dropout_p']:g}), "
+                           "and the draws could not be repeated: the weights recorded are not the ones the "
+                           "call multiplied its values with")  # fmt: skip
+        unbatched = query.dim() == 2
+        weights = weights[None] if weights.dim() == 3 else weights  # (B, H, q, k); one sequence: B = 1
+        b, h, lq, lk = weights.shape
+        kpm = p["key_padding_mask"]
+        kpm = kpm[None] if unbatched and kpm is not None else kpm
+        extra = (["<bias_k 0>"] if p["bias_k"] is not None else []) + (
+            ["<zero_attn 0>"] if p["add_zero_attn"] else []
+        )
+        labels = (*[None] * (lk - len(extra)), *extra) if extra else None  # learned keys MHA appends
+        if extra:  # MHA pads its masks with "may attend" for them
+            kpm = (
+                None
+                if kpm is None
+                else F.pad(kpm, (0, len(extra)), value=False if kpm.dtype == torch.bool else 0.0)
+            )
+            if attn_mask is not None and attn_mask.shape[-1] != lk:
+                attn_mask = F.pad(
+                    attn_mask, (0, len(extra)), value=False if attn_mask.dtype == torch.bool else 0.0
+                )
+        allowed = _mask(b, h, lq, lk, attn_mask, kpm, weights.device)
+        cross = None if query is key else True
+        if query is key and path not in self.fixed:
+            cross = False
+        elif query is not key and query.dim() == 3 and key.dim() == 3:  # lineage: where they came from
+            qc, kc = self.code_of(query), self.code_of(key)  # (L, B, E), sequence-first
+            if qc is not None and kc is not None and qc.shape == query.shape and kc.shape == key.shape:
+                seen = lineage.describe(qc.transpose(0, 1), kc.transpose(0, 1), self.sources)
+                if seen is not None and seen.cross is not None:
+                    cross = seen.cross  # a mean token among the keys (CLIP's attention pool): self
+        hv = _mha_values(p, h, (b, h, lk))
+        rec = self._record(path, weights, scores, allowed, "nn.MultiheadAttention",
+                           "arguments" if allowed is not None else None, cross, key_labels=labels,
+                           values=hv, flag=dropped)  # fmt: skip
+        if dropped is not None:
+            self.warn(path, tuple(weights.shape), f"could not verify: {dropped}")
+        if rec is not None and hv is not None and hv.w_o is not None and out is not None:
+            self._follow_mha_out(query, out, rec, unbatched)
+        return rec
+
+    # -- torch.nn encoder layers, run as torch runs them ----------------------------------------------
+    def before_layer(self, module: nn.Module, args: tuple) -> None:
+        """A global forward pre-hook: a torch.nn encoder layer of the model (as torch ships it, with no
+        hook of its own and no attention dropout drawn) runs without the mode, so torch takes its fused
+        fast path where it would without capture, and its output is the one it computes uncaptured."""
+        if (
+            id(module) not in self.native
+            or threading.get_ident() != self.thread
+            or getattr(_LOCAL, "busy", 0) > 0
+        ):
+            return
+        sa = (
+            module
+            if isinstance(module, nn.MultiheadAttention)
+            else cast(nn.MultiheadAttention, module.self_attn)
+        )
+        if (
+            not args
+            or not isinstance(args[0], torch.Tensor)
+            or args[0].is_nested
+            or _FUNCTORCH_WRAPPED(args[0])
+            or (sa.training and sa.dropout > 0)  # weights drawn at random: the mode follows the call's RNG
+            # hooks of the layer's own modules: they may change what its attention gets (the mode sees it)
+            or (sa is not module and any(m._forward_hooks or m._forward_pre_hooks for m in module.modules()))
+        ):
+            return
+        n = torch._C._len_torch_function_stack()
+        if n == 0 or torch._C._get_function_stack_at(n - 1) is not self.mode:  # another mode above ours
+            return
+        torch._C._pop_torch_function_stack()
+        self._set_aside.append(module)
+
+    def after_layer(self, module: nn.Module, args: tuple, *rest: Any) -> None:
+        """A global forward hook (always called): the mode back, and the layer's attention recorded from
+        its arguments (``rest``: kwargs and output; the output alone, None, where the forward raised)."""
+        if not self._set_aside or self._set_aside[-1] is not module or threading.get_ident() != self.thread:
+            return
+        self._set_aside.pop()
+        try:
+            if len(rest) == 2 and rest[1] is not None:
+                _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
+                try:
+                    if isinstance(module, nn.MultiheadAttention):
+                        self._native_mha(module, args, rest[0], rest[1])
+                    elif isinstance(rest[1], torch.Tensor):
+                        self._native_record(module, args, rest[0], rest[1])
+                except Exception as exc:  # bookkeeping must never break the user's forward pass
+                    self.cap.notes.append(f"{type(module).__name__}: {type(exc).__name__}: {exc}")
+                finally:
+                    _LOCAL.busy -= 1
+        finally:
+            torch._C._push_on_torch_function_stack(self.mode)
+
+    def _native_record(self, module: nn.Module, args: tuple, kwargs: dict, out: torch.Tensor) -> None:
+        """The record nn.MultiheadAttention's call inside ``module`` makes under the mode, made from the
+        layer's arguments as the layer and MultiheadAttention hand them on (the same masks, the same
+        sequence-first query), by the same code; the output is tagged as a projection of the input's
+        positions, and the record's residual stream is the layer's input."""
+        names = ("src", "src_mask", "src_key_padding_mask", "is_causal")
+        a = dict(zip(names, args, strict=False)) | kwargs
+        src, src_mask, pad, is_causal = (
+            a["src"],
+            a.get("src_mask"),
+            a.get("src_key_padding_mask"),
+            a.get("is_causal", False),
+        )
+        sa = cast(nn.MultiheadAttention, module.self_attn)
+        norm1 = cast(nn.LayerNorm, module.norm1)
+        path = self.names.get(id(sa), "")
+        self.n_ops += 1
+        self.n_attention += 1
+        if src.numel() == 0:
+            self.skip(path, tuple(src.shape), "an attention call over an empty batch or sequence: it has no "
+                      "weights to record")  # fmt: skip
+            return
+        if self.tag(src) is None and src.is_floating_point() and src.dim() >= 2:
+            self._external(src)  # hidden states handed in: positions of their own, as a projection finds them
+        with _no_grad():
+            x = norm1(src) if module.norm_first else src
+            pad = F._canonical_mask(mask=pad, mask_name="src_key_padding_mask", other_type=F._none_or_dtype(src_mask),
+                                    other_name="src_mask", target_type=src.dtype)  # fmt: skip
+            src_mask = F._canonical_mask(mask=src_mask, mask_name="src_mask", other_type=None, other_name="",
+                                         target_type=src.dtype, check_other=False)  # fmt: skip
+        query = x.transpose(1, 0) if sa.batch_first and x.dim() == 3 else x
+        p = _mha_arguments(
+            (query, query, query, sa.embed_dim, sa.num_heads, sa.in_proj_weight, sa.in_proj_bias, sa.bias_k, sa.bias_v,
+             sa.add_zero_attn, sa.dropout, sa.out_proj.weight, sa.out_proj.bias),
+            # need_weights=False, as the layer asks (a row with every key masked is 0, as its Python path
+            # weighs it; NaN below where the output is: the fast path's)
+            {"training": sa.training, "key_padding_mask": pad, "need_weights": False,
+             "attn_mask": src_mask, "average_attn_weights": True, "is_causal": is_causal},
+        )  # fmt: skip
+        rec = self._dead_rows_as_out(
+            self._mha_record(F.multi_head_attention_forward, p, None, None, None, path), out, sa.batch_first
+        )
+        code = self.code_of(src)
+        if code is not None and tuple(code.shape) == tuple(out.shape) == tuple(src.shape):
+            g = self.tag(src)
+            self.set(out, _Tag("linear", g.origin if g is not None else frozenset(),
+                               code=lineage.projected(code, int(out.shape[-1]))[0]))  # fmt: skip
+        if rec is not None and self.cap.records and self.cap.records[-1] is rec and src.dim() == 3:
+            b, lq = int(rec.probs.shape[0]), int(rec.probs.shape[2])
+            rows = torch.arange(b * lq, device=src.device)  # src's rows in the record's (batch, query) order
+            index = rows if sa.batch_first else rows.view(lq, b).t().reshape(-1)
+            self.cap.records[-1] = replace(rec, residual_of=_Residual(src.detach(), index, (b, lq)))
+
+    def _native_mha(self, module: nn.MultiheadAttention, args: tuple, kwargs: dict, out: Any) -> None:
+        """The record of an nn.MultiheadAttention call that ran without the mode, made from its arguments
+        as MultiheadAttention.forward hands them to F.multi_head_attention_forward (the same masks, the
+        same sequence-first query, key and value, tagged as the mode tags their transposes), by the code
+        that records the call under the mode; its output is followed to the residual stream as there."""
+        names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
+                 "is_causal")  # fmt: skip
+        a = dict(zip(names, args, strict=False)) | kwargs
+        query, key, value = a["query"], a["key"], a["value"]
+        path = self.names.get(id(module), "")
+        self.n_ops += 1
+        self.n_attention += 1
+        if query.numel() == 0 or key.numel() == 0:
+            self.skip(path, tuple(query.shape), "an attention call over an empty batch or sequence: it has no "
+                      "weights to record")  # fmt: skip
+            return
+        attn_mask = a.get("attn_mask")
+        with _no_grad():
+            pad = F._canonical_mask(mask=a.get("key_padding_mask"), mask_name="key_padding_mask",
+                                    other_type=F._none_or_dtype(attn_mask), other_name="attn_mask",
+                                    target_type=query.dtype)  # fmt: skip
+            attn_mask = F._canonical_mask(mask=attn_mask, mask_name="attn_mask", other_type=None, other_name="",
+                                          target_type=query.dtype, check_other=False)  # fmt: skip
+        batched = query.dim() == 3
+        q, k, v = query, key, value
+        if module.batch_first and batched:  # as MultiheadAttention.forward transposes them (one tensor
+            q = query.transpose(1, 0)  # where they are one)
+            k = q if key is query else key.transpose(1, 0)
+            v = k if value is key else (q if value is query else value.transpose(1, 0))
+            for t, made in ((query, q), (key, k), (value, v)):
+                if self.tag(made) is None:
+                    self.propagate("transpose", torch.transpose, (t, 1, 0), {}, made, None)
+        got = out[0] if isinstance(out, (tuple, list)) and out else out
+        p = _mha_arguments(
+            (q, k, v, module.embed_dim, module.num_heads, module.in_proj_weight, module.in_proj_bias, module.bias_k,
+             module.bias_v, module.add_zero_attn, module.dropout, module.out_proj.weight, module.out_proj.bias),
+            {"training": module.training, "key_padding_mask": pad, "need_weights": a.get("need_weights", True),
+             "attn_mask": attn_mask, "average_attn_weights": a.get("average_attn_weights", True),
+             "is_causal": a.get("is_causal", False)},
+        )  # fmt: skip
+        rec = self._mha_record(F.multi_head_attention_forward, p, None, None, None, path)
+        if isinstance(got, torch.Tensor) and batched:
+            rec = self._dead_rows_as_out(rec, got, module.batch_first)
+        hv = rec.values if rec is not None else None
+        if isinstance(got, torch.Tensor) and rec is not None and hv is not None and hv.w_o is not None:
+            seq_first = got.transpose(1, 0) if module.batch_first and batched else got
+            self._follow_mha_out(q, (seq_first,), rec, not batched)
+            if seq_first is not got:
+                self.propagate("transpose", torch.transpose, (seq_first, 1, 0), {}, got, None)
+
+    def _dead_rows_as_out(self, rec: Record | None, out: torch.Tensor, batch_first: bool) -> Record | None:
+        """Rows with every key masked are NaN in the record where they are NaN in the call's output: torch's
+        fused fast path weighs them so (its softmax over no key), where its Python path inside SDPA gives 0.
+        ``out``: (B, L, E) where ``batch_first``, else (L, B, E)."""
+        if (
+            rec is None
+            or rec.mask is None
+            or out.dim() != 3
+            or not self.cap.records
+            or self.cap.records[-1] is not rec
+        ):
+            return rec
+        dead = ~rec.mask.any(-1)  # (B, q): no key allowed
+        if not bool(dead.any()):
+            return rec
+        rows = torch.isnan(out if batch_first else out.transpose(0, 1)).all(-1)  # (B, q)
+        if tuple(rows.shape) != tuple(dead.shape) or not bool((dead & rows).any()):
+            return rec
+        probs = rec.probs.masked_fill((dead & rows)[:, None, :, None], float("nan"))
+        self.cap.records[-1] = replace(rec, probs=probs)
+        return self.cap.records[-1]
 
     def _follow_mha_out(self, query: torch.Tensor, out: Any, rec: Record, unbatched: bool) -> None:
         """MultiheadAttention's output went through its own output projection: tagged as a projection
@@ -4279,10 +4482,10 @@ def _unguarded(func, args, kwargs) -> tuple[Callable[..., Any], threading.local 
     if torch.overrides.has_torch_function(tensors):
         return None
     g = func.__globals__
-    now = tuple(g.get(n) for n in code.co_names)
+    now = tuple(map(g.get, code.co_names))
     key = (func, code)
     hit = _OWN.get(key)
-    if hit is not None and len(hit[0]) == len(now) and all(a is b for a, b in zip(hit[0], now, strict=True)):
+    if hit is not None and len(hit[0]) == len(now) and all(map(operator.is_, hit[0], now)):
         return hit[1], hit[2]
     scope = dict(g)
     scope["has_torch_function"] = _no_torch_function
@@ -4470,7 +4673,8 @@ def _mha_weights(
         for m in masks:
             logits = logits.masked_fill(m, float("-inf")) if m.dtype == torch.bool else logits + m
         weights = torch.softmax(logits, dim=-1)
-        if by_sdpa and masks:
+        # a row with every key masked is NaN throughout (its first weight too): looked for only there
+        if by_sdpa and masks and bool(torch.isnan(weights[..., :1]).any()):
             dead = torch.isneginf(logits).all(-1, keepdim=True)
             if bool(dead.any()):
                 weights = weights.masked_fill(dead, 0.0)
@@ -4500,6 +4704,10 @@ def _mha_scores(p: dict[str, Any], h: int, qk=None) -> torch.Tensor | None:
             b_q, b_k = bias[:e], bias[e : 2 * e]
         q = F.linear(query, p["q_proj_weight"], b_q)
         k = F.linear(key, p["k_proj_weight"], b_k)
+    elif query is key:  # self-attention: the first two thirds of MHA's packed projection (the values are
+        w = p["in_proj_weight"]  # made only when asked for); each output feature is its own row's product
+        qk = F.linear(query, w[: 2 * e], None if bias is None else bias[: 2 * e])
+        q, k = qk[..., :e], qk[..., e:]
     else:
         packed = getattr(F, "_in_projection_packed", None)  # private: the projection MHA itself runs
         if packed is not None:
@@ -4819,6 +5027,39 @@ def _layer_kinds(model: nn.Module, modules=None) -> dict[str, str]:
     return kinds
 
 
+def _native_layer(m: nn.Module) -> bool:
+    """nn.TransformerEncoderLayer as torch ships it: its own forward and self-attention block, a plain
+    MultiheadAttention (one packed projection, no learned keys) and LayerNorms (its fast path reads
+    their weights)."""
+    if type(m) is not nn.TransformerEncoderLayer or "forward" in vars(m) or "_sa_block" in vars(m):
+        return False
+    sa = m.self_attn
+    return (
+        type(sa) is nn.MultiheadAttention
+        and "forward" not in vars(sa)
+        and sa._qkv_same_embed_dim
+        and sa.in_proj_weight is not None
+        and sa.bias_k is None
+        and sa.bias_v is None
+        and not sa.add_zero_attn
+        and type(m.norm1) is nn.LayerNorm
+        and type(m.norm2) is nn.LayerNorm
+    )
+
+
+def _native_mha(m: nn.Module) -> bool:
+    """nn.MultiheadAttention as torch ships it, with one packed projection and no learned keys."""
+    return (
+        type(m) is nn.MultiheadAttention
+        and "forward" not in vars(m)
+        and m._qkv_same_embed_dim
+        and m.in_proj_weight is not None
+        and m.bias_k is None
+        and m.bias_v is None
+        and not m.add_zero_attn
+    )
+
+
 # -- public API --------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def capture_attention(
@@ -4851,8 +5092,25 @@ def capture_attention(
         cap.skipped.append(Note("info", compiled[0] or "(model)", (), _COMPILED))
     session = _Session(cap, model, kinds, include, exclude, lengths, modules, scores)
     eager = torch.compiler.set_stance("force_eager") if compiled else contextlib.nullcontext()
-    with eager, _Mode(session):
-        yield cap
+    hooks = []
+    if session.native:  # torch.nn encoder layers run as torch runs them: hooks around every module call
+        hooks = [
+            torch.nn.modules.module.register_module_forward_pre_hook(session.before_layer),
+            torch.nn.modules.module.register_module_forward_hook(session.after_layer, with_kwargs=True,
+                                                                 always_call=True),
+        ]  # fmt: skip
+    try:
+        with eager, _Mode(session) as mode:
+            session.mode = mode
+            try:
+                yield cap
+            finally:  # an interrupt inside a layer running without the mode (no hook ran after it): back
+                while session._set_aside:
+                    session._set_aside.pop()
+                    torch._C._push_on_torch_function_stack(mode)
+    finally:
+        for hook in hooks:
+            hook.remove()
     session.finish()
     if session.n_ops and not session.n_attention and not blind:
         cap.notes.append(

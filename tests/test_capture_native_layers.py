@@ -1,0 +1,316 @@
+"""torch.nn's own attention layers run under capture as torch runs them without it.
+
+A TorchFunctionMode on the stack turns torch's fused fast paths off (``nn.TransformerEncoderLayer``'s
+``_transformer_encoder_layer_fwd``, ``nn.MultiheadAttention``'s ``_native_multi_head_attention``): the
+model would compute something other than what it computes uncaptured. An ``nn.TransformerEncoderLayer``
+or ``nn.MultiheadAttention`` as torch ships them run without the mode, and their record is made from the
+arguments they got, by the code that records them under the mode. What the mode must still follow
+(hooks on a layer's modules, attention dropout, subclasses, another mode above capture's) it follows.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from attnscope.core.families import capture as capture_mod
+from attnscope.core.families.capture import capture_attention
+
+D, H, VOCAB = 32, 4, 50
+
+
+class Encoder(nn.Module):
+    def __init__(self, batch_first: bool, norm_first: bool, layers: int = 2):
+        super().__init__()
+        self.batch_first = batch_first
+        self.emb = nn.Embedding(VOCAB, D)
+        layer = nn.TransformerEncoderLayer(
+            D, H, 64, dropout=0.1, batch_first=batch_first, norm_first=norm_first
+        )
+        self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.out = nn.Linear(D, VOCAB)
+
+    def forward(self, ids, pad=None, causal=False):
+        x = self.emb(ids)
+        x = x if self.batch_first else x.transpose(0, 1)
+        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1]) if causal else None
+        x = self.enc(x, mask=mask, src_key_padding_mask=pad, is_causal=True if causal else None)
+        return self.out(x)
+
+
+class TwoAttentions(nn.Module):
+    """A self-attention, then a second one over the same tokens or over projected features."""
+
+    def __init__(self, batch_first: bool, cross: bool):
+        super().__init__()
+        self.batch_first, self.cross = batch_first, cross
+        self.emb, self.feat = nn.Embedding(VOCAB, D), nn.Linear(16, D)
+        self.a1 = nn.MultiheadAttention(D, H, batch_first=batch_first)
+        self.a2 = nn.MultiheadAttention(D, H, batch_first=batch_first)
+
+    def forward(self, ids, feats, pad=None, need_weights=False):
+        x, y = self.emb(ids), self.feat(feats)
+        if not self.batch_first:
+            x, y = x.transpose(0, 1), y.transpose(0, 1)
+        x = x + self.a1(x, x, x, key_padding_mask=pad, need_weights=need_weights)[0]
+        kv = y if self.cross else x
+        h, _ = self.a2(x, kv, kv, key_padding_mask=None if self.cross else pad, need_weights=need_weights,
+                       average_attn_weights=False)  # fmt: skip
+        return x + h
+
+
+def _pad(batch: int, n: int) -> torch.Tensor:
+    pad = torch.zeros(batch, n, dtype=torch.bool)
+    pad[-1, n // 2 :] = True
+    return pad
+
+
+def _captured(model, args, through_mode: bool):
+    """The capture, and the output; ``through_mode``: every layer followed by the mode (as subclasses are)."""
+    native = (capture_mod._native_layer, capture_mod._native_mha)
+    if through_mode:
+        capture_mod._native_layer = capture_mod._native_mha = lambda m: False
+    try:
+        with torch.no_grad(), capture_attention(model) as cap:
+            out = model(*args)
+    finally:
+        capture_mod._native_layer, capture_mod._native_mha = native
+    return cap, out
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def _assert_same_records(got, want):
+    assert len(got.records) == len(want.records) > 0
+    for r, w in zip(got.records, want.records, strict=True):
+        for field in ("name", "kind", "source", "mask_source", "check", "head_masks_differ", "exact", "flag",
+                      "key_labels", "query_labels"):  # fmt: skip
+            assert getattr(r, field) == getattr(w, field), (r.name, field)
+        for field in ("probs", "scores", "mask"):
+            assert _same(getattr(r, field), getattr(w, field)), (r.name, field)
+        assert _same(r.values.vectors(), w.values.vectors()), r.name
+        assert _same(r.residual, w.residual), r.name
+    assert got.notes == want.notes
+    assert [str(n) for n in got.skipped] == [str(n) for n in want.skipped]
+
+
+def _layer_inputs(model) -> list[tuple[nn.Module, tuple, dict]]:
+    """Every encoder layer's arguments in the uncaptured forward (a global hook, which leaves torch's fast
+    path on: a hook of the layer's own would turn it off)."""
+    seen: list[tuple[nn.Module, tuple, dict]] = []
+    layers = {id(m) for m in model.modules() if isinstance(m, nn.TransformerEncoderLayer)}
+
+    def hook(mod, args, kwargs, _out):
+        if id(mod) in layers:
+            seen.append((mod, args, kwargs))
+
+    return seen, torch.nn.modules.module.register_module_forward_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_an_encoder_runs_its_fast_path_and_records_what_each_layer_got(norm_first, causal):
+    """Batch first, in eval without gradients: torch's fused layer runs, as uncaptured (the output is the
+    same to the bit; the mode alone would have run the Python path, whose rounding differs), and every
+    layer's record is its own MultiheadAttention's weights on the input that layer got."""
+    torch.manual_seed(0)
+    model = Encoder(batch_first=True, norm_first=norm_first).eval()
+    ids, pad = torch.randint(1, VOCAB, (3, 9)), _pad(3, 9)
+    seen, hook = _layer_inputs(model)
+    try:
+        with torch.no_grad():
+            want_out = model(ids, pad, causal)
+    finally:
+        hook.remove()
+    cap, out = _captured(model, (ids, pad, causal), through_mode=False)
+    assert torch.equal(out, want_out)
+    _, slow = _captured(model, (ids, pad, causal), through_mode=True)
+    assert not torch.equal(slow, want_out)  # what the mode alone makes the model compute
+    assert len(cap.records) == len(seen) == 2 and not cap.notes
+    for rec, (layer, args, kwargs) in zip(cap.records, seen, strict=True):
+        x = layer.norm1(args[0]) if norm_first else args[0]
+        with torch.no_grad():
+            _, want = layer.self_attn(x, x, x, key_padding_mask=kwargs["src_key_padding_mask"],
+                                      attn_mask=kwargs["src_mask"], average_attn_weights=False)  # fmt: skip
+        torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)
+        assert rec.exact and rec.kind == ("dec_self" if causal else "enc_self")
+        assert torch.equal(rec.mask[-1, -1], ~pad[-1])
+        torch.testing.assert_close(rec.residual, args[0].norm(dim=-1))  # the stream the layer adds to
+
+
+def test_an_encoder_layer_recorded_from_its_arguments_equals_the_modes_record():
+    """Sequence first (torch's Python path, with the mode or without): the record made from the layer's
+    arguments is the mode's record to the bit, field by field: weights, scores, mask, kind, the values and
+    residual norms of what attention moves, and the notes."""
+    for norm_first, batch, causal, padded in itertools.product(
+        [False, True], [1, 3], [False, True], [False, True]
+    ):
+        torch.manual_seed(batch)
+        model = Encoder(batch_first=False, norm_first=norm_first).eval()
+        args = (torch.randint(1, VOCAB, (batch, 7)), _pad(batch, 7) if padded else None, causal)
+        got, out = _captured(model, args, through_mode=False)
+        want, want_out = _captured(model, args, through_mode=True)
+        assert torch.equal(out, want_out)
+        _assert_same_records(got, want)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("cross", [False, True])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_multihead_attention_recorded_from_its_arguments_equals_the_modes_record(
+    batch_first, cross, need_weights
+):
+    """nn.MultiheadAttention as torch ships it runs without the mode (its fused path where torch takes it:
+    batch-first self-attention in eval without gradients): its output is the uncaptured one, and its record, made from its
+    arguments (the transposes of a batch-first call, its masks, self or cross by lineage), is the mode's
+    record to the bit where both run the same path; after a fused one, the next call's input differs from
+    the Python path's in its last bits, and so do its weights."""
+    torch.manual_seed(1)
+    model = TwoAttentions(batch_first, cross).eval()
+    for batch, padded in itertools.product([1, 3], [False, True]):
+        args = (torch.randint(1, VOCAB, (batch, 6)), torch.randn(batch, 8 if cross else 6, 16),
+                _pad(batch, 6) if padded else None, need_weights)  # fmt: skip
+        with torch.no_grad():
+            want_out = model(*args)
+        got, out = _captured(model, args, through_mode=False)
+        want, _ = _captured(model, args, through_mode=True)
+        assert torch.equal(out, want_out)
+        if batch_first:
+            assert [r.name for r in got.records] == [r.name for r in want.records]
+            for r, w in zip(got.records, want.records, strict=True):
+                torch.testing.assert_close(r.probs, w.probs, atol=1e-6, rtol=0)
+                assert (r.kind, r.exact, r.flag) == (w.kind, w.exact, w.flag) and _same(r.mask, w.mask)
+        else:
+            _assert_same_records(got, want)
+        assert [r.kind for r in got.records] == ["enc_self", "cross" if cross else "enc_self"]
+
+
+def test_what_the_mode_must_follow_it_follows():
+    """A hook on a layer's attention that changes what it gets, and a layer whose attention block is
+    overridden, are followed op by op: their records are the weights of what the attention got."""
+    torch.manual_seed(2)
+    layer = nn.TransformerEncoderLayer(D, H, 64, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 5, D)
+    hook = layer.self_attn.register_forward_pre_hook(lambda mod, args: (args[0] * 3, args[1] * 3, args[2]))
+    try:
+        with torch.no_grad(), capture_attention(layer) as cap:
+            layer(x)
+        with torch.no_grad():
+            _, want = layer.self_attn(x, x, x, average_attn_weights=False)  # the hook scales q and k
+    finally:
+        hook.remove()
+    (rec,) = cap.records
+    torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)
+    with torch.no_grad():
+        _, plain = layer.self_attn(x, x, x, average_attn_weights=False)
+    assert not torch.allclose(rec.probs, plain, atol=1e-3)
+
+    class Sharper(nn.TransformerEncoderLayer):
+        def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
+            return super()._sa_block(x * 2, attn_mask, key_padding_mask, is_causal)
+
+    sharper = Sharper(D, H, 64, dropout=0.0, batch_first=True).eval()
+    sharper.load_state_dict(layer.state_dict())
+    with torch.no_grad(), capture_attention(sharper) as cap:
+        sharper(x)
+    with torch.no_grad():
+        _, want = layer.self_attn(2 * x, 2 * x, 2 * x, average_attn_weights=False)
+    torch.testing.assert_close(cap.records[0].probs, want, atol=1e-6, rtol=0)
+
+
+def test_attention_dropout_while_training_is_followed_by_the_mode():
+    """Weights dropped at random: the layer runs under the mode, which repeats the call's draws."""
+    torch.manual_seed(3)
+    layer = nn.TransformerEncoderLayer(D, H, 64, dropout=0.5, batch_first=True).train()
+    x = torch.randn(2, 5, D)
+    with capture_attention(layer) as cap:
+        layer(x)
+    (rec,) = cap.records
+    assert rec.exact
+    assert bool((rec.probs == 0).any())  # the dropped weights, not the softmax's
+
+
+def test_another_mode_above_capture_keeps_seeing_the_layer():
+    """A mode the user entered inside the capture block is above capture's: the layer runs under both
+    (nothing is set aside), the user's mode sees its ops, and the record is made."""
+    torch.manual_seed(4)
+    layer = nn.TransformerEncoderLayer(D, H, 64, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 5, D)
+    names: list[str] = []
+
+    class Counting(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            names.append(getattr(func, "__name__", ""))
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), capture_attention(layer) as cap:
+        with Counting():
+            layer(x)
+    assert "multi_head_attention_forward" in names and len(cap.records) == 1
+    with torch.no_grad():
+        _, want = layer.self_attn(x, x, x, average_attn_weights=False)
+    torch.testing.assert_close(cap.records[0].probs, want, atol=1e-6, rtol=0)
+
+
+def test_an_error_inside_a_layer_gives_the_mode_back():
+    """A layer that raises (a mask of the wrong shape) leaves capture's mode where it was: the block goes on
+    recording, and after it no mode and no hook is left behind."""
+    torch.manual_seed(5)
+    layer = nn.TransformerEncoderLayer(D, H, 64, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 5, D)
+    with torch.no_grad(), capture_attention(layer) as cap:
+        with pytest.raises(Exception):  # noqa: B017 (torch says it in its own words)
+            layer(x, src_key_padding_mask=torch.zeros(2, 3, dtype=torch.bool))
+        layer(x)
+        layer(x[:1])
+    assert [tuple(r.probs.shape) for r in cap.records] == [(2, H, 5, 5), (1, H, 5, 5)]
+    assert torch._C._len_torch_function_stack() == 0
+    assert not torch.nn.modules.module._global_forward_hooks
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+
+
+def test_an_empty_batch_through_an_encoder_layer():
+    """Batch size 0 or length 0: the layer runs as uncaptured (under the mode alone torch's Python path
+    raises at batch 0), and capture says in one sentence that there was nothing to record."""
+    layer = nn.TransformerEncoderLayer(D, H, 64, dropout=0.0, batch_first=True).eval()
+    for shape in ((0, 5, D), (2, 0, D)):
+        x = torch.randn(*shape)
+        with torch.no_grad(), capture_attention(layer) as cap:
+            out = layer(x)
+        assert out.shape == x.shape and not cap.records and not cap.notes
+        assert [n.reason for n in cap.skipped] == [
+            "an attention call over an empty batch or sequence: it has no weights to record"
+        ]
+
+
+def test_an_interrupt_inside_a_layer_gives_the_mode_back():
+    """An exception torch's module call does not catch (KeyboardInterrupt) runs no hook after the layer:
+    the block gives the mode back as it ends, and a later capture records as before."""
+
+    class Interrupted(nn.Linear):
+        def forward(self, x):
+            raise KeyboardInterrupt
+
+    torch.manual_seed(6)
+    layer = nn.TransformerEncoderLayer(D, H, 64, dropout=0.0, batch_first=True).train()  # its Python path
+    x = torch.randn(2, 5, D)
+    real = layer.linear1
+    layer.linear1 = Interrupted(D, 64)
+    with pytest.raises(KeyboardInterrupt), capture_attention(layer):
+        layer(x)
+    assert torch._C._len_torch_function_stack() == 0
+    assert not torch.nn.modules.module._global_forward_hooks
+    layer.linear1 = real
+    with capture_attention(layer) as cap:
+        layer(x)
+    with torch.no_grad():
+        _, want = layer.self_attn(x, x, x, average_attn_weights=False)
+    torch.testing.assert_close(cap.records[0].probs, want, atol=1e-6, rtol=0)
