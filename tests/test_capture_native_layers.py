@@ -314,3 +314,27 @@ def test_an_interrupt_inside_a_layer_gives_the_mode_back():
     with torch.no_grad():
         _, want = layer.self_attn(x, x, x, average_attn_weights=False)
     torch.testing.assert_close(cap.records[0].probs, want, atol=1e-6, rtol=0)
+
+
+def test_a_call_hidden_from_modes_stays_hidden():
+    """A call the model makes with torch functions disabled (a reference computed beside the real one) is
+    not seen by capture's mode, and so not recorded by its hooks either: one record, the real call's."""
+    torch.manual_seed(7)
+    mha = nn.MultiheadAttention(D, H, batch_first=True).eval()
+    layer = nn.TransformerEncoderLayer(D, H, 64, dropout=0.0, batch_first=True).eval()
+
+    class WithReference(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha, self.layer = mha, layer
+
+        def forward(self, x):
+            with torch._C.DisableTorchFunction():
+                self.mha(x, x, x, average_attn_weights=False)  # a reference, hidden
+                self.layer(x)
+            return self.layer(self.mha(x, x, x, need_weights=False)[0])
+
+    x, model = torch.randn(2, 5, D), WithReference()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(x)
+    assert [r.name for r in cap.records] == ["mha", "layer.self_attn"]

@@ -87,6 +87,7 @@ import re
 import sys
 import threading
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -4268,6 +4269,7 @@ class _Session:
             id(module) not in self.native
             or threading.get_ident() != self.thread
             or getattr(_LOCAL, "busy", 0) > 0
+            or not torch._C._is_torch_function_mode_enabled()  # hidden from modes (DisableTorchFunction)
         ):
             return
         sa = (
@@ -4336,7 +4338,8 @@ class _Session:
             return
         if self.tag(src) is None and src.is_floating_point() and src.dim() >= 2:
             self._external(src)  # hidden states handed in: positions of their own, as a projection finds them
-        with _no_grad():
+        with _no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's own warnings, which the layer's call gave already
             x = norm1(src) if module.norm_first else src
             pad = F._canonical_mask(mask=pad, mask_name="src_key_padding_mask", other_type=F._none_or_dtype(src_mask),
                                     other_name="src_mask", target_type=src.dtype)  # fmt: skip
@@ -4382,7 +4385,8 @@ class _Session:
                       "weights to record")  # fmt: skip
             return
         attn_mask = a.get("attn_mask")
-        with _no_grad():
+        with _no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's own warnings, which the call gave already
             pad = F._canonical_mask(mask=a.get("key_padding_mask"), mask_name="key_padding_mask",
                                     other_type=F._none_or_dtype(attn_mask), other_name="attn_mask",
                                     target_type=query.dtype)  # fmt: skip
