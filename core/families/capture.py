@@ -87,7 +87,6 @@ import re
 import sys
 import threading
 import types
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -4338,11 +4337,10 @@ class _Session:
             return
         if self.tag(src) is None and src.is_floating_point() and src.dim() >= 2:
             self._external(src)  # hidden states handed in: positions of their own, as a projection finds them
-        with _no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's own warnings, which the layer's call gave already
+        with _no_grad():  # (check_other=False: torch's warning about the masks' types, given by the call)
             x = norm1(src) if module.norm_first else src
             pad = F._canonical_mask(mask=pad, mask_name="src_key_padding_mask", other_type=F._none_or_dtype(src_mask),
-                                    other_name="src_mask", target_type=src.dtype)  # fmt: skip
+                                    other_name="src_mask", target_type=src.dtype, check_other=False)  # fmt: skip
             src_mask = F._canonical_mask(mask=src_mask, mask_name="src_mask", other_type=None, other_name="",
                                          target_type=src.dtype, check_other=False)  # fmt: skip
         query = x.transpose(1, 0) if sa.batch_first and x.dim() == 3 else x
@@ -4385,11 +4383,10 @@ class _Session:
                       "weights to record")  # fmt: skip
             return
         attn_mask = a.get("attn_mask")
-        with _no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's own warnings, which the call gave already
+        with _no_grad():  # (check_other=False: torch's warning about the masks' types, given by the call)
             pad = F._canonical_mask(mask=a.get("key_padding_mask"), mask_name="key_padding_mask",
                                     other_type=F._none_or_dtype(attn_mask), other_name="attn_mask",
-                                    target_type=query.dtype)  # fmt: skip
+                                    target_type=query.dtype, check_other=False)  # fmt: skip
             attn_mask = F._canonical_mask(mask=attn_mask, mask_name="attn_mask", other_type=None, other_name="",
                                           target_type=query.dtype, check_other=False)  # fmt: skip
         batched = query.dim() == 3
