@@ -7,13 +7,15 @@ scores (the Annotated Transformer's way), F.scaled_dot_product_attention with is
 and nn.TransformerEncoder. The modes alternate so all see the same machine load; the script prints
 the median of each and their ratios. The capture runs the model's own forward once: what it adds is the
 TorchFunctionMode's per-op bookkeeping (lineage codes included) plus, for SDPA and MultiheadAttention,
-recomputing the weights. Where the model never writes its maps (SDPA's fused kernel, the encoder's
+recomputing the weights; torch.nn's own encoder layers and MultiheadAttention run with the mode set aside
+(their fused fast path where torch takes it, as uncaptured) and their weights are computed from their
+arguments. Where the model never writes its maps (SDPA's fused kernel, the encoder's
 fast path), computing them is the floor: ``eager ms`` is the same model with an eager attention that
 writes them (softmax over q @ k.T with the same masks), and ``vs eager`` the capture's ratio to it.
 ``floor ms`` is the forward that writes its maps (the eager one for SDPA and the encoder) run under a
 TorchFunctionMode that does nothing but call each op: what any capture that sees every op costs before
 it does any bookkeeping (under a mode, ``nn.TransformerEncoder`` leaves its fused fast path for its
-Python one). ``vs floor`` is the capture's ratio to it: the bookkeeping's own share. ``least ms`` is
+Python one; capture sets its own mode aside there). ``vs floor`` is the capture's ratio to it: the bookkeeping's own share. ``least ms`` is
 the model's own forward under a mode that calls each op and, where the model never writes its weights
 (SDPA, MultiheadAttention), computes them once more, as any capture of such a call must; ``least x`` is
 its ratio to ``eager ms`` (to ``plain ms`` for the style that writes its maps): the ratio no capture
