@@ -52,24 +52,19 @@ def _reference_maps(model, src, tgt) -> dict[str, list[torch.Tensor]]:
 
     def seen(mod, a, k, _out):
         if isinstance(mod, nn.TransformerEncoderLayer) and id(mod) in names:
-            x = mod.norm1(a[0]) if mod.norm_first else a[0]
+            src = a[0].to_padded_tensor(0.0) if a[0].is_nested else a[0]  # (one sequence, no padding)
+            x = mod.norm1(src) if mod.norm_first else src
             masks = {"attn_mask": k.get("src_mask"), "key_padding_mask": k.get("src_key_padding_mask")}
             calls.append((names[id(mod)] + ".self_attn", (x, x, x), masks))
         elif isinstance(mod, nn.MultiheadAttention) and id(mod) in names and id(mod) not in in_layer:
             calls.append((names[id(mod)], a, k))
 
-    # under capture an encoder's layers run dense: a mode turns nn.TransformerEncoder's nested tensors off
-    dense = [(m, m.use_nested_tensor) for m in model.modules() if isinstance(m, nn.TransformerEncoder)]
     hook = torch.nn.modules.module.register_module_forward_hook(seen, with_kwargs=True)
     try:
-        for m, _ in dense:
-            m.use_nested_tensor = False
         with torch.no_grad():
             model(src, tgt)
     finally:
         hook.remove()
-        for m, was in dense:
-            m.use_nested_tensor = was
     out: dict[str, list[torch.Tensor]] = {"enc_self": [], "dec_self": [], "cross": []}
     for name, a, k in calls:
         mod = model.get_submodule(name)

@@ -338,3 +338,36 @@ def test_a_call_hidden_from_modes_stays_hidden():
     with torch.no_grad(), capture_attention(model) as cap:
         model(x)
     assert [r.name for r in cap.records] == ["mha", "layer.self_attn"]
+
+
+@pytest.mark.parametrize("final_norm", [False, True])
+def test_an_encoder_over_nested_tensors_is_recorded_per_sequence(final_norm):
+    """nn.TransformerEncoder's default (batch first, eval, a padding mask, nested tensors enabled) turns a
+    padded batch into nested tensors, which torch makes only where no mode is active: it runs so under
+    capture, its output the uncaptured one to the bit (the padding's rows 0). Each layer's record holds,
+    on a sequence's real rows, the weights of that sequence alone; the padding's rows, which nothing
+    computed, are 0 and see no key."""
+    torch.manual_seed(8)
+    layer = nn.TransformerEncoderLayer(D, H, 64, dropout=0.0, batch_first=True)
+    enc = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(D) if final_norm else None).eval()
+    x = torch.randn(3, 7, D)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[1, 4:], pad[2, 2:] = True, True
+    with torch.no_grad():
+        want_out = enc(x, src_key_padding_mask=pad)
+        with capture_attention(enc) as cap:
+            out = enc(x, src_key_padding_mask=pad)
+    assert torch.equal(out, want_out) and bool((out[2, 2:] == (enc.norm.bias if final_norm else 0)).all())
+    assert len(cap.records) == 2 and not cap.notes and not cap.skipped
+    for b in range(3):
+        n = int((~pad[b]).sum())
+        h = x[b : b + 1, :n]
+        for rec, lay in zip(cap.records, enc.layers, strict=True):
+            with torch.no_grad():
+                _, want = lay.self_attn(h, h, h, average_attn_weights=False)
+                h = lay(h)
+            torch.testing.assert_close(rec.probs[b : b + 1, :, :n, :n], want, atol=1e-6, rtol=0)
+            assert bool((rec.probs[b, :, n:] == 0).all()) and bool((rec.probs[b, :, :n, n:] == 0).all())
+            assert not bool(rec.mask[b, n:].any()) and bool(rec.mask[b, :n, :n].all())
+            assert rec.kind == "enc_self" and rec.exact
+            assert bool((rec.residual[b, n:] == 0).all())  # the stream the layer read: 0 at the padding

@@ -971,8 +971,13 @@ class _Session:
         # where it takes it), the mode set aside, and their attention is recorded from their input
         self.thread = threading.get_ident()
         self.mode: TorchFunctionMode | None = None
-        self.native = {id(m): m for _, m in modules if _native_layer(m) or _native_mha(m)}
-        self._set_aside: list[nn.Module] = []  # the layers running now without the mode
+        self.native = {
+            id(m): m for _, m in modules if _native_layer(m) or _native_mha(m) or _native_encoder(m)
+        }
+        # the modules running now without the mode, and whether it was set aside for them (the layers of
+        # an encoder set aside run without it already); the input of the encoder set aside
+        self._set_aside: list[tuple[nn.Module, bool]] = []
+        self._encoder_input: torch.Tensor | None = None
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -4261,49 +4266,69 @@ class _Session:
 
     # -- torch.nn encoder layers, run as torch runs them ----------------------------------------------
     def before_layer(self, module: nn.Module, args: tuple) -> None:
-        """A global forward pre-hook: a torch.nn encoder layer of the model (as torch ships it, with no
-        hook of its own and no attention dropout drawn) runs without the mode, so torch takes its fused
-        fast path where it would without capture, and its output is the one it computes uncaptured."""
+        """A global forward pre-hook: torch.nn's own attention of the model (an encoder, an encoder layer,
+        MultiheadAttention, as torch ships them, with no hook of their own and no attention dropout drawn)
+        runs without the mode, so torch takes its fused fast paths where it would without capture, and
+        its output is the one it computes uncaptured. The layers of an encoder set aside are recorded
+        from their arguments too (nested tensors where the encoder makes them)."""
         if (
             id(module) not in self.native
             or threading.get_ident() != self.thread
             or getattr(_LOCAL, "busy", 0) > 0
-            or not torch._C._is_torch_function_mode_enabled()  # hidden from modes (DisableTorchFunction)
         ):
             return
-        sa = (
-            module
-            if isinstance(module, nn.MultiheadAttention)
-            else cast(nn.MultiheadAttention, module.self_attn)
-        )
+        if self._set_aside:  # inside a module set aside: only an encoder's own layers are recorded
+            holder = self._set_aside[-1][0]
+            if isinstance(holder, nn.TransformerEncoder) and any(m is module for m in holder.layers):
+                self._set_aside.append((module, False))
+            return
+        if not torch._C._is_torch_function_mode_enabled():  # hidden from modes (DisableTorchFunction)
+            return
+        if isinstance(module, nn.TransformerEncoder):
+            attns = [cast(nn.MultiheadAttention, layer.self_attn) for layer in module.layers]
+        else:
+            attns = [
+                module
+                if isinstance(module, nn.MultiheadAttention)
+                else cast(nn.MultiheadAttention, module.self_attn)
+            ]
         if (
             not args
             or not isinstance(args[0], torch.Tensor)
             or args[0].is_nested
             or _FUNCTORCH_WRAPPED(args[0])
-            or (sa.training and sa.dropout > 0)  # weights drawn at random: the mode follows the call's RNG
-            # hooks of the layer's own modules: they may change what its attention gets (the mode sees it)
-            or (sa is not module and any(m._forward_hooks or m._forward_pre_hooks for m in module.modules()))
-        ):
+            or any(sa.training and sa.dropout > 0 for sa in attns)  # weights drawn at random: the mode
+            # follows the call's RNG; hooks of a layer's own modules may change what its attention gets
+            or (not isinstance(module, nn.MultiheadAttention)
+                and any(m._forward_hooks or m._forward_pre_hooks for m in module.modules()))
+        ):  # fmt: skip
             return
         n = torch._C._len_torch_function_stack()
         if n == 0 or torch._C._get_function_stack_at(n - 1) is not self.mode:  # another mode above ours
             return
         torch._C._pop_torch_function_stack()
-        self._set_aside.append(module)
+        self._set_aside.append((module, True))
+        if isinstance(module, nn.TransformerEncoder):
+            self._encoder_input = args[0]
 
     def after_layer(self, module: nn.Module, args: tuple, *rest: Any) -> None:
         """A global forward hook (always called): the mode back, and the layer's attention recorded from
         its arguments (``rest``: kwargs and output; the output alone, None, where the forward raised)."""
-        if not self._set_aside or self._set_aside[-1] is not module or threading.get_ident() != self.thread:
+        if (
+            not self._set_aside
+            or self._set_aside[-1][0] is not module
+            or threading.get_ident() != self.thread
+        ):
             return
-        self._set_aside.pop()
+        _, popped = self._set_aside.pop()
         try:
             if len(rest) == 2 and rest[1] is not None:
                 _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
                 try:
                     if isinstance(module, nn.MultiheadAttention):
                         self._native_mha(module, args, rest[0], rest[1])
+                    elif isinstance(module, nn.TransformerEncoder):
+                        self._native_encoder_out(args, rest[0], rest[1])
                     elif isinstance(rest[1], torch.Tensor):
                         self._native_record(module, args, rest[0], rest[1])
                 except Exception as exc:  # bookkeeping must never break the user's forward pass
@@ -4311,9 +4336,24 @@ class _Session:
                 finally:
                     _LOCAL.busy -= 1
         finally:
-            torch._C._push_on_torch_function_stack(self.mode)
+            if popped:
+                torch._C._push_on_torch_function_stack(self.mode)
+            if isinstance(module, nn.TransformerEncoder):
+                self._encoder_input = None
 
-    def _native_record(self, module: nn.Module, args: tuple, kwargs: dict, out: torch.Tensor) -> None:
+    def _native_encoder_out(self, args: tuple, kwargs: dict, out: Any) -> None:
+        """An encoder set aside: its output tagged as a projection of its input's positions."""
+        src = args[0] if args else kwargs.get("src")
+        if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor) or out.is_nested:
+            return
+        if self.tag(src) is None and src.is_floating_point() and src.dim() >= 2:
+            self._external(src)
+        code, g = self.code_of(src), self.tag(src)
+        if code is not None and tuple(code.shape) == tuple(out.shape) == tuple(src.shape):
+            self.set(out, _Tag("linear", g.origin if g is not None else frozenset(),
+                               code=lineage.projected(code, int(out.shape[-1]))[0]))  # fmt: skip
+
+    def _native_record(self, module: nn.Module, args: tuple, kwargs: dict, out: torch.Tensor | None) -> None:
         """The record nn.MultiheadAttention's call inside ``module`` makes under the mode, made from the
         layer's arguments as the layer and MultiheadAttention hand them on (the same masks, the same
         sequence-first query), by the same code; the output is tagged as a projection of the input's
@@ -4331,11 +4371,24 @@ class _Session:
         path = self.names.get(id(sa), "")
         self.n_ops += 1
         self.n_attention += 1
+        lengths = None  # a nested tensor (an encoder's, over a padding mask): each sequence's own length
+        if src.is_nested:
+            whole = self._encoder_input
+            if whole is None or whole.dim() != 3 or not sa.batch_first:
+                self.warn(path, (), "could not verify: a nested tensor handed in, whose padded shape capture "
+                          "does not know: not recorded")  # fmt: skip
+                return
+            lengths = src._nested_tensor_size()[:, 0].to(whole.device)
+            with _no_grad():
+                src = src.to_padded_tensor(0.0, tuple(whole.shape))
+            src_mask, is_causal = None, False  # (the encoder makes nested tensors only without them)
+            pad = torch.arange(src.shape[1], device=src.device)[None, :] >= lengths[:, None]
+            out = None
         if src.numel() == 0:
             self.skip(path, tuple(src.shape), "an attention call over an empty batch or sequence: it has no "
                       "weights to record")  # fmt: skip
             return
-        if self.tag(src) is None and src.is_floating_point() and src.dim() >= 2:
+        if lengths is None and self.tag(src) is None and src.is_floating_point() and src.dim() >= 2:
             self._external(src)  # hidden states handed in: positions of their own, as a projection finds them
         with _no_grad():  # (check_other=False: torch's warning about the masks' types, given by the call)
             x = norm1(src) if module.norm_first else src
@@ -4352,19 +4405,44 @@ class _Session:
             {"training": sa.training, "key_padding_mask": pad, "need_weights": False,
              "attn_mask": src_mask, "average_attn_weights": True, "is_causal": is_causal},
         )  # fmt: skip
-        rec = self._dead_rows_as_out(
-            self._mha_record(F.multi_head_attention_forward, p, None, None, None, path), out, sa.batch_first
-        )
+        rec = self._mha_record(F.multi_head_attention_forward, p, None, None, None, path)
+        if lengths is not None:
+            rec = self._padded_rows_unseen(rec, lengths)
+        if rec is not None and self.cap.records and self.cap.records[-1] is rec and src.dim() == 3:
+            b, lq = int(rec.probs.shape[0]), int(rec.probs.shape[2])
+            rows = torch.arange(b * lq, device=src.device)  # src's rows in the record's (batch, query) order
+            index = rows if sa.batch_first else rows.view(lq, b).t().reshape(-1)
+            rec = replace(rec, residual_of=_Residual(src.detach(), index, (b, lq)))
+            self.cap.records[-1] = rec
+        if out is None:  # (a nested output: the encoder's is followed where it comes out)
+            return
+        self._dead_rows_as_out(rec, out, sa.batch_first)
         code = self.code_of(src)
         if code is not None and tuple(code.shape) == tuple(out.shape) == tuple(src.shape):
             g = self.tag(src)
             self.set(out, _Tag("linear", g.origin if g is not None else frozenset(),
                                code=lineage.projected(code, int(out.shape[-1]))[0]))  # fmt: skip
-        if rec is not None and self.cap.records and self.cap.records[-1] is rec and src.dim() == 3:
-            b, lq = int(rec.probs.shape[0]), int(rec.probs.shape[2])
-            rows = torch.arange(b * lq, device=src.device)  # src's rows in the record's (batch, query) order
-            index = rows if sa.batch_first else rows.view(lq, b).t().reshape(-1)
-            self.cap.records[-1] = replace(rec, residual_of=_Residual(src.detach(), index, (b, lq)))
+
+    def _padded_rows_unseen(self, rec: Record | None, lengths: torch.Tensor) -> Record | None:
+        """A layer over an encoder's nested tensors computes no row for a sequence's padding: those
+        query rows are 0, see no key, and have no scores (NaN)."""
+        if rec is None or not self.cap.records or self.cap.records[-1] is not rec:
+            return rec
+        q = torch.arange(rec.probs.shape[2], device=rec.probs.device)
+        unseen = q[None, :] >= lengths.to(q.device)[:, None]  # (B, q)
+        if not bool(unseen.any()):
+            return rec
+        rows = unseen[:, None, :, None]
+        mask = rec.mask if rec.mask is not None else torch.ones(
+            rec.probs.shape[0], *rec.probs.shape[2:], dtype=torch.bool, device=rec.probs.device)  # fmt: skip
+        changed = replace(
+            rec,
+            probs=rec.probs.masked_fill(rows, 0.0),
+            scores=None if rec.scores is None else rec.scores.masked_fill(rows, float("nan")),
+            mask=mask.masked_fill(unseen[:, :, None], False),
+        )
+        self.cap.records[-1] = changed
+        return changed
 
     def _native_mha(self, module: nn.MultiheadAttention, args: tuple, kwargs: dict, out: Any) -> None:
         """The record of an nn.MultiheadAttention call that ran without the mode, made from its arguments
@@ -5048,6 +5126,18 @@ def _native_layer(m: nn.Module) -> bool:
     )
 
 
+def _native_encoder(m: nn.Module) -> bool:
+    """nn.TransformerEncoder as torch ships it, over layers as torch ships them (its nested tensors,
+    which it makes only where no mode is active, stay its own)."""
+    return (
+        type(m) is nn.TransformerEncoder
+        and "forward" not in vars(m)
+        and len(m.layers) > 0
+        and all(_native_layer(layer) for layer in m.layers)
+        and (m.norm is None or type(m.norm) is nn.LayerNorm)
+    )
+
+
 def _native_mha(m: nn.Module) -> bool:
     """nn.MultiheadAttention as torch ships it, with one packed projection and no learned keys."""
     return (
@@ -5107,8 +5197,8 @@ def capture_attention(
                 yield cap
             finally:  # an interrupt inside a layer running without the mode (no hook ran after it): back
                 while session._set_aside:
-                    session._set_aside.pop()
-                    torch._C._push_on_torch_function_stack(mode)
+                    if session._set_aside.pop()[1]:
+                        torch._C._push_on_torch_function_stack(mode)
     finally:
         for hook in hooks:
             hook.remove()
