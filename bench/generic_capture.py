@@ -66,7 +66,7 @@ class Least(TorchFunctionMode):
             q, k = args[0], args[1]
             keep = kwargs.get("attn_mask")
             if kwargs.get("is_causal"):
-                keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+                keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
             _weights(q, k, keep)
         elif func is F.multi_head_attention_forward:
             query, key, h, w, b = args[0], args[1], args[4], args[5], args[6]
@@ -142,7 +142,7 @@ class Stack(nn.Module):
             x = self.enc(x, src_key_padding_mask=ids == PAD)
         elif self.style == "sdpa" and self.eager:
             n = ids.shape[1]
-            causal = torch.ones(n, n, dtype=torch.bool).tril()
+            causal = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
             for attn, ff in zip(self.attn, self.ff, strict=True):
                 b, _, d = x.shape
                 q, k, v = (t.view(b, n, 8, d // 8).transpose(1, 2) for t in attn.qkv(x).split(d, dim=2))
