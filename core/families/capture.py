@@ -4328,7 +4328,7 @@ class _Session:
                     if isinstance(module, nn.MultiheadAttention):
                         self._native_mha(module, args, rest[0], rest[1])
                     elif isinstance(module, nn.TransformerEncoder):
-                        self._native_encoder_out(args, rest[0], rest[1])
+                        self._out_of_native(args[0] if args else rest[0].get("src"), rest[1])
                     elif isinstance(rest[1], torch.Tensor):
                         self._native_record(module, args, rest[0], rest[1])
                 except Exception as exc:  # bookkeeping must never break the user's forward pass
@@ -4341,9 +4341,10 @@ class _Session:
             if isinstance(module, nn.TransformerEncoder):
                 self._encoder_input = None
 
-    def _native_encoder_out(self, args: tuple, kwargs: dict, out: Any) -> None:
-        """An encoder set aside: its output tagged as a projection of its input's positions."""
-        src = args[0] if args else kwargs.get("src")
+    def _out_of_native(self, src: Any, out: Any) -> None:
+        """The output of an encoder or encoder layer that ran without the mode, tagged as a projection of
+        its input's positions (hidden states handed in get positions of their own first, as a projection
+        finds them)."""
         if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor) or out.is_nested:
             return
         if self.tag(src) is None and src.is_floating_point() and src.dim() >= 2:
@@ -4388,8 +4389,6 @@ class _Session:
             self.skip(path, tuple(src.shape), "an attention call over an empty batch or sequence: it has no "
                       "weights to record")  # fmt: skip
             return
-        if lengths is None and self.tag(src) is None and src.is_floating_point() and src.dim() >= 2:
-            self._external(src)  # hidden states handed in: positions of their own, as a projection finds them
         with _no_grad():  # (check_other=False: torch's warning about the masks' types, given by the call)
             x = norm1(src) if module.norm_first else src
             pad = F._canonical_mask(mask=pad, mask_name="src_key_padding_mask", other_type=F._none_or_dtype(src_mask),
@@ -4417,11 +4416,7 @@ class _Session:
         if out is None:  # (a nested output: the encoder's is followed where it comes out)
             return
         self._dead_rows_as_out(rec, out, sa.batch_first)
-        code = self.code_of(src)
-        if code is not None and tuple(code.shape) == tuple(out.shape) == tuple(src.shape):
-            g = self.tag(src)
-            self.set(out, _Tag("linear", g.origin if g is not None else frozenset(),
-                               code=lineage.projected(code, int(out.shape[-1]))[0]))  # fmt: skip
+        self._out_of_native(src, out)
 
     def _padded_rows_unseen(self, rec: Record | None, lengths: torch.Tensor) -> Record | None:
         """A layer over an encoder's nested tensors computes no row for a sequence's padding: those
@@ -5112,18 +5107,7 @@ def _native_layer(m: nn.Module) -> bool:
     their weights)."""
     if type(m) is not nn.TransformerEncoderLayer or "forward" in vars(m) or "_sa_block" in vars(m):
         return False
-    sa = m.self_attn
-    return (
-        type(sa) is nn.MultiheadAttention
-        and "forward" not in vars(sa)
-        and sa._qkv_same_embed_dim
-        and sa.in_proj_weight is not None
-        and sa.bias_k is None
-        and sa.bias_v is None
-        and not sa.add_zero_attn
-        and type(m.norm1) is nn.LayerNorm
-        and type(m.norm2) is nn.LayerNorm
-    )
+    return _native_mha(m.self_attn) and type(m.norm1) is nn.LayerNorm and type(m.norm2) is nn.LayerNorm
 
 
 def _native_encoder(m: nn.Module) -> bool:
