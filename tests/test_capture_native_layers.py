@@ -371,3 +371,23 @@ def test_an_encoder_over_nested_tensors_is_recorded_per_sequence(final_norm):
             assert not bool(rec.mask[b, n:].any()) and bool(rec.mask[b, :n, :n].all())
             assert rec.kind == "enc_self" and rec.exact
             assert bool((rec.residual[b, n:] == 0).all())  # the stream the layer read: 0 at the padding
+
+
+def test_one_heads_row_with_no_key_leaves_the_other_heads_rows_as_they_are():
+    """A per-head mask (B·H, q, k) that hides every key from one head's row makes that query's output row
+    NaN (the head's softmax over no key, spread by the output projection): the record, made from the
+    call's arguments, is NaN in that head's row alone, as the mode's record of the same call is."""
+    torch.manual_seed(9)
+    mha = nn.MultiheadAttention(16, 4).eval()  # sequence first: its Python path, with the mode or without
+    x = torch.randn(6, 2, 16)
+    hide = torch.zeros(2 * 4, 6, 6, dtype=torch.bool)  # True: masked, as MultiheadAttention reads it
+    hide[1, 3] = True  # sequence 0, head 1, query 3: no key
+    got, out = _captured(mha, (x, x, x, None, True, hide, False), through_mode=False)
+    want, want_out = _captured(mha, (x, x, x, None, True, hide, False), through_mode=True)
+    assert bool(out[0][3, 0].isnan().all()) and torch.equal(
+        out[0].nan_to_num(7.0), want_out[0].nan_to_num(7.0)
+    )
+    (rec,) = got.records
+    assert bool(rec.probs[0, 1, 3].isnan().all())
+    assert not bool(rec.probs[0, [0, 2, 3], 3].isnan().any()) and not bool(rec.probs[1].isnan().any())
+    assert _same(rec.probs, want.records[0].probs) and rec.head_masks_differ

@@ -4490,9 +4490,11 @@ class _Session:
                 self.propagate("transpose", torch.transpose, (seq_first, 1, 0), {}, got, None)
 
     def _dead_rows_as_out(self, rec: Record | None, out: torch.Tensor, batch_first: bool) -> Record | None:
-        """Rows with every key masked are NaN in the record where they are NaN in the call's output: torch's
-        fused fast path weighs them so (its softmax over no key), where its Python path inside SDPA gives 0.
-        ``out``: (B, L, E) where ``batch_first``, else (L, B, E)."""
+        """A head's row with every key masked is NaN in the record where its query's row is NaN in the call's
+        output: torch's fused fast path weighs it so (its softmax over no key), where its Python path inside
+        SDPA gives 0 (a row of zeros, which no softmax over a key makes). Rows of other heads stay as they
+        are (one head's NaN row makes the output's row NaN). ``out``: (B, L, E) where ``batch_first``, else
+        (L, B, E)."""
         if (
             rec is None
             or rec.mask is None
@@ -4501,13 +4503,16 @@ class _Session:
             or self.cap.records[-1] is not rec
         ):
             return rec
-        dead = ~rec.mask.any(-1)  # (B, q): no key allowed
+        dead = (rec.probs == 0).all(-1)  # (B, H, q): a head's row that SDPA weighed 0 (no key allowed)
         if not bool(dead.any()):
             return rec
         rows = torch.isnan(out if batch_first else out.transpose(0, 1)).all(-1)  # (B, q)
-        if tuple(rows.shape) != tuple(dead.shape) or not bool((dead & rows).any()):
+        if tuple(rows.shape) != (dead.shape[0], dead.shape[2]):
             return rec
-        probs = rec.probs.masked_fill((dead & rows)[:, None, :, None], float("nan"))
+        fill = dead & rows[:, None, :]
+        if not bool(fill.any()):
+            return rec
+        probs = rec.probs.masked_fill(fill[..., None], float("nan"))
         self.cap.records[-1] = replace(rec, probs=probs)
         return self.cap.records[-1]
 
