@@ -978,6 +978,7 @@ class _Session:
         # an encoder set aside run without it already); the input of the encoder set aside
         self._set_aside: list[tuple[nn.Module, bool]] = []
         self._encoder_input: torch.Tensor | None = None
+        self._rows_zeroed = False  # the last MultiheadAttention record weighed a row with no key 0
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -4211,7 +4212,8 @@ class _Session:
         p.update(need_weights=True, average_attn_weights=False, attn_mask=attn_mask, is_causal=False)
         with _no_grad():
             scores = _mha_scores(p, int(p["num_heads"]), qk)
-        weights = _mha_weights(p, scores, by_sdpa)  # the softmax of the scores with the call's masks
+        # the softmax of the scores with the call's masks; whether rows with no key were weighed 0 (SDPA's)
+        weights, self._rows_zeroed = _mha_weights(p, scores, by_sdpa)
         dropped: str | None = None
         if weights is None:  # learned keys, static keys or dropout: MultiheadAttention itself, again,
             fork = None  # with dropout from the RNG state the call started from (the same draws)
@@ -4409,8 +4411,12 @@ class _Session:
             rec = self._padded_rows_unseen(rec, lengths)
         if rec is not None and self.cap.records and self.cap.records[-1] is rec and src.dim() == 3:
             b, lq = int(rec.probs.shape[0]), int(rec.probs.shape[2])
-            rows = torch.arange(b * lq, device=src.device)  # src's rows in the record's (batch, query) order
-            index = rows if sa.batch_first else rows.view(lq, b).t().reshape(-1)
+
+            def rows() -> torch.Tensor:  # src's rows in the record's (batch, query) order
+                r = torch.arange(b * lq, device=src.device)
+                return r if sa.batch_first else r.view(lq, b).t().reshape(-1)
+
+            index = _kept(("residual rows", b, lq, sa.batch_first, str(src.device)), rows)
             rec = replace(rec, residual_of=_Residual(src.detach(), index, (b, lq)))
             self.cap.records[-1] = rec
         if out is None:  # (a nested output: the encoder's is followed where it comes out)
@@ -4497,6 +4503,7 @@ class _Session:
         (L, B, E)."""
         if (
             rec is None
+            or not self._rows_zeroed  # (_mha_record, which made rec, weighed no row 0)
             or rec.mask is None
             or out.dim() != 3
             or not self.cap.records
@@ -4732,13 +4739,14 @@ def _mask(b: int, h: int, lq: int, lk: int, attn_mask, key_padding_mask, device)
 
 def _mha_weights(
     p: dict[str, Any], scores: torch.Tensor | None, by_sdpa: bool = False
-) -> torch.Tensor | None:
+) -> tuple[torch.Tensor | None, bool]:
     """(B, H, q, k) weights from the scores and the call's masks, as MultiheadAttention computes them: a
     row with every key masked is NaN by its bmm path (``need_weights=True``), 0 inside SDPA (``by_sdpa``,
     as ``nn.TransformerEncoderLayer`` calls it; a NaN in the data stays NaN either way); None where only
-    the module itself can say (learned or static keys, dropout while training)."""
+    the module itself can say (learned or static keys, dropout while training). And whether some row
+    was weighed 0 so."""
     if scores is None or (p["training"] and p["dropout_p"]) or p["static_v"] is not None:
-        return None
+        return None, False
     b, h, lq, lk = scores.shape
     with _no_grad():
         logits = scores
@@ -4756,8 +4764,8 @@ def _mha_weights(
         if by_sdpa and masks and bool(torch.isnan(weights[..., :1]).any()):
             dead = torch.isneginf(logits).all(-1, keepdim=True)
             if bool(dead.any()):
-                weights = weights.masked_fill(dead, 0.0)
-        return weights
+                return weights.masked_fill(dead, 0.0), True
+        return weights, False
 
 
 def _mha_scores(p: dict[str, Any], h: int, qk=None) -> torch.Tensor | None:
