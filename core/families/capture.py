@@ -193,6 +193,7 @@ _MHA_POSITIONAL = [frozenset(_MHA_NAMES[:n]) for n in range(len(_MHA_NAMES) + 1)
 _MHA_DEFAULTS = {
     n: q.default for n, q in _MHA_SIG.parameters.items() if q.default is not inspect.Parameter.empty
 }
+_SIDES = {"enc_self": ("src", "src"), "dec_self": ("tgt", "tgt"), "cross": ("tgt", "src")}  # (queries, keys)
 _LAYOUTS: dict[tuple, list] = {}  # decoded layouts by shape, chain, dim and sources (see _Session._decoded)
 _LAYOUTS_LOCK = threading.Lock()
 MAX_LAYOUTS = 64
@@ -360,20 +361,40 @@ class Captured:
                 scopes[kind] = km.value_scope
             if km.residual_norms is not None:
                 kw[f"{kind}_residual_norms"] = km.residual_norms[index].float().cpu().numpy()
-            q_side, k_side = {
-                "enc_self": ("src", "src"),
-                "dec_self": ("tgt", "tgt"),
-                "cross": ("tgt", "src"),
-            }[kind]
+            q_side, k_side = _SIDES[kind]
             for side, labs in ((q_side, km.query_labels), (k_side, km.key_labels)):
                 if labs and side not in labels:
                     labels[side] = list(labs)
         src = _with_labels(tuple(src_tokens), labels.get("src"))
         tgt = _with_labels(tuple(tgt_tokens), labels.get("tgt"))
+        # a kind whose maps are not over the tokens given (keys that are some of them, ``x[:, 1:]``, or
+        # positions the model made): left out, and said, rather than drawn under tokens they are not
+        given = {"src": len(src) if src_tokens else None, "tgt": len(tgt) if tgt_tokens else None}
+        left_out = []
+        for kind in list(probs):
+            q, k = (int(n) for n in probs[kind].shape[-2:])
+            want = tuple(given[side] for side in _SIDES[kind])
+            if (want[0] is None or want[0] == q) and (want[1] is None or want[1] == k):
+                continue
+            names = sorted({r.name or "(model)" for r in self.of(kind)})
+            where = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            tokens = " x ".join("any" if n is None else str(n) for n in want)
+            left_out.append(f"{kind} ({where}) left out of the trace: its maps are {q} x {k} (queries x keys), "
+                            f"the tokens given make {tokens}, so they are over other positions than these tokens")  # fmt: skip
+            for name in [kind, *(f"{kind}_{what}" for what in ("scores", "mask", "learned", "value_norms",
+                                                               "residual_norms"))]:  # fmt: skip
+                kw.pop(name, None)
+            learned_keys.pop(kind, None)
+            scopes.pop(kind, None)
+            del probs[kind]
+        if left_out and not probs:
+            raise ValueError(
+                "none of the attention captured is over the tokens given: " + "; ".join(left_out)
+            )
         sources = sorted({r.source for r in self.records})
         meta: dict[str, Any] = {"kind": "torch.nn", "capture": ", ".join(sources)}
-        if self.notes:
-            meta["capture_notes"] = list(self.notes)
+        if self.notes or left_out:
+            meta["capture_notes"] = [*self.notes, *left_out]
         if self.skipped:
             meta["capture_skipped"] = [str(n) for n in self.skipped]
         differ = self.head_masks_differ()

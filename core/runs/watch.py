@@ -27,7 +27,7 @@ import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -413,9 +413,20 @@ class Watcher:
         for i in range(b):
             src_tok = self.labels(src[i]) if src is not None and i < len(src) else ()
             tgt_tok = self.tgt_labels(tgt[i]) if tgt is not None and i < len(tgt) else ()
-            tr = cap.trace(i, src_tok, tgt_tok, model=title)
-            out.append(self._numbered(tr))
+            out.append(self._probe_trace(cap, i, src_tok, tgt_tok, title))
         return out
+
+    def _probe_trace(self, cap: Any, i: int, src_tok, tgt_tok, title: str) -> AttentionTrace:
+        """Sequence ``i``'s trace, labelled by the probe's ids where they are its maps' tokens, its
+        positions numbered where they are not (a kind over other positions is left out, and said)."""
+        try:
+            tr = cap.trace(i, src_tok, tgt_tok, model=title)
+        except ValueError:  # the ids are no map's tokens (a float input, positions the model made)
+            tr = cap.trace(i, model=title)
+        numbered = self._numbered(tr)
+        if numbered is tr:
+            return tr
+        return cast(AttentionTrace, cap.trace(i, numbered.src_tokens, numbered.tgt_tokens, model=title))
 
     @staticmethod
     def _numbered(tr: AttentionTrace) -> AttentionTrace:

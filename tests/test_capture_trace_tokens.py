@@ -1,0 +1,111 @@
+"""Captured.trace draws a kind only over the tokens it is given: a kind whose maps are over other positions
+(keys that are some of the tokens, ``x[:, 1:]``) is left out of the trace and said in its capture notes, so
+every trace it makes opens again, and watch's run files too."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import attnscope
+from attnscope.core.families.capture import capture_attention
+from attnscope.core.runs.runfile import Run
+from attnscope.core.traces.trace import AttentionTrace
+
+
+class Pool(nn.Module):
+    """Attention pooling: the [CLS] position asks, the other tokens (``x[:, 1:]``) answer."""
+
+    def __init__(self, d: int = 32, h: int = 4):
+        super().__init__()
+        self.h = h
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.last: torch.Tensor | None = None
+
+    def forward(self, x, keep):
+        b, n, d = x.shape
+        cls, rest = x[:, :1], x[:, 1:]
+        q = self.q(cls).view(b, 1, self.h, -1).transpose(1, 2)
+        k = self.k(rest).view(b, n - 1, self.h, -1).transpose(1, 2)
+        v = self.v(rest).view(b, n - 1, self.h, -1).transpose(1, 2)
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(d // self.h)).masked_fill(
+            ~keep[:, None, None, 1:], float("-inf")
+        )
+        w = scores.softmax(-1)
+        self.last = w.detach()
+        return (w @ v).transpose(1, 2).reshape(b, d)
+
+
+class Pooled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(50, 32)
+        self.enc = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.pool = Pool()
+
+    def forward(self, ids):
+        x = self.enc(self.emb(ids), src_key_padding_mask=ids == 0)
+        return self.pool(x, ids != 0)
+
+
+def _ids() -> torch.Tensor:
+    ids = torch.randint(1, 50, (2, 8), generator=torch.Generator().manual_seed(1))
+    ids[1, 6:] = 0
+    return ids
+
+
+def _captured():
+    model, ids = Pooled().eval(), _ids()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    return model, ids, cap
+
+
+def test_a_kind_over_other_positions_than_the_tokens_is_left_out_and_said(tmp_path):
+    model, ids, cap = _captured()
+    assert [(r.kind, tuple(r.probs.shape)) for r in cap.records] == [
+        ("enc_self", (2, 4, 8, 8)),
+        ("cross", (2, 4, 1, 7)),
+    ]
+    tokens = [f"t{i}" for i in range(8)]
+    tr = cap.trace(0, src_tokens=tokens)
+    assert tr.kinds == ("enc_self",) and tr.cross is None and tr.cross_mask is None
+    said = [n for n in tr.meta["capture_notes"] if n.startswith("cross (pool) left out of the trace")]
+    assert len(said) == 1 and "1 x 7" in said[0], tr.meta
+    back = AttentionTrace.load(tr.save(tmp_path / "t.npz"))  # it opens (the 1 x 7 map under 8 tokens did not)
+    assert back.kinds == ("enc_self",) and back.src_tokens == tuple(tokens)
+    np.testing.assert_array_equal(back.probs("enc_self"), tr.probs("enc_self"))
+
+    # given the pool's own positions as its tokens, the pool is drawn and the encoder left out
+    tr = cap.trace(0, src_tokens=tokens[1:], tgt_tokens=tokens[:1])
+    assert tr.kinds == ("cross",)
+    assert model.pool.last is not None
+    np.testing.assert_allclose(tr.probs("cross")[0], model.pool.last[0].numpy(), rtol=0, atol=1e-6)
+    assert any(n.startswith("enc_self (enc.self_attn) left out") for n in tr.meta["capture_notes"])
+    assert AttentionTrace.load(tr.save(tmp_path / "c.npz")).kinds == ("cross",)
+
+    # no tokens given: nothing to check them against (an in-memory trace), every kind kept
+    assert cap.trace(0).kinds == ("enc_self", "cross")
+
+
+def test_tokens_that_fit_no_map_are_one_sentence():
+    _, _, cap = _captured()
+    with pytest.raises(ValueError, match="none of the attention captured is over the tokens given: enc_self"):
+        cap.trace(0, src_tokens=["a", "b", "c"])
+
+
+def test_a_watched_model_with_such_a_head_writes_traces_that_open(tmp_path):
+    model, ids = Pooled(), _ids()
+    w = attnscope.watch(model, ids, every=1, run_dir=tmp_path / "r")
+    w.step(0)
+    w.close()
+    traces = Run.open(tmp_path / "r").traces(0)
+    assert len(traces) == 2
+    for i, tr in enumerate(traces):
+        assert tr.kinds == ("enc_self",)
+        assert tr.src_tokens == tuple(str(t) for t in ids[i].tolist())
