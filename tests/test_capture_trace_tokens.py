@@ -109,3 +109,58 @@ def test_a_watched_model_with_such_a_head_writes_traces_that_open(tmp_path):
     for i, tr in enumerate(traces):
         assert tr.kinds == ("enc_self",)
         assert tr.src_tokens == tuple(str(t) for t in ids[i].tolist())
+
+
+def test_layers_that_do_not_stack_draw_the_group_over_the_tokens_and_say_the_rest(tmp_path):
+    """A GAT whose hidden layer has 3 heads and whose output layer has 1: one head count per kind in a
+    trace, so the first is drawn (its weights as recorded) and the second said, where the stack raised."""
+    from tests.usermodels import gat
+
+    model, batch = gat.build(), gat.sample_batch()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(*batch)
+    heads = [int(r.probs.shape[1]) for r in cap.records]
+    assert sorted(heads) == [1, 3]
+    with pytest.raises(ValueError, match="different shapes"):
+        cap.stacks()  # (the API's stacks say it, and point to .records)
+    n = int(cap.records[0].probs.shape[-1])
+    tr = cap.trace(0, src_tokens=[f"n{i}" for i in range(n)])
+    three = next(r for r in cap.records if r.probs.shape[1] == 3)
+    np.testing.assert_array_equal(tr.probs("enc_self")[0], three.probs[0].numpy())
+    said = [x for x in tr.meta["capture_notes"] if "left out of the trace" in x]
+    assert len(said) == 1 and "(1, 1, 7, 7) do not stack with the (1, 3, 7, 7)" in said[0], said
+    assert AttentionTrace.load(tr.save(tmp_path / "g.npz")).n_heads == 3
+
+
+def test_a_side_labelled_by_one_kind_is_not_taken_for_another_kinds_positions(tmp_path):
+    """A Q-Former: learned queries attend to each other (their labels are the source side's positions) and
+    to 6 image patches. No tokens given: the patches are no positions of that side, so the cross maps are
+    left out and said, and the trace opens."""
+    from tests.usermodels import qformer_queries
+
+    model, batch = qformer_queries.build(), qformer_queries.sample_batch()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(*batch)
+    assert sorted({(r.kind, tuple(r.probs.shape[-2:])) for r in cap.records}) == [
+        ("cross", (4, 6)),
+        ("enc_self", (4, 4)),
+    ]
+    tr = cap.trace(0)
+    assert tr.kinds == ("enc_self",) and len(tr.src_tokens) == 4
+    assert any(x.startswith("cross (") and "4 x 6" in x for x in tr.meta["capture_notes"])
+    assert AttentionTrace.load(tr.save(tmp_path / "q.npz")).kinds == ("enc_self",)
+
+
+def test_a_watched_decoder_run_step_by_step_writes_traces_that_open(tmp_path):
+    """A forward that decodes with a KV cache, one step at a time, after its prompt: the prompt's maps are
+    drawn, each step's are said (watch raised "different shapes" at its first step)."""
+    from tests.usermodels import incremental_decoding
+
+    model, batch = incremental_decoding.build(), incremental_decoding.sample_batch()
+    w = attnscope.watch(model, batch, every=1, run_dir=tmp_path / "r")
+    w.step(0)
+    w.close()
+    traces = Run.open(tmp_path / "r").traces(0)
+    assert traces and all(t.kinds == ("dec_self",) for t in traces)
+    notes = traces[0].meta["capture_notes"]
+    assert sum("call(s) left out of the trace" in x for x in notes) == 2, notes

@@ -341,8 +341,18 @@ class Captured:
         learned_keys: dict[str, list[str]] = {}
         scopes: dict[str, str | None] = {}
         probs: dict[str, torch.Tensor] = {}
+        left_out: list[str] = []
+        joined = self.joined_labels()
         for kind in self.kinds():
-            km = self.kind_maps(kind)
+            # calls of one kind whose maps do not stack (a decoder run a step at a time, layers with other head
+            # counts): the group over the tokens given is drawn (else the most calls), the others said
+            groups = _stack_groups(self.of(kind), joined)
+            fits = [_fits(g[0], kind, joined, src_tokens, tgt_tokens) for g in groups]
+            best = max(range(len(groups)), key=lambda i: (fits[i], len(groups[i]), -i))
+            for i, g in enumerate(groups):
+                if i != best:
+                    left_out.append(_group_note(kind, g, groups[best]))
+            km = kind_maps(groups[best], joined)
             p = km.probs[index]  # (layer, head, q, k)
             probs[kind] = p
             kw[kind] = p.float().cpu().numpy()
@@ -368,9 +378,9 @@ class Captured:
         src = _with_labels(tuple(src_tokens), labels.get("src"))
         tgt = _with_labels(tuple(tgt_tokens), labels.get("tgt"))
         # a kind whose maps are not over the tokens given (keys that are some of them, ``x[:, 1:]``, or
-        # positions the model made): left out, and said, rather than drawn under tokens they are not
-        given = {"src": len(src) if src_tokens else None, "tgt": len(tgt) if tgt_tokens else None}
-        left_out = []
+        # positions the model made), or over the labels another kind gave a side: left out, and said,
+        # rather than drawn under tokens they are not
+        given = {"src": len(src) if src else None, "tgt": len(tgt) if tgt else None}
         for kind in list(probs):
             q, k = (int(n) for n in probs[kind].shape[-2:])
             want = tuple(given[side] for side in _SIDES[kind])
@@ -432,6 +442,52 @@ class KindMaps:
     residual_norms: torch.Tensor | None = None  # (B, layer, q): ||x_i|| of the stream each layer adds to
 
 
+def _seq_columns(r: Record, joined: set[str]) -> list[int]:
+    """The key columns of a record that are positions of its sequence (tokens, learned positions joined)."""
+    kl = r.key_labels or (None,) * r.probs.shape[-1]
+    return [j for j, lab in enumerate(kl) if lab is None or lab in joined]
+
+
+def _stack_key(r: Record, joined: set[str]) -> tuple:
+    """Records stack as layers of one kind where these agree: batch and heads, queries, the sequence's
+    keys and their labels, the queries' labels."""
+    seq = _seq_columns(r, joined)
+    labels = tuple(r.key_labels[j] if r.key_labels else None for j in seq)
+    return (tuple(r.probs.shape[:2]), int(r.probs.shape[-2]), len(seq), labels, r.query_labels)
+
+
+def _stack_groups(records: list[Record], joined: set[str]) -> list[list[Record]]:
+    """A kind's records in groups that stack, each in call order, groups in the order of their first call."""
+    groups: dict[tuple, list[Record]] = {}
+    for r in records:
+        groups.setdefault(_stack_key(r, joined), []).append(r)
+    return list(groups.values())
+
+
+def _fits(r: Record, kind: str, joined: set[str], src_tokens, tgt_tokens) -> bool:
+    """Whether record ``r``'s map is over the tokens given on each side that has them (learned positions
+    joined to a sequence, a [CLS], counted where the tokens are its other positions)."""
+    q_side, k_side = _SIDES[kind]
+    tokens = {"src": tuple(src_tokens), "tgt": tuple(tgt_tokens)}
+    seq = _seq_columns(r, joined)
+    key_labels = [r.key_labels[j] if r.key_labels else None for j in seq]
+    for side, n, labels in ((q_side, int(r.probs.shape[-2]), r.query_labels), (k_side, len(seq), key_labels)):
+        given = tokens[side]
+        if given and len(_with_labels(given, list(labels) if labels else None)) != n:
+            return False
+    return True
+
+
+def _group_note(kind: str, group: list[Record], drawn: list[Record]) -> str:
+    """What a trace says of calls of a kind it leaves out for others that stack differently."""
+    names = sorted({r.name or "(model)" for r in group})
+    where = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"{kind} ({where}): {len(group)} call(s) left out of the trace, their maps "
+            f"{tuple(int(n) for n in group[0].probs.shape)} do not stack with the "
+            f"{tuple(int(n) for n in drawn[0].probs.shape)} of the {len(drawn)} drawn (a decoder run a step at "
+            "a time, layers with another head count, or attention over other positions)")  # fmt: skip
+
+
 def kind_maps(records: list[Record], joined: set[str]) -> KindMaps:
     """Stack records of one kind: the key columns that are positions of the sequence (tokens, and
     learned positions in ``joined``), and the learned keys outside it by label."""
@@ -441,9 +497,8 @@ def kind_maps(records: list[Record], joined: set[str]) -> KindMaps:
     extras: list[list[tuple[int, str]]] = []
     labels: list[str] = []
     for r in records:
-        k = r.probs.shape[-1]
-        kl = r.key_labels or (None,) * k
-        seqs.append([j for j, lab in enumerate(kl) if lab is None or lab in joined])
+        kl = r.key_labels or (None,) * r.probs.shape[-1]
+        seqs.append(_seq_columns(r, joined))
         extras.append([(j, lab) for j, lab in enumerate(kl) if lab is not None and lab not in joined])
         labels.extend(lab for _, lab in extras[-1] if lab not in labels)
     seq_labels = {
