@@ -515,3 +515,16 @@ def test_attention_over_no_token_keys_is_said_as_such_not_as_no_attention(tmp_pa
     text = str(err.value)
     assert "computed 1 attention map(s), none of them over this input's tokens" in text
     assert "left out of the trace" in text and "no attention found" not in text and "\n" not in text
+
+
+def test_layers_pruned_to_other_head_counts_draw_the_most_and_say_the_rest(lms, tmp_path):
+    """Heads pruned per layer (4, 2, 4): one head count per kind in a trace, so the two 4-head layers are
+    drawn, exactly as the model computed them, and the 2-head layer is said (the trace was refused)."""
+    lm = lms("pruned_heads")
+    tr = _trace_cli(tmp_path, "pruned_heads", "hello", None)
+    assert tr.n_layers == 2 and tr.n_heads == 4
+    own = _own_maps(lm, tr)["enc_self"]
+    assert [m.shape[0] for m in own] == [4, 2, 4]
+    np.testing.assert_allclose(tr.probs("enc_self"), np.stack([own[0].numpy(), own[2].numpy()]), atol=1e-6)
+    said = [n for n in tr.meta["capture_notes"] if "left out of the trace" in n]
+    assert len(said) == 1 and said[0].startswith("enc_self (layers.1): 1 call(s) left out"), said

@@ -49,7 +49,14 @@ import torch
 from torch import nn
 
 from attnscope.core.errors import InputError, ModelLoadError
-from attnscope.core.families.capture import Captured, Record, capture_attention, kind_maps
+from attnscope.core.families.capture import (
+    Captured,
+    Record,
+    capture_attention,
+    kind_maps,
+    stack_groups,
+    stack_note,
+)
 from attnscope.core.families.interface import (
     Family,
     ModelFacts,
@@ -784,11 +791,14 @@ class AdapterModel:
             recs = by_kind.get(kind)
             if not recs:
                 continue
-            heads = {r.probs.shape[1] for r in recs}
-            if len(heads) > 1:
-                raise InputError(
-                    f"{kind} layers have different head counts {sorted(heads)}; attnscope shows one head count per kind"
-                )
+            groups = stack_groups(recs, joined)  # layers with other head counts: the most calls drawn
+            if len(groups) > 1:
+                best = max(range(len(groups)), key=lambda i: (len(groups[i]), -i))
+                for i, g in enumerate(groups):
+                    note = stack_note(kind, g, groups[best])
+                    if i != best and dropped is not None and note not in dropped:
+                        dropped.append(note)
+                recs = groups[best]
             try:
                 km = kind_maps(recs, joined)
             except ValueError as exc:

@@ -346,12 +346,12 @@ class Captured:
         for kind in self.kinds():
             # calls of one kind whose maps do not stack (a decoder run a step at a time, layers with other head
             # counts): the group over the tokens given is drawn (else the most calls), the others said
-            groups = _stack_groups(self.of(kind), joined)
+            groups = stack_groups(self.of(kind), joined)
             fits = [_fits(g[0], kind, joined, src_tokens, tgt_tokens) for g in groups]
             best = max(range(len(groups)), key=lambda i: (fits[i], len(groups[i]), -i))
             for i, g in enumerate(groups):
                 if i != best:
-                    left_out.append(_group_note(kind, g, groups[best]))
+                    left_out.append(stack_note(kind, g, groups[best]))
             km = kind_maps(groups[best], joined)
             p = km.probs[index]  # (layer, head, q, k)
             probs[kind] = p
@@ -456,7 +456,7 @@ def _stack_key(r: Record, joined: set[str]) -> tuple:
     return (tuple(r.probs.shape[:2]), int(r.probs.shape[-2]), len(seq), labels, r.query_labels)
 
 
-def _stack_groups(records: list[Record], joined: set[str]) -> list[list[Record]]:
+def stack_groups(records: list[Record], joined: set[str]) -> list[list[Record]]:
     """A kind's records in groups that stack, each in call order, groups in the order of their first call."""
     groups: dict[tuple, list[Record]] = {}
     for r in records:
@@ -478,7 +478,7 @@ def _fits(r: Record, kind: str, joined: set[str], src_tokens, tgt_tokens) -> boo
     return True
 
 
-def _group_note(kind: str, group: list[Record], drawn: list[Record]) -> str:
+def stack_note(kind: str, group: list[Record], drawn: list[Record]) -> str:
     """What a trace says of calls of a kind it leaves out for others that stack differently."""
     names = sorted({r.name or "(model)" for r in group})
     where = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
