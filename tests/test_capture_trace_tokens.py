@@ -89,8 +89,45 @@ def test_a_kind_over_other_positions_than_the_tokens_is_left_out_and_said(tmp_pa
     assert any(n.startswith("enc_self (enc.self_attn) left out") for n in tr.meta["capture_notes"])
     assert AttentionTrace.load(tr.save(tmp_path / "c.npz")).kinds == ("cross",)
 
-    # no tokens given: nothing to check them against (an in-memory trace), every kind kept
-    assert cap.trace(0).kinds == ("enc_self", "cross")
+    # no tokens given: the positions are numbered from the first kind over them, and the pool said again
+    tr = cap.trace(0)
+    assert tr.kinds == ("enc_self",) and tr.src_tokens == tuple(f"#{i}" for i in range(8))
+    assert any(n.startswith("cross (pool) left out") for n in tr.meta["capture_notes"])
+    assert AttentionTrace.load(tr.save(tmp_path / "n.npz")).src_tokens == tr.src_tokens
+
+
+class Decoder(nn.Module):
+    """nanoGPT's causal self-attention, one layer: a decoder-only model (its maps are ``dec_self``)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.qkv, self.h = nn.Embedding(50, 32), nn.Linear(32, 96), 4
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = (t.view(b, n, self.h, 8).transpose(1, 2) for t in self.qkv(self.emb(ids)).split(32, dim=2))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_a_decoder_only_models_tokens_given_as_the_source_label_its_maps(tmp_path):
+    model, ids = Decoder().eval(), _ids()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    assert cap.kinds() == ("dec_self",)
+    tokens = [f"t{i}" for i in range(8)]
+    tr = cap.trace(1, src_tokens=tokens)  # (the decoder's side is tgt_tokens)
+    assert tr.tgt_tokens == tuple(tokens) and tr.src_tokens == ()
+    back = AttentionTrace.load(tr.save(tmp_path / "d.npz"))  # (it opens: before, its tokens were none)
+    np.testing.assert_array_equal(back.probs("dec_self"), cap.records[0].probs[1:2].numpy())
+    assert cap.trace(1).tgt_tokens == tuple(f"#{i}" for i in range(8))
+
+
+def test_no_attention_captured_is_one_sentence():
+    with torch.no_grad(), capture_attention(nn.Linear(4, 4)) as cap:
+        nn.Linear(4, 4)(torch.randn(2, 4))
+    with pytest.raises(ValueError, match="no attention was captured"):
+        cap.trace(0)
 
 
 def test_tokens_that_fit_no_map_are_one_sentence():

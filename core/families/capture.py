@@ -335,7 +335,20 @@ class Captured:
     ) -> AttentionTrace:
         """An AttentionTrace of sequence ``index``: probs, scores, masks (all-True where no mask was given).
         Learned positions joined to a sequence (a [CLS] token) are put among its tokens under their
-        labels; learned keys outside it (memory key/values, a null key) go to ``{kind}_learned``."""
+        labels; learned keys outside it (memory key/values, a null key) go to ``{kind}_learned``.
+        Tokens given for a side no kind uses are the other side's (a decoder-only model's, given as
+        ``src_tokens``); a side given none is numbered ``#0``, ``#1``, ... A kind whose maps are over
+        other positions than the tokens is left out and said in the capture notes."""
+        if not self.records:
+            raise ValueError("no attention was captured, so there is no trace to make" + (
+                f" ({'; '.join([*self.notes, *(str(n) for n in self.skipped)][:2])})"
+                if self.notes or self.skipped else ""))  # fmt: skip
+        used = {side for kind in self.kinds() for side in _SIDES[kind]}
+        src_tokens, tgt_tokens = tuple(src_tokens), tuple(tgt_tokens)
+        if src_tokens and not tgt_tokens and used == {"tgt"}:
+            src_tokens, tgt_tokens = (), src_tokens
+        elif tgt_tokens and not src_tokens and used == {"src"}:
+            src_tokens, tgt_tokens = tgt_tokens, ()
         kw: dict[str, Any] = {}
         labels: dict[str, list[str | None]] = {}  # side -> labels of its positions (None: a token)
         learned_keys: dict[str, list[str]] = {}
@@ -375,12 +388,16 @@ class Captured:
             for side, labs in ((q_side, km.query_labels), (k_side, km.key_labels)):
                 if labs and side not in labels:
                     labels[side] = list(labs)
-        src = _with_labels(tuple(src_tokens), labels.get("src"))
-        tgt = _with_labels(tuple(tgt_tokens), labels.get("tgt"))
+        sizes: dict[str, int] = {}  # side -> its length in the first kind drawn that uses it
+        for kind, p in probs.items():
+            for side, n in zip(_SIDES[kind], p.shape[-2:], strict=True):
+                sizes.setdefault(side, int(n))
+        src = _with_labels(src_tokens or _numbered(sizes.get("src", 0), labels.get("src")), labels.get("src"))
+        tgt = _with_labels(tgt_tokens or _numbered(sizes.get("tgt", 0), labels.get("tgt")), labels.get("tgt"))
         # a kind whose maps are not over the tokens given (keys that are some of them, ``x[:, 1:]``, or
         # positions the model made), or over the labels another kind gave a side: left out, and said,
         # rather than drawn under tokens they are not
-        given = {"src": len(src) if src else None, "tgt": len(tgt) if tgt else None}
+        given = {"src": len(src) if src else None, "tgt": len(tgt) if tgt else None}  # (None: no kind's)
         for kind in list(probs):
             q, k = (int(n) for n in probs[kind].shape[-2:])
             want = tuple(given[side] for side in _SIDES[kind])
@@ -390,7 +407,7 @@ class Captured:
             where = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
             tokens = " x ".join("any" if n is None else str(n) for n in want)
             left_out.append(f"{kind} ({where}) left out of the trace: its maps are {q} x {k} (queries x keys), "
-                            f"the tokens given make {tokens}, so they are over other positions than these tokens")  # fmt: skip
+                            f"the tokens make {tokens}, so they are over other positions than these tokens")  # fmt: skip
             for name in [kind, *(f"{kind}_{what}" for what in ("scores", "mask", "learned", "value_norms",
                                                                "residual_norms"))]:  # fmt: skip
                 kw.pop(name, None)
@@ -562,6 +579,14 @@ def kind_value_norms(records: list[Record], seqs: list[list[int]]) -> tuple[torc
         return torch.stack(norms, dim=1), values_.WITH_WO if with_wo else values_.WITHOUT_WO
     except RuntimeError:  # layers of other shapes
         return None, None
+
+
+def _numbered(n: int, labels: list[str | None] | None) -> tuple[str, ...]:
+    """Positions ``#0``, ``#1``, ... of a side ``n`` long that was given no tokens (its learned positions
+    keep their labels)."""
+    if labels and len(labels) == n:
+        n = sum(lab is None for lab in labels)
+    return tuple(f"#{j}" for j in range(n))
 
 
 def _with_labels(tokens: tuple[str, ...], labels: list[str | None] | None) -> tuple[str, ...]:
