@@ -201,3 +201,32 @@ def test_a_watched_decoder_run_step_by_step_writes_traces_that_open(tmp_path):
     assert traces and all(t.kinds == ("dec_self",) for t in traces)
     notes = traces[0].meta["capture_notes"]
     assert sum("call(s) left out of the trace" in x for x in notes) == 2, notes
+
+
+def test_a_watched_decoder_fed_its_target_shifted_keeps_every_kind(tmp_path):
+    """A seq2seq forward that shifts the target inside (teacher forcing: ``tgt[:, :-1]`` in): the probe's
+    target ids are one longer than the decoder's positions, so that side is numbered, the source side
+    keeps its ids, and every kind is drawn."""
+    from tests.usermodels import annotated
+
+    class Shifted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.inner = annotated.make_model(dropout=0.0)
+
+        def forward(self, src, tgt):
+            inner = self.inner
+            src_mask = (src != annotated.PAD).unsqueeze(-2)
+            t = tgt[:, :-1]
+            tgt_mask = (t != annotated.PAD).unsqueeze(-2) & annotated.subsequent_mask(t.size(-1)).type_as(src_mask)
+            return inner.generator(inner.decode(inner.encode(src, src_mask), src_mask, t, tgt_mask))
+
+    src, tgt = annotated.sample_batch()
+    w = attnscope.watch(Shifted(), (src, tgt), every=1, run_dir=tmp_path / "r")
+    w.step(0)
+    w.close()
+    tr = Run.open(tmp_path / "r").traces(0)[0]
+    assert tr.kinds == ("enc_self", "dec_self", "cross")
+    assert tr.src_tokens == tuple(str(t) for t in src[0].tolist())
+    assert tr.tgt_tokens == tuple(f"#{j}" for j in range(tgt.shape[1] - 1))

@@ -418,34 +418,21 @@ class Watcher:
 
     def _probe_trace(self, cap: Any, i: int, src_tok, tgt_tok, title: str) -> AttentionTrace:
         """Sequence ``i``'s trace, labelled by the probe's ids where they are its maps' tokens, its
-        positions numbered where they are not (a kind over other positions is left out, and said)."""
-        try:
-            tr = cap.trace(i, src_tok, tgt_tok, model=title)
-        except ValueError:  # the ids are no map's tokens (a float input, positions the model made)
-            tr = cap.trace(i, model=title)
-        numbered = self._numbered(tr)
-        if numbered is tr:
-            return tr
-        return cast(AttentionTrace, cap.trace(i, numbered.src_tokens, numbered.tgt_tokens, model=title))
-
-    @staticmethod
-    def _numbered(tr: AttentionTrace) -> AttentionTrace:
-        """Positions numbered where the probe's ids do not label a side (a float input, a length mismatch)."""
-        changes: dict[str, Any] = {}
-        for side, kind_q in (("src", "enc_self"), ("tgt", "dec_self")):
-            tokens = getattr(tr, f"{side}_tokens")
-            maps = getattr(tr, kind_q)
-            if maps is not None:
-                n = maps.shape[-1]
-            elif side == "src" and tr.cross is not None:
-                n = tr.cross.shape[-1]
-            elif side == "tgt" and tr.cross is not None:
-                n = tr.cross.shape[-2]
-            else:
+        positions numbered (``#0``, ``#1``, ...) where they are not (a float input, positions the model
+        made); a kind over other positions is left out, and said in its capture notes."""
+        best: AttentionTrace | None = None
+        for src, tgt in ((src_tok, tgt_tok), (src_tok, ()), ((), tgt_tok), ((), ())):  # labelled sides first
+            try:
+                tr = cast(AttentionTrace, cap.trace(i, src, tgt, model=title))
+            except ValueError:  # the ids are no map's tokens
                 continue
-            if len(tokens) != n:
-                changes[f"{side}_tokens"] = tuple(f"#{j}" for j in range(n))
-        return tr.replace(**changes) if changes else tr
+            if best is None or len(tr.kinds) > len(best.kinds):
+                best = tr  # (a decoder fed its target shifted inside forward: that side numbered)
+            if len(best.kinds) == len(cap.kinds()):
+                break
+        if best is None:
+            raise ValueError("the probe's attention could not be drawn over its positions")
+        return best
 
     # -- the loop's calls ------------------------------------------------------------------------------
     @property
