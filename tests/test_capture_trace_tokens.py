@@ -132,7 +132,9 @@ def test_no_attention_captured_is_one_sentence():
 
 def test_tokens_that_fit_no_map_are_one_sentence():
     _, _, cap = _captured()
-    with pytest.raises(ValueError, match="none of the attention captured is over the tokens given: enc_self"):
+    with pytest.raises(
+        ValueError, match="none of the attention captured can be drawn over the tokens given: enc_self"
+    ):
         cap.trace(0, src_tokens=["a", "b", "c"])
 
 
@@ -219,7 +221,9 @@ def test_a_watched_decoder_fed_its_target_shifted_keeps_every_kind(tmp_path):
             inner = self.inner
             src_mask = (src != annotated.PAD).unsqueeze(-2)
             t = tgt[:, :-1]
-            tgt_mask = (t != annotated.PAD).unsqueeze(-2) & annotated.subsequent_mask(t.size(-1)).type_as(src_mask)
+            tgt_mask = (t != annotated.PAD).unsqueeze(-2) & annotated.subsequent_mask(t.size(-1)).type_as(
+                src_mask
+            )
             return inner.generator(inner.decode(inner.encode(src, src_mask), src_mask, t, tgt_mask))
 
     src, tgt = annotated.sample_batch()
@@ -230,3 +234,35 @@ def test_a_watched_decoder_fed_its_target_shifted_keeps_every_kind(tmp_path):
     assert tr.kinds == ("enc_self", "dec_self", "cross")
     assert tr.src_tokens == tuple(str(t) for t in src[0].tolist())
     assert tr.tgt_tokens == tuple(f"#{j}" for j in range(tgt.shape[1] - 1))
+
+
+class ReducedKeys(nn.Module):
+    """PVT's spatial-reduction attention: the keys and values are the tokens average-pooled 4 to 1."""
+
+    def __init__(self, pooled: bool, d: int = 32, h: int = 2):
+        super().__init__()
+        self.pooled, self.h = pooled, h
+        self.q, self.kv = nn.Linear(d, d), nn.Linear(d, 2 * d)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q = self.q(x).view(b, n, self.h, -1).transpose(1, 2)
+        src = torch.nn.functional.avg_pool1d(x.transpose(1, 2), 4).transpose(1, 2) if self.pooled else x
+        k, v = self.kv(src).view(b, -1, 2, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        w = (q @ k.transpose(-2, -1) / math.sqrt(d // self.h)).softmax(-1)
+        return (w @ v).transpose(1, 2).reshape(b, n, d)
+
+
+def test_self_attention_over_pooled_keys_is_left_out_for_the_layer_over_the_tokens(tmp_path):
+    """A reduced-keys layer (16 queries over 4 pooled keys) first, then a full one: with no tokens given,
+    the layer whose queries and keys are the sequence's positions is drawn, and the first said."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 32), ReducedKeys(True), ReducedKeys(False)).eval()
+    ids = torch.randint(1, 50, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    assert [tuple(r.probs.shape) for r in cap.records] == [(2, 2, 16, 4), (2, 2, 16, 16)]
+    tr = cap.trace(0)
+    np.testing.assert_array_equal(tr.probs("enc_self")[0], cap.records[1].probs[0].numpy())
+    assert any(n.startswith("enc_self (1): 1 call(s) left out") for n in tr.meta["capture_notes"])
+    assert AttentionTrace.load(tr.save(tmp_path / "p.npz")).kinds == ("enc_self",)

@@ -415,8 +415,9 @@ class Captured:
             scopes.pop(kind, None)
             del probs[kind]
         if left_out and not probs:
+            over = "the tokens given" if src_tokens or tgt_tokens else "its sequences' positions"
             raise ValueError(
-                "none of the attention captured is over the tokens given: " + "; ".join(left_out)
+                f"none of the attention captured can be drawn over {over}: " + "; ".join(left_out)
             )
         sources = sorted({r.source for r in self.records})
         meta: dict[str, Any] = {"kind": "torch.nn", "capture": ", ".join(sources)}
@@ -482,11 +483,14 @@ def stack_groups(records: list[Record], joined: set[str]) -> list[list[Record]]:
 
 
 def _fits(r: Record, kind: str, joined: set[str], src_tokens, tgt_tokens) -> bool:
-    """Whether record ``r``'s map is over the tokens given on each side that has them (learned positions
-    joined to a sequence, a [CLS], counted where the tokens are its other positions)."""
+    """Whether record ``r``'s map can be drawn over the tokens given on each side that has them (learned
+    positions joined to a sequence, a [CLS], counted where the tokens are its other positions), its
+    queries and keys one sequence's positions where both are one side's (self-attention)."""
     q_side, k_side = _SIDES[kind]
     tokens = {"src": tuple(src_tokens), "tgt": tuple(tgt_tokens)}
     seq = _seq_columns(r, joined)
+    if q_side == k_side and int(r.probs.shape[-2]) != len(seq):  # (keys pooled, or learned ones alone)
+        return False
     key_labels = [r.key_labels[j] if r.key_labels else None for j in seq]
     for side, n, labels in ((q_side, int(r.probs.shape[-2]), r.query_labels), (k_side, len(seq), key_labels)):
         given = tokens[side]
