@@ -266,3 +266,21 @@ def test_self_attention_over_pooled_keys_is_left_out_for_the_layer_over_the_toke
     np.testing.assert_array_equal(tr.probs("enc_self")[0], cap.records[1].probs[0].numpy())
     assert any(n.startswith("enc_self (1): 1 call(s) left out") for n in tr.meta["capture_notes"])
     assert AttentionTrace.load(tr.save(tmp_path / "p.npz")).kinds == ("enc_self",)
+
+
+def test_a_sequence_some_calls_of_a_kind_do_not_hold_draws_the_calls_that_do():
+    """Calls of one kind over 2 sequences and over 6 (a hierarchical model's sentence and word levels):
+    sequence 4's trace draws the calls over 6, and says the others, where indexing them raised."""
+    from attnscope.core.families.capture import Captured, Record
+
+    def rec(b: int, k: int) -> Record:
+        probs = torch.rand(b, 1, 1, k, generator=torch.Generator().manual_seed(b)).softmax(-1)
+        return Record("", "cross", probs, None, None, source="softmax")
+
+    cap = Captured(records=[rec(2, 3), rec(6, 4)])
+    tr = cap.trace(4, tgt_tokens=["q"])
+    np.testing.assert_array_equal(tr.probs("cross")[0], cap.records[1].probs[4].numpy())
+    assert tr.src_tokens == ("#0", "#1", "#2", "#3")
+    assert cap.trace(1, tgt_tokens=["q"]).src_tokens == ("#0", "#1", "#2")  # (both hold it: the first drawn)
+    with pytest.raises(ValueError, match="this trace is of sequence 6"):
+        cap.trace(6)

@@ -360,11 +360,16 @@ class Captured:
             # calls of one kind whose maps do not stack (a decoder run a step at a time, layers with other head
             # counts): the group over the tokens given is drawn (else the most calls), the others said
             groups = stack_groups(self.of(kind), joined)
+            has = [index < int(g[0].probs.shape[0]) for g in groups]  # (maps over fewer sequences: blocks)
             fits = [_fits(g[0], kind, joined, src_tokens, tgt_tokens) for g in groups]
-            best = max(range(len(groups)), key=lambda i: (fits[i], len(groups[i]), -i))
+            best = max(range(len(groups)), key=lambda i: (has[i], fits[i], len(groups[i]), -i))
             for i, g in enumerate(groups):
                 if i != best:
                     left_out.append(stack_note(kind, g, groups[best]))
+            if not has[best]:
+                left_out.append(f"{kind} left out of the trace: its maps are over {groups[best][0].probs.shape[0]} "
+                                f"sequence(s), and this trace is of sequence {index}")  # fmt: skip
+                continue
             km = kind_maps(groups[best], joined)
             p = km.probs[index]  # (layer, head, q, k)
             probs[kind] = p
