@@ -216,7 +216,10 @@ def _steps_view(run: Run, path: str, steps: list[int], series: dict, failed_step
         key="run_grid",
     )
     if tr.meta.get("capture_notes"):
-        st.warning("Capture could not verify: " + "; ".join(map(str, tr.meta["capture_notes"][:4])))
+        st.warning(
+            "Capture could not verify, or left out of these maps: "
+            + "; ".join(map(str, tr.meta["capture_notes"][:4]))
+        )
     _other_input(run, path, step, kind)
     _curves(run, series, step, failed_step)
 

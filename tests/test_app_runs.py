@@ -365,3 +365,19 @@ def test_another_input_at_a_step_of_a_run_with_weights_and_an_adapter(tmp_path, 
     probs = want.probs(kind)
     nq, nk = probs.shape[2:]
     np.testing.assert_allclose(z[:nq, :nk], np.rint(probs[0, 0] * 100), atol=1)
+
+
+def test_a_run_says_what_its_maps_leave_out(tmp_path, monkeypatch):
+    """A watched model with an attention-pooling head (keys ``x[:, 1:]``): the run's maps are the encoder's,
+    and the Training page says the pool was left out of them."""
+    from tests.test_capture_trace_tokens import Pooled, _ids
+
+    w = attnscope.watch(Pooled(), _ids(), every=1, run_dir=tmp_path / "pooled")
+    w.step(0)
+    w.close()
+    monkeypatch.setenv(watched.RUN_ENV, str(tmp_path / "pooled"))
+    at = run_app()
+    assert_clean(at)
+    assert figure(at, "at step 0: all layers")
+    said = [m.value for m in at.warning if "left out of these maps" in m.value]
+    assert len(said) == 1 and "cross (pool) left out of the trace" in said[0], [m.value for m in at.warning]
