@@ -1,6 +1,9 @@
-"""Captured.trace draws a kind only over the tokens it is given: a kind whose maps are over other positions
-(keys that are some of the tokens, ``x[:, 1:]``) is left out of the trace and said in its capture notes, so
-every trace it makes opens again, and watch's run files too."""
+"""Captured.trace draws a kind only over the tokens it is given, so every trace it makes opens again, and
+watch's run files too: a kind whose maps are over other positions (keys that are some of the tokens,
+``x[:, 1:]``) is left out and said in the capture notes; calls of a kind that do not stack as layers (a
+decoder run step by step, layers with other head counts, pooled keys, other sequences) draw the group over
+the tokens and say the rest; a side given no tokens is numbered, and a decoder-only model's tokens given as
+the source label its maps."""
 
 from __future__ import annotations
 
