@@ -287,3 +287,24 @@ def test_a_sequence_some_calls_of_a_kind_do_not_hold_draws_the_calls_that_do():
     assert cap.trace(1, tgt_tokens=["q"]).src_tokens == ("#0", "#1", "#2")  # (both hold it: the first drawn)
     with pytest.raises(ValueError, match="this trace is of sequence 6"):
         cap.trace(6)
+
+
+def test_a_sequence_with_nan_in_its_data_keeps_its_maps_and_leaves_out_what_moves(tmp_path):
+    """A NaN in one sequence's input: its values' norms are NaN, which no trace holds (the reader refuses
+    them), so its trace leaves what attention moves out and says so; the other sequence keeps them."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 2, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    x[0, 3, 4] = float("nan")
+    with torch.no_grad(), capture_attention(mha) as cap:
+        mha(x, x, x)
+    tr = cap.trace(0)
+    assert tr.kinds == ("enc_self",) and tr.value_norms("enc_self") is None
+    assert any("what attention moves is left out of the trace" in n for n in tr.meta["capture_notes"])
+    back = AttentionTrace.load(tr.save(tmp_path / "nan.npz"))  # (it opens: the NaN norms did not)
+    np.testing.assert_array_equal(
+        np.isnan(back.probs("enc_self")[0]), np.isnan(cap.records[0].probs[0].numpy())
+    )
+    other = cap.trace(1)
+    assert other.value_norms("enc_self") is not None and np.isfinite(other.value_norms("enc_self")).all()
+    assert AttentionTrace.load(other.save(tmp_path / "ok.npz")).value_norms("enc_self") is not None
