@@ -528,3 +528,22 @@ def test_layers_pruned_to_other_head_counts_draw_the_most_and_say_the_rest(lms, 
     np.testing.assert_allclose(tr.probs("enc_self"), np.stack([own[0].numpy(), own[2].numpy()]), atol=1e-6)
     said = [n for n in tr.meta["capture_notes"] if "left out of the trace" in n]
     assert len(said) == 1 and said[0].startswith("enc_self (layers.1): 1 call(s) left out"), said
+
+
+def test_a_model_whose_weights_went_nan_traces_to_a_file_that_opens(tmp_path):
+    """A checkpoint whose training blew up (a NaN in the last layer's value projection): the maps are the
+    model's, what attention moves is left out and said (its norms are NaN, which the reader refuses as no
+    norms), and the trace opens."""
+    lm = load_adapter(ADAPTERS / "bert_encoder.py")
+    with torch.no_grad():
+        lm.model.layer[1].attention.value.weight[0, 0] = float("nan")
+    tr = lm.trace(["hello"])[0]
+    assert tr.value_norms("enc_self") is None and tr.residual_norms("enc_self") is None
+    said = [n for n in tr.meta["capture_notes"] if "what attention moves is left out of the trace" in n]
+    assert said == [
+        "enc_self: what attention moves is left out of the trace, its values hold NaN or infinity"
+    ]
+    assert "enc_self" not in (tr.meta.get("value_norms") or {})
+    back = AttentionTrace.load(tr.save(tmp_path / "nan.npz"))
+    np.testing.assert_array_equal(back.probs("enc_self"), tr.probs("enc_self"))
+    assert np.isfinite(back.probs("enc_self")).all()
