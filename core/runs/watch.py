@@ -421,17 +421,19 @@ class Watcher:
         positions numbered (``#0``, ``#1``, ...) where they are not (a float input, positions the model
         made); a kind over other positions is left out, and said in its capture notes."""
         best: AttentionTrace | None = None
+        why = ""
         for src, tgt in ((src_tok, tgt_tok), (src_tok, ()), ((), tgt_tok), ((), ())):  # labelled sides first
             try:
                 tr = cast(AttentionTrace, cap.trace(i, src, tgt, model=title))
-            except ValueError:  # the ids are no map's tokens
+            except ValueError as exc:  # the ids are no map's tokens
+                why = str(exc)
                 continue
             if best is None or len(tr.kinds) > len(best.kinds):
                 best = tr  # (a decoder fed its target shifted inside forward: that side numbered)
             if len(best.kinds) == len(cap.kinds()):
                 break
         if best is None:
-            raise ValueError("the probe's attention could not be drawn over its positions")
+            raise ValueError(f"the probe's attention could not be drawn over its positions: {why}")
         return best
 
     # -- the loop's calls ------------------------------------------------------------------------------
