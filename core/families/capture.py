@@ -414,8 +414,7 @@ class Captured:
             want = tuple(given[side] for side in _SIDES[kind])
             if (want[0] is None or want[0] == q) and (want[1] is None or want[1] == k):
                 continue
-            names = sorted({r.name or "(model)" for r in self.of(kind)})
-            where = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            where = _modules(self.of(kind))
             tokens = " x ".join("any" if n is None else str(n) for n in want)
             left_out.append(f"{kind} ({where}) left out of the trace: its maps are {q} x {k} (queries x keys), "
                             f"the tokens make {tokens}, so they are over other positions than these tokens")  # fmt: skip
@@ -510,10 +509,15 @@ def _fits(r: Record, kind: str, joined: set[str], src_tokens, tgt_tokens) -> boo
     return True
 
 
+def _modules(records: list[Record]) -> str:
+    """The modules of ``records`` as a note names them: the first three, and how many more."""
+    names = sorted({r.name or "(model)" for r in records})
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
 def stack_note(kind: str, group: list[Record], drawn: list[Record]) -> str:
     """What a trace says of calls of a kind it leaves out for others that stack differently."""
-    names = sorted({r.name or "(model)" for r in group})
-    where = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    where = _modules(group)
     return (f"{kind} ({where}): {len(group)} call(s) left out of the trace, their maps "
             f"{tuple(int(n) for n in group[0].probs.shape)} do not stack with the "
             f"{tuple(int(n) for n in drawn[0].probs.shape)} of the {len(drawn)} drawn (a decoder run a step at "
