@@ -547,3 +547,36 @@ def test_a_model_whose_weights_went_nan_traces_to_a_file_that_opens(tmp_path):
     back = AttentionTrace.load(tr.save(tmp_path / "nan.npz"))
     np.testing.assert_array_equal(back.probs("enc_self"), tr.probs("enc_self"))
     assert np.isfinite(back.probs("enc_self")).all()
+
+
+def test_residual_norms_alone_not_finite_leave_out_only_the_residual(tmp_path):
+    """Every family's trace keeps the rule Captured.trace keeps: a residual stream that overflowed (inf)
+    leaves its norms out and says so, while the values' finite norms are kept (they were dropped too)."""
+    from attnscope.core.families.interface import Side, package_trace
+
+    probs = torch.full((1, 2, 2, 3, 3), 1 / 3)
+    side = Side(
+        torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.bool), lambda ids: [f"t{i}" for i in ids]
+    )
+    value = np.ones((2, 2, 3), dtype=np.float32)
+    residual = np.ones((2, 3), dtype=np.float32)
+
+    def traced(res):
+        return package_trace(0, model="m", config_name="c", device="cpu", src=side, tgt=None,
+                             maps={"enc_self": (probs, None, None)}, output_text="",
+                             meta={"value_norms": {"enc_self": "with the output projection"}},
+                             enc_self_value_norms=value.copy(), enc_self_residual_norms=res.copy())  # fmt: skip
+
+    whole = traced(residual)
+    assert whole.residual_norms("enc_self") is not None and not whole.meta.get("capture_notes")
+    residual[1, 2] = np.inf
+    tr = traced(residual)
+    np.testing.assert_array_equal(tr.value_norms("enc_self"), value)
+    assert tr.residual_norms("enc_self") is None
+    assert tr.meta["value_norms"] == {"enc_self": "with the output projection"}
+    assert tr.meta["capture_notes"] == [
+        "enc_self: the residual stream's share of what attention moves is left out of the trace, the "
+        "residual stream holds NaN or infinity"
+    ]
+    back = AttentionTrace.load(tr.save(tmp_path / "inf.npz"))
+    np.testing.assert_array_equal(back.value_norms("enc_self"), value)

@@ -384,17 +384,18 @@ class Captured:
             if km.learned is not None:
                 kw[f"{kind}_learned"] = km.learned[index].float().cpu().numpy()
                 learned_keys[kind] = list(km.learned_labels)
-            for what, norms in (("value_norms", km.value_norms), ("residual_norms", km.residual_norms)):
-                if norms is None:
-                    continue
-                a = norms[index].float().cpu().numpy()
-                if not np.isfinite(a).all():  # NaN or infinity in the data: no norm to show (nor to open)
-                    left_out.append(f"{kind}: what attention moves is left out of the trace, its "
-                                    f"{'values' if what == 'value_norms' else 'residual stream'} hold NaN or infinity")  # fmt: skip
-                    break
-                kw[f"{kind}_{what}"] = a
-                if what == "value_norms":
-                    scopes[kind] = km.value_scope
+            value, residual, dropped = values_.finite_norms(
+                kind,
+                None if km.value_norms is None else km.value_norms[index].float().cpu().numpy(),
+                None if km.residual_norms is None else km.residual_norms[index].float().cpu().numpy(),
+            )
+            if dropped:
+                left_out.append(dropped)
+            if value is not None:
+                kw[f"{kind}_value_norms"] = value
+                scopes[kind] = km.value_scope
+            if residual is not None:
+                kw[f"{kind}_residual_norms"] = residual
             q_side, k_side = _SIDES[kind]
             for side, labs in ((q_side, km.query_labels), (k_side, km.key_labels)):
                 if labs and side not in labels:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from attnscope.core.errors import InputError
+from attnscope.core.families import values as values_
 from attnscope.core.traces.trace import AttentionTrace
 
 ARCHS = ("encoder", "decoder", "seq2seq")  # encoder only | decoder only | encoder-decoder
@@ -321,18 +322,22 @@ def package_trace(
             kw[f"{kind}_mask"] = mask[i].bool().cpu().numpy()
     kw.setdefault("src_tokens", ())
     for kind in maps:  # NaN or infinity in the weights or the data: no norm to show (a file would not open)
-        norms = [kw.get(f"{kind}_{what}") for what in ("value_norms", "residual_norms")]
-        if any(n is not None and not np.isfinite(n).all() for n in norms):
-            kw.pop(f"{kind}_value_norms", None)
-            kw.pop(f"{kind}_residual_norms", None)
+        value, residual, dropped = values_.finite_norms(
+            kind, kw.get(f"{kind}_value_norms"), kw.get(f"{kind}_residual_norms")
+        )
+        if dropped is None:
+            continue
+        for what, keep in (("value_norms", value), ("residual_norms", residual)):
+            if keep is None:
+                kw.pop(f"{kind}_{what}", None)
+        if value is None:
             scopes = {k: v for k, v in (meta.get("value_norms") or {}).items() if k != kind}
             meta = (
                 {**meta, "value_norms": scopes}
                 if scopes
                 else {k: v for k, v in meta.items() if k != "value_norms"}
             )
-            note = f"{kind}: what attention moves is left out of the trace, its values hold NaN or infinity"
-            meta["capture_notes"] = [*(meta.get("capture_notes") or []), note]
+        meta = {**meta, "capture_notes": [*(meta.get("capture_notes") or []), dropped]}
     if tgt is not None and kw.get("topk_ids") is not None and kw.get("topk_tokens") is None:
         # a trace file carries no vocabulary: the top-k ids as tokens, for the Decoding page
         kw["topk_tokens"] = np.array([tgt.tokens([int(x) for x in row]) for row in kw["topk_ids"]], dtype=str)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from attnscope.core.families import lineage
@@ -126,3 +127,22 @@ def projection_slices(weight: torch.Tensor, cols: torch.Tensor, transposed: bool
     (C, D) (True), and the columns each head's features meet (H, dv)."""
     w = weight.detach().t() if transposed else weight.detach()  # (D, C)
     return w[:, cols].permute(1, 0, 2)  # (D, H, dv) -> (H, D, dv)
+
+
+def finite_norms(
+    kind: str, value: np.ndarray | None, residual: np.ndarray | None
+) -> tuple[np.ndarray | None, np.ndarray | None, str | None]:
+    """A kind's value and residual norms as a trace may hold them, and what was left out: NaN or infinity
+    (weights that went NaN in training, NaN in the data) is no norm to show, and a file with it would not
+    open. Value norms that are not finite leave both out (the residual's share is read against them);
+    residual norms alone leave only the residual out."""
+    if value is not None and not np.isfinite(value).all():
+        return (
+            None,
+            None,
+            f"{kind}: what attention moves is left out of the trace, its values hold NaN or infinity",
+        )
+    if residual is not None and not np.isfinite(residual).all():
+        return value, None, (f"{kind}: the residual stream's share of what attention moves is left out of the "
+                             "trace, the residual stream holds NaN or infinity")  # fmt: skip
+    return value, residual, None
