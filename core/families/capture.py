@@ -78,6 +78,7 @@ per kind; a module called twice (self, then context attention) is two records. O
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import fnmatch
 import inspect
@@ -138,6 +139,9 @@ POOL = frozenset(
 # ops through which a tensor from outside the call (features, an image, hidden states) enters the model
 ENTRY = LINEAR | CONV | MATMUL | ADD | MUL | CAT | frozenset({"layer_norm", "stack"})
 IN_PLACE = frozenset({"masked_fill_", "__iadd__", "add_", "__isub__", "sub_", "__setitem__", "exp_"})
+# ops that write into their first argument (besides every ``name_`` method and ``out=``)
+WRITES = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__", "__ipow__",
+                    "__ifloordiv__", "__imod__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"})  # fmt: skip
 FILL = frozenset({"masked_fill", "masked_fill_"})
 ROW_REDUCE = frozenset({"max", "amax", "min", "amin", "mean"})  # over one axis of scores: a score per row
 HAND_STEPS = frozenset({"exp", "exp_", "log_softmax", "logsumexp", "sum", "unsqueeze"})  # a softmax by hand
@@ -1041,6 +1045,11 @@ class _Session:
         self._last_wo: _Probs | None = None  # the weights whose W_O the op being followed just applied
         self._rowq_owner: dict[int, tuple[torch.Tensor, _Probs]] = {}  # the record whose rows rowq holds
         self._consumed: dict[int, _Probs] = {}  # weights already multiplied by values (held: ids stay theirs)
+        # memory of the model's that records hold (the weights a softmax wrote, its scores, a mask) and, of
+        # it, what the values have multiplied since: a later write there (a buffer reused by the next
+        # layer, maps edited for display) must not reach the record, which is what the model used
+        self._aliased: set[int] = set()
+        self._sealed: set[int] = set()
         self._pad_start: int | None = None
         # a softmax written by hand: id(tensor) -> (its weakref, what it is, the tensor it was made of,
         # the scores, the dim): the exp of scores, its sum over a dim, log_softmax of scores, the weights
@@ -1202,6 +1211,8 @@ class _Session:
             drop = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
             q = args[0] if args else kwargs.get("query")
             self._rng = _rng_state(q.device) if drop and isinstance(q, torch.Tensor) else None
+        if self._sealed and ("out" in kwargs or _writes_first(name)):
+            self._unshare(name, args, kwargs)
         pre = None
         if name in IN_PLACE and args and isinstance(args[0], torch.Tensor):
             t = self.tag(args[0])
@@ -3070,23 +3081,40 @@ class _Session:
             self._pending.pop(first.attn_out or "", None)
             return None
         self._consumed[id(p)] = p
+        self._seal(p.record)
         w, v = ops[0], ops[1]
         if not isinstance(v, torch.Tensor) or not v.is_floating_point():
             return None
         shape, rec, layout = tuple(w.shape), p.record, p.layout
         w, v = w.detach(), v.detach()
+        held: torch.Tensor | None = (
+            w  # what the weights were, kept for make's check unless it is the record's
+        )
+        try:
+            laid = layout.bhqk(w)
+            if (
+                laid.dtype == rec.probs.dtype
+                and laid.data_ptr() == rec.probs.data_ptr()
+                and laid.shape == rec.probs.shape
+                and laid.stride() == rec.probs.stride()
+            ):
+                held = None  # the record's weights are these very ones (and a later write is not theirs)
+        except RuntimeError:
+            pass
 
         def make() -> torch.Tensor | None:  # on first use: the values, if the weights are the ones recorded
             vals = values_.bh_values(layout, shape, v)
             if vals is None or tuple(vals.shape[:3]) != (*rec.probs.shape[:2], rec.probs.shape[-1]):
                 return None
+            if held is None:
+                return vals
             try:  # not dropped out, gated or renormalized between the softmax and the product
-                same = torch.equal(layout.bhqk(w).to(rec.probs.dtype), rec.probs)
+                same = torch.equal(layout.bhqk(held).to(rec.probs.dtype), rec.probs)
             except RuntimeError:
                 same = False
             return vals if same else None
 
-        self._update_record(p, values=values_.HeadValues(make=make))
+        self._update_record(p, values=values_.HeadValues(make=make, watch=(v, held)))
         if vc is None or tuple(vc.shape) != tuple(v.shape) or first.attn_out is None:
             return None
         heads = _row_heads(layout, shape)
@@ -3139,6 +3167,8 @@ class _Session:
         if cols is None:
             return
         rec.values.b_o = bias.detach() if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None
+        if rec.values.b_o is not None:
+            rec.values.watch(rec.values.b_o)
         # again only if the weight changed
         key = ("W_O", id(weight), _version_of(weight), id(cols), transposed)
         w_o = lineage.recall(key)
@@ -3323,6 +3353,9 @@ class _Session:
         kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], seen, cross, ext, exact=flag is None,
                             causal=causal if mask is not None else None)  # fmt: skip
         scores = None if scores is None or not self.keep_scores else scores.detach()
+        if source not in ("sdpa", "nn.MultiheadAttention"):  # (those weights capture computed itself)
+            self._alias(probs, scores)
+        self._alias(mask)
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
                      layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops)  # fmt: skip
@@ -3946,10 +3979,70 @@ class _Session:
         if tuple(used.shape) == tuple(rec.probs.shape) and not torch.equal(used, rec.probs):
             self._update_record(p, probs=used)
 
+    def _alias(self, *tensors: torch.Tensor | None) -> None:
+        """Memory a record holds that may be the model's (so the model, or its caller, may write it again)."""
+        for t in tensors:
+            at = _storage_at(t)
+            if at:
+                self._aliased.add(at)
+
+    def _seal(self, rec: Record | None) -> None:
+        """The record's weights met the values: from here on, a write into its memory is not its."""
+        if rec is not None:
+            for t in (rec.probs, rec.scores, rec.mask):
+                at = _storage_at(t)
+                if at in self._aliased:
+                    self._sealed.add(at)
+
+    def _unshare(self, name: str, args, kwargs) -> None:
+        """An op about to write into memory a sealed record holds (in place, or ``out=``): the records get
+        copies first, so they keep what the model used (a buffer the next layer's softmax writes again, weights
+        turned into log-weights for display after the product)."""
+        out = kwargs.get("out")
+        targets = (
+            [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else []
+        )
+        if _writes_first(name) and args:
+            targets.append(args[0])
+        hit = {_storage_at(t) for t in targets} & self._sealed
+        if hit:
+            self._copy_records(hit)
+            self._sealed -= hit
+
+    def _copy_records(self, storages: builtins.set[int]) -> None:
+        """Records whose tensors lie in ``storages`` hold copies of them instead (the same records)."""
+        _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
+        try:
+            for rec in self.cap.records:
+                for field in ("probs", "scores", "mask"):
+                    t = getattr(rec, field)
+                    if t is not None and _storage_at(t) in storages:
+                        object.__setattr__(rec, field, t.clone())  # (frozen: the records others point to)
+        finally:
+            _LOCAL.busy -= 1
+        self._aliased -= storages
+
+    def detach_records(self) -> None:
+        """At the block's end: records that hold the model's memory where anything else still holds it too (maps
+        the model returned or kept) get copies, so a write after the block (maps post-processed in place, a
+        buffer reused by the next batch) cannot change what was captured."""
+        if not self._aliased:
+            return
+        held: dict[int, int] = {}
+        for rec in self.cap.records:
+            for t in (rec.probs, rec.scores, rec.mask):
+                at = _storage_at(t)
+                if at in self._aliased:
+                    held[at] = held.get(at, 0) + 1
+        shared = {at for at, n in held.items() if _storage_users(self.cap.records, at) != n}
+        if shared:
+            self._copy_records(shared)
+
     def _update_record(self, p: _Probs, **changes) -> None:
         """The record these weights were recorded as, with ``changes`` (it is still the one in
         ``cap.records``: a record joined with the next head's is left alone)."""
         rec = p.record
+        self._alias(*(changes.get(f) for f in ("probs", "scores", "mask")))
         i = next((i for i, r in enumerate(self.cap.records) if r is rec), None)
         if i is not None and rec is not None:
             self.cap.records[i] = replace(rec, **changes)
@@ -4152,7 +4245,7 @@ class _Session:
         hv = None
         if v.shape[-2] == lk:  # the values the weights multiply
             v_kept = v.detach()
-            hv = values_.HeadValues(make=lambda: v_kept.reshape(b, hq, lk, -1))
+            hv = values_.HeadValues(make=lambda: v_kept.reshape(b, hq, lk, -1), watch=(v_kept,))
         rec = self._record(self.path(), probs.reshape(shape), scores.reshape(shape), allowed, "sdpa",
                      "arguments" if allowed is not None else None, cross, check, ext,
                      key_labels=seen.key_labels if seen else None,
@@ -4956,7 +5049,9 @@ def _mha_values(p: dict[str, Any], h: int, want: tuple[int, int, int]) -> values
     w_o = p["out_proj_weight"].detach()
     w_o = w_o.reshape(w_o.shape[0], h, d).permute(1, 0, 2)  # (H, D, d)
     b_o = p["out_proj_bias"]
-    return values_.HeadValues(None, w_o, None if b_o is None else b_o.detach(), make=make)
+    return values_.HeadValues(
+        None, w_o, None if b_o is None else b_o.detach(), make=make, watch=(value, w_v, b_v)
+    )
 
 
 def _same_layer(a: Record | None, b: Record) -> bool:
@@ -5145,6 +5240,36 @@ def _head_group(path: str) -> tuple[str, int] | None:
     return group
 
 
+def _writes_first(name: str) -> bool:
+    """Whether the op writes into its first argument: ``x.add_(y)``, ``x += y``, ``x[i] = y``."""
+    return name in WRITES or (name[-1:] == "_" and name[:1] != "_")
+
+
+def _storage_at(t: Any) -> int:
+    """The address of a tensor's memory (0: none, or not a plain tensor's)."""
+    if not isinstance(t, torch.Tensor):
+        return 0
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError, TypeError):  # (tensor subclasses, functorch wrappers)
+        return 0
+
+
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _storage_users(records: list[Record], at: int) -> int:
+    """How many tensors hold the memory at ``at`` (-1 where torch cannot say: then it counts as shared)."""
+    for rec in records:
+        for t in (rec.probs, rec.scores, rec.mask):
+            if t is not None and _storage_at(t) == at and _USE_COUNT is not None:
+                try:
+                    return int(_USE_COUNT(t.untyped_storage()._cdata)) - 1  # (less the storage asked)
+                except (RuntimeError, TypeError, AttributeError):
+                    return -1
+    return -1
+
+
 def _cast_down(src: torch.dtype, dst: torch.dtype) -> bool:
     """A cast from one floating dtype to a less precise one (float32 -> bfloat16)."""
     return src.is_floating_point and dst.is_floating_point and torch.finfo(dst).eps > torch.finfo(src).eps
@@ -5321,6 +5446,7 @@ def capture_attention(
         for hook in hooks:
             hook.remove()
     session.finish()
+    session.detach_records()
     if session.n_ops and not session.n_attention and not blind:
         cap.notes.append(
             "no softmax, scaled_dot_product_attention or MultiheadAttention call was seen in this forward "

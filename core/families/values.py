@@ -85,14 +85,30 @@ class HeadValues:
         w_o: torch.Tensor | None = None,
         b_o: torch.Tensor | None = None,
         make: Callable[[], torch.Tensor | None] | None = None,
+        watch: tuple[torch.Tensor | None, ...] = (),
     ):
         self._values, self._make = values, make
         self.w_o = w_o  # (H, D, dv): head h's slice of the output projection, None if not found
         self.b_o = b_o  # (D,)
+        # the model's tensors these are read from (values, weights, the projection's parameters) as they were
+        # when the weights met the values: written since (a KV cache's next step, an optimizer step), they are
+        # not what moved, so nothing is shown
+        self._watch = [(t, _version(t)) for t in (*watch, w_o, b_o) if t is not None]
+
+    def watch(self, *tensors: torch.Tensor) -> None:
+        """Tensors read from later (a bias found after the product), as they are now."""
+        self._watch += [(t, _version(t)) for t in tensors]
+
+    def intact(self) -> bool:
+        """Whether no tensor these are read from was written since the weights met the values."""
+        return all(_version(t) == at for t, at in self._watch)
 
     @property
     def values(self) -> torch.Tensor | None:
-        """(B, H, k, dv) what the weights multiply (None: they could not be confirmed)."""
+        """(B, H, k, dv) what the weights multiply (None: they could not be confirmed, or the tensors they
+        are read from were written since)."""
+        if not self.intact():
+            return None
         if self._make is not None:
             self._values, self._make = self._make(), None
         return self._values
@@ -120,6 +136,14 @@ class HeadValues:
     @property
     def scope(self) -> str:
         return WITH_WO if self.w_o is not None else WITHOUT_WO
+
+
+def _version(t: torch.Tensor) -> int:
+    """A tensor's version counter (each write in place adds one; -1 where it keeps none: inference tensors)."""
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return -1
 
 
 def projection_slices(weight: torch.Tensor, cols: torch.Tensor, transposed: bool) -> torch.Tensor:
