@@ -135,3 +135,40 @@ def test_values_a_later_step_writes_are_not_read_as_what_moved():
     with torch.no_grad():
         model.cache.zero_()
     assert cap.records[0].values.values is None
+
+
+class Workspace(nn.Module):
+    """Every layer computes in one preallocated workspace: scores, weights and output all with ``out=``."""
+
+    def __init__(self, d=16, h=2, b=2, n=5, layers=3):
+        super().__init__()
+        self.h = h
+        self.qkv = nn.ModuleList([nn.Linear(d, 3 * d) for _ in range(layers)])
+        self.scores, self.probs = torch.empty(b, h, n, n), torch.empty(b, h, n, n)
+        self.ctx = torch.empty(b, h, n, d // h)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, x):
+        b, n, d = x.shape
+        self.used = []
+        for qkv in self.qkv:
+            q, k, v = qkv(x).view(b, n, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+            torch.matmul(q, k.transpose(-1, -2), out=self.scores)
+            self.scores.mul_((d // self.h) ** -0.5)
+            torch.softmax(self.scores, -1, out=self.probs)
+            self.used.append(self.probs.clone())
+            torch.matmul(self.probs, v, out=self.ctx)
+            x = x + self.ctx.transpose(1, 2).reshape(b, n, d)
+        return x
+
+
+def test_records_of_a_shared_workspace_hold_each_layers_weights_flagged_or_not():
+    """Scores written into the workspace lose their lineage (so the records are flagged); whatever the
+    flag, each record's numbers are its own layer's, not the last layer's that the workspace holds."""
+    torch.manual_seed(0)
+    model, x = Workspace().eval(), torch.randn(2, 5, 16)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(x)
+    assert len(cap.records) == 3
+    for rec, used in zip(cap.records, model.used, strict=True):
+        torch.testing.assert_close(rec.probs, used, rtol=0, atol=0)

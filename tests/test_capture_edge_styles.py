@@ -313,11 +313,36 @@ class SlotAttention(nn.Module):
         return torch.einsum("bjd,bij->bid", self.v(x), attn)
 
 
-def test_weights_renormalized_over_the_other_axis_are_flagged():
+class MultiHeadSlotAttention(nn.Module):
+    """Slot attention with heads as lucidrains writes it: ``dots.flatten(1, 2).softmax(dim=1)`` (over the
+    heads' slots together) viewed back to (b, h, slots, n), ``+ eps``, renormalized over the tokens, and
+    ``einsum("... j d, ... i j -> ... i d", v, attn)`` with the weights second."""
+
+    def __init__(self, dim: int = 8, slots: int = 3, heads: int = 1):
+        super().__init__()
+        self.heads = heads
+        self.emb, self.slots = nn.Embedding(VOCAB, dim), nn.Parameter(torch.randn(slots, dim))
+        self.q, self.k, self.v = (nn.Linear(dim, dim) for _ in range(3))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, _ = x.shape
+        split = lambda t: t.view(t.shape[0], t.shape[1], self.heads, -1).transpose(1, 2)  # noqa: E731
+        q = split(self.q(self.slots).expand(b, -1, -1))
+        k, v = split(self.k(x)), split(self.v(x))
+        dots = torch.einsum("... i d, ... j d -> ... i j", q, k)
+        attn = dots.flatten(1, 2).softmax(dim=1).view(b, self.heads, -1, n) + 1e-8
+        attn = attn / attn.sum(dim=-1, keepdim=True)
+        return torch.einsum("... j d, ... i j -> ... i d", v, attn)
+
+
+@pytest.mark.parametrize("model", [SlotAttention, MultiHeadSlotAttention], ids=["one head", "flatten, view"])
+def test_weights_renormalized_over_the_other_axis_are_flagged(model):
     """The values are multiplied by weights renormalized over the tokens, not by the softmax over
-    the slots: whatever capture records of that softmax is flagged, never exact."""
+    the slots: whatever capture records of that softmax is flagged, never exact (with one head, past the
+    view back to (b, h, slots, n), the record was exact: the softmax's output, transposed)."""
     torch.manual_seed(0)
-    cap = _captured(SlotAttention().eval(), torch.randint(1, VOCAB, (2, 5)))
+    cap = _captured(model().eval(), torch.randint(1, VOCAB, (2, 5)))
     assert cap.records and not any(r.exact for r in cap.records)
     assert all("changed after the softmax" in r.flag for r in cap.records) and cap.notes
 

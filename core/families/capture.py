@@ -2691,6 +2691,8 @@ class _Session:
         for g in op_tags[1:]:  # changed weights as a later operand (``einsum("bjd,bij->bid", v, w)``, slot
             if g is not None and g.touched and (g.probs is not None or g.rowq is not None):  # attention's
                 self._unfollowed(g)  # renormalized weights): not followed, so flagged
+            elif g is not None and g.lost is not None and g.changed and g.rowq is None and g.probs is None:
+                self._changed_after_view(g.lost)  # (the same, past a view: ``flatten(1, 2).softmax(1).view``)
         if (
             first is not None
             and first.lost is not None
@@ -3073,6 +3075,8 @@ class _Session:
                 self._weights_used(p, w.to(out_dtype))
             elif first.touched:
                 self._weights_used(p, w)
+        if p is not None and len(ops) >= 2:
+            self._seal(p.record)  # (laid out or flagged: a later write into its memory is not the record's)
         if p is None or p.layout is None or p.record is None or len(ops) < 2:
             return None
         if id(p) in self._consumed:  # the weights multiply a second tensor (Shaw's relative values): what
@@ -3081,7 +3085,6 @@ class _Session:
             self._pending.pop(first.attn_out or "", None)
             return None
         self._consumed[id(p)] = p
-        self._seal(p.record)
         w, v = ops[0], ops[1]
         if not isinstance(v, torch.Tensor) or not v.is_floating_point():
             return None
