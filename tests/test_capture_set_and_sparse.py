@@ -324,3 +324,73 @@ def test_two_attentions_inline_in_one_call_are_not_joined_as_pieces(batch, pixel
     for rec, used in zip(cap.records, model.used, strict=True):
         assert rec.exact
         torch.testing.assert_close(rec.probs, used, atol=0, rtol=0)
+
+
+class _CoreAttention(nn.Module):
+    """The attention of a share of the heads, ``(b, h_local, s, d)`` in and out."""
+
+    def forward(self, q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, -1) @ v
+
+
+class _HeadGroups(nn.Module):
+    """Ulysses' sequence parallelism run on one device: each rank's share of one layer's heads through
+    the same attention module, one call per share; ``layers`` such layers share that module."""
+
+    def __init__(self, heads: int, groups: int, layers: int = 1, d: int = 4):
+        super().__init__()
+        self.h, self.groups, self.d = heads, groups, d
+        self.qkv = nn.ModuleList([nn.Linear(heads * d, 3 * heads * d) for _ in range(layers)])
+        self.core = _CoreAttention()
+
+    def split(self, qkv, x):
+        b, s, _ = x.shape
+        return [t.view(b, s, self.h, self.d).transpose(1, 2) for t in qkv(x).chunk(3, -1)]
+
+    def layer(self, qkv, x):
+        q, k, v = self.split(qkv, x)
+        outs = [self.core(*share) for share in zip(q.chunk(self.groups, 1), k.chunk(self.groups, 1),
+                                                   v.chunk(self.groups, 1), strict=True)]  # fmt: skip
+        return x + torch.cat(outs, 1).transpose(1, 2).reshape(*x.shape[:2], self.h * self.d)
+
+    def reference(self, x):  # every layer's (B, H, q, k), outside the capture
+        maps = []
+        for qkv in self.qkv:
+            q, k, _ = self.split(qkv, x)
+            maps.append(torch.softmax(q @ k.transpose(-1, -2) / self.d**0.5, -1))
+            x = self.layer(qkv, x)
+        return maps
+
+    def forward(self, x):
+        for qkv in self.qkv:
+            x = self.layer(qkv, x)
+        return x
+
+
+@pytest.mark.parametrize(
+    ("batch", "heads", "groups"), [(1, 2, 2), (2, 2, 2), (4, 4, 2), (3, 6, 3), (2, 8, 4)]
+)
+def test_heads_a_group_per_call_of_one_module_are_one_layer(batch, heads, groups):
+    """One layer's heads in groups, a call of the same module per group: one exact layer of every head
+    (it was a layer per group: a 1-layer model of 4 heads drawn as 2 layers of 2)."""
+    torch.manual_seed(batch * 10 + heads)
+    model, x = _HeadGroups(heads, groups).eval(), torch.randn(batch, 5, heads * 4)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(x)
+    (rec,) = cap.records
+    assert rec.exact and cap.notes == []
+    with torch.no_grad():
+        torch.testing.assert_close(rec.probs, model.reference(x)[0], atol=1e-6, rtol=0)
+
+
+def test_layers_sharing_one_attention_module_stay_layers():
+    """Two layers, each with its own projections, calling one shared attention module with all their
+    heads: the same heads read again, so two layers, not one of twice the heads."""
+    torch.manual_seed(0)
+    model, x = _HeadGroups(2, 1, layers=2).eval(), torch.randn(2, 5, 8)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(x)
+    assert [tuple(r.probs.shape) for r in cap.records] == [(2, 2, 5, 5), (2, 2, 5, 5)]
+    with torch.no_grad():
+        for rec, want in zip(cap.records, model.reference(x), strict=True):
+            torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)

@@ -1091,6 +1091,7 @@ class _Session:
         self._by_data: dict[int, tuple] = {}
         self._picked: set[int] = set()
         self._block_runs: set[int] = set()  # runs of pieces from separate calls of a module (blocks)
+        self._head_runs: set[int] = set()  # runs of other heads from separate calls of a module
         self._rng: tuple | None = None  # the RNG state an SDPA call with dropout started from
         # record.seq -> the key positions of its sequences (B, K), from lineage: are they whole sequences?
         self._seq_keys: dict[int, list[torch.Tensor]] = {}
@@ -1559,6 +1560,8 @@ class _Session:
         run_joined: set[int] = set()
         for run in self._runs:
             blocks = id(run) in self._block_runs  # (calls of a module one after another)
+            if id(run) in self._head_runs and any(piece[0] in in_groups for piece in run):
+                continue  # heads a call each whose outputs are joined: joined below, with their sequences
             joined = self._run_joined(run)
             if isinstance(joined, str) and any(piece[0] in in_groups for piece in run):
                 run = [piece for piece in run if piece[0] not in in_groups]  # heads joined by their outputs
@@ -1608,6 +1611,7 @@ class _Session:
             records[:] = [r for r in records if not (id(r) in seen or seen.add(id(r)))]  # type: ignore[func-returns-value]
         self._runs.clear()
         self._block_runs.clear()
+        self._head_runs.clear()
         self._head_groups.clear()
         # a decoder's first step (one query: with a KV cache, nothing cached yet, or a preallocated cache
         # with one slot written; without one, a one-token prompt) looks like an encoder of one token: it
@@ -3396,13 +3400,34 @@ class _Session:
             return
         blocks = frame is not held
         if blocks and not self._blocks(queries, held_q, layout, held_layout, held_at, at):
-            return
+            if not self._heads_apart(queries, held_q, layout, held_layout, held_at, at):
+                return
+            blocks, heads = False, True  # (other heads of the same queries and keys: as a call's heads are)
+        else:
+            heads = False
         if self._runs and self._runs[-1][-1][0] == held_at:
             self._runs[-1].append((at, rec, layout))
         else:
             self._runs.append([(held_at, self.cap.records[held_at], held_layout), (at, rec, layout)])
         if blocks:
             self._block_runs.add(id(self._runs[-1]))
+        if heads:
+            self._head_runs.add(id(self._runs[-1]))
+
+    def _heads_apart(
+        self, queries, held_q, layout: Layout, held_layout: Layout, held_at: int, at: int
+    ) -> bool:
+        """Whether a map from another call of the module than the previous map, right after it, holds other
+        heads of the same queries over the same keys: one layer's heads computed a group per call (Ulysses'
+        sequence parallelism run on one device: each rank's share of the heads through one attention
+        module). Calls of a module shared by layers read the same heads again, and are not these."""
+        if held_at != at - 1 or layout.seq_keys is None or held_layout.seq_keys is None:
+            return False
+        kp, hk = layout.seq_keys, held_layout.seq_keys
+        if kp.shape != hk.shape or kp.device != hk.device or not bool((kp == hk).all()):
+            return False
+        qp, hq = torch.unique(queries >> lineage.SHIFT), torch.unique(held_q >> lineage.SHIFT)
+        return qp.shape == hq.shape and bool((qp == hq).all())
 
     def _blocks(self, queries, held_q, layout: Layout, held_layout: Layout, held_at: int, at: int) -> bool:
         """Whether a map from another call of the module than the previous map, right after it, holds
