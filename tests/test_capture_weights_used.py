@@ -337,3 +337,44 @@ def test_heads_mixed_by_a_learned_matrix_are_flagged_not_shown_as_exact(where, m
     assert not mixed.exact and "talking-heads" in mixed.flag and where in mixed.flag
     assert plain.exact and plain.flag is None
     assert [n for n in cap.notes if "talking-heads" in n] and len(cap.notes) == 1
+
+
+class _RingAttention(nn.Module):
+    """Ring (context-parallel) attention written out on one device: each block of queries meets the key
+    blocks one by one, ``softmax`` per block, then the blocks' outputs combined with their logsumexps
+    (``o * exp(lse_block - lse)``). One head, queries and keys in blocks of 4."""
+
+    def __init__(self, d: int = 8, block: int = 4):
+        super().__init__()
+        self.qkv, self.block = nn.Linear(d, 3 * d), block
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split(x.shape[-1], -1)
+        outs = []
+        for qc in q.split(self.block, 1):
+            parts = []
+            for kc, vc in zip(k.split(self.block, 1), v.split(self.block, 1), strict=True):
+                s = qc @ kc.transpose(-1, -2) / x.shape[-1] ** 0.5
+                parts.append((torch.softmax(s, -1) @ vc, torch.logsumexp(s, -1)))
+            lse = torch.logsumexp(torch.stack([p[1] for p in parts]), 0)
+            out = 0
+            for o, lse_block in parts:
+                out = out + o * torch.exp(lse_block - lse).unsqueeze(-1)
+            outs.append(out)
+        return torch.cat(outs, 1)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_block_softmaxes_combined_online_are_flagged(batch):
+    """Every block's softmax is what the model computed, but not what the values end up multiplied by
+    (the output is the full softmax's): each record says so, none is exact (they were, with no flag)."""
+    torch.manual_seed(batch)
+    model, x = _RingAttention().eval(), torch.randn(batch, 8, 8)
+    with torch.no_grad(), capture_attention(model) as cap:
+        y = model(x)
+    with torch.no_grad():
+        q, k, v = model.qkv(x).split(8, -1)
+        torch.testing.assert_close(y, torch.softmax(q @ k.mT / 8**0.5, -1) @ v, atol=1e-5, rtol=0)
+    assert len(cap.records) == 4 and not any(r.exact for r in cap.records)
+    assert all("scaled by a factor made from the scores" in r.flag for r in cap.records)
+    assert any("could not verify: the product of these weights" in n for n in cap.notes)

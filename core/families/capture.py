@@ -139,6 +139,8 @@ POOL = frozenset(
 # ops through which a tensor from outside the call (features, an image, hidden states) enters the model
 ENTRY = LINEAR | CONV | MATMUL | ADD | MUL | CAT | frozenset({"layer_norm", "stack"})
 IN_PLACE = frozenset({"masked_fill_", "__iadd__", "add_", "__isub__", "sub_", "__setitem__", "exp_"})
+RESCALE = frozenset({"mul", "__mul__", "__rmul__", "mul_", "__imul__", "div", "__truediv__", "div_",
+                     "__itruediv__"})  # fmt: skip
 # ops that write into their first argument (besides every ``name_`` method and ``out=``)
 WRITES = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__", "__ipow__",
                     "__ifloordiv__", "__imod__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"})  # fmt: skip
@@ -652,12 +654,13 @@ class _Tag:
     # record they came from; ``changed``: their values changed since (the record is not what they are)
     lost: _Probs | None = None
     changed: bool = False
+    made_by: _Probs | None = None  # weights times values: the record of the weights (then moved or changed)
 
     def derived(self, origin: frozenset) -> _Tag:
         """The tag of a tensor an op made from this one (dataclasses.replace is slower, on every op)."""
         return _Tag(self.role, origin, self.split, self.scores, self.allowed, self.mask_source, self.cross,
                     self.heads, self.cache, self.ext, self.axes, None, None, self.smap, self.rowq,
-                    self.attn_out, False, None, self.touched, self.lost, self.changed)  # fmt: skip
+                    self.attn_out, False, None, self.touched, self.lost, self.changed, self.made_by)  # fmt: skip
 
 
 _PARAM_TAG = _Tag(role="param")  # every parameter's (shared: tags are replaced, never changed in place)
@@ -1273,6 +1276,8 @@ class _Session:
                     self._positional_step(name, args, kwargs, out)
                 if name in SCATTER_SUM and self._exps:
                     self._scatter_softmax(name, args, kwargs)
+                if name in RESCALE and len(args) >= 2:
+                    self._rescaled(args)
                 self.propagate(name, func, args, kwargs, out, pre)
                 if name in GATHERS and self._by_data and isinstance(out, torch.Tensor):
                     self._gathered_by_data(name, args, kwargs, out)
@@ -2966,6 +2971,21 @@ class _Session:
         held = self._rowq_owner.get(id(g.rowq)) if g.rowq is not None else None
         return held[1] if held is not None and held[0] is g.rowq else None
 
+    def _rescaled(self, args) -> None:
+        """Weights times values scaled by a factor made from the scores (``o * exp(lse_block - lse)``: a
+        softmax computed block by block and combined online, ring attention's): each block's weights are
+        not the weights the values end up with, so their records are flagged."""
+        a, b = args[0], args[1]
+        for x, y in ((a, b), (b, a)):
+            gx, gy = self.tag(x), self.tag(y)
+            if gx is not None and gx.made_by is not None and gy is not None and gy.role == "scores":
+                if gy.probs is None and gy.rowq is None and y.is_floating_point():
+                    self._flag_weights(gx.made_by, "the product of these weights with the values is then scaled "
+                                       "by a factor made from the scores (a softmax computed block by block and "
+                                       "combined online, as ring or flash attention written out does): the "
+                                       "record holds one block's softmax, not the weights the values end up "
+                                       "with")  # fmt: skip
+
     def _changed_after_view(self, p: _Probs) -> None:
         """Weights viewed into another shape, changed, then multiplied with values (differential
         attention's ``w.view(B, H, 2, T, S)``, then ``w[:, :, 0] - lam * w[:, :, 1]``): flagged."""
@@ -3024,7 +3044,7 @@ class _Session:
     def _weighted(self, ops, first: _Tag, out, origin, given: tuple | None = None) -> _Tag:
         """Weights times values: the output rows are the weights' queries, its features the values'.
         ``given``: (the values' codes,) where ``ops[1]`` is an einsum's values permuted to (lead, k, d)."""
-        new = _Tag(None, origin, attn_out=first.attn_out, moved=True)
+        new = _Tag(None, origin, attn_out=first.attn_out, moved=True, made_by=self._weights_of(first))
         if given is not None:
             vc = given[0]
         else:
