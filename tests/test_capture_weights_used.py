@@ -378,3 +378,29 @@ def test_block_softmaxes_combined_online_are_flagged(batch):
     assert len(cap.records) == 4 and not any(r.exact for r in cap.records)
     assert all("scaled by a factor made from the scores" in r.flag for r in cap.records)
     assert any("could not verify: the product of these weights" in n for n in cap.notes)
+
+
+def test_an_output_past_its_projection_scaled_by_scores_is_no_block_softmax():
+    """QANet's and BiDAF's shape: a self-attention's output goes on into the residual stream, then a
+    later layer multiplies it by something made from other scores (context-query similarity). That is
+    no block of an online softmax: the self-attention stays exact (it was flagged for a moment)."""
+
+    class CoAttention(nn.Module):
+        def __init__(self, d: int = 8):
+            super().__init__()
+            self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+
+        def forward(self, context, question):
+            c, q = self.emb(context), self.emb(question)
+            a, k, v = self.qkv(c).chunk(3, -1)
+            x = torch.softmax(a @ k.mT / 8**0.5, -1) @ v + c  # the self-attention, added to its input
+            s = x @ q.mT  # similarity of the context to the question (unnormalized here)
+            return torch.mul(x, s @ q)  # BiDAF's and QANet's C * A
+
+    torch.manual_seed(0)
+    model = CoAttention().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (2, 6)), torch.randint(1, VOCAB, (2, 4)))
+    (own,) = cap.records
+    assert own.kind == "enc_self" and own.exact and own.flag is None
+    assert not any("scaled by a factor made from the scores" in n for n in cap.notes)

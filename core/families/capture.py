@@ -2972,13 +2972,19 @@ class _Session:
         return held[1] if held is not None and held[0] is g.rowq else None
 
     def _rescaled(self, args) -> None:
-        """Weights times values scaled by a factor made from the scores (``o * exp(lse_block - lse)``: a
-        softmax computed block by block and combined online, ring attention's): each block's weights are
-        not the weights the values end up with, so their records are flagged."""
+        """Weights times values (only moved since) scaled by a factor made from the scores (``o *
+        exp(lse_block - lse)``: a softmax computed block by block and combined online, ring attention's):
+        each block's weights are not the weights the values end up with, so their records are flagged."""
         a, b = args[0], args[1]
         for x, y in ((a, b), (b, a)):
             gx, gy = self.tag(x), self.tag(y)
-            if gx is not None and gx.made_by is not None and gy is not None and gy.role == "scores":
+            if (
+                gx is not None
+                and gx.made_by is not None
+                and gx.moved
+                and gy is not None
+                and gy.role == "scores"
+            ):
                 if gy.probs is None and gy.rowq is None and y.is_floating_point():
                     self._flag_weights(gx.made_by, "the product of these weights with the values is then scaled "
                                        "by a factor made from the scores (a softmax computed block by block and "
