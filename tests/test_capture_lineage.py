@@ -256,6 +256,45 @@ def test_multihead_attention_bias_k_and_zero_attn_are_labelled_learned_keys():
     assert rec.mask[0, 0].tolist() == [True, True, True, False, True, True]
 
 
+class _ClsViT(nn.Module):
+    """torchvision's and many tutorials' ViT: a learned class token prepended to the patches, then
+    nn.MultiheadAttention (self-attention, batch-first or not), learned object queries (DETR's, Mask2Former's)
+    reading the tokens through another nn.MultiheadAttention."""
+
+    def __init__(self, batch_first: bool):
+        super().__init__()
+        self.batch_first = batch_first
+        self.patch = nn.Conv2d(3, 8, 4, 4)
+        self.class_token = nn.Parameter(torch.randn(1, 1, 8))
+        self.queries = nn.Parameter(torch.randn(3, 8))
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=batch_first)
+        self.read = nn.MultiheadAttention(8, 2, batch_first=batch_first)
+
+    def forward(self, img):
+        x = self.patch(img).flatten(2).transpose(1, 2)  # (B, 4, 8)
+        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)
+        q = self.queries.expand(x.shape[0], -1, -1)
+        if not self.batch_first:
+            x, q = x.transpose(0, 1), q.transpose(0, 1)
+        x = x + self.attn(x, x, x)[0]
+        return self.read(q, x, x)[0]
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_labels_a_class_token_and_learned_queries(batch_first):
+    """Learned positions among nn.MultiheadAttention's queries and keys are labelled as on the softmax path
+    (they were unlabelled, so a picture showed the class token as the first patch)."""
+    torch.manual_seed(0)
+    model = _ClsViT(batch_first).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 3, 8, 8))
+    own, read = cap.records
+    cls = ("<class_token 0>", None, None, None, None)
+    assert own.kind == "enc_self" and own.key_labels == cls and own.query_labels == cls
+    assert read.kind == "cross" and read.key_labels == cls
+    assert read.query_labels == ("<queries 0>", "<queries 1>", "<queries 2>")
+
+
 class _SdpaMemory(nn.Module):
     """x-transformers' memory key/values on its SDPA path: learned keys joined in front of k and v."""
 

@@ -320,3 +320,52 @@ def test_watching_a_model_whose_maps_fit_no_positions_is_one_sentence_with_the_r
     ):
         w = attnscope.watch(model, ids, every=1, run_dir=tmp_path / "r")
         w.step(0)
+
+
+class CrossSelf(nn.Module):
+    """fairseq's ``--cross-self-attention``: the decoder's self-attention reads the encoder's output then
+    its own positions (``key = cat(encoder_out, x)``), sequence-first, a causal mask over its own part."""
+
+    def __init__(self, d: int = 8, heads: int = 2):
+        super().__init__()
+        self.h = heads
+        self.src_emb, self.tgt_emb = nn.Embedding(20, d), nn.Embedding(20, d)
+        self.encoder = nn.MultiheadAttention(d, heads)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, src, tgt):  # (len, batch)
+        s = self.src_emb(src)
+        enc = s + self.encoder(s, s, s)[0]
+        x = self.tgt_emb(tgt)
+        y = torch.cat((enc, x), dim=0)
+        (t, b, d), n = x.shape, y.shape[0]
+        q = self.q(x).view(t, b * self.h, -1).transpose(0, 1) * (d // self.h) ** -0.5
+        k = self.k(y).view(n, b * self.h, -1).transpose(0, 1)
+        v = self.v(y).view(n, b * self.h, -1).transpose(0, 1)
+        causal = torch.triu(torch.full((t, t), float("-inf")), 1)
+        w = torch.softmax(torch.bmm(q, k.transpose(1, 2)) + torch.cat((x.new_zeros(t, n - t), causal), 1), -1)
+        self.used = w.view(b, self.h, t, n)
+        return torch.bmm(w, v).transpose(0, 1).reshape(t, b, d)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 2)])
+def test_keys_that_are_the_sources_positions_then_the_decoders_own_are_labelled(tmp_path, batch, heads):
+    """The decoder's queries over the source's positions then its own: the source's keys are labelled
+    ``<src i>`` (they were unlabelled, so nothing kept a picture from putting them under the target's
+    tokens), and the trace draws the target's own keys over its tokens with the source's beside them."""
+    torch.manual_seed(batch)
+    model = CrossSelf(heads=heads).eval()
+    src, tgt = torch.randint(1, 20, (4, batch)), torch.randint(1, 20, (3, batch))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(src, tgt)
+    dec = next(r for r in cap.records if r.name == "")
+    assert dec.kind == "dec_self" and dec.exact
+    assert dec.key_labels == ("<src 0>", "<src 1>", "<src 2>", "<src 3>", None, None, None)
+    torch.testing.assert_close(dec.probs, model.used, atol=1e-6, rtol=0)
+    tr = cap.trace(0, src_tokens=["a", "b", "c", "d"], tgt_tokens=["x", "y", "z"])
+    assert set(tr.kinds) == {"enc_self", "dec_self"}
+    np.testing.assert_array_equal(tr.probs("dec_self")[0], dec.probs[0, :, :, 4:].numpy())
+    labels, beside = tr.learned("dec_self")
+    assert labels == ("<src 0>", "<src 1>", "<src 2>", "<src 3>")
+    np.testing.assert_array_equal(beside[0], dec.probs[0, :, :, :4].numpy())
+    assert AttentionTrace.load(tr.save(tmp_path / "cs.npz")).kinds == tr.kinds

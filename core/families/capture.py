@@ -1098,6 +1098,9 @@ class _Session:
         self._rng: tuple | None = None  # the RNG state an SDPA call with dropout started from
         # record.seq -> the key positions of its sequences (B, K), from lineage: are they whole sequences?
         self._seq_keys: dict[int, list[torch.Tensor]] = {}
+        self._queried: dict[
+            str, list[tuple[str, torch.Tensor]]
+        ] = {}  # module -> (kind, query codes) per record
         self.outside = False  # set by path(): the op runs in a module that holds the model, outside it
         self._path_at: tuple[int, str] = (-1, "")  # (op count, path) path() found last
         self._holders: dict[int, tuple[weakref.ref, bool]] = {}  # modules outside the model: hold it?
@@ -1647,6 +1650,7 @@ class _Session:
                 records[i] = replace(r, exact=False, flag=why)
                 self.warn(r.name, tuple(int(n) for n in r.probs.shape), f"could not verify: {why}")
         self._seq_keys.clear()
+        self._queried.clear()
 
     def _prefill_of(self, rec: Record, records: list[Record]) -> bool:
         """A prompt that sees itself both ways (a prefix LM's prefill that is all prefix) whose positions a
@@ -3394,6 +3398,12 @@ class _Session:
                      layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops)  # fmt: skip
         if layout is not None and flag is None and layout.seq_keys is not None:
             self._seq_keys.setdefault(rec.seq, []).append(layout.seq_keys)
+            if layout.ext and rec.key_labels is None and queries is not None:
+                labels = self._other_sequence(path, layout.seq_keys, queries)
+                if labels is not None:
+                    rec = replace(rec, key_labels=labels)
+        if queries is not None:
+            self._queried.setdefault(path, []).append((rec.kind, queries))
         self._pieces(path, rec, queries, layout)
         group = _head_group(path)
         last = self.cap.records[-1] if self.cap.records else None
@@ -3405,6 +3415,41 @@ class _Session:
             return None
         self.cap.records.append(rec)
         return rec
+
+    def _other_sequence(self, path: str, seq_keys: torch.Tensor, queries: torch.Tensor) -> tuple | None:
+        """Keys beyond the queries' own that are another sequence's positions: fairseq's cross-self-attention
+        (``key = cat(encoder_out, x)``), the decoder's queries over the source's positions then their own.
+        Such keys were queries of another attention (the encoder's) and never of this module's (a KV
+        cache's or a memory's earlier positions were): labelled ``<src i>`` (``<ctx i>`` where no encoder
+        self-attention read them), so no picture puts them under the queries' tokens. None otherwise."""
+        own = {int(p) for p in torch.unique(queries >> lineage.SHIFT).tolist()}
+        keys = [int(p) for p in seq_keys[0].tolist()]
+        other = [p for p in keys if p >= 0 and p not in own]
+        if not other:
+            return None
+        mine = {
+            int(p) for _, q in self._queried.get(path, ()) for p in torch.unique(q >> lineage.SHIFT).tolist()
+        }
+        if mine.intersection(other):
+            return None  # this module's own earlier queries: a cache, a memory
+        seen: dict[int, str] = {}
+        for name, calls in self._queried.items():
+            if name != path:
+                for kind, q in calls:
+                    for p in torch.unique(q >> lineage.SHIFT).tolist():
+                        seen.setdefault(int(p), kind)
+        if not all(p in seen for p in other):
+            return None
+        side = "src" if all(seen[p] == "enc_self" for p in other) else "ctx"
+        labels: list[str | None] = []
+        at = 0
+        for p in keys:
+            if p >= 0 and p not in own:
+                labels.append(f"<{side} {at}>")
+                at += 1
+            else:
+                labels.append(None)
+        return tuple(labels)
 
     def _pieces(self, path: str, rec: Record, queries: torch.Tensor | None, layout: Layout | None) -> None:
         """Note where one call of a module makes maps over other queries than its previous map (other
@@ -4516,20 +4561,30 @@ class _Session:
                 )
         allowed = _mask(b, h, lq, lk, attn_mask, kpm, weights.device)
         cross = None if query is key else True
-        if query is key and path not in self.fixed:
-            cross = False
-        elif query is not key and query.dim() == 3 and key.dim() == 3:  # lineage: where they came from
+        seen = None  # lineage: where the queries and keys came from, and learned positions among them
+        labelled = any(src.kind in lineage.LABELLED or src.kind == "pooled" for src in self.sources.items)
+        if query.dim() == 3 and key.dim() == 3 and (query is not key or labelled):
             qc, kc = self.code_of(query), self.code_of(key)  # (L, B, E), sequence-first
             if qc is not None and kc is not None and qc.shape == query.shape and kc.shape == key.shape:
                 seen = lineage.describe(qc.transpose(0, 1), kc.transpose(0, 1), self.sources)
-                if seen is not None and seen.cross is not None:
-                    cross = seen.cross  # a mean token among the keys (CLIP's attention pool): self
+        if query is key and path not in self.fixed:
+            cross = False
+        elif query is not key and seen is not None and seen.cross is not None:
+            cross = seen.cross  # a mean token among the keys (CLIP's attention pool): self
+        if seen is not None and seen.key_labels and len(seen.key_labels) == lk - len(extra):
+            labels = (*seen.key_labels, *extra)  # a [CLS] prepended, registers, learned object queries
+        query_labels = seen.query_labels if seen is not None and seen.query_labels else None
+        if query_labels is not None and len(query_labels) != lq:
+            query_labels = None
         hv = _mha_values(p, h, (b, h, lk))
         rec = self._record(path, weights, scores, allowed, "nn.MultiheadAttention",
                            "arguments" if allowed is not None else None, cross, key_labels=labels,
-                           values=hv, flag=dropped)  # fmt: skip
+                           query_labels=query_labels, values=hv, flag=dropped)  # fmt: skip
         if dropped is not None:
             self.warn(path, tuple(weights.shape), f"could not verify: {dropped}")
+        qc = self.code_of(query) if rec is not None else None
+        if rec is not None and qc is not None and qc.shape == query.shape:  # the positions it asked from
+            self._queried.setdefault(path, []).append((rec.kind, qc))
         if rec is not None and hv is not None and hv.w_o is not None and out is not None:
             self._follow_mha_out(query, out, rec, unbatched)
         return rec
