@@ -369,3 +369,40 @@ def test_keys_that_are_the_sources_positions_then_the_decoders_own_are_labelled(
     assert labels == ("<src 0>", "<src 1>", "<src 2>", "<src 3>")
     np.testing.assert_array_equal(beside[0], dec.probs[0, :, :, :4].numpy())
     assert AttentionTrace.load(tr.save(tmp_path / "cs.npz")).kinds == tr.kinds
+
+
+def test_weights_dropout_scaled_up_in_training_open_and_say_so(tmp_path):
+    """Captured in training mode, dropout keeps each weight it does not drop times 1 / (1 - p): the maps
+    hold weights above 1 (the ones the values were multiplied with). The trace says so and its file
+    opens; attnscope's reader refused the file attnscope wrote, and so a watched run's steps."""
+    torch.manual_seed(0)
+
+    class Dropped(nn.Module):
+        def __init__(self, d: int = 16, h: int = 2):
+            super().__init__()
+            self.h, self.qkv = h, nn.Linear(d, 3 * d)
+            with torch.no_grad():
+                self.qkv.weight[: 2 * d].mul_(8)  # peaked weights, as after some training
+
+        def forward(self, x):
+            b, n, d = x.shape
+            q, k, v = self.qkv(x).view(b, n, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+            w = nn.functional.dropout(torch.softmax(q @ k.mT / (d // self.h) ** 0.5, -1), 0.1, self.training)
+            return x + (w @ v).transpose(1, 2).reshape(b, n, d)
+
+    model = nn.Sequential(nn.Embedding(20, 16), Dropped()).train()
+    ids = torch.randint(0, 20, (2, 6))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    top = float(cap.records[0].probs.max())
+    assert top > 1.05  # 1 / (1 - 0.1) times a weight near 1
+    tr = cap.trace(0)
+    assert tr.meta["weights_rescaled"] >= float(tr.enc_self.max())
+    assert any(n.startswith("weights up to") and "dropout" in n for n in tr.meta["capture_notes"])
+    back = AttentionTrace.load(tr.save(tmp_path / "dropped.npz"))
+    np.testing.assert_array_equal(back.enc_self, tr.enc_self)
+    w = attnscope.watch(model, probe=ids, every=1, run_dir=tmp_path / "run")
+    w.step(0)
+    w.close()
+    run = Run.open(tmp_path / "run")
+    assert run.steps() == [0] and run.traces(0)

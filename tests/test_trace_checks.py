@@ -133,6 +133,12 @@ def test_ten_thousand_tokens_are_refused_from_the_declared_shapes():
         (lambda a, h: a.update(out_probs=a["out_probs"][:2]), ["out_probs is"]),
         (lambda a, h: a.update(src_tokens=np.arange(len(a["src_tokens"]))), ["src_tokens must be a list of strings"]),
         (lambda a, h: a.update(enc_self=a["enc_self"] * 5), ["attention probabilities lie in [0, 1]"]),
+        (  # weights a trace says dropout scaled up, but past the largest it declares
+            lambda a, h: (a.update(enc_self=a["enc_self"] * 5), h.update(meta={"weights_rescaled": 1.25})),
+            ["attention probabilities lie in [0, 1.25]"],
+        ),
+        (lambda a, h: (a.update(enc_self=a["enc_self"] * 5), h.update(meta={"weights_rescaled": 1e9})),
+         ["attention probabilities lie in [0, 1]"]),
         (lambda a, h: a.update(enc_self=np.full_like(a["enc_self"], np.inf)), ["infinite"]),
         (lambda a, h: h.update(meta=[1, 2]), ["'meta' is not a JSON object"]),
         (lambda a, h: h.update(model=5), ["'model' is not text"]),

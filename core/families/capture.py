@@ -103,6 +103,7 @@ from torch.overrides import TorchFunctionMode
 from attnscope.core.families import lineage
 from attnscope.core.families import values as values_
 from attnscope.core.families.lineage import Layout, ScoreMap
+from attnscope.core.traces import trace_io
 from attnscope.core.traces.trace import KINDS, AttentionTrace
 
 NEG = -1e4  # a fill / additive value at or below this masks a key
@@ -436,8 +437,16 @@ class Captured:
             raise ValueError(
                 f"none of the attention captured can be drawn over {over}: " + "; ".join(left_out)
             )
+        drawn = [a for k in probs for a in (kw[k], kw.get(f"{k}_learned")) if isinstance(a, np.ndarray)]
+        top = max((float(np.nanmax(a)) for a in drawn if _some_finite(a)), default=0.0)
+        if top > 1 + trace_io.PROB_TOL:  # dropout while training: kept weights times 1 / (1 - p)
+            left_out.append(f"weights up to {top:.3g}: dropout while training keeps each weight it does not drop "
+                            "times 1 / (1 - p), and these maps are the weights the values were multiplied with "
+                            "(the model was captured in training mode)")  # fmt: skip
         sources = sorted({r.source for r in self.records})
         meta: dict[str, Any] = {"kind": "torch.nn", "capture": ", ".join(sources)}
+        if top > 1 + trace_io.PROB_TOL:
+            meta["weights_rescaled"] = float(np.nextafter(np.float32(top), np.float32(np.inf)))
         if self.notes or left_out:
             meta["capture_notes"] = [*self.notes, *left_out]
         if self.skipped:
@@ -605,6 +614,10 @@ def kind_value_norms(records: list[Record], seqs: list[list[int]]) -> tuple[torc
         return torch.stack(norms, dim=1), values_.WITH_WO if with_wo else values_.WITHOUT_WO
     except RuntimeError:  # layers of other shapes
         return None, None
+
+
+def _some_finite(a: np.ndarray) -> bool:
+    return a.size > 0 and bool(np.isfinite(a).any())
 
 
 def _numbered(n: int, labels: list[str | None] | None) -> tuple[str, ...]:

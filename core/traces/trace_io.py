@@ -51,6 +51,9 @@ FORMAT_MEMBERS = {
 }  # 2: weights on learned keys (memory key/values, null keys); 3: value norms (what attention moves)
 MAX_LEARNED_KEYS = 1024
 PROB_TOL = 1e-3
+# meta["weights_rescaled"]: the largest weight of a trace whose weights were scaled up after the softmax (dropout
+# while training keeps each weight it does not drop times 1 / (1 - p)): up to it, not 1, values are weights
+MAX_RESCALED = 1e4
 _STR_ARRAYS = ("topk_tokens",)
 
 
@@ -259,6 +262,15 @@ def _shape(a: np.ndarray) -> str:
     return "x".join(map(str, a.shape)) or "a scalar"
 
 
+def _top_weight(header: dict[str, Any]) -> float:
+    """The largest value a weight may have: 1, or meta["weights_rescaled"] where the trace says its weights were
+    scaled up after the softmax (dropout while training)."""
+    top = (header.get("meta") or {}).get("weights_rescaled")
+    if isinstance(top, (int, float)) and not isinstance(top, bool) and 1 < top <= MAX_RESCALED:
+        return float(top)
+    return 1.0
+
+
 def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
     if not isinstance(header, dict):
         raise _Bad("its header is not a JSON object")
@@ -285,6 +297,7 @@ def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
     if not kinds:
         raise _Bad("it holds no attention (none of enc_self, dec_self, cross)")
     values = 0
+    top = _top_weight(header)
     for kind in kinds:
         p = arrays[kind]
         if p.dtype.kind not in "fiu":
@@ -315,10 +328,10 @@ def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
         if np.isinf(pf).any():
             raise _Bad(f"{kind} holds infinite values, which are not probabilities")
         with np.errstate(invalid="ignore"):
-            if np.nanmin(pf, initial=0.0) < -PROB_TOL or np.nanmax(pf, initial=0.0) > 1 + PROB_TOL:
+            if np.nanmin(pf, initial=0.0) < -PROB_TOL or np.nanmax(pf, initial=0.0) > top * (1 + PROB_TOL):
                 raise _Bad(
                     f"{kind} holds values from {np.nanmin(pf):.3g} to {np.nanmax(pf):.3g}; attention "
-                    "probabilities lie in [0, 1] (scores before the softmax go in {kind}_scores)"
+                    f"probabilities lie in [0, {top:.4g}] (scores before the softmax go in {kind}_scores)"
                 )
     _check_learned(header, arrays)
     _check_value_norms(header, arrays)
@@ -374,8 +387,13 @@ def _check_learned(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Non
             raise _Bad(f"{kind}_learned is {w.dtype} {_shape(w)}, not real numbers shaped [layer, head, query, "
                        f"learned keys] = {_shape(p[..., :1])[:-2]}x(1 to {MAX_LEARNED_KEYS}) like {kind}")  # fmt: skip
         wf = np.asarray(w, dtype=np.float32)
-        if not np.isfinite(wf).all() or wf.min(initial=0.0) < -PROB_TOL or wf.max(initial=0.0) > 1 + PROB_TOL:
-            raise _Bad(f"{kind}_learned holds values outside [0, 1], which are not probabilities")
+        top = _top_weight(header)
+        if (
+            not np.isfinite(wf).all()
+            or wf.min(initial=0.0) < -PROB_TOL
+            or wf.max(initial=0.0) > top * (1 + PROB_TOL)
+        ):
+            raise _Bad(f"{kind}_learned holds values outside [0, {top:.4g}], which are not probabilities")
         names = labels.get(kind)
         if (
             not isinstance(names, list)
