@@ -707,3 +707,29 @@ def test_multihead_attention_calls_a_patched_sdpa_after_an_earlier_capture():
     for cap in (first, second, third):
         (rec,) = cap.records
         torch.testing.assert_close(rec.probs, want.detach(), atol=1e-6, rtol=0)
+
+
+def test_a_class_token_appended_to_causal_text_keeps_the_layer_a_decoders():
+    """CoCa's text tower: a learned class token appended after the tokens, a causal mask over both, through
+    nn.MultiheadAttention. The tokens' own rows and keys decide that it is causal: ``dec_self``, with the
+    class token labelled (labelling it made the layer ``enc_self`` for a moment)."""
+
+    class CocaText(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.cls_emb = nn.Embedding(20, 8), nn.Parameter(torch.randn(8))
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, ids):
+            x = torch.cat([self.emb(ids), self.cls_emb.expand(ids.shape[0], 1, -1)], dim=1)
+            n = x.shape[1]
+            causal = torch.full((n, n), float("-inf")).triu(1)
+            return self.attn(x, x, x, attn_mask=causal)[0]
+
+    torch.manual_seed(0)
+    model = CocaText().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, 20, (2, 5)))
+    (rec,) = cap.records
+    assert rec.kind == "dec_self" and rec.exact
+    assert rec.key_labels == (None,) * 5 + ("<cls_emb 0>",) and rec.query_labels == rec.key_labels

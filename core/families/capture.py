@@ -3400,6 +3400,9 @@ class _Session:
         if seen is not None and labels and len(labels) == seen.shape[-1] and None in labels:
             own = [i for i, label in enumerate(labels) if label is None]  # the sequence's keys decide
             seen = seen[..., own]  # causality (learned keys, always seen, are not ahead of anyone)
+            rows = query_labels if source == "nn.MultiheadAttention" else None  # (and, there, its queries:
+            if rows and len(rows) == seen.shape[-2] and None in rows:  # CoCa's class token appended to a
+                seen = seen[..., [i for i, label in enumerate(rows) if label is None], :]  # causal text)
         kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], seen, cross, ext, exact=flag is None,
                             causal=causal if mask is not None else None)  # fmt: skip
         scores = None if scores is None or not self.keep_scores else scores.detach()
