@@ -1111,9 +1111,8 @@ class _Session:
         self._rng: tuple | None = None  # the RNG state an SDPA call with dropout started from
         # record.seq -> the key positions of its sequences (B, K), from lineage: are they whole sequences?
         self._seq_keys: dict[int, list[torch.Tensor]] = {}
-        self._queried: dict[
-            str, list[tuple[str, torch.Tensor]]
-        ] = {}  # module -> (kind, query codes) per record
+        self._queried: dict[str, list[tuple[str, torch.Tensor]]] = {}  # module -> (kind, its queries' codes)
+        self._asked: dict[str, dict[int, str]] = {}  # module -> the positions its queries held (read once)
         self.outside = False  # set by path(): the op runs in a module that holds the model, outside it
         self._path_at: tuple[int, str] = (-1, "")  # (op count, path) path() found last
         self._holders: dict[int, tuple[weakref.ref, bool]] = {}  # modules outside the model: hold it?
@@ -1664,6 +1663,7 @@ class _Session:
                 self.warn(r.name, tuple(int(n) for n in r.probs.shape), f"could not verify: {why}")
         self._seq_keys.clear()
         self._queried.clear()
+        self._asked.clear()
 
     def _prefill_of(self, rec: Record, records: list[Record]) -> bool:
         """A prompt that sees itself both ways (a prefix LM's prefill that is all prefix) whose positions a
@@ -3443,17 +3443,13 @@ class _Session:
         other = [p for p in keys if p >= 0 and p not in own]
         if not other:
             return None
-        mine = {
-            int(p) for _, q in self._queried.get(path, ()) for p in torch.unique(q >> lineage.SHIFT).tolist()
-        }
-        if mine.intersection(other):
+        if not self._asked_from(path).keys().isdisjoint(other):
             return None  # this module's own earlier queries: a cache, a memory
         seen: dict[int, str] = {}
-        for name, calls in self._queried.items():
+        for name in [*self._queried, *self._asked]:
             if name != path:
-                for kind, q in calls:
-                    for p in torch.unique(q >> lineage.SHIFT).tolist():
-                        seen.setdefault(int(p), kind)
+                for p, kind in self._asked_from(name).items():
+                    seen.setdefault(p, kind)
         if not all(p in seen for p in other):
             return None
         side = "src" if all(seen[p] == "enc_self" for p in other) else "ctx"
@@ -3466,6 +3462,15 @@ class _Session:
             else:
                 labels.append(None)
         return tuple(labels)
+
+    def _asked_from(self, path: str) -> dict[int, str]:
+        """The positions the queries of a module's records held (position -> the record's kind), each record's
+        codes read once (a long generation's steps are many records of one module)."""
+        got = self._asked.setdefault(path, {})
+        for kind, q in self._queried.pop(path, ()):
+            for p in torch.unique(q >> lineage.SHIFT).tolist():
+                got.setdefault(int(p), kind)
+        return got
 
     def _pieces(self, path: str, rec: Record, queries: torch.Tensor | None, layout: Layout | None) -> None:
         """Note where one call of a module makes maps over other queries than its previous map (other
