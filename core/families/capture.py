@@ -4148,13 +4148,15 @@ class _Session:
         buffer reused by the next batch) cannot change what was captured."""
         if not self._aliased:
             return
-        held: dict[int, int] = {}
+        held: dict[
+            int, tuple[int, torch.Tensor]
+        ] = {}  # memory -> how many record tensors hold it, one of them
         for rec in self.cap.records:
             for t in (rec.probs, rec.scores, rec.mask):
                 at = _storage_at(t)
-                if at in self._aliased:
-                    held[at] = held.get(at, 0) + 1
-        shared = {at for at, n in held.items() if _storage_users(self.cap.records, at) != n}
+                if t is not None and at in self._aliased:
+                    held[at] = (held[at][0] + 1 if at in held else 1, t)
+        shared = {at for at, (n, t) in held.items() if _storage_users(t) != n}
         if shared:
             self._copy_records(shared)
 
@@ -5388,16 +5390,14 @@ def _storage_at(t: Any) -> int:
 _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
 
-def _storage_users(records: list[Record], at: int) -> int:
-    """How many tensors hold the memory at ``at`` (-1 where torch cannot say: then it counts as shared)."""
-    for rec in records:
-        for t in (rec.probs, rec.scores, rec.mask):
-            if t is not None and _storage_at(t) == at and _USE_COUNT is not None:
-                try:
-                    return int(_USE_COUNT(t.untyped_storage()._cdata)) - 1  # (less the storage asked)
-                except (RuntimeError, TypeError, AttributeError):
-                    return -1
-    return -1
+def _storage_users(t: torch.Tensor) -> int:
+    """How many tensors hold ``t``'s memory (-1 where torch cannot say: then it counts as shared)."""
+    if _USE_COUNT is None:
+        return -1
+    try:
+        return int(_USE_COUNT(t.untyped_storage()._cdata)) - 1  # (less the storage asked)
+    except (RuntimeError, TypeError, AttributeError):
+        return -1
 
 
 def _cast_down(src: torch.dtype, dst: torch.dtype) -> bool:
