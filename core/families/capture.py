@@ -78,6 +78,7 @@ per kind; a module called twice (self, then context attention) is two records. O
 
 from __future__ import annotations
 
+import bisect
 import builtins
 import contextlib
 import fnmatch
@@ -300,6 +301,14 @@ class Captured:
     lengths: set[int] = field(default_factory=set)  # sequence lengths seen (token ids' dims, lengths=)
     notes: list[str] = field(default_factory=list)  # warnings: what the capture could not follow or verify
     skipped: list[Note] = field(default_factory=list)  # softmaxes that were not recorded, and why
+    # the op count at which each call of the model itself began (a forward of its own, not one made inside
+    # a module that holds it): a record belongs to the last call begun before it (Record.seq)
+    calls: list[int] = field(default_factory=list)
+
+    def call_of(self, record: Record) -> int:
+        """Which of the block's calls of the model made ``record`` (0 where the model was never called
+        itself: its parts called one by one, ``model.encode`` then ``model.decode``)."""
+        return max(bisect.bisect_right(self.calls, record.seq) - 1, 0)
 
     def kinds(self) -> tuple[str, ...]:
         found = {r.kind for r in self.records}
@@ -315,6 +324,12 @@ class Captured:
             tensors = [getattr(r, what) for r in self.of(kind)]
             if any(t is None for t in tensors):
                 continue
+            runs = {self.call_of(r) for r in self.of(kind)}
+            if len(runs) > 1:
+                raise ValueError(
+                    f"{kind} calls come from {len(runs)} runs of the model in this capture block: their maps "
+                    "are not one forward's layers. Use a block per forward, or .records for the individual calls"
+                )
             shapes = {tuple(t.shape) for t in tensors}
             if len(shapes) > 1:
                 raise ValueError(
@@ -388,6 +403,16 @@ class Captured:
             for i, g in enumerate(groups):
                 if i != best:
                     left_out.append(stack_note(kind, g, groups[best]))
+            calls = sorted({self.call_of(r) for r in groups[best]})
+            if len(calls) > 1:  # maps of the same shape from separate forwards: one forward's layers, not
+                last = [r for r in groups[best] if self.call_of(r) == calls[-1]]  # all stacked as deeper ones
+                left_out.append(
+                    f"{kind} ({_modules(groups[best])}): the model ran {len(calls)} times in the capture block, "
+                    f"each run's maps of the same shape; this trace draws the last run's {len(last)} layer(s), "
+                    f"not every run's stacked as deeper layers (the earlier runs' {len(groups[best]) - len(last)} "
+                    "call(s) are in cap.records; a block per forward gives a trace of each)"
+                )
+                groups[best] = last
             if not has[best]:
                 left_out.append(f"{kind} left out of the trace: its maps are over {groups[best][0].probs.shape[0]} "
                                 f"sequence(s), and this trace is of sequence {index}")  # fmt: skip
@@ -1131,6 +1156,7 @@ class _Session:
         self.outside = False  # set by path(): the op runs in a module that holds the model, outside it
         self._path_at: tuple[int, str] = (-1, "")  # (op count, path) path() found last
         self._holders: dict[int, tuple[weakref.ref, bool]] = {}  # modules outside the model: hold it?
+        self._run_frame: FrameType | None = None  # the outermost module call of the run recorded last
         # torch.nn encoder layers as torch ships them: they run as torch runs them (its fused fast path
         # where it takes it), the mode set aside, and their attention is recorded from their input
         self.thread = threading.get_ident()
@@ -3369,6 +3395,25 @@ class _Session:
             new.scores, new.allowed = None, None
 
     # -- recording -------------------------------------------------------------------------------------
+    def _note_run(self) -> None:
+        """A record made in a new run of the model (the model called again in the block: a second batch,
+        a step of a generation loop that calls it) starts a call in ``cap.calls``. A run is the outermost
+        call of the model, or of a module that holds it, on the stack: a layer captured on its own and
+        called once per layer of the model around it (weights shared across layers) runs in one."""
+        frame: FrameType | None = sys._getframe(2)
+        held, top = self._run_frame, None
+        while frame is not None:
+            if frame is held:  # (held: a later call's frame is never this one)
+                return
+            if frame.f_code is _CALL_IMPL:
+                obj = frame.f_locals.get("self")
+                if obj is self.model or (isinstance(obj, nn.Module) and self._holds(obj)):
+                    top = frame
+            frame = frame.f_back
+        if top is not None:
+            self._run_frame = top
+            self.cap.calls.append(self.n_ops)
+
     def _record(
         self,
         path,
@@ -3426,6 +3471,7 @@ class _Session:
         if source not in ("sdpa", "nn.MultiheadAttention"):  # (those weights capture computed itself)
             self._alias(probs, scores)
         self._alias(mask)
+        self._note_run()
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
                      layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops)  # fmt: skip

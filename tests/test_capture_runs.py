@@ -1,0 +1,161 @@
+"""One capture block around several runs of the model: each run's attention is one forward's layers.
+
+Two forwards in one block (two micro-batches of gradient accumulation, a generation loop that calls the
+model once per step over a fixed-size buffer) make maps of the same shape; stacked, they would draw as a
+model twice as deep, with nothing to say so. The block knows where each run of the model began
+(``Captured.calls``), a trace draws one run's layers and says what it left out, and ``stacks`` refuses.
+A layer captured on its own and called once per layer by the model around it (weights shared across
+layers) runs once per forward of that model: its calls stay layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscope.core.families.capture import capture_attention
+
+D, H, VOCAB = 16, 2, 50
+
+
+class Block(nn.Module):
+    """Pre-norm self-attention, heads split by view and transpose, the weights written by a softmax."""
+
+    def __init__(self, causal: bool = False):
+        super().__init__()
+        self.causal = causal
+        self.qkv, self.o, self.norm = nn.Linear(D, 3 * D), nn.Linear(D, D), nn.LayerNorm(D)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, H, D // H).transpose(1, 2) for t in self.qkv(self.norm(x)).split(D, dim=2))
+        s = q @ k.transpose(-2, -1) / math.sqrt(D // H)
+        if self.causal:
+            s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        w = s.softmax(dim=-1)
+        return x + self.o((w @ v).transpose(1, 2).reshape(b, n, D))
+
+
+class Stack(nn.Module):
+    def __init__(self, layers: int = 2, causal: bool = False):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.blocks = nn.ModuleList(Block(causal) for _ in range(layers))
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class Shared(nn.Module):
+    """One block applied ``depth`` times (ALBERT's weight sharing)."""
+
+    def __init__(self, depth: int = 3):
+        super().__init__()
+        self.depth = depth
+        self.emb, self.block = nn.Embedding(VOCAB, D), Block()
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for _ in range(self.depth):
+            x = self.block(x)
+        return x
+
+
+def _maps(model, ids):
+    with capture_attention(model) as cap:
+        model(ids)
+    return torch.stack([r.probs for r in cap.records], dim=1)  # (B, layer, head, q, k)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_two_forwards_in_one_block_draw_one_forwards_layers(batch):
+    torch.manual_seed(0)
+    model = Stack(layers=2).eval()
+    first, second = torch.randint(0, VOCAB, (2, batch, 7))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(first)
+        model(second)
+    assert len(cap.records) == 4 and len(cap.calls) == 2
+    assert [cap.call_of(r) for r in cap.records] == [0, 0, 1, 1]
+    trace = cap.trace(batch - 1)
+    assert trace.enc_self.shape[0] == 2  # the model's 2 layers, not 4
+    with torch.no_grad():
+        want = _maps(model, second)[batch - 1]
+    torch.testing.assert_close(torch.from_numpy(trace.enc_self.copy()), want, rtol=0, atol=0)
+    notes = trace.meta["capture_notes"]
+    assert any("ran 2 times" in n and "last run's 2 layer(s)" in n for n in notes), notes
+    with pytest.raises(ValueError, match="2 runs of the model"):
+        cap.stacks()
+
+
+def test_one_forward_has_no_runs_note_and_stacks():
+    torch.manual_seed(0)
+    model = Stack(layers=3).eval()
+    ids = torch.randint(0, VOCAB, (2, 5))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    assert len(cap.calls) == 1 and {cap.call_of(r) for r in cap.records} == {0}
+    assert cap.stacks()["enc_self"].shape == (2, 3, H, 5, 5)
+    assert not any("times in the capture block" in n for n in cap.trace(0).meta.get("capture_notes", []))
+
+
+def test_generation_loop_over_a_fixed_buffer_draws_its_last_step():
+    """Greedy decoding without a cache over a fixed-size buffer (every step's maps 8 x 8): the steps are
+    runs of the model, not layers."""
+    torch.manual_seed(1)
+    model = Stack(layers=2, causal=True).eval()
+    buf = torch.zeros(1, 8, dtype=torch.long)
+    buf[0, 0] = 3
+    with torch.no_grad(), capture_attention(model) as cap:
+        for t in range(4):
+            buf[0, t + 1] = model(buf)[0, t].argmax()
+    assert len(cap.calls) == 4
+    trace = cap.trace(0)
+    assert trace.dec_self.shape == (2, H, 8, 8)
+    # the last step ran over the buffer as it was then: its last token not yet written
+    before = buf.clone()
+    before[0, 4] = 0
+    with torch.no_grad():
+        want = _maps(model, before)[0]
+    torch.testing.assert_close(torch.from_numpy(trace.dec_self.copy()), want, rtol=0, atol=0)
+    assert any("ran 4 times" in n for n in trace.meta["capture_notes"])
+
+
+def test_a_shared_layer_captured_alone_keeps_its_calls_as_layers():
+    torch.manual_seed(2)
+    model = Shared(depth=3).eval()
+    ids = torch.randint(0, VOCAB, (1, 6))
+    with torch.no_grad(), capture_attention(model.block) as cap:
+        model(ids)
+    assert len(cap.records) == 3 and len(cap.calls) == 1
+    trace = cap.trace(0)
+    assert trace.enc_self.shape[0] == 3
+    assert not any("times in the capture block" in n for n in trace.meta.get("capture_notes", []))
+    with torch.no_grad(), capture_attention(model.block) as cap:
+        model(ids)
+        model(ids.flip(1))
+    assert len(cap.calls) == 2 and [cap.call_of(r) for r in cap.records] == [0, 0, 0, 1, 1, 1]
+    assert cap.trace(0).enc_self.shape[0] == 3
+
+
+def test_parts_called_one_by_one_are_one_run():
+    """Neither call is the model's own forward (``model.encode``, then the head): no run is begun, and
+    the records stack as before."""
+    torch.manual_seed(3)
+    model = Stack(layers=2).eval()
+    ids = torch.randint(0, VOCAB, (1, 5))
+    with torch.no_grad(), capture_attention(model) as cap:
+        x = model.emb(ids)
+        for block in model.blocks:
+            x = block(x)
+        F.linear(x, model.head.weight)
+    assert cap.calls == [] and {cap.call_of(r) for r in cap.records} == {0}
+    assert cap.trace(0).enc_self.shape[0] == 2
