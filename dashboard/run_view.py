@@ -117,6 +117,7 @@ def _view(path: str, was_live: bool) -> None:
         steps = run.steps()
         series = watched.series(run)
         audits, watch_error = watched.audits(run)
+        diverged = watched.not_finite(run)
     except RunFormatError as exc:
         st.error(files.error_sentence("The run cannot be read", exc))
         return
@@ -128,6 +129,12 @@ def _view(path: str, was_live: bool) -> None:
     failed_step = _audit_message(audits, run.header.get("audit_every"))
     if watch_error:
         st.warning(f"The watcher could not probe a step: {files.sentence(watch_error)}")
+    if diverged:
+        st.warning(
+            "Not finite (NaN or infinite) at some steps, which the curves leave out: "
+            + ", ".join(f"{name} first at step {step:,}" for name, step in diverged.items())
+            + "."
+        )
     if not steps:
         st.info("No watched step yet: the first appears once the training loop reaches a watched step.")
         _curves(run, series, None, failed_step)

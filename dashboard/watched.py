@@ -169,6 +169,17 @@ def _audits(path: str, version: tuple[int, ...]) -> tuple[dict, str | None]:
     return run.audits(), errors[-1] if errors else None
 
 
+@st.cache_data(max_entries=64, show_spinner=False)
+def _not_finite(path: str, version: tuple[int, ...]) -> dict[str, int]:
+    del version
+    return Run.open(path).not_finite()
+
+
+def not_finite(run: Run) -> dict[str, int]:
+    """``run.not_finite()``: scalar -> the first step it was NaN or infinite, read again when the run grew."""
+    return _not_finite(str(run.path), run.version())
+
+
 def audits(run: Run) -> tuple[dict[int, dict], str | None]:
     """(``run.audits()``, the last "could not probe" error the watcher logged, or None)."""
     return _audits(str(run.path), run.version())

@@ -381,3 +381,24 @@ def test_a_run_says_what_its_maps_leave_out(tmp_path, monkeypatch):
     assert figure(at, "at step 0: all layers")
     said = [m.value for m in at.warning if "left out of these maps" in m.value]
     assert len(said) == 1 and "cross (pool) left out of the trace" in said[0], [m.value for m in at.warning]
+
+
+def test_a_loss_that_diverged_is_said_on_the_page(tmp_path, monkeypatch):
+    """A NaN loss is kept as null in the run, named under not_finite, and the Training page says from which
+    step the curve leaves it out."""
+    torch.manual_seed(0)
+    m = A.make_model(dropout=0.0)
+    w = attnscope.watch(m, probe=A.sample_batch(), every=2, run_dir=tmp_path / "nan", vocab=VOCAB)
+    with pytest.warns(UserWarning, match="loss is not finite at step 3"):
+        for step, loss in enumerate([2.0, 1.5, 1.2, float("nan"), float("inf"), 0.9]):
+            w.step(step, loss=torch.tensor(loss))
+    w.close()
+    run = Run.open(tmp_path / "nan")
+    assert run.not_finite() == {"loss": 3}
+    assert run.series()["loss"] == ([0, 1, 2, 5], [2.0, 1.5, pytest.approx(1.2), pytest.approx(0.9)])
+    assert run.by_step()[4]["loss"] is None and run.by_step()[4]["not_finite"] == ["loss"]
+    monkeypatch.setenv(watched.RUN_ENV, str(tmp_path / "nan"))
+    at = run_app()
+    assert_clean(at)
+    said = [m.value for m in at.warning if "Not finite" in m.value]
+    assert len(said) == 1 and "loss first at step 3" in said[0], [m.value for m in at.warning]

@@ -251,6 +251,73 @@ def test_probe_forms_and_labels(tmp_path):
     assert Run.open(tmp_path / "n").traces(0)[0].src_tokens[:2] == ("4", "5")
 
 
+class MaskedInputs(torch.nn.Module):
+    """The model called as Hugging Face models are: token ids beside a 0/1 attention mask (1 = a token)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask, decoder_input_ids):
+        src_mask = attention_mask.bool().unsqueeze(-2)
+        tgt_mask = (decoder_input_ids != A.PAD).unsqueeze(-2) & A.subsequent_mask(decoder_input_ids.size(-1))
+        inner = self.inner
+        return inner.generator(
+            inner.decode(inner.encode(input_ids, src_mask), src_mask, decoder_input_ids, tgt_mask)
+        )
+
+
+@pytest.mark.parametrize("form", ["dict", "tuple"])
+def test_a_padding_mask_beside_the_ids_labels_no_side(tmp_path, form):
+    """A 0/1 mask is a 2-D integer tensor too: the decoder side is labelled by the decoder's ids (the ones
+    the model looked up in an embedding, or named so), never by the mask's 1s and 0s."""
+    m = MaskedInputs(_model(dropout=0.0))
+    src, tgt = _probe()
+    src = src[:, :6]  # as long as the decoder input: the mask's labels would fit its side
+    mask = (src != A.PAD).long()
+    probe = (
+        {"input_ids": src, "attention_mask": mask, "decoder_input_ids": tgt}
+        if form == "dict"
+        else (src, mask, tgt)
+    )
+    run = tmp_path / form
+    w = attnscope.watch(m, probe, every=1, run_dir=run, vocab=VOCAB)
+    w.step(0)
+    w.close()
+    tr = Run.open(run).traces(0)[1]
+    assert tr.src_tokens == tuple(VOCAB[i] for i in src[1].tolist())
+    assert tr.tgt_tokens == tuple(VOCAB[i] for i in tgt[1].tolist())
+    assert "cross" in tr.kinds and "dec_self" in tr.kinds
+
+
+def test_a_step_counter_that_restarts_each_epoch_writes_over_nothing(tmp_path):
+    """Steps 0..3 of a second epoch come after step 3 of the first: they are not written (the first
+    epoch's probes and scalars stay as they were), and watch says so once."""
+    m = _model(dropout=0.0)
+    src, tgt = _probe()
+    w = attnscope.watch(m, (src, tgt), every=2, run_dir=tmp_path / "e", vocab=VOCAB)
+    for i in range(4):
+        w.step(i, loss=1.0 + i)
+    step0 = (tmp_path / "e").glob("steps/*0/probe-0.npz")
+    before = {p: p.read_bytes() for p in step0}
+    assert before
+    with torch.no_grad():  # the model changes, so a step written again would differ
+        for p in m.parameters():
+            p.add_(0.1)
+    with pytest.warns(UserWarning, match="step 0 came after step 3") as said:
+        for i in range(4):
+            assert w.step(i, loss=10.0 + i) is False
+        w.log(1, accuracy=0.5)
+    assert sum("came after" in str(x.message) for x in said) == 1
+    w.step(4, loss=5.0)  # the counter going on again is written
+    w.close()
+    run = Run.open(tmp_path / "e")
+    assert {p: p.read_bytes() for p in before} == before
+    assert [r["step"] for r in run.scalars()] == [0, 1, 2, 3, 4]
+    assert run.series()["loss"][1] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert run.steps() == [0, 2, 4]
+
+
 def test_an_adapter_probe_of_texts(tmp_path):
     adapter = ROOT / "examples" / "my_adapter.py"
     from attnscope.core.families.adapter import load_adapter

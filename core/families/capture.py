@@ -304,6 +304,16 @@ class Captured:
     # the op count at which each call of the model itself began (a forward of its own, not one made inside
     # a module that holds it): a record belongs to the last call begun before it (Record.seq)
     calls: list[int] = field(default_factory=list)
+    # the memory of the token ids the model looked up in an embedding (or a view of it): which of the
+    # tensors handed in were token ids, and which only looked like them (a 0/1 padding mask)
+    id_storages: set[int] = field(default_factory=set)
+
+    def embedded(self, t: torch.Tensor) -> bool:
+        """Whether the model looked ``t`` (or a view of it) up in an embedding in this block."""
+        try:
+            return t.untyped_storage().data_ptr() in self.id_storages
+        except (RuntimeError, NotImplementedError):  # (a tensor with no storage of its own)
+            return False
 
     def call_of(self, record: Record) -> int:
         """Which of the block's calls of the model made ``record`` (0 where the model was never called
@@ -1783,6 +1793,8 @@ class _Session:
         ids = args[0]
         if isinstance(ids, torch.Tensor) and ids.dim() >= 1 and not ids.is_floating_point():
             self.cap.lengths.add(int(ids.shape[-1]))
+            with contextlib.suppress(RuntimeError, NotImplementedError):
+                self.cap.id_storages.add(ids.untyped_storage().data_ptr())
             if ids.dim() == 2 and ids.shape[0] > 1:  # (B, L), or (L, B) in sequence-first code (torchtext)
                 self.cap.lengths.add(int(ids.shape[0]))
             if ids.dim() >= 2 and self.batch is None:

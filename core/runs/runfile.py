@@ -161,14 +161,15 @@ def parse_scalar_lines(text: str, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def scalar_value(value: Any) -> float | None:
-    """A number fit for a scalar line (tensors and numpy numbers included), else None."""
+def scalar_value(value: Any, finite: bool = True) -> float | None:
+    """A number fit for a scalar line (tensors and numpy numbers included), else None; ``finite``: NaN
+    and infinities are None too."""
     if hasattr(value, "item") and getattr(value, "numel", lambda: 1)() == 1:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         return None
     value = float(value)
-    return value if math.isfinite(value) else None
+    return value if math.isfinite(value) or not finite else None
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -252,6 +253,17 @@ class Run:
         for rec in self.scalars():
             merged.setdefault(rec["step"], {}).update(rec)
         return dict(sorted(merged.items()))
+
+    def not_finite(self) -> dict[str, int]:
+        """name -> the first step where that scalar was NaN or infinite (the watcher writes it as null and
+        names it under ``not_finite``): what the curves leave out."""
+        out: dict[str, int] = {}
+        for step, rec in self.by_step().items():
+            names = rec.get("not_finite")
+            for name in names if isinstance(names, list) else ():
+                if isinstance(name, str) and rec.get(name) is None:
+                    out.setdefault(name, step)
+        return out
 
     def series(self) -> dict[str, tuple[list[int], list[float]]]:
         """name -> (steps, values) of every numeric scalar (loss, metrics), audits left out."""

@@ -23,6 +23,7 @@ writes. Other ranks' ``step`` does nothing else.
 from __future__ import annotations
 
 import math
+import re
 import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -121,12 +122,16 @@ class _Labels:
         return self.fn([int(i) for i in ids.tolist()])
 
 
+_NOT_IDS = re.compile(r"mask|token_type|segment|position|pos_ids", re.IGNORECASE)
+
+
 def _id_tensors(probe: Any) -> list[tuple[str, torch.Tensor]]:
-    """The probe's token-id tensors (2-D integer), named, in order."""
+    """The probe's token-id tensors (2-D integer), named, in order (a dict's masks, token types and
+    positions by their names left out)."""
     if isinstance(probe, torch.Tensor):
         items: list[tuple[str, Any]] = [("0", probe)]
     elif isinstance(probe, Mapping):
-        items = [(str(k), v) for k, v in probe.items()]
+        items = [(str(k), v) for k, v in probe.items() if not _NOT_IDS.search(str(k))]
     elif isinstance(probe, (tuple, list)):
         items = [(str(i), v) for i, v in enumerate(probe)]
     else:
@@ -272,6 +277,9 @@ class Watcher:
             self.run = runfile.RunWriter(run_dir, header, parse_size(budget))
         # a run continued in its folder: steps up to its last are not written again
         self._floor = self.run.last_step if self.run is not None and self.run.resumed else -1
+        self._last = self._floor  # the last step given to step() (steps go up: a restarted counter would
+        self._backwards = False  # write over earlier ones), and whether that was said
+        self._not_finite: set[str] = set()  # scalars said to be NaN or infinite
         self.closed = False
 
     # -- the models that texts and the audit go through ------------------------------------------------
@@ -403,7 +411,12 @@ class Watcher:
         if not kinds:
             note = "; ".join([*cap.notes, *(str(n) for n in cap.skipped)]) or "no softmax met the rules"
             raise ValueError(f"the probe ran but no attention was captured ({note})")
-        ids = [t for _, t in _id_tensors(self.probe)]
+        ids = [t for _, t in _id_tensors(probe)]
+        looked_up = [t for t in ids if cap.embedded(t)]
+        if (
+            looked_up
+        ):  # the ones the model looked up in an embedding (a 0/1 mask handed in beside them is not)
+            ids = looked_up
         has_src = "enc_self" in kinds or "cross" in kinds
         src = ids[0] if has_src and ids else None
         tgt = (ids[1] if len(ids) > 1 else None) if has_src else (ids[0] if ids else None)
@@ -459,15 +472,11 @@ class Watcher:
                 "steps up to there are not written again (a new run: a new run_dir)"
             )
             return False
-        record: dict[str, Any] = {"step": step}
-        if loss is not None:
-            v = runfile.scalar_value(loss)
-            if v is not None:
-                record["loss"] = v
-        for key, value in metrics.items():
-            v = runfile.scalar_value(value)
-            if v is not None:
-                record[str(key)] = v
+        if step <= self._last:
+            self._went_back(step)
+            return False
+        self._last = step
+        record = self._record(step, {"loss": loss, **metrics} if loss is not None else metrics)
         due = step % self.every == 0
         audit_due = self.audit_every is not None and step % self.audit_every == 0
         probed = False
@@ -498,13 +507,42 @@ class Watcher:
         """Scalars only (no probe), e.g. from a logging callback."""
         if self.run is None or int(step) <= self._floor:
             return
-        record: dict[str, Any] = {"step": int(step)}
+        if int(step) < self._last:  # (the step step() was given last, or a later one, is fine)
+            self._went_back(int(step))
+            return
+        record = self._record(int(step), scalars)
+        if len(record) > 1:
+            self.run.append_scalars(record)
+
+    def _went_back(self, step: int) -> None:
+        """A step at or before one already given: said once (an epoch's counter restarting at 0)."""
+        if not self._backwards:
+            self._backwards = True
+            self._say(
+                f"step {step} came after step {self._last}: watch keeps steps that go up, and this one would "
+                f"write over what step {step} already holds, so it is not written, nor any later step at or "
+                "before the last one (a counter that restarts each epoch: pass epoch * steps_per_epoch + i)"
+            )
+
+    def _record(self, step: int, scalars: dict[str, Any]) -> dict[str, Any]:
+        """A scalar line: the numbers given; a NaN or infinite one (a loss that diverged) as null, named
+        under ``not_finite``, and said once per name."""
+        record: dict[str, Any] = {"step": step}
+        bad = []
         for key, value in scalars.items():
             v = runfile.scalar_value(value)
             if v is not None:
                 record[str(key)] = v
-        if len(record) > 1:
-            self.run.append_scalars(record)
+            elif runfile.scalar_value(value, finite=False) is not None:  # a number, NaN or infinite
+                record[str(key)] = None
+                bad.append(str(key))
+                if key not in self._not_finite:
+                    self._not_finite.add(str(key))
+                    self._say(f"{key} is not finite at step {step} (the training diverged?): the run keeps it "
+                              "as null, named under not_finite")  # fmt: skip
+        if bad:
+            record["not_finite"] = bad
+        return record
 
     def _audit(self) -> dict[str, Any]:
         from attnscope.core.analysis.audit import run_audit
