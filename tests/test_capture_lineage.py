@@ -295,6 +295,50 @@ def test_multihead_attention_labels_a_class_token_and_learned_queries(batch_firs
     assert read.query_labels == ("<queries 0>", "<queries 1>", "<queries 2>")
 
 
+class _ClipVisual(nn.Module):
+    """OpenAI CLIP's VisionTransformer: the class token made per sequence by adding the learned vector to a
+    tensor of zeros (``class_embedding + torch.zeros(B, 1, C)``), positions added, sequence-first
+    nn.MultiheadAttention; or the same token written by a softmax of its own (``heads`` > 0)."""
+
+    def __init__(self, sdpa: bool):
+        super().__init__()
+        self.sdpa = sdpa
+        self.conv1 = nn.Conv2d(3, 8, 4, 4, bias=False)
+        self.class_embedding = nn.Parameter(torch.randn(8))
+        self.positional_embedding = nn.Parameter(torch.randn(5, 8))
+        self.attn = nn.MultiheadAttention(8, 2)
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, img):
+        x = self.conv1(img).reshape(img.shape[0], 8, -1).permute(0, 2, 1)  # (B, 4, 8)
+        zeros = torch.zeros(x.shape[0], 1, x.shape[-1], dtype=x.dtype, device=x.device)
+        x = torch.cat([self.class_embedding.to(x.dtype) + zeros, x], dim=1)
+        x = x + self.positional_embedding.to(x.dtype)
+        if self.sdpa:
+            b, n, _ = x.shape
+            q, k, v = (t.view(b, n, 2, 4).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x.permute(1, 0, 2)  # NLD -> LND
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+@pytest.mark.parametrize("sdpa", [False, True])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_clips_class_token_made_from_zeros_is_labelled(sdpa, batch):
+    """The class token was not labelled (the zeros were taken for a buffer of no positions), so the
+    picture showed it as the first patch."""
+    torch.manual_seed(0)
+    model = _ClipVisual(sdpa).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 3, 8, 8))
+    (rec,) = cap.records
+    cls = ("<class_embedding 0>", None, None, None, None)
+    assert rec.kind == "enc_self" and rec.exact and rec.probs.shape == (batch, 2, 5, 5)
+    assert rec.key_labels == cls and rec.query_labels == cls
+    trace = cap.trace(batch - 1)
+    assert trace.src_tokens == ("<class_embedding 0>", "#0", "#1", "#2", "#3")
+
+
 class _SdpaMemory(nn.Module):
     """x-transformers' memory key/values on its SDPA path: learned keys joined in front of k and v."""
 

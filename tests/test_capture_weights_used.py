@@ -130,6 +130,71 @@ def test_a_head_mask_that_switches_heads_off_is_in_the_record(batch, heads):
             assert torch.allclose(rec.probs[:, 1:].sum(-1), torch.ones(batch, heads - 1, ids.shape[1]))
 
 
+def _clone_then_zero(a, m):  # an ablation written on a copy: the softmax's output stays as it was
+    a = a.clone()
+    a[:, 0] = 0
+    return a
+
+
+def _clone_then_scale(a, m):  # ``a[:, -1] *= 0.5``: Python writes the scaled head back with __setitem__
+    a = a.clone()
+    a[:, -1] *= 0.5
+    return a
+
+
+def _clone_then_zero_view(a, m):  # a head's view zeroed in place
+    a = a.clone()
+    a[:, 0].zero_()
+    return a
+
+
+def _contiguous_then_fill_rows(a, m):  # every query's weight on key 0 taken away, on a transposed copy
+    a = a.transpose(-1, -2).contiguous()
+    a[..., 0, :] = 0
+    return a.transpose(-1, -2)
+
+
+@pytest.mark.parametrize("ablate", [_clone_then_zero, _clone_then_scale, _clone_then_zero_view,
+                                    _contiguous_then_fill_rows])  # fmt: skip
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4), (4, 4)])
+def test_weights_written_on_a_copy_are_in_the_record(ablate, batch, heads):
+    """A head ablation that copies the weights and writes into the copy (in a forward hook on nn.Softmax,
+    or inline): the record held the softmax's output, exact, though the values were multiplied by the
+    ablated copy."""
+    torch.manual_seed(0)
+    model = Encoder(heads, ablate).eval()
+    _, cap = _captured(model, _ids(batch))
+    _assert_used(cap, model)
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert not torch.equal(used, torch.softmax(rec.scores, -1).nan_to_num(0.0))
+
+
+def test_a_forward_hook_on_nn_softmax_that_ablates_a_copy_is_in_the_record():
+    class Hooked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.qkv, self.softmax = nn.Embedding(VOCAB, 8), nn.Linear(8, 24), nn.Softmax(-1)
+
+        def forward(self, ids):
+            b, n = ids.shape
+            q, k, v = (t.view(b, n, 2, 4).transpose(1, 2) for t in self.qkv(self.emb(ids)).chunk(3, -1))
+            self.used = self.softmax(q @ k.transpose(-1, -2) / 2.0)
+            return self.used @ v
+
+    def ablate(module, inputs, out):
+        out = out.clone()
+        out[:, 1] = 0
+        return out
+
+    torch.manual_seed(0)
+    model = Hooked().eval()
+    model.softmax.register_forward_hook(ablate)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(3))
+    (rec,) = cap.records
+    assert rec.exact and torch.equal(rec.probs, model.used) and not bool(rec.probs[:, 1].any())
+
+
 def test_a_scaled_head_mask_and_its_values_agree():
     """A head mask that is not 0/1 (0.5) is what the weights are; the values kept on the record are
     those weights multiply (their decomposition gives the attention's output)."""

@@ -186,6 +186,7 @@ ORDERING = frozenset(
 GATHERS = frozenset({"__getitem__", "index_select", "gather", "take_along_dim", "masked_select"})
 SHAPED_LIKE = frozenset({"to", "type_as", "expand_as", "view_as", "reshape_as"})
 CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})  # a dtype cast (of the weights, say)
+COPIES = frozenset({"clone", "contiguous", "detach"})  # the same values (in memory of their own, for two)
 TRANSPOSES = frozenset({"transpose", "swapaxes", "swapdims", "mT", "permute"})
 SHAPE_OPS = frozenset(
     {"view", "reshape", "transpose", "permute", "contiguous", "clone", "float", "to", "type_as", "double",
@@ -1167,6 +1168,7 @@ class _Session:
         self._path_at: tuple[int, str] = (-1, "")  # (op count, path) path() found last
         self._holders: dict[int, tuple[weakref.ref, bool]] = {}  # modules outside the model: hold it?
         self._run_frame: FrameType | None = None  # the outermost module call of the run recorded last
+        self._causal_masks: dict[tuple, tuple[torch.Tensor, bool]] = {}  # a mask (held) -> is it causal
         # torch.nn encoder layers as torch ships them: they run as torch runs them (its fused fast path
         # where it takes it), the mode set aside, and their attention is recorded from their input
         self.thread = threading.get_ident()
@@ -1285,12 +1287,20 @@ class _Session:
             self._rng = _rng_state(q.device) if drop and isinstance(q, torch.Tensor) else None
         if self._sealed and ("out" in kwargs or _writes_first(name)):
             self._unshare(name, args, kwargs)
+        if args and type(args[0]) is torch.Tensor and _writes_first(name):
+            self._weights_written(args[0])
         pre = None
         if name in IN_PLACE and args and isinstance(args[0], torch.Tensor):
             t = self.tag(args[0])
             if t is not None and t.role == "scores" and (t.scores is None or name == "exp_"):
                 pre = args[0].detach().clone()  # in place: keep the scores before the mask
         out = func(*args, **kwargs)
+        if type(out) is torch.Size or (
+            type(out) is not torch.Tensor
+            and name != "__setitem__"
+            and not isinstance(out, (torch.Tensor, tuple, list))
+        ):  # x.shape, x.size(), x.dim(), x.dtype: nothing to follow
+            return out
         if (
             type(out) is torch.Tensor
             and not out.is_floating_point()
@@ -2048,6 +2058,27 @@ class _Session:
                 continue
         return None
 
+    def _learned_onto_made(self, ins: list[torch.Tensor], out: torch.Tensor) -> bool:
+        """A learned vector added to a tensor a factory made in the call and nothing wrote since (OpenAI
+        CLIP's ``class_embedding + torch.zeros(B, 1, C)``, its class token per sequence): the sum holds
+        the learned vector's positions, broadcast, as ``class_embedding.expand(B, 1, C)`` would."""
+        for learned, made in ((ins[0], ins[1]), (ins[1], ins[0])):
+            if (
+                (_is_param(learned) or self.tag(learned) is _PARAM_TAG)
+                and self.tag(made) is None
+                and _held(self._made, made) is not None
+            ):
+                code = self.code_of(learned)
+                if code is None or code.dim() > out.dim():
+                    return False
+                try:
+                    code = code.expand(out.shape)
+                except RuntimeError:
+                    return False
+                self.set(out, _Tag(origin=frozenset(), code=code))
+                return True
+        return False
+
     def _outer_sum(self, ins, tags, out: torch.Tensor) -> bool:
         """A column of per-query scores plus a row of per-key scores, ``(..., N, 1) + (..., 1, M)``: additive
         scores of every query against every key, as a graph attention layer makes them (``Wh1 + Wh2.T``).
@@ -2470,6 +2501,13 @@ class _Session:
             and len(ins) == 2
             and isinstance(out, torch.Tensor)
             and self._outer_sum(ins, tags, out)
+        ):
+            return
+        if (
+            name in ADD
+            and len(ins) == 2
+            and isinstance(out, torch.Tensor)
+            and self._learned_onto_made(ins, out)
         ):
             return
         if not ins or (name not in ENTRY and not any(tags)):
@@ -3412,11 +3450,14 @@ class _Session:
         a step of a generation loop that calls it) starts a call in ``cap.calls``. A run is the outermost
         call of the model, or of a module that holds it, on the stack: a layer captured on its own and
         called once per layer of the model around it (weights shared across layers) runs in one."""
-        frame: FrameType | None = sys._getframe(2)
-        held, top = self._run_frame, None
-        while frame is not None:
+        start: FrameType | None = sys._getframe(2)
+        held, top, frame = self._run_frame, None, start
+        while held is not None and frame is not None:  # the run recorded last still on the stack: the same
             if frame is held:  # (held: a later call's frame is never this one)
                 return
+            frame = frame.f_back
+        frame = start
+        while frame is not None:
             if frame.f_code is _CALL_IMPL:
                 obj = frame.f_locals.get("self")
                 if obj is self.model or (isinstance(obj, nn.Module) and self._holds(obj)):
@@ -3458,7 +3499,7 @@ class _Session:
             if (
                 allowed.stride(1) == 0 and allowed.shape[1]
             ):  # broadcast over the heads: every head's is the same memory
-                mask = allowed[:, 0]
+                mask = allowed.select(1, 0)
             else:
                 mask = allowed.all(dim=1)
                 differ = not bool((allowed == mask[:, None]).all())
@@ -3608,13 +3649,30 @@ class _Session:
             return False
         return not bool(torch.isin(qp, hq).any()) and not bool(torch.isin(kp, hk).any())
 
+    def _causal(self, mask: torch.Tensor) -> bool:
+        """_is_causal_mask(mask), asked once per mask: the layers of a model are handed the same one (the
+        tensor is held with the answer, so its memory is never another's; a write since makes a new key)."""
+        try:
+            key = (mask.untyped_storage().data_ptr(), mask.storage_offset(), tuple(mask.shape),
+                   mask.stride(), mask.dtype, mask.device, _version_of(mask))  # fmt: skip
+        except (RuntimeError, NotImplementedError):  # (no storage of its own)
+            return _is_causal_mask(mask)
+        if key[-1] is None:  # an inference tensor: no version counter tells a write
+            return _is_causal_mask(mask)
+        hit = self._causal_masks.get(key)
+        if hit is None:
+            if len(self._causal_masks) >= HELD:
+                self._causal_masks.clear()
+            hit = self._causal_masks[key] = (mask, _is_causal_mask(mask))
+        return hit[1]
+
     def kind_of(self, path, lq, lk, mask, cross, ext=False, exact=False, causal: bool | None = None) -> str:
         """The kind of an attention call. With lineage (``exact``), queries and keys from different
         inputs are cross-attention whatever their lengths, and keys beyond the queries' own are a
         cache; without it, names and lengths decide."""
 
         def causal_mask() -> bool:
-            return mask is not None and lq > 1 and (_is_causal_mask(mask) if causal is None else causal)
+            return mask is not None and lq > 1 and (self._causal(mask) if causal is None else causal)
 
         for pattern, kind in (*self.given.items(), *self.fixed.items()):  # the caller's kinds= first
             if pattern == path or fnmatch.fnmatchcase(path, pattern):
@@ -4074,6 +4132,10 @@ class _Session:
             return self._weights_transposed(name, args, kwargs or {}, out, base)
         if tuple(out.shape) != p.shape:
             return False
+        if name in COPIES and args and args[0] is base_t and out.dtype == base_t.dtype:
+            if out is not base_t:  # the same weights in memory of their own (which a head ablation writes)
+                self.set(out, base)
+            return True
         if name in CASTS and args and args[0] is base_t:
             if _cast_down(base_t.dtype, out.dtype):  # LLaMA's softmax(scores.float()).type_as(q): the
                 self._replace_probs(p, out)  # model goes on with the rounded weights
@@ -4292,6 +4354,15 @@ class _Session:
             return
         where = (slice(None),) * (dim % target.dim()) + (index,)
         self.on_setitem((target, where, value), None)
+
+    def _weights_written(self, target: torch.Tensor) -> None:
+        """A write into weights (``w[:, 0] = 0``, ``w[:, h].zero_()``) or into the tensor a view of them
+        belongs to (a copy the model ablates: ``w = w.clone(); w[:, 0] = 0``, in a hook on its nn.Softmax):
+        their values are not the softmax's any more, so the record takes them where they are multiplied."""
+        for t in (target, target._base):
+            g = self.tag(t) if t is not None else None
+            if g is not None and (g.probs is not None or g.rowq is not None) and not g.touched:
+                self.set(t, replace(g, touched=True))
 
     def on_setitem(self, args, pre) -> None:
         """``X[~mask] = -1e6`` on scores (d2l's ``sequence_mask``) masks them; ``cache[:, a:b] = k``
