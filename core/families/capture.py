@@ -4360,7 +4360,9 @@ class _Session:
         belongs to (a copy the model ablates: ``w = w.clone(); w[:, 0] = 0``, in a hook on its nn.Softmax):
         their values are not the softmax's any more, so the record takes them where they are multiplied."""
         for t in (target, target._base):
-            g = self.tag(t) if t is not None else None
+            if t is None:
+                continue
+            g = self.tag(t)
             if g is not None and (g.probs is not None or g.rowq is not None) and not g.touched:
                 self.set(t, replace(g, touched=True))
 
