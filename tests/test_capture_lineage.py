@@ -777,3 +777,34 @@ def test_a_class_token_appended_to_causal_text_keeps_the_layer_a_decoders():
     (rec,) = cap.records
     assert rec.kind == "dec_self" and rec.exact
     assert rec.key_labels == (None,) * 5 + ("<cls_emb 0>",) and rec.query_labels == rec.key_labels
+
+
+class _RepeatedPerHead(nn.Module):
+    """The input repeated once per head and projected by per-head weights in an einsum (``x.repeat(h, 1, 1,
+    1)``, ``einsum("hijk,hkl->hijl")``): heads on the leading axis, every head over the same positions."""
+
+    def __init__(self, heads: int, d: int = 8, dk: int = 4):
+        super().__init__()
+        self.h = heads
+        self.emb = nn.Embedding(20, d)
+        self.wq, self.wk, self.wv = (nn.Parameter(torch.randn(heads, d, dk)) for _ in range(3))
+
+    def forward(self, ids):
+        xr = self.emb(ids).repeat(self.h, 1, 1, 1)  # (h, B, L, d)
+        q, k, v = (torch.einsum("hijk,hkl->hijl", xr, w) for w in (self.wq, self.wk, self.wv))
+        a = torch.softmax(q @ k.transpose(-1, -2) / 2.0, -1)  # (h, B, L, L)
+        self.used = a.permute(1, 0, 2, 3)
+        return a @ v
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (1, 2), (2, 2), (3, 4), (4, 4), (2, 3)])
+def test_an_input_repeated_per_head_with_per_head_einsum_weights_is_split_by_head(batch, heads):
+    """Each head's einsum outputs are features of their own (the weights differ along the letter the
+    parameter shares with the input): the leading axis is the heads, not h x B one-head sequences."""
+    torch.manual_seed(batch * 10 + heads)
+    model = _RepeatedPerHead(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 20, (batch, 5)))
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "enc_self"
+    assert torch.equal(rec.probs, model.used)

@@ -2786,7 +2786,12 @@ class _Session:
             elif name == "einsum" and len(ops) == 2 and isinstance(args[0], str):  # Keras' "abc,cde->abde"
                 x_first = op_tags[0] is None or op_tags[0].role != "param"
                 xc = self.code_of(ops[0] if x_first else ops[1])
-                done = None if xc is None else lineage.einsum_projected(args[0], xc, x_first, out)
+                w = ops[1] if x_first else ops[0]
+                done = (
+                    None
+                    if xc is None
+                    else lineage.einsum_projected(args[0], xc, x_first, out, tuple(w.shape))
+                )
                 if done is not None:
                     new.code = done[0]
                     if done[1]:

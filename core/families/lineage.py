@@ -299,20 +299,23 @@ def _explicit(equation: str, ndims: list[int]) -> str | None:
 
 
 def einsum_projected(
-    equation: str, code: torch.Tensor, first: bool, out: torch.Tensor
+    equation: str, code: torch.Tensor, first: bool, out: torch.Tensor, param_shape: tuple[int, ...] = ()
 ) -> tuple[torch.Tensor, bool] | None:
     """Codes of an einsum of an activation (with ``code``; the first operand when ``first``) and a
-    parameter: the activation's positions, the output's parameter-only letters numbered as features
-    (Keras' ``"abc,cde->abde"``). None when the equation is not of that form."""
-    key = ("einsum_projected", equation, id(code), first, tuple(out.shape))
+    parameter (of ``param_shape``): the activation's positions, the output's parameter-only letters
+    numbered as features (Keras' ``"abc,cde->abde"``), and so the letters the parameter shares with the
+    activation and the output where it holds other weights along them (per-head weights over an input
+    repeated per head, ``"hbld,hde->hble"``: each head's outputs are features of their own). None when
+    the equation is not of that form."""
+    key = ("einsum_projected", equation, id(code), first, tuple(out.shape), tuple(param_shape))
     hit = recall(key)
     if hit is not MISS:
         return hit
-    return remember(key, (code,), _einsum_projected(equation, code, first, out))
+    return remember(key, (code,), _einsum_projected(equation, code, first, out, tuple(param_shape)))
 
 
 def _einsum_projected(
-    equation: str, code: torch.Tensor, first: bool, out: torch.Tensor
+    equation: str, code: torch.Tensor, first: bool, out: torch.Tensor, param_shape: tuple[int, ...] = ()
 ) -> tuple[torch.Tensor, bool] | None:
     eq = equation.replace(" ", "")
     if "..." in eq:
@@ -332,7 +335,13 @@ def _einsum_projected(
         letters = letters.replace(c, "")
         mixed = mixed or m
     sizes = dict(zip(rhs, out.shape, strict=True))
-    feat = [c for c in rhs if c not in letters]
+    p_letters = ops[1] if first else ops[0]
+    per_slice = (
+        {c for c in letters if c in rhs and c in p_letters and param_shape[p_letters.index(c)] > 1}
+        if len(param_shape) == len(p_letters)
+        else set()
+    )
+    feat = [c for c in rhs if c not in letters or c in per_slice]
     pos = (code >> SHIFT).permute([letters.index(c) for c in rhs if c in letters])
     pos = pos.reshape([sizes[c] if c in letters else 1 for c in rhs])
     f = torch.arange(math.prod(sizes[c] for c in feat), dtype=torch.int64, device=code.device)
