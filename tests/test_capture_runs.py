@@ -147,8 +147,8 @@ def test_a_shared_layer_captured_alone_keeps_its_calls_as_layers():
 
 
 def test_parts_called_one_by_one_are_one_run():
-    """Neither call is the model's own forward (``model.encode``, then the head): no run is begun, and
-    the records stack as before."""
+    """The model's parts called once each from outside it (the blocks one after another, then the head):
+    one run, and the records stack as before."""
     torch.manual_seed(3)
     model = Stack(layers=2).eval()
     ids = torch.randint(0, VOCAB, (1, 5))
@@ -157,5 +157,66 @@ def test_parts_called_one_by_one_are_one_run():
         for block in model.blocks:
             x = block(x)
         F.linear(x, model.head.weight)
-    assert cap.calls == [] and {cap.call_of(r) for r in cap.records} == {0}
+    assert len(cap.calls) == 1 and {cap.call_of(r) for r in cap.records} == {0}
     assert cap.trace(0).enc_self.shape[0] == 2
+
+
+class Seq2Seq(nn.Module):
+    """graykode's nlp-tutorial Transformer: an encoder and a decoder (self-attention, then cross-attention
+    over the encoder's output), decoded greedily by calling ``model.decoder`` once per step over a
+    fixed-size buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = Encoder()
+        self.decoder = Decoder()
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.block = nn.Embedding(VOCAB, D), Block()
+
+    def forward(self, ids):
+        return self.block(self.emb(ids))
+
+
+class Decoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.self_attn, self.q, self.kv = (
+            nn.Embedding(VOCAB, D),
+            Block(causal=True),
+            nn.Linear(D, D),
+            nn.Linear(D, 2 * D),
+        )
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, ids, memory):
+        x = self.self_attn(self.emb(ids))
+        k, v = self.kv(memory).chunk(2, dim=-1)
+        w = (self.q(x) @ k.transpose(-2, -1) / math.sqrt(D)).softmax(-1)
+        return self.head(x + w @ v)
+
+
+def test_a_greedy_loop_over_the_decoder_draws_its_last_step():
+    """``model.encoder`` once, then ``model.decoder`` once per step (same shapes every step): each step
+    is a run; the encoder's layer is drawn once, the decoder's maps are the last step's, and said so."""
+    torch.manual_seed(4)
+    model = Seq2Seq().eval()
+    src = torch.randint(1, VOCAB, (1, 6))
+    buf = torch.zeros(1, 5, dtype=torch.long)
+    with torch.no_grad(), capture_attention(model) as cap:
+        memory = model.encoder(src)
+        for t in range(4):
+            buf[0, t + 1] = model.decoder(buf, memory)[0, t].argmax()
+    assert len(cap.calls) == 4
+    assert [cap.call_of(r) for r in cap.records] == [0, 0, 0, 1, 1, 2, 2, 3, 3]
+    trace = cap.trace(0)
+    assert trace.enc_self.shape[0] == 1 and trace.dec_self.shape[0] == 1 and trace.cross.shape[0] == 1
+    notes = trace.meta["capture_notes"]
+    assert any(n.startswith("dec_self") and "ran 4 times" in n for n in notes), notes
+    assert not any(n.startswith("enc_self") for n in notes)
+    last = cap.records[-2:]  # the last step's self- and cross-attention
+    torch.testing.assert_close(torch.from_numpy(trace.dec_self[0].copy()), last[0].probs[0], rtol=0, atol=0)
+    torch.testing.assert_close(torch.from_numpy(trace.cross[0].copy()), last[1].probs[0], rtol=0, atol=0)

@@ -1168,6 +1168,7 @@ class _Session:
         self._path_at: tuple[int, str] = (-1, "")  # (op count, path) path() found last
         self._holders: dict[int, tuple[weakref.ref, bool]] = {}  # modules outside the model: hold it?
         self._run_frame: FrameType | None = None  # the outermost module call of the run recorded last
+        self._entered: builtins.set[int] = set()  # the model's parts called from outside it in this run
         self._causal_masks: dict[tuple, tuple[torch.Tensor, bool]] = {}  # a mask (held) -> is it causal
         # torch.nn encoder layers as torch ships them: they run as torch runs them (its fused fast path
         # where it takes it), the mode set aside, and their attention is recorded from their input
@@ -3451,26 +3452,38 @@ class _Session:
 
     # -- recording -------------------------------------------------------------------------------------
     def _note_run(self) -> None:
-        """A record made in a new run of the model (the model called again in the block: a second batch,
-        a step of a generation loop that calls it) starts a call in ``cap.calls``. A run is the outermost
-        call of the model, or of a module that holds it, on the stack: a layer captured on its own and
-        called once per layer of the model around it (weights shared across layers) runs in one."""
+        """A record made in a new run of the model starts a call in ``cap.calls``. A run is the outermost
+        call of the model, or of a module that holds it, on the stack (the model called again in the
+        block: a second batch, a step of a generation loop that calls it); where the model itself is not
+        called, a part of it called from outside it again (``model.decoder`` once per step of a greedy
+        loop, after ``model.encoder`` once) begins the next. A layer captured on its own and called once
+        per layer by the model around it (weights shared across layers) runs in one."""
         start: FrameType | None = sys._getframe(2)
-        held, top, frame = self._run_frame, None, start
-        while held is not None and frame is not None:  # the run recorded last still on the stack: the same
+        held, frame = self._run_frame, start
+        while held is not None and frame is not None:  # the call recorded last still on the stack: the same
             if frame is held:  # (held: a later call's frame is never this one)
                 return
             frame = frame.f_back
+        top = entry = None  # the outermost call of the model (or a holder), and of any of its modules
         frame = start
         while frame is not None:
             if frame.f_code is _CALL_IMPL:
                 obj = frame.f_locals.get("self")
                 if obj is self.model or (isinstance(obj, nn.Module) and self._holds(obj)):
                     top = frame
+                elif top is None and id(obj) in self.names:
+                    entry = frame
             frame = frame.f_back
         if top is not None:
-            self._run_frame = top
+            self._run_frame, self._entered = top, set()
             self.cap.calls.append(self.n_ops)
+        elif entry is not None:
+            module = id(entry.f_locals.get("self"))
+            if module in self._entered or not self.cap.calls:
+                self._entered = set()
+                self.cap.calls.append(self.n_ops)
+            self._entered.add(module)
+            self._run_frame = entry
 
     def _record(
         self,
