@@ -327,3 +327,56 @@ def test_latent_diffusion_attention_after_a_group_norm_of_the_latents_is_exact(b
     for rec, used in zip(cap.records, model.used, strict=True):
         assert rec.exact and torch.equal(rec.probs, used)
     assert not cap.notes
+
+
+class UnfoldedPatches(nn.Module):
+    """MobileViT's block as timm and ml-cvnets write it: a feature map's patches unfolded with ``F.unfold``
+    (each pixel offset in a patch one sequence over the patches), attention there (q @ k, or v2's
+    separable attention: a softmax over the patches of a one-channel projection), and ``F.fold`` back."""
+
+    def __init__(self, separable: bool, d: int = 8):
+        super().__init__()
+        self.d, self.separable = d, separable
+        self.conv = nn.Conv2d(3, d, 1)
+        self.qkv_proj = nn.Conv2d(d, 1 + 2 * d, 1)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, img):
+        x = self.conv(img)
+        b, c, h, w = x.shape
+        x = F.unfold(x, kernel_size=2, stride=2).reshape(b, c, 4, -1)  # (B, C, P, N)
+        if self.separable:
+            query, key, value = self.qkv_proj(x).split([1, self.d, self.d], dim=1)
+            a = F.softmax(query, dim=-1)  # (B, 1, P, N): over the patches
+            self.used.append(a.reshape(b * 4, 1, 1, -1))
+            y = F.relu(value) * (key * a).sum(dim=-1, keepdim=True).expand_as(value)
+        else:
+            t = x.permute(0, 2, 3, 1).reshape(b * 4, -1, c)
+            q, k, v = self.qkv(t).chunk(3, -1)
+            a = (q @ k.transpose(-2, -1)).softmax(-1)
+            self.used.append(a.unsqueeze(1))
+            y = (a @ v).reshape(b, 4, -1, c).permute(0, 3, 1, 2)
+        y = F.fold(y.reshape(b, c * 4, -1), output_size=(h, w), kernel_size=2, stride=2)
+        t = y.flatten(2).transpose(1, 2)  # (B, H*W, C): one more attention over the folded pixels
+        q, k, v = self.qkv(t).chunk(3, -1)
+        a = (q @ k.transpose(-2, -1)).softmax(-1)
+        self.used.append(a.unsqueeze(1))
+        return a @ v
+
+
+@pytest.mark.parametrize("separable", [False, True])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_attention_over_patches_unfolded_with_f_unfold_is_exact(separable, batch):
+    """F.unfold's patches were lineage lost: the separable softmax went to cap.skipped as not attention
+    (no warning), q @ k was flagged; F.fold back put the pixels where lineage reads them again."""
+    torch.manual_seed(batch)
+    model = UnfoldedPatches(separable).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 3, 4, 4))
+    assert not cap.notes and not cap.skipped
+    assert len(cap.records) == 2
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert rec.exact
+        torch.testing.assert_close(rec.probs, used, rtol=0, atol=0)
+    assert cap.records[-1].kind == "enc_self"

@@ -404,6 +404,33 @@ def test_heads_mixed_by_a_learned_matrix_are_flagged_not_shown_as_exact(where, m
     assert [n for n in cap.notes if "talking-heads" in n] and len(cap.notes) == 1
 
 
+@pytest.mark.parametrize(("batch", "heads"), [(1, 2), (2, 2), (3, 4), (4, 4)])
+def test_heads_mixed_after_the_softmax_by_a_linear_layer_over_them_are_flagged(batch, heads):
+    """CaiT's ``proj_w`` without its ``proj_l``: the weights permuted heads last, an nn.Linear(H, H), and
+    back. The values are multiplied by the mixed weights; the record (the softmax's output) was exact."""
+
+    class ProjW(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.h = heads
+            self.qkv, self.proj_w = nn.Linear(4 * heads, 12 * heads), nn.Linear(heads, heads)
+
+        def forward(self, x):
+            b, n, c = x.shape
+            q, k, v = self.qkv(x).reshape(b, n, 3, self.h, c // self.h).permute(2, 0, 3, 1, 4)
+            attn = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+            attn = self.proj_w(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+            return (attn @ v).transpose(1, 2).reshape(b, n, c)
+
+    torch.manual_seed(0)
+    model = ProjW().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 5, 4 * heads))
+    (rec,) = cap.records
+    assert not rec.exact and "talking-heads" in rec.flag and "after the softmax" in rec.flag
+    assert len(cap.notes) == 1 and "could not verify" in cap.notes[0]
+
+
 class _RingAttention(nn.Module):
     """Ring (context-parallel) attention written out on one device: each block of queries meets the key
     blocks one by one, ``softmax`` per block, then the blocks' outputs combined with their logsumexps

@@ -2016,6 +2016,8 @@ class _Session:
                 return None
             res = c[..., 0] if name == "view_as_complex" else torch.stack([c, c], -1)
             return res if tuple(res.shape) == tuple(out.shape) else None
+        if func is F.unfold or func is F.fold:
+            return self._im2col_code(func, args, kwargs, out)
         if name in lineage.REPLAY:
             try:
                 res = self._replay(name, func, args, kwargs, None)
@@ -2403,6 +2405,26 @@ class _Session:
                 tuple((s.start, s.n, s.kind, s.label, s.origin, s.row) for s in items),
             )
         return self._src_key[1]
+
+    def _im2col_code(self, func, args, kwargs, out) -> torch.Tensor | None:
+        """Codes of ``F.unfold`` (patches of an image as columns: MobileViT's, its padding a position of
+        its own) and of ``F.fold`` where no two patches overlap (their columns put back in place; where
+        they overlap, values are summed: lineage lost): the op replayed on each element's index, which
+        float64 holds exactly."""
+        c = self.code_of(args[0]) if args else None
+        if c is None or tuple(c.shape) != tuple(args[0].shape):
+            return None
+        try:
+            idx = torch.arange(1, c.numel() + 1, dtype=torch.float64, device=c.device).view(c.shape)
+            if func is F.fold and bool((func(torch.ones_like(idx), *args[1:], **kwargs) > 1).any()):
+                return None
+            at = func(idx, *args[1:], **kwargs).long()
+        except Exception:  # arguments the replay cannot take
+            return None
+        if tuple(at.shape) != tuple(out.shape):
+            return None
+        pad = torch.tensor([self._pad_code()], dtype=c.dtype, device=c.device)
+        return torch.cat([pad, c.reshape(-1)])[at]
 
     def _pad_code(self) -> int:
         """The code of padding added by F.pad: a source of its own (one position, feature 0)."""
@@ -3020,6 +3042,8 @@ class _Session:
         layer multiplies the weights by learned values."""
         if g.probs is not None and g.probs.record is not None:
             return int(x.shape[-1]) != int(g.probs.record.probs.shape[-1])
+        if g.lost is not None and g.lost.record is not None:  # weights moved where lineage no longer reads
+            return int(x.shape[-1]) != int(g.lost.record.probs.shape[-1])  # their rows (permuted heads last)
         return g.role == "scores" and g.smap is not None and int(x.shape[-1]) != int(g.smap.shape[-1])
 
     def _unfollowed(self, g: _Tag) -> None:
@@ -3137,9 +3161,9 @@ class _Session:
     def _heads_mixed(self, g: _Tag, origin, why: str) -> _Tag:
         """The tag of scores or weights whose heads a learned map mixed (``why``): weights flag their
         record; scores lose their layout, so their softmax is recorded flagged."""
-        if g.probs is not None:
-            self._flag_weights(g.probs, f"the weights are {why} after the softmax: the record holds the "
-                               "softmax's output, not the weights the values are multiplied with")  # fmt: skip
+        if g.probs is not None or g.lost is not None:
+            self._flag_weights(g.probs or g.lost, f"the weights are {why} after the softmax: the record holds "
+                               "the softmax's output, not the weights the values are multiplied with")  # fmt: skip
             return _Tag("linear", origin)
         new = _Tag("scores", origin)
         if g.smap is not None:
