@@ -913,6 +913,7 @@ def _very_negative(v: Any, limit: float = NEG) -> bool:
     return isinstance(v, (int, float)) and v <= limit
 
 
+_PER_ROW = "a 2-D softmax is a distribution per row, not per-head attention"
 _PROJECTED = "a softmax over a projection's output (a vocabulary, class or router distribution), not over query-key scores"
 FILL_NEG = -1e3  # a score replaced by this (or less) gets a weight of exactly 0 (Zipformer fills -1000)
 
@@ -1135,10 +1136,12 @@ class _Session:
         # values: id of the weights (or a view of them) -> (them, held; the record to make)
         self._positional: dict[int, tuple[torch.Tensor, Callable[..., None], Any, Any, bool]] = {}
         self._positional_shapes: dict[int, tuple[str, tuple[int, ...]]] = {}  # id(record) -> module, shape
+        self._in_pieces: set[int] = set()  # id(record) of such weights whose slices multiplied values
         # pack_padded_sequence's batch sizes -> (them, held; the positions of the padded input it packed)
         self._packed_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._exps: dict[int, tuple] = {}  # _hold: exps of activations (a scatter may sum them per group)
         self._projected: dict[int, tuple] = {}  # _hold: softmaxes over a projection's output (module, shape)
+        self._unplaced: dict[int, tuple] = {}  # _hold: other softmaxes left out as not attention (+ reason)
         self._made: dict[int, tuple] = {}  # _hold: float tensors made inside the call by a factory (buffers)
         # (id, version, grid, batch) of a tensor from outside -> (it, held weakly; the first of the
         # positions a conv over it made): every conv over it that keeps one grid reads those positions
@@ -1168,6 +1171,8 @@ class _Session:
         self._path_at: tuple[int, str] = (-1, "")  # (op count, path) path() found last
         self._holders: dict[int, tuple[weakref.ref, bool]] = {}  # modules outside the model: hold it?
         self._run_frame: FrameType | None = None  # the outermost module call of the run recorded last
+        # module path -> the TorchScript functions that ran in its calls (their ops, where the mode cannot see)
+        self.scripted: dict[str, list[str]] = {}
         self._entered: builtins.set[int] = set()  # the model's parts called from outside it in this run
         self._causal_masks: dict[tuple, tuple[torch.Tensor, bool]] = {}  # a mask (held) -> is it causal
         # torch.nn encoder layers as torch ships them: they run as torch runs them (its fused fast path
@@ -1349,6 +1354,8 @@ class _Session:
                 self._index_copied(args)
             else:
                 weighted = bool(self._projected) and name in MATMUL and self._projected_used(args, kwargs)
+                if self._unplaced and name in MATMUL:
+                    self._unplaced_used(args, kwargs)
                 if self._hand and name in MATMUL:
                     self._hand_weights(args, kwargs)  # a softmax by hand: recorded where its weights are used
                 if self._positional:
@@ -1632,9 +1639,15 @@ class _Session:
             self.warn(module, shape, "exp of query-key scores that capture could not follow into a softmax (one "
                       "written another way, or computed block by block): these weights are not recorded")  # fmt: skip
         self._unfinished.clear()
-        for module, shape in self._positional_shapes.values():
+        for weights, (module, shape) in self._positional_shapes.items():
+            if weights in self._in_pieces:  # its slices multiplied values one by one (a loop over the batch)
+                self.warn(module, shape, "not recorded: weights over positions whose slices multiply values one "
+                          "at a time (a loop over the batch or the queries), which capture does not join into "
+                          "a map")  # fmt: skip
+                continue
             self.skip(module, shape, "a distribution over positions that nothing is weighted by (a pointer "
                       "network's output, a prediction over positions), not attention")  # fmt: skip
+        self._in_pieces.clear()
         self._positional.clear()
         self._self_weights.clear()
         self._positional_shapes.clear()
@@ -3475,6 +3488,17 @@ class _Session:
             new.scores, new.allowed = None, None
 
     # -- recording -------------------------------------------------------------------------------------
+    def on_script(self, name: str) -> None:
+        """A TorchScript function the model's code called (wrapped for the block): where it ran."""
+        if threading.get_ident() != self.thread or getattr(_LOCAL, "busy", 0) > 0:
+            return
+        path = self.path()
+        if self.outside:
+            return
+        ran = self.scripted.setdefault(path, [])
+        if name not in ran:
+            ran.append(name)
+
     def _note_run(self) -> None:
         """A record made in a new run of the model starts a call in ``cap.calls``. A run is the outermost
         call of the model, or of a module that holds it, on the stack (the model called again in the
@@ -3534,6 +3558,14 @@ class _Session:
         ``queries``: the lineage codes of its query rows (position and head), where known."""
         probs = probs.detach()
         differ = False
+        if flag is None and self.scripted:
+            caller = next(
+                (m for m in self.scripted if m == "" or path == m or path.startswith(f"{m}.")), None
+            )
+            if caller is not None:
+                flag = (f"{caller or 'the model'} called TorchScript ({', '.join(self.scripted[caller])}), whose "
+                        "ops run where capture cannot see them: what went through it is not followed, so this "
+                        "map's layout and kind are not verified")  # fmt: skip
         if allowed is not None and allowed.dim() == 4 and allowed.shape[1] == 1:  # one mask for every head
             mask = allowed.select(1, 0).expand(probs.shape[0], *probs.shape[2:])
         elif allowed is not None:
@@ -3999,6 +4031,24 @@ class _Session:
             if entry is not None and entry[0] is t:
                 found = entry
                 break
+        if found is None and (name in MUL or name in MATMUL):  # a slice of the weights (a loop over them)
+            ins = _tensors(args, kwargs)
+            for t in ins:
+                base = t._base
+                entry = self._positional.get(id(base)) if base is not None else None
+                if (
+                    entry is not None
+                    and entry[0] is base
+                    and any(
+                        o is not t
+                        and o._base is not base
+                        and (g := self.tag(o)) is not None
+                        and g.role != "param"
+                        for o in ins
+                    )
+                ):  # times values: an activation capture follows (not a mask, not another slice of them)
+                    self._in_pieces.add(id(entry[1]))
+            return
         if found is None or not isinstance(out, torch.Tensor):
             return
         t, record, to_softmax, keep, was_changed = found
@@ -4057,13 +4107,14 @@ class _Session:
         ):
             return
         if x.dim() < 3:
-            self.skip(path, shape, "a 2-D softmax is a distribution per row, not per-head attention")
+            self.skip(path, shape, _PER_ROW)
+            _hold(self._unplaced, out, path, shape, _PER_ROW)  # told again if values follow
             return
         perm = None
         if dim != x.dim() - 1:  # einsum scores laid out as (q, k, B, H) (Transformer-XL's "ijbn")
             axes = tag.axes if tag is not None else None
             if not axes or axes[dim] != "k" or sorted(axes) != ["k", "q", *["s"] * (x.dim() - 2)]:
-                self._unrecorded(path, shape, tag, why or "the softmax is not over the last axis, and lineage does "
+                self._unrecorded(path, shape, tag, out, why or "the softmax is not over the last axis, and lineage does "
                                  "not say which axis holds the keys")  # fmt: skip
                 return
             perm = [i for i, a in enumerate(axes) if a == "s"] + [axes.index("q"), axes.index("k")]
@@ -4077,11 +4128,11 @@ class _Session:
                 return
             lengths = self.cap.lengths
             if lengths and int(x.shape[-1]) not in lengths and not ext:  # ext: past + current keys
-                self._unrecorded(path, shape, tag, why or f"its last axis ({int(x.shape[-1])}) is not a sequence "
+                self._unrecorded(path, shape, tag, out, why or f"its last axis ({int(x.shape[-1])}) is not a sequence "
                                  "length of this call")  # fmt: skip
                 return
             if not lengths and role != "scores":
-                self._unrecorded(path, shape, tag, why or "it is not made from a product of two activations "
+                self._unrecorded(path, shape, tag, out, why or "it is not made from a product of two activations "
                                  "and no sequence length is known")  # fmt: skip
                 return
         cross = tag.cross if tag is not None else None
@@ -4139,13 +4190,43 @@ class _Session:
                   "of query-key scores, so these weights are not recorded")  # fmt: skip
         return True
 
-    def _unrecorded(self, path, shape, tag, reason) -> None:
+    def _unrecorded(self, path, shape, tag, out, reason) -> None:
         """A softmax left out: a warning when it was made from a product of activations (it may be
-        attention), information otherwise."""
+        attention), information otherwise (told again as a warning if its weights multiply values)."""
         if tag is not None and tag.role == "scores":
             self.warn(path, shape, f"not recorded: {reason}")
         else:
             self.skip(path, shape, reason)
+            _hold(self._unplaced, out, path, shape, reason)
+
+    def _unplaced_used(self, args, kwargs) -> None:
+        """A softmax left out as not attention (a 2-D one, one whose axis is no sequence length) whose
+        weights, or a view of them, multiply values over several positions (``attn @ enc_out``, the values
+        first in ``bmm(v, attn)``): attention after all, that capture could not lay out. A warning, in
+        place of the information that said so."""
+        ins = _tensors(args, kwargs)
+        if len(ins) != 2:
+            return
+        for w, v in ((ins[0], ins[1]), (ins[1], ins[0])):
+            entry = _held(self._unplaced, w)
+            if entry is None and w._base is not None:
+                entry = _held(self._unplaced, w._base)
+            if entry is None:
+                continue
+            g, code = self.tag(v), self.code_of(v)
+            if g is None or g.role == "param" or code is None or tuple(code.shape) != tuple(v.shape):
+                continue
+            pos = code >> lineage.SHIFT
+            if not bool(
+                (pos != pos.reshape(-1)[:1]).any()
+            ):  # (one position: a vector, not values over positions)
+                continue
+            held, path, shape, reason = entry
+            self._unplaced.pop(id(held()), None)
+            self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, reason)]
+            self.warn(path, shape, "not recorded: its weights multiply values over positions (attention), but "
+                      f"capture could not lay them out ({reason})")  # fmt: skip
+            return
 
     def _layout(self, x, tag) -> tuple[tuple[int, int], bool]:
         """(a, b) factors of the first dim of 3-D scores, and whether they are (H, B) (head-major);
@@ -5751,6 +5832,7 @@ def capture_attention(
     if compiled:  # compiled code runs where a mode cannot see: the forward runs eagerly in the block
         cap.skipped.append(Note("info", compiled[0] or "(model)", (), _COMPILED))
     session = _Session(cap, model, kinds, include, exclude, lengths, modules, scores)
+    wrapped = _wrap_scripts(_script_calls(modules))
     eager = torch.compiler.set_stance("force_eager") if compiled else contextlib.nullcontext()
     hooks = []
     if session.native:  # torch.nn encoder layers run as torch runs them: hooks around every module call
@@ -5759,6 +5841,8 @@ def capture_attention(
             torch.nn.modules.module.register_module_forward_hook(session.after_layer, with_kwargs=True,
                                                                  always_call=True),
         ]  # fmt: skip
+    sessions = _LOCAL.__dict__.setdefault("sessions", [])
+    sessions.append(session)
     try:
         with eager, _Mode(session) as mode:
             session.mode = mode
@@ -5771,6 +5855,18 @@ def capture_attention(
     finally:
         for hook in hooks:
             hook.remove()
+        if session in sessions:
+            sessions.remove(session)
+        _unwrap_scripts(wrapped)
+    if session.scripted:
+        where = list(session.scripted)
+        fns = sorted({f for names in session.scripted.values() for f in names})
+        cap.notes.append(
+            f"{_listed(['the model' if w == '' else w for w in where])} called TorchScript "
+            f"({', '.join(fns[:4])}{' …' if len(fns) > 4 else ''}), whose ops run outside Python, where "
+            "capture cannot see them: attention computed inside it is not recorded, and maps these modules "
+            "made after it are flagged (what went through it is not followed)"
+        )
     session.finish()
     session.detach_records()
     if session.n_ops and not session.n_attention and not blind:
@@ -5793,6 +5889,125 @@ def _is_compiled(mod: nn.Module) -> bool:
     """A module wrapped by torch.compile (its OptimizedModule), without importing torch._dynamo."""
     cls = type(mod)
     return cls.__name__ == "OptimizedModule" and cls.__module__.startswith("torch._dynamo")
+
+
+_SCRIPT_CALLS: dict[
+    type, tuple[tuple[dict, str], ...]
+] = {}  # a module class -> TorchScript functions it calls
+_SCRIPT_LOCK = threading.Lock()
+_SCRIPT_WRAPPED: dict[tuple[int, str], list] = {}  # (id(globals), name) -> [globals, name, wrapper, blocks]
+
+
+class _ScriptCall:
+    """A TorchScript function a model's code calls by a global name, wrapped while a capture block runs: the
+    call goes to it unchanged, and the block of this thread hears that it ran (the mode cannot see it)."""
+
+    def __init__(self, fn: Any, name: str):
+        self.fn, self.name = fn, name
+        self.__name__ = name
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __call__(self, *args, **kwargs):
+        for session in getattr(_LOCAL, "sessions", ()):
+            session.on_script(self.name)
+        return self.fn(*args, **kwargs)
+
+    def __getattr__(self, attr: str) -> Any:  # (graph, code, schema: the function's own)
+        return getattr(self.fn, attr)
+
+
+def _wrap_scripts(calls: list[tuple[dict, str]]) -> list[tuple[int, str]]:
+    """Wrap these global names (once for every block that wants them; _unwrap_scripts puts them back)."""
+    done = []
+    with _SCRIPT_LOCK:
+        for scope, name in calls:
+            key = (id(scope), name)
+            entry = _SCRIPT_WRAPPED.get(key)
+            if entry is None:
+                fn = scope.get(name)
+                if not isinstance(fn, torch.jit.ScriptFunction):
+                    continue
+                own = getattr(fn, "name", None)  # (its own name, where it is held under another)
+                wrapper = _ScriptCall(fn, own if isinstance(own, str) and own else name)
+                scope[name] = wrapper
+                entry = _SCRIPT_WRAPPED[key] = [scope, name, wrapper, 0]
+            entry[3] += 1
+            done.append(key)
+    return done
+
+
+def _unwrap_scripts(keys: list[tuple[int, str]]) -> None:
+    with _SCRIPT_LOCK:
+        for key in keys:
+            entry = _SCRIPT_WRAPPED.get(key)
+            if entry is None:
+                continue
+            entry[3] -= 1
+            if entry[3] <= 0:
+                scope, name, wrapper, _ = entry
+                if scope.get(name) is wrapper:  # (unless the model's code replaced it since)
+                    scope[name] = wrapper.fn
+                del _SCRIPT_WRAPPED[key]
+
+
+def _script_functions(fn: Any, seen: builtins.set[int], depth: int = 0) -> list[tuple[dict, str]]:
+    """The TorchScript functions (``@torch.jit.script``) that Python function ``fn`` calls by a global name,
+    itself or through the module-level Python functions it calls (two levels down): (the globals that
+    name them, the name)."""
+    code = getattr(fn, "__code__", None)
+    scope = getattr(fn, "__globals__", None)
+    if code is None or scope is None or id(code) in seen:
+        return []
+    seen.add(id(code))
+    names: list[str] = []
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        names.extend(c.co_names)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    found = []
+    for name in dict.fromkeys(names):
+        obj = scope.get(name)
+        if isinstance(obj, (torch.jit.ScriptFunction, _ScriptCall)):
+            found.append((scope, name))
+        elif depth < 2 and isinstance(obj, types.FunctionType) and not obj.__module__.startswith("torch"):
+            found.extend(_script_functions(obj, seen, depth + 1))
+    return found
+
+
+def _script_calls(modules) -> list[tuple[dict, str]]:
+    """The TorchScript functions the model's classes' code calls by a global name (GPT-BigCode's fused
+    softmax in half precision, ChatGLM's rotary): the mode cannot see inside them, nor that they ran."""
+    out: list[tuple[dict, str]] = []
+    for _name, mod in modules:
+        cls = type(mod)
+        if cls.__module__.startswith("torch.") or isinstance(mod, torch.jit.ScriptModule):
+            continue
+        calls = _SCRIPT_CALLS.get(cls)
+        if calls is None:
+            seen: builtins.set[int] = set()
+            found: list[tuple[dict, str]] = []
+            for klass in cls.__mro__:
+                if klass is nn.Module or klass is object or klass.__module__.startswith("torch."):
+                    continue
+                for attr in vars(klass).values():
+                    fn = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
+                    if isinstance(fn, types.FunctionType):
+                        found.extend(_script_functions(fn, seen))
+            calls = _SCRIPT_CALLS[cls] = tuple({(id(g), n): (g, n) for g, n in found}.values())
+        out.extend(calls)
+        own = mod.__dict__  # one held as an attribute (``self.rope = torch.jit.script(rope)``)
+        out.extend((own, n) for n, v in own.items() if isinstance(v, (torch.jit.ScriptFunction, _ScriptCall)))
+    return out
+
+
+def _listed(names: list[str], most: int = 3) -> str:
+    """``module a``, ``modules a, b and c``, ``modules a, b, c and 4 more``; ``the model``."""
+    if names == ["the model"]:
+        return "the model"
+    shown = ", ".join(repr(n) if n != "the model" else n for n in names[:most])
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return f"{'module' if len(names) == 1 else 'modules'} {shown}{more}"
 
 
 def _blind_spot(model: nn.Module, modules=None) -> str | None:

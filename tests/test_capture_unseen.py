@@ -1,0 +1,184 @@
+"""Attention capture cannot lay out, or cannot see, is said: never dropped as "not attention" in silence.
+
+- A softmax that the shape rules leave out (a 2-D one, its rows not placed by lineage) whose weights then
+  multiply values over positions (spro's Luong decoder fills its energies one sequence at a time; pyGAT's
+  original concatenated pairs) is attention after all: a warning, not the information that it is not.
+- Weights over positions whose slices multiply the values one at a time (uvipen's hierarchical attention
+  network: ``for f1, f2 in zip(f_output, w_t)``) are said, not called a pointer network's output.
+- A module whose code calls a TorchScript function (GPT-BigCode's fused softmax in half precision,
+  ChatGLM's rotary) runs ops capture cannot see: said once, and that module's maps are flagged.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscope.core.families.capture import capture_attention
+
+VOCAB, D = 20, 8
+
+
+class LoopEnergies(nn.Module):
+    """practical-pytorch's Luong attention: each sequence's energies written into a zeros buffer, a softmax
+    over the source, then ``bmm`` with the encoder outputs."""
+
+    def __init__(self, fill: str):
+        super().__init__()
+        self.fill = fill
+        self.emb, self.attn = nn.Embedding(VOCAB, D), nn.Linear(D, D)
+
+    def forward(self, src, hidden):
+        enc = self.emb(src)  # (B, S, D)
+        b, n = src.shape
+        energies = torch.zeros(b, n)
+        for i in range(b):
+            if self.fill == "element":
+                for j in range(n):
+                    energies[i, j] = hidden[i].dot(self.attn(enc[i, j]))
+            else:
+                energies[i] = self.attn(enc[i]) @ hidden[i]
+        w = F.softmax(energies, dim=-1)
+        return torch.bmm(w.unsqueeze(1), enc)
+
+
+@pytest.mark.parametrize("fill", ["element", "row"])
+def test_a_2d_softmax_whose_weights_multiply_values_is_a_warning(fill):
+    torch.manual_seed(0)
+    model = LoopEnergies(fill).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (3, 5)), torch.randn(3, D))
+    assert not cap.records and not cap.skipped
+    assert len(cap.notes) == 1 and "not recorded" in cap.notes[0] and "multiply values" in cap.notes[0]
+
+
+def test_a_2d_vocabulary_softmax_stays_information():
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.out = nn.Embedding(VOCAB, D), nn.Linear(D, VOCAB)
+
+        def forward(self, ids):
+            return self.out(self.emb(ids).mean(1)).softmax(-1)
+
+    with torch.no_grad(), capture_attention(Classifier()) as cap:
+        Classifier()(torch.randint(0, VOCAB, (3, 5)))
+    assert not cap.records and not [n for n in cap.notes if "not recorded" in n]
+
+
+class HanLoop(nn.Module):
+    """uvipen's hierarchical attention network: word weights from a context vector, applied to the GRU
+    outputs one sequence at a time in a Python loop, then summed."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.gru = nn.Embedding(VOCAB, D), nn.GRU(D, D)
+        self.word_weight, self.context = nn.Parameter(torch.randn(D, D)), nn.Parameter(torch.randn(D, 1))
+
+    def forward(self, ids):  # ids (L, B): sequence-first, as the repository feeds its GRU
+        f_output, _ = self.gru(self.emb(ids))  # (L, B, D)
+        u = torch.tanh(f_output @ self.word_weight)
+        w_t = F.softmax((u @ self.context).squeeze(-1).permute(1, 0), dim=-1).permute(1, 0)  # (L, B)
+        pieces = [f1 * f2.unsqueeze(1).expand_as(f1) for f1, f2 in zip(f_output, w_t, strict=True)]
+        return torch.cat([p.unsqueeze(0) for p in pieces], 0).sum(0)
+
+
+def test_weights_applied_one_slice_at_a_time_are_said():
+    torch.manual_seed(0)
+    model = HanLoop().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (5, 3)))
+    assert not cap.records
+    assert not [s for s in cap.skipped if "pointer network" in s.reason]
+    assert [n for n in cap.notes if "slices multiply values one at a time" in n]
+
+
+@torch.jit.script
+def upcast_masked_softmax(x: torch.Tensor, mask: torch.Tensor, mask_value: torch.Tensor) -> torch.Tensor:
+    x = torch.where(mask, x, mask_value)
+    return torch.nn.functional.softmax(x.float(), dim=-1).to(x.dtype)
+
+
+@torch.jit.script
+def rotate(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([-x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]], dim=-1) * 0.5 + x
+
+
+class BigCodeAttention(nn.Module):
+    """GPT-BigCode's attention in half precision: its softmax runs in a TorchScript helper (``jit``), or
+    ChatGLM's, whose q and k go through a TorchScript rotary (``rotary``)."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.where = where
+        self.c_attn, self.c_proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, 2, D // 2).transpose(1, 2) for t in self.c_attn(x).split(D, dim=2))
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        if self.where == "rotary":
+            q, k = rotate(q), rotate(k)
+        s = q @ k.transpose(-1, -2)
+        if self.where == "jit":
+            w = upcast_masked_softmax(s, causal, torch.full([], -1e4))
+        else:
+            w = s.masked_fill(~causal, -1e4).softmax(-1)
+        return self.c_proj((w @ v).transpose(1, 2).reshape(b, n, D))
+
+
+class Lm(nn.Module):
+    def __init__(self, where: str):
+        super().__init__()
+        self.wte, self.attn, self.lm_head = (
+            nn.Embedding(VOCAB, D),
+            BigCodeAttention(where),
+            nn.Linear(D, VOCAB),
+        )
+
+    def forward(self, ids):
+        return self.lm_head(self.attn(self.wte(ids))).softmax(-1)  # (a sampling softmax over the vocabulary)
+
+
+@pytest.mark.parametrize("where", ["jit", "rotary"])
+def test_a_torchscript_helper_in_a_module_is_said_and_its_maps_flagged(where):
+    torch.manual_seed(0)
+    model = Lm(where).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (2, 5)))
+    said = [n for n in cap.notes if "TorchScript" in n]
+    assert len(said) == 1 and "'attn'" in said[0]
+    name = "upcast_masked_softmax" if where == "jit" else "rotate"
+    assert name in said[0]
+    assert all(not r.exact for r in cap.records)
+    assert bool(cap.records) == (where == "rotary")
+
+
+def test_a_module_without_torchscript_says_nothing_of_it():
+    model = Lm("none").eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (2, 5)))
+    assert not [n for n in cap.notes if "TorchScript" in n]
+    assert len(cap.records) == 1 and cap.records[0].exact
+
+
+def test_a_torchscript_function_held_as_an_attribute_is_heard_and_put_back():
+    class Held(BigCodeAttention):
+        def __init__(self):
+            super().__init__("none")
+            self.rope = rotate  # ChatGLM-style: a scripted function kept on the module
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            q, k, v = (t.view(b, n, 2, D // 2).transpose(1, 2) for t in self.c_attn(x).split(D, dim=2))
+            w = (self.rope(q) @ self.rope(k).transpose(-1, -2)).softmax(-1)
+            return w @ v
+
+    model = Held().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(1, 5, D))
+    assert [n for n in cap.notes if "TorchScript (rotate)" in n]
+    assert cap.records and not cap.records[0].exact
+    assert model.rope is rotate and isinstance(upcast_masked_softmax, torch.jit.ScriptFunction)
