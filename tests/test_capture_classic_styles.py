@@ -626,9 +626,9 @@ class PulferMSA(nn.Module):
     the heads inside one call, each head's map from an ``nn.Softmax`` module, the heads joined by
     ``torch.hstack`` and the sequences by ``torch.cat`` of ``unsqueeze(r, dim=0)``."""
 
-    def __init__(self, heads: int):
+    def __init__(self, heads: int, join: str = "cat"):
         super().__init__()
-        self.h, self.d_head = heads, 4
+        self.h, self.d_head, self.join = heads, 4, join
         self.emb = nn.Embedding(VOCAB, 4 * heads)
         self.class_token = nn.Parameter(torch.rand(1, 4 * heads))
         self.q_mappings = nn.ModuleList(nn.Linear(4, 4) for _ in range(heads))
@@ -652,13 +652,18 @@ class PulferMSA(nn.Module):
             result.append(torch.hstack(seq_result))
             maps.append(torch.stack(seq_maps))
         self.used.append(("enc_self", torch.stack(maps)))
+        if self.join == "stack":  # the same batch, as many rewrites of the tutorial write it
+            return torch.stack(result)
         return torch.cat([torch.unsqueeze(r, dim=0) for r in result])
 
 
+@pytest.mark.parametrize("join", ["cat", "stack"])
 @pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 1), (2, 2), (3, 3), (4, 2)])
-def test_a_loop_over_sequences_and_heads_is_one_layer_of_a_batch(batch, heads):
+def test_a_loop_over_sequences_and_heads_is_one_layer_of_a_batch(batch, heads, join):
+    """The sequences joined by ``torch.stack(result)`` were left one record each, every one exact and
+    claiming to be sequence 0 (a trace drew them as layers)."""
     torch.manual_seed(10)
-    model = PulferMSA(heads).eval()
+    model = PulferMSA(heads, join).eval()
     with torch.no_grad(), capture_attention(model) as cap:
         model(_ids(batch, 5))
     _check(cap, model.used)
@@ -926,3 +931,39 @@ def test_weights_over_each_points_own_neighbours_are_never_taken_for_sequences()
         model(torch.randint(1, VOCAB, (1, 6)), torch.randn(1, 6, 3))
     assert not any(r.exact for r in cap.records)  # slots of overlapping neighbourhoods: not a map over keys
     assert cap.skipped or cap.notes
+
+
+class LuongSteps(nn.Module):
+    """A Luong decoder that attends once per target step ("general" scores ``bmm(W h_t, enc^T)``, the padded
+    source filled with ``-inf``), keeps each step's ``[c_t; h_t]`` and stacks them along time before one
+    projection (``torch.stack(outs, dim=1)``): the steps' maps are the decoder's queries, not heads."""
+
+    def __init__(self, dim: int = 1):
+        super().__init__()
+        self.dim = dim
+        self.emb, self.gru = nn.Embedding(VOCAB, 8), nn.GRU(8, 8, batch_first=True)
+        self.temb, self.cell, self.w = nn.Embedding(VOCAB, 8), nn.GRUCell(8, 8), nn.Linear(8, 8)
+        self.fc = nn.Linear(16, VOCAB)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, src, tgt):
+        enc, h_n = self.gru(self.emb(src))
+        h, outs = h_n[0], []
+        for t in range(tgt.shape[1]):
+            h = self.cell(self.temb(tgt[:, t]), h)
+            s = torch.bmm(self.w(h).unsqueeze(1), enc.transpose(1, 2))  # (B, 1, S)
+            a = F.softmax(s.masked_fill((src == 0)[:, None, :], float("-inf")), dim=-1)
+            self.used.append(("cross", a[:, None]))
+            outs.append(torch.cat([torch.bmm(a, enc).squeeze(1), h], -1))
+        return self.fc(torch.stack(outs, dim=self.dim))
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+@pytest.mark.parametrize("batch", [1, 3, 4])
+def test_decoder_steps_stacked_along_time_stay_steps(batch, dim):
+    """Stacked at dim 1 the steps were joined into one record as if they were heads, exact."""
+    torch.manual_seed(3)
+    model = LuongSteps(dim=dim).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 5), _ids(batch, 4).flip(1))
+    _check(cap, model.used)

@@ -1875,6 +1875,10 @@ class _Session:
             return
         if name == "stack":
             d = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+            if isinstance(d, int) and d % out.dim() == 0 and out.dim() >= 3:
+                # one sequence each, stacked into a batch (``torch.stack(result)`` after the loop)
+                self._sequences_concatenated(parts)
+                return
             if not isinstance(d, int) or d % out.dim() != out.dim() - 2:
                 return
         else:
@@ -1891,6 +1895,8 @@ class _Session:
             if g is None or g.attn_out is None or g.probs is not None:
                 return
             paths.append(g.attn_out)
+        if not self._same_positions(parts):  # each part another query's output (a decoder's steps
+            return  # stacked along time after a loop over them), not one query's heads
         records, k = self.cap.records, len(paths)
         start = len(records) - k
         if start < 0 or any(i >= start for group, _, _, _ in self._head_groups for i in group):
@@ -1908,6 +1914,15 @@ class _Session:
             common.append(w[0])
         self._head_groups.append((list(range(start, len(records))), [r.seq for r in group],
                                   ".".join(common) if common else paths[0], k))  # fmt: skip
+
+    def _same_positions(self, parts) -> bool:
+        """Whether every part holds the same positions, row for row (heads of one layer do; the outputs
+        of a decoder's steps each hold their own step's); True where lineage cannot say."""
+        codes = [self.code_of(t) for t in parts]
+        if any(c is None or tuple(c.shape) != tuple(t.shape) for c, t in zip(codes, parts, strict=True)):
+            return True
+        pos = [c >> lineage.SHIFT for c in codes if c is not None]
+        return all(torch.equal(p, pos[0]) for p in pos[1:])
 
     def _sequences_concatenated(self, parts) -> None:
         """Outputs of attention run one sequence at a time (a loop over the batch inside the model),
