@@ -808,3 +808,35 @@ def test_an_input_repeated_per_head_with_per_head_einsum_weights_is_split_by_hea
     (rec,) = cap.records
     assert rec.exact and rec.kind == "enc_self"
     assert torch.equal(rec.probs, model.used)
+
+
+class _Subsample(nn.Module):
+    """LeViT's AttentionSubsample: the queries every second position of the token grid
+    (``x.view(B, r, r, C)[:, ::2, ::2]``), the keys all of them."""
+
+    def __init__(self, stride_1d: bool):
+        super().__init__()
+        self.stride_1d = stride_1d
+        self.emb, self.q, self.kv = nn.Embedding(20, 8), nn.Linear(8, 8), nn.Linear(8, 16)
+
+    def forward(self, ids):
+        x = self.emb(ids)  # (B, 16, 8)
+        b = x.shape[0]
+        xq = x[:, ::2] if self.stride_1d else x.view(b, 4, 4, 8)[:, ::2, ::2].reshape(b, -1, 8)
+        q = self.q(xq).view(b, -1, 2, 4).transpose(1, 2)
+        k, v = (t.view(b, -1, 2, 4).transpose(1, 2) for t in self.kv(x).chunk(2, -1))
+        self.used = (q @ k.transpose(-1, -2)).softmax(-1)
+        return self.used @ v
+
+
+@pytest.mark.parametrize("stride_1d", [False, True])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_queries_at_every_second_position_are_exact(stride_1d, batch):
+    """A fixed stride of the positions, the same in every sequence and in order, is no pick by index (it
+    was flagged as Informer's top-u queries, at batch 1 too)."""
+    torch.manual_seed(batch)
+    model = _Subsample(stride_1d).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 20, (batch, 16)))
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes and torch.equal(rec.probs, model.used)

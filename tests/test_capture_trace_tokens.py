@@ -311,12 +311,15 @@ def test_a_sequence_with_nan_in_its_data_keeps_its_maps_and_leaves_out_what_move
 
 
 def test_watching_a_model_whose_maps_fit_no_positions_is_one_sentence_with_the_reason(tmp_path):
-    """The only attention is over 4-to-1 pooled keys: no trace can draw it, and watch says why."""
+    """The only attention is over 4-to-1 pooled keys: no trace can draw it, and watch says why (the maps'
+    own size, 16 x 4, and that the keys are positions the model made; it said 16 x 0)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(50, 32), ReducedKeys(True))
     ids = torch.randint(1, 50, (2, 16), generator=torch.Generator().manual_seed(3))
     with pytest.raises(
-        ValueError, match=r"could not be drawn over its positions: none of the attention .* 16 x 0"
+        ValueError,
+        match=r"could not be drawn over its positions: none of the attention .* 16 x 4 \(queries x keys, all "
+        r"positions the model made or learned \(<pooled 0>, <pooled 1> …\)\)",
     ):
         w = attnscope.watch(model, ids, every=1, run_dir=tmp_path / "r")
         w.step(0)

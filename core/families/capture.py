@@ -475,8 +475,14 @@ class Captured:
                 continue
             where = _modules(self.of(kind))
             tokens = " x ".join("any" if n is None else str(n) for n in want)
-            left_out.append(f"{kind} ({where}) left out of the trace: its maps are {q} x {k} (queries x keys), "
-                            f"the tokens make {tokens}, so they are over other positions than these tokens")  # fmt: skip
+            extra = learned_keys.get(
+                kind, []
+            )  # keys outside the sequence (pooled, learned): said, and counted
+            made = (f", {f'{len(extra)} of them' if k else 'all'} positions the model made or learned "
+                    f"({', '.join(extra[:2])}{' …' if len(extra) > 2 else ''})") if extra else ""  # fmt: skip
+            left_out.append(f"{kind} ({where}) left out of the trace: its maps are {q} x {k + len(extra)} (queries x "
+                            f"keys{made}), the tokens make {tokens}, so they are over other positions than these "
+                            "tokens")  # fmt: skip
             for name in [kind, *(f"{kind}_{what}" for what in ("scores", "mask", "learned", "value_norms",
                                                                "residual_norms"))]:  # fmt: skip
                 kw.pop(name, None)

@@ -650,9 +650,11 @@ def _gathered(
 ) -> str | None:
     """Why rows that are a few of their own sequence's positions are no map capture can label, or None.
     ``qp`` (B, q) the query positions of each sequence, ``kp`` (B, K) its keys'. Fewer queries than
-    keys of the same sequence are a run of its keys in order, at the same place in every sequence (a
-    chunk of queries, the last ones of a KV cache, a segment after its memory); queries picked per
-    sequence (Informer's top-u ``Q[b, h, idx]``) are other positions in every sequence, in no order."""
+    keys of the same sequence are some of its keys in order, at the same places in every sequence (a
+    chunk of queries, the last ones of a KV cache, a segment after its memory, every second position:
+    LeViT's subsampled queries); queries picked per sequence (Informer's top-u ``Q[b, h, idx]``) are
+    other positions in every sequence, in no order (a pick computed from the data is flagged where it is
+    seen, one sequence too)."""
     if qp.shape[1] < 2 or bool(q_learned.any()):
         return None
     own = kp.masked_fill(k_learned, -1)
@@ -662,8 +664,8 @@ def _gathered(
     if not bool(eq.any(-1).all()):
         return None  # other positions than the keys' own: cross-attention, not a selection
     at = eq.to(torch.int8).argmax(-1)  # each query's place among its sequence's keys
-    if bool((at[:, 1:] - at[:, :-1] == 1).all()) and bool((at == at[:1]).all()):
-        return None
+    if bool((at[:, 1:] > at[:, :-1]).all()) and bool((at == at[:1]).all()):
+        return None  # the same places in every sequence, in order (a run, or a stride: LeViT's subsample)
     return ("the queries are a few of each sequence's positions picked by index (other positions in "
             "every sequence, or out of order: Informer's top-u queries), so the rows name no positions")  # fmt: skip
 
