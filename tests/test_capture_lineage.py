@@ -11,6 +11,7 @@ import importlib
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnscope.core.families.capture import capture_attention
@@ -840,3 +841,62 @@ def test_queries_at_every_second_position_are_exact(stride_1d, batch):
         model(torch.randint(0, 20, (batch, 16)))
     (rec,) = cap.records
     assert rec.exact and not cap.notes and torch.equal(rec.probs, model.used)
+
+
+class _PaddedWindows(nn.Module):
+    """Swin's detection backbone: the token map padded with ``F.pad`` to whole windows, partitioned into
+    windows folded into the batch, plain window attention (no shift, no mask)."""
+
+    def __init__(self, window: int):
+        super().__init__()
+        self.ws = window
+        self.patch, self.qkv = nn.Conv2d(3, 8, 2, 2), nn.Linear(8, 24)
+
+    def forward(self, img):
+        x = self.patch(img).permute(0, 2, 3, 1)  # (B, H, W, C)
+        b, h, w, c = x.shape
+        pad_r, pad_b = (self.ws - w % self.ws) % self.ws, (self.ws - h % self.ws) % self.ws
+        x = F.pad(x, (0, 0, 0, pad_r, 0, pad_b))
+        hp, wp = h + pad_b, w + pad_r
+        win = x.view(b, hp // self.ws, self.ws, wp // self.ws, self.ws, c).permute(0, 1, 3, 2, 4, 5)
+        win = win.reshape(-1, self.ws * self.ws, c)
+        q, k, v = self.qkv(win).reshape(win.shape[0], -1, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        self.used = (q @ k.transpose(-2, -1)).softmax(-1)
+        return self.used @ v
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_map_padded_to_whole_windows_labels_each_padded_cell(batch):
+    """A 3 x 3 map padded to one 4 x 4 window: each padded cell is a position of its own (F.pad's
+    padding was one position, which a window held 7 times), labelled, and the map is exact."""
+    torch.manual_seed(batch)
+    model = _PaddedWindows(4).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 3, 6, 6))
+    (rec,) = cap.records
+    assert rec.exact and torch.equal(rec.probs, model.used)
+    labels = rec.key_labels
+    assert labels is not None and [i for i, lab in enumerate(labels) if lab is None] == [
+        0,
+        1,
+        2,
+        4,
+        5,
+        6,
+        8,
+        9,
+        10,
+    ]
+    assert [lab for lab in labels if lab] == [f"<padding {i}>" for i in range(7)]
+
+
+def test_windows_padded_in_different_places_are_flagged_for_that_reason():
+    """Windows of a padded map hold padding in different places (the edge ones only): flagged with that
+    reason, the values as the model used them (it said rows see different keys)."""
+    torch.manual_seed(0)
+    model = _PaddedWindows(2).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 3, 6, 6))
+    (rec,) = cap.records
+    assert not rec.exact and "padding keys in different places" in rec.flag
+    assert torch.equal(rec.probs, model.used)

@@ -2036,6 +2036,22 @@ class _Session:
             pad = args[1] if len(args) > 1 else kwargs.get("pad")
             if c is None or pad is None:
                 return None
+            if (
+                isinstance(pad, (tuple, list))
+                and len(pad) >= 4
+                and pad[0] == 0
+                and pad[1] == 0
+                and c.dim() >= 2
+                and all(isinstance(n, int) and n >= 0 for n in pad)
+            ):  # padding around cells of features (Swin's map padded to whole windows): each padded cell
+                padded = F.pad(c, pad, value=-1)  # a position of its own, so a window holding several is
+                cells = F.pad(torch.zeros_like(c[..., 0]), pad[2:], value=1) == 1
+                n = int(cells.sum())  # no position twice
+                if n:
+                    start = self.sources.new(n, "pad", "padding")
+                    pos = torch.arange(start, start + n, dtype=c.dtype, device=c.device) << lineage.SHIFT
+                    padded[cells] = pos[:, None] | torch.arange(c.shape[-1], dtype=c.dtype, device=c.device)
+                return padded if tuple(padded.shape) == tuple(out.shape) else None
             value = self._pad_code()
             key = ("pad", id(c), _arg_key(pad), value)
             res: Any = lineage.recall(key) if key[2] is not _NOKEY else lineage.MISS

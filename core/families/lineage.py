@@ -626,7 +626,10 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         return "the heads of one sequence see different keys"
     kp = kh[:, 0]  # (B, K)
     if batch > 1 and not bool(((kp >= 0) == (kp[:1] >= 0)).all()):
-        return "sequences have learned keys in different places"
+        return (
+            "sequences have learned or padding keys in different places (windows padded at the edge of a "
+            "map, as Swin pads it to whole windows): one map's key labels cannot hold them"
+        )
     why = _reordered(qp[:, 0].masked_fill(q_param[rows[:, 0]], -1), sources) or _reordered(kp, sources)
     if why is not None:
         return why
