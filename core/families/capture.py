@@ -1177,6 +1177,8 @@ class _Session:
         self._path_at: tuple[int, str] = (-1, "")  # (op count, path) path() found last
         self._holders: dict[int, tuple[weakref.ref, bool]] = {}  # modules outside the model: hold it?
         self._run_frame: FrameType | None = None  # the outermost module call of the run recorded last
+        self._sliced = False  # the module call recorded last made slices capture could not join
+        self._slice_pending: Record | None = None  # a slice to flag once it is among the records
         # module path -> the TorchScript functions that ran in its calls (their ops, where the mode cannot see)
         self.scripted: dict[str, list[str]] = {}
         self._entered: builtins.set[int] = set()  # the model's parts called from outside it in this run
@@ -3657,6 +3659,10 @@ class _Session:
             self._joined_head = (rec, len(self.cap.records) - 1, int(last.probs.shape[1]))
             return None
         self.cap.records.append(rec)
+        if self._slice_pending is rec:
+            self._slice_pending = None
+            self._flag_weights(_Probs(rec, (1, 1), False, None, False), self._SLICES)
+            return self.cap.records[-1]
         return rec
 
     def _other_sequence(self, path: str, seq_keys: torch.Tensor, queries: torch.Tensor) -> tuple | None:
@@ -3711,6 +3717,10 @@ class _Session:
         held, held_path, held_q, held_at, held_layout = self._record_call
         at = len(self.cap.records)  # where rec goes (a record joined to the previous head's is no piece)
         self._record_call = (frame, path, queries, at, layout)
+        if frame is not None and frame is held and path == held_path and 0 <= held_at < at:
+            self._slices_unplaced(rec, held_at, layout is None, held_layout is None)
+        else:
+            self._sliced = False  # (another call: its slices are its own)
         if frame is None or path != held_path or queries is None or held_q is None:
             return
         if queries.device != held_q.device or bool(torch.isin(queries, held_q).any()):
@@ -3732,6 +3742,29 @@ class _Session:
             self._block_runs.add(id(self._runs[-1]))
         if heads:
             self._head_runs.add(id(self._runs[-1]))
+
+    _SLICES = (
+        "one call of this module made maps over slices of its batch and heads (attention computed in "
+        "slices, diffusers' attention slicing), and a slice that lineage could not place breaks them: "
+        "this map is a slice, which may hold other sequences' heads, not a whole layer"
+    )
+
+    def _slices_unplaced(self, rec: Record, held_at: int, unplaced: bool, held_unplaced: bool) -> None:
+        """Maps of one call of a module, one laid out by lineage and the next not (or after one that was not),
+        over the same queries and keys, split into other sequences and heads: slices of one fold that capture cannot
+        join (a slice straddling two sequences breaks them), so the ones laid out are flagged too: alone,
+        each claims to be sequence 0."""
+        held = self.cap.records[held_at] if held_at < len(self.cap.records) else None
+        if held is None or unplaced == held_unplaced and not (self._sliced and unplaced is False):
+            return
+        same = tuple(held.probs.shape[2:]) == tuple(rec.probs.shape[2:])  # (the same queries and keys, split
+        if not same or not self._sliced and tuple(held.probs.shape[:2]) == tuple(rec.probs.shape[:2]):
+            return  # into other sequences and heads: (1, 2) then (2, 1), a slice across two sequences)
+        self._sliced = True
+        if held.exact:
+            self._flag_weights(_Probs(held, (1, 1), False, None, False), self._SLICES)
+        if rec.exact:  # (not in cap.records yet: flagged once it is)
+            self._slice_pending = rec
 
     def _heads_apart(
         self, queries, held_q, layout: Layout, held_layout: Layout, held_at: int, at: int
