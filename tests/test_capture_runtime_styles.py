@@ -699,3 +699,52 @@ def test_a_sequence_all_padding_is_recorded_as_the_path_that_ran_weighs_it():
     with torch.no_grad(), capture_attention(mha) as cap:
         _, got = mha(x, x, x, key_padding_mask=pad, average_attn_weights=False)
     assert bool(cap.records[0].probs[1].isnan().all()) and bool(got[1].isnan().all())
+
+
+class SortedByLength(nn.Module):
+    """The batch sorted by length inside forward before attention (``lengths.sort(descending=True)``,
+    ``x[perm_idx]``, as pack_padded_sequence once required), sorted back after it."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h = heads
+        self.emb, self.qk = nn.Embedding(VOCAB, 4 * heads, padding_idx=0), nn.Linear(4 * heads, 8 * heads)
+
+    def forward(self, ids, lengths):
+        b, n = ids.shape
+        lengths_sorted, perm_idx = lengths.sort(0, descending=True)
+        x = self.emb(ids)[perm_idx]
+        q, k = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qk(x).chunk(2, -1))
+        pad = torch.arange(n)[None, :] >= lengths_sorted[:, None]
+        a = (q @ k.transpose(-1, -2)).masked_fill(pad[:, None, None, :], float("-inf")).softmax(-1)
+        return (a @ x[:, None]).mean(1)[perm_idx.argsort()]
+
+
+@pytest.mark.parametrize(("lengths", "heads"), [((6, 4, 2, 5), 2), ((3, 5), 1), ((2, 6, 4), 4)])
+def test_a_batch_sorted_inside_the_model_is_flagged_with_its_order(lengths, heads):
+    """Record row b held the sorted batch's sequence b (input sequence perm_idx[b]), exact: a trace of
+    sequence 1 drew another sequence's map over sequence 1's tokens."""
+    torch.manual_seed(0)
+    lens = torch.tensor(lengths)
+    ids = torch.randint(1, VOCAB, (len(lengths), 6))
+    for i, n in enumerate(lengths):
+        ids[i, n:] = 0
+    model = SortedByLength(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, lens)
+    (rec,) = cap.records
+    order = lens.sort(0, descending=True).indices.tolist()
+    assert not rec.exact and f"sequence {order}[b]" in rec.flag
+    assert len(cap.notes) == 1
+
+
+def test_a_batch_already_in_order_stays_exact():
+    torch.manual_seed(0)
+    lens = torch.tensor([6, 5, 3])
+    ids = torch.randint(1, VOCAB, (3, 6))
+    for i, n in enumerate(lens.tolist()):
+        ids[i, n:] = 0
+    model = SortedByLength(2).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, lens)
+    assert cap.records[0].exact and not cap.notes

@@ -1743,12 +1743,50 @@ class _Session:
                 why = lineage.remember(key, tuple(keys), lineage.subset(kp, self.sources))
             if why is None and self._picked:
                 why = self._picked_by_data(keys)
+            if (
+                why is None
+                and r.kind != "cross"
+                and len(keys) == 1
+                and int(keys[0].shape[0]) == int(r.probs.shape[0]) > 1
+            ):
+                why = self._batch_reordered(keys[0])  # (self-attention: the keys' sequence is the queries')
             if why is not None:
                 records[i] = _replaced(r, exact=False, flag=why)
                 self.warn(r.name, tuple(int(n) for n in r.probs.shape), f"could not verify: {why}")
         self._seq_keys.clear()
         self._queried.clear()
         self._asked.clear()
+
+    def _batch_reordered(self, kp: torch.Tensor) -> str | None:
+        """Why a record's sequences are the batch's in another order, or None. ``kp`` (B, K): each record
+        sequence's key positions. Where every sequence's keys lie in one row of the one tensor they came
+        from (a batch-first input: its sequences), and the record holds all those rows, out of order (the
+        batch sorted by length inside the model, ``x[perm_idx]``, for ``pack_padded_sequence``), record row
+        b is not the caller's sequence b."""
+        own = kp >= 0
+        if not bool(own.any(-1).all()):
+            return None
+        safe = kp.clamp_min(0)
+        src = self.sources.index(safe).masked_fill(~own, -1)
+        first = src[own][:1]
+        if not bool(((src == first) | ~own).all()):
+            return None  # keys from several tensors (a cache, a memory): rows name no one batch
+        rows = self.sources.rows(safe).masked_fill(~own, -1)
+        lo = torch.where(own, rows, torch.iinfo(rows.dtype).max).amin(-1)
+        hi = rows.amax(-1)
+        if not bool((lo == hi).all()):
+            return None  # a sequence over several rows (sequence-first ids, windows): no row per sequence
+        source = self.sources.items[int(first)]
+        n_rows = max(source.n // source.row, 1) if source.row else 1
+        order = lo - source.start
+        if n_rows != int(kp.shape[0]) or not torch.equal(
+            torch.sort(order).values, torch.arange(n_rows, device=order.device)
+        ):
+            return None  # not every row once (beams, a subset of the batch)
+        if bool((order[1:] > order[:-1]).all()):
+            return None
+        return ("the batch was put in another order inside the model before this attention (sorted by length, "
+                f"x[perm_idx]): record row b holds the caller's sequence {order.tolist()}[b], not sequence b")  # fmt: skip
 
     def _prefill_of(self, rec: Record, records: list[Record]) -> bool:
         """A prompt that sees itself both ways (a prefix LM's prefill that is all prefix) whose positions a
