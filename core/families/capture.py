@@ -475,9 +475,7 @@ class Captured:
                 continue
             where = _modules(self.of(kind))
             tokens = " x ".join("any" if n is None else str(n) for n in want)
-            extra = learned_keys.get(
-                kind, []
-            )  # keys outside the sequence (pooled, learned): said, and counted
+            extra = learned_keys.get(kind, [])  # keys outside the sequence (pooled, learned): counted, said
             made = (f", {f'{len(extra)} of them' if k else 'all'} positions the model made or learned "
                     f"({', '.join(extra[:2])}{' …' if len(extra) > 2 else ''})") if extra else ""  # fmt: skip
             left_out.append(f"{kind} ({where}) left out of the trace: its maps are {q} x {k + len(extra)} (queries x "
