@@ -416,6 +416,7 @@ def test_a_forward_with_no_attention_call_at_all_is_said():
     assert not cap.records and len(cap.notes) == 1
     assert "no softmax, scaled_dot_product_attention or MultiheadAttention call was seen" in cap.notes[0]
     assert "C++/CUDA extension" in cap.notes[0]
+    assert "without a softmax (linear attention" in cap.notes[0]  # (one that has no map is not hidden)
 
 
 class _Idioms(nn.Module):

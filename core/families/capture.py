@@ -5978,8 +5978,9 @@ def capture_attention(
     if session.n_ops and not session.n_attention and not blind:
         cap.notes.append(
             "no softmax, scaled_dot_product_attention or MultiheadAttention call was seen in this forward "
-            f"({session.n_ops} torch calls): if the model has attention, it runs where capture cannot see "
-            "(a compiled C++/CUDA extension, TorchScript, or code outside torch)"
+            f"({session.n_ops} torch calls): attention written without a softmax (linear attention's feature "
+            "maps) has no weights to record, and attention computed where capture cannot see (a compiled "
+            "C++/CUDA extension, TorchScript, or code outside torch) is not recorded"
         )
 
 
