@@ -412,11 +412,8 @@ class Watcher:
             note = "; ".join([*cap.notes, *(str(n) for n in cap.skipped)]) or "no softmax met the rules"
             raise ValueError(f"the probe ran but no attention was captured ({note})")
         ids = [t for _, t in _id_tensors(probe)]
-        looked_up = [t for t in ids if cap.embedded(t)]
-        if (
-            looked_up
-        ):  # the ones the model looked up in an embedding (a 0/1 mask handed in beside them is not)
-            ids = looked_up
+        # the ones the model looked up in an embedding (a 0/1 mask handed in beside them is not)
+        ids = [t for t in ids if cap.embedded(t)] or ids
         has_src = "enc_self" in kinds or "cross" in kinds
         src = ids[0] if has_src and ids else None
         tgt = (ids[1] if len(ids) > 1 else None) if has_src else (ids[0] if ids else None)
@@ -530,16 +527,18 @@ class Watcher:
         record: dict[str, Any] = {"step": step}
         bad = []
         for key, value in scalars.items():
-            v = runfile.scalar_value(value)
-            if v is not None:
-                record[str(key)] = v
-            elif runfile.scalar_value(value, finite=False) is not None:  # a number, NaN or infinite
-                record[str(key)] = None
-                bad.append(str(key))
-                if key not in self._not_finite:
-                    self._not_finite.add(str(key))
-                    self._say(f"{key} is not finite at step {step} (the training diverged?): the run keeps it "
-                              "as null, named under not_finite")  # fmt: skip
+            name, v = str(key), runfile.scalar_value(value, finite=False)
+            if v is None:
+                continue  # not a number
+            if math.isfinite(v):
+                record[name] = v
+                continue
+            record[name] = None
+            bad.append(name)
+            if name not in self._not_finite:
+                self._not_finite.add(name)
+                self._say(f"{name} is not finite at step {step} (the training diverged?): the run keeps it "
+                          "as null, named under not_finite")  # fmt: skip
         if bad:
             record["not_finite"] = bad
         return record
