@@ -6020,6 +6020,8 @@ class _ScriptCall:
         return self.fn(*args, **kwargs)
 
     def __getattr__(self, attr: str) -> Any:  # (graph, code, schema: the function's own)
+        if attr == "fn":  # (not set yet: a copy made without __init__ asks before it is)
+            raise AttributeError(attr)
         return getattr(self.fn, attr)
 
 
