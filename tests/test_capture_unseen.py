@@ -181,7 +181,8 @@ def test_a_torchscript_function_held_as_an_attribute_is_heard_and_put_back():
     model = Held().eval()
     with torch.no_grad(), capture_attention(model) as cap:
         model(torch.randn(1, 5, D))
-        assert copy.copy(model.__dict__["rope"]).fn is rotate  # (a copy of the module's wrapper works)
+        held = model.__dict__["rope"]
+        assert copy.copy(held).fn is held.fn  # (a copy of the module's wrapper works)
     assert [n for n in cap.notes if "TorchScript (rotate)" in n]
     assert cap.records and not cap.records[0].exact
     assert model.rope is rotate and isinstance(upcast_masked_softmax, torch.jit.ScriptFunction)
