@@ -518,7 +518,8 @@ class Watcher:
             self._say(
                 f"step {step} came after step {self._last}: watch keeps steps that go up, and this one would "
                 f"write over what step {step} already holds, so it is not written, nor any later step at or "
-                "before the last one (a counter that restarts each epoch: pass epoch * steps_per_epoch + i)"
+                "before the last one (a counter that restarts each epoch: pass epoch * steps_per_epoch + i)",
+                depth=1,
             )
 
     def _record(self, step: int, scalars: dict[str, Any]) -> dict[str, Any]:
@@ -538,7 +539,7 @@ class Watcher:
             if name not in self._not_finite:
                 self._not_finite.add(name)
                 self._say(f"{name} is not finite at step {step} (the training diverged?): the run keeps it "
-                          "as null, named under not_finite")  # fmt: skip
+                          "as null, named under not_finite", depth=1)  # fmt: skip
         if bad:
             record["not_finite"] = bad
         return record
@@ -566,10 +567,11 @@ class Watcher:
             out[name] = (t.half() if t.is_floating_point() else t).cpu().contiguous().clone()
         return out
 
-    def _say(self, message: str) -> None:
+    def _say(self, message: str, depth: int = 0) -> None:
+        """Warn once, pointing at the training loop's call (``depth``: helpers between it and here)."""
         if message not in self._said:
             self._said.add(message)
-            warnings.warn(message, stacklevel=3)
+            warnings.warn(message, stacklevel=3 + depth)
 
     def close(self) -> None:
         if self.run is not None and not self.closed:
