@@ -693,7 +693,7 @@ def _with_labels(tokens: tuple[str, ...], labels: list[str | None] | None) -> tu
 
 
 # -- lineage tags ---------------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class _Tag:
     """What the capture knows about one tensor made inside the block."""
 
@@ -1046,8 +1046,10 @@ def _tensordot_matmul(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Te
 def _tensors(args, kwargs) -> list[torch.Tensor]:
     out = []
     for a in args:
-        if isinstance(a, torch.Tensor):
+        if type(a) is torch.Tensor or isinstance(a, torch.Tensor):
             out.append(a)
+        elif type(a) is int or type(a) is float:  # (the common non-tensor arguments: dims, sizes, scales)
+            continue
         elif isinstance(a, (list, tuple)):
             out.extend(t for t in a if isinstance(t, torch.Tensor))
     if kwargs:
@@ -1747,7 +1749,10 @@ class _Session:
                 and len(keys) == 1
                 and int(keys[0].shape[0]) == int(r.probs.shape[0]) > 1
             ):
-                why = self._batch_reordered(keys[0])  # (self-attention: the keys' sequence is the queries')
+                key = ("reordered", id(keys[0]), self._sources_key())  # (self-attention: the keys'
+                why = lineage.recall(key)  # sequence is the queries'; a pure function of codes and sources)
+                if why is lineage.MISS:
+                    why = lineage.remember(key, (keys[0],), self._batch_reordered(keys[0]))
             if why is not None:
                 records[i] = _replaced(r, exact=False, flag=why)
                 self.warn(r.name, tuple(int(n) for n in r.probs.shape), f"could not verify: {why}")
