@@ -626,9 +626,9 @@ class PulferMSA(nn.Module):
     the heads inside one call, each head's map from an ``nn.Softmax`` module, the heads joined by
     ``torch.hstack`` and the sequences by ``torch.cat`` of ``unsqueeze(r, dim=0)``."""
 
-    def __init__(self, heads: int, join: str = "cat"):
+    def __init__(self, heads: int, join: str = "cat", heads_outer: bool = False):
         super().__init__()
-        self.h, self.d_head, self.join = heads, 4, join
+        self.h, self.d_head, self.join, self.heads_outer = heads, 4, join, heads_outer
         self.emb = nn.Embedding(VOCAB, 4 * heads)
         self.class_token = nn.Parameter(torch.rand(1, 4 * heads))
         self.q_mappings = nn.ModuleList(nn.Linear(4, 4) for _ in range(heads))
@@ -640,6 +640,8 @@ class PulferMSA(nn.Module):
     def forward(self, ids):
         x = self.emb(ids)
         sequences = torch.cat([self.class_token.expand(x.shape[0], 1, -1), x], dim=1)
+        if self.heads_outer:
+            return self._heads_outer(sequences)
         result, maps = [], []
         for sequence in sequences:
             seq_result, seq_maps = [], []
@@ -655,6 +657,32 @@ class PulferMSA(nn.Module):
         if self.join == "stack":  # the same batch, as many rewrites of the tutorial write it
             return torch.stack(result)
         return torch.cat([torch.unsqueeze(r, dim=0) for r in result])
+
+    def _heads_outer(self, sequences):
+        """The loops the other way round: one sequence's heads are every other map made."""
+        n = sequences.shape[0]
+        per = [[torch.empty(0)] * self.h for _ in range(n)]
+        maps = [[torch.empty(0)] * self.h for _ in range(n)]
+        for head in range(self.h):
+            for i in range(n):
+                seq = sequences[i][:, head * self.d_head : (head + 1) * self.d_head]
+                q, k, v = self.q_mappings[head](seq), self.k_mappings[head](seq), self.v_mappings[head](seq)
+                maps[i][head] = attention = self.softmax(q @ k.T / (self.d_head**0.5))
+                per[i][head] = attention @ v
+        self.used.append(("enc_self", torch.stack([torch.stack(m) for m in maps])))
+        return torch.cat([torch.unsqueeze(torch.hstack(per[i]), dim=0) for i in range(n)])
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 2), (2, 1), (2, 2), (3, 4), (4, 4), (2, 3)])
+def test_a_loop_over_heads_outside_a_loop_over_sequences_is_one_layer(batch, heads):
+    """Heads outer, sequences inner: the heads joined by ``torch.hstack`` per sequence are not the last
+    maps made. They were taken to be, so one record held two sequences' same head as one sequence's
+    heads, exact, and the others claimed to be sequence 0."""
+    torch.manual_seed(11)
+    model = PulferMSA(heads, heads_outer=True).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 5))
+    _check(cap, model.used)
 
 
 @pytest.mark.parametrize("join", ["cat", "stack"])

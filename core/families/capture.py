@@ -1938,19 +1938,29 @@ class _Session:
                 return
             if d != out.dim() - 1:
                 return  # joined along positions: chunks of a sequence, not heads
-        paths = []
+        paths, made = [], []
         for t in parts:
             g = self.tag(t)
             if g is None or g.attn_out is None or g.probs is not None:
                 return
             paths.append(g.attn_out)
+            made.append(g.made_by.record if g.made_by is not None else None)
         if not self._same_positions(parts):  # each part another query's output (a decoder's steps
             return  # stacked along time after a loop over them), not one query's heads
         records, k = self.cap.records, len(paths)
-        start = len(records) - k
-        if start < 0 or any(i >= start for group, _, _, _ in self._head_groups for i in group):
+        at = {id(r): i for i, r in enumerate(records)}
+        places = [at.get(id(r), -1) if r is not None else -1 for r in made]
+        if -1 in places:  # (weights that no record holds as they are now: the maps just made, in order)
+            places = list(range(len(records) - k, len(records)))
+        # the records of the parts' own weights, wherever they were made (a loop over the heads outside a
+        # loop over the sequences makes one sequence's heads every other map)
+        if (
+            places[0] < 0
+            or len(set(places)) != k
+            or any(i in places for group, _, _, _ in self._head_groups for i in group)
+        ):
             return
-        group = records[start:]
+        group = [records[i] for i in places]
         if any(r.name != p or r.probs.shape[1] != 1 for r, p in zip(group, paths, strict=True)):
             return
         if not all(_same_layer(group[0], r) for r in group[1:]):
@@ -1961,8 +1971,9 @@ class _Session:
             if len(set(w)) > 1:
                 break
             common.append(w[0])
-        self._head_groups.append((list(range(start, len(records))), [r.seq for r in group],
-                                  ".".join(common) if common else paths[0], k))  # fmt: skip
+        self._head_groups.append(
+            (places, [r.seq for r in group], ".".join(common) if common else paths[0], k)
+        )
 
     def _same_positions(self, parts) -> bool:
         """Whether every part holds the same positions, row for row (heads of one layer do; the outputs
@@ -1989,8 +2000,8 @@ class _Session:
         places = [i for g in tail for i in g[0]]
         if any(g[3] != per or len(g[0]) != per for g in tail):
             return  # a group of sequences already, or groups of other head counts
-        if places != list(range(len(records) - len(places), len(records))):
-            return  # other maps among them
+        if sorted(places) != list(range(len(records) - len(places), len(records))):
+            return  # other maps among them (the groups' maps may be made in another order: heads outer)
         if any(records[i].probs.shape[0] != 1 or records[i].name != records[places[0]].name for i in places):
             return
         del groups[-k:]
