@@ -23,6 +23,7 @@ so every record is checked against the model itself, at several batch sizes:
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -995,3 +996,62 @@ def test_decoder_steps_stacked_along_time_stay_steps(batch, dim):
     with torch.no_grad(), capture_attention(model) as cap:
         model(_ids(batch, 5), _ids(batch, 4).flip(1))
     _check(cap, model.used)
+
+
+class VarlenLoop(nn.Module):
+    """Sequences of a padded batch attended one at a time over their own lengths, no padding inside the
+    attention (set and graph transformers, "no padding" tutorials): ``attn(x[i:i + 1, :n_i])`` per row,
+    the outputs padded back and stacked. The truth is each row's map, zero where nothing was computed."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h, self.dk = heads, 4
+        self.emb = nn.Embedding(VOCAB, 4 * heads)
+        self.qkv, self.o = nn.Linear(4 * heads, 12 * heads), nn.Linear(4 * heads, 4 * heads)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def attn(self, x):
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.h, self.dk).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        a = (q @ k.transpose(-1, -2) * self.dk**-0.5).softmax(-1)
+        return self.o((a @ v).transpose(1, 2).reshape(b, n, d)), a
+
+    def forward(self, ids):
+        lengths = (ids != 0).sum(-1)
+        x = self.emb(ids)
+        b, n = ids.shape
+        maps = torch.zeros(b, self.h, n, n)
+        outs = []
+        for i in range(b):
+            m = int(lengths[i])
+            o, a = self.attn(x[i : i + 1, :m])
+            maps[i, :, :m, :m] = a[0]
+            outs.append(F.pad(o[0], (0, 0, 0, n - m)))
+        self.used.append(("enc_self", maps))
+        return torch.stack(outs)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(2, 1), (2, 2), (3, 4), (4, 4), (5, 8), (4, 2)])
+def test_sequences_attended_one_call_each_over_their_own_lengths_are_one_record(batch, heads):
+    """Each call's map was a record of its own, claiming to be sequence 0 (its batch row), and a trace
+    of any other sequence raised. Now they are one (B, H, L, L) record, each map at its own row and
+    positions, the rest weighed 0 and masked."""
+    torch.manual_seed(12)
+    model = VarlenLoop(heads).eval()
+    ids = _ids(batch, 6)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    _check(cap, model.used)
+    rec = cap.records[0]
+    lengths = (ids != 0).sum(-1)
+    pos = torch.arange(6)
+    own = (pos[None, :, None] < lengths[:, None, None]) & (pos[None, None, :] < lengths[:, None, None])
+    assert torch.equal(rec.mask, own)
+    for b in range(batch):
+        drawn = np.asarray(cap.trace(b).enc_self)
+        np.testing.assert_allclose(drawn[0], model.used[0][1][b].numpy(), atol=1e-6)
+    values = rec.values.values
+    assert values is not None and tuple(values.shape) == (batch, heads, 6, 4)
+    for b in range(batch):  # the values of keys no call read are 0; a sequence's own are the call's
+        assert torch.all(values[b, :, int(lengths[b]) :] == 0)
+        assert torch.all(values[b, :, : int(lengths[b])].abs().sum(-1) > 0)

@@ -222,7 +222,7 @@ class Record:
     mask: torch.Tensor | None  # bool, True = may attend (our convention)
     source: str = "nn.MultiheadAttention"  # nn.MultiheadAttention | sdpa | softmax
     mask_source: str | None = (
-        None  # arguments | masked_fill | where | additive | index | multiplied | zeros | None
+        None  # arguments | masked_fill | where | additive | index | multiplied | zeros | lengths | None
     )
     check: float | None = None  # SDPA: max |probs @ v - output| (how exactly the weights were recomputed)
     head_masks_differ: bool = False  # the mask was not the same for every head of a sequence
@@ -5658,6 +5658,10 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
                     frozenset(sources.index(kpos).unique().tolist())))  # fmt: skip
     if len(inputs) > 1:
         return None
+    if any(r.probs.shape[-1] != first.probs.shape[-1] for r, _ in pieces[1:]):
+        varlen = _join_varlen(pieces, sources)
+        if varlen is not None:
+            return varlen
     for i, (r, lay) in enumerate(pieces):
         if (r.probs.shape[-1] != first.probs.shape[-1] or r.key_labels != first.key_labels
                 or r.query_labels != first.query_labels or r.kind != first.kind or r.source != first.source
@@ -5711,6 +5715,84 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
     return Record(first.name, first.kind, probs, scores, mask, first.source,
                   next((r.mask_source for r, _ in pieces if r.mask_source), None), max(checks) if checks else None,
                   differ, True, None, first.key_labels, first.query_labels, values, seq=first.seq)  # fmt: skip
+
+
+def _join_varlen(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) -> Record | None:
+    """One record (B, H, L, L) of a batch's sequences attended one call each over their own lengths, with
+    no padding (``attn(x[i:i + 1, :n_i])`` in a loop): each piece's queries and keys are the positions of
+    one row of the batch, every row once. Each map goes to its own row and positions; what no call
+    computed (keys and queries past a sequence's length) weighs 0 and is masked. None where the pieces
+    are not that (windows of one sequence, a subset of the rows, learned keys)."""
+    first = pieces[0][0]
+    heads = int(first.probs.shape[1])
+    src: int | None = None
+    placed: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    for r, lay in pieces:
+        if (r.probs.shape[0] != 1 or int(r.probs.shape[1]) != heads or not r.exact or r.kind != first.kind
+                or r.source != first.source or r.key_labels is not None or r.query_labels is not None):  # fmt: skip
+            return None
+        keys = lay.seq_keys
+        if keys is None or keys.shape[0] != 1 or bool((keys < 0).any()):
+            return None
+        qpos = lay.qcode.to(lay.rows.device)[lay.rows] >> lineage.SHIFT  # (1, H, q)
+        if qpos.shape[-1] != r.probs.shape[2] or not bool((qpos == qpos[:, :1]).all()):
+            return None  # (every head over the same queries)
+        both = torch.cat([qpos[0, 0], keys[0].to(qpos.device)])
+        at = sources.index(both).unique()
+        if at.numel() != 1 or (src is not None and int(at) != src):
+            return None
+        src = int(at)
+        source = sources.items[src]
+        if source.kind != "tokens" or not source.row:
+            return None
+        rel = both - source.start
+        row = rel // source.row
+        col = rel % source.row
+        q = int(qpos.shape[-1])
+        if (
+            not bool((row == row[0]).all())
+            or col[:q].unique().numel() != q
+            or col[q:].unique().numel() != col[q:].numel()
+        ):
+            return None
+        placed.append((int(row[0]), col[:q], col[q:]))
+    if src is None:
+        return None
+    source = sources.items[src]
+    n_rows, length = source.n // source.row, source.row
+    if sorted(p[0] for p in placed) != list(range(n_rows)):
+        return None  # (every row of the batch, once)
+    probs = first.probs.new_zeros(n_rows, heads, length, length)
+    mask = torch.zeros(n_rows, length, length, dtype=torch.bool, device=probs.device)
+    keep_scores = all(r.scores is not None for r, _ in pieces)
+    scores = probs.new_full(probs.shape, float("-inf")) if keep_scores else None
+    for (r, _), (row, qc, kc) in zip(pieces, placed, strict=True):
+        qi, ki = qc.to(probs.device)[:, None], kc.to(probs.device)[None, :]
+        probs[row][:, qi, ki] = r.probs[0]
+        if scores is not None and r.scores is not None:
+            scores[row][:, qi, ki] = r.scores[0].to(scores.dtype)
+        mask[row][qi, ki] = True if r.mask is None else r.mask[0].to(mask.device)
+    checks = [r.check for r, _ in pieces if r.check is not None]
+    hvs = [r.values for r, _ in pieces]
+    values = None
+    if all(hv is not None for hv in hvs):
+
+        def make() -> torch.Tensor | None:
+            vs = [hv.values for hv in hvs if hv is not None]
+            if any(v is None or v.shape[0] != 1 or v.shape[2] != int(kc.numel()) for v, (_, _, kc) in
+                   zip(vs, placed, strict=True)):  # fmt: skip
+                return None
+            out = vs[0].new_zeros(n_rows, heads, length, vs[0].shape[-1])  # type: ignore[union-attr]
+            for v, (row, _, kc) in zip(vs, placed, strict=True):
+                out[row][:, kc.to(out.device)] = v[0]  # type: ignore[index]
+            return out
+
+        w_o = hvs[0].w_o if all(hv.w_o is not None for hv in hvs if hv is not None) else None  # type: ignore[union-attr]
+        values = values_.HeadValues(w_o=w_o, b_o=hvs[0].b_o if w_o is not None else None, make=make)  # type: ignore[union-attr]
+    return Record(first.name, first.kind, probs, scores, mask, first.source,
+                  next((r.mask_source for r, _ in pieces if r.mask_source), None) or "lengths",
+                  max(checks) if checks else None, any(r.head_masks_differ for r, _ in pieces), True, None,
+                  None, None, values, seq=first.seq)  # fmt: skip
 
 
 def _joined_values(
