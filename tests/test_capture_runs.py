@@ -220,3 +220,83 @@ def test_a_greedy_loop_over_the_decoder_draws_its_last_step():
     last = cap.records[-2:]  # the last step's self- and cross-attention
     torch.testing.assert_close(torch.from_numpy(trace.dec_self[0].copy()), last[0].probs[0], rtol=0, atol=0)
     torch.testing.assert_close(torch.from_numpy(trace.cross[0].copy()), last[1].probs[0], rtol=0, atol=0)
+
+
+class LoopInside(nn.Module):
+    """A greedy decoding loop inside the model's one forward (graykode's ``greedy_decoder`` moved into the
+    model, a tutorial's ``generate``): every step embeds the whole fixed-size buffer again and runs the
+    layers over it, so every step's maps have the same shape as a layer's."""
+
+    def __init__(self, layers: int = 2, steps: int = 3):
+        super().__init__()
+        self.stack, self.steps = Stack(layers, causal=True), steps
+
+    def forward(self, start):
+        buf = torch.zeros(start.shape[0], 5, dtype=torch.long)
+        buf[:, 0] = start
+        for t in range(self.steps):
+            buf[:, t + 1] = self.stack(buf)[:, t].argmax(-1)
+        return buf
+
+
+class KVStepper(nn.Module):
+    """Decoding a token at a time inside one forward with a cache that grows (queries at new positions each
+    step, keys the earlier ones too): SDPA reads every step's query at its own position."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.qkv, self.head = nn.Embedding(VOCAB, D), nn.Linear(D, 3 * D), nn.Linear(D, VOCAB)
+
+    def forward(self, ids, steps: int = 3):
+        ks, vs, tok = [], [], ids
+        for _ in range(steps):
+            q, k, v = (
+                t.view(1, -1, H, D // H).transpose(1, 2) for t in self.qkv(self.emb(tok)).split(D, dim=2)
+            )
+            ks.append(k)
+            vs.append(v)
+            y = F.scaled_dot_product_attention(q, torch.cat(ks, 2), torch.cat(vs, 2))
+            tok = self.head(y.transpose(1, 2).reshape(1, -1, D))[:, -1:].argmax(-1)
+        return tok
+
+
+def test_a_decoding_loop_inside_the_forward_draws_its_last_steps_layers():
+    """The steps of a loop inside one forward are one run; with maps of one shape they drew as a model
+    three times as deep, with no note. Each step reads new positions (a new embedding of the buffer),
+    which layers of one forward never do: the trace draws the last step's layers and says so, and
+    ``stacks`` refuses."""
+    torch.manual_seed(5)
+    model = LoopInside().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([3, 7]))
+    assert len(cap.records) == 6 and len(cap.calls) == 1
+    trace = cap.trace(1)
+    assert trace.dec_self.shape[0] == 2
+    for drawn, rec in zip(trace.dec_self, cap.records[-2:], strict=True):
+        torch.testing.assert_close(torch.from_numpy(drawn.copy()), rec.probs[1], rtol=0, atol=0)
+    assert any("read other query positions" in n for n in trace.meta["capture_notes"])
+    with pytest.raises(ValueError, match="other query positions"):
+        cap.stacks()
+
+
+def test_a_shared_layer_reads_the_same_positions_every_call():
+    """ALBERT's layer applied three times reads the same positions each time: three layers, no note."""
+    torch.manual_seed(6)
+    model = Shared(depth=3).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (2, 6)))
+    assert all(r.query_positions is not None for r in cap.records)
+    trace = cap.trace(0)
+    assert trace.enc_self.shape[0] == 3 and not trace.meta.get("capture_notes")
+    assert cap.stacks()["enc_self"].shape[1] == 3
+
+
+def test_decoding_steps_with_a_growing_cache_each_read_their_own_position():
+    """SDPA's query positions come from the codes of its query argument: each step's own token."""
+    torch.manual_seed(7)
+    model = KVStepper().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (1, 4)))
+    pos = [r.query_positions for r in cap.records]
+    assert [tuple(p.shape) for p in pos] == [(1, 4), (1, 1), (1, 1)]
+    assert not torch.equal(pos[1], pos[2])

@@ -236,6 +236,9 @@ class Record:
     # the residual stream the attention's output projection is added to, where lineage saw that sum
     residual_of: _Residual | None = None
     seq: int = -1  # the capture's op count when the record was made (what existed before the attention ran)
+    # (B, q) the lineage position of every query row, where lineage has it: layers of one forward read the
+    # same positions; a decoder's steps inside one forward read new ones (they are not deeper layers)
+    query_positions: torch.Tensor | None = None
 
     @property
     def residual(self) -> torch.Tensor | None:
@@ -341,6 +344,12 @@ class Captured:
                     f"{kind} calls come from {len(runs)} runs of the model in this capture block: their maps "
                     "are not one forward's layers. Use a block per forward, or .records for the individual calls"
                 )
+            if len(query_segments(self.of(kind))) > 1:
+                raise ValueError(
+                    f"{kind} calls read other query positions from one call to the next (a decoder's steps run "
+                    "one after another inside one forward): their maps are not one forward's layers. Use "
+                    ".records for the individual calls"
+                )
             shapes = {tuple(t.shape) for t in tensors}
             if len(shapes) > 1:
                 raise ValueError(
@@ -422,6 +431,16 @@ class Captured:
                     f"each run's maps of the same shape; this trace draws the last run's {len(last)} layer(s), "
                     f"not every run's stacked as deeper layers (the earlier runs' {len(groups[best]) - len(last)} "
                     "call(s) are in cap.records; a block per forward gives a trace of each)"
+                )
+                groups[best] = last
+            steps = query_segments(groups[best])
+            if len(steps) > 1:  # a decoder's steps inside one forward (a generation loop in the model): each
+                last = steps[-1]  # step's layers read its new positions, and are not deeper layers
+                left_out.append(
+                    f"{kind} ({_modules(groups[best])}): {len(groups[best]) - len(last)} call(s) read other query "
+                    f"positions than the {len(last)} drawn (a decoder's steps run one after another inside one "
+                    "forward, or another stream of queries through the same modules; not deeper layers): this "
+                    "trace draws the last of them (the others are in cap.records)"
                 )
                 groups[best] = last
             if not has[best]:
@@ -553,6 +572,33 @@ def _stack_key(r: Record, joined: set[str]) -> tuple:
     seq = _seq_columns(r, joined)
     labels = tuple(r.key_labels[j] if r.key_labels else None for j in seq)
     return (tuple(r.probs.shape[:2]), int(r.probs.shape[-2]), len(seq), labels, r.query_labels)
+
+
+def query_segments(records: list[Record]) -> list[list[Record]]:
+    """Records that stack, in runs that read the same query positions: a new run begins where a record
+    of a module already in the current one reads other positions (a decoder's next step inside one forward).
+    One run where lineage does not say the positions of every record."""
+    if len(records) < 2 or any(r.query_positions is None for r in records):
+        return [records] if records else []
+    runs: list[list[Record]] = [[records[0]]]
+    for r in records[1:]:
+        run = runs[-1]
+        same = next((x for x in run if x.name == r.name), None)
+        if same is not None and not _same_positions(same.query_positions, r.query_positions):
+            runs.append([r])
+        else:
+            run.append(r)
+    return runs
+
+
+def _same_positions(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return (
+        a is not None
+        and b is not None
+        and a.shape == b.shape
+        and a.device == b.device
+        and bool(torch.equal(a, b))
+    )
 
 
 def stack_groups(records: list[Record], joined: set[str]) -> list[list[Record]]:
@@ -3642,11 +3688,13 @@ class _Session:
         causal: bool | None = None,
         values: values_.HeadValues | None = None,
         queries: torch.Tensor | None = None,
+        query: torch.Tensor | None = None,
     ):
         """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None. The new Record (None: joined).
         ``causal``: whether the mask is a causal one, where the caller knows it (SDPA's is_causal);
         ``values``: what the weights multiply (kept only on a record of its own, not on heads joined);
-        ``queries``: the lineage codes of its query rows (position and head), where known."""
+        ``queries``: the lineage codes of its query rows (position and head), where known; ``query``: the
+        tensor of queries (B, H, q, d) where no layout says them (SDPA's argument)."""
         probs = probs.detach()
         differ = False
         if flag is None and self.scripted:
@@ -3692,7 +3740,8 @@ class _Session:
         self._note_run()
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
-                     layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops)  # fmt: skip
+                     layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops,
+                     query_positions=self._query_positions(probs, layout, query))  # fmt: skip
         if layout is not None and flag is None and layout.seq_keys is not None:
             self._seq_keys.setdefault(rec.seq, []).append(layout.seq_keys)
             if layout.ext and rec.key_labels is None and queries is not None:
@@ -3756,6 +3805,33 @@ class _Session:
             for p in torch.unique(q >> lineage.SHIFT).tolist():
                 got.setdefault(int(p), kind)
         return got
+
+    def _query_positions(
+        self, probs, layout: Layout | None, query: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """(B, q) the lineage position of each query row of a record (B, H, q, k): from its layout, or from the
+        codes of SDPA's query argument; None where lineage does not have them."""
+        b, q = int(probs.shape[0]), int(probs.shape[-2])
+        if layout is not None:
+            key: tuple = ("query positions", id(layout.qcode), id(layout.rows))
+            held: tuple = (layout.qcode, layout.rows)
+        else:
+            qc = self.code_of(query) if query is not None else None
+            if qc is None or tuple(qc.shape) != tuple(query.shape) or qc.dim() < 2:  # type: ignore[union-attr]
+                return None
+            key, held = ("query positions", id(qc), b, q), (qc,)
+        hit = lineage.recall(key)
+        if hit is not lineage.MISS:
+            return hit
+        if layout is not None:
+            rows = layout.rows
+            pos = layout.qcode.reshape(-1)[rows[:, 0].reshape(-1).to(layout.qcode.device)] >> lineage.SHIFT
+            pos = pos.view(rows.shape[0], -1) if pos.numel() == b * q else None
+        else:
+            first = held[0].select(-1, 0) >> lineage.SHIFT  # (..., [H,] q)
+            first = first.reshape(-1, q) if first.numel() % q == 0 else None
+            pos = None if first is None or first.shape[0] % b else first.view(b, -1, q)[:, 0]
+        return lineage.remember(key, held, pos)
 
     def _pieces(self, path: str, rec: Record, queries: torch.Tensor | None, layout: Layout | None) -> None:
         """Note where one call of a module makes maps over other queries than its previous map (other
@@ -4766,7 +4842,7 @@ class _Session:
                      key_labels=seen.key_labels if seen else None,
                      query_labels=seen.query_labels if seen else None,
                      causal=lq == lk >= 2 if a.get("is_causal") and a.get("attn_mask") is None else None,
-                     values=hv)  # fmt: skip
+                     values=hv, query=a["query"])  # fmt: skip
         if rec is not None:
             self._sdpa_keys(rec, a["key"], unsq, b)
         if rec is not None and hv is not None:
