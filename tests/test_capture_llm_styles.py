@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -400,6 +401,82 @@ def test_a_static_cache_is_decoder_self_attention_over_its_slots(write, batch, h
         assert rec.key_labels[:n] == (None,) * n and all(
             lab.startswith("<padding") for lab in rec.key_labels[n:]
         )
+
+
+class CacheBeforeTheCall(nn.Module):
+    """gpt-fast's ``setup_caches`` (Hugging Face's StaticCache made by ``generate``): zeroed buffers
+    ``(B, H_kv, MAX, d)`` registered before the forward, ``k_out[:, :, input_pos] = k``, grouped heads
+    by ``repeat_interleave``, the whole buffer read under a causal mask by a softmax."""
+
+    def __init__(self, heads: int, slots: int = 8):
+        super().__init__()
+        self.h, self.kv, self.slots = heads, max(heads // 2, 1), slots
+        d = heads * D_HEAD
+        self.emb, self.q, self.kvp = (
+            nn.Embedding(VOCAB, d),
+            nn.Linear(d, d),
+            nn.Linear(d, 2 * self.kv * D_HEAD),
+        )
+        self.seen: list[torch.Tensor] = []
+
+    def setup_caches(self, batch: int) -> None:
+        self.register_buffer("k_cache", torch.zeros(batch, self.kv, self.slots, D_HEAD))
+        self.register_buffer("v_cache", torch.zeros(batch, self.kv, self.slots, D_HEAD))
+
+    def forward(self, ids, input_pos):
+        b, s = ids.shape
+        x = self.emb(ids)
+        q = self.q(x).view(b, s, self.h, D_HEAD).transpose(1, 2)
+        k, v = (t.view(b, s, self.kv, D_HEAD).transpose(1, 2) for t in self.kvp(x).chunk(2, -1))
+        self.k_cache[:, :, input_pos] = k
+        self.v_cache[:, :, input_pos] = v
+        keys = self.k_cache.repeat_interleave(self.h // self.kv, dim=1)
+        values = self.v_cache.repeat_interleave(self.h // self.kv, dim=1)
+        mask = torch.ones(self.slots, self.slots, dtype=torch.bool).tril()[input_pos]
+        w = (q @ keys.transpose(-1, -2) * D_HEAD**-0.5).masked_fill(~mask, float("-inf")).softmax(-1)
+        self.seen.append(w)
+        return w @ values
+
+
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4), (2, 8)])
+def test_a_cache_set_up_before_the_call_has_padding_in_its_empty_slots(batch, heads):
+    """Buffers zeroed before the block held every slot as a position of an input: the prefill's map was
+    over 5 tokens and 3 input rows (no trace could draw it), and with grouped heads each head read its own
+    slots, flagged "heads see different keys". The slots still empty are padding, as for a buffer made in
+    the forward, and the trace draws the prefill over its tokens."""
+    torch.manual_seed(13)
+    model = CacheBeforeTheCall(heads).eval()
+    model.setup_caches(batch)
+    ids = torch.randint(1, VOCAB, (batch, 5))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, torch.arange(5))
+        model(torch.randint(1, VOCAB, (batch, 1)), torch.tensor([5]))
+    assert not cap.notes, cap.notes
+    assert len(cap.records) == 2 and all(r.exact and r.kind == "dec_self" for r in cap.records)
+    for rec, seen, n in zip(cap.records, model.seen, (5, 6), strict=True):
+        assert torch.equal(rec.probs, seen)
+        assert rec.key_labels[:n] == (None,) * n
+        assert all(lab.startswith("<padding") for lab in rec.key_labels[n:])
+    trace = cap.trace(batch - 1)
+    assert trace.dec_self.shape == (1, heads, 5, 5)
+    np.testing.assert_array_equal(trace.dec_self[0], model.seen[0][batch - 1, :, :, :5].numpy())
+
+
+def test_a_cache_filled_before_the_call_keeps_its_positions():
+    """The prompt run before the block (its keys in the buffer), one step inside: the filled slots are
+    keys from outside the call (a cache to read), not padding; only the empty ones are."""
+    torch.manual_seed(14)
+    model = CacheBeforeTheCall(4).eval()
+    model.setup_caches(2)
+    with torch.no_grad():
+        model(torch.randint(1, VOCAB, (2, 5)), torch.arange(5))
+        with capture_attention(model) as cap:
+            model(torch.randint(1, VOCAB, (2, 1)), torch.tensor([5]))
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[-1])
+    labels = rec.key_labels or (None,) * 8
+    assert not any(lab and lab.startswith("<padding") for lab in labels[:6])
+    assert all(lab.startswith("<padding") for lab in labels[6:])
 
 
 class PaddedQueryRows(FutureMask):

@@ -4715,7 +4715,16 @@ class _Session:
         if made:  # a buffer made inside the call (torch.zeros): its
             tc = torch.full(tuple(target.shape), self._pad_code(), dtype=torch.int64, device=target.device)
         else:  # slots not written yet hold no position (a static KV cache)
-            tc = self.code_of(target)
+            tc = self._cache_codes(target, index) if t is None else None
+            tc = self.code_of(target) if tc is None else tc
+            if t is None and tc is not None and target.is_floating_point() and target.dim() >= 3:
+                # a buffer from before the block (a static KV cache its model set up before the call): the
+                # slots that hold nothing yet (all zeros, as allocated) are padding, not the rows of an input;
+                # slots an earlier forward filled keep their positions from outside (a cache to read)
+                with _no_grad():
+                    empty = (target.detach() == 0).all(-1, keepdim=True)
+                if bool(empty.any()):
+                    tc = torch.where(empty.to(tc.device), self._pad_code(), tc)
         vc = self.code_of(value)
         if tc is not None and vc is not None:
             try:
@@ -4727,6 +4736,39 @@ class _Session:
             self.set(target, _Tag(vt.role, vt.origin, heads=vt.heads, cache=True, code=code))
         elif t.role != "param":
             self.set(target, replace(t, origin=t.origin | vt.origin, code=code))
+
+    def _cache_codes(self, target: torch.Tensor, index: Any) -> torch.Tensor | None:
+        """Codes of a buffer from before the call that this call writes keys into by slot (a KV cache set up
+        before it, ``k_cache[:, :, input_pos] = k`` or ``cache_k[:bsz, start:end] = k``): one position per
+        sequence (dim 0) and slot (the dim the write indexes), shared by the dims between (the key heads),
+        as the keys written there are. None where the write does not say one slot dim, or the buffer is
+        the model's parameter or already has codes."""
+        if not target.is_floating_point() or target.dim() < 3 or _is_param(target):
+            return None
+        entry = self._fixed_codes.get(id(target))
+        if entry is not None and entry[0]() is target:
+            return entry[1]
+        parts = index if isinstance(index, tuple) else (index,)
+        if any(p is Ellipsis or p is None for p in parts):
+            return None
+        slot = next((i for i, p in enumerate(parts) if not (isinstance(p, slice) and p == slice(None))
+                     and i > 0), None)  # fmt: skip
+        if (
+            slot is None
+            or slot >= target.dim() - 1
+            or any(not isinstance(p, slice) or p.step not in (None, 1) for p in parts[1:slot])
+        ):
+            return None
+        b, n = int(target.shape[0]), int(target.shape[slot])
+        start = self.sources.new(b * n, "external", "cache", ("in", self.n_inputs), n)
+        self.n_inputs += 1
+        shape = [1] * (target.dim() - 1)
+        shape[0], shape[slot] = b, n
+        pos = start + torch.arange(b * n, dtype=torch.int64, device=target.device).view(shape)
+        f = torch.arange(int(target.shape[-1]), dtype=torch.int64, device=target.device) | lineage.RAW
+        code = ((pos << lineage.SHIFT)[..., None] | f).expand(*target.shape).contiguous()
+        self._fixed_codes[id(target)] = (weakref.ref(target), code)
+        return code
 
     def on_sdpa(self, args, kwargs, out) -> None:
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
