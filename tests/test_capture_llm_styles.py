@@ -408,9 +408,9 @@ class CacheBeforeTheCall(nn.Module):
     ``(B, H_kv, MAX, d)`` registered before the forward, ``k_out[:, :, input_pos] = k``, grouped heads
     by ``repeat_interleave``, the whole buffer read under a causal mask by a softmax."""
 
-    def __init__(self, heads: int, slots: int = 8):
+    def __init__(self, heads: int, slots: int = 8, sdpa: bool = False):
         super().__init__()
-        self.h, self.kv, self.slots = heads, max(heads // 2, 1), slots
+        self.h, self.kv, self.slots, self.sdpa = heads, max(heads // 2, 1), slots, sdpa
         d = heads * D_HEAD
         self.emb, self.q, self.kvp = (
             nn.Embedding(VOCAB, d),
@@ -433,6 +433,11 @@ class CacheBeforeTheCall(nn.Module):
         keys = self.k_cache.repeat_interleave(self.h // self.kv, dim=1)
         values = self.v_cache.repeat_interleave(self.h // self.kv, dim=1)
         mask = torch.ones(self.slots, self.slots, dtype=torch.bool).tril()[input_pos]
+        if self.sdpa:
+            with torch._C.DisableTorchFunction():  # (the weights SDPA uses, hidden from capture)
+                w = (q @ keys.transpose(-1, -2) * D_HEAD**-0.5).masked_fill(~mask, float("-inf")).softmax(-1)
+            self.seen.append(w)
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         w = (q @ keys.transpose(-1, -2) * D_HEAD**-0.5).masked_fill(~mask, float("-inf")).softmax(-1)
         self.seen.append(w)
         return w @ values
@@ -462,21 +467,73 @@ def test_a_cache_set_up_before_the_call_has_padding_in_its_empty_slots(batch, he
     np.testing.assert_array_equal(trace.dec_self[0], model.seen[0][batch - 1, :, :, :5].numpy())
 
 
-def test_a_cache_filled_before_the_call_keeps_its_positions():
+@pytest.mark.parametrize("sdpa", [False, True])
+def test_a_cache_filled_before_the_call_is_labelled_and_drawn(sdpa):
     """The prompt run before the block (its keys in the buffer), one step inside: the filled slots are
-    keys from outside the call (a cache to read), not padding; only the empty ones are."""
+    keys from outside the call (``<cache i>``), the empty ones padding. They were unlabelled, as if they
+    were the step's own tokens, and no trace could draw the step; it now draws the step's token over
+    itself, the cache's slots among the learned keys."""
     torch.manual_seed(14)
-    model = CacheBeforeTheCall(4).eval()
+    model = CacheBeforeTheCall(4, sdpa=sdpa).eval()
     model.setup_caches(2)
     with torch.no_grad():
         model(torch.randint(1, VOCAB, (2, 5)), torch.arange(5))
         with capture_attention(model) as cap:
             model(torch.randint(1, VOCAB, (2, 1)), torch.tensor([5]))
     (rec,) = cap.records
-    assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[-1])
-    labels = rec.key_labels or (None,) * 8
-    assert not any(lab and lab.startswith("<padding") for lab in labels[:6])
-    assert all(lab.startswith("<padding") for lab in labels[6:])
+    assert rec.exact and rec.kind == "dec_self" and not cap.notes
+    torch.testing.assert_close(rec.probs, model.seen[-1], rtol=0, atol=1e-6)
+    assert rec.key_labels == (*(f"<cache {i}>" for i in range(5)), None, "<padding 0>", "<padding 1>")
+    trace = cap.trace(1)
+    assert trace.dec_self.shape == (1, 4, 1, 1)
+    assert trace.meta["learned_keys"]["dec_self"][:5] == [f"<cache {i}>" for i in range(5)]
+    np.testing.assert_allclose(
+        trace.dec_self_learned[0, :, 0, :5], model.seen[-1][1, :, 0, :5].numpy(), atol=1e-6
+    )
+
+
+class MemoryFromOutside(nn.Module):
+    """Transformer-XL's segment recurrence: the previous segment's hidden states handed in as ``mems``,
+    keys and values over ``cat([mems, x])``, queries over ``x`` alone, a causal mask past the memory."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h, d = heads, heads * D_HEAD
+        self.emb, self.q, self.kv = nn.Embedding(VOCAB, d), nn.Linear(d, d), nn.Linear(d, 2 * d)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids, mems):
+        b, s = ids.shape
+        x = self.emb(ids)
+        m = mems.shape[1]
+        q = self.q(x).view(b, s, self.h, D_HEAD).transpose(1, 2)
+        k, v = (
+            t.view(b, m + s, self.h, D_HEAD).transpose(1, 2)
+            for t in self.kv(torch.cat([mems, x], 1)).chunk(2, -1)
+        )
+        keep = torch.ones(s, m + s, dtype=torch.bool).tril(m)
+        w = (q @ k.transpose(-1, -2) * D_HEAD**-0.5).masked_fill(~keep, float("-inf")).softmax(-1)
+        self.seen.append(w)
+        return w @ v
+
+
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4)])
+def test_a_memory_handed_in_is_labelled_and_the_segment_drawn(batch, heads):
+    """Keys past the tokens from a tensor handed in (Transformer-XL's memory) were unlabelled: a map of 5
+    queries over 8 keys that no trace could draw over the 5 tokens. They are ``<ctx i>``, and the trace
+    draws the segment over its tokens, the memory among the learned keys."""
+    torch.manual_seed(15)
+    model = MemoryFromOutside(heads).eval()
+    ids, mems = torch.randint(1, VOCAB, (batch, 5)), torch.randn(batch, 3, heads * D_HEAD)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, mems)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])
+    assert rec.key_labels == ("<ctx 0>", "<ctx 1>", "<ctx 2>", None, None, None, None, None)
+    trace = cap.trace(batch - 1)
+    assert trace.dec_self.shape == (1, heads, 5, 5)
+    np.testing.assert_array_equal(trace.dec_self[0], model.seen[0][batch - 1, :, :, 3:].numpy())
+    np.testing.assert_array_equal(trace.dec_self_learned[0], model.seen[0][batch - 1, :, :, :3].numpy())
 
 
 class PaddedQueryRows(FutureMask):

@@ -1795,10 +1795,10 @@ class _Session:
                 and len(keys) == 1
                 and int(keys[0].shape[0]) == int(r.probs.shape[0]) > 1
             ):
-                key = ("reordered", id(keys[0]), self._sources_key())  # (self-attention: the keys'
-                why = lineage.recall(key)  # sequence is the queries'; a pure function of codes and sources)
+                rkey = ("reordered", id(keys[0]), self._sources_key())  # (self-attention: the keys'
+                why = lineage.recall(rkey)  # sequence is the queries'; a pure function of codes and sources)
                 if why is lineage.MISS:
-                    why = lineage.remember(key, (keys[0],), self._batch_reordered(keys[0]))
+                    why = lineage.remember(rkey, (keys[0],), self._batch_reordered(keys[0]))
             if why is not None:
                 records[i] = _replaced(r, exact=False, flag=why)
                 self.warn(r.name, tuple(int(n) for n in r.probs.shape), f"could not verify: {why}")
@@ -3744,8 +3744,11 @@ class _Session:
                      query_positions=self._query_positions(probs, layout, query))  # fmt: skip
         if layout is not None and flag is None and layout.seq_keys is not None:
             self._seq_keys.setdefault(rec.seq, []).append(layout.seq_keys)
-            if layout.ext and rec.key_labels is None and queries is not None:
+            if layout.ext and (rec.key_labels is None or None in rec.key_labels) and queries is not None:
                 labels = self._other_sequence(path, layout.seq_keys, queries)
+                if labels is not None and rec.key_labels is not None:  # (a cache's empty slots: padding)
+                    labels = tuple(had if had is not None else new
+                                   for had, new in zip(rec.key_labels, labels, strict=True))  # fmt: skip
                 if labels is not None:
                     rec = _replaced(rec, key_labels=labels)
         if queries is not None:
@@ -3784,9 +3787,15 @@ class _Session:
             if name != path:
                 for p, kind in self._asked_from(name).items():
                     seen.setdefault(p, kind)
-        if not all(p in seen for p in other):
+        if all(p in seen for p in other):
+            side = "src" if all(seen[p] == "enc_self" for p in other) else "ctx"
+        elif not any(p in seen for p in other) and self._from_outside(other):
+            # positions of a tensor from outside the call that no attention here asked from: a cache an
+            # earlier forward filled, Transformer-XL's memory handed in, another input's context
+            cache = all(self.sources.at(p).label == "cache" for p in other)
+            side = "cache" if cache else "ctx"
+        else:
             return None
-        side = "src" if all(seen[p] == "enc_self" for p in other) else "ctx"
         labels: list[str | None] = []
         at = 0
         for p in keys:
@@ -3796,6 +3805,10 @@ class _Session:
             else:
                 labels.append(None)
         return tuple(labels)
+
+    def _from_outside(self, positions: list[int]) -> bool:
+        """Whether every position is a row of a tensor from outside the call (no token, no learned vector)."""
+        return all(self.sources.at(p).kind == "external" for p in positions)
 
     def _asked_from(self, path: str) -> dict[int, str]:
         """The positions the queries of a module's records held (position -> the record's kind), each record's
@@ -3823,13 +3836,14 @@ class _Session:
         hit = lineage.recall(key)
         if hit is not lineage.MISS:
             return hit
+        pos: torch.Tensor | None
         if layout is not None:
             rows = layout.rows
             pos = layout.qcode.reshape(-1)[rows[:, 0].reshape(-1).to(layout.qcode.device)] >> lineage.SHIFT
             pos = pos.view(rows.shape[0], -1) if pos.numel() == b * q else None
         else:
-            first = held[0].select(-1, 0) >> lineage.SHIFT  # (..., [H,] q)
-            first = first.reshape(-1, q) if first.numel() % q == 0 else None
+            lead = held[0].select(-1, 0) >> lineage.SHIFT  # (..., [H,] q)
+            first = lead.reshape(-1, q) if lead.numel() % q == 0 else None
             pos = None if first is None or first.shape[0] % b else first.view(b, -1, q)[:, 0]
         return lineage.remember(key, held, pos)
 
@@ -4886,16 +4900,17 @@ class _Session:
                      causal=lq == lk >= 2 if a.get("is_causal") and a.get("attn_mask") is None else None,
                      values=hv, query=a["query"])  # fmt: skip
         if rec is not None:
-            self._sdpa_keys(rec, a["key"], unsq, b)
+            rec = self._sdpa_keys(rec, a["key"], unsq, b, a["query"] if ext else None)
         if rec is not None and hv is not None:
             self._follow_sdpa_out(a, out, rec, unsq, (b, hq, lk))
 
-    def _sdpa_keys(self, rec: Record, key: torch.Tensor, unsq: bool, b: int) -> None:
+    def _sdpa_keys(self, rec: Record, key: torch.Tensor, unsq: bool, b: int, query=None) -> Record:
         """The positions an SDPA record's keys hold, per sequence (from lineage, where the keys have it):
-        asked at finish whether they are whole sequences (lineage.subset)."""
+        asked at finish whether they are whole sequences (lineage.subset). With ``query`` (keys beyond the
+        queries' own), keys from outside the call are labelled as ``_other_sequence`` says."""
         kc = self.code_of(key)
         if kc is None or tuple(kc.shape) != tuple(key.shape) or kc.dim() < 2 + (not unsq):
-            return
+            return rec
         memo = ("sdpa keys", id(kc), unsq, b, self._sources_key())
         pos = lineage.recall(memo)
         if pos is lineage.MISS:
@@ -4904,6 +4919,20 @@ class _Session:
             pos = pos.reshape(b, -1)
             pos = lineage.remember(memo, (kc,), pos.masked_fill(self.sources.learned(pos), -1))
         self._seq_keys.setdefault(rec.seq, []).append(pos)
+        qc = self.code_of(query) if query is not None else None
+        if qc is None or (rec.key_labels is not None and None not in rec.key_labels):
+            return rec
+        labels = self._other_sequence(rec.name, pos, qc.select(-1, 0))
+        if labels is None or len(labels) != int(rec.probs.shape[-1]):
+            return rec
+        if rec.key_labels is not None:
+            labels = tuple(
+                had if had is not None else new for had, new in zip(rec.key_labels, labels, strict=True)
+            )
+        at = next((i for i, r in enumerate(self.cap.records) if r is rec), None)
+        if at is not None:
+            rec = self.cap.records[at] = _replaced(rec, key_labels=labels)
+        return rec
 
     def _sdpa_dropped(self, probs, v, out, p: float) -> tuple[torch.Tensor, str | None, float | None]:
         """SDPA's weights after its dropout: drawn again from the RNG state the call started from (its math
@@ -5864,16 +5893,16 @@ def _join_varlen(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
         if source.kind != "tokens" or not source.row:
             return None
         rel = both - source.start
-        row = rel // source.row
+        in_row = rel // source.row
         col = rel % source.row
         q = int(qpos.shape[-1])
         if (
-            not bool((row == row[0]).all())
+            not bool((in_row == in_row[0]).all())
             or col[:q].unique().numel() != q
             or col[q:].unique().numel() != col[q:].numel()
         ):
             return None
-        placed.append((int(row[0]), col[:q], col[q:]))
+        placed.append((int(in_row[0]), col[:q], col[q:]))
     if src is None:
         return None
     source = sources.items[src]
