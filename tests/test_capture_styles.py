@@ -407,3 +407,54 @@ def test_query_rows_packed_over_keys_from_outside_the_call_are_flagged():
     (rec,) = cap.records
     assert not rec.exact and "packed into its query axis" in rec.flag
     assert any("packed into its query axis" in n for n in cap.notes)
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("static", [False, True])
+def test_a_hugging_face_decode_step_after_a_prefill_outside_the_block(impl, static):
+    """The prompt run before the block, one step inside with its past key values (a DynamicCache, or a
+    StaticCache made before): on the eager path with grouped heads the step was flagged "the heads of one
+    sequence see different keys" (the past keys were one position per element, so each key head's
+    slots were other positions), and no trace could draw it. Now the step is exact, equal to eager
+    ``output_attentions``, the past keys ``<cache i>``, a static cache's empty slots padding."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                   num_key_value_heads=2, num_hidden_layers=2, max_position_embeddings=32)  # fmt: skip
+    models = {}
+    for name in ("eager", impl):
+        torch.manual_seed(0)
+        c = transformers.LlamaConfig.from_dict(cfg.to_dict())
+        c._attn_implementation = name
+        models[name] = transformers.LlamaForCausalLM(c).eval()
+    ids = torch.randint(0, 50, (2, 5))
+
+    def prefill(model):
+        if not static:
+            return model(ids, use_cache=True), {}
+        try:
+            cache = transformers.StaticCache(config=cfg, max_batch_size=2, max_cache_len=8)
+        except TypeError:  # (newer releases take the batch from the first write)
+            cache = transformers.StaticCache(config=cfg, max_cache_len=8)
+        out = model(ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(5))
+        return out, {"cache_position": torch.tensor([5])}
+
+    with torch.no_grad():
+        out, kw = prefill(models["eager"])
+        nxt = out.logits[:, -1:].argmax(-1)
+        want = models["eager"](
+            nxt, past_key_values=out.past_key_values, output_attentions=True, **kw
+        ).attentions
+        out, kw = prefill(models[impl])
+        with capture_attention(models[impl]) as cap:
+            models[impl](nxt, past_key_values=out.past_key_values, **kw)
+    assert not cap.notes, cap.notes
+    assert len(cap.records) == 2
+    slots = 8 if static else 6
+    for rec, w in zip(cap.records, want, strict=True):
+        assert rec.exact and rec.kind == "dec_self" and tuple(rec.probs.shape) == (2, 4, 1, slots)
+        torch.testing.assert_close(rec.probs, w, atol=1e-5, rtol=0)
+        assert rec.key_labels[:6] == (*(f"<cache {i}>" for i in range(5)), None)
+        assert all(lab.startswith("<padding") for lab in rec.key_labels[6:])
+    trace = cap.trace(1)
+    assert trace.dec_self.shape == (2, 4, 1, 1)
+    assert trace.meta["learned_keys"]["dec_self"][:5] == [f"<cache {i}>" for i in range(5)]

@@ -1384,6 +1384,8 @@ class _Session:
         elif kwargs and (name in CAT or name == "stack") and not args and "tensors" in kwargs:
             kwargs = dict(kwargs)  # torch.cat(tensors=[...], dim=1): followed as given by position
             args = (kwargs.pop("tensors"),)
+        if name in CAT and args and type(out) is torch.Tensor and out.dim() >= 4:
+            self._cache_joined(name, args, kwargs, out)
         elif kwargs and not args and "input" in kwargs:
             # torch.index_select(input=k, dim=0, index=i): followed as given by position
             kwargs = dict(kwargs)
@@ -4757,21 +4759,39 @@ class _Session:
         sequence (dim 0) and slot (the dim the write indexes), shared by the dims between (the key heads),
         as the keys written there are. None where the write does not say one slot dim, or the buffer is
         the model's parameter or already has codes."""
-        if not target.is_floating_point() or target.dim() < 3 or _is_param(target):
-            return None
-        entry = self._fixed_codes.get(id(target))
-        if entry is not None and entry[0]() is target:
-            return entry[1]
         parts = index if isinstance(index, tuple) else (index,)
         if any(p is Ellipsis or p is None for p in parts):
             return None
         slot = next((i for i, p in enumerate(parts) if not (isinstance(p, slice) and p == slice(None))
                      and i > 0), None)  # fmt: skip
-        if (
-            slot is None
-            or slot >= target.dim() - 1
-            or any(not isinstance(p, slice) or p.step not in (None, 1) for p in parts[1:slot])
-        ):
+        if slot is None or any(not isinstance(p, slice) or p.step not in (None, 1) for p in parts[1:slot]):
+            return None
+        return self._slot_codes(target, slot)
+
+    def _cache_joined(self, name: str, args, kwargs, out) -> None:
+        """``torch.cat([past_k, k], dim=-2)`` (a Hugging Face DynamicCache handed in, a cache kept as a
+        tensor from an earlier call): a tensor from outside the call joined to this call's keys along a
+        middle dim gets one position per sequence and slot, shared by its key heads (``_slot_codes``), as
+        the keys it is joined to have, rather than one per element."""
+        parts = args[0] if args and isinstance(args[0], (list, tuple)) else None
+        if not parts or len(parts) < 2 or not isinstance(out, torch.Tensor) or out.dim() < 4:
+            return
+        d = _cat_dim(name, args, kwargs, out)
+        if not 0 < d < out.dim() - 1 or not any(self.tag(t) is not None for t in parts):
+            return
+        for t in parts:
+            if isinstance(t, torch.Tensor) and self.tag(t) is None and t.is_floating_point():
+                self._slot_codes(t, d)
+
+    def _slot_codes(self, target: torch.Tensor, slot: int) -> torch.Tensor | None:
+        """Codes of a tensor from outside the call whose dim ``slot`` holds positions (a KV cache): one
+        position per sequence (dim 0) and slot, the same for every index of the dims between and after."""
+        if not target.is_floating_point() or target.dim() < 3 or _is_param(target):
+            return None
+        entry = self._fixed_codes.get(id(target))
+        if entry is not None and entry[0]() is target:
+            return entry[1]
+        if not 0 < slot < target.dim() - 1:
             return None
         b, n = int(target.shape[0]), int(target.shape[slot])
         start = self.sources.new(b * n, "external", "cache", ("in", self.n_inputs), n)
