@@ -1384,8 +1384,6 @@ class _Session:
         elif kwargs and (name in CAT or name == "stack") and not args and "tensors" in kwargs:
             kwargs = dict(kwargs)  # torch.cat(tensors=[...], dim=1): followed as given by position
             args = (kwargs.pop("tensors"),)
-        if name in CAT and args and type(out) is torch.Tensor and out.dim() >= 4:
-            self._cache_joined(name, args, kwargs, out)
         elif kwargs and not args and "input" in kwargs:
             # torch.index_select(input=k, dim=0, index=i): followed as given by position
             kwargs = dict(kwargs)
@@ -1396,6 +1394,10 @@ class _Session:
                 name, args, kwargs = "matmul", as_matmul, {}
         try:
             _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
+            if name in CAT and args and type(out) is torch.Tensor and out.dim() >= 4:
+                self._cache_joined(
+                    name, args, kwargs, out
+                )  # (a cache from outside joined to this call's keys)
             if name == "scaled_dot_product_attention":
                 self.on_sdpa(args, kwargs, out)
             elif name == "embedding":
