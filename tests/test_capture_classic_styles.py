@@ -1055,3 +1055,40 @@ def test_sequences_attended_one_call_each_over_their_own_lengths_are_one_record(
     for b in range(batch):  # the values of keys no call read are 0; a sequence's own are the call's
         assert torch.all(values[b, :, int(lengths[b]) :] == 0)
         assert torch.all(values[b, :, : int(lengths[b])].abs().sum(-1) > 0)
+
+
+class ZeroedAfterSoftmax(nn.Module):
+    """ESPnet's and wenet's ``forward_attention``: ``masked_fill(mask, -inf)``, the softmax, then
+    ``masked_fill(mask, 0.0)`` on the weights; the queries are the last positions of the keys' own
+    sequence (a chunk of an utterance over the chunks before it and itself)."""
+
+    def __init__(self, post_fill: bool):
+        super().__init__()
+        self.post_fill = post_fill
+        self.emb, self.q, self.k, self.v = (nn.Embedding(VOCAB, 8), nn.Linear(8, 8), nn.Linear(8, 8),
+                                            nn.Linear(8, 8))  # fmt: skip
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        q, k, v = self.q(x[:, 4:]), self.k(x), self.v(x)
+        mask = (ids == 0).unsqueeze(1)  # (B, 1, T): True = padding
+        attn = torch.softmax((q @ k.transpose(-2, -1) / 8**0.5).masked_fill(mask, float("-inf")), dim=-1)
+        if self.post_fill:
+            attn = attn.masked_fill(mask, 0.0)
+        self.used.append(("enc_self", attn[:, None]))
+        return attn @ v
+
+
+@pytest.mark.parametrize("post_fill", [False, True])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_weights_zeroed_after_the_softmax_keep_the_kind(post_fill, batch):
+    """With the fill after the softmax, the record's kind was worked out again without lineage and, the
+    queries fewer than the keys, came out ``cross``: queries and keys are one input's, as without it."""
+    torch.manual_seed(16)
+    model = ZeroedAfterSoftmax(post_fill).eval()
+    ids = _ids(batch, 7)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    _check(cap, model.used)
+    assert torch.equal(cap.records[0].mask, (ids != 0)[:, None, :].expand(-1, 3, -1))

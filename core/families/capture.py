@@ -4675,7 +4675,10 @@ class _Session:
             mask = mask & rec.mask
         if rec.mask is None or source == "zeros":
             source = "multiplied"
-        kind = self.kind_of(rec.name, probs.shape[-2], probs.shape[-1], mask, p.cross, p.ext)
+        seen, labels = mask, rec.key_labels  # (learned keys, always seen, say nothing of causality)
+        if labels and len(labels) == seen.shape[-1] and None in labels:
+            seen = seen[..., [i for i, label in enumerate(labels) if label is None]]
+        kind = self.kind_of(rec.name, probs.shape[-2], probs.shape[-1], seen, p.cross, p.ext, exact=rec.exact)
         self._update_record(
             p, kind=kind, probs=probs, mask=mask, mask_source=source, head_masks_differ=differ
         )
