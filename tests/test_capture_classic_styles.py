@@ -1092,3 +1092,89 @@ def test_weights_zeroed_after_the_softmax_keep_the_kind(post_fill, batch):
         model(ids)
     _check(cap, model.used)
     assert torch.equal(cap.records[0].mask, (ids != 0)[:, None, :].expand(-1, 3, -1))
+
+
+class StraightThrough(nn.Module):
+    """Hard attention by the straight-through estimator (GroupViT's ``hard_softmax``, Gumbel-style
+    assignment): ``y_hard - y_soft.detach() + y_soft`` is the one-hot of the softmax's argmax, and the
+    values are multiplied with it."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+        self.groups = nn.Parameter(torch.randn(1, 3, 8))
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, x):
+        g = self.groups.expand(x.shape[0], -1, -1)
+        y_soft = ((self.q(g) @ self.k(x).transpose(-2, -1)) * 8**-0.5).softmax(self.dim)
+        index = y_soft.max(self.dim, keepdim=True)[1]
+        y_hard = torch.zeros_like(y_soft).scatter_(self.dim, index, 1.0)
+        attn = y_hard - y_soft.detach() + y_soft
+        if self.dim == -2:
+            attn = attn / (attn.sum(dim=-1, keepdim=True) + 1.0)
+        self.used.append(("cross", attn[:, None]))
+        return attn @ self.v(x)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_straight_through_hard_attention_records_the_one_hot(batch):
+    """The softmax's soft weights were recorded as exact, though the values were multiplied with the
+    one-hot: the tensor written first (``y_hard``) hid that the weights changed."""
+    torch.manual_seed(17)
+    model = StraightThrough(-1).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 5, 8))
+    _check(cap, model.used)
+    assert set(cap.records[0].probs.unique().tolist()) == {0.0, 1.0}
+
+
+def test_straight_through_over_the_queries_is_flagged():
+    """GroupViT's assignment: the softmax over the groups (dim=-2), renormalized over the image tokens and
+    multiplied along them: never an exact map of the softmax's keys."""
+    torch.manual_seed(18)
+    model = StraightThrough(-2).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 5, 8))
+    assert cap.records and not any(r.exact for r in cap.records)
+    assert any("another axis" in n for n in cap.notes), cap.notes
+
+
+class SplitKV(nn.Module):
+    """flash-decoding's split-KV (ring-flash-attention's ``_update_out_and_lse``) written in Python: each
+    block of keys softmaxed on its own and multiplied with its values, the block outputs merged by their
+    log-sum-exp, ``out - sigmoid(lse_b - lse) * (out - bo)``: the values end up weighted by a softmax over
+    all the keys, which no block's map is."""
+
+    def __init__(self, heads: int, blocks: int = 2):
+        super().__init__()
+        self.h, self.blocks = heads, blocks
+        self.emb, self.qkv = nn.Embedding(VOCAB, 4 * heads), nn.Linear(4 * heads, 12 * heads)
+
+    def forward(self, ids):
+        b, s = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, s, 3, self.h, 4).unbind(2)
+        out = lse = None
+        for kc, vc in zip(k.chunk(self.blocks, 1), v.chunk(self.blocks, 1), strict=True):
+            scores = torch.einsum("bqhd,bkhd->bhqk", q, kc) * 0.5
+            bo = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), vc)
+            bl = torch.logsumexp(scores, -1).transpose(-2, -1).unsqueeze(-1)
+            if out is None:
+                out, lse = bo, bl
+            else:
+                out = out - torch.sigmoid(bl - lse) * (out - bo)
+                lse = lse - F.logsigmoid(lse - bl)
+        return out
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_blocks_merged_by_their_log_sum_exp_are_flagged(batch, heads):
+    """The second block's map stayed exact, with no note: rows summing to 1 over half the keys, where
+    the values were weighted by the softmax over all of them."""
+    torch.manual_seed(19)
+    model = SplitKV(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (batch, 6)))
+    assert len(cap.records) == 2 and not any(r.exact for r in cap.records)
+    assert any("combined online" in n for n in cap.notes), cap.notes

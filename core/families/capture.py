@@ -1195,6 +1195,7 @@ class _Session:
         self._projected: dict[int, tuple] = {}  # _hold: softmaxes over a projection's output (module, shape)
         self._unplaced: dict[int, tuple] = {}  # _hold: other softmaxes left out as not attention (+ reason)
         self._made: dict[int, tuple] = {}  # _hold: float tensors made inside the call by a factory (buffers)
+        self._merged: dict[int, tuple] = {}  # _hold: outputs of several maps' products added or subtracted
         # (id, version, grid, batch) of a tensor from outside -> (it, held weakly; the first of the
         # positions a conv over it made): every conv over it that keeps one grid reads those positions
         self._grids: dict[tuple, tuple[weakref.ref, int]] = {}
@@ -1422,6 +1423,8 @@ class _Session:
                     self._scatter_softmax(name, args, kwargs)
                 if name in RESCALE and len(args) >= 2:
                     self._rescaled(args)
+                if (name in ADD or name in SUB) and len(args) >= 2 and isinstance(out, torch.Tensor):
+                    self._outputs_merged(args, out)
                 self.propagate(name, func, args, kwargs, out, pre)
                 if name in GATHERS and self._by_data and isinstance(out, torch.Tensor):
                     self._gathered_by_data(name, args, kwargs, out)
@@ -2719,6 +2722,11 @@ class _Session:
                       0)  # fmt: skip
             if at:  # a bias added to the scores, written first (``rel_bias + q @ k.T``): still the scores
                 act.insert(0, act.pop(at))
+        if len(act) > 1 and act[0][1].probs is None and act[0][1].rowq is None and name not in MATMUL:
+            at = next((i for i, (t, g) in enumerate(act) if (g.probs is not None or g.rowq is not None)
+                       and tuple(t.shape) == tuple(out.shape)), 0)  # fmt: skip
+            if at:  # weights changed by a tensor written first (``y_hard - y_soft.detach() + y_soft``, the
+                act.insert(0, act.pop(at))  # straight-through estimator): still the weights, now changed
         if (
             (name in ADD or name in SUB)
             and isinstance(out, torch.Tensor)
@@ -3272,19 +3280,31 @@ class _Session:
         a, b = args[0], args[1]
         for x, y in ((a, b), (b, a)):
             gx, gy = self.tag(x), self.tag(y)
+            merged = _held(self._merged, x)
             if (
                 gx is not None
                 and gx.made_by is not None
-                and gx.moved
+                and (gx.moved or merged is not None)
                 and gy is not None
                 and gy.role == "scores"
             ):
                 if gy.probs is None and gy.rowq is None and y.is_floating_point():
-                    self._flag_weights(gx.made_by, "the product of these weights with the values is then scaled "
+                    for made in merged[1] if merged is not None else (gx.made_by,):
+                        self._flag_weights(made, "the product of these weights with the values is then scaled "
                                        "by a factor made from the scores (a softmax computed block by block and "
                                        "combined online, as ring or flash attention written out does): the "
                                        "record holds one block's softmax, not the weights the values end up "
                                        "with")  # fmt: skip
+
+    def _outputs_merged(self, args, out: torch.Tensor) -> None:
+        """The products of two maps' weights with their values added or subtracted (``out - bo``, a merge of
+        blocks by their log-sum-exp, ``out - sigmoid(lse_b - lse) * (out - bo)``): held, so that scaling
+        them by a factor from the scores flags the maps (``_rescaled``) as it does for one map's product."""
+        tags = [self.tag(a) for a in args[:2]]
+        made = [g.made_by for g in tags if g is not None and g.made_by is not None]
+        if len(made) == 2 and made[0].record is not made[1].record:
+            held = [p for a in args[:2] for p in (_held(self._merged, a) or (None, ()))[1]]
+            _hold(self._merged, out, (*held, *made))
 
     def _changed_after_view(self, p: _Probs) -> None:
         """Weights viewed into another shape, changed, then multiplied with values (differential
