@@ -684,3 +684,62 @@ def test_a_causal_mask_over_two_tokens_is_causal(n):
     cap = _captured(model, torch.randint(1, VOCAB, (2, n)))
     (rec,) = cap.records
     assert rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])
+
+
+class PrefixTuned(nn.Module):
+    """P-tuning v2 / prefix tuning: learned per-layer key and value prefixes from an ``nn.Embedding`` over
+    ``prefix_tokens = torch.arange(P)`` (a plain attribute, a buffer, or made in the forward; or through
+    peft's prefix projection), viewed and permuted into ``past_key_values`` and joined before each layer's
+    keys of a bidirectional encoder."""
+
+    def __init__(self, heads: int, how: str, prefix: int = 3, layers: int = 2):
+        super().__init__()
+        self.h, self.how, self.p, self.n = heads, how, prefix, layers
+        d = heads * D_HEAD
+        self.emb = nn.Embedding(VOCAB, d)
+        self.prefix_encoder: nn.Module = nn.Embedding(prefix, layers * 2 * d)
+        if how == "projection":
+            self.prefix_encoder = nn.Sequential(nn.Embedding(prefix, d), nn.Linear(d, d), nn.Tanh(),
+                                                nn.Linear(d, layers * 2 * d))  # fmt: skip
+        if how == "buffer":
+            self.register_buffer("prefix_tokens", torch.arange(prefix))
+        else:
+            self.prefix_tokens = torch.arange(prefix)
+        self.qkv = nn.ModuleList(nn.Linear(d, 3 * d) for _ in range(layers))
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, t = ids.shape
+        tokens = torch.arange(self.p) if self.how == "in_forward" else self.prefix_tokens
+        pkv = self.prefix_encoder(tokens.unsqueeze(0).expand(b, -1))
+        pkv = pkv.view(b, self.p, self.n * 2, self.h, D_HEAD).permute([2, 0, 3, 1, 4]).split(2)
+        x = self.emb(ids)
+        for i, qkv in enumerate(self.qkv):
+            q, k, v = (y.view(b, t, self.h, D_HEAD).transpose(1, 2) for y in qkv(x).chunk(3, -1))
+            k, v = torch.cat([pkv[i][0], k], dim=2), torch.cat([pkv[i][1], v], dim=2)
+            w = (q @ k.transpose(-1, -2) * D_HEAD**-0.5).softmax(-1)
+            self.seen.append(w)
+            x = x + (w @ v).transpose(1, 2).reshape(b, t, -1)
+        return x
+
+
+@pytest.mark.parametrize("how", ["attribute", "buffer", "in_forward", "projection"])
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4)])
+def test_a_prefix_from_an_embedding_over_arange_is_learned_keys(how, batch, heads):
+    """An embedding over ``arange(P)`` was taken for tokens: the prefix keys were a cache of earlier
+    positions (``dec_self``, unlabelled) and later layers were flagged with a false reason. They are the
+    embedding's rows, learned keys as a parameter's prefix is, and the encoder stays ``enc_self``."""
+    torch.manual_seed(20)
+    model = PrefixTuned(heads, how).eval()
+    cap = _captured(model, torch.randint(1, VOCAB, (batch, 5)))
+    assert not cap.notes, cap.notes
+    assert len(cap.records) == 2
+    for rec, seen in zip(cap.records, model.seen, strict=True):
+        assert rec.exact and rec.kind == "enc_self" and torch.equal(rec.probs, seen)
+        assert rec.key_labels == (
+            "<prefix_encoder 0>",
+            "<prefix_encoder 1>",
+            "<prefix_encoder 2>",
+            *(None,) * 5,
+        )
+    assert cap.trace(batch - 1).enc_self.shape == (2, heads, 5, 5)

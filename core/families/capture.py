@@ -1207,6 +1207,10 @@ class _Session:
         # single-head maps whose outputs were joined along their features: (places, seqs, the layer's name)
         self._head_groups: list[tuple[list[int], list[int], str, int]] = []  # (+ heads per sequence)
         self._buffer_ids: set[int] | None = None  # the model's buffers (indices it keeps are no token ids)
+        self._pure_ints: dict[
+            int, tuple
+        ] = {}  # _hold: integer tensors made inside the call from nothing else
+        self._kept_storages: set[int] | None = None  # memory of the model's buffers and tensor attributes
         self._made_ints: dict[int, tuple] = {}  # _hold: integer tensors made inside the call, and from them
         # _hold: tensors that depend on the data (random numbers, and integers or booleans computed from
         # activations: a router's argmax, a score's top-k, a sort), and the positions such indices picked,
@@ -1368,6 +1372,15 @@ class _Session:
             and (name in INT_FACTORIES or (self._made_ints and self._from_made_ints(args, kwargs)))
         ):
             _hold(self._made_ints, out)
+            ints = [t for t in _tensors(args, kwargs) if not t.is_floating_point()]
+            if ints and all(_held(self._pure_ints, t) for t in ints):
+                _hold(
+                    self._pure_ints, out
+                )  # (views of ``arange(P)`` made by the model: no input's data in it)
+            elif name == "arange" and not ints:  # (indices of a table; a start token is made by ``full``)
+                self.path()  # (made by the model's own code: not the caller's inputs made in the block)
+                if self._frame is not None:
+                    _hold(self._pure_ints, out)
         if name in RANDOM or self._by_data or (type(out) is not torch.Tensor or not out.is_floating_point()):
             self._data_step(name, args, kwargs, out)
         if name in FACTORIES and isinstance(out, torch.Tensor):
@@ -1915,8 +1928,44 @@ class _Session:
                 self.on_softmax((found[0], found[1]), {}, t)
                 return
 
+    def _fixed_ids(self, ids: torch.Tensor) -> bool:
+        """Indices of a table's rows that hold no input: ``torch.arange(P)`` made by the model's code (and
+        views of it), or an arange the model keeps (a buffer, or a tensor attribute: P-tuning's
+        ``prefix_tokens``, BERT's ``position_ids``). A start token made inside (``torch.full(.., BOS)``) is
+        a token."""
+        if _held(self._pure_ints, ids) is not None:
+            return True
+        if ids.dim() == 0 or ids.shape[-1] < 2:
+            return False
+        if self._kept_storages is None:
+            kept = [*self.model.buffers()]
+            for m in self.model.modules():
+                kept.extend(v for v in vars(m).values() if isinstance(v, torch.Tensor))
+            self._kept_storages = {_storage_at(t) for t in kept} - {0}
+        if _storage_at(ids) not in self._kept_storages:
+            return False
+        steps = torch.arange(ids.shape[-1], device=ids.device)
+        return bool((ids == steps).all())
+
     def on_embedding(self, args, out) -> None:
         ids = args[0]
+        if (
+            isinstance(ids, torch.Tensor)
+            and isinstance(out, torch.Tensor)
+            and not ids.is_floating_point()
+            and len(args) > 1
+            and _is_param(args[1])
+            and out.dim() == ids.dim() + 1
+            and self._fixed_ids(ids)
+        ):  # learned vectors picked by fixed indices (a prefix, object queries, a position table): the
+            parts = [w for w in self.path().split(".") if w and not w.isdigit()]  # rows of a table, as a
+            name = parts[-1] if parts else "embedding"  # parameter's are, named by its module
+            start = self.sources.new(ids.numel(), "param", name)
+            self.set(
+                out,
+                _Tag("param", code=lineage.fresh(start, tuple(ids.shape), int(out.shape[-1]), out.device)),
+            )
+            return
         if isinstance(ids, torch.Tensor) and ids.dim() >= 1 and not ids.is_floating_point():
             self.cap.lengths.add(int(ids.shape[-1]))
             with contextlib.suppress(RuntimeError, NotImplementedError):
