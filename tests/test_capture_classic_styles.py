@@ -23,6 +23,8 @@ so every record is checked against the model itself, at several batch sizes:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -1178,3 +1180,36 @@ def test_blocks_merged_by_their_log_sum_exp_are_flagged(batch, heads):
         model(torch.randint(1, VOCAB, (batch, 6)))
     assert len(cap.records) == 2 and not any(r.exact for r in cap.records)
     assert any("combined online" in n for n in cap.notes), cap.notes
+
+
+class FourierPoints(nn.Module):
+    """SAM's ``PositionEmbeddingRandom``: point coordinates times a Gaussian matrix the model keeps as a
+    registered buffer, then sin and cos (random Fourier features), attended over by heads."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        d = 4 * heads
+        self.h = heads
+        self.register_buffer("positional_encoding_gaussian_matrix", torch.randn(2, d // 2))
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, coords):
+        c = 2 * math.pi * ((2 * coords - 1) @ self.positional_encoding_gaussian_matrix)
+        x = torch.cat([torch.sin(c), torch.cos(c)], dim=-1)
+        b, n, _ = x.shape
+        q, k, v = (lin(x).reshape(b, n, self.h, -1).transpose(1, 2) for lin in (self.q, self.k, self.v))
+        w = torch.softmax(q @ k.permute(0, 1, 3, 2) / 2.0, dim=-1)
+        self.used.append(("enc_self", w))
+        return w @ v
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4), (4, 4)])
+def test_positions_projected_by_a_buffer_matrix_are_followed(batch, heads):
+    """A matrix kept as a buffer was no weight to lineage: every map over such features was flagged
+    ("lineage was lost"), all of SAM's two-way transformer among them, though each was exact."""
+    torch.manual_seed(21)
+    model = FourierPoints(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.rand(batch, 5, 2))
+    _check(cap, model.used)

@@ -1207,6 +1207,7 @@ class _Session:
         # single-head maps whose outputs were joined along their features: (places, seqs, the layer's name)
         self._head_groups: list[tuple[list[int], list[int], str, int]] = []  # (+ heads per sequence)
         self._buffer_ids: set[int] | None = None  # the model's buffers (indices it keeps are no token ids)
+        self._weight_buffers: dict[int, torch.Tensor] | None = None  # the model's 2-D float buffers
         self._pure_ints: dict[
             int, tuple
         ] = {}  # _hold: integer tensors made inside the call from nothing else
@@ -1257,7 +1258,14 @@ class _Session:
             if not isinstance(t, torch.Tensor):
                 return None
         entry = self._tags.get(id(t))
-        return entry[1] if entry is not None and entry[0]() is t else None
+        if entry is not None and entry[0]() is t:
+            return entry[1]
+        if self._weight_buffers is None:  # a matrix the model keeps as a buffer (SAM's random Fourier
+            self._weight_buffers = {  # features: ``coords @ self.positional_encoding_gaussian_matrix``)
+                id(b): b for b in self.model.buffers() if b.dim() == 2 and b.is_floating_point()
+            }  # is a weight, as a parameter is
+        held = self._weight_buffers.get(id(t))
+        return _PARAM_TAG if held is t else None
 
     def made_at(self, t: torch.Tensor) -> int:
         """The op count when ``t`` got its tag; -1 for a tensor no followed op made (an input from
