@@ -743,3 +743,41 @@ def test_a_prefix_from_an_embedding_over_arange_is_learned_keys(how, batch, head
             *(None,) * 5,
         )
     assert cap.trace(batch - 1).enc_self.shape == (2, heads, 5, 5)
+
+
+class NarrowCopyCache(nn.Module):
+    """Medusa's and EAGLE's KV cache: a buffer made in the forward, this call's keys copied into a slice
+    of it (``data.narrow(2, current_length, n).copy_(k)``), the filled part read back with
+    ``torch.narrow``; a causal softmax over it."""
+
+    def __init__(self, heads: int, slots: int = 12):
+        super().__init__()
+        self.h, self.slots = heads, slots
+        d = heads * D_HEAD
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, t = ids.shape
+        q, k, v = (x.view(b, t, self.h, D_HEAD).transpose(1, 2) for x in self.qkv(self.emb(ids)).chunk(3, -1))
+        kd, vd = torch.zeros(b, self.h, self.slots, D_HEAD), torch.zeros(b, self.h, self.slots, D_HEAD)
+        kd.narrow(2, 0, t).copy_(k)
+        vd.narrow(2, 0, t).copy_(v)
+        keys, values = torch.narrow(kd, 2, 0, t), torch.narrow(vd, 2, 0, t)
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        w = (q @ keys.transpose(2, 3) * D_HEAD**-0.5).masked_fill(~causal, float("-inf")).softmax(-1)
+        self.seen.append(w)
+        return w @ values
+
+
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4)])
+def test_keys_copied_into_a_slice_of_a_buffer_are_followed(batch, heads):
+    """``copy_`` into a slice of the buffer was not followed as a write of the keys: the map was flagged
+    "the product multiplies features of different positions", though exact. It is followed as
+    ``buf[:, :, a:b] = k`` is."""
+    torch.manual_seed(22)
+    model = NarrowCopyCache(heads).eval()
+    cap = _captured(model, torch.randint(1, VOCAB, (batch, 5)))
+    assert not cap.notes, cap.notes
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])

@@ -1430,6 +1430,8 @@ class _Session:
                 self.on_softmax(args, kwargs, out)
             elif name == "__setitem__":
                 self.on_setitem(args, pre)
+            elif name == "copy_" and len(args) >= 2 and isinstance(args[0], torch.Tensor):
+                self._view_copied(args[0], args[1])
             elif name == "index_copy_" and len(args) >= 4 and isinstance(args[2], torch.Tensor):
                 self._index_copied(args)
             else:
@@ -4760,6 +4762,25 @@ class _Session:
             p, kind=kind, probs=probs, mask=mask, mask_source=source, head_masks_differ=differ
         )
         return True
+
+    def _view_copied(self, dst: torch.Tensor, src: Any) -> None:
+        """``cache.narrow(2, cur, n).copy_(k)`` (Medusa's and EAGLE's KV cache), ``buf[:, :, a:b].copy_(k)``:
+        this call's keys copied into a slice of a buffer along one dim, followed as ``buf[..., a:b] = k``."""
+        base = dst._base
+        if base is None or not isinstance(src, torch.Tensor) or base.dim() != dst.dim():
+            return
+        if tuple(dst.stride()) != tuple(base.stride()):
+            return
+        diff = [d for d in range(base.dim()) if dst.shape[d] != base.shape[d]]
+        off = dst.storage_offset() - base.storage_offset()
+        if len(diff) != 1 or off < 0:
+            return
+        d = diff[0]
+        step = base.stride(d)
+        if not step or off % step or off // step + dst.shape[d] > base.shape[d]:
+            return
+        start = off // step
+        self.on_setitem((base, (slice(None),) * d + (slice(start, start + int(dst.shape[d])),), src), None)
 
     def _index_copied(self, args) -> None:
         """``cache.index_copy_(dim, positions, k)``: this call's keys written into a buffer (a static KV
