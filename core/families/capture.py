@@ -574,6 +574,14 @@ def _stack_key(r: Record, joined: set[str]) -> tuple:
     return (tuple(r.probs.shape[:2]), int(r.probs.shape[-2]), len(seq), labels, r.query_labels)
 
 
+def _own_keys(seen: torch.Tensor | None, labels) -> torch.Tensor | None:
+    """The columns of a mask over the sequence's own keys (learned keys, always seen, are not ahead of
+    anyone: the sequence's keys decide causality); ``seen`` itself where no key is labelled."""
+    if seen is None or not labels or len(labels) != seen.shape[-1] or None not in labels:
+        return seen
+    return seen[..., [i for i, label in enumerate(labels) if label is None]]
+
+
 def query_segments(records: list[Record]) -> list[list[Record]]:
     """Records that stack, in runs that read the same query positions: a new run begins where a record
     of a module already in the current one reads other positions (a decoder's next step inside one forward).
@@ -584,14 +592,14 @@ def query_segments(records: list[Record]) -> list[list[Record]]:
     for r in records[1:]:
         run = runs[-1]
         same = next((x for x in run if x.name == r.name), None)
-        if same is not None and not _same_positions(same.query_positions, r.query_positions):
+        if same is not None and not _equal_positions(same.query_positions, r.query_positions):
             runs.append([r])
         else:
             run.append(r)
     return runs
 
 
-def _same_positions(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+def _equal_positions(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return (
         a is not None
         and b is not None
@@ -1206,6 +1214,7 @@ class _Session:
         self._joined_head: tuple[Record, int, int] | None = None  # the last head _record joined to its layer
         # single-head maps whose outputs were joined along their features: (places, seqs, the layer's name)
         self._head_groups: list[tuple[list[int], list[int], str, int]] = []  # (+ heads per sequence)
+        self._model_buffers: list[torch.Tensor] | None = None  # the model's buffers, listed once
         self._buffer_ids: set[int] | None = None  # the model's buffers (indices it keeps are no token ids)
         self._weight_buffers: dict[int, torch.Tensor] | None = None  # the model's 2-D float buffers
         self._pure_ints: dict[
@@ -1262,7 +1271,7 @@ class _Session:
             return entry[1]
         if self._weight_buffers is None:  # a matrix the model keeps as a buffer (SAM's random Fourier
             self._weight_buffers = {  # features: ``coords @ self.positional_encoding_gaussian_matrix``)
-                id(b): b for b in self.model.buffers() if b.dim() == 2 and b.is_floating_point()
+                id(b): b for b in self._buffers() if b.dim() == 2 and b.is_floating_point()
             }  # is a weight, as a parameter is
         held = self._weight_buffers.get(id(t))
         return _PARAM_TAG if held is t else None
@@ -1503,7 +1512,7 @@ class _Session:
         ):
             return False
         if self._buffer_ids is None:
-            self._buffer_ids = {id(b) for b in self.model.buffers()}
+            self._buffer_ids = {id(b) for b in self._buffers()}
         if id(idx) in self._buffer_ids or id(idx._base) in self._buffer_ids:
             return False
         # indices made inside the call (``self.mem[torch.arange(M)]``): learned rows picked by position
@@ -1938,6 +1947,12 @@ class _Session:
                 self.on_softmax((found[0], found[1]), {}, t)
                 return
 
+    def _buffers(self) -> list[torch.Tensor]:
+        """The model's buffers, listed once per capture."""
+        if self._model_buffers is None:
+            self._model_buffers = list(self.model.buffers())
+        return self._model_buffers
+
     def _fixed_ids(self, ids: torch.Tensor) -> bool:
         """Indices of a table's rows that hold no input: ``torch.arange(P)`` made by the model's code (and
         views of it), or an arange the model keeps (a buffer, or a tensor attribute: P-tuning's
@@ -1947,15 +1962,14 @@ class _Session:
             return True
         if ids.dim() == 0 or ids.shape[-1] < 2:
             return False
+        if not bool((ids == torch.arange(ids.shape[-1], device=ids.device)).all()):
+            return False  # (token ids: no walk of the model's modules)
         if self._kept_storages is None:
-            kept = [*self.model.buffers()]
+            kept = list(self._buffers())
             for m in self.model.modules():
                 kept.extend(v for v in vars(m).values() if isinstance(v, torch.Tensor))
             self._kept_storages = {_storage_at(t) for t in kept} - {0}
-        if _storage_at(ids) not in self._kept_storages:
-            return False
-        steps = torch.arange(ids.shape[-1], device=ids.device)
-        return bool((ids == steps).all())
+        return _storage_at(ids) in self._kept_storages
 
     def on_embedding(self, args, out) -> None:
         ids = args[0]
@@ -3808,9 +3822,9 @@ class _Session:
         # causal (what every head may see can be nearly empty, and nearly empty looks causal)
         seen = allowed.any(dim=1) if differ and allowed is not None else mask
         labels = layout.key_labels if layout is not None else key_labels
-        if seen is not None and labels and len(labels) == seen.shape[-1] and None in labels:
-            own = [i for i, label in enumerate(labels) if label is None]  # the sequence's keys decide
-            seen = seen[..., own]  # causality (learned keys, always seen, are not ahead of anyone)
+        own = _own_keys(seen, labels)
+        if own is not None and own is not seen:
+            seen = own
             rows = query_labels if source == "nn.MultiheadAttention" else None  # (and, there, its queries:
             if rows and len(rows) == seen.shape[-2] and None in rows:  # CoCa's class token appended to a
                 seen = seen[..., [i for i, label in enumerate(rows) if label is None], :]  # causal text)
@@ -3828,10 +3842,7 @@ class _Session:
         if layout is not None and flag is None and layout.seq_keys is not None:
             self._seq_keys.setdefault(rec.seq, []).append(layout.seq_keys)
             if layout.ext and (rec.key_labels is None or None in rec.key_labels) and queries is not None:
-                labels = self._other_sequence(path, layout.seq_keys, queries)
-                if labels is not None and rec.key_labels is not None:  # (a cache's empty slots: padding)
-                    labels = tuple(had if had is not None else new
-                                   for had, new in zip(rec.key_labels, labels, strict=True))  # fmt: skip
+                labels = self._other_sequence(path, layout.seq_keys, queries, rec.key_labels)
                 if labels is not None:
                     rec = _replaced(rec, key_labels=labels)
         if queries is not None:
@@ -3852,12 +3863,15 @@ class _Session:
             return self.cap.records[-1]
         return rec
 
-    def _other_sequence(self, path: str, seq_keys: torch.Tensor, queries: torch.Tensor) -> tuple | None:
+    def _other_sequence(
+        self, path: str, seq_keys: torch.Tensor, queries: torch.Tensor, had: tuple | None = None
+    ) -> tuple | None:
         """Keys beyond the queries' own that are another sequence's positions: fairseq's cross-self-attention
         (``key = cat(encoder_out, x)``), the decoder's queries over the source's positions then their own.
         Such keys were queries of another attention (the encoder's) and never of this module's (a KV
         cache's or a memory's earlier positions were): labelled ``<src i>`` (``<ctx i>`` where no encoder
-        self-attention read them), so no picture puts them under the queries' tokens. None otherwise."""
+        self-attention read them), so no picture puts them under the queries' tokens. None otherwise. ``had``:
+        the record's labels so far (a cache's empty slots: padding), kept where they are."""
         own = {int(p) for p in torch.unique(queries >> lineage.SHIFT).tolist()}
         keys = [int(p) for p in seq_keys[0].tolist()]
         other = [p for p in keys if p >= 0 and p not in own]
@@ -3887,7 +3901,11 @@ class _Session:
                 at += 1
             else:
                 labels.append(None)
-        return tuple(labels)
+        if had is None:
+            return tuple(labels)
+        if len(had) != len(labels):
+            return None
+        return tuple(old if old is not None else new for old, new in zip(had, labels, strict=True))
 
     def _from_outside(self, positions: list[int]) -> bool:
         """Whether every position is a row of a tensor from outside the call (no token, no learned vector)."""
@@ -4754,9 +4772,7 @@ class _Session:
             mask = mask & rec.mask
         if rec.mask is None or source == "zeros":
             source = "multiplied"
-        seen, labels = mask, rec.key_labels  # (learned keys, always seen, say nothing of causality)
-        if labels and len(labels) == seen.shape[-1] and None in labels:
-            seen = seen[..., [i for i, label in enumerate(labels) if label is None]]
+        seen = _own_keys(mask, rec.key_labels)
         kind = self.kind_of(rec.name, probs.shape[-2], probs.shape[-1], seen, p.cross, p.ext, exact=rec.exact)
         self._update_record(
             p, kind=kind, probs=probs, mask=mask, mask_source=source, head_masks_differ=differ
@@ -5045,13 +5061,9 @@ class _Session:
         qc = self.code_of(query) if query is not None else None
         if qc is None or (rec.key_labels is not None and None not in rec.key_labels):
             return rec
-        labels = self._other_sequence(rec.name, pos, qc.select(-1, 0))
+        labels = self._other_sequence(rec.name, pos, qc.select(-1, 0), rec.key_labels)
         if labels is None or len(labels) != int(rec.probs.shape[-1]):
             return rec
-        if rec.key_labels is not None:
-            labels = tuple(
-                had if had is not None else new for had, new in zip(rec.key_labels, labels, strict=True)
-            )
         at = next((i for i, r in enumerate(self.cap.records) if r is rec), None)
         if at is not None:
             rec = self.cap.records[at] = _replaced(rec, key_labels=labels)
