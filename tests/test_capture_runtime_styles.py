@@ -657,6 +657,37 @@ def test_sdpa_whose_output_a_nan_key_spreads_over_a_masked_row_is_flagged():
     assert cap.records[0].exact and not cap.notes
 
 
+@pytest.mark.parametrize("bad", [None, float("inf"), float("nan")])
+@pytest.mark.parametrize("mask", ["causal", "padding"])
+def test_sdpa_masks_applied_as_sdpa_applies_them_whatever_the_scores(bad, mask):
+    """The recomputed weights hide masked keys with -inf, bit for bit as ``where(keep, scores, -inf)``:
+    adding a 0/-inf mask where every score is finite, ``where`` itself where a score is infinite or NaN
+    (an infinity plus -inf is NaN, where ``where`` gives -inf)."""
+
+    class A(nn.Module):
+        def forward(self, q, k, v, m):
+            if m is None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, 4, 6, 8).unbind(0)
+    keep = torch.ones(6, 6, dtype=torch.bool).tril() if mask == "causal" else None
+    if mask == "padding":
+        keep = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+        keep[1, ..., 4:] = False
+    if bad is not None:
+        k[1, 2, 5, 0] = bad  # a masked key of sequence 1 (hidden from every query but the last, or all)
+    with torch.no_grad(), capture_attention(A()) as cap:
+        A()(q, k, v, None if mask == "causal" else keep)
+    (rec,) = cap.records
+    scores = (q @ k.transpose(-2, -1)) * (1 / 8**0.5)
+    want = torch.softmax(torch.where(keep, scores, float("-inf")), dim=-1)
+    assert torch.equal(rec.probs.nan_to_num(7.0), want.nan_to_num(7.0))
+    if bad is None:
+        assert rec.exact and not cap.notes
+
+
 def test_a_sequence_all_padding_is_recorded_as_the_path_that_ran_weighs_it():
     """``nn.TransformerEncoderLayer`` runs under capture as it runs without it: its fused fast path where
     torch takes it (a sequence all padding: NaN out, NaN weights), its Python path where not (attention

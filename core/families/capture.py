@@ -4958,7 +4958,14 @@ class _Session:
                     ok = torch.isfinite(m) & (m > NEG)
                     allowed = ok if allowed is None else allowed & ok
             if fill is not None:  # broadcast as given: a causal (q, k) mask is never expanded
-                logits = torch.where(fill, logits, float("-inf"))
+                if (
+                    logits is scores
+                    and (m is None or 4 * fill.numel() <= scores.numel())  # (made anew: small)
+                    and bool(scores.sum().isfinite())
+                ):  # every score finite: adding 0 or -inf is where() at a fifth of its cost
+                    logits = scores + _hiding(fill, work, m is None)
+                else:
+                    logits = torch.where(fill, logits, float("-inf"))
             probs = torch.softmax(logits, dim=-1)
             only_causal = m is None and lq <= lk  # causal alone: every row keeps its first key
             if (not only_causal and (fill is not None or (m is not None and m.dtype != torch.bool))) and (
@@ -5712,6 +5719,16 @@ def _causal(lq: int, lk: int, device) -> torch.Tensor:
     """SDPA's is_causal mask (lq, lk), kept per shape and device."""
     return _kept(("causal", lq, lk, str(device)),
                  lambda: torch.ones(lq, lk, dtype=torch.bool, device=device).tril())  # fmt: skip
+
+
+def _hiding(keep: torch.Tensor, dtype: torch.dtype, causal: bool) -> torch.Tensor:
+    """A bool mask as the float one SDPA adds: 0 where it keeps, -inf where it hides (the causal one kept
+    per shape; a mask of the call's made anew, as it may be written to between calls)."""
+
+    def make() -> torch.Tensor:
+        return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
+
+    return _kept(("hiding", *keep.shape, dtype, str(keep.device)), make) if causal else make()
 
 
 def _check_rows(lq: int, device) -> torch.Tensor:
