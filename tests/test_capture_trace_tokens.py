@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import attnscope
+from attnscope.core.analysis.audit.static import static_checks
 from attnscope.core.families.capture import capture_attention
 from attnscope.core.runs.runfile import Run
 from attnscope.core.traces.trace import AttentionTrace
@@ -310,19 +311,35 @@ def test_a_sequence_with_nan_in_its_data_keeps_its_maps_and_leaves_out_what_move
     assert AttentionTrace.load(other.save(tmp_path / "ok.npz")).value_norms("enc_self") is not None
 
 
-def test_watching_a_model_whose_maps_fit_no_positions_is_one_sentence_with_the_reason(tmp_path):
-    """The only attention is over 4-to-1 pooled keys: no trace can draw it, and watch says why (the maps'
-    own size, 16 x 4, and that the keys are positions the model made; it said 16 x 0)."""
+def test_attention_whose_keys_are_all_pooled_is_drawn_beside_the_tokens(tmp_path):
+    """The only attention is over 4-to-1 pooled keys (PVT's, SegFormer's spatial reduction): the trace draws
+    the 16 tokens as keys no query weighs (no mask hides them) and the 4 pooled keys beside them under
+    their labels, with the weights the model computed, says so, passes the static audit, and opens again;
+    watch writes it too (it raised: no map was over the tokens)."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Embedding(50, 32), ReducedKeys(True))
+    model = nn.Sequential(nn.Embedding(50, 32), ReducedKeys(True)).eval()
     ids = torch.randint(1, 50, (2, 16), generator=torch.Generator().manual_seed(3))
-    with pytest.raises(
-        ValueError,
-        match=r"could not be drawn over its positions: none of the attention .* 16 x 4 \(queries x keys, all "
-        r"positions the model made or learned \(<pooled 0>, <pooled 1> …\)\)",
-    ):
-        w = attnscope.watch(model, ids, every=1, run_dir=tmp_path / "r")
-        w.step(0)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    traces = [cap.trace(b) for b in range(2)]
+    for b, tr in enumerate(traces):
+        assert tr.probs("enc_self").shape == (1, 2, 16, 16) and not tr.probs("enc_self").any()
+        assert tr.mask("enc_self").all()
+        labels, weights = tr.learned("enc_self")
+        assert labels == ("<pooled 0>", "<pooled 1>", "<pooled 2>", "<pooled 3>")
+        np.testing.assert_array_equal(weights[0], rec.probs[b].numpy())
+        assert any("every key is a position the model made" in n and "none of the 16 tokens" in n
+                   for n in tr.meta["capture_notes"])  # fmt: skip
+        back = AttentionTrace.load(tr.save(tmp_path / f"p{b}.npz"))
+        np.testing.assert_array_equal(back.learned("enc_self")[1], weights)
+    assert all(v.status != "fail" for v in static_checks(traces))
+    w = attnscope.watch(model, ids, every=1, run_dir=tmp_path / "r")
+    w.step(0)
+    w.close()
+    run = Run.open(tmp_path / "r")
+    assert run.steps() == [0]
+    assert all(t.learned("enc_self") is not None for t in run.traces(0))
 
 
 class CrossSelf(nn.Module):

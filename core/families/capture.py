@@ -493,8 +493,27 @@ class Captured:
             if (want[0] is None or want[0] == q) and (want[1] is None or want[1] == k):
                 continue
             where = _modules(self.of(kind))
-            tokens = " x ".join("any" if n is None else str(n) for n in want)
             extra = learned_keys.get(kind, [])  # keys outside the sequence (pooled, learned): counted, said
+            if not k and extra and want[1] and (want[0] is None or want[0] == q):
+                # every key a position the model made (PVT's and SegFormer's keys pooled by a strided conv):
+                # drawn beside the tokens, which no query weighs (no mask hides them: they are no keys), the
+                # keys under their labels
+                n = int(want[1])
+                kw[kind] = np.concatenate([kw[kind], np.zeros((*kw[kind].shape[:-1], n), kw[kind].dtype)], -1)
+                if f"{kind}_scores" in kw:
+                    sc = kw[f"{kind}_scores"]
+                    kw[f"{kind}_scores"] = np.concatenate(
+                        [sc, np.full((*sc.shape[:-1], n), -np.inf, sc.dtype)], -1
+                    )
+                kw[f"{kind}_mask"] = np.ones((q, n), dtype=bool)
+                kw.pop(f"{kind}_value_norms", None)  # (the values of positions the model made: not drawn)
+                scopes.pop(kind, None)
+                probs[kind] = probs[kind].new_zeros((*probs[kind].shape[:-1], n))
+                left_out.append(f"{kind} ({where}): every key is a position the model made or learned, none of "
+                                f"the {n} tokens ({', '.join(extra[:2])}{' …' if len(extra) > 2 else ''}: "
+                                f"{len(extra)} of them): drawn beside the tokens, which weigh 0")  # fmt: skip
+                continue
+            tokens = " x ".join("any" if n is None else str(n) for n in want)
             made = (f", {f'{len(extra)} of them' if k else 'all'} positions the model made or learned "
                     f"({', '.join(extra[:2])}{' …' if len(extra) > 2 else ''})") if extra else ""  # fmt: skip
             left_out.append(f"{kind} ({where}) left out of the trace: its maps are {q} x {k + len(extra)} (queries x "
