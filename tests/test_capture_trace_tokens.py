@@ -342,6 +342,34 @@ def test_attention_whose_keys_are_all_pooled_is_drawn_beside_the_tokens(tmp_path
     assert all(t.learned("enc_self") is not None for t in run.traces(0))
 
 
+class MeanQueryPool(nn.Module):
+    """CLIP's AttentionPool2d: the mean of the tokens joined before them is the only query."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.emb = nn.Embedding(20, d)
+        self.q, self.k = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        x = torch.cat([x.mean(dim=1, keepdim=True), x], dim=1)
+        return (self.q(x[:, :1]) @ self.k(x).transpose(1, 2)).softmax(-1)
+
+
+def test_self_attention_where_some_positions_ask_says_how_many_ask_and_answer():
+    """1 query (the mean token) over 5 keys of one sequence, no tokens given: the sentence counts the
+    positions that ask and answer (it said the tokens make 1 x 1, counting the queries as the sequence)."""
+    model = MeanQueryPool()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 20, (2, 4)))
+    (rec,) = cap.records
+    assert rec.kind == "enc_self" and rec.exact and rec.key_labels == ("<pooled 0>", None, None, None, None)
+    with pytest.raises(ValueError, match=r"its maps are 1 x 5 \(queries x keys\): 1 of the sequence's positions "
+                       r"asks and 5 answer") as err:  # fmt: skip
+        cap.trace(0)
+    assert "1 x 1" not in str(err.value)
+
+
 class CrossSelf(nn.Module):
     """fairseq's ``--cross-self-attention``: the decoder's self-attention reads the encoder's output then
     its own positions (``key = cat(encoder_out, x)``), sequence-first, a causal mask over its own part."""

@@ -516,9 +516,16 @@ class Captured:
             tokens = " x ".join("any" if n is None else str(n) for n in want)
             made = (f", {f'{len(extra)} of them' if k else 'all'} positions the model made or learned "
                     f"({', '.join(extra[:2])}{' …' if len(extra) > 2 else ''})") if extra else ""  # fmt: skip
-            left_out.append(f"{kind} ({where}) left out of the trace: its maps are {q} x {k + len(extra)} (queries x "
-                            f"keys{made}), the tokens make {tokens}, so they are over other positions than these "
-                            "tokens")  # fmt: skip
+            side = _SIDES[kind][0]
+            if side == _SIDES[kind][1] and not (src_tokens if side == "src" else tgt_tokens) and q != k:
+                # no tokens given, and the side's length is this map's own query axis: only some positions ask
+                left_out.append(f"{kind} ({where}) left out of the trace: its maps are {q} x {k + len(extra)} "
+                                f"(queries x keys{made}): {q} of the sequence's positions {'asks' if q == 1 else 'ask'} and {k} answer, "
+                                "and a trace draws self-attention over the same positions on both axes")  # fmt: skip
+            else:
+                left_out.append(f"{kind} ({where}) left out of the trace: its maps are {q} x {k + len(extra)} (queries "
+                                f"x keys{made}), the tokens make {tokens}, so they are over other positions than "
+                                "these tokens")  # fmt: skip
             for name in [kind, *(f"{kind}_{what}" for what in ("scores", "mask", "learned", "value_norms",
                                                                "residual_norms"))]:  # fmt: skip
                 kw.pop(name, None)
