@@ -1213,3 +1213,60 @@ def test_positions_projected_by_a_buffer_matrix_are_followed(batch, heads):
     with torch.no_grad(), capture_attention(model) as cap:
         model(torch.rand(batch, 5, 2))
     _check(cap, model.used)
+
+
+class LocationSensitive(nn.Module):
+    """Tacotron 2's decoder (NVIDIA/tacotron2): additive attention whose energies add a location term, a
+    conv over the previous and cumulative weights (``cat((w.unsqueeze(1), w_cum.unsqueeze(1)), dim=1)``),
+    the weights made again at every step of a decoding loop inside the forward, padded text masked."""
+
+    def __init__(self, steps: int = 4, d: int = 8, att: int = 6):
+        super().__init__()
+        self.steps = steps
+        self.emb = nn.Embedding(VOCAB, d)
+        self.rnn = nn.LSTMCell(d, d)
+        self.query_layer, self.memory_layer = nn.Linear(d, att, bias=False), nn.Linear(d, att, bias=False)
+        self.location_conv = nn.Conv1d(2, 4, kernel_size=5, padding=2, bias=False)
+        self.location_dense = nn.Linear(4, att, bias=False)
+        self.v = nn.Linear(att, 1, bias=False)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids, lengths):
+        memory = self.emb(ids)
+        b, t, _ = memory.shape
+        mask = torch.arange(t)[None, :] >= lengths[:, None]
+        h, c = memory.new_zeros(b, memory.shape[-1]), memory.new_zeros(b, memory.shape[-1])
+        weights, cum = memory.new_zeros(b, t), memory.new_zeros(b, t)
+        context = memory.new_zeros(b, memory.shape[-1])
+        processed_memory = self.memory_layer(memory)
+        for _ in range(self.steps):
+            h, c = self.rnn(context, (h, c))
+            cat = torch.cat((weights.unsqueeze(1), cum.unsqueeze(1)), dim=1)
+            location = self.location_dense(self.location_conv(cat).transpose(1, 2))
+            energies = self.v(torch.tanh(self.query_layer(h.unsqueeze(1)) + location + processed_memory))
+            energies = energies.squeeze(-1)
+            energies.data.masked_fill_(mask, -float("inf"))
+            weights = F.softmax(energies, dim=1)
+            self.used.append(weights[:, None, None, :].detach().clone())
+            context = torch.bmm(weights.unsqueeze(1), memory).squeeze(1)
+            cum += weights
+        return context
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_location_sensitive_attention_is_recorded_at_every_decoding_step(batch):
+    """The location term is the previous weights convolved over the keys: each weight stands for the key
+    position it weighs, so every step's energies are over the text's positions and each step is recorded
+    exactly (from the second step on, the energies' positions were lost and the steps not recorded)."""
+    torch.manual_seed(batch)
+    model = LocationSensitive().eval()
+    lengths = torch.tensor([7] + [max(2, 7 - 2 * i) for i in range(1, batch)])
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 7), lengths)
+    assert len(cap.records) == len(model.used) == 4 and not cap.notes
+    assert not [n for n in cap.skipped if n.level == "warning"]
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert rec.exact and rec.kind == "cross"
+        torch.testing.assert_close(rec.probs, used, rtol=0, atol=0)
+        keep = torch.arange(7)[None, :] < lengths[:, None]
+        assert (rec.mask is None and bool(keep.all())) or torch.equal(rec.mask[:, 0], keep)  # (B, q, k)

@@ -520,7 +520,7 @@ class Captured:
             if side == _SIDES[kind][1] and not (src_tokens if side == "src" else tgt_tokens) and q != k:
                 # no tokens given, and the side's length is this map's own query axis: only some positions ask
                 left_out.append(f"{kind} ({where}) left out of the trace: its maps are {q} x {k + len(extra)} "
-                                f"(queries x keys{made}): {q} of the sequence's positions {'asks' if q == 1 else 'ask'} and {k} answer, "
+                                f"(queries x keys{made}): {q} of the sequence's positions {'asks' if q == 1 else 'ask'} and {k + len(extra)} answer, "
                                 "and a trace draws self-attention over the same positions on both axes")  # fmt: skip
             else:
                 left_out.append(f"{kind} ({where}) left out of the trace: its maps are {q} x {k + len(extra)} (queries "
@@ -4343,6 +4343,8 @@ class _Session:
         self._positional_shapes[id(record)] = (path, tuple(int(n) for n in x.shape))
         if not cross:  # what they weigh keeps its positions: row i of ``a @ v`` is position i, as in any
             self._self_weights.add(id(record))  # self-attention (a GAT layer's output feeds the next)
+        if self.tag(out) is None:  # the weights as features (Tacotron 2's location layer convolves them over
+            self.set(out, _Tag(None, tag.origin, code=code))  # the keys): each the key position it weighs
         return True
 
     def _one_input(self, origin: frozenset, keys: torch.Tensor, pairs: int) -> bool:
