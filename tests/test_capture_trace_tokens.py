@@ -329,7 +329,7 @@ def test_attention_whose_keys_are_all_pooled_is_drawn_beside_the_tokens(tmp_path
         labels, weights = tr.learned("enc_self")
         assert labels == ("<pooled 0>", "<pooled 1>", "<pooled 2>", "<pooled 3>")
         np.testing.assert_array_equal(weights[0], rec.probs[b].numpy())
-        assert any("every key is a position the model made" in n and "none of the 16 tokens" in n
+        assert any("its keys are none of the 16 tokens and 4 positions the model made" in n
                    for n in tr.meta["capture_notes"])  # fmt: skip
         back = AttentionTrace.load(tr.save(tmp_path / f"p{b}.npz"))
         np.testing.assert_array_equal(back.learned("enc_self")[1], weights)
@@ -340,6 +340,55 @@ def test_attention_whose_keys_are_all_pooled_is_drawn_beside_the_tokens(tmp_path
     run = Run.open(tmp_path / "r")
     assert run.steps() == [0]
     assert all(t.learned("enc_self") is not None for t in run.traces(0))
+
+
+class ClsPooledKeys(nn.Module):
+    """CvT's stage 3 (microsoft/CvT): a [CLS] token joined before 16 patches; the queries are all 17, the keys
+    the [CLS] then the patches pooled 4 to 1 by a strided depthwise conv."""
+
+    def __init__(self, d: int = 8, h: int = 2):
+        super().__init__()
+        self.h = h
+        self.patch = nn.Conv2d(3, d, 2, 2)
+        self.cls = nn.Parameter(torch.randn(1, 1, d))
+        self.sr = nn.Conv2d(d, d, 3, 2, 1, groups=d, bias=False)
+        self.q, self.k = nn.Linear(d, d), nn.Linear(d, d)
+        self.used: torch.Tensor | None = None
+
+    def forward(self, img):
+        x = self.patch(img)
+        b, d, hh, ww = x.shape
+        cls = self.cls.expand(b, -1, -1)
+        k = torch.cat([cls, self.sr(x).flatten(2).transpose(1, 2)], 1)
+        q = torch.cat([cls, x.flatten(2).transpose(1, 2)], 1)
+        q = self.q(q).view(b, -1, self.h, d // self.h).transpose(1, 2)
+        k = self.k(k).view(b, -1, self.h, d // self.h).transpose(1, 2)
+        self.used = (q @ k.transpose(-2, -1)).softmax(-1)
+        return self.used
+
+
+def test_keys_a_cls_token_then_pooled_positions_are_drawn_at_the_cls_column(tmp_path):
+    """17 queries ([CLS] and 16 patches) over 5 keys ([CLS] and 4 pooled): the [CLS] key's weights sit at
+    its own column of the 17 positions, the pooled keys beside them, the other tokens weigh 0."""
+    torch.manual_seed(0)
+    model = ClsPooledKeys().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 3, 8, 8))
+    (rec,) = cap.records
+    assert rec.exact and rec.key_labels == ("<cls 0>", "<pooled 0>", "<pooled 1>", "<pooled 2>", "<pooled 3>")
+    tr = cap.trace(1)
+    assert tr.src_tokens[0] == "<cls 0>" and len(tr.src_tokens) == 17
+    p = tr.probs("enc_self")
+    assert p.shape == (1, 2, 17, 17)
+    np.testing.assert_array_equal(p[0, :, :, 0], model.used[1, :, :, 0].numpy())
+    assert not p[..., 1:].any()
+    labels, weights = tr.learned("enc_self")
+    assert labels == ("<pooled 0>", "<pooled 1>", "<pooled 2>", "<pooled 3>")
+    np.testing.assert_array_equal(weights[0], model.used[1, :, :, 1:].numpy())
+    assert any("its keys are 1 of the 17 positions and 4 positions the model made" in n
+               for n in tr.meta["capture_notes"])  # fmt: skip
+    assert all(v.status != "fail" for v in static_checks([cap.trace(0), tr]))
+    AttentionTrace.load(tr.save(tmp_path / "cvt.npz"))
 
 
 class MeanQueryPool(nn.Module):

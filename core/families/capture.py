@@ -409,6 +409,7 @@ class Captured:
         kw: dict[str, Any] = {}
         labels: dict[str, list[str | None]] = {}  # side -> labels of its positions (None: a token)
         learned_keys: dict[str, list[str]] = {}
+        key_labs: dict[str, tuple[str | None, ...] | None] = {}  # kind -> labels of its keys in the sequence
         scopes: dict[str, str | None] = {}
         probs: dict[str, torch.Tensor] = {}
         left_out: list[str] = []
@@ -474,6 +475,7 @@ class Captured:
             if residual is not None:
                 kw[f"{kind}_residual_norms"] = residual
             q_side, k_side = _SIDES[kind]
+            key_labs[kind] = km.key_labels
             for side, labs in ((q_side, km.query_labels), (k_side, km.key_labels)):
                 if labs and side not in labels:
                     labels[side] = list(labs)
@@ -494,24 +496,25 @@ class Captured:
                 continue
             where = _modules(self.of(kind))
             extra = learned_keys.get(kind, [])  # keys outside the sequence (pooled, learned): counted, said
-            if not k and extra and want[1] and (want[0] is None or want[0] == q):
-                # every key a position the model made (PVT's and SegFormer's keys pooled by a strided conv):
-                # drawn beside the tokens, which no query weighs (no mask hides them: they are no keys), the
-                # keys under their labels
+            cols = (
+                _key_columns(k, want[1], key_labs.get(kind), labels.get(_SIDES[kind][1])) if extra else None
+            )
+            if cols is not None and (want[0] is None or want[0] == q):
+                # the keys are positions the model made (PVT's and SegFormer's keys pooled by a strided conv),
+                # and learned positions of the sequence (CvT's [CLS]) at their columns: drawn beside the
+                # tokens, which no query weighs where they are no keys (no mask hides them there)
                 n = int(want[1])
-                kw[kind] = np.concatenate([kw[kind], np.zeros((*kw[kind].shape[:-1], n), kw[kind].dtype)], -1)
+                kw[kind] = _at_columns(kw[kind], cols, n, 0.0)
                 if f"{kind}_scores" in kw:
-                    sc = kw[f"{kind}_scores"]
-                    kw[f"{kind}_scores"] = np.concatenate(
-                        [sc, np.full((*sc.shape[:-1], n), -np.inf, sc.dtype)], -1
-                    )
-                kw[f"{kind}_mask"] = np.ones((q, n), dtype=bool)
+                    kw[f"{kind}_scores"] = _at_columns(kw[f"{kind}_scores"], cols, n, -np.inf)
+                kw[f"{kind}_mask"] = _at_columns(kw[f"{kind}_mask"], cols, n, True)
                 kw.pop(f"{kind}_value_norms", None)  # (the values of positions the model made: not drawn)
                 scopes.pop(kind, None)
                 probs[kind] = probs[kind].new_zeros((*probs[kind].shape[:-1], n))
-                left_out.append(f"{kind} ({where}): every key is a position the model made or learned, none of "
-                                f"the {n} tokens ({', '.join(extra[:2])}{' …' if len(extra) > 2 else ''}: "
-                                f"{len(extra)} of them): drawn beside the tokens, which weigh 0")  # fmt: skip
+                own = f"{k} of the {n} positions" if k else f"none of the {n} tokens"
+                left_out.append(f"{kind} ({where}): its keys are {own} and {len(extra)} positions the model made "
+                                f"or learned ({', '.join(extra[:2])}{' …' if len(extra) > 2 else ''}): drawn beside "
+                                "the tokens, which weigh 0 where they are no keys")  # fmt: skip
                 continue
             tokens = " x ".join("any" if n is None else str(n) for n in want)
             made = (f", {f'{len(extra)} of them' if k else 'all'} positions the model made or learned "
@@ -753,6 +756,28 @@ def kind_value_norms(records: list[Record], seqs: list[list[int]]) -> tuple[torc
 
 def _some_finite(a: np.ndarray) -> bool:
     return a.size > 0 and bool(np.isfinite(a).any())
+
+
+def _key_columns(k: int, n: int | None, keys: Any, side: list[str | None] | None) -> list[int] | None:
+    """Where the ``k`` keys of a map over the sequence's positions sit among the side's ``n`` positions: none
+    (every key outside the sequence), or each a learned position of it under a label the side holds once;
+    None where that cannot be told (keys that are some of its tokens)."""
+    if not n or k >= n:
+        return None
+    if not k:
+        return []
+    if not keys or len(keys) != k or not side or len(side) != n or any(lab is None for lab in keys):
+        return None
+    if any(side.count(lab) != 1 for lab in keys):
+        return None
+    return [side.index(lab) for lab in keys]
+
+
+def _at_columns(a: np.ndarray, cols: list[int], n: int, fill: Any) -> np.ndarray:
+    """``a`` (..., k) spread over ``n`` columns: its k columns at ``cols``, ``fill`` elsewhere."""
+    out = np.full((*a.shape[:-1], n), fill, dtype=a.dtype)
+    out[..., cols] = a
+    return out
 
 
 def _numbered(n: int, labels: list[str | None] | None) -> tuple[str, ...]:
@@ -2381,6 +2406,12 @@ class _Session:
         self.set(out, _Tag("scores", origin, smap=ScoreMap(tuple(int(d) for d in out.shape), q, k)))
         return True
 
+    def _outside_only(self, code: torch.Tensor) -> bool:
+        """Every position of ``code`` is one capture made up for a tensor from outside the call, or made by
+        the model from no input (no token, learned or pooled position among them)."""
+        idx = torch.unique(self.sources.index(code >> lineage.SHIFT)).tolist()
+        return all(self.sources.items[i].kind == "external" for i in idx)
+
     def _features_joined(self, name, args, kwargs, out: torch.Tensor) -> torch.Tensor | None:
         """Features joined position by position where some parts name no position, or a position repeated
         over the others' (a decoder state repeated over the source, joined to each encoder output:
@@ -2391,7 +2422,7 @@ class _Session:
         parts = args[0] if args and isinstance(args[0], (tuple, list)) else None
         if not parts or out.dim() < 2 or _cat_dim(name, args, kwargs, out) != out.dim() - 1:
             return None
-        found = []
+        found, outside = [], []
         for t in parts:
             c = self.code_of(t) if isinstance(t, torch.Tensor) else None
             if c is None or not c.shape[-1]:  # (a part with no features adds none)
@@ -2400,8 +2431,13 @@ class _Session:
                 return None
             pos = c[..., :1] >> lineage.SHIFT
             if bool((c >> lineage.SHIFT != pos).any()):
+                if self._outside_only(c):  # features from outside or made from constants (a sine code of
+                    outside.append(pos)  # positions, its sin and cos parts stacked: Conditional DETR's k_pos)
+                    continue  # joined to the sequence's row by row: no position of its own, as when added
                 return None  # a part whose rows mix positions
             found.append(pos)
+        if outside and not found:
+            return None
         if not found:
             return None
         # parts at other positions: a state repeated over the positions (the same position along an
@@ -2413,7 +2449,14 @@ class _Session:
             return [bool((p != p.narrow(d, 0, 1)).any()) for d in range(p.dim() - 1)]
 
         main = varies(rows)
-        for pos in found[1:]:
+        distinct = int(torch.unique(rows).numel()) == math.prod(
+            n for n, v in zip(rows.shape[:-1], main, strict=True) if v
+        )
+
+        def gives_way(pos: torch.Tensor) -> bool:  # positions capture made up for a tensor from outside the
+            return distinct and self._outside_only(pos << lineage.SHIFT)  # call (a code of the rows'
+
+        for pos in found[1:]:  # coordinates, projected: DETR's k_pos) joined to rows of one position each
             if torch.equal(pos, rows):
                 continue
             own = varies(pos)
@@ -2421,12 +2464,16 @@ class _Session:
                 pairs = torch.unique(torch.stack([rows.reshape(-1), pos.reshape(-1)]), dim=1).shape[1]
                 if pairs == int(torch.unique(rows).numel()) == int(torch.unique(pos).numel()):
                     continue  # one history): one position each, kept as the first part's
+                if gives_way(pos):
+                    continue
                 return None
             # repeated: constant along an axis where the main part varies, and
             if not any(m and not o for m, o in zip(main, own, strict=True)) or any(  # varying only where
                 o and not m
                 for m, o in zip(main, own, strict=True)  # the main part varies too
             ):
+                if gives_way(pos):
+                    continue
                 return None
         f = torch.arange(int(out.shape[-1]), dtype=torch.int64, device=rows.device)
         return (rows << lineage.SHIFT) | f
