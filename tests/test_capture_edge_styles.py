@@ -336,13 +336,75 @@ class MultiHeadSlotAttention(nn.Module):
         return torch.einsum("... j d, ... i j -> ... i d", v, attn)
 
 
-@pytest.mark.parametrize("model", [SlotAttention, MultiHeadSlotAttention], ids=["one head", "flatten, view"])
-def test_weights_renormalized_over_the_other_axis_are_flagged(model):
-    """The values are multiplied by weights renormalized over the tokens, not by the softmax over
-    the slots: whatever capture records of that softmax is flagged, never exact (with one head, past the
-    view back to (b, h, slots, n), the record was exact: the softmax's output, transposed)."""
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_weights_renormalized_over_the_other_axis_are_recorded_as_multiplied(batch):
+    """Slot attention: the values are multiplied by the softmax over the slots renormalized over the
+    tokens. The record is those weights, (batch, 1, slots, tokens), exact, the tokens its keys (it held
+    the softmax over the slots, transposed, flagged as changed after the softmax)."""
+    torch.manual_seed(batch)
+    model = SlotAttention().eval()
+    ids = torch.randint(1, VOCAB, (batch, 5))
+    cap = _captured(model, ids)
+    (rec,) = cap.records
+    with torch.no_grad():
+        x = model.emb(ids)
+        q = model.q(model.slots).expand(batch, -1, -1)
+        attn = torch.einsum("bid,bjd->bij", q, model.k(x)).softmax(dim=1) + 1e-8
+        want = (attn / attn.sum(dim=-1, keepdim=True))[:, None]
+    assert rec.exact and rec.flag is None and not cap.notes
+    assert rec.kind == "cross" and tuple(rec.probs.shape) == (batch, 1, 3, 5)
+    torch.testing.assert_close(rec.probs, want, rtol=0, atol=0)
+
+
+class IteratedSlotAttention(nn.Module):
+    """Slot attention as google-research/slot_attention writes it (ported line by line): logits keys first
+    (``einsum("bid,bjd->bij", k, q)``, (b, inputs, slots)), the softmax over the slots (last axis),
+    ``+ eps``, renormalized over the inputs (dim=-2), ``einsum("bij,bid->bjd", attn, v)``, the slots
+    updated by a GRUCell and an MLP, three iterations; ``used`` keeps what the values were multiplied
+    with, (b, 1, slots, inputs)."""
+
+    def __init__(self, dim: int = 8, slots: int = 3, iters: int = 3):
+        super().__init__()
+        self.iters = iters
+        self.emb, self.mu = nn.Embedding(VOCAB, dim), nn.Parameter(torch.randn(1, slots, dim))
+        self.q, self.k, self.v = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+        self.gru = nn.GRUCell(dim, dim)
+        self.norm_slots = nn.LayerNorm(dim)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, _, d = x.shape
+        k, v = self.k(x), self.v(x)
+        slots = self.mu.expand(b, -1, -1)
+        for _ in range(self.iters):
+            q = self.q(self.norm_slots(slots)) * d**-0.5
+            attn = torch.einsum("bid,bjd->bij", k, q).softmax(dim=-1) + 1e-8
+            attn = attn / attn.sum(dim=-2, keepdim=True)
+            self.used.append(attn.transpose(1, 2)[:, None].detach().clone())
+            updates = torch.einsum("bij,bid->bjd", attn, v)
+            slots = self.gru(updates.reshape(-1, d), slots.reshape(-1, d)).reshape(b, -1, d)
+        return slots
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_iterated_slot_attention_keys_first_is_recorded_at_every_iteration(batch):
+    """Each iteration's weights, renormalized over the inputs, are recorded exactly as (b, 1, slots,
+    inputs), the slots' positions followed through the GRU into the next iteration's queries."""
+    torch.manual_seed(batch)
+    model = IteratedSlotAttention().eval()
+    cap = _captured(model, torch.randint(1, VOCAB, (batch, 6)))
+    assert len(cap.records) == len(model.used) == 3 and not cap.notes
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert rec.exact and rec.kind == "cross"
+        torch.testing.assert_close(rec.probs, used, rtol=0, atol=0)
+
+
+def test_weights_renormalized_after_a_softmax_across_the_heads_are_flagged():
+    """The softmax runs over the heads' slots together (``flatten(1, 2)``): whatever capture records of it is
+    flagged, never exact."""
     torch.manual_seed(0)
-    cap = _captured(model().eval(), torch.randint(1, VOCAB, (2, 5)))
+    cap = _captured(MultiHeadSlotAttention().eval(), torch.randint(1, VOCAB, (2, 5)))
     assert cap.records and not any(r.exact for r in cap.records)
     assert all("changed after the softmax" in r.flag for r in cap.records) and cap.notes
 

@@ -131,6 +131,9 @@ ADD = frozenset({"add", "add_", "__add__", "__radd__", "__iadd__"})
 SUB = frozenset({"sub", "sub_", "__sub__", "__isub__", "subtract"})
 MUL = frozenset({"mul", "mul_", "__mul__", "__rmul__", "__imul__", "multiply"})
 DIV = frozenset({"div", "div_", "__truediv__", "__itruediv__", "true_divide", "divide"})
+# weights plus a constant, their sum over a dim, and the division by it (_Session._renormalized)
+RENORM_STEPS = frozenset({"add", "__add__", "__radd__", "sub", "__sub__", "sum", "div", "__truediv__", "true_divide",
+                          "divide"})  # fmt: skip
 CAT = frozenset({"cat", "concat", "concatenate", "hstack", "vstack"})
 CONV = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})
 # (B, C, *space) pools: each channel stays itself, the positions are new ones pooled from the input's
@@ -1251,6 +1254,10 @@ class _Session:
         # pack_padded_sequence's batch sizes -> (them, held; the positions of the padded input it packed)
         self._packed_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._exps: dict[int, tuple] = {}  # _hold: exps of activations (a scatter may sum them per group)
+        # _hold: softmax outputs recorded exactly (and those plus a constant): (scores, their tag, path, dim,
+        # the weights' _Probs); and their sums over one dim kept (the weights, the dim): renormalized weights
+        self._softmaxed: dict[int, tuple] = {}
+        self._sums: dict[int, tuple] = {}
         self._projected: dict[int, tuple] = {}  # _hold: softmaxes over a projection's output (module, shape)
         self._unplaced: dict[int, tuple] = {}  # _hold: other softmaxes left out as not attention (+ reason)
         self._made: dict[int, tuple] = {}  # _hold: float tensors made inside the call by a factory (buffers)
@@ -1509,6 +1516,8 @@ class _Session:
                 if (name in ADD or name in SUB) and len(args) >= 2 and isinstance(out, torch.Tensor):
                     self._outputs_merged(args, out)
                 self.propagate(name, func, args, kwargs, out, pre)
+                if self._softmaxed and name in RENORM_STEPS and type(out) is torch.Tensor:
+                    self._renormalized(name, args, kwargs, out)
                 if name in GATHERS and self._by_data and isinstance(out, torch.Tensor):
                     self._gathered_by_data(name, args, kwargs, out)
                 if weighted and isinstance(out, torch.Tensor):  # values weighted by no query-key map: no
@@ -3181,6 +3190,20 @@ class _Session:
             lead = "ABCDEFGHIJKLMNOP"[: out.dim() - 2]
             eq = f"{lead}kq,{lead}dk->{lead}dq"
             return self._weighted_by_equation(eq, [ops[1], ops[0]], second, out, origin)
+        if (
+            second is not None
+            and (second.rowq is not None or second.probs is not None)
+            and (first is None or (first.rowq is None and first.probs is None and first.role != "param"))
+            and name == "einsum"
+            and args
+            and isinstance(args[0], str)
+            and len(ops) == 2
+        ):  # values first (slot attention's ``einsum("bjd,bij->bid", v, attn)``): the operands swapped
+            eq = lineage._explicit(args[0], [o.dim() for o in ops])
+            sides = _two_operands(eq) if eq is not None else None
+            if sides is not None:
+                swapped = f"{sides[1]},{sides[0]}->{sides[2]}"
+                return self._weighted_by_equation(swapped, [ops[1], ops[0]], second, out, origin)
         if (first is not None and first.role == "scores" and first.smap is not None and not first.smap.broken
                 and len(op_tags) > 1 and op_tags[1] is not None and op_tags[1].role != "scores"):  # fmt: skip
             self.n_attention += 1  # attention seen, if not recordable: no "no attention seen" note
@@ -4189,7 +4212,11 @@ class _Session:
                 self.warn(path, shape, f"could not verify: {why}")
                 return
             if isinstance(found, Layout):
-                self._record_exact(path, x, out, tag, found)
+                before = self._record_call  # (renormalized over another dim? then recorded again, as if
+                self._record_exact(path, x, out, tag, found)  # this record had not been made)
+                g = self.tag(out)
+                if g is not None and g.probs is not None and g.probs.record is not None:
+                    _hold(self._softmaxed, out, x, tag, path, dim, g.probs, before)
                 return
             why = found
         self._record_guess(path, x, out, dim, tag, why)
@@ -4285,6 +4312,59 @@ class _Session:
             rowq,
             p,
         )  # ops that keep the weights' rows keep rowq (held: its id stays)
+
+    def _renormalized(self, name: str, args, kwargs, out: torch.Tensor) -> None:
+        """Weights a softmax gave over one axis (plus a constant), divided by their sum over another:
+        ``attn = dots.softmax(dim=1) + eps; attn = attn / attn.sum(dim=-1, keepdim=True)``, slot attention's
+        competition over the slots then weighted mean over the inputs. The weights the values are
+        multiplied with are a distribution over that other axis: the record becomes them, laid out with
+        it as the keys (the scores' lineage says where each element is), in place of the softmax's."""
+        x = args[0] if args else None
+        entry = _held(self._softmaxed, x)
+        if entry is None:
+            return
+        if name in ("add", "__add__", "__radd__", "sub", "__sub__") and len(args) == 2 and not kwargs:
+            if type(args[1]) in (int, float):  # the weights plus a constant (slot attention's epsilon)
+                _hold(self._softmaxed, out, *entry[1:])
+            return
+        if name == "sum":
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+            if isinstance(dim, (tuple, list)) and len(dim) == 1:
+                dim = dim[0]
+            if type(dim) is int and keep is True and out.dim() == x.dim():
+                _hold(self._sums, out, x, dim % x.dim())
+            return
+        if name not in ("div", "__truediv__", "true_divide", "divide") or len(args) != 2 or kwargs:
+            return
+        total = _held(self._sums, args[1])
+        if total is None or total[1] is not x:
+            return
+        scores, tag, path, dim, p, before = entry[1:]
+        axis = total[2]
+        if axis == dim or tag.smap is None or tuple(out.shape) != tuple(scores.shape):
+            return  # (over the softmax's own keys: the weights renormalized as the record follows them)
+        found = self._decoded(tag.smap, tuple(scores.shape), axis)
+        old = p.record
+        at = next((i for i, r in enumerate(self.cap.records) if r is old), None)
+        if not isinstance(found, Layout) or at is None:
+            return
+        del self.cap.records[at]
+        p.record = None  # (the softmax's output, followed on, is no longer a record's)
+        self._record_call = before  # (the call's maps as before the softmax's record)
+        if self._runs and self._runs[-1][-1][0] == at:  # (nor is it a piece of the call's maps)
+            self._runs[-1].pop()
+            if len(self._runs[-1]) < 2:
+                run = self._runs.pop()
+                self._block_runs.discard(id(run))
+                self._head_runs.discard(id(run))
+        n = len(self.cap.records)
+        self._record_exact(path, scores, out, tag, found)
+        if len(self.cap.records) == n + 1:  # the new record where the softmax's was
+            self.cap.records.insert(at, self.cap.records.pop())
+        else:  # (not made: the softmax's record back, to be flagged where its changed weights are used)
+            self.cap.records.insert(at, old)
+            p.record = old
 
     def _record_over_positions(self, path, x, out, dim: int, tag: _Tag) -> bool:
         """A softmax over positions of a sequence whose scores are not a product of queries and keys:
