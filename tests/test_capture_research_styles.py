@@ -469,3 +469,50 @@ def test_sdpa_over_some_of_a_sequences_tokens_is_flagged_as_the_softmax_is(how):
     assert rec.exact == (how == "no_cls")
     if how != "no_cls":
         assert "picked differently in each sequence" in rec.flag
+
+
+class LookAround(nn.Module):
+    """lucidrains' local-attention: heads folded into the batch, the sequence padded to whole windows
+    (``F.pad(..., value=0)``), each window's keys its own and its neighbours' (``look_around``: the
+    windows padded with -1 and shifted copies joined), padding masked, ``einsum("b h i e, b h j e -> b h i
+    j")`` with the windows as its ``h``."""
+
+    def __init__(self, d: int = 8, heads: int = 2, window: int = 3):
+        super().__init__()
+        self.heads, self.window = heads, window
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d, bias=False)
+
+    @staticmethod
+    def look_around(x, pad_value=-1):
+        t = x.shape[1]
+        padded = F.pad(x, (*(len(x.shape) - 2) * (0, 0), 1, 1), value=pad_value)
+        return torch.cat([padded[:, i : i + t, ...] for i in range(3)], dim=2)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, _ = x.shape
+        q, k, v = (t.reshape(b, n, self.heads, -1).permute(0, 2, 1, 3).reshape(b * self.heads, n, -1)
+                   for t in self.qkv(x).chunk(3, dim=-1))  # fmt: skip
+        pad = -n % self.window
+        q, k, v = (F.pad(t, (0, 0, 0, pad), value=0) for t in (q, k, v))
+        windows = (n + pad) // self.window
+        bq, bk, bv = (t.reshape(b * self.heads, windows, self.window, -1) for t in (q, k, v))
+        pos = torch.arange(n + pad).reshape(1, windows, self.window)
+        bk, bv, kpos = self.look_around(bk), self.look_around(bv), self.look_around(pos)[..., None, :]
+        sim = torch.einsum("b h i e, b h j e -> b h i j", bq, bk)
+        sim = sim.masked_fill((kpos == -1) | (kpos >= n), -torch.finfo(sim.dtype).max)
+        return torch.einsum("b h i j, b h j e -> b h i e", sim.softmax(dim=-1), bv)
+
+
+@pytest.mark.parametrize("heads", [2, 3])
+def test_local_windows_that_look_around_are_flagged_for_what_they_are(heads):
+    """Each window's queries see their neighbours' keys too, and padded windows' cells are no head's: the
+    flag says the rows of a sequence see different keys, never that the heads were split wrong (a padded
+    query cell's features were read as another head's)."""
+    torch.manual_seed(heads)
+    model = LookAround(d=4 * heads, heads=heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(2, 10))
+    assert not any(r.exact for r in cap.records) and cap.notes
+    said = " ".join(r.flag or "" for r in cap.records) + " ".join(cap.notes)
+    assert "see different keys" in said and "head axis" not in said and "different heads" not in said

@@ -564,7 +564,8 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         return ("the keys of one query come from different heads' features: the heads were split across "
                 "positions (a view to (B*H, L, d) without moving the head axis first?)")  # fmt: skip
     kh = lo[torch.searchsorted(used, krow)]  # each row's keys' head (their first feature), big: learned keys
-    pairs = torch.unique(torch.stack([qf[kh != big], kh[kh != big]]), dim=1)
+    asks = (kh != big) & ~sources.learned(qpos)  # (a padded query cell's features are no head's)
+    pairs = torch.unique(torch.stack([qf[asks], kh[asks]]), dim=1)
     if bool((pairs[0, 1:] == pairs[0, :-1]).any()):  # (sorted by the queries' head first)
         return ("the queries of one head meet the keys of different heads in different rows: a head axis "
                 "left in another place on one side (the queries split into heads without their transpose?)")  # fmt: skip
