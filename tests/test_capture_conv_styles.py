@@ -380,3 +380,40 @@ def test_attention_over_patches_unfolded_with_f_unfold_is_exact(separable, batch
         assert rec.exact
         torch.testing.assert_close(rec.probs, used, rtol=0, atol=0)
     assert cap.records[-1].kind == "enc_self"
+
+
+class OffsetAttention(nn.Module):
+    """PCT's offset-attention (Strawberry-Eat-Mango/PCT_Pytorch SA_Layer) over channels-first point
+    features: q and k convs share weights, ``softmax(bmm(x_q, x_k))`` over the last axis, then renormalized
+    over the other (``attention / (1e-9 + attention.sum(dim=1, keepdims=True))``) and ``bmm(x_v, attention)``:
+    output point j mixes the values of points i with ``attention[i, j]``. ``used`` keeps (query j, key i)."""
+
+    def __init__(self, channels: int = 8, layers: int = 2):
+        super().__init__()
+        self.q = nn.ModuleList(nn.Conv1d(channels, channels // 4, 1, bias=False) for _ in range(layers))
+        self.v = nn.ModuleList(nn.Conv1d(channels, channels, 1) for _ in range(layers))
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, x):
+        for q_conv, v_conv in zip(self.q, self.v, strict=True):
+            x_q, x_k, x_v = q_conv(x).permute(0, 2, 1), q_conv(x), v_conv(x)
+            attention = torch.softmax(torch.bmm(x_q, x_k), dim=-1)
+            attention = attention / (1e-9 + attention.sum(dim=1, keepdims=True))
+            self.used.append(attention.transpose(1, 2)[:, None].detach().clone())
+            x = x + (x - torch.bmm(x_v, attention))
+        return x
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_offset_attention_renormalized_over_the_queries_is_recorded_as_multiplied(batch):
+    """The values are multiplied by the weights renormalized over the other axis: those are the record,
+    each output point's row over the points it mixes, exact (the softmax's own rows were flagged as
+    multiplied along another axis than their softmax's)."""
+    torch.manual_seed(batch)
+    model = OffsetAttention().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 8, 6))
+    assert len(cap.records) == len(model.used) == 2 and not cap.notes
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert rec.exact and rec.kind == "enc_self"
+        torch.testing.assert_close(rec.probs, used, rtol=0, atol=0)

@@ -4321,15 +4321,19 @@ class _Session:
         it as the keys (the scores' lineage says where each element is), in place of the softmax's."""
         x = args[0] if args else None
         entry = _held(self._softmaxed, x)
+        plus = name in ("add", "__add__", "__radd__", "sub", "__sub__") and len(args) == 2 and not kwargs
         if entry is None:
+            total = _held(self._sums, x) if plus and type(args[1]) in (int, float) else None
+            if total is not None:  # their sum plus a constant (PCT's ``1e-9 + attention.sum(dim=1)``)
+                _hold(self._sums, out, *total[1:])
             return
-        if name in ("add", "__add__", "__radd__", "sub", "__sub__") and len(args) == 2 and not kwargs:
+        if plus:
             if type(args[1]) in (int, float):  # the weights plus a constant (slot attention's epsilon)
                 _hold(self._softmaxed, out, *entry[1:])
             return
         if name == "sum":
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
-            keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+            keep = args[2] if len(args) > 2 else kwargs.get("keepdim", kwargs.get("keepdims", False))
             if isinstance(dim, (tuple, list)) and len(dim) == 1:
                 dim = dim[0]
             if type(dim) is int and keep is True and out.dim() == x.dim():
