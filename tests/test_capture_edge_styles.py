@@ -475,3 +475,39 @@ def test_learned_queries_among_themselves_are_self_attention():
     cap = _captured(ObjectQueries().eval(), torch.randn(2, 6, 8))
     first, second = cap.records
     assert first.exact and first.kind == "enc_self" and second.kind == "cross"
+
+
+class EmptyMemory(nn.Module):
+    """A streaming layer's first segment (torchaudio's Emformer): its memory is still empty, and joined
+    to the keys all the same (``torch.cat([mems, utterance])``, sequence-first), heads
+    folded batch-major by ``view(-1, B * H, d).transpose(0, 1)``."""
+
+    def __init__(self, d: int = 8, heads: int = 2):
+        super().__init__()
+        self.h = heads
+        self.emb, self.q, self.kv = nn.Embedding(VOCAB, d), nn.Linear(d, d), nn.Linear(d, 2 * d)
+        self.used: torch.Tensor | None = None
+
+    def forward(self, ids):
+        x = self.emb(ids).transpose(0, 1)  # (T, B, D)
+        t, b, d = x.shape
+        mems = x.new_zeros(0, b, d)
+        key, value = self.kv(torch.cat([mems, x])).chunk(2, dim=2)
+        q, k, v = (z.contiguous().view(-1, b * self.h, d // self.h).transpose(0, 1)
+                   for z in (self.q(x), key, value))  # fmt: skip
+        w = torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1)
+        self.used = w.view(b, self.h, t, -1)
+        return torch.bmm(w, v)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_an_empty_memory_joined_to_the_keys_keeps_their_lineage(batch):
+    """The empty part adds no key: the keys keep their positions and the record is exact, each key
+    labelled by the token it is (the lineage was lost at the join, and the record was a guess from the
+    shape, flagged)."""
+    torch.manual_seed(batch)
+    model = EmptyMemory().eval()
+    cap = _captured(model, torch.randint(1, VOCAB, (batch, 5)))
+    (rec,) = cap.records
+    assert rec.exact and rec.flag is None and not cap.notes
+    torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=0)

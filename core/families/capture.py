@@ -1477,6 +1477,10 @@ class _Session:
             # torch.index_select(input=k, dim=0, index=i): followed as given by position
             kwargs = dict(kwargs)
             args = (kwargs.pop("input"),)
+        elif name in CAT and args and isinstance(args[0], (list, tuple)) and len(args[0]) > 1:
+            parts = [t for t in args[0] if not (isinstance(t, torch.Tensor) and not t.numel())]
+            if parts and len(parts) < len(args[0]):  # empty parts add nothing (an empty memory at the
+                args = (parts, *args[1:])  # first segment of a stream: ``cat([mems, right_context, ...])``)
         elif name == "tensordot":
             as_matmul = _tensordot_matmul(args, kwargs)
             if as_matmul is not None:  # x @ W written as tensordot(x, W, dims=1) (DeepCTR's projections)
