@@ -1270,3 +1270,20 @@ def test_location_sensitive_attention_is_recorded_at_every_decoding_step(batch):
         torch.testing.assert_close(rec.probs, used, rtol=0, atol=0)
         keep = torch.arange(7)[None, :] < lengths[:, None]
         assert (rec.mask is None and bool(keep.all())) or torch.equal(rec.mask[:, 0], keep)  # (B, q, k)
+
+
+def test_decoding_steps_whose_queries_lineage_does_not_place_are_not_stacked_as_layers():
+    """Four calls of one attention in one forward, each a decoder state's step of additive attention: lineage
+    does not say which query each reads, so capture cannot tell steps from a layer whose weights are shared.
+    The trace draws the last and says so, and stacks() refuses (the four were drawn as four layers)."""
+    torch.manual_seed(0)
+    model = LocationSensitive().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(2, 7), torch.tensor([7, 5]))
+    assert len(cap.records) == 4 and all(r.query_positions is None for r in cap.records)
+    tr = cap.trace(1)
+    assert tr.probs("cross").shape == (1, 1, 1, 7)
+    np.testing.assert_array_equal(tr.probs("cross")[0], cap.records[-1].probs[1].numpy())
+    assert any("3 call(s) of modules called again inside one forward" in n for n in tr.meta["capture_notes"])
+    with pytest.raises(ValueError, match="cannot tell whether they are steps or layers"):
+        cap.stacks()

@@ -347,7 +347,14 @@ class Captured:
                     f"{kind} calls come from {len(runs)} runs of the model in this capture block: their maps "
                     "are not one forward's layers. Use a block per forward, or .records for the individual calls"
                 )
-            if len(query_segments(self.of(kind))) > 1:
+            segments = query_segments(self.of(kind))
+            if len(segments) > 1 and _steps_unplaced(segments):
+                raise ValueError(
+                    f"{kind} calls come from modules called again inside one forward, whose queries lineage "
+                    "does not place (a decoder's steps, or a layer whose weights are shared): capture cannot "
+                    "tell whether they are steps or layers. Use .records for the individual calls"
+                )
+            if len(segments) > 1:
                 raise ValueError(
                     f"{kind} calls read other query positions from one call to the next (a decoder's steps run "
                     "one after another inside one forward): their maps are not one forward's layers. Use "
@@ -438,7 +445,18 @@ class Captured:
                 )
                 groups[best] = last
             steps = query_segments(groups[best])
-            if len(steps) > 1:  # a decoder's steps inside one forward (a generation loop in the model): each
+            if len(steps) > 1 and _steps_unplaced(steps):  # modules called again, their queries unplaced
+                last = steps[-1]
+                left_out.append(
+                    f"{kind} ({_modules(groups[best])}): {len(groups[best]) - len(last)} call(s) of modules called "
+                    "again inside one forward, whose queries lineage does not place (a decoder's steps, or a "
+                    "layer whose weights are shared: capture cannot tell them apart), are not stacked as deeper "
+                    f"layers: this trace draws the last {len(last)} (the others are in cap.records)"
+                )
+                groups[best] = last
+            elif (
+                len(steps) > 1
+            ):  # a decoder's steps inside one forward (a generation loop in the model): each
                 last = steps[-1]  # step's layers read its new positions, and are not deeper layers
                 left_out.append(
                     f"{kind} ({_modules(groups[best])}): {len(groups[best]) - len(last)} call(s) read other query "
@@ -616,9 +634,11 @@ def _own_keys(seen: torch.Tensor | None, labels) -> torch.Tensor | None:
 
 def query_segments(records: list[Record]) -> list[list[Record]]:
     """Records that stack, in runs that read the same query positions: a new run begins where a record
-    of a module already in the current one reads other positions (a decoder's next step inside one forward).
-    One run where lineage does not say the positions of every record."""
-    if len(records) < 2 or any(r.query_positions is None for r in records):
+    of a module already in the current one reads other positions (a decoder's next step inside one forward),
+    or where lineage does not say which positions one of the two reads (a decoder state's step of additive
+    attention, or a layer whose weights are shared: capture cannot tell them apart, and does not stack
+    them as deeper layers)."""
+    if len(records) < 2:
         return [records] if records else []
     runs: list[list[Record]] = [[records[0]]]
     for r in records[1:]:
@@ -629,6 +649,11 @@ def query_segments(records: list[Record]) -> list[list[Record]]:
         else:
             run.append(r)
     return runs
+
+
+def _steps_unplaced(runs: list[list[Record]]) -> bool:
+    """Runs split where lineage did not say the queries of some record (not where positions differ)."""
+    return any(r.query_positions is None for run in runs for r in run)
 
 
 def _equal_positions(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
