@@ -300,3 +300,39 @@ def test_decoding_steps_with_a_growing_cache_each_read_their_own_position():
     pos = [r.query_positions for r in cap.records]
     assert [tuple(p.shape) for p in pos] == [(1, 4), (1, 1), (1, 1)]
     assert not torch.equal(pos[1], pos[2])
+
+
+class SharedDepth(nn.Module):
+    """A Universal Transformer: one torch.nn attention applied at every depth, as ``nn.MultiheadAttention``
+    in a residual block or an ``nn.TransformerEncoderLayer`` (both batch-first, so torch's forward
+    transposes the query where capture is set aside)."""
+
+    def __init__(self, native: bool, depth: int = 3, d: int = 8):
+        super().__init__()
+        self.depth, self.native = depth, native
+        self.emb = nn.Embedding(VOCAB, d)
+        self.layer = nn.TransformerEncoderLayer(d, 2, 16, dropout=0.0, batch_first=True)
+        self.mha = nn.MultiheadAttention(d, 2, batch_first=True)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for _ in range(self.depth):
+            x = self.layer(x) if self.native else x + self.mha(x, x, x)[0]
+        return x
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["MultiheadAttention", "TransformerEncoderLayer"])
+def test_torch_nn_attention_shared_across_depth_reads_the_tokens_each_time(native):
+    """Every call's queries are the tokens' positions (lineage through the view torch's forward makes), so
+    the three calls stack as three layers with no note (they read positions made up afresh at every call,
+    and a trace drew the last as a decoder's step)."""
+    torch.manual_seed(0)
+    model = SharedDepth(native).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (2, 5)))
+    assert len(cap.records) == 3
+    want = torch.arange(10).view(2, 5)
+    assert all(torch.equal(r.query_positions, want) for r in cap.records)
+    tr = cap.trace(0)
+    assert tr.probs("enc_self").shape == (3, 2, 5, 5) and not tr.meta.get("capture_notes")
+    assert cap.stacks()["enc_self"].shape == (2, 3, 2, 5, 5)

@@ -3911,12 +3911,14 @@ class _Session:
         values: values_.HeadValues | None = None,
         queries: torch.Tensor | None = None,
         query: torch.Tensor | None = None,
+        query_code: torch.Tensor | None = None,
     ):
         """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None. The new Record (None: joined).
         ``causal``: whether the mask is a causal one, where the caller knows it (SDPA's is_causal);
         ``values``: what the weights multiply (kept only on a record of its own, not on heads joined);
         ``queries``: the lineage codes of its query rows (position and head), where known; ``query``: the
-        tensor of queries (B, H, q, d) where no layout says them (SDPA's argument)."""
+        tensor of queries (B, H, q, d) where no layout says them (SDPA's argument); ``query_code``: its
+        codes, where the caller has them (MultiheadAttention's query, a view its forward made)."""
         probs = probs.detach()
         differ = False
         if flag is None and self.scripted:
@@ -3963,7 +3965,7 @@ class _Session:
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
                      layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops,
-                     query_positions=self._query_positions(probs, layout, query))  # fmt: skip
+                     query_positions=self._query_positions(probs, layout, query, query_code))  # fmt: skip
         if layout is not None and flag is None and layout.seq_keys is not None:
             self._seq_keys.setdefault(rec.seq, []).append(layout.seq_keys)
             if layout.ext and (rec.key_labels is None or None in rec.key_labels) and queries is not None:
@@ -4046,7 +4048,7 @@ class _Session:
         return got
 
     def _query_positions(
-        self, probs, layout: Layout | None, query: torch.Tensor | None
+        self, probs, layout: Layout | None, query: torch.Tensor | None, query_code: torch.Tensor | None = None
     ) -> torch.Tensor | None:
         """(B, q) the lineage position of each query row of a record (B, H, q, k): from its layout, or from the
         codes of SDPA's query argument; None where lineage does not have them."""
@@ -4055,8 +4057,8 @@ class _Session:
             key: tuple = ("query positions", id(layout.qcode), id(layout.rows))
             held: tuple = (layout.qcode, layout.rows)
         else:
-            qc = self.code_of(query) if query is not None else None
-            if qc is None or tuple(qc.shape) != tuple(query.shape) or qc.dim() < 2:  # type: ignore[union-attr]
+            qc = query_code if query_code is not None else self.code_of(query) if query is not None else None
+            if qc is None or query is None or tuple(qc.shape) != tuple(query.shape) or qc.dim() < 2:
                 return None
             key, held = ("query positions", id(qc), b, q), (qc,)
         hit = lineage.recall(key)
@@ -5405,6 +5407,17 @@ class _Session:
             _LOCAL.busy -= 1
         return out
 
+    def _mha_query(self, query: torch.Tensor) -> dict[str, torch.Tensor]:
+        """MultiheadAttention's (sequence-first) query batch-first, with its codes, for the record's query
+        positions: the query's own, or a view's of a tagged tensor (the transpose a batch-first module
+        makes while capture is set aside); nothing where lineage has none (no positions made up)."""
+        if query.dim() != 3:
+            return {}
+        g = self.tag(query) or self._view_tag(query)
+        if g is None or g.code is None or tuple(g.code.shape) != tuple(query.shape):
+            return {}
+        return {"query": query.transpose(0, 1), "query_code": g.code.transpose(0, 1)}
+
     def _mha_record(self, func, p: dict[str, Any], out: Any, qk, rng, path: str) -> Record | None:
         """The record of one F.multi_head_attention_forward call from its arguments ``p`` (by name) and
         its output ``out`` (None where the call ran where capture does not see its output: a torch.nn
@@ -5472,7 +5485,8 @@ class _Session:
         hv = _mha_values(p, h, (b, h, lk))
         rec = self._record(path, weights, scores, allowed, "nn.MultiheadAttention",
                            "arguments" if allowed is not None else None, cross, key_labels=labels,
-                           query_labels=query_labels, values=hv, flag=dropped)  # fmt: skip
+                           query_labels=query_labels, values=hv, flag=dropped,
+                           **self._mha_query(query))  # fmt: skip
         if dropped is not None:
             self.warn(path, tuple(weights.shape), f"could not verify: {dropped}")
         qc = self.code_of(query) if rec is not None else None
