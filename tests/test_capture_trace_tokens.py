@@ -503,3 +503,48 @@ def test_weights_dropout_scaled_up_in_training_open_and_say_so(tmp_path):
     w.close()
     run = Run.open(tmp_path / "run")
     assert run.steps() == [0] and run.traces(0)
+
+
+class GatheredBlocks(nn.Module):
+    """BigBird's second part (HF's block-sparse attention): the keys are blocks of the sequence gathered
+    into one axis, ``cat([k_blocks[0], k_blocks[1], k_blocks[-1], k_blocks[r]])``, a random block ``r`` that may
+    repeat a window block: 8 keys for 8 queries, at positions 0, 1, 2, 3, 6, 7, 6, 7."""
+
+    def __init__(self, d: int = 4, order: tuple[int, ...] = (0, 1, -1, 3)):
+        super().__init__()
+        self.order = order
+        self.emb = nn.Embedding(20, d)
+        self.q, self.k = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        q, k = self.q(x)[:, None], self.k(x)[:, None]  # (B, 1, L, d)
+        blocks = k.view(b, 1, n // 2, 2, d)
+        k2 = torch.cat([blocks[:, :, i] for i in self.order], 2)
+        return (q @ k2.transpose(-1, -2)).softmax(-1)
+
+
+def test_keys_gathered_from_the_sequence_with_a_block_twice_are_not_drawn_under_its_tokens():
+    """The record is exact in the model's key order, with each key's position; the trace does not draw it
+    over the tokens (it drew the weight of keys 6 and 7 under tokens 4 to 7, saying nothing)."""
+    torch.manual_seed(0)
+    model = GatheredBlocks().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        want = model(torch.randint(0, 20, (2, 8)))
+    (rec,) = cap.records
+    torch.testing.assert_close(rec.probs, want, rtol=0, atol=0)
+    assert rec.key_positions[1].tolist() == [8, 9, 10, 11, 14, 15, 14, 15]
+    with pytest.raises(ValueError, match=r"the keys of sequence 1 are as many of its positions as its queries, but "
+                       r"other ones or in another order"):  # fmt: skip
+        cap.trace(1)
+
+
+def test_keys_in_the_sequences_own_order_are_still_drawn():
+    """The same model with the blocks in order (0, 1, 2, 3): drawn, no note."""
+    torch.manual_seed(0)
+    model = GatheredBlocks(order=(0, 1, 2, 3)).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 20, (2, 8)))
+    tr = cap.trace(1)
+    assert tr.probs("enc_self").shape == (1, 1, 8, 8) and not tr.meta.get("capture_notes")

@@ -242,6 +242,8 @@ class Record:
     # (B, q) the lineage position of every query row, where lineage has it: layers of one forward read the
     # same positions; a decoder's steps inside one forward read new ones (they are not deeper layers)
     query_positions: torch.Tensor | None = None
+    # (B, k) the lineage position of every key (-1 at learned ones), where lineage has it (a record of its own)
+    key_positions: torch.Tensor | None = None
 
     @property
     def residual(self) -> torch.Tensor | None:
@@ -465,6 +467,13 @@ class Captured:
                     "trace draws the last of them (the others are in cap.records)"
                 )
                 groups[best] = last
+            if kind != "cross" and has[best] and any(_keys_not_queries(r, index) for r in groups[best]):
+                left_out.append(f"{kind} ({_modules(groups[best])}) left out of the trace: the keys of sequence {index} "
+                                "are as many of its positions as its queries, but other ones or in another order "
+                                "(key blocks gathered, one of them twice: BigBird's random blocks), so drawn over "
+                                "its tokens the weights would stand under the wrong ones (cap.records has them, "
+                                "each key's position in record.key_positions)")  # fmt: skip
+                continue
             if not has[best]:
                 left_out.append(f"{kind} left out of the trace: its maps are over {groups[best][0].probs.shape[0]} "
                                 f"sequence(s), and this trace is of sequence {index}")  # fmt: skip
@@ -649,6 +658,25 @@ def query_segments(records: list[Record]) -> list[list[Record]]:
         else:
             run.append(r)
     return runs
+
+
+def _key_positions(probs: torch.Tensor, layout: Layout | None) -> torch.Tensor | None:
+    """(B, k) the position of each key of a record laid out by ``layout`` (-1 at learned ones), or None."""
+    kp = layout.seq_keys if layout is not None else None
+    if kp is None or tuple(kp.shape) != (int(probs.shape[0]), int(probs.shape[-1])):
+        return None
+    return kp
+
+
+def _keys_not_queries(r: Record, b: int) -> bool:
+    """Self-attention whose keys in sequence ``b`` are as many of its positions as its queries, but other
+    ones or in another order (key blocks gathered, one twice: BigBird's random blocks), so that a trace
+    drawing them over the tokens would put weights under the wrong tokens."""
+    kp, qp = r.key_positions, r.query_positions
+    if kp is None or qp is None or b >= kp.shape[0] or b >= qp.shape[0] or kp.device != qp.device:
+        return False
+    keys, queries = kp[b][kp[b] >= 0], qp[b][qp[b] >= 0]
+    return keys.numel() == queries.numel() > 1 and not bool(torch.equal(keys, queries))
 
 
 def _steps_unplaced(runs: list[list[Record]]) -> bool:
@@ -3965,7 +3993,8 @@ class _Session:
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
                      layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops,
-                     query_positions=self._query_positions(probs, layout, query, query_code))  # fmt: skip
+                     query_positions=self._query_positions(probs, layout, query, query_code),
+                     key_positions=_key_positions(probs, layout))  # fmt: skip
         if layout is not None and flag is None and layout.seq_keys is not None:
             self._seq_keys.setdefault(rec.seq, []).append(layout.seq_keys)
             if layout.ext and (rec.key_labels is None or None in rec.key_labels) and queries is not None:
