@@ -516,3 +516,46 @@ def test_local_windows_that_look_around_are_flagged_for_what_they_are(heads):
     assert not any(r.exact for r in cap.records) and cap.notes
     said = " ".join(r.flag or "" for r in cap.records) + " ".join(cap.notes)
     assert "see different keys" in said and "head axis" not in said and "different heads" not in said
+
+
+class AddedKV(nn.Module):
+    """diffusers' AttnAddedKVProcessor (UnCLIP, DeepFloyd IF, Kandinsky UNets): the keys are a text's
+    projected tokens then the image's own (``cat([add_k_proj(text), to_k(hidden)], dim=1)``), heads folded
+    by ``head_to_batch_dim``, scores by ``baddbmm`` with ``beta=0``; ``causal`` masks the image's own part
+    as a decoder would (fairseq's cross-self-attention)."""
+
+    def __init__(self, causal: bool, d: int = 8, heads: int = 2):
+        super().__init__()
+        self.causal, self.h = causal, heads
+        self.to_q, self.to_k, self.add_k_proj = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(5, d)
+
+    def fold(self, t):
+        b, s, d = t.shape
+        return t.reshape(b, s, self.h, d // self.h).permute(0, 2, 1, 3).reshape(b * self.h, s, d // self.h)
+
+    def forward(self, hidden, text):
+        q = self.fold(self.to_q(hidden))
+        k = torch.cat([self.fold(self.add_k_proj(text)), self.fold(self.to_k(hidden))], dim=1)
+        n, t = hidden.shape[1], text.shape[1]
+        s = torch.baddbmm(torch.empty(q.shape[0], n, t + n), q, k.transpose(-1, -2), beta=0, alpha=0.5)
+        if self.causal:
+            future = torch.cat(
+                [torch.zeros(n, t, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).triu(1)], 1
+            )
+            s = s.masked_fill(future, float("-inf"))
+        return s.softmax(-1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_an_images_keys_after_a_texts_are_self_attention_of_the_kind_its_mask_says(causal):
+    """Several queries that see all their own keys, a text's before them: the image's self-attention,
+    ``enc_self`` (it was taken for a decoder's keys after its KV cache, ``dec_self``); with a causal mask on
+    its own part, ``dec_self``. The text's keys are labelled ``<ctx i>`` either way."""
+    torch.manual_seed(0)
+    model = AddedKV(causal).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        want = model(torch.randn(2, 6, 8), torch.randn(2, 3, 5))
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == ("dec_self" if causal else "enc_self")
+    assert rec.key_labels == ("<ctx 0>", "<ctx 1>", "<ctx 2>", *[None] * 6)
+    torch.testing.assert_close(rec.probs, want.view(2, 2, 6, 9), rtol=0, atol=0)

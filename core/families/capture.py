@@ -4227,8 +4227,9 @@ class _Session:
             return "cross"
         if cross:
             return "cross"
-        if ext and lk > lq:  # keys = a KV cache (or a memory) then the queries' own keys: decoding
-            return "dec_self"
+        if ext and lk > lq and (lq == 1 or causal_mask()):  # keys = a KV cache (or a memory) then the
+            return "dec_self"  # queries' own keys, a step or a causal chunk: decoding (several queries that
+            # see all their own keys and another input's before them: an image's over a text's, UnCLIP's)
         if not exact and lq != lk:
             return "cross"
         if causal_mask():
