@@ -511,3 +511,44 @@ def test_an_empty_memory_joined_to_the_keys_keeps_their_lineage(batch):
     (rec,) = cap.records
     assert rec.exact and rec.flag is None and not cap.notes
     torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=0)
+
+
+class TopKScattered(nn.Module):
+    """The sinkhorn transformer's ``differentiable_topk`` after a softmax: ``values, idx = w.topk(k)``, put
+    back into ``zeros_like(w).scatter_(-1, idx, values)``, whose sparse copy multiplies the values; or the
+    same pruning kept as the weights masked (``w.masked_fill(w < kth, 0)``), which capture follows."""
+
+    def __init__(self, scatter: bool, d: int = 8, heads: int = 2):
+        super().__init__()
+        self.scatter, self.h = scatter, heads
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+        self.used: torch.Tensor | None = None
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        w = (q @ k.transpose(-1, -2)).softmax(-1)
+        if self.scatter:
+            values, idx = w.topk(2, dim=-1)
+            w = torch.zeros_like(w).scatter_(-1, idx, values)
+        else:
+            w = w.masked_fill(w < w.topk(2, dim=-1).values[..., -1:], 0.0)
+        self.used = w
+        return w @ v
+
+
+@pytest.mark.parametrize("scatter", [True, False])
+def test_weights_pruned_to_their_top_k_are_flagged_or_followed(scatter):
+    """Put back by a scatter, the sparse copy the values are multiplied with is no record's: the record of
+    the softmax is flagged and the notes say why (it was exact, holding the dense weights); masked in
+    place of the weights, the record is the pruned weights, exact."""
+    torch.manual_seed(1)
+    model = TopKScattered(scatter).eval()
+    cap = _captured(model, torch.randint(1, VOCAB, (2, 6)))
+    (rec,) = cap.records
+    if scatter:
+        assert not rec.exact and "picked after the softmax (top-k" in rec.flag and cap.notes
+    else:
+        assert rec.exact and not cap.notes
+        torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=0)

@@ -183,6 +183,7 @@ RANDOM = frozenset(
     {"rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm", "multinomial",
      "bernoulli", "normal", "poisson"}
 )  # fmt: skip
+PICKS = frozenset({"topk", "sort", "msort", "kthvalue"})  # some of a tensor's values, by their size
 ORDERING = frozenset(
     {"argsort", "sort", "msort", "topk", "argmax", "argmin", "max", "min", "kthvalue", "multinomial"}
 )  # an order of floats: indices that depend on their values
@@ -1310,6 +1311,7 @@ class _Session:
         # _hold: softmax outputs recorded exactly (and those plus a constant): (scores, their tag, path, dim,
         # the weights' _Probs); and their sums over one dim kept (the weights, the dim): renormalized weights
         self._softmaxed: dict[int, tuple] = {}
+        self._picked: builtins.set[int] = set()  # id(_Probs) of weights some of which top-k picked
         self._sums: dict[int, tuple] = {}
         self._projected: dict[int, tuple] = {}  # _hold: softmaxes over a projection's output (module, shape)
         self._unplaced: dict[int, tuple] = {}  # _hold: other softmaxes left out as not attention (+ reason)
@@ -2837,6 +2839,15 @@ class _Session:
         if name in RNN and args and isinstance(args[0], torch.Tensor):
             self._recurrent(name, args[0], outs)
             return
+        if name in PICKS and args and isinstance(args[0], torch.Tensor):
+            g = self.tag(args[0])
+            p = self._weights_of(g) if g is not None else None
+            if g is not None and p is not None and p.record is not None:  # weights picked by their size (the
+                self._picked.add(id(p))  # sinkhorn transformer's differentiable top-k, put back by a scatter)
+                for o in outs:
+                    if o.is_floating_point():
+                        self.set(o, _Tag(None, g.origin, lost=p, changed=True))
+                return
         if name in PACKING and args and isinstance(args[0], torch.Tensor):
             self._packed(name, func, args, outs)
             return
@@ -3534,7 +3545,13 @@ class _Session:
 
     def _changed_after_view(self, p: _Probs) -> None:
         """Weights viewed into another shape, changed, then multiplied with values (differential
-        attention's ``w.view(B, H, 2, T, S)``, then ``w[:, :, 0] - lam * w[:, :, 1]``): flagged."""
+        attention's ``w.view(B, H, 2, T, S)``, then ``w[:, :, 0] - lam * w[:, :, 1]``), or the largest of them
+        picked and put back (top-k): flagged."""
+        if id(p) in self._picked:
+            self._flag_weights(p, "the largest weights were picked after the softmax (top-k, sort) and put into "
+                               "another tensor the values are multiplied with (a sparse copy): the record holds "
+                               "the softmax's output, not the weights the values are multiplied with")  # fmt: skip
+            return
         self._flag_weights(p, "the weights are changed after the softmax, past a view capture does not "
                            "follow (heads' maps combined, as differential attention does?): the record holds "
                            "the softmax's output, not the weights the values are multiplied with")  # fmt: skip
