@@ -781,3 +781,36 @@ def test_keys_copied_into_a_slice_of_a_buffer_are_followed(batch, heads):
     assert not cap.notes, cap.notes
     (rec,) = cap.records
     assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])
+
+
+class LearnedSos(nn.Module):
+    """A causal language model over a learned start token joined before its inputs (AudioLDM2's projection
+    model, soft prompts): ``cat([sos.expand(B, 1, d), x], 1)``, then GPT-2's ``torch.where(bias, w, min)``."""
+
+    def __init__(self, d: int = 8, heads: int = 2):
+        super().__init__()
+        self.h = heads
+        self.sos = nn.Parameter(torch.randn(1, 1, d))
+        self.emb, self.qkv = nn.Embedding(50, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        x = torch.cat([self.sos.expand(x.shape[0], -1, -1), x], dim=1)
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).split(d, dim=2))
+        w = q @ k.transpose(-1, -2)
+        bias = torch.ones(n, n, dtype=torch.bool).tril()
+        w = torch.where(bias, w, torch.finfo(w.dtype).min).softmax(-1)
+        return w @ v
+
+
+def test_a_causal_model_over_a_learned_start_token_is_decoder_self_attention():
+    """The learned token is a query and a key of the sequence: its own queries over its own keys are
+    causal, so the kind is dec_self (it was enc_self: the learned key's column was left out, not its row)."""
+    torch.manual_seed(0)
+    model = LearnedSos().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, 50, (2, 5)))
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self"
+    assert rec.key_labels == ("<sos 0>", *[None] * 5) and rec.query_labels == ("<sos 0>", *[None] * 5)

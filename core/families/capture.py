@@ -642,6 +642,22 @@ def _own_keys(seen: torch.Tensor | None, labels) -> torch.Tensor | None:
     return seen[..., [i for i, label in enumerate(labels) if label is None]]
 
 
+def _own_block(seen: torch.Tensor | None, key_labels, query_labels, rows_too: bool) -> torch.Tensor | None:
+    """A mask over the sequence's own keys (``_own_keys``) and, where a learned position is joined to the
+    sequence (a learned [SOS] before a causal text, a class token after it: CoCa's), over its own queries
+    too: those decide whether it is causal. ``rows_too``: drop learned query rows whatever the keys left
+    (MultiheadAttention's)."""
+    own = _own_keys(seen, key_labels)
+    if own is None or own is seen:
+        return seen
+    rows = query_labels
+    if rows and len(rows) == own.shape[-2] and None in rows:
+        keep = [i for i, label in enumerate(rows) if label is None]
+        if rows_too or len(keep) == own.shape[-1]:
+            return own[..., keep, :]
+    return own
+
+
 def query_segments(records: list[Record]) -> list[list[Record]]:
     """Records that stack, in runs that read the same query positions: a new run begins where a record
     of a module already in the current one reads other positions (a decoder's next step inside one forward),
@@ -3994,12 +4010,8 @@ class _Session:
         # causal (what every head may see can be nearly empty, and nearly empty looks causal)
         seen = allowed.any(dim=1) if differ and allowed is not None else mask
         labels = layout.key_labels if layout is not None else key_labels
-        own = _own_keys(seen, labels)
-        if own is not None and own is not seen:
-            seen = own
-            rows = query_labels if source == "nn.MultiheadAttention" else None  # (and, there, its queries:
-            if rows and len(rows) == seen.shape[-2] and None in rows:  # CoCa's class token appended to a
-                seen = seen[..., [i for i, label in enumerate(rows) if label is None], :]  # causal text)
+        seen = _own_block(seen, labels, layout.query_labels if layout is not None else query_labels,
+                          source == "nn.MultiheadAttention")  # fmt: skip
         kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], seen, cross, ext, exact=flag is None,
                             causal=causal if mask is not None else None)  # fmt: skip
         scores = None if scores is None or not self.keep_scores else scores.detach()
@@ -5009,7 +5021,7 @@ class _Session:
             mask = mask & rec.mask
         if rec.mask is None or source == "zeros":
             source = "multiplied"
-        seen = _own_keys(mask, rec.key_labels)
+        seen = _own_block(mask, rec.key_labels, rec.query_labels, rec.source == "nn.MultiheadAttention")
         kind = self.kind_of(rec.name, probs.shape[-2], probs.shape[-1], seen, p.cross, p.ext, exact=rec.exact)
         self._update_record(
             p, kind=kind, probs=probs, mask=mask, mask_source=source, head_masks_differ=differ
