@@ -559,3 +559,45 @@ def test_an_images_keys_after_a_texts_are_self_attention_of_the_kind_its_mask_sa
     assert rec.exact and rec.kind == ("dec_self" if causal else "enc_self")
     assert rec.key_labels == ("<ctx 0>", "<ctx 1>", "<ctx 2>", *[None] * 6)
     torch.testing.assert_close(rec.probs, want.view(2, 2, 6, 9), rtol=0, atol=0)
+
+
+class ContactHead(nn.Module):
+    """ESM-2's contact prediction: the maps, after they weighed the values, read by a linear layer over
+    the heads (``attentions.permute(0, 2, 3, 1)`` into ``nn.Linear(heads, 1)``); ``mix_first`` mixes the
+    heads before the values instead (talking-heads attention after the softmax)."""
+
+    def __init__(self, mix_first: bool, d: int = 8, heads: int = 2):
+        super().__init__()
+        self.mix_first, self.h = mix_first, heads
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+        self.readout = nn.Linear(heads, heads if mix_first else 1)
+        self.used: torch.Tensor | None = None
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        p = (q @ k.transpose(-1, -2)).softmax(-1)
+        if self.mix_first:
+            p = self.readout(p.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+            return p @ v
+        self.used = p
+        out = p @ v
+        return out, self.readout(p.permute(0, 2, 3, 1)).squeeze(-1)
+
+
+@pytest.mark.parametrize("mix_first", [False, True])
+def test_a_readout_over_the_heads_after_the_values_leaves_the_record_exact(mix_first):
+    """Read by a linear layer over the heads once they weighed the values, the maps are what the values
+    were multiplied with: exact, no note (they were flagged as talking-heads attention); mixed before the
+    values, flagged."""
+    torch.manual_seed(0)
+    model = ContactHead(mix_first).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(2, 5))
+    (rec,) = cap.records
+    if mix_first:
+        assert not rec.exact and "mixed across heads" in rec.flag and cap.notes
+    else:
+        assert rec.exact and not cap.notes
+        torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=0)

@@ -1328,6 +1328,7 @@ class _Session:
         # the weights' _Probs); and their sums over one dim kept (the weights, the dim): renormalized weights
         self._softmaxed: dict[int, tuple] = {}
         self._picked: builtins.set[int] = set()  # id(_Probs) of weights some of which top-k picked
+        self._mixed_why: dict[int, str] = {}  # id(_Probs) of weights whose heads a learned map mixed -> how
         self._sums: dict[int, tuple] = {}
         self._projected: dict[int, tuple] = {}  # _hold: softmaxes over a projection's output (module, shape)
         self._unplaced: dict[int, tuple] = {}  # _hold: other softmaxes left out as not attention (+ reason)
@@ -3563,6 +3564,10 @@ class _Session:
         """Weights viewed into another shape, changed, then multiplied with values (differential
         attention's ``w.view(B, H, 2, T, S)``, then ``w[:, :, 0] - lam * w[:, :, 1]``), or the largest of them
         picked and put back (top-k): flagged."""
+        if id(p) in self._mixed_why:
+            self._flag_weights(p, f"the weights are {self._mixed_why[id(p)]} after the softmax: the record holds "
+                               "the softmax's output, not the weights the values are multiplied with")  # fmt: skip
+            return
         if id(p) in self._picked:
             self._flag_weights(p, "the largest weights were picked after the softmax (top-k, sort) and put into "
                                "another tensor the values are multiplied with (a sparse copy): the record holds "
@@ -3586,18 +3591,23 @@ class _Session:
             if id(rec) not in done:
                 done.add(id(rec))
                 new = self._heads_mixed(g, origin, "combined with other weights (heads' maps subtracted or "
-                                        "added: differential attention)")  # fmt: skip
+                                        "added: differential attention)", defer=False)  # fmt: skip
         if new is not None:
             self.set(out, new)
         return True
 
-    def _heads_mixed(self, g: _Tag, origin, why: str) -> _Tag:
+    def _heads_mixed(self, g: _Tag, origin, why: str, defer: bool = True) -> _Tag:
         """The tag of scores or weights whose heads a learned map mixed (``why``): weights flag their
-        record; scores lose their layout, so their softmax is recorded flagged."""
-        if g.probs is not None or g.lost is not None:
-            self._flag_weights(g.probs or g.lost, f"the weights are {why} after the softmax: the record holds "
-                               "the softmax's output, not the weights the values are multiplied with")  # fmt: skip
+        record where the mix multiplies values (``defer``; else now); scores lose their layout, so their
+        softmax is recorded flagged."""
+        p = g.probs or g.lost
+        if p is not None and not defer:
+            self._flag_weights(p, f"the weights are {why} after the softmax: the record holds the softmax's "
+                               "output, not the weights the values are multiplied with")  # fmt: skip
             return _Tag("linear", origin)
+        if p is not None:  # (a readout of the maps after they weighed the values, ESM-2's contact head
+            self._mixed_why[id(p)] = why  # over every layer's heads, is no attention)
+            return _Tag("linear", origin, lost=p, changed=True)
         new = _Tag("scores", origin)
         if g.smap is not None:
             new.smap = g.smap.fail(
