@@ -552,3 +552,44 @@ def test_weights_pruned_to_their_top_k_are_flagged_or_followed(scatter):
     else:
         assert rec.exact and not cap.notes
         torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=0)
+
+
+class MaskEmbeddings(nn.Module):
+    """SAINT's ``embed_data_mask``: the cells whose value is missing take a learned mask embedding of the
+    same cell, written in place (``x[mask == 0] = mask_emb[mask == 0]``, or by integer indices)."""
+
+    def __init__(self, integer: bool, d: int = 8, n: int = 4):
+        super().__init__()
+        self.integer = integer
+        self.embeds, self.mask_embeds = nn.Embedding(VOCAB, d), nn.Embedding(2 * n, d)
+        self.register_buffer("offset", torch.arange(n) * 2)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.used: torch.Tensor | None = None
+
+    def forward(self, ids, mask):
+        x = self.embeds(ids)
+        m = self.mask_embeds(mask + self.offset)
+        if self.integer:
+            b, t = (mask == 0).nonzero(as_tuple=True)
+            x[b, t] = m[b, t]
+        else:
+            x[mask == 0] = m[mask == 0]
+        bsz, n, d = x.shape
+        q, k, v = self.qkv(x).view(bsz, n, 3, 2, d // 2).permute(2, 0, 3, 1, 4)
+        self.used = (q @ k.transpose(-1, -2)).softmax(-1)
+        return self.used @ v
+
+
+@pytest.mark.parametrize("integer", [False, True])
+def test_cells_given_another_embedding_of_themselves_keep_their_positions(integer):
+    """The cell written in place is still the same cell: exact, no note (flagged as a rotating cache read in
+    its slots' order, the keys taken for tokens of two calls)."""
+    torch.manual_seed(0)
+    model = MaskEmbeddings(integer).eval()
+    mask = torch.ones(2, 4, dtype=torch.long)
+    mask[1, 1] = 0
+    cap = _captured(model, torch.randint(1, VOCAB, (2, 4)), mask)
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes
+    torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=0)
+    assert rec.key_positions.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]

@@ -5123,13 +5123,39 @@ class _Session:
         if tc is not None and vc is not None:
             try:
                 code = tc.clone()
-                code[index] = vc
+                if (
+                    t is not None and not t.cache and self._same_cells(tc[index], vc)
+                ):  # another field of the cells
+                    pass  # (SAINT's mask embeddings put in where a value is missing: the cells keep theirs)
+                else:
+                    code[index] = vc
             except Exception:  # an index the codes cannot take: the lineage of the buffer is lost
                 code = None
         if t is None:  # a buffer that holds this call's keys (and maybe earlier ones)
             self.set(target, _Tag(vt.role, vt.origin, heads=vt.heads, cache=True, code=code))
         elif t.role != "param":
             self.set(target, replace(t, origin=t.origin | vt.origin, code=code))
+
+    def _same_cells(self, old: torch.Tensor, new: torch.Tensor) -> bool:
+        """Positions ``new`` written over ``old`` are the same cells of another embedding of the same grid
+        (``x[mask == 0] = m[mask == 0]``, ``x`` and ``m`` embeddings of two id tensors of one shape): the
+        same place in a source of tokens as large as the other, element by element."""
+        if tuple(old.shape) != tuple(new.shape) or not old.numel():
+            return False
+        a, b = old >> lineage.SHIFT, new >> lineage.SHIFT
+        items = self.sources.items
+        ia, ib = self.sources.index(a), self.sources.index(b)
+        pairs = torch.unique(torch.stack([ia.reshape(-1), ib.reshape(-1)]), dim=1).tolist()
+        for sa, sb in zip(*pairs, strict=True):
+            if (
+                sa == sb
+                or items[sa].kind != "tokens"
+                or items[sb].kind != "tokens"
+                or items[sa].n != items[sb].n
+            ):
+                return False
+        starts = torch.tensor([s.start for s in items], dtype=torch.int64, device=a.device)
+        return bool(torch.equal(a - starts[ia], b - starts[ib]))
 
     def _cache_codes(self, target: torch.Tensor, index: Any) -> torch.Tensor | None:
         """Codes of a buffer from before the call that this call writes keys into by slot (a KV cache set up
