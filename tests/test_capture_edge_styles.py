@@ -593,3 +593,29 @@ def test_cells_given_another_embedding_of_themselves_keep_their_positions(intege
     assert rec.exact and not cap.notes
     torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=0)
     assert rec.key_positions.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+class ScaledEdgeSoftmax(EdgeSoftmax):
+    """SAN's full-graph layer as DGL's send_and_recv writes it: the exps of real and fake edges scaled by
+    constants (``/ (L + 1)``, ``L * ... / (L + 1)``) and joined by ``torch.cat`` before ``index_add_`` sums them
+    per destination."""
+
+    def forward(self, x, src, dst):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        s = torch.exp((q[dst] * k[src]).sum(-1, keepdim=True).clamp(-5, 5))
+        half = src.numel() // 2
+        s = torch.cat([s[:half] / 1.5, 0.5 * s[half:] / 1.5], 0)
+        z = torch.zeros(x.shape[0], 1).index_add_(0, dst, s)
+        local = torch.zeros_like(v).index_add_(0, dst, v[src] * s) / (z + 1e-6)
+        glob, _ = self.glob(x[None], x[None], x[None])
+        return local + glob[0]
+
+
+def test_exps_scaled_and_joined_before_a_scatter_sums_them_are_a_warning():
+    """Scaled by constants and joined, the exps are still a softmax over groups a scatter sums: warned (they
+    went unrecorded and unsaid, the other attention's record silencing the note that none was seen)."""
+    torch.manual_seed(0)
+    src, dst = torch.tensor([0, 1, 2, 3, 0, 2]), torch.tensor([1, 0, 1, 2, 3, 3])
+    cap = _captured(ScaledEdgeSoftmax().eval(), torch.randn(4, 8), src, dst)
+    assert [r.name for r in cap.records] == ["glob"] and cap.records[0].exact
+    assert len(cap.notes) == 1 and "scatter" in cap.notes[0] and "not recorded" in cap.notes[0]

@@ -1604,6 +1604,12 @@ class _Session:
                     g = self.tag(args[0])
                     if g is not None and g.role != "param":
                         _hold(self._exps, out)
+                elif (
+                    self._exps
+                    and type(out) is torch.Tensor
+                    and (name in MUL or name in DIV or name in CAT or name in lineage.REPLAY)
+                ):
+                    self._exps_carried(name, args, out)
                 if isinstance(out, torch.Tensor) and (name in HAND_STEPS or self._hand):
                     self._hand_step(name, args, kwargs, out, pre)
                 if self._last_wo is not None:  # the output projection of heads merged back: its output
@@ -1621,6 +1627,26 @@ class _Session:
         finally:
             _LOCAL.busy -= 1
         return out
+
+    def _exps_carried(self, name: str, args, out: torch.Tensor) -> None:
+        """Exps scaled by a number, or joined (SAN's real and fake edges: ``cat([s_real / (L + 1), L * s_fake /
+        (L + 1)])``), are still exps a scatter may sum per group (told if it does, as for the exps themselves)."""
+        if name in CAT:
+            parts = args[0] if args and isinstance(args[0], (list, tuple)) else ()
+            if parts and all(isinstance(t, torch.Tensor) and _held(self._exps, t) is not None for t in parts):
+                _hold(self._exps, out)
+            return
+        if name in lineage.REPLAY:  # a slice or a view of them
+            if args and _held(self._exps, args[0]) is not None:
+                _hold(self._exps, out)
+            return
+        if len(args) != 2:
+            return
+        a, b = args
+        if _held(self._exps, a) is not None and type(b) in (int, float):
+            _hold(self._exps, out)
+        elif name in MUL and _held(self._exps, b) is not None and type(a) in (int, float):
+            _hold(self._exps, out)
 
     def _indexed_embedding(self, name, args, kwargs, out) -> bool:
         """``wte[idx]`` / ``torch.index_select(wte, 0, idx)``: rows of a learned table picked by a tensor of
