@@ -562,7 +562,9 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     lo, hi = kf.masked_fill(~projected_key, big).amin(-1), kf.masked_fill(~projected_key, -1).amax(-1)
     if bool(((lo != hi) & projected_key.any(-1)).any()):
         return ("the keys of one query come from different heads' features: the heads were split across "
-                "positions (a view to (B*H, L, d) without moving the head axis first?)")  # fmt: skip
+                "positions (a view to (B*H, L, d) without moving the head axis first?), or the keys are tokens "
+                "made from one vector's features (a projection reshaped into tokens, as IP-Adapter's image "
+                "tokens are), which lineage cannot tell from heads")  # fmt: skip
     kh = lo[torch.searchsorted(used, krow)]  # each row's keys' head (their first feature), big: learned keys
     asks = (kh != big) & ~sources.learned(qpos)  # (a padded query cell's features are no head's)
     pairs = torch.unique(torch.stack([qf[asks], kh[asks]]), dim=1)
