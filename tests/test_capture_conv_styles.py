@@ -417,3 +417,48 @@ def test_offset_attention_renormalized_over_the_queries_is_recorded_as_multiplie
     for rec, used in zip(cap.records, model.used, strict=True):
         assert rec.exact and rec.kind == "enc_self"
         torch.testing.assert_close(rec.probs, used, rtol=0, atol=0)
+
+
+class ChannelsFirstJoinedKeys(nn.Module):
+    """guided-diffusion's QKVAttention over channels-first features (heads split along the channels by
+    ``reshape(b * h, ch, length)``) with a text's keys joined before the image's along the positions, the
+    last axis: ``cat([ek, k], dim=-1)``; ``shared``: both made by one conv (else GLIDE's two, ``encoder_kv``
+    and ``qkv``, whose heads sit at other channels in each)."""
+
+    def __init__(self, shared: bool, heads: int = 2, ch: int = 4):
+        super().__init__()
+        self.shared, self.h, self.ch = shared, heads, ch
+        c = heads * ch
+        self.q, self.k = nn.Conv1d(c, c, 1), nn.Conv1d(c, c, 1)
+        self.qkv, self.encoder_kv = nn.Conv1d(c, 3 * c, 1), nn.Conv1d(c, 2 * c, 1)
+        self.used: torch.Tensor | None = None
+
+    def forward(self, x, text):
+        b, c, n = x.shape
+        if self.shared:
+            q = self.q(x).reshape(b * self.h, self.ch, n)
+            k = torch.cat([self.k(text), self.k(x)], dim=-1).reshape(b * self.h, self.ch, -1)
+        else:
+            q, k, _ = self.qkv(x).reshape(b * self.h, 3 * self.ch, n).split(self.ch, dim=1)
+            ek, _ = self.encoder_kv(text).reshape(b * self.h, 2 * self.ch, -1).split(self.ch, dim=1)
+            k = torch.cat([ek, k], dim=-1)
+        w = torch.einsum("bct,bcs->bts", q, k).softmax(-1)
+        self.used = w.view(b, self.h, n, -1)
+        return w
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_channels_first_keys_joined_along_the_positions(shared):
+    """Joined along their last axis, channels-first keys are joined positions, not features: with one conv
+    the record is exact, the text's keys labelled; with two whose heads sit at other channels the flag
+    says so among its readings."""
+    torch.manual_seed(0)
+    model = ChannelsFirstJoinedKeys(shared).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 8, 5), torch.randn(2, 8, 3))
+    (rec,) = cap.records
+    if shared:
+        assert rec.exact and tuple(rec.probs.shape) == (2, 2, 5, 8)
+        torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=0)
+    else:
+        assert not rec.exact and "keys of two projections joined" in rec.flag

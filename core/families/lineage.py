@@ -564,7 +564,8 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         return ("the keys of one query come from different heads' features: the heads were split across "
                 "positions (a view to (B*H, L, d) without moving the head axis first?), or the keys are tokens "
                 "made from one vector's features (a projection reshaped into tokens, as IP-Adapter's image "
-                "tokens are), which lineage cannot tell from heads")  # fmt: skip
+                "tokens are), or keys of two projections joined whose heads sit at other features in each "
+                "(GLIDE's encoder_kv joined to its qkv's keys), which lineage cannot tell apart")  # fmt: skip
     kh = lo[torch.searchsorted(used, krow)]  # each row's keys' head (their first feature), big: learned keys
     asks = (kh != big) & ~sources.learned(qpos)  # (a padded query cell's features are no head's)
     pairs = torch.unique(torch.stack([qf[asks], kh[asks]]), dim=1)
