@@ -1906,6 +1906,8 @@ class _Session:
         self._positional.clear()
         self._self_weights.clear()
         self._positional_shapes.clear()
+        self._softmaxed.clear()  # (the scores kept for a renormalization, which the forward has done by now)
+        self._sums.clear()
         self._frame, self._record_call = None, (None, "", None, -1, None)  # no module call is held on
         records = self.cap.records
         in_groups = {i for places, _, _, _ in self._head_groups for i in places}
@@ -4342,7 +4344,7 @@ class _Session:
                 self._record_exact(path, x, out, tag, found)  # this record had not been made)
                 g = self.tag(out)
                 if g is not None and g.probs is not None and g.probs.record is not None:
-                    _hold(self._softmaxed, out, x, tag, path, dim, g.probs, before)
+                    self._hold_softmaxed(out, x, tag, path, dim, g.probs, before)
                 return
             why = found
         self._record_guess(path, x, out, dim, tag, why)
@@ -4439,6 +4441,11 @@ class _Session:
             p,
         )  # ops that keep the weights' rows keep rowq (held: its id stays)
 
+    def _hold_softmaxed(self, out: torch.Tensor, *entry: Any) -> None:
+        """Keep what renormalizing ``out`` over another axis needs (its scores among it) while ``out`` lives."""
+        _hold(self._softmaxed, out, *entry)
+        weakref.finalize(out, self._softmaxed.pop, id(out), None)
+
     def _renormalized(self, name: str, args, kwargs, out: torch.Tensor) -> None:
         """Weights a softmax gave over one axis (plus a constant), divided by their sum over another:
         ``attn = dots.softmax(dim=1) + eps; attn = attn / attn.sum(dim=-1, keepdim=True)``, slot attention's
@@ -4455,7 +4462,7 @@ class _Session:
             return
         if plus:
             if type(args[1]) in (int, float):  # the weights plus a constant (slot attention's epsilon)
-                _hold(self._softmaxed, out, *entry[1:])
+                self._hold_softmaxed(out, *entry[1:])
             return
         if name == "sum":
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
@@ -4463,12 +4470,12 @@ class _Session:
             if isinstance(dim, (tuple, list)) and len(dim) == 1:
                 dim = dim[0]
             if type(dim) is int and keep is True and out.dim() == x.dim():
-                _hold(self._sums, out, x, dim % x.dim())
+                _hold(self._sums, out, weakref.ref(x), dim % x.dim())
             return
         if name not in ("div", "__truediv__", "true_divide", "divide") or len(args) != 2 or kwargs:
             return
         total = _held(self._sums, args[1])
-        if total is None or total[1] is not x:
+        if total is None or total[1]() is not x:
             return
         scores, tag, path, dim, p, before = entry[1:]
         axis = total[2]
@@ -5149,11 +5156,9 @@ class _Session:
         if tc is not None and vc is not None:
             try:
                 code = tc.clone()
-                if (
-                    t is not None and not t.cache and self._same_cells(tc[index], vc)
-                ):  # another field of the cells
-                    pass  # (SAINT's mask embeddings put in where a value is missing: the cells keep theirs)
-                else:
+                # another embedding of the same cells (SAINT's mask embeddings put in where a value is
+                # missing) leaves the cells their positions
+                if t is None or t.cache or not self._same_cells(tc[index], vc):
                     code[index] = vc
             except Exception:  # an index the codes cannot take: the lineage of the buffer is lost
                 code = None
