@@ -534,7 +534,7 @@ class Captured:
                 # the keys are positions the model made (PVT's and SegFormer's keys pooled by a strided conv),
                 # and learned positions of the sequence (CvT's [CLS]) at their columns: drawn beside the
                 # tokens, which no query weighs where they are no keys (no mask hides them there)
-                n = int(want[1])
+                n = int(want[1] or 0)
                 kw[kind] = _at_columns(kw[kind], cols, n, 0.0)
                 if f"{kind}_scores" in kw:
                     kw[f"{kind}_scores"] = _at_columns(kw[f"{kind}_scores"], cols, n, -np.inf)
@@ -1327,7 +1327,7 @@ class _Session:
         # _hold: softmax outputs recorded exactly (and those plus a constant): (scores, their tag, path, dim,
         # the weights' _Probs); and their sums over one dim kept (the weights, the dim): renormalized weights
         self._softmaxed: dict[int, tuple] = {}
-        self._picked: builtins.set[int] = set()  # id(_Probs) of weights some of which top-k picked
+        self._topk_of: builtins.set[int] = set()  # id(_Probs) of weights some of which top-k picked
         self._mixed_why: dict[int, str] = {}  # id(_Probs) of weights whose heads a learned map mixed -> how
         self._sums: dict[int, tuple] = {}
         self._projected: dict[int, tuple] = {}  # _hold: softmaxes over a projection's output (module, shape)
@@ -2888,7 +2888,9 @@ class _Session:
             g = self.tag(args[0])
             p = self._weights_of(g) if g is not None else None
             if g is not None and p is not None and p.record is not None:  # weights picked by their size (the
-                self._picked.add(id(p))  # sinkhorn transformer's differentiable top-k, put back by a scatter)
+                self._topk_of.add(
+                    id(p)
+                )  # sinkhorn transformer's differentiable top-k, put back by a scatter)
                 for o in outs:
                     if o.is_floating_point():
                         self.set(o, _Tag(None, g.origin, lost=p, changed=True))
@@ -3596,7 +3598,7 @@ class _Session:
             self._flag_weights(p, f"the weights are {self._mixed_why[id(p)]} after the softmax: the record holds "
                                "the softmax's output, not the weights the values are multiplied with")  # fmt: skip
             return
-        if id(p) in self._picked:
+        if id(p) in self._topk_of:
             self._flag_weights(p, "the largest weights were picked after the softmax (top-k, sort) and put into "
                                "another tensor the values are multiplied with (a sparse copy): the record holds "
                                "the softmax's output, not the weights the values are multiplied with")  # fmt: skip
@@ -4453,6 +4455,8 @@ class _Session:
         multiplied with are a distribution over that other axis: the record becomes them, laid out with
         it as the keys (the scores' lineage says where each element is), in place of the softmax's."""
         x = args[0] if args else None
+        if not isinstance(x, torch.Tensor):
+            return
         entry = _held(self._softmaxed, x)
         plus = name in ("add", "__add__", "__radd__", "sub", "__sub__") and len(args) == 2 and not kwargs
         if entry is None:
@@ -5533,16 +5537,16 @@ class _Session:
             _LOCAL.busy -= 1
         return out
 
-    def _mha_query(self, query: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _mha_query(self, query: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """MultiheadAttention's (sequence-first) query batch-first, with its codes, for the record's query
         positions: the query's own, or a view's of a tagged tensor (the transpose a batch-first module
-        makes while capture is set aside); nothing where lineage has none (no positions made up)."""
+        makes while capture is set aside); (None, None) where lineage has none (no positions made up)."""
         if query.dim() != 3:
-            return {}
+            return None, None
         g = self.tag(query) or self._view_tag(query)
         if g is None or g.code is None or tuple(g.code.shape) != tuple(query.shape):
-            return {}
-        return {"query": query.transpose(0, 1), "query_code": g.code.transpose(0, 1)}
+            return None, None
+        return query.transpose(0, 1), g.code.transpose(0, 1)
 
     def _mha_record(self, func, p: dict[str, Any], out: Any, qk, rng, path: str) -> Record | None:
         """The record of one F.multi_head_attention_forward call from its arguments ``p`` (by name) and
@@ -5609,10 +5613,11 @@ class _Session:
         if query_labels is not None and len(query_labels) != lq:
             query_labels = None
         hv = _mha_values(p, h, (b, h, lk))
+        q_first, q_code = self._mha_query(query)
         rec = self._record(path, weights, scores, allowed, "nn.MultiheadAttention",
                            "arguments" if allowed is not None else None, cross, key_labels=labels,
                            query_labels=query_labels, values=hv, flag=dropped,
-                           **self._mha_query(query))  # fmt: skip
+                           query=q_first, query_code=q_code)  # fmt: skip
         if dropped is not None:
             self.warn(path, tuple(weights.shape), f"could not verify: {dropped}")
         qc = self.code_of(query) if rec is not None else None
