@@ -1287,3 +1287,41 @@ def test_decoding_steps_whose_queries_lineage_does_not_place_are_not_stacked_as_
     assert any("3 call(s) of modules called again inside one forward" in n for n in tr.meta["capture_notes"])
     with pytest.raises(ValueError, match="cannot tell whether they are steps or layers"):
         cap.stacks()
+
+
+class InterestEvolving(nn.Module):
+    """DIEN's interest evolving layer (DeepCTR-Torch, ``gru_type="AUGRU"``): a target item's softmax over the
+    behaviours, packed with ``pack_padded_sequence`` beside them, its slices gating a GRU cell's update."""
+
+    def __init__(self, d: int = 4):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.mlp = nn.Sequential(nn.Linear(4 * d, 8), nn.ReLU(), nn.Linear(8, 1))
+        self.cell = nn.Linear(2 * d, 2 * d)
+
+    def forward(self, target, hist, lengths):
+        q, keys = self.emb(target).unsqueeze(1), self.emb(hist)
+        qs = q.expand(-1, keys.shape[1], -1)
+        s = self.mlp(torch.cat([qs, keys, qs - keys, qs * keys], -1)).transpose(1, 2)
+        a = F.softmax(s, dim=-1).squeeze(1)
+        pk = torch.nn.utils.rnn.pack_padded_sequence(keys, lengths, batch_first=True, enforce_sorted=False)
+        pa = torch.nn.utils.rnn.pack_padded_sequence(a, lengths, batch_first=True, enforce_sorted=False)
+        h, begin = keys.new_zeros(keys.shape[0], keys.shape[-1]), 0
+        for bs in pk.batch_sizes.tolist():
+            x, at = pk.data[begin : begin + bs], pa.data[begin : begin + bs].view(-1, 1)
+            u, n = torch.sigmoid(self.cell(torch.cat([x, h[:bs]], -1))).chunk(2, -1)
+            h = (1.0 - at * u) * h[:bs] + at * u * torch.tanh(n)
+            begin += bs
+        return h
+
+
+def test_weights_packed_to_gate_a_recurrence_are_a_warning():
+    """The weights go into a packed sequence and gate a recurrent update: capture does not follow them
+    there, and warns (it said, as information, that nothing was weighted by them)."""
+    torch.manual_seed(0)
+    model = InterestEvolving().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(3, 5)[:, 0], _ids(3, 5), torch.tensor([5, 5, 5]))
+    assert not cap.records
+    assert len(cap.notes) == 1 and "packed into a sequence" in cap.notes[0]
+    assert not any("nothing is weighted by" in str(n) for n in cap.skipped)

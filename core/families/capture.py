@@ -1320,7 +1320,8 @@ class _Session:
         # values: id of the weights (or a view of them) -> (them, held; the record to make)
         self._positional: dict[int, tuple[torch.Tensor, Callable[..., None], Any, Any, bool]] = {}
         self._positional_shapes: dict[int, tuple[str, tuple[int, ...]]] = {}  # id(record) -> module, shape
-        self._in_pieces: set[int] = set()  # id(record) of such weights whose slices multiplied values
+        # id(record) of such weights whose slices multiplied values; ("packed", id(record)): packed into a sequence
+        self._in_pieces: set[int | tuple[str, int]] = set()
         # pack_padded_sequence's batch sizes -> (them, held; the positions of the padded input it packed)
         self._packed_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._exps: dict[int, tuple] = {}  # _hold: exps of activations (a scatter may sum them per group)
@@ -1899,6 +1900,11 @@ class _Session:
                 self.warn(module, shape, "not recorded: weights over positions whose slices multiply values one "
                           "at a time (a loop over the batch or the queries), which capture does not join into "
                           "a map")  # fmt: skip
+                continue
+            if ("packed", weights) in self._in_pieces:
+                self.warn(module, shape, "not recorded: weights over positions packed into a sequence (a recurrent "
+                          "layer gated by them, as DIEN's AUGRU), not multiplied with values as capture follows "
+                          "them")  # fmt: skip
                 continue
             self.skip(module, shape, "a distribution over positions that nothing is weighted by (a pointer "
                       "network's output, a prediction over positions), not attention")  # fmt: skip
@@ -4657,6 +4663,9 @@ class _Session:
                     )
                 ):  # times values: an activation capture follows (not a mask, not another slice of them)
                     self._in_pieces.add(id(entry[1]))
+            return
+        if found is not None and name in PACKING:  # packed into a sequence (DIEN's AUGRU gates its
+            self._in_pieces.add(("packed", id(found[1])))  # recurrence with them)
             return
         if found is None or not isinstance(out, torch.Tensor):
             return
