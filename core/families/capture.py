@@ -351,18 +351,16 @@ class Captured:
                     "are not one forward's layers. Use a block per forward, or .records for the individual calls"
                 )
             segments = query_segments(self.of(kind))
-            if len(segments) > 1 and _steps_unplaced(segments):
-                raise ValueError(
-                    f"{kind} calls come from modules called again inside one forward, whose queries lineage "
-                    "does not place (a decoder's steps, or a layer whose weights are shared): capture cannot "
-                    "tell whether they are steps or layers. Use .records for the individual calls"
-                )
             if len(segments) > 1:
-                raise ValueError(
-                    f"{kind} calls read other query positions from one call to the next (a decoder's steps run "
-                    "one after another inside one forward): their maps are not one forward's layers. Use "
-                    ".records for the individual calls"
+                why = (
+                    "come from modules called again inside one forward, whose queries lineage does not place (a "
+                    "decoder's steps, or a layer whose weights are shared): capture cannot tell whether they are "
+                    "steps or layers"
+                    if _steps_unplaced(segments)
+                    else "read other query positions from one call to the next (a decoder's steps run one after "
+                    "another inside one forward): their maps are not one forward's layers"
                 )
+                raise ValueError(f"{kind} calls {why}. Use .records for the individual calls")
             shapes = {tuple(t.shape) for t in tensors}
             if len(shapes) > 1:
                 raise ValueError(
@@ -448,25 +446,23 @@ class Captured:
                 )
                 groups[best] = last
             steps = query_segments(groups[best])
-            if len(steps) > 1 and _steps_unplaced(steps):  # modules called again, their queries unplaced
-                last = steps[-1]
-                left_out.append(
-                    f"{kind} ({_modules(groups[best])}): {len(groups[best]) - len(last)} call(s) of modules called "
-                    "again inside one forward, whose queries lineage does not place (a decoder's steps, or a "
-                    "layer whose weights are shared: capture cannot tell them apart), are not stacked as deeper "
-                    f"layers: this trace draws the last {len(last)} (the others are in cap.records)"
-                )
-                groups[best] = last
-            elif (
-                len(steps) > 1
-            ):  # a decoder's steps inside one forward (a generation loop in the model): each
+            if len(steps) > 1:  # a decoder's steps inside one forward (a generation loop in the model): each
                 last = steps[-1]  # step's layers read its new positions, and are not deeper layers
-                left_out.append(
-                    f"{kind} ({_modules(groups[best])}): {len(groups[best]) - len(last)} call(s) read other query "
-                    f"positions than the {len(last)} drawn (a decoder's steps run one after another inside one "
-                    "forward, or another stream of queries through the same modules; not deeper layers): this "
-                    "trace draws the last of them (the others are in cap.records)"
-                )
+                left, mods = len(groups[best]) - len(last), _modules(groups[best])
+                if _steps_unplaced(steps):  # (modules called again, their queries unplaced)
+                    left_out.append(
+                        f"{kind} ({mods}): {left} call(s) of modules called again inside one forward, whose queries "
+                        "lineage does not place (a decoder's steps, or a layer whose weights are shared: capture "
+                        "cannot tell them apart), are not stacked as deeper layers: this trace draws the last "
+                        f"{len(last)} (the others are in cap.records)"
+                    )
+                else:
+                    left_out.append(
+                        f"{kind} ({mods}): {left} call(s) read other query positions than the {len(last)} drawn (a "
+                        "decoder's steps run one after another inside one forward, or another stream of queries "
+                        "through the same modules; not deeper layers): this trace draws the last of them (the "
+                        "others are in cap.records)"
+                    )
                 groups[best] = last
             if kind != "cross" and has[best] and any(_keys_not_queries(r, index) for r in groups[best]):
                 left_out.append(f"{kind} ({_modules(groups[best])}) left out of the trace: the keys of sequence {index} "
@@ -1320,8 +1316,8 @@ class _Session:
         # values: id of the weights (or a view of them) -> (them, held; the record to make)
         self._positional: dict[int, tuple[torch.Tensor, Callable[..., None], Any, Any, bool]] = {}
         self._positional_shapes: dict[int, tuple[str, tuple[int, ...]]] = {}  # id(record) -> module, shape
-        # id(record) of such weights whose slices multiplied values; ("packed", id(record)): packed into a sequence
-        self._in_pieces: set[int | tuple[str, int]] = set()
+        self._in_pieces: set[int] = set()  # id(record) of such weights whose slices multiplied values
+        self._packed_weights: set[int] = set()  # id(record) of such weights packed into a sequence
         # pack_padded_sequence's batch sizes -> (them, held; the positions of the padded input it packed)
         self._packed_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._exps: dict[int, tuple] = {}  # _hold: exps of activations (a scatter may sum them per group)
@@ -1522,9 +1518,7 @@ class _Session:
             _hold(self._made_ints, out)
             ints = [t for t in _tensors(args, kwargs) if not t.is_floating_point()]
             if ints and all(_held(self._pure_ints, t) for t in ints):
-                _hold(
-                    self._pure_ints, out
-                )  # (views of ``arange(P)`` made by the model: no input's data in it)
+                _hold(self._pure_ints, out)  # (views of ``arange(P)`` made by the model: no input's data)
             elif name == "arange" and not ints:  # (indices of a table; a start token is made by ``full``)
                 self.path()  # (made by the model's own code: not the caller's inputs made in the block)
                 if self._frame is not None:
@@ -1901,7 +1895,7 @@ class _Session:
                           "at a time (a loop over the batch or the queries), which capture does not join into "
                           "a map")  # fmt: skip
                 continue
-            if ("packed", weights) in self._in_pieces:
+            if weights in self._packed_weights:
                 self.warn(module, shape, "not recorded: weights over positions packed into a sequence (a recurrent "
                           "layer gated by them, as DIEN's AUGRU), not multiplied with values as capture follows "
                           "them")  # fmt: skip
@@ -1909,6 +1903,7 @@ class _Session:
             self.skip(module, shape, "a distribution over positions that nothing is weighted by (a pointer "
                       "network's output, a prediction over positions), not attention")  # fmt: skip
         self._in_pieces.clear()
+        self._packed_weights.clear()
         self._positional.clear()
         self._self_weights.clear()
         self._positional_shapes.clear()
@@ -2541,7 +2536,7 @@ class _Session:
         parts = args[0] if args and isinstance(args[0], (tuple, list)) else None
         if not parts or out.dim() < 2 or _cat_dim(name, args, kwargs, out) != out.dim() - 1:
             return None
-        found, outside = [], []
+        found = []
         for t in parts:
             c = self.code_of(t) if isinstance(t, torch.Tensor) else None
             if c is None or not c.shape[-1]:  # (a part with no features adds none)
@@ -2550,13 +2545,13 @@ class _Session:
                 return None
             pos = c[..., :1] >> lineage.SHIFT
             if bool((c >> lineage.SHIFT != pos).any()):
-                if self._outside_only(c):  # features from outside or made from constants (a sine code of
-                    outside.append(pos)  # positions, its sin and cos parts stacked: Conditional DETR's k_pos)
-                    continue  # joined to the sequence's row by row: no position of its own, as when added
+                # features from outside or made from constants (a sine code of positions, its sin and cos
+                # parts stacked: Conditional DETR's k_pos), joined to the sequence's row by row: no position
+                # of their own, as when added
+                if self._outside_only(c):
+                    continue
                 return None  # a part whose rows mix positions
             found.append(pos)
-        if outside and not found:
-            return None
         if not found:
             return None
         # parts at other positions: a state repeated over the positions (the same position along an
@@ -2893,10 +2888,10 @@ class _Session:
         if name in PICKS and args and isinstance(args[0], torch.Tensor):
             g = self.tag(args[0])
             p = self._weights_of(g) if g is not None else None
-            if g is not None and p is not None and p.record is not None:  # weights picked by their size (the
-                self._topk_of.add(
-                    id(p)
-                )  # sinkhorn transformer's differentiable top-k, put back by a scatter)
+            if g is not None and p is not None and p.record is not None:
+                # weights picked by their size (the sinkhorn transformer's differentiable top-k, put back by a
+                # scatter into a sparse copy)
+                self._topk_of.add(id(p))
                 for o in outs:
                     if o.is_floating_point():
                         self.set(o, _Tag(None, g.origin, lost=p, changed=True))
@@ -4665,7 +4660,7 @@ class _Session:
                     self._in_pieces.add(id(entry[1]))
             return
         if found is not None and name in PACKING:  # packed into a sequence (DIEN's AUGRU gates its
-            self._in_pieces.add(("packed", id(found[1])))  # recurrence with them)
+            self._packed_weights.add(id(found[1]))  # recurrence with them)
             return
         if found is None or not isinstance(out, torch.Tensor):
             return
