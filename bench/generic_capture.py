@@ -1,6 +1,7 @@
 """Capture from any model (attnscope.core.families.capture): forward time with capture_attention / without, side by side.
 
     python -m bench.generic_capture [--lengths 32 128 512] [--repeats 7] [--d-model 256] [--layers 4] [--threads N]
+        [--device cpu|cuda]
 
 Three hand-written styles a user might bring, each 8 heads: a softmax with masked_fill(-1e9) on 4-D
 scores (the Annotated Transformer's way), F.scaled_dot_product_attention with is_causal=True (nanoGPT),
@@ -161,6 +162,11 @@ class Stack(nn.Module):
         return self.out(x).softmax(-1)  # a vocabulary softmax the capture must skip
 
 
+def _lap(start: float, sync) -> float:
+    sync()
+    return time.perf_counter() - start
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512])
@@ -168,46 +174,51 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (each timing ends with a synchronize)")
     args = p.parse_args(argv)
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, d_model {args.d_model}, {args.layers} layers x 8 heads, batch 2")  # fmt: skip
+          f"{torch.get_num_threads()} threads, {args.device}, d_model {args.d_model}, {args.layers} layers x 8 heads, batch 2")  # fmt: skip
     print(f"{'style':<22} {'tokens':>6} {'plain ms':>9} {'capture ms':>11} {'ratio':>6} {'eager ms':>9} "
           f"{'vs eager':>8} {'floor ms':>8} {'vs floor':>8} {'least ms':>8} {'least x':>8} {'maps':>5}")  # fmt: skip
     for style in ("softmax + masked_fill", "sdpa", "nn.TransformerEncoder"):
-        model = Stack(args.d_model, args.layers, style).eval()
+        model = Stack(args.d_model, args.layers, style).eval().to(dev)
         for n in args.lengths:
             ids = torch.randint(1, VOCAB, (2, n))
+            ids = ids.to(dev)
             ids[1, n // 2 :] = PAD
             plain, captured, eager, floor, least, n_maps = [], [], [], [], [], 0
             writes = style == "softmax + masked_fill"  # the model writes its maps itself
             with torch.no_grad():
                 model(ids)  # warm-up
+                sync()
                 for _ in range(args.repeats):
                     start = time.perf_counter()
                     model(ids)
-                    plain.append(time.perf_counter() - start)
+                    plain.append(_lap(start, sync))
                     start = time.perf_counter()
                     with capture_attention(model) as cap:
                         model(ids)
-                    captured.append(time.perf_counter() - start)
+                    captured.append(_lap(start, sync))
                     n_maps = len(cap.records)
                     model.eager = not writes
                     if not writes:
                         start = time.perf_counter()
                         model(ids)
-                        eager.append(time.perf_counter() - start)
+                        eager.append(_lap(start, sync))
                     start = time.perf_counter()
                     with PassThrough():
                         model(ids)
-                    floor.append(time.perf_counter() - start)
+                    floor.append(_lap(start, sync))
                     model.eager = False
                     start = time.perf_counter()
                     with Least():
                         model(ids)
-                    least.append(time.perf_counter() - start)
+                    least.append(_lap(start, sync))
             a, b = statistics.median(plain) * 1000, statistics.median(captured) * 1000
             e = statistics.median(eager) * 1000 if eager else a
             f = statistics.median(floor) * 1000

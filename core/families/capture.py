@@ -1385,6 +1385,10 @@ class _Session:
         self._set_aside: list[tuple[nn.Module, bool]] = []
         self._encoder_input: torch.Tensor | None = None
         self._rows_zeroed = False  # the last MultiheadAttention record weighed a row with no key 0
+        # the TorchFunctionModes set below capture's (``torch.device("cuda")``, ``set_default_device``), set
+        # aside while capture's own bookkeeping runs (its tensors are made where it says, not on the user's
+        # default device) and put back around each op of the model, which runs under them as it would
+        self.lower: list[list[TorchFunctionMode]] = []
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -1457,9 +1461,17 @@ class _Session:
         return held[1]
 
     # -- the mode's entry point ------------------------------------------------------------------------
+    def run_op(self, func, args, kwargs):
+        """The model's own op, under the modes set below capture's (as it runs without capture)."""
+        lower = self.lower[-1] if self.lower else None
+        if not lower:
+            return func(*args, **kwargs)
+        with _modes_back(lower):
+            return func(*args, **kwargs)
+
     def call(self, func, args, kwargs):
         if getattr(_LOCAL, "busy", 0):  # torch calls of another capture's bookkeeping: not the model's
-            return func(*args, **kwargs)
+            return self.run_op(func, args, kwargs)
         name = getattr(func, "__name__", "")
         if name == "__get__":  # a property: x.mT, x.T, x.H, x.data
             name = getattr(getattr(func, "__self__", None), "__name__", name)
@@ -1467,17 +1479,17 @@ class _Session:
         if name in ATTENTION_CALLS:
             path = self.path()
             if self.outside:  # attention of a module outside the model captured (its parent's other parts)
-                return func(*args, **kwargs)
+                return self.run_op(func, args, kwargs)
             x = args[0] if args else next(iter(kwargs.values()), None)
             if isinstance(x, torch.Tensor) and _FUNCTORCH_WRAPPED(x):
                 self.n_attention += 1
                 self.warn(path, (), _IN_VMAP)
-                return func(*args, **kwargs)
+                return self.run_op(func, args, kwargs)
             if isinstance(x, torch.Tensor) and x.numel() == 0:  # an empty batch or sequence: no weights
                 self.n_attention += 1
                 self.skip(path, tuple(x.shape), "an attention call over an empty batch or sequence: it has no "
                           "weights to record")  # fmt: skip
-                return func(*args, **kwargs)
+                return self.run_op(func, args, kwargs)
         if name == "multi_head_attention_forward":
             self.n_attention += 1
             return self.on_mha(func, args, kwargs)
@@ -1503,7 +1515,7 @@ class _Session:
             t = self.tag(args[0])
             if t is not None and t.role == "scores" and (t.scores is None or name == "exp_"):
                 pre = args[0].detach().clone()  # in place: keep the scores before the mask
-        out = func(*args, **kwargs)
+        out = self.run_op(func, args, kwargs)
         if type(out) is torch.Size or (
             type(out) is not torch.Tensor
             and name != "__setitem__"
@@ -5517,18 +5529,18 @@ class _Session:
         if p is not None and p["training"] and p["dropout_p"] and isinstance(p["query"], torch.Tensor):
             rng = _rng_state(p["query"].device)
         if unguarded is None:
-            out = func(*args, **kwargs)
+            out = self.run_op(func, args, kwargs)
         elif unguarded[1] is not None:  # the call runs as asked; its own q and k are kept where it
             own, held = unguarded  # hands them to SDPA
             held.qk = None
             try:
-                out = own(*args, **kwargs)
+                out = self.run_op(own, args, kwargs)
                 qk = held.qk
             finally:
                 held.qk = 0
         else:
             grab = _GrabQK()
-            with grab:
+            with _modes_back(self.lower[-1] if self.lower else []), grab:
                 out = unguarded[0](*args, **kwargs)
             qk = grab.qk
         _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
@@ -5659,10 +5671,12 @@ class _Session:
                 if isinstance(module, nn.MultiheadAttention)
                 else cast(nn.MultiheadAttention, module.self_attn)
             ]
+        with _modes_aside():  # (a mode of the user's below capture's sees the model's ops alone)
+            nested = bool(args) and isinstance(args[0], torch.Tensor) and args[0].is_nested
         if (
             not args
             or not isinstance(args[0], torch.Tensor)
-            or args[0].is_nested
+            or nested
             or _FUNCTORCH_WRAPPED(args[0])
             or any(sa.training and sa.dropout > 0 for sa in attns)  # weights drawn at random: the mode
             # follows the call's RNG; hooks of a layer's own modules may change what its attention gets
@@ -5692,12 +5706,13 @@ class _Session:
             if len(rest) == 2 and rest[1] is not None:
                 _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
                 try:
-                    if isinstance(module, nn.MultiheadAttention):
-                        self._native_mha(module, args, rest[0], rest[1])
-                    elif isinstance(module, nn.TransformerEncoder):
-                        self._out_of_native(args[0] if args else rest[0].get("src"), rest[1])
-                    elif isinstance(rest[1], torch.Tensor):
-                        self._native_record(module, args, rest[0], rest[1])
+                    with _modes_aside():  # (the user's modes stay off capture's own tensors)
+                        if isinstance(module, nn.MultiheadAttention):
+                            self._native_mha(module, args, rest[0], rest[1])
+                        elif isinstance(module, nn.TransformerEncoder):
+                            self._out_of_native(args[0] if args else rest[0].get("src"), rest[1])
+                        elif isinstance(rest[1], torch.Tensor):
+                            self._native_record(module, args, rest[0], rest[1])
                 except Exception as exc:  # bookkeeping must never break the user's forward pass
                     self.cap.notes.append(f"{type(module).__name__}: {type(exc).__name__}: {exc}")
                 finally:
@@ -5987,7 +6002,38 @@ class _Mode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if _compiling():  # torch.compile tracing an op inside the call (flex_attention's own): not followed
             return func(*args, **(kwargs or {}))
-        return self.session.call(func, args, kwargs or {})
+        if not torch._C._len_torch_function_stack():
+            return self.session.call(func, args, kwargs or {})
+        with _modes_aside() as lower:  # modes below capture's: back around the model's op alone
+            self.session.lower.append(lower)
+            try:
+                return self.session.call(func, args, kwargs or {})
+            finally:
+                self.session.lower.pop()
+
+
+@contextlib.contextmanager
+def _modes_aside() -> Iterator[list[TorchFunctionMode]]:
+    """Every TorchFunctionMode on this thread's stack set aside (bottom first), and put back after."""
+    lower = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
+    lower.reverse()
+    try:
+        yield lower
+    finally:
+        for m in lower:
+            torch._C._push_on_torch_function_stack(m)
+
+
+@contextlib.contextmanager
+def _modes_back(lower: list[TorchFunctionMode]) -> Iterator[None]:
+    """The modes ``_modes_aside`` set aside, back on the stack for the block (the model's own op)."""
+    for m in lower:
+        torch._C._push_on_torch_function_stack(m)
+    try:
+        yield
+    finally:
+        for _ in lower:
+            torch._C._pop_torch_function_stack()
 
 
 # -- masks and scores for nn.MultiheadAttention -------------------------------------------------------------
@@ -6707,8 +6753,9 @@ def capture_attention(
             "capture cannot see them: attention computed inside it is not recorded, and maps these modules "
             "made after it are flagged (what went through it is not followed)"
         )
-    session.finish()
-    session.detach_records()
+    with _modes_aside():  # (modes the caller set, as ``torch.device("cuda")``, are not capture's)
+        session.finish()
+        session.detach_records()
     if session.n_ops and not session.n_attention and not blind:
         cap.notes.append(
             "no softmax, scaled_dot_product_attention or MultiheadAttention call was seen in this forward "
