@@ -349,6 +349,78 @@ def test_a_decoder_is_named_by_a_whole_word_not_a_prefix(name, kind):
     assert [r.kind for r in cap.records] == [kind]
 
 
+class ImageDecoder(nn.Module):
+    """A latent-diffusion VAE's (taming-transformers') non-local block inside its ``decoder``: 1x1 conv q, k, v
+    over a feature map, ``bmm(q.permute(0, 2, 1), k)`` over its pixels, no mask (bidirectional by design)."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.decoder = nn.ModuleDict(
+            {"q": nn.Conv2d(c, c, 1), "k": nn.Conv2d(c, c, 1), "v": nn.Conv2d(c, c, 1)}
+        )
+        self.used: list[tuple[str, torch.Tensor]] = []
+
+    def forward(self, x):
+        d = self.decoder
+        b, c, h, w = x.shape
+        q = d["q"](x).reshape(b, c, h * w).permute(0, 2, 1)
+        k = d["k"](x).reshape(b, c, h * w)
+        w_ = torch.softmax(torch.bmm(q, k) * c**-0.5, dim=2)
+        self.used.append(("enc_self", w_[:, None]))
+        return torch.bmm(d["v"](x).reshape(b, c, h * w), w_.permute(0, 2, 1)).reshape(b, c, h, w)
+
+
+class QueryDecoder(nn.Module):
+    """DETR's decoder self-attention over its learned object queries (``query_embed.weight`` repeated over the
+    batch), no mask: every query sees every other."""
+
+    def __init__(self, n: int = 5):
+        super().__init__()
+        self.query_embed = nn.Embedding(n, 8)
+        self.decoder = nn.ModuleList([nn.MultiheadAttention(8, 2)])
+
+    def forward(self, memory):
+        qe = self.query_embed.weight.unsqueeze(1).repeat(1, memory.shape[1], 1)  # (n, B, d)
+        tgt = torch.zeros_like(qe)
+        return self.decoder[0](tgt + qe, tgt + qe, tgt)[0]
+
+
+class FloatDecoder(nn.Module):
+    """A decoder block run alone on floats handed in (a user's unit test of their decoder), no mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.decoder(x, x, x)[0]
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_a_decoder_over_an_images_pixels_is_an_images_self_attention(batch):
+    """Named a decoder with nothing hiding the future: over a feature map's pixels (a latent-diffusion VAE's
+    decoder) it is an image's self-attention (enc_self, bidirectional by design, as the map shows); over
+    learned queries it is the decoder side's (DETR's, documented), over token ids a text decoder that forgot its
+    mask (dec_self, for the audit), and over floats handed in, which lineage cannot tell from a text's, too."""
+    torch.manual_seed(0)
+    image = ImageDecoder().eval()
+    with torch.no_grad(), capture_attention(image) as cap:
+        image(torch.randn(batch, 8, 3, 4))
+    _check(cap, image.used)
+    queries = QueryDecoder().eval()
+    with torch.no_grad(), capture_attention(queries) as cap:
+        queries(torch.randn(7, batch, 8))
+    assert [(r.kind, r.exact) for r in cap.records] == [("dec_self", True)]
+    text = Named("decoder").eval()
+    with torch.no_grad(), capture_attention(text) as cap:
+        text(_ids(batch, 6))
+    assert [r.kind for r in cap.records] == ["dec_self"]
+    floats = FloatDecoder().eval()
+    with torch.no_grad(), capture_attention(floats) as cap:
+        floats(torch.randn(batch, 6, 8))
+    assert [r.kind for r in cap.records] == ["dec_self"]
+
+
 class Persson2020(nn.Module):
     """Aladdin Persson's transformer as first published: the embedding split into heads first, then one
     ``Linear(head_dim, head_dim)`` shared by the heads, einsum "nqhd,nkhd->nhqk"."""

@@ -1389,6 +1389,7 @@ class _Session:
         # aside while capture's own bookkeeping runs (its tensors are made where it says, not on the user's
         # default device) and put back around each op of the model, which runs under them as it would
         self.lower: list[list[TorchFunctionMode]] = []
+        self._grid_sources: builtins.set[int] = set()  # sources a convolution made: an image's grid, a map's
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -2819,6 +2820,7 @@ class _Session:
             tag = self.tag(x)
             label = "patches" if tag is None or not tag.origin else "input"
             start = self.sources.new(n, "external", label, ("in", self.n_inputs), math.prod(space))
+            self._grid_sources.add(start)
             self.n_inputs += 1
             if raw:
                 self._grids[key] = (weakref.ref(x), start)
@@ -4065,8 +4067,10 @@ class _Session:
         labels = layout.key_labels if layout is not None else key_labels
         seen = _own_block(seen, labels, layout.query_labels if layout is not None else query_labels,
                           source == "nn.MultiheadAttention")  # fmt: skip
+        qpos = self._query_positions(probs, layout, query, query_code)
         kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], seen, cross, ext, exact=flag is None,
-                            causal=causal if mask is not None else None)  # fmt: skip
+                            causal=causal if mask is not None else None,
+                            grid=lambda: self._grid_queries(qpos))  # fmt: skip
         scores = None if scores is None or not self.keep_scores else scores.detach()
         if source not in ("sdpa", "nn.MultiheadAttention"):  # (those weights capture computed itself)
             self._alias(probs, scores)
@@ -4075,8 +4079,7 @@ class _Session:
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
                      layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops,
-                     query_positions=self._query_positions(probs, layout, query, query_code),
-                     key_positions=_key_positions(probs, layout))  # fmt: skip
+                     query_positions=qpos, key_positions=_key_positions(probs, layout))  # fmt: skip
         if layout is not None and flag is None and layout.seq_keys is not None:
             self._seq_keys.setdefault(rec.seq, []).append(layout.seq_keys)
             if layout.ext and (rec.key_labels is None or None in rec.key_labels) and queries is not None:
@@ -4291,10 +4294,13 @@ class _Session:
             hit = self._causal_masks[key] = (mask, _is_causal_mask(mask))
         return hit[1]
 
-    def kind_of(self, path, lq, lk, mask, cross, ext=False, exact=False, causal: bool | None = None) -> str:
+    def kind_of(
+        self, path, lq, lk, mask, cross, ext=False, exact=False, causal: bool | None = None, grid=None
+    ) -> str:
         """The kind of an attention call. With lineage (``exact``), queries and keys from different
         inputs are cross-attention whatever their lengths, and keys beyond the queries' own are a
-        cache; without it, names and lengths decide."""
+        cache; without it, names and lengths decide. ``grid``: a callable saying whether the queries are
+        the pixels of a convolution's feature map (``_grid_queries``)."""
 
         def causal_mask() -> bool:
             return mask is not None and lq > 1 and (self._causal(mask) if causal is None else causal)
@@ -4316,7 +4322,23 @@ class _Session:
             return "cross"
         if causal_mask():
             return "dec_self"
-        return "dec_self" if _DECODER.search(low) else "enc_self"
+        if not _DECODER.search(low):
+            return "enc_self"
+        # named a decoder, and nothing hides the future: a text decoder that forgot its mask stays dec_self (the
+        # audit's), and so do learned queries among each other (DETR's decoder side); attention over the pixels
+        # of a convolution's feature map (a latent-diffusion VAE's decoder) is an image's self-attention
+        return "enc_self" if exact and grid is not None and grid() else "dec_self"
+
+    def _grid_queries(self, qpos: torch.Tensor | None) -> bool:
+        """Whether every query of a record (B, q lineage positions) is a pixel of a convolution's grid (an
+        image's, a feature map's), none a token's or a learned vector's."""
+        if qpos is None or not qpos.numel() or not self._grid_sources:
+            return False
+        pos = qpos.reshape(-1)
+        if bool((pos < 0).any()):
+            return False
+        found = torch.unique(self.sources.index(pos)).tolist()
+        return all(self.sources.items[i].start in self._grid_sources for i in found)
 
     def on_softmax(self, args, kwargs, out) -> None:
         x = args[0] if args else kwargs.get("input")
@@ -5085,7 +5107,8 @@ class _Session:
         if rec.mask is None or source == "zeros":
             source = "multiplied"
         seen = _own_block(mask, rec.key_labels, rec.query_labels, rec.source == "nn.MultiheadAttention")
-        kind = self.kind_of(rec.name, probs.shape[-2], probs.shape[-1], seen, p.cross, p.ext, exact=rec.exact)
+        kind = self.kind_of(rec.name, probs.shape[-2], probs.shape[-1], seen, p.cross, p.ext, exact=rec.exact,
+                            grid=lambda: self._grid_queries(rec.query_positions))  # fmt: skip
         self._update_record(
             p, kind=kind, probs=probs, mask=mask, mask_source=source, head_masks_differ=differ
         )
