@@ -246,6 +246,57 @@ def test_scores_that_multiply_values_without_a_softmax_are_a_warning(how):
     assert "without a softmax" in note and "not recorded" in note
 
 
+@pytest.mark.parametrize("how", ["two axes", "unnormalized"])
+def test_the_exp_of_scores_that_multiplies_values_is_said_once_as_a_softmax_not_followed(how):
+    """Keras' softmax over a tuple of axes, ported as ``exp(s - logsumexp(s, (4, 5)))`` over keys laid out on
+    two axes (``attention_axes=(1, 2)``), and an exp of the scores with no normalization: one warning, that
+    an exp of scores could not be followed into a softmax; not that the scores weigh the values without one
+    (that reading, sigmoid attention's, named the wrong cause)."""
+
+    class Exp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(8, 24)
+
+        def forward(self, x):  # (B, X, Y, C): attention over the X * Y grid, 2 heads of 4
+            b, gx, gy, _ = x.shape
+            q, k, v = self.qkv(x).view(b, gx, gy, 3, 2, 4).unbind(3)
+            s = torch.einsum("bcdnh,bfgnh->bncdfg", q, k)
+            if how == "two axes":
+                w = torch.exp(s - torch.logsumexp(s, dim=(4, 5), keepdim=True))
+            else:
+                w = torch.exp(s)
+            return torch.einsum("bncdfg,bfgnh->bcdnh", w, v)
+
+    cap = _captured(Exp(), torch.randn(2, 3, 4, 8))
+    assert cap.records == []
+    (note,) = cap.notes
+    assert "could not follow into a softmax" in note and "without a softmax" not in note
+
+
+def test_a_softmax_over_keys_on_two_axes_is_flagged_with_that_reading():
+    """A Keras ``attention_axes=(1, 2)`` port that softmaxes the (B, N, X, Y, X, Y) scores as
+    ``flatten(-2).softmax(-1).view_as(scores)``: the keys of one query span slices of the product, which
+    capture cannot lay out; the flag names a grid on two axes among its readings."""
+
+    class Grid(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(8, 24)
+
+        def forward(self, x):
+            b, gx, gy, _ = x.shape
+            q, k, v = self.qkv(x).view(b, gx, gy, 3, 2, 4).unbind(3)
+            s = torch.einsum("bfgnh,bcdnh->bncdfg", k, q)  # keys first, as Keras' dot equation
+            w = s.flatten(-2).softmax(-1).view_as(s)
+            return torch.einsum("bncdfg,bfgnh->bcdnh", w, v)
+
+    cap = _captured(Grid(), torch.randn(2, 3, 4, 8))
+    assert [r.exact for r in cap.records] == [False]
+    assert "a second axis of queries or keys" in cap.records[0].flag
+    assert len(cap.notes) == 1 and "a second axis of queries or keys" in cap.notes[0]
+
+
 def test_the_exp_of_a_projection_that_is_no_softmax_is_not_a_warning():
     """A VAE's ``exp(0.5 * logvar)`` and an exp of a projection summed over its features: no softmax over
     positions is written by hand there, so nothing is recorded and nothing is warned of."""

@@ -3337,9 +3337,11 @@ class _Session:
         if (first is not None and first.role == "scores" and first.smap is not None and not first.smap.broken
                 and len(op_tags) > 1 and op_tags[1] is not None and op_tags[1].role != "scores"):  # fmt: skip
             self.n_attention += 1  # attention seen, if not recordable: no "no attention seen" note
-            self.warn(self.path(), tuple(int(n) for n in ops[0].shape), "query-key scores multiply values "
-                      "without a softmax (sigmoid attention, sparsemax, attention without normalization): "
-                      "capture records softmax weights, so these weights are not recorded")  # fmt: skip
+            # (an exp of scores is a softmax by hand: where capture cannot follow it, that is said at the end)
+            if not (self._hand and self._hand_of(ops[0], "exp") is not None):
+                self.warn(self.path(), tuple(int(n) for n in ops[0].shape), "query-key scores multiply values "
+                          "without a softmax (sigmoid attention, sparsemax, attention without normalization): "
+                          "capture records softmax weights, so these weights are not recorded")  # fmt: skip
         split = (
             first.split
             if first is not None and out.dim() == 3 and ops[0].dim() == 3 and ops[0].shape[0] == out.shape[0]

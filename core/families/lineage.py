@@ -515,7 +515,11 @@ def _find_structure(smap: ScoreMap, shape: tuple[int, ...], dim: int) -> _Struct
         return "the scores are empty"
     sl, qi, kj = idx // (n * m), (idx // m) % n, idx % m
     if not bool((sl == sl[:, :1]).all()):
-        return "the softmax runs across heads or sequences, not over the keys of one query"
+        return (
+            "the softmax runs across slices of the query-key product (heads, sequences, or a second axis of "
+            "queries or keys: attention over a grid laid out on two axes, as Keras' attention_axes), which "
+            "capture cannot lay out as one query's keys"
+        )
     if bool((qi == qi[:, :1]).all()):  # over the product's columns: q @ k.T
         along, key_idx, swapped = qi[:, 0], kj, False
     elif bool((kj == kj[:, :1]).all()):  # over its rows: keys first, k @ q.T softmaxed over dim -2
