@@ -41,12 +41,15 @@ change in place) is never remembered; the op is replayed each time.
 
 How: a ``torch.overrides.TorchFunctionMode`` sees every torch call made in the ``with`` block
 *by this thread* (modes are thread-local), so sessions running the same model in other threads
-are never recorded and the model is never modified (no patched methods, no hooks). Every call is
-passed on unchanged, so outputs are bit-identical with and without capture. One exception:
-PyTorch's fused fast path for ``nn.TransformerEncoderLayer``/``MultiheadAttention`` (eval mode,
-no gradients) is not taken while a mode is active; the python path computes the same math but not
-bit for bit (and returns values where the nested-tensor path writes 0 at PAD). ``capture_call``
-runs the model once normally (that output is returned) and once under capture.
+are never recorded and the model is never modified (no patched methods; global module hooks held for
+the block only). Every call is passed on unchanged, so outputs are bit-identical with and without
+capture: torch.nn's own encoder layers and MultiheadAttention, as torch ships them, run with the mode
+set aside (their fused fast paths where torch takes them) and are recorded from their arguments. A
+subclass of them is followed under the mode, where torch leaves its fused fast path: the Python path
+computes the same math but not bit for bit (and returns values where the nested-tensor path writes 0
+at PAD); ``capture_call`` runs the model once normally (that output is returned) and once under
+capture. Modes set before the block (torch's default device, a mode of the user's) apply to the
+model's ops alone: capture's own work runs with them set aside.
 
 Which softmax is attention: one over scores made by a product of two activations. A softmax over
 a projection (the vocabulary softmax at a model's end, a router made by an ``nn.Linear``) is not, and
