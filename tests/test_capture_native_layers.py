@@ -391,3 +391,81 @@ def test_one_heads_row_with_no_key_leaves_the_other_heads_rows_as_they_are():
     assert bool(rec.probs[0, 1, 3].isnan().all())
     assert not bool(rec.probs[0, [0, 2, 3], 3].isnan().any()) and not bool(rec.probs[1].isnan().any())
     assert _same(rec.probs, want.records[0].probs) and rec.head_masks_differ
+
+
+def _weights_that_rebuild(
+    mha: nn.MultiheadAttention, x: torch.Tensor, out: torch.Tensor, masks
+) -> torch.Tensor:
+    """The (B, H, q, k) weights, of each candidate bool mask (True = hidden), whose product with the values
+    and output projection rebuilds ``out``: which reading of its mask the call used (batch-first self-attention)."""
+    b, n, e = x.shape
+    h, d = mha.num_heads, e // mha.num_heads
+    q, k, v = (t.view(b, n, h, d).transpose(1, 2)
+               for t in nn.functional.linear(x, mha.in_proj_weight, mha.in_proj_bias).chunk(3, -1))  # fmt: skip
+    scores = q @ k.transpose(-1, -2) / d**0.5
+    found = []
+    for hidden in masks:
+        w = scores.masked_fill(hidden, float("-inf")).softmax(-1)
+        y = mha.out_proj((w @ v).transpose(1, 2).reshape(b, n, e))
+        if torch.allclose(y, out, atol=1e-5):
+            found.append(w)
+    assert len(found) == 1
+    return found[0]
+
+
+@pytest.mark.parametrize(("heads", "given"), [(2, "float tril"), (3, "anti-causal"), (2, "anti-causal")])
+def test_is_causal_with_a_mask_records_the_mask_the_call_used(heads, given):
+    """``is_causal=True`` with a mask, no padding mask and no weights asked: torch's Python path drops the mask
+    for SDPA's causal one (a float mask never takes the fused path; nor do odd head counts), and its fused path
+    (even heads, a bool mask) uses the mask as given. The record holds the weights that rebuild the output."""
+    torch.manual_seed(heads)
+    n = 5
+    mha = nn.MultiheadAttention(4 * heads, heads, batch_first=True).eval()
+    x = torch.randn(2, n, 4 * heads)
+    mask = torch.ones(n, n).tril() if given == "float tril" else torch.ones(n, n, dtype=torch.bool).tril(-1)
+    future = torch.ones(n, n, dtype=torch.bool).triu(1)
+    with torch.no_grad():
+        out = mha(x, x, x, attn_mask=mask, is_causal=True, need_weights=False)[0]
+        with capture_attention(mha) as cap:
+            mha(x, x, x, attn_mask=mask, is_causal=True, need_weights=False)
+        candidates = [future] + ([mask] if mask.dtype == torch.bool else [])
+        used = _weights_that_rebuild(mha, x, out, candidates)
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes, (rec.flag, cap.notes)
+    torch.testing.assert_close(rec.probs, used, atol=1e-6, rtol=0)
+    assert rec.kind == ("dec_self" if torch.equal(used.tril(), used) else "enc_self")
+
+
+@pytest.mark.parametrize("heads", [2, 3])
+@pytest.mark.parametrize("mask_kind", ["src_mask", "padding"])
+def test_an_encoder_layer_given_a_float_0_1_mask_records_what_its_path_made_of_it(heads, mask_kind):
+    """A float mask of 0s and 1s (``triu(1).float()``, or Hugging Face's ``attention_mask.float()`` as the padding
+    mask): torch's fused encoder layer (eval, no gradients, even heads) reads it as a bool one, every 1 hiding
+    its key; its Python path (odd heads) adds it. The record holds the reading the layer computed with."""
+    torch.manual_seed(heads)
+    n, e = 6, 4 * heads
+    layer = nn.TransformerEncoderLayer(e, heads, 2 * e, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(3, n, e)
+    keep = torch.ones(3, n)
+    keep[1, 4:] = 0
+    keep[2, 5:] = 0
+    kw = {"src_mask": torch.ones(n, n).triu(1)} if mask_kind == "src_mask" else {"src_key_padding_mask": keep}
+    with torch.no_grad():
+        layer(x, **kw)  # (the layer as it runs uncaptured: warm)
+        with capture_attention(layer) as cap:
+            layer(x, **kw)
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes, (rec.flag, cap.notes)
+    mha = layer.self_attn
+    b, _, _ = x.shape
+    q, k, v = (t.view(b, n, heads, 4).transpose(1, 2)
+               for t in nn.functional.linear(x, mha.in_proj_weight, mha.in_proj_bias).chunk(3, -1))  # fmt: skip
+    scores = q @ k.transpose(-1, -2) / 2.0
+    m = kw.get("src_mask", keep[:, None, None, :] if mask_kind == "padding" else None)
+    if heads % 2 == 0:  # fused: every nonzero value hides its key (a row that sees no key is NaN there)
+        want = scores.masked_fill(m.bool(), float("-inf")).softmax(-1)
+    else:  # Python path: added
+        want = (scores + m).softmax(-1)
+    torch.testing.assert_close(rec.probs, want, atol=1e-5, rtol=0, equal_nan=True)
+    if mask_kind == "src_mask":
+        assert rec.kind == ("dec_self" if heads % 2 == 0 else "enc_self")

@@ -5592,22 +5592,56 @@ class _Session:
             return None, None
         return query.transpose(0, 1), g.code.transpose(0, 1)
 
-    def _mha_record(self, func, p: dict[str, Any], out: Any, qk, rng, path: str) -> Record | None:
+    def _mha_record(
+        self, func, p: dict[str, Any], out: Any, qk, rng, path: str, rebuilds: Callable | None = None
+    ) -> Record | None:
         """The record of one F.multi_head_attention_forward call from its arguments ``p`` (by name) and
         its output ``out`` (None where the call ran where capture does not see its output: a torch.nn
-        encoder layer's fused fast path); ``qk``: the q and k it handed to SDPA, or None."""
+        encoder layer's fused fast path); ``qk``: the q and k it handed to SDPA, or None.
+
+        ``rebuilds`` (torch.nn's own modules, run without the mode): a callable saying whether given
+        weights rebuild what the module returned. Torch may have run its fused path there, which reads
+        some masks otherwise than F.multi_head_attention_forward's Python code: a float mask as a bool
+        one (every nonzero value hides its key) where the Python code adds it, and with ``is_causal=True``
+        the mask as given where the Python code (no key_padding_mask, no weights asked) drops it for
+        SDPA's own causal mask. Where the two readings weigh differently, the one that rebuilds the
+        output is recorded; where neither or both do, the Python path's, flagged. Without ``rebuilds``
+        the call ran the Python code (under the mode)."""
         query, key = p["query"], p["key"]
         by_sdpa = not p.get("need_weights", True)  # (its weights inside SDPA: a row with no key is 0)
         attn_mask = p["attn_mask"]
+        fused = None  # the fused path's reading of the masks, where it may weigh otherwise
+        if rebuilds is not None:
+            fused = _fused_reading(attn_mask, p["key_padding_mask"])
         if p["is_causal"] and attn_mask is None:
             n = query.shape[0]
             attn_mask = ~torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
+        elif p["is_causal"] and p["key_padding_mask"] is None and by_sdpa:
+            # the Python code's: the mask given only as a hint; SDPA's causal mask is what weighs
+            lq, lk = int(query.shape[0]), int(key.shape[0])
+            causal = ~_causal(lq, lk, query.device)
+            if rebuilds is not None and fused is None and not _hides_as(attn_mask, causal):
+                fused = (attn_mask, None)
+            attn_mask = causal
         p.update(need_weights=True, average_attn_weights=False, attn_mask=attn_mask, is_causal=False)
         with _no_grad():
             scores = _mha_scores(p, int(p["num_heads"]), qk)
         # the softmax of the scores with the call's masks; whether rows with no key were weighed 0 (SDPA's)
         weights, self._rows_zeroed = _mha_weights(p, scores, by_sdpa)
         dropped: str | None = None
+        if fused is not None and weights is not None and rebuilds is not None:
+            other = dict(p, attn_mask=fused[0], key_padding_mask=fused[1])
+            w_fused, zeroed = _mha_weights(other, scores, by_sdpa)
+            if w_fused is not None and not _same_weights(w_fused, weights):
+                by_python, by_fused = rebuilds(weights, p), rebuilds(w_fused, other)
+                if by_fused and not by_python:  # the fused path ran: its reading of the masks weighed
+                    p.update(attn_mask=fused[0], key_padding_mask=fused[1])
+                    attn_mask, weights, self._rows_zeroed = fused[0], w_fused, zeroed
+                elif by_fused == by_python:
+                    dropped = ("torch's fused path and its Python path read this call's masks differently (a "
+                               "float mask with values other than 0 and -inf, which the fused path reads as a "
+                               "bool one, or is_causal=True with a mask the Python path drops), and the output "
+                               "did not tell which ran: the record holds the Python path's weights")  # fmt: skip
         if weights is None:  # learned keys, static keys or dropout: MultiheadAttention itself, again,
             fork = None  # with dropout from the RNG state the call started from (the same draws)
             if rng is not None:
@@ -5814,7 +5848,11 @@ class _Session:
             {"training": sa.training, "key_padding_mask": pad, "need_weights": False,
              "attn_mask": src_mask, "average_attn_weights": True, "is_causal": is_causal},
         )  # fmt: skip
-        rec = self._mha_record(F.multi_head_attention_forward, p, None, None, None, path)
+        rebuilds = None
+        if out is not None and _fused_possible(module):
+            layer_in = src
+            rebuilds = lambda w, pp: _layer_output_is(module, layer_in, w, pp, out)  # noqa: E731
+        rec = self._mha_record(F.multi_head_attention_forward, p, None, None, None, path, rebuilds)
         if lengths is not None:
             rec = self._padded_rows_unseen(rec, lengths)
         if rec is not None and self.cap.records and self.cap.records[-1] is rec and src.dim() == 3:
@@ -5893,7 +5931,11 @@ class _Session:
              "attn_mask": attn_mask, "average_attn_weights": a.get("average_attn_weights", True),
              "is_causal": a.get("is_causal", False)},
         )  # fmt: skip
-        rec = self._mha_record(F.multi_head_attention_forward, p, None, None, None, path)
+        rebuilds = None
+        if isinstance(got, torch.Tensor) and _fused_possible(module):
+            seq_first_out = (got.transpose(1, 0) if module.batch_first and batched else got,)
+            rebuilds = lambda w, pp: _mha_output_is(w, pp, seq_first_out)  # noqa: E731
+        rec = self._mha_record(F.multi_head_attention_forward, p, None, None, None, path, rebuilds)
         if isinstance(got, torch.Tensor) and batched:
             rec = self._dead_rows_as_out(rec, got, module.batch_first)
         hv = rec.values if rec is not None else None
@@ -6102,7 +6144,19 @@ def _mha_output_is(weights: torch.Tensor | None, p: dict[str, Any], out: Any) ->
         if hv.b_o is not None:
             rebuilt = rebuilt + hv.b_o
     want = got[None] if got.dim() == 2 else got.transpose(0, 1)  # MultiheadAttention is sequence-first
-    return _same_output(rebuilt, want)
+    return _same_rows(rebuilt, want, w)
+
+
+def _same_rows(got: torch.Tensor, want: torch.Tensor, weights: torch.Tensor) -> bool:
+    """``_same_output`` of (B, q, D) outputs on the rows where ``want`` is finite; its other rows must be
+    rows that ``weights`` (B, H, q, k) weigh no key in (a fused kernel's softmax over no key is NaN)."""
+    bad = ~torch.isfinite(want).all(-1)  # (B, q)
+    if not bool(bad.any()):
+        return _same_output(got, want)
+    dead = ((weights.sum(-1) == 0) | weights.isnan().any(-1)).any(1)
+    if tuple(dead.shape) != tuple(bad.shape) or bool((bad & ~dead.to(bad.device)).any()):
+        return False
+    return _same_output(got[~bad], want[~bad])
 
 
 def _allowed(m: torch.Tensor) -> torch.Tensor:
@@ -6162,6 +6216,80 @@ def _mha_arguments(args, kwargs) -> dict[str, Any]:
     if len(p) != len(_MHA_NAMES):  # a required argument missing: bind says which
         _MHA_SIG.bind(*args, **kwargs)
     return p
+
+
+def _fused_possible(module: nn.Module) -> bool:
+    """Whether torch may have run a fused kernel for this torch.nn module's call (eval, no gradients): else
+    it ran its Python code."""
+    if module.training:
+        return False
+    return not (torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()))
+
+
+def _layer_output_is(
+    layer: nn.Module, src: torch.Tensor, weights: torch.Tensor, p: dict[str, Any], out
+) -> bool:
+    """nn.TransformerEncoderLayer's output rebuilt from its attention's ``weights`` (B, H, q, k), the values and
+    output projection ``p`` gives, and the layer's own norms and feed-forward, equals ``out`` (eval)."""
+    if (
+        not isinstance(out, torch.Tensor)
+        or out.is_nested
+        or not isinstance(src, torch.Tensor)
+        or src.dim() != 3
+    ):
+        return False
+    h = int(p["num_heads"])
+    hv = _mha_values(p, h, (int(weights.shape[0]), h, int(weights.shape[-1])))
+    vals = hv.values if hv is not None else None
+    if vals is None or hv is None or hv.w_o is None:
+        return False
+    first = bool(getattr(cast(Any, layer).self_attn, "batch_first", False))
+    lay = cast(Any, layer)
+    with torch.no_grad():
+        attn = torch.einsum("bhqk,bhkd,hDd->bqD", weights.to(vals.dtype), vals, hv.w_o)
+        if hv.b_o is not None:
+            attn = attn + hv.b_o
+        x = src if first else src.transpose(0, 1)
+        if lay.norm_first:
+            x = x + attn
+            x = x + lay.linear2(lay.activation(lay.linear1(lay.norm2(x))))
+        else:
+            x = lay.norm1(x + attn)
+            x = lay.norm2(x + lay.linear2(lay.activation(lay.linear1(x))))
+    return _same_rows(x, out if first else out.transpose(0, 1), weights)
+
+
+def _fused_reading(attn_mask, key_padding_mask) -> tuple[Any, Any] | None:
+    """The masks as torch's fused MultiheadAttention and encoder-layer kernels read them: a float mask as a
+    bool one, every nonzero value hiding its key (the Python path adds it). None where that weighs as the
+    Python path does (no float mask with a value other than 0 or a very negative one)."""
+
+    def read(m):
+        if m is None or m.dtype == torch.bool or not m.is_floating_point():
+            return m, False
+        return m != 0, bool(((m != 0) & (m > NEG)).any())
+
+    am, differs_a = read(attn_mask)
+    kpm, differs_k = read(key_padding_mask)
+    return (am, kpm) if differs_a or differs_k else None
+
+
+def _hides_as(m, hidden: torch.Tensor) -> bool:
+    """Whether a torch.nn mask ``m`` (bool: True hides; float: added) hides exactly the keys ``hidden``
+    (True = hidden) and adds nothing elsewhere."""
+    if m is None:
+        return False
+    if m.dtype == torch.bool:
+        return tuple(m.shape[-2:]) == tuple(hidden.shape) and bool((m == hidden.to(m.device)).all())
+    if tuple(m.shape[-2:]) != tuple(hidden.shape):
+        return False
+    h = hidden.to(m.device)
+    return bool(((m <= NEG) == h).all()) and bool((m.masked_fill(h, 0) == 0).all())
+
+
+def _same_weights(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal weights, NaN where the other is NaN."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
 def _mask(b: int, h: int, lq: int, lk: int, attn_mask, key_padding_mask, device):
