@@ -664,9 +664,26 @@ class MaskedAfter(FutureMask):
         return att @ v
 
 
-def test_weights_masked_after_the_softmax_keep_that_mask():
+class MaskedAfterThenDropout(FutureMask):
+    """ "Let's build GPT"'s Head with its mask moved after the softmax: ``wei * tril``, then
+    ``self.dropout(wei)`` (eval: it hands its input back), then ``wei @ v``."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.dropout = nn.Dropout(0.2)
+
+    def forward(self, ids):
+        b, t = ids.shape
+        q, k, v = (x.view(b, t, self.h, D_HEAD).transpose(1, 2) for x in self.qkv(self.emb(ids)).chunk(3, -1))
+        att = torch.softmax(q @ k.transpose(-1, -2), dim=-1) * torch.tril(torch.ones(t, t))
+        self.seen.append(att)
+        return self.dropout(att) @ v
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+def test_weights_masked_after_the_softmax_keep_that_mask(dropout):
     torch.manual_seed(14)
-    model = MaskedAfter(2, "to").eval()
+    model = (MaskedAfterThenDropout if dropout else MaskedAfter)(2, "to").eval()
     cap = _captured(model, torch.randint(1, VOCAB, (2, 5)))
     (rec,) = cap.records
     assert rec.exact and torch.equal(rec.probs, model.seen[0])  # the weights as used, rows not summing to 1

@@ -4905,6 +4905,8 @@ class _Session:
         p = base.probs
         if name in TRANSPOSES and args and args[0] is base_t:
             return self._weights_transposed(name, args, kwargs or {}, out, base)
+        if name in DROPOUT and out is base_t:  # dropout in eval mode hands back its input: the weights as
+            return True  # they were (a 0/1 mask they were multiplied by still theirs: "Let's build GPT")
         if tuple(out.shape) != p.shape:
             return False
         if name in COPIES and args and args[0] is base_t and out.dtype == base_t.dtype:
