@@ -831,3 +831,52 @@ def test_a_causal_model_over_a_learned_start_token_is_decoder_self_attention():
     (rec,) = cap.records
     assert rec.exact and rec.kind == "dec_self"
     assert rec.key_labels == ("<sos 0>", *[None] * 5) and rec.query_labels == ("<sos 0>", *[None] * 5)
+
+
+class TokenShift(nn.Module):
+    """Keys (or the whole input) mixed with the previous token's, the shifted operand first: FoX-Pro's KV-shift
+    ``0.3 * F.pad(k, (0, 0, 1, -1)) + 0.7 * k``, ``torch.lerp(shifted, k, w)``, and x-transformers'
+    ``shift_tokens`` (feature chunks shifted by -1, 0 and +1, joined)."""
+
+    def __init__(self, style: str, d: int = 8):
+        super().__init__()
+        self.style = style
+        self.emb = nn.Embedding(VOCAB, d)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        t = x.shape[1]
+        if self.style == "chunks":
+            segs = x.split(x.shape[-1] // 4, dim=-1)
+            shifted = [F.pad(s, (0, 0, a, -a)) if a else s for s, a in zip(segs[:3], (-1, 0, 1), strict=True)]
+            x = torch.cat((*shifted, *segs[3:]), dim=-1)
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        if self.style == "add":
+            k = 0.3 * F.pad(k, (0, 0, 1, -1)) + 0.7 * k
+        elif self.style == "lerp":
+            k = torch.lerp(F.pad(k, (0, 0, 1, -1)), k, 0.7)
+        s = q @ k.transpose(-1, -2) / 8**0.5
+        if self.style != "chunks":
+            s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        w = s.softmax(-1)
+        self.seen.append(w)
+        return w @ v
+
+
+@pytest.mark.parametrize("style", ["add", "lerp", "chunks"])
+def test_a_token_shift_keeps_each_row_at_its_own_token(style):
+    """Row j of a sum with the previous token's features is token j: the record's keys are the sequence's
+    positions in order (not moved by one, the first a padding key), so the causal map stays dec_self and the
+    trace draws it."""
+    torch.manual_seed(3)
+    model = TokenShift(style).eval()
+    ids = torch.randint(1, VOCAB, (2, 5))
+    cap = _captured(model, ids)
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes, cap.notes
+    assert torch.equal(rec.probs[:, 0], model.seen[0])
+    assert rec.key_labels is None and torch.equal(rec.key_positions, rec.query_positions)
+    assert rec.kind == ("enc_self" if style == "chunks" else "dec_self")
+    assert rec.kind in cap.trace(0).kinds

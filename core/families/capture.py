@@ -2337,6 +2337,25 @@ class _Session:
         self.set(t, tag)
         return tag
 
+    def _own_positions(self, codes: list[torch.Tensor]) -> torch.Tensor:
+        """Of operands summed position by position that hold different positions (a token shift: FoX's
+        ``0.3 * F.pad(k, (0, 0, 1, -1)) + 0.7 * k``, ``torch.lerp(shifted, k, w)``), the codes of the first
+        whose positions hold no padding or learned one where another's do: the unshifted operand, whose row
+        j is token j (the shifted one's first row is padding). Else the first operand's."""
+        key = ("own positions", *(id(c) for c in codes), self._sources_key())
+        hit = lineage.recall(key)
+        if hit is not lineage.MISS:
+            return hit
+        pick = codes[0]
+        if codes[0].dim() >= 1:
+            pos = [c.select(-1, 0) >> lineage.SHIFT for c in codes]
+            if any(not torch.equal(p, pos[0]) for p in pos[1:]) and all(bool((p >= 0).all()) for p in pos):
+                made = [bool(self.sources.learned(p).any()) for p in pos]
+                clean = [c for c, m in zip(codes, made, strict=True) if not m]
+                if clean and any(made):
+                    pick = clean[0]
+        return lineage.remember(key, tuple(codes), pick)
+
     def _external(self, t: torch.Tensor) -> _Tag:
         """Tag a tensor that enters the model from outside the call (its own origin and positions)."""
         code = self.code_of(t)
@@ -2447,10 +2466,9 @@ class _Session:
             return self._reduced_code(args, kwargs, act[0][1].code, out)
         # position-wise: an operand whose codes have the output's shape (not one broadcast or expanded over
         # it: a bias, a query added to every key), else the first with codes
-        for _t, g in act:
-            c = g.code
-            if c is not None and c.shape == shape and not (len(act) > 1 and _expanded(_t)):
-                return c
+        full = [g.code for t, g in act if g.code is not None and g.code.shape == shape and not (len(act) > 1 and _expanded(t))]  # fmt: skip
+        if full:
+            return full[0] if len(full) == 1 or full[1] is full[0] else self._own_positions(full)
 
         def spread(t: torch.Tensor, c: torch.Tensor) -> int:  # the dims an operand fills (not expanded
             lead = len(shape) - c.dim()  # over by the model), later dims weighing more (keys are laid out
@@ -2571,8 +2589,13 @@ class _Session:
         if not found:
             return None
         # parts at other positions: a state repeated over the positions (the same position along an
-        # axis where another part's positions vary) gives way to the part that varies there
-        found.sort(key=lambda p: -int(torch.unique(p).numel()))
+        # axis where another part's positions vary) gives way to the part that varies there; of parts at as
+        # many positions, one with no padding or
+        # learned position comes first (x-transformers' shift_tokens: chunks shifted by -1, 0 and +1 joined,
+        # whose unshifted chunk is the row's own token)
+        found.sort(
+            key=lambda p: (-int(torch.unique(p).numel()), bool(self.sources.learned(p.clamp_min(0)).any()))
+        )
         rows = found[0]
 
         def varies(p: torch.Tensor) -> list[bool]:  # along each axis of the rows
@@ -2591,8 +2614,10 @@ class _Session:
                 continue
             own = varies(pos)
             if own == main:  # another field of the same positions (DIN's item and category embeddings of
-                pairs = torch.unique(torch.stack([rows.reshape(-1), pos.reshape(-1)]), dim=1).shape[1]
-                if pairs == int(torch.unique(rows).numel()) == int(torch.unique(pos).numel()):
+                real = ~self.sources.learned(pos.clamp_min(0))  # (a shifted part's padding cells aside)
+                r, o = rows[real], pos[real]
+                pairs = torch.unique(torch.stack([r.reshape(-1), o.reshape(-1)]), dim=1).shape[1]
+                if pairs == int(torch.unique(r).numel()) == int(torch.unique(o).numel()):
                     continue  # one history): one position each, kept as the first part's
                 if gives_way(pos):
                     continue
