@@ -769,6 +769,42 @@ def test_a_batch_sorted_inside_the_model_is_flagged_with_its_order(lengths, head
     assert len(cap.notes) == 1
 
 
+class SortedThenUnsorted(nn.Module):
+    """Sorted by length inside forward, on the token ids (``self.emb(ids[perm_idx])``, before the embedding)
+    or on the embeddings, attention in the sorted order, sorted back (``out[unperm_idx]``), attention again."""
+
+    def __init__(self, sort_ids: bool, heads: int = 2):
+        super().__init__()
+        self.sort_ids, self.h = sort_ids, heads
+        self.emb = nn.Embedding(VOCAB, 4 * heads)
+        self.qkv1, self.qkv2 = nn.Linear(4 * heads, 12 * heads), nn.Linear(4 * heads, 12 * heads)
+
+    def att(self, x, lin):
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in lin(x).chunk(3, -1))
+        return ((q @ k.transpose(-1, -2)).softmax(-1) @ v).transpose(1, 2).reshape(b, n, d)
+
+    def forward(self, ids, lengths):
+        _, perm_idx = lengths.sort(0, descending=True)
+        x = self.emb(ids[perm_idx]) if self.sort_ids else self.emb(ids)[perm_idx]
+        out = self.att(x, self.qkv1)  # rows in the sorted order
+        return self.att(out[perm_idx.argsort()], self.qkv2)  # rows in the caller's order
+
+
+@pytest.mark.parametrize("sort_ids", [True, False])
+def test_token_ids_sorted_before_the_embedding_are_the_callers_rows_in_another_order(sort_ids):
+    """Sorting the ids made sorted row b "sequence b" for the embedding: the sorted attention was exact (its row
+    0 another sequence's map) and the one back in the caller's order flagged. Both sorts now read the same."""
+    torch.manual_seed(0)
+    lens = torch.tensor([2, 5, 3])
+    model = SortedThenUnsorted(sort_ids).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (3, 5)), lens)
+    first, second = cap.records
+    assert not first.exact and "sequence [1, 2, 0][b]" in first.flag
+    assert second.exact
+
+
 def test_a_batch_already_in_order_stays_exact():
     torch.manual_seed(0)
     lens = torch.tensor([6, 5, 3])

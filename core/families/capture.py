@@ -1393,6 +1393,9 @@ class _Session:
         # default device) and put back around each op of the model, which runs under them as it would
         self.lower: list[list[TorchFunctionMode]] = []
         self._grid_sources: builtins.set[int] = set()  # sources a convolution made: an image's grid, a map's
+        # integer tensors that are another's rows in another order (``ids[perm_idx]``, a batch sorted by
+        # length): id -> (weakref, the tensor whose rows they are, the permutation)
+        self._row_picks: dict[int, tuple[weakref.ref, torch.Tensor, torch.Tensor]] = {}
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -1539,6 +1542,9 @@ class _Session:
                 self.path()  # (made by the model's own code: not the caller's inputs made in the block)
                 if self._frame is not None:
                     _hold(self._pure_ints, out)
+        if (name == "__getitem__" or name == "index_select") and type(out) is torch.Tensor and not kwargs:
+            if not out.is_floating_point() and out.dim() >= 2:
+                self._row_pick(name, args, out)
         if name in RANDOM or self._by_data or (type(out) is not torch.Tensor or not out.is_floating_point()):
             self._data_step(name, args, kwargs, out)
         if name in FACTORIES and isinstance(out, torch.Tensor):
@@ -1905,6 +1911,7 @@ class _Session:
             self.warn(module, shape, "exp of query-key scores that capture could not follow into a softmax (one "
                       "written another way, or computed block by block): these weights are not recorded")  # fmt: skip
         self._unfinished.clear()
+        self._row_picks.clear()  # (the token ids they hold)
         for weights, (module, shape) in self._positional_shapes.items():
             if weights in self._in_pieces:  # its slices multiplied values one by one (a loop over the batch)
                 self.warn(module, shape, "not recorded: weights over positions whose slices multiply values one "
@@ -2152,6 +2159,37 @@ class _Session:
             self._kept_storages = {_storage_at(t) for t in kept} - {0}
         return _storage_at(ids) in self._kept_storages
 
+    def _row_pick(self, name: str, args, out: torch.Tensor) -> None:
+        """Integer rows put in another order (``ids[perm_idx]``, ``ids.index_select(0, perm_idx)``: a batch of
+        token ids sorted by length before the embedding): remembered, so the embedding gives each row the
+        positions of the caller's row it is (a pick of a pick maps back to the first)."""
+        src = args[0] if args else None
+        if not isinstance(src, torch.Tensor) or src.is_floating_point() or src.dim() < 2 or _is_param(src):
+            return
+        if name == "index_select":
+            if len(args) < 3 or args[1] not in (0, -src.dim()):
+                return
+            idx = args[2]
+        else:
+            idx = args[1] if len(args) > 1 else None
+            if isinstance(idx, tuple):
+                if not idx or not all(isinstance(i, slice) and i == slice(None) for i in idx[1:]):
+                    return
+                idx = idx[0]
+        if (
+            type(idx) is not torch.Tensor
+            or idx.dim() != 1
+            or idx.is_floating_point()
+            or idx.dtype == torch.bool
+            or tuple(out.shape) != tuple(src.shape)
+            or not torch.equal(idx.sort().values.cpu(), torch.arange(int(src.shape[0])))
+        ):  # (a permutation of the rows: picks of some rows, or one row twice, as beams are, are rows anew)
+            return
+        prev = self._row_picks.get(id(src))
+        if prev is not None and prev[0]() is src:
+            src, idx = prev[1], prev[2][idx.to(prev[2].device)]
+        self._row_picks[id(out)] = (weakref.ref(out), src, idx)
+
     def on_embedding(self, args, out) -> None:
         ids = args[0]
         if (
@@ -2183,7 +2221,20 @@ class _Session:
                 self.first_len = int(ids.shape[-1])
         if isinstance(out, torch.Tensor):
             code = None
-            if isinstance(ids, torch.Tensor) and out.dim() == ids.dim() + 1:
+            pick = self._row_picks.get(id(ids)) if isinstance(ids, torch.Tensor) else None
+            if (
+                pick is not None
+                and isinstance(ids, torch.Tensor)
+                and pick[0]() is ids
+                and out.dim() == ids.dim() + 1
+            ):
+                # the caller's rows in another order: each row the positions of the caller's row it is
+                src, idx = pick[1], pick[2]
+                start = self.sources.new(src.numel(), "tokens", str(self.n_embed), self.n_embed,
+                                         int(src.shape[-1]))  # fmt: skip
+                whole = lineage.fresh(start, tuple(src.shape), int(out.shape[-1]), out.device)
+                code = whole[idx.to(whole.device)]
+            elif isinstance(ids, torch.Tensor) and out.dim() == ids.dim() + 1:
                 start = self.sources.new(ids.numel(), "tokens", str(self.n_embed), self.n_embed,
                                          int(ids.shape[-1]))  # fmt: skip
                 code = lineage.fresh(start, tuple(ids.shape), int(out.shape[-1]), out.device)
