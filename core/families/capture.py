@@ -2225,8 +2225,8 @@ class _Session:
             if (
                 pick is not None
                 and isinstance(ids, torch.Tensor)
-                and pick[0]() is ids
                 and out.dim() == ids.dim() + 1
+                and pick[0]() is ids
             ):
                 # the caller's rows in another order: each row the positions of the caller's row it is
                 src, idx = pick[1], pick[2]
