@@ -880,3 +880,45 @@ def test_a_token_shift_keeps_each_row_at_its_own_token(style):
     assert rec.key_labels is None and torch.equal(rec.key_positions, rec.query_positions)
     assert rec.kind == ("enc_self" if style == "chunks" else "dec_self")
     assert rec.kind in cap.trace(0).kinds
+
+
+class LatentKeys(nn.Module):
+    """Hugging Face's DeepSeek-V2/V3 eager attention assembles its query and key states in a tensor made by
+    ``k_pe.new_empty(...)``, the heads' own part and the one rotary key head shared by all written in by slice
+    (broadcast over the heads)."""
+
+    def __init__(self, heads: int, d: int = 8):
+        super().__init__()
+        self.h = heads
+        self.emb = nn.Embedding(VOCAB, d)
+        self.q, self.k_nope, self.k_pe = nn.Linear(d, 6 * heads), nn.Linear(d, 4 * heads), nn.Linear(d, 2)
+        self.v = nn.Linear(d, 4 * heads)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, self.h, 6).transpose(1, 2)
+        k_nope = self.k_nope(x).view(b, n, self.h, 4).transpose(1, 2)
+        k_pe = self.k_pe(x).view(b, n, 1, 2).transpose(1, 2)
+        key_states = k_pe.new_empty(b, self.h, n, 6)
+        key_states[:, :, :, :4] = k_nope
+        key_states[:, :, :, 4:] = k_pe
+        s = (q @ key_states.transpose(2, 3)).masked_fill(
+            torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf")
+        )
+        w = s.softmax(-1)
+        self.seen.append(w)
+        return w @ self.v(x).view(b, n, self.h, 4).transpose(1, 2)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_key_states_assembled_in_a_new_empty_tensor_are_followed(batch, heads):
+    """``new_empty`` made a tensor tagged with ``k_pe``'s lineage and no codes: every layer was flagged "lineage
+    lost". It is a new buffer, as ``torch.empty``: the slices written in carry their positions."""
+    torch.manual_seed(heads)
+    model = LatentKeys(heads).eval()
+    cap = _captured(model, torch.randint(1, VOCAB, (batch, 5)))
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes, cap.notes
+    assert torch.equal(rec.probs, model.seen[0]) and rec.kind == "dec_self"

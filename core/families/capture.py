@@ -158,7 +158,9 @@ HAND_STEPS = frozenset({"exp", "exp_", "log_softmax", "logsumexp", "sum", "unsqu
 PACKING = frozenset({"_pack_padded_sequence", "_pad_packed_sequence"})  # nn.utils.rnn's packed sequences
 CELLS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
 RNN = frozenset({"gru", "lstm", "rnn_tanh", "rnn_relu"}) | CELLS  # recurrent layers and their cells
-FACTORIES = frozenset({"zeros", "empty", "ones", "full"})  # new tensors made from no other tensor
+# new tensors made from no other tensor's values (``k_pe.new_empty(...)`` takes its dtype and device alone:
+# DeepSeek's query and key states assembled in one, head slices written in)
+FACTORIES = frozenset({"zeros", "empty", "ones", "full", "new_empty", "new_zeros", "new_ones", "new_full"})
 # norms over channels and space, with learned scales: of a tensor from outside, still from outside
 OUTSIDE_NORMS = frozenset({"group_norm", "batch_norm", "instance_norm"})
 # new tensors that take a shape (and dtype) from another: its positions, none of its values
