@@ -922,3 +922,40 @@ def test_key_states_assembled_in_a_new_empty_tensor_are_followed(batch, heads):
     (rec,) = cap.records
     assert rec.exact and not cap.notes, cap.notes
     assert torch.equal(rec.probs, model.seen[0]) and rec.kind == "dec_self"
+
+
+class PagedCache(nn.Module):
+    """vLLM's and nano-vllm's paged KV cache: keys written through a view of the cache buffer
+    (``key_cache.view(-1, heads, d)[slot_mapping] = k``), then read back by blocks (a block table)."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h = heads
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.q, self.k, self.v = nn.Linear(8, 4 * heads), nn.Linear(8, 4 * heads), nn.Linear(8, 4 * heads)
+        self.register_buffer("k_cache", torch.zeros(6, 2, heads, 4))  # (blocks, block size, heads, d)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):  # one packed sequence of tokens
+        x = self.emb(ids)
+        n = x.shape[0]
+        q, k, v = (lin(x).view(n, self.h, 4) for lin in (self.q, self.k, self.v))
+        self.k_cache.view(-1, self.h, 4)[torch.arange(n) + 2] = k
+        keys = self.k_cache[torch.tensor([1, 2, 3])].view(-1, self.h, 4)[:n]
+        w = torch.einsum("qhd,khd->hqk", q, keys).masked_fill(torch.ones(n, n).triu(1).bool(), float("-inf"))
+        w = w.softmax(-1)
+        self.seen.append(w)
+        return torch.einsum("hqk,khd->qhd", w, v)
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_keys_written_through_a_view_of_the_cache_are_read_back_as_the_tokens(heads):
+    """The write into the view left the buffer untagged: its blocks read back as positions of their own, the
+    causal self-attention recorded as cross-attention (one head) or flagged with a wrong reason (two)."""
+    torch.manual_seed(heads)
+    model = PagedCache(heads).eval()
+    cap = _captured(model, torch.randint(1, VOCAB, (5,)))
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes, (rec.flag, cap.notes)
+    assert rec.kind == "dec_self" and torch.equal(rec.probs[0], model.seen[0])
+    assert torch.equal(rec.key_positions, rec.query_positions)

@@ -5292,8 +5292,29 @@ class _Session:
                 code = None
         if t is None:  # a buffer that holds this call's keys (and maybe earlier ones)
             self.set(target, _Tag(vt.role, vt.origin, heads=vt.heads, cache=True, code=code))
+            if code is not None and target._base is not None:
+                self._view_written(target, code, vt)
         elif t.role != "param":
             self.set(target, replace(t, origin=t.origin | vt.origin, code=code))
+
+    def _view_written(self, view: torch.Tensor, code: torch.Tensor, vt: _Tag) -> None:
+        """Keys written into a view of a buffer (vLLM's and nano-vllm's paged cache:
+        ``key_cache.view(-1, heads, d)[slot_mapping] = k``): the buffer holds them too, where the view
+        lies in its memory, for what reads the buffer itself next (its blocks, gathered by a block table)."""
+        base = view._base
+        if base is None or not base.is_contiguous() or tuple(code.shape) != tuple(view.shape):
+            return
+        g = self.tag(base)
+        old = g.code if g is not None else None
+        if old is None or tuple(old.shape) != tuple(base.shape):
+            old = torch.full(tuple(base.shape), self._pad_code(), dtype=torch.int64, device=code.device)
+        try:
+            whole = old.clone()
+            whole.as_strided(tuple(view.shape), tuple(view.stride()),
+                             view.storage_offset() - base.storage_offset()).copy_(code)  # fmt: skip
+        except RuntimeError:  # a view the codes cannot mirror
+            return
+        self.set(base, _Tag(vt.role, vt.origin, heads=vt.heads, cache=True, code=whole))
 
     def _same_cells(self, old: torch.Tensor, new: torch.Tensor) -> bool:
         """Positions ``new`` written over ``old`` are the same cells of another embedding of the same grid
