@@ -815,3 +815,49 @@ def test_a_batch_already_in_order_stays_exact():
     with torch.no_grad(), capture_attention(model) as cap:
         model(ids, lens)
     assert cap.records[0].exact and not cap.notes
+
+
+class PackedThenAttended(nn.Module):
+    """Token ids padded to a fixed length, packed, unpacked to the longest sequence (``pad_packed_sequence``'s
+    default) or to a ``total_length``, then self-attention over the unpacked steps (Kaggle's LSTM + attention)."""
+
+    def __init__(self, total_length: int | None, batch_first: bool):
+        super().__init__()
+        self.total_length, self.batch_first = total_length, batch_first
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.q, self.k = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids, lengths):
+        x = self.emb(ids) if self.batch_first else self.emb(ids).transpose(0, 1)
+        packed = nn.utils.rnn.pack_padded_sequence(
+            x, lengths, batch_first=self.batch_first, enforce_sorted=False
+        )
+        x, _ = nn.utils.rnn.pad_packed_sequence(
+            packed, batch_first=self.batch_first, total_length=self.total_length
+        )
+        x = x if self.batch_first else x.transpose(0, 1)
+        b, t, _ = x.shape
+        q, k = self.q(x).view(b, t, 2, 4).transpose(1, 2), self.k(x).view(b, t, 2, 4).transpose(1, 2)
+        w = (q @ k.transpose(-1, -2)).softmax(-1)
+        self.seen.append(w)
+        return w @ x[:, None]
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("total_length", [None, 7, 9])
+def test_steps_unpacked_to_another_length_than_the_packed_ones_are_recorded(total_length, batch_first):
+    """Unpacked to fewer steps than the ids were padded to (the longest sequence's 5 of 7) or to more (9): every
+    padded step shared one padding position, so rows of a sequence repeated a position and the map was left
+    out ("rows of one sequence and head see different keys")."""
+    torch.manual_seed(1)
+    ids = torch.randint(1, VOCAB, (3, 7))
+    lengths = torch.tensor([5, 3, 4])
+    for i, n in enumerate(lengths.tolist()):
+        ids[i, n:] = 0
+    model = PackedThenAttended(total_length, batch_first).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, lengths)
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes, cap.notes
+    assert torch.equal(rec.probs, model.seen[0])

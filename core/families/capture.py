@@ -3460,18 +3460,26 @@ class _Session:
         code = None
         if c is not None:
             try:
-                if name == "_pack_padded_sequence":
+                if name == "_pack_padded_sequence":  # (input, lengths, batch_first)
                     code = func(c, *args[1:])[0]
-                    if len(outs) > 1:  # the padded slots' positions, for the unpacking
-                        self._packed_slots[id(outs[1])] = (outs[1], c[..., 0] >> lineage.SHIFT)
+                    if len(outs) > 1:  # the padded slots' positions, batch-first, for the unpacking
+                        pos = c[..., 0] >> lineage.SHIFT
+                        first = bool(args[2]) if len(args) > 2 else False
+                        self._packed_slots[id(outs[1])] = (outs[1], pos if first else pos.transpose(0, 1))
                 else:  # (data, batch_sizes, batch_first, padding_value, total_length)
                     code = func(c, args[1], args[2], -1.0, *args[4:])[0]
                     held = self._packed_slots.get(id(args[1]))
                     slots = code[..., 0] < 0
-                    if held is not None and held[0] is args[1] and held[1].shape == slots.shape:
+                    pos = None
+                    if held is not None and held[0] is args[1] and held[1].dim() == 2 and slots.dim() == 2:
+                        # as many steps as the longest sequence (or total_length): the packed tensor's
+                        # first ones, and padding positions of their own past its end
+                        pos = self._unpacked_slots(held[1], slots if bool(args[2]) else slots.transpose(0, 1))
+                        pos = pos if pos is None or bool(args[2]) else pos.transpose(0, 1)
+                    if pos is not None:
                         # a PAD slot is its own token's position (not computed from it: the mask says so)
                         f = torch.arange(int(code.shape[-1]), dtype=torch.int64, device=code.device)
-                        code = torch.where(slots[..., None], (held[1][..., None] << lineage.SHIFT) | f, code)
+                        code = torch.where(slots[..., None], (pos[..., None] << lineage.SHIFT) | f, code)
                     else:
                         code = code.masked_fill(code < 0, self._pad_code())
             except Exception:  # an argument the replay does not take: the codes are lost
@@ -3479,6 +3487,21 @@ class _Session:
         if code is not None and tuple(code.shape) != tuple(outs[0].shape):
             code = None
         self.set(outs[0], _Tag(g.role, g.origin, code=code))
+
+    def _unpacked_slots(self, packed: torch.Tensor, slots: torch.Tensor) -> torch.Tensor | None:
+        """The positions (B, T) of ``pad_packed_sequence``'s output slots, batch-first: the padded tensor's
+        that was packed (B, T0), its first T steps (T <= T0), then padding positions of their own (T > T0,
+        ``total_length`` past its end); None where the batch differs."""
+        b, t = int(slots.shape[0]), int(slots.shape[1])
+        if int(packed.shape[0]) != b:
+            return None
+        t0 = int(packed.shape[1])
+        if t <= t0:
+            return packed[:, :t].to(slots.device)
+        n = b * (t - t0)
+        start = self.sources.new(n, "pad", "padding")
+        extra = start + torch.arange(n, dtype=torch.int64, device=slots.device).view(b, t - t0)
+        return torch.cat([packed.to(slots.device), extra], dim=1)
 
     def _recurrent(self, name: str, x: torch.Tensor, outs) -> None:
         """An RNN (``nn.GRU``/``LSTM``/``RNN``) or one step of a cell: the output at each position is a
