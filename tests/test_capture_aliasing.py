@@ -172,3 +172,35 @@ def test_records_of_a_shared_workspace_hold_each_layers_weights_flagged_or_not()
     assert len(cap.records) == 3
     for rec, used in zip(cap.records, model.used, strict=True):
         torch.testing.assert_close(rec.probs, used, rtol=0, atol=0)
+
+
+class KeptForPlotting(nn.Module):
+    """Lightning's and fastai's way: the weights kept for plotting as numpy (``attn.detach().cpu().numpy()``,
+    which shares the tensor's memory on the CPU), then edited in place for display (small weights zeroed, rounded),
+    writes torch never sees."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-1, -2) / 2.0).softmax(-1)
+        out = attn @ v
+        self.used = attn.clone()
+        kept = attn.detach().cpu().numpy() if self.how == "numpy" else attn.detach().__array__()
+        kept[kept < 0.2] = 0
+        kept.round(1, out=kept)
+        return out.transpose(1, 2).reshape(b, n, 8)
+
+
+def test_weights_kept_as_numpy_and_edited_there_leave_the_record_as_used():
+    for how in ("numpy", "__array__"):
+        torch.manual_seed(5)
+        model = KeptForPlotting(how).eval()
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(torch.randn(2, 6, 8))
+        (rec,) = cap.records
+        assert torch.equal(rec.probs, model.used), how

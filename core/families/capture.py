@@ -1517,6 +1517,10 @@ class _Session:
             self._rng = _rng_state(q.device) if drop and isinstance(q, torch.Tensor) else None
         if self._sealed and ("out" in kwargs or _writes_first(name)):
             self._unshare(name, args, kwargs)
+        if (name == "numpy" or name == "__array__") and self._aliased and args:  # memory numpy may write
+            at = _storage_at(args[0])  # without torch knowing (``self.w = attn.detach().cpu().numpy()``, then
+            if at in self._aliased:  # edited in place): the records take copies first
+                self._copy_records({at})
         if args and type(args[0]) is torch.Tensor and _writes_first(name):
             self._weights_written(args[0])
         pre = None
