@@ -861,3 +861,114 @@ def test_steps_unpacked_to_another_length_than_the_packed_ones_are_recorded(tota
     (rec,) = cap.records
     assert rec.exact and not cap.notes, cap.notes
     assert torch.equal(rec.probs, model.seen[0])
+
+
+class PackedWordAttention(nn.Module):
+    """sgrvinod's hierarchical attention network, word level: scores of a learned context vector computed on
+    ``PackedSequence.data`` (one per real word, 1-D), ``exp(s - s.max())``, padded back by
+    ``pad_packed_sequence(PackedSequence(...))`` (zeros at PAD), divided by their sums; the padded GRU outputs
+    weighed by them (``(h * alphas.unsqueeze(2)).sum(1)``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.rnn = nn.GRU(8, 4, batch_first=True, bidirectional=True)
+        self.att, self.ctx = nn.Linear(8, 6), nn.Linear(6, 1, bias=False)
+        self.alphas: list[torch.Tensor] = []
+
+    def pool(self, x, lengths):
+        packed, _ = self.rnn(
+            nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        )
+        e = self.ctx(torch.tanh(self.att(packed.data))).squeeze(1)
+        e = torch.exp(e - e.max())
+        e, _ = nn.utils.rnn.pad_packed_sequence(
+            nn.utils.rnn.PackedSequence(
+                e, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices
+            ),
+            batch_first=True,
+        )
+        alphas = e / e.sum(1, keepdim=True)
+        self.alphas.append(alphas)
+        h, _ = nn.utils.rnn.pad_packed_sequence(packed, batch_first=True)
+        return (h * alphas.unsqueeze(2)).sum(1)
+
+    def forward(self, ids, lengths):
+        return self.pool(self.emb(ids), lengths)
+
+
+def test_a_softmax_by_hand_on_packed_data_is_recorded_in_the_batchs_order():
+    """The exp on the packed 1-D scores was never followed: alone, "no softmax was seen" (blaming linear
+    attention); beside other attention, nothing at all. Its rows are the batch's in the model's order, though
+    the packed data holds them sorted by length."""
+    torch.manual_seed(2)
+    ids = torch.randint(1, VOCAB, (4, 6))
+    lengths = torch.tensor([3, 6, 2, 5])
+    for i, n in enumerate(lengths.tolist()):
+        ids[i, n:] = 0
+    model = PackedWordAttention().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, lengths)
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes, cap.notes
+    assert rec.kind == "cross" and tuple(rec.probs.shape) == (4, 1, 1, 6)
+    torch.testing.assert_close(rec.probs[:, 0, 0], model.alphas[0], atol=1e-7, rtol=0)
+
+
+class PackedDocuments(nn.Module):
+    """Both levels of that network: documents packed over their sentences, the word level run on the packed
+    sentences (``packed_docs.data``: sentences in the packed, sorted order, pooled into sentence vectors), the
+    sentence level's GRU on ``PackedSequence(sentence_vectors, ...)``, and its weights padded back to the
+    documents' order. The sentences' positions are numbered in the packed order, the weights' rows are in the
+    documents' own."""
+
+    def __init__(self):
+        super().__init__()
+        self.words = PackedWordAttention()
+        self.rnn = nn.GRU(8, 4, batch_first=True, bidirectional=True)
+        self.att, self.ctx = nn.Linear(8, 6), nn.Linear(6, 1, bias=False)
+        self.alphas: list[torch.Tensor] = []
+
+    def forward(self, docs, sentences, words):
+        packed_docs = nn.utils.rnn.pack_padded_sequence(
+            docs, sentences, batch_first=True, enforce_sorted=False
+        )
+        packed_words = nn.utils.rnn.pack_padded_sequence(
+            words, sentences, batch_first=True, enforce_sorted=False
+        )
+        vecs = self.words(packed_docs.data, packed_words.data)
+        seq = nn.utils.rnn.PackedSequence(vecs, packed_docs.batch_sizes, packed_docs.sorted_indices,
+                                          packed_docs.unsorted_indices)  # fmt: skip
+        packed, _ = self.rnn(seq)
+        e = torch.exp(self.ctx(torch.tanh(self.att(packed.data))).squeeze(1))
+        e, _ = nn.utils.rnn.pad_packed_sequence(
+            nn.utils.rnn.PackedSequence(
+                e, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices
+            ),
+            batch_first=True,
+        )
+        alphas = e / e.sum(1, keepdim=True)
+        self.alphas.append(alphas)
+        h, _ = nn.utils.rnn.pad_packed_sequence(packed, batch_first=True)
+        return (h * alphas.unsqueeze(2)).sum(1)
+
+
+def test_sentence_weights_over_sentences_pooled_in_packed_order_keep_the_documents_order():
+    """The sentence-level record took its rows in the order the sentences' positions were numbered (the
+    packed, sorted one), not the order the weights hold them: documents' maps under other documents."""
+    torch.manual_seed(4)
+    sentences = torch.tensor([2, 4, 1, 3])
+    words = torch.zeros(4, 4, dtype=torch.long)
+    docs = torch.zeros(4, 4, 5, dtype=torch.long)
+    for b, s in enumerate(sentences.tolist()):
+        for j in range(s):
+            n = int(torch.randint(1, 6, ()))
+            words[b, j] = n
+            docs[b, j, :n] = torch.randint(1, VOCAB, (n,))
+    model = PackedDocuments().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(docs, sentences, words)
+    word, sentence = cap.records
+    assert word.exact and sentence.exact and not cap.notes, cap.notes
+    torch.testing.assert_close(word.probs[:, 0, 0], model.words.alphas[0], atol=1e-7, rtol=0)
+    torch.testing.assert_close(sentence.probs[:, 0, 0], model.alphas[0], atol=1e-7, rtol=0)

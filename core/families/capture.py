@@ -1830,9 +1830,10 @@ class _Session:
                 self._remember_hand(out, "exp", out, scores, None)
                 self._unfinished[id(out)] = (self.path(), tuple(out.shape))
             elif (tag is not None and tag.role in (None, "linear") and tag.code is not None and name == "exp"
-                    and x.dim() >= 2 and tuple(out.shape) == tuple(x.shape)):  # fmt: skip
-                # perhaps a softmax over positions by hand (a learned context vector's scores): followed,
-                # never warned of (the exp of a projection is often no softmax at all)
+                    and (x.dim() >= 2 or x.numel() > 1) and tuple(out.shape) == tuple(x.shape)):  # fmt: skip
+                # perhaps a softmax over positions by hand (a learned context vector's scores; one score per
+                # word of PackedSequence.data, 1-D): followed, never warned of (the exp of a projection is
+                # often no softmax at all)
                 self._remember_hand(out, "exp", out, x, None)
         elif name in MUL and len(args) >= 2 and self._hand:
             for e_t, m in ((args[0], args[1]), (args[1], args[0])):  # exp(s) * mask: a masked exp
@@ -1860,6 +1861,17 @@ class _Session:
                 self._remember_hand(out, "lse" if keep else "lse-", x, x, dim % x.dim())
         elif not self._hand:
             return
+        elif name == "index_select" and len(args) >= 3 and isinstance(args[1], int) and out.dim() == x.dim():
+            found = self._hand_of(x, "exp")  # an exp's rows put back in order (pad_packed_sequence's
+            d = args[1] % max(x.dim(), 1)  # unsorted_indices): still the exp, its scores with it
+            if found is not None and found[1] != d and tuple(found[0].shape) == tuple(x.shape):
+                scores = found[0].index_select(d, args[2])
+                g = self.tag(out)
+                if g is not None:
+                    self.set(scores, replace(g))  # (at the exp's positions, as reordered)
+                self._remember_hand(out, "exp", out, scores, found[1])
+                if self._unfinished.pop(id(x), None) is not None:
+                    self._unfinished[id(out)] = (self.path(), tuple(out.shape))
         elif name in SUB and len(args) >= 2 and kwargs.get("alpha", 1) == 1:
             lse = self._hand_of(args[1], "lse")
             if lse is not None and lse[2] is args[0] and tuple(out.shape) == tuple(x.shape):
@@ -3491,6 +3503,19 @@ class _Session:
         if code is not None and tuple(code.shape) != tuple(outs[0].shape):
             code = None
         self.set(outs[0], _Tag(g.role, g.origin, code=code))
+        entry = _held(self._hand, args[0]) if self._hand and name != "_pack_padded_sequence" else None
+        if entry is not None and entry[1] == "exp" and isinstance(entry[3], torch.Tensor):
+            # a softmax by hand on PackedSequence.data (sgrvinod's HAN: exp of the packed scores, padded back,
+            # divided by their sums): the exp, padded, is still one; its scores padded with -inf, which weigh 0
+            try:
+                scores = func(entry[3], args[1], args[2], float("-inf"), *args[4:])[0]
+            except Exception:  # scores the padding does not take
+                return
+            if tuple(scores.shape) == tuple(outs[0].shape):
+                self.set(scores, _Tag(g.role, g.origin, code=code))  # (at the exp's positions)
+                self._remember_hand(outs[0], "exp", outs[0], scores, entry[4])
+                if self._unfinished.pop(id(args[0]), None) is not None:
+                    self._unfinished[id(outs[0])] = (self.path(), tuple(outs[0].shape))
 
     def _unpacked_slots(self, packed: torch.Tensor, slots: torch.Tensor) -> torch.Tensor | None:
         """The positions (B, T) of ``pad_packed_sequence``'s output slots, batch-first: the padded tensor's
@@ -4697,10 +4722,13 @@ class _Session:
             return True
         if not bool((counts == counts[0]).all()) or not int(counts[0]):
             return False  # (sequence, head) pairs with different numbers of rows
-        order = torch.sort(seq_rows.masked_fill(seq_rows < 0, torch.iinfo(torch.int64).max).amin(-1)).indices
+        # sequences in the order the weights hold them (each where its first row is): the model's batch order,
+        # also where their positions were numbered in another (sentences pooled in a packed, sorted order)
+        r = torch.arange(unit.numel(), device=unit.device)
+        first_row = torch.full((n_seq,), int(unit.numel()), dtype=torch.int64, device=unit.device)
+        order = torch.sort(first_row.scatter_reduce(0, seq, r, "amin")).indices
         rank = torch.empty_like(order)
         rank[order] = torch.arange(n_seq, device=order.device)
-        r = torch.arange(unit.numel(), device=unit.device)
         sort_key = (rank[seq] * n_heads + head) * unit.numel() + r  # rows in the model's order in a unit
         rows = r[torch.argsort(sort_key)].view(n_seq, n_heads, -1).cpu()
 
