@@ -670,3 +670,30 @@ def test_exps_scaled_and_joined_before_a_scatter_sums_them_are_a_warning():
     cap = _captured(ScaledEdgeSoftmax().eval(), torch.randn(4, 8), src, dst)
     assert [r.name for r in cap.records] == ["glob"] and cap.records[0].exact
     assert len(cap.notes) == 1 and "scatter" in cap.notes[0] and "not recorded" in cap.notes[0]
+
+
+@pytest.mark.parametrize("make", ["new_zeros", "torch.zeros"])
+def test_scores_written_by_slices_into_a_tensor_of_their_own_are_a_warning(make):
+    """Longformer's diagonals: the scores copied by slice assignment into ``scores.new_zeros(...)`` (or
+    ``torch.zeros``), then softmaxed. Capture does not follow the copy: the map is not recorded, and a warning
+    says why (it was skipped as no attention, or not seen at all)."""
+
+    class Diagonals(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.qk = nn.Embedding(9, 8), nn.Linear(8, 16)
+
+        def forward(self, ids):
+            b, n = ids.shape
+            q, k = self.qk(self.emb(ids)).view(b, n, 2, 2, 4).permute(2, 0, 3, 1, 4)
+            s = q @ k.transpose(-1, -2)
+            band = s.new_zeros(b, 2, n, 3) if make == "new_zeros" else torch.zeros(b, 2, n, 3)
+            band[:, :, :, 1] = s.diagonal(dim1=-2, dim2=-1)
+            band[:, :, 1:, 0] = s.diagonal(offset=-1, dim1=-2, dim2=-1)
+            band[:, :, :-1, 2] = s.diagonal(offset=1, dim1=-2, dim2=-1)
+            return band.softmax(-1)
+
+    cap = _captured(Diagonals(), torch.randint(1, 9, (2, 5)))
+    assert cap.records == []
+    (note,) = cap.notes
+    assert "not recorded" in note and "scores written by slices" in note

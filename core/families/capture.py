@@ -5317,6 +5317,17 @@ class _Session:
                                          mask_source=t.mask_source or "index"))  # fmt: skip
             return
         vt = self.tag(value)
+        if (
+            isinstance(value, torch.Tensor)
+            and vt is not None
+            and vt.role == "scores"
+            and vt.smap is not None
+            and (t is None or t.role != "scores")
+        ):  # scores written by slices into a tensor of their own (Longformer's diagonals, into ``new_zeros``):
+            # the tensor holds scores whose layout capture does not follow (said where they are softmaxed)
+            self.set(target, _Tag("scores", vt.origin, smap=vt.smap.fail(
+                "scores written by slices into another tensor, which capture does not follow")))  # fmt: skip
+            return
         if not isinstance(value, torch.Tensor) or vt is None or vt.role in ("param", "scores"):
             return
         code = None
