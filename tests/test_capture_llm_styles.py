@@ -959,3 +959,38 @@ def test_keys_written_through_a_view_of_the_cache_are_read_back_as_the_tokens(he
     assert rec.exact and not cap.notes, (rec.flag, cap.notes)
     assert rec.kind == "dec_self" and torch.equal(rec.probs[0], model.seen[0])
     assert torch.equal(rec.key_positions, rec.query_positions)
+
+
+class PagedPrefill(PagedCache):
+    """The same cache over a chunked prefill: the prompt's first chunk in one call, its rest in the next, whose
+    keys are the first chunk's (read back from the cache) and its own."""
+
+    def forward(self, ids):
+        chunks, outs, done = (ids[:3], ids[3:]), [], 0
+        for chunk in chunks:
+            x = self.emb(chunk)
+            n = x.shape[0]
+            q, k, v = (lin(x).view(n, self.h, 4) for lin in (self.q, self.k, self.v))
+            self.k_cache.view(-1, self.h, 4)[torch.arange(done, done + n) + 2] = k
+            done += n
+            keys = self.k_cache[torch.tensor([1, 2, 3])].view(-1, self.h, 4)[:done]
+            w = torch.einsum("qhd,khd->hqk", q, keys)
+            w = w.masked_fill(torch.ones(n, done).triu(done - n + 1).bool(), float("-inf")).softmax(-1)
+            self.seen.append(w)
+            outs.append(torch.einsum("hqk,khd->qhd", w, keys))
+        return outs
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_a_chunked_prefill_through_a_paged_cache_reads_the_first_chunk_as_past_keys(heads):
+    """The second chunk's keys: the first chunk's, which the previous call wrote through a view of the buffer,
+    then its own. A fresh view of the buffer in the next call reads what the last one wrote."""
+    torch.manual_seed(heads)
+    model = PagedPrefill(heads).eval()
+    cap = _captured(model, torch.randint(1, VOCAB, (5,)))
+    first, second = cap.records
+    assert first.exact and second.exact and not cap.notes, cap.notes
+    assert (first.kind, second.kind) == ("dec_self", "dec_self")
+    assert torch.equal(second.probs[0], model.seen[1])
+    assert second.key_positions[0, :3].tolist() == first.query_positions[0].tolist()
+    assert second.key_positions[0, 3:].tolist() == second.query_positions[0].tolist()

@@ -5333,8 +5333,11 @@ class _Session:
         code = None
         tc: torch.Tensor | None
         made = t is None and _held(self._made, target) is not None
+        through = self._view_codes(target) if t is None else None  # a view of a buffer written before
         if made:  # a buffer made inside the call (torch.zeros): its
             tc = torch.full(tuple(target.shape), self._pad_code(), dtype=torch.int64, device=target.device)
+        elif through is not None:  # (a paged cache's next step: the slots its last step wrote keep theirs)
+            tc = through
         else:  # slots not written yet hold no position (a static KV cache)
             tc = self._cache_codes(target, index) if t is None else None
             tc = self.code_of(target) if tc is None else tc
@@ -5362,6 +5365,23 @@ class _Session:
                 self._view_written(target, code, vt)
         elif t.role != "param":
             self.set(target, replace(t, origin=t.origin | vt.origin, code=code))
+            if code is not None and t.cache and target._base is not None:  # (a view the mode tagged)
+                self._view_written(target, code, vt)
+
+    def _view_codes(self, view: torch.Tensor) -> torch.Tensor | None:
+        """The codes of a fresh view of a buffer that holds codes already (a cache written through a view
+        before): the buffer's, where the view lies in its memory; None otherwise."""
+        base = view._base
+        g = self.tag(base) if base is not None else None
+        if base is None or g is None or g.code is None or not g.cache or not base.is_contiguous():
+            return None
+        if tuple(g.code.shape) != tuple(base.shape):
+            return None
+        try:
+            return g.code.as_strided(tuple(view.shape), tuple(view.stride()),
+                                     view.storage_offset() - base.storage_offset()).clone()  # fmt: skip
+        except RuntimeError:
+            return None
 
     def _view_written(self, view: torch.Tensor, code: torch.Tensor, vt: _Tag) -> None:
         """Keys written into a view of a buffer (vLLM's and nano-vllm's paged cache:
