@@ -994,3 +994,41 @@ def test_a_chunked_prefill_through_a_paged_cache_reads_the_first_chunk_as_past_k
     assert torch.equal(second.probs[0], model.seen[1])
     assert second.key_positions[0, :3].tolist() == first.query_positions[0].tolist()
     assert second.key_positions[0, 3:].tolist() == second.query_positions[0].tolist()
+
+
+class ScatterCache(nn.Module):
+    """mistral-src's reference: keys written into a preallocated cache with ``scatter_`` along the slot dim, the
+    index ``pos[None, :, None, None].repeat(b, 1, heads, d)`` (one slot per position for all heads and features)."""
+
+    def __init__(self, heads: int = 2):
+        super().__init__()
+        self.h = heads
+        self.emb = nn.Embedding(VOCAB, 4 * heads)
+        self.q, self.k = nn.Linear(4 * heads, 4 * heads), nn.Linear(4 * heads, 4 * heads)
+        self.register_buffer("cache_k", torch.zeros(3, 8, heads, 4))
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, n = ids.shape
+        x = self.emb(ids)
+        q, k = self.q(x).view(b, n, self.h, 4), self.k(x).view(b, n, self.h, 4)
+        pos = torch.arange(n)
+        self.cache_k[:b].scatter_(dim=1, index=pos[None, :, None, None].repeat(b, 1, self.h, 4), src=k)
+        keys = self.cache_k[:b, :n]
+        s = q.transpose(1, 2) @ keys.permute(0, 2, 3, 1)
+        w = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        self.seen.append(w)
+        return w
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_keys_written_into_a_cache_by_scatter_are_the_tokens(batch):
+    """``scatter_`` was not followed: the keys read back from the cache were the buffer's own positions and the
+    map was flagged ("the product multiplies features of different positions")."""
+    torch.manual_seed(batch)
+    model = ScatterCache().eval()
+    cap = _captured(model, torch.randint(1, VOCAB, (batch, 5)))
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes, (rec.flag, cap.notes)
+    assert rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])
+    assert torch.equal(rec.key_positions, rec.query_positions)

@@ -1600,6 +1600,10 @@ class _Session:
                 self._view_copied(args[0], args[1])
             elif name == "index_copy_" and len(args) >= 4 and isinstance(args[2], torch.Tensor):
                 self._index_copied(args)
+            elif (
+                name == "scatter_" and args and "reduce" not in kwargs and self._scatter_written(args, kwargs)
+            ):
+                pass  # a KV cache written by slot, followed as an index assignment
             else:
                 weighted = bool(self._projected) and name in MATMUL and self._projected_used(args, kwargs)
                 if self._unplaced and name in MATMUL:
@@ -5285,6 +5289,31 @@ class _Session:
             return
         where = (slice(None),) * (dim % target.dim()) + (index,)
         self.on_setitem((target, where, value), None)
+
+    def _scatter_written(self, args, kwargs) -> bool:
+        """``cache.scatter_(1, pos[None, :, None, None].repeat(b, 1, h, d), k)`` (mistral-src's rotating KV
+        cache): keys written by slot, an index that names one slot per position along ``dim`` for all the
+        other dims, followed as ``cache[:, pos] = k`` (True). Other scatters are left to the ops' replay (False)."""
+        names = ("dim", "index", "src")
+        a = dict(zip(names, args[1:], strict=False)) | {k: v for k, v in kwargs.items() if k in names}
+        target, dim, index, src = args[0], a.get("dim"), a.get("index"), a.get("src")
+        if not (isinstance(dim, int) and isinstance(index, torch.Tensor) and isinstance(src, torch.Tensor)):
+            return False
+        vt = self.tag(src)
+        if vt is None or vt.probs is not None or vt.rowq is not None or vt.lost is not None:
+            return False  # (weights put back into a sparse copy are followed where they are picked)
+        if index.dim() != target.dim() or tuple(index.shape) != tuple(src.shape):
+            return False
+        d = dim % target.dim()
+        first = index[tuple(slice(None) if i == d else 0 for i in range(index.dim()))]  # the slots, (n,)
+        view = first.reshape([-1 if i == d else 1 for i in range(index.dim())])
+        if not bool((index == view).all()) or tuple(src.shape[d : d + 1]) != tuple(first.shape):
+            return False  # the slot differs along another dim: not a write by slot
+        full = [i for i in range(index.dim()) if i != d and index.shape[i] != target.shape[i]]
+        if full:
+            return False  # (a scatter into part of the other dims)
+        self.on_setitem((target, (slice(None),) * d + (first,), src), None)
+        return True
 
     def _weights_written(self, target: torch.Tensor) -> None:
         """A write into weights (``w[:, 0] = 0``, ``w[:, h].zero_()``) or into the tensor a view of them
