@@ -880,6 +880,9 @@ class PackedWordAttention(nn.Module):
         packed, _ = self.rnn(
             nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         )
+        return self.attend(packed)
+
+    def attend(self, packed):
         e = self.ctx(torch.tanh(self.att(packed.data))).squeeze(1)
         e = torch.exp(e - e.max())
         e, _ = nn.utils.rnn.pad_packed_sequence(
@@ -915,7 +918,7 @@ def test_a_softmax_by_hand_on_packed_data_is_recorded_in_the_batchs_order():
     torch.testing.assert_close(rec.probs[:, 0, 0], model.alphas[0], atol=1e-7, rtol=0)
 
 
-class PackedDocuments(nn.Module):
+class PackedDocuments(PackedWordAttention):
     """Both levels of that network: documents packed over their sentences, the word level run on the packed
     sentences (``packed_docs.data``: sentences in the packed, sorted order, pooled into sentence vectors), the
     sentence level's GRU on ``PackedSequence(sentence_vectors, ...)``, and its weights padded back to the
@@ -923,11 +926,8 @@ class PackedDocuments(nn.Module):
     documents' own."""
 
     def __init__(self):
-        super().__init__()
+        super().__init__()  # (the sentence level: its GRU over sentence vectors, its context vector)
         self.words = PackedWordAttention()
-        self.rnn = nn.GRU(8, 4, batch_first=True, bidirectional=True)
-        self.att, self.ctx = nn.Linear(8, 6), nn.Linear(6, 1, bias=False)
-        self.alphas: list[torch.Tensor] = []
 
     def forward(self, docs, sentences, words):
         packed_docs = nn.utils.rnn.pack_padded_sequence(
@@ -940,17 +940,7 @@ class PackedDocuments(nn.Module):
         seq = nn.utils.rnn.PackedSequence(vecs, packed_docs.batch_sizes, packed_docs.sorted_indices,
                                           packed_docs.unsorted_indices)  # fmt: skip
         packed, _ = self.rnn(seq)
-        e = torch.exp(self.ctx(torch.tanh(self.att(packed.data))).squeeze(1))
-        e, _ = nn.utils.rnn.pad_packed_sequence(
-            nn.utils.rnn.PackedSequence(
-                e, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices
-            ),
-            batch_first=True,
-        )
-        alphas = e / e.sum(1, keepdim=True)
-        self.alphas.append(alphas)
-        h, _ = nn.utils.rnn.pad_packed_sequence(packed, batch_first=True)
-        return (h * alphas.unsqueeze(2)).sum(1)
+        return self.attend(packed)
 
 
 def test_sentence_weights_over_sentences_pooled_in_packed_order_keep_the_documents_order():

@@ -1397,7 +1397,7 @@ class _Session:
         self._grid_sources: builtins.set[int] = set()  # sources a convolution made: an image's grid, a map's
         # integer tensors that are another's rows in another order (``ids[perm_idx]``, a batch sorted by
         # length): id -> (weakref, the tensor whose rows they are, the permutation)
-        self._row_picks: dict[int, tuple[weakref.ref, torch.Tensor, torch.Tensor]] = {}
+        self._row_picks: dict[int, tuple] = {}  # _hold
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -2207,10 +2207,10 @@ class _Session:
             or not torch.equal(idx.sort().values.cpu(), torch.arange(int(src.shape[0])))
         ):  # (a permutation of the rows: picks of some rows, or one row twice, as beams are, are rows anew)
             return
-        prev = self._row_picks.get(id(src))
-        if prev is not None and prev[0]() is src:
+        prev = _held(self._row_picks, src)
+        if prev is not None:
             src, idx = prev[1], prev[2][idx.to(prev[2].device)]
-        self._row_picks[id(out)] = (weakref.ref(out), src, idx)
+        _hold(self._row_picks, out, src, idx)
 
     def on_embedding(self, args, out) -> None:
         ids = args[0]
@@ -2243,23 +2243,16 @@ class _Session:
                 self.first_len = int(ids.shape[-1])
         if isinstance(out, torch.Tensor):
             code = None
-            pick = self._row_picks.get(id(ids)) if isinstance(ids, torch.Tensor) else None
-            if (
-                pick is not None
-                and isinstance(ids, torch.Tensor)
-                and out.dim() == ids.dim() + 1
-                and pick[0]() is ids
-            ):
-                # the caller's rows in another order: each row the positions of the caller's row it is
-                src, idx = pick[1], pick[2]
+            if isinstance(ids, torch.Tensor) and out.dim() == ids.dim() + 1:
+                # ids that are the caller's rows in another order (``ids[perm_idx]``): each row the positions
+                # of the caller's row it is
+                pick = _held(self._row_picks, ids)
+                src = pick[1] if pick is not None else ids
                 start = self.sources.new(src.numel(), "tokens", str(self.n_embed), self.n_embed,
                                          int(src.shape[-1]))  # fmt: skip
-                whole = lineage.fresh(start, tuple(src.shape), int(out.shape[-1]), out.device)
-                code = whole[idx.to(whole.device)]
-            elif isinstance(ids, torch.Tensor) and out.dim() == ids.dim() + 1:
-                start = self.sources.new(ids.numel(), "tokens", str(self.n_embed), self.n_embed,
-                                         int(ids.shape[-1]))  # fmt: skip
-                code = lineage.fresh(start, tuple(ids.shape), int(out.shape[-1]), out.device)
+                code = lineage.fresh(start, tuple(src.shape), int(out.shape[-1]), out.device)
+                if pick is not None:
+                    code = code[pick[2].to(code.device)]
             self.set(out, _Tag(origin=frozenset({self.n_embed}), code=code))
             self.n_embed += 1
 
@@ -2539,7 +2532,11 @@ class _Session:
             return self._reduced_code(args, kwargs, act[0][1].code, out)
         # position-wise: an operand whose codes have the output's shape (not one broadcast or expanded over
         # it: a bias, a query added to every key), else the first with codes
-        full = [g.code for t, g in act if g.code is not None and g.code.shape == shape and not (len(act) > 1 and _expanded(t))]  # fmt: skip
+        full = [
+            g.code
+            for t, g in act
+            if g.code is not None and g.code.shape == shape and not (len(act) > 1 and _expanded(t))
+        ]
         if full:
             return full[0] if len(full) == 1 or full[1] is full[0] else self._own_positions(full)
 
@@ -2663,9 +2660,8 @@ class _Session:
             return None
         # parts at other positions: a state repeated over the positions (the same position along an
         # axis where another part's positions vary) gives way to the part that varies there; of parts at as
-        # many positions, one with no padding or
-        # learned position comes first (x-transformers' shift_tokens: chunks shifted by -1, 0 and +1 joined,
-        # whose unshifted chunk is the row's own token)
+        # many positions, one with no padding or learned position comes first (x-transformers' shift_tokens:
+        # chunks shifted by -1, 0 and +1 joined, whose unshifted chunk is the row's own token)
         found.sort(
             key=lambda p: (-int(torch.unique(p).numel()), bool(self.sources.learned(p.clamp_min(0)).any()))
         )
@@ -5407,8 +5403,7 @@ class _Session:
         if tuple(g.code.shape) != tuple(base.shape):
             return None
         try:
-            return g.code.as_strided(tuple(view.shape), tuple(view.stride()),
-                                     view.storage_offset() - base.storage_offset()).clone()  # fmt: skip
+            return _where_view(g.code.contiguous(), view, base).clone()
         except RuntimeError:
             return None
 
@@ -5424,9 +5419,8 @@ class _Session:
         if old is None or tuple(old.shape) != tuple(base.shape):
             old = torch.full(tuple(base.shape), self._pad_code(), dtype=torch.int64, device=code.device)
         try:
-            whole = old.clone()
-            whole.as_strided(tuple(view.shape), tuple(view.stride()),
-                             view.storage_offset() - base.storage_offset()).copy_(code)  # fmt: skip
+            whole = old.clone(memory_format=torch.contiguous_format)
+            _where_view(whole, view, base).copy_(code)
         except RuntimeError:  # a view the codes cannot mirror
             return
         self.set(base, _Tag(vt.role, vt.origin, heads=vt.heads, cache=True, code=whole))
@@ -6350,17 +6344,24 @@ def _mha_output_is(weights: torch.Tensor | None, p: dict[str, Any], out: Any) ->
     if weights is None or not isinstance(got, torch.Tensor):
         return False
     w = weights[None] if weights.dim() == 3 else weights
+    rebuilt = _attention_output(w, p)
+    if rebuilt is None:
+        return False
+    want = got[None] if got.dim() == 2 else got.transpose(0, 1)  # MultiheadAttention is sequence-first
+    return _same_rows(rebuilt, want, w)
+
+
+def _attention_output(w: torch.Tensor, p: dict[str, Any]) -> torch.Tensor | None:
+    """(B, q, D): MultiheadAttention's attention block output from weights ``w`` (B, H, q, k), the values and
+    output projection its arguments ``p`` give; None where they give none."""
     h = int(p["num_heads"])
     hv = _mha_values(p, h, (int(w.shape[0]), h, int(w.shape[-1])))
     vals = hv.values if hv is not None else None
     if vals is None or hv is None or hv.w_o is None:
-        return False
+        return None
     with torch.no_grad():
-        rebuilt = torch.einsum("bhqk,bhkd,hDd->bqD", w.to(vals.dtype), vals, hv.w_o)
-        if hv.b_o is not None:
-            rebuilt = rebuilt + hv.b_o
-    want = got[None] if got.dim() == 2 else got.transpose(0, 1)  # MultiheadAttention is sequence-first
-    return _same_rows(rebuilt, want, w)
+        out = torch.einsum("bhqk,bhkd,hDd->bqD", w.to(vals.dtype), vals, hv.w_o)
+        return out if hv.b_o is None else out + hv.b_o
 
 
 def _same_rows(got: torch.Tensor, want: torch.Tensor, weights: torch.Tensor) -> bool:
@@ -6434,6 +6435,13 @@ def _mha_arguments(args, kwargs) -> dict[str, Any]:
     return p
 
 
+def _where_view(codes: torch.Tensor, view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """``codes`` (contiguous, laid out as the contiguous ``base``), seen where ``view`` lies in base's memory (a
+    view of them: a write into it writes ``codes``)."""
+    return codes.as_strided(tuple(view.shape), tuple(view.stride()),
+                            codes.storage_offset() + view.storage_offset() - base.storage_offset())  # fmt: skip
+
+
 def _fused_possible(module: nn.Module) -> bool:
     """Whether torch may have run a fused kernel for this torch.nn module's call (eval, no gradients): else
     it ran its Python code."""
@@ -6454,17 +6462,12 @@ def _layer_output_is(
         or src.dim() != 3
     ):
         return False
-    h = int(p["num_heads"])
-    hv = _mha_values(p, h, (int(weights.shape[0]), h, int(weights.shape[-1])))
-    vals = hv.values if hv is not None else None
-    if vals is None or hv is None or hv.w_o is None:
+    attn = _attention_output(weights, p)
+    if attn is None:
         return False
-    first = bool(getattr(cast(Any, layer).self_attn, "batch_first", False))
     lay = cast(Any, layer)
+    first = bool(getattr(lay.self_attn, "batch_first", False))
     with torch.no_grad():
-        attn = torch.einsum("bhqk,bhkd,hDd->bqD", weights.to(vals.dtype), vals, hv.w_o)
-        if hv.b_o is not None:
-            attn = attn + hv.b_o
         x = src if first else src.transpose(0, 1)
         if lay.norm_first:
             x = x + attn
