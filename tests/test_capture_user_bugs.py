@@ -437,3 +437,72 @@ def test_queries_split_into_heads_without_their_transpose_are_flagged():
             model(torch.randint(1, VOCAB, (batch, 2)))
         (rec,) = cap.records
         assert not rec.exact and "keys of different heads" in rec.flag
+
+
+class ZeroOneAdded(nn.Module):
+    """A GPT block whose causal mask of 0s and 1s is added to the scores (meant: ``masked_fill(bias == 0,
+    -inf)``; minGPT's buffer converted to float), by hand or handed to ``nn.MultiheadAttention`` as a float
+    ``attn_mask``, which adds it. Nothing is hidden: every query attends to later keys."""
+
+    def __init__(self, heads: int, how: str):
+        super().__init__()
+        d, self.h, self.how = 4 * heads, heads, how
+        self.emb = nn.Embedding(VOCAB, d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.mha = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.register_buffer("bias", torch.ones(8, 8).tril().view(1, 1, 8, 8))
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        if self.how == "mha_future":  # True = hidden, turned into 1.0: the future gets +1
+            m = torch.ones(n, n, dtype=torch.bool).triu(1).float()
+            out, w = self.mha(x, x, x, attn_mask=m, average_attn_weights=False)
+            self.used.append(w)
+            return out
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        s = q @ k.transpose(-2, -1) / math.sqrt(d // self.h)
+        s = s + self.bias[:, :, :n, :n] if self.how == "tril" else s + (1 - self.bias[:, :, :n, :n])
+        w = F.softmax(s, dim=-1)
+        self.used.append(w)
+        return (w @ v).transpose(1, 2).reshape(b, n, d)
+
+
+@pytest.mark.parametrize("how", ["tril", "future", "mha_future"])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_a_causal_mask_of_zeros_and_ones_added_to_the_scores_is_said_to_hide_nothing(how, batch, heads):
+    torch.manual_seed(2)
+    model = ZeroOneAdded(heads, how).eval()
+    ids, _ = _batch(batch, 6)
+    with capture_attention(model) as cap:  # (gradients on: MultiheadAttention's Python path, which adds)
+        model(ids)
+    (rec,) = cap.records
+    assert rec.exact, rec.flag
+    assert torch.allclose(rec.probs, model.used[0].detach(), atol=1e-6)
+    later = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    assert bool((rec.probs[..., later] > 0).all())  # the map as computed: every query sees later keys
+    assert rec.kind == "dec_self"  # a decoder's self-attention whose mask is broken
+    (note,) = [n for n in cap.notes if "0s and 1s" in n]
+    assert "hides no key" in note
+    assert ("passed to MultiheadAttention" in note) == (how == "mha_future")
+
+
+@pytest.mark.parametrize("values", ["alibi", "zeros", "square_ones"])
+def test_a_bias_of_other_values_added_to_the_scores_is_no_broken_mask(values):
+    """Relative-position biases, all-zero masks and a block of ones are not a 0/1 triangle: no note."""
+    torch.manual_seed(3)
+    model = ZeroOneAdded(2, "tril").eval()
+    n = 6
+    if values == "alibi":
+        model.bias.copy_(-(torch.arange(8)[None, :] - torch.arange(8)[:, None]).abs().float().view(1, 1, 8, 8))
+    elif values == "zeros":
+        model.bias.zero_()
+    else:
+        model.bias.fill_(1.0)
+    ids, _ = _batch(2, n)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "enc_self"
+    assert not [n for n in cap.notes if "0s and 1s" in n]

@@ -1376,6 +1376,7 @@ class _Session:
         self.scripted: dict[str, list[str]] = {}
         self._entered: builtins.set[int] = set()  # the model's parts called from outside it in this run
         self._causal_masks: dict[tuple, tuple[torch.Tensor, bool]] = {}  # a mask (held) -> is it causal
+        self._meant_causal: builtins.set[str] = set()  # modules that added a causal mask of 0s and 1s
         # torch.nn encoder layers as torch ships them: they run as torch runs them (its fused fast path
         # where it takes it), the mode set aside, and their attention is recorded from their input
         self.thread = threading.get_ident()
@@ -2968,6 +2969,17 @@ class _Session:
             self.warn(tag.attn_out, tuple(x.shape), "its heads are merged back in another order than they were "
                       "split: each output row mixes several positions (a fold and unfold that do not match)")  # fmt: skip
 
+    def _added_zero_one(self, module: str, shape: tuple[int, ...], how: str) -> None:
+        """A causal mask written as 0s and 1s was added to a call's scores (a bool or 0/1 mask turned
+        into a float one and added): the map is what the model computed, and it sees the future. The call
+        is decoder self-attention with a broken mask, as a decoder that forgot its mask is; the note says
+        why the map is not causal."""
+        self._meant_causal.add(module)
+        self.warn(module, shape, f"a causal mask of 0s and 1s was {how}: adding 0 or 1 changes a weight by "
+                  "at most a factor e and hides no key, so every query here attends to later keys. A mask "
+                  "hides keys by adding -inf (0 where allowed), by masked_fill(hidden, -inf), or, for "
+                  "MultiheadAttention, as a bool mask (True = hidden)")  # fmt: skip
+
     def warn(self, module: str, shape: tuple[int, ...], reason: str) -> None:
         note = Note("warning", module, tuple(int(n) for n in shape), reason)
         if (module, reason) not in self._seen:
@@ -4053,6 +4065,8 @@ class _Session:
                     new.allowed = allowed if prior_allowed is None else (prior_allowed & allowed)
                     new.mask_source = base.mask_source or "additive"
                     return
+                if _zero_one_triangle(other):  # a causal mask of 0s and 1s added: it hides nothing
+                    self._added_zero_one(self.path(), tuple(base_t.shape), "added to the scores")
         if name in SUB and len(args) >= 2 and args[0] is base_t and kwargs.get("alpha", 1) == 1:
             other = args[1]  # scores - 1e9 * (1 - mask)
             other_tag = self.tag(other)
@@ -4442,7 +4456,11 @@ class _Session:
 
         for pattern, kind in (*self.given.items(), *self.fixed.items()):  # the caller's kinds= first
             if pattern == path or fnmatch.fnmatchcase(path, pattern):
-                if kind == "enc_self" and pattern not in self.given and causal_mask():
+                if (
+                    kind == "enc_self"
+                    and pattern not in self.given
+                    and (causal_mask() or path in self._meant_causal)
+                ):
                     return "dec_self"  # an nn.TransformerEncoder run with a causal mask: a language model
                 return kind
         low = path.lower()
@@ -4455,7 +4473,7 @@ class _Session:
             # see all their own keys and another input's before them: an image's over a text's, UnCLIP's)
         if not exact and lq != lk:
             return "cross"
-        if causal_mask():
+        if causal_mask() or path in self._meant_causal:  # (a causal mask of 0s and 1s added: broken)
             return "dec_self"
         if not _DECODER.search(low):
             return "enc_self"
@@ -5852,6 +5870,9 @@ class _Session:
                                "float mask with values other than 0 and -inf, which the fused path reads as a "
                                "bool one, or is_causal=True with a mask the Python path drops), and the output "
                                "did not tell which ran: the record holds the Python path's weights")  # fmt: skip
+        if _zero_one_triangle(attn_mask):  # (the reading recorded adds it: the fused one's is a bool mask)
+            self._added_zero_one(path, (int(query.shape[0]), int(key.shape[0])), "passed to MultiheadAttention "
+                                 "as a float attn_mask, which it adds to the scores")  # fmt: skip
         if weights is None:  # learned keys, static keys or dropout: MultiheadAttention itself, again,
             fork = None  # with dropout from the RNG state the call started from (the same draws)
             if rng is not None:
@@ -6491,6 +6512,23 @@ def _fused_reading(attn_mask, key_padding_mask) -> tuple[Any, Any] | None:
     am, differs_a = read(attn_mask)
     kpm, differs_k = read(key_padding_mask)
     return (am, kpm) if differs_a or differs_k else None
+
+
+def _zero_one_triangle(m: Any) -> bool:
+    """A float tensor of 0s and 1s (both) whose last two axes are a causal mask's triangle, either way round:
+    1 on and below the diagonal (``tril(ones)``, the keys allowed) or 1 above it (``triu(ones, 1)``, the
+    future), with or without the diagonal; the same for every leading index."""
+    if not isinstance(m, torch.Tensor) or not m.is_floating_point() or m.dim() < 2:
+        return False
+    lq, lk = int(m.shape[-2]), int(m.shape[-1])
+    if lq < 2 or lq != lk or m.numel() > (1 << 24):
+        return False
+    one = m.reshape(-1, lq, lk)[0]
+    if not bool(((m == 0) | (m == 1)).all()) or not bool((m == one).all()):
+        return False
+    ones = torch.ones(lq, lk, dtype=torch.bool, device=m.device)
+    seen = one == 1
+    return any(bool((seen == t).all()) for t in (ones.tril(), ones.tril(-1), ones.triu(), ones.triu(1)))
 
 
 def _hides_as(m, hidden: torch.Tensor) -> bool:
