@@ -495,7 +495,9 @@ def test_a_bias_of_other_values_added_to_the_scores_is_no_broken_mask(values):
     model = ZeroOneAdded(2, "tril").eval()
     n = 6
     if values == "alibi":
-        model.bias.copy_(-(torch.arange(8)[None, :] - torch.arange(8)[:, None]).abs().float().view(1, 1, 8, 8))
+        model.bias.copy_(
+            -(torch.arange(8)[None, :] - torch.arange(8)[:, None]).abs().float().view(1, 1, 8, 8)
+        )
     elif values == "zeros":
         model.bias.zero_()
     else:

@@ -5873,6 +5873,17 @@ class _Session:
         if _zero_one_triangle(attn_mask):  # (the reading recorded adds it: the fused one's is a bool mask)
             self._added_zero_one(path, (int(query.shape[0]), int(key.shape[0])), "passed to MultiheadAttention "
                                  "as a float attn_mask, which it adds to the scores")  # fmt: skip
+        kpm_added = p["key_padding_mask"]
+        if (
+            isinstance(kpm_added, torch.Tensor)
+            and kpm_added.is_floating_point()
+            and bool(((kpm_added == 0) | (kpm_added == 1)).all())
+            and bool((kpm_added == 1).any())
+        ):
+            self.warn(path, tuple(kpm_added.shape), "a padding mask of 0s and 1s was passed to "
+                      "MultiheadAttention as a float key_padding_mask, which it adds to the scores: adding 0 "
+                      "or 1 hides no key, so padding is attended to. It hides keys as a bool mask (True = "
+                      "padding) or as 0 / -inf")  # fmt: skip
         if weights is None:  # learned keys, static keys or dropout: MultiheadAttention itself, again,
             fork = None  # with dropout from the RNG state the call started from (the same draws)
             if rng is not None:
