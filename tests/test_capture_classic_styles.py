@@ -407,18 +407,26 @@ def test_a_decoder_over_an_images_pixels_is_an_images_self_attention(batch):
     with torch.no_grad(), capture_attention(image) as cap:
         image(torch.randn(batch, 8, 3, 4))
     _check(cap, image.used)
+    assert not [n for n in cap.notes if "by its name alone" in n]
     queries = QueryDecoder().eval()
     with torch.no_grad(), capture_attention(queries) as cap:
         queries(torch.randn(7, batch, 8))
     assert [(r.kind, r.exact) for r in cap.records] == [("dec_self", True)]
+    by_name = [n for n in cap.notes if "by its name alone" in n]  # the name decided: a note says so
+    assert len(by_name) == 1 and by_name[0].startswith("decoder.0 ")
     text = Named("decoder").eval()
     with torch.no_grad(), capture_attention(text) as cap:
         text(_ids(batch, 6))
     assert [r.kind for r in cap.records] == ["dec_self"]
+    assert [n for n in cap.notes if "by its name alone" in n]
     floats = FloatDecoder().eval()
     with torch.no_grad(), capture_attention(floats) as cap:
         floats(torch.randn(batch, 6, 8))
     assert [r.kind for r in cap.records] == ["dec_self"]
+    assert [n for n in cap.notes if "by its name alone" in n]
+    with torch.no_grad(), capture_attention(floats, kinds={"decoder": "enc_self"}) as cap:  # as the note says
+        floats(torch.randn(batch, 6, 8))
+    assert [r.kind for r in cap.records] == ["enc_self"] and not cap.notes
 
 
 class Persson2020(nn.Module):

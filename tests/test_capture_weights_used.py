@@ -496,3 +496,63 @@ def test_an_output_past_its_projection_scaled_by_scores_is_no_block_softmax():
     (own,) = cap.records
     assert own.kind == "enc_self" and own.exact and own.flag is None
     assert not any("scaled by a factor made from the scores" in n for n in cap.notes)
+
+
+class _FoldedProduct(nn.Module):
+    """Megatron's CoreAttention and BLOOM: scores by ``baddbmm`` (or ``@``) on (B·H, q, d), the weights
+    changed after the softmax (attention dropout while training, a head mask), then folded with
+    ``probs.view(b * np, sq, sk)`` and multiplied by ``bmm``; or changed after the fold, or folded with a
+    transpose first (which no reshape undoes)."""
+
+    def __init__(self, heads: int, change: str, fold: str):
+        super().__init__()
+        self.h, self.change, self.fold = heads, change, fold
+        d = D_HEAD * heads
+        self.emb = nn.Embedding(VOCAB, d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, self.h, D_HEAD).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        s = torch.baddbmm(torch.empty(b * self.h, n, n), q.reshape(b * self.h, n, D_HEAD),
+                          k.reshape(b * self.h, n, D_HEAD).transpose(1, 2), beta=0.0, alpha=0.5)  # fmt: skip
+        p = s.view(b, self.h, n, n).softmax(-1)
+        keep = torch.arange(self.h) % 2 == 1  # a head mask: heads 0, 2, ... off
+        if self.change == "dropout":
+            p = F.dropout(p, 0.3, training=True)
+        elif self.change == "head_mask":
+            p = p * keep[None, :, None, None]
+        folded = (
+            p.view(b * self.h, n, n) if self.fold == "view" else p.transpose(-1, -2).reshape(b * self.h, n, n)
+        )
+        if self.change == "after_fold":  # dropout on the (B·H, q, k) weights
+            folded = F.dropout(folded, 0.3, training=True)
+        if self.fold != "view":
+            folded = folded.transpose(-1, -2)
+        self.used.append(folded.reshape(b, self.h, n, n).detach().clone())
+        return torch.bmm(folded, v.reshape(b * self.h, n, D_HEAD))
+
+
+@pytest.mark.parametrize("change", ["dropout", "head_mask", "after_fold"])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4), (4, 4)])
+def test_weights_changed_then_folded_for_bmm_are_in_the_record(change, batch, heads):
+    torch.manual_seed(batch * 10 + heads)
+    model = _FoldedProduct(heads, change, "view")
+    ids = torch.randint(0, VOCAB, (batch, 5))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    assert rec.exact, rec.flag
+    torch.testing.assert_close(rec.probs, model.used[0], atol=1e-6, rtol=0)
+
+
+def test_weights_changed_then_folded_through_a_transpose_are_flagged():
+    """A transpose moves the weights where a reshape back no longer finds them: flagged, never the softmax's."""
+    torch.manual_seed(0)
+    model = _FoldedProduct(2, "dropout", "transposed")
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (2, 5)))
+    (rec,) = cap.records
+    assert not rec.exact and "changed after the softmax" in rec.flag

@@ -197,6 +197,7 @@ SHAPED_LIKE = frozenset({"to", "type_as", "expand_as", "view_as", "reshape_as"})
 CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})  # a dtype cast (of the weights, say)
 COPIES = frozenset({"clone", "contiguous", "detach"})  # the same values (in memory of their own, for two)
 TRANSPOSES = frozenset({"transpose", "swapaxes", "swapdims", "mT", "permute"})
+ROW_MAJOR = frozenset({"view", "reshape", "flatten", "unflatten", "view_as", "reshape_as"})  # order kept
 SHAPE_OPS = frozenset(
     {"view", "reshape", "transpose", "permute", "contiguous", "clone", "float", "to", "type_as", "double",
      "half", "bfloat16", "type", "flatten", "unflatten", "squeeze", "unsqueeze", "expand", "__getitem__"}
@@ -902,6 +903,10 @@ class _Tag:
     lost: _Probs | None = None
     changed: bool = False
     made_by: _Probs | None = None  # weights times values: the record of the weights (then moved or changed)
+    # ``lost`` weights that only went through row-major reshapes (view, reshape, flatten) and ops on their values
+    # that keep the shape since the softmax: reshaped back to its output's shape they are the weights in its
+    # layout (Megatron's and BLOOM's ``probs.view(b * np, sq, sk)`` then ``bmm``)
+    flat: bool = False
 
     def derived(self, origin: frozenset) -> _Tag:
         """The tag of a tensor an op made from this one (dataclasses.replace is slower, on every op)."""
@@ -3040,8 +3045,13 @@ class _Session:
                     new.axes = None
                     if g.rowq is not None:
                         new.lost = self._weights_of(g)
+                        new.flat = name in ROW_MAJOR
                     new.rowq = None
-                if new.lost is not None and name not in KEEPS_VALUES:
+                if new.lost is not None and g.lost is new.lost:
+                    new.flat = g.flat and _keeps_row_major(name, x, out)
+                if new.lost is not None and (
+                    name not in KEEPS_VALUES or g.touched or (name in DROPOUT and out is not x)
+                ):
                     new.changed = True
                 new.code = self._op_code(name, func, args, kwargs, out, [(x, g)])
                 self.set(out, new)
@@ -3179,10 +3189,19 @@ class _Session:
                 new.axes = None
                 if base.probs is not None or base.rowq is not None:
                     new.lost = self._weights_of(base)
+                    new.flat = name in ROW_MAJOR
                 new.rowq = None
             if new.lost is None:
                 new.lost = next((g.lost for _, g in act if g.lost is not None), None)
-            if new.lost is not None and (name not in KEEPS_VALUES or any(g.changed for _, g in act)):
+            if new.lost is not None and base.lost is new.lost:
+                new.flat = base.flat and _keeps_row_major(name, base_t, out)
+            if new.lost is not None and (
+                name not in KEEPS_VALUES
+                or any(g.changed or g.touched for _, g in act)
+                or (
+                    name in DROPOUT and out is not base_t
+                )  # (dropout while training: eval's hands back its input)
+            ):
                 new.changed = True
             if (
                 name in CAT
@@ -3403,7 +3422,10 @@ class _Session:
             and first.rowq is None
             and first.probs is None
         ):
-            self._changed_after_view(first.lost)
+            if first.flat and ops[0].numel() == math.prod(first.lost.shape) and first.lost.record is not None:
+                self._weights_used(first.lost, ops[0].reshape(first.lost.shape))  # (the record takes them)
+            else:
+                self._changed_after_view(first.lost)
         if first is not None and (first.rowq is not None or first.probs is not None):
             if name != "einsum":
                 rowq = first.rowq
@@ -4478,9 +4500,17 @@ class _Session:
         if not _DECODER.search(low):
             return "enc_self"
         # named a decoder, and nothing hides the future: a text decoder that forgot its mask stays dec_self (the
-        # audit's), and so do learned queries among each other (DETR's decoder side); attention over the pixels
-        # of a convolution's feature map (a latent-diffusion VAE's decoder) is an image's self-attention
-        return "enc_self" if exact and grid is not None and grid() else "dec_self"
+        # audit's), and so do learned queries among each other (DETR's decoder side) and floats handed in; the
+        # name decides, so a note says so. Attention over the pixels of a convolution's feature map (a
+        # latent-diffusion VAE's decoder) is an image's self-attention
+        if exact and grid is not None and grid():
+            return "enc_self"
+        self.warn(path, (lq, lk), "named a decoder, but no mask hides later keys: recorded as decoder "
+                  "self-attention (dec_self) by its name alone. A text decoder needs a causal mask; a decoder "
+                  "that attends both ways by design (MAE's over patches, DETR's object queries) is "
+                  "self-attention: capture_attention(model, kinds={'<its module path, or a glob of them>': "
+                  "'enc_self'}) says so")  # fmt: skip
+        return "dec_self"
 
     def _grid_queries(self, qpos: torch.Tensor | None) -> bool:
         """Whether every query of a record (B, q lineage positions) is a pixel of a convolution's grid (an
@@ -6523,6 +6553,19 @@ def _fused_reading(attn_mask, key_padding_mask) -> tuple[Any, Any] | None:
     am, differs_a = read(attn_mask)
     kpm, differs_k = read(key_padding_mask)
     return (am, kpm) if differs_a or differs_k else None
+
+
+def _keeps_row_major(name: str, x: torch.Tensor, out: Any) -> bool:
+    """An op after which ``out`` read in row-major order holds ``x``'s elements in that order (a reshape, a
+    copy, a cast) or values computed element by element in place of them (dropout, a head mask)."""
+    if name in ROW_MAJOR or name in lineage.KEEP:
+        return True
+    return (
+        name not in lineage.REPLAY
+        and isinstance(out, torch.Tensor)
+        and tuple(out.shape) == tuple(x.shape)
+        and name not in ("sort", "msort", "argsort")
+    )
 
 
 def _zero_one_triangle(m: Any) -> bool:
