@@ -532,8 +532,10 @@ def test_a_batch_of_sequences_from_outside_without_projection_is_still_flagged()
         def forward(self, x):
             return torch.softmax(x @ x.transpose(1, 2), dim=-1) @ x
 
-    with torch.no_grad(), capture_attention(Batched()) as cap:
-        Batched()(torch.randn(3, 5, 4))
+    net = Batched()
+
+    with torch.no_grad(), capture_attention(net) as cap:
+        net(torch.randn(3, 5, 4))
     assert len(cap.records) == 1 and not cap.records[0].exact and cap.records[0].flag
 
 
@@ -634,8 +636,9 @@ class SharedLayer(nn.Module):
 
 
 def test_layers_called_in_a_loop_and_chunks_of_queries_are_not_taken_for_heads():
-    with torch.no_grad(), capture_attention(SharedLayer(False).eval()) as cap:
-        SharedLayer(False).eval()(_ids(2, 6))
+    net = SharedLayer(False).eval()
+    with torch.no_grad(), capture_attention(net) as cap:
+        net(_ids(2, 6))
     assert [tuple(r.probs.shape) for r in cap.records] == [(2, 1, 6, 6)] * 3
     model = SharedLayer(True).eval()
     with torch.no_grad(), capture_attention(model) as cap:

@@ -207,6 +207,36 @@ def test_image_text_logits_over_the_batch_are_never_an_exact_map(batch):
     ]
 
 
+class MeanPooledZeroShot(nn.Module):
+    """The same with mean-pooled towers (SimCSE, sentence-transformers, ALIGN): each caption's tokens and
+    each image's patches averaged into one vector per row, ``(img @ txt.T).softmax(-1)`` inside the forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.patch = nn.Conv2d(3, 8, 2, 2)
+        self.tok, self.img_proj, self.txt_proj = nn.Embedding(10, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, image, text):
+        img = self.img_proj(self.patch(image).flatten(2).transpose(1, 2).mean(1))
+        txt = self.txt_proj(self.tok(text).mean(1))
+        return (img @ txt.t()).softmax(dim=-1)
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_mean_pooled_image_text_logits_are_never_an_exact_map(batch):
+    """Captions mean-pooled one vector per row: the keys come from several rows of the tokens, so the
+    softmax over them is no sequence's attention (flagged or noted, never exact)."""
+    torch.manual_seed(batch)
+    cap, _ = _captured(
+        MeanPooledZeroShot().eval(), torch.randn(batch + 1, 3, 4, 4), torch.randint(1, 9, (batch, 5))
+    )
+    assert not [r for r in cap.records if r.exact]
+    assert [r.flag for r in cap.records] == [] or all(
+        "similarity across the batch" in r.flag for r in cap.records
+    )
+    assert cap.records or cap.skipped
+
+
 class KeysAlongRows(nn.Module):
     """The SAGAN variant many GAN repositories write: ``s = bmm(f.permute(0, 2, 1), g)``, the softmax
     over dim=1 and ``bmm(h, beta)``: column j holds query j's weights."""

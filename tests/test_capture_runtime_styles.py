@@ -225,8 +225,10 @@ def test_a_zero_width_part_and_a_complex_einsum_leave_no_internal_error():
             mixed = torch.einsum("bix,iox->box", f, self.w)
             return y, torch.fft.irfft(mixed, n=ids.shape[1], dim=-1)
 
-    with torch.no_grad(), capture_attention(Odd().eval()) as cap:
-        Odd().eval()(_ids(2, 6))
+    net = Odd().eval()
+
+    with torch.no_grad(), capture_attention(net) as cap:
+        net(_ids(2, 6))
     assert len(cap.records) == 1 and cap.records[0].exact
     assert not [n for n in cap.notes if "Error" in n], cap.notes
 
@@ -647,13 +649,15 @@ def test_sdpa_whose_output_a_nan_key_spreads_over_a_masked_row_is_flagged():
     q, k, v = torch.randn(3, 1, 1, 4, 8).unbind(0)
     k[0, 0, 1, 0] = float("nan")
     causal = torch.ones(4, 4, dtype=torch.bool).tril()
-    with torch.no_grad(), capture_attention(A()) as cap:
-        A()(q, k, v, causal)
+    net = A()
+    with torch.no_grad(), capture_attention(net) as cap:
+        net(q, k, v, causal)
     (rec,) = cap.records
     assert not rec.exact and "NaN" in rec.flag
     k[0, 0, 1, 0] = 0.5  # the same call without it: exact
-    with torch.no_grad(), capture_attention(A()) as cap:
-        A()(q, k, v, causal)
+    net = A()
+    with torch.no_grad(), capture_attention(net) as cap:
+        net(q, k, v, causal)
     assert cap.records[0].exact and not cap.notes
 
 
@@ -678,8 +682,9 @@ def test_sdpa_masks_applied_as_sdpa_applies_them_whatever_the_scores(bad, mask):
         keep[1, ..., 4:] = False
     if bad is not None:
         k[1, 2, 5, 0] = bad  # a masked key of sequence 1 (hidden from every query but the last, or all)
-    with torch.no_grad(), capture_attention(A()) as cap:
-        A()(q, k, v, None if mask == "causal" else keep)
+    net = A()
+    with torch.no_grad(), capture_attention(net) as cap:
+        net(q, k, v, None if mask == "causal" else keep)
     (rec,) = cap.records
     scores = (q @ k.transpose(-2, -1)) * (1 / 8**0.5)
     want = torch.softmax(torch.where(keep, scores, float("-inf")), dim=-1)
@@ -962,3 +967,29 @@ def test_sentence_weights_over_sentences_pooled_in_packed_order_keep_the_documen
     assert word.exact and sentence.exact and not cap.notes, cap.notes
     torch.testing.assert_close(word.probs[:, 0, 0], model.words.alphas[0], atol=1e-7, rtol=0)
     torch.testing.assert_close(sentence.probs[:, 0, 0], model.alphas[0], atol=1e-7, rtol=0)
+
+
+def test_softmaxes_the_block_runs_outside_the_model_are_recorded_only_where_they_weigh_values():
+    """Code in the block after the forward (MiniLM's value-relation distillation target ``softmax(V V^T)``,
+    CLIP's label probabilities): its weights multiply nothing, so it is not the model's attention and only a
+    note says it ran. A plain function's attention in the block over the model's output, whose weights do
+    multiply values, is recorded as before."""
+    torch.manual_seed(0)
+    model = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    x = torch.randn(2, 5, 8)
+    with capture_attention(model) as cap:  # (gradients on: the layer's Python path, its maps recorded)
+        h = model(x)
+        v = h.view(2, 5, 2, 4).transpose(1, 2)
+        relation = (v @ v.transpose(-1, -2) / 2.0).softmax(-1)  # a distillation target: weighs nothing
+        loss = -(relation * relation.log()).sum()
+    assert [r.name for r in cap.records] == ["self_attn"]
+    (note,) = [s for s in cap.skipped if s.module == "(outside the model)"]
+    assert "multiplied no values" in note.reason and note.shape == (2, 2, 5, 5)
+    assert loss.requires_grad
+    with capture_attention(model) as cap:
+        h = model(x)
+        w = (h @ h.transpose(-1, -2)).softmax(-1)
+        y = w @ h  # a plain function's attention over the model's output: it weighs values
+    assert [r.name for r in cap.records] == ["self_attn", ""]
+    assert cap.records[1].exact and torch.equal(cap.records[1].probs[:, 0], w.detach())
+    assert y.shape == h.shape

@@ -65,8 +65,10 @@ def test_a_2d_vocabulary_softmax_stays_information():
         def forward(self, ids):
             return self.out(self.emb(ids).mean(1)).softmax(-1)
 
-    with torch.no_grad(), capture_attention(Classifier()) as cap:
-        Classifier()(torch.randint(0, VOCAB, (3, 5)))
+    net = Classifier()
+
+    with torch.no_grad(), capture_attention(net) as cap:
+        net(torch.randint(0, VOCAB, (3, 5)))
     assert not cap.records and not [n for n in cap.notes if "not recorded" in n]
 
 

@@ -282,8 +282,10 @@ def test_a_softmax_by_hand_over_a_vocabulary_is_not_attention():
             e = torch.exp(logits - logits.amax(-1, keepdim=True))
             return e / e.sum(-1, keepdim=True)
 
-    with torch.no_grad(), capture_attention(LM()) as cap:
-        LM()(_ids(2))
+    net = LM()
+
+    with torch.no_grad(), capture_attention(net) as cap:
+        net(_ids(2))
     assert cap.records == []
 
 

@@ -1404,6 +1404,9 @@ class _Session:
         # integer tensors that are another's rows in another order (``ids[perm_idx]``, a batch sorted by
         # length): id -> (weakref, the tensor whose rows they are, the permutation)
         self._row_picks: dict[int, tuple] = {}  # _hold
+        # records made in the block outside the model's forward (no module of it running: the caller's code,
+        # a plain function's attention): kept where their weights multiply values, else dropped at the end
+        self._outside: builtins.set[int] = set()  # their seq
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -2730,7 +2733,9 @@ class _Session:
             ends = torch.stack([(first >> lineage.SHIFT).reshape(-1),
                                 (c.select(dim, c.shape[dim] - 1) >> lineage.SHIFT).reshape(-1)], 1)  # fmt: skip
             runs, inverse = torch.unique(ends, dim=0, return_inverse=True)
-            row = lead[-1] if len(runs) % lead[-1] == 0 else 0
+            # positions per row of the input: (B, R, d) out pools R per row (a story's sentences, Nystromformer's
+            # landmarks); (B, d) out, one vector per row (a sentence mean-pooled), each its own row
+            row = 1 if len(lead) == 1 else lead[-1] if len(runs) % lead[-1] == 0 else 0
             start = self.sources.new(len(runs), "pooled", "pooled", ("pooled", parent), row)
             code = ((start + inverse.view(first.shape)) << lineage.SHIFT) | (first & lineage.FEATURES)
             if keep:
@@ -4251,6 +4256,8 @@ class _Session:
                      layout.key_labels if layout is not None else key_labels,
                      layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops,
                      query_positions=qpos, key_positions=_key_positions(probs, layout))  # fmt: skip
+        if self._frame is None and not self.outside and self._path_at[0] == self.n_ops:
+            self._outside.add(rec.seq)  # (no module of the model runs this op: the block's own code)
         if layout is not None and flag is None and layout.seq_keys is not None:
             self._seq_keys.setdefault(rec.seq, []).append(layout.seq_keys)
             if layout.ext and (rec.key_labels is None or None in rec.key_labels) and queries is not None:
@@ -5236,6 +5243,23 @@ class _Session:
         finally:
             _LOCAL.busy -= 1
         self._aliased -= storages
+
+    def drop_unused_outside(self) -> None:
+        """Softmaxes the block ran outside the model's forward (no module of it running) whose weights
+        multiplied no values (CLIP's label probabilities, a distillation target, a loss): not the model's
+        attention, so their records go, and a note says so. A plain function's attention in the block, whose
+        weights do multiply values, stays."""
+        drop = {
+            id(r) for r in self.cap.records if r.seq in self._outside and r.values is None and r.flag is None
+        }
+        if not drop:
+            return
+        for r in self.cap.records:
+            if id(r) in drop:
+                self.skip("(outside the model)", tuple(r.probs.shape), "a softmax the block ran outside the "
+                          "model's forward whose weights multiplied no values (a similarity, a loss, a "
+                          "distillation target): not the model's attention")  # fmt: skip
+        self.cap.records[:] = [r for r in self.cap.records if id(r) not in drop]
 
     def detach_records(self) -> None:
         """At the block's end: records that hold the model's memory where anything else still holds it too (maps
@@ -7222,6 +7246,7 @@ def capture_attention(
         )
     with _modes_aside():  # (modes the caller set, as ``torch.device("cuda")``, are not capture's)
         session.finish()
+        session.drop_unused_outside()
         session.detach_records()
     if session.n_ops and not session.n_attention and not blind:
         cap.notes.append(
