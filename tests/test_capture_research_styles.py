@@ -630,3 +630,35 @@ def test_tokens_made_from_one_vector_are_flagged_with_both_readings():
         model(torch.randn(2, 9, 8), torch.randn(2, 10))
     assert cap.records and not cap.records[0].exact
     assert "tokens made from one vector's features" in cap.records[0].flag
+
+
+class TiedRow(nn.Module):
+    """The MSA Transformer's tied row attention (ESM): scores summed over the alignment's rows by one
+    einsum, ``'rinhd,rjnhd->hnij'``, so the weights come out (heads, batch, i, j)."""
+
+    def __init__(self, heads: int, d: int = 8):
+        super().__init__()
+        self.h, self.hd = heads, d // heads
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):  # (rows, columns, batch, d)
+        r, c, b, d = x.shape
+        q = self.q_proj(x).view(r, c, b, self.h, self.hd) * (self.hd**-0.5 / math.sqrt(r))
+        k = self.k_proj(x).view(r, c, b, self.h, self.hd)
+        v = self.v_proj(x).view(r, c, b, self.h, self.hd)
+        p = torch.einsum("rinhd,rjnhd->hnij", q, k).softmax(-1)
+        return torch.einsum("hnij,rjnhd->rinhd", p, v).reshape(r, c, b, d)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(3, 2), (2, 2)])
+def test_scores_summed_over_rows_are_flagged_and_the_flag_says_the_layout_is_a_guess(batch, heads):
+    """Lineage cannot place rows whose product sums over several positions: the record is flagged, and the
+    flag says the batch and head axes were read from the shape (here they are the wrong way round)."""
+    torch.manual_seed(batch)
+    model = TiedRow(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(4, 5, batch, 8))
+    (rec,) = cap.records
+    assert not rec.exact
+    assert "different positions" in rec.flag and "read from the shape (a guess)" in rec.flag
+    assert any("a guess" in n for n in cap.notes)

@@ -4986,8 +4986,9 @@ class _Session:
             allowed = layout.bhqk(full if perm is None else full.permute(perm))
         source = tag.mask_source if tag is not None and allowed is not None else None
         flag = (
-            why
-            or "the queries' and keys' lineage was lost before the product, so the head and batch "
+            f"{why}, so which axes hold the batch and the heads is read from the shape (a guess)"
+            if why
+            else "the queries' and keys' lineage was lost before the product, so the head and batch "
             "split comes from the shape"
         )
         rec = self._record(path, layout.bhqk(out), layout.bhqk(scores.detach()), allowed, "softmax", source, cross,
