@@ -662,3 +662,42 @@ def test_scores_summed_over_rows_are_flagged_and_the_flag_says_the_layout_is_a_g
     assert not rec.exact
     assert "different positions" in rec.flag and "read from the shape (a guess)" in rec.flag
     assert any("a guess" in n for n in cap.notes)
+
+
+class LearnedTokens(nn.Module):
+    """SAM's two-way transformer: an IoU token and mask tokens kept as ``nn.Embedding`` tables read whole
+    (``torch.cat([iou_token.weight, mask_tokens.weight])``), and a class token kept in a ParameterList
+    (CrossViT's one per branch), joined before the prompt tokens."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.iou_token, self.mask_tokens = nn.Embedding(1, d), nn.Embedding(2, d)
+        self.cls_token = nn.ParameterList([nn.Parameter(torch.randn(1, d)), nn.Parameter(torch.randn(1, d))])
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids):
+        b = ids.shape[0]
+        learned = torch.cat([self.iou_token.weight, self.mask_tokens.weight, self.cls_token[1]], dim=0)
+        x = torch.cat([learned[None].expand(b, -1, -1), self.emb(ids)], dim=1)
+        q, k, v = self.qkv(x).chunk(3, -1)
+        return (q @ k.transpose(-1, -2) / 8**0.5).softmax(-1) @ v
+
+
+def test_learned_tokens_read_from_a_modules_weight_are_labelled_by_the_module():
+    """Rows of ``nn.Embedding(...).weight`` are labelled by the module that holds them, rows of a
+    ParameterList by the list and the index: no two different tokens share a label."""
+    torch.manual_seed(0)
+    model = LearnedTokens().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (2, 3)))
+    (rec,) = cap.records
+    assert rec.exact
+    assert rec.key_labels == (
+        "<iou_token 0>",
+        "<mask_tokens 0>",
+        "<mask_tokens 1>",
+        "<cls_token[1] 0>",
+        None,
+        None,
+        None,
+    )

@@ -2286,7 +2286,7 @@ class _Session:
         if param:
             if self._param_names is None:
                 self._param_names = {id(p): n for n, p in self.model.named_parameters(remove_duplicate=False)}
-            name = self._param_names.get(id(t), "learned").rsplit(".", 1)[-1]
+            name = _param_label(self._param_names.get(id(t), "learned"))
             start = self.sources.new(math.prod(lead), "param", name)
         else:
             start = self.sources.new(
@@ -6578,6 +6578,19 @@ def _fused_reading(attn_mask, key_padding_mask) -> tuple[Any, Any] | None:
     am, differs_a = read(attn_mask)
     kpm, differs_k = read(key_padding_mask)
     return (am, kpm) if differs_a or differs_k else None
+
+
+def _param_label(name: str) -> str:
+    """The label of a learned tensor's rows from its parameter's name: its own attribute (``cls_token``),
+    its module's for a module's own weight (``iou_token.weight`` -> ``iou_token``: an embedding table read
+    whole, SAM's tokens), an index into a ParameterList kept with it (``cls_token.0`` -> ``cls_token[0]``)."""
+    parts = name.split(".")
+    last = parts[-1]
+    if len(parts) > 1 and last in ("weight", "bias"):
+        return parts[-2] if not parts[-2].isdigit() or len(parts) < 3 else f"{parts[-3]}[{parts[-2]}]"
+    if len(parts) > 1 and last.isdigit():
+        return f"{parts[-2]}[{last}]"
+    return last
 
 
 def _keeps_row_major(name: str, x: torch.Tensor, out: Any) -> bool:
