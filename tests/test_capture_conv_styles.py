@@ -7,6 +7,8 @@ against the model itself, for several batch sizes."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -492,3 +494,44 @@ def test_channels_first_keys_joined_along_the_positions(shared):
         torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=0)
     else:
         assert not rec.exact and "keys of two projections joined" in rec.flag
+
+
+class PromptedImage(nn.Module):
+    """SAM's mask decoder: the image embedding (1, C, h, w) repeated for each of P prompts and added to the
+    dense prompt embeddings (P, C, h, w), flattened into (P, h·w, C) keys; the prompt tokens attend to them."""
+
+    def __init__(self, heads: int, how: str, d: int = 8):
+        super().__init__()
+        self.h, self.how = heads, how
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, image, dense, tokens):
+        p = tokens.shape[0]
+        if self.how == "repeat_interleave":
+            src = torch.repeat_interleave(image, p, dim=0) + dense
+        elif self.how == "broadcast":
+            src = dense + image
+        else:
+            src = image.expand(p, -1, -1, -1) * dense
+        keys = src.flatten(2).permute(0, 2, 1)
+        sep = lambda x: x.reshape(x.shape[0], x.shape[1], self.h, -1).transpose(1, 2)  # noqa: E731
+        q, k, v = sep(self.q_proj(tokens)), sep(self.k_proj(keys)), sep(self.v_proj(keys))
+        w = torch.softmax(q @ k.permute(0, 1, 3, 2) / math.sqrt(q.shape[-1]), dim=-1)
+        self.seen.append(w)
+        return (w @ v).transpose(1, 2).flatten(2)
+
+
+@pytest.mark.parametrize("how", ["repeat_interleave", "broadcast", "expand_mul"])
+@pytest.mark.parametrize(("prompts", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_an_image_from_outside_combined_with_prompts_before_its_keys_is_exact(how, prompts, heads):
+    """Tensors from outside added or multiplied channels-first before any projection say nothing about
+    which axis holds features: the keys are tagged where the projection reads them, and the map is exact
+    (it was flagged as mixing positions, reading the channels as positions)."""
+    torch.manual_seed(prompts * 10 + heads)
+    model = PromptedImage(heads, how).eval()
+    image, dense, tokens = torch.randn(1, 8, 3, 4), torch.randn(prompts, 8, 3, 4), torch.randn(prompts, 5, 8)
+    cap, _ = _captured(model, image, dense, tokens)
+    assert not cap.notes, cap.notes
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "cross" and torch.equal(rec.probs, model.seen[0])

@@ -3101,6 +3101,9 @@ class _Session:
             return
         if not ins or (name not in ENTRY and not any(tags)):
             return  # nothing the capture follows went in (a tensor from outside enters through ENTRY ops)
+        if (name in ADD or name in MUL) and not any(tags):
+            return  # tensors from outside added or multiplied element by element (SAM's repeated image plus its
+            # dense prompt, both (B, C, h, w)): no axis says features yet; the op that reads the sum tags it
         if name in ENTRY and not any(g is not None and g.role != "param" for g in tags):
             outside = next((t for t, g in zip(ins, tags, strict=True) if g is None and t.is_floating_point()
                             and t.dim() >= 2 and not _is_param(t)), None)  # fmt: skip
