@@ -701,3 +701,39 @@ def test_learned_tokens_read_from_a_modules_weight_are_labelled_by_the_module():
         None,
         None,
     )
+
+
+class MaeDecoder(nn.Module):
+    """MAE's decoder run on the encoder's latent: one learned mask token repeated into every masked patch,
+    the patches put back in order by ``gather`` with ``ids_restore`` from outside, the class token joined."""
+
+    def __init__(self, heads: int, d: int = 8, patches: int = 6):
+        super().__init__()
+        self.h = heads
+        self.decoder_embed = nn.Linear(12, d)
+        self.mask_token = nn.Parameter(torch.randn(1, 1, d))
+        self.pos = nn.Parameter(torch.randn(1, patches + 1, d))
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, latent, ids_restore):
+        x = self.decoder_embed(latent)
+        b, _, d = x.shape
+        masks = self.mask_token.repeat(b, ids_restore.shape[1] + 1 - x.shape[1], 1)
+        x_ = torch.cat([x[:, 1:, :], masks], dim=1)
+        x_ = torch.gather(x_, dim=1, index=ids_restore.unsqueeze(-1).repeat(1, 1, d))
+        x = torch.cat([x[:, :1, :], x_], dim=1) + self.pos
+        q, k, v = self.qkv(x).reshape(b, -1, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4).unbind(0)
+        return ((q @ k.transpose(-2, -1)) * (d // self.h) ** -0.5).softmax(-1) @ v
+
+
+def test_a_learned_token_repeated_among_the_queries_is_flagged_for_that_reason():
+    """Every masked patch is the same learned position, so rows cannot be placed by position: flagged, and
+    the flag says why (it said the rows of a sequence saw different keys, which they do not)."""
+    torch.manual_seed(0)
+    model = MaeDecoder(2).eval()
+    ids_restore = torch.stack([torch.randperm(6) for _ in range(2)])
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 4, 12), ids_restore)  # the class token and 3 visible patches of 6
+    (rec,) = cap.records
+    assert not rec.exact
+    assert "repeated among the tokens" in rec.flag and "see different keys" not in rec.flag

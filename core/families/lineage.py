@@ -596,7 +596,11 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     ):
         grouped = _groups(key_hash ^ (sl0 * 0x61C88647), qpos, kpos_b, krow)
     if isinstance(grouped, str) or grouped is None:
-        return grouped or "rows of one sequence and head see different keys"
+        return grouped or (
+            "one position is several queries of one sequence and head (a learned vector or a padding position "
+            "repeated among the tokens, as MAE's mask token fills every masked patch), so its rows cannot be "
+            "told apart by position"
+        )
     g, first, n_groups = grouped
     per_head = torch.zeros(n_heads, dtype=torch.int64, device=device).index_add_(
         0, h[first], torch.ones_like(first)
