@@ -535,3 +535,76 @@ def test_an_image_from_outside_combined_with_prompts_before_its_keys_is_exact(ho
     assert not cap.notes, cap.notes
     (rec,) = cap.records
     assert rec.exact and rec.kind == "cross" and torch.equal(rec.probs, model.seen[0])
+
+
+class ChunkedAttention(nn.Module):
+    """Sub-quadratic attention (AUTOMATIC1111's, diffusers' SubQuadraticCrossAttnProcessor): heads folded
+    into the batch, the queries taken a chunk at a time by slicing, each chunk's ``baddbmm`` (beta=0),
+    softmax and ``bmm``, the chunks joined by ``torch.cat`` on the queries; self-attention over the pixels,
+    then cross-attention from the pixels to each image's own caption."""
+
+    def __init__(self, heads: int, chunk: int, d: int = 8):
+        super().__init__()
+        self.h, self.chunk = heads, chunk
+        self.to_q, self.to_k, self.to_v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x, ctx):
+        b, n, d = x.shape
+        fold = lambda t: t.unflatten(-1, (self.h, -1)).transpose(1, 2).flatten(end_dim=1)  # noqa: E731
+        q, k, v = fold(self.to_q(x)), fold(self.to_k(ctx)), fold(self.to_v(ctx))
+        outs, maps = [], []
+        for start in range(0, n, self.chunk):
+            qc = q[:, start : start + self.chunk]
+            w = torch.baddbmm(
+                torch.zeros(1, 1, 1), qc, k.transpose(1, 2), alpha=(d // self.h) ** -0.5, beta=0
+            )
+            w = w.softmax(-1)
+            maps.append(w)
+            outs.append(torch.bmm(w, v))
+        self.seen.append(torch.cat(maps, 1).unflatten(0, (b, self.h)))
+        return torch.cat(outs, 1).unflatten(0, (b, self.h)).transpose(1, 2).flatten(2)
+
+
+class QueryChunks(nn.Module):
+    def __init__(self, heads: int, chunk: int, d: int = 8):
+        super().__init__()
+        self.text = nn.Embedding(30, d)
+        self.attn1, self.attn2 = ChunkedAttention(heads, chunk, d), ChunkedAttention(heads, chunk, d)
+
+    def forward(self, pixels, caption):
+        x = self.attn1(pixels, pixels)
+        return self.attn2(x, self.text(caption))
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_cross_attention_a_chunk_of_queries_at_a_time_is_one_exact_map(batch, heads):
+    torch.manual_seed(batch * 10 + heads)
+    model = QueryChunks(heads, chunk=4).eval()
+    model.attn1.seen, model.attn2.seen = [], []
+    cap, _ = _captured(model, torch.randn(batch, 10, 8), torch.randint(0, 30, (batch, 5)))
+    assert not cap.notes, cap.notes
+    assert [(r.kind, r.exact) for r in cap.records] == [("enc_self", True), ("cross", True)]
+    for rec, want in zip(cap.records, [*model.attn1.seen, *model.attn2.seen], strict=True):
+        assert torch.equal(rec.probs, want)
+
+
+def test_a_chunked_layer_called_twice_stacks_as_two_layers():
+    """The chunks' joined record keeps each sequence's query and key positions, so a layer whose weights are
+    shared (called twice over the same positions) stacks as two layers (it was refused as steps or layers)."""
+    torch.manual_seed(0)
+
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = ChunkedAttention(2, 4)
+
+        def forward(self, x):
+            return self.attn(self.attn(x, x), self.attn(x, x))
+
+    model = Shared().eval()
+    model.attn.seen = []
+    cap, _ = _captured(model, torch.randn(2, 10, 8))
+    assert [(r.exact, tuple(r.probs.shape)) for r in cap.records] == [(True, (2, 2, 10, 10))] * 3
+    assert torch.equal(cap.records[0].query_positions, cap.records[2].query_positions)
+    assert tuple(cap.stacks()["enc_self"].shape) == (2, 3, 2, 10, 10)

@@ -6583,6 +6583,12 @@ def _fused_reading(attn_mask, key_padding_mask) -> tuple[Any, Any] | None:
     return (am, kpm) if differs_a or differs_k else None
 
 
+def _one_row(positions: list[int], sources: lineage.Sources) -> bool:
+    """Every position is a sequence's (none learned), all in one row of the tensor they came from."""
+    rows = sources.rows(torch.tensor(positions, dtype=torch.int64))
+    return bool((rows >= 0).all()) and int(torch.unique(rows).numel()) == 1
+
+
 def _param_label(name: str) -> str:
     """The label of a learned tensor's rows from its parameter's name: its own attribute (``cls_token``),
     its module's for a module's own weight (``iou_token.weight`` -> ``iou_token``: an embedding table read
@@ -6871,8 +6877,13 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
     heads = sorted({f for _, f in units})
     if len(units) != len(seqs) * len(heads):
         return "some sequence lacks a head"
-    for unit, held in units.items():  # queries a chunk at a time: parts of the keys' own sequence
-        if len({i for i, _, _ in held}) > 1 and not set(queries[unit]) <= set(unit[0]):
+    for unit, held in units.items():  # queries a chunk at a time: parts of the keys' own sequence, or (cross-
+        # attention) all from one row of their own input
+        if (
+            len({i for i, _, _ in held}) > 1
+            and not set(queries[unit]) <= set(unit[0])
+            and not _one_row(queries[unit], sources)
+        ):
             return (
                 "pieces over the same keys hold queries from outside those keys' sequence (keys the "
                 "batch shares, or queries from another input), so their sequences cannot be told apart"
@@ -6902,9 +6913,14 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
     # the values do not depend on the query: each (sequence, head)'s from the first piece that holds it
     where = [[units[(s, f)][0] for f in heads] for s in seqs]
     values = _joined_values([r.values for r, _ in pieces], where)
+    qpos = torch.tensor(
+        [queries[(s, heads[0])] for s in seqs], dtype=torch.int64
+    )  # (B, q), in the order joined
+    kpos = torch.tensor([list(s) for s in seqs], dtype=torch.int64)  # (B, k): each sequence's keys
     return Record(first.name, first.kind, probs, scores, mask, first.source,
                   next((r.mask_source for r, _ in pieces if r.mask_source), None), max(checks) if checks else None,
-                  differ, True, None, first.key_labels, first.query_labels, values, seq=first.seq)  # fmt: skip
+                  differ, True, None, first.key_labels, first.query_labels, values, seq=first.seq,
+                  query_positions=qpos.to(probs.device), key_positions=kpos.to(probs.device))  # fmt: skip
 
 
 def _join_varlen(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) -> Record | None:
