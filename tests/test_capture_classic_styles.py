@@ -1408,3 +1408,14 @@ def test_weights_packed_to_gate_a_recurrence_are_a_warning():
     assert not cap.records
     assert len(cap.notes) == 1 and "packed into a sequence" in cap.notes[0]
     assert not any("nothing is weighted by" in str(n) for n in cap.skipped)
+
+
+def test_a_decoder_named_module_over_one_position_is_told_nothing():
+    """One query over one key (a decoding loop's first step, recomputed each step): no later key to hide,
+    so the name's kind comes without the warning a mask-free decoder over several positions gets."""
+    torch.manual_seed(0)
+    text = Named("decoder").eval()
+    with torch.no_grad(), capture_attention(text) as cap:
+        text(_ids(2, 1))
+    assert [r.kind for r in cap.records] == ["dec_self"]
+    assert not [n for n in cap.notes if "by its name alone" in n]

@@ -4515,6 +4515,8 @@ class _Session:
         # latent-diffusion VAE's decoder) is an image's self-attention
         if exact and grid is not None and grid():
             return "enc_self"
+        if lq < 2:  # one query (a decoding loop's first step, recomputed): no later key to hide
+            return "dec_self"
         self.warn(path, (lq, lk), "named a decoder, but no mask hides later keys: recorded as decoder "
                   "self-attention (dec_self) by its name alone. A text decoder needs a causal mask; a decoder "
                   "that attends both ways by design (MAE's over patches, DETR's object queries) is "
@@ -6624,12 +6626,14 @@ def _zero_one_triangle(m: Any) -> bool:
     lq, lk = int(m.shape[-2]), int(m.shape[-1])
     if lq < 2 or lq != lk or m.numel() > (1 << 24):
         return False
-    one = m.reshape(-1, lq, lk)[0]
-    if not bool(((m == 0) | (m == 1)).all()) or not bool((m == one).all()):
+    one = m.reshape(-1, lq, lk)[0]  # (the first slice first: a relative-position bias fails here, cheaply)
+    if not bool(((one == 0) | (one == 1)).all()):
         return False
     ones = torch.ones(lq, lk, dtype=torch.bool, device=m.device)
     seen = one == 1
-    return any(bool((seen == t).all()) for t in (ones.tril(), ones.tril(-1), ones.triu(), ones.triu(1)))
+    if not any(bool((seen == t).all()) for t in (ones.tril(), ones.tril(-1), ones.triu(), ones.triu(1))):
+        return False
+    return bool((m == one).all())
 
 
 def _hides_as(m, hidden: torch.Tensor) -> bool:
