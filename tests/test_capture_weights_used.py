@@ -526,22 +526,26 @@ class _FoldedProduct(nn.Module):
             p = F.dropout(p, 0.3, training=True)
         elif self.change == "head_mask":
             p = p * keep[None, :, None, None]
-        folded = (
-            p.view(b * self.h, n, n) if self.fold == "view" else p.transpose(-1, -2).reshape(b * self.h, n, n)
-        )
+        if self.fold == "view":
+            folded = p.view(b * self.h, n, n)
+        elif self.fold == "unsqueeze":  # (B, H, 1, q, k), then the fold
+            folded = p.unsqueeze(2).flatten(0, 2)
+        else:
+            folded = p.transpose(-1, -2).reshape(b * self.h, n, n)
         if self.change == "after_fold":  # dropout on the (B·H, q, k) weights
             folded = F.dropout(folded, 0.3, training=True)
-        if self.fold != "view":
+        if self.fold == "transposed":
             folded = folded.transpose(-1, -2)
         self.used.append(folded.reshape(b, self.h, n, n).detach().clone())
         return torch.bmm(folded, v.reshape(b * self.h, n, D_HEAD))
 
 
+@pytest.mark.parametrize("fold", ["view", "unsqueeze"])
 @pytest.mark.parametrize("change", ["dropout", "head_mask", "after_fold"])
 @pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4), (4, 4)])
-def test_weights_changed_then_folded_for_bmm_are_in_the_record(change, batch, heads):
+def test_weights_changed_then_folded_for_bmm_are_in_the_record(change, fold, batch, heads):
     torch.manual_seed(batch * 10 + heads)
-    model = _FoldedProduct(heads, change, "view")
+    model = _FoldedProduct(heads, change, fold)
     ids = torch.randint(0, VOCAB, (batch, 5))
     with torch.no_grad(), capture_attention(model) as cap:
         model(ids)

@@ -197,7 +197,9 @@ SHAPED_LIKE = frozenset({"to", "type_as", "expand_as", "view_as", "reshape_as"})
 CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})  # a dtype cast (of the weights, say)
 COPIES = frozenset({"clone", "contiguous", "detach"})  # the same values (in memory of their own, for two)
 TRANSPOSES = frozenset({"transpose", "swapaxes", "swapdims", "mT", "permute"})
-ROW_MAJOR = frozenset({"view", "reshape", "flatten", "unflatten", "view_as", "reshape_as"})  # order kept
+ROW_MAJOR = frozenset(
+    {"view", "reshape", "flatten", "unflatten", "view_as", "reshape_as", "squeeze", "unsqueeze"}
+)  # the elements keep their row-major order
 SHAPE_OPS = frozenset(
     {"view", "reshape", "transpose", "permute", "contiguous", "clone", "float", "to", "type_as", "double",
      "half", "bfloat16", "type", "flatten", "unflatten", "squeeze", "unsqueeze", "expand", "__getitem__"}
