@@ -1419,3 +1419,27 @@ def test_a_decoder_named_module_over_one_position_is_told_nothing():
         text(_ids(2, 1))
     assert [r.kind for r in cap.records] == ["dec_self"]
     assert not [n for n in cap.notes if "by its name alone" in n]
+
+
+def test_a_decoder_named_module_masked_after_its_softmax_is_told_nothing():
+    """AllenNLP's ``masked_softmax`` with a causal mask: the weights multiplied by ``tril`` and renormalized
+    after the softmax. The mask is found then, so the name's warning (said at the end) is not given."""
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.qkv = nn.Embedding(VOCAB, 8), nn.Linear(8, 24)
+
+        def forward(self, ids):
+            q, k, v = self.qkv(self.emb(ids)).chunk(3, -1)
+            w = (q @ k.transpose(-1, -2)).softmax(-1) * torch.ones(ids.shape[1], ids.shape[1]).tril()
+            w = w / w.sum(-1, keepdim=True)
+            return w @ v
+
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"decoder": Decoder()})
+    with torch.no_grad(), capture_attention(model) as cap:
+        model["decoder"](_ids(2, 5))
+    (rec,) = cap.records
+    assert rec.kind == "dec_self" and rec.mask is not None
+    assert not [n for n in cap.notes if "by its name alone" in n], cap.notes

@@ -993,3 +993,38 @@ def test_softmaxes_the_block_runs_outside_the_model_are_recorded_only_where_they
     assert [r.name for r in cap.records] == ["self_attn", ""]
     assert cap.records[1].exact and torch.equal(cap.records[1].probs[:, 0], w.detach())
     assert y.shape == h.shape
+
+
+def test_a_forward_without_self_called_directly_is_the_models_and_outside_attention_that_weighs_stays():
+    """A forward patched in as ``def forward(module, x)`` and called as ``model.forward(x)`` (no frame holds a
+    ``self``): its attention is the model's, never dropped as the block's own. Attention the block computes
+    after the model returned whose weights weigh values by a broadcast product and a sum, or whose output is
+    gated before a projection, is recorded too."""
+    import types
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.o = nn.Linear(8, 24), nn.Linear(8, 8)
+            self.rel = nn.Parameter(torch.randn(6, 6, 4))
+
+    def forward(module, x):  # Music Transformer's relative values: the weights multiply more than v
+        b, n, _ = x.shape
+        q, k, v = module.qkv(x).view(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        p = (q @ k.transpose(-1, -2) / 2).softmax(-1)
+        out = p @ v + torch.einsum("bhqk,qkd->bhqd", p, module.rel)
+        return module.o(out.transpose(1, 2).reshape(b, n, 8))
+
+    torch.manual_seed(0)
+    model = Block().eval()
+    model.forward = types.MethodType(forward, model)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model.forward(torch.randn(2, 6, 8))
+    assert len(cap.records) == 1 and not [s for s in cap.skipped if s.module == "(outside the model)"]
+    model = nn.Linear(8, 8)
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad(), capture_attention(model) as cap:
+        h = model(x)
+        w = (h @ h.transpose(-1, -2)).softmax(-1)
+        (w.unsqueeze(-1) * h.unsqueeze(1)).sum(2)  # weights times values by broadcast
+    assert len(cap.records) == 1 and not [s for s in cap.skipped if s.module == "(outside the model)"]

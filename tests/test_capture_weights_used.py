@@ -562,3 +562,50 @@ def test_weights_changed_then_folded_through_a_transpose_are_flagged():
         model(torch.randint(0, VOCAB, (2, 5)))
     (rec,) = cap.records
     assert not rec.exact and "changed after the softmax" in rec.flag
+
+
+class _PerHeadAfterChange(nn.Module):
+    """Weights changed after the softmax (dropout while training), then multiplied a head at a time
+    (``unbind(1)`` and ``bmm`` per head, stacked), or folded heads first (``p.transpose(0, 1).reshape(h * b,
+    q, k)``), which with as many sequences as heads keeps the shape through the transpose."""
+
+    def __init__(self, heads: int, how: str):
+        super().__init__()
+        self.h, self.how = heads, how
+        d = D_HEAD * heads
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, self.h, D_HEAD).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        p = F.dropout((q @ k.transpose(-1, -2) / 2.0).softmax(-1), 0.3, training=True)
+        self.used = p.detach().clone()
+        if self.how == "per_head":
+            return torch.stack(
+                [torch.bmm(ph, vh) for ph, vh in zip(p.unbind(1), v.unbind(1), strict=True)], 1
+            )
+        folded = p.transpose(0, 1).reshape(self.h * b, n, n)
+        return torch.bmm(folded, v.transpose(0, 1).reshape(self.h * b, n, D_HEAD))
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_changed_weights_multiplied_a_head_at_a_time_are_in_the_record(batch, heads):
+    torch.manual_seed(batch + heads)
+    model = _PerHeadAfterChange(heads, "per_head")
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (batch, 5)))
+    (rec,) = cap.records
+    assert rec.exact and torch.equal(rec.probs, model.used)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(2, 2), (4, 4), (2, 3)])
+def test_changed_weights_folded_heads_first_are_flagged_even_with_as_many_sequences_as_heads(batch, heads):
+    """The transpose moves the weights where a reshape back does not find them: flagged, never exact (with
+    batch = heads the record held the multiplied weights with batch and heads swapped)."""
+    torch.manual_seed(batch + heads)
+    model = _PerHeadAfterChange(heads, "heads_first")
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (batch, 5)))
+    (rec,) = cap.records
+    assert not rec.exact and "changed after the softmax" in rec.flag

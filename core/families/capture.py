@@ -197,6 +197,10 @@ SHAPED_LIKE = frozenset({"to", "type_as", "expand_as", "view_as", "reshape_as"})
 CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})  # a dtype cast (of the weights, say)
 COPIES = frozenset({"clone", "contiguous", "detach"})  # the same values (in memory of their own, for two)
 TRANSPOSES = frozenset({"transpose", "swapaxes", "swapdims", "mT", "permute"})
+MOVES = frozenset(
+    {"transpose", "permute", "movedim", "moveaxis", "swapaxes", "swapdims", "t", "T", "mT", "H", "mH", "adjoint",
+     "flip", "roll"}
+)  # fmt: skip
 ROW_MAJOR = frozenset(
     {"view", "reshape", "flatten", "unflatten", "view_as", "reshape_as", "squeeze", "unsqueeze"}
 )  # the elements keep their row-major order
@@ -1409,6 +1413,9 @@ class _Session:
         # records made in the block outside the model's forward (no module of it running: the caller's code,
         # a plain function's attention): kept where their weights multiply values, else dropped at the end
         self._outside: builtins.set[int] = set()  # their seq
+        self._weighed: builtins.set[int] = set()  # seq of records whose weights went into a product since
+        self._by_name: dict[str, tuple[int, int]] = {}  # decoder-named paths made dec_self by their name
+        self.returned = False  # the model's call (``model(...)``) has returned: code after it is the caller's
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -1629,6 +1636,8 @@ class _Session:
                     self._rescaled(args)
                 if (name in ADD or name in SUB) and len(args) >= 2 and isinstance(out, torch.Tensor):
                     self._outputs_merged(args, out)
+                if self._outside and (name in MATMUL or name in MUL):  # (weights recorded outside the model)
+                    self.weighed(name, args, out)
                 self.propagate(name, func, args, kwargs, out, pre)
                 if self._softmaxed and name in RENORM_STEPS and type(out) is torch.Tensor:
                     self._renormalized(name, args, kwargs, out)
@@ -2288,7 +2297,8 @@ class _Session:
         if param:
             if self._param_names is None:
                 self._param_names = {id(p): n for n, p in self.model.named_parameters(remove_duplicate=False)}
-            name = _param_label(self._param_names.get(id(t), "learned"))
+            full = self._param_names.get(id(t), "learned")
+            name = _param_label(full)
             start = self.sources.new(math.prod(lead), "param", name)
         else:
             start = self.sources.new(
@@ -3048,8 +3058,10 @@ class _Session:
                     new.split = None
                 if name in ("view", "reshape", "unflatten"):
                     self._reshaped(x, g, out, new)
-                if out.shape != x.shape:
-                    new.axes = None
+                if out.shape != x.shape or (name in MOVES and g.rowq is not None and out is not x):
+                    new.axes = (
+                        None  # (moved with the shape kept: heads and batch swapped where as many of each)
+                    )
                     if g.rowq is not None:
                         new.lost = self._weights_of(g)
                         new.flat = name in ROW_MAJOR
@@ -3148,6 +3160,12 @@ class _Session:
         ):
             return
         if not isinstance(out, torch.Tensor):  # split / chunk / unbind: the pieces keep role and origin
+            if act and act[0][1].touched and args and args[0] is act[0][0] and name in KEEPS_VALUES:
+                # weights changed since the softmax, cut into pieces (a head at a time, each multiplied by its
+                # values): the pieces hold the changed weights whole, which the record takes
+                p = self._weights_of(act[0][1])
+                if p is not None:
+                    self._weights_used(p, act[0][0])
             role = act[0][1].role if act else "param"
             heads, cache = (act[0][1].heads, act[0][1].cache) if act else (None, False)
             codes: list[Any] = [None] * len(outs)
@@ -3195,11 +3213,16 @@ class _Session:
                 new.split = None
             if name in ("view", "reshape", "unflatten"):
                 self._reshaped(base_t, base, out, new)
-            if tuple(out.shape) != tuple(base_t.shape):
+            moved = name in MOVES and out is not base_t  # (a transpose that keeps the shape: heads and batch
+            # swapped where there are as many of each, its elements elsewhere all the same)
+            if tuple(out.shape) != tuple(base_t.shape) or (
+                moved and (base.probs is not None or base.rowq is not None)
+            ):
                 new.axes = None
                 if base.probs is not None or base.rowq is not None:
                     new.lost = self._weights_of(base)
                     new.flat = name in ROW_MAJOR
+                    new.probs = None
                 new.rowq = None
             if new.lost is None:
                 new.lost = next((g.lost for _, g in act if g.lost is not None), None)
@@ -4261,8 +4284,9 @@ class _Session:
                      layout.key_labels if layout is not None else key_labels,
                      layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops,
                      query_positions=qpos, key_positions=_key_positions(probs, layout))  # fmt: skip
-        if self._frame is None and not self.outside and self._path_at[0] == self.n_ops:
-            self._outside.add(rec.seq)  # (no module of the model runs this op: the block's own code)
+        if self._frame is None and not self.outside and self._path_at[0] == self.n_ops and self.returned:
+            self._outside.add(rec.seq)  # (no module of the model runs this op, after its call returned: the
+            # block's own code; a forward called as ``model.forward(x)`` with no ``self`` is never taken for it)
         if layout is not None and flag is None and layout.seq_keys is not None:
             self._seq_keys.setdefault(rec.seq, []).append(layout.seq_keys)
             if layout.ext and (rec.key_labels is None or None in rec.key_labels) and queries is not None:
@@ -4517,13 +4541,11 @@ class _Session:
         # latent-diffusion VAE's decoder) is an image's self-attention
         if exact and grid is not None and grid():
             return "enc_self"
-        if lq < 2:  # one query (a decoding loop's first step, recomputed): no later key to hide
-            return "dec_self"
-        self.warn(path, (lq, lk), "named a decoder, but no mask hides later keys: recorded as decoder "
-                  "self-attention (dec_self) by its name alone. A text decoder needs a causal mask; a decoder "
-                  "that attends both ways by design (MAE's over patches, DETR's object queries) is "
-                  "self-attention: capture_attention(model, kinds={'<its module path, or a glob of them>': "
-                  "'enc_self'}) says so")  # fmt: skip
+        if lq >= 2:  # (one query, a decoding loop's first step recomputed: no later key to hide) said at the
+            self._by_name[path] = (
+                lq,
+                lk,
+            )  # end, where no mask found since (one after the softmax) made it causal
         return "dec_self"
 
     def _grid_queries(self, qpos: torch.Tensor | None) -> bool:
@@ -5252,13 +5274,45 @@ class _Session:
             _LOCAL.busy -= 1
         self._aliased -= storages
 
+    def tell_named_decoders(self) -> None:
+        """A warning for each decoder-named module recorded dec_self by its name alone: no mask, before the
+        softmax or after it, hides its later keys."""
+        for r in self.cap.records:
+            if (
+                r.name in self._by_name
+                and r.kind == "dec_self"
+                and not (r.mask is not None and self._causal(r.mask))
+            ):
+                self.warn(r.name, self._by_name[r.name], "named a decoder, but no mask hides later keys: recorded "
+                          "as decoder self-attention (dec_self) by its name alone. A text decoder needs a causal "
+                          "mask; a decoder that attends both ways by design (MAE's over patches, DETR's object "
+                          "queries) is self-attention: capture_attention(model, kinds={'<its module path, or a "
+                          "glob of them>': 'enc_self'}) says so")  # fmt: skip
+
+    def weighed(self, name: str, args, out: Any) -> None:
+        """Weights recorded outside the model going into a product (a matmul, or a broadcast multiply that makes
+        more elements than they have): the weights of a plain function's attention, kept."""
+        if not (name in MATMUL or name in MUL) or not isinstance(out, torch.Tensor):
+            return
+        for t in _tensors(args, {}):
+            g = self.tag(t)
+            if g is None or (g.probs is None and g.rowq is None and g.lost is None):
+                continue
+            if name in MUL and out.numel() <= t.numel():
+                continue
+            p = g.probs or g.lost or self._weights_of(g)
+            if p is not None and p.record is not None:
+                self._weighed.add(p.record.seq)
+
     def drop_unused_outside(self) -> None:
-        """Softmaxes the block ran outside the model's forward (no module of it running) whose weights
-        multiplied no values (CLIP's label probabilities, a distillation target, a loss): not the model's
-        attention, so their records go, and a note says so. A plain function's attention in the block, whose
-        weights do multiply values, stays."""
+        """Softmaxes the block ran after the model's call returned, outside every module of it, whose weights
+        went into no product (CLIP's label probabilities, a distillation target, a loss): not the model's
+        attention, so their records go (those flagged stay, with their flag), and a note says so. A plain
+        function's attention in the block, whose weights do multiply values, stays."""
         drop = {
-            id(r) for r in self.cap.records if r.seq in self._outside and r.values is None and r.flag is None
+            id(r)
+            for r in self.cap.records
+            if r.seq in self._outside and r.seq not in self._weighed and r.flag is None
         }
         if not drop:
             return
@@ -6010,6 +6064,14 @@ class _Session:
         return rec
 
     # -- torch.nn encoder layers, run as torch runs them ----------------------------------------------
+    def model_called(self, module: nn.Module, args: tuple) -> None:
+        if module is self.model and threading.get_ident() == self.thread:
+            self.returned = False
+
+    def model_returned(self, module: nn.Module, args: tuple, out: Any) -> None:
+        if module is self.model and threading.get_ident() == self.thread:
+            self.returned = True
+
     def before_layer(self, module: nn.Module, args: tuple) -> None:
         """A global forward pre-hook: torch.nn's own attention of the model (an encoder, an encoder layer,
         MultiheadAttention, as torch ships them, with no hook of their own and no attention dropout drawn)
@@ -6596,11 +6658,17 @@ def _one_row(positions: list[int], sources: lineage.Sources) -> bool:
 def _param_label(name: str) -> str:
     """The label of a learned tensor's rows from its parameter's name: its own attribute (``cls_token``),
     its module's for a module's own weight (``iou_token.weight`` -> ``iou_token``: an embedding table read
-    whole, SAM's tokens), an index into a ParameterList kept with it (``cls_token.0`` -> ``cls_token[0]``)."""
+    whole, SAM's tokens; ``prompts.3.weight`` -> ``prompts``, a layer's own table in a ModuleList), an index
+    into a ParameterList kept with it (``cls_token.0`` -> ``cls_token[0]``)."""
     parts = name.split(".")
     last = parts[-1]
-    if len(parts) > 1 and last in ("weight", "bias"):
-        return parts[-2] if not parts[-2].isdigit() or len(parts) < 3 else f"{parts[-3]}[{parts[-2]}]"
+    if len(parts) > 1 and last in (
+        "weight",
+        "bias",
+    ):  # (a ModuleList's tables, one per layer, by the list's name:
+        return (
+            parts[-2] if not parts[-2].isdigit() or len(parts) < 3 else parts[-3]
+        )  # each layer's labels alike)
     if len(parts) > 1 and last.isdigit():
         return f"{parts[-2]}[{last}]"
     return last
@@ -6628,7 +6696,9 @@ def _zero_one_triangle(m: Any) -> bool:
     lq, lk = int(m.shape[-2]), int(m.shape[-1])
     if lq < 2 or lq != lk or m.numel() > (1 << 24):
         return False
-    one = m.reshape(-1, lq, lk)[0]  # (the first slice first: a relative-position bias fails here, cheaply)
+    one = m[
+        (0,) * (m.dim() - 2)
+    ]  # (the first slice first, a view: a relative-position bias fails here, cheaply)
     if not bool(((one == 0) | (one == 1)).all()):
         return False
     ones = torch.ones(lq, lk, dtype=torch.bool, device=m.device)
@@ -7257,6 +7327,11 @@ def capture_attention(
             torch.nn.modules.module.register_module_forward_hook(session.after_layer, with_kwargs=True,
                                                                  always_call=True),
         ]  # fmt: skip
+    hooks += [  # whether the model's own call has returned (a softmax after it, outside it, is the caller's);
+        # global hooks, so the model itself holds no hook of capture's (torch.nn's fused paths look for them)
+        torch.nn.modules.module.register_module_forward_pre_hook(session.model_called),
+        torch.nn.modules.module.register_module_forward_hook(session.model_returned, always_call=True),
+    ]
     sessions = _LOCAL.__dict__.setdefault("sessions", [])
     sessions.append(session)
     try:
@@ -7286,6 +7361,7 @@ def capture_attention(
     with _modes_aside():  # (modes the caller set, as ``torch.device("cuda")``, are not capture's)
         session.finish()
         session.drop_unused_outside()
+        session.tell_named_decoders()
         session.detach_records()
     if session.n_ops and not session.n_attention and not blind:
         cap.notes.append(
