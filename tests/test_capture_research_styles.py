@@ -737,3 +737,35 @@ def test_a_learned_token_repeated_among_the_queries_is_flagged_for_that_reason()
     (rec,) = cap.records
     assert not rec.exact
     assert "repeated among the tokens" in rec.flag and "see different keys" not in rec.flag
+
+
+def test_two_learned_tables_of_one_name_among_the_keys_are_labelled_by_their_paths():
+    """``cat([self.enc.tok.weight, self.dec.tok.weight])``: two different tables both named ``tok`` among one
+    map's keys are labelled by their paths; one table alone keeps its short label."""
+
+    class Two(nn.Module):
+        def __init__(self, both: bool):
+            super().__init__()
+            self.both = both
+            self.enc, self.dec = (
+                nn.ModuleDict({"tok": nn.Embedding(2, 8)}),
+                nn.ModuleDict({"tok": nn.Embedding(2, 8)}),
+            )
+            self.emb, self.qkv = nn.Embedding(VOCAB, 8), nn.Linear(8, 24)
+
+        def forward(self, ids):
+            learned = [self.enc.tok.weight, self.dec.tok.weight] if self.both else [self.enc.tok.weight]
+            x = torch.cat([torch.cat(learned)[None].expand(ids.shape[0], -1, -1), self.emb(ids)], dim=1)
+            q, k, v = self.qkv(x).chunk(3, -1)
+            return (q @ k.transpose(-1, -2)).softmax(-1) @ v
+
+    torch.manual_seed(0)
+    for both, want in (
+        (True, ("<enc.tok 0>", "<enc.tok 1>", "<dec.tok 0>", "<dec.tok 1>")),
+        (False, ("<tok 0>", "<tok 1>")),
+    ):
+        model = Two(both).eval()
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(torch.randint(1, VOCAB, (2, 3)))
+        (rec,) = cap.records
+        assert rec.exact and rec.key_labels == (*want, None, None, None)

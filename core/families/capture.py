@@ -2298,8 +2298,8 @@ class _Session:
             if self._param_names is None:
                 self._param_names = {id(p): n for n, p in self.model.named_parameters(remove_duplicate=False)}
             full = self._param_names.get(id(t), "learned")
-            name = _param_label(full)
-            start = self.sources.new(math.prod(lead), "param", name)
+            path = ".".join(w for w in full.split(".") if w not in ("weight", "bias"))
+            start = self.sources.new(math.prod(lead), "param", _param_label(full), path=path)
         else:
             start = self.sources.new(
                 math.prod(lead), "external", "input", ("in", self.n_inputs), lead[-1] if lead else 0
@@ -2953,7 +2953,7 @@ class _Session:
         if self._src_key[0] != len(items):
             self._src_key = (
                 len(items),
-                tuple((s.start, s.n, s.kind, s.label, s.origin, s.row) for s in items),
+                tuple((s.start, s.n, s.kind, s.label, s.origin, s.row, s.path) for s in items),
             )
         return self._src_key[1]
 

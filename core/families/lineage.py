@@ -128,6 +128,7 @@ class Source:
     label: str  # the parameter's attribute name; the embedding call's number; "input"
     origin: Any = None  # the lineage origin the capture's tags use for these positions
     row: int = 0  # positions per row of the tensor they came from (its last leading dim), 0: one row
+    path: str = ""  # a learned tensor's dotted path in the model, where its label is shorter (``dec.tok``)
 
 
 @dataclass
@@ -135,9 +136,9 @@ class Sources:
     items: list[Source] = field(default_factory=list)
     end: int = 0
 
-    def new(self, n: int, kind: str, label: str, origin: Any = None, row: int = 0) -> int:
+    def new(self, n: int, kind: str, label: str, origin: Any = None, row: int = 0, path: str = "") -> int:
         start = self.end
-        self.items.append(Source(start, n, kind, label, origin, row if 0 < row < n else 0))
+        self.items.append(Source(start, n, kind, label, origin, row if 0 < row < n else 0, path))
         self.end += max(int(n), 1)
         if self.end >= 1 << (62 - SHIFT):
             raise OverflowError("too many positions to follow")
@@ -847,11 +848,19 @@ def _labels(pos: torch.Tensor, sources: Sources) -> tuple[str | None, ...] | Non
     token is one of them), None for the sequence's own."""
     seen: dict[int, int] = {}
     out: list[str | None] = []
-    for s in _kinds(pos, sources):
+    kinds = _kinds(pos, sources)
+    starts: dict[
+        str, set[int]
+    ] = {}  # two learned tensors of one label among these (``enc.tok``, ``dec.tok``):
+    for s in kinds:  # each named by its path instead
+        if s.kind in LABELLED:
+            starts.setdefault(s.label, set()).add(s.start)
+    for s in kinds:
         if s.kind in LABELLED or s.kind == "pooled":
             i = seen.get(s.start, 0)
             seen[s.start] = i + 1
-            out.append(f"<{s.label} {i}>")
+            name = s.path if s.path and len(starts.get(s.label, ())) > 1 else s.label
+            out.append(f"<{name} {i}>")
         else:
             out.append(None)
     return tuple(out) if seen else None
