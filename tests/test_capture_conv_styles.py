@@ -578,15 +578,23 @@ class QueryChunks(nn.Module):
 
 
 @pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
-def test_cross_attention_a_chunk_of_queries_at_a_time_is_one_exact_map(batch, heads):
+def test_a_chunk_of_queries_at_a_time_is_one_exact_map_and_cross_attention_pieces_are_said(batch, heads):
+    """Self-attention's chunks are one exact layer (the queries are the keys' own positions). Cross-attention's
+    chunks look to lineage like a decoder's steps written inline (queries from another input, a part at a time
+    over the same keys), which are not one layer: each piece is exact and a note says why they stay apart."""
     torch.manual_seed(batch * 10 + heads)
     model = QueryChunks(heads, chunk=4).eval()
     model.attn1.seen, model.attn2.seen = [], []
     cap, _ = _captured(model, torch.randn(batch, 10, 8), torch.randint(0, 30, (batch, 5)))
-    assert not cap.notes, cap.notes
-    assert [(r.kind, r.exact) for r in cap.records] == [("enc_self", True), ("cross", True)]
-    for rec, want in zip(cap.records, [*model.attn1.seen, *model.attn2.seen], strict=True):
-        assert torch.equal(rec.probs, want)
+    first, *pieces = cap.records
+    assert (first.kind, first.exact) == ("enc_self", True) and torch.equal(first.probs, model.attn1.seen[0])
+    assert [(r.kind, r.exact, r.probs.shape[2]) for r in pieces] == [
+        ("cross", True, 4),
+        ("cross", True, 4),
+        ("cross", True, 2),
+    ]
+    assert torch.equal(torch.cat([r.probs for r in pieces], 2), model.attn2.seen[0])
+    assert any("hold queries from outside those keys' sequence" in n for n in cap.notes)
 
 
 def test_a_chunked_layer_called_twice_stacks_as_two_layers():

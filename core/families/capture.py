@@ -6649,12 +6649,6 @@ def _fused_reading(attn_mask, key_padding_mask) -> tuple[Any, Any] | None:
     return (am, kpm) if differs_a or differs_k else None
 
 
-def _one_row(positions: list[int], sources: lineage.Sources) -> bool:
-    """Every position is a sequence's (none learned), all in one row of the tensor they came from."""
-    rows = sources.rows(torch.tensor(positions, dtype=torch.int64))
-    return bool((rows >= 0).all()) and int(torch.unique(rows).numel()) == 1
-
-
 def _param_label(name: str) -> str:
     """The label of a learned tensor's rows from its parameter's name: its own attribute (``cls_token``),
     its module's for a module's own weight (``iou_token.weight`` -> ``iou_token``: an embedding table read
@@ -6953,13 +6947,9 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
     heads = sorted({f for _, f in units})
     if len(units) != len(seqs) * len(heads):
         return "some sequence lacks a head"
-    for unit, held in units.items():  # queries a chunk at a time: parts of the keys' own sequence, or (cross-
-        # attention) all from one row of their own input
-        if (
-            len({i for i, _, _ in held}) > 1
-            and not set(queries[unit]) <= set(unit[0])
-            and not _one_row(queries[unit], sources)
-        ):
+    for unit, held in units.items():  # queries a chunk at a time: parts of the keys' own sequence (of cross-
+        # attention, chunks of queries and a decoder's steps written inline look the same to lineage: not joined)
+        if len({i for i, _, _ in held}) > 1 and not set(queries[unit]) <= set(unit[0]):
             return (
                 "pieces over the same keys hold queries from outside those keys' sequence (keys the "
                 "batch shares, or queries from another input), so their sequences cannot be told apart"
