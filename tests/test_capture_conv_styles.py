@@ -616,3 +616,38 @@ def test_a_chunked_layer_called_twice_stacks_as_two_layers():
     assert [(r.exact, tuple(r.probs.shape)) for r in cap.records] == [(True, (2, 2, 10, 10))] * 3
     assert torch.equal(cap.records[0].query_positions, cap.records[2].query_positions)
     assert tuple(cap.stacks()["enc_self"].shape) == (2, 3, 2, 10, 10)
+
+
+class InlineSteps(nn.Module):
+    """A Luong decoder written inline (course notebooks): an LSTM cell a step at a time in one forward, each
+    step's ``bmm`` of its state over the encoder's outputs and softmax, the outputs stacked after the loop."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.src, self.tgt = nn.Embedding(30, d), nn.Embedding(30, d)
+        self.cell, self.w_a = nn.LSTMCell(d, d), nn.Linear(d, d, bias=False)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, src, tgt):
+        enc = self.src(src)
+        emb = self.tgt(tgt)
+        h = c = enc.new_zeros(tgt.shape[0], enc.shape[-1])
+        outs = []
+        for t in range(tgt.shape[1]):
+            h, c = self.cell(emb[:, t], (h, c))
+            a = torch.bmm(self.w_a(h).unsqueeze(1), enc.transpose(1, 2)).softmax(-1)
+            self.seen.append(a)
+            outs.append(torch.cat([torch.bmm(a, enc).squeeze(1), h], -1))
+        return torch.stack(outs, dim=1)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_a_decoders_steps_written_inline_stay_one_record_each(batch):
+    """Each step's query is a new position over the same keys, as a chunk of queries would be: the steps are
+    not joined into one map (a join took them for chunks and left one record where there were four)."""
+    torch.manual_seed(batch)
+    model = InlineSteps().eval()
+    cap, _ = _captured(model, torch.randint(0, 30, (batch, 5)), torch.randint(0, 30, (batch, 4)))
+    assert len(cap.records) == 4
+    for rec, want in zip(cap.records, model.seen, strict=True):
+        assert rec.exact and rec.kind == "cross" and torch.equal(rec.probs, want[:, None])
