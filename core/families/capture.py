@@ -3059,9 +3059,8 @@ class _Session:
                 if name in ("view", "reshape", "unflatten"):
                     self._reshaped(x, g, out, new)
                 if out.shape != x.shape or (name in MOVES and g.rowq is not None and out is not x):
-                    new.axes = (
-                        None  # (moved with the shape kept: heads and batch swapped where as many of each)
-                    )
+                    # (moved with the shape kept too: heads and batch swapped where as many of each)
+                    new.axes = None
                     if g.rowq is not None:
                         new.lost = self._weights_of(g)
                         new.flat = name in ROW_MAJOR
@@ -3231,9 +3230,7 @@ class _Session:
             if new.lost is not None and (
                 name not in KEEPS_VALUES
                 or any(g.changed or g.touched for _, g in act)
-                or (
-                    name in DROPOUT and out is not base_t
-                )  # (dropout while training: eval's hands back its input)
+                or (name in DROPOUT and out is not base_t)  # (while training: eval's hands back its input)
             ):
                 new.changed = True
             if (
@@ -4541,11 +4538,10 @@ class _Session:
         # latent-diffusion VAE's decoder) is an image's self-attention
         if exact and grid is not None and grid():
             return "enc_self"
-        if lq >= 2:  # (one query, a decoding loop's first step recomputed: no later key to hide) said at the
-            self._by_name[path] = (
-                lq,
-                lk,
-            )  # end, where no mask found since (one after the softmax) made it causal
+        # said at the end, where no mask found since (one after the softmax) made it causal; one query (a
+        # decoding loop's first step, recomputed) has no later key to hide
+        if lq >= 2:
+            self._by_name[path] = (lq, lk)
         return "dec_self"
 
     def _grid_queries(self, qpos: torch.Tensor | None) -> bool:
