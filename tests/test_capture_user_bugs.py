@@ -508,3 +508,25 @@ def test_a_bias_of_other_values_added_to_the_scores_is_no_broken_mask(values):
     (rec,) = cap.records
     assert rec.exact and rec.kind == "enc_self"
     assert not [n for n in cap.notes if "0s and 1s" in n]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_causal_mask_of_zeros_and_ones_times_a_padding_mask_added_is_said_to_hide_nothing(side):
+    """Hugging Face's combination ``tril(ones) * attention_mask`` kept as 0/1 floats and added: with a padded
+    sequence in the batch every slice differs, and it still hides nothing (it was told only without padding)."""
+    torch.manual_seed(3)
+    model = ZeroOneAdded(2, "tril").eval()
+    n = 6
+    keep = torch.ones(2, n)
+    if side == "right":
+        keep[1, 4:] = 0
+    else:
+        keep[1, :2] = 0
+    bias = torch.ones(n, n).tril()[None, None] * keep[:, None, None, :]
+    model.bias = F.pad(bias, (0, 2, 0, 2))  # (the model adds bias[:, :, :n, :n])
+    ids, _ = _batch(2, n)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self"
+    assert [n for n in cap.notes if "0s and 1s" in n and "hides no key" in n]

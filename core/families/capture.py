@@ -6693,9 +6693,24 @@ def _zero_one_triangle(m: Any) -> bool:
         return False
     ones = torch.ones(lq, lk, dtype=torch.bool, device=m.device)
     seen = one == 1
-    if not any(bool((seen == t).all()) for t in (ones.tril(), ones.tril(-1), ones.triu(), ones.triu(1))):
+    if any(bool((seen == t).all()) for t in (ones.tril(), ones.tril(-1), ones.triu(), ones.triu(1))):
+        if bool((m == one).all()):
+            return True
+    # a causal mask combined with padding, slice by slice (Hugging Face's ``tril * attention_mask``): 1 = kept,
+    # the triangle where both the query's and the key's positions are real; or 1 = hidden, the future and the
+    # padded rows and columns
+    if not bool(((m == 0) | (m == 1)).all()):
         return False
-    return bool((m == one).all())
+    every = m == 1
+    keep_col, keep_row = every.any(-2, keepdim=True), every.any(-1, keepdim=True)
+    hide_col, hide_row = every.all(-2, keepdim=True), every.all(-1, keepdim=True)
+    for t in (ones.tril(), ones.tril(-1)):
+        if bool((every == (t & keep_col & keep_row)).all()) and bool((every & ones.tril(-1)).any()):
+            return True
+    for t in (ones.triu(), ones.triu(1)):
+        if bool((every == (t | hide_col | hide_row)).all()) and bool((~every & ones.tril(-1)).any()):
+            return True
+    return False
 
 
 def _hides_as(m, hidden: torch.Tensor) -> bool:
