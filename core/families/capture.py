@@ -1863,7 +1863,7 @@ class _Session:
             for e_t, m in ((args[0], args[1]), (args[1], args[0])):  # exp(s) * mask: a masked exp
                 e = self._hand_of(e_t, "exp")
                 if (e is not None and isinstance(m, torch.Tensor) and tuple(out.shape) == tuple(e_t.shape)
-                        and (m.dtype == torch.bool or bool(((m == 0) | (m == 1)).all()))):  # fmt: skip
+                        and (m.dtype == torch.bool or _zero_one(m))):  # fmt: skip
                     self._remember_hand(out, "exp", out, e[0], None)
                     self._unfinished.pop(id(e_t), None)
                     g = self.tag(e[0])
@@ -5148,7 +5148,7 @@ class _Session:
                 ):
                     return False
                 keep = ~other.bool()
-            elif other.dtype == torch.bool or bool(((other == 0) | (other == 1)).all()):
+            elif other.dtype == torch.bool or _zero_one(other):
                 keep = other != 0
             else:
                 return False
@@ -5288,7 +5288,7 @@ class _Session:
     def weighed(self, name: str, args, out: Any) -> None:
         """Weights recorded outside the model going into a product (a matmul, or a broadcast multiply that makes
         more elements than they have): the weights of a plain function's attention, kept."""
-        if not (name in MATMUL or name in MUL) or not isinstance(out, torch.Tensor):
+        if not isinstance(out, torch.Tensor):
             return
         for t in _tensors(args, {}):
             g = self.tag(t)
@@ -5989,7 +5989,7 @@ class _Session:
         if (
             isinstance(kpm_added, torch.Tensor)
             and kpm_added.is_floating_point()
-            and bool(((kpm_added == 0) | (kpm_added == 1)).all())
+            and _zero_one(kpm_added)
             and bool((kpm_added == 1).any())
         ):
             self.warn(path, tuple(kpm_added.shape), "a padding mask of 0s and 1s was passed to "
@@ -6652,13 +6652,9 @@ def _param_label(name: str) -> str:
     into a ParameterList kept with it (``cls_token.0`` -> ``cls_token[0]``)."""
     parts = name.split(".")
     last = parts[-1]
-    if len(parts) > 1 and last in (
-        "weight",
-        "bias",
-    ):  # (a ModuleList's tables, one per layer, by the list's name:
-        return (
-            parts[-2] if not parts[-2].isdigit() or len(parts) < 3 else parts[-3]
-        )  # each layer's labels alike)
+    if len(parts) > 1 and last in ("weight", "bias"):
+        # (a ModuleList's tables, one per layer, by the list's name: each layer's labels alike)
+        return parts[-2] if not parts[-2].isdigit() or len(parts) < 3 else parts[-3]
     if len(parts) > 1 and last.isdigit():
         return f"{parts[-2]}[{last}]"
     return last
@@ -6677,30 +6673,25 @@ def _keeps_row_major(name: str, x: torch.Tensor, out: Any) -> bool:
     )
 
 
+def _zero_one(t: torch.Tensor) -> bool:
+    """Every value of ``t`` is 0 or 1."""
+    return bool(((t == 0) | (t == 1)).all())
+
+
 def _zero_one_triangle(m: Any) -> bool:
-    """A float tensor of 0s and 1s (both) whose last two axes are a causal mask's triangle, either way round:
-    1 on and below the diagonal (``tril(ones)``, the keys allowed) or 1 above it (``triu(ones, 1)``, the
-    future), with or without the diagonal; the same for every leading index."""
+    """A float tensor of 0s and 1s whose last two axes are a causal mask's triangle in every slice, either way
+    round, with or without the diagonal: 1 = kept (``tril(ones)``), where both the query's and the key's
+    positions are real (Hugging Face's ``tril * attention_mask``); or 1 = hidden (``triu(ones, 1)``), the
+    future and the padded rows and columns."""
     if not isinstance(m, torch.Tensor) or not m.is_floating_point() or m.dim() < 2:
         return False
     lq, lk = int(m.shape[-2]), int(m.shape[-1])
     if lq < 2 or lq != lk or m.numel() > (1 << 24):
         return False
-    one = m[
-        (0,) * (m.dim() - 2)
-    ]  # (the first slice first, a view: a relative-position bias fails here, cheaply)
-    if not bool(((one == 0) | (one == 1)).all()):
+    # the first slice first, a view: a relative-position bias fails there, cheaply
+    if not _zero_one(m[(0,) * (m.dim() - 2)]) or not _zero_one(m):
         return False
     ones = torch.ones(lq, lk, dtype=torch.bool, device=m.device)
-    seen = one == 1
-    if any(bool((seen == t).all()) for t in (ones.tril(), ones.tril(-1), ones.triu(), ones.triu(1))):
-        if bool((m == one).all()):
-            return True
-    # a causal mask combined with padding, slice by slice (Hugging Face's ``tril * attention_mask``): 1 = kept,
-    # the triangle where both the query's and the key's positions are real; or 1 = hidden, the future and the
-    # padded rows and columns
-    if not bool(((m == 0) | (m == 1)).all()):
-        return False
     every = m == 1
     keep_col, keep_row = every.any(-2, keepdim=True), every.any(-1, keepdim=True)
     hide_col, hide_row = every.all(-2, keepdim=True), every.all(-1, keepdim=True)
@@ -6990,9 +6981,7 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
     # the values do not depend on the query: each (sequence, head)'s from the first piece that holds it
     where = [[units[(s, f)][0] for f in heads] for s in seqs]
     values = _joined_values([r.values for r, _ in pieces], where)
-    qpos = torch.tensor(
-        [queries[(s, heads[0])] for s in seqs], dtype=torch.int64
-    )  # (B, q), in the order joined
+    qpos = torch.tensor([queries[(s, heads[0])] for s in seqs], dtype=torch.int64)  # (B, q), as joined
     kpos = torch.tensor([list(s) for s in seqs], dtype=torch.int64)  # (B, k): each sequence's keys
     return Record(first.name, first.kind, probs, scores, mask, first.source,
                   next((r.mask_source for r, _ in pieces if r.mask_source), None), max(checks) if checks else None,

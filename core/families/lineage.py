@@ -849,10 +849,9 @@ def _labels(pos: torch.Tensor, sources: Sources) -> tuple[str | None, ...] | Non
     seen: dict[int, int] = {}
     out: list[str | None] = []
     kinds = _kinds(pos, sources)
-    starts: dict[
-        str, set[int]
-    ] = {}  # two learned tensors of one label among these (``enc.tok``, ``dec.tok``):
-    for s in kinds:  # each named by its path instead
+    # two learned tensors of one label among these (``enc.tok``, ``dec.tok``): each named by its path instead
+    starts: dict[str, set[int]] = {}
+    for s in kinds:
         if s.kind in LABELLED:
             starts.setdefault(s.label, set()).add(s.start)
     for s in kinds:
