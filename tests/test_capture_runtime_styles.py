@@ -1028,3 +1028,36 @@ def test_a_forward_without_self_called_directly_is_the_models_and_outside_attent
         w = (h @ h.transpose(-1, -2)).softmax(-1)
         (w.unsqueeze(-1) * h.unsqueeze(1)).sum(2)  # weights times values by broadcast
     assert len(cap.records) == 1 and not [s for s in cap.skipped if s.module == "(outside the model)"]
+
+
+def test_the_hooks_that_tell_the_models_call_returned_are_the_models_own_and_go_with_the_block():
+    """Where no torch.nn encoder layer of the model looks for hooks, whether the model's call has returned is
+    told by hooks on the model alone (every other module's call stays on torch's path without hooks): a
+    softmax the block runs after the call that weighs nothing is noted, not recorded, and the hooks are gone
+    after the block, also when it raises."""
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(8, 24)
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            q, k, v = self.qkv(x).view(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4)
+            return ((q @ k.transpose(-1, -2) / 2).softmax(-1) @ v).transpose(1, 2).reshape(b, n, 8)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Attention(), nn.Linear(8, 8)).eval()
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad(), capture_attention(model) as cap:
+        assert len(model._forward_pre_hooks) == 1 and len(model._forward_hooks) == 1
+        assert not torch.nn.modules.module._global_forward_hooks
+        h = model(x)
+        (h @ h.transpose(-1, -2)).softmax(-1)  # after the call: the caller's, weighing nothing
+    assert [r.name for r in cap.records] == ["0"] and cap.records[0].exact
+    assert [s.shape for s in cap.skipped if s.module == "(outside the model)"] == [(2, 1, 5, 5)]
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    with pytest.raises(RuntimeError, match="stop"), capture_attention(model):
+        model(x)
+        raise RuntimeError("stop")
+    assert not model._forward_pre_hooks and not model._forward_hooks

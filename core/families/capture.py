@@ -7317,11 +7317,20 @@ def capture_attention(
             torch.nn.modules.module.register_module_forward_hook(session.after_layer, with_kwargs=True,
                                                                  always_call=True),
         ]  # fmt: skip
-    hooks += [  # whether the model's own call has returned (a softmax after it, outside it, is the caller's);
-        # global hooks, so the model itself holds no hook of capture's (torch.nn's fused paths look for them)
-        torch.nn.modules.module.register_module_forward_pre_hook(session.model_called),
-        torch.nn.modules.module.register_module_forward_hook(session.model_returned, always_call=True),
-    ]
+    # whether the model's own call has returned (a softmax after it, outside it, is the caller's): hooks of
+    # the model's own where no torch.nn layer of it looks for hooks (an encoder layer's fast path is off
+    # where it or a module of its holds one), else global ones; a hook of the model's own leaves every
+    # other module's call on torch's path without hooks
+    if session.native:
+        hooks += [
+            torch.nn.modules.module.register_module_forward_pre_hook(session.model_called),
+            torch.nn.modules.module.register_module_forward_hook(session.model_returned, always_call=True),
+        ]
+    else:
+        hooks += [
+            model.register_forward_pre_hook(session.model_called),
+            model.register_forward_hook(session.model_returned, always_call=True),
+        ]
     sessions = _LOCAL.__dict__.setdefault("sessions", [])
     sessions.append(session)
     try:
