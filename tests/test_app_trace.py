@@ -178,4 +178,20 @@ def test_capture_flags_in_a_trace_show_on_every_page_that_draws_it(reverse_trace
         assert len(shown) == 1 and "1 attention call(s)" in shown[0] and note in shown[0], page
 
 
+def test_a_trace_where_only_some_positions_ask_opens_on_every_trace_page(tmp_path, monkeypatch):
+    """Self-attention where only some positions ask (agents among entities), drawn at their rows: every page
+    that needs only the trace draws it without an error, the audit too (its empty rows are no dead queries)."""
+    from test_capture_trace_tokens import Agents
+
+    torch.manual_seed(0)
+    model = Agents().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(1, 6, 5), torch.zeros(1, 6, dtype=torch.bool))
+    path = cap.trace(0, src_tokens=list("abcdef"), model="agents").save(tmp_path / "agents.npz")
+    monkeypatch.setenv(opened.VIEW_ENV, str(path))
+    for page in TRACE_PAGES:
+        at = run_app(page=page)
+        assert_clean(at)
+
+
 assert set(TRACE_PAGES + MODEL_PAGES) == set(PAGES) | set(ANALYSIS_PAGES)

@@ -405,18 +405,88 @@ class MeanQueryPool(nn.Module):
         return (self.q(x[:, :1]) @ self.k(x).transpose(1, 2)).softmax(-1)
 
 
-def test_self_attention_where_some_positions_ask_says_how_many_ask_and_answer():
-    """1 query (the mean token) over 5 keys of one sequence, no tokens given: the sentence counts the
-    positions that ask and answer (it said the tokens make 1 x 1, counting the queries as the sequence)."""
+def test_self_attention_where_only_a_joined_position_asks_is_drawn_at_its_row():
+    """1 query (the mean token joined before the tokens) over the 5 positions of one sequence, no tokens
+    given: drawn over the 5 positions at the mean token's row, the 4 others empty (they ask nothing); the
+    trace says which rows ask, opens again, and the mask audit calls no row of it dead (before, the trace
+    was refused: "1 of the sequence's positions asks and 5 answer")."""
     model = MeanQueryPool()
     with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(0, 20, (2, 4)))
+        weights = model(torch.randint(0, 20, (2, 4)))
     (rec,) = cap.records
     assert rec.kind == "enc_self" and rec.exact and rec.key_labels == ("<pooled 0>", None, None, None, None)
-    with pytest.raises(ValueError, match=r"its maps are 1 x 5 \(queries x keys\): 1 of the sequence's positions "
-                       r"asks and 5 answer") as err:  # fmt: skip
-        cap.trace(0)
-    assert "1 x 1" not in str(err.value)
+    tr = cap.trace(1)
+    assert tr.src_tokens == ("<pooled 0>", "#0", "#1", "#2", "#3") and tr.meta["query_rows"] == {
+        "enc_self": [0]
+    }
+    p = tr.probs("enc_self")
+    assert p.shape == (1, 1, 5, 5) and np.allclose(p[0, 0, 0], weights[1, 0].numpy(), atol=1e-7)
+    assert not p[0, 0, 1:].any() and not tr.mask("enc_self")[1:].any() and tr.mask("enc_self")[0].all()
+    assert tr.asks("enc_self").tolist() == [True, False, False, False, False]
+    assert any("1 of the sequence's 5 positions asks" in n for n in tr.meta["capture_notes"])
+    again = AttentionTrace.from_bytes(tr.to_npz_bytes(), "t.npz")
+    assert again.meta["query_rows"] == {"enc_self": [0]} and np.array_equal(again.probs("enc_self"), p)
+    assert all(v.status != "fail" for v in static_checks([tr, cap.trace(0)]))
+
+
+class Agents(nn.Module):
+    """REFIL's entity attention: the agents (entities 1, 3 and 4, picked by index) ask, every entity
+    answers, absent entities masked; heads folded batch-major into (B*H, q, d) for bmm."""
+
+    def __init__(self, d: int = 8, h: int = 2):
+        super().__init__()
+        self.h, self.hd = h, d // h
+        self.emb = nn.Linear(5, d)
+        self.in_trans = nn.Linear(d, 3 * d, bias=False)
+        self.agents = [1, 3, 4]
+
+    def forward(self, ents, absent):
+        x = self.emb(ents)
+        bs, ne, d = x.shape
+        q, k, v = self.in_trans(x).chunk(3, dim=-1)
+        q = q[:, self.agents]
+        na = q.shape[1]
+        q = q.reshape(bs, na, self.h, self.hd).transpose(1, 2).reshape(bs * self.h, na, self.hd)
+        k = k.reshape(bs, ne, self.h, self.hd).transpose(1, 2).reshape(bs * self.h, ne, self.hd)
+        v = v.reshape(bs, ne, self.h, self.hd).transpose(1, 2).reshape(bs * self.h, ne, self.hd)
+        logits = torch.bmm(q, k.transpose(1, 2)) / self.hd**0.5
+        hidden = absent.repeat_interleave(self.h, dim=0)[:, None, :]
+        w = logits.masked_fill(hidden, float("-inf")).softmax(-1)
+        self.weights = w.view(bs, self.h, na, ne)
+        return torch.bmm(w, v).view(bs, self.h, na, self.hd).transpose(1, 2).reshape(bs, na, d)
+
+
+def test_self_attention_where_some_positions_ask_is_drawn_at_their_rows():
+    """Agents among entities: the map (3 x 6) is drawn over the 6 entities at the agents' rows, the others
+    empty, for every batch size and head count (batch = heads among them); the audit reads the rows that
+    ask, so the empty ones are no dead queries, and a file whose other rows hold weight is refused."""
+    for b, h in ((1, 1), (2, 2), (3, 2), (4, 4)):
+        torch.manual_seed(b * 10 + h)
+        model = Agents(h=h * 2, d=h * 8).eval()
+        absent = torch.zeros(b, 6, dtype=torch.bool)
+        if b == 3:
+            absent[-1, 5] = True  # an entity gone from the last sequence (the tokens do not say it)
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(torch.randn(b, 6, 5), absent)
+        (rec,) = cap.records
+        assert rec.exact and rec.kind == "enc_self" and torch.equal(rec.probs, model.weights)
+        for i in range(b):
+            tr = cap.trace(i)
+            assert tr.meta["query_rows"] == {"enc_self": [1, 3, 4]}
+            p = tr.probs("enc_self")[0]
+            assert p.shape == (h * 2, 6, 6)
+            assert np.array_equal(p[:, [1, 3, 4]], model.weights[i].numpy())
+            assert not p[:, [0, 2, 5]].any()
+            assert tr.mask("enc_self")[[1, 3, 4]].tolist() == [[not a for a in absent[i].tolist()]] * 3
+        traces = [cap.trace(i) for i in range(b)]
+        failed = [v.name for v in static_checks(traces) if v.status == "fail"]
+        assert failed == (["declared_mask[enc_self]"] if b == 3 else []), failed  # (entity 5 hidden, not PAD)
+    bad = traces[0].replace(meta={**traces[0].meta, "query_rows": {"enc_self": [1, 3]}})
+    with pytest.raises(Exception, match="rows that meta 'query_rows' leaves out hold weights"):
+        AttentionTrace.from_bytes(bad.to_npz_bytes(), "t.npz")
+    bad = traces[0].replace(meta={**traces[0].meta, "query_rows": {"enc_self": [1, 3, 6]}})
+    with pytest.raises(Exception, match="distinct rows of its 6 queries"):
+        AttentionTrace.from_bytes(bad.to_npz_bytes(), "t.npz")
 
 
 class CrossSelf(nn.Module):

@@ -116,6 +116,7 @@ def trace_head_stats(trace: AttentionTrace, kind: str, pad_id: int | None = None
     """head_stats of one kind of a trace, PAD queries and keys left out."""
     qside, kside = kind_sides(kind)
     q_real, k_real = real_positions(trace, qside, pad_id), real_positions(trace, kside, pad_id)
+    q_real = q_real & trace.asks(kind)
     return head_stats(trace.probs(kind), q_real, k_real, cross=kind == "cross")
 
 
@@ -222,6 +223,7 @@ def trace_sink_stats(trace: AttentionTrace, kind: str, pad_id: int | None = None
     NaN where the trace holds no value norms."""
     qside, kside = kind_sides(kind)
     q_ok, k_ok = real_positions(trace, qside, pad_id), real_positions(trace, kside, pad_id)
+    q_ok = q_ok & trace.asks(kind)
     probs, norms = trace.probs(kind), trace.value_norms(kind)
     _, keys = trace.axes(kind)
     weight, moves = sink_shares(probs, sink_keys(keys, k_ok), q_ok, norms)
@@ -240,6 +242,7 @@ def sink_records(trace: AttentionTrace, pad_id: int | None = None) -> list[dict]
     for kind in trace.kinds:
         qside, kside = kind_sides(kind)
         q_ok, k_ok = real_positions(trace, qside, pad_id), real_positions(trace, kside, pad_id)
+        q_ok = q_ok & trace.asks(kind)
         _, keys = trace.axes(kind)
         sinks = sink_keys(keys, k_ok)
         p = np.asarray(trace.probs(kind), dtype=np.float64)

@@ -68,6 +68,7 @@ def trace_stats(trace: AttentionTrace, pad_id: int | None) -> dict[str, dict[str
     for kind in trace.kinds:
         qside, kside = kind_sides(kind)
         q_ok, k_ok = real_positions(trace, qside, pad_id), real_positions(trace, kside, pad_id)
+        q_ok = q_ok & trace.asks(kind)
         probs = trace.probs(kind)
         stats = head_stats(probs, q_ok, k_ok, cross=kind == "cross")
         _, keys = trace.axes(kind)

@@ -435,6 +435,7 @@ class Captured:
         key_labs: dict[str, tuple[str | None, ...] | None] = {}  # kind -> labels of its keys in the sequence
         scopes: dict[str, str | None] = {}
         probs: dict[str, torch.Tensor] = {}
+        query_rows: dict[str, list[int]] = {}  # self-attention where only some positions ask: their rows
         left_out: list[str] = []
         joined = self.joined_labels()
         for kind in self.kinds():
@@ -489,33 +490,52 @@ class Captured:
                 continue
             km = kind_maps(groups[best], joined)
             p = km.probs[index]  # (layer, head, q, k)
-            probs[kind] = p
-            kw[kind] = p.float().cpu().numpy()
+            q_side, k_side = _SIDES[kind]
+            # self-attention where only some of the sequence's positions ask (agents among entities): drawn
+            # at their rows, the others empty, where lineage places every query at one key of the sequence
+            rows = _asking_rows(groups[best], index, joined) if q_side == k_side else None
+            n_rows = int(p.shape[-1]) if rows is not None else int(p.shape[-2])
+            kw[kind] = _at_rows(p.float().cpu().numpy(), rows, n_rows, 0.0)
+            probs[kind] = p if rows is None else p.new_zeros((*p.shape[:-2], p.shape[-1], p.shape[-1]))
             if km.scores is not None:
-                kw[f"{kind}_scores"] = km.scores[index].float().cpu().numpy()
-            kw[f"{kind}_mask"] = (
+                kw[f"{kind}_scores"] = _at_rows(km.scores[index].float().cpu().numpy(), rows, n_rows, -np.inf)
+            kw[f"{kind}_mask"] = _at_rows(
                 np.ones(p.shape[-2:], dtype=bool)
                 if km.mask is None
-                else km.mask[index].cpu().numpy().astype(bool)
+                else km.mask[index].cpu().numpy().astype(bool),
+                rows,
+                n_rows,
+                False,
             )
             if km.learned is not None:
-                kw[f"{kind}_learned"] = km.learned[index].float().cpu().numpy()
+                kw[f"{kind}_learned"] = _at_rows(km.learned[index].float().cpu().numpy(), rows, n_rows, 0.0)
                 learned_keys[kind] = list(km.learned_labels)
             value, residual, dropped = values_.finite_norms(
                 kind,
                 None if km.value_norms is None else km.value_norms[index].float().cpu().numpy(),
-                None if km.residual_norms is None else km.residual_norms[index].float().cpu().numpy(),
+                None
+                if km.residual_norms is None or rows is not None  # (the stream of rows that ask only)
+                else km.residual_norms[index].float().cpu().numpy(),
             )
             if dropped:
                 left_out.append(dropped)
+            if rows is not None:
+                query_rows[kind] = rows
+                n = int(p.shape[-1])
+                left_out.append(f"{kind} ({_modules(groups[best])}): {len(rows)} of the sequence's {n} positions "
+                                f"{'asks' if len(rows) == 1 else 'ask'} and all {n} answer (queries that are some of "
+                                "the keys: agents among entities): drawn at the rows of the positions that ask; the "
+                                "other rows are empty, as they ask nothing")  # fmt: skip
             if value is not None:
                 kw[f"{kind}_value_norms"] = value
                 scopes[kind] = km.value_scope
             if residual is not None:
                 kw[f"{kind}_residual_norms"] = residual
-            q_side, k_side = _SIDES[kind]
             key_labs[kind] = km.key_labels
-            for side, labs in ((q_side, km.query_labels), (k_side, km.key_labels)):
+            for side, labs in (
+                (q_side, None if rows is not None else km.query_labels),
+                (k_side, km.key_labels),
+            ):
                 if labs and side not in labels:
                     labels[side] = list(labs)
         sizes: dict[str, int] = {}  # side -> its length in the first kind drawn that uses it
@@ -573,6 +593,7 @@ class Captured:
                 kw.pop(name, None)
             learned_keys.pop(kind, None)
             scopes.pop(kind, None)
+            query_rows.pop(kind, None)
             del probs[kind]
         if left_out and not probs:
             over = "the tokens given" if src_tokens or tgt_tokens else "its sequences' positions"
@@ -600,6 +621,8 @@ class Captured:
             meta["learned_keys"] = learned_keys
         if scopes:
             meta["value_norms"] = scopes
+        if query_rows:
+            meta["query_rows"] = query_rows
         return AttentionTrace(
             model=model,
             config_name="torch.nn",
@@ -833,6 +856,49 @@ def kind_value_norms(records: list[Record], seqs: list[list[int]]) -> tuple[torc
         return torch.stack(norms, dim=1), values_.WITH_WO if with_wo else values_.WITHOUT_WO
     except RuntimeError:  # layers of other shapes
         return None, None
+
+
+def _asking_rows(records: list[Record], b: int, joined: set[str]) -> list[int] | None:
+    """Self-attention where only some of its sequence's positions ask (REFIL's agents among the entities):
+    the key column of the sequence at which each query row of sequence ``b`` sits, the same in every layer;
+    None where every position asks, or where lineage does not place each query at one distinct key."""
+    found: list[int] | None = None
+    for r in records:
+        seq = _seq_columns(r, joined)
+        q = int(r.probs.shape[-2])
+        if q >= len(seq):
+            return None
+        qp, kp = r.query_positions, r.key_positions
+        if qp is None or kp is None or b >= qp.shape[0] or b >= kp.shape[0] or qp.shape[-1] != q:
+            return None
+        all_keys = kp[b].tolist()
+        keys = [int(all_keys[j]) for j in seq]
+        key_labels = [r.key_labels[j] if r.key_labels else None for j in seq]
+        cols: list[int] = []
+        for i, pos in enumerate(qp[b].tolist()):
+            label = r.query_labels[i] if r.query_labels and len(r.query_labels) == q else None
+            at = (
+                [j for j, lab in enumerate(key_labels) if lab == label]
+                if label is not None  # a learned position joined to the sequence: by its label
+                else [j for j, k in enumerate(keys) if k == pos and k >= 0 and key_labels[j] is None]
+            )
+            if len(at) != 1:
+                return None
+            cols.append(at[0])
+        if len(set(cols)) != len(cols) or (found is not None and cols != found):
+            return None
+        found = cols
+    return found
+
+
+def _at_rows(a: np.ndarray, rows: list[int] | None, n: int, fill: Any) -> np.ndarray:
+    """``a`` (..., q, k) with its q rows spread over ``n`` rows: at ``rows``, ``fill`` elsewhere (``a``
+    itself where ``rows`` is None)."""
+    if rows is None:
+        return a
+    out = np.full((*a.shape[:-2], n, a.shape[-1]), fill, dtype=a.dtype)
+    out[..., rows, :] = a
+    return out
 
 
 def _some_finite(a: np.ndarray) -> bool:

@@ -150,6 +150,18 @@ class AttentionTrace:
         labels = (self.meta.get("learned_keys") or {}).get(kind) or []
         return tuple(str(x) for x in labels), weights
 
+    def asks(self, kind: str) -> np.ndarray:
+        """(query,) bool: True at the rows of ``kind``'s map whose position asks. Every row, except in
+        self-attention where only some of the sequence's positions are queries (agents among entities):
+        there meta["query_rows"] names the rows that ask, and the others are empty (no query, no mask)."""
+        n = int(self.probs(kind).shape[2])
+        rows = (self.meta.get("query_rows") or {}).get(kind)
+        if rows is None:
+            return np.ones(n, dtype=bool)
+        out = np.zeros(n, dtype=bool)
+        out[np.asarray(rows, dtype=np.int64)] = True
+        return out
+
     def value_norms(self, kind: str) -> np.ndarray | None:
         """(layer, head, key) norms ||f_h(x_j)|| of the value vectors the weights multiply, or None."""
         self._check(kind)

@@ -335,6 +335,7 @@ def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
                 )
     _check_learned(header, arrays)
     _check_value_norms(header, arrays)
+    _check_query_rows(header, arrays)
     for name, n in (("src", S), ("tgt", T)):
         for suffix, kinds_ok, what in (("_ids", "iu", "whole numbers"), ("_real", "b", "booleans")):
             a = arrays.get(name + suffix)
@@ -426,6 +427,34 @@ def _check_value_norms(header: dict[str, Any], arrays: dict[str, np.ndarray]) ->
             nf = np.asarray(n, dtype=np.float32)
             if not np.isfinite(nf).all() or nf.min(initial=0.0) < 0:
                 raise _Bad(f"{kind}_{member} holds negative or non-finite values, which are not norms")
+
+
+def _check_query_rows(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """meta["query_rows"]: for self-attention where only some positions ask, the rows that do (distinct,
+    in the map); every other row of the map holds no weight and sees no key."""
+    rows_of = (header.get("meta") or {}).get("query_rows") or {}
+    if not isinstance(rows_of, dict):
+        raise _Bad("the header's meta 'query_rows' is not an object of kind -> rows")
+    for kind, rows in rows_of.items():
+        p = arrays.get(kind) if kind in ("enc_self", "dec_self") else None
+        if p is None:
+            raise _Bad(
+                f"the header's meta 'query_rows' names {kind!r}, which is no self-attention of the trace"
+            )
+        n = int(p.shape[2])
+        if (
+            not isinstance(rows, list)
+            or not rows
+            or not all(type(r) is int and 0 <= r < n for r in rows)
+            or len(set(rows)) != len(rows)
+        ):
+            raise _Bad(f"the header's meta 'query_rows' for {kind} must be distinct rows of its {n} queries")
+        empty = np.ones(n, dtype=bool)
+        empty[rows] = False
+        pf = np.asarray(p, dtype=np.float32)[:, :, empty]
+        m = arrays.get(f"{kind}_mask")
+        if np.nan_to_num(pf).any() or (m is not None and np.asarray(m, dtype=bool)[empty].any()):
+            raise _Bad(f"{kind}'s rows that meta 'query_rows' leaves out hold weights or see keys")
 
 
 def _from_fields(header: dict[str, Any], arrays: dict[str, Any]) -> AttentionTrace:

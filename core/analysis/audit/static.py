@@ -115,6 +115,7 @@ def expected_mask(
     """(real queries (Q,), mask (Q, K)) that ``kind`` must use, from the tokens alone."""
     qs, ks = kind_sides(kind)
     q_real, k_real = real_positions(trace, qs, pad_id), real_positions(trace, ks, pad_id)
+    q_real = q_real & trace.asks(kind)  # (rows of positions that ask nothing are no queries)
     mask = np.broadcast_to(k_real[None, :], (len(q_real), len(k_real))).copy()
     if kind == "dec_self":
         mask &= np.tril(np.ones_like(mask))
