@@ -901,3 +901,50 @@ def test_windows_padded_in_different_places_are_flagged_for_that_reason():
     (rec,) = cap.records
     assert not rec.exact and "padding keys in different places" in rec.flag
     assert torch.equal(rec.probs, model.used)
+
+
+class TokenTyped(nn.Module):
+    """ViLT's image side: patches projected from outside, a learned [CLS] before them, a token type looked
+    up at an id the model makes (``token_type_embeddings(torch.full_like(image_masks, 1))``) added to
+    every position; ``shuffle`` picks the patches in another order first (ViLT's sampled patches)."""
+
+    def __init__(self, shuffle: bool, heads: int, d: int = 8):
+        super().__init__()
+        self.shuffle, self.h = shuffle, heads
+        self.proj = nn.Linear(6, d * heads)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, d * heads))
+        self.token_type_embeddings = nn.Embedding(2, d * heads)
+        self.qkv = nn.Linear(d * heads, 3 * d * heads)
+
+    def forward(self, feats):
+        x = self.proj(feats)
+        if self.shuffle:
+            x = x[:, torch.tensor([2, 0, 4, 1, 3])]
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1)
+        image_masks = torch.ones(x.shape[:2], dtype=torch.long)
+        x = x + self.token_type_embeddings(torch.full_like(image_masks, 1))
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        self.used = (q @ k.transpose(-1, -2)).softmax(-1)
+        return self.used @ v
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_a_token_type_added_keeps_the_sequences_positions(batch, heads):
+    """The token type's lookup has one id at every position: its positions are not the sequence's, so the
+    [CLS] stays labelled and patches put in another order stay flagged (the lookup's positions replaced the
+    sequence's: the [CLS] lost its label, and shuffled patches were exact, drawn as if in order)."""
+    torch.manual_seed(0)
+    for shuffle in (False, True):
+        model = TokenTyped(shuffle, heads).eval()
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(torch.randn(batch, 5, 6))
+        (rec,) = cap.records
+        if shuffle:
+            assert not rec.exact and "another order" in rec.flag
+        else:
+            assert rec.exact and torch.equal(rec.probs, model.used)
+            assert rec.key_labels == ("<cls_token 0>", None, None, None, None, None)
+            assert rec.key_positions is not None and rec.key_positions[:, 1:].tolist() == [
+                list(range(5 * i, 5 * i + 5)) for i in range(batch)
+            ]

@@ -774,6 +774,39 @@ def test_a_batch_sorted_inside_the_model_is_flagged_with_its_order(lengths, head
     assert len(cap.notes) == 1
 
 
+class ShowAttendTell(nn.Module):
+    """Show, Attend and Tell (sgrvinod): CNN features sorted with their captions by length
+    (``encoder_out[sort_ind]``), then additive attention of a state made from them over their positions."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.conv = nn.Conv2d(3, d, 3, padding=1)
+        self.enc_att, self.dec_att, self.full_att = nn.Linear(d, 6), nn.Linear(d, 6), nn.Linear(6, 1)
+
+    def forward(self, imgs, lengths):
+        _, sort_ind = lengths.sort(dim=0, descending=True)
+        encoder_out = self.conv(imgs).flatten(2).transpose(1, 2)[sort_ind]  # (B, pixels, d)
+        h = encoder_out.mean(1)
+        att = self.full_att(torch.relu(self.enc_att(encoder_out) + self.dec_att(h).unsqueeze(1))).squeeze(2)
+        alpha = nn.Softmax(dim=1)(att)
+        return (encoder_out * alpha.unsqueeze(2)).sum(1)
+
+
+def test_a_batch_sorted_before_additive_attention_is_flagged_with_its_order():
+    """Additive attention over positions of a batch sorted inside the model: record row b's keys are the
+    caller's sequence sort_ind[b] (it was exact with no note, as if row b were the caller's sequence b)."""
+    torch.manual_seed(0)
+    model = ShowAttendTell().eval()
+    lengths = torch.tensor([3, 5, 4])
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(3, 3, 3, 3), lengths)
+    (rec,) = cap.records
+    assert not rec.exact and "the keys of record row b are the caller's sequence [1, 2, 0][b]" in rec.flag
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(3, 3, 3, 3), torch.tensor([5, 4, 3]))  # already in order: nothing moved
+    assert cap.records[0].exact and not cap.notes
+
+
 class SortedThenUnsorted(nn.Module):
     """Sorted by length inside forward, on the token ids (``self.emb(ids[perm_idx])``, before the embedding)
     or on the embeddings, attention in the sorted order, sorted back (``out[unperm_idx]``), attention again."""

@@ -609,3 +609,57 @@ def test_changed_weights_folded_heads_first_are_flagged_even_with_as_many_sequen
         model(torch.randint(0, VOCAB, (batch, 5)))
     (rec,) = cap.records
     assert not rec.exact and "changed after the softmax" in rec.flag
+
+
+def _shift_keys_by_cat(a, m):  # an NTM's circular shift: the last key's weight first
+    return torch.cat([a[..., -1:], a[..., :-1]], -1)
+
+
+def _shift_queries_by_cat(a, m):
+    return torch.cat([a[..., -1:, :], a[..., :-1, :]], -2)
+
+
+def _shift_by_slices_into_zeros(a, m):  # the same, written by slices into a new tensor
+    r = torch.zeros_like(a)
+    r[..., 1:] = a[..., :-1]
+    r[..., 0] = a[..., -1]
+    return r
+
+
+@pytest.mark.parametrize("move", [_shift_keys_by_cat, _shift_queries_by_cat, _shift_by_slices_into_zeros])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4), (4, 4)])
+def test_weights_moved_after_the_softmax_are_flagged(move, batch, heads):
+    """Weights whose slices are joined or written back in another order before the product (a circular
+    shift): the values were multiplied by other weights at each place than the softmax gave, so the record
+    is flagged, never the softmax's output marked exact (it was, with no note)."""
+    torch.manual_seed(0)
+    model = Encoder(heads, move, layers=1).eval()
+    _, cap = _captured(model, _ids(batch))
+    (rec,) = cap.records
+    assert not rec.exact and "changed after the softmax" in rec.flag
+    assert any("could not verify" in n for n in cap.notes)
+
+
+def _permuted_keys(a, m):  # a permutation of the keys picked by index_select / gather
+    return a.index_select(-1, torch.tensor([5, 0, 1, 2, 3, 4]))
+
+
+def _gathered_keys(a, m):
+    return a.gather(-1, torch.tensor([5, 0, 1, 2, 3, 4]).expand_as(a))
+
+
+def _copied_scaled(a, m):  # written whole into a tensor of their own
+    return torch.empty_like(a).copy_(a * 0.5 + 0.5 / a.shape[-1])
+
+
+@pytest.mark.parametrize("move", [_permuted_keys, _gathered_keys, _copied_scaled])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4), (4, 4)])
+def test_weights_moved_within_their_shape_or_copied_are_in_the_record(move, batch, heads):
+    """Weights moved within their shape by index_select or gather, or copied whole into a tensor of their
+    own: the record holds what the values were multiplied with (before, the softmax's output, exact)."""
+    torch.manual_seed(0)
+    model = Encoder(heads, move, layers=1).eval()
+    _, cap = _captured(model, _ids(batch))
+    _assert_used(cap, model)
+    (rec,) = cap.records
+    assert not torch.equal(rec.probs, torch.softmax(rec.scores, -1).nan_to_num(0.0))

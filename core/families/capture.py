@@ -1430,6 +1430,7 @@ class _Session:
             int, tuple
         ] = {}  # _hold: integer tensors made inside the call from nothing else
         self._kept_storages: set[int] | None = None  # memory of the model's buffers and tensor attributes
+        self._constant_lookups: builtins.set[int] = set()  # sources of lookups of one id (token types)
         self._made_ints: dict[int, tuple] = {}  # _hold: integer tensors made inside the call, and from them
         # _hold: tensors that depend on the data (random numbers, and integers or booleans computed from
         # activations: a router's argmax, a score's top-k, a sort), and the positions such indices picked,
@@ -1681,7 +1682,8 @@ class _Session:
             elif name == "__setitem__":
                 self.on_setitem(args, pre)
             elif name == "copy_" and len(args) >= 2 and isinstance(args[0], torch.Tensor):
-                self._view_copied(args[0], args[1])
+                if not self._weights_copied(args[0], args[1]):
+                    self._view_copied(args[0], args[1])
             elif name == "index_copy_" and len(args) >= 4 and isinstance(args[2], torch.Tensor):
                 self._index_copied(args)
             elif (
@@ -2141,7 +2143,7 @@ class _Session:
         self._queried.clear()
         self._asked.clear()
 
-    def _batch_reordered(self, kp: torch.Tensor) -> str | None:
+    def _batch_reordered(self, kp: torch.Tensor, keys_only: bool = False) -> str | None:
         """Why a record's sequences are the batch's in another order, or None. ``kp`` (B, K): each record
         sequence's key positions. Where every sequence's keys lie in one row of the one tensor they came
         from (a batch-first input: its sequences), and the record holds all those rows, out of order (the
@@ -2169,6 +2171,10 @@ class _Session:
             return None  # not every row once (beams, a subset of the batch)
         if bool((order[1:] > order[:-1]).all()):
             return None
+        if keys_only:  # (queries from a state: which sequence asks, lineage does not say)
+            return ("the batch was put in another order inside the model before this attention (sorted by length, "
+                    f"x[perm_idx]): the keys of record row b are the caller's sequence {order.tolist()}[b], not "
+                    "sequence b")  # fmt: skip
         return ("the batch was put in another order inside the model before this attention (sorted by length, "
                 f"x[perm_idx]): record row b holds the caller's sequence {order.tolist()}[b], not sequence b")  # fmt: skip
 
@@ -2249,6 +2255,18 @@ class _Session:
             self._model_buffers = list(self.model.buffers())
         return self._model_buffers
 
+    def _constant_ids(self, ids: torch.Tensor) -> bool:
+        """One id at every position, made by the model or kept by it (ViLT's and VisualBERT's token types,
+        ``torch.full_like(mask, 1)``; BERT's zero ``token_type_ids`` buffer): the lookup is a learned vector
+        added at every position, whose positions are not the sequence's (the caller's own ids, even one token
+        repeated, are)."""
+        if ids.dim() < 2 or ids.shape[-1] < 2:
+            return False
+        if _held(self._made_ints, ids) is None and not self._kept_by_model(ids):
+            return False
+        flat = ids.reshape(-1)
+        return bool((flat == flat[0]).all())
+
     def _fixed_ids(self, ids: torch.Tensor) -> bool:
         """Indices of a table's rows that hold no input: ``torch.arange(P)`` made by the model's code (and
         views of it), or an arange the model keeps (a buffer, or a tensor attribute: P-tuning's
@@ -2260,12 +2278,16 @@ class _Session:
             return False
         if not bool((ids == torch.arange(ids.shape[-1], device=ids.device)).all()):
             return False  # (token ids: no walk of the model's modules)
+        return self._kept_by_model(ids)
+
+    def _kept_by_model(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is (a view of) a buffer or tensor attribute of the model's modules."""
         if self._kept_storages is None:
             kept = list(self._buffers())
             for m in self.model.modules():
                 kept.extend(v for v in vars(m).values() if isinstance(v, torch.Tensor))
-            self._kept_storages = {_storage_at(t) for t in kept} - {0}
-        return _storage_at(ids) in self._kept_storages
+            self._kept_storages = {_storage_at(x) for x in kept} - {0}
+        return _storage_at(t) in self._kept_storages
 
     def _row_pick(self, name: str, args, out: torch.Tensor) -> None:
         """Integer rows put in another order (``ids[perm_idx]``, ``ids.index_select(0, perm_idx)``: a batch of
@@ -2336,6 +2358,8 @@ class _Session:
                 src = pick[1] if pick is not None else ids
                 start = self.sources.new(src.numel(), "tokens", str(self.n_embed), self.n_embed,
                                          int(src.shape[-1]))  # fmt: skip
+                if pick is None and self._constant_ids(ids):
+                    self._constant_lookups.add(start)
                 code = lineage.fresh(start, tuple(src.shape), int(out.shape[-1]), out.device)
                 if pick is not None:
                     code = code[pick[2].to(code.device)]
@@ -2502,12 +2526,25 @@ class _Session:
         pick = codes[0]
         if codes[0].dim() >= 1:
             pos = [c.select(-1, 0) >> lineage.SHIFT for c in codes]
-            if any(not torch.equal(p, pos[0]) for p in pos[1:]) and all(bool((p >= 0).all()) for p in pos):
+            typed = [self._looked_up_constant(p) for p in pos]
+            if any(typed) and not all(typed):  # a token type's vector added (ViLT's image type onto patches
+                pick = next(c for c, t in zip(codes, typed, strict=True) if not t)  # after a [CLS]): theirs
+            elif any(not torch.equal(p, pos[0]) for p in pos[1:]) and all(bool((p >= 0).all()) for p in pos):
                 made = [bool(self.sources.learned(p).any()) for p in pos]
                 clean = [c for c, m in zip(codes, made, strict=True) if not m]
                 if clean and any(made):
                     pick = clean[0]
         return lineage.remember(key, tuple(codes), pick)
+
+    def _looked_up_constant(self, pos: torch.Tensor) -> bool:
+        """Whether every position of ``pos`` is a lookup of one id the model made or keeps (a token type)."""
+        if not self._constant_lookups or not pos.numel():
+            return False
+        flat = pos.reshape(-1)
+        src = self.sources.at(int(flat[0]))
+        if src.start not in self._constant_lookups:
+            return False
+        return bool(((flat >= src.start) & (flat < src.start + max(src.n, 1))).all())
 
     def _external(self, t: torch.Tensor) -> _Tag:
         """Tag a tensor that enters the model from outside the call (its own origin and positions)."""
@@ -3274,6 +3311,14 @@ class _Session:
                 and tuple(out.shape) == tuple(base_t.shape)
             ):
                 new.touched = True  # the weights' values changed: what the product multiplies is taken there
+            elif (
+                (base.probs is not None or base.rowq is not None)
+                and name in lineage.REPLAY
+                and name not in lineage.KEEP
+                and tuple(out.shape) == tuple(base_t.shape)
+                and _moved_values(base_t, out)
+            ):  # moved within the shape (``cat([a[..., -1:], a[..., :-1]], -1)``, a permutation picked by
+                new.touched = True  # ``index_select`` or ``gather``): other weights at each place now
             if out.dim() != 3 or base_t.dim() != 3 or out.shape[0] != base_t.shape[0]:
                 new.split = None
             if name in ("view", "reshape", "unflatten"):
@@ -3293,6 +3338,14 @@ class _Session:
                 new.lost = next((g.lost for _, g in act if g.lost is not None), None)
             if new.lost is not None and base.lost is new.lost:
                 new.flat = base.flat and _keeps_row_major(name, base_t, out)
+            if (
+                name in CAT
+                and new.lost is not None
+                and not new.changed
+                and tuple(out.shape) == tuple(new.lost.shape)
+                and _joined_otherwise(new.lost, out)
+            ):  # slices of the weights joined in another order (``cat([a[..., -1:], a[..., :-1]], -1)``, a
+                new.changed = True  # circular shift): other weights at some places than the softmax gave
             if new.lost is not None and (
                 name not in KEEPS_VALUES
                 or any(g.changed or g.touched for _, g in act)
@@ -4898,6 +4951,12 @@ class _Session:
         # dense scores): self-attention, as after a product whose queries and keys share their origin
         cross = not (self._one_input(tag.origin, pos[rows[0, 0, 0]], n_seq * int(rows.shape[-1]) * keys)
                      and int(rows.shape[-1]) == keys and labels is None)  # fmt: skip
+        # the batch put in another order before (Show, Attend and Tell sorts its images with their captions by
+        # length): record row b is not the caller's sequence b (its keys are not, where a state asks)
+        first_rows = rows[:, 0, 0].to(pos.device)
+        reordered = (
+            self._batch_reordered(pos.masked_fill(param, -1)[first_rows], cross) if n_seq > 1 else None
+        )
 
         def record(used: torch.Tensor | None, keep: torch.Tensor | None, changed: bool) -> None:
             """The rows read other positions than their own (a decoder step's state, a learned query): cross;
@@ -4913,6 +4972,9 @@ class _Session:
             if changed and used is None:
                 flag = ("the weights were changed after the softmax in a layout capture could not map back: "
                         "the record holds them as the softmax gave them")  # fmt: skip
+            elif reordered is not None:
+                flag = reordered
+            if flag is not None:
                 self.warn(path, out_shape, f"could not verify: {flag}")
             rec = self._record(path, bhqk(out if used is None else used), bhqk(scores.detach()), mask, "softmax",
                                (source if keep is None else "multiplied") if mask is not None else None, cross,
@@ -5450,6 +5512,21 @@ class _Session:
         )
         return True
 
+    def _weights_copied(self, dst: torch.Tensor, src: Any) -> bool:
+        """``torch.empty_like(a).copy_(w)``: weights copied whole into a tensor of their shape are the same
+        weights there; weights copied into a view of a buffer are followed as written by an index (True:
+        followed here)."""
+        vt = self.tag(src) if isinstance(src, torch.Tensor) else None
+        if vt is None or dst._base is not None or (vt.probs is None and vt.rowq is None and vt.lost is None):
+            return False
+        if tuple(dst.shape) == tuple(src.shape) and dst.dtype == src.dtype:
+            self.set(dst, vt)
+        else:  # broadcast, or cast: what a product reads is not where the weights' rows were
+            w = vt.lost if vt.lost is not None else self._weights_of(vt)
+            if w is not None:
+                self.set(dst, _Tag(None, vt.origin, lost=w, changed=True))
+        return True
+
     def _view_copied(self, dst: torch.Tensor, src: Any) -> None:
         """``cache.narrow(2, cur, n).copy_(k)`` (Medusa's and EAGLE's KV cache), ``buf[:, :, a:b].copy_(k)``:
         this call's keys copied into a slice of a buffer along one dim, followed as ``buf[..., a:b] = k``."""
@@ -5549,6 +5626,18 @@ class _Session:
             self.set(target, _Tag("scores", vt.origin, smap=vt.smap.fail(
                 "scores written by slices into another tensor, which capture does not follow")))  # fmt: skip
             return
+        if (
+            isinstance(value, torch.Tensor)
+            and vt is not None
+            and (t is None or (t.role != "scores" and t.probs is None and t.rowq is None and t.lost is None))
+        ):  # (into the weights themselves, ``a[:, -1] *= 0.5``: weights changed in place, taken at the product)
+            # weights moved or changed since the softmax written into another tensor (``r[..., 1:] =
+            # a[..., :-1]``, a circular shift written by slices; dropped weights put in a buffer): what that
+            # tensor holds is not the record's weights where they were, so a product with it is flagged
+            w = vt.lost if vt.lost is not None else self._weights_of(vt) if vt.touched else None
+            if w is not None:
+                self.set(target, _Tag(None, vt.origin, lost=w, changed=True))
+                return
         if not isinstance(value, torch.Tensor) or vt is None or vt.role in ("param", "scores"):
             return
         code = None
@@ -7183,6 +7272,34 @@ def _head_group(path: str) -> tuple[str, int] | None:
         _GROUPS.clear()
     _GROUPS[path] = group
     return group
+
+
+def _joined_otherwise(p: _Probs, out: torch.Tensor) -> bool:
+    """Whether ``out``, pieces of the weights ``p`` joined back to their shape, holds other weights than
+    the record at some place (pieces joined in another order)."""
+    rec = p.record
+    if rec is None:
+        return False
+    try:
+        with _no_grad():
+            used = p.bhqk(out.detach())
+            return tuple(used.shape) != tuple(rec.probs.shape) or not bool(
+                torch.equal(used.to(rec.probs.dtype), rec.probs)
+            )
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
+        return True
+
+
+def _moved_values(x: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether a data-movement op that kept ``x``'s shape put other values at some place of ``out`` (a
+    view of the same memory read the same way holds the same ones)."""
+    try:
+        if out.data_ptr() == x.data_ptr() and out.stride() == x.stride() and out.dtype == x.dtype:
+            return False
+        with _no_grad():
+            return not bool(torch.equal(out.detach(), x.detach()))
+    except (RuntimeError, TypeError, NotImplementedError):  # (tensor subclasses, functorch wrappers)
+        return True
 
 
 def _writes_first(name: str) -> bool:
