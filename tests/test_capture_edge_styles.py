@@ -147,8 +147,9 @@ def test_heads_mixed_by_a_linear_layer_are_flagged_and_learned_values_are_not(mi
 
 def test_linear_attention_keys_softmaxed_over_positions_are_not_maps():
     """Efficient attention (Shen et al.): the keys softmaxed over positions, one distribution per key
-    feature, then ``keys @ values.T``: not a map of queries over keys, noted as such; the queries'
-    softmax over features is a projection's."""
+    feature, then ``keys.T @ values``: not a map of queries over keys, so not recorded; its weights do
+    multiply values over positions (as label attention's, LAAT's, do: the same product), so a warning
+    says so, never only a note; the queries' softmax over features is a projection's."""
 
     class Efficient(nn.Module):
         def __init__(self):
@@ -168,8 +169,40 @@ def test_linear_attention_keys_softmaxed_over_positions_are_not_maps():
             return query @ context
 
     cap = _captured(Efficient(), torch.randint(1, 9, (2, 6)))
-    assert cap.records == [] and cap.notes == []
-    assert any("for every feature of a projection" in str(n) for n in cap.skipped)
+    assert cap.records == []
+    (note,) = cap.notes
+    assert "not recorded: its weights multiply values over positions" in note
+    assert "for every feature of a projection" in note and "(2, 6, 4)" in note
+    assert not any("for every feature of a projection" in str(n) for n in cap.skipped)
+
+
+class LabelAttention(nn.Module):
+    """LAAT (Vu et al.): each label's query over the token positions, ``softmax(U tanh(W H^T))`` per label,
+    then the weights times the hidden states; ``memory``: the hidden states handed in from outside."""
+
+    def __init__(self, d: int = 8, labels: int = 5):
+        super().__init__()
+        self.emb = nn.Embedding(9, d)
+        self.w, self.u = nn.Linear(d, 6, bias=False), nn.Linear(6, labels, bias=False)
+
+    def forward(self, ids, memory=None):
+        h = self.emb(ids) if memory is None else memory
+        att = torch.softmax(self.u(torch.tanh(self.w(h))), dim=1).transpose(1, 2)  # (B, labels, n)
+        return att @ h
+
+
+@pytest.mark.parametrize("handed_in", [False, True])
+def test_weights_over_positions_that_capture_cannot_lay_out_are_a_warning_where_they_weigh_values(handed_in):
+    """Label attention (per-label distributions over the tokens), and a read of a memory handed in from
+    outside the call: the weights multiply values, so they are attention capture could not lay out, a
+    warning (before: only a note in cap.skipped, no banner)."""
+    torch.manual_seed(0)
+    ids = torch.randint(1, 9, (2, 6))
+    model = LabelAttention()
+    cap = _captured(model, ids, torch.randn(2, 6, 8) if handed_in else None)
+    assert cap.records == []
+    assert len(cap.notes) == 1 and "not recorded: its weights multiply" in cap.notes[0], cap.notes
+    assert not [n for n in cap.skipped if "product" not in str(n) and "for every feature" in str(n)]
 
 
 def test_vector_attention_with_weights_per_channel_is_no_map_of_heads():
@@ -697,3 +730,23 @@ def test_scores_written_by_slices_into_a_tensor_of_their_own_are_a_warning(make)
     assert cap.records == []
     (note,) = cap.notes
     assert "not recorded" in note and "scores written by slices" in note
+
+
+def test_context_pooling_after_an_interpolation_is_a_warning():
+    """GCNet's context block over a feature map resized by F.interpolate (lineage does not follow it): one
+    softmax over the pixels that weighs the features, so a warning, not a note only (it went missing)."""
+
+    class ContextBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.reduce, self.conv_mask = nn.Conv2d(3, 8, 1), nn.Conv2d(8, 1, 1)
+
+        def forward(self, x):
+            x = F.interpolate(self.reduce(x), size=(4, 4), mode="bilinear")
+            b, c, h, w = x.shape
+            mask = F.softmax(self.conv_mask(x).view(b, 1, h * w), dim=2)
+            return torch.matmul(x.view(b, 1, c, h * w), mask.unsqueeze(-1))
+
+    torch.manual_seed(0)
+    cap = _captured(ContextBlock().eval(), torch.randn(2, 3, 7, 7))
+    assert cap.records == [] and len(cap.notes) == 1 and "F.interpolate" in cap.notes[0], cap.notes

@@ -1094,3 +1094,47 @@ def test_the_hooks_that_tell_the_models_call_returned_are_the_models_own_and_go_
         model(x)
         raise RuntimeError("stop")
     assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+class PackedRegions(nn.Module):
+    """ruotianluo's captioning TopDown: region features through pack_padded_sequence and pad_packed_sequence
+    (``pack_wrapper``), then additive attention of a state over them, renormalized over the real regions."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.emb = nn.Linear(10, d)
+        self.h2att, self.ctx2att, self.alpha_net = nn.Linear(d, 5), nn.Linear(d, 5), nn.Linear(5, 1)
+
+    def forward(self, feats, lengths, mask):
+        from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+        packed = pack_padded_sequence(feats, lengths, batch_first=True, enforce_sorted=False)
+        x, _ = pad_packed_sequence(
+            PackedSequence(
+                self.emb(packed.data), packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices
+            ),
+            batch_first=True,
+        )
+        dot = self.alpha_net(torch.tanh(self.ctx2att(x) + self.h2att(x.sum(1)).unsqueeze(1))).squeeze(2)
+        w = torch.softmax(dot, dim=1) * mask
+        self.used = w / w.sum(1, keepdim=True)
+        return torch.bmm(self.used.unsqueeze(1), x)
+
+
+@pytest.mark.parametrize("lengths", [(3, 5), (5, 3, 4)])
+def test_padding_in_other_places_per_sequence_labels_no_key_as_padding(lengths):
+    """pad_packed_sequence pads each sequence to the longest: the first sequence's padded slots were the
+    record's key labels for every sequence, so a trace of a longer one drew its real keys as learned
+    padding columns. A padded slot is a position of its sequence (as its PAD token is): no key is labelled."""
+    torch.manual_seed(0)
+    lens = torch.tensor(lengths)
+    mask = (torch.arange(5)[None] < lens[:, None]).float()
+    model = PackedRegions().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(len(lengths), 5, 10) * mask[..., None], lens, mask)
+    (rec,) = cap.records
+    assert rec.exact and rec.key_labels is None
+    torch.testing.assert_close(rec.probs[:, 0, 0], model.used, atol=1e-7, rtol=0)
+    for b in range(len(lengths)):
+        tr = cap.trace(b)
+        assert tr.probs(rec.kind).shape[-1] == 5 and tr.learned(rec.kind) is None

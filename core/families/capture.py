@@ -4915,9 +4915,14 @@ class _Session:
             # query-key map), multi-hop pooling (Lin et al.), which cannot be told apart, or vector attention
             # (Point Transformer: every channel its own weights). Heads are rows, as many per sequence as
             # there are keys, each head's scores summed over its slice of features (multi-head GATv2)
-            self.skip(path, tuple(x.shape), "a softmax over positions for every feature of a projection "
-                      "(linear attention's keys, multi-hop pooling, or vector attention's channels), not a map "
-                      "of queries over keys")  # fmt: skip
+            why = (
+                "a softmax over positions for every feature of a projection (linear attention's keys, "
+                "multi-hop pooling, or vector attention's channels), not a map of queries over keys"
+            )
+            self.skip(path, tuple(x.shape), why)
+            _hold(
+                self._unplaced, out, path, tuple(x.shape), why
+            )  # told again if values follow (label attention)
             return True
         if not bool((counts == counts[0]).all()) or not int(counts[0]):
             return False  # (sequence, head) pairs with different numbers of rows
@@ -4944,6 +4949,23 @@ class _Session:
                 allowed = None
         scores = tag.scores if tag.scores is not None else x
         labels = lineage._labels(pos[rows[0, 0, 0]], self.sources)
+        first_rows = rows[:, 0, 0].to(pos.device)
+        placed = None  # why the sequences' keys cannot share one map's labels
+        if n_seq > 1:
+            learned = param[first_rows]  # (sequences, keys): learned or padding keys of each sequence
+            if not bool((learned == learned[:1]).all()):
+                kinds = torch.tensor([s.kind == "pad" for s in self.sources.items], device=pos.device)
+                padded = kinds[self.sources.index(pos[first_rows])]
+                if bool(((learned & ~padded) == (learned & ~padded)[:1]).all()):
+                    # only padding in other places (pad_packed_sequence pads each sequence to the longest): a
+                    # padded slot is a position of its sequence, as its PAD token is, so no column is labelled
+                    # padding (the first sequence's labels would call another's real keys padding)
+                    cols = padded.any(0).tolist()
+                    kept = tuple(None if cols[j] else lab for j, lab in enumerate(labels or ()))
+                    labels = kept if any(kept) else None
+                else:
+                    placed = ("sequences have learned or padding keys in different places: one map's key labels "
+                              "cannot hold them")  # fmt: skip
 
         made_at = self.n_ops
         out_shape = tuple(out.shape)
@@ -4953,10 +4975,9 @@ class _Session:
                      and int(rows.shape[-1]) == keys and labels is None)  # fmt: skip
         # the batch put in another order before (Show, Attend and Tell sorts its images with their captions by
         # length): record row b is not the caller's sequence b (its keys are not, where a state asks)
-        first_rows = rows[:, 0, 0].to(pos.device)
         reordered = (
             self._batch_reordered(pos.masked_fill(param, -1)[first_rows], cross) if n_seq > 1 else None
-        )
+        ) or placed
 
         def record(used: torch.Tensor | None, keep: torch.Tensor | None, changed: bool) -> None:
             """The rows read other positions than their own (a decoder step's state, a learned query): cross;
@@ -5207,19 +5228,31 @@ class _Session:
                 entry = _held(self._unplaced, w._base)
             if entry is None:
                 continue
-            g, code = self.tag(v), self.code_of(v)
-            if g is None or g.role == "param" or code is None or tuple(code.shape) != tuple(v.shape):
-                continue
-            pos = code >> lineage.SHIFT
-            if not bool(
-                (pos != pos.reshape(-1)[:1]).any()
-            ):  # (one position: a vector, not values over positions)
+            g = self.tag(v)
+            if g is _PARAM_TAG or (g is not None and g.role == "param") or not v.is_floating_point():
+                continue  # (a learned table: a projection of the weights, as a soft embedding's)
+            code = self.code_of(v) if g is not None else None
+            if code is not None and tuple(code.shape) != tuple(v.shape):
+                code = None
+            if code is not None:
+                pos = code >> lineage.SHIFT
+                if not bool(
+                    (pos != pos.reshape(-1)[:1]).any()
+                ):  # (one position: a vector, not values over positions)
+                    continue
+            elif v.dim() < 2:
                 continue
             held, path, shape, reason = entry
             self._unplaced.pop(id(held()), None)
             self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, reason)]
-            self.warn(path, shape, "not recorded: its weights multiply values over positions (attention), but "
-                      f"capture could not lay them out ({reason})")  # fmt: skip
+            what = (
+                "values over positions (attention)"
+                if code is not None  # (a memory or features from outside the call, or past an op lineage does
+                else "a tensor capture does not follow (from outside the call, as a memory read by its weights, "
+                "or past an op lineage does not follow, as F.interpolate): attention, it may be"  # not follow)
+            )
+            self.warn(path, shape, f"not recorded: its weights multiply {what}, but capture could not lay them "
+                      f"out ({reason})")  # fmt: skip
             return
 
     def _layout(self, x, tag) -> tuple[tuple[int, int], bool]:
