@@ -750,3 +750,59 @@ def test_context_pooling_after_an_interpolation_is_a_warning():
     torch.manual_seed(0)
     cap = _captured(ContextBlock().eval(), torch.randn(2, 3, 7, 7))
     assert cap.records == [] and len(cap.notes) == 1 and "F.interpolate" in cap.notes[0], cap.notes
+
+
+class SwitchLayer(nn.Module):
+    """GShard / Switch routing written by hand, beside a self-attention: the expert one-hot and the capacity
+    slots' one-hot of a router's argmax, joined by ``einsum('gse,gsc->gsec')`` into a 0/1 dispatch tensor
+    that gathers the tokens into expert slots (``einsum('gsec,gsm->egcm', dispatch, x)``)."""
+
+    def __init__(self, d: int = 8, experts: int = 4, capacity: int = 3):
+        super().__init__()
+        self.emb, self.qkv = nn.Embedding(30, d), nn.Linear(d, 3 * d)
+        self.wg = nn.Parameter(torch.randn(d, experts) * 0.1)
+        self.w_expert = nn.Parameter(torch.randn(experts, d, d) * 0.1)
+        self.E, self.C = experts, capacity
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        q, k, v = self.qkv(x).chunk(3, -1)
+        self.used = (q @ k.transpose(-1, -2)).softmax(-1)
+        x = x + self.used @ v
+        router_probs = torch.softmax(torch.einsum("gsm,me->gse", x, self.wg), dim=-1)
+        expert_mask = F.one_hot(router_probs.argmax(-1), self.E).to(x.dtype)
+        pos = torch.cumsum(expert_mask, dim=1) * expert_mask - 1.0
+        expert_mask = expert_mask * torch.lt(pos, self.C).to(x.dtype)
+        pos_onehot = F.one_hot((pos * expert_mask).sum(-1).long(), self.C).to(x.dtype)
+        dispatch = torch.einsum("gse,gsc->gsec", expert_mask, pos_onehot)
+        combine = (router_probs * expert_mask).sum(-1)[..., None, None] * dispatch
+        expert_in = torch.einsum("gsec,gsm->egcm", dispatch, x)
+        expert_out = torch.einsum("egcm,emn->egcn", expert_in, self.w_expert)
+        return torch.einsum("gsec,egcm->gsm", combine, expert_out)
+
+
+def test_a_routers_dispatch_made_from_its_argmax_is_no_query_key_product():
+    """The one-hots of a router's argmax are made by the model from integers, not activations from outside:
+    their product is no query-key map, so nothing warns of scores multiplying values without a softmax (every
+    Switch layer was told so); the self-attention beside it stays exact, and an image handed in as integers
+    (``images.float()``) is still data from outside."""
+    torch.manual_seed(0)
+    model = SwitchLayer().eval()
+    cap = _captured(model, torch.randint(0, 30, (2, 6)))
+    assert cap.notes == [], cap.notes
+    (rec,) = cap.records
+    assert rec.exact and torch.equal(rec.probs[:, 0], model.used)
+
+    class PixelsAsInts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patch, self.qk = nn.Conv2d(3, 8, 2, stride=2), nn.Linear(8, 16)
+
+        def forward(self, images):
+            x = self.patch(images.float() / 255).flatten(2).transpose(1, 2)
+            q, k = self.qk(x).chunk(2, -1)
+            return (q @ k.transpose(-1, -2)).softmax(-1) @ x
+
+    cap = _captured(PixelsAsInts().eval(), torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8))
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "enc_self" and cap.notes == []

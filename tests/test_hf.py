@@ -277,8 +277,8 @@ def test_trace_roundtrip_and_cli(folders, tmp_path, capsys):
 def test_routing_and_options(folders, tmp_path):
     assert registry.model_kind(str(folders["bert"])) == "hf"
     assert registry.model_kind(str(tmp_path)) == "core"
-    assert os.environ.get("HF_HUB_OFFLINE")  # set by load_hf unless the environment chose already
     lm = load_hf(folders["gpt2"], dtype="bfloat16")
+    assert os.environ.get("HF_HUB_OFFLINE")  # set by load_hf unless the environment chose already
     assert next(lm.model.parameters()).dtype == torch.bfloat16 and lm.cfg.dtype == "bfloat16"
     (t,) = lm.trace(["the cat"])
     assert t.probs("dec_self").dtype == np.float32

@@ -1431,6 +1431,9 @@ class _Session:
         ] = {}  # _hold: integer tensors made inside the call from nothing else
         self._kept_storages: set[int] | None = None  # memory of the model's buffers and tensor attributes
         self._constant_lookups: builtins.set[int] = set()  # sources of lookups of one id (token types)
+        # _hold: tensors made from integers the call made alone (a router's one-hot dispatch, ``F.one_hot(
+        # argmax).to(x.dtype)``, and comparisons of them): 0/1 masks and counts, not activations from outside
+        self._int_floats: dict[int, tuple] = {}
         self._made_ints: dict[int, tuple] = {}  # _hold: integer tensors made inside the call, and from them
         # _hold: tensors that depend on the data (random numbers, and integers or booleans computed from
         # activations: a router's argmax, a score's top-k, a sort), and the positions such indices picked,
@@ -1794,6 +1797,16 @@ class _Session:
             return False
         # indices made inside the call (``self.mem[torch.arange(M)]``): learned rows picked by position
         return _held(self._made_ints, idx) is None
+
+    def _made_inside(self, t: torch.Tensor) -> bool:
+        """Integers or booleans the call made (``arange``, ``one_hot`` of a router's ``argmax``, a comparison
+        of activations), or floats made from them alone; not the caller's integers (token ids, an image as
+        uint8), which are data from outside."""
+        if _held(self._int_floats, t) is not None:
+            return True
+        return not t.is_floating_point() and (
+            _held(self._by_data, t) is not None or _held(self._made_ints, t) is not None
+        )
 
     def _data_step(self, name: str, args, kwargs, out) -> None:
         """Follow what depends on the data: random numbers (and floats computed from them); integers and
@@ -3124,6 +3137,13 @@ class _Session:
             if not outs:
                 return
         ins = _tensors(args, kwargs)
+        if (
+            type(out) is torch.Tensor
+            and ins
+            and (self._int_floats or not ins[0].is_floating_point())
+            and all(self._made_inside(t) for t in ins)
+        ):
+            _hold(self._int_floats, out)  # (a comparison of them too: ``torch.lt(pos, capacity)``)
         if name in OUTSIDE_NORMS and args and isinstance(args[0], torch.Tensor) and self.tag(args[0]) is None:
             return  # a norm of a tensor from outside (GroupNorm on an image): still from outside, not learned
         if name in ROW_REDUCE and len(ins) == 1 and self._row_reduced(name, args, kwargs, outs):
@@ -3222,7 +3242,8 @@ class _Session:
             # dense prompt, both (B, C, h, w)): no axis says features yet; the op that reads the sum tags it
         if name in ENTRY and not any(g is not None and g.role != "param" for g in tags):
             outside = next((t for t, g in zip(ins, tags, strict=True) if g is None and t.is_floating_point()
-                            and t.dim() >= 2 and not _is_param(t)), None)  # fmt: skip
+                            and t.dim() >= 2 and not _is_param(t) and _held(self._int_floats, t) is None),
+                           None)  # fmt: skip
             if outside is not None and (name in LINEAR or name in CONV or name in MATMUL or len(tags) > 1):
                 self._external(outside)  # features, an image, hidden states from outside the call
                 tags = [self.tag(t) or (self._view_tag(t) if t._base is outside else None) for t in ins]
