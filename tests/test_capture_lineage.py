@@ -948,3 +948,42 @@ def test_a_token_type_added_keeps_the_sequences_positions(batch, heads):
             assert rec.key_positions is not None and rec.key_positions[:, 1:].tolist() == [
                 list(range(5 * i, 5 * i + 5)) for i in range(batch)
             ]
+
+
+class MultiQueryPooler(nn.Module):
+    """lucidrains' CoCa: learned queries pool the image features by multi-query attention (one key and value
+    head, ``einsum("b h i j, b j d -> b h i d", attn, v)``, the values with no head axis), then the text
+    cross-attends to the pooled queries (no residual carries their positions)."""
+
+    def __init__(self, heads: int, d: int = 8):
+        super().__init__()
+        self.h, self.d = heads, d
+        self.token_emb = nn.Embedding(30, d * heads)
+        self.lat = nn.Parameter(torch.randn(4, d * heads))
+        self.to_q, self.to_kv = nn.Linear(d * heads, d * heads, bias=False), nn.Linear(10, 2 * d, bias=False)
+        self.q2, self.k2 = nn.Linear(d * heads, d * heads), nn.Linear(d * heads, d * heads)
+
+    def forward(self, text, img):
+        b = img.shape[0]
+        q = self.to_q(self.lat.expand(b, -1, -1)).view(b, 4, self.h, self.d).transpose(1, 2)
+        k, v = self.to_kv(img).chunk(2, dim=-1)
+        self.pool = torch.einsum("b h i d, b j d -> b h i j", q, k).softmax(-1)
+        out = torch.einsum("b h i j, b j d -> b h i d", self.pool, v)
+        pooled = out.transpose(1, 2).reshape(b, 4, self.h * self.d)
+        self.text = (self.q2(self.token_emb(text)) @ self.k2(pooled).transpose(-1, -2)).softmax(-1)
+        return self.text @ pooled
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (4, 4), (3, 2)])
+def test_multi_query_values_with_no_head_axis_keep_the_outputs_lineage(batch, heads):
+    """The product of the weights with values that have no head axis is followed as the values broadcast over
+    the heads: the pooled queries keep their positions, so the text's attention over them is recorded, exact,
+    keys labelled (it was not recorded: "its last axis is not a sequence length")."""
+    torch.manual_seed(0)
+    model = MultiQueryPooler(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 30, (batch, 6)), torch.randn(batch, 7, 10))
+    pool, text = cap.records
+    assert pool.exact and torch.equal(pool.probs, model.pool) and not cap.notes
+    assert text.exact and text.kind == "cross" and torch.equal(text.probs[:, 0], model.text)
+    assert text.key_labels == ("<lat 0>", "<lat 1>", "<lat 2>", "<lat 3>")

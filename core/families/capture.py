@@ -1103,6 +1103,32 @@ def _einsum_product(equation: Any) -> tuple[list[int], list[int], list[int]] | N
     return [w.index(c) for c in plain_w], [v.index(c) for c in plain_v], [plain_out.index(c) for c in out]
 
 
+def _broadcast_values(
+    equation: Any, w: torch.Tensor, v: torch.Tensor, vcode: torch.Tensor | None
+) -> tuple | None:
+    """An einsum of weights and values whose values lack axes of the weights that the output keeps (one key and
+    value head for every query head: ``"bhij,bjd->bhid"``): (the equation with those axes put before the
+    values' own, the values expanded over them, their codes expanded alike), or None. The last such axis of
+    the weights is their queries'; the ones before it are broadcast."""
+    letters = _two_operands(equation)
+    if letters is None:
+        return None
+    ws, vs, outs = letters
+    if len(set(ws)) != len(ws) or len(set(vs)) != len(vs) or w.dim() != len(ws) or v.dim() != len(vs):
+        return None
+    missing = [c for c in ws if c in outs and c not in vs]
+    if len(missing) < 2:
+        return None
+    extra = missing[:-1]
+    sizes = [int(w.shape[ws.index(c)]) for c in extra]
+    shape = (*sizes, *v.shape)
+    wide = v.reshape((1,) * len(extra) + tuple(v.shape)).expand(shape)
+    code = None
+    if vcode is not None and tuple(vcode.shape) == tuple(v.shape):
+        code = vcode.reshape((1,) * len(extra) + tuple(v.shape)).expand(shape)
+    return f"{ws},{''.join(extra)}{vs}->{outs}", wide, code
+
+
 def _row_heads(layout: Layout, shape: tuple[int, ...]) -> torch.Tensor | None:
     """The head of each row of weights shaped ``shape`` (..., q, k), flat over (lead..., q), from the
     layout's rows (B, H, q'); None unless every row belongs to one (batch, head)."""
@@ -3868,6 +3894,14 @@ class _Session:
         lays them out: followed as weights (lead, q, k) times values (lead, k, d) where the equation
         sums over the weights' keys; else the weights' record is flagged if they were changed."""
         perms = _einsum_product(eq)  # "... i j, ... j d -> ... i d" with its dots written out
+        vcode = self.code_of(ops[1]) if len(ops) == 2 else None
+        if perms is None and len(ops) == 2:
+            # values with no head axis (multi-query: ``einsum("bhij,bjd->bhid", attn, v)``, lucidrains' CoCa and
+            # PaLM): the weights' axes the values lack are broadcast over them, as ``attn @ v.unsqueeze(1)``
+            widened = _broadcast_values(eq, ops[0], ops[1], vcode)
+            if widened is not None:
+                eq, ops, vcode = widened[0], [ops[0], widened[1]], widened[2]
+                perms = _einsum_product(eq)
         if perms is None or len(ops) != 2:  # not weights times values along the keys: nothing claimed
             self._unfollowed(first)
             return _Tag(None, origin, attn_out=first.attn_out)
@@ -3890,7 +3924,7 @@ class _Session:
                 return _Tag(None, origin, attn_out=first.attn_out)
             w, weights = w.permute(w_perm), plain_tag
         plain = out.permute([out_perm.index(i) for i in range(out.dim())])
-        vc = self.code_of(ops[1])
+        vc = vcode
         vc = _permuted(vc, v_perm) if vc is not None and vc.dim() == len(v_perm) else None
         new = self._weighted([w, ops[1].permute(v_perm)], weights, plain, origin, (vc,))
         if new.code is not None:
