@@ -769,3 +769,44 @@ def test_two_learned_tables_of_one_name_among_the_keys_are_labelled_by_their_pat
             model(torch.randint(1, VOCAB, (2, 3)))
         (rec,) = cap.records
         assert rec.exact and rec.key_labels == (*want, None, None, None)
+
+
+class PaddedFeatureMap(nn.Module):
+    """A feature map padded to whole groups before attention over its cells (mmseg's ISA head, HaloNet):
+    channels first, ``F.pad(x, (0, 0, 0, 1))`` on (B, C, H, W), or channels last as Swin pads, then the
+    cells flattened into a sequence."""
+
+    def __init__(self, channels_last: bool, heads: int):
+        super().__init__()
+        self.channels_last, self.h = channels_last, heads
+        self.stem = nn.Conv2d(3, 4 * heads, 1)
+        self.qkv = nn.Linear(4 * heads, 12 * heads)
+
+    def forward(self, img):
+        x = self.stem(img)
+        if self.channels_last:
+            t = F.pad(x.permute(0, 2, 3, 1), (0, 0, 0, 0, 0, 1)).flatten(1, 2)
+        else:
+            t = F.pad(x, (0, 0, 0, 1)).flatten(2).transpose(1, 2)
+        b, n, _ = t.shape
+        q, k, v = (z.view(b, n, self.h, -1).transpose(1, 2) for z in self.qkv(t).chunk(3, -1))
+        self.used = (q @ k.transpose(-1, -2)).softmax(-1)
+        return self.used @ v
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_a_feature_map_padded_channels_first_labels_each_padded_cell(batch, heads):
+    """Padding a (B, C, H, W) map around its cells makes a position of its own per padded cell, as padding
+    it channels last does (it was one position repeated, and the map flagged "one position is several
+    queries")."""
+    torch.manual_seed(0)
+    img = torch.randn(batch, 3, 3, 3)
+    labels = []
+    for channels_last in (False, True):
+        model = PaddedFeatureMap(channels_last, heads).eval()
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(img)
+        (rec,) = cap.records
+        assert rec.exact and torch.equal(rec.probs, model.used) and not cap.notes
+        labels.append(rec.key_labels)
+    assert labels[0] == labels[1] == (None,) * 9 + ("<padding 0>", "<padding 1>", "<padding 2>")

@@ -1103,6 +1103,16 @@ def _einsum_product(equation: Any) -> tuple[list[int], list[int], list[int]] | N
     return [w.index(c) for c in plain_w], [v.index(c) for c in plain_v], [plain_out.index(c) for c in out]
 
 
+def _channels_first(c: torch.Tensor) -> bool:
+    """Whether codes (B, C, *space) are a feature map's: one position per cell along the channels (dim 1),
+    the channels its features."""
+    pos = c >> lineage.SHIFT
+    if not bool((pos == pos[:, :1]).all()):
+        return False
+    feat = c & lineage.FEATURES  # (heads split off features, (B, H, n, d), hold features along the last dim)
+    return bool((feat != feat[:, :1]).any()) and bool((feat == feat[..., :1]).all())
+
+
 def _broadcast_values(
     equation: Any, w: torch.Tensor, v: torch.Tensor, vcode: torch.Tensor | None
 ) -> tuple | None:
@@ -2652,6 +2662,7 @@ class _Session:
                 and pad[1] == 0
                 and c.dim() >= 2
                 and all(isinstance(n, int) and n >= 0 for n in pad)
+                and not (c.dim() >= 3 and int(c.shape[1]) > 1 and _channels_first(c))  # (features last)
             ):  # padding around cells of features (Swin's map padded to whole windows): each padded cell
                 padded = F.pad(c, pad, value=-1)  # a position of its own, so a window holding several is
                 cells = F.pad(torch.zeros_like(c[..., 0]), pad[2:], value=1) == 1
@@ -2660,6 +2671,25 @@ class _Session:
                     start = self.sources.new(n, "pad", "padding")
                     pos = torch.arange(start, start + n, dtype=c.dtype, device=c.device) << lineage.SHIFT
                     padded[cells] = pos[:, None] | torch.arange(c.shape[-1], dtype=c.dtype, device=c.device)
+                return padded if tuple(padded.shape) == tuple(out.shape) else None
+            if (
+                isinstance(pad, (tuple, list))
+                and c.dim() >= 3
+                and int(c.shape[1]) > 1
+                and len(pad) % 2 == 0
+                and 0 < len(pad) // 2 <= c.dim() - 2
+                and all(isinstance(n, int) and n >= 0 for n in pad)
+                and any(pad)
+                and _channels_first(c)
+            ):  # a feature map (B, C, H, W) padded around its cells (ISA's and HaloNet's maps padded to whole
+                padded = F.pad(c, pad, value=-1)  # groups): each padded cell a position of its own, as above
+                cells = F.pad(torch.zeros_like(c[:, 0]), pad, value=1) == 1  # (B, *space)
+                n = int(cells.sum())
+                if n:
+                    start = self.sources.new(n, "pad", "padding")
+                    pos = torch.arange(start, start + n, dtype=c.dtype, device=c.device) << lineage.SHIFT
+                    last = padded.movedim(1, -1)  # (a view: the cells' channels written in place)
+                    last[cells] = pos[:, None] | torch.arange(c.shape[1], dtype=c.dtype, device=c.device)
                 return padded if tuple(padded.shape) == tuple(out.shape) else None
             value = self._pad_code()
             key = ("pad", id(c), _arg_key(pad), value)
