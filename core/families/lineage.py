@@ -599,8 +599,10 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     if isinstance(grouped, str) or grouped is None:
         return grouped or (
             "one position is several queries of one sequence and head (a learned vector or a padding position "
-            "repeated among the tokens, as MAE's mask token fills every masked patch), so its rows cannot be "
-            "told apart by position"
+            "repeated among the tokens, as MAE's mask token fills every masked patch; a grid made from one "
+            "vector's features, as a GAN generator reshapes its projected noise; features moved between "
+            "positions, as a temporal shift moves channels between frames), so its rows cannot be told apart "
+            "by position"
         )
     g, first, n_groups = grouped
     per_head = torch.zeros(n_heads, dtype=torch.int64, device=device).index_add_(
