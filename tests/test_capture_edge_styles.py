@@ -209,7 +209,8 @@ def test_vector_attention_with_weights_per_channel_is_no_map_of_heads():
     """Point Transformer's vector attention over every point: ``attn_mlp(q[:, :, None] - k[:, None])`` softmaxed
     over the keys for each channel, ``(B, N, N, d)``. Every channel has weights of its own, over the keys,
     for every query: rows as many as the keys per channel, as a multi-head GATv2's per head, but each one
-    feature of a projection, not a head's scores summed over its features. Not recorded, and said why."""
+    feature of a projection, not a head's scores summed over its features. Not recorded, and said why: a
+    warning, as its weights multiply the values (``(attn * v[:, None]).sum(2)``)."""
 
     class Vector(nn.Module):
         def __init__(self):
@@ -223,8 +224,9 @@ def test_vector_attention_with_weights_per_channel_is_no_map_of_heads():
 
     for batch in (1, 2, 3):
         cap = _captured(Vector(), torch.randint(1, 9, (batch, 6)))
-        assert cap.records == [] and cap.notes == []
-        assert any("for every feature of a projection" in str(n) for n in cap.skipped)
+        assert cap.records == [] and len(cap.notes) == 1
+        assert "not recorded: its weights multiply values" in cap.notes[0]
+        assert "for every feature of a projection" in cap.notes[0]
 
 
 def test_a_pointer_distribution_nothing_is_weighted_by_is_not_attention():
@@ -806,3 +808,26 @@ def test_a_routers_dispatch_made_from_its_argmax_is_no_query_key_product():
     cap = _captured(PixelsAsInts().eval(), torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8))
     (rec,) = cap.records
     assert rec.exact and rec.kind == "enc_self" and cap.notes == []
+
+
+def test_a_memory_read_by_a_product_and_a_sum_is_a_warning_and_a_class_table_is_not():
+    """An NTM read of a memory handed in, written ``(w[..., None] * memory).sum(1)``: its weights multiply
+    values, a warning as the bmm form gets; a classifier's softmax over classes times a table of class
+    embeddings handed in (no batch axis) weighs no positions: a note only."""
+
+    class Read(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.key = nn.Linear(8, 8)
+
+        def forward(self, h, memory, table):
+            w = F.softmax(F.cosine_similarity(self.key(h)[:, None], memory, dim=-1), dim=1)  # (B, N)
+            read = (w.unsqueeze(-1) * memory).sum(1)
+            classes = F.softmax(self.key(h) @ table.T, dim=-1) @ table  # (B, C) @ (C, 8)
+            return read + classes
+
+    torch.manual_seed(0)
+    cap = _captured(Read(), torch.randn(2, 8), torch.randn(2, 5, 8), torch.randn(3, 8))
+    assert cap.records == [] and len(cap.notes) == 1, cap.notes
+    assert "(2, 5)" in cap.notes[0] and "not recorded: its weights multiply a tensor" in cap.notes[0]
+    assert [n.shape for n in cap.skipped] == [(2, 3)]

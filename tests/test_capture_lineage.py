@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnscope.core.families import lineage
 from attnscope.core.families.capture import capture_attention
 
 PAD = 0
@@ -908,9 +909,9 @@ class TokenTyped(nn.Module):
     up at an id the model makes (``token_type_embeddings(torch.full_like(image_masks, 1))``) added to
     every position; ``shuffle`` picks the patches in another order first (ViLT's sampled patches)."""
 
-    def __init__(self, shuffle: bool, heads: int, d: int = 8):
+    def __init__(self, shuffle: bool, heads: int, d: int = 8, segments: bool = False):
         super().__init__()
-        self.shuffle, self.h = shuffle, heads
+        self.shuffle, self.h, self.segments = shuffle, heads, segments
         self.proj = nn.Linear(6, d * heads)
         self.cls_token = nn.Parameter(torch.randn(1, 1, d * heads))
         self.token_type_embeddings = nn.Embedding(2, d * heads)
@@ -922,7 +923,11 @@ class TokenTyped(nn.Module):
             x = x[:, torch.tensor([2, 0, 4, 1, 3])]
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1)
         image_masks = torch.ones(x.shape[:2], dtype=torch.long)
-        x = x + self.token_type_embeddings(torch.full_like(image_masks, 1))
+        if self.segments:  # two segments the model writes itself, the first made by a float factory
+            types = torch.cat([torch.zeros(x.shape[0], 1).long(), torch.full_like(image_masks[:, 1:], 1)], 1)
+        else:
+            types = torch.full_like(image_masks, 1)
+        x = x + self.token_type_embeddings(types)
         b, n, _ = x.shape
         q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
         self.used = (q @ k.transpose(-1, -2)).softmax(-1)
@@ -935,8 +940,9 @@ def test_a_token_type_added_keeps_the_sequences_positions(batch, heads):
     [CLS] stays labelled and patches put in another order stay flagged (the lookup's positions replaced the
     sequence's: the [CLS] lost its label, and shuffled patches were exact, drawn as if in order)."""
     torch.manual_seed(0)
-    for shuffle in (False, True):
-        model = TokenTyped(shuffle, heads).eval()
+    for shuffle, segments in ((False, False), (True, False), (False, True), (True, True)):
+        lineage.forget()  # (what a capture decides is remembered per codes: each case decides afresh too)
+        model = TokenTyped(shuffle, heads, segments=segments).eval()
         with torch.no_grad(), capture_attention(model) as cap:
             model(torch.randn(batch, 5, 6))
         (rec,) = cap.records

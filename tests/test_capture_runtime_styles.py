@@ -1094,6 +1094,10 @@ def test_the_hooks_that_tell_the_models_call_returned_are_the_models_own_and_go_
         model(x)
         raise RuntimeError("stop")
     assert not model._forward_pre_hooks and not model._forward_hooks
+    scripted = torch.jit.script(nn.Sequential(nn.Linear(8, 8)))  # takes no hook of its own: global ones
+    with torch.no_grad(), capture_attention(scripted) as cap:
+        scripted(x)
+    assert any("TorchScript" in n for n in cap.notes) and not torch.nn.modules.module._global_forward_hooks
 
 
 class PackedRegions(nn.Module):

@@ -496,7 +496,10 @@ class Captured:
             rows = _asking_rows(groups[best], index, joined) if q_side == k_side else None
             n_rows = int(p.shape[-1]) if rows is not None else int(p.shape[-2])
             kw[kind] = _at_rows(p.float().cpu().numpy(), rows, n_rows, 0.0)
-            probs[kind] = p if rows is None else p.new_zeros((*p.shape[:-2], p.shape[-1], p.shape[-1]))
+            # (only its shape and device are read: a square of the keys, held by no memory)
+            probs[kind] = (
+                p if rows is None else p.new_zeros(()).expand(*p.shape[:-2], p.shape[-1], p.shape[-1])
+            )
             if km.scores is not None:
                 kw[f"{kind}_scores"] = _at_rows(km.scores[index].float().cpu().numpy(), rows, n_rows, -np.inf)
             kw[f"{kind}_mask"] = _at_rows(
@@ -524,8 +527,9 @@ class Captured:
                 n = int(p.shape[-1])
                 left_out.append(f"{kind} ({_modules(groups[best])}): {len(rows)} of the sequence's {n} positions "
                                 f"{'asks' if len(rows) == 1 else 'ask'} and all {n} answer (queries that are some of "
-                                "the keys: agents among entities): drawn at the rows of the positions that ask; the "
-                                "other rows are empty, as they ask nothing")  # fmt: skip
+                                "the keys: agents among entities, a pooled token, the last positions of a window or a "
+                                "step): drawn at the rows of the positions that ask; the other rows are empty, as "
+                                "they ask nothing in these calls")  # fmt: skip
             if value is not None:
                 kw[f"{kind}_value_norms"] = value
                 scopes[kind] = km.value_scope
@@ -872,19 +876,19 @@ def _asking_rows(records: list[Record], b: int, joined: set[str]) -> list[int] |
         if qp is None or kp is None or b >= qp.shape[0] or b >= kp.shape[0] or qp.shape[-1] != q:
             return None
         all_keys = kp[b].tolist()
-        keys = [int(all_keys[j]) for j in seq]
         key_labels = [r.key_labels[j] if r.key_labels else None for j in seq]
+        column: dict[Any, int] = {}  # a key's position (or a learned one's label) -> its column, -1: twice
+        for j, (at_j, lab) in enumerate(zip((all_keys[i] for i in seq), key_labels, strict=True)):
+            name = lab if lab is not None else at_j if at_j >= 0 else None
+            if name is not None:
+                column[name] = -1 if name in column else j
         cols: list[int] = []
         for i, pos in enumerate(qp[b].tolist()):
             label = r.query_labels[i] if r.query_labels and len(r.query_labels) == q else None
-            at = (
-                [j for j, lab in enumerate(key_labels) if lab == label]
-                if label is not None  # a learned position joined to the sequence: by its label
-                else [j for j, k in enumerate(keys) if k == pos and k >= 0 and key_labels[j] is None]
-            )
-            if len(at) != 1:
+            at = column.get(label if label is not None else pos, -1)  # (a learned position: by its label)
+            if at < 0 or (label is None and isinstance(pos, int) and pos < 0):
                 return None
-            cols.append(at[0])
+            cols.append(at)
         if len(set(cols)) != len(cols) or (found is not None and cols != found):
             return None
         found = cols
@@ -1101,6 +1105,15 @@ def _einsum_product(equation: Any) -> tuple[list[int], list[int], list[int]] | N
     if sorted(v) != sorted(plain_v) or sorted(out) != sorted(plain_out):
         return None
     return [w.index(c) for c in plain_w], [v.index(c) for c in plain_v], [plain_out.index(c) for c in out]
+
+
+MAX_TYPES = 4  # ids the model writes itself with at most this many values are token types (segments)
+
+
+def _by_tensor(index: Any) -> bool:
+    """Whether an index picks places by a tensor (``buf[..., perm]``, ``index_copy_``), not by slices alone."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype != torch.bool for i in parts)
 
 
 def _channels_first(c: torch.Tensor) -> bool:
@@ -1680,6 +1693,7 @@ class _Session:
         if name in FACTORIES and isinstance(out, torch.Tensor):
             if out.is_floating_point() and out.dim() >= 3:  # a buffer (a static KV cache), not a mask
                 _hold(self._made, out)
+            _hold(self._int_floats, out)  # (made from no data: ``torch.zeros(b, n).long()`` token types)
             return out
         if name in LIKE_FACTORIES and args:  # ``ones_like(scores[0])`` (a mask's start) is no scores, and
             g = self.tag(args[0])  # ``zeros_like(weights)`` no weights; ``zeros_like(query_pos)`` (DETR's
@@ -1731,8 +1745,10 @@ class _Session:
                 pass  # a KV cache written by slot, followed as an index assignment
             else:
                 weighted = bool(self._projected) and name in MATMUL and self._projected_used(args, kwargs)
-                if self._unplaced and name in MATMUL:
-                    self._unplaced_used(args, kwargs)
+                if self._unplaced and (
+                    name in MATMUL or name in MUL
+                ):  # (a read as ``(w[..., None] * m).sum``)
+                    self._unplaced_used(args, kwargs, name in MUL)
                 if self._hand and name in MATMUL:
                     self._hand_weights(args, kwargs)  # a softmax by hand: recorded where its weights are used
                 if self._positional:
@@ -2311,10 +2327,20 @@ class _Session:
         repeated, are)."""
         if ids.dim() < 2 or ids.shape[-1] < 2:
             return False
-        if _held(self._made_ints, ids) is None and not self._kept_by_model(ids):
+        if (
+            _held(self._made_ints, ids) is None
+            and _held(self._int_floats, ids) is None
+            and not self._kept_by_model(ids)
+        ):
             return False
-        flat = ids.reshape(-1)
-        return bool((flat == flat[0]).all())
+        flat = ids.reshape(
+            -1
+        )  # one id (``full_like(mask, 1)``), or a few the model wrote in itself (segments:
+        if bool(
+            (flat == flat[0]).all()
+        ):  # ``cat([zeros, ones], 1)``), not computed from the data (a decoder's
+            return True  # own predictions are tokens)
+        return _held(self._by_data, ids) is None and int(torch.unique(flat).numel()) <= MAX_TYPES
 
     def _fixed_ids(self, ids: torch.Tensor) -> bool:
         """Indices of a table's rows that hold no input: ``torch.arange(P)`` made by the model's code (and
@@ -2568,7 +2594,12 @@ class _Session:
         ``0.3 * F.pad(k, (0, 0, 1, -1)) + 0.7 * k``, ``torch.lerp(shifted, k, w)``), the codes of the first
         whose positions hold no padding or learned one where another's do: the unshifted operand, whose row
         j is token j (the shifted one's first row is padding). Else the first operand's."""
-        key = ("own positions", *(id(c) for c in codes), self._sources_key())
+        key = (
+            "own positions",
+            *(id(c) for c in codes),
+            self._sources_key(),
+            tuple(sorted(self._constant_lookups)),
+        )
         hit = lineage.recall(key)
         if hit is not lineage.MISS:
             return hit
@@ -2576,8 +2607,15 @@ class _Session:
         if codes[0].dim() >= 1:
             pos = [c.select(-1, 0) >> lineage.SHIFT for c in codes]
             typed = [self._looked_up_constant(p) for p in pos]
-            if any(typed) and not all(typed):  # a token type's vector added (ViLT's image type onto patches
-                pick = next(c for c, t in zip(codes, typed, strict=True) if not t)  # after a [CLS]): theirs
+            # a token type's vector added (ViLT's image type onto patches after a [CLS]): the sequence's
+            # positions, where another operand holds some (not only learned ones: a position table's)
+            seq = [
+                c
+                for c, t, p in zip(codes, typed, pos, strict=True)
+                if not t and not bool(self.sources.learned(p).all())
+            ]
+            if any(typed) and seq:
+                pick = seq[0]
             elif any(not torch.equal(p, pos[0]) for p in pos[1:]) and all(bool((p >= 0).all()) for p in pos):
                 made = [bool(self.sources.learned(p).any()) for p in pos]
                 clean = [c for c, m in zip(codes, made, strict=True) if not m]
@@ -3361,8 +3399,13 @@ class _Session:
                         codes = list(res)
                 except Exception:
                     pass
+            # pieces of weights (``unbind``, ``split``) are pieces of the record's: joined back (``stack``, ``cat``)
+            # in another order, they are flagged where they multiply values
+            lost = None
+            if act and (act[0][1].probs is not None or act[0][1].rowq is not None):
+                lost = self._weights_of(act[0][1])
             for o, c in zip(outs, codes, strict=True):
-                self.set(o, _Tag(role, origin, heads=heads, cache=cache, code=c))
+                self.set(o, _Tag(role, origin, heads=heads, cache=cache, code=c, lost=lost))
             return
         if name in MATMUL and len(ins) >= 2:
             new = self._matmul(name, args, kwargs, ins, tags, out, origin)
@@ -3392,10 +3435,21 @@ class _Session:
                 (base.probs is not None or base.rowq is not None)
                 and name in lineage.REPLAY
                 and name not in lineage.KEEP
+                and name not in MOVES
+                and name not in TRANSPOSES
                 and tuple(out.shape) == tuple(base_t.shape)
                 and _moved_values(base_t, out)
-            ):  # moved within the shape (``cat([a[..., -1:], a[..., :-1]], -1)``, a permutation picked by
-                new.touched = True  # ``index_select`` or ``gather``): other weights at each place now
+            ):  # moved within the shape (a permutation picked by ``index_select`` or ``gather``): other weights
+                new.lost = self._weights_of(
+                    base
+                )  # at each place now, which the record, placed as the softmax
+                new.changed = (
+                    True  # placed them, cannot hold (the values may have moved alike): flagged at the
+                )
+                new.probs = new.rowq = (
+                    None  # product, unless what it multiplies is the record's weights there
+                )
+                self._moved_why(new.lost, f"moved within their shape (by {name})")
             if out.dim() != 3 or base_t.dim() != 3 or out.shape[0] != base_t.shape[0]:
                 new.split = None
             if name in ("view", "reshape", "unflatten"):
@@ -3416,13 +3470,14 @@ class _Session:
             if new.lost is not None and base.lost is new.lost:
                 new.flat = base.flat and _keeps_row_major(name, base_t, out)
             if (
-                name in CAT
+                (name in CAT or name == "stack")
                 and new.lost is not None
                 and not new.changed
                 and tuple(out.shape) == tuple(new.lost.shape)
                 and _joined_otherwise(new.lost, out)
             ):  # slices of the weights joined in another order (``cat([a[..., -1:], a[..., :-1]], -1)``, a
                 new.changed = True  # circular shift): other weights at some places than the softmax gave
+                self._moved_why(new.lost, f"joined back in another order (by {name})")
             if new.lost is not None and (
                 name not in KEEPS_VALUES
                 or any(g.changed or g.touched for _, g in act)
@@ -3650,8 +3705,9 @@ class _Session:
         ):
             if first.flat and ops[0].numel() == math.prod(first.lost.shape) and first.lost.record is not None:
                 self._weights_used(first.lost, ops[0].reshape(first.lost.shape))  # (the record takes them)
-            else:
-                self._changed_after_view(first.lost)
+            elif tuple(ops[0].shape) != tuple(first.lost.shape) or _joined_otherwise(first.lost, ops[0]):
+                self._changed_after_view(first.lost)  # (else the record's weights at every place: written
+                # back in their order, a head or a block of rows at a time)
         if first is not None and (first.rowq is not None or first.probs is not None):
             if name != "einsum":
                 rowq = first.rowq
@@ -4007,6 +4063,11 @@ class _Session:
         if len(made) == 2 and made[0].record is not made[1].record:
             held = [p for a in args[:2] for p in (_held(self._merged, a) or (None, ()))[1]]
             _hold(self._merged, out, (*held, *made))
+
+    def _moved_why(self, p: _Probs | None, why: str) -> None:
+        """How weights were moved after the softmax, for the flag if a product multiplies them so."""
+        if p is not None and id(p) not in self._mixed_why:
+            self._mixed_why[id(p)] = why
 
     def _changed_after_view(self, p: _Probs) -> None:
         """Weights viewed into another shape, changed, then multiplied with values (differential
@@ -5299,7 +5360,7 @@ class _Session:
             self.skip(path, shape, reason)
             _hold(self._unplaced, out, path, shape, reason)
 
-    def _unplaced_used(self, args, kwargs) -> None:
+    def _unplaced_used(self, args, kwargs, broadcast: bool = False) -> None:
         """A softmax left out as not attention (a 2-D one, one whose axis is no sequence length) whose
         weights, or a view of them, multiply values over several positions (``attn @ enc_out``, the values
         first in ``bmm(v, attn)``): attention after all, that capture could not lay out. A warning, in
@@ -5308,6 +5369,8 @@ class _Session:
         if len(ins) != 2:
             return
         for w, v in ((ins[0], ins[1]), (ins[1], ins[0])):
+            if broadcast and (v.dim() < 3 or v.dim() != w.dim()):
+                continue  # (a product element by element: values over positions, (B, N, d) against (B, N, 1))
             entry = _held(self._unplaced, w)
             if entry is None and w._base is not None:
                 entry = _held(self._unplaced, w._base)
@@ -5316,6 +5379,8 @@ class _Session:
             g = self.tag(v)
             if g is _PARAM_TAG or (g is not None and g.role == "param") or not v.is_floating_point():
                 continue  # (a learned table: a projection of the weights, as a soft embedding's)
+            if _held(self._int_floats, v) is not None:
+                continue  # (one-hots the model made: a count, no values)
             code = self.code_of(v) if g is not None else None
             if code is not None and tuple(code.shape) != tuple(v.shape):
                 code = None
@@ -5325,11 +5390,13 @@ class _Session:
                     (pos != pos.reshape(-1)[:1]).any()
                 ):  # (one position: a vector, not values over positions)
                     continue
-            elif v.dim() < 2:
-                continue
+            elif v.dim() < 3 or int(v.shape[0]) != int(w.shape[0]) or _is_param(v):
+                continue  # (a table with no batch axis, class embeddings handed in: what a class softmax weighs;
+                # a memory read by its weights is one per sequence)
             held, path, shape, reason = entry
             self._unplaced.pop(id(held()), None)
             self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, reason)]
+            self._seen.discard((path, reason))  # (a later softmax of the module left out so is noted again)
             what = (
                 "values over positions (attention)"
                 if code is not None  # (a memory or features from outside the call, or past an op lineage does
@@ -5632,14 +5699,13 @@ class _Session:
 
     def _weights_copied(self, dst: torch.Tensor, src: Any) -> bool:
         """``torch.empty_like(a).copy_(w)``: weights copied whole into a tensor of their shape are the same
-        weights there; weights copied into a view of a buffer are followed as written by an index (True:
-        followed here)."""
+        weights there (True: followed here); into a view of a buffer, False (followed as written by an index)."""
         vt = self.tag(src) if isinstance(src, torch.Tensor) else None
         if vt is None or dst._base is not None or (vt.probs is None and vt.rowq is None and vt.lost is None):
             return False
-        if tuple(dst.shape) == tuple(src.shape) and dst.dtype == src.dtype:
-            self.set(dst, vt)
-        else:  # broadcast, or cast: what a product reads is not where the weights' rows were
+        if tuple(dst.shape) == tuple(src.shape) and not _cast_down(src.dtype, dst.dtype):
+            self.set(dst, vt)  # (the same weights, in a dtype as wide)
+        else:  # broadcast, or rounded: what a product reads is not where the weights' rows were
             w = vt.lost if vt.lost is not None else self._weights_of(vt)
             if w is not None:
                 self.set(dst, _Tag(None, vt.origin, lost=w, changed=True))
@@ -5753,8 +5819,13 @@ class _Session:
             # a[..., :-1]``, a circular shift written by slices; dropped weights put in a buffer): what that
             # tensor holds is not the record's weights where they were, so a product with it is flagged
             w = vt.lost if vt.lost is not None else self._weights_of(vt) if vt.touched else None
+            if w is None and _by_tensor(index) and (vt.probs is not None or vt.rowq is not None):
+                w = self._weights_of(
+                    vt
+                )  # (whole weights put at places an index picks: ``buf[..., perm] = p``)
             if w is not None:
                 self.set(target, _Tag(None, vt.origin, lost=w, changed=True))
+                self._moved_why(w, "written into another tensor at other places or changed")
                 return
         if not isinstance(value, torch.Tensor) or vt is None or vt.role in ("param", "scores"):
             return
@@ -7154,6 +7225,10 @@ def _heads_joined(a: Record, b: Record, name: str) -> Record:
         a.flag or b.flag,
         a.key_labels,
         a.query_labels,
+        seq=a.seq,  # (the layer's first head: which call of the model made it)
+        # the positions every head read, where they read the same (a layer's heads do)
+        query_positions=a.query_positions if _equal_positions(a.query_positions, b.query_positions) else None,
+        key_positions=a.key_positions if _equal_positions(a.key_positions, b.key_positions) else None,
     )
 
 
@@ -7611,27 +7686,20 @@ def capture_attention(
     session = _Session(cap, model, kinds, include, exclude, lengths, modules, scores)
     wrapped = _wrap_scripts(_script_calls(modules))
     eager = torch.compiler.set_stance("force_eager") if compiled else contextlib.nullcontext()
-    hooks = []
-    if session.native:  # torch.nn encoder layers run as torch runs them: hooks around every module call
-        hooks = [
-            torch.nn.modules.module.register_module_forward_pre_hook(session.before_layer),
-            torch.nn.modules.module.register_module_forward_hook(session.after_layer, with_kwargs=True,
-                                                                 always_call=True),
-        ]  # fmt: skip
-    # whether the model's own call has returned (a softmax after it, outside it, is the caller's): hooks of
-    # the model's own where no torch.nn layer of it looks for hooks (an encoder layer's fast path is off
-    # where it or a module of its holds one), else global ones; a hook of the model's own leaves every
-    # other module's call on torch's path without hooks
-    if session.native:
-        hooks += [
-            torch.nn.modules.module.register_module_forward_pre_hook(session.model_called),
-            torch.nn.modules.module.register_module_forward_hook(session.model_returned, always_call=True),
-        ]
-    else:
-        hooks += [
-            model.register_forward_pre_hook(session.model_called),
-            model.register_forward_hook(session.model_returned, always_call=True),
-        ]
+    hooks: list[Any] = []
+    try:
+        if session.native:  # torch.nn encoder layers run as torch runs them: hooks around every module call
+            hooks += [
+                torch.nn.modules.module.register_module_forward_pre_hook(session.before_layer),
+                torch.nn.modules.module.register_module_forward_hook(session.after_layer, with_kwargs=True,
+                                                                     always_call=True),
+            ]  # fmt: skip
+        hooks += _returned_hooks(session, model)
+    except BaseException:
+        for hook in hooks:
+            hook.remove()
+        _unwrap_scripts(wrapped)
+        raise
     sessions = _LOCAL.__dict__.setdefault("sessions", [])
     sessions.append(session)
     try:
@@ -7670,6 +7738,26 @@ def capture_attention(
             "maps) has no weights to record, and attention computed where capture cannot see (a compiled "
             "C++/CUDA extension, TorchScript, or code outside torch) is not recorded"
         )
+
+
+def _returned_hooks(session: _Session, model: nn.Module) -> list[Any]:
+    """Hooks that tell whether the model's own call has returned (a softmax after it, outside it, is the
+    caller's): the model's own where no torch.nn layer of it looks for hooks (an encoder layer's fast path is
+    off where it or a module of its holds one), so every other module's call stays on torch's path without
+    hooks; global ones where one does, and for a module that takes none of its own (a ScriptModule)."""
+    if not session.native and not isinstance(model, torch.jit.ScriptModule):
+        own: list[Any] = []
+        try:
+            own.append(model.register_forward_pre_hook(session.model_called))
+            own.append(model.register_forward_hook(session.model_returned, always_call=True))
+            return own
+        except RuntimeError:
+            for hook in own:
+                hook.remove()
+    return [
+        torch.nn.modules.module.register_module_forward_pre_hook(session.model_called),
+        torch.nn.modules.module.register_module_forward_hook(session.model_returned, always_call=True),
+    ]
 
 
 _ORIG_MOD = re.compile(r"(^|\.)_orig_mod(?=\.|$)")
