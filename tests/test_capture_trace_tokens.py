@@ -618,3 +618,43 @@ def test_keys_in_the_sequences_own_order_are_still_drawn():
         model(torch.randint(0, 20, (2, 8)))
     tr = cap.trace(1)
     assert tr.probs("enc_self").shape == (1, 1, 8, 8) and not tr.meta.get("capture_notes")
+
+
+class PerHeadSteps(nn.Module):
+    """pytorch-forecasting's TFT: one attention module called per head (ModuleList projections, ``bmm``),
+    the queries the decoder steps (the last positions), the keys every position."""
+
+    def __init__(self, heads: int = 2, d: int = 8, steps: int = 3):
+        super().__init__()
+        self.steps = steps
+        self.emb = nn.Linear(3, d)
+        self.q = nn.ModuleList(nn.Linear(d, 4) for _ in range(heads))
+        self.k = nn.ModuleList(nn.Linear(d, 4) for _ in range(heads))
+        self.v = nn.Linear(d, 4)
+
+    def forward(self, x):
+        h = self.emb(x)
+        vs, outs, self.used = self.v(h), [], []
+        for q, k in zip(self.q, self.k, strict=True):
+            a = torch.bmm(q(h[:, -self.steps :]), k(h).permute(0, 2, 1)).softmax(-1)
+            self.used.append(a)
+            outs.append(torch.bmm(a, vs))
+        return torch.stack(outs, 2).mean(2)
+
+
+def test_heads_called_one_at_a_time_over_the_last_positions_draw_at_their_rows():
+    """The heads' records joined into one layer keep the positions every head read, so the decoder steps'
+    rows are placed among the keys and drawn there (the trace was refused: '3 of the sequence's positions
+    ask and 8 answer')."""
+    torch.manual_seed(0)
+    model = PerHeadSteps().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 8, 3))
+    (rec,) = cap.records
+    assert rec.exact and rec.probs.shape == (2, 2, 3, 8)
+    for b in range(2):
+        tr = cap.trace(b)
+        assert tr.meta["query_rows"] == {rec.kind: [5, 6, 7]}
+        p = tr.probs(rec.kind)[0]
+        assert np.array_equal(p[:, 5:], torch.stack([u[b] for u in model.used]).numpy())
+        assert not p[:, :5].any()
