@@ -831,3 +831,40 @@ def test_a_memory_read_by_a_product_and_a_sum_is_a_warning_and_a_class_table_is_
     assert cap.records == [] and len(cap.notes) == 1, cap.notes
     assert "(2, 5)" in cap.notes[0] and "not recorded: its weights multiply a tensor" in cap.notes[0]
     assert [n.shape for n in cap.skipped] == [(2, 3)]
+
+
+class TiledPairs(nn.Module):
+    """AllenNLP's BiDAF similarity (``LegacyMatrixAttention(LinearSimilarity("x,y,x*y"))``): both texts tiled
+    pairwise, ``w . [x; y; x * y]``, then ``masked_softmax`` (weights times the mask, renormalized) and a
+    weighted sum by ``bmm``; or DIIN's self-attention, weighing the values by a product and a sum."""
+
+    def __init__(self, diin: bool, d: int = 8):
+        super().__init__()
+        self.diin = diin
+        self.emb, self.w = nn.Embedding(20, d), nn.Linear(3 * d, 1)
+
+    def forward(self, p_ids, q_ids):
+        p, q = self.emb(p_ids), self.emb(p_ids if self.diin else q_ids)
+        lp, lq = p.shape[1], q.shape[1]
+        x, y = p.unsqueeze(2).expand(-1, -1, lq, -1), q.unsqueeze(1).expand(-1, lp, -1, -1)
+        sim = self.w(torch.cat([x, y, x * y], -1)).squeeze(-1)  # (B, lp, lq)
+        if self.diin:
+            a = sim.softmax(-1)
+            return (a.unsqueeze(3) * q.unsqueeze(1)).sum(2)
+        mask = (q_ids != 0).float()[:, None, :]
+        a = sim.softmax(-1) * mask
+        a = a / (a.sum(-1, keepdim=True) + 1e-13)
+        return torch.bmm(a, q)
+
+
+@pytest.mark.parametrize("diin", [False, True])
+def test_a_similarity_scored_over_tiled_pairs_is_a_warning_where_its_weights_weigh_values(diin):
+    """Scores from a projection of paired features are no product of queries and keys, so not recorded; their
+    weights, masked and renormalized or weighing by a product and a sum, multiply values: a warning (it was a
+    note only, "a softmax over a projection's output", and the map went missing)."""
+    torch.manual_seed(0)
+    ids = torch.randint(1, 20, (2, 5))
+    ids[1, 3:] = 0
+    cap = _captured(TiledPairs(diin).eval(), ids, torch.randint(1, 20, (2, 4)))
+    assert cap.records == [] and len(cap.notes) == 1, cap.notes
+    assert "paired features" in cap.notes[0] and "multiply values" in cap.notes[0]

@@ -1480,6 +1480,7 @@ class _Session:
         ] = {}  # _hold: integer tensors made inside the call from nothing else
         self._kept_storages: set[int] | None = None  # memory of the model's buffers and tensor attributes
         self._constant_lookups: builtins.set[int] = set()  # sources of lookups of one id (token types)
+        self._reordered_sources: builtins.set[int] = set()  # sources whose whole batch a model reordered
         # _hold: tensors made from integers the call made alone (a router's one-hot dispatch, ``F.one_hot(
         # argmax).to(x.dtype)``, and comparisons of them): 0/1 masks and counts, not activations from outside
         self._int_floats: dict[int, tuple] = {}
@@ -1745,6 +1746,8 @@ class _Session:
                 pass  # a KV cache written by slot, followed as an index assignment
             else:
                 weighted = bool(self._projected) and name in MATMUL and self._projected_used(args, kwargs)
+                if self._projected and name in MUL:  # (values weighted by a product and a sum: DIIN's)
+                    self._projected_used(args, kwargs, broadcast=True)
                 if self._unplaced and (
                     name in MATMUL or name in MUL
                 ):  # (a read as ``(w[..., None] * m).sum``)
@@ -1759,6 +1762,15 @@ class _Session:
                     self._rescaled(args)
                 if (name in ADD or name in SUB) and len(args) >= 2 and isinstance(out, torch.Tensor):
                     self._outputs_merged(args, out)
+                if (
+                    (self._unplaced or self._projected)
+                    and (name in MUL or name in DIV or name in FILL or name in DROPOUT)
+                    and type(out) is torch.Tensor
+                    and args
+                    and isinstance(args[0], torch.Tensor)
+                    and out.shape == args[0].shape
+                ):  # weights left out, masked and renormalized (AllenNLP's ``masked_softmax``): still theirs,
+                    self._carry_left_out(args[0], out)  # told again if they multiply values
                 if self._outside and (name in MATMUL or name in MUL):  # (weights recorded outside the model)
                     self.weighed(name, args, out)
                 self.propagate(name, func, args, kwargs, out, pre)
@@ -2228,14 +2240,20 @@ class _Session:
         if not bool((lo == hi).all()):
             return None  # a sequence over several rows (sequence-first ids, windows): no row per sequence
         source = self.sources.items[int(first)]
-        n_rows = max(source.n // source.row, 1) if source.row else 1
-        order = lo - source.start
-        if n_rows != int(kp.shape[0]) or not torch.equal(
-            torch.sort(order).values, torch.arange(n_rows, device=order.device)
-        ):
-            return None  # not every row once (beams, a subset of the batch)
-        if bool((order[1:] > order[:-1]).all()):
+        if not source.row:
             return None
+        order = lo - source.start  # the caller's row each record row holds
+        n_rows = max(source.n // source.row, 1)
+        if int(torch.unique(order).numel()) != int(order.numel()):
+            return None  # a row twice (beams): no one batch order
+        if int(order.numel()) == n_rows:
+            if bool((order[1:] > order[:-1]).all()):
+                return None
+            self._reordered_sources.add(source.start)
+        elif source.start not in self._reordered_sources or torch.equal(
+            order, torch.arange(int(order.numel()), device=order.device)
+        ):  # some of the rows (a 4-D input's rows are its heads too): out of order only where the whole batch
+            return None  # was put in another order before (Show, Attend and Tell's shrinking batch, sorted)
         if keys_only:  # (queries from a state: which sequence asks, lineage does not say)
             return ("the batch was put in another order inside the model before this attention (sorted by length, "
                     f"x[perm_idx]): the keys of record row b are the caller's sequence {order.tolist()}[b], not "
@@ -5320,7 +5338,7 @@ class _Session:
                 out, _Tag(None, tag.origin if tag is not None else frozenset(), probs=layout, attn_out=path)
             )
 
-    def _projected_used(self, args, kwargs) -> bool:
+    def _projected_used(self, args, kwargs, broadcast: bool = False) -> bool:
         """A softmax over a projection's output multiplied with values over their positions: weights made
         without queries and keys (a synthesizer's dense or random attention), not a vocabulary or router
         distribution after all. A warning, in place of the information that said so. (Efficient
@@ -5330,7 +5348,9 @@ class _Session:
             return False
         t, v = ins  # weights @ values
         entry = _held(self._projected, t)
-        if entry is None:
+        if entry is None and broadcast and t._base is not None:  # (``w.unsqueeze(-1) * v``)
+            entry = _held(self._projected, t._base)
+        if entry is None or (broadcast and (v.dim() < 3 or v.dim() != t.dim())):
             return False
         g, code = self.tag(v), self.code_of(v)
         if g is None or g.role == "param" or code is None or tuple(code.shape) != tuple(v.shape):
@@ -5342,13 +5362,14 @@ class _Session:
             or not bool((pos[..., 1:, :] != pos[..., :1, :]).any())
         ):
             return False
-        del self._projected[id(t)]
+        self._projected.pop(id(entry[0]()), None)
         _, path, shape = entry
         self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, _PROJECTED)]
         self._seen.discard((path, _PROJECTED))  # (a vocabulary softmax of the module later is one)
         self.warn(path, shape, "weights made by a projection or a learned table, not from queries and keys "
-                  "(a synthesizer's dense or random attention), multiply values here: capture records maps "
-                  "of query-key scores, so these weights are not recorded")  # fmt: skip
+                  "(a synthesizer's dense or random attention, or a similarity scored by a projection of paired "
+                  "features, AllenNLP's w . [x; y; x * y] over tiled pairs), multiply values here: capture records "
+                  "maps of query-key scores, so these weights are not recorded")  # fmt: skip
         return True
 
     def _unrecorded(self, path, shape, tag, out, reason) -> None:
@@ -5359,6 +5380,14 @@ class _Session:
         else:
             self.skip(path, shape, reason)
             _hold(self._unplaced, out, path, shape, reason)
+
+    def _carry_left_out(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """Weights of a softmax left out (``_unplaced``, ``_projected``) changed element by element keep its
+        entry: a product with values after a mask and a renormalization is said as one straight after it."""
+        for registry in (self._unplaced, self._projected):
+            entry = _held(registry, x)
+            if entry is not None and _held(registry, out) is None:
+                _hold(registry, out, *entry[1:])
 
     def _unplaced_used(self, args, kwargs, broadcast: bool = False) -> None:
         """A softmax left out as not attention (a 2-D one, one whose axis is no sequence length) whose
