@@ -1142,3 +1142,34 @@ def test_padding_in_other_places_per_sequence_labels_no_key_as_padding(lengths):
     for b in range(len(lengths)):
         tr = cap.trace(b)
         assert tr.probs(rec.kind).shape[-1] == 5 and tr.learned(rec.kind) is None
+
+
+class ShowAttendTellSteps(ShowAttendTell):
+    """The decoding loop: at step t only the captions still running (``batch_size_t``, the first rows of the
+    sorted batch) attend, ``encoder_out[:batch_size_t]``."""
+
+    def forward(self, imgs, lengths):
+        lengths, sort_ind = lengths.sort(dim=0, descending=True)
+        encoder_out = self.conv(imgs).flatten(2).transpose(1, 2)[sort_ind]
+        h = encoder_out.mean(1)
+        outs = []
+        for t in range(int(lengths.max())):
+            bt = int((lengths > t).sum())
+            enc = encoder_out[:bt]
+            att = self.full_att(torch.relu(self.enc_att(enc) + self.dec_att(h[:bt]).unsqueeze(1))).squeeze(2)
+            alpha = nn.Softmax(dim=1)(att)
+            outs.append((enc * alpha.unsqueeze(2)).sum(1))
+        return outs
+
+
+def test_the_steps_of_a_sorted_batch_that_shrinks_keep_their_flag():
+    """Every step whose rows are some of the sorted batch's holds other sequences than the caller's at its
+    rows: flagged like the first step (the steps after the batch shrank were exact)."""
+    torch.manual_seed(0)
+    model = ShowAttendTellSteps().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(3, 3, 3, 3), torch.tensor([2, 4, 3]))
+    by_rows = {int(r.probs.shape[0]): r for r in cap.records}
+    assert sorted(by_rows) == [1, 2, 3]
+    assert not by_rows[3].exact and not by_rows[2].exact  # sorted [1, 2, 0]; then the first two, [1, 2]
+    assert "sequence [1, 2][b]" in by_rows[2].flag
