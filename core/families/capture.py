@@ -1748,9 +1748,8 @@ class _Session:
                 weighted = bool(self._projected) and name in MATMUL and self._projected_used(args, kwargs)
                 if self._projected and name in MUL:  # (values weighted by a product and a sum: DIIN's)
                     self._projected_used(args, kwargs, broadcast=True)
-                if self._unplaced and (
-                    name in MATMUL or name in MUL
-                ):  # (a read as ``(w[..., None] * m).sum``)
+                # (a read as ``(w[..., None] * m).sum`` too)
+                if self._unplaced and (name in MATMUL or name in MUL):
                     self._unplaced_used(args, kwargs, name in MUL)
                 if self._hand and name in MATMUL:
                     self._hand_weights(args, kwargs)  # a softmax by hand: recorded where its weights are used
@@ -2351,13 +2350,11 @@ class _Session:
             and not self._kept_by_model(ids)
         ):
             return False
-        flat = ids.reshape(
-            -1
-        )  # one id (``full_like(mask, 1)``), or a few the model wrote in itself (segments:
-        if bool(
-            (flat == flat[0]).all()
-        ):  # ``cat([zeros, ones], 1)``), not computed from the data (a decoder's
-            return True  # own predictions are tokens)
+        # one id (``full_like(mask, 1)``), or a few the model wrote in itself (segments: ``cat([zeros, ones],
+        # 1)``), not computed from the data (a decoder's own predictions are tokens)
+        flat = ids.reshape(-1)
+        if bool((flat == flat[0]).all()):
+            return True
         return _held(self._by_data, ids) is None and int(torch.unique(flat).numel()) <= MAX_TYPES
 
     def _fixed_ids(self, ids: torch.Tensor) -> bool:
@@ -2737,8 +2734,10 @@ class _Session:
                 and all(isinstance(n, int) and n >= 0 for n in pad)
                 and any(pad)
                 and _channels_first(c)
-            ):  # a feature map (B, C, H, W) padded around its cells (ISA's and HaloNet's maps padded to whole
-                padded = F.pad(c, pad, value=-1)  # groups): each padded cell a position of its own, as above
+            ):
+                # a feature map (B, C, H, W) padded around its cells (ISA's and HaloNet's maps padded to whole
+                # groups): each padded cell a position of its own, as above
+                padded = F.pad(c, pad, value=-1)
                 cells = F.pad(torch.zeros_like(c[:, 0]), pad, value=1) == 1  # (B, *space)
                 n = int(cells.sum())
                 if n:
@@ -3457,16 +3456,14 @@ class _Session:
                 and name not in TRANSPOSES
                 and tuple(out.shape) == tuple(base_t.shape)
                 and _moved_values(base_t, out)
-            ):  # moved within the shape (a permutation picked by ``index_select`` or ``gather``): other weights
-                new.lost = self._weights_of(
-                    base
-                )  # at each place now, which the record, placed as the softmax
-                new.changed = (
-                    True  # placed them, cannot hold (the values may have moved alike): flagged at the
-                )
-                new.probs = new.rowq = (
-                    None  # product, unless what it multiplies is the record's weights there
-                )
+            ):
+                # moved within the shape (a permutation picked by ``index_select`` or ``gather``): other weights
+                # at each place now, which the record, placed as the softmax placed them, cannot hold (the values
+                # may have moved alike): flagged at the product, unless what it multiplies is the record's
+                # weights there
+                new.lost = self._weights_of(base)
+                new.changed = True
+                new.probs = new.rowq = None
                 self._moved_why(new.lost, f"moved within their shape (by {name})")
             if out.dim() != 3 or base_t.dim() != 3 or out.shape[0] != base_t.shape[0]:
                 new.split = None
@@ -3493,8 +3490,10 @@ class _Session:
                 and not new.changed
                 and tuple(out.shape) == tuple(new.lost.shape)
                 and _joined_otherwise(new.lost, out)
-            ):  # slices of the weights joined in another order (``cat([a[..., -1:], a[..., :-1]], -1)``, a
-                new.changed = True  # circular shift): other weights at some places than the softmax gave
+            ):
+                # slices of the weights joined in another order (``cat([a[..., -1:], a[..., :-1]], -1)``, a
+                # circular shift): other weights at some places than the softmax gave
+                new.changed = True
                 self._moved_why(new.lost, f"joined back in another order (by {name})")
             if new.lost is not None and (
                 name not in KEEPS_VALUES
@@ -5426,11 +5425,12 @@ class _Session:
             self._unplaced.pop(id(held()), None)
             self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, reason)]
             self._seen.discard((path, reason))  # (a later softmax of the module left out so is noted again)
+            # (without codes: a memory or features from outside the call, or past an op lineage does not follow)
             what = (
                 "values over positions (attention)"
-                if code is not None  # (a memory or features from outside the call, or past an op lineage does
+                if code is not None
                 else "a tensor capture does not follow (from outside the call, as a memory read by its weights, "
-                "or past an op lineage does not follow, as F.interpolate): attention, it may be"  # not follow)
+                "or past an op lineage does not follow, as F.interpolate): attention, it may be"
             )
             self.warn(path, shape, f"not recorded: its weights multiply {what}, but capture could not lay them "
                       f"out ({reason})")  # fmt: skip
