@@ -1171,5 +1171,6 @@ def test_the_steps_of_a_sorted_batch_that_shrinks_keep_their_flag():
         model(torch.randn(3, 3, 3, 3), torch.tensor([2, 4, 3]))
     by_rows = {int(r.probs.shape[0]): r for r in cap.records}
     assert sorted(by_rows) == [1, 2, 3]
-    assert not by_rows[3].exact and not by_rows[2].exact  # sorted [1, 2, 0]; then the first two, [1, 2]
-    assert "sequence [1, 2][b]" in by_rows[2].flag
+    # sorted [1, 2, 0]; then the first two, [1, 2]; then the first, [1]
+    assert not by_rows[3].exact and not by_rows[2].exact and not by_rows[1].exact
+    assert "sequence [1, 2][b]" in by_rows[2].flag and "sequence [1][b]" in by_rows[1].flag

@@ -5138,9 +5138,7 @@ class _Session:
                      and int(rows.shape[-1]) == keys and labels is None)  # fmt: skip
         # the batch put in another order before (Show, Attend and Tell sorts its images with their captions by
         # length): record row b is not the caller's sequence b (its keys are not, where a state asks)
-        reordered = (
-            self._batch_reordered(pos.masked_fill(param, -1)[first_rows], cross) if n_seq > 1 else None
-        ) or placed
+        reordered = (self._batch_reordered(pos.masked_fill(param, -1)[first_rows], cross)) or placed
 
         def record(used: torch.Tensor | None, keep: torch.Tensor | None, changed: bool) -> None:
             """The rows read other positions than their own (a decoder step's state, a learned query): cross;
