@@ -1261,6 +1261,12 @@ def _held(registry: dict[int, tuple], t: Any) -> tuple | None:
     return entry if entry is not None and entry[0]() is t else None
 
 
+def _held_or_base(registry: dict[int, tuple], t: torch.Tensor) -> tuple | None:
+    """``t``'s entry in a registry of ``_hold``, or that of the tensor it is a view of (``w.unsqueeze(-1)``)."""
+    entry = _held(registry, t)
+    return entry if entry is not None or t._base is None else _held(registry, t._base)
+
+
 class _Ref(weakref.ref):
     __slots__ = ("key",)
     key: int
@@ -5117,8 +5123,7 @@ class _Session:
         if n_seq > 1:
             learned = param[first_rows]  # (sequences, keys): learned or padding keys of each sequence
             if not bool((learned == learned[:1]).all()):
-                kinds = torch.tensor([s.kind == "pad" for s in self.sources.items], device=pos.device)
-                padded = kinds[self.sources.index(pos[first_rows])]
+                padded = self.sources.of_kind(pos[first_rows], ("pad",))
                 if bool(((learned & ~padded) == (learned & ~padded)[:1]).all()):
                     # only padding in other places (pad_packed_sequence pads each sequence to the longest): a
                     # padded slot is a position of its sequence, as its PAD token is, so no column is labelled
@@ -5344,9 +5349,7 @@ class _Session:
         if len(ins) != 2 or ins[0].dim() < 2 or ins[1].dim() < 2:
             return False
         t, v = ins  # weights @ values
-        entry = _held(self._projected, t)
-        if entry is None and broadcast and t._base is not None:  # (``w.unsqueeze(-1) * v``)
-            entry = _held(self._projected, t._base)
+        entry = _held_or_base(self._projected, t) if broadcast else _held(self._projected, t)
         if entry is None or (broadcast and (v.dim() < 3 or v.dim() != t.dim())):
             return False
         g, code = self.tag(v), self.code_of(v)
@@ -5397,9 +5400,7 @@ class _Session:
         for w, v in ((ins[0], ins[1]), (ins[1], ins[0])):
             if broadcast and (v.dim() < 3 or v.dim() != w.dim()):
                 continue  # (a product element by element: values over positions, (B, N, d) against (B, N, 1))
-            entry = _held(self._unplaced, w)
-            if entry is None and w._base is not None:
-                entry = _held(self._unplaced, w._base)
+            entry = _held_or_base(self._unplaced, w)
             if entry is None:
                 continue
             g = self.tag(v)

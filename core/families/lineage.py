@@ -166,8 +166,12 @@ class Sources:
     def learned(self, pos: torch.Tensor) -> torch.Tensor:
         """Whether every position code is a learned one (a parameter's row, padding, a pooled position:
         a labelled source), not a sequence's."""
-        kinds = torch.tensor([s.kind in LABELLED for s in self.items], dtype=torch.bool, device=pos.device)
-        return kinds[self.index(pos)]
+        return self.of_kind(pos, LABELLED)
+
+    def of_kind(self, pos: torch.Tensor, kinds: tuple[str, ...]) -> torch.Tensor:
+        """Whether every position code's source is of one of ``kinds``."""
+        hit = torch.tensor([s.kind in kinds for s in self.items], dtype=torch.bool, device=pos.device)
+        return hit[self.index(pos)]
 
     def span(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The first position of the row every position code is in, and that row's length."""
