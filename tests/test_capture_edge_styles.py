@@ -833,6 +833,65 @@ def test_a_memory_read_by_a_product_and_a_sum_is_a_warning_and_a_class_table_is_
     assert [n.shape for n in cap.skipped] == [(2, 3)]
 
 
+class NTMReadHead(nn.Module):
+    """pytorch-ntm's read head: content weights ``softmax(beta * cosine)`` over the memory rows, interpolated
+    with the last step's weights, shifted by a circular convolution a sequence at a time (``cat`` +
+    ``conv1d``, written into a new tensor by rows), sharpened (``w ** gamma / sum``), then the memory read
+    by ``matmul``. The weights the rows are multiplied with are the sharpened ones (kept in ``used``)."""
+
+    def __init__(self, n: int = 7, m: int = 8, c: int = 16):
+        super().__init__()
+        self.fc_read = nn.Linear(c, m + 1 + 1 + 3 + 1)
+        self.m, self.used = m, []
+
+    def forward(self, h, w_prev, memory):
+        o = self.fc_read(h)
+        k, beta, g, s, gamma = torch.split(o, [self.m, 1, 1, 3, 1], dim=1)
+        beta, g, s, gamma = F.softplus(beta), torch.sigmoid(g), F.softmax(s, dim=1), 1 + F.softplus(gamma)
+        wc = F.softmax(beta * F.cosine_similarity(memory + 1e-16, k.unsqueeze(1) + 1e-16, dim=-1), dim=1)
+        wg = g * wc + (1 - g) * w_prev
+        result = torch.zeros(wg.size())
+        for b in range(wg.shape[0]):
+            t = torch.cat([wg[b][-1:], wg[b], wg[b][:1]])
+            result[b] = F.conv1d(t.view(1, 1, -1), s[b].view(1, 1, -1)).view(-1)
+        w = result**gamma
+        w = torch.div(w, torch.sum(w, dim=1).view(-1, 1) + 1e-16)
+        self.used.append(w)
+        return torch.matmul(w.unsqueeze(1), memory).squeeze(1), w
+
+
+def test_weights_changed_after_a_left_out_softmax_before_a_read_are_a_warning():
+    """An NTM's read weights are its content softmax interpolated, shifted by a convolution written row by
+    row into a new tensor, and sharpened: none of them is a softmax's output, and the 2-D softmax was noted
+    as no attention. The read with them is a warning that says the weights changed after the softmax (it
+    was information only, with no word of the read), over two steps; a class softmax mixed with a prior
+    and read against a class table (no batch axis) stays a note."""
+    torch.manual_seed(0)
+    head = NTMReadHead().eval()
+    h, memory = torch.randn(2, 16), torch.randn(2, 7, 8)
+    with torch.no_grad(), capture_attention(head) as cap:
+        _, w = head(h, torch.zeros(2, 7), memory)
+        head(h, w, memory)
+    assert cap.records == [], cap.records
+    assert (
+        len(cap.notes) == 1 and "(2, 7): not recorded: its weights, changed after the softmax" in cap.notes[0]
+    )
+    assert all("(2, 7)" not in str(n) for n in cap.skipped), cap.skipped
+
+    class PriorMixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.key = nn.Linear(8, 8)
+
+        def forward(self, h, table, prior):
+            p = 0.5 * F.softmax(self.key(h) @ table.T, dim=-1) + 0.5 * prior  # (B, C)
+            return torch.cat([p, p], 0)[: len(h)] @ table
+
+    cap = _captured(PriorMixed(), torch.randn(2, 8), torch.randn(3, 8), torch.full((3,), 1 / 3))
+    assert cap.records == [] and cap.notes == [], cap.notes
+    assert [n.shape for n in cap.skipped] == [(2, 3)]
+
+
 class TiledPairs(nn.Module):
     """AllenNLP's BiDAF similarity (``LegacyMatrixAttention(LinearSimilarity("x,y,x*y"))``): both texts tiled
     pairwise, ``w . [x; y; x * y]``, then ``masked_softmax`` (weights times the mask, renormalized) and a
@@ -868,3 +927,79 @@ def test_a_similarity_scored_over_tiled_pairs_is_a_warning_where_its_weights_wei
     cap = _captured(TiledPairs(diin).eval(), ids, torch.randint(1, 20, (2, 4)))
     assert cap.records == [] and len(cap.notes) == 1, cap.notes
     assert "paired features" in cap.notes[0] and "multiply values" in cap.notes[0]
+
+
+def test_a_one_vector_softmax_that_weighs_values_is_a_warning():
+    """A decoder step of a batch of one written without a batch axis (graykode's nlp-tutorial): scores
+    ``(n,)``, a 1-D softmax, ``weights @ enc_outputs``. Its weights multiply values over positions: a warning
+    (it was information only, with no word of the read); a 1-D softmax that weighs nothing stays a note."""
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.attn = nn.Embedding(VOCAB, 8), nn.Linear(8, 8)
+
+        def forward(self, src, q_id, read: bool = True):
+            enc = self.emb(src)  # (n, 8)
+            w = F.softmax(self.attn(enc) @ self.emb(q_id)[0], dim=0)  # (n,)
+            return w @ enc if read else w.argmax()
+
+    torch.manual_seed(0)
+    src = torch.randint(0, VOCAB, (5,))
+    cap = _captured(Step().eval(), src, torch.tensor([3]))
+    assert cap.records == [] and len(cap.notes) == 1, cap.notes
+    assert "(5,): not recorded: its weights multiply values over positions" in cap.notes[0]
+    cap = _captured(Step().eval(), src, torch.tensor([3]), False)
+    assert cap.notes == [] and [n.shape for n in cap.skipped] == [(5,)]
+
+
+@pytest.mark.parametrize("how", ["softmax", "by-hand"])
+def test_numpy_keyword_names_are_read_as_torch_names(how):
+    """Code ported from numpy passes ``axis=`` and ``keepdims=`` (torch takes them for ``dim=`` and
+    ``keepdim=``): the softmax over the keys is recorded exactly, as with ``dim=`` (it was read over torch's
+    implicit dim and flagged as a softmax across heads, or the sum missed and the weights called no softmax)."""
+
+    class Ported(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.qkv = nn.Embedding(VOCAB, 8), nn.Linear(8, 24)
+
+        def forward(self, ids):
+            b, n = ids.shape
+            q, k, v = (t.view(b, n, 2, 4).transpose(1, 2) for t in self.qkv(self.emb(ids)).chunk(3, -1))
+            s = q @ k.transpose(-1, -2)
+            if how == "softmax":
+                self.w = torch.softmax(s, axis=-1)
+            else:
+                e = torch.exp(s - s.amax(axis=-1, keepdims=True))
+                self.w = e / e.sum(axis=-1, keepdims=True)
+            return self.w @ v
+
+    torch.manual_seed(0)
+    model = Ported().eval()
+    cap = _captured(model, torch.randint(0, VOCAB, (2, 5)))
+    (rec,) = cap.records
+    assert rec.exact and cap.notes == [] and torch.allclose(rec.probs, model.w)
+
+
+def test_a_learned_query_picked_by_a_zero_dim_index_is_recorded():
+    """``self.query_emb(torch.tensor(0))`` (one vector fetched by a 0-d index) as the query of a pooling
+    attention: recorded exactly, as with ``torch.tensor([0])`` (bookkeeping raised IndexError on the 0-d
+    index, and the record was flagged as a guess)."""
+
+    class Pool(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.query_emb, self.k = nn.Embedding(VOCAB, 8), nn.Embedding(1, 8), nn.Linear(8, 8)
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            q = self.query_emb(torch.tensor(0)).reshape(1, 1, 8).expand(x.shape[0], 1, 8)
+            self.w = torch.softmax(q @ self.k(x).transpose(1, 2), dim=-1)
+            return self.w @ x
+
+    torch.manual_seed(0)
+    model = Pool().eval()
+    cap = _captured(model, torch.randint(0, VOCAB, (3, 5)))
+    (rec,) = cap.records
+    assert cap.notes == [] and rec.exact and torch.allclose(rec.probs[:, 0], model.w)

@@ -810,3 +810,45 @@ def test_a_feature_map_padded_channels_first_labels_each_padded_cell(batch, head
         assert rec.exact and torch.equal(rec.probs, model.used) and not cap.notes
         labels.append(rec.key_labels)
     assert labels[0] == labels[1] == (None,) * 9 + ("<padding 0>", "<padding 1>", "<padding 2>")
+
+
+class PerSentencePerHead(nn.Module):
+    """Attention ported from numpy (Jay Alammar's walk-through): a loop over the sentences, and in each a loop
+    over the heads, each head's weights a matrix of a ParameterList, each call a 2-D ``(T, T)`` softmax."""
+
+    def __init__(self, heads: int, d: int = 8):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.w_q, self.w_k, self.w_v = (
+            nn.ParameterList(nn.Parameter(torch.randn(d, 4)) for _ in range(heads)) for _ in range(3)
+        )
+        self.used: list[list[torch.Tensor]] = []
+
+    def forward(self, ids):
+        outs = []
+        self.used = []
+        for x in self.emb(ids):  # one sentence (T, d)
+            z, used = [], []
+            for w_q, w_k, w_v in zip(self.w_q, self.w_k, self.w_v, strict=True):
+                q, k, v = x @ w_q, x @ w_k, x @ w_v
+                w = torch.softmax(q @ k.T / 2.0, dim=-1)
+                used.append(w)
+                z.append(w @ v)
+            self.used.append(used)
+            outs.append(torch.cat(z, -1))
+        return torch.stack(outs)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(2, 2), (3, 2), (2, 3), (4, 4)])
+def test_a_loop_over_sentences_of_a_loop_over_heads_joins_each_head_over_the_sentences(batch, heads):
+    """Each call is joined with the call at the same place in the previous sentence's calls, so every
+    record's batch rows are one head's maps of each sentence (the last head of one sentence was joined to
+    the first of the next, an exact record whose rows were different heads)."""
+    torch.manual_seed(batch * 10 + heads)
+    model = PerSentencePerHead(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 5))
+    assert len(cap.records) == heads and cap.notes == [], (cap.records, cap.notes)
+    for h, rec in enumerate(cap.records):
+        assert rec.exact and tuple(rec.probs.shape) == (batch, 1, 5, 5)
+        torch.testing.assert_close(rec.probs[:, 0], torch.stack([model.used[b][h] for b in range(batch)]))

@@ -705,3 +705,120 @@ def _written_back_per_head(a, m):
     for h in range(a.shape[1]):
         r[:, h] = a[:, h]
     return r
+
+
+class _TwoMaps(nn.Module):
+    """Two softmaxes of one layout (a differential attention's two maps, written as its re-implementations
+    write Eq. 1), then the values multiplied by ``how(a1, a2)``, kept in ``used``."""
+
+    def __init__(self, how, heads: int):
+        super().__init__()
+        self.how, self.h = how, heads
+        d = heads * D_HEAD
+        self.emb, self.qkv, self.qk2 = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d), nn.Linear(d, 2 * d)
+        self.lam = nn.Parameter(torch.full((heads, 1, 1), 0.4))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, self.h, D_HEAD).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        q2, k2 = (t.view(b, n, self.h, D_HEAD).transpose(1, 2) for t in self.qk2(x).chunk(2, -1))
+        a1 = torch.softmax(q @ k.transpose(-1, -2), -1)
+        a2 = torch.softmax(q2 @ k2.transpose(-1, -2), -1)
+        self.a1, self.a2 = a1, a2
+        self.used = self.how(self, a1, a2)
+        return self.used @ v
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        lambda m, a1, a2: a1 - 0.5 * a2,
+        lambda m, a1, a2: a1 - m.lam * a2,
+        lambda m, a1, a2: 0.3 * a1 + 0.7 * a2,
+        lambda m, a1, a2: torch.lerp(a1, a2, 0.3),
+        lambda m, a1, a2: torch.maximum(a1, a2),
+        lambda m, a1, a2: a1 * a2 / (a1 * a2).sum(-1, keepdim=True),
+    ],
+    ids=["minus-scaled", "minus-lambda", "weighted-sum", "lerp", "maximum", "product-renormalized"],
+)
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4)])
+def test_two_maps_combined_after_scaling_are_both_flagged(how, batch, heads):
+    """A second map scaled before it is combined with the first (``a1 - lam * a2``), both scaled, or the two
+    combined by ``lerp``, ``maximum`` or a product: the values are multiplied by the mix, which neither
+    record holds, so both are flagged (the first was exact though it multiplied nothing, and the second
+    held the mix as if it were its own map)."""
+    torch.manual_seed(batch * 10 + heads)
+    model = _TwoMaps(how, heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch))
+    assert len(cap.records) == 2
+    assert all(not r.exact and "combined with other weights" in r.flag for r in cap.records), cap.records
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        lambda m, a1, a2: a1 * 0.5,
+        lambda m, a1, a2: a1.clamp(min=0.01),
+        lambda m, a1, a2: a1 / a1.sum(-1, keepdim=True),
+    ],
+    ids=["scaled", "clamped", "renormalized-by-itself"],
+)
+def test_changed_weights_go_to_their_own_record_when_another_softmax_shares_their_layout(how):
+    """The first of two softmaxes of one layout changed and multiplied (the second computed and unused): its
+    record takes the changed weights, the second keeps its own softmax's output (it took the first's)."""
+    torch.manual_seed(0)
+    model = _TwoMaps(how, 2).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(2))
+    first, second = cap.records
+    assert first.exact and second.exact
+    assert torch.equal(first.probs, model.used)
+    assert torch.equal(second.probs, model.a2)
+
+
+class _ReuseLayer(nn.Module):
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h, d = heads, heads * D_HEAD
+        self.qk, self.v, self.o = nn.Linear(d, 2 * d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x, attn=None):
+        b, n, d = x.shape
+        v = self.v(x).view(b, n, self.h, D_HEAD).transpose(1, 2)
+        if attn is None:
+            q, k = self.qk(x).view(b, n, 2, self.h, D_HEAD).permute(2, 0, 3, 1, 4)
+            attn = (q @ k.transpose(-1, -2) / D_HEAD**0.5).softmax(-1)
+        return x + self.o((attn @ v).transpose(1, 2).reshape(b, n, d)), attn
+
+
+class _Reuse(nn.Module):
+    """The Reuse Transformer: layer 0 computes its map, layers 1 and 2 multiply their own values by it."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, heads * D_HEAD)
+        self.layers = nn.ModuleList(_ReuseLayer(heads) for _ in range(3))
+
+    def forward(self, ids):
+        x, attn = self.emb(ids), None
+        for layer in self.layers:
+            x, attn = layer(x, attn)
+        self.used = attn
+        return x
+
+
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4), (4, 4)])
+def test_a_map_reused_by_later_layers_is_an_attention_call_of_each(batch, heads):
+    """Layers that multiply their own values by an earlier layer's map make an attention call each: one
+    record per layer, under its name, with the map (the later layers' calls were missing, with no note, and
+    the trace showed one layer)."""
+    torch.manual_seed(batch * 10 + heads)
+    model = _Reuse(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch))
+    assert [r.name for r in cap.records] == ["layers.0", "layers.1", "layers.2"], cap.records
+    assert cap.notes == [] and all(r.exact and torch.equal(r.probs, model.used) for r in cap.records)
+    trace = cap.trace(0)
+    assert trace.enc_self is not None and trace.enc_self.shape[0] == 3

@@ -192,6 +192,11 @@ PICKS = frozenset({"topk", "sort", "msort", "kthvalue"})  # some of a tensor's v
 ORDERING = frozenset(
     {"argsort", "sort", "msort", "topk", "argmax", "argmin", "max", "min", "kthvalue", "multinomial"}
 )  # an order of floats: indices that depend on their values
+# ops that combine two tensors element by element (beside ADD, SUB, MUL and DIV): two maps' weights so combined
+COMBINES = frozenset({"lerp", "maximum", "minimum", "fmax", "fmin", "where", "addcmul", "addcdiv"})
+# ops that reduce an axis away (a sum of weights is their normalizer, not weights)
+REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "norm", "logsumexp", "prod", "std", "var",
+                        "argmax", "argmin", "cumsum", "nansum", "count_nonzero", "all", "any"})  # fmt: skip
 GATHERS = frozenset({"__getitem__", "index_select", "gather", "take_along_dim", "masked_select"})
 SHAPED_LIKE = frozenset({"to", "type_as", "expand_as", "view_as", "reshape_as"})
 CASTS = frozenset({"to", "type_as", "type", "half", "bfloat16"})  # a dtype cast (of the weights, say)
@@ -983,12 +988,16 @@ class _Tag:
     # that keep the shape since the softmax: reshaped back to its output's shape they are the weights in its
     # layout (Megatron's and BLOOM's ``probs.view(b * np, sq, sk)`` then ``bmm``)
     flat: bool = False
+    # weights changed since the softmax (their ``probs`` dropped): the record they are the weights of. Two
+    # softmaxes of one layout share their ``rowq``, so it cannot say which one
+    owner: _Probs | None = None
 
     def derived(self, origin: frozenset) -> _Tag:
         """The tag of a tensor an op made from this one (dataclasses.replace is slower, on every op)."""
         return _Tag(self.role, origin, self.split, self.scores, self.allowed, self.mask_source, self.cross,
                     self.heads, self.cache, self.ext, self.axes, None, None, self.smap, self.rowq,
-                    self.attn_out, False, None, self.touched, self.lost, self.changed, self.made_by)  # fmt: skip
+                    self.attn_out, False, None, self.touched, self.lost, self.changed, self.made_by, False,
+                    self.probs if self.probs is not None else self.owner)  # fmt: skip
 
 
 _PARAM_TAG = _Tag(role="param")  # every parameter's (shared: tags are replaced, never changed in place)
@@ -1372,6 +1381,17 @@ def _tensors(args, kwargs) -> list[torch.Tensor]:
     return out
 
 
+def _torch_names(kwargs: dict) -> dict:
+    """Keyword arguments with numpy's names (``axis=``, ``keepdims=``, which torch takes for ``dim=`` and
+    ``keepdim=``: a softmax ported from numpy) under torch's, for the bookkeeping that reads them."""
+    kwargs = dict(kwargs)
+    if "axis" in kwargs and "dim" not in kwargs:
+        kwargs["dim"] = kwargs.pop("axis")
+    if "keepdims" in kwargs and "keepdim" not in kwargs:
+        kwargs["keepdim"] = kwargs.pop("keepdims")
+    return kwargs
+
+
 def _matches(name: str, patterns) -> bool:
     return any(fnmatch.fnmatchcase(name, p) or p == name for p in patterns or ())
 
@@ -1430,6 +1450,13 @@ class _Session:
         self._last_wo: _Probs | None = None  # the weights whose W_O the op being followed just applied
         self._rowq_owner: dict[int, tuple[torch.Tensor, _Probs]] = {}  # the record whose rows rowq holds
         self._consumed: dict[int, _Probs] = {}  # weights already multiplied by values (held: ids stay theirs)
+        self._consumed_at: dict[int, str] = {}  # the module that multiplied them first
+        # (place, queries, layout) of the calls over the current queries of one module in one frame, and of
+        # those over the queries before them: a loop over the sequences of calls a sequence (its heads)
+        self._same_q: list[tuple[int, torch.Tensor | None, Layout | None]] = []
+        self._before_q: list[tuple[int, torch.Tensor | None, Layout | None]] = []
+        # (weights, module): the record of a map reused there (None: told it is not recorded again)
+        self._reuses: dict[tuple[int, str], Record | None] = {}
         # memory of the model's that records hold (the weights a softmax wrote, its scores, a mask) and, of
         # it, what the values have multiplied since: a later write there (a buffer reused by the next
         # layer, maps edited for display) must not reach the record, which is what the model used
@@ -1673,6 +1700,8 @@ class _Session:
             if t is not None and t.role == "scores" and (t.scores is None or name == "exp_"):
                 pre = args[0].detach().clone()  # in place: keep the scores before the mask
         out = self.run_op(func, args, kwargs)
+        if kwargs and ("axis" in kwargs or "keepdims" in kwargs):  # numpy's names, which torch takes too
+            kwargs = _torch_names(kwargs)
         if type(out) is torch.Size or (
             type(out) is not torch.Tensor
             and name != "__setitem__"
@@ -1804,6 +1833,8 @@ class _Session:
                     tag = self.tag(out) if isinstance(out, torch.Tensor) else None
                     if tag is not None and tag is not _PARAM_TAG:
                         tag.wo = wo
+            if self._unplaced and name not in MATMUL and name not in LINEAR and name not in REDUCTIONS:
+                self._left_out_carried(name, args, kwargs, out)
         except Exception as exc:  # bookkeeping must never break the user's forward pass
             note = f"{name}: {type(exc).__name__}: {exc}"
             # inside torch.vmap: said once, at its attention (_IN_VMAP); an empty tensor: at its attention
@@ -2124,6 +2155,7 @@ class _Session:
         self._positional_shapes.clear()
         self._softmaxed.clear()  # (the scores kept for a renormalization, which the forward has done by now)
         self._sums.clear()
+        self._same_q, self._before_q = [], []
         self._frame, self._record_call = None, (None, "", None, -1, None)  # no module call is held on
         records = self.cap.records
         in_groups = {i for places, _, _, _ in self._head_groups for i in places}
@@ -2350,18 +2382,19 @@ class _Session:
         repeated, are)."""
         if ids.dim() < 2 or ids.shape[-1] < 2:
             return False
-        if (
-            _held(self._made_ints, ids) is None
-            and _held(self._int_floats, ids) is None
-            and not self._kept_by_model(ids)
+        # one id (``full_like(mask, 1)``), or a few the model wrote in itself (segments: ``cat([zeros, ones],
+        # 1)``), not computed from the data (a decoder's own predictions are tokens); asked before where the
+        # ids come from, which walks the model's modules once a capture
+        flat = ids.reshape(-1)
+        if not bool((flat == flat[0]).all()) and (
+            _held(self._by_data, ids) is not None or int(torch.unique(flat).numel()) > MAX_TYPES
         ):
             return False
-        # one id (``full_like(mask, 1)``), or a few the model wrote in itself (segments: ``cat([zeros, ones],
-        # 1)``), not computed from the data (a decoder's own predictions are tokens)
-        flat = ids.reshape(-1)
-        if bool((flat == flat[0]).all()):
-            return True
-        return _held(self._by_data, ids) is None and int(torch.unique(flat).numel()) <= MAX_TYPES
+        return (
+            _held(self._made_ints, ids) is not None
+            or _held(self._int_floats, ids) is not None
+            or self._kept_by_model(ids)
+        )
 
     def _fixed_ids(self, ids: torch.Tensor) -> bool:
         """Indices of a table's rows that hold no input: ``torch.arange(P)`` made by the model's code (and
@@ -2453,7 +2486,7 @@ class _Session:
                 pick = _held(self._row_picks, ids)
                 src = pick[1] if pick is not None else ids
                 start = self.sources.new(src.numel(), "tokens", str(self.n_embed), self.n_embed,
-                                         int(src.shape[-1]))  # fmt: skip
+                                         int(src.shape[-1]) if src.dim() else 1)  # fmt: skip
                 if pick is None and self._constant_ids(ids):
                     self._constant_lookups.add(start)
                 code = lineage.fresh(start, tuple(src.shape), int(out.shape[-1]), out.device)
@@ -3394,7 +3427,7 @@ class _Session:
             if at:  # weights changed by a tensor written first (``y_hard - y_soft.detach() + y_soft``, the
                 act.insert(0, act.pop(at))  # straight-through estimator): still the weights, now changed
         if (
-            (name in ADD or name in SUB)
+            (name in ADD or name in SUB or name in MUL or name in DIV or name in COMBINES)
             and isinstance(out, torch.Tensor)
             and self._weights_combined(act, origin, out)
         ):
@@ -4051,6 +4084,8 @@ class _Session:
         """The record's weights a tag of weights (or of their rows) holds."""
         if g.probs is not None:
             return g.probs
+        if g.owner is not None:
+            return g.owner
         held = self._rowq_owner.get(id(g.rowq)) if g.rowq is not None else None
         return held[1] if held is not None and held[0] is g.rowq else None
 
@@ -4110,22 +4145,22 @@ class _Session:
                            "the softmax's output, not the weights the values are multiplied with")  # fmt: skip
 
     def _weights_combined(self, act: list[tuple[torch.Tensor, _Tag]], origin, out: torch.Tensor) -> bool:
-        """Weights added to or subtracted from other weights after the softmax (differential attention's
-        ``w[:, :, 0] - lam * w[:, :, 1]``, two maps averaged): the values are multiplied by the mix, which
-        no record holds, so every record among them is flagged. False where fewer than two are weights."""
-        weights = [g for _, g in act if g.probs is not None and g.probs.record is not None]
-        if len(weights) < 2:
+        """Weights combined element by element with another map's weights after the softmax (differential
+        attention's ``w[:, :, 0] - lam * w[:, :, 1]``, two maps averaged, interpolated by ``lerp``, multiplied):
+        the values are multiplied by the mix, which no record holds, so every record among them is flagged.
+        False where fewer than two records' weights meet."""
+        # (weights scaled since their softmax, ``lam * a2``, are still that record's weights)
+        weights = [p for _, g in act if (p := self._weights_of(g)) is not None and p.record is not None]
+        if len({id(p.record) for p in weights}) < 2:  # (one map's weights over their own sum: renormalized)
             return False
-        new: _Tag | None = None
         done: set[int] = set()
-        for g in weights:
-            rec = g.probs.record if g.probs is not None else None
-            if id(rec) not in done:
-                done.add(id(rec))
-                new = self._heads_mixed(g, origin, "combined with other weights (heads' maps subtracted or "
-                                        "added: differential attention)", defer=False)  # fmt: skip
-        if new is not None:
-            self.set(out, new)
+        for p in weights:
+            if id(p.record) not in done:
+                done.add(id(p.record))
+                self._flag_weights(p, "the weights are combined with other weights (heads' maps subtracted or "
+                                   "added: differential attention) after the softmax: the record holds the "
+                                   "softmax's output, not the weights the values are multiplied with")  # fmt: skip
+        self.set(out, _Tag("linear", origin))
         return True
 
     def _heads_mixed(self, g: _Tag, origin, why: str, defer: bool = True) -> _Tag:
@@ -4202,14 +4237,42 @@ class _Session:
             pass
         return new
 
+    def _reused(self, p: _Probs, first: _Tag, ops) -> bool:
+        """Weights a module multiplied its values with, multiplied again by another module's values (a map
+        shared across layers: the Reuse Transformer's later layers take an earlier layer's map): an attention
+        call of that module with the same weights, recorded under its name. Where the weights changed since
+        their record (a later flag could not reach the copy), the copy is not made and a warning says so.
+        False where the second product is in the same module (Shaw's relative values, a second read)."""
+        here = self.path()
+        if (
+            self.outside
+            or here == self._consumed_at.get(id(p))
+            or here == (p.record.name if p.record else here)
+        ):
+            return False
+        values = self.tag(ops[1]) if len(ops) > 1 else None
+        if values is None or values.role == "param" or self.code_of(ops[1]) is None:
+            return False  # (values from no positions lineage knows: a table, a projection of weights)
+        rec = p.record
+        if (id(p), here) in self._reuses:
+            return True
+        if first.touched or rec is None or not rec.exact:
+            self.warn(here, tuple(ops[0].shape), "the weights of the attention in "
+                      f"{rec.name if rec is not None else 'another module'!r} multiply values here too (a map "
+                      "reused across layers), changed or unverified since: not recorded again")  # fmt: skip
+            self._reuses[(id(p), here)] = None
+            return True
+        self._note_run()
+        copy = _replaced(rec, name=here, values=None, residual_of=None, seq=self.n_ops)
+        self._reuses[(id(p), here)] = copy
+        self.cap.records.append(copy)
+        return True
+
     def _keep_values(self, first: _Tag, ops, vc: torch.Tensor | None, out_dtype=None) -> torch.Tensor | None:
         """The values an exactly laid-out record's weights multiply, (B, H, k, dv), kept on the record;
         their codes wait for the projection that reads the heads merged back. Returns the head of each
         row of the product (``_row_heads``) where the layout gives it, else None."""
-        p = first.probs
-        if p is None and first.rowq is not None and id(first.rowq) in self._rowq_owner:
-            owner = self._rowq_owner[id(first.rowq)]
-            p = owner[1] if owner[0] is first.rowq else None
+        p = self._weights_of(first)
         if p is not None and len(ops) >= 2 and isinstance(ops[0], torch.Tensor):
             w = ops[0]
             if (  # under autocast the product takes the weights cast down to its own dtype
@@ -4224,12 +4287,15 @@ class _Session:
             self._seal(p.record)  # (laid out or flagged: a later write into its memory is not the record's)
         if p is None or p.layout is None or p.record is None or len(ops) < 2:
             return None
+        if id(p) in self._consumed and self._reused(p, first, ops):
+            return None
         if id(p) in self._consumed:  # the weights multiply a second tensor (Shaw's relative values): what
             if p.record.values is not None:  # moves from a key is no longer one vector per key
                 self._update_record(p, values=None)
             self._pending.pop(first.attn_out or "", None)
             return None
         self._consumed[id(p)] = p
+        self._consumed_at[id(p)] = self.path()
         w, v = ops[0], ops[1]
         if not isinstance(v, torch.Tensor) or not v.is_floating_point():
             return None
@@ -4697,11 +4763,32 @@ class _Session:
             self._slices_unplaced(rec, held_at, layout is None, held_layout is None)
         else:
             self._sliced = False  # (another call: its slices are its own)
-        if frame is None or path != held_path or queries is None or held_q is None:
+        if (
+            frame is None
+            or path != held_path
+            or queries is None
+            or held_q is None
+            or queries.device != held_q.device
+        ):
+            self._same_q, self._before_q = [(at, queries, layout)], []
             return
-        if queries.device != held_q.device or bool(torch.isin(queries, held_q).any()):
+        if frame is held and queries.shape == held_q.shape and torch.equal(queries, held_q):
+            # another call over the same queries (a loop over the heads, or layers, inside a loop over the
+            # sequences): its piece is the call at the same place in the previous sequence's calls
+            self._same_q.append((at, queries, layout))
+            if len(self._before_q) < len(self._same_q):
+                return
+            held_at, held_q, held_layout = self._before_q[len(self._same_q) - 1]
+        elif bool(torch.isin(queries, held_q).any()):
+            self._same_q, self._before_q = [(at, queries, layout)], []
             return
+        else:
+            self._before_q, self._same_q = self._same_q, [(at, queries, layout)]
+            if self._before_q and self._before_q[-1][0] == held_at:
+                held_at, held_q, held_layout = self._before_q[0]  # (the first call of the previous sequence)
         if layout is None or held_layout is None or not 0 <= held_at < at:
+            return
+        if not bool((~torch.isin(queries, held_q)).all()):
             return
         blocks = frame is not held
         if blocks and not self._blocks(queries, held_q, layout, held_layout, held_at, at):
@@ -4710,14 +4797,16 @@ class _Session:
             blocks, heads = False, True  # (other heads of the same queries and keys: as a call's heads are)
         else:
             heads = False
-        if self._runs and self._runs[-1][-1][0] == held_at:
-            self._runs[-1].append((at, rec, layout))
+        run = next((r for r in reversed(self._runs) if r[-1][0] == held_at), None)
+        if run is not None:
+            run.append((at, rec, layout))
         else:
             self._runs.append([(held_at, self.cap.records[held_at], held_layout), (at, rec, layout)])
+            run = self._runs[-1]
         if blocks:
-            self._block_runs.add(id(self._runs[-1]))
+            self._block_runs.add(id(run))
         if heads:
-            self._head_runs.add(id(self._runs[-1]))
+            self._head_runs.add(id(run))
 
     _SLICES = (
         "one call of this module made maps over slices of its batch and heads (attention computed in "
@@ -4852,8 +4941,8 @@ class _Session:
         shape = tuple(x.shape)
         if dim is None:  # torch's implicit dim (deprecated, still run): 0 for 0-, 1- and 3-D input, else 1
             dim = 0 if x.dim() in (0, 1, 3) else 1
-        if x.dim() < 2:
-            self.skip(path, shape, "a softmax over one vector is not attention")
+        if x.dim() < 2:  # (told again as a warning if its weights multiply values over positions)
+            self._unrecorded(path, shape, None, out, "a softmax over one vector has no batch or query axis")
             return
         dim = dim % x.dim()
         if _matches(path, self.exclude):
@@ -5389,6 +5478,41 @@ class _Session:
             if entry is not None and _held(registry, out) is None:
                 _hold(registry, out, *entry[1:])
 
+    def _left_out_carried(self, name: str, args, kwargs, out) -> None:
+        """Weights of a softmax left out as not attention that the model changes, moves or joins before it
+        reads with them keep its entry, so a read of values with them is a warning: an NTM's content weights
+        interpolated with the last step's, shifted by ``cat`` and ``conv1d`` a row at a time and written into
+        a new tensor (``result[b] = ...``), then sharpened (``w ** gamma / sum``). What keeps the key axis (its
+        length), joins or convolves the weights carries it; a reduction or a product does not."""
+        if name == "__setitem__":
+            if (
+                len(args) < 3
+                or not isinstance(args[0], torch.Tensor)
+                or not isinstance(args[2], torch.Tensor)
+            ):
+                return
+            entry = _held_or_base(self._unplaced, args[2])
+            target = args[0]
+            if entry is not None and target.is_floating_point():
+                for t in (target, target._base):
+                    if t is not None and _held(self._unplaced, t) is None:
+                        _hold(self._unplaced, t, *entry[1:4], True)
+            return
+        if (
+            type(out) is not torch.Tensor
+            or not out.is_floating_point()
+            or _held(self._unplaced, out) is not None
+        ):
+            return
+        joins = name in CAT or name == "stack" or name in CONV
+        for t in _tensors(args, kwargs):
+            entry = _held_or_base(self._unplaced, t)
+            if entry is None:
+                continue
+            if joins or (out.dim() >= 1 and t.dim() >= 1 and out.shape[-1] == t.shape[-1]):
+                _hold(self._unplaced, out, *entry[1:4], True)  # (changed: said where values follow)
+            return
+
     def _unplaced_used(self, args, kwargs, broadcast: bool = False) -> None:
         """A softmax left out as not attention (a 2-D one, one whose axis is no sequence length) whose
         weights, or a view of them, multiply values over several positions (``attn @ enc_out``, the values
@@ -5420,7 +5544,7 @@ class _Session:
             elif v.dim() < 3 or int(v.shape[0]) != int(w.shape[0]) or _is_param(v):
                 continue  # (a table with no batch axis, class embeddings handed in: what a class softmax weighs;
                 # a memory read by its weights is one per sequence)
-            held, path, shape, reason = entry
+            held, path, shape, reason = entry[:4]
             self._unplaced.pop(id(held()), None)
             self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, reason)]
             self._seen.discard((path, reason))  # (a later softmax of the module left out so is noted again)
@@ -5431,8 +5555,13 @@ class _Session:
                 else "a tensor capture does not follow (from outside the call, as a memory read by its weights, "
                 "or past an op lineage does not follow, as F.interpolate): attention, it may be"
             )
-            self.warn(path, shape, f"not recorded: its weights multiply {what}, but capture could not lay them "
-                      f"out ({reason})")  # fmt: skip
+            changed = (
+                ", changed after the softmax (moved, joined or combined with other tensors),"
+                if len(entry) > 4
+                else ""
+            )
+            self.warn(path, shape, f"not recorded: its weights{changed} multiply {what}, but capture could not lay "
+                      f"them out ({reason})")  # fmt: skip
             return
 
     def _layout(self, x, tag) -> tuple[tuple[int, int], bool]:
