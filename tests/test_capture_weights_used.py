@@ -822,3 +822,90 @@ def test_a_map_reused_by_later_layers_is_an_attention_call_of_each(batch, heads)
     assert cap.notes == [] and all(r.exact and torch.equal(r.probs, model.used) for r in cap.records)
     trace = cap.trace(0)
     assert trace.enc_self is not None and trace.enc_self.shape[0] == 3
+
+
+class _MixedAfter(nn.Module):
+    """Heads mixed after the softmax by idioms beside a 4-D einsum or an nn.Linear: Multi-Token Attention's
+    grouped mix (``einsum("bgcij,gce->bgeij", attn.view(b, H // 2, 2, n, n), kernel)``) and a matmul over the
+    heads moved last (``attn.permute(0, 2, 3, 1) @ W``)."""
+
+    def __init__(self, how: str, heads: int):
+        super().__init__()
+        self.how, self.h, d = how, heads, heads * D_HEAD
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+        self.w = nn.Parameter(torch.eye(heads) + 0.3 * torch.randn(heads, heads))
+        self.g = nn.Parameter(torch.eye(2).repeat(heads // 2, 1, 1) + 0.3 * torch.randn(heads // 2, 2, 2))
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = (t.view(b, n, self.h, D_HEAD).transpose(1, 2) for t in self.qkv(self.emb(ids)).chunk(3, -1))
+        a = torch.softmax(q @ k.transpose(-1, -2) / D_HEAD**0.5, -1)
+        if self.how == "grouped":
+            w = torch.einsum("bgcij,gce->bgeij", a.view(b, self.h // 2, 2, n, n), self.g).reshape(
+                b, self.h, n, n
+            )
+        else:
+            w = (a.permute(0, 2, 3, 1) @ self.w).permute(0, 3, 1, 2)
+        return w @ v
+
+
+@pytest.mark.parametrize("how", ["grouped", "permuted"])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 2), (2, 2), (3, 4), (4, 4)])
+def test_heads_mixed_after_the_softmax_on_a_grouped_view_or_heads_last_are_flagged(how, batch, heads):
+    """The values are multiplied by the mixed weights: the record (the softmax's output) was exact."""
+    torch.manual_seed(batch * 10 + heads)
+    model = _MixedAfter(how, heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch))
+    (rec,) = cap.records
+    assert not rec.exact and "mixed across heads" in rec.flag, rec.flag
+
+
+class _ForwardAttention(nn.Module):
+    """ESPnet's forward attention (``AttForward``, Tacotron 2): ``w = softmax(e)``, then ``(prev + shift(prev))
+    * w`` clamped and renormalized by ``F.normalize(p=1)``; the context is ``torch.sum(enc_h * w.unsqueeze(-1),
+    1)`` (or a ``bmm``). Energies by a dot product or additive (``v . tanh(W h + U q)``); ``used``: the weights
+    the values were multiplied with. ``scalar``: no prior, the weights times one number a position, summed."""
+
+    def __init__(self, energies: str, product: str, d: int = 8):
+        super().__init__()
+        self.energies, self.product = energies, product
+        self.emb, self.q, self.w, self.v = (
+            nn.Embedding(VOCAB, d),
+            nn.Linear(d, d),
+            nn.Linear(d, d),
+            nn.Linear(d, 1),
+        )
+
+    def forward(self, ids, prev):
+        h = self.emb(ids)
+        if self.energies == "dot":
+            e = (self.q(h[:, :1]) @ h.transpose(1, 2)).squeeze(1)
+        else:
+            e = self.v(torch.tanh(self.w(h) + self.q(h[:, :1]))).squeeze(-1)
+        w = F.softmax(e, dim=1)
+        if self.product == "scalar":
+            self.used = w
+            return torch.sum(w * h[..., 0], dim=1)
+        w = F.normalize(torch.clamp((prev + F.pad(prev, (1, 0))[:, :-1]) * w, 1e-6), p=1, dim=1)
+        self.used = w
+        if self.product == "bmm":
+            return torch.bmm(w.unsqueeze(1), h).squeeze(1)
+        return torch.sum(h * w.unsqueeze(-1), dim=1)
+
+
+@pytest.mark.parametrize("energies", ["dot", "additive"])
+@pytest.mark.parametrize("product", ["sum", "bmm", "scalar"])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_forward_attentions_weights_changed_by_a_prior_are_the_record(energies, product, batch):
+    """The record holds the weights the values were multiplied with (it held the bare softmax with the
+    broadcast product and sum, or, with additive energies, no record was made); weights times one number a
+    position and summed are recorded as the softmax gave them."""
+    torch.manual_seed(batch)
+    model = _ForwardAttention(energies, product).eval()
+    prev = torch.softmax(torch.randn(batch, 6), -1)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch), prev)
+    (rec,) = cap.records
+    assert rec.exact and cap.notes == [], (rec.flag, cap.notes)
+    torch.testing.assert_close(rec.probs[:, 0, 0], model.used)

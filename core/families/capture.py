@@ -1480,6 +1480,9 @@ class _Session:
         # values: id of the weights (or a view of them) -> (them, held; the record to make)
         self._positional: dict[int, tuple[torch.Tensor, Callable[..., None], Any, Any, bool]] = {}
         self._positional_shapes: dict[int, tuple[str, tuple[int, ...]]] = {}  # id(record) -> module, shape
+        # id(record) -> (record, used, keep, changed): weights times a tensor of their own shape, recorded so
+        # at finish where no product with values followed (that tensor was the values)
+        self._factor_read: dict[int, tuple] = {}
         self._in_pieces: set[int] = set()  # id(record) of such weights whose slices multiplied values
         self._packed_weights: set[int] = set()  # id(record) of such weights packed into a sequence
         # pack_padded_sequence's batch sizes -> (them, held; the positions of the padded input it packed)
@@ -1805,6 +1808,8 @@ class _Session:
                     and out.shape == args[0].shape
                 ):  # weights left out, masked and renormalized (AllenNLP's ``masked_softmax``): still theirs,
                     self._carry_left_out(args[0], out)  # told again if they multiply values
+                if name in MUL and len(args) == 2 and type(out) is torch.Tensor:
+                    self._weights_times_values(args, out)
                 if self._outside and (name in MATMUL or name in MUL):  # (weights recorded outside the model)
                     self.weighed(name, args, out)
                 self.propagate(name, func, args, kwargs, out, pre)
@@ -2135,6 +2140,11 @@ class _Session:
                       "written another way, or computed block by block): these weights are not recorded")  # fmt: skip
         self._unfinished.clear()
         self._row_picks.clear()  # (the token ids they hold)
+        for key, (record, used, keep, was_changed) in list(self._factor_read.items()):
+            if key in self._positional_shapes:  # times a tensor of their shape, no values read after: that
+                del self._positional_shapes[key]  # tensor was the values, one number a position
+                record(used, keep, was_changed)
+        self._factor_read.clear()
         for weights, (module, shape) in self._positional_shapes.items():
             if weights in self._in_pieces:  # its slices multiplied values one by one (a loop over the batch)
                 self.warn(module, shape, "not recorded: weights over positions whose slices multiply values one "
@@ -3981,13 +3991,14 @@ class _Session:
             (
                 i
                 for i, g in enumerate(op_tags)
-                if g is not None and (g.probs is not None or g.role == "scores")
+                if g is not None and (g.probs is not None or g.role == "scores" or g.lost is not None)
             ),
             None,
         )
         if i is None:
             return None
         g, t = op_tags[i], ops[i]
+        # (weights viewed into another shape, ``w.view(b, H // g, g, n, n)``: their keys still last)
         key_dim = g.probs.layout.dim if g.probs is not None and g.probs.layout is not None else t.dim() - 1
         if name == "einsum":
             eq = args[0] if args and isinstance(args[0], str) and len(ops) == 2 else None
@@ -3997,8 +4008,19 @@ class _Session:
             letter = sides[i][key_dim % t.dim()]
             if letter not in sides[2]:
                 return None  # the keys are contracted: the weights multiply learned values
-        elif i == 0:
-            return None  # w @ W: the weights' last axis (their keys) meets the parameter
+        elif (
+            i == 0
+            and key_dim % t.dim() == t.dim() - 1
+            and (
+                g.lost is None
+                or g.lost.record is None
+                or g.flat
+                or int(t.shape[-1]) == int(g.lost.record.probs.shape[-1])
+            )
+        ):
+            # w @ W: the weights' last axis (their keys) meets the parameter. Weights moved by a permute
+            # (``attn.permute(0, 2, 3, 1) @ W``) whose last axis is not as long as the keys: another axis
+            return None
         why = ("mixed across heads by a product with a parameter (talking-heads attention) "
                f"({name}{' ' + args[0] if name == 'einsum' else ''})")  # fmt: skip
         return self._heads_mixed(g, origin, why)
@@ -5336,11 +5358,30 @@ class _Session:
             mask = others[0].bool()  # a 0/1 mask the weights are multiplied by (AllenNLP, Keras ports)
         elif name in FILL and len(args) >= 3 and args[0] is t and args[2] == 0:
             mask = ~args[1].bool()
+        same = tuple(out.shape) == tuple(t.shape) and out.is_floating_point()
+        if (
+            mask is None
+            and same
+            and name in MUL
+            and len(others) == 1
+            and tuple(others[0].shape) == tuple(t.shape)
+            and not _is_param(others[0])
+        ):
+            # times a tensor of their own shape: a prior (forward attention's ``(prev + shift(prev)) * w``,
+            # then renormalized), so what follows reads changed weights; or values, one number a position,
+            # read by the sum after. Which it was, the next product of values says; without one, this was it
+            self._positional[id(out)] = (out, record, to_softmax, keep, True)
+            used = to_softmax(t) if to_softmax is not None and was_changed else None
+            self._factor_read[id(record)] = (record, used, keep, was_changed)
+            return
         changed = mask is not None or (
-            tuple(out.shape) == tuple(t.shape)
-            and (name in DIV or name in DROPOUT or name in CASTS or name == "nan_to_num")
+            same
+            and name not in MUL
+            and name not in MATMUL
+            and name not in REDUCTIONS
+            and name not in lineage.REPLAY
             and (name not in DIV or args[0] is t)
-        )
+        )  # (changed element by element: renormalized, clamped, dropped out, cast, a prior added)
         if changed:  # the weights, changed: followed as they are (renormalized after a mask, dropped out)
             if mask is not None and tuple(out.shape) != tuple(t.shape):
                 return
@@ -5355,6 +5396,7 @@ class _Session:
             or (name in MATMUL and any(o.is_floating_point() and not _is_param(o) for o in others))
         ):
             # the weights times values (activations, or values handed in: not a learned bias)
+            self._factor_read.pop(id(record), None)
             for key in [k for k, e in self._positional.items() if e[1] is record]:
                 del self._positional[key]
             self._positional_shapes.pop(id(record), None)
@@ -5682,6 +5724,27 @@ class _Session:
         layout = replace(p.layout, dim=new_dim)
         self.set(out, replace(base, probs=replace(p, layout=layout, shape=tuple(out.shape)), rowq=rowq))
         return True
+
+    def _weights_times_values(self, args, out: torch.Tensor) -> None:
+        """Weights changed since the softmax (``touched``: forward attention's ``(prev + shift(prev)) * w``
+        renormalized) multiplied by values broadcast over their features, to be summed over the keys
+        (ESPnet's ``torch.sum(enc_h * w.unsqueeze(-1), dim=1)``): the record takes them as a product by
+        ``bmm`` does (it held the softmax's output)."""
+        a, b = args
+        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+            return
+        for w, v in ((a, b), (b, a)):
+            g, gv = self.tag(w), self.tag(v)
+            if g is None or not g.touched or gv is None or gv.role == "param" or gv.probs is not None:
+                continue
+            p = self._weights_of(g)
+            if p is None or p.record is None or self.code_of(v) is None or out.numel() <= w.numel():
+                continue
+            if [n for n in w.shape if n != 1] != [n for n in p.shape if n != 1]:
+                continue  # (only unsqueezed for the broadcast: the softmax output's elements in its order)
+            self._weights_used(p, w.reshape(p.shape))
+            self._seal(p.record)
+            return
 
     def _weights_used(self, p: _Probs, w: torch.Tensor) -> None:
         """The weights were changed since the softmax (``touched``) and ``w`` is what the model multiplies
