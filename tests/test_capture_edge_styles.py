@@ -1003,3 +1003,58 @@ def test_a_learned_query_picked_by_a_zero_dim_index_is_recorded():
     cap = _captured(model, torch.randint(0, VOCAB, (3, 5)))
     (rec,) = cap.records
     assert cap.notes == [] and rec.exact and torch.allclose(rec.probs[:, 0], model.w)
+
+
+class AdditiveReads(nn.Module):
+    """A decoder state reading encoder outputs by additive energies ``v(tanh(W h + U s))`` made into weights:
+    a softmax (Bahdanau), one written by hand, Raffel's monotonic expected alignment (``p * cumprod(1 - p)``
+    of a sigmoid), MoChA's ``exp(u) / moving_sum``; or the energies as a gate on the features (no read)."""
+
+    def __init__(self, how: str, d: int = 8):
+        super().__init__()
+        self.how = how
+        self.emb, self.w, self.u, self.v = (
+            nn.Embedding(VOCAB, d),
+            nn.Linear(d, d),
+            nn.Linear(d, d),
+            nn.Linear(d, 1),
+        )
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        s = h.mean(1)  # a decoder state
+        e = self.v(torch.tanh(self.w(h) + self.u(s)[:, None])).squeeze(-1)  # (B, T)
+        if self.how == "gate":
+            return h * torch.sigmoid(e)[..., None]
+        if self.how == "softmax":
+            a = F.softmax(e, dim=1)
+        elif self.how == "by hand":
+            x = torch.exp(e - e.amax(1, keepdim=True))
+            a = x / x.sum(1, keepdim=True)
+        elif self.how == "monotonic":
+            p = torch.sigmoid(e)
+            a = p * torch.cumprod(torch.cat([torch.ones_like(p[:, :1]), 1 - p[:, :-1]], 1), 1)
+        else:
+            x = torch.exp(e - e.max(1, keepdim=True)[0])
+            a = x / F.conv1d(F.pad(x, (2, 0)).unsqueeze(1), torch.ones(1, 1, 3)).squeeze(1)
+        self.a = a
+        return torch.bmm(a.unsqueeze(1), h).squeeze(1)
+
+
+@pytest.mark.parametrize("how", ["softmax", "by hand", "monotonic", "mocha", "gate"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_weights_made_from_additive_energies_without_a_softmax_are_a_warning(how, batch):
+    """Monotonic and chunkwise attention's weights are no softmax: where they multiply values, a warning (there
+    was no word, unlike the same weights from dot-product scores); a softmax of the energies, by torch or by
+    hand, is recorded exactly with no warning, and the energies as a gate on the features warn of nothing."""
+    torch.manual_seed(batch)
+    model = AdditiveReads(how).eval()
+    cap = _captured(model, torch.randint(0, VOCAB, (batch, 6)))
+    if how in ("softmax", "by hand"):
+        (rec,) = cap.records
+        assert rec.exact and cap.notes == [] and torch.allclose(rec.probs[:, 0, 0], model.a)
+    elif how == "gate":  # (no attention at all: said once, as for any model without it)
+        assert cap.records == [] and not [n for n in cap.notes if "energies" in n], cap.notes
+    else:
+        assert cap.records == [] and len(cap.notes) == 1, cap.notes
+        assert f"({batch}, 1, 6): weights over positions made from energies without a softmax" in cap.notes[0]

@@ -909,3 +909,45 @@ def test_forward_attentions_weights_changed_by_a_prior_are_the_record(energies, 
     (rec,) = cap.records
     assert rec.exact and cap.notes == [], (rec.flag, cap.notes)
     torch.testing.assert_close(rec.probs[:, 0, 0], model.used)
+
+
+class _RepeatedWeightSum(nn.Module):
+    """Deep Learning from Scratch 2's attention ported to torch, a step at a time: ``s = (hs * h.repeat).sum(2)``,
+    a softmax by hand with numpy's names (``max(axis=1, keepdims=True)``, ``x /= x.sum(axis=1, keepdims=True)``),
+    and the weights repeated over the features before the product: ``(hs * a.reshape(N, T, 1).repeat(1, 1,
+    H)).sum(1)``; or (``scalar``) the weights times one number a position, summed."""
+
+    def __init__(self, scalar: bool, d: int = 8):
+        super().__init__()
+        self.scalar, self.emb, self.used = scalar, nn.Embedding(VOCAB, d), []
+
+    def forward(self, ids, steps):
+        hs, dec = self.emb(ids), self.emb(steps)
+        n, t, d = hs.shape
+        self.used = []
+        for i in range(dec.shape[1]):
+            s = (hs * dec[:, i].reshape(n, 1, d).repeat(1, t, 1)).sum(2)
+            x = torch.exp(s - s.max(axis=1, keepdims=True)[0])
+            x /= x.sum(axis=1, keepdims=True)
+            self.used.append(x.clone())
+            if self.scalar:
+                c = (x * hs[..., 0]).sum(1)
+            else:
+                c = (hs * x.reshape(n, t, 1).repeat(1, 1, d)).sum(1)
+            dec = dec + c.reshape(n, 1, -1)[..., :1]
+        return dec
+
+
+@pytest.mark.parametrize("scalar", [False, True])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_weights_read_by_an_elementwise_product_of_their_shape_are_recorded_in_step_order(scalar, batch):
+    """Each step's weights are recorded exactly and in the order the steps ran (where the product of their
+    own shape is decided at the end of the forward, they were recorded last step first)."""
+    torch.manual_seed(batch)
+    model = _RepeatedWeightSum(scalar).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch), torch.randint(1, VOCAB, (batch, 3)))
+    assert len(cap.records) == 3 and cap.notes == [], cap.notes
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert rec.exact
+        torch.testing.assert_close(rec.probs[:, 0, 0], used)

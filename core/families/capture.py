@@ -194,6 +194,10 @@ ORDERING = frozenset(
 )  # an order of floats: indices that depend on their values
 # ops that combine two tensors element by element (beside ADD, SUB, MUL and DIV): two maps' weights so combined
 COMBINES = frozenset({"lerp", "maximum", "minimum", "fmax", "fmin", "where", "addcmul", "addcdiv"})
+# ops that give the same elements in another shape (a view, or a copy in that order)
+VIEWS = frozenset({"view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "transpose", "permute", "t",
+                   "movedim", "moveaxis", "swapaxes", "swapdims", "contiguous", "clone", "detach", "view_as",
+                   "reshape_as", "expand", "expand_as", "broadcast_to", "T", "mT"})  # fmt: skip
 # ops that reduce an axis away (a sum of weights is their normalizer, not weights)
 REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "norm", "logsumexp", "prod", "std", "var",
                         "argmax", "argmin", "cumsum", "nansum", "count_nonzero", "all", "any"})  # fmt: skip
@@ -1496,6 +1500,9 @@ class _Session:
         self._sums: dict[int, tuple] = {}
         self._projected: dict[int, tuple] = {}  # _hold: softmaxes over a projection's output (module, shape)
         self._unplaced: dict[int, tuple] = {}  # _hold: other softmaxes left out as not attention (+ reason)
+        # _hold: energies, one number a position made by a projection (``v(tanh(W h + U s))``), and what the
+        # model makes of them without a softmax (a sigmoid, a cumprod: monotonic attention's alignment)
+        self._energies: dict[int, tuple] = {}
         self._made: dict[int, tuple] = {}  # _hold: float tensors made inside the call by a factory (buffers)
         self._merged: dict[int, tuple] = {}  # _hold: outputs of several maps' products added or subtracted
         # (id, version, grid, batch) of a tensor from outside -> (it, held weakly; the first of the
@@ -1840,6 +1847,12 @@ class _Session:
                         tag.wo = wo
             if self._unplaced and name not in MATMUL and name not in LINEAR and name not in REDUCTIONS:
                 self._left_out_carried(name, args, kwargs, out)
+            if name in LINEAR and type(out) is torch.Tensor and out.dim() >= 2 and int(out.shape[-1]) == 1:
+                self._energies_made(args, out)
+            elif self._energies and name in MATMUL and isinstance(out, torch.Tensor):
+                self._energies_used(args, kwargs, out)
+            elif self._energies and name not in LINEAR and name not in REDUCTIONS and name not in SOFTMAX:
+                self._left_out_carried(name, args, kwargs, out, self._energies)
         except Exception as exc:  # bookkeeping must never break the user's forward pass
             note = f"{name}: {type(exc).__name__}: {exc}"
             # inside torch.vmap: said once, at its attention (_IN_VMAP); an empty tensor: at its attention
@@ -2140,10 +2153,13 @@ class _Session:
                       "written another way, or computed block by block): these weights are not recorded")  # fmt: skip
         self._unfinished.clear()
         self._row_picks.clear()  # (the token ids they hold)
-        for key, (record, used, keep, was_changed) in list(self._factor_read.items()):
+        n_ops = self.n_ops
+        for key, (record, used, keep, was_changed, at) in list(self._factor_read.items()):
             if key in self._positional_shapes:  # times a tensor of their shape, no values read after: that
                 del self._positional_shapes[key]  # tensor was the values, one number a position
+                self.n_ops = at  # (recorded as at that product: in call order among the others)
                 record(used, keep, was_changed)
+        self.n_ops = n_ops
         self._factor_read.clear()
         for weights, (module, shape) in self._positional_shapes.items():
             if weights in self._in_pieces:  # its slices multiplied values one by one (a loop over the batch)
@@ -4016,10 +4032,12 @@ class _Session:
                 or g.lost.record is None
                 or g.flat
                 or int(t.shape[-1]) == int(g.lost.record.probs.shape[-1])
+                or int(t.shape[-1]) != int(g.lost.record.probs.shape[1])
             )
         ):
-            # w @ W: the weights' last axis (their keys) meets the parameter. Weights moved by a permute
-            # (``attn.permute(0, 2, 3, 1) @ W``) whose last axis is not as long as the keys: another axis
+            # w @ W: the weights' last axis (their keys, or relative positions made of them: VITS's) meets the
+            # parameter. Weights moved by a permute whose last axis is as long as the heads and not as the keys
+            # (``attn.permute(0, 2, 3, 1) @ W``): the heads
             return None
         why = ("mixed across heads by a product with a parameter (talking-heads attention) "
                f"({name}{' ' + args[0] if name == 'einsum' else ''})")  # fmt: skip
@@ -5366,13 +5384,16 @@ class _Session:
             and len(others) == 1
             and tuple(others[0].shape) == tuple(t.shape)
             and not _is_param(others[0])
-        ):
+            and id(record) in self._positional_shapes
+            and t.numel() == math.prod(self._positional_shapes[id(record)][1])
+        ):  # (weights repeated over the values' features first, DLFS2's ``a.reshape(N, T, 1).repeat(1, 1, H)``:
+            # their product)
             # times a tensor of their own shape: a prior (forward attention's ``(prev + shift(prev)) * w``,
             # then renormalized), so what follows reads changed weights; or values, one number a position,
             # read by the sum after. Which it was, the next product of values says; without one, this was it
             self._positional[id(out)] = (out, record, to_softmax, keep, True)
             used = to_softmax(t) if to_softmax is not None and was_changed else None
-            self._factor_read[id(record)] = (record, used, keep, was_changed)
+            self._factor_read[id(record)] = (record, used, keep, was_changed, self.n_ops)
             return
         changed = mask is not None or (
             same
@@ -5520,12 +5541,14 @@ class _Session:
             if entry is not None and _held(registry, out) is None:
                 _hold(registry, out, *entry[1:])
 
-    def _left_out_carried(self, name: str, args, kwargs, out) -> None:
+    def _left_out_carried(self, name: str, args, kwargs, out, registry: dict | None = None) -> None:
         """Weights of a softmax left out as not attention that the model changes, moves or joins before it
         reads with them keep its entry, so a read of values with them is a warning: an NTM's content weights
         interpolated with the last step's, shifted by ``cat`` and ``conv1d`` a row at a time and written into
         a new tensor (``result[b] = ...``), then sharpened (``w ** gamma / sum``). What keeps the key axis (its
-        length), joins or convolves the weights carries it; a reduction or a product does not."""
+        length), joins or convolves the weights carries it; a reduction or a product does not. ``registry``:
+        another one kept so (``_energies``)."""
+        reg = self._unplaced if registry is None else registry
         if name == "__setitem__":
             if (
                 len(args) < 3
@@ -5533,26 +5556,73 @@ class _Session:
                 or not isinstance(args[2], torch.Tensor)
             ):
                 return
-            entry = _held_or_base(self._unplaced, args[2])
+            entry = _held_or_base(reg, args[2])
             target = args[0]
             if entry is not None and target.is_floating_point():
                 for t in (target, target._base):
-                    if t is not None and _held(self._unplaced, t) is None:
-                        _hold(self._unplaced, t, *entry[1:4], True)
+                    if t is not None and _held(reg, t) is None:
+                        _hold(reg, t, *entry[1:4], True)
             return
-        if (
-            type(out) is not torch.Tensor
-            or not out.is_floating_point()
-            or _held(self._unplaced, out) is not None
-        ):
+        if type(out) is not torch.Tensor or not out.is_floating_point() or _held(reg, out) is not None:
             return
         joins = name in CAT or name == "stack" or name in CONV
         for t in _tensors(args, kwargs):
-            entry = _held_or_base(self._unplaced, t)
+            entry = _held_or_base(reg, t)
             if entry is None:
                 continue
-            if joins or (out.dim() >= 1 and t.dim() >= 1 and out.shape[-1] == t.shape[-1]):
-                _hold(self._unplaced, out, *entry[1:4], True)  # (changed: said where values follow)
+            if name in VIEWS:  # the same weights in another shape (squeezed, transposed): as they were
+                _hold(reg, out, *entry[1:])
+            elif (
+                joins
+                or name in lineage.REPLAY
+                or (out.dim() >= 1 and t.dim() >= 1 and out.shape[-1] == t.shape[-1])
+            ):
+                _hold(reg, out, *entry[1:4], True)  # (changed: said where values follow)
+            return
+
+    def _energies_made(self, args, out: torch.Tensor) -> None:
+        """One number a position made by a projection of activations over positions (additive attention's
+        energies, ``v(tanh(W h + U s))``): held, so that weights made of them without a softmax that multiply
+        values over those positions are a warning (a softmax of them is recorded as any other)."""
+        x = args[0] if args else None
+        g = self.tag(x) if isinstance(x, torch.Tensor) else None
+        code = self.code_of(x) if g is not None and g.role != "param" else None
+        if code is None or code.dim() < 2 or tuple(code.shape[:-1]) != tuple(out.shape[:-1]):
+            return
+        pos = code[..., 0] >> lineage.SHIFT
+        if bool((pos != pos.reshape(-1)[:1]).any()):
+            _hold(self._energies, out, self.path(), tuple(out.shape), "", "energies")
+
+    def _energies_used(self, args, kwargs, out: torch.Tensor) -> None:
+        """Energies (``_energies_made``) made into weights without a softmax (a sigmoid and a cumprod:
+        monotonic attention's expected alignment; ``exp(u) / moving_sum``: MoChA's chunks) that multiply
+        values over positions: a warning, as scores that multiply values without a softmax get."""
+        ins = _tensors(args, kwargs)
+        if len(ins) != 2:
+            return
+        for w, v in ((ins[0], ins[1]), (ins[1], ins[0])):
+            entry = _held_or_base(self._energies, w)
+            if entry is None or entry[4] == "energies":
+                continue  # (the projection's output itself: a product of it is a projection)
+            g = self.tag(v)
+            if g is None or g.role == "param" or g.probs is not None or not v.is_floating_point():
+                continue
+            made = self.tag(out)
+            if (made is not None and (made.made_by is not None or made.attn_out is not None)) or any(
+                r.seq == self.n_ops for r in self.cap.records
+            ):  # (weights of a record: a softmax written by hand, recorded where they multiply values)
+                return
+            code = self.code_of(v)
+            if code is None or tuple(code.shape) != tuple(v.shape):
+                continue
+            pos = code >> lineage.SHIFT
+            if not bool((pos != pos.reshape(-1)[:1]).any()):
+                continue
+            self._energies.pop(id(entry[0]()), None)
+            self.n_attention += 1
+            self.warn(self.path(), tuple(w.shape), "weights over positions made from energies without a softmax (a sigmoid, a "
+                      "cumulative product, an exp over a moving sum: monotonic or chunkwise attention) multiply "
+                      "values: capture records softmax weights, so these weights are not recorded")  # fmt: skip
             return
 
     def _unplaced_used(self, args, kwargs, broadcast: bool = False) -> None:
