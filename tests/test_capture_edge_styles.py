@@ -1058,3 +1058,109 @@ def test_weights_made_from_additive_energies_without_a_softmax_are_a_warning(how
     else:
         assert cap.records == [] and len(cap.notes) == 1, cap.notes
         assert f"({batch}, 1, 6): weights over positions made from energies without a softmax" in cap.notes[0]
+
+
+class GroupedVector(nn.Module):
+    """Point Transformer V2's grouped vector attention: weights ``(n, nsample, groups)`` from an MLP of the
+    gathered ``k - q``, a softmax over the neighbours (``dim=1``), the neighbour mask applied by ``einsum("n s
+    g, n s -> n s g", w, sign(idx + 1))``, and the gathered values read by ``einsum("n s g i, n s g -> n g
+    i")``; or the same weights read by a broadcast product and a sum."""
+
+    def __init__(self, how: str, c: int = 8, g: int = 2, ns: int = 3):
+        super().__init__()
+        self.how, self.g, self.ns = how, g, ns
+        self.q, self.k, self.v, self.we = nn.Linear(3, c), nn.Linear(3, c), nn.Linear(3, c), nn.Linear(c, g)
+
+    def forward(self, coord):
+        idx = torch.cdist(coord, coord).topk(self.ns, largest=False).indices
+        q, k, v = self.q(coord), self.k(coord)[idx], self.v(coord)[idx]
+        w = torch.softmax(self.we(k - q[:, None]), dim=1)
+        v = v.view(*v.shape[:2], self.g, -1)
+        if self.how == "einsum":
+            w = torch.einsum("n s g, n s -> n s g", w, torch.sign(idx + 1))
+            return torch.einsum("n s g i, n s g -> n g i", v, w)
+        return (v * w[..., None]).sum(1)
+
+
+@pytest.mark.parametrize("how", ["einsum", "broadcast"])
+def test_grouped_vector_weights_masked_by_an_einsum_still_warn_where_they_read_values(how):
+    """The softmax (not over the last axis) is left out; its weights, masked by an einsum, read values over
+    the neighbours: a warning (it was information only); a view for the broadcast is not a change."""
+    torch.manual_seed(0)
+    cap = _captured(GroupedVector(how).eval(), torch.randn(6, 3))
+    assert cap.records == [] and len(cap.notes) == 1, cap.notes
+    assert (
+        "(6, 3, 2): not recorded: its weights" in cap.notes[0]
+        and "multiply values over positions" in cap.notes[0]
+    )
+    assert ("changed after the softmax" in cap.notes[0]) == (how == "einsum")
+
+
+def test_a_sparse_softmax_over_a_graphs_edges_is_a_warning():
+    """``torch.sparse.softmax`` of per-edge scores then ``torch.sparse.mm`` with the values: attention over a
+    graph's edges, which capture does not record; it says so (it said nothing beside a dense attention, and
+    alone that no softmax was seen)."""
+
+    class EdgeAttention(nn.Module):
+        def __init__(self, dense: bool, d: int = 8):
+            super().__init__()
+            self.dense, self.emb = dense, nn.Embedding(VOCAB, d)
+            self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+        def forward(self, z, edges):
+            x = self.emb(z)
+            if self.dense:
+                x = x + torch.softmax(self.q(x) @ self.k(x).t(), -1) @ x
+            src, dst = edges
+            s = (self.q(x)[dst] * self.k(x)[src]).sum(-1)
+            a = torch.sparse.softmax(
+                torch.sparse_coo_tensor(torch.stack([dst, src]), s, (len(z), len(z)), check_invariants=True),
+                dim=1,
+            )
+            return torch.sparse.mm(a, self.v(x))
+
+    z = torch.randint(0, VOCAB, (6,))
+    edges = torch.stack([torch.tensor([0, 1, 2, 3, 4, 5, 1, 2]), torch.tensor([0, 1, 2, 3, 4, 5, 0, 1])])
+    for dense in (False, True):
+        torch.manual_seed(0)
+        cap = _captured(EdgeAttention(dense).eval(), z, edges)
+        assert len(cap.records) == int(dense) and len(cap.notes) == 1, cap.notes
+        assert "(6, 6): a sparse softmax (torch.sparse.softmax" in cap.notes[0]
+
+
+class _Spmm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, indices, values, shape, b):
+        return torch.matmul(torch.sparse_coo_tensor(indices, values, shape, check_invariants=True), b)
+
+
+class SparseGraphLayer(nn.Module):
+    """pyGAT's ``SpGraphAttentionLayer``: per-edge ``exp(-leakyrelu(a . [h_i; h_j]))`` put into a sparse matrix
+    by a custom autograd Function, the neighbours' features summed by it and divided by the row sums; or
+    (``gcn``) a normalized adjacency handed in, multiplied the same way (no weights of the model's)."""
+
+    def __init__(self, gcn: bool, fin: int = 5, fout: int = 4):
+        super().__init__()
+        self.gcn = gcn
+        self.w, self.a = nn.Parameter(torch.randn(fin, fout)), nn.Parameter(torch.randn(1, 2 * fout))
+
+    def forward(self, x, adj):
+        n, edge, h = x.shape[0], adj.nonzero().t(), torch.mm(x, self.w)
+        if self.gcn:
+            return _Spmm.apply(edge, adj[edge[0], edge[1]] / adj.sum(1)[edge[0]], torch.Size([n, n]), h)
+        edge_h = torch.cat((h[edge[0], :], h[edge[1], :]), dim=1).t()
+        edge_e = torch.exp(-F.leaky_relu(self.a.mm(edge_h).squeeze(), 0.2))
+        rowsum = _Spmm.apply(edge, edge_e, torch.Size([n, n]), torch.ones(n, 1))
+        return F.elu(_Spmm.apply(edge, edge_e, torch.Size([n, n]), h).div(rowsum))
+
+
+def test_weights_over_a_graphs_edges_in_a_sparse_matrix_are_a_warning():
+    """The per-edge weights multiply the neighbours' features through a sparse product: a warning (there was
+    no word); a normalized adjacency handed in and multiplied the same way is no attention and warns nothing."""
+    torch.manual_seed(0)
+    adj = (torch.rand(7, 7) < 0.4).float()
+    adj = ((adj + adj.t() + torch.eye(7)) > 0).float()
+    cap = _captured(SparseGraphLayer(False).eval(), torch.randn(7, 5), adj)
+    assert len(cap.notes) == 1 and "(7, 7): weights over a graph's edges" in cap.notes[0], cap.notes
+    cap = _captured(SparseGraphLayer(True).eval(), torch.randn(7, 5), adj)
+    assert not [n for n in cap.notes if "graph's edges" in n], cap.notes

@@ -194,10 +194,11 @@ ORDERING = frozenset(
 )  # an order of floats: indices that depend on their values
 # ops that combine two tensors element by element (beside ADD, SUB, MUL and DIV): two maps' weights so combined
 COMBINES = frozenset({"lerp", "maximum", "minimum", "fmax", "fmin", "where", "addcmul", "addcdiv"})
-# ops that give the same elements in another shape (a view, or a copy in that order)
-VIEWS = frozenset({"view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "transpose", "permute", "t",
-                   "movedim", "moveaxis", "swapaxes", "swapdims", "contiguous", "clone", "detach", "view_as",
-                   "reshape_as", "expand", "expand_as", "broadcast_to", "T", "mT"})  # fmt: skip
+# ops that make a sparse tensor of given values
+SPARSE_MAKERS = frozenset({"sparse_coo_tensor", "sparse_csr_tensor", "sparse_compressed_tensor"})
+# ops of lineage.REPLAY that put elements in another order or join them (the rest keep them, or some, in order)
+REORDERS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack", "roll", "flip", "gather",
+                      "index_select", "take_along_dim"})  # fmt: skip
 # ops that reduce an axis away (a sum of weights is their normalizer, not weights)
 REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "norm", "logsumexp", "prod", "std", "var",
                         "argmax", "argmin", "cumsum", "nansum", "count_nonzero", "all", "any"})  # fmt: skip
@@ -1503,6 +1504,8 @@ class _Session:
         # _hold: energies, one number a position made by a projection (``v(tanh(W h + U s))``), and what the
         # model makes of them without a softmax (a sigmoid, a cumprod: monotonic attention's alignment)
         self._energies: dict[int, tuple] = {}
+        self._positive: dict[int, tuple] = {}  # _hold: exp or sigmoid of activations (weights, it may be)
+        self._sparse_weights: dict[int, tuple] = {}  # _hold: sparse matrices of such values (a graph's edges)
         self._made: dict[int, tuple] = {}  # _hold: float tensors made inside the call by a factory (buffers)
         self._merged: dict[int, tuple] = {}  # _hold: outputs of several maps' products added or subtracted
         # (id, version, grid, batch) of a tensor from outside -> (it, held weakly; the first of the
@@ -1691,6 +1694,14 @@ class _Session:
             self.warn(self.path(), tuple(q.shape) if isinstance(q, torch.Tensor) else (), "flex_attention "
                       "computes its weights inside its kernel (with its score_mod and block_mask): they are "
                       "not recorded")  # fmt: skip
+        elif name == "_sparse_softmax":  # torch.sparse.softmax (per-edge scores of a graph)
+            path = self.path()
+            x = args[0] if args else None
+            if not self.outside:  # (a module outside the model captured: not its attention)
+                self.n_attention += 1
+                self.warn(path, tuple(x.shape) if isinstance(x, torch.Tensor) else (), "a sparse softmax "
+                          "(torch.sparse.softmax, attention over a graph's edges): capture records dense maps, so "
+                          "these weights are not recorded")  # fmt: skip
         if name == "scaled_dot_product_attention":
             # dropout while training: the RNG state its draws start from
             drop = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
@@ -1845,8 +1856,27 @@ class _Session:
                     tag = self.tag(out) if isinstance(out, torch.Tensor) else None
                     if tag is not None and tag is not _PARAM_TAG:
                         tag.wo = wo
-            if self._unplaced and name not in MATMUL and name not in LINEAR and name not in REDUCTIONS:
+            if (
+                self._unplaced
+                and (name not in MATMUL or name == "einsum")
+                and name not in LINEAR | REDUCTIONS
+            ):
                 self._left_out_carried(name, args, kwargs, out)
+            if (
+                name in ("exp", "sigmoid")
+                and type(out) is torch.Tensor
+                and args
+                and isinstance(args[0], torch.Tensor)
+            ):
+                g = self.tag(args[0])
+                if g is not None and g.role != "param" and out.is_floating_point():
+                    _hold(self._positive, out)  # (weights an edge, once put into a sparse matrix)
+            elif name in SPARSE_MAKERS and type(out) is torch.Tensor and self._positive:
+                values = args[1] if len(args) > 1 else kwargs.get("values")
+                if isinstance(values, torch.Tensor) and _held(self._positive, values) is not None:
+                    _hold(self._sparse_weights, out)
+            elif self._sparse_weights and (name in MATMUL or name == "_sparse_mm"):
+                self._sparse_weights_used(args, kwargs)
             if name in LINEAR and type(out) is torch.Tensor and out.dim() >= 2 and int(out.shape[-1]) == 1:
                 self._energies_made(args, out)
             elif self._energies and name in MATMUL and isinstance(out, torch.Tensor):
@@ -5570,14 +5600,38 @@ class _Session:
             entry = _held_or_base(reg, t)
             if entry is None:
                 continue
-            if name in VIEWS:  # the same weights in another shape (squeezed, transposed): as they were
-                _hold(reg, out, *entry[1:])
+            if name == "einsum" and tuple(out.shape) != tuple(t.shape):
+                return  # (a product: weights times values, said by _unplaced_used; a mask by einsum is carried)
+            if (
+                name in lineage.REPLAY and name not in REORDERS
+            ):  # the same weights, or some of them, in another
+                _hold(reg, out, *entry[1:])  # shape (squeezed, transposed, sliced): as they were
             elif (
                 joins
-                or name in lineage.REPLAY
+                or name in REORDERS
                 or (out.dim() >= 1 and t.dim() >= 1 and out.shape[-1] == t.shape[-1])
             ):
                 _hold(reg, out, *entry[1:4], True)  # (changed: said where values follow)
+            return
+
+    def _sparse_weights_used(self, args, kwargs) -> None:
+        """A sparse matrix whose values are an exp or a sigmoid of activations (pyGAT's per-edge
+        ``exp(-leakyrelu(a . [h_i; h_j]))`` put into ``sparse_coo_tensor``) times activations: attention over a
+        graph's edges, computed in a sparse product capture does not lay out. A warning."""
+        ins = _tensors(args, kwargs)
+        if len(ins) != 2:
+            return
+        for w, v in ((ins[0], ins[1]), (ins[1], ins[0])):
+            if _held(self._sparse_weights, w) is None:
+                continue
+            g = self.tag(v)
+            if g is None or g.role == "param" or not v.is_floating_point() or v.is_sparse:
+                continue
+            self._sparse_weights.pop(id(w), None)
+            self.n_attention += 1
+            self.warn(self.path(), tuple(w.shape), "weights over a graph's edges (an exp or a sigmoid of "
+                      "activations put into a sparse matrix, pyGAT's) multiply values: capture records dense maps "
+                      "of softmax weights, so these weights are not recorded")  # fmt: skip
             return
 
     def _energies_made(self, args, out: torch.Tensor) -> None:
