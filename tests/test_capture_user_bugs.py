@@ -323,8 +323,8 @@ def test_weights_summed_over_the_queries_are_flagged(how, batch):
     with torch.no_grad(), capture_attention(model) as cap:
         model(torch.randint(1, VOCAB, (batch, 5)))
     (rec,) = cap.records
-    assert not rec.exact and "another axis than their softmax" in rec.flag
-    assert any("another axis than their softmax" in n for n in cap.notes)
+    assert not rec.exact and "another axis than the one they were last normalized over" in rec.flag
+    assert any("another axis than the one they were last normalized over" in n for n in cap.notes)
 
 
 def test_a_softmax_without_a_dim_takes_torchs_implicit_one():

@@ -616,10 +616,10 @@ class Captured:
             )
         drawn = [a for k in probs for a in (kw[k], kw.get(f"{k}_learned")) if isinstance(a, np.ndarray)]
         top = max((float(np.nanmax(a)) for a in drawn if _some_finite(a)), default=0.0)
-        if top > 1 + trace_io.PROB_TOL:  # dropout while training: kept weights times 1 / (1 - p)
-            left_out.append(f"weights up to {top:.3g}: dropout while training keeps each weight it does not drop "
-                            "times 1 / (1 - p), and these maps are the weights the values were multiplied with "
-                            "(the model was captured in training mode)")  # fmt: skip
+        if top > 1 + trace_io.PROB_TOL:  # dropout while training (kept weights times 1 / (1 - p)), a mix
+            left_out.append(f"weights up to {top:.3g}: these maps are the weights the values were multiplied with, "
+                            "changed after the softmax (dropout while training keeps each weight it does not drop "
+                            "times 1 / (1 - p); heads mixed by a learned map, a scale)")  # fmt: skip
         sources = sorted({r.source for r in self.records})
         meta: dict[str, Any] = {"kind": "torch.nn", "capture": ", ".join(sources)}
         if top > 1 + trace_io.PROB_TOL:
@@ -4147,8 +4147,9 @@ class _Session:
         """Weights multiplied with the values along another axis than their softmax's (a softmax over
         the queries, dim=1, then ``bmm(w, v)``, as PCT's offset attention): flagged."""
         self._flag_weights(self._weights_of(g), "the weights are multiplied with the values along another "
-                           "axis than their softmax ran over (normalized over the queries?): the record holds "
-                           "the softmax's keys, not the ones the product sums over")  # fmt: skip
+                           "axis than the one they were last normalized over (by their softmax, or by a "
+                           "renormalization after it, as PCT's offset attention does): the record holds them over "
+                           "the keys of that normalization, not the ones the product sums over")  # fmt: skip
 
     def _weights_of(self, g: _Tag) -> _Probs | None:
         """The record's weights a tag of weights (or of their rows) holds."""
@@ -5510,8 +5511,9 @@ class _Session:
         flag = (
             f"{why}, so which axes hold the batch and the heads is read from the shape (a guess)"
             if why
-            else "the queries' and keys' lineage was lost before the product, so the head and batch "
-            "split comes from the shape"
+            else "the queries' and keys' lineage was lost before the product, or the scores' on the way to the "
+            "softmax (an op capture does not follow, as scores written by scatter_ into a new tensor), so the head "
+            "and batch split comes from the shape"
         )
         rec = self._record(path, layout.bhqk(out), layout.bhqk(scores.detach()), allowed, "softmax", source, cross,
                            ext=ext, flag=flag)  # fmt: skip
