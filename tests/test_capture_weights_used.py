@@ -951,3 +951,24 @@ def test_weights_read_by_an_elementwise_product_of_their_shape_are_recorded_in_s
     for rec, used in zip(cap.records, model.used, strict=True):
         assert rec.exact
         torch.testing.assert_close(rec.probs[:, 0, 0], used)
+
+
+def test_a_slice_of_a_map_read_again_by_another_module_is_no_reuse():
+    """A classifier head that pools the tokens by the last layer's class-token attention averaged over the heads
+    (``attn[:, :, 0].mean(1)`` times the tokens) reads some of the map after it weighed its values: no record
+    of its own, and the layer's record stays exact (it was flagged as weights changed after the softmax)."""
+
+    class Pooled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer, self.head = _ReuseLayer(2), nn.Linear(2 * D_HEAD, 3)
+
+        def forward(self, ids, emb):
+            x, attn = self.layer(emb(ids))
+            return self.head(attn[:, :, 0].mean(1)[:, None] @ x)
+
+    torch.manual_seed(0)
+    model, emb = Pooled().eval(), nn.Embedding(VOCAB, 2 * D_HEAD)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(2), emb)
+    assert [r.name for r in cap.records] == ["layer"] and cap.records[0].exact, cap.records

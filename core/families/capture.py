@@ -4202,6 +4202,8 @@ class _Session:
         """Weights viewed into another shape, changed, then multiplied with values (differential
         attention's ``w.view(B, H, 2, T, S)``, then ``w[:, :, 0] - lam * w[:, :, 1]``), or the largest of them
         picked and put back (top-k): flagged."""
+        if id(p) in self._consumed and self._consumed_at.get(id(p)) != self.path():
+            return  # (they weighed their values already: another module's readout of them, a head pooling)
         if id(p) in self._mixed_why:
             self._flag_weights(p, f"the weights are {self._mixed_why[id(p)]} after the softmax: the record holds "
                                "the softmax's output, not the weights the values are multiplied with")  # fmt: skip
@@ -4313,7 +4315,10 @@ class _Session:
         shared across layers: the Reuse Transformer's later layers take an earlier layer's map): an attention
         call of that module with the same weights, recorded under its name. Where the weights changed since
         their record (a later flag could not reach the copy), the copy is not made and a warning says so.
-        False where the second product is in the same module (Shaw's relative values, a second read)."""
+        False where the second product is in the same module (Shaw's relative values, a second read), or
+        multiplies some of the weights or a mean of them (a head pooling by the class token's attention)."""
+        if first.probs is None:
+            return False
         here = self.path()
         if (
             self.outside
