@@ -1443,3 +1443,41 @@ def test_a_decoder_named_module_masked_after_its_softmax_is_told_nothing():
     (rec,) = cap.records
     assert rec.kind == "dec_self" and rec.mask is not None
     assert not [n for n in cap.notes if "by its name alone" in n], cap.notes
+
+
+class FinalStateQuery(nn.Module):
+    """A GRU's final state as the query: Luong's dot attention of the wikidocs tutorial
+    (``bmm(encoder_outputs, hidden.permute(1, 2, 0))``, softmax over dim 1) over the encoder's outputs, or
+    GST's reference encoder state over learned style tokens (``tanh`` of a table)."""
+
+    def __init__(self, gst: bool, d: int = 8):
+        super().__init__()
+        self.gst, self.emb, self.gru = gst, nn.Embedding(VOCAB, d), nn.GRU(d, d, batch_first=True)
+        self.tokens = nn.Parameter(torch.randn(5, d))
+        self.w_q, self.w_k, self.w_v = nn.Linear(d, d, bias=False), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, ids):
+        out, hidden = self.gru(self.emb(ids))  # hidden (1, B, d)
+        if self.gst:
+            tokens = torch.tanh(self.tokens).unsqueeze(0).expand(ids.shape[0], -1, -1)
+            q, k = self.w_q(hidden.transpose(0, 1)), self.w_k(tokens)
+            w = F.softmax(q @ k.transpose(1, 2) / 8**0.5, dim=-1)  # (B, 1, 5)
+            self.w = w
+            return w @ self.w_v(tokens)
+        w = F.softmax(torch.bmm(out, hidden.permute(1, 2, 0)).squeeze(2), dim=1)  # (B, T)
+        self.w = w[:, None]
+        return torch.bmm(w.unsqueeze(1), out)
+
+
+@pytest.mark.parametrize("gst", [False, True])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_recurrent_final_state_as_the_query_is_placed_in_its_sequence(gst, batch):
+    """An RNN's final state is a vector of each sequence, a position of its own: the map is exact and
+    cross-attention (its layout was read from the shape and flagged: the final state named no position)."""
+    torch.manual_seed(batch)
+    model = FinalStateQuery(gst).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (batch, 6)))
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "cross" and cap.notes == [], (rec.flag, cap.notes)
+    torch.testing.assert_close(rec.probs[:, 0], model.w)

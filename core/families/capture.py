@@ -3963,7 +3963,8 @@ class _Session:
     def _recurrent(self, name: str, x: torch.Tensor, outs) -> None:
         """An RNN (``nn.GRU``/``LSTM``/``RNN``) or one step of a cell: the output at each position is a
         projection of that position (its state after reading it), so it keeps the input's positions with
-        features of its own, as a linear layer's output does. Final states (h_n, c_n) name no position."""
+        features of its own, as a linear layer's output does. Final states (h_n, c_n) are a vector of each
+        sequence: positions of their own (a GRU's ``h_n`` as the query of Luong's or GST's attention)."""
         g = self.tag(x)
         if g is None and x.is_floating_point() and x.dim() >= 2:  # features from outside (a spectrogram)
             g = self._external(x)
@@ -3973,6 +3974,22 @@ class _Session:
             code = None
             if xc is not None and (i == 0 or name in CELLS) and tuple(o.shape[:-1]) == tuple(x.shape[:-1]):
                 code = lineage.projected(xc, int(o.shape[-1]))[0]
+            elif xc is not None and i > 0 and name not in CELLS and o.dim() == 3 and o.numel():
+                # a final state (layers x directions, B, H): a vector of each sequence, a position of its own
+                # (as a sum over positions pools them), so a query made of it is placed in its sequence
+                n = int(o.shape[0]) * int(o.shape[1])
+                parent = self.sources.at(int(xc.reshape(-1)[0]) >> lineage.SHIFT).start
+                start = self.sources.new(n, "state", "final state", ("final state", parent))
+                pos = start + torch.arange(n, dtype=torch.int64, device=xc.device).view(
+                    o.shape[0], o.shape[1], 1
+                )
+                code = (pos << lineage.SHIFT) | torch.arange(
+                    int(o.shape[-1]), dtype=torch.int64, device=xc.device
+                )
+                # (a state that read the whole sequence asks as a decoder's state does: cross, as a mean-pooled
+                # query over the positions it pooled is)
+                self.set(o, _Tag("linear", frozenset({("final state", start)}), code=code))
+                continue
             self.set(o, _Tag("linear", origin, code=code))
 
     def _pooled_code(
@@ -6725,7 +6742,9 @@ class _Session:
         allowed = _mask(b, h, lq, lk, attn_mask, kpm, weights.device)
         cross = None if query is key else True
         seen = None  # lineage: where the queries and keys came from, and learned positions among them
-        labelled = any(src.kind in lineage.LABELLED or src.kind == "pooled" for src in self.sources.items)
+        labelled = any(
+            src.kind in lineage.LABELLED or src.kind in ("pooled", "state") for src in self.sources.items
+        )
         if query.dim() == 3 and key.dim() == 3 and (query is not key or labelled):
             qc, kc = self.code_of(query), self.code_of(key)  # (L, B, E), sequence-first
             if qc is not None and kc is not None and qc.shape == query.shape and kc.shape == key.shape:

@@ -851,7 +851,7 @@ def _kinds(pos: torch.Tensor, sources: Sources) -> list[Source]:
 def _labels(pos: torch.Tensor, sources: Sources) -> tuple[str | None, ...] | None:
     """ "<name i>" for learned positions (numbered per parameter in order) and for positions pooled
     from a sequence (``"<pooled i>"``: a strided conv's, a pool's, a projection over positions': no
-    token is one of them), None for the sequence's own."""
+    token is one of them; ``"<final state i>"``: an RNN's), None for the sequence's own."""
     seen: dict[int, int] = {}
     out: list[str | None] = []
     kinds = _kinds(pos, sources)
@@ -861,7 +861,7 @@ def _labels(pos: torch.Tensor, sources: Sources) -> tuple[str | None, ...] | Non
         if s.kind in LABELLED:
             starts.setdefault(s.label, set()).add(s.start)
     for s in kinds:
-        if s.kind in LABELLED or s.kind == "pooled":
+        if s.kind in LABELLED or s.kind in ("pooled", "state"):
             i = seen.get(s.start, 0)
             seen[s.start] = i + 1
             name = s.path if s.path and len(starts.get(s.label, ())) > 1 else s.label
