@@ -1481,3 +1481,35 @@ def test_a_recurrent_final_state_as_the_query_is_placed_in_its_sequence(gst, bat
     (rec,) = cap.records
     assert rec.exact and rec.kind == "cross" and cap.notes == [], (rec.flag, cap.notes)
     torch.testing.assert_close(rec.probs[:, 0], model.w)
+
+
+class SessionInterests(nn.Module):
+    """DSIN's session interests: each session's mean pooled separately, joined, and a target's attention over
+    them (``bmm(q.unsqueeze(1), interests.transpose(1, 2))``)."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+
+    def forward(self, target, *sessions):
+        q = self.emb(target)
+        interests = torch.cat([self.emb(s).mean(1, keepdim=True) for s in sessions], 1)  # (B, S, d)
+        w = torch.softmax(torch.bmm(q.unsqueeze(1), interests.transpose(1, 2)), -1)
+        self.w = w
+        return torch.bmm(w, interests)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_vectors_pooled_separately_are_keys_of_their_own_in_the_trace(batch):
+    """Three session means are three keys, labelled apart (each was ``<pooled 0>``, so the trace drew one
+    column holding one key's weight and the row summed to less than 1, with no note)."""
+    torch.manual_seed(batch)
+    model = SessionInterests().eval()
+    sessions = [torch.randint(1, VOCAB, (batch, 4)) for _ in range(3)]
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (batch,)), *sessions)
+    (rec,) = cap.records
+    assert rec.exact and len(set(rec.key_labels)) == 3, rec.key_labels
+    labels, learned = cap.trace(0).learned("cross")
+    assert len(labels) == 3
+    torch.testing.assert_close(torch.as_tensor(learned[-1, 0, 0]), model.w[0, 0])

@@ -1164,3 +1164,84 @@ def test_weights_over_a_graphs_edges_in_a_sparse_matrix_are_a_warning():
     assert len(cap.notes) == 1 and "(7, 7): weights over a graph's edges" in cap.notes[0], cap.notes
     cap = _captured(SparseGraphLayer(True).eval(), torch.randn(7, 5), adj)
     assert not [n for n in cap.notes if "graph's edges" in n], cap.notes
+
+
+class GatesAndLosses(nn.Module):
+    """Softmaxes that weigh no positions beside one self-attention: SKNet's branch weights ``(B, M, C, 1, 1)``
+    over every pixel, an MDN's mixture ``pi.unsqueeze(-1) * mu``, a segmentation head's class softmax times a
+    one-hot target or its own log (a Dice loss, an entropy), and an InfoNCE loss's ``log_softmax`` of
+    similarities that is never exponentiated."""
+
+    def __init__(self, how: str, d: int = 8):
+        super().__init__()
+        self.how = how
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+        self.conv, self.fc, self.pi, self.mu = (
+            nn.Conv2d(3, 2 * 4, 3, padding=1),
+            nn.Linear(4, 2 * 4),
+            nn.Linear(d, 3),
+            nn.Linear(d, 3 * 2),
+        )
+
+    def forward(self, ids, img, target):
+        x = self.emb(ids)
+        q, k, v = self.qkv(x).chunk(3, -1)
+        x = x + (q @ k.transpose(1, 2)).softmax(-1) @ v
+        if self.how == "sknet":
+            feats = self.conv(img).view(img.shape[0], 2, 4, *img.shape[2:])  # (B, M, C, H, W)
+            a = self.fc(feats.sum(1).mean((2, 3))).view(-1, 2, 4, 1, 1).softmax(dim=1)
+            return x, (feats * a).sum(1)
+        if self.how == "mdn":
+            h = x.mean(1)
+            pi = F.softmax(self.pi(h), -1)
+            return x, (pi.unsqueeze(-1) * self.mu(h).view(-1, 3, 2)).sum(1)
+        if self.how in ("dice", "entropy"):
+            probs = F.softmax(self.conv(img)[:, :4], dim=1)  # (B, C, H, W)
+            other = F.one_hot(target, 4).permute(0, 3, 1, 2).float() if self.how == "dice" else probs.log()
+            return x, (probs * other).sum((0, 2, 3))
+        z = F.normalize(x.mean(1), dim=-1)
+        return x, -F.log_softmax(z @ z.t() / 0.07, dim=-1).diagonal().mean()
+
+
+@pytest.mark.parametrize("how", ["sknet", "mdn", "dice", "entropy", "infonce"])
+def test_softmaxes_that_weigh_no_positions_warn_of_nothing(how):
+    """Each of these weighs no values over positions: information at most (each was a warning that its weights
+    multiply values over positions, or that an exp of query-key scores was not followed); the self-attention
+    beside them stays exact."""
+    torch.manual_seed(0)
+    cap = _captured(
+        GatesAndLosses(how).eval(),
+        torch.randint(0, VOCAB, (3, 5)),
+        torch.randn(3, 3, 4, 5),
+        torch.randint(0, 4, (3, 4, 5)),
+    )
+    assert cap.notes == [], cap.notes
+    assert len(cap.records) >= 1 and cap.records[0].exact and cap.records[0].kind == "enc_self"
+
+
+class FieldGate(nn.Module):
+    """FiBiNET's SENET with a softmax excitation: each field squeezed to a number, a Linear over the fields, a
+    softmax over them; the fields scaled by it (a gate: no sum over them), or pooled by it (``bmm``)."""
+
+    def __init__(self, pool: bool, fields: int = 4, d: int = 8):
+        super().__init__()
+        self.pool, self.emb, self.excitation = (
+            pool,
+            nn.Embedding(VOCAB, d),
+            nn.Linear(fields, fields, bias=False),
+        )
+
+    def forward(self, ids):
+        x = self.emb(ids)  # (B, F, d): one id a field
+        a = torch.softmax(self.excitation(x.mean(-1)), dim=-1)
+        return torch.bmm(a.unsqueeze(1), x) if self.pool else (x * a.unsqueeze(-1)).flatten(1)
+
+
+@pytest.mark.parametrize("pool", [False, True])
+def test_weights_a_projection_made_over_the_fields_are_no_map(pool):
+    """Weights made by a projection over the positions are a synthesizer's, no map of queries over keys: a gate
+    is a note, a read with them a warning (each was an exact cross map over ``<pooled i>`` keys)."""
+    torch.manual_seed(0)
+    cap = _captured(FieldGate(pool).eval(), torch.randint(0, VOCAB, (2, 4)))
+    assert cap.records == []
+    assert len(cap.notes) == int(pool) and len(cap.skipped) == int(not pool), (cap.notes, cap.skipped)

@@ -1504,6 +1504,9 @@ class _Session:
         # _hold: energies, one number a position made by a projection (``v(tanh(W h + U s))``), and what the
         # model makes of them without a softmax (a sigmoid, a cumprod: monotonic attention's alignment)
         self._energies: dict[int, tuple] = {}
+        # _hold: products of left-out weights and values broadcast over their features, a read once summed over
+        # the positions: (entry, whether the values have codes, the axes the weights span)
+        self._reads: dict[int, tuple] = {}
         self._positive: dict[int, tuple] = {}  # _hold: exp or sigmoid of activations (weights, it may be)
         self._sparse_weights: dict[int, tuple] = {}  # _hold: sparse matrices of such values (a graph's edges)
         self._made: dict[int, tuple] = {}  # _hold: float tensors made inside the call by a factory (buffers)
@@ -1806,7 +1809,9 @@ class _Session:
                     self._projected_used(args, kwargs, broadcast=True)
                 # (a read as ``(w[..., None] * m).sum`` too)
                 if self._unplaced and (name in MATMUL or name in MUL):
-                    self._unplaced_used(args, kwargs, name in MUL)
+                    self._unplaced_used(args, kwargs, name in MUL, out if type(out) is torch.Tensor else None)
+                if self._reads and name in ("sum", "mean", "nansum"):
+                    self._read_summed(name, args, kwargs)
                 if self._hand and name in MATMUL:
                     self._hand_weights(args, kwargs)  # a softmax by hand: recorded where its weights are used
                 if self._positional:
@@ -2106,9 +2111,8 @@ class _Session:
                 dim = dim[0]
             if tag is None or tag.role != "scores" or not isinstance(dim, int) or x.dim() < 2:
                 return
-            if name == "log_softmax":
+            if name == "log_softmax":  # (log-probabilities: weights once exponentiated, a loss's otherwise)
                 self._remember_hand(out, "log", out, x, dim % x.dim())
-                self._unfinished[id(out)] = (self.path(), tuple(out.shape))
             else:  # s - logsumexp(s) is log_softmax(s)
                 keep = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
                 self._remember_hand(out, "lse" if keep else "lse-", x, x, dim % x.dim())
@@ -2129,7 +2133,6 @@ class _Session:
             lse = self._hand_of(args[1], "lse")
             if lse is not None and lse[2] is args[0] and tuple(out.shape) == tuple(x.shape):
                 self._remember_hand(out, "log", out, lse[0], lse[1])
-                self._unfinished[id(out)] = (self.path(), tuple(out.shape))
         elif name == "sum":
             found = self._hand_of(x, "exp")
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
@@ -3224,7 +3227,7 @@ class _Session:
         positions = self._pooled_positions(pos, int(out.shape[-1]))
         return None if positions is None else (positions << lineage.SHIFT) | fe[..., :1]
 
-    def _pooled_positions(self, pos: torch.Tensor, m: int) -> torch.Tensor | None:
+    def _pooled_positions(self, pos: torch.Tensor, m: int, projected: bool = True) -> torch.Tensor | None:
         """(*lead, m) new positions pooled from the positions each row of ``pos`` (*lead, n) reads: the
         same for rows that read the same positions (every feature, every head of a sequence). None
         where the rows are learned positions, or rows that begin at one position read others."""
@@ -3238,7 +3241,9 @@ class _Session:
         )
         if not bool((rows == rows[seq][inverse.reshape(-1)]).all()):
             return None  # rows that begin at one position but read others
-        start = self.sources.new(len(first) * m, "pooled", "pooled", ("pooled", parent.start), m)
+        # (a projection over the positions: each new one a learned mix of them, ``projected``)
+        origin = ("pooled", parent.start, "projection") if projected else ("pooled", parent.start)
+        start = self.sources.new(len(first) * m, "pooled", "pooled", origin, m)
         return start + inverse[..., None] * m + torch.arange(m, device=pos.device)
 
     def _new_positions(self, x: torch.Tensor, xc: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -5248,6 +5253,12 @@ class _Session:
         if not bool((feat == feat[:, :1]).all()) or not bool((pos != pos[:, :1]).any(-1).all()):
             return False  # features along the dim (a vocabulary, a class), or a row over one position
         param = self.sources.learned(pos)
+        srcs = [self.sources.items[i] for i in torch.unique(self.sources.index(pos[:1])).tolist()]
+        if all(isinstance(s.origin, tuple) and s.origin[2:3] == ("projection",) for s in srcs):
+            return (
+                False  # weights over positions a projection made of the positions (FiBiNET's SENET, a Linear
+            )
+            # over the fields): a synthesizer's weights, no map of queries over keys
         seen = pos.masked_fill(param, -1).sort(-1).values
         if bool(((seen[:, 1:] == seen[:, :-1]) & (seen[:, 1:] >= 0)).any()):
             return False  # a sequence position twice in a row (padding may repeat)
@@ -5703,7 +5714,7 @@ class _Session:
                       "values: capture records softmax weights, so these weights are not recorded")  # fmt: skip
             return
 
-    def _unplaced_used(self, args, kwargs, broadcast: bool = False) -> None:
+    def _unplaced_used(self, args, kwargs, broadcast: bool = False, out: torch.Tensor | None = None) -> None:
         """A softmax left out as not attention (a 2-D one, one whose axis is no sequence length) whose
         weights, or a view of them, multiply values over several positions (``attn @ enc_out``, the values
         first in ``bmm(v, attn)``): attention after all, that capture could not lay out. A warning, in
@@ -5716,6 +5727,14 @@ class _Session:
                 continue  # (a product element by element: values over positions, (B, N, d) against (B, N, 1))
             entry = _held_or_base(self._unplaced, w)
             if entry is None:
+                continue
+            # a read weighs values along an axis the weights span, one broadcast over the other (``w[..., None] *
+            # memory``), then sums it; a gate is 1 along the positions (SKNet's branch weights over every pixel), and
+            # weights times a tensor of their own shape (a one-hot target, their own log) read nothing
+            full = (
+                [a for a in range(1, v.dim()) if int(w.shape[a]) == int(v.shape[a]) > 1] if broadcast else []
+            )
+            if broadcast and (not full or tuple(w.shape) == tuple(v.shape)):
                 continue
             g = self.tag(v)
             if g is _PARAM_TAG or (g is not None and g.role == "param") or not v.is_floating_point():
@@ -5731,28 +5750,58 @@ class _Session:
                     (pos != pos.reshape(-1)[:1]).any()
                 ):  # (one position: a vector, not values over positions)
                     continue
+                if broadcast and not any(
+                    bool((pos.narrow(a, 1, int(pos.shape[a]) - 1) != pos.narrow(a, 0, 1)).any()) for a in full
+                ):
+                    continue  # (the weights span no axis of positions: a mixture within each row, an MDN's)
             elif v.dim() < 3 or int(v.shape[0]) != int(w.shape[0]) or _is_param(v):
                 continue  # (a table with no batch axis, class embeddings handed in: what a class softmax weighs;
                 # a memory read by its weights is one per sequence)
-            held, path, shape, reason = entry[:4]
-            self._unplaced.pop(id(held()), None)
-            self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, reason)]
-            self._seen.discard((path, reason))  # (a later softmax of the module left out so is noted again)
-            # (without codes: a memory or features from outside the call, or past an op lineage does not follow)
-            what = (
-                "values over positions (attention)"
-                if code is not None
-                else "a tensor capture does not follow (from outside the call, as a memory read by its weights, "
-                "or past an op lineage does not follow, as F.interpolate): attention, it may be"
-            )
-            changed = (
-                ", changed after the softmax (moved, joined or combined with other tensors),"
-                if len(entry) > 4
-                else ""
-            )
-            self.warn(path, shape, f"not recorded: its weights{changed} multiply {what}, but capture could not lay "
-                      f"them out ({reason})")  # fmt: skip
+            if (
+                broadcast and out is not None
+            ):  # a read once its product is summed over those positions (else a
+                _hold(self._reads, out, entry, code is not None, tuple(full))  # gate: SENET's over fields)
+                return
+            self._tell_unplaced(entry, code is not None)
             return
+
+    def _read_summed(self, name: str, args, kwargs) -> None:
+        """The product of left-out weights and values broadcast over their features (``_unplaced_used``) summed
+        over the positions the weights span (``(w[..., None] * memory).sum(1)``): a read, told as a warning."""
+        x = args[0] if args else kwargs.get("input")
+        if not isinstance(x, torch.Tensor):
+            return
+        held = _held_or_base(self._reads, x)
+        if held is None:
+            return
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+        _, entry, coded, full = held
+        if dim is None or any(isinstance(d, int) and d % x.dim() in full for d in dims):
+            self._reads.pop(id(held[0]()), None)
+            if _held(self._unplaced, entry[0]()) is not None or entry[0]() is None:
+                self._tell_unplaced(entry, coded)
+
+    def _tell_unplaced(self, entry: tuple, coded: bool) -> None:
+        """The warning that a left-out softmax's weights multiply values (in place of the information)."""
+        held, path, shape, reason = entry[:4]
+        self._unplaced.pop(id(held()), None)
+        self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, reason)]
+        self._seen.discard((path, reason))  # (a later softmax of the module left out so is noted again)
+        # (without codes: a memory or features from outside the call, or past an op lineage does not follow)
+        what = (
+            "values over positions (attention)"
+            if coded
+            else "a tensor capture does not follow (from outside the call, as a memory read by its weights, "
+            "or past an op lineage does not follow, as F.interpolate): attention, it may be"
+        )
+        changed = (
+            ", changed after the softmax (moved, joined or combined with other tensors),"
+            if len(entry) > 4
+            else ""
+        )
+        self.warn(path, shape, f"not recorded: its weights{changed} multiply {what}, but capture could not lay "
+                  f"them out ({reason})")  # fmt: skip
 
     def _layout(self, x, tag) -> tuple[tuple[int, int], bool]:
         """(a, b) factors of the first dim of 3-D scores, and whether they are (H, B) (head-major);

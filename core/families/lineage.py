@@ -852,7 +852,7 @@ def _labels(pos: torch.Tensor, sources: Sources) -> tuple[str | None, ...] | Non
     """ "<name i>" for learned positions (numbered per parameter in order) and for positions pooled
     from a sequence (``"<pooled i>"``: a strided conv's, a pool's, a projection over positions': no
     token is one of them; ``"<final state i>"``: an RNN's), None for the sequence's own."""
-    seen: dict[int, int] = {}
+    seen: dict[Any, int] = {}
     out: list[str | None] = []
     kinds = _kinds(pos, sources)
     # two learned tensors of one label among these (``enc.tok``, ``dec.tok``): each named by its path instead
@@ -862,10 +862,16 @@ def _labels(pos: torch.Tensor, sources: Sources) -> tuple[str | None, ...] | Non
             starts.setdefault(s.label, set()).add(s.start)
     for s in kinds:
         if s.kind in LABELLED or s.kind in ("pooled", "state"):
-            i = seen.get(s.start, 0)
-            seen[s.start] = i + 1
+            # (vectors pooled separately, DSIN's session means, are numbered on across their sources: each is a
+            # key of its own; a parameter's rows are numbered within it)
+            at: Any = s.start if s.kind in LABELLED else ("pooled", s.label)
+            i = seen.get(at, 0)
+            seen[at] = i + 1
             name = s.path if s.path and len(starts.get(s.label, ())) > 1 else s.label
-            out.append(f"<{name} {i}>")
+            label, k = f"<{name} {i}>", 1
+            while label in out:  # (every key a column of its own: two with one label would be drawn as one)
+                label, k = f"<{name} {i}.{k}>", k + 1
+            out.append(label)
         else:
             out.append(None)
     return tuple(out) if seen else None
