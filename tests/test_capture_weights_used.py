@@ -972,3 +972,48 @@ def test_a_slice_of_a_map_read_again_by_another_module_is_no_reuse():
     with torch.no_grad(), capture_attention(model) as cap:
         model(_ids(2), emb)
     assert [r.name for r in cap.records] == ["layer"] and cap.records[0].exact, cap.records
+
+
+class _Attn(nn.Module):
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h, self.qkv = heads, nn.Linear(heads * D_HEAD, 3 * heads * D_HEAD)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, self.h, D_HEAD).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        a = torch.softmax(q @ k.transpose(-1, -2) / D_HEAD**0.5, -1)
+        return a, a @ v, v
+
+
+class _Distilled(nn.Module):
+    """MiniLM's distillation in one forward: the teacher's and the student's attention (each multiplies its
+    values), and the teacher's value relation ``softmax(V V^T / sqrt(d))`` as the target of ``F.kl_div`` (it
+    multiplies nothing); TinyBERT's ``F.mse_loss`` between the two attention maps too."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.emb, self.teacher, self.student = nn.Embedding(VOCAB, heads * D_HEAD), _Attn(heads), _Attn(heads)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        a_t, _, v_t = self.teacher(x)
+        a_s, y, v_s = self.student(x)
+        rel_t = torch.softmax(v_t @ v_t.transpose(-1, -2) / D_HEAD**0.5, -1)
+        rel_s = torch.log_softmax(v_s @ v_s.transpose(-1, -2) / D_HEAD**0.5, -1)
+        self.maps = (a_t, a_s)
+        return y, F.kl_div(rel_s, rel_t, reduction="batchmean") + F.mse_loss(a_s, a_t)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_a_softmax_whose_weights_only_feed_a_loss_is_not_recorded(batch, heads):
+    """The value relation, a distillation target, multiplies no values: noted, not an attention layer (it was
+    recorded as a third ``enc_self`` layer); the two attention maps fed to a loss as well stay, exact."""
+    torch.manual_seed(batch * 10 + heads)
+    model = _Distilled(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch))
+    assert len(cap.records) == 2 and cap.notes == [], (cap.records, cap.notes)
+    for rec, want in zip(cap.records, model.maps, strict=True):
+        assert rec.exact and torch.equal(rec.probs, want)
+    assert any("went into a loss" in n.reason for n in cap.skipped), cap.skipped

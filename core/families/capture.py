@@ -194,6 +194,9 @@ ORDERING = frozenset(
 )  # an order of floats: indices that depend on their values
 # ops that combine two tensors element by element (beside ADD, SUB, MUL and DIV): two maps' weights so combined
 COMBINES = frozenset({"lerp", "maximum", "minimum", "fmax", "fmin", "where", "addcmul", "addcdiv"})
+# losses: weights that go into one and multiply nothing are a target, not attention (a distillation loss)
+LOSSES = frozenset({"kl_div", "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+                    "binary_cross_entropy", "binary_cross_entropy_with_logits", "poisson_nll_loss"})  # fmt: skip
 # ops that make a sparse tensor of given values
 SPARSE_MAKERS = frozenset({"sparse_coo_tensor", "sparse_csr_tensor", "sparse_compressed_tensor"})
 # ops of lineage.REPLAY that put elements in another order or join them (the rest keep them, or some, in order)
@@ -1504,6 +1507,7 @@ class _Session:
         # _hold: energies, one number a position made by a projection (``v(tanh(W h + U s))``), and what the
         # model makes of them without a softmax (a sigmoid, a cumprod: monotonic attention's alignment)
         self._energies: dict[int, tuple] = {}
+        self._loss_fed: set[int] = set()  # Record.seq of weights that went into a loss
         # _hold: products of left-out weights and values broadcast over their features, a read once summed over
         # the positions: (entry, whether the values have codes, the axes the weights span)
         self._reads: dict[int, tuple] = {}
@@ -1833,8 +1837,10 @@ class _Session:
                     self._carry_left_out(args[0], out)  # told again if they multiply values
                 if name in MUL and len(args) == 2 and type(out) is torch.Tensor:
                     self._weights_times_values(args, out)
-                if self._outside and (name in MATMUL or name in MUL):  # (weights recorded outside the model)
-                    self.weighed(name, args, out)
+                if (self._outside or self.cap.records) and (name in MATMUL or name in MUL):
+                    self.weighed(name, args, out)  # (weights recorded outside the model, or fed to a loss)
+                if name in LOSSES and self.cap.records:
+                    self._fed_to_loss(args, kwargs)
                 self.propagate(name, func, args, kwargs, out, pre)
                 if self._softmaxed and name in RENORM_STEPS and type(out) is torch.Tensor:
                     self._renormalized(name, args, kwargs, out)
@@ -2186,14 +2192,7 @@ class _Session:
                       "written another way, or computed block by block): these weights are not recorded")  # fmt: skip
         self._unfinished.clear()
         self._row_picks.clear()  # (the token ids they hold)
-        n_ops = self.n_ops
-        for key, (record, used, keep, was_changed, at) in list(self._factor_read.items()):
-            if key in self._positional_shapes:  # times a tensor of their shape, no values read after: that
-                del self._positional_shapes[key]  # tensor was the values, one number a position
-                self.n_ops = at  # (recorded as at that product: in call order among the others)
-                record(used, keep, was_changed)
-        self.n_ops = n_ops
-        self._factor_read.clear()
+        self._factor_read.clear()  # (times a tensor of their shape, never summed: a gate, DA-RNN's input one)
         for weights, (module, shape) in self._positional_shapes.items():
             if weights in self._in_pieces:  # its slices multiplied values one by one (a loop over the batch)
                 self.warn(module, shape, "not recorded: weights over positions whose slices multiply values one "
@@ -5425,6 +5424,19 @@ class _Session:
         if found is None or not isinstance(out, torch.Tensor):
             return
         t, record, to_softmax, keep, was_changed = found
+        factor = self._factor_read.get(id(record))
+        if factor is not None and name in ("sum", "mean", "nansum") and id(record) in self._positional_shapes:
+            # weights times a tensor of their shape, summed: that tensor was the values, one number a position
+            del self._positional_shapes[id(record)]
+            del self._factor_read[id(record)]
+            for key in [k for k, e in self._positional.items() if e[1] is record]:
+                del self._positional[key]
+            n_ops, self.n_ops = self.n_ops, factor[4]  # (recorded as at that product: in call order)
+            try:
+                record(*factor[1:4])
+            finally:
+                self.n_ops = n_ops
+            return
         others = [o for o in _tensors(args, kwargs) if o is not t and o.numel() > 1]
         if name in lineage.REPLAY and args and args[0] is t:  # a view of the weights: still them
             back = None
@@ -5454,7 +5466,7 @@ class _Session:
             # their product)
             # times a tensor of their own shape: a prior (forward attention's ``(prev + shift(prev)) * w``,
             # then renormalized), so what follows reads changed weights; or values, one number a position,
-            # read by the sum after. Which it was, the next product of values says; without one, this was it
+            # read by the sum after; or a gate (DA-RNN's input attention scales its inputs): what follows says
             self._positional[id(out)] = (out, record, to_softmax, keep, True)
             used = to_softmax(t) if to_softmax is not None and was_changed else None
             self._factor_read[id(record)] = (record, used, keep, was_changed, self.n_ops)
@@ -6030,6 +6042,15 @@ class _Session:
             if p is not None and p.record is not None:
                 self._weighed.add(p.record.seq)
 
+    def _fed_to_loss(self, args, kwargs) -> None:
+        """Weights of a record that go into a loss (``F.kl_div(student, teacher_probs)``): a distillation target,
+        if they multiplied no values (``drop_unused_outside``)."""
+        for t in _tensors(args, kwargs):
+            g = self.tag(t)
+            p = None if g is None else g.probs or g.lost or self._weights_of(g)
+            if p is not None and p.record is not None:
+                self._loss_fed.add(p.record.seq)
+
     def drop_unused_outside(self) -> None:
         """Softmaxes the block ran after the model's call returned, outside every module of it, whose weights
         went into no product (CLIP's label probabilities, a distillation target, a loss): not the model's
@@ -6038,15 +6059,21 @@ class _Session:
         drop = {
             id(r)
             for r in self.cap.records
-            if r.seq in self._outside and r.seq not in self._weighed and r.flag is None
+            if (r.seq in self._outside or (r.seq in self._loss_fed and r.source == "softmax"))
+            and r.seq not in self._weighed
+            and r.flag is None
         }
         if not drop:
             return
         for r in self.cap.records:
-            if id(r) in drop:
+            if id(r) in drop and r.seq in self._outside:
                 self.skip("(outside the model)", tuple(r.probs.shape), "a softmax the block ran outside the "
                           "model's forward whose weights multiplied no values (a similarity, a loss, a "
                           "distillation target): not the model's attention")  # fmt: skip
+            elif id(r) in drop:
+                self.skip(r.name, tuple(r.probs.shape), "a softmax over query-key scores whose weights multiplied "
+                          "no values and went into a loss (a distillation target, MiniLM's value relation): not "
+                          "attention the model computed with")  # fmt: skip
         self.cap.records[:] = [r for r in self.cap.records if id(r) not in drop]
 
     def detach_records(self) -> None:
