@@ -4883,7 +4883,7 @@ class _Session:
             self._before_q, self._same_q = self._same_q, [(at, queries, layout)]
             if self._before_q and self._before_q[-1][0] == held_at:
                 held_at, held_q, held_layout = self._before_q[0]  # (the first call of the previous sequence)
-        if layout is None or held_layout is None or not 0 <= held_at < at:
+        if layout is None or held_layout is None or held_q is None or not 0 <= held_at < at:
             return
         if not bool((~torch.isin(queries, held_q)).all()):
             return
