@@ -1463,8 +1463,9 @@ class _Session:
         # those over the queries before them: a loop over the sequences of calls a sequence (its heads)
         self._same_q: list[tuple[int, torch.Tensor | None, Layout | None]] = []
         self._before_q: list[tuple[int, torch.Tensor | None, Layout | None]] = []
-        # (weights, module): the record of a map reused there (None: told it is not recorded again)
-        self._reuses: dict[tuple[int, str], Record | None] = {}
+        self._reuses: set[tuple[int, str]] = (
+            set()
+        )  # (weights, module) of a map reused there, recorded or told
         # memory of the model's that records hold (the weights a softmax wrote, its scores, a mask) and, of
         # it, what the values have multiplied since: a later write there (a buffer reused by the next
         # layer, maps edited for display) must not reach the record, which is what the model used
@@ -1488,8 +1489,8 @@ class _Session:
         # values: id of the weights (or a view of them) -> (them, held; the record to make)
         self._positional: dict[int, tuple[torch.Tensor, Callable[..., None], Any, Any, bool]] = {}
         self._positional_shapes: dict[int, tuple[str, tuple[int, ...]]] = {}  # id(record) -> module, shape
-        # id(record) -> (record, used, keep, changed): weights times a tensor of their own shape, recorded so
-        # at finish where no product with values followed (that tensor was the values)
+        # id(record) -> (record, used, keep, changed, op count): weights over positions times a tensor of their
+        # own shape, recorded so where that product is summed (it was the values); a gate otherwise
         self._factor_read: dict[int, tuple] = {}
         self._in_pieces: set[int] = set()  # id(record) of such weights whose slices multiplied values
         self._packed_weights: set[int] = set()  # id(record) of such weights packed into a sequence
@@ -3226,7 +3227,7 @@ class _Session:
         positions = self._pooled_positions(pos, int(out.shape[-1]))
         return None if positions is None else (positions << lineage.SHIFT) | fe[..., :1]
 
-    def _pooled_positions(self, pos: torch.Tensor, m: int, projected: bool = True) -> torch.Tensor | None:
+    def _pooled_positions(self, pos: torch.Tensor, m: int) -> torch.Tensor | None:
         """(*lead, m) new positions pooled from the positions each row of ``pos`` (*lead, n) reads: the
         same for rows that read the same positions (every feature, every head of a sequence). None
         where the rows are learned positions, or rows that begin at one position read others."""
@@ -3240,9 +3241,10 @@ class _Session:
         )
         if not bool((rows == rows[seq][inverse.reshape(-1)]).all()):
             return None  # rows that begin at one position but read others
-        # (a projection over the positions: each new one a learned mix of them, ``projected``)
-        origin = ("pooled", parent.start, "projection") if projected else ("pooled", parent.start)
-        start = self.sources.new(len(first) * m, "pooled", "pooled", origin, m)
+        # (a projection over the positions: each new one a learned mix of them)
+        start = self.sources.new(
+            len(first) * m, "pooled", "pooled", ("pooled", parent.start, "projection"), m
+        )
         return start + inverse[..., None] * m + torch.arange(m, device=pos.device)
 
     def _new_positions(self, x: torch.Tensor, xc: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -4357,11 +4359,11 @@ class _Session:
             self.warn(here, tuple(ops[0].shape), "the weights of the attention in "
                       f"{rec.name if rec is not None else 'another module'!r} multiply values here too (a map "
                       "reused across layers), changed or unverified since: not recorded again")  # fmt: skip
-            self._reuses[(id(p), here)] = None
+            self._reuses.add((id(p), here))
             return True
         self._note_run()
         copy = _replaced(rec, name=here, values=None, residual_of=None, seq=self.n_ops)
-        self._reuses[(id(p), here)] = copy
+        self._reuses.add((id(p), here))
         self.cap.records.append(copy)
         return True
 
@@ -5462,11 +5464,12 @@ class _Session:
             and not _is_param(others[0])
             and id(record) in self._positional_shapes
             and t.numel() == math.prod(self._positional_shapes[id(record)][1])
-        ):  # (weights repeated over the values' features first, DLFS2's ``a.reshape(N, T, 1).repeat(1, 1, H)``:
-            # their product)
-            # times a tensor of their own shape: a prior (forward attention's ``(prev + shift(prev)) * w``,
-            # then renormalized), so what follows reads changed weights; or values, one number a position,
-            # read by the sum after; or a gate (DA-RNN's input attention scales its inputs): what follows says
+        ):
+            # times a tensor of their own shape (not repeated over the values' features first, as DLFS2's
+            # ``a.reshape(N, T, 1).repeat(1, 1, H)`` is: that is their product): a prior (forward attention's
+            # ``(prev + shift(prev)) * w``, then renormalized), so what follows reads changed weights; or values,
+            # one number a position, read by the sum after; or a gate (DA-RNN's input attention scales its
+            # inputs): what follows says
             self._positional[id(out)] = (out, record, to_softmax, keep, True)
             used = to_softmax(t) if to_softmax is not None and was_changed else None
             self._factor_read[id(record)] = (record, used, keep, was_changed, self.n_ops)
@@ -5649,10 +5652,9 @@ class _Session:
                 continue
             if name == "einsum" and tuple(out.shape) != tuple(t.shape):
                 return  # (a product: weights times values, said by _unplaced_used; a mask by einsum is carried)
-            if (
-                name in lineage.REPLAY and name not in REORDERS
-            ):  # the same weights, or some of them, in another
-                _hold(reg, out, *entry[1:])  # shape (squeezed, transposed, sliced): as they were
+            if name in lineage.REPLAY and name not in REORDERS:
+                # the same weights, or some of them, in another shape (squeezed, transposed, sliced): as they were
+                _hold(reg, out, *entry[1:])
             elif (
                 joins
                 or name in REORDERS
@@ -5721,9 +5723,9 @@ class _Session:
                 continue
             self._energies.pop(id(entry[0]()), None)
             self.n_attention += 1
-            self.warn(self.path(), tuple(w.shape), "weights over positions made from energies without a softmax (a sigmoid, a "
-                      "cumulative product, an exp over a moving sum: monotonic or chunkwise attention) multiply "
-                      "values: capture records softmax weights, so these weights are not recorded")  # fmt: skip
+            self.warn(self.path(), tuple(w.shape), "weights over positions made from energies without a softmax "
+                      "(a sigmoid, a cumulative product, an exp over a moving sum: monotonic or chunkwise attention) "
+                      "multiply values: capture records softmax weights, so these weights are not recorded")  # fmt: skip
             return
 
     def _unplaced_used(self, args, kwargs, broadcast: bool = False, out: torch.Tensor | None = None) -> None:
@@ -5769,10 +5771,9 @@ class _Session:
             elif v.dim() < 3 or int(v.shape[0]) != int(w.shape[0]) or _is_param(v):
                 continue  # (a table with no batch axis, class embeddings handed in: what a class softmax weighs;
                 # a memory read by its weights is one per sequence)
-            if (
-                broadcast and out is not None
-            ):  # a read once its product is summed over those positions (else a
-                _hold(self._reads, out, entry, code is not None, tuple(full))  # gate: SENET's over fields)
+            if broadcast and out is not None:
+                # a read once its product is summed over those positions (else a gate: SENET's over fields)
+                _hold(self._reads, out, entry, code is not None, tuple(full))
                 return
             self._tell_unplaced(entry, code is not None)
             return
