@@ -1017,3 +1017,41 @@ def test_a_softmax_whose_weights_only_feed_a_loss_is_not_recorded(batch, heads):
     for rec, want in zip(cap.records, model.maps, strict=True):
         assert rec.exact and torch.equal(rec.probs, want)
     assert any("went into a loss" in n.reason for n in cap.skipped), cap.skipped
+
+
+class _PolicySoftmax(nn.Module):
+    """DynamicViT's ``softmax_with_policy``: the max-shifted scores' ``exp_``, times a 0/1 keep policy (with the
+    eye), then ``(attn + eps / N) / (attn.sum(-1, keepdim=True) + eps)``."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h, self.emb, self.qkv = (
+            heads,
+            nn.Embedding(VOCAB, heads * D_HEAD),
+            nn.Linear(heads * D_HEAD, 3 * heads * D_HEAD),
+        )
+
+    def forward(self, ids, policy, eps: float = 1e-6):
+        x = self.emb(ids)
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, self.h, D_HEAD).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        attn = q @ k.transpose(-2, -1) * D_HEAD**-0.5
+        keep = policy.reshape(b, 1, 1, n)
+        keep = keep + (1.0 - keep) * torch.eye(n).view(1, 1, n, n)
+        attn = (attn - attn.max(dim=-1, keepdim=True)[0]).exp_() * keep
+        self.w = (attn + eps / n) / (attn.sum(dim=-1, keepdim=True) + eps)
+        return self.w @ v
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_a_softmax_by_hand_with_a_guard_on_both_sides_is_recorded(batch, heads):
+    """The exp plus a guard over its own sum plus a guard is a softmax by hand: recorded exactly as the weights
+    multiplied (it was a warning that scores multiply values without a softmax)."""
+    torch.manual_seed(batch * 10 + heads)
+    model = _PolicySoftmax(heads).eval()
+    policy = (torch.rand(batch, 6, 1) > 0.4).float()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch), policy)
+    (rec,) = cap.records
+    assert rec.exact and cap.notes == [], cap.notes
+    torch.testing.assert_close(rec.probs, model.w)

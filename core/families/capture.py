@@ -1508,6 +1508,7 @@ class _Session:
         # _hold: energies, one number a position made by a projection (``v(tanh(W h + U s))``), and what the
         # model makes of them without a softmax (a sigmoid, a cumprod: monotonic attention's alignment)
         self._energies: dict[int, tuple] = {}
+        self._plus: dict[int, tuple] = {}  # _hold: an exp plus a guard -> the exp (whose sum divides it)
         self._loss_fed: set[int] = set()  # Record.seq of weights that went into a loss
         # _hold: products of left-out weights and values broadcast over their features, a read once summed over
         # the positions: (entry, whether the values have codes, the axes the weights span)
@@ -2153,10 +2154,17 @@ class _Session:
             eps = args[1]
             if isinstance(eps, torch.Tensor) and eps.numel() == 1 and not eps.requires_grad:
                 eps = float(eps)
-            if (entry is not None and entry[1] in ("sum", "sum-")
-                    and isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 <= eps <= 1e-4
+            small = isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 <= eps <= 1e-4
+            if (entry is not None and entry[1] in ("sum", "sum-") and small
                     and tuple(out.shape) == tuple(args[0].shape)):  # fmt: skip
                 self._remember_hand(out, entry[1], entry[2], entry[3], entry[4])
+            elif entry is not None and entry[1] == "exp" and small and tuple(out.shape) == tuple(x.shape):
+                # the exp plus a guard too (DynamicViT's ``(attn + eps / N) / (attn.sum(-1) + eps)``): divided by
+                # the exp's own sum, the weights
+                self._remember_hand(out, "exp", out, entry[3], None)
+                _hold(self._plus, out, x)
+                if self._unfinished.pop(id(x), None) is not None:
+                    self._unfinished[id(out)] = (self.path(), tuple(out.shape))
         elif name == "unsqueeze":
             entry = _held(self._hand, x)
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
@@ -2166,10 +2174,11 @@ class _Session:
         elif name in DIV and len(args) >= 2:
             e = self._hand_of(args[0], "exp")
             total = self._hand_of(args[1], "sum")
+            plus = _held(self._plus, args[0])
             if (
                 e is not None
                 and total is not None
-                and total[2] is args[0]
+                and (total[2] is args[0] or (plus is not None and total[2] is plus[1]))
                 and tuple(out.shape) == tuple(x.shape)
             ):
                 self._unfinished.pop(id(args[0]), None)
