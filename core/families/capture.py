@@ -1463,9 +1463,8 @@ class _Session:
         # those over the queries before them: a loop over the sequences of calls a sequence (its heads)
         self._same_q: list[tuple[int, torch.Tensor | None, Layout | None]] = []
         self._before_q: list[tuple[int, torch.Tensor | None, Layout | None]] = []
-        self._reuses: set[tuple[int, str]] = (
-            set()
-        )  # (weights, module) of a map reused there, recorded or told
+        # (weights, module) of a map reused there, recorded or told
+        self._reuses: set[tuple[int, str]] = set()
         # memory of the model's that records hold (the weights a softmax wrote, its scores, a mask) and, of
         # it, what the values have multiplied since: a later write there (a buffer reused by the next
         # layer, maps edited for display) must not reach the record, which is what the model used
@@ -5265,10 +5264,9 @@ class _Session:
         param = self.sources.learned(pos)
         srcs = [self.sources.items[i] for i in torch.unique(self.sources.index(pos[:1])).tolist()]
         if all(isinstance(s.origin, tuple) and s.origin[2:3] == ("projection",) for s in srcs):
-            return (
-                False  # weights over positions a projection made of the positions (FiBiNET's SENET, a Linear
-            )
-            # over the fields): a synthesizer's weights, no map of queries over keys
+            # weights over positions a projection made of the positions (FiBiNET's SENET, a Linear over the
+            # fields): a synthesizer's weights, no map of queries over keys
+            return False
         seen = pos.masked_fill(param, -1).sort(-1).values
         if bool(((seen[:, 1:] == seen[:, :-1]) & (seen[:, 1:] >= 0)).any()):
             return False  # a sequence position twice in a row (padding may repeat)
@@ -5346,7 +5344,7 @@ class _Session:
                      and int(rows.shape[-1]) == keys and labels is None)  # fmt: skip
         # the batch put in another order before (Show, Attend and Tell sorts its images with their captions by
         # length): record row b is not the caller's sequence b (its keys are not, where a state asks)
-        reordered = (self._batch_reordered(pos.masked_fill(param, -1)[first_rows], cross)) or placed
+        reordered = self._batch_reordered(pos.masked_fill(param, -1)[first_rows], cross) or placed
 
         def record(used: torch.Tensor | None, keep: torch.Tensor | None, changed: bool) -> None:
             """The rows read other positions than their own (a decoder step's state, a learned query): cross;
@@ -6038,28 +6036,31 @@ class _Session:
                           "glob of them>': 'enc_self'}) says so")  # fmt: skip
 
     def weighed(self, name: str, args, out: Any) -> None:
-        """Weights recorded outside the model going into a product (a matmul, or a broadcast multiply that makes
-        more elements than they have): the weights of a plain function's attention, kept."""
+        """Weights going into a product (a matmul, or a broadcast multiply that makes more elements than they
+        have): recorded outside the model, a plain function's attention, kept; fed to a loss too, attention."""
         if not isinstance(out, torch.Tensor):
             return
         for t in _tensors(args, {}):
             g = self.tag(t)
             if g is None or (g.probs is None and g.rowq is None and g.lost is None):
                 continue
-            if name in MUL and out.numel() <= t.numel():
-                continue
-            p = g.probs or g.lost or self._weights_of(g)
-            if p is not None and p.record is not None:
-                self._weighed.add(p.record.seq)
+            seq = self._record_seq(g)
+            if seq is not None and not (name in MUL and out.numel() <= t.numel()):
+                self._weighed.add(seq)
 
     def _fed_to_loss(self, args, kwargs) -> None:
         """Weights of a record that go into a loss (``F.kl_div(student, teacher_probs)``): a distillation target,
         if they multiplied no values (``drop_unused_outside``)."""
         for t in _tensors(args, kwargs):
             g = self.tag(t)
-            p = None if g is None else g.probs or g.lost or self._weights_of(g)
-            if p is not None and p.record is not None:
-                self._loss_fed.add(p.record.seq)
+            seq = None if g is None else self._record_seq(g)
+            if seq is not None:
+                self._loss_fed.add(seq)
+
+    def _record_seq(self, g: _Tag) -> int | None:
+        """``Record.seq`` of the record whose weights a tag holds (moved or changed too), or None."""
+        p = g.probs or g.lost or self._weights_of(g)
+        return p.record.seq if p is not None and p.record is not None else None
 
     def drop_unused_outside(self) -> None:
         """Softmaxes the block ran after the model's call returned, outside every module of it, whose weights
@@ -6274,9 +6275,8 @@ class _Session:
             # tensor holds is not the record's weights where they were, so a product with it is flagged
             w = vt.lost if vt.lost is not None else self._weights_of(vt) if vt.touched else None
             if w is None and _by_tensor(index) and (vt.probs is not None or vt.rowq is not None):
-                w = self._weights_of(
-                    vt
-                )  # (whole weights put at places an index picks: ``buf[..., perm] = p``)
+                # (whole weights put at places an index picks: ``buf[..., perm] = p``)
+                w = self._weights_of(vt)
             if w is not None:
                 self.set(target, _Tag(None, vt.origin, lost=w, changed=True))
                 self._moved_why(w, "written into another tensor at other places or changed")
