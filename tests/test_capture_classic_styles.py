@@ -1512,4 +1512,4 @@ def test_vectors_pooled_separately_are_keys_of_their_own_in_the_trace(batch):
     assert rec.exact and len(set(rec.key_labels)) == 3, rec.key_labels
     labels, learned = cap.trace(0).learned("cross")
     assert len(labels) == 3
-    torch.testing.assert_close(torch.as_tensor(learned[-1, 0, 0]), model.w[0, 0])
+    torch.testing.assert_close(torch.tensor(learned[-1, 0, 0]), model.w[0, 0])
