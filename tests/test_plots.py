@@ -561,3 +561,16 @@ def test_finish_puts_the_template_in_the_layout_and_a_digest_of_the_data_as_revi
     ]
     revs = [common.data_revision(go.Figure(go.Heatmap(z=[[1], [2]], text=t))) for t in texts]
     assert revs[0] == revs[1] != revs[2]
+
+
+def test_rotated_key_labels_push_the_axis_title_below_them():
+    """Labels turned upright (long ones: learned keys such as ``<pooled 0>``) take room the fixed margin does not
+    have: the axis asks plotly for margin enough to set its title below them (it was drawn over them)."""
+    from attnscope.dashboard.plots.common import token_axis
+
+    axis = token_axis(["target", "<pooled 0>", "<pooled 1>"], "key: source tokens", rotate=True)
+    assert axis["tickangle"] == -90 and axis["automargin"] is True
+    assert axis["title"] == {"text": "key: source tokens", "standoff": 8}
+    flat = token_axis(["a", "b"], "key", rotate=True)
+    assert flat["tickangle"] == 0 and "standoff" in flat["title"]
+    assert "automargin" not in token_axis(["a", "b"], "query")

@@ -150,6 +150,10 @@ def token_axis(tokens: Sequence[str], title: str, rotate: bool = False, max_tick
     if rotate:  # upright while every label fits its column (about 12 columns of <= 6 characters)
         longest = max((len(html.unescape(t)) for t in labels), default=0)
         axis["tickangle"] = -90 if n > 12 or longest > 6 else 0
+        # (the title below the labels turned upright, however long they are: `<pooled 0>`): plotly pushes the
+        # margin to fit a title at a standoff it is given
+        axis["automargin"] = True
+        axis["title"] = dict(text=title, standoff=8)
     return axis
 
 
