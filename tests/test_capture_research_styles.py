@@ -839,16 +839,84 @@ class PerSentencePerHead(nn.Module):
         return torch.stack(outs)
 
 
-@pytest.mark.parametrize(("batch", "heads"), [(2, 2), (3, 2), (2, 3), (4, 4)])
-def test_a_loop_over_sentences_of_a_loop_over_heads_joins_each_head_over_the_sentences(batch, heads):
-    """Each call is joined with the call at the same place in the previous sentence's calls, so every
-    record's batch rows are one head's maps of each sentence (the last head of one sentence was joined to
-    the first of the next, an exact record whose rows were different heads)."""
+@pytest.mark.parametrize(("batch", "heads"), [(1, 2), (2, 2), (3, 2), (2, 3), (4, 4), (3, 1)])
+def test_a_loop_over_sentences_of_a_loop_over_heads_is_one_layer_of_every_head(batch, heads):
+    """Each call is joined with the call at the same place in the previous sentence's calls (the last head
+    of one sentence was joined to the first of the next, an exact record whose rows were different heads),
+    and the heads, joined along the features per sentence, are one layer: one record (batch, heads), not a
+    layer per head."""
     torch.manual_seed(batch * 10 + heads)
     model = PerSentencePerHead(heads).eval()
     with torch.no_grad(), capture_attention(model) as cap:
         model(_ids(batch, 5))
-    assert len(cap.records) == heads and cap.notes == [], (cap.records, cap.notes)
-    for h, rec in enumerate(cap.records):
-        assert rec.exact and tuple(rec.probs.shape) == (batch, 1, 5, 5)
-        torch.testing.assert_close(rec.probs[:, 0], torch.stack([model.used[b][h] for b in range(batch)]))
+    assert len(cap.records) == 1 and cap.notes == [], (cap.records, cap.notes)
+    rec = cap.records[0]
+    assert rec.exact and rec.kind == "enc_self" and tuple(rec.probs.shape) == (batch, heads, 5, 5)
+    want = torch.stack([torch.stack(model.used[b]) for b in range(batch)])
+    torch.testing.assert_close(rec.probs, want, atol=0, rtol=0)
+
+
+class SentenceLoopHeads(nn.Module):
+    """A port that keeps the numpy tutorial's shapes: each sentence ``(T, d)`` in a loop, each head's
+    projections a matrix of a ``ParameterList`` in a loop inside it, heads joined along the features. ``style``:
+    ``"rows"`` embeds the batch once and indexes a sentence (``x[i]``); ``"each"`` embeds each sentence
+    (``for s in ids: self.emb(s)``); ``"layers"`` does that with two layers per sentence. Padding is masked."""
+
+    def __init__(self, heads: int, style: str, d: int = 12):
+        super().__init__()
+        self.style, self.h = style, heads
+        self.emb = nn.Embedding(VOCAB, d)
+        self.wq, self.wk, self.wv = (
+            nn.ParameterList(nn.Parameter(torch.randn(d, 4) / 3) for _ in range(heads)) for _ in range(3)
+        )
+        self.wo = nn.Parameter(torch.randn(4 * heads, d) / 3)
+        self.used: list[list[torch.Tensor]] = []
+
+    def attention(self, x, keep):
+        heads = []
+        for wq, wk, wv in zip(self.wq, self.wk, self.wv, strict=True):
+            q, k, v = x @ wq, x @ wk, x @ wv
+            scores = (q @ k.transpose(0, 1)) / math.sqrt(4)
+            w = torch.softmax(scores.masked_fill(~keep, -1e9), dim=-1)
+            self.used[-1].append(w)
+            heads.append(w @ v)
+        return torch.cat(heads, dim=-1) @ self.wo
+
+    def forward(self, ids):
+        self.used = []
+        out = []
+        if self.style == "rows":
+            x = self.emb(ids)
+            for i in range(ids.shape[0]):
+                self.used.append([])
+                out.append(x[i] + self.attention(x[i], ids[i] != 0))
+            return torch.stack(out)
+        for s in ids:
+            x = self.emb(s)
+            for _ in range(2 if self.style == "layers" else 1):
+                self.used.append([])
+                x = x + self.attention(x, s != 0)
+            out.append(x)
+        return torch.stack(out)
+
+
+@pytest.mark.parametrize("style", ["rows", "each", "layers"])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 3), (2, 2), (3, 3), (4, 2), (2, 4)])
+def test_heads_in_a_loop_inside_a_loop_over_sentences_are_one_layer_of_the_batch(style, batch, heads):
+    """Every sentence's heads are one layer's: one record per layer (batch, heads, T, T), each sentence in
+    its row, each head's map in its place, each sentence's padding masked; not a layer per head or per
+    sentence. A sentence embedded in a loop (``for s in ids``) is a row of one input, read row by row."""
+    torch.manual_seed(batch * 7 + heads)
+    ids = _ids(batch, 6)
+    ids[-1, 4:] = 0  # the last sentence padded
+    model = SentenceLoopHeads(heads, style).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    layers = 2 if style == "layers" else 1
+    assert len(cap.records) == layers and cap.notes == [], (cap.records, cap.notes)
+    for layer, rec in enumerate(cap.records):
+        assert rec.exact and rec.kind == "enc_self" and rec.flag is None
+        assert tuple(rec.probs.shape) == (batch, heads, 6, 6)
+        want = torch.stack([torch.stack(model.used[b * layers + layer]) for b in range(batch)])
+        torch.testing.assert_close(rec.probs, want, atol=0, rtol=0)
+        assert rec.mask is not None and torch.equal(rec.mask, (ids != 0)[:, None, :].expand(batch, 6, 6))

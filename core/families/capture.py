@@ -1584,6 +1584,10 @@ class _Session:
         # integer tensors that are another's rows in another order (``ids[perm_idx]``, a batch sorted by
         # length): id -> (weakref, the tensor whose rows they are, the permutation)
         self._row_picks: dict[int, tuple] = {}  # _hold
+        # the source each row of one ids tensor embedded a row at a time is a row of (a loop over the
+        # sentences, ``for s in ids: emb(s)``): (id of the ids, id of the table) -> (weakref, version, start,
+        # origin)
+        self._row_sources: dict[tuple[int, int], tuple] = {}
         # records made in the block outside the model's forward (no module of it running: the caller's code,
         # a plain function's attention): kept where their weights multiply values, else dropped at the end
         self._outside: builtins.set[int] = set()  # their seq
@@ -2227,6 +2231,7 @@ class _Session:
         records = self.cap.records
         in_groups = {i for places, _, _, _ in self._head_groups for i in places}
         run_joined: set[int] = set()
+        joined_runs: list[tuple[list[int], Record]] = []
         for run in self._runs:
             blocks = id(run) in self._block_runs  # (calls of a module one after another)
             if id(run) in self._head_runs and any(piece[0] in in_groups for piece in run):
@@ -2256,10 +2261,14 @@ class _Session:
                 records[i] = joined
                 run_joined.add(i)
             self._seq_keys[joined.seq] = [lay.seq_keys for _, _, lay in run if lay.seq_keys is not None]
+            joined_runs.append(([i for i, _, _ in run], joined))
+        self._heads_over_sequences(joined_runs)
         for places, seqs, layer, per in self._head_groups:  # heads (and sequences) of one layer from
             now = [records[i] if i < len(records) else None for i in places]  # separate module calls
-            if any(i in run_joined for i in places) or any(
-                r is None or r.seq != seq for r, seq in zip(now, seqs, strict=True)
+            if (
+                not places
+                or any(i in run_joined for i in places)
+                or any(r is None or r.seq != seq for r, seq in zip(now, seqs, strict=True))
             ):
                 continue  # (joined as pieces of one call already)
             rows: list[Record] = []
@@ -2551,6 +2560,12 @@ class _Session:
                 # ids that are the caller's rows in another order (``ids[perm_idx]``): each row the positions
                 # of the caller's row it is
                 pick = _held(self._row_picks, ids)
+                row = self._row_of(ids, args[1]) if pick is None and len(args) > 1 else None
+                if row is not None:  # a row of ids whose rows are looked up one at a time: that source's row
+                    base, start, origin, at = row
+                    code = lineage.fresh(start, tuple(base.shape), int(out.shape[-1]), out.device)[at]
+                    self.set(out, _Tag(origin=frozenset({origin}), code=code))
+                    return
                 src = pick[1] if pick is not None else ids
                 start = self.sources.new(src.numel(), "tokens", str(self.n_embed), self.n_embed,
                                          int(src.shape[-1]) if src.dim() else 1)  # fmt: skip
@@ -2561,6 +2576,40 @@ class _Session:
                     code = code[pick[2].to(code.device)]
             self.set(out, _Tag(origin=frozenset({self.n_embed}), code=code))
             self.n_embed += 1
+
+    def _row_of(self, ids: torch.Tensor, table: Any) -> tuple[torch.Tensor, int, int, int] | None:
+        """Where ``ids`` is one row of a tensor (a view: ``for s in ids``, ``ids[i]``) that no write changed
+        since, looked up in the same table: (that tensor, the start and origin of its source, the row), one
+        source for every row of it, so a loop over the sentences reads one input, row by row. The first row
+        looked up makes the source; None for ids of their own."""
+        base = ids._base
+        if (
+            not isinstance(base, torch.Tensor)
+            or base.dim() != ids.dim() + 1
+            or ids.dim() < 1
+            or tuple(base.shape[1:]) != tuple(ids.shape)
+            or tuple(base.stride()[1:]) != tuple(ids.stride())
+            or base.stride(0) <= 0
+            or base.device != ids.device
+        ):
+            return None
+        off = ids.storage_offset() - base.storage_offset()
+        row = off // base.stride(0)
+        if off % base.stride(0) or not 0 <= row < int(base.shape[0]):
+            return None
+        version = _version_of(base)
+        key = (id(base), id(table))
+        held = self._row_sources.get(key)
+        if held is not None and held[0]() is base and version is not None and held[1] == version:
+            return base, held[2], held[3], row
+        if version is None:
+            return None  # (an inference tensor: no version tells a write since)
+        start = self.sources.new(base.numel(), "tokens", str(self.n_embed), self.n_embed, int(base.shape[-1]))
+        if self._constant_ids(base):
+            self._constant_lookups.add(start)
+        self._row_sources[key] = (weakref.ref(base), version, start, self.n_embed)
+        self.n_embed += 1
+        return base, start, self.n_embed - 1, row
 
     # -- lineage codes --------------------------------------------------------------------------------
     def code_of(self, t: Any) -> torch.Tensor | None:
@@ -2654,6 +2703,58 @@ class _Session:
         self._head_groups.append(
             (places, [r.seq for r in group], ".".join(common) if common else paths[0], k)
         )
+
+    def _heads_over_sequences(self, joined_runs: list[tuple[list[int], Record]]) -> None:
+        """Join into one layer the heads of a loop over the heads inside a loop over the sequences (a numpy
+        port: each head's weights a matrix of a ``ParameterList``, each call one sequence's ``(T, T)`` map).
+        Each run joined one head over the sequences (its maps at the same place in each sequence's calls);
+        each sequence's heads were grouped where their outputs are joined along the features. Runs whose
+        maps are the same head of the same groups, one run per head, are one record: the runs' heads side by
+        side, every run's sequences in the same order."""
+        records, groups = self.cap.records, self._head_groups
+        # each place of a group: (group, which of its sequences), head
+        group_of: dict[int, tuple[tuple[int, int], int]] = {}
+        for g, (places, _, _, per) in enumerate(groups):
+            if per > 1:
+                for at, i in enumerate(places):
+                    group_of[i] = ((g, at // per), at % per)
+        by_groups: dict[tuple[tuple[int, int], ...], dict[int, tuple[list[int], Record]]] = {}
+        twice: set[tuple[tuple[int, int], ...]] = set()
+        for places, rec in joined_runs:
+            where = [group_of.get(i) for i in places]
+            if any(w is None for w in where) or rec.probs.shape[1] != 1:
+                continue
+            gs, hs = [w[0] for w in where if w], {w[1] for w in where if w}
+            if len(hs) != 1 or len(set(gs)) != len(gs):
+                continue
+            key, h = tuple(sorted(gs)), hs.pop()
+            heads = by_groups.setdefault(key, {})
+            if h in heads:
+                twice.add(key)  # (a head twice: no one layer)
+            heads[h] = (places, rec)
+        for key, heads in by_groups.items():
+            per = groups[key[0][0]][3]
+            whole = {g for g, _ in key}  # (every sequence of each group it takes)
+            if (
+                key in twice
+                or sorted(heads) != list(range(per))
+                or any(groups[g][3] != per for g in whole)
+                or sum(len(groups[g][0]) for g in whole) != per * len(key)
+            ):
+                continue
+            layer, out = groups[key[0][0]][2], heads[0][1]
+            for h in range(1, per):
+                r = heads[h][1]
+                if not (_same_layer(out, r) and _equal_positions(out.query_positions, r.query_positions)
+                        and _equal_positions(out.key_positions, r.key_positions)):  # fmt: skip
+                    break  # (the heads' sequences in another order, or other queries or keys)
+                out = _heads_joined(out, r, layer)
+            else:
+                for places, _ in heads.values():
+                    for i in places:
+                        records[i] = out
+                for g in whole:  # (joined: its heads are in this record now)
+                    groups[g] = ([], [], groups[g][2], per)
 
     def _same_positions(self, parts) -> bool:
         """Whether every part holds the same positions, row for row (heads of one layer do; the outputs
