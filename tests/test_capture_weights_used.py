@@ -767,15 +767,16 @@ def test_two_maps_combined_after_scaling_are_both_flagged(how, batch, heads):
 )
 def test_changed_weights_go_to_their_own_record_when_another_softmax_shares_their_layout(how):
     """The first of two softmaxes of one layout changed and multiplied (the second computed and unused): its
-    record takes the changed weights, the second keeps its own softmax's output (it took the first's)."""
+    record takes the changed weights (it took the second's place). The second, made in the same call and
+    multiplying nothing, is no attention the model computed with: a note, not a layer of its own."""
     torch.manual_seed(0)
     model = _TwoMaps(how, 2).eval()
     with torch.no_grad(), capture_attention(model) as cap:
         model(_ids(2))
-    first, second = cap.records
-    assert first.exact and second.exact
-    assert torch.equal(first.probs, model.used)
-    assert torch.equal(second.probs, model.a2)
+    (first,) = cap.records
+    assert first.exact and torch.equal(first.probs, model.used)
+    assert [n.shape for n in cap.skipped if "multiplied no values" in n.reason] == [tuple(model.a2.shape)]
+    assert not cap.notes
 
 
 class _ReuseLayer(nn.Module):
@@ -1055,3 +1056,137 @@ def test_a_softmax_by_hand_with_a_guard_on_both_sides_is_recorded(batch, heads):
     (rec,) = cap.records
     assert rec.exact and cap.notes == [], cap.notes
     torch.testing.assert_close(rec.probs, model.w)
+
+
+class _WithRelations(nn.Module):
+    """A student layer for MiniLM-style distillation: its attention, and beside it, in the same forward, the
+    self-attention relations the loss compares (``softmax(v v^T)``, and for MiniLMv2 ``q q^T`` and
+    ``k k^T``), returned for a loss outside the model. ``style``: ``"fused"`` one qkv projection, ``"split"``
+    three, ``"sdpa"`` the attention by ``F.scaled_dot_product_attention``; ``first`` makes the relations
+    before the attention."""
+
+    def __init__(self, heads: int, style: str, first: bool):
+        super().__init__()
+        self.h, self.style, self.first, d = heads, style, first, heads * D_HEAD
+        self.emb = nn.Embedding(VOCAB, d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.maps: list[torch.Tensor] = []
+        self.relations: list[torch.Tensor] = []
+
+    def layer(self, x, keep):
+        b, n, d = x.shape
+        parts = self.qkv(x).chunk(3, -1) if self.style == "fused" else (self.q(x), self.k(x), self.v(x))
+        q, k, v = (t.view(b, n, self.h, D_HEAD).transpose(1, 2) for t in parts)
+
+        def relations():
+            for t in (v, q, k):
+                self.relations.append(F.softmax(t @ t.transpose(-1, -2) / D_HEAD**0.5, dim=-1))
+
+        if self.first:
+            relations()
+        if self.style == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        else:
+            a = (q @ k.transpose(-1, -2) / D_HEAD**0.5).masked_fill(~keep, float("-inf")).softmax(-1)
+            self.maps.append(a)
+            y = a @ v
+        if not self.first:
+            relations()
+        return x + y.transpose(1, 2).reshape(b, n, d)
+
+    def forward(self, ids):
+        self.maps, self.relations = [], []
+        x, keep = self.emb(ids), (ids != 0)[:, None, None, :]
+        for _ in range(2):
+            x = self.layer(x, keep)
+        return x, self.relations
+
+
+@pytest.mark.parametrize("style", ["fused", "split", "sdpa"])
+@pytest.mark.parametrize("first", [False, True])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 2), (2, 2), (3, 1), (4, 4)])
+def test_relations_made_beside_the_attention_for_a_loss_are_not_heads_or_layers(style, first, batch, heads):
+    """Softmaxes over ``v v^T`` (``q q^T``, ``k k^T``) made in the same call as the attention and multiplying
+    nothing were joined to it as more heads (one qkv projection: 2 heads drawn as 4) or recorded as layers
+    of their own, exact. They are no attention the model computed with: each call's one record is its
+    attention, and the relations are an information note."""
+    torch.manual_seed(batch * 10 + heads)
+    model = _WithRelations(heads, style, first).eval()
+    ids = _ids(batch)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    assert len(cap.records) == 2 and not cap.notes, (cap.records, cap.notes)
+    for i, rec in enumerate(cap.records):
+        assert rec.exact and rec.kind == "enc_self" and tuple(rec.probs.shape) == (batch, heads, 6, 6)
+        if style != "sdpa":
+            assert torch.equal(rec.probs, model.maps[i])
+        assert not any(torch.equal(rec.probs, r) for r in model.relations)
+    assert {n.module for n in cap.skipped if "multiplied no values" in n.reason} == {""}
+
+
+class _MapOnly(nn.Module):
+    """Attention supervised by a loss outside the model: the module returns its map and multiplies nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.qk = nn.Embedding(VOCAB, 8), nn.Linear(8, 16)
+
+    def forward(self, ids):
+        q, k = self.qk(self.emb(ids)).chunk(2, -1)
+        return (q @ k.transpose(-1, -2) / 8**0.5).softmax(-1)
+
+
+def test_a_map_alone_in_its_call_stays_though_it_multiplies_nothing():
+    """Only maps beside the call's attention are left out: a call whose one map weighs nothing keeps it."""
+    model = _MapOnly().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        out = model(_ids(2))
+    assert len(cap.records) == 1 and torch.equal(cap.records[0].probs[:, 0], out)
+    assert not any("multiplied no values" in n.reason for n in cap.skipped)
+
+
+class _RelationLayer(nn.Module):
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h, d = heads, heads * D_HEAD
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = (t(x).view(b, n, self.h, D_HEAD).transpose(1, 2) for t in (self.q, self.k, self.v))
+        p = (q @ k.transpose(-1, -2) / D_HEAD**0.5).softmax(-1)
+        rel = (v @ v.transpose(-1, -2) / D_HEAD**0.5).softmax(-1)
+        return x + (p @ v).transpose(1, 2).reshape(b, n, d), p, rel
+
+
+class _RelationStack(nn.Module):
+    def __init__(self, heads: int):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, heads * D_HEAD)
+        self.layers = nn.ModuleList(_RelationLayer(heads) for _ in range(3))
+
+    def forward(self, ids):
+        x, maps, rels = self.emb(ids), [], []
+        for layer in self.layers:
+            x, p, rel = layer(x)
+            maps.append(p)
+            rels.append(rel)
+        return x, maps, rels
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_a_relation_beside_each_layers_attention_is_a_note_not_a_layer(batch, heads):
+    """Each layer a module returning its attention and its value relation: three layers, not six."""
+    torch.manual_seed(batch + heads)
+    model = _RelationStack(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        _, maps, _ = model(_ids(batch))
+    assert [r.name for r in cap.records] == ["layers.0", "layers.1", "layers.2"] and not cap.notes
+    for rec, p in zip(cap.records, maps, strict=True):
+        assert rec.exact and torch.equal(rec.probs, p)
+    assert {n.module for n in cap.skipped if "multiplied no values" in n.reason} == {
+        "layers.0",
+        "layers.1",
+        "layers.2",
+    }

@@ -1588,6 +1588,9 @@ class _Session:
         # sentences, ``for s in ids: emb(s)``): (id of the ids, id of the table) -> (weakref, version, start,
         # origin)
         self._row_sources: dict[tuple[int, int], tuple] = {}
+        # the module call each map was made in, numbered (maps one after another in one call share it)
+        self._call_of: dict[int, int] = {}  # Record.seq -> call number
+        self._calls_made = 0
         # records made in the block outside the model's forward (no module of it running: the caller's code,
         # a plain function's attention): kept where their weights multiply values, else dropped at the end
         self._outside: builtins.set[int] = set()  # their seq
@@ -2232,10 +2235,13 @@ class _Session:
         in_groups = {i for places, _, _, _ in self._head_groups for i in places}
         run_joined: set[int] = set()
         joined_runs: list[tuple[list[int], Record]] = []
+        unused = self._unused_beside()
         for run in self._runs:
             blocks = id(run) in self._block_runs  # (calls of a module one after another)
             if id(run) in self._head_runs and any(piece[0] in in_groups for piece in run):
                 continue  # heads a call each whose outputs are joined: joined below, with their sequences
+            if any(piece[1].seq in unused for piece in run):  # (linked by maps that are no pieces of the
+                continue  # call's attention: maps of their own)
             joined = self._run_joined(run)
             if isinstance(joined, str) and any(piece[0] in in_groups for piece in run):
                 run = [piece for piece in run if piece[0] not in in_groups]  # heads joined by their outputs
@@ -2287,6 +2293,13 @@ class _Session:
         if self._runs or self._head_groups:  # each run's pieces (each group's heads) are one record now
             seen: set[int] = set()
             records[:] = [r for r in records if not (id(r) in seen or seen.add(id(r)))]  # type: ignore[func-returns-value]
+        for r in records:
+            if r.seq in unused and r.flag is None:
+                self.skip(r.name, tuple(r.probs.shape), "a softmax over query-key scores made in the same call as "
+                          "this module's attention, whose weights multiplied no values (a relation kept for "
+                          "a loss, MiniLM's value relation): not attention the model computed with")  # fmt: skip
+        if unused:
+            records[:] = [r for r in records if r.seq not in unused or r.flag is not None]
         self._runs.clear()
         self._block_runs.clear()
         self._head_runs.clear()
@@ -2703,6 +2716,24 @@ class _Session:
         self._head_groups.append(
             (places, [r.seq for r in group], ".".join(common) if common else paths[0], k)
         )
+
+    def _unused_beside(self) -> builtins.set[int]:
+        """``Record.seq`` of the softmax maps whose weights multiplied no values, made in one call of a module
+        beside a map that did (its attention): a relation kept for a loss (MiniLM's value relation
+        ``softmax(v v^T)`` returned beside the attention), not attention the model computed with, and not
+        another head or layer of it."""
+        calls: dict[int, list[Record]] = {}
+        for r in self.cap.records:
+            no = self._call_of.get(r.seq)
+            if no is not None:
+                calls.setdefault(no, []).append(r)
+        unused: builtins.set[int] = set()
+        for rs in calls.values():
+            used = [r.source != "softmax" or r.seq in self._weighed for r in rs]
+            if any(used) and not all(used):
+                unused.update(r.seq for r, u in zip(rs, used, strict=True) if not u and r.flag is None)
+        self._call_of.clear()
+        return unused
 
     def _heads_over_sequences(self, joined_runs: list[tuple[list[int], Record]]) -> None:
         """Join into one layer the heads of a loop over the heads inside a loop over the sequences (a numpy
@@ -4965,6 +4996,10 @@ class _Session:
         in a loop) are not."""
         frame = self._frame
         held, held_path, held_q, held_at, held_layout = self._record_call
+        if frame is not None:  # (maps made one after another in one call of a module share its number)
+            if frame is not held or path != held_path:
+                self._calls_made += 1
+            self._call_of[rec.seq] = self._calls_made
         at = len(self.cap.records)  # where rec goes (a record joined to the previous head's is no piece)
         self._record_call = (frame, path, queries, at, layout)
         if frame is not None and frame is held and path == held_path and 0 <= held_at < at:
@@ -5468,6 +5503,8 @@ class _Session:
             rec = self._record(path, bhqk(out if used is None else used), bhqk(scores.detach()), mask, "softmax",
                                (source if keep is None else "multiplied") if mask is not None else None, cross,
                                key_labels=labels, flag=flag)  # fmt: skip
+            if rec is not None:  # (made where its weights are read: they weigh values)
+                self._weighed.add(rec.seq)
             records = self.cap.records
             if rec is not None and not self._runs and records and records[-1] is rec:  # in softmax order
                 at = next((i for i, r in enumerate(records[:-1]) if r.seq > made_at), None)
