@@ -920,3 +920,101 @@ def test_heads_in_a_loop_inside_a_loop_over_sentences_are_one_layer_of_the_batch
         want = torch.stack([torch.stack(model.used[b * layers + layer]) for b in range(batch)])
         torch.testing.assert_close(rec.probs, want, atol=0, rtol=0)
         assert rec.mask is not None and torch.equal(rec.mask, (ids != 0)[:, None, :].expand(batch, 6, 6))
+
+
+class _FullWidthHead(nn.Module):
+    """One head of a ``ModuleList``: each projects the whole hidden vector (``Linear(d, d_head)``), so every
+    head's queries read the same features, and its softmax is an ``nn.Softmax`` module."""
+
+    def __init__(self, d: int, dh: int):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(d, dh) for _ in range(3))
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, x):  # (T, d): one sentence
+        w = self.softmax(self.q(x) @ self.k(x).T / math.sqrt(self.q.out_features))
+        return w @ self.v(x), w
+
+
+class SentenceLoopModuleHeads(nn.Module):
+    """ "A transformer for one sentence" wrapped in ``for sent in ids``: a ``ModuleList`` of full-width heads,
+    their outputs joined by ``torch.hstack`` (``stack_out``: the sentences' head outputs stacked right away, as
+    Pulfer's ViT does) or projected first and stacked after the loop."""
+
+    def __init__(self, heads: int, stack_out: bool, d: int = 8):
+        super().__init__()
+        self.stack_out = stack_out
+        self.emb = nn.Embedding(VOCAB, d)
+        self.heads = nn.ModuleList(_FullWidthHead(d, d // 2) for _ in range(heads))
+        self.proj = nn.Linear(d // 2 * heads, d)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        outs, self.used = [], []
+        for sent in ids:
+            parts = [head(self.emb(sent)) for head in self.heads]
+            self.used.append(torch.stack([w for _, w in parts]))
+            joined = torch.hstack([o for o, _ in parts])
+            outs.append(joined if self.stack_out else self.proj(joined))
+        return torch.cat([o.unsqueeze(0) for o in outs])
+
+
+@pytest.mark.parametrize("stack_out", [True, False])
+@pytest.mark.parametrize(("batch", "heads"), [(2, 1), (2, 2), (3, 2), (4, 4), (3, 3)])
+def test_full_width_heads_in_a_loop_over_sentences_are_one_layer(stack_out, batch, heads):
+    """Heads that each project the whole hidden vector read the same query features, so one sentence's heads
+    looked like one module called over its blocks: records straddled sentences and heads (sequence 0's
+    head 1 with sequence 1's head 0, exact) and the trace drew the last map as sequence 0. Their outputs,
+    joined along the features, say which maps are one sentence's heads; the sentences are rows of one input."""
+    torch.manual_seed(batch * 5 + heads)
+    model = SentenceLoopModuleHeads(heads, stack_out).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 5))
+    assert len(cap.records) == 1 and cap.notes == [], (cap.records, cap.notes)
+    rec = cap.records[0]
+    assert rec.exact and rec.kind == "enc_self" and tuple(rec.probs.shape) == (batch, heads, 5, 5)
+    torch.testing.assert_close(rec.probs, torch.stack(model.used), atol=0, rtol=0)
+    torch.testing.assert_close(torch.as_tensor(cap.trace(0).enc_self[0].copy()), model.used[0])
+
+
+class PeakyLoopHeads(nn.Module):
+    """Heads as a loop over per-head matrices joined by ``torch.cat``; head 0 made so peaky that some of its
+    weights are exactly 0 (as half precision gives them)."""
+
+    def __init__(self, heads: int, sharp: float, d: int = 16):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.wq, self.wk, self.wv = (
+            nn.ParameterList(nn.Parameter(torch.randn(d, 4) * 0.3) for _ in range(heads)) for _ in range(3)
+        )
+        with torch.no_grad():
+            self.wq[0].mul_(sharp)
+        self.used: torch.Tensor | None = None
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        outs, maps = [], []
+        for wq, wk, wv in zip(self.wq, self.wk, self.wv, strict=True):
+            a = torch.softmax((x @ wq) @ (x @ wk).transpose(1, 2) / 2.0, dim=2)
+            maps.append(a)
+            outs.append(a @ (x @ wv))
+        self.used = torch.stack(maps, 1)
+        return torch.cat(outs, dim=-1)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 2), (2, 2), (3, 4), (4, 4)])
+def test_a_saturated_head_is_still_a_head_of_its_layer(batch, heads):
+    """A head whose weights are exactly 0 somewhere has a mask read from those zeros, which the other heads
+    lack: the heads were left as layers of one head each. They are one layer, its mask the keys no head
+    attended."""
+    torch.manual_seed(batch + heads)
+    model = PeakyLoopHeads(heads, sharp=300.0).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 6))
+    assert model.used is not None and bool((model.used[:, 0] == 0).any())  # (head 0 saturated)
+    assert len(cap.records) == 1 and cap.notes == [], (cap.records, cap.notes)
+    rec = cap.records[0]
+    assert rec.exact and tuple(rec.probs.shape) == (batch, heads, 6, 6)
+    torch.testing.assert_close(rec.probs, model.used, atol=0, rtol=0)
+    assert rec.mask_source == "zeros" and rec.mask is not None
+    assert torch.equal(rec.mask, (model.used != 0).any(dim=1))

@@ -2236,10 +2236,14 @@ class _Session:
         run_joined: set[int] = set()
         joined_runs: list[tuple[list[int], Record]] = []
         unused = self._unused_beside()
+        group_of = self._group_places()
         for run in self._runs:
             blocks = id(run) in self._block_runs  # (calls of a module one after another)
             if id(run) in self._head_runs and any(piece[0] in in_groups for piece in run):
                 continue  # heads a call each whose outputs are joined: joined below, with their sequences
+            where = [group_of.get(piece[0]) for piece in run]
+            if all(w is not None for w in where) and len({w[1] for w in where if w is not None}) > 1:
+                continue  # (other heads of the sequences their outputs say: joined below, by those groups)
             if any(piece[1].seq in unused for piece in run):  # (linked by maps that are no pieces of the
                 continue  # call's attention: maps of their own)
             joined = self._run_joined(run)
@@ -2268,7 +2272,7 @@ class _Session:
                 run_joined.add(i)
             self._seq_keys[joined.seq] = [lay.seq_keys for _, _, lay in run if lay.seq_keys is not None]
             joined_runs.append(([i for i, _, _ in run], joined))
-        self._heads_over_sequences(joined_runs)
+        self._heads_over_sequences(joined_runs, group_of)
         for places, seqs, layer, per in self._head_groups:  # heads (and sequences) of one layer from
             now = [records[i] if i < len(records) else None for i in places]  # separate module calls
             if (
@@ -2293,6 +2297,8 @@ class _Session:
         if self._runs or self._head_groups:  # each run's pieces (each group's heads) are one record now
             seen: set[int] = set()
             records[:] = [r for r in records if not (id(r) in seen or seen.add(id(r)))]  # type: ignore[func-returns-value]
+        if len(records) > 1:
+            self._rows_joined(records)
         for r in records:
             if r.seq in unused and r.flag is None:
                 self.skip(r.name, tuple(r.probs.shape), "a softmax over query-key scores made in the same call as "
@@ -2591,7 +2597,7 @@ class _Session:
             self.n_embed += 1
 
     def _row_of(self, ids: torch.Tensor, table: Any) -> tuple[torch.Tensor, int, int, int] | None:
-        """Where ``ids`` is one row of a tensor (a view: ``for s in ids``, ``ids[i]``) that no write changed
+        """Where ``ids`` is one sentence, a row of a tensor (a view: ``for s in ids``, ``ids[i]``) that no write changed
         since, looked up in the same table: (that tensor, the start and origin of its source, the row), one
         source for every row of it, so a loop over the sentences reads one input, row by row. The first row
         looked up makes the source; None for ids of their own."""
@@ -2599,7 +2605,7 @@ class _Session:
         if (
             not isinstance(base, torch.Tensor)
             or base.dim() != ids.dim() + 1
-            or ids.dim() < 1
+            or ids.dim() != 1
             or tuple(base.shape[1:]) != tuple(ids.shape)
             or tuple(base.stride()[1:]) != tuple(ids.stride())
             or base.stride(0) <= 0
@@ -2735,7 +2741,72 @@ class _Session:
         self._call_of.clear()
         return unused
 
-    def _heads_over_sequences(self, joined_runs: list[tuple[list[int], Record]]) -> None:
+    def _rows_joined(self, records: list[Record]) -> None:
+        """Join the records a loop over the sentences left apart: records of one module, each over rows of one
+        input that the others of the module do not read (``for s in ids`` calling a layer, or its heads, a
+        sentence at a time), made one row after another. Each row's k-th record (its k-th layer, when the
+        loop calls the module for several) is joined with the other rows' k-th into one record of the batch,
+        rows in the input's order. Records of one row (layers, a decoder's steps) are never joined so."""
+        rows_of: dict[int, tuple[int, tuple[int, ...]]] = {}  # id(record) -> (source, its rows)
+        for r in records:
+            kp, qp = r.key_positions, r.query_positions
+            if not r.exact or kp is None or qp is None or bool((kp < 0).any()) or bool((qp < 0).any()):
+                continue
+            pos = torch.cat([kp, qp], dim=-1)
+            src = self.sources.index(pos)
+            if not bool((src == src.reshape(-1)[0]).all()):
+                continue
+            rows = self.sources.rows(pos)
+            if not bool((rows == rows[:, :1]).all()):
+                continue  # (a record row over several rows of its input: no sentence each)
+            rows_of[id(r)] = (int(src.reshape(-1)[0]), tuple(rows[:, 0].tolist()))
+        by_name: dict[tuple[str, int], list[int]] = {}  # (one call of the model's: never across its runs)
+        for i, r in enumerate(records):
+            by_name.setdefault((r.name, self.cap.call_of(r)), []).append(i)
+        joined: dict[int, Record] = {}
+        for places in by_name.values():
+            if len(places) < 2 or any(id(records[i]) not in rows_of for i in places):
+                continue
+            segments: list[list[int]] = [[places[0]]]  # one sentence's (rows') records, in order
+            for i in places[1:]:
+                if rows_of[id(records[i])] == rows_of[id(records[segments[-1][0]])]:
+                    segments[-1].append(i)
+                else:
+                    segments.append([i])
+            if len(segments) < 2 or len({len(seg) for seg in segments}) != 1:
+                continue
+            keys = [rows_of[id(records[seg[0]])] for seg in segments]
+            if len({k[0] for k in keys}) != 1:
+                continue  # (other inputs: not rows of one batch)
+            seen_rows = [row for k in keys for row in k[1]]
+            if len(set(seen_rows)) != len(seen_rows):
+                continue  # (a row read again: not one sentence each)
+            order = sorted(range(len(segments)), key=lambda j: keys[j][1][0])
+            for k in range(len(segments[0])):
+                parts = [records[segments[j][k]] for j in order]
+                one = _sequences_joined(parts)
+                if one is None or one.probs.shape[0] != len(seen_rows):
+                    break
+                for seg in segments:
+                    joined[seg[k]] = one
+        if joined:
+            for i, one in joined.items():
+                records[i] = one
+            seen: set[int] = set()
+            records[:] = [r for r in records if not (id(r) in seen or seen.add(id(r)))]  # type: ignore[func-returns-value]
+
+    def _group_places(self) -> dict[int, tuple[tuple[int, int], int]]:
+        """Every place of a head group (heads whose outputs were joined along the features): (group, which of
+        its sequences), head."""
+        group_of: dict[int, tuple[tuple[int, int], int]] = {}
+        for g, (places, _, _, per) in enumerate(self._head_groups):
+            for at, i in enumerate(places):
+                group_of[i] = ((g, at // per), at % per)
+        return group_of
+
+    def _heads_over_sequences(
+        self, joined_runs: list[tuple[list[int], Record]], group_of: dict[int, tuple[tuple[int, int], int]]
+    ) -> None:
         """Join into one layer the heads of a loop over the heads inside a loop over the sequences (a numpy
         port: each head's weights a matrix of a ``ParameterList``, each call one sequence's ``(T, T)`` map).
         Each run joined one head over the sequences (its maps at the same place in each sequence's calls);
@@ -2743,12 +2814,6 @@ class _Session:
         maps are the same head of the same groups, one run per head, are one record: the runs' heads side by
         side, every run's sequences in the same order."""
         records, groups = self.cap.records, self._head_groups
-        # each place of a group: (group, which of its sequences), head
-        group_of: dict[int, tuple[tuple[int, int], int]] = {}
-        for g, (places, _, _, per) in enumerate(groups):
-            if per > 1:
-                for at, i in enumerate(places):
-                    group_of[i] = ((g, at // per), at % per)
         by_groups: dict[tuple[tuple[int, int], ...], dict[int, tuple[list[int], Record]]] = {}
         twice: set[tuple[tuple[int, int], ...]] = set()
         for places, rec in joined_runs:
@@ -7785,6 +7850,17 @@ def _mha_values(p: dict[str, Any], h: int, want: tuple[int, int, int]) -> values
     )
 
 
+def _given_mask(r: Record) -> torch.Tensor | None:
+    """The record's mask where the model gave one (not read from weights that are exactly 0: a saturated
+    head's, which a layer's other heads lack)."""
+    return None if r.mask_source == "zeros" else r.mask
+
+
+def _zeros_mask(probs: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
+    """(mask, mask_source) of weights joined with no mask given: keys no head attended at all, if any."""
+    return ((probs != 0).any(dim=1), "zeros") if bool((probs == 0).any()) else (None, None)
+
+
 def _same_layer(a: Record | None, b: Record) -> bool:
     """b can be the next head of a's layer: same kind, batch, query and key lengths, same fields."""
     return (
@@ -7794,25 +7870,29 @@ def _same_layer(a: Record | None, b: Record) -> bool:
         and a.source == b.source
         and (a.probs.shape[0], *a.probs.shape[2:]) == (b.probs.shape[0], *b.probs.shape[2:])
         and (a.scores is None) == (b.scores is None)
-        and (a.mask is None) == (b.mask is None)
+        and (_given_mask(a) is None) == (_given_mask(b) is None)
     )
 
 
 def _heads_joined(a: Record, b: Record, name: str) -> Record:
     """One record with b's heads after a's (the layer's module name: the ModuleList of heads)."""
-    mask, differ = a.mask, a.head_masks_differ or b.head_masks_differ
-    if a.mask is not None and b.mask is not None:
-        differ = differ or not torch.equal(a.mask, b.mask)
-        mask = a.mask & b.mask
+    am, bm = _given_mask(a), _given_mask(b)
+    mask, source, differ = am, a.mask_source, a.head_masks_differ or b.head_masks_differ
+    probs = torch.cat([a.probs, b.probs], dim=1)
+    if am is not None and bm is not None:
+        differ = differ or not torch.equal(am, bm)
+        mask = am & bm
+    elif am is None:  # (weights exactly 0 in some head: keys no head attended, over the heads joined)
+        mask, source = _zeros_mask(probs)
     checks = [c for c in (a.check, b.check) if c is not None]
     return Record(  # the heads of a layer: exact only if every head is, learned keys as the first head's
         name,
         a.kind,
-        torch.cat([a.probs, b.probs], dim=1),
+        probs,
         None if a.scores is None or b.scores is None else torch.cat([a.scores, b.scores], dim=1),
         mask,
         a.source,
-        a.mask_source,
+        source,
         max(checks) if checks else None,
         differ,
         a.exact and b.exact,
@@ -7831,20 +7911,34 @@ def _sequences_joined(rows: list[Record]) -> Record | None:
     they are not maps of one layer (other kinds, shapes, labels, or fields)."""
     a = rows[0]
     if any(r.kind != a.kind or r.probs.shape[1:] != a.probs.shape[1:] or r.key_labels != a.key_labels
-           or r.query_labels != a.query_labels or (r.mask is None) != (a.mask is None)
+           or r.query_labels != a.query_labels or (_given_mask(r) is None) != (_given_mask(a) is None)
            or (r.scores is None) != (a.scores is None) for r in rows[1:]):  # fmt: skip
         return None
+    probs = torch.cat([r.probs for r in rows])
+    given = [_given_mask(r) for r in rows]
+    mask, source = (torch.cat([m for m in given if m is not None]), a.mask_source) if given[0] is not None else (
+        _zeros_mask(probs))  # fmt: skip
     return replace(
         a,
-        probs=torch.cat([r.probs for r in rows]),
+        probs=probs,
         scores=None if a.scores is None else torch.cat([r.scores for r in rows if r.scores is not None]),
-        mask=None if a.mask is None else torch.cat([r.mask for r in rows if r.mask is not None]),
+        mask=mask,
+        mask_source=source,
         head_masks_differ=any(r.head_masks_differ for r in rows),
         exact=all(r.exact for r in rows),
         flag=next((r.flag for r in rows if r.flag), None),
         values=None,
         residual_of=None,
+        query_positions=_joined_positions([r.query_positions for r in rows]),
+        key_positions=_joined_positions([r.key_positions for r in rows]),
     )
+
+
+def _joined_positions(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """(B, n) positions of records joined along the batch, where every one has them, of one length."""
+    if any(p is None for p in parts) or len({(p.shape[-1], p.device) for p in parts if p is not None}) != 1:
+        return None
+    return torch.cat([p for p in parts if p is not None])
 
 
 def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) -> Record | str | None:
