@@ -1018,3 +1018,100 @@ def test_a_saturated_head_is_still_a_head_of_its_layer(batch, heads):
     torch.testing.assert_close(rec.probs, model.used, atol=0, rtol=0)
     assert rec.mask_source == "zeros" and rec.mask is not None
     assert torch.equal(rec.mask, (model.used != 0).any(dim=1))
+
+
+class _Stripes(nn.Module):
+    """One head of attention within stripes of an R x R map: columns (``vertical``) or rows."""
+
+    def __init__(self, vertical: bool, side: int):
+        super().__init__()
+        self.vertical, self.side = vertical, side
+        self.used: torch.Tensor | None = None
+
+    def forward(self, q, k, v):  # (B, N, d) each
+        b, n, d = q.shape
+
+        def stripes(t):
+            t = t.view(b, self.side, self.side, d)
+            return (t.transpose(1, 2) if self.vertical else t).reshape(b * self.side, self.side, d)
+
+        q, k, v = stripes(q), stripes(k), stripes(v)
+        attn = (q @ k.transpose(-2, -1) / math.sqrt(d)).softmax(-1)
+        self.used = attn
+        x = (attn @ v).view(b, self.side, self.side, d)
+        return (x.transpose(1, 2) if self.vertical else x).reshape(b, n, d)
+
+
+class CSWinBlock(nn.Module):
+    """CSWin's cross-shaped windows: the channels (and heads) split into two branches, vertical and horizontal
+    stripes, one head each (CSWin-T's first stage), joined by ``torch.cat`` along the features."""
+
+    def __init__(self, side: int = 4, c: int = 8):
+        super().__init__()
+        self.side = side
+        self.proj_in, self.qkv = nn.Linear(3, c), nn.Linear(c, 3 * c)
+        self.attns = nn.ModuleList([_Stripes(True, side), _Stripes(False, side)])
+
+    def forward(self, pixels):
+        x = self.proj_in(pixels)
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, c).permute(2, 0, 1, 3)
+        x1 = self.attns[0](*qkv[:, :, :, : c // 2])
+        x2 = self.attns[1](*qkv[:, :, :, c // 2 :])
+        return torch.cat([x1, x2], dim=2)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_cswin_branches_of_one_head_each_are_not_heads_of_one_map(batch):
+    """The two branches' outputs are joined along the features as heads' are, but their maps read other
+    queries and keys (a column, a row): they were one record of two heads, window w holding column w under
+    head 0 and row w under head 1, exact. Each branch is a record of its own, as with more heads a branch."""
+    torch.manual_seed(batch)
+    model = CSWinBlock().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 16, 3))
+    assert [r.name for r in cap.records] == ["attns.0", "attns.1"], cap.records
+    for rec, branch in zip(cap.records, model.attns, strict=True):
+        assert rec.exact and tuple(rec.probs.shape) == (batch * 4, 1, 4, 4)
+        torch.testing.assert_close(rec.probs[:, 0], branch.used, atol=0, rtol=0)
+    assert not torch.equal(cap.records[0].query_positions, cap.records[1].query_positions)
+
+
+class XLNetQueryStream(nn.Module):
+    """XLNet's query stream, sequence-first: the queries one learned vector expanded over the positions
+    (``mask_emb.expand(qlen, bsz, -1)``), projected by einsum with a ``(d, n, d_head)`` Parameter."""
+
+    def __init__(self, heads: int, dh: int = 4):
+        super().__init__()
+        d = heads * dh
+        self.emb = nn.Embedding(VOCAB, d)
+        self.mask_emb = nn.Parameter(torch.randn(1, 1, d))
+        self.q, self.k, self.v = (nn.Parameter(torch.randn(d, heads, dh) * 0.3) for _ in range(3))
+        self.used: torch.Tensor | None = None
+
+    def forward(self, ids, perm_mask):  # ids (L, B); perm_mask (L, L, B), 1 = may not see
+        h = self.emb(ids)
+        g = self.mask_emb.expand(ids.shape[0], ids.shape[1], -1)
+        q = torch.einsum("ibh,hnd->ibnd", g, self.q)
+        k = torch.einsum("ibh,hnd->ibnd", h, self.k)
+        v = torch.einsum("ibh,hnd->ibnd", h, self.v)
+        scores = torch.einsum("ibnd,jbnd->bnij", q, k) - 1e30 * torch.einsum("ijb->bij", perm_mask)[:, None]
+        self.used = torch.softmax(scores, dim=3)
+        return torch.einsum("bnij,jbnd->ibnd", self.used, v)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (1, 2), (1, 4), (2, 2), (3, 4)])
+def test_queries_of_one_learned_vector_expanded_are_flagged_not_laid_out_on_the_heads(batch, heads):
+    """With one sequence, the Parameter the expanded vector is multiplied by was taken for the activation
+    (its rows for positions): the query axis was read as the heads, an exact (1, L, H, L) record. The queries
+    are one learned vector at every position, which lineage cannot tell apart: flagged, laid out right."""
+    torch.manual_seed(batch + heads)
+    model = XLNetQueryStream(heads).eval()
+    ids = _ids(batch, 6).T.contiguous()
+    perm = torch.triu(torch.ones(6, 6), 1)[:, :, None].expand(6, 6, batch).contiguous()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, perm)
+    (rec,) = cap.records
+    assert not rec.exact and "one position is several queries" in rec.flag
+    assert tuple(rec.probs.shape) == (batch, heads, 6, 6)
+    torch.testing.assert_close(rec.probs, model.used, atol=0, rtol=0)

@@ -2711,7 +2711,7 @@ class _Session:
         group = [records[i] for i in places]
         if any(r.name != p or r.probs.shape[1] != 1 for r, p in zip(group, paths, strict=True)):
             return
-        if not all(_same_layer(group[0], r) for r in group[1:]):
+        if not all(_same_layer(group[0], r) and _same_places(group[0], r) for r in group[1:]):
             return
         words = [p.split(".") for p in paths]
         common = []
@@ -3987,6 +3987,10 @@ class _Session:
                     self._out_projection(ops[0], ops[1], None, True)
             elif name == "einsum" and len(ops) == 2 and isinstance(args[0], str):  # Keras' "abc,cde->abde"
                 x_first = op_tags[0] is None or op_tags[0].role != "param"
+                if _is_param(ops[0]) != _is_param(ops[1]):  # (a learned vector expanded over positions, as
+                    x_first = not _is_param(
+                        ops[0]
+                    )  # XLNet's ``mask_emb.expand``, times a Parameter: x is it)
                 xc = self.code_of(ops[0] if x_first else ops[1])
                 w = ops[1] if x_first else ops[0]
                 done = (
@@ -7859,6 +7863,15 @@ def _given_mask(r: Record) -> torch.Tensor | None:
 def _zeros_mask(probs: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
     """(mask, mask_source) of weights joined with no mask given: keys no head attended at all, if any."""
     return ((probs != 0).any(dim=1), "zeros") if bool((probs == 0).any()) else (None, None)
+
+
+def _same_places(a: Record, b: Record) -> bool:
+    """Whether two maps read the same queries and keys, where lineage placed both (heads of one layer do;
+    CSWin's branches, vertical and horizontal stripes of one map, do not)."""
+    for x, y in ((a.query_positions, b.query_positions), (a.key_positions, b.key_positions)):
+        if x is not None and y is not None and not _equal_positions(x, y):
+            return False
+    return True
 
 
 def _same_layer(a: Record | None, b: Record) -> bool:
