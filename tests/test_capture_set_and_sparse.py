@@ -397,3 +397,40 @@ def test_layers_sharing_one_attention_module_stay_layers():
     with torch.no_grad():
         for rec, want in zip(cap.records, model.reference(x), strict=True):
             torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)
+
+
+class _EntityAttention(nn.Module):
+    """REFIL's entity attention (pymarl): the agents are the first entities and ask, every entity answers,
+    an observability mask (1 = cannot see) hides entities from agents."""
+
+    def __init__(self, agents: int = 3, d: int = 8):
+        super().__init__()
+        self.agents = agents
+        self.in_trans = nn.Linear(7, 3 * d, bias=False)
+        self.used: torch.Tensor | None = None
+
+    def forward(self, entities, obs_mask):
+        q, k, v = self.in_trans(entities).chunk(3, dim=2)
+        q = q[:, : self.agents]
+        logits = torch.bmm(q, k.transpose(1, 2)).masked_fill(obs_mask[:, : self.agents].bool(), float("-inf"))
+        self.used = torch.softmax(logits, dim=2)
+        return torch.bmm(self.used, v)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_agents_seeing_prefixes_of_the_entities_are_no_causal_decoder(batch):
+    """A dead last entity hidden from all and one more hidden from agent 0: the agents see 4, 5 and 5 of 6
+    entities, which a causal mask with the queries last would give. Lineage places the agents at the first
+    positions, and agent 0 sees entity 3, after its own: self-attention of an encoder, not ``dec_self``."""
+    torch.manual_seed(batch)
+    model = _EntityAttention().eval()
+    hidden = torch.zeros(batch, 6, 6)
+    hidden[:, :, 5] = 1
+    hidden[:, 0, 4] = 1
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 6, 7), hidden)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "enc_self" and not cap.notes
+    assert rec.query_positions is not None and rec.query_positions[0].tolist() == [0, 1, 2]
+    torch.testing.assert_close(rec.probs[:, 0], model.used, atol=0, rtol=0)
+    assert rec.mask is not None and rec.mask.sum(-1)[0].tolist() == [4, 5, 5]

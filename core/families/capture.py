@@ -4931,6 +4931,14 @@ class _Session:
         seen = _own_block(seen, labels, layout.query_labels if layout is not None else query_labels,
                           source == "nn.MultiheadAttention")  # fmt: skip
         qpos = self._query_positions(probs, layout, query, query_code)
+        if (
+            causal is None
+            and flag is None
+            and seen is not None
+            and probs.shape[-2] < probs.shape[-1]
+            and self._sees_ahead(qpos, _key_positions(probs, layout), seen)
+        ):  # fewer queries than keys, which a causal reading puts last: a query sees a later position of
+            causal = False  # its own input, so they are not (REFIL's agents, the first of the entities)
         kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], seen, cross, ext, exact=flag is None,
                             causal=causal if mask is not None else None,
                             grid=lambda: self._grid_queries(qpos))  # fmt: skip
@@ -5232,6 +5240,24 @@ class _Session:
         if lq >= 2:
             self._by_name[path] = (lq, lk)
         return "dec_self"
+
+    def _sees_ahead(self, qpos: torch.Tensor | None, kpos: torch.Tensor | None, seen: torch.Tensor) -> bool:
+        """Whether lineage shows a query allowed to see a key at a later position of its own input (REFIL's
+        agents, the first entities, each seeing a different prefix of the entities). ``qpos`` (B, q),
+        ``kpos`` (B, k), ``seen`` (B, q, k), True = may attend."""
+        if qpos is None or kpos is None or seen.dim() != 3:
+            return False
+        b, q, k = seen.shape
+        if tuple(qpos.shape) != (b, q) or tuple(kpos.shape) != (b, k) or qpos.device != kpos.device:
+            return False
+        qp, kp = qpos.to(seen.device), kpos.to(seen.device)
+        own = (qp >= 0)[:, :, None] & (kp >= 0)[:, None, :]
+        if not bool(own.any()):
+            return False
+        same = (
+            self.sources.index(qp.clamp_min(0))[:, :, None] == self.sources.index(kp.clamp_min(0))[:, None, :]
+        )
+        return bool((seen & own & same & (kp[:, None, :] > qp[:, :, None])).any())
 
     def _grid_queries(self, qpos: torch.Tensor | None) -> bool:
         """Whether every query of a record (B, q lineage positions) is a pixel of a convolution's grid (an
