@@ -1115,3 +1115,44 @@ def test_queries_of_one_learned_vector_expanded_are_flagged_not_laid_out_on_the_
     assert not rec.exact and "one position is several queries" in rec.flag
     assert tuple(rec.probs.shape) == (batch, heads, 6, 6)
     torch.testing.assert_close(rec.probs, model.used, atol=0, rtol=0)
+
+
+class SentenceList(nn.Module):
+    """A batch handed over as a list of 1-D id tensors (one per sentence, as a tokenizer gives them), each
+    embedded and attended alone as ``(1, T, d)``, the outputs stacked after the loop."""
+
+    def __init__(self, heads: int, d: int = 8):
+        super().__init__()
+        self.h = heads
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, sentences):
+        outs, self.used = [], []
+        for s in sentences:
+            x = self.emb(s).unsqueeze(0)
+            b, t, d = x.shape
+            q, k, v = (z.reshape(b, t, self.h, d // self.h).transpose(1, 2) for z in self.qkv(x).chunk(3, -1))
+            a = (q @ k.transpose(-2, -1) / math.sqrt(d // self.h)).softmax(-1)
+            self.used.append(a[0])
+            outs.append((a @ v).transpose(1, 2).reshape(t, d))
+        return torch.stack(outs)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(2, 1), (2, 2), (3, 2), (4, 4)])
+def test_sentences_handed_over_as_separate_tensors_are_rows_of_one_batch(batch, heads):
+    """Each sentence its own input tensor: the records were one per sentence and the trace drew the last
+    sentence's map for sequence 0 (as if they were a decoder's steps). Each call read all of an input of its
+    own, a different tensor each: the sentences are the batch, in the order handed over."""
+    torch.manual_seed(batch + heads)
+    model = SentenceList(heads).eval()
+    sentences = [torch.tensor(row.tolist()) for row in _ids(batch, 5)]
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(sentences)
+    assert len(cap.records) == 1 and cap.notes == [], (cap.records, cap.notes)
+    rec = cap.records[0]
+    assert rec.exact and rec.kind == "enc_self" and tuple(rec.probs.shape) == (batch, heads, 5, 5)
+    torch.testing.assert_close(rec.probs, torch.stack(model.used), atol=0, rtol=0)
+    for b in (0, batch - 1):
+        trace = cap.trace(b)
+        torch.testing.assert_close(torch.from_numpy(trace.enc_self[0].copy()), model.used[b], atol=0, rtol=0)

@@ -1588,6 +1588,7 @@ class _Session:
         # sentences, ``for s in ids: emb(s)``): (id of the ids, id of the table) -> (weakref, version, start,
         # origin)
         self._row_sources: dict[tuple[int, int], tuple] = {}
+        self._id_memory: dict[int, int] = {}  # a tokens source's start -> the memory its ids were in
         # the module call each map was made in, numbered (maps one after another in one call share it)
         self._call_of: dict[int, int] = {}  # Record.seq -> call number
         self._calls_made = 0
@@ -2588,6 +2589,7 @@ class _Session:
                 src = pick[1] if pick is not None else ids
                 start = self.sources.new(src.numel(), "tokens", str(self.n_embed), self.n_embed,
                                          int(src.shape[-1]) if src.dim() else 1)  # fmt: skip
+                self._id_memory[start] = _storage_at(src)
                 if pick is None and self._constant_ids(ids):
                     self._constant_lookups.add(start)
                 code = lineage.fresh(start, tuple(src.shape), int(out.shape[-1]), out.device)
@@ -2776,7 +2778,7 @@ class _Session:
             if len(segments) < 2 or len({len(seg) for seg in segments}) != 1:
                 continue
             keys = [rows_of[id(records[seg[0]])] for seg in segments]
-            if len({k[0] for k in keys}) != 1:
+            if len({k[0] for k in keys}) != 1 and not self._whole_inputs(keys):
                 continue  # (other inputs: not rows of one batch)
             seen_rows = [row for k in keys for row in k[1]]
             if len(set(seen_rows)) != len(seen_rows):
@@ -2794,6 +2796,21 @@ class _Session:
                 records[i] = one
             seen: set[int] = set()
             records[:] = [r for r in records if not (id(r) in seen or seen.add(id(r)))]  # type: ignore[func-returns-value]
+
+    def _whole_inputs(self, keys: list[tuple[int, tuple[int, ...]]]) -> bool:
+        """Whether each (source, rows) is all of an input of its own, a different one each: sentences handed
+        in as separate tensors (a list of id tensors, as a tokenizer gives them), one call each."""
+        if len({k[0] for k in keys}) != len(keys):
+            return False
+        memory = set()
+        for src, rows in keys:
+            item = self.sources.items[src]
+            n_rows = max(item.n // item.row, 1) if item.row else 1
+            if item.kind != "tokens" or len(rows) != n_rows or n_rows != 1:
+                return False
+            memory.add(self._id_memory.get(item.start))
+        # (ids of their own each: a buffer embedded again at each step of a decoding loop is one memory)
+        return not memory & {None, 0} and len(memory) == len(keys)
 
     def _group_places(self) -> dict[int, tuple[tuple[int, int], int]]:
         """Every place of a head group (heads whose outputs were joined along the features): (group, which of
