@@ -1190,3 +1190,63 @@ def test_a_relation_beside_each_layers_attention_is_a_note_not_a_layer(batch, he
         "layers.1",
         "layers.2",
     }
+
+
+class _SideUseLayer(nn.Module):
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h, d = heads, heads * D_HEAD
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, x, rollout=None):
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.h, D_HEAD).permute(2, 0, 3, 1, 4)
+        a = (q @ k.transpose(-1, -2) / D_HEAD**0.5).softmax(-1)
+        if rollout is not None:  # a rollout step inside the layer (ViT explainability forks)
+            r = a.mean(1) + torch.eye(n)
+            rollout = (r / r.sum(-1, keepdim=True)) @ rollout
+        return x + (a @ v).transpose(1, 2).reshape(b, n, d), a, rollout
+
+
+class _SideUses(nn.Module):
+    """Maps that weigh their values unchanged and are also used for something else: an entropy regularizer
+    or an attention-transfer loss summed over the layers, or an attention rollout inside each layer."""
+
+    def __init__(self, heads: int, how: str):
+        super().__init__()
+        self.how = how
+        self.emb = nn.Embedding(VOCAB, heads * D_HEAD)
+        self.student = nn.ModuleList(_SideUseLayer(heads) for _ in range(2))
+        self.teacher = nn.ModuleList(_SideUseLayer(heads) for _ in range(2))
+
+    def forward(self, ids):
+        x = y = self.emb(ids)
+        n = ids.shape[1]
+        rollout = torch.eye(n).expand(ids.shape[0], n, n) if self.how == "rollout" else None
+        mine, theirs = [], []
+        for layer in self.student:
+            x, a, rollout = layer(x, rollout)
+            mine.append(a)
+        if self.how == "entropy":
+            return x, sum(torch.special.entr(a).sum(-1).mean() for a in mine)
+        if self.how == "rollout":
+            return x, rollout
+        for layer in self.teacher:
+            y, a, _ = layer(y)
+            theirs.append(a)
+        return x, sum(F.mse_loss(p, t) for p, t in zip(mine, theirs, strict=True))
+
+
+@pytest.mark.parametrize("how", ["entropy", "distillation", "rollout"])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_maps_used_beside_their_values_stay_exact(how, batch, heads):
+    """Entropies or distillation losses of two layers' maps added together read as maps combined (differential
+    attention), and a rollout of the head-averaged map as weights changed past a view: each record was
+    flagged, though its values are multiplied with the softmax's output as it is. A change flags a record
+    only where its own weights never weigh values."""
+    torch.manual_seed(batch * 3 + heads)
+    model = _SideUses(heads, how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch))
+    assert all(r.exact and r.flag is None for r in cap.records), [r.flag for r in cap.records]
+    assert len(cap.records) == (2 if how in ("entropy", "rollout") else 4) and not cap.notes

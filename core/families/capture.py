@@ -1501,6 +1501,7 @@ class _Session:
         self._softmaxed: dict[int, tuple] = {}
         self._topk_of: builtins.set[int] = set()  # id(_Probs) of weights some of which top-k picked
         self._mixed_why: dict[int, str] = {}  # id(_Probs) of weights whose heads a learned map mixed -> how
+        self._flags_held: list[tuple[_Probs, str]] = []  # _flag_unless_used
         self._sums: dict[int, tuple] = {}
         self._projected: dict[int, tuple] = {}  # _hold: softmaxes over a projection's output (module, shape)
         self._unplaced: dict[int, tuple] = {}  # _hold: other softmaxes left out as not attention (+ reason)
@@ -2204,6 +2205,7 @@ class _Session:
         """Warn of the exp (or log_softmax) of attention scores never followed into weights: a softmax
         written another way (``exp(s - logsumexp(s))``, a sum plus an epsilon) or one computed block
         by block (an online softmax) is not recorded, and says so."""
+        self._held_flags()
         for module, shape in self._unfinished.values():
             self.warn(module, shape, "exp of query-key scores that capture could not follow into a softmax (one "
                       "written another way, or computed block by block): these weights are not recorded")  # fmt: skip
@@ -4454,17 +4456,31 @@ class _Session:
         if id(p) in self._consumed and self._consumed_at.get(id(p)) != self.path():
             return  # (they weighed their values already: another module's readout of them, a head pooling)
         if id(p) in self._mixed_why:
-            self._flag_weights(p, f"the weights are {self._mixed_why[id(p)]} after the softmax: the record holds "
-                               "the softmax's output, not the weights the values are multiplied with")  # fmt: skip
+            self._flag_unless_used(p, f"the weights are {self._mixed_why[id(p)]} after the softmax: the record "
+                                   "holds the softmax's output, not the weights the values are multiplied with")  # fmt: skip
             return
         if id(p) in self._topk_of:
-            self._flag_weights(p, "the largest weights were picked after the softmax (top-k, sort) and put into "
-                               "another tensor the values are multiplied with (a sparse copy): the record holds "
-                               "the softmax's output, not the weights the values are multiplied with")  # fmt: skip
+            self._flag_unless_used(p, "the largest weights were picked after the softmax (top-k, sort) and put "
+                                   "into another tensor the values are multiplied with (a sparse copy): the record "
+                                   "holds the softmax's output, not the weights the values are multiplied with")  # fmt: skip
             return
-        self._flag_weights(p, "the weights are changed after the softmax, past a view capture does not "
-                           "follow (heads' maps combined, as differential attention does?): the record holds "
-                           "the softmax's output, not the weights the values are multiplied with")  # fmt: skip
+        self._flag_unless_used(p, "the weights are changed after the softmax, past a view capture does not "
+                               "follow (heads' maps combined, as differential attention does?): the record holds "
+                               "the softmax's output, not the weights the values are multiplied with")  # fmt: skip
+
+    def _flag_unless_used(self, p: _Probs, flag: str) -> None:
+        """Flag the record of weights that were changed, then multiplied (or combined with another map's), at
+        the block's end, unless its own weights, as the softmax gave them, multiply values too: then what
+        changed them is a use beside the attention (an entropy or distillation loss summed over layers, a
+        rollout of the head-averaged maps), and the record is what the values were weighted by."""
+        self._flags_held.append((p, flag))
+
+    def _held_flags(self) -> None:
+        """The flags ``_flag_unless_used`` held, on the records whose own weights never weighed values."""
+        for p, flag in self._flags_held:
+            if id(p) not in self._consumed:
+                self._flag_weights(p, flag)
+        self._flags_held.clear()
 
     def _weights_combined(self, act: list[tuple[torch.Tensor, _Tag]], origin, out: torch.Tensor) -> bool:
         """Weights combined element by element with another map's weights after the softmax (differential
@@ -4479,9 +4495,9 @@ class _Session:
         for p in weights:
             if id(p.record) not in done:
                 done.add(id(p.record))
-                self._flag_weights(p, "the weights are combined with other weights (heads' maps subtracted or "
-                                   "added: differential attention) after the softmax: the record holds the "
-                                   "softmax's output, not the weights the values are multiplied with")  # fmt: skip
+                self._flag_unless_used(p, "the weights are combined with other weights (heads' maps subtracted "
+                                       "or added: differential attention) after the softmax: the record holds the "
+                                       "softmax's output, not the weights the values are multiplied with")  # fmt: skip
         self.set(out, _Tag("linear", origin))
         return True
 
