@@ -434,3 +434,42 @@ def test_agents_seeing_prefixes_of_the_entities_are_no_causal_decoder(batch):
     assert rec.query_positions is not None and rec.query_positions[0].tolist() == [0, 1, 2]
     torch.testing.assert_close(rec.probs[:, 0], model.used, atol=0, rtol=0)
     assert rec.mask is not None and rec.mask.sum(-1)[0].tolist() == [4, 5, 5]
+
+
+class _StarRelay(nn.Module):
+    """Star-Transformer's relay update (fastNLP): the relay, a mean of the token states, reads itself and the
+    nodes, each mixed with its neighbours by ``F.unfold`` over a window of 3 and a weighted sum over it."""
+
+    def __init__(self, heads: int, dh: int = 4):
+        super().__init__()
+        d = heads * dh
+        self.h, self.dh = heads, dh
+        self.emb = nn.Embedding(30, d)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.win = nn.Parameter(torch.randn(3))
+        self.used: torch.Tensor | None = None
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        relay = x.mean(1, keepdim=True)
+        u = F.unfold(x.transpose(1, 2)[:, :, :, None], (3, 1), padding=(1, 0)).view(b, d, 3, n)
+        nodes = (u * self.win.softmax(0)[None, None, :, None]).sum(2).transpose(1, 2)
+        kv = torch.cat([relay, nodes], 1)
+        q = self.q(relay).view(b, 1, self.h, self.dh).transpose(1, 2)
+        k, v = (t(kv).view(b, n + 1, self.h, self.dh).transpose(1, 2) for t in (self.k, self.v))
+        self.used = (q @ k.transpose(-1, -2) / math.sqrt(self.dh)).softmax(-1)
+        return self.used @ v
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_a_pooled_relay_over_itself_and_the_nodes_is_no_decoding_step(batch, heads):
+    """One query, a pooled vector, over its own key and more: a decoding step's shape (a new query over a
+    cache), but a pooled or learned query is no decoder's new position: an encoder's self-attention."""
+    torch.manual_seed(batch + heads)
+    model = _StarRelay(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, 30, (batch, 5)))
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "enc_self" and tuple(rec.probs.shape) == (batch, heads, 1, 6)
+    torch.testing.assert_close(rec.probs, model.used, atol=0, rtol=0)

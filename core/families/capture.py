@@ -4972,6 +4972,9 @@ class _Session:
             and self._sees_ahead(qpos, _key_positions(probs, layout), seen)
         ):  # fewer queries than keys, which a causal reading puts last: a query sees a later position of
             causal = False  # its own input, so they are not (REFIL's agents, the first of the entities)
+        q_labels = layout.query_labels if layout is not None else query_labels
+        if ext and q_labels is not None and all(lab is not None for lab in q_labels):
+            ext = False  # (queries that are all pooled or learned vectors are no decoder's new positions)
         kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], seen, cross, ext, exact=flag is None,
                             causal=causal if mask is not None else None,
                             grid=lambda: self._grid_queries(qpos))  # fmt: skip
