@@ -5315,6 +5315,10 @@ class _Session:
         shape = tuple(x.shape)
         if dim is None:  # torch's implicit dim (deprecated, still run): 0 for 0-, 1- and 3-D input, else 1
             dim = 0 if x.dim() in (0, 1, 3) else 1
+        if x.dim() < 2 and (_is_param(x) or ((tag0 := self.tag(x)) is not None and tag0.role == "param")):
+            self.skip(path, shape, "a softmax of learned weights alone (mixing weights, a normalized kernel over "
+                      "a window): it depends on no input, so it is no attention")  # fmt: skip
+            return
         if x.dim() < 2:  # (told again as a warning if its weights multiply values over positions)
             self._unrecorded(path, shape, None, out, "a softmax over one vector has no batch or query axis")
             return
