@@ -1156,3 +1156,32 @@ def test_sentences_handed_over_as_separate_tensors_are_rows_of_one_batch(batch, 
     for b in (0, batch - 1):
         trace = cap.trace(b)
         torch.testing.assert_close(torch.from_numpy(trace.enc_self[0].copy()), model.used[b], atol=0, rtol=0)
+
+
+class _Sessions(nn.Module):
+    """DSIN's session interest extractor: a user's sessions handed in as tensors of their own, ``(B, L)``
+    each, one shared self-attention layer called per session."""
+
+    def __init__(self, heads: int = 2, d: int = 8):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.att = nn.MultiheadAttention(d, heads, batch_first=True)
+
+    def forward(self, *sessions):
+        outs = []
+        for s in sessions:
+            x = self.emb(s)
+            outs.append(self.att(x, x, x)[0].mean(1, keepdim=True))
+        return torch.cat(outs, 1)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_sessions_handed_in_as_tensors_of_their_own_stay_apart(batch):
+    """A user's sessions (a batch of one each, with one user) are no sentences of a batch: each session's
+    call is a record of its own, not rows of one map."""
+    torch.manual_seed(batch)
+    model = _Sessions().eval()
+    sessions = [torch.randint(1, VOCAB, (batch, 4)) for _ in range(3)]
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(*sessions)
+    assert [tuple(r.probs.shape) for r in cap.records] == [(batch, 2, 4, 4)] * 3

@@ -1589,7 +1589,8 @@ class _Session:
         # sentences, ``for s in ids: emb(s)``): (id of the ids, id of the table) -> (weakref, version, start,
         # origin)
         self._row_sources: dict[tuple[int, int], tuple] = {}
-        self._id_memory: dict[int, int] = {}  # a tokens source's start -> the memory its ids were in
+        # a tokens source's start -> the memory its ids were in, and their dims
+        self._id_memory: dict[int, tuple[int, int]] = {}
         # the module call each map was made in, numbered (maps one after another in one call share it)
         self._call_of: dict[int, int] = {}  # Record.seq -> call number
         self._calls_made = 0
@@ -2591,7 +2592,7 @@ class _Session:
                 src = pick[1] if pick is not None else ids
                 start = self.sources.new(src.numel(), "tokens", str(self.n_embed), self.n_embed,
                                          int(src.shape[-1]) if src.dim() else 1)  # fmt: skip
-                self._id_memory[start] = _storage_at(src)
+                self._id_memory[start] = (_storage_at(src), src.dim())
                 if pick is None and self._constant_ids(ids):
                     self._constant_lookups.add(start)
                 code = lineage.fresh(start, tuple(src.shape), int(out.shape[-1]), out.device)
@@ -2631,6 +2632,7 @@ class _Session:
         if self._constant_ids(base):
             self._constant_lookups.add(start)
         self._row_sources[key] = (weakref.ref(base), version, start, self.n_embed)
+        self._id_memory[start] = (_storage_at(base), base.dim())
         self.n_embed += 1
         return base, start, self.n_embed - 1, row
 
@@ -2782,6 +2784,11 @@ class _Session:
             keys = [rows_of[id(records[seg[0]])] for seg in segments]
             if len({k[0] for k in keys}) != 1 and not self._whole_inputs(keys):
                 continue  # (other inputs: not rows of one batch)
+            if (
+                len({k[0] for k in keys}) == 1
+                and self._id_memory.get(self.sources.items[keys[0][0]].start, (None, 0))[1] != 2
+            ):
+                continue  # (rows of ids (B, L), each a sequence; rows of (B, S, L) are a user's sessions)
             seen_rows = [row for k in keys for row in k[1]]
             if len(set(seen_rows)) != len(seen_rows):
                 continue  # (a row read again: not one sentence each)
@@ -2810,7 +2817,10 @@ class _Session:
             n_rows = max(item.n // item.row, 1) if item.row else 1
             if item.kind != "tokens" or len(rows) != n_rows or n_rows != 1:
                 return False
-            memory.add(self._id_memory.get(item.start))
+            held = self._id_memory.get(item.start, (None, 0))
+            if held[1] != 1:  # (a sentence's ids, 1-D: a batch of one, (1, L), may be one of a user's
+                return False  # sessions handed in as tensors of their own, as DSIN's are)
+            memory.add(held[0])
         # (ids of their own each: a buffer embedded again at each step of a decoding loop is one memory)
         return not memory & {None, 0} and len(memory) == len(keys)
 
