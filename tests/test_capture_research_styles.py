@@ -1164,14 +1164,17 @@ class _Sessions(nn.Module):
 
     def __init__(self, heads: int = 2, d: int = 8):
         super().__init__()
-        self.emb = nn.Embedding(VOCAB, d)
-        self.att = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.h = heads
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
 
     def forward(self, *sessions):
         outs = []
         for s in sessions:
             x = self.emb(s)
-            outs.append(self.att(x, x, x)[0].mean(1, keepdim=True))
+            b, t, d = x.shape
+            q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in self.qkv(x).chunk(3, -1))
+            a = (q @ k.transpose(-2, -1) / math.sqrt(d // self.h)).softmax(-1)
+            outs.append((a @ v).transpose(1, 2).reshape(b, t, d).mean(1, keepdim=True))
         return torch.cat(outs, 1)
 
 
