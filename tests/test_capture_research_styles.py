@@ -1188,3 +1188,43 @@ def test_sessions_handed_in_as_tensors_of_their_own_stay_apart(batch):
     with torch.no_grad(), capture_attention(model) as cap:
         model(*sessions)
     assert [tuple(r.probs.shape) for r in cap.records] == [(batch, 2, 4, 4)] * 3
+
+
+class GlobalFirst(nn.Module):
+    """ETC's global-local attention, sequence-first: the keys are the global tokens (their own embedding
+    table, looked up after the long input's) joined before the long input's tokens."""
+
+    def __init__(self, heads: int, dh: int = 4):
+        super().__init__()
+        d = heads * dh
+        self.h, self.dh = heads, dh
+        self.tok, self.glob = nn.Embedding(VOCAB, d), nn.Embedding(4, d)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.used: torch.Tensor | None = None
+
+    def fold(self, t):  # (n, B, d) -> (B*H, n, dh)
+        return t.contiguous().view(t.shape[0], -1, self.dh).transpose(0, 1)
+
+    def forward(self, ids, glob_ids):
+        x, g = self.tok(ids.t()), self.glob(glob_ids.t())
+        n, b, d = x.shape
+        kv = torch.cat([g, x], 0)
+        k, v = self.fold(self.k(kv)), self.fold(self.v(kv))
+        s = torch.bmm(self.fold(self.q(x)) / math.sqrt(self.dh), k.transpose(1, 2))
+        self.used = torch.softmax(s.view(b, self.h, n, -1), dim=-1)
+        o = torch.bmm(self.used.view(b * self.h, n, -1), v)
+        return o.view(b, self.h, n, self.dh).permute(2, 0, 1, 3).reshape(n, b, d)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_global_tokens_joined_before_the_input_are_no_rotating_cache(batch, heads):
+    """Keys of two lookups in the order opposite to the lookups' read as a cache's steps read out of order (a
+    rotating cache), flagged. A cache's steps are looked up in one table; these are two inputs: exact."""
+    torch.manual_seed(batch + heads)
+    model = GlobalFirst(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch, 6), torch.randint(0, 4, (batch, 2)))
+    (rec,) = cap.records
+    assert rec.exact and rec.flag is None and not cap.notes, (rec.flag, cap.notes)
+    assert tuple(rec.probs.shape) == (batch, heads, 6, 8)
+    torch.testing.assert_close(rec.probs, model.used, atol=0, rtol=0)

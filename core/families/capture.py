@@ -2591,7 +2591,7 @@ class _Session:
                     return
                 src = pick[1] if pick is not None else ids
                 start = self.sources.new(src.numel(), "tokens", str(self.n_embed), self.n_embed,
-                                         int(src.shape[-1]) if src.dim() else 1)  # fmt: skip
+                                         int(src.shape[-1]) if src.dim() else 1, table=_table_id(args))  # fmt: skip
                 self._id_memory[start] = (_storage_at(src), src.dim())
                 if pick is None and self._constant_ids(ids):
                     self._constant_lookups.add(start)
@@ -2628,7 +2628,9 @@ class _Session:
             return base, held[2], held[3], row
         if version is None:
             return None  # (an inference tensor: no version tells a write since)
-        start = self.sources.new(base.numel(), "tokens", str(self.n_embed), self.n_embed, int(base.shape[-1]))
+        start = self.sources.new(
+            base.numel(), "tokens", str(self.n_embed), self.n_embed, int(base.shape[-1]), table=id(table)
+        )
         if self._constant_ids(base):
             self._constant_lookups.add(start)
         self._row_sources[key] = (weakref.ref(base), version, start, self.n_embed)
@@ -8275,6 +8277,11 @@ def _moved_values(x: torch.Tensor, out: torch.Tensor) -> bool:
 def _writes_first(name: str) -> bool:
     """Whether the op writes into its first argument: ``x.add_(y)``, ``x += y``, ``x[i] = y``."""
     return name in WRITES or (name[-1:] == "_" and name[:1] != "_")
+
+
+def _table_id(args) -> int:
+    """The id of the table an embedding lookup reads (its weight, the second argument), 0 where none."""
+    return id(args[1]) if len(args) > 1 and isinstance(args[1], torch.Tensor) else 0
 
 
 def _storage_at(t: Any) -> int:

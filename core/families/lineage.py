@@ -129,6 +129,7 @@ class Source:
     origin: Any = None  # the lineage origin the capture's tags use for these positions
     row: int = 0  # positions per row of the tensor they came from (its last leading dim), 0: one row
     path: str = ""  # a learned tensor's dotted path in the model, where its label is shorter (``dec.tok``)
+    table: int = 0  # tokens: the embedding table they were looked up in (id of its weight), 0 unknown
 
 
 @dataclass
@@ -136,9 +137,11 @@ class Sources:
     items: list[Source] = field(default_factory=list)
     end: int = 0
 
-    def new(self, n: int, kind: str, label: str, origin: Any = None, row: int = 0, path: str = "") -> int:
+    def new(
+        self, n: int, kind: str, label: str, origin: Any = None, row: int = 0, path: str = "", table: int = 0
+    ) -> int:
         start = self.end
-        self.items.append(Source(start, n, kind, label, origin, row if 0 < row < n else 0, path))
+        self.items.append(Source(start, n, kind, label, origin, row if 0 < row < n else 0, path, table))
         self.end += max(int(n), 1)
         if self.end >= 1 << (62 - SHIFT):
             raise OverflowError("too many positions to follow")
@@ -744,11 +747,14 @@ def subset(kp: torch.Tensor, sources: Sources) -> str | None:
     tokens = torch.tensor([s.kind == "tokens" for s in sources.items], dtype=torch.bool, device=kp.device)
     src = sources.index(kp.clamp_min(0))
     called = own & tokens[src]  # keys of tokens embedded in the call: earlier calls' first (a KV cache)
-    at_call = torch.where(called, starts[src], -1)
-    if bool((called[:, 1:] & (at_call[:, 1:] < at_call.cummax(-1).values[:, :-1])).any()):
-        return ("the keys hold tokens of several calls (a cache of earlier steps) in another order than the "
-                "calls': a rotating cache read in its slots' order, so the map's keys are not in the "
-                "sequence's order")  # fmt: skip
+    tables = torch.tensor([s.table for s in sources.items], dtype=torch.int64, device=kp.device)[src]
+    for table in torch.unique(tables[called]).tolist():  # (a cache's steps are looked up in one table;
+        mine = called & (tables == table)  # ETC's global tokens before its long input are another input)
+        at_call = torch.where(mine, starts[src], -1)
+        if bool((mine[:, 1:] & (at_call[:, 1:] < at_call.cummax(-1).values[:, :-1])).any()):
+            return ("the keys hold tokens of several calls (a cache of earlier steps) in another order than the "
+                    "calls': a rotating cache read in its slots' order, so the map's keys are not in the "
+                    "sequence's order")  # fmt: skip
     if kp.shape[0] < 2:
         return None
 
