@@ -1234,10 +1234,15 @@ class _SideUses(nn.Module):
         for layer in self.teacher:
             y, a, _ = layer(y)
             theirs.append(a)
+        if self.how == "kl":  # MobileBERT's transfer on the probabilities: KL of the clamped log, masked MSE
+            keep = (ids != 0)[:, None, :, None].float()
+            pairs = list(zip(mine, theirs, strict=True))
+            kl = sum(F.kl_div(p.clamp_min(1e-12).log(), t, reduction="batchmean") for p, t in pairs)
+            return x, kl + sum(F.mse_loss(p * keep, t * keep) for p, t in pairs)
         return x, sum(F.mse_loss(p, t) for p, t in zip(mine, theirs, strict=True))
 
 
-@pytest.mark.parametrize("how", ["entropy", "distillation", "rollout"])
+@pytest.mark.parametrize("how", ["entropy", "distillation", "kl", "rollout"])
 @pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
 def test_maps_used_beside_their_values_stay_exact(how, batch, heads):
     """Entropies or distillation losses of two layers' maps added together read as maps combined (differential

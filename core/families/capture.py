@@ -4489,8 +4489,9 @@ class _Session:
 
     def _held_flags(self) -> None:
         """The flags ``_flag_unless_used`` held, on the records whose own weights never weighed values."""
+        used = {q.record.seq for q in self._consumed.values() if q.record is not None}
         for p, flag in self._flags_held:
-            if id(p) not in self._consumed:
+            if id(p) not in self._consumed and (p.record is None or p.record.seq not in used):
                 self._flag_weights(p, flag)
         self._flags_held.clear()
 
