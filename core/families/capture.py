@@ -2602,10 +2602,10 @@ class _Session:
             self.n_embed += 1
 
     def _row_of(self, ids: torch.Tensor, table: Any) -> tuple[torch.Tensor, int, int, int] | None:
-        """Where ``ids`` is one sentence, a row of a tensor (a view: ``for s in ids``, ``ids[i]``) that no write changed
-        since, looked up in the same table: (that tensor, the start and origin of its source, the row), one
-        source for every row of it, so a loop over the sentences reads one input, row by row. The first row
-        looked up makes the source; None for ids of their own."""
+        """Where ``ids`` is one sentence, a row of a tensor (a view: ``for s in ids``, ``ids[i]``) that no write
+        changed since, looked up in the same table: (that tensor, the start and origin of its source, the row),
+        one source for every row of it, so a loop over the sentences reads one input, row by row. The first
+        row looked up makes the source; None for ids of their own."""
         base = ids._base
         if (
             not isinstance(base, torch.Tensor)
