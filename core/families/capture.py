@@ -2755,22 +2755,25 @@ class _Session:
         sentence at a time), made one row after another. Each row's k-th record (its k-th layer, when the
         loop calls the module for several) is joined with the other rows' k-th into one record of the batch,
         rows in the input's order. Records of one row (layers, a decoder's steps) are never joined so."""
-        rows_of: dict[int, tuple[int, tuple[int, ...]]] = {}  # id(record) -> (source, its rows)
-        for r in records:
-            kp, qp = r.key_positions, r.query_positions
-            if not r.exact or kp is None or qp is None or bool((kp < 0).any()) or bool((qp < 0).any()):
-                continue
-            pos = torch.cat([kp, qp], dim=-1)
-            src = self.sources.index(pos)
-            if not bool((src == src.reshape(-1)[0]).all()):
-                continue
-            rows = self.sources.rows(pos)
-            if not bool((rows == rows[:, :1]).all()):
-                continue  # (a record row over several rows of its input: no sentence each)
-            rows_of[id(r)] = (int(src.reshape(-1)[0]), tuple(rows[:, 0].tolist()))
         by_name: dict[tuple[str, int], list[int]] = {}  # (one call of the model's: never across its runs)
         for i, r in enumerate(records):
             by_name.setdefault((r.name, self.cap.call_of(r)), []).append(i)
+        if all(len(places) < 2 for places in by_name.values()):
+            return  # (no module called more than once: nothing to join, and nothing to ask of lineage)
+        rows_of: dict[int, tuple[int, tuple[int, ...]]] = {}  # id(record) -> (source, its rows)
+        for places in by_name.values():
+            for r in (records[i] for i in places) if len(places) > 1 else ():
+                kp, qp = r.key_positions, r.query_positions
+                if not r.exact or kp is None or qp is None or bool((kp < 0).any()) or bool((qp < 0).any()):
+                    continue
+                pos = torch.cat([kp, qp], dim=-1)
+                src = self.sources.index(pos)
+                if not bool((src == src.reshape(-1)[0]).all()):
+                    continue
+                rows = self.sources.rows(pos)
+                if not bool((rows == rows[:, :1]).all()):
+                    continue  # (a record row over several rows of its input: no sentence each)
+                rows_of[id(r)] = (int(src.reshape(-1)[0]), tuple(rows[:, 0].tolist()))
         joined: dict[int, Record] = {}
         for places in by_name.values():
             if len(places) < 2 or any(id(records[i]) not in rows_of for i in places):
