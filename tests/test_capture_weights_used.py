@@ -1255,3 +1255,34 @@ def test_maps_used_beside_their_values_stay_exact(how, batch, heads):
         model(_ids(batch))
     assert all(r.exact and r.flag is None for r in cap.records), [r.flag for r in cap.records]
     assert len(cap.records) == (2 if how in ("entropy", "rollout") else 4) and not cap.notes
+
+
+class _ConvTalkingHeads(nn.Module):
+    """EfficientFormerV2's Attention4D: the heads mixed after the softmax by ``nn.Conv2d(H, H, 1)``."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h, d = heads, heads * D_HEAD
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+        self.talking_head2 = nn.Conv2d(heads, heads, 1)
+        self.used: torch.Tensor | None = None
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.h, D_HEAD).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-2, -1) / D_HEAD**0.5).softmax(-1)
+        self.used = self.talking_head2(attn)
+        return (self.used @ v).transpose(1, 2).reshape(b, n, d)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 2), (2, 2), (3, 4)])
+def test_heads_mixed_by_a_conv2d_after_the_softmax_are_the_mixed_weights(batch, heads):
+    """The record holds each head's mix, the weights its values are multiplied with (docs/capture.md)."""
+    torch.manual_seed(batch + heads)
+    model = _ConvTalkingHeads(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(_ids(batch))
+    (rec,) = cap.records
+    assert rec.exact and tuple(rec.probs.shape) == (batch, heads, 6, 6)
+    torch.testing.assert_close(rec.probs, model.used, atol=0, rtol=0)
