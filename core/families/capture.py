@@ -2236,11 +2236,11 @@ class _Session:
         self._same_q, self._before_q = [], []
         self._frame, self._record_call = None, (None, "", None, -1, None)  # no module call is held on
         records = self.cap.records
-        in_groups = {i for places, _, _, _ in self._head_groups for i in places}
         run_joined: set[int] = set()
         joined_runs: list[tuple[list[int], Record]] = []
         unused = self._unused_beside()
         group_of = self._group_places()
+        in_groups = group_of.keys()
         for run in self._runs:
             blocks = id(run) in self._block_runs  # (calls of a module one after another)
             if id(run) in self._head_runs and any(piece[0] in in_groups for piece in run):
@@ -2311,6 +2311,7 @@ class _Session:
         if unused:
             records[:] = [r for r in records if r.seq not in unused or r.flag is not None]
         self._runs.clear()
+        self._call_of.clear()
         self._block_runs.clear()
         self._head_runs.clear()
         self._head_groups.clear()
@@ -2746,7 +2747,6 @@ class _Session:
             used = [r.source != "softmax" or r.seq in self._weighed for r in rs]
             if any(used) and not all(used):
                 unused.update(r.seq for r, u in zip(rs, used, strict=True) if not u and r.flag is None)
-        self._call_of.clear()
         return unused
 
     def _rows_joined(self, records: list[Record]) -> None:
@@ -4494,7 +4494,7 @@ class _Session:
         """The flags ``_flag_unless_used`` held, on the records whose own weights never weighed values."""
         used = {q.record.seq for q in self._consumed.values() if q.record is not None}
         for p, flag in self._flags_held:
-            if id(p) not in self._consumed and (p.record is None or p.record.seq not in used):
+            if p.record is not None and p.record.seq not in used:
                 self._flag_weights(p, flag)
         self._flags_held.clear()
 
@@ -4977,7 +4977,8 @@ class _Session:
         # causal (what every head may see can be nearly empty, and nearly empty looks causal)
         seen = allowed.any(dim=1) if differ and allowed is not None else mask
         labels = layout.key_labels if layout is not None else key_labels
-        seen = _own_block(seen, labels, layout.query_labels if layout is not None else query_labels,
+        q_labels = layout.query_labels if layout is not None else query_labels
+        seen = _own_block(seen, labels, q_labels,
                           source == "nn.MultiheadAttention")  # fmt: skip
         qpos = self._query_positions(probs, layout, query, query_code)
         if (
@@ -4988,7 +4989,6 @@ class _Session:
             and self._sees_ahead(qpos, _key_positions(probs, layout), seen)
         ):  # fewer queries than keys, which a causal reading puts last: a query sees a later position of
             causal = False  # its own input, so they are not (REFIL's agents, the first of the entities)
-        q_labels = layout.query_labels if layout is not None else query_labels
         if ext and q_labels is not None and all(lab is not None for lab in q_labels):
             ext = False  # (queries that are all pooled or learned vectors are no decoder's new positions)
         kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], seen, cross, ext, exact=flag is None,
@@ -5001,7 +5001,7 @@ class _Session:
         self._note_run()
         rec = Record(path, kind, probs, scores, mask, source, mask_source, check, differ, flag is None, flag,
                      layout.key_labels if layout is not None else key_labels,
-                     layout.query_labels if layout is not None else query_labels, values, seq=self.n_ops,
+                     q_labels, values, seq=self.n_ops,
                      query_positions=qpos, key_positions=_key_positions(probs, layout))  # fmt: skip
         if self._frame is None and not self.outside and self._path_at[0] == self.n_ops and self.returned:
             self._outside.add(rec.seq)  # (no module of the model runs this op, after its call returned: the
