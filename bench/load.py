@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import statistics
@@ -60,6 +61,9 @@ class LoadResult:
     # a session whose grid showed its model's default example instead of its input (its page restarted
     # with the examples under load), answered when the input was sent once more
     resets: list[str] = field(default_factory=list)
+    # a session whose page did not answer an input within the timeout (grid not redrawn, or still
+    # running or stale), with what the page showed; it was reloaded, and a second stall is an error
+    stalls: list[str] = field(default_factory=list)
     requests: int = 0
     peak_rss_mb: float = 0.0
     rss_start_mb: float = 0.0
@@ -82,7 +86,7 @@ class LoadResult:
             f"{self.sessions} sessions (opened in {self.open_s:.0f} s), {self.seconds:.0f} s: "
             f"{self.requests} inputs answered, "
             f"p50 {p50:.0f} ms, p95 {p95:.0f} ms, max {max(self.times_ms, default=float('nan')):.0f} ms; "
-            f"errors {len(self.errors)}, mix-ups {len(self.mixups)}, restarts {len(self.resets)}; server RSS {self.rss_start_mb:.0f} MB at start, "
+            f"errors {len(self.errors)}, mix-ups {len(self.mixups)}, restarts {len(self.resets)}, stalls {len(self.stalls)}; server RSS {self.rss_start_mb:.0f} MB at start, "
             f"peak {self.peak_rss_mb:.0f} MB, {self.rss_end_mb:.0f} MB at the end; CPU s: server "
             f"{self.server_cpu_s:.0f}, browsers {self.browser_cpu_s:.0f}"
         )
@@ -154,23 +158,16 @@ async def _session(
     timeout_ms: int,
     think: tuple[float, float],
 ) -> None:
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
     context = await browser.new_context(viewport={"width": 1300, "height": 1000})
     page = await context.new_page()
     page.set_default_timeout(OPEN_TIMEOUT_MS)  # clicks and fills on a busy machine (waits: their own)
     rng = random.Random(1000 + idx)
-    counted = False
+    counted = stalled = False
     stage = "opening the page"  # named in the error if a wait times out
     try:
-        await page.goto(url, timeout=OPEN_TIMEOUT_MS)
-        await page.wait_for_selector(harness.MODEL_PICKER, timeout=OPEN_TIMEOUT_MS)
-        await page.locator(harness.MODEL_PICKER).first.click()
-        import re
-
-        await page.get_by_role(
-            "option", name=re.compile(rf"^{re.escape(plan.label)}( \(|( ·|$))")
-        ).first.click()
-        await page.wait_for_function(harness.GRID_STATE_JS, timeout=OPEN_TIMEOUT_MS)
-        await page.wait_for_function(harness.SETTLED_JS, timeout=OPEN_TIMEOUT_MS)
+        await _open_page(page, url, plan)
         box = page.locator(harness.SIDEBAR_INPUT).first
         counted = True
         stage = "waiting for the others to open"
@@ -186,10 +183,22 @@ async def _session(
             await page.evaluate(harness.MARK_JS)
             await box.press("Enter")
             stage = f"waiting for the grid of {text!r}"
-            handle = await page.wait_for_function(harness.WAIT_GRID_JS, timeout=timeout_ms, polling=50)
-            ms = float(await handle.json_value())
-            stage = f"waiting for the page to settle after {text!r}"
-            await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
+            try:
+                handle = await page.wait_for_function(harness.WAIT_GRID_JS, timeout=timeout_ms, polling=50)
+                ms = float(await handle.json_value())
+                stage = f"waiting for the page to settle after {text!r}"
+                await page.wait_for_function(harness.SETTLED_JS, timeout=timeout_ms)
+            except PlaywrightTimeout:
+                # the page did not answer within timeout_ms: reported as a stall with what the page
+                # showed, and the user reloads it (a second stall of this session is an error)
+                if stalled:
+                    raise
+                stalled = True
+                res.stalls.append(f"session {idx} ({plan.label}), {stage}: page {await _page_state(page)}")
+                stage = "reloading the page after a stall"
+                await _open_page(page, url, plan)
+                box = page.locator(harness.SIDEBAR_INPUT).first
+                continue
             errors = await page.evaluate(ERRORS_JS)
             if errors:
                 res.errors.append(f"session {idx} ({plan.label}) input {text!r}: {errors[0]}")
@@ -217,11 +226,42 @@ async def _session(
             res.per_model.setdefault(plan.label, []).append(ms)
             res.requests += 1
     except Exception as exc:  # a timeout or a crash is an error of this session
-        res.errors.append(f"session {idx} ({plan.label}), {stage}: {type(exc).__name__}: {str(exc)[:200]}")
+        res.errors.append(
+            f"session {idx} ({plan.label}), {stage}: {type(exc).__name__}: {str(exc)[:200]}"
+            f" (page: {await _page_state(page)})"
+        )
     finally:
         if not counted:
             start.ready()
         await context.close()
+
+
+async def _open_page(page, url: str, plan: SessionPlan) -> None:
+    """Load the app in ``page``, pick the session's model, wait until its grid is drawn and settled."""
+    import re
+
+    await page.goto(url, timeout=OPEN_TIMEOUT_MS)
+    await page.wait_for_selector(harness.MODEL_PICKER, timeout=OPEN_TIMEOUT_MS)
+    await page.locator(harness.MODEL_PICKER).first.click()
+    await page.get_by_role("option", name=re.compile(rf"^{re.escape(plan.label)}( \(|( ·|$))")).first.click()
+    await page.wait_for_function(harness.GRID_STATE_JS, timeout=OPEN_TIMEOUT_MS)
+    await page.wait_for_function(harness.SETTLED_JS, timeout=OPEN_TIMEOUT_MS)
+
+
+PAGE_STATE_JS = """() => ({
+    stale: document.querySelectorAll('[data-stale="true"]').length,
+    running: !!document.querySelector('[data-testid="stStatusWidget"] [data-testid="stStatusWidgetRunningIcon"]'),
+    status: (document.querySelector('[data-testid="stStatusWidget"]') || {}).innerText || '',
+    alerts: [...document.querySelectorAll('[data-testid="stAlert"]')].map(e => e.innerText.slice(0, 120)),
+})"""
+
+
+async def _page_state(page) -> str:
+    """What a page showed when a wait on it failed (stale elements, running, status text), for the report."""
+    try:
+        return json.dumps(await page.evaluate(PAGE_STATE_JS))
+    except Exception as exc:  # the page itself is gone
+        return f"unreadable: {type(exc).__name__}"
 
 
 # -- one hostile user among them ----------------------------------------------------------------------
@@ -560,7 +600,7 @@ def main() -> None:
         print(f"torch threads {threads:>4}: {res.summary()}")
         for m, ts in res.per_model.items():
             print(f"    {m:<10} n={len(ts):>4}  p50 {statistics.median(ts):7.0f} ms  p95 {_p95(ts):7.0f} ms")
-        for e in (res.errors + res.mixups)[:10]:
+        for e in (res.errors + res.mixups + res.stalls)[:10]:
             print("   ", e)
         for h in res.hostile:
             print(

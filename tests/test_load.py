@@ -286,6 +286,7 @@ def test_ten_concurrent_sessions_each_see_their_own_input(tiny_folder, tiny_clf_
         "errors": res.errors,
         "mixups": res.mixups,
         "resets": res.resets,
+        "stalls": res.stalls,
         "per_model_p50_ms": {m: float(np.median(t)) for m, t in res.per_model.items()},
         "hostile": res.hostile,
     }
@@ -295,6 +296,8 @@ def test_ten_concurrent_sessions_each_see_their_own_input(tiny_folder, tiny_clf_
     print("\nload test:", res.summary())
     for h in res.hostile:
         print(f"  hostile: {h['step']} -> {h['outcome']} {h.get('message', '')[:80]!r}")
+    if res.errors and log.exists():  # what the server said, for the report of a failure
+        print("server log, last lines:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
     assert not res.errors, res.errors[:5]
     # the hostile session: every step a drawing or a clear message, no dialog, nothing injected, and
     # after a message an ordinary input drew its grid again
@@ -308,6 +311,9 @@ def test_ten_concurrent_sessions_each_see_their_own_input(tiny_folder, tiny_clf_
     assert not res.mixups, res.mixups[:5]  # (a page that restarted with its examples under load is
     # no mix-up: no other session's text; it is counted in res.resets, and its input sent once more)
     assert len(res.resets) <= SESSIONS // 2, res.resets
+    # a page that did not answer within the timeout on this shared 2-core machine was reloaded and
+    # answered again (a second stall of one session is an error above); one such stall is tolerated
+    assert len(res.stalls) <= 1, res.stalls
     assert res.requests >= SESSIONS  # every session got answers
     assert len(res.per_model) == min(SESSIONS, len(models))  # every model was used
     assert res.peak_rss_mb < PEAK_RSS_LIMIT_MB, res.summary()
