@@ -375,11 +375,15 @@ def test_tensors_named_by_keyword_are_followed_as_by_position(batch, heads):
         model = Keywords(heads, keyword).eval()
         with torch.no_grad(), capture_attention(model) as cap:
             model(ids, beams)
-        assert not cap.notes and not cap.skipped
+        assert not cap.skipped
         (rec,) = cap.records
-        assert rec.exact and torch.equal(rec.probs, model.used[0])
-        got.append((rec.kind, rec.probs))
-    assert got[0][0] == got[1][0] and torch.equal(got[0][1], got[1][1])
+        assert torch.equal(rec.probs, model.used[0]) and rec.kind == "cross"
+        # the keys followed through index_select(input=...) to the rows they are: row b reads sequence
+        # beams[b]'s keys, which a trace of sequence b would label with its own tokens, so it says so
+        assert not rec.exact and f"caller's sequence {beams.tolist()}[b]" in rec.flag
+        assert len(cap.notes) == 1 and rec.flag in cap.notes[0]
+        got.append((rec.kind, rec.probs, rec.flag))
+    assert got[0][0] == got[1][0] and torch.equal(got[0][1], got[1][1]) and got[0][2] == got[1][2]
 
 
 @pytest.mark.parametrize("need_weights", [True, False])
@@ -855,6 +859,169 @@ def test_a_batch_already_in_order_stays_exact():
     assert cap.records[0].exact and not cap.notes
 
 
+ROW_WAYS = {  # how the model moves the caller's rows before attention, and the caller's row in each record row
+    "roll ids": (lambda ids, emb: emb(torch.roll(ids, 1, 0)), lambda b: torch.arange(b).roll(1)),
+    "flip ids": (lambda ids, emb: emb(ids.flip(0)), lambda b: torch.arange(b).flip(0)),
+    "ids[1:]": (lambda ids, emb: emb(ids[1:]), lambda b: torch.arange(1, b)),
+    "ids[valid]": (
+        lambda ids, emb: emb(ids[torch.arange(ids.shape[0]) % 2 == 1]),
+        lambda b: torch.arange(1, b, 2),
+    ),
+    "narrow ids": (lambda ids, emb: emb(ids.narrow(0, 1, ids.shape[0] - 1)), lambda b: torch.arange(1, b)),
+    "emb(ids)[1:]": (lambda ids, emb: emb(ids)[1:], lambda b: torch.arange(1, b)),
+    "emb(ids)[perm]": (
+        lambda ids, emb: emb(ids)[torch.arange(ids.shape[0]).roll(1)],
+        lambda b: torch.arange(b).roll(1),
+    ),
+    "first rows": (lambda ids, emb: emb(ids[:2]), lambda b: torch.arange(2)),
+    "roll by 0": (lambda ids, emb: emb(torch.roll(ids, 0, 0)), lambda b: torch.arange(b)),
+    "flip positions": (lambda ids, emb: emb(ids).flip(1).flip(1), lambda b: torch.arange(b)),
+}
+
+
+class RowsMoved(nn.Module):
+    """Self-attention over the caller's rows rolled, flipped, some dropped (``ids[valid]``, ``emb(ids)[1:]``)
+    or as given; ``mha``: torch's own MultiheadAttention, whose record is made from its arguments."""
+
+    def __init__(self, way: str, heads: int, mha: bool):
+        super().__init__()
+        self.way, self.h, self.mha = way, heads, mha
+        self.emb, self.qk = nn.Embedding(VOCAB, 4 * heads), nn.Linear(4 * heads, 8 * heads)
+        self.att = nn.MultiheadAttention(4 * heads, heads, batch_first=True)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        x = ROW_WAYS[self.way][0](ids, self.emb)
+        if self.mha:
+            y, w = self.att(x, x, x, average_attn_weights=False)
+            self.used.append(w)
+            return y
+        b, n, _ = x.shape
+        q, k = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qk(x).chunk(2, -1))
+        a = (q @ k.transpose(-1, -2)).softmax(-1)
+        self.used.append(a)
+        return a @ x[:, None]
+
+
+@pytest.mark.parametrize("mha", [False, True])
+@pytest.mark.parametrize(("batch", "heads"), [(3, 2), (4, 4), (5, 1)])
+@pytest.mark.parametrize("way", list(ROW_WAYS))
+def test_rows_moved_or_dropped_before_attention_are_flagged_with_the_callers_rows(way, batch, heads, mha):
+    """Ids rolled, flipped, narrowed or picked by a mask before the embedding were numbered as if they were
+    the caller's rows in order, and rows dropped after it (``emb(ids)[1:]``) or a MultiheadAttention over a
+    reordered batch went unsaid: exact records whose row 0 was another sequence, which a trace drew as
+    sequence 0. Each now names the caller's row of every record row; rows as given stay exact."""
+    torch.manual_seed(batch)
+    ids = torch.randint(1, VOCAB, (batch, 5))
+    model = RowsMoved(way, heads, mha).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    torch.testing.assert_close(rec.probs, model.used[0])
+    rows = ROW_WAYS[way][1](batch)
+    if torch.equal(rows, torch.arange(int(rows.numel()))):
+        assert rec.exact and not cap.notes, cap.notes
+        return
+    assert not rec.exact and f"record row b holds the caller's sequence {rows.tolist()}[b]" in rec.flag
+    assert len(cap.notes) == 1 and rec.flag in cap.notes[0]
+    assert ("only some" in rec.flag) == (int(rows.numel()) < batch)
+
+
+class SequenceFirstSorted(nn.Module):
+    """torchtext-era code: ids (T, B), the batch sorted by length along its second axis
+    (``emb(src).index_select(1, perm)``), fairseq's ``(B·H, T, d)`` fold and ``bmm``."""
+
+    def __init__(self, heads: int, sort: bool):
+        super().__init__()
+        self.h, self.sort = heads, sort
+        self.emb, self.qk = nn.Embedding(VOCAB, 4 * heads), nn.Linear(4 * heads, 8 * heads)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, src, lengths):
+        x = self.emb(src)
+        if self.sort:
+            x = x.index_select(1, lengths.sort(descending=True).indices)
+        t, b, _ = x.shape
+        q, k = self.qk(x).chunk(2, -1)
+        q = q.contiguous().view(t, b * self.h, -1).transpose(0, 1)
+        k = k.contiguous().view(t, b * self.h, -1).transpose(0, 1)
+        a = torch.bmm(q, k.transpose(1, 2)).softmax(-1)
+        self.used.append(a.view(b, self.h, t, t))
+        return a
+
+
+@pytest.mark.parametrize("sort", [True, False])
+@pytest.mark.parametrize(("batch", "heads"), [(3, 2), (4, 4), (2, 1)])
+def test_a_sequence_first_batch_sorted_inside_the_model_is_flagged_with_its_order(sort, batch, heads):
+    """Each sequence is a column of (T, B) ids: the check for a reordered batch asked for a row per
+    sequence and let the sorted batch through, exact, its row 0 the longest sequence."""
+    torch.manual_seed(batch)
+    lengths = torch.randperm(batch) + 2
+    model = SequenceFirstSorted(heads, sort).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (6, batch)), lengths)
+    (rec,) = cap.records
+    assert torch.equal(rec.probs, model.used[0])
+    order = lengths.sort(descending=True).indices.tolist()
+    if sort and order != sorted(order):
+        assert not rec.exact and f"record row b holds the caller's sequence {order}[b]" in rec.flag
+    else:
+        assert rec.exact and not cap.notes
+
+
+class Bucketed(nn.Module):
+    """Sequences sorted by length, run in buckets of 2 (``x[idx, :L]``, each cut to its longest), put back."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.qk = nn.Embedding(VOCAB, 8), nn.Linear(8, 16)
+
+    def forward(self, ids, lengths):
+        x = self.emb(ids)
+        out = torch.zeros_like(x)
+        for idx in lengths.argsort(descending=True).split(2):
+            n = int(lengths[idx].max())
+            q, k = self.qk(x[idx, :n]).chunk(2, -1)
+            out[idx, :n] = (q @ k.transpose(1, 2)).softmax(-1) @ x[idx, :n]
+        return out
+
+
+def test_buckets_of_the_batch_name_the_callers_rows_they_hold():
+    torch.manual_seed(0)
+    lengths = torch.tensor([7, 5, 7, 6])  # buckets: rows [0, 2] (7 tokens), then [3, 1] (6)
+    with torch.no_grad(), capture_attention(Bucketed().eval()) as cap:
+        Bucketed().eval()(torch.randint(1, VOCAB, (4, 7)), lengths)
+    assert [r.exact for r in cap.records] == [False, False]
+    assert "sequence [0, 2][b]" in cap.records[0].flag and "sequence [3, 1][b]" in cap.records[1].flag
+    assert all("only some of the batch's 4 sequences" in r.flag for r in cap.records)
+
+
+class CrossOverRolledImages(nn.Module):
+    """ALBEF's negatives: each caption cross-attends to another image's patches (``torch.roll(img, 1, 0)``)."""
+
+    def __init__(self, roll: int):
+        super().__init__()
+        self.roll = roll
+        self.emb, self.q, self.k = nn.Embedding(VOCAB, 8), nn.Linear(8, 8), nn.Linear(6, 8)
+
+    def forward(self, ids, img):
+        keys = torch.roll(img, self.roll, 0)
+        return (self.q(self.emb(ids)) @ self.k(keys).transpose(1, 2)).softmax(-1) @ keys
+
+
+@pytest.mark.parametrize("roll", [1, 0])
+def test_cross_attention_over_another_items_keys_says_whose_keys(roll):
+    torch.manual_seed(0)
+    with torch.no_grad(), capture_attention(CrossOverRolledImages(roll).eval()) as cap:
+        CrossOverRolledImages(roll).eval()(torch.randint(1, VOCAB, (3, 5)), torch.randn(3, 4, 6))
+    (rec,) = cap.records
+    assert rec.kind == "cross"
+    if roll:
+        assert not rec.exact and "the keys of record row b are the caller's sequence [2, 0, 1][b]" in rec.flag
+    else:
+        assert rec.exact and not cap.notes
+
+
 class PackedThenAttended(nn.Module):
     """Token ids padded to a fixed length, packed, unpacked to the longest sequence (``pad_packed_sequence``'s
     default) or to a ``total_length``, then self-attention over the unpacked steps (Kaggle's LSTM + attention)."""
@@ -1174,3 +1341,39 @@ def test_the_steps_of_a_sorted_batch_that_shrinks_keep_their_flag():
     # sorted [1, 2, 0]; then the first two, [1, 2]; then the first, [1]
     assert not by_rows[3].exact and not by_rows[2].exact and not by_rows[1].exact
     assert "sequence [1, 2][b]" in by_rows[2].flag and "sequence [1][b]" in by_rows[1].flag
+
+
+EXEC_SOURCE = """
+import torch
+from torch import nn
+
+
+def attend(q, k, v):
+    return (q @ k.transpose(-1, -2)).softmax(-1) @ v
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.q, self.k = nn.Embedding(10, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        return attend(self.q(x), self.k(x), x)
+"""
+
+
+def test_a_model_built_by_exec_whose_functions_name_no_module_is_captured():
+    """Code generated at run time (``exec`` in a namespace without ``__name__``): its functions'
+    ``__module__`` is None, and capture raised AttributeError on entry."""
+    namespace: dict = {}
+    exec(EXEC_SOURCE, namespace)  # noqa: S102 (the test's own source)
+    assert namespace["attend"].__module__ is None
+    model = namespace["Model"]().eval()
+    ids = torch.randint(0, 10, (2, 5))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    x = model.emb(ids)
+    torch.testing.assert_close(rec.probs[:, 0], (model.q(x) @ model.k(x).transpose(-1, -2)).softmax(-1))
+    assert rec.exact and rec.kind == "enc_self"

@@ -1264,6 +1264,55 @@ def _is_param(t: Any) -> bool:
 HELD = 256  # tensors a registry keeps: a few are pending at a time, and older ones were never used
 
 
+ROW_PICKS = frozenset({"__getitem__", "index_select", "roll", "flip", "narrow"})
+
+
+def _picked_rows(name: str, args, kwargs, src: torch.Tensor) -> torch.Tensor | None:
+    """The rows of ``src`` (along its first axis) an op over that axis alone returns, in their order, or None
+    (an op over other axes too, or that picks no rows: a pick of positions, ``ids[:, 1:]``)."""
+    n = int(src.shape[0])
+    if name == "index_select":
+        if len(args) < 3 or args[1] not in (0, -src.dim()):
+            return None
+        return args[2] if isinstance(args[2], torch.Tensor) and not args[2].is_floating_point() else None
+    if name == "narrow":
+        if len(args) < 4 or args[1] not in (0, -src.dim()) or not all(isinstance(a, int) for a in args[2:4]):
+            return None
+        start = args[2] % n if n else 0
+        return torch.arange(start, start + args[3])
+    if name == "roll":
+        shifts = args[1] if len(args) > 1 else kwargs.get("shifts")
+        dims = args[2] if len(args) > 2 else kwargs.get("dims")
+        shifts = shifts[0] if isinstance(shifts, (tuple, list)) and len(shifts) == 1 else shifts
+        dims = dims[0] if isinstance(dims, (tuple, list)) and len(dims) == 1 else dims
+        if not isinstance(shifts, int) or dims not in (0, -src.dim()):
+            return None
+        return torch.arange(n).roll(shifts)
+    if name == "flip":
+        dims = args[1:] if len(args) > 1 else kwargs.get("dims")
+        dims = (
+            dims[0]
+            if isinstance(dims, tuple) and len(dims) == 1 and isinstance(dims[0], (tuple, list))
+            else dims
+        )
+        dims = tuple(dims) if isinstance(dims, (tuple, list)) else (dims,)
+        if tuple(d % src.dim() for d in dims if isinstance(d, int)) != (0,):
+            return None
+        return torch.arange(n).flip(0)
+    idx = args[1] if len(args) > 1 else None  # __getitem__
+    if isinstance(idx, tuple):
+        if not idx or not all(isinstance(i, slice) and i == slice(None) for i in idx[1:]):
+            return None
+        idx = idx[0]
+    if isinstance(idx, slice):
+        return None if idx == slice(None) else torch.arange(n)[idx]
+    if type(idx) is not torch.Tensor or idx.dim() != 1:
+        return None
+    if idx.dtype == torch.bool:
+        return idx.nonzero().view(-1) if int(idx.shape[0]) == n else None
+    return idx
+
+
 def _hold(registry: dict[int, tuple], t: torch.Tensor, *rest: Any) -> None:
     """Keep ``t`` (weakly, by identity) in ``registry`` with ``rest``; a full registry starts over."""
     if len(registry) >= HELD:
@@ -1760,9 +1809,9 @@ class _Session:
                 self.path()  # (made by the model's own code: not the caller's inputs made in the block)
                 if self._frame is not None:
                     _hold(self._pure_ints, out)
-        if (name == "__getitem__" or name == "index_select") and type(out) is torch.Tensor and not kwargs:
-            if not out.is_floating_point() and out.dim() >= 2:
-                self._row_pick(name, args, out)
+        if name in ROW_PICKS and type(out) is torch.Tensor and (not kwargs or name in ("roll", "flip")):
+            if out.dim() >= 2 and (not out.is_floating_point() or out.dim() >= 3):
+                self._row_pick(name, args, kwargs, out)
         if name in RANDOM or self._by_data or (type(out) is not torch.Tensor or not out.is_floating_point()):
             self._data_step(name, args, kwargs, out)
         if name in FACTORIES and isinstance(out, torch.Tensor):
@@ -2328,28 +2377,46 @@ class _Session:
         # record (the blocks of one call together): no map a trace can label by the sequence's tokens
         for i, r in enumerate(records):
             keys = self._seq_keys.get(r.seq)
-            if not r.exact or not keys:
+            if not r.exact:
                 continue
-            key = ("subset", tuple(id(k) for k in keys), self._sources_key())  # (layouts are cached: the
-            why = lineage.recall(key)  # same keys' positions come back for later calls of the same shapes)
-            if why is lineage.MISS:
-                width = max(int(k.shape[-1]) for k in keys)
-                kp = torch.cat(
-                    [F.pad(k.to(keys[0].device), (0, width - int(k.shape[-1])), value=-1) for k in keys]
-                )
-                why = lineage.remember(key, tuple(keys), lineage.subset(kp, self.sources))
-            if why is None and self._picked:
-                why = self._picked_by_data(keys)
+            why = None
+            if keys:
+                key = ("subset", tuple(id(k) for k in keys), self._sources_key())  # (layouts are cached: the
+                why = lineage.recall(
+                    key
+                )  # same keys' positions come back for later calls of the same shapes)
+                if why is lineage.MISS:
+                    width = max(int(k.shape[-1]) for k in keys)
+                    kp = torch.cat(
+                        [F.pad(k.to(keys[0].device), (0, width - int(k.shape[-1])), value=-1) for k in keys]
+                    )
+                    why = lineage.remember(key, tuple(keys), lineage.subset(kp, self.sources))
+                if why is None and self._picked:
+                    why = self._picked_by_data(keys)
+            cross = r.kind == "cross"
+            own_keys = r.key_positions
+            for k in (own_keys,) if own_keys is not None and own_keys.dim() == 2 else keys or ():
+                # each block's keys (a call's blocks, or a module called a bucket of the batch at a time) over
+                # the record's rows. Self-attention: the keys' sequence is the queries'; cross-attention:
+                # another input's sequence, which row b of the queries reads (a pure function of codes and sources)
+                if why is not None or int(k.shape[0]) != int(r.probs.shape[0]):
+                    continue
+                rkey = ("reordered", id(k), cross, self._sources_key())
+                why = lineage.recall(rkey)
+                if why is lineage.MISS:
+                    why = lineage.remember(rkey, (k,), self._batch_reordered(k, cross))
+            qp = r.query_positions
             if (
                 why is None
-                and r.kind != "cross"
-                and len(keys) == 1
-                and int(keys[0].shape[0]) == int(r.probs.shape[0]) > 1
-            ):
-                rkey = ("reordered", id(keys[0]), self._sources_key())  # (self-attention: the keys'
-                why = lineage.recall(rkey)  # sequence is the queries'; a pure function of codes and sources)
+                and (cross or not keys)
+                and qp is not None
+                and qp.dim() == 2
+                and int(qp.shape[0]) == int(r.probs.shape[0])
+            ):  # the queries' rows (a record made from a call's arguments has no keys' positions)
+                rkey = ("reordered queries", id(qp), self._sources_key())
+                why = lineage.recall(rkey)
                 if why is lineage.MISS:
-                    why = lineage.remember(rkey, (keys[0],), self._batch_reordered(keys[0]))
+                    why = lineage.remember(rkey, (qp,), self._batch_reordered(qp))
             if why is not None:
                 records[i] = _replaced(r, exact=False, flag=why)
                 self.warn(r.name, tuple(int(n) for n in r.probs.shape), f"could not verify: {why}")
@@ -2371,32 +2438,50 @@ class _Session:
         first = src[own][:1]
         if not bool(((src == first) | ~own).all()):
             return None  # keys from several tensors (a cache, a memory): rows name no one batch
-        rows = self.sources.rows(safe).masked_fill(~own, -1)
-        lo = torch.where(own, rows, torch.iinfo(rows.dtype).max).amin(-1)
-        hi = rows.amax(-1)
-        if not bool((lo == hi).all()):
-            return None  # a sequence over several rows (sequence-first ids, windows): no row per sequence
         source = self.sources.items[int(first)]
         if not source.row:
             return None
-        order = lo - source.start  # the caller's row each record row holds
+        rows = self.sources.rows(safe).masked_fill(~own, -1)
+        big = torch.iinfo(rows.dtype).max
+        lo = torch.where(own, rows, big).amin(-1)
+        hi = rows.amax(-1)
         n_rows = max(source.n // source.row, 1)
+        some = False  # (some rows may be picked: the rows are a batch's sequences)
+        if bool((lo == hi).all()):
+            order = lo - source.start  # the caller's row each record row holds
+            ids = self._id_memory.get(source.start)
+            some = source.kind == "tokens" and ids is not None and ids[1] == 2
+        else:
+            # a sequence over several rows: each in one column (sequence-first ids, (T, B)), or no one
+            # sequence per row or column (windows)
+            cols = (safe - source.start) % source.row
+            lo = torch.where(own, cols, big).amin(-1)
+            if not bool((lo == torch.where(own, cols, -1).amax(-1)).all()):
+                return None
+            order, n_rows = lo, source.row
         if int(torch.unique(order).numel()) != int(order.numel()):
             return None  # a row twice (beams): no one batch order
         if int(order.numel()) == n_rows:
             if bool((order[1:] > order[:-1]).all()):
                 return None
             self._reordered_sources.add(source.start)
-        elif source.start not in self._reordered_sources or torch.equal(
-            order, torch.arange(int(order.numel()), device=order.device)
-        ):  # some of the rows (a 4-D input's rows are its heads too): out of order only where the whole batch
-            return None  # was put in another order before (Show, Attend and Tell's shrinking batch, sorted)
-        if keys_only:  # (queries from a state: which sequence asks, lineage does not say)
-            return ("the batch was put in another order inside the model before this attention (sorted by length, "
-                    f"x[perm_idx]): the keys of record row b are the caller's sequence {order.tolist()}[b], not "
-                    "sequence b")  # fmt: skip
-        return ("the batch was put in another order inside the model before this attention (sorted by length, "
-                f"x[perm_idx]): record row b holds the caller's sequence {order.tolist()}[b], not sequence b")  # fmt: skip
+        elif torch.equal(order, torch.arange(int(order.numel()), device=order.device)) or not (
+            some or source.start in self._reordered_sources
+        ):  # some of the rows (a 4-D input's rows are its heads too): not the caller's first sequences only
+            # where the rows are a batch of token ids' (rows dropped: ``ids[valid]``, ``emb(ids)[1:]``), or the
+            return (
+                None  # whole batch was put in another order before (Show, Attend and Tell's shrinking batch)
+            )
+        how = (
+            "the batch was put in another order inside the model before this attention (sorted by length, "
+            "x[perm_idx], rolled)"
+            if int(order.numel()) == n_rows
+            else f"only some of the batch's {n_rows} sequences reach this attention, picked inside the model "
+            "(rows dropped or bucketed: ids[valid], x[1:])"
+        )
+        if keys_only:  # (queries from a state, or cross-attention: which sequence asks, the keys do not say)
+            return f"{how}: the keys of record row b are the caller's sequence {order.tolist()}[b], not sequence b"
+        return f"{how}: record row b holds the caller's sequence {order.tolist()}[b], not sequence b"
 
     def _prefill_of(self, rec: Record, records: list[Record]) -> bool:
         """A prompt that sees itself both ways (a prefix LM's prefill that is all prefix) whose positions a
@@ -2518,32 +2603,38 @@ class _Session:
             self._kept_storages = {_storage_at(x) for x in kept} - {0}
         return _storage_at(t) in self._kept_storages
 
-    def _row_pick(self, name: str, args, out: torch.Tensor) -> None:
-        """Integer rows put in another order (``ids[perm_idx]``, ``ids.index_select(0, perm_idx)``: a batch of
-        token ids sorted by length before the embedding): remembered, so the embedding gives each row the
-        positions of the caller's row it is (a pick of a pick maps back to the first)."""
+    def _row_pick(self, name: str, args, kwargs, out: torch.Tensor) -> None:
+        """Integer rows put in another order or some of them kept (``ids[perm_idx]``, ``ids.index_select(0,
+        perm_idx)``, ``torch.roll(ids, 1, 0)``, ``ids.flip(0)``, ``ids[1:]``, ``ids[valid]``: a batch of token
+        ids sorted by length, rolled for negatives, or rows dropped before the embedding): remembered, so the
+        embedding gives each row the positions of the caller's row it is (a pick of a pick maps back to the
+        first). A row picked twice (beams) makes rows anew."""
         src = args[0] if args else None
-        if not isinstance(src, torch.Tensor) or src.is_floating_point() or src.dim() < 2 or _is_param(src):
+        if not isinstance(src, torch.Tensor) or src.dim() < 2 or _is_param(src):
             return
-        if name == "index_select":
-            if len(args) < 3 or args[1] not in (0, -src.dim()):
-                return
-            idx = args[2]
-        else:
-            idx = args[1] if len(args) > 1 else None
-            if isinstance(idx, tuple):
-                if not idx or not all(isinstance(i, slice) and i == slice(None) for i in idx[1:]):
-                    return
-                idx = idx[0]
+        if src.is_floating_point() and (
+            self.tag(src) is not None  # (an activation: its codes follow the op)
+            or (
+                name not in ("roll", "flip")
+                and not isinstance(args[1] if len(args) > 1 else None, torch.Tensor)
+            )
+        ):  # features from outside (image patches rolled for negatives, ``img[perm]``), not cut by a slice
+            return  # (``pe[:n]`` of a buffer is no batch's rows)
+        n = int(src.shape[0])
+        idx = _picked_rows(name, args, kwargs, src)
         if (
             type(idx) is not torch.Tensor
             or idx.dim() != 1
             or idx.is_floating_point()
-            or idx.dtype == torch.bool
-            or tuple(out.shape) != tuple(src.shape)
-            or not torch.equal(idx.sort().values.cpu(), torch.arange(int(src.shape[0])))
-        ):  # (a permutation of the rows: picks of some rows, or one row twice, as beams are, are rows anew)
+            or tuple(out.shape[1:]) != tuple(src.shape[1:])
+            or int(out.shape[0]) != int(idx.shape[0])
+        ):
             return
+        idx = idx.cpu()
+        if idx.numel() and (
+            int(idx.min()) < 0 or int(idx.max()) >= n or int(idx.unique().numel()) != idx.numel()
+        ):
+            return  # (one row twice, as beams are: rows anew)
         prev = _held(self._row_picks, src)
         if prev is not None:
             src, idx = prev[1], prev[2][idx.to(prev[2].device)]
@@ -2656,6 +2747,13 @@ class _Session:
             return None
         if param and t.numel() > MAX_PARAM_CODES:
             return None  # a weight matrix (a tied vocabulary projection), not learned positions
+        pick = None if param else _held(self._row_picks, t)
+        if pick is not None:  # rows of a tensor from outside put in another order (``torch.roll(img, 1, 0)``)
+            base = self.code_of(pick[1])
+            if base is not None and int(base.shape[0]) == int(pick[1].shape[0]):
+                code = base[pick[2].to(base.device)]
+                self._fixed_codes[id(t)] = (weakref.ref(t), code)
+                return code
         lead = tuple(t.shape[:-1])
         if param:
             if self._param_names is None:
@@ -8643,7 +8741,11 @@ def _script_functions(fn: Any, seen: builtins.set[int], depth: int = 0) -> list[
         obj = scope.get(name)
         if isinstance(obj, (torch.jit.ScriptFunction, _ScriptCall)):
             found.append((scope, name))
-        elif depth < 2 and isinstance(obj, types.FunctionType) and not obj.__module__.startswith("torch"):
+        elif (
+            depth < 2
+            and isinstance(obj, types.FunctionType)
+            and not (obj.__module__ or "").startswith("torch")
+        ):
             found.extend(_script_functions(obj, seen, depth + 1))
     return found
 
