@@ -652,6 +652,49 @@ def test_an_encoder_whose_every_sequence_is_padded_stays_encoder(batch):
     assert rec.exact and rec.kind == "enc_self" and torch.equal(rec.probs, model.seen[0])
 
 
+class PackedPrefixLM(FutureMask):
+    """Examples packed into one row (MPT's ``_apply_prefix_mask`` with ``_apply_sequence_id``, UL2 packing):
+    a block-diagonal mask by sequence id, each example with a bidirectional prefix of its own; ``causal``
+    False: packed encoder examples, each seeing all of itself."""
+
+    def __init__(self, heads: int, examples: list[tuple[int, int]], causal: bool = True):
+        super().__init__(heads, "to")
+        self.examples, self.causal = examples, causal
+
+    def forward(self, ids):
+        b, t = ids.shape
+        q, k, v = (x.view(b, t, self.h, D_HEAD).transpose(1, 2) for x in self.qkv(self.emb(ids)).chunk(3, -1))
+        seq_id = torch.cat([torch.full((n,), i) for i, (n, _) in enumerate(self.examples)])
+        prefix = torch.cat(
+            [torch.arange(n) < p for n, p in self.examples]
+        )  # (t,) keys in their example's prefix
+        allowed = seq_id[:, None] == seq_id[None, :]
+        if self.causal:
+            allowed = allowed & (torch.ones(t, t, dtype=torch.bool).tril() | prefix[None, :])
+        allowed = allowed & (ids != 0)[:, None, None, :]  # a row's padding at its end: no key
+        s = (q @ k.transpose(-1, -2)).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        p = F.softmax(s, dim=-1)
+        self.seen.append(p)
+        return p @ v
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(
+    "examples", [[(4, 2), (4, 2)], [(4, 4), (4, 2)], [(3, 1), (2, 2), (3, 2)], [(4, 2), (4, 0)]]
+)
+def test_prefix_lm_examples_packed_into_one_row_are_decoder_self_attention(examples, causal):
+    """The prefix-LM rule took one prefix from position 0 of each row: two packed examples, each with a
+    prefix of 2 or more tokens, were called an encoder. Packed encoder examples stay one."""
+    torch.manual_seed(14)
+    model = PackedPrefixLM(2, examples, causal).eval()
+    ids = torch.randint(1, VOCAB, (2, sum(n for n, _ in examples)))
+    ids[1, -1] = 0  # the second row's last example one token shorter, padded
+    cap = _captured(model, ids)
+    (rec,) = cap.records
+    assert rec.exact and torch.equal(rec.probs, model.seen[0])
+    assert rec.kind == ("dec_self" if causal and any(p < n for n, p in examples) else "enc_self")
+
+
 class MaskedAfter(FutureMask):
     """The mask applied after the softmax and not renormalized (``att = att * tril``: a bug some
     repositories carry, and the one the mask-bug lab teaches): the weights used do not sum to 1."""

@@ -1377,3 +1377,56 @@ def test_a_model_built_by_exec_whose_functions_name_no_module_is_captured():
     x = model.emb(ids)
     torch.testing.assert_close(rec.probs[:, 0], (model.q(x) @ model.k(x).transpose(-1, -2)).softmax(-1))
     assert rec.exact and rec.kind == "enc_self"
+
+
+class BeamSteps(nn.Module):
+    """A KV-cached decoder step by step, the cache reordered by the beams kept (``index_select(0, beam_idx)``)."""
+
+    def __init__(self, heads: int = 2, d_head: int = 4):
+        super().__init__()
+        self.h, self.dh = heads, d_head
+        self.emb = nn.Embedding(20, heads * d_head)
+        self.q, self.k, self.v = (nn.Linear(heads * d_head, heads * d_head) for _ in range(3))
+        self.used: list[torch.Tensor] = []
+
+    def step(self, tok, cache):
+        x = self.emb(tok)
+
+        def heads(t):
+            return t.view(t.size(0), -1, self.h, self.dh).transpose(1, 2)
+
+        q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
+        if cache:
+            k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+        p = (q @ k.transpose(-1, -2) / self.dh**0.5).softmax(-1)
+        self.used.append(p)
+        return p @ v, (k, v)
+
+    def forward(self, tok, reorders):
+        ys = tok
+        _, cache = self.step(ys[:, -1:], None)
+        for beam_idx in reorders:
+            cache = tuple(c.index_select(0, beam_idx) for c in cache)
+            ys = torch.cat([ys.index_select(0, beam_idx), (ys[:, -1:] * 3 + 1) % 20], dim=1)
+            _, cache = self.step(ys[:, -1:], cache)
+
+
+@pytest.mark.parametrize("second", [[1, 0, 2, 3], [0, 1, 2, 3], [3, 3, 0, 1]])
+def test_beam_steps_whose_histories_weigh_the_same_stay_exact(second):
+    """Rows were grouped by a sum linear in their keys' positions: after the reorders [0, 1, 0, 1] then
+    [1, 0, 2, 3], row 0 read source rows (1, 1, 0) and row 1 (0, 0, 1), 1*1 + 2*1 = 3*1, and the step was
+    flagged "rows of one sequence and head see different keys … (a guess)"."""
+    torch.manual_seed(0)
+    model = BeamSteps().eval()
+    reorders = [torch.tensor([0, 1, 0, 1]), torch.tensor(second)]
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[3], [5], [7], [11]]), reorders)
+    assert len(cap.records) == 3 and not cap.notes, cap.notes
+    for rec, want in zip(cap.records, model.used, strict=True):
+        assert rec.exact and torch.equal(rec.probs, want)
+    # row b's keys: the rows its beam came from at each step, then its own new position
+    came = [torch.arange(4)]
+    for r in reorders:
+        came = [c[r] for c in came] + [torch.arange(4)]
+    want_keys = torch.stack([c + 4 * i for i, c in enumerate(came)], -1)
+    assert torch.equal(cap.records[-1].key_positions, want_keys)

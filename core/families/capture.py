@@ -8474,6 +8474,18 @@ def _prefix_causal(mask: torch.Tensor) -> bool:
     i = torch.arange(mask.shape[-2], device=mask.device)
     ahead = far > i  # rows that see a later key: the prefix's
     prefix = torch.where(ahead, far + 1, 0).amax(-1, keepdim=True)  # (..., 1) each sequence's p
+    if bool((ahead & (far + 1 != prefix)).any()):
+        # examples packed into one row (MPT's and UL2's sequence ids), each with a prefix of its own: each
+        # row's example starts at the first key it sees, which is no later than the row, and rows of one
+        # example follow each other
+        seen = far >= 0  # (a row that sees nothing, padding, belongs to the example before it)
+        seg = torch.where(mask, j, lk).amin(-1).masked_fill(~seen, -1)
+        if bool((seen & (seg > i)).any()) or bool((seen & (seg < seg.cummax(-1).values)).any()):
+            return False
+        seg = seg.cummax(-1).values.clamp_min(0)
+        ends = torch.zeros(*mask.shape[:-2], lk, dtype=torch.int64, device=mask.device)
+        ends = ends.scatter_reduce(-1, seg, torch.where(ahead, far + 1, 0), "amax")
+        prefix = ends.gather(-1, seg)  # (..., q) the end of each row's example's prefix
     in_prefix = i < prefix
     if bool((ahead & ~in_prefix).any()) or bool((ahead & (far + 1 != prefix)).any()):
         return False  # a row past the prefix sees ahead, or prefix rows reach different ends

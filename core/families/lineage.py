@@ -445,6 +445,17 @@ class Layout:
 
 
 _MIX = torch.tensor(0x9E3779B97F4A7C15 - (1 << 64), dtype=torch.int64)  # a 64-bit odd constant (row hashes)
+_MIX2 = 0xBF58476D1CE4E5B9 - (1 << 64)  # splitmix64's multipliers, as int64
+_MIX3 = 0x94D049BB133111EB - (1 << 64)
+
+
+def _mix64(x: torch.Tensor) -> torch.Tensor:
+    """A non-linear 64-bit mix of every element (splitmix64's finalizer; int64 products wrap around)."""
+    x = x ^ (x >> 30)
+    x = x * _MIX2
+    x = x ^ (x >> 27)
+    x = x * _MIX3
+    return x ^ (x >> 31)
 
 
 def _replayed(smap: ScoreMap, shape: tuple[int, ...]) -> torch.Tensor | str:
@@ -590,8 +601,10 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     # left out; where that puts one query position twice in a group (keys learned or broadcast over
     # the batch), the product's slices tell the sequences apart as well
     seq_b = kpos_b.masked_fill(is_param_b, -1)  # (U, K)
-    weights = torch.arange(1, keys + 1, dtype=torch.int64, device=device) * _MIX.to(device)
-    key_hash = (seq_b * weights).sum(-1)[krow] ^ (h * 0x2545F491)
+    # each (key slot, position) mixed on its own before the sum: a sum linear in the positions makes rows
+    # that read other positions collide (beams whose histories weigh the same: 1*1 + 2*1 = 3*1)
+    slots = torch.arange(1, keys + 1, dtype=torch.int64, device=device)
+    key_hash = _mix64(seq_b * _MIX.to(device) + slots).sum(-1)[krow] ^ (h * 0x2545F491)
     # keys that are all learned (an induced summary, a latent array) name no sequence: the product's
     # slice does (a fold of the batch keeps one sequence per slice), so rows of different slices stay apart
     learned_only = (seq_b < 0).all(-1)[krow]
