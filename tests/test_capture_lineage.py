@@ -993,3 +993,96 @@ def test_multi_query_values_with_no_head_axis_keep_the_outputs_lineage(batch, he
     assert pool.exact and torch.equal(pool.probs, model.pool) and not cap.notes
     assert text.exact and text.kind == "cross" and torch.equal(text.probs[:, 0], model.text)
     assert text.key_labels == ("<lat 0>", "<lat 1>", "<lat 2>", "<lat 3>")
+
+
+IMG = 9
+
+
+class Spliced(nn.Module):
+    """Image features written over ``<image>`` placeholder tokens: by a boolean index (``x[ids == IMG] =
+    feats``: InternVL's flat ``input_embeds[selected] = vit_embeds``, Qwen-VL's glue) or by masked_scatter
+    (HF LLaVA since 4.45), then causal self-attention over the mixed sequence."""
+
+    def __init__(self, how: str, heads: int):
+        super().__init__()
+        self.how, self.h = how, heads
+        self.emb, self.proj = nn.Embedding(10, 4 * heads), nn.Linear(3, 4 * heads)
+        self.qk = nn.Linear(4 * heads, 8 * heads)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids, feats):
+        x = self.emb(ids)
+        f = self.proj(feats)
+        if self.how == "index_put":
+            x[ids == IMG] = f.reshape(-1, x.shape[-1])
+        elif self.how == "flat":
+            flat = x.reshape(-1, x.shape[-1])
+            flat[(ids == IMG).reshape(-1)] = f.reshape(-1, x.shape[-1])
+        else:
+            x = x.masked_scatter((ids == IMG).unsqueeze(-1).expand_as(x), f)
+        b, n, _ = x.shape
+        q, k = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qk(x).chunk(2, -1))
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        a = (q @ k.transpose(-1, -2)).masked_fill(~causal, float("-inf")).softmax(-1)
+        self.used.append(a)
+        return a @ x[:, None]
+
+
+@pytest.mark.parametrize("how", ["index_put", "flat", "masked_scatter"])
+@pytest.mark.parametrize(("batch", "heads"), [(2, 1), (3, 2), (4, 4)])
+def test_features_spliced_over_placeholders_at_other_places_in_each_row_are_those_slots(how, batch, heads):
+    """With the placeholders at different places in each row (left padding, another prompt), the boolean
+    index write gave the slots the features' positions, and the keys were flagged as "some of a sequence's
+    positions, picked differently in each sequence" though nothing was picked: exact as masked_scatter is."""
+    torch.manual_seed(batch)
+    ids = torch.randint(1, IMG, (batch, 6))
+    for b in range(batch):
+        ids[b, b % 3 + 1 : b % 3 + 3] = IMG  # two image tokens, placed by the row
+    model = Spliced(how, heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, torch.randn(batch, 2, 3))
+    (rec,) = cap.records
+    assert not cap.notes, cap.notes
+    assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.probs, model.used[0])
+    assert torch.equal(rec.query_positions, torch.arange(batch * 6).view(batch, 6))
+
+
+class MergedIntoZeros(nn.Module):
+    """A sequence assembled in a ``torch.zeros`` buffer (HF LLaVA's ``_merge_input_ids_with_image_features``):
+    each sample written at the end of its row, the slots before left as the buffer's zeros (left padding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.qk = nn.Embedding(10, 8), nn.Linear(8, 16)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids, lengths):
+        b, n = ids.shape
+        e = self.emb(ids)
+        x = torch.zeros(b, n, 8)
+        for i in range(b):
+            x[i, n - int(lengths[i]) :] = e[i, : int(lengths[i])]
+        q, k = self.qk(x).chunk(2, -1)
+        keep = torch.arange(n)[None, :] >= (n - lengths)[:, None]
+        a = (q @ k.transpose(-1, -2)).masked_fill(~keep[:, None, :], -1e9).softmax(-1)
+        self.used.append(a)
+        return a @ x
+
+
+@pytest.mark.parametrize("lengths", [[6, 4], [3, 6, 5], [6, 6], [4, 4]])
+def test_slots_of_a_made_buffer_left_unwritten_are_padding_of_their_row(lengths):
+    """The unwritten slots shared one padding position, so a row with several was "one position is several
+    queries": the map was flagged, and with heads not recorded at all. Each slot is a position of its own
+    now, labelled by none where rows differ (as a PAD token)."""
+    torch.manual_seed(len(lengths))
+    model = MergedIntoZeros().eval()
+    lens = torch.tensor(lengths)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, 10, (len(lengths), 6)), lens)
+    (rec,) = cap.records
+    assert not cap.notes, cap.notes
+    assert rec.exact and torch.equal(rec.probs[:, 0], model.used[0])
+    if lengths == [4, 4]:  # the same slots empty in every row: labelled as such
+        assert rec.key_labels == ("<empty 0>", "<empty 1>", None, None, None, None)
+    else:  # a row's own tokens, or slots empty in some rows only: no label
+        assert rec.key_labels is None

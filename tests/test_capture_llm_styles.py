@@ -387,7 +387,7 @@ class StaticCache(nn.Module):
 @pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4)])
 def test_a_static_cache_is_decoder_self_attention_over_its_slots(write, batch, heads):
     """Every step is exact dec_self over the buffer's slots; the slots not written yet are no token's
-    (labelled as padding). Before, index_copy_ steps were exact but enc_self or cross, and the prefill
+    (labelled as empty). Before, index_copy_ steps were exact but enc_self or cross, and the prefill
     was not recorded."""
     torch.manual_seed(9)
     model = StaticCache(heads, write).eval()
@@ -399,7 +399,7 @@ def test_a_static_cache_is_decoder_self_attention_over_its_slots(write, batch, h
     written = [5, 6, 7]
     for rec, n in zip(cap.records, written, strict=True):
         assert rec.key_labels[:n] == (None,) * n and all(
-            lab.startswith("<padding") for lab in rec.key_labels[n:]
+            lab.startswith("<empty") for lab in rec.key_labels[n:]
         )
 
 

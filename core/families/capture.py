@@ -6674,8 +6674,14 @@ class _Session:
         tc: torch.Tensor | None
         made = t is None and _held(self._made, target) is not None
         through = self._view_codes(target) if t is None else None  # a view of a buffer written before
-        if made:  # a buffer made inside the call (torch.zeros): its
-            tc = torch.full(tuple(target.shape), self._pad_code(), dtype=torch.int64, device=target.device)
+        if (
+            made
+        ):  # a buffer made inside the call (torch.zeros): each cell not written a padding position of its
+            # own, as F.pad's padded cells are (HF LLaVA's merge into ``torch.zeros``: a sequence with no image
+            # keeps padded slots, several queries that are no one position)
+            lead = tuple(target.shape[:-1])
+            start = self.sources.new(math.prod(lead), "pad", lineage.EMPTY)
+            tc = lineage.fresh(start, lead, int(target.shape[-1]), target.device).clone()
         elif through is not None:  # (a paged cache's next step: the slots its last step wrote keep theirs)
             tc = through
         else:  # slots not written yet hold no position (a static KV cache)
@@ -6695,7 +6701,17 @@ class _Session:
                 code = tc.clone()
                 # another embedding of the same cells (SAINT's mask embeddings put in where a value is
                 # missing) leaves the cells their positions
-                if t is None or t.cache or not self._same_cells(tc[index], vc):
+                # features spliced over placeholder tokens (``x[ids == IMG] = feats``: LLaVA's and InternVL's
+                # image tokens) are those tokens' positions, as ``masked_scatter`` leaves them
+                slots = (
+                    t is not None
+                    and not t.cache
+                    and isinstance(index, torch.Tensor)
+                    and index.dtype == torch.bool
+                    and index.dim() == target.dim() - 1
+                    and tuple(index.shape) == tuple(target.shape[:-1])
+                )
+                if t is None or t.cache or not (slots or self._same_cells(tc[index], vc)):
                     code[index] = vc
             except Exception:  # an index the codes cannot take: the lineage of the buffer is lost
                 code = None

@@ -31,6 +31,7 @@ import torch
 SHIFT = 24  # low bits: the feature index of the last projection
 FEATURES = (1 << SHIFT) - 1
 RAW = 1 << (SHIFT - 1)  # set on features that were never projected inside the capture (a tensor from outside)
+EMPTY = "empty"  # the label of a "pad" source: slots of a buffer made in the model, not written
 LABELLED = ("param", "pad")  # positions that are not a sequence's: learned vectors, F.pad's padding
 
 # ops that only move elements around: replayed on the code with the same arguments
@@ -174,6 +175,11 @@ class Sources:
     def of_kind(self, pos: torch.Tensor, kinds: tuple[str, ...]) -> torch.Tensor:
         """Whether every position code's source is of one of ``kinds``."""
         hit = torch.tensor([s.kind in kinds for s in self.items], dtype=torch.bool, device=pos.device)
+        return hit[self.index(pos)]
+
+    def empty(self, pos: torch.Tensor) -> torch.Tensor:
+        """Whether every position code is a slot of a buffer made in the model that nothing was written to."""
+        hit = torch.tensor([s.kind == "pad" and s.label == EMPTY for s in self.items], device=pos.device)
         return hit[self.index(pos)]
 
     def span(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -660,7 +666,12 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     if not bool((kh == kh[:, :1]).all()):
         return "the heads of one sequence see different keys"
     kp = kh[:, 0]  # (B, K)
-    if batch > 1 and not bool(((kp >= 0) == (kp[:1] >= 0)).all()):
+    # slots of a buffer made in the model that a sequence left unwritten (HF LLaVA's merge into
+    # ``torch.zeros``, a sequence padded where another holds its image) are padding positions of that
+    # sequence, as a PAD token is: a slot empty in some sequence is labelled by none (F.pad's padding at
+    # the edge windows of a map is not: the windows are no sequences of one length)
+    k_pad, q_pad = sources.empty(kpos_b[krow[rows[:, 0, 0]]]), sources.empty(qp[:, 0])
+    if batch > 1 and not bool(((kp >= 0) | k_pad == (kp[:1] >= 0) | k_pad[:1]).all()):
         return (
             "sequences have learned or padding keys in different places (windows padded at the edge of a "
             "map, as Swin pads it to whole windows): one map's key labels cannot hold them"
@@ -674,13 +685,23 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         rows=rows.cpu(),
         dim=dim,
         keys=keys,
-        key_labels=_labels(k0, sources),
-        query_labels=_labels(qpos[rows[0, 0]], sources),
+        key_labels=_unpadded(_labels(k0, sources), k_pad),
+        query_labels=_unpadded(_labels(qpos[rows[0, 0]], sources), q_pad),
         cross=cross,
         ext=cross is False and _extends(qpos[rows[0, 0]], k0, sources),
         qcode=q,
         seq_keys=kp,
     )
+
+
+def _unpadded(labels: tuple[str | None, ...] | None, pad: torch.Tensor) -> tuple[str | None, ...] | None:
+    """``labels`` (the first sequence's) without the slots that are padding in other places across the
+    sequences (B, n): None there, as for a sequence's own token; None when no label is left."""
+    if labels is None or pad.shape[0] < 2 or bool((pad == pad[:1]).all()):
+        return labels
+    varies = (pad != pad[:1]).any(0).tolist()
+    kept = tuple(None if varies[j] else lab for j, lab in enumerate(labels))
+    return kept if any(kept) else None
 
 
 def _gathered(
