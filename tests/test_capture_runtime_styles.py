@@ -1430,3 +1430,50 @@ def test_beam_steps_whose_histories_weigh_the_same_stay_exact(second):
         came = [c[r] for c in came] + [torch.arange(4)]
     want_keys = torch.stack([c + 4 * i for i, c in enumerate(came)], -1)
     assert torch.equal(cap.records[-1].key_positions, want_keys)
+
+
+class SequenceFirstDrop(nn.Module):
+    """OpenNMT-py's decoding: ids (S, B), the encoder batch-first, its memory bank kept (S, B, D), finished
+    sentences dropped by ``memory_bank.index_select(1, select_indices)`` with indices from a score's top-k,
+    then a cross-attention step over what is left."""
+
+    def __init__(self, heads: int = 2, d_head: int = 4):
+        super().__init__()
+        self.h, self.dh, d = heads, d_head, heads * d_head
+        self.src_emb, self.tgt_emb = nn.Embedding(20, d), nn.Embedding(20, d)
+        self.q, self.k, self.v = (nn.Linear(d, d) for _ in range(3))
+        self.used: list[torch.Tensor] = []
+
+    def attend(self, x, mem):
+        n = x.size(0)
+
+        def heads(t):
+            return t.view(n, -1, self.h, self.dh).transpose(1, 2)
+
+        q, k, v = heads(self.q(x)), heads(self.k(mem)), heads(self.v(mem))
+        p = torch.softmax(q @ k.transpose(2, 3) / self.dh**0.5, -1)
+        self.used.append(p)
+        return (p @ v).transpose(1, 2).reshape(n, -1, self.h * self.dh)
+
+    def forward(self, src, tgt):
+        x = self.src_emb(src).transpose(0, 1)
+        memory_bank = (x + self.attend(x, x)).transpose(0, 1)
+        select = memory_bank.sum((0, 2)).topk(src.size(1) - 1).indices.sort().values
+        memory_bank = memory_bank.index_select(1, select)
+        y = self.tgt_emb(tgt.index_select(1, select)).transpose(0, 1)
+        return self.attend(y, memory_bank.transpose(0, 1))
+
+
+@pytest.mark.parametrize("batch", [2, 3, 5])
+def test_whole_sentences_dropped_from_a_sequence_first_memory_pick_no_positions(batch):
+    """A sequence of (S, B) ids is a column: dropping whole columns by indices from the data was taken for
+    positions picked from each row, and every record, the encoder's before any drop too, was flagged
+    "the keys are some of a sequence's positions, picked by indices the model computed from its data"."""
+    torch.manual_seed(batch)
+    model = SequenceFirstDrop().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 20, (6, batch)), torch.randint(0, 20, (1, batch)))
+    enc, step = cap.records
+    assert torch.equal(enc.probs, model.used[0]) and torch.equal(step.probs, model.used[1])
+    assert enc.exact and enc.kind == "enc_self" and not any("picked by indices" in n for n in cap.notes)
+    assert step.kind == "cross" and tuple(step.probs.shape) == (batch - 1, 2, 1, 6)

@@ -1264,6 +1264,11 @@ def _is_param(t: Any) -> bool:
 HELD = 256  # tensors a registry keeps: a few are pending at a time, and older ones were never used
 
 
+_PICKED_BY_DATA = (
+    "the keys are some of a sequence's positions, picked by indices the model computed from its data (a "
+    "router's choice, a score's top-k, a random sample: routed, pruned, merged or masked tokens), so the map's "
+    "keys name no tokens a trace could label"
+)
 ROW_PICKS = frozenset({"__getitem__", "index_select", "roll", "flip", "narrow"})
 
 
@@ -2520,6 +2525,18 @@ class _Session:
                 if not own.numel():
                     continue
                 first, size = self.sources.span(own)
+                col = own - first
+                if int(torch.unique(first).numel()) > 1 and bool((col == col[0]).all()):
+                    # one position in each of several rows, one column: a sequence of sequence-first ids
+                    # (T, B); its whole column kept (finished sentences dropped from a beam search's batch by
+                    # ``index_select(1, ...)``) picks no positions of it
+                    src = self.sources.at(int(own[0]))
+                    held = set(own.tolist())
+                    column = {src.start + r * src.row + int(col[0]) for r in range(src.n // max(src.row, 1))}
+                    left = column - held
+                    if left and (held <= self._picked or left <= self._picked):
+                        return _PICKED_BY_DATA
+                    continue
                 for f in torch.unique(first).tolist():
                     at = first == f
                     held, n = set(own[at].tolist()), int(size[at][0])
@@ -2527,10 +2544,7 @@ class _Session:
                         continue  # the whole row
                     left = set(range(f, f + n)) - held
                     if held <= self._picked or left <= self._picked:
-                        return ("the keys are some of a sequence's positions, picked by indices the model "
-                                "computed from its data (a router's choice, a score's top-k, a random sample: "
-                                "routed, pruned, merged or masked tokens), so the map's keys name no tokens a "
-                                "trace could label")  # fmt: skip
+                        return _PICKED_BY_DATA
         return None
 
     def _run_joined(self, run: list[tuple[int, Record, Layout]]) -> Record | str | None:
