@@ -1477,3 +1477,42 @@ def test_whole_sentences_dropped_from_a_sequence_first_memory_pick_no_positions(
     assert torch.equal(enc.probs, model.used[0]) and torch.equal(step.probs, model.used[1])
     assert enc.exact and enc.kind == "enc_self" and not any("picked by indices" in n for n in cap.notes)
     assert step.kind == "cross" and tuple(step.probs.shape) == (batch - 1, 2, 1, 6)
+
+
+class PickedThenAsk(nn.Module):
+    """Image tokens kept by a score's top-k (EViT; tomesd merges them before ``attn2``), then cross-attention
+    from the kept tokens to a caption; ``pick`` False: every image token asks."""
+
+    def __init__(self, pick: bool):
+        super().__init__()
+        self.pick = pick
+        self.img, self.txt, self.score = nn.Linear(6, 8), nn.Embedding(30, 8), nn.Linear(8, 1)
+        self.q, self.k = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, patches, ids):
+        x = self.img(patches)
+        if self.pick:
+            idx = self.score(x).squeeze(-1).topk(4, dim=1).indices
+            x = x.gather(1, idx[..., None].expand(-1, -1, 8))
+        ctx = self.txt(ids)
+        a = (self.q(x) @ self.k(ctx).transpose(1, 2)).softmax(-1)
+        self.used.append(a)
+        return a @ ctx
+
+
+@pytest.mark.parametrize("pick", [True, False])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_cross_attention_from_queries_picked_by_the_data_is_flagged(pick, batch):
+    """Self-attention over tokens a score picked was flagged; cross-attention from them was exact, its rows
+    drawn as #0, #1, … though they are the patches the score chose, in its order."""
+    torch.manual_seed(batch)
+    model = PickedThenAsk(pick).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 9, 6), torch.randint(0, 30, (batch, 5)))
+    (rec,) = cap.records
+    assert rec.kind == "cross" and torch.equal(rec.probs[:, 0], model.used[0])
+    if pick:
+        assert not rec.exact and rec.flag.startswith("the queries are some of a sequence's positions")
+    else:
+        assert rec.exact and not cap.notes

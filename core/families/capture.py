@@ -1269,6 +1269,11 @@ _PICKED_BY_DATA = (
     "router's choice, a score's top-k, a random sample: routed, pruned, merged or masked tokens), so the map's "
     "keys name no tokens a trace could label"
 )
+_QUERIES_PICKED_BY_DATA = (
+    "the queries are some of a sequence's positions, picked by indices the model computed from its data (a "
+    "score's top-k, tokens merged before cross-attention: tomesd, EViT), so the map's rows name no tokens a "
+    "trace could label"
+)
 ROW_PICKS = frozenset({"__getitem__", "index_select", "roll", "flip", "narrow"})
 
 
@@ -2411,6 +2416,9 @@ class _Session:
                 if why is lineage.MISS:
                     why = lineage.remember(rkey, (k,), self._batch_reordered(k, cross))
             qp = r.query_positions
+            if why is None and cross and self._picked and qp is not None and qp.dim() == 2:
+                # (self-attention's queries are its keys' sequence, checked above)
+                why = self._picked_by_data([qp], _QUERIES_PICKED_BY_DATA)
             if (
                 why is None
                 and (cross or not keys)
@@ -2512,7 +2520,7 @@ class _Session:
                     return True
         return False
 
-    def _picked_by_data(self, keys: list[torch.Tensor]) -> str | None:
+    def _picked_by_data(self, keys: list[torch.Tensor], why: str = _PICKED_BY_DATA) -> str | None:
         """Why a record's keys, each sequence's (-1 at learned ones), are no tokens a trace can label: for a
         row of their sequence they hold part of, the positions held, or those left out, were all picked by
         indices that depend on the data (tokens kept by a score or a router; ToMe's unmerged tokens beside
@@ -2535,7 +2543,7 @@ class _Session:
                     column = {src.start + r * src.row + int(col[0]) for r in range(src.n // max(src.row, 1))}
                     left = column - held
                     if left and (held <= self._picked or left <= self._picked):
-                        return _PICKED_BY_DATA
+                        return why
                     continue
                 for f in torch.unique(first).tolist():
                     at = first == f
@@ -2544,7 +2552,7 @@ class _Session:
                         continue  # the whole row
                     left = set(range(f, f + n)) - held
                     if held <= self._picked or left <= self._picked:
-                        return _PICKED_BY_DATA
+                        return why
         return None
 
     def _run_joined(self, run: list[tuple[int, Record, Layout]]) -> Record | str | None:
