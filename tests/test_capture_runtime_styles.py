@@ -1516,3 +1516,100 @@ def test_cross_attention_from_queries_picked_by_the_data_is_flagged(pick, batch)
         assert not rec.exact and rec.flag.startswith("the queries are some of a sequence's positions")
     else:
         assert rec.exact and not cap.notes
+
+
+class SingleKeyHead(nn.Module):
+    """Multi-query attention with its one key head kept as an axis of one, ``(b, 1, n, d)``, broadcast over
+    the query heads by an einsum (lucidrains' ``'... i d, ... j d -> ... i j'``) or by matmul."""
+
+    def __init__(self, heads: int, how: str):
+        super().__init__()
+        self.h, self.how = heads, how
+        self.emb, self.q, self.kv = (
+            nn.Embedding(VOCAB, 4 * heads),
+            nn.Linear(4 * heads, 4 * heads),
+            nn.Linear(4 * heads, 8),
+        )
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, self.h, 4).transpose(1, 2)
+        k, v = self.kv(x).unsqueeze(1).chunk(2, dim=-1)
+        sim = q @ k.transpose(-1, -2) if self.how == "matmul" else torch.einsum(self.how, q, k)
+        a = sim.softmax(-1)
+        self.used.append(a)
+        return a @ v
+
+
+@pytest.mark.parametrize("how", ["... i d, ... j d -> ... i j", "bhid,bhjd->bhij", "matmul"])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4), (4, 4)])
+def test_a_key_head_broadcast_by_einsum_is_recorded(how, batch, heads):
+    """The einsum's map took the key's axis of one as the heads' and raised IndexError inside capture: the
+    map was lost behind a note naming neither module nor reason."""
+    torch.manual_seed(batch)
+    model = SingleKeyHead(heads, how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (batch, 5)))
+    (rec,) = cap.records
+    assert not cap.notes, cap.notes
+    assert rec.exact and rec.kind == "enc_self" and torch.equal(rec.probs, model.used[0])
+
+
+class OneSentence(nn.Module):
+    """A port of NumPy or Keras code, one sentence of ids ``(n,)``: scores by ``tensordot`` (NumPy's
+    ``np.tensordot(q, k, axes=([1], [1]))``), by ``addmm`` with a relative bias (``alpha`` the scale), or
+    by ``@``; the weights times the values by ``tensordot`` too."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.emb, self.q, self.k = nn.Embedding(VOCAB, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.rel = nn.Parameter(torch.randn(6, 6))
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        q, k = self.q(x), self.k(x)
+        n = ids.shape[0]
+        if self.how == "tensordot":
+            s = torch.tensordot(q, k, dims=([1], [1])) / 8**0.5
+        elif self.how == "tensordot k.T":
+            s = torch.tensordot(q, k.T, dims=1) / 8**0.5
+        elif self.how == "addmm":
+            s = torch.addmm(self.rel[:n, :n], q, k.T, alpha=8**-0.5)
+        else:
+            s = q @ k.T / 8**0.5 + (self.rel[:n, :n] if self.how == "@ + bias" else 0)
+        a = s.softmax(-1)
+        self.used.append(a)
+        return torch.tensordot(a, x, dims=([1], [0]))
+
+
+@pytest.mark.parametrize("how", ["tensordot", "tensordot k.T", "addmm", "@", "@ + bias"])
+def test_scores_by_tensordot_or_addmm_are_scores(how):
+    """``tensordot(q, k, dims=([1], [1]))`` is ``q @ k.T``: its softmax was skipped as "a softmax over a
+    projection's output" though it weighs the values (silence); ``addmm(bias, q, k.T)`` was read as a
+    projection, and the map was warned of with a false reason. Both are recorded as ``@`` is."""
+    torch.manual_seed(0)
+    model = OneSentence(how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (6,)))
+    (rec,) = cap.records
+    assert not cap.notes and not cap.skipped, (cap.notes, cap.skipped)
+    assert rec.exact and rec.kind == "enc_self" and torch.equal(rec.probs[0, 0], model.used[0])
+
+
+def test_bookkeeping_that_fails_names_its_module_and_what_is_lost(monkeypatch):
+    """An internal error while following an op was a bare note (``softmax: IndexError: ...``)."""
+    from attnscope.core.families import lineage
+
+    def broken(*args, **kwargs):
+        raise IndexError("index 2 is out of bounds")
+
+    monkeypatch.setattr(lineage, "einsum_map", broken)
+    model = SingleKeyHead(2, "bhid,bhjd->bhij").eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (2, 5)))
+    assert cap.notes and all("capture could not follow its einsum (IndexError" in n for n in cap.notes[:1])
+    assert "attention computed from what it returned is not recorded" in cap.notes[0]

@@ -1402,9 +1402,10 @@ def _linear_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return tuple(given[k] for k in names), rest
 
 
-def _tensordot_matmul(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(a, b) where ``torch.tensordot(a, b, dims)`` is ``a @ b``: a's last dim contracted with the first of
-    a matrix or vector b; else None."""
+def _tensordot_matmul(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, bool, bool] | None:
+    """(a, b, a transposed, b transposed) where ``torch.tensordot(a, b, dims)`` is ``a @ b``: a's last dim
+    contracted with the first of a matrix or vector b; or, of matrices, ``a.T`` or ``b.T`` for the other dim
+    (``tensordot(q, k, dims=([1], [1]))`` is ``q @ k.T``: scores); else None."""
     a = args[0] if args else kwargs.get("a")
     b = args[1] if len(args) > 1 else kwargs.get("b")
     dims = args[2] if len(args) > 2 else kwargs.get("dims", 2)
@@ -1418,16 +1419,18 @@ def _tensordot_matmul(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Te
     if isinstance(dims, torch.Tensor):
         dims = dims.tolist()
     if isinstance(dims, int):
-        return (a, b) if dims == 1 else None
+        return (a, b, False, False) if dims == 1 else None
     try:
         da, db = ([int(d)] if isinstance(d, int) else [int(i) for i in d] for d in dims)
     except (TypeError, ValueError):
         return None
-    return (
-        (a, b)
-        if len(da) == len(db) == 1 and da[0] % a.dim() == a.dim() - 1 and db[0] % b.dim() == 0
-        else None
-    )
+    if len(da) != 1 or len(db) != 1:
+        return None
+    ta = a.dim() == 2 and da[0] % 2 == 0  # (a matrix's first dim contracted: a.T @ ...)
+    tb = b.dim() == 2 and db[0] % 2 == 1  # (... @ b.T)
+    if (da[0] % a.dim() == a.dim() - 1 or ta) and (db[0] % b.dim() == 0 or tb):
+        return a, b, ta, tb
+    return None
 
 
 def _tensors(args, kwargs) -> list[torch.Tensor]:
@@ -1848,10 +1851,24 @@ class _Session:
             parts = [t for t in args[0] if not (isinstance(t, torch.Tensor) and not t.numel())]
             if parts and len(parts) < len(args[0]):  # empty parts add nothing (an empty memory at the
                 args = (parts, *args[1:])  # first segment of a stream: ``cat([mems, right_context, ...])``)
+        elif name == "addmm" and len(args) >= 3 and self._two_activations(args[1], args[2]):
+            name = (
+                "baddbmm"  # ``addmm(bias, q, k.T, alpha=scale)``: scores plus a bias, as baddbmm makes them
+            )
         elif name == "tensordot":
             as_matmul = _tensordot_matmul(args, kwargs)
-            if as_matmul is not None:  # x @ W written as tensordot(x, W, dims=1) (DeepCTR's projections)
-                name, args, kwargs = "matmul", as_matmul, {}
+            if (
+                as_matmul is not None
+            ):  # x @ W written as tensordot(x, W, dims=1) (DeepCTR's projections); q @ k.T
+                a, b, ta, tb = as_matmul  # as tensordot(q, k, dims=([1], [1])) (a NumPy port's scores)
+                turned = []
+                for t, turn in ((a, ta), (b, tb)):
+                    if turn:  # (followed as the transpose it stands for)
+                        made = t.transpose(0, 1)
+                        self.propagate("transpose", torch.transpose, (t, 0, 1), {}, made, None)
+                        t = made
+                    turned.append(t)
+                name, args, kwargs = "matmul", tuple(turned), {}
         try:
             _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
             if name in CAT and args and type(out) is torch.Tensor and out.dim() >= 4:
@@ -1965,7 +1982,14 @@ class _Session:
             elif self._energies and name not in LINEAR and name not in REDUCTIONS and name not in SOFTMAX:
                 self._left_out_carried(name, args, kwargs, out, self._energies)
         except Exception as exc:  # bookkeeping must never break the user's forward pass
-            note = f"{name}: {type(exc).__name__}: {exc}"
+            try:
+                where = self.path() or "(model)"
+            except Exception:
+                where = "(model)"
+            note = (
+                f"{where}: capture could not follow its {name} ({type(exc).__name__}: {exc}); attention computed "
+                "from what it returned is not recorded"
+            )
             # inside torch.vmap: said once, at its attention (_IN_VMAP); an empty tensor: at its attention
             if any(_FUNCTORCH_WRAPPED(t) or not t.numel() for t in _tensors(args, kwargs)):
                 note = ""
@@ -4093,6 +4117,17 @@ class _Session:
             a, b = base_t.shape[0], base_t.shape[1]
             if out.shape[0] == a * b:
                 new.split = (int(a), int(b))
+
+    def _two_activations(self, a: Any, b: Any) -> bool:
+        """Both operands are activations the capture follows (no parameter, no learned table): their product
+        is scores or a weighted sum, not a projection."""
+        for t in (a, b):
+            if not isinstance(t, torch.Tensor) or _is_param(t):
+                return False
+            g = self.tag(t)
+            if g is None or g.role == "param":
+                return False
+        return True
 
     def _matmul(self, name, args, kwargs, ins, tags, out, origin) -> _Tag:
         """q @ k of two activations makes scores; with a parameter, a projection. ``baddbmm(bias, q, k)``:

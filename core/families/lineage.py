@@ -407,6 +407,11 @@ def _einsum_map(equation: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
 
     q, mq = side(a, la, [*ss, *qa, qs[-1]])
     k, mk = side(b, lb, [*ss, *kb, ks[-1]])
+    # shared letters one operand has once, broadcast over the other's (multi-query attention's single key
+    # head kept as an axis of one: 'bhqd,bhkd->bhqk' with k (b, 1, n, d))
+    lead = [sizes[c] for c in ss]
+    q = q.expand(*lead, *q.shape[len(ss) :])
+    k = k.expand(*lead, *k.shape[len(ss) :])
     if kb:  # (*ss, *qa, n) -> (*ss, *qa, *kb, n)
         q = q.reshape(*q.shape[:-1], *[1] * len(kb), q.shape[-1]).expand(*shape[:-1])
     if qa:  # (*ss, *kb, m) -> (*ss, *qa, *kb, m)
