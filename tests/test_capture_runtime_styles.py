@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 
 from attnscope.core.families.capture import capture_attention
 
@@ -1613,3 +1614,141 @@ def test_bookkeeping_that_fails_names_its_module_and_what_is_lost(monkeypatch):
         model(torch.randint(1, VOCAB, (2, 5)))
     assert cap.notes and all("capture could not follow its einsum (IndexError" in n for n in cap.notes[:1])
     assert "attention computed from what it returned is not recorded" in cap.notes[0]
+
+
+class BufferedScores(nn.Module):
+    """Megatron's memory-saving core attention: scores written in place into a preallocated buffer
+    (``buf.baddbmm_(q, k.T, beta=0, alpha)``), the context into another (``torch.bmm(p, v, out=ctx)``)."""
+
+    def __init__(self, inplace: bool, ctx_out: bool):
+        super().__init__()
+        self.inplace, self.ctx_out = inplace, ctx_out
+        self.emb, self.qkv = nn.Embedding(VOCAB, 8), nn.Linear(8, 24)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, s = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, s, 3, 2, 4).permute(2, 0, 3, 1, 4).reshape(3, b * 2, s, 4)
+        scores = torch.empty(b * 2, s, s)
+        if self.inplace:
+            scores.baddbmm_(q, k.transpose(1, 2), beta=0.0, alpha=0.5)
+        else:
+            scores = torch.baddbmm(scores, q, k.transpose(1, 2), beta=0.0, alpha=0.5)
+        probs = torch.softmax(scores, -1)
+        self.used.append(probs.view(b, 2, s, s))
+        if self.ctx_out:
+            ctx = torch.empty(b * 2, s, 4)
+            torch.bmm(probs, v, out=ctx)
+            return ctx
+        return probs @ v
+
+
+@pytest.mark.parametrize(("inplace", "ctx_out"), [(True, False), (True, True), (False, True)])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_scores_written_in_place_by_baddbmm_are_scores(inplace, ctx_out, batch):
+    """``buf.baddbmm_(q, k.T)`` was no product of queries and keys to capture: no record, and a warning
+    with a false reason, or with ``bmm(out=)`` nothing but a note calling it a projection's softmax."""
+    torch.manual_seed(batch)
+    model = BufferedScores(inplace, ctx_out).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (batch, 5)))
+    (rec,) = cap.records
+    assert not cap.notes and not cap.skipped, (cap.notes, cap.skipped)
+    assert rec.exact and torch.equal(rec.probs, model.used[0])
+
+
+class GatheredKeys(nn.Module):
+    """Context parallelism on one process: each rank's keys and values all-gathered the way
+    ``dist.all_gather`` fills its list (``torch.empty_like`` buffers, ``copy_``), then causal attention of
+    the last rank's queries; ``flip``: the keys copied reversed into one buffer."""
+
+    def __init__(self, flip: bool, ranks: int = 2):
+        super().__init__()
+        self.flip, self.ranks = flip, ranks
+        self.emb, self.q, self.k = nn.Embedding(VOCAB, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        q, k = self.q(x), self.k(x)
+        if self.flip:
+            buf = torch.empty_like(k)
+            buf.copy_(k.flip(1))
+            a = (q @ buf.transpose(1, 2)).softmax(-1)
+            self.used.append(a)
+            return a @ buf
+        n = ids.shape[1] // self.ranks
+        parts = [torch.empty_like(k[:, :n]) for _ in range(self.ranks)]
+        for r, part in enumerate(parts):
+            part.copy_(k[:, r * n : (r + 1) * n])
+        keys = torch.cat(parts, 1)
+        mine = q[:, -n:]
+        allowed = torch.ones(n, keys.shape[1], dtype=torch.bool).tril(keys.shape[1] - n)
+        a = (mine @ keys.transpose(1, 2)).masked_fill(~allowed, float("-inf")).softmax(-1)
+        self.used.append(a)
+        return a @ keys
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_buffers_filled_by_copy_hold_what_was_copied(flip):
+    """``torch.empty_like(k)`` kept the positions of ``k`` after ``copy_`` wrote something else into it:
+    gathered keys were numbered as the local ones (an exact record with wrong key positions, called an
+    encoder), and keys copied reversed were exact in the wrong order."""
+    torch.manual_seed(0)
+    model = GatheredKeys(flip).eval()
+    ids = torch.randint(1, VOCAB, (2, 6))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    assert torch.equal(rec.probs[:, 0], model.used[0])
+    if flip:  # positions in another order inside a sequence: flagged, as without the buffer
+        assert not rec.exact
+    else:
+        assert rec.exact and rec.kind == "dec_self"
+        assert torch.equal(rec.key_positions, torch.arange(12).view(2, 6))
+
+
+class SplitAndPadded(nn.Module):
+    """Graphs (point clouds) of several sizes concatenated into one tensor, cut by ``torch.split`` and padded
+    by ``pad_sequence`` (batch first or not, padded on the right or left), then one attention."""
+
+    def __init__(self, batch_first: bool, side: str):
+        super().__init__()
+        self.batch_first, self.side = batch_first, side
+        self.emb, self.qk = nn.Embedding(12, 8), nn.Linear(8, 16)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, z, counts):
+        x = pad_sequence(
+            torch.split(self.emb(z), counts.tolist()), batch_first=self.batch_first, padding_side=self.side
+        )
+        if not self.batch_first:
+            x = x.transpose(0, 1)
+        n = x.shape[1]
+        pos = torch.arange(n)[None, :]
+        real = pos < counts[:, None] if self.side == "right" else pos >= n - counts[:, None]
+        q, k = self.qk(x).chunk(2, -1)
+        a = (q @ k.transpose(1, 2)).masked_fill(~real[:, None, :], float("-inf")).softmax(-1)
+        self.used.append(a)
+        return a @ x
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_pad_sequence_over_split_pieces_keeps_each_sequences_positions(batch_first, side):
+    """pad_sequence was followed position-wise: every row took the longest piece's positions, so the
+    pieces' records were wrong in their positions, and layers over equal pieces one call each were joined
+    as layers of one sequence."""
+    torch.manual_seed(0)
+    counts = torch.tensor([3, 5, 2])
+    model = SplitAndPadded(batch_first, side).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 12, (10,)), counts)
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes, cap.notes
+    assert torch.equal(rec.probs[:, 0], model.used[0])
+    starts = [0, 3, 8]
+    for b, (start, n) in enumerate(zip(starts, counts.tolist(), strict=True)):
+        real = rec.query_positions[b, :n] if side == "right" else rec.query_positions[b, 5 - n :]
+        assert real.tolist() == list(range(start, start + n))
+    assert rec.query_labels is None and rec.key_labels is None  # (padding in other places in each row)

@@ -1851,6 +1851,8 @@ class _Session:
             parts = [t for t in args[0] if not (isinstance(t, torch.Tensor) and not t.numel())]
             if parts and len(parts) < len(args[0]):  # empty parts add nothing (an empty memory at the
                 args = (parts, *args[1:])  # first segment of a stream: ``cat([mems, right_context, ...])``)
+        elif name == "baddbmm_" and len(args) >= 3 and self._two_activations(args[1], args[2]):
+            name = "baddbmm"  # scores written in place into a buffer (Megatron's ``buf.baddbmm_(q, k.T, beta=0)``)
         elif name == "addmm" and len(args) >= 3 and self._two_activations(args[1], args[2]):
             name = (
                 "baddbmm"  # ``addmm(bias, q, k.T, alpha=scale)``: scores plus a bias, as baddbmm makes them
@@ -1886,7 +1888,7 @@ class _Session:
             elif name == "__setitem__":
                 self.on_setitem(args, pre)
             elif name == "copy_" and len(args) >= 2 and isinstance(args[0], torch.Tensor):
-                if not self._weights_copied(args[0], args[1]):
+                if not self._weights_copied(args[0], args[1]) and not self._whole_copied(args[0], args[1]):
                     self._view_copied(args[0], args[1])
             elif name == "index_copy_" and len(args) >= 4 and isinstance(args[2], torch.Tensor):
                 self._index_copied(args)
@@ -1937,7 +1939,7 @@ class _Session:
                     self._tags.pop(id(out), None)  # scores either (what a later op reads, it reads as input)
                 if (name in CAT or name == "stack") and isinstance(out, torch.Tensor) and self.cap.records:
                     self._heads_concatenated(name, args, kwargs, out)
-                if name == "exp" and isinstance(out, torch.Tensor) and args:
+                if (name == "exp" or name == "exp_") and isinstance(out, torch.Tensor) and args:
                     g = self.tag(args[0])
                     if g is not None and g.role != "param":
                         _hold(self._exps, out)
@@ -3243,6 +3245,8 @@ class _Session:
             return res if tuple(res.shape) == tuple(out.shape) else None
         if func is F.unfold or func is F.fold:
             return self._im2col_code(func, args, kwargs, out)
+        if name == "pad_sequence" and args and isinstance(args[0], (list, tuple)):
+            return self._pad_sequence_code(args, kwargs, out)
         if name in lineage.REPLAY:
             try:
                 res = self._replay(name, func, args, kwargs, None)
@@ -3687,6 +3691,38 @@ class _Session:
             return None
         pad = torch.tensor([self._pad_code()], dtype=c.dtype, device=c.device)
         return torch.cat([pad, c.reshape(-1)])[at]
+
+    def _pad_sequence_code(self, args, kwargs, out: torch.Tensor) -> torch.Tensor | None:
+        """Codes of ``nn.utils.rnn.pad_sequence(seqs, batch_first, padding_value, padding_side)``: each
+        sequence's own, padded to the longest with cells that are each a position of their own (as F.pad's
+        padded cells are), stacked along the batch (first, or second where not ``batch_first``)."""
+        seqs = args[0]
+        batch_first = args[1] if len(args) > 1 else kwargs.get("batch_first", False)
+        side = args[3] if len(args) > 3 else kwargs.get("padding_side", "right")
+        maybe = [self.code_of(t) for t in seqs]
+        codes = [c for c in maybe if c is not None]
+        if (
+            not codes
+            or len(codes) != len(maybe)
+            or any(c.dim() < 2 or c.shape[1:] != codes[0].shape[1:] for c in codes)
+        ):
+            return None
+        n = max(int(c.shape[0]) for c in codes)
+        cells = [(n - int(c.shape[0])) * math.prod(c.shape[1:-1]) for c in codes]
+        total = sum(cells)
+        # (a sequence's padding, as its PAD tokens would be: labelled by none where rows differ)
+        start = self.sources.new(total, "pad", lineage.EMPTY) if total else 0
+        f = torch.arange(int(codes[0].shape[-1]), dtype=torch.int64, device=codes[0].device)
+        padded = []
+        for c, k in zip(codes, cells, strict=True):
+            if k:
+                pos = torch.arange(start, start + k, dtype=torch.int64, device=c.device) << lineage.SHIFT
+                fill = (pos[:, None] | f).view(n - int(c.shape[0]), *c.shape[1:])
+                start += k
+                c = torch.cat([fill, c] if side == "left" else [c, fill])
+            padded.append(c)
+        res = torch.stack(padded, 0 if batch_first else 1)
+        return res if tuple(res.shape) == tuple(out.shape) else None
 
     def _pad_code(self) -> int:
         """The code of padding added by F.pad: a source of its own (one position, feature 0)."""
@@ -6608,6 +6644,18 @@ class _Session:
             w = vt.lost if vt.lost is not None else self._weights_of(vt)
             if w is not None:
                 self.set(dst, _Tag(None, vt.origin, lost=w, changed=True))
+        return True
+
+    def _whole_copied(self, dst: torch.Tensor, src: Any) -> bool:
+        """``buf.copy_(x)`` over the whole of a tensor of its own (``torch.empty_like(k)`` filled by an
+        all-gather's copy, Ulysses' all-to-all buffers): it holds ``x`` now, followed as ``x.clone()`` (it
+        kept the positions of the tensor its shape was taken from)."""
+        if dst._base is not None or not isinstance(src, torch.Tensor) or tuple(src.shape) != tuple(dst.shape):
+            return False
+        g = self.tag(src)
+        if g is None or g.role == "param" or g.role == "scores" or g.probs is not None:
+            return False
+        self.propagate("clone", torch.clone, (src,), {}, dst, None)
         return True
 
     def _view_copied(self, dst: torch.Tensor, src: Any) -> None:
