@@ -1752,3 +1752,48 @@ def test_pad_sequence_over_split_pieces_keeps_each_sequences_positions(batch_fir
         real = rec.query_positions[b, :n] if side == "right" else rec.query_positions[b, 5 - n :]
         assert real.tolist() == list(range(start, start + n))
     assert rec.query_labels is None and rec.key_labels is None  # (padding in other places in each row)
+
+
+class DenseBatch(nn.Module):
+    """PyG's ``to_dense_batch`` by hand: the nodes of several graphs, one tensor with a ``batch`` vector,
+    written into a zeros buffer at (graph, position) by index assignment or ``index_put_``, then attention
+    with the padding masked."""
+
+    def __init__(self, how: str, heads: int = 2):
+        super().__init__()
+        self.how, self.h = how, heads
+        self.emb, self.qk = nn.Embedding(11, 4 * heads), nn.Linear(4 * heads, 8 * heads)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, z, batch):
+        h = self.emb(z)
+        b = int(batch.max()) + 1
+        counts = torch.bincount(batch, minlength=b)
+        ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        pos = torch.arange(batch.numel()) - ptr[batch]
+        n = int(counts.max())
+        mask = torch.zeros(b, n, dtype=torch.bool)
+        mask[batch, pos] = True
+        x = h.new_zeros(b, n, h.shape[-1])
+        if self.how == "index_put_":
+            x.index_put_((batch, pos), h)
+        else:
+            x[batch, pos] = h
+        q, k = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qk(x).chunk(2, -1))
+        a = (q @ k.transpose(-1, -2)).masked_fill(~mask[:, None, None, :], float("-inf")).softmax(-1)
+        self.used.append(a)
+        return (a @ x[:, None])[mask[:, None].expand(-1, self.h, -1)]
+
+
+@pytest.mark.parametrize("how", ["setitem", "index_put_"])
+def test_nodes_written_into_a_dense_batch_by_index_put_are_followed(how):
+    """``index_put_`` lost the lineage the same write by ``x[batch, pos] = h`` keeps: nothing recorded."""
+    torch.manual_seed(0)
+    batch = torch.repeat_interleave(torch.arange(3), torch.tensor([4, 3, 5]))
+    model = DenseBatch(how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 11, (12,)), batch)
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes, cap.notes
+    assert torch.equal(rec.probs, model.used[0])
+    assert rec.query_positions[:, 0].tolist() == [0, 4, 7]  # each graph's first node

@@ -1893,6 +1893,13 @@ class _Session:
             elif name == "index_copy_" and len(args) >= 4 and isinstance(args[2], torch.Tensor):
                 self._index_copied(args)
             elif (
+                name == "index_put_"
+                and len(args) >= 3
+                and isinstance(args[1], (tuple, list))
+                and not (args[3] if len(args) > 3 else kwargs.get("accumulate", False))
+            ):  # ``out.index_put_((batch, pos), h)``: followed as ``out[batch, pos] = h`` (PyG's to_dense_batch)
+                self.on_setitem((args[0], tuple(args[1]), args[2]), pre)
+            elif (
                 name == "scatter_" and args and "reduce" not in kwargs and self._scatter_written(args, kwargs)
             ):
                 pass  # a KV cache written by slot, followed as an index assignment
