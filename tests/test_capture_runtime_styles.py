@@ -1797,3 +1797,39 @@ def test_nodes_written_into_a_dense_batch_by_index_put_are_followed(how):
     assert rec.exact and not cap.notes, cap.notes
     assert torch.equal(rec.probs, model.used[0])
     assert rec.query_positions[:, 0].tolist() == [0, 4, 7]  # each graph's first node
+
+
+class RowsThroughMHA(nn.Module):
+    """Equal-size sets attended one call each through torch's ``nn.MultiheadAttention``
+    (``attn(x[i:i+1], ...)`` in a loop over the batch), as the same loop over a hand-written attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.attns = nn.ModuleList(nn.MultiheadAttention(8, 2, batch_first=True) for _ in range(2))
+        self.used: list[list[torch.Tensor]] = [[], []]
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for layer, attn in enumerate(self.attns):
+            rows = []
+            for i in range(ids.shape[0]):
+                y, w = attn(x[i : i + 1], x[i : i + 1], x[i : i + 1], average_attn_weights=False)
+                self.used[layer].append(w)
+                rows.append(y)
+            x = x + torch.cat(rows)
+        return x
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_multihead_attention_called_a_row_at_a_time_is_one_record_per_layer(batch):
+    """Its records (from the call's arguments, no keys' positions) were never joined: one record per row,
+    and a trace drew the last row's map as sequence 0's."""
+    torch.manual_seed(batch)
+    model = RowsThroughMHA().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (batch, 4)))
+    assert [tuple(r.probs.shape) for r in cap.records] == [(batch, 2, 4, 4)] * 2, cap.notes
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert rec.exact
+        torch.testing.assert_close(rec.probs, torch.cat(used))

@@ -2917,6 +2917,8 @@ class _Session:
         for places in by_name.values():
             for r in (records[i] for i in places) if len(places) > 1 else ():
                 kp, qp = r.key_positions, r.query_positions
+                if kp is None and r.kind != "cross":  # (self-attention recorded from a call's arguments,
+                    kp = qp  # nn.MultiheadAttention's: its keys are its queries' sequence)
                 if not r.exact or kp is None or qp is None or bool((kp < 0).any()) or bool((qp < 0).any()):
                     continue
                 pos = torch.cat([kp, qp], dim=-1)
