@@ -1852,20 +1852,20 @@ class _Session:
             if parts and len(parts) < len(args[0]):  # empty parts add nothing (an empty memory at the
                 args = (parts, *args[1:])  # first segment of a stream: ``cat([mems, right_context, ...])``)
         elif name == "baddbmm_" and len(args) >= 3 and self._two_activations(args[1], args[2]):
-            name = "baddbmm"  # scores written in place into a buffer (Megatron's ``buf.baddbmm_(q, k.T, beta=0)``)
+            # scores written in place into a buffer (Megatron's ``buf.baddbmm_(q, k.T, beta=0)``)
+            name = "baddbmm"
         elif name == "addmm" and len(args) >= 3 and self._two_activations(args[1], args[2]):
-            name = (
-                "baddbmm"  # ``addmm(bias, q, k.T, alpha=scale)``: scores plus a bias, as baddbmm makes them
-            )
+            # ``addmm(bias, q, k.T, alpha=scale)``: scores plus a bias, as baddbmm makes them
+            name = "baddbmm"
         elif name == "tensordot":
             as_matmul = _tensordot_matmul(args, kwargs)
-            if (
-                as_matmul is not None
-            ):  # x @ W written as tensordot(x, W, dims=1) (DeepCTR's projections); q @ k.T
-                a, b, ta, tb = as_matmul  # as tensordot(q, k, dims=([1], [1])) (a NumPy port's scores)
+            # x @ W written as tensordot(x, W, dims=1) (DeepCTR's projections); q @ k.T as
+            # tensordot(q, k, dims=([1], [1])) (a NumPy port's scores), followed as the transpose it stands for
+            if as_matmul is not None:
+                a, b, ta, tb = as_matmul
                 turned = []
                 for t, turn in ((a, ta), (b, tb)):
-                    if turn:  # (followed as the transpose it stands for)
+                    if turn:
                         made = t.transpose(0, 1)
                         self.propagate("transpose", torch.transpose, (t, 0, 1), {}, made, None)
                         t = made
@@ -2424,10 +2424,9 @@ class _Session:
                 continue
             why = None
             if keys:
-                key = ("subset", tuple(id(k) for k in keys), self._sources_key())  # (layouts are cached: the
-                why = lineage.recall(
-                    key
-                )  # same keys' positions come back for later calls of the same shapes)
+                # (layouts are cached: the same keys' positions come back for later calls of the same shapes)
+                key = ("subset", tuple(id(k) for k in keys), self._sources_key())
+                why = lineage.recall(key)
                 if why is lineage.MISS:
                     width = max(int(k.shape[-1]) for k in keys)
                     kp = torch.cat(
@@ -2511,13 +2510,13 @@ class _Session:
             if bool((order[1:] > order[:-1]).all()):
                 return None
             self._reordered_sources.add(source.start)
+        # some of the rows (a 4-D input's rows are its heads too): not the caller's first sequences only where
+        # the rows are a batch of token ids' (rows dropped: ``ids[valid]``, ``emb(ids)[1:]``), or the whole
+        # batch was put in another order before (Show, Attend and Tell's shrinking batch)
         elif torch.equal(order, torch.arange(int(order.numel()), device=order.device)) or not (
             some or source.start in self._reordered_sources
-        ):  # some of the rows (a 4-D input's rows are its heads too): not the caller's first sequences only
-            # where the rows are a batch of token ids' (rows dropped: ``ids[valid]``, ``emb(ids)[1:]``), or the
-            return (
-                None  # whole batch was put in another order before (Show, Attend and Tell's shrinking batch)
-            )
+        ):
+            return None
         how = (
             "the batch was put in another order inside the model before this attention (sorted by length, "
             "x[perm_idx], rolled)"
@@ -2917,8 +2916,10 @@ class _Session:
         for places in by_name.values():
             for r in (records[i] for i in places) if len(places) > 1 else ():
                 kp, qp = r.key_positions, r.query_positions
-                if kp is None and r.kind != "cross":  # (self-attention recorded from a call's arguments,
-                    kp = qp  # nn.MultiheadAttention's: its keys are its queries' sequence)
+                # (self-attention recorded from a call's arguments, nn.MultiheadAttention's: its keys are its
+                # queries' sequence)
+                if kp is None and r.kind != "cross":
+                    kp = qp
                 if not r.exact or kp is None or qp is None or bool((kp < 0).any()) or bool((qp < 0).any()):
                     continue
                 pos = torch.cat([kp, qp], dim=-1)
@@ -6788,11 +6789,10 @@ class _Session:
         tc: torch.Tensor | None
         made = t is None and _held(self._made, target) is not None
         through = self._view_codes(target) if t is None else None  # a view of a buffer written before
-        if (
-            made
-        ):  # a buffer made inside the call (torch.zeros): each cell not written a padding position of its
-            # own, as F.pad's padded cells are (HF LLaVA's merge into ``torch.zeros``: a sequence with no image
-            # keeps padded slots, several queries that are no one position)
+        # a buffer made inside the call (torch.zeros): each cell not written a padding position of its own, as
+        # F.pad's padded cells are (HF LLaVA's merge into ``torch.zeros``: a sequence with no image keeps
+        # padded slots, several queries that are no one position)
+        if made:
             lead = tuple(target.shape[:-1])
             start = self.sources.new(math.prod(lead), "pad", lineage.EMPTY)
             tc = lineage.fresh(start, lead, int(target.shape[-1]), target.device).clone()

@@ -31,7 +31,9 @@ import torch
 SHIFT = 24  # low bits: the feature index of the last projection
 FEATURES = (1 << SHIFT) - 1
 RAW = 1 << (SHIFT - 1)  # set on features that were never projected inside the capture (a tensor from outside)
-EMPTY = "empty"  # the label of a "pad" source: slots of a buffer made in the model, not written
+# the label of a "pad" source whose cells no content fills: a made buffer's slots nothing was written to,
+# pad_sequence's padding (a row's padding, as its PAD tokens are)
+EMPTY = "empty"
 LABELLED = ("param", "pad")  # positions that are not a sequence's: learned vectors, F.pad's padding
 
 # ops that only move elements around: replayed on the code with the same arguments
@@ -178,7 +180,8 @@ class Sources:
         return hit[self.index(pos)]
 
     def empty(self, pos: torch.Tensor) -> torch.Tensor:
-        """Whether every position code is a slot of a buffer made in the model that nothing was written to."""
+        """Whether every position code is an empty slot (``EMPTY``): a made buffer's cell nothing was written
+        to, pad_sequence's padding."""
         hit = torch.tensor([s.kind == "pad" and s.label == EMPTY for s in self.items], device=pos.device)
         return hit[self.index(pos)]
 
