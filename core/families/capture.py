@@ -2458,10 +2458,11 @@ class _Session:
                 and qp.dim() == 2
                 and int(qp.shape[0]) == int(r.probs.shape[0])
             ):  # the queries' rows (a record made from a call's arguments has no keys' positions)
-                qkey = ("reordered queries", id(qp), self._sources_key())
+                # (by the positions themselves: a call's arguments give new ones to every forward)
+                qkey = ("reordered queries", tuple(qp.shape), qp.cpu().numpy().tobytes(), self._sources_key())
                 why = lineage.recall(qkey)
                 if why is lineage.MISS:
-                    why = lineage.remember(qkey, (qp,), self._batch_reordered(qp))
+                    why = lineage.remember(qkey, (), self._batch_reordered(qp))
             if why is not None:
                 records[i] = _replaced(r, exact=False, flag=why)
                 self.warn(r.name, tuple(int(n) for n in r.probs.shape), f"could not verify: {why}")
