@@ -148,6 +148,18 @@ class _Start:
 OPEN_TIMEOUT_MS = 120_000
 
 
+async def _open_page(page, url: str, plan: SessionPlan) -> None:
+    """Load the app in ``page``, pick the session's model, wait until its grid is drawn and settled."""
+    import re
+
+    await page.goto(url, timeout=OPEN_TIMEOUT_MS)
+    await page.wait_for_selector(harness.MODEL_PICKER, timeout=OPEN_TIMEOUT_MS)
+    await page.locator(harness.MODEL_PICKER).first.click()
+    await page.get_by_role("option", name=re.compile(rf"^{re.escape(plan.label)}( \(|( ·|$))")).first.click()
+    await page.wait_for_function(harness.GRID_STATE_JS, timeout=OPEN_TIMEOUT_MS)
+    await page.wait_for_function(harness.SETTLED_JS, timeout=OPEN_TIMEOUT_MS)
+
+
 async def _session(
     browser,
     url: str,
@@ -236,18 +248,6 @@ async def _session(
         await context.close()
 
 
-async def _open_page(page, url: str, plan: SessionPlan) -> None:
-    """Load the app in ``page``, pick the session's model, wait until its grid is drawn and settled."""
-    import re
-
-    await page.goto(url, timeout=OPEN_TIMEOUT_MS)
-    await page.wait_for_selector(harness.MODEL_PICKER, timeout=OPEN_TIMEOUT_MS)
-    await page.locator(harness.MODEL_PICKER).first.click()
-    await page.get_by_role("option", name=re.compile(rf"^{re.escape(plan.label)}( \(|( ·|$))")).first.click()
-    await page.wait_for_function(harness.GRID_STATE_JS, timeout=OPEN_TIMEOUT_MS)
-    await page.wait_for_function(harness.SETTLED_JS, timeout=OPEN_TIMEOUT_MS)
-
-
 PAGE_STATE_JS = """() => ({
     stale: document.querySelectorAll('[data-stale="true"]').length,
     running: !!document.querySelector('[data-testid="stStatusWidget"] [data-testid="stStatusWidgetRunningIcon"]'),
@@ -322,8 +322,6 @@ async def _hostile_session(
     exception box, a dialog or an element the input injected; after a message, an ordinary input
     must draw its own grid again.
     """
-    import re
-
     context = await browser.new_context(viewport={"width": 1300, "height": 1000})
     page = await context.new_page()
     page.set_default_timeout(OPEN_TIMEOUT_MS)  # clicks and fills on a busy machine (waits: their own)
@@ -348,14 +346,7 @@ async def _hostile_session(
         return n
 
     try:
-        await page.goto(url, timeout=OPEN_TIMEOUT_MS)
-        await page.wait_for_selector(harness.MODEL_PICKER, timeout=OPEN_TIMEOUT_MS)
-        await page.locator(harness.MODEL_PICKER).first.click()
-        await page.get_by_role(
-            "option", name=re.compile(rf"^{re.escape(plan.label)}( \(|( ·|$))")
-        ).first.click()
-        await page.wait_for_function(harness.GRID_STATE_JS, timeout=OPEN_TIMEOUT_MS)
-        await page.wait_for_function(harness.SETTLED_JS, timeout=OPEN_TIMEOUT_MS)
+        await _open_page(page, url, plan)
         counted = True
         start.ready()
         await start.event.wait()

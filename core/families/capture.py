@@ -3723,12 +3723,11 @@ class _Session:
         total = sum(cells)
         # (a sequence's padding, as its PAD tokens would be: labelled by none where rows differ)
         start = self.sources.new(total, "pad", lineage.EMPTY) if total else 0
-        f = torch.arange(int(codes[0].shape[-1]), dtype=torch.int64, device=codes[0].device)
         padded = []
         for c, k in zip(codes, cells, strict=True):
             if k:
-                pos = torch.arange(start, start + k, dtype=torch.int64, device=c.device) << lineage.SHIFT
-                fill = (pos[:, None] | f).view(n - int(c.shape[0]), *c.shape[1:])
+                lead = (n - int(c.shape[0]), *c.shape[1:-1])
+                fill = lineage.fresh(start, lead, int(c.shape[-1]), c.device)
                 start += k
                 c = torch.cat([fill, c] if side == "left" else [c, fill])
             padded.append(c)
@@ -6796,7 +6795,7 @@ class _Session:
         if made:
             lead = tuple(target.shape[:-1])
             start = self.sources.new(math.prod(lead), "pad", lineage.EMPTY)
-            tc = lineage.fresh(start, lead, int(target.shape[-1]), target.device).clone()
+            tc = lineage.fresh(start, lead, int(target.shape[-1]), target.device)
         elif through is not None:  # (a paged cache's next step: the slots its last step wrote keep theirs)
             tc = through
         else:  # slots not written yet hold no position (a static KV cache)
@@ -6814,10 +6813,10 @@ class _Session:
         if tc is not None and vc is not None:
             try:
                 code = tc.clone()
-                # another embedding of the same cells (SAINT's mask embeddings put in where a value is
-                # missing) leaves the cells their positions
-                # features spliced over placeholder tokens (``x[ids == IMG] = feats``: LLaVA's and InternVL's
-                # image tokens) are those tokens' positions, as ``masked_scatter`` leaves them
+                # cells keep their positions where another embedding of the same cells is written (SAINT's mask
+                # embeddings put in where a value is missing), and where features are spliced over placeholder
+                # tokens (``x[ids == IMG] = feats``: LLaVA's and InternVL's image tokens, as ``masked_scatter``
+                # leaves them)
                 slots = (
                     t is not None
                     and not t.cache
