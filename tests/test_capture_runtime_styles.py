@@ -1023,6 +1023,44 @@ def test_cross_attention_over_another_items_keys_says_whose_keys(roll):
         assert rec.exact and not cap.notes
 
 
+class CrossOverPickedImages(nn.Module):
+    """Each caption cross-attends to its image, picked by index (``img[pick]``: two captions of one image)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.q, self.k = nn.Embedding(VOCAB, 8), nn.Linear(8, 8), nn.Linear(6, 8)
+
+    def forward(self, ids, img, pick):
+        keys = self.k(img)[pick]
+        return (self.q(self.emb(ids)) @ keys.transpose(1, 2)).softmax(-1) @ keys
+
+
+@pytest.mark.parametrize(
+    "pick, flagged",
+    [
+        ([2, 0, 2], True),
+        ([1, 1, 1], True),
+        ([0, 1, 2], False),
+        ([0, 0, 1, 1, 2, 2], False),
+        ([0, 1, 2, 0, 1, 2], False),
+    ],
+)
+def test_cross_keys_picked_with_a_row_twice_say_whose_keys(pick, flagged):
+    """Rows picked with one twice were read as beams (every row k times), and the record was exact while row 0's
+    keys were image 2's patches. Beams (each image for k captions in a row, or the batch tiled) stay exact."""
+    torch.manual_seed(0)
+    model = CrossOverPickedImages().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (len(pick), 5)), torch.randn(3, 4, 6), torch.tensor(pick))
+    (rec,) = cap.records
+    assert rec.kind == "cross"
+    if flagged:
+        assert not rec.exact and f"the keys of record row b are the caller's sequence {pick}[b]" in rec.flag
+        assert any("some twice" in n for n in cap.notes)
+    else:
+        assert rec.exact and not cap.notes
+
+
 class PackedThenAttended(nn.Module):
     """Token ids padded to a fixed length, packed, unpacked to the longest sequence (``pad_packed_sequence``'s
     default) or to a ``total_length``, then self-attention over the unpacked steps (Kaggle's LSTM + attention)."""

@@ -1169,6 +1169,17 @@ def _broadcast_values(
     return f"{ws},{''.join(extra)}{vs}->{outs}", wide, code
 
 
+def _beams(order: torch.Tensor, n_rows: int) -> bool:
+    """Whether ``order`` (the caller's row each record row holds, some twice) is all ``n_rows`` rows of a
+    batch each k times, side by side (``repeat_interleave``: beams) or tiled (``repeat``). One row many
+    times (``img[[1, 1, 1]]``) is not: with one row alone, a batch of one is."""
+    rows, counts = torch.unique(order, return_counts=True)
+    k = int(counts[0])
+    if k < 2 or int(rows.numel()) != n_rows or not bool((counts == k).all()):
+        return False
+    return torch.equal(order, rows.repeat_interleave(k)) or torch.equal(order, rows.repeat(k))
+
+
 def _row_heads(layout: Layout, shape: tuple[int, ...]) -> torch.Tensor | None:
     """The head of each row of weights shaped ``shape`` (..., q, k), flat over (lead..., q), from the
     layout's rows (B, H, q'); None unless every row belongs to one (batch, head)."""
@@ -2506,7 +2517,14 @@ class _Session:
                 return None
             order, n_rows = lo, source.row
         if int(torch.unique(order).numel()) != int(order.numel()):
-            return None  # a row twice (beams): no one batch order
+            if _beams(order, n_rows):
+                return None  # every row k times, side by side or tiled (beams): no one batch order
+            # rows picked with some twice (``img[[2, 0, 2]]``: each caption's image): not beams of a batch
+            picked = (f"rows of the batch were picked inside the model, some twice ({order.tolist()} of its "
+                      f"{n_rows})")  # fmt: skip
+            if keys_only:
+                return f"{picked}: the keys of record row b are the caller's sequence {order.tolist()}[b], not sequence b"
+            return f"{picked}: record row b holds the caller's sequence {order.tolist()}[b], not sequence b"
         if int(order.numel()) == n_rows:
             if bool((order[1:] > order[:-1]).all()):
                 return None
