@@ -1248,3 +1248,119 @@ def test_weights_a_projection_made_over_the_fields_are_no_map(pool):
     cap = _captured(FieldGate(pool).eval(), torch.randint(0, VOCAB, (2, 4)))
     assert cap.records == []
     assert len(cap.notes) == int(pool) and len(cap.skipped) == int(not pool), (cap.notes, cap.skipped)
+
+
+class WhisperAttention(nn.Module):
+    """Whisper's MultiHeadAttention: returns its output and its scores (``qk.detach()``), for hooks to keep."""
+
+    def __init__(self, d: int = 8, h: int = 2):
+        super().__init__()
+        self.h, self.query, self.key, self.value = h, nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x, xa=None):
+        src = x if xa is None else xa
+        q, k, v = self.query(x), self.key(src), self.value(src)
+        scale = (q.shape[-1] // self.h) ** -0.25
+        q = q.view(*q.shape[:2], self.h, -1).permute(0, 2, 1, 3) * scale
+        k = k.view(*k.shape[:2], self.h, -1).permute(0, 2, 3, 1) * scale
+        v = v.view(*v.shape[:2], self.h, -1).permute(0, 2, 1, 3)
+        qk = (q @ k).float()
+        w = F.softmax(qk, dim=-1)
+        return (w @ v).permute(0, 2, 1, 3).flatten(start_dim=2), qk.detach()
+
+
+class WhisperLike(nn.Module):
+    """An audio encoder (frames from a conv) and a text decoder of two blocks, each self- then cross-attention;
+    run through its parts (``embed_audio``, ``logits``) as Whisper's decoding runs it."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.conv, self.enc = nn.Conv1d(4, d, 3, padding=1), WhisperAttention(d)
+        self.emb = nn.Embedding(VOCAB, d)
+        self.attn = nn.ModuleList(WhisperAttention(d) for _ in range(2))
+        self.cross_attn = nn.ModuleList(WhisperAttention(d) for _ in range(2))
+
+    def embed_audio(self, mel):
+        xa = F.gelu(self.conv(mel)).permute(0, 2, 1)
+        return xa + self.enc(xa)[0]
+
+    def logits(self, tokens, xa):
+        x = self.emb(tokens)
+        for attn, cross in zip(self.attn, self.cross_attn, strict=True):
+            x = x + attn(x)[0]
+            x = x + cross(x, xa)[0]
+        return x @ self.emb.weight.T
+
+    def forward(self, mel, tokens):
+        return self.logits(tokens, self.embed_audio(mel))
+
+
+def _alignment(model: WhisperLike, mel, tokens, frames: int, scale: float = 1.0):
+    """whisper/timing.py's find_alignment: the last cross-attention's scores kept by a hook, softmaxed again over
+    the frames the audio has."""
+    kept = []
+    hook = model.cross_attn[-1].register_forward_hook(lambda _m, _i, out: kept.append(out[-1]))
+    model.logits(tokens, model.embed_audio(mel))
+    hook.remove()
+    return (kept[-1][..., :frames] * scale).softmax(dim=-1)
+
+
+class Aligner(nn.Module):
+    """The alignment step inside a module's forward (the model captured holds the Whisper model)."""
+
+    def __init__(self, frames: int):
+        super().__init__()
+        self.frames, self.model = frames, WhisperLike()
+
+    def forward(self, mel, tokens):
+        return _alignment(self.model, mel, tokens, self.frames)
+
+
+@pytest.mark.parametrize("frames", [3, 6])
+@pytest.mark.parametrize("inside", [False, True])
+def test_scores_kept_by_a_hook_and_softmaxed_again_are_no_other_map(frames, inside):
+    """Whisper's word timestamps softmax the kept scores of the last cross-attention again, cut to the frames: that
+    was a record of its own, exact, over 3 frames, or (over all 6) a third cross layer of a two-block decoder.
+    Run through the model's parts (its call never runs) or inside a module's forward, it is now a note."""
+    torch.manual_seed(0)
+    model = Aligner(frames).eval() if inside else WhisperLike().eval()
+    mel, tokens = torch.randn(1, 4, 6), torch.randint(0, VOCAB, (1, 5))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(mel, tokens) if inside else _alignment(model, mel, tokens, frames)
+    prefix = "model." if inside else ""
+    assert [(r.name, r.kind) for r in cap.records] == [
+        (f"{prefix}enc", "enc_self"),
+        (f"{prefix}attn.0", "enc_self"),
+        (f"{prefix}cross_attn.0", "cross"),
+        (f"{prefix}attn.1", "enc_self"),
+        (f"{prefix}cross_attn.1", "cross"),
+    ]
+    assert all(r.exact for r in cap.records) and cap.notes == []
+    assert [tuple(r.probs.shape) for r in cap.of("cross")] == [(1, 2, 5, 6)] * 2
+    assert any(str(n.reason).startswith("a softmax again over the scores") or "outside the model" in str(n)
+               for n in cap.skipped), cap.skipped  # fmt: skip
+
+
+class ScoresTwice(nn.Module):
+    """Scores made once, softmaxed in the module that made them and again (cut) by its parent, whose weights do
+    multiply values there: attention of its own, kept."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = WhisperAttention()
+        self.emb = nn.Embedding(VOCAB, 8)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        y, qk = self.inner(x)
+        w = qk[..., :3].softmax(-1)
+        return y, w @ x[:, None, :3]
+
+
+def test_scores_softmaxed_again_whose_weights_multiply_values_stay_a_record():
+    torch.manual_seed(0)
+    model = ScoresTwice().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (2, 5)))
+    assert [r.name for r in cap.records] == ["inner", ""]
+    assert tuple(cap.records[1].probs.shape) == (2, 2, 5, 3)

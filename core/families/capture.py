@@ -84,6 +84,7 @@ from __future__ import annotations
 import bisect
 import builtins
 import contextlib
+import copy
 import fnmatch
 import inspect
 import math
@@ -999,13 +1000,16 @@ class _Tag:
     # weights changed since the softmax (their ``probs`` dropped): the record they are the weights of. Two
     # softmaxes of one layout share their ``rowq``, so it cannot say which one
     owner: _Probs | None = None
+    # scores a softmax already made a record of, then only viewed, sliced or scaled (``qk.detach()[..., :n]``):
+    # that softmax's weights. A softmax of them again elsewhere reads that map again (Whisper's alignment heads)
+    softmaxed: _Probs | None = None
 
     def derived(self, origin: frozenset) -> _Tag:
         """The tag of a tensor an op made from this one (dataclasses.replace is slower, on every op)."""
         return _Tag(self.role, origin, self.split, self.scores, self.allowed, self.mask_source, self.cross,
                     self.heads, self.cache, self.ext, self.axes, None, None, self.smap, self.rowq,
                     self.attn_out, False, None, self.touched, self.lost, self.changed, self.made_by, False,
-                    self.probs if self.probs is not None else self.owner)  # fmt: skip
+                    self.probs if self.probs is not None else self.owner, self.softmaxed)  # fmt: skip
 
 
 _PARAM_TAG = _Tag(role="param")  # every parameter's (shared: tags are replaced, never changed in place)
@@ -1583,6 +1587,8 @@ class _Session:
         self._energies: dict[int, tuple] = {}
         self._plus: dict[int, tuple] = {}  # _hold: an exp plus a guard -> the exp (whose sum divides it)
         self._loss_fed: set[int] = set()  # Record.seq of weights that went into a loss
+        # Record.seq of a softmax again over another module's recorded scores -> that module's path
+        self._rereads: dict[int, str] = {}
         # _hold: products of left-out weights and values broadcast over their features, a read once summed over
         # the positions: (entry, whether the values have codes, the axes the weights span)
         self._reads: dict[int, tuple] = {}
@@ -1672,7 +1678,9 @@ class _Session:
         self._outside: builtins.set[int] = set()  # their seq
         self._weighed: builtins.set[int] = set()  # seq of records whose weights went into a product since
         self._by_name: dict[str, tuple[int, int]] = {}  # decoder-named paths made dec_self by their name
-        self.returned = False  # the model's call (``model(...)``) has returned: code after it is the caller's
+        # the model's call (``model(...)``) is not running: code before it or after it returned is the caller's
+        # (and so is code that runs the model's parts alone, as Whisper's decoding calls ``model.decoder``)
+        self.returned = True
 
     # -- tags ---------------------------------------------------------------------------------------
     def tag(self, t: Any) -> _Tag | None:
@@ -3987,6 +3995,8 @@ class _Session:
         else:
             base_t, base = act[0]
             new = base.derived(origin)
+            if len(act) > 1:  # (scores plus another activation: RealFormer's previous scores, a mask)
+                new.softmaxed = None
             new.moved = name in lineage.REPLAY and all(g.moved for _, g in act) and len(act) == len(ins)
             if (
                 (base.probs is not None or base.rowq is not None)
@@ -5223,7 +5233,9 @@ class _Session:
                      q_labels, values, seq=self.n_ops,
                      query_positions=qpos, key_positions=_key_positions(probs, layout))  # fmt: skip
         if self._frame is None and not self.outside and self._path_at[0] == self.n_ops and self.returned:
-            self._outside.add(rec.seq)  # (no module of the model runs this op, after its call returned: the
+            self._outside.add(
+                rec.seq
+            )  # (no module of the model runs this op, and the model's call does not: the
             # block's own code; a forward called as ``model.forward(x)`` with no ``self`` is never taken for it)
         if layout is not None and flag is None and layout.seq_keys is not None:
             self._seq_keys.setdefault(rec.seq, []).append(layout.seq_keys)
@@ -5587,6 +5599,13 @@ class _Session:
                 g = self.tag(out)
                 if g is not None and g.probs is not None and g.probs.record is not None:
                     self._hold_softmaxed(out, x, tag, path, dim, g.probs, before)
+                    first = tag.softmaxed.record if tag.softmaxed is not None else None
+                    if first is not None and first.name != path and any(r is first for r in self.cap.records):
+                        self._rereads[g.probs.record.seq] = first.name
+                    elif first is None:
+                        marked = copy.copy(tag)  # (tags are replaced, never changed in place)
+                        marked.softmaxed = g.probs
+                        self.set(x, marked)
                 return
             why = found
         self._record_guess(path, x, out, dim, tag, why)
@@ -6578,14 +6597,22 @@ class _Session:
         drop = {
             id(r)
             for r in self.cap.records
-            if (r.seq in self._outside or (r.seq in self._loss_fed and r.source == "softmax"))
+            if (
+                r.seq in self._outside
+                or r.seq in self._rereads
+                or (r.seq in self._loss_fed and r.source == "softmax")
+            )
             and r.seq not in self._weighed
             and r.flag is None
         }
         if not drop:
             return
         for r in self.cap.records:
-            if id(r) in drop and r.seq in self._outside:
+            if id(r) in drop and r.seq in self._rereads:
+                self.skip(r.name or "(model)", tuple(r.probs.shape), "a softmax again over the scores of "
+                          f"{self._rereads[r.seq]!r}'s map (kept by a hook or returned), whose weights multiplied no "
+                          "values: that map is its record (Whisper's alignment heads)")  # fmt: skip
+            elif id(r) in drop and r.seq in self._outside:
                 self.skip("(outside the model)", tuple(r.probs.shape), "a softmax the block ran outside the "
                           "model's forward whose weights multiplied no values (a similarity, a loss, a "
                           "distillation target): not the model's attention")  # fmt: skip
