@@ -5597,7 +5597,7 @@ class _Session:
                 before = self._record_call  # (renormalized over another dim? then recorded again, as if
                 self._record_exact(path, x, out, tag, found)  # this record had not been made)
                 g = self.tag(out)
-                if g is not None and g.probs is not None and g.probs.record is not None:
+                if tag is not None and g is not None and g.probs is not None and g.probs.record is not None:
                     self._hold_softmaxed(out, x, tag, path, dim, g.probs, before)
                     first = tag.softmaxed.record if tag.softmaxed is not None else None
                     if first is not None and first.name != path and any(r is first for r in self.cap.records):
