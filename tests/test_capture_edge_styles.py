@@ -1364,3 +1364,65 @@ def test_scores_softmaxed_again_whose_weights_multiply_values_stay_a_record():
         model(torch.randint(0, VOCAB, (2, 5)))
     assert [r.name for r in cap.records] == ["inner", ""]
     assert tuple(cap.records[1].probs.shape) == (2, 2, 5, 3)
+
+
+class DistanceAttention(nn.Module):
+    """Weights over distances of queries to keys: ``F.softmin(cdist(q, k) ** 2)``, ``softmax(-cdist(q, k) ** 2)``
+    on heads folded into the batch, a sparsemax over them, or ``F.gumbel_softmax(q @ k.T, hard=True)``; each
+    layer keeps the weights it multiplies its values with."""
+
+    def __init__(self, how: str, heads: int, d: int = 8):
+        super().__init__()
+        self.how, self.h = how, heads
+        self.emb = nn.Embedding(VOCAB, d)
+        self.qkv = nn.ModuleList(nn.Linear(d, 3 * d) for _ in range(2))
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        causal = torch.ones(n, n, dtype=torch.bool).triu(1)
+        for i, qkv in enumerate(self.qkv):
+            q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in qkv(x).chunk(3, -1))
+            if i == 0:  # an ordinary layer first
+                w = (q @ k.transpose(-2, -1)).masked_fill(causal, float("-inf")).softmax(-1)
+            elif self.how == "softmin":
+                w = F.softmin((torch.cdist(q, k) ** 2).masked_fill(causal, float("inf")), dim=-1)
+            elif self.how == "folded":
+                fold = (b * self.h, n, -1)
+                w = (-(torch.cdist(q.reshape(fold), k.reshape(fold)) ** 2)).softmax(-1).view(b, self.h, n, n)
+            elif self.how == "gumbel":
+                w = F.gumbel_softmax(q @ k.transpose(-2, -1), tau=0.5, hard=True, dim=-1)
+            else:  # sparsemax by hand: no softmax at all
+                z = -(torch.cdist(q, k) ** 2)
+                zs = z.sort(-1, descending=True).values
+                r = torch.arange(1, n + 1, dtype=z.dtype)
+                kz = ((1 + r * zs) > zs.cumsum(-1)).sum(-1, keepdim=True)
+                tau = (zs.cumsum(-1).gather(-1, kz - 1) - 1) / kz
+                w = (z - tau).clamp_min(0)
+            self.used.append(w.detach().clone())
+            x = x + (w @ v).transpose(1, 2).reshape(b, n, d)
+        return x
+
+
+@pytest.mark.parametrize("how", ["softmin", "folded", "gumbel", "sparsemax"])
+@pytest.mark.parametrize("batch, heads", [(1, 2), (2, 2), (3, 1)])
+def test_weights_over_distances_softmin_and_gumbel_are_recorded(how, batch, heads):
+    """``torch.cdist`` pairs queries with keys as ``q @ k.T`` does, ``F.softmin`` is the softmax of its negated
+    input, and ``F.gumbel_softmax`` samples the weights the values are multiplied with: each was missing with no
+    note where another layer had a softmax (or noted with a wrong reason). A sparsemax over distances, no softmax at
+    all, is a warning naming its module."""
+    torch.manual_seed(0)
+    model = DistanceAttention(how, heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (batch, 5)))
+    if how == "sparsemax":
+        assert len(cap.records) == 1 and torch.equal(cap.records[0].probs, model.used[0])
+        assert any("without a softmax" in n for n in cap.notes), cap.notes
+        return
+    assert len(cap.records) == 2 and all(r.exact for r in cap.records) and cap.notes == []
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert torch.allclose(rec.probs, used, atol=1e-6)
+    assert cap.records[1].kind == (
+        "dec_self" if how == "softmin" else "enc_self"
+    )  # (softmin's keeps the mask)

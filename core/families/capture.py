@@ -125,7 +125,13 @@ _IN_VMAP = (
     "sees one example's tensors, wrapped, which capture cannot follow; run the batch without vmap to see it"
 )
 # calls that are attention (or may be): recorded only where a module of the model captured runs them
-ATTENTION_CALLS = SOFTMAX | {"scaled_dot_product_attention", "multi_head_attention_forward", "flex_attention"}
+ATTENTION_CALLS = SOFTMAX | {
+    "softmin",
+    "gumbel_softmax",
+    "scaled_dot_product_attention",
+    "multi_head_attention_forward",
+    "flex_attention",
+}
 DROPOUT = frozenset(
     {"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d"}
 )
@@ -1785,7 +1791,7 @@ class _Session:
         if name == "multi_head_attention_forward":
             self.n_attention += 1
             return self.on_mha(func, args, kwargs)
-        if name in SOFTMAX or name == "scaled_dot_product_attention":
+        if name in SOFTMAX or name in ("softmin", "gumbel_softmax", "scaled_dot_product_attention"):
             self.n_attention += 1
         elif name == "flex_attention":
             self.n_attention += 1
@@ -1876,6 +1882,27 @@ class _Session:
         elif name == "addmm" and len(args) >= 3 and self._two_activations(args[1], args[2]):
             # ``addmm(bias, q, k.T, alpha=scale)``: scores plus a bias, as baddbmm makes them
             name = "baddbmm"
+        elif name == "softmin" and args and isinstance(args[0], torch.Tensor):
+            # softmin(x) is softmax(-x): followed as the softmax of the negated input (``F.softmin(cdist(q, k))``,
+            # weights over distances), whose scores are those negated
+            neg = torch.neg(args[0])
+            self.propagate("neg", torch.neg, (args[0],), {}, neg, None)
+            name, args = "softmax", (neg, *args[1:])
+        elif name == "gumbel_softmax" and args and isinstance(args[0], torch.Tensor):
+            # a sample over the keys (one-hot with hard=True, the straight-through estimator): the weights the
+            # values are multiplied with, recorded as a softmax's are, its logits the scores
+            dim = kwargs.get("dim", args[4] if len(args) > 4 else -1)
+            name, args, kwargs = "softmax", (args[0], dim), {}
+        elif (
+            name == "cdist"
+            and len(args) >= 2
+            and all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in args[:2])
+        ):
+            # distances between the rows of two tensors (``torch.cdist(q, k)``): each element one row of each,
+            # followed as the pairs ``q @ k.T`` makes (scores of queries and keys, once negated)
+            kt = args[1].transpose(-2, -1)
+            self.propagate("transpose", torch.transpose, (args[1], -2, -1), {}, kt, None)
+            name, args, kwargs = "matmul", (args[0], kt), {}
         elif name == "tensordot":
             as_matmul = _tensordot_matmul(args, kwargs)
             # x @ W written as tensordot(x, W, dims=1) (DeepCTR's projections); q @ k.T as
