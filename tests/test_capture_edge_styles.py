@@ -1426,3 +1426,105 @@ def test_weights_over_distances_softmin_and_gumbel_are_recorded(how, batch, head
     assert cap.records[1].kind == (
         "dec_self" if how == "softmin" else "enc_self"
     )  # (softmin's keeps the mask)
+
+
+class FeatureTokens(nn.Module):
+    """rtdl's FT-Transformer: one token per numeric feature, a learned [CLS] appended; the last layer computes
+    only the [CLS] row (``query_idx=[-1]``), or (``class_attention``) CaiT's way, a class token that joins the
+    tokens only in the last layer, as the one query over [tokens, CLS]."""
+
+    def __init__(self, heads: int, class_attention: bool, n: int = 3, d: int = 8):
+        super().__init__()
+        self.h, self.class_attention = heads, class_attention
+        self.weight, self.bias = nn.Parameter(torch.randn(n, d)), nn.Parameter(torch.randn(n, d))
+        self.cls = nn.Parameter(torch.randn(d))
+        self.q, self.k = (
+            nn.ModuleList(nn.Linear(d, d) for _ in range(2)),
+            nn.ModuleList(nn.Linear(d, d) for _ in range(2)),
+        )
+        self.used: list[torch.Tensor] = []
+
+    def _attend(self, i, x_q, x_kv):
+        b, nq, d = x_q.shape
+        q = self.q[i](x_q).view(b, nq, self.h, -1).transpose(1, 2)
+        k = self.k[i](x_kv).view(b, x_kv.shape[1], self.h, -1).transpose(1, 2)
+        w = (q @ k.transpose(-2, -1)).softmax(-1)
+        self.used.append(w)
+        return (w @ x_kv[:, None]).mean(1)
+
+    def forward(self, x_num):
+        x = self.weight[None] * x_num[..., None] + self.bias[None]
+        cls = self.cls.view(1, 1, -1).expand(len(x), 1, -1)
+        if self.class_attention:
+            x = x + self._attend(0, x, x)
+            u = torch.cat([x, cls], dim=1)
+            return self._attend(1, u[:, -1:], u)
+        x = torch.cat([x, cls], dim=1)
+        x = x + self._attend(0, x, x)
+        return self._attend(1, x[:, -1:], x)
+
+
+@pytest.mark.parametrize("batch, heads", [(1, 1), (2, 2), (3, 2)])
+@pytest.mark.parametrize("class_attention", [False, True])
+def test_a_cls_row_alone_of_self_attention_stays_self_attention(batch, heads, class_attention):
+    """A learned [CLS] that asked among the tokens in an earlier layer, alone asking over the same keys in the last
+    layer, is that self-attention's row: it was an exact cross map. A class token that never asked among them (CaiT's
+    class attention) stays cross-attention, as the papers name it."""
+    torch.manual_seed(0)
+    model = FeatureTokens(heads, class_attention).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 3))
+    assert [r.kind for r in cap.records] == ["enc_self", "cross" if class_attention else "enc_self"]
+    assert all(r.exact for r in cap.records) and cap.notes == []
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert torch.equal(rec.probs, used)
+
+
+class PackedCrossAttention(nn.Module):
+    """PixArt's cross-attention packs the batch: every image's patches as one row of queries, the captions' real
+    tokens picked by their mask into one row of keys, each image kept to its caption by a block-diagonal mask
+    (``xformers``' BlockDiagonalMask; here SDPA with the same bool mask). ``packed`` False: a batch as usual."""
+
+    def __init__(self, packed: bool, heads: int = 2, c: int = 8):
+        super().__init__()
+        self.packed, self.h = packed, heads
+        self.patches, self.captions = nn.Conv2d(3, c, 2, 2), nn.Embedding(VOCAB, c)
+        self.q, self.kv = nn.Linear(c, c), nn.Linear(c, 2 * c)
+
+    def forward(self, img, ids, mask):
+        x = self.patches(img).flatten(2).transpose(1, 2)  # (B, N, C)
+        y = self.captions(ids)
+        b, n, c = x.shape
+        if not self.packed:
+            q = self.q(x).view(b, n, self.h, -1).transpose(1, 2)
+            k, v = self.kv(y).view(b, -1, 2, self.h, c // self.h).unbind(2)
+            keep = mask[:, None, None, :].bool()
+            return F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=keep)
+        lens = mask.sum(1).tolist()
+        y = y.masked_select(mask.unsqueeze(-1) != 0).view(1, -1, c)
+        q = self.q(x).view(1, -1, self.h, c // self.h).transpose(1, 2)
+        k, v = (t.transpose(1, 2) for t in self.kv(y).view(1, -1, 2, self.h, c // self.h).unbind(2))
+        keep = torch.zeros(b * n, k.shape[2], dtype=torch.bool)
+        at = 0
+        for i, m in enumerate(lens):
+            keep[i * n : (i + 1) * n, at : at + m] = True
+            at += m
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_batch_packed_into_one_row_by_a_block_diagonal_mask_is_flagged(packed):
+    """The packed call was one exact map (1, H, B*N, sum of the lengths): the batch drawn as one sequence. Its row
+    holds several sequences, each seeing keys of its own: flagged. The same batch unpacked stays exact."""
+    torch.manual_seed(0)
+    model = PackedCrossAttention(packed).eval()
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 3, 4, 4), torch.randint(1, VOCAB, (2, 5)), mask)
+    (rec,) = cap.records
+    assert rec.kind == "cross"
+    if packed:
+        assert tuple(rec.probs.shape) == (1, 2, 8, 8) and not rec.exact
+        assert "holds queries from 2 sequences of the batch" in rec.flag and len(cap.notes) == 1
+    else:
+        assert tuple(rec.probs.shape) == (2, 2, 4, 5) and rec.exact and cap.notes == []

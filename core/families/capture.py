@@ -2509,12 +2509,47 @@ class _Session:
                 why = lineage.recall(qkey)
                 if why is lineage.MISS:
                     why = lineage.remember(qkey, (), self._batch_reordered(qp))
+            if why is None and qp is not None and qp.dim() == 2 and r.mask is not None:
+                why = self._packed_batch(qp, r.mask)
             if why is not None:
                 records[i] = _replaced(r, exact=False, flag=why)
                 self.warn(r.name, tuple(int(n) for n in r.probs.shape), f"could not verify: {why}")
         self._seq_keys.clear()
         self._queried.clear()
         self._asked.clear()
+
+    def _packed_batch(self, qp: torch.Tensor, mask: torch.Tensor) -> str | None:
+        """Why a record row holds several sequences of the batch, or None. ``qp`` (B, q): its queries' positions;
+        ``mask`` (B, q, k), True = may attend. Queries from several rows of one batch-first input in one record row,
+        where queries from different rows see no key in common (a block-diagonal mask: PixArt's captions and
+        images packed into one row, varlen attention over a flattened batch): the row is the batch, not one
+        sequence. Rows of the input that share keys are one sequence (sequence-first ids, whose rows are steps;
+        SAINT's attention across the batch's samples)."""
+        if (
+            qp.shape[-1] < 2
+            or mask.dim() != 3
+            or tuple(mask.shape[:2]) != tuple(qp.shape)
+            or not bool((qp >= 0).all())
+        ):
+            return None
+        src = self.sources.index(qp)
+        if not bool((src == src[:1, :1]).all()) or not self.sources.items[int(src[0, 0])].row:
+            return None
+        rows = self.sources.rows(qp).to(mask.device)
+        for b in range(int(qp.shape[0])):
+            asks = mask[b].any(-1)  # (queries that see no key say nothing: a padded row)
+            r, seen = rows[b][asks], mask[b][asks].float()
+            groups, counts = torch.unique(r, return_counts=True)
+            if int(groups.numel()) < 2 or int(counts.min()) < 2:
+                continue  # (one query from each row is a column of a grid: triangle attention's, axial's)
+            shared = (seen @ seen.T) > 0  # (q, q): queries that see a key in common
+            if bool((shared & (r[:, None] != r[None, :])).any()):
+                continue
+            return (f"record row {b} holds queries from {int(groups.numel())} sequences of the batch, "
+                    "each seeing keys of its own (a block-diagonal mask: sequences packed into one row, as "
+                    "PixArt packs its images and captions, or varlen attention over a flattened batch): the row "
+                    "is several sequences, not one")  # fmt: skip
+        return None
 
     def _batch_reordered(self, kp: torch.Tensor, keys_only: bool = False) -> str | None:
         """Why a record's sequences are the batch's in another order, or None. ``kp`` (B, K): each record
@@ -5250,6 +5285,8 @@ class _Session:
         kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], seen, cross, ext, exact=flag is None,
                             causal=causal if mask is not None else None,
                             grid=lambda: self._grid_queries(qpos))  # fmt: skip
+        if kind == "cross" and flag is None and qpos is not None:
+            kind = self._rows_of_self(qpos, _key_positions(probs, layout), labels) or kind
         scores = None if scores is None or not self.keep_scores else scores.detach()
         if source not in ("sdpa", "nn.MultiheadAttention"):  # (those weights capture computed itself)
             self._alias(probs, scores)
@@ -5550,6 +5587,30 @@ class _Session:
         if lq >= 2:
             self._by_name[path] = (lq, lk)
         return "dec_self"
+
+    def _rows_of_self(self, qpos: torch.Tensor, kpos: torch.Tensor | None, labels) -> str | None:
+        """The kind of an earlier self-attention map of this block over the same keys whose queries include
+        these (a learned [CLS] that was one of that map's queries and keys, alone asking in a last layer: the
+        FT-Transformer computes only its row), or None. Learned queries that never asked among these keys
+        (CaiT's class token over the patches, a Perceiver's latents) stay cross-attention."""
+        if kpos is None or qpos.dim() != 2 or kpos.dim() != 2:
+            return None
+        for r in reversed(self.cap.records):
+            if (
+                r.kind == "cross"
+                or r.key_positions is None
+                or r.query_positions is None
+                or r.key_labels != labels
+                or tuple(r.key_positions.shape) != tuple(kpos.shape)
+                or tuple(r.query_positions.shape[:1]) != tuple(qpos.shape[:1])
+                or r.key_positions.device != kpos.device
+            ):
+                continue
+            if torch.equal(r.key_positions, kpos) and bool(
+                (qpos.to(r.query_positions.device)[:, :, None] == r.query_positions[:, None, :]).any(-1).all()
+            ):
+                return r.kind
+        return None
 
     def _sees_ahead(self, qpos: torch.Tensor | None, kpos: torch.Tensor | None, seen: torch.Tensor) -> bool:
         """Whether lineage shows a query allowed to see a key at a later position of its own input (REFIL's
