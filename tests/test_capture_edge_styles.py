@@ -1528,3 +1528,80 @@ def test_a_batch_packed_into_one_row_by_a_block_diagonal_mask_is_flagged(packed)
         assert "holds queries from 2 sequences of the batch" in rec.flag and len(cap.notes) == 1
     else:
         assert tuple(rec.probs.shape) == (2, 2, 4, 5) and rec.exact and cap.notes == []
+
+
+class PerSampleMHA(nn.Module):
+    """``nn.MultiheadAttention`` called unbatched, a sample at a time: ``attn(h[b], h[b], h[b])`` (three views of
+    one row), or one view passed three times."""
+
+    def __init__(self, heads: int, one_object: bool, d: int = 8):
+        super().__init__()
+        self.one_object = one_object
+        self.emb, self.attn = nn.Embedding(VOCAB, d), nn.MultiheadAttention(d, heads, batch_first=True)
+
+    def forward(self, ids):
+        h, outs = self.emb(ids), []
+        for b in range(h.shape[0]):
+            x = h[b]
+            q, k, v = (x, x, x) if self.one_object else (h[b], h[b], h[b])
+            outs.append(self.attn(q, k, v, need_weights=False)[0])
+        return torch.stack(outs)
+
+
+@pytest.mark.parametrize("one_object", [True, False])
+@pytest.mark.parametrize("batch, heads", [(1, 2), (2, 2), (3, 1)])
+def test_multihead_attention_called_unbatched_per_sample_is_one_self_attention_record(
+    one_object, batch, heads
+):
+    """Three views of one row were cross-attention (exact, no note: only one object passed three times was self),
+    and unbatched calls were records of their own, drawn as the last call's map for sequence 0. Lineage places the
+    unbatched query: one self-attention record of every sequence, equal to the module's own weights."""
+    torch.manual_seed(0)
+    model = PerSampleMHA(heads, one_object).eval()
+    ids = torch.randint(0, VOCAB, (batch, 5))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    assert rec.kind == "enc_self" and rec.exact and cap.notes == []
+    with torch.no_grad():
+        h = model.emb(ids)
+        want = torch.stack(
+            [model.attn(h[b], h[b], h[b], average_attn_weights=False)[1] for b in range(batch)]
+        )
+    torch.testing.assert_close(rec.probs, want)
+
+
+class PrunedThenMHA(nn.Module):
+    """Tokens kept by a score (DynamicViT's top-k), then ``nn.MultiheadAttention`` over the kept ones; ``all`` keeps
+    every token, in order."""
+
+    def __init__(self, keep_all: bool, d: int = 8):
+        super().__init__()
+        self.keep_all = keep_all
+        self.emb, self.score = nn.Embedding(VOCAB, d), nn.Linear(d, 1)
+        self.attn = nn.MultiheadAttention(d, 2, batch_first=True)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        if self.keep_all:
+            keep = torch.arange(x.shape[1]).expand(x.shape[0], -1)
+        else:
+            keep = self.score(x).squeeze(-1).topk(3, dim=-1).indices
+        x = x[torch.arange(x.shape[0])[:, None], keep]
+        return self.attn(x, x, x)[0]
+
+
+@pytest.mark.parametrize("keep_all", [False, True])
+def test_multihead_attention_over_tokens_kept_by_a_score_is_flagged(keep_all):
+    """MultiheadAttention's keys are asked, as SDPA's and a softmax's are, whether they are some of a sequence's
+    positions picked per sequence: over tokens kept by a top-k the record was exact with no note."""
+    torch.manual_seed(0)
+    model = PrunedThenMHA(keep_all).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (2, 6)))
+    (rec,) = cap.records
+    assert rec.kind == "enc_self"
+    if keep_all:
+        assert rec.exact and cap.notes == []
+    else:
+        assert not rec.exact and "the keys are some of a sequence's positions" in rec.flag

@@ -7202,6 +7202,21 @@ class _Session:
         if rec is not None and hv is not None:
             self._follow_sdpa_out(a, out, rec, unsq, (b, hq, lk))
 
+    def _mha_keys(self, rec: Record, key: torch.Tensor, extra: int) -> None:
+        """The positions a MultiheadAttention record's keys hold, per sequence, where lineage has them: asked
+        at finish whether they are whole sequences, as SDPA's are (keys a top-k picked per query, a kNN
+        memory's neighbours folded into the batch). ``extra``: keys the call adds (``bias_k``, zero attention)."""
+        kc = self.code_of(key)
+        if kc is None or tuple(kc.shape) != tuple(key.shape):
+            return
+        pos = kc.select(-1, 0) >> lineage.SHIFT  # (S, B) sequence-first, or (S,) unbatched
+        pos = pos.transpose(0, 1) if pos.dim() == 2 else pos[None]
+        if extra:
+            pos = F.pad(pos, (0, extra), value=-1)
+        if tuple(pos.shape) != (int(rec.probs.shape[0]), int(rec.probs.shape[-1])):
+            return
+        self._seq_keys.setdefault(rec.seq, []).append(pos.masked_fill(self.sources.learned(pos), -1))
+
     def _sdpa_keys(self, rec: Record, key: torch.Tensor, unsq: bool, b: int, query=None) -> Record:
         """The positions an SDPA record's keys hold, per sequence (from lineage, where the keys have it):
         asked at finish whether they are whole sequences (lineage.subset). With ``query`` (keys beyond the
@@ -7373,11 +7388,13 @@ class _Session:
         """MultiheadAttention's (sequence-first) query batch-first, with its codes, for the record's query
         positions: the query's own, or a view's of a tagged tensor (the transpose a batch-first module
         makes while capture is set aside); (None, None) where lineage has none (no positions made up)."""
-        if query.dim() != 3:
+        if query.dim() not in (2, 3):
             return None, None
         g = self.tag(query) or self._view_tag(query)
         if g is None or g.code is None or tuple(g.code.shape) != tuple(query.shape):
             return None, None
+        if query.dim() == 2:  # unbatched (L, E): a batch of one
+            return query[None], g.code[None]
         return query.transpose(0, 1), g.code.transpose(0, 1)
 
     def _mha_record(
@@ -7481,10 +7498,13 @@ class _Session:
         labelled = any(
             src.kind in lineage.LABELLED or src.kind in ("pooled", "state") for src in self.sources.items
         )
-        if query.dim() == 3 and key.dim() == 3 and (query is not key or labelled):
-            qc, kc = self.code_of(query), self.code_of(key)  # (L, B, E), sequence-first
+        if query.dim() in (2, 3) and key.dim() == query.dim() and (query is not key or labelled):
+            qc, kc = self.code_of(query), self.code_of(key)  # (L, B, E), sequence-first, or unbatched (L, E)
             if qc is not None and kc is not None and qc.shape == query.shape and kc.shape == key.shape:
-                seen = lineage.describe(qc.transpose(0, 1), kc.transpose(0, 1), self.sources)
+                qc, kc = (
+                    (qc.transpose(0, 1), kc.transpose(0, 1)) if query.dim() == 3 else (qc[None], kc[None])
+                )
+                seen = lineage.describe(qc, kc, self.sources)
         if query is key and path not in self.fixed:
             cross = False
         elif query is not key and seen is not None and seen.cross is not None:
@@ -7502,6 +7522,8 @@ class _Session:
                            query=q_first, query_code=q_code)  # fmt: skip
         if dropped is not None:
             self.warn(path, tuple(weights.shape), f"could not verify: {dropped}")
+        if rec is not None and key.dim() in (2, 3):
+            self._mha_keys(rec, key, len(extra))
         qc = self.code_of(query) if rec is not None else None
         if rec is not None and qc is not None and qc.shape == query.shape:  # the positions it asked from
             self._queried.setdefault(path, []).append((rec.kind, qc))
