@@ -1605,3 +1605,79 @@ def test_multihead_attention_over_tokens_kept_by_a_score_is_flagged(keep_all):
         assert rec.exact and cap.notes == []
     else:
         assert not rec.exact and "the keys are some of a sequence's positions" in rec.flag
+
+
+class PerssonSelfAttention(nn.Module):
+    """Aladdin Persson's SelfAttention: a Linear per head's features (``Linear(head_dim, head_dim)``) on a view of each
+    input reshaped into heads, einsum 'nqhd,nkhd->nhqk'; called alone on a tensor: ``attn(x, x, x, mask)``."""
+
+    def __init__(self, embed_size: int, heads: int):
+        super().__init__()
+        self.embed_size, self.heads, self.head_dim = embed_size, heads, embed_size // heads
+        self.values = nn.Linear(self.head_dim, self.head_dim, bias=False)
+        self.keys = nn.Linear(self.head_dim, self.head_dim, bias=False)
+        self.queries = nn.Linear(self.head_dim, self.head_dim, bias=False)
+        self.fc_out = nn.Linear(embed_size, embed_size)
+        self.used: list[torch.Tensor] = []
+
+    def forward(self, values, keys, query, mask):
+        n, lq = query.shape[:2]
+        values = self.values(values.reshape(n, values.shape[1], self.heads, self.head_dim))
+        keys = self.keys(keys.reshape(n, keys.shape[1], self.heads, self.head_dim))
+        queries = self.queries(query.reshape(n, lq, self.heads, self.head_dim))
+        energy = torch.einsum("nqhd,nkhd->nhqk", [queries, keys]).masked_fill(mask == 0, float("-1e20"))
+        attention = torch.softmax(energy / (self.embed_size ** (1 / 2)), dim=3)
+        self.used.append(attention)
+        out = torch.einsum("nhql,nlhd->nqhd", [attention, values]).reshape(n, lq, self.embed_size)
+        return self.fc_out(out)
+
+
+@pytest.mark.parametrize("batch, heads", [(1, 1), (2, 1), (2, 2), (3, 4), (4, 4)])
+def test_views_of_one_tensor_from_outside_are_one_input(batch, heads):
+    """Each projection read its own view of the tensor handed in (``x.reshape(N, L, H, d)``), and each view was an
+    input of its own: one head was cross-attention, several a wrong layout flagged with a wrong reason. A view of a
+    tensor from outside has the tensor's positions."""
+    torch.manual_seed(0)
+    model = PerssonSelfAttention(16, heads).eval()
+    x, mask = torch.randn(batch, 7, 16), torch.ones(batch, 1, 1, 7)
+    mask[-1, ..., 5:] = 0
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(x, x, x, mask)
+    (rec,) = cap.records
+    assert rec.kind == "enc_self" and rec.exact and cap.notes == []
+    assert torch.equal(rec.probs, model.used[0])
+
+
+class TutorialSeq2Seq(nn.Module):
+    """The classic PyTorch seq2seq tutorial: the encoder's outputs written a step at a time into a ``torch.zeros``
+    buffer of MAX_LENGTH rows (``encoder_outputs[ei] += encoder_output[0, 0]``), the decoder's weights made by a
+    Linear over [embedded, hidden], ``bmm`` with the buffer."""
+
+    def __init__(self, max_length: int = 10, d: int = 8):
+        super().__init__()
+        self.max_length = max_length
+        self.src, self.tgt = nn.Embedding(VOCAB, d), nn.Embedding(VOCAB, d)
+        self.enc, self.dec = nn.GRU(d, d), nn.GRU(d, d)
+        self.attn = nn.Linear(2 * d, max_length)
+
+    def forward(self, ids):
+        d = self.src.embedding_dim
+        h = torch.zeros(1, 1, d)
+        encoder_outputs = torch.zeros(self.max_length, d)
+        for ei in range(ids.size(0)):
+            o, h = self.enc(self.src(ids[ei]).view(1, 1, -1), h)
+            encoder_outputs[ei] += o[0, 0]
+        embedded = self.tgt(torch.tensor([[0]])).view(1, 1, -1)
+        w = F.softmax(self.attn(torch.cat((embedded[0], h[0]), 1)), dim=1)
+        return torch.bmm(w.unsqueeze(0), encoder_outputs.unsqueeze(0))
+
+
+def test_weights_over_a_zeros_buffer_written_a_step_at_a_time_are_a_warning():
+    """The buffer, made by ``torch.zeros``, was taken for numbers the model made from no data even once the
+    encoder's outputs were written into it, so weights over it were information only ("not attention"). Written
+    with activations, it holds values over positions: the weights that multiply them are a warning."""
+    torch.manual_seed(0)
+    with torch.no_grad(), capture_attention(TutorialSeq2Seq().eval()) as cap:
+        TutorialSeq2Seq().eval()(torch.tensor([[3], [5], [7], [1]]))
+    assert cap.records == []
+    assert any("not recorded: its weights multiply values over positions" in n for n in cap.notes), cap.notes

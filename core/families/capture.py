@@ -3974,7 +3974,25 @@ class _Session:
                             and t.dim() >= 2 and not _is_param(t) and _held(self._int_floats, t) is None),
                            None)  # fmt: skip
             if outside is not None and (name in LINEAR or name in CONV or name in MATMUL or len(tags) > 1):
-                self._external(outside)  # features, an image, hidden states from outside the call
+                # a view of a tensor from outside splitting its features into heads (``x.reshape(N, L, H, d)``,
+                # made once per projection): the tensor's positions, viewed, so its views are one input, not one each
+                viewed = outside._base
+                if (
+                    isinstance(viewed, torch.Tensor)
+                    and viewed.is_floating_point()
+                    and viewed.dim() >= 2
+                    and outside.dim() > viewed.dim()
+                    and int(outside.shape[-1]) > 1
+                    and tuple(outside.shape[: viewed.dim() - 1]) == tuple(viewed.shape[:-1])
+                    and self.tag(viewed) is None
+                    and not _is_param(viewed)
+                ):
+                    self._external(viewed)
+                    if self._view_tag(outside) is None:
+                        self._external(outside)
+                else:
+                    # features, an image, hidden states from outside the call
+                    self._external(outside)
                 tags = [self.tag(t) or (self._view_tag(t) if t._base is outside else None) for t in ins]
         known = [(t, g) for t, g in zip(ins, tags, strict=True) if g is not None]
         if not known:
@@ -6875,6 +6893,14 @@ class _Session:
         if len(args) < 3 or not isinstance(args[0], torch.Tensor):
             return
         target, index, value = args[0], args[1], args[2]
+        if self._int_floats and isinstance(value, torch.Tensor) and value.is_floating_point():
+            # a buffer the model made (``torch.zeros``), now holding data: the encoder's outputs written into it
+            # a step at a time, as the PyTorch seq2seq tutorial does
+            written = self.tag(value)
+            if written is not None and written.role != "param":
+                for buffer in (target, target._base):
+                    if buffer is not None:
+                        self._int_floats.pop(id(buffer), None)
         t = self.tag(target)
         if t is not None and t.role == "scores":
             if (
