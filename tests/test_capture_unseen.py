@@ -188,3 +188,60 @@ def test_a_torchscript_function_held_as_an_attribute_is_heard_and_put_back():
     assert [n for n in cap.notes if "TorchScript (rotate)" in n]
     assert cap.records and not cap.records[0].exact
     assert model.rope is rotate and isinstance(upcast_masked_softmax, torch.jit.ScriptFunction)
+
+
+def _eager_core(q, k, v):
+    w = torch.softmax(q @ k.transpose(-1, -2) * 0.5, dim=-1)
+    return w @ v
+
+
+ATTENTION_FUNCTIONS = {"eager": _eager_core, "jit": upcast_masked_softmax}
+
+
+class Registry(nn.Module):
+    """Hugging Face's ``ALL_ATTENTION_FUNCTIONS[config.impl]``: the attention core picked from a dict by name, the
+    global registry's or one the module keeps (``self.impls``); the "jit" one a TorchScript function."""
+
+    def __init__(self, impl: str, own: bool):
+        super().__init__()
+        self.impl, self.qkv = impl, nn.Linear(D, 3 * D)
+        if own:
+            self.impls = {"eager": _eager_core, "jit": upcast_masked_softmax}
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, 2, D // 2).transpose(1, 2) for t in self.qkv(x).split(D, dim=2))
+        impls = self.__dict__.get("impls", ATTENTION_FUNCTIONS)
+        if self.impl == "jit":
+            keep = torch.ones(n, n, dtype=torch.bool).tril()
+            return impls["jit"](q @ k.transpose(-1, -2), keep, torch.full([], -1e4)) @ v
+        return impls["eager"](q, k, v)
+
+
+class TwoLayers(nn.Module):
+    def __init__(self, own: bool):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.layers = nn.ModuleList([Registry("eager", own), Registry("jit", own)])
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for layer in self.layers:
+            x = x + layer(x).transpose(1, 2).reshape(x.shape)
+        return x
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_a_torchscript_function_picked_from_a_registry_dict_is_said(own):
+    """A TorchScript core reached through a dict (a global registry, or one the module keeps) ran unseen: its layer
+    had no record and, with another layer's softmax seen, no note. Held in a dict it is heard as a global name is, and
+    the dict is put back."""
+    torch.manual_seed(0)
+    model = TwoLayers(own).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (2, 5)))
+    assert [r.name for r in cap.records] == ["layers.0"]
+    said = [n for n in cap.notes if "TorchScript (upcast_masked_softmax)" in n]
+    assert len(said) == 1 and "'layers.1'" in said[0], cap.notes
+    registry = model.layers[1].__dict__["impls"] if own else ATTENTION_FUNCTIONS
+    assert registry["jit"] is upcast_masked_softmax

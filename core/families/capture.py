@@ -9044,6 +9044,15 @@ def _unwrap_scripts(keys: list[tuple[int, str]]) -> None:
                 del _SCRIPT_WRAPPED[key]
 
 
+def _scripts_in(scope: dict) -> list[tuple[dict, str]]:
+    """(scope, key) of every TorchScript function a dict holds under a string key."""
+    return [
+        (scope, k)
+        for k, v in list(scope.items())
+        if isinstance(k, str) and isinstance(v, (torch.jit.ScriptFunction, _ScriptCall))
+    ]
+
+
 def _script_functions(fn: Any, seen: builtins.set[int], depth: int = 0) -> list[tuple[dict, str]]:
     """The TorchScript functions (``@torch.jit.script``) that Python function ``fn`` calls by a global name,
     itself or through the module-level Python functions it calls (two levels down): (the globals that
@@ -9064,6 +9073,8 @@ def _script_functions(fn: Any, seen: builtins.set[int], depth: int = 0) -> list[
         obj = scope.get(name)
         if isinstance(obj, (torch.jit.ScriptFunction, _ScriptCall)):
             found.append((scope, name))
+        elif isinstance(obj, dict):  # a registry of attention functions (``ALL_ATTENTION_FUNCTIONS[impl]``)
+            found.extend(_scripts_in(obj))
         elif (
             depth < 2
             and isinstance(obj, types.FunctionType)
@@ -9094,8 +9105,11 @@ def _script_calls(modules) -> list[tuple[dict, str]]:
                         found.extend(_script_functions(fn, seen))
             calls = _SCRIPT_CALLS[cls] = tuple({(id(g), n): (g, n) for g, n in found}.values())
         out.extend(calls)
-        own = mod.__dict__  # one held as an attribute (``self.rope = torch.jit.script(rope)``)
-        out.extend((own, n) for n, v in own.items() if isinstance(v, (torch.jit.ScriptFunction, _ScriptCall)))
+        own = mod.__dict__  # one held as an attribute (``self.rope = torch.jit.script(rope)``), or in a dict
+        out.extend(_scripts_in(own))
+        for v in list(own.values()):
+            if isinstance(v, dict) and v is not own:
+                out.extend(_scripts_in(v))
     return out
 
 
