@@ -245,3 +245,30 @@ def test_a_torchscript_function_picked_from_a_registry_dict_is_said(own):
     assert len(said) == 1 and "'layers.1'" in said[0], cap.notes
     registry = model.layers[1].__dict__["impls"] if own else ATTENTION_FUNCTIONS
     assert registry["jit"] is upcast_masked_softmax
+
+
+class KeepsWeights(nn.TransformerEncoderLayer):
+    """The usual recipe to keep an encoder layer's weights: ``_sa_block`` overridden to ask for them."""
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
+        x, self.attn_weights = self.self_attn(
+            x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=True,
+            average_attn_weights=False, is_causal=is_causal,
+        )  # fmt: skip
+        return self.dropout1(x)
+
+
+@pytest.mark.parametrize("layer", [KeepsWeights, nn.TransformerEncoderLayer])
+@pytest.mark.parametrize("training", [False, True])
+def test_a_subclass_of_an_encoder_layer_says_it_leaves_the_fast_path(layer, training):
+    """A subclass runs torch's Python path under capture, where torch may take its fused fast path without it: the
+    output can differ in the last bits, and nothing said so. An information note does, in eval mode (the fast path's
+    only); torch's own layer runs as without capture and says nothing."""
+    torch.manual_seed(0)
+    enc = nn.TransformerEncoder(layer(D, 2, 16, 0.0, batch_first=True), 2, enable_nested_tensor=False)
+    enc.train(training)
+    with torch.no_grad(), capture_attention(enc) as cap:
+        enc(torch.randn(2, 5, D))
+    said = [n for n in cap.skipped if "a subclass of nn.TransformerEncoderLayer" in n.reason]
+    assert len(cap.records) == 2 and all(r.exact for r in cap.records)
+    assert len(said) == int(layer is KeepsWeights and not training), cap.skipped

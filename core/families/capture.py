@@ -8892,6 +8892,16 @@ def capture_attention(
     compiled = [name for name, mod in modules if _is_compiled(mod)]
     if compiled:  # compiled code runs where a mode cannot see: the forward runs eagerly in the block
         cap.skipped.append(Note("info", compiled[0] or "(model)", (), _COMPILED))
+    subclassed = [
+        (name, base)
+        for name, mod in modules
+        if not mod.training
+        for base in _FAST_PATH_TYPES
+        if isinstance(mod, base) and type(mod) is not base
+    ]
+    if subclassed:  # (torch's own classes run with the mode set aside: their fast path is kept)
+        name, base = subclassed[0]
+        cap.skipped.append(Note("info", name or "(model)", (), _SUBCLASSED.format(base=base.__name__)))
     session = _Session(cap, model, kinds, include, exclude, lengths, modules, scores)
     wrapped = _wrap_scripts(_script_calls(modules))
     eager = torch.compiler.set_stance("force_eager") if compiled else contextlib.nullcontext()
@@ -8970,6 +8980,13 @@ def _returned_hooks(session: _Session, model: nn.Module) -> list[Any]:
 
 
 _ORIG_MOD = re.compile(r"(^|\.)_orig_mod(?=\.|$)")
+_FAST_PATH_TYPES = (nn.TransformerEncoderLayer, nn.TransformerEncoder, nn.MultiheadAttention)
+_SUBCLASSED = (
+    "a subclass of nn.{base}: under capture it runs torch's Python path, where without capture torch may take its "
+    "fused fast path, so the model's output can differ from the run without capture in the last bits (and code "
+    "the subclass runs only on the Python path runs); the maps are the Python path's, exact. capture_call returns "
+    "the output of the run without capture"
+)
 _COMPILED = (
     "compiled with torch.compile: capture runs its forward eagerly (torch.compiler.set_stance("
     "'force_eager')), so its attention is seen; the compiled forward computes the same maps up to "
