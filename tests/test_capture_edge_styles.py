@@ -1681,3 +1681,69 @@ def test_weights_over_a_zeros_buffer_written_a_step_at_a_time_are_a_warning():
         TutorialSeq2Seq().eval()(torch.tensor([[3], [5], [7], [1]]))
     assert cap.records == []
     assert any("not recorded: its weights multiply values over positions" in n for n in cap.notes), cap.notes
+
+
+class SlicedGuidance(nn.Module):
+    """diffusers' CrossAttention with attention slicing (``reshape_heads_to_batch_dim``, a loop over slices of the
+    (batch x heads) fold writing into a ``torch.zeros`` buffer), in a classifier-free guidance step: the latents
+    doubled, the context ``cat([uncond, cond])`` of two embedding calls. ``two_keys``: IP-Adapter's decoupled
+    cross-attention, the same queries over text keys and over image keys, two maps."""
+
+    def __init__(self, heads: int, slice_size: int, two_keys: bool = False, d: int = 8):
+        super().__init__()
+        self.h, self.slice_size, self.two_keys = heads, slice_size, two_keys
+        self.emb, self.proj_in = nn.Embedding(VOCAB, d), nn.Conv2d(4, d, 1)
+        self.to_q, self.to_k, self.to_v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.used: list[torch.Tensor] = []
+
+    def _heads_to_batch(self, t):
+        b, n, d = t.shape
+        return t.reshape(b, n, self.h, d // self.h).permute(0, 2, 1, 3).reshape(b * self.h, n, d // self.h)
+
+    def _sliced(self, q, k, v):
+        out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1])
+        for i in range(q.shape[0] // self.slice_size):
+            a, b = i * self.slice_size, (i + 1) * self.slice_size
+            w = (q[a:b] @ k[a:b].transpose(1, 2)).softmax(dim=-1)
+            self.used.append(w)
+            out[a:b] = w @ v[a:b]
+        return out
+
+    def forward(self, latents, ids, uncond_ids):
+        x = self.proj_in(torch.cat([latents] * 2)).flatten(2).transpose(1, 2)
+        q = self._heads_to_batch(self.to_q(x))
+        if self.two_keys:  # the same queries over two inputs' keys
+            text, image = self.emb(ids).expand(2, -1, -1), self.emb(uncond_ids).expand(2, -1, -1)
+            return self._sliced(
+                q, *(self._heads_to_batch(f(text)) for f in (self.to_k, self.to_v))
+            ) + self._sliced(q, *(self._heads_to_batch(f(image)) for f in (self.to_k, self.to_v)))
+        ctx = torch.cat([self.emb(uncond_ids), self.emb(ids)])
+        return self._sliced(q, self._heads_to_batch(self.to_k(ctx)), self._heads_to_batch(self.to_v(ctx)))
+
+
+@pytest.mark.parametrize("heads, slice_size", [(2, 1), (2, 2), (1, 1), (4, 2)])
+def test_slices_of_a_guidance_batch_over_their_own_contexts_join_into_one_map(heads, slice_size):
+    """The two halves' keys come from two embedding calls, so the slices were taken for two attentions written
+    inline and left apart: exact (1, 1, q, k) maps with no note, each claiming to be a layer. Keys from other inputs
+    for other queries are other sequences': one record (2, H, q, k), each slice at its place."""
+    torch.manual_seed(0)
+    model = SlicedGuidance(heads, slice_size).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(1, 4, 2, 3), torch.randint(1, VOCAB, (1, 5)), torch.zeros(1, 5, dtype=torch.long))
+    (rec,) = cap.records
+    assert rec.kind == "cross" and rec.exact and cap.notes == []
+    want = torch.cat(model.used).reshape(2, heads, 6, 5)
+    assert torch.equal(rec.probs, want)
+
+
+def test_the_same_queries_over_two_inputs_keys_stay_two_maps():
+    """IP-Adapter's decoupled cross-attention (the same queries over text keys, then image keys) is two attentions,
+    not slices of one: never joined as two sequences."""
+    torch.manual_seed(0)
+    model = SlicedGuidance(2, 4, two_keys=True).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(1, 4, 2, 3), torch.randint(1, VOCAB, (1, 5)), torch.randint(1, VOCAB, (1, 5)))
+    assert [tuple(r.probs.shape) for r in cap.records] == [(2, 2, 6, 5), (2, 2, 6, 5)]
+    assert all(r.exact for r in cap.records) and cap.notes == []
+    for rec, used in zip(cap.records, model.used, strict=True):
+        assert torch.equal(rec.probs, used.view(2, 2, 6, 5))

@@ -8459,12 +8459,23 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
     Unit = tuple[tuple[int, ...], int]  # (the sequence's key positions, the head's feature)
     units: dict[Unit, list[tuple[int, int, int]]] = {}  # -> (piece, b, h) in the order computed
     queries: dict[Unit, list[int]] = {}
+    asked: list[tuple[frozenset[int], frozenset[int]]] = []  # each piece's query positions and key inputs
     for _, lay in pieces:
         seq_keys = lay.seq_keys
         kpos = seq_keys[seq_keys >= 0] if seq_keys is not None else lay.qcode[:0]
-        inputs.add((frozenset(sources.index(lay.qcode >> lineage.SHIFT).unique().tolist()),
+        qpos = lay.qcode >> lineage.SHIFT
+        inputs.add((frozenset(sources.index(qpos).unique().tolist()),
                     frozenset(sources.index(kpos).unique().tolist())))  # fmt: skip
-    if len(inputs) > 1:
+        asked.append((frozenset(qpos.unique().tolist()), frozenset(sources.index(kpos).unique().tolist())))
+    # the same queries over keys from other inputs are two attentions written inline (text keys, then an
+    # image's), and queries from other inputs two attentions too (tokens to image, then back): not pieces of
+    # one. Keys from other inputs for other queries are other sequences' (guidance's two halves, each half's
+    # context its own embedding call): pieces of one batch
+    if len(inputs) > 1 and any(
+        q1 & q2 and k1 != k2 for i, (q1, k1) in enumerate(asked) for q2, k2 in asked[i + 1 :]
+    ):
+        return None
+    if len({q for q, _ in inputs}) > 1:
         return None
     if any(r.probs.shape[-1] != first.probs.shape[-1] for r, _ in pieces[1:]):
         varlen = _join_varlen(pieces, sources)
