@@ -2478,7 +2478,12 @@ class _Session:
                     kp = torch.cat(
                         [F.pad(k.to(keys[0].device), (0, width - int(k.shape[-1])), value=-1) for k in keys]
                     )
-                    why = lineage.remember(key, tuple(keys), lineage.subset(kp, self.sources))
+                    # (and by the positions themselves: keys a module call's arguments hold are new every forward)
+                    held = ("subset of", tuple(kp.shape), kp.cpu().numpy().tobytes(), self._sources_key())
+                    why = lineage.recall(held)
+                    if why is lineage.MISS:
+                        why = lineage.remember(held, (), lineage.subset(kp, self.sources))
+                    why = lineage.remember(key, tuple(keys), why)
                 if why is None and self._picked:
                     why = self._picked_by_data(keys)
             cross = r.kind == "cross"
@@ -2489,10 +2494,7 @@ class _Session:
                 # another input's sequence, which row b of the queries reads (a pure function of codes and sources)
                 if why is not None or int(k.shape[0]) != int(r.probs.shape[0]):
                     continue
-                rkey = ("reordered", id(k), cross, self._sources_key())
-                why = lineage.recall(rkey)
-                if why is lineage.MISS:
-                    why = lineage.remember(rkey, (k,), self._batch_reordered(k, cross))
+                why = self._reordered_once(k, cross)
             qp = r.query_positions
             if why is None and cross and self._picked and qp is not None and qp.dim() == 2:
                 # (self-attention's queries are its keys' sequence, checked above)
@@ -2505,10 +2507,7 @@ class _Session:
                 and int(qp.shape[0]) == int(r.probs.shape[0])
             ):  # the queries' rows (a record made from a call's arguments has no keys' positions)
                 # (by the positions themselves: a call's arguments give new ones to every forward)
-                qkey = ("reordered queries", tuple(qp.shape), qp.cpu().numpy().tobytes(), self._sources_key())
-                why = lineage.recall(qkey)
-                if why is lineage.MISS:
-                    why = lineage.remember(qkey, (), self._batch_reordered(qp))
+                why = self._reordered_once(qp, None)
             if why is None and qp is not None and qp.dim() == 2 and r.mask is not None:
                 why = self._packed_batch(qp, r.mask)
             if why is not None:
@@ -2525,17 +2524,27 @@ class _Session:
         images packed into one row, varlen attention over a flattened batch): the row is the batch, not one
         sequence. Rows of the input that share keys are one sequence (sequence-first ids, whose rows are steps;
         SAINT's attention across the batch's samples)."""
-        if (
-            qp.shape[-1] < 2
-            or mask.dim() != 3
-            or tuple(mask.shape[:2]) != tuple(qp.shape)
-            or not bool((qp >= 0).all())
-        ):
+        if qp.shape[-1] < 2 or mask.dim() != 3 or tuple(mask.shape[:2]) != tuple(qp.shape):
             return None
-        src = self.sources.index(qp)
-        if not bool((src == src[:1, :1]).all()) or not self.sources.items[int(src[0, 0])].row:
+        # which source row each query is from, where several rows of one input ask in one record row (else None):
+        # a function of the positions, remembered by them (a call's arguments give new tensors every forward)
+        key = ("packed rows", tuple(qp.shape), qp.cpu().numpy().tobytes(), self._sources_key())
+        rows = lineage.recall(key)
+        if rows is lineage.MISS:
+            rows = None
+            src = self.sources.index(qp.clamp_min(0))
+            if (
+                bool((qp >= 0).all())
+                and bool((src == src[:1, :1]).all())
+                and self.sources.items[int(src[0, 0])].row
+            ):
+                rows = self.sources.rows(qp)
+                if not any(int(torch.unique(r).numel()) > 1 for r in rows):
+                    rows = None
+            rows = lineage.remember(key, (), rows)
+        if rows is None:
             return None
-        rows = self.sources.rows(qp).to(mask.device)
+        rows = rows.to(mask.device)
         for b in range(int(qp.shape[0])):
             asks = mask[b].any(-1)  # (queries that see no key say nothing: a padded row)
             r, seen = rows[b][asks], mask[b][asks].float()
@@ -2550,6 +2559,20 @@ class _Session:
                     "PixArt packs its images and captions, or varlen attention over a flattened batch): the row "
                     "is several sequences, not one")  # fmt: skip
         return None
+
+    def _reordered_once(self, pos: torch.Tensor, cross: bool | None) -> str | None:
+        """``_batch_reordered`` of these positions (a record's keys, ``cross`` whether they are another input's; or
+        with ``cross`` None its queries), remembered by the positions themselves (a call's arguments give new
+        tensors every forward), with the sources it found put in another order, which later records ask for."""
+        key = ("reordered", tuple(pos.shape), pos.cpu().numpy().tobytes(), cross, self._sources_key())
+        hit = lineage.recall(key)
+        if hit is lineage.MISS:
+            before = set(self._reordered_sources)
+            why = self._batch_reordered(pos) if cross is None else self._batch_reordered(pos, cross)
+            hit = lineage.remember(key, (), (why, tuple(self._reordered_sources - before)))
+        why, reordered = hit
+        self._reordered_sources.update(reordered)
+        return why
 
     def _batch_reordered(self, kp: torch.Tensor, keys_only: bool = False) -> str | None:
         """Why a record's sequences are the batch's in another order, or None. ``kp`` (B, K): each record
@@ -7235,13 +7258,18 @@ class _Session:
         kc = self.code_of(key)
         if kc is None or tuple(kc.shape) != tuple(key.shape):
             return
-        pos = kc.select(-1, 0) >> lineage.SHIFT  # (S, B) sequence-first, or (S,) unbatched
-        pos = pos.transpose(0, 1) if pos.dim() == 2 else pos[None]
-        if extra:
-            pos = F.pad(pos, (0, extra), value=-1)
+        # (remembered with the codes: later captures get the same positions back, and what finish asks of them)
+        memo = ("mha keys", id(kc), extra, self._sources_key())
+        pos = lineage.recall(memo)
+        if pos is lineage.MISS:
+            pos = kc.select(-1, 0) >> lineage.SHIFT  # (S, B) sequence-first, or (S,) unbatched
+            pos = pos.transpose(0, 1) if pos.dim() == 2 else pos[None]
+            if extra:
+                pos = F.pad(pos, (0, extra), value=-1)
+            pos = lineage.remember(memo, (kc,), pos.masked_fill(self.sources.learned(pos), -1))
         if tuple(pos.shape) != (int(rec.probs.shape[0]), int(rec.probs.shape[-1])):
             return
-        self._seq_keys.setdefault(rec.seq, []).append(pos.masked_fill(self.sources.learned(pos), -1))
+        self._seq_keys.setdefault(rec.seq, []).append(pos)
 
     def _sdpa_keys(self, rec: Record, key: torch.Tensor, unsq: bool, b: int, query=None) -> Record:
         """The positions an SDPA record's keys hold, per sequence (from lineage, where the keys have it):
