@@ -9100,6 +9100,9 @@ def _unwrap_scripts(keys: list[tuple[int, str]]) -> None:
                 del _SCRIPT_WRAPPED[key]
 
 
+_MODULE_DICTS = frozenset(nn.Module().__dict__)  # torch's own (parameters, buffers, submodules, hooks)
+
+
 def _scripts_in(scope: dict) -> list[tuple[dict, str]]:
     """(scope, key) of every TorchScript function a dict holds under a string key."""
     return [
@@ -9163,8 +9166,8 @@ def _script_calls(modules) -> list[tuple[dict, str]]:
         out.extend(calls)
         own = mod.__dict__  # one held as an attribute (``self.rope = torch.jit.script(rope)``), or in a dict
         out.extend(_scripts_in(own))
-        for v in list(own.values()):
-            if isinstance(v, dict) and v is not own:
+        for n, v in list(own.items()):
+            if isinstance(v, dict) and n not in _MODULE_DICTS:
                 out.extend(_scripts_in(v))
     return out
 
