@@ -5338,10 +5338,9 @@ class _Session:
                      q_labels, values, seq=self.n_ops,
                      query_positions=qpos, key_positions=_key_positions(probs, layout))  # fmt: skip
         if self._frame is None and not self.outside and self._path_at[0] == self.n_ops and self.returned:
-            self._outside.add(
-                rec.seq
-            )  # (no module of the model runs this op, and the model's call does not: the
-            # block's own code; a forward called as ``model.forward(x)`` with no ``self`` is never taken for it)
+            # no module of the model runs this op, and the model's call does not: the block's own code (a forward
+            # called as ``model.forward(x)`` with no ``self`` is never taken for it)
+            self._outside.add(rec.seq)
         if layout is not None and flag is None and layout.seq_keys is not None:
             self._seq_keys.setdefault(rec.seq, []).append(layout.seq_keys)
             if layout.ext and (rec.key_labels is None or None in rec.key_labels) and queries is not None:
