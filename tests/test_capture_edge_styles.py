@@ -1747,3 +1747,52 @@ def test_the_same_queries_over_two_inputs_keys_stay_two_maps():
     assert all(r.exact for r in cap.records) and cap.notes == []
     for rec, used in zip(cap.records, model.used, strict=True):
         assert torch.equal(rec.probs, used.view(2, 2, 6, 5))
+
+
+class HalvesOverTwoInputs(nn.Module):
+    """One call: the first half of the queries over a text's keys, the second half over an image's (two embedding
+    calls of one length): two attentions written inline, never two sequences of one map."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.emb, self.q, self.k = nn.Embedding(VOCAB, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, ids, text, image):
+        q = self.q(self.emb(ids))
+        outs = []
+        for part, memory in ((q[:, :4], self.emb(text)), (q[:, 4:], self.emb(image))):
+            outs.append((part @ self.k(memory).transpose(-1, -2)).softmax(-1) @ memory)
+        return torch.cat(outs, 1)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_halves_of_the_queries_over_two_inputs_keys_stay_two_maps(batch):
+    torch.manual_seed(0)
+    model = HalvesOverTwoInputs().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(*(torch.randint(0, VOCAB, (batch, n)) for n in (8, 5, 5)))
+    assert [tuple(r.probs.shape) for r in cap.records] == [(batch, 1, 4, 5)] * 2
+    assert all(r.exact and r.kind == "cross" for r in cap.records) and cap.notes == []
+
+
+class FlatTokens(nn.Module):
+    """Tokens handed in flat, ``(B, L * D)``, viewed as ``(B, L, D)`` (or a series cut into patches by ``unfold``)
+    before self-attention: the view makes the positions, not the flat tensor's rows."""
+
+    def __init__(self, unfold: bool, d: int = 4):
+        super().__init__()
+        self.unfold, self.d = unfold, d
+        self.q, self.k = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        t = x.unfold(-1, self.d, self.d) if self.unfold else x.view(x.shape[0], -1, self.d)
+        return (self.q(t) @ self.k(t).transpose(-1, -2)).softmax(-1) @ t
+
+
+@pytest.mark.parametrize("unfold", [False, True])
+def test_a_flat_input_viewed_as_tokens_stays_self_attention(unfold):
+    torch.manual_seed(0)
+    with torch.no_grad(), capture_attention(FlatTokens(unfold).eval()) as cap:
+        FlatTokens(unfold).eval()(torch.randn(3, 24))
+    (rec,) = cap.records
+    assert rec.kind == "enc_self" and rec.exact and cap.notes == [] and tuple(rec.probs.shape) == (3, 1, 6, 6)

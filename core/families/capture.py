@@ -86,6 +86,7 @@ import builtins
 import contextlib
 import copy
 import fnmatch
+import hashlib
 import inspect
 import math
 import operator
@@ -1179,6 +1180,11 @@ def _broadcast_values(
     return f"{ws},{''.join(extra)}{vs}->{outs}", wide, code
 
 
+def _digest(t: torch.Tensor) -> bytes:
+    """A short key of an integer tensor's values (positions), for memos keyed by what they hold."""
+    return hashlib.blake2b(t.detach().cpu().contiguous().numpy().tobytes(), digest_size=16).digest()
+
+
 def _beams(order: torch.Tensor, n_rows: int) -> bool:
     """Whether ``order`` (the caller's row each record row holds, some twice) is all ``n_rows`` rows of a
     batch each k times, side by side (``repeat_interleave``: beams) or tiled (``repeat``). One row many
@@ -1882,12 +1888,17 @@ class _Session:
         elif name == "addmm" and len(args) >= 3 and self._two_activations(args[1], args[2]):
             # ``addmm(bias, q, k.T, alpha=scale)``: scores plus a bias, as baddbmm makes them
             name = "baddbmm"
-        elif name == "softmin" and args and isinstance(args[0], torch.Tensor):
+        elif (
+            name == "softmin" and args and isinstance(args[0], torch.Tensor) and self.tag(args[0]) is not None
+        ):
             # softmin(x) is softmax(-x): followed as the softmax of the negated input (``F.softmin(cdist(q, k))``,
             # weights over distances), whose scores are those negated
-            neg = torch.neg(args[0])
-            self.propagate("neg", torch.neg, (args[0],), {}, neg, None)
-            name, args = "softmax", (neg, *args[1:])
+            try:
+                neg = torch.neg(args[0])
+                self.propagate("neg", torch.neg, (args[0],), {}, neg, None)
+                name, args = "softmax", (neg, *args[1:])
+            except Exception:  # (bookkeeping never breaks the forward: followed as the op it is)
+                pass
         elif name == "gumbel_softmax" and args and isinstance(args[0], torch.Tensor):
             # a sample over the keys (one-hot with hard=True, the straight-through estimator): the weights the
             # values are multiplied with, recorded as a softmax's are, its logits the scores
@@ -1897,12 +1908,16 @@ class _Session:
             name == "cdist"
             and len(args) >= 2
             and all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in args[:2])
+            and any(self.tag(t) is not None for t in args[:2])
         ):
             # distances between the rows of two tensors (``torch.cdist(q, k)``): each element one row of each,
             # followed as the pairs ``q @ k.T`` makes (scores of queries and keys, once negated)
-            kt = args[1].transpose(-2, -1)
-            self.propagate("transpose", torch.transpose, (args[1], -2, -1), {}, kt, None)
-            name, args, kwargs = "matmul", (args[0], kt), {}
+            try:
+                kt = args[1].transpose(-2, -1)
+                self.propagate("transpose", torch.transpose, (args[1], -2, -1), {}, kt, None)
+                name, args, kwargs = "matmul", (args[0], kt), {}
+            except Exception:  # (bookkeeping never breaks the forward: followed as the op it is)
+                pass
         elif name == "tensordot":
             as_matmul = _tensordot_matmul(args, kwargs)
             # x @ W written as tensordot(x, W, dims=1) (DeepCTR's projections); q @ k.T as
@@ -2479,7 +2494,7 @@ class _Session:
                         [F.pad(k.to(keys[0].device), (0, width - int(k.shape[-1])), value=-1) for k in keys]
                     )
                     # (and by the positions themselves: keys a module call's arguments hold are new every forward)
-                    held = ("subset of", tuple(kp.shape), kp.cpu().numpy().tobytes(), self._sources_key())
+                    held = ("subset of", tuple(kp.shape), _digest(kp), self._sources_key())
                     why = lineage.recall(held)
                     if why is lineage.MISS:
                         why = lineage.remember(held, (), lineage.subset(kp, self.sources))
@@ -2528,7 +2543,7 @@ class _Session:
             return None
         # which source row each query is from, where several rows of one input ask in one record row (else None):
         # a function of the positions, remembered by them (a call's arguments give new tensors every forward)
-        key = ("packed rows", tuple(qp.shape), qp.cpu().numpy().tobytes(), self._sources_key())
+        key = ("packed rows", tuple(qp.shape), _digest(qp), self._sources_key())
         rows = lineage.recall(key)
         if rows is lineage.MISS:
             rows = None
@@ -2564,7 +2579,12 @@ class _Session:
         """``_batch_reordered`` of these positions (a record's keys, ``cross`` whether they are another input's; or
         with ``cross`` None its queries), remembered by the positions themselves (a call's arguments give new
         tensors every forward), with the sources it found put in another order, which later records ask for."""
-        key = ("reordered", tuple(pos.shape), pos.cpu().numpy().tobytes(), cross, self._sources_key())
+        # (what it reads besides them in the key too: the sources found out of order so far, the ids' layouts)
+        state = (
+            frozenset(self._reordered_sources),
+            tuple(sorted((k, v[1]) for k, v in self._id_memory.items())),
+        )
+        key = ("reordered", tuple(pos.shape), _digest(pos), cross, self._sources_key(), state)
         hit = lineage.recall(key)
         if hit is lineage.MISS:
             before = set(self._reordered_sources)
@@ -4003,10 +4023,13 @@ class _Session:
                 if (
                     isinstance(viewed, torch.Tensor)
                     and viewed.is_floating_point()
-                    and viewed.dim() >= 2
+                    and viewed.dim() >= 3
                     and outside.dim() > viewed.dim()
                     and int(outside.shape[-1]) > 1
+                    and outside.is_contiguous()
+                    and viewed.is_contiguous()
                     and tuple(outside.shape[: viewed.dim() - 1]) == tuple(viewed.shape[:-1])
+                    and math.prod(outside.shape[viewed.dim() - 1 :]) == int(viewed.shape[-1])
                     and self.tag(viewed) is None
                     and not _is_param(viewed)
                 ):
@@ -5326,7 +5349,7 @@ class _Session:
         kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], seen, cross, ext, exact=flag is None,
                             causal=causal if mask is not None else None,
                             grid=lambda: self._grid_queries(qpos))  # fmt: skip
-        if kind == "cross" and flag is None and qpos is not None:
+        if kind == "cross" and flag is None and qpos is not None and q_labels and None not in q_labels:
             kind = self._rows_of_self(qpos, _key_positions(probs, layout), labels) or kind
         scores = None if scores is None or not self.keep_scores else scores.detach()
         if source not in ("sdpa", "nn.MultiheadAttention"):  # (those weights capture computed itself)
@@ -5646,10 +5669,11 @@ class _Session:
                 or r.key_positions.device != kpos.device
             ):
                 continue
-            if torch.equal(r.key_positions, kpos) and bool(
-                (qpos.to(r.query_positions.device)[:, :, None] == r.query_positions[:, None, :]).any(-1).all()
-            ):
-                return r.kind
+            if not torch.equal(r.key_positions, kpos):
+                continue
+            # (the latest map over these keys decides: an encoder's layers all read them)
+            asked = (qpos.to(r.query_positions.device)[:, :, None] == r.query_positions[:, None, :]).any(-1)
+            return r.kind if bool(asked.all()) else None
         return None
 
     def _sees_ahead(self, qpos: torch.Tensor | None, kpos: torch.Tensor | None, seen: torch.Tensor) -> bool:
@@ -8493,11 +8517,12 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
         qpos = lay.qcode >> lineage.SHIFT
         inputs.add((frozenset(sources.index(qpos).unique().tolist()),
                     frozenset(sources.index(kpos).unique().tolist())))  # fmt: skip
-        asked.append((frozenset(qpos.unique().tolist()), frozenset(sources.index(kpos).unique().tolist())))
-    # the same queries over keys from other inputs are two attentions written inline (text keys, then an
-    # image's), and queries from other inputs two attentions too (tokens to image, then back): not pieces of
-    # one. Keys from other inputs for other queries are other sequences' (guidance's two halves, each half's
-    # context its own embedding call): pieces of one batch
+        qrows = (sources.index(qpos) * (1 << 32) + sources.rows(qpos)).unique().tolist()
+        asked.append((frozenset(qrows), frozenset(sources.index(kpos).unique().tolist())))
+    # queries from the same rows of their input over keys from other inputs are two attentions written inline
+    # (text keys, then an image's; or half the queries over each), and queries from other inputs two attentions
+    # too (tokens to image, then back): not pieces of one. Keys from other inputs for other rows of the queries'
+    # input are other sequences' (guidance's two halves, each half's context its own embedding call)
     if len(inputs) > 1 and any(
         q1 & q2 and k1 != k2 for i, (q1, k1) in enumerate(asked) for q2, k2 in asked[i + 1 :]
     ):
