@@ -1913,9 +1913,7 @@ class _Session:
             # distances between the rows of two tensors (``torch.cdist(q, k)``): each element one row of each,
             # followed as the pairs ``q @ k.T`` makes (scores of queries and keys, once negated)
             try:
-                kt = args[1].transpose(-2, -1)
-                self.propagate("transpose", torch.transpose, (args[1], -2, -1), {}, kt, None)
-                name, args, kwargs = "matmul", (args[0], kt), {}
+                name, args, kwargs = "matmul", (args[0], self._transposed(args[1], -2, -1)), {}
             except Exception:  # (bookkeeping never breaks the forward: followed as the op it is)
                 pass
         elif name == "tensordot":
@@ -1924,14 +1922,8 @@ class _Session:
             # tensordot(q, k, dims=([1], [1])) (a NumPy port's scores), followed as the transpose it stands for
             if as_matmul is not None:
                 a, b, ta, tb = as_matmul
-                turned = []
-                for t, turn in ((a, ta), (b, tb)):
-                    if turn:
-                        made = t.transpose(0, 1)
-                        self.propagate("transpose", torch.transpose, (t, 0, 1), {}, made, None)
-                        t = made
-                    turned.append(t)
-                name, args, kwargs = "matmul", tuple(turned), {}
+                turned = tuple(self._transposed(t, 0, 1) if turn else t for t, turn in ((a, ta), (b, tb)))
+                name, args, kwargs = "matmul", turned, {}
         try:
             _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
             if name in CAT and args and type(out) is torch.Tensor and out.dim() >= 4:
@@ -2633,29 +2625,26 @@ class _Session:
             if _beams(order, n_rows):
                 return None  # every row k times, side by side or tiled (beams): no one batch order
             # rows picked with some twice (``img[[2, 0, 2]]``: each caption's image): not beams of a batch
-            picked = (f"rows of the batch were picked inside the model, some twice ({order.tolist()} of its "
-                      f"{n_rows})")  # fmt: skip
-            if keys_only:
-                return f"{picked}: the keys of record row b are the caller's sequence {order.tolist()}[b], not sequence b"
-            return f"{picked}: record row b holds the caller's sequence {order.tolist()}[b], not sequence b"
-        if int(order.numel()) == n_rows:
-            if bool((order[1:] > order[:-1]).all()):
+            how = f"rows of the batch were picked inside the model, some twice ({order.tolist()} of its {n_rows})"
+        else:
+            if int(order.numel()) == n_rows:
+                if bool((order[1:] > order[:-1]).all()):
+                    return None
+                self._reordered_sources.add(source.start)
+            # some of the rows (a 4-D input's rows are its heads too): not the caller's first sequences only where
+            # the rows are a batch of token ids' (rows dropped: ``ids[valid]``, ``emb(ids)[1:]``), or the whole
+            # batch was put in another order before (Show, Attend and Tell's shrinking batch)
+            elif torch.equal(order, torch.arange(int(order.numel()), device=order.device)) or not (
+                some or source.start in self._reordered_sources
+            ):
                 return None
-            self._reordered_sources.add(source.start)
-        # some of the rows (a 4-D input's rows are its heads too): not the caller's first sequences only where
-        # the rows are a batch of token ids' (rows dropped: ``ids[valid]``, ``emb(ids)[1:]``), or the whole
-        # batch was put in another order before (Show, Attend and Tell's shrinking batch)
-        elif torch.equal(order, torch.arange(int(order.numel()), device=order.device)) or not (
-            some or source.start in self._reordered_sources
-        ):
-            return None
-        how = (
-            "the batch was put in another order inside the model before this attention (sorted by length, "
-            "x[perm_idx], rolled)"
-            if int(order.numel()) == n_rows
-            else f"only some of the batch's {n_rows} sequences reach this attention, picked inside the model "
-            "(rows dropped or bucketed: ids[valid], x[1:])"
-        )
+            how = (
+                "the batch was put in another order inside the model before this attention (sorted by length, "
+                "x[perm_idx], rolled)"
+                if int(order.numel()) == n_rows
+                else f"only some of the batch's {n_rows} sequences reach this attention, picked inside the model "
+                "(rows dropped or bucketed: ids[valid], x[1:])"
+            )
         if keys_only:  # (queries from a state, or cross-attention: which sequence asks, the keys do not say)
             return f"{how}: the keys of record row b are the caller's sequence {order.tolist()}[b], not sequence b"
         return f"{how}: record row b holds the caller's sequence {order.tolist()}[b], not sequence b"
@@ -4317,6 +4306,13 @@ class _Session:
             a, b = base_t.shape[0], base_t.shape[1]
             if out.shape[0] == a * b:
                 new.split = (int(a), int(b))
+
+    def _transposed(self, t: torch.Tensor, d0: int, d1: int) -> torch.Tensor:
+        """``t.transpose(d0, d1)``, followed: an op written otherwise, read as a product with a transpose
+        (``tensordot(q, k, dims=([1], [1]))``, ``cdist(q, k)``), takes its operand through it."""
+        made = t.transpose(d0, d1)
+        self.propagate("transpose", torch.transpose, (t, d0, d1), {}, made, None)
+        return made
 
     def _two_activations(self, a: Any, b: Any) -> bool:
         """Both operands are activations the capture follows (no parameter, no learned table): their product
@@ -8506,28 +8502,26 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
     from different inputs: two attentions written inline in one call (tokens to image, then image to
     tokens), not pieces of one, left as they are."""
     first = pieces[0][0]
-    inputs: set[tuple[frozenset[int], frozenset[int]]] = set()
     Unit = tuple[tuple[int, ...], int]  # (the sequence's key positions, the head's feature)
     units: dict[Unit, list[tuple[int, int, int]]] = {}  # -> (piece, b, h) in the order computed
     queries: dict[Unit, list[int]] = {}
-    asked: list[tuple[frozenset[int], frozenset[int]]] = []  # each piece's query positions and key inputs
+    # each piece's query inputs, the rows of them its queries are in, and its key inputs
+    asked: list[tuple[frozenset[int], frozenset[int], frozenset[int]]] = []
     for _, lay in pieces:
         seq_keys = lay.seq_keys
         kpos = seq_keys[seq_keys >= 0] if seq_keys is not None else lay.qcode[:0]
         qpos = lay.qcode >> lineage.SHIFT
-        inputs.add((frozenset(sources.index(qpos).unique().tolist()),
-                    frozenset(sources.index(kpos).unique().tolist())))  # fmt: skip
-        qrows = (sources.index(qpos) * (1 << 32) + sources.rows(qpos)).unique().tolist()
-        asked.append((frozenset(qrows), frozenset(sources.index(kpos).unique().tolist())))
-    # queries from the same rows of their input over keys from other inputs are two attentions written inline
-    # (text keys, then an image's; or half the queries over each), and queries from other inputs two attentions
-    # too (tokens to image, then back): not pieces of one. Keys from other inputs for other rows of the queries'
-    # input are other sequences' (guidance's two halves, each half's context its own embedding call)
-    if len(inputs) > 1 and any(
-        q1 & q2 and k1 != k2 for i, (q1, k1) in enumerate(asked) for q2, k2 in asked[i + 1 :]
+        qsrc = sources.index(qpos)
+        asked.append((frozenset(qsrc.unique().tolist()),
+                      frozenset((qsrc * (1 << 32) + sources.rows(qpos)).unique().tolist()),
+                      frozenset(sources.index(kpos).unique().tolist())))  # fmt: skip
+    # queries from other inputs are two attentions (tokens to image, then back), and so are queries from the same
+    # rows of their input over keys from other inputs (text keys, then an image's; or half the queries over
+    # each): not pieces of one. Keys from other inputs for other rows of the queries' input are other sequences'
+    # (guidance's two halves, each half's context its own embedding call)
+    if len({q for q, _, _ in asked}) > 1 or any(
+        r1 & r2 and k1 != k2 for i, (_, r1, k1) in enumerate(asked) for _, r2, k2 in asked[i + 1 :]
     ):
-        return None
-    if len({q for q, _ in inputs}) > 1:
         return None
     if any(r.probs.shape[-1] != first.probs.shape[-1] for r, _ in pieces[1:]):
         varlen = _join_varlen(pieces, sources)
@@ -8955,15 +8949,18 @@ def capture_attention(
     compiled = [name for name, mod in modules if _is_compiled(mod)]
     if compiled:  # compiled code runs where a mode cannot see: the forward runs eagerly in the block
         cap.skipped.append(Note("info", compiled[0] or "(model)", (), _COMPILED))
-    subclassed = [
-        (name, base)
-        for name, mod in modules
-        if not mod.training
-        for base in _FAST_PATH_TYPES
-        if isinstance(mod, base) and type(mod) is not base
-    ]
+    subclassed = next(
+        (
+            (name, base)
+            for name, mod in modules
+            if not mod.training
+            for base in _FAST_PATH_TYPES
+            if isinstance(mod, base) and type(mod) is not base
+        ),
+        None,
+    )
     if subclassed:  # (torch's own classes run with the mode set aside: their fast path is kept)
-        name, base = subclassed[0]
+        name, base = subclassed
         cap.skipped.append(Note("info", name or "(model)", (), _SUBCLASSED.format(base=base.__name__)))
     session = _Session(cap, model, kinds, include, exclude, lengths, modules, scores)
     wrapped = _wrap_scripts(_script_calls(modules))
