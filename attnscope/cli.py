@@ -77,8 +77,10 @@ def _capture_warnings(meta: dict) -> None:
     """What capture could not verify, one line each on stderr (the output still goes to stdout)."""
     notes = meta.get("capture_notes") or []
     if notes:
+        count = f"{len(notes)} note" if len(notes) == 1 else f"{len(notes)} notes"
         print(
-            f"warning: {len(notes)} attention call(s) could not be verified or were left out:",
+            f"warning: capture could not verify, or left out, some of the model's attention ({count}, one "
+            "per module and reason):",
             file=sys.stderr,
         )
     for note in notes:

@@ -395,6 +395,12 @@ def show_warnings(traces: list[AttentionTrace], batch: bool) -> None:
                 st.warning(msg)
 
 
+def _notes(n: int) -> str:
+    """``1 note`` / ``3 notes``: what capture said is counted by note (a call may have two reasons, and one
+    note may stand for every call of a module), never as a number of calls."""
+    return f"{n} note" if n == 1 else f"{n} notes"
+
+
 def show_capture_flags(traces: list[AttentionTrace]) -> None:
     """One warning when capture could not verify (or left out) attention calls of a model it
     captured, naming each module and reason; the trace carries them, from the model or a file."""
@@ -404,8 +410,8 @@ def show_capture_flags(traces: list[AttentionTrace]) -> None:
     if notes:
         lines = "\n".join(f"- {n}" for n in notes[:8])
         more = f"\n- and {len(notes) - 8} more" if len(notes) > 8 else ""
-        st.warning(f"{len(notes)} attention call(s) could not be verified or were left out of these maps:\n"
-                   f"{lines}{more}", icon="⚠️")  # fmt: skip
+        st.warning(f"Capture could not verify, or left out, some of this model's attention "
+                   f"({_notes(len(notes))}, one per module and reason):\n{lines}{more}", icon="⚠️")  # fmt: skip
 
 
 def traces(greedy: bool = False) -> list[AttentionTrace]:

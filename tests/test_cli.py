@@ -114,9 +114,27 @@ def test_capture_flags_print_on_stderr_and_travel_in_the_file(tmp_path, capsys):
     assert main(["trace", "--model", str(adapter), "abc", "--out", str(out)]) == 0
     captured = capsys.readouterr()
     assert "wrote" in captured.out
-    assert "warning: 1 attention call(s) could not be verified" in captured.err
+    assert (
+        "warning: capture could not verify, or left out, some of the model's attention (1 note,"
+        in captured.err
+    )
     assert "not projected inside the captured call" in captured.err
     assert "could not verify" in AttentionTrace.load(out).meta["capture_notes"][0]
+
+
+def test_capture_notes_are_counted_as_notes_not_as_calls(capsys):
+    """One call with two reasons is two notes, and one note may stand for every call of a module: stderr counts
+    what it lists, and never claims a number of attention calls."""
+    from attnscope import cli
+
+    notes = ["attn (2, 4, 4): could not verify: a", "attn (2, 4, 4): could not verify: b"]
+    cli._capture_warnings({"capture_notes": notes})
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        "warning: capture could not verify, or left out, some of the model's attention (2 notes, one per module "
+        "and reason):"
+    )
+    assert err[1:] == [f"warning:   {n}" for n in notes]
 
 
 def test_heads_masked_differently_are_a_warning_on_stderr(capsys):
