@@ -1677,8 +1677,9 @@ def test_weights_over_a_zeros_buffer_written_a_step_at_a_time_are_a_warning():
     encoder's outputs were written into it, so weights over it were information only ("not attention"). Written
     with activations, it holds values over positions: the weights that multiply them are a warning."""
     torch.manual_seed(0)
-    with torch.no_grad(), capture_attention(TutorialSeq2Seq().eval()) as cap:
-        TutorialSeq2Seq().eval()(torch.tensor([[3], [5], [7], [1]]))
+    model = TutorialSeq2Seq().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[3], [5], [7], [1]]))
     assert cap.records == []
     assert any("not recorded: its weights multiply values over positions" in n for n in cap.notes), cap.notes
 
@@ -1792,7 +1793,127 @@ class FlatTokens(nn.Module):
 @pytest.mark.parametrize("unfold", [False, True])
 def test_a_flat_input_viewed_as_tokens_stays_self_attention(unfold):
     torch.manual_seed(0)
-    with torch.no_grad(), capture_attention(FlatTokens(unfold).eval()) as cap:
-        FlatTokens(unfold).eval()(torch.randn(3, 24))
+    model = FlatTokens(unfold).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(3, 24))
     (rec,) = cap.records
     assert rec.kind == "enc_self" and rec.exact and cap.notes == [] and tuple(rec.probs.shape) == (3, 1, 6, 6)
+
+
+class TriangleOnWeights(nn.Module):
+    """A causal mask put on the weights after the softmax with ``tril`` (or ``w - w.triu(1)``, in place, below the
+    diagonal), renormalized or not: the weights kept on the module are those multiplied with the values."""
+
+    def __init__(self, how: str, heads: int, d: int = 8):
+        super().__init__()
+        self.how, self.h = how, heads
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, n, 3, self.h, -1).permute(2, 0, 3, 1, 4)
+        w = (q @ k.transpose(-1, -2)).softmax(-1)
+        if self.how == "tril":
+            w = w.tril()
+        elif self.how == "tril renormalized":
+            w = w.tril()
+            w = w / w.sum(-1, keepdim=True)
+        elif self.how == "minus triu":
+            w = w - w.triu(1)
+            w = w / w.sum(-1, keepdim=True)
+        elif self.how == "in place":
+            w.tril_()
+            w = w / w.sum(-1, keepdim=True)
+        else:  # strictly below the diagonal: row 0 sees nothing
+            w = torch.tril(w, diagonal=-1)
+            w = w / w.sum(-1, keepdim=True).clamp_min(1e-9)
+        self.w = w
+        return (w @ v).transpose(1, 2).reshape(b, n, -1)
+
+
+@pytest.mark.parametrize("how", ["tril", "tril renormalized", "minus triu", "in place", "below"])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_a_causal_triangle_put_on_the_weights_is_their_mask(how, batch, heads):
+    """``w.tril()`` after the softmax was recorded as encoder self-attention with no mask: the weights were
+    right, the kind and mask not. The triangle is the mask the weights were multiplied by."""
+    torch.manual_seed(0)
+    model = TriangleOnWeights(how, heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (batch, 5)))
+    (rec,) = cap.records
+    want = torch.ones(5, 5, dtype=torch.bool).tril(-1 if how == "below" else 0)
+    assert rec.kind == "dec_self" and rec.exact and rec.mask_source == "multiplied" and not cap.notes
+    assert torch.equal(rec.probs, model.w) and torch.equal(rec.mask, want.expand(batch, 5, 5))
+
+
+class PaddedEncoder(nn.Module):
+    """Self-attention with a key padding mask (``name`` its module's, ``decoder`` adds a causal one)."""
+
+    def __init__(self, decoder: bool = False, d: int = 8):
+        super().__init__()
+        self.decoder = decoder
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, n, 3, 2, -1).permute(2, 0, 3, 1, 4)
+        keep = (ids != 0)[:, None, None, :]
+        if self.decoder:
+            keep = keep & torch.ones(n, n, dtype=torch.bool).tril()
+        w = (q @ k.transpose(-1, -2)).masked_fill(~keep, -1e9).softmax(-1)
+        return (w @ v).transpose(1, 2).reshape(b, n, -1)
+
+
+@pytest.mark.parametrize("decoder", [False, True])
+@pytest.mark.parametrize("ids", [[[5, 0, 0, 0]], [[5, 0, 0, 0], [7, 0, 0, 0]], [[5]]])
+def test_one_token_per_sequence_cannot_tell_an_encoder_from_a_decoder_and_says_so(decoder, ids):
+    """Every sequence one token (and padding): every row sees key 0 alone, in an encoder's padding mask as in a
+    decoder's causal one. It was called causal, silently (a decoder there, an encoder named so): now one
+    warning says the kind could not be told, and ``kinds=`` decides it without one."""
+    torch.manual_seed(0)
+    model = PaddedEncoder(decoder).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor(ids))
+    (rec,) = cap.records
+    assert rec.kind == "enc_self" and rec.exact
+    (note,) = cap.notes
+    assert "cannot tell them apart" in note and "'dec_self'" in note
+    with (
+        torch.no_grad(),
+        capture_attention(model, kinds={"": "dec_self" if decoder else "enc_self"}) as given,
+    ):
+        model(torch.tensor(ids))
+    assert given.records[0].kind == ("dec_self" if decoder else "enc_self") and given.notes == []
+    two = torch.tensor(ids)
+    if two.shape[1] > 1:  # a second token shows the triangle, or every row seeing it
+        two[:, 1] = 9
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(two)
+        assert cap.records[0].kind == ("dec_self" if decoder else "enc_self") and cap.notes == []
+
+
+class PaddedRowsSeeThemselves(nn.Module):
+    """XLNet's bidirectional mask: a padded query row sees the sequence and its own key (no other padded row)."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, n, 3, 2, -1).permute(2, 0, 3, 1, 4)
+        keep = (ids != 0)[:, None, :] | torch.eye(n, dtype=torch.bool)  # (b, q, k)
+        w = (q @ k.transpose(-1, -2)).masked_fill(~keep[:, None], -1e9).softmax(-1)
+        return (w @ v).transpose(1, 2).reshape(b, n, -1)
+
+
+def test_padded_rows_that_see_themselves_are_no_prefix_lm():
+    """Right padding whose padded rows see the sequence and themselves passed for a prefix LM's mask (a
+    prefix, then rows that see it and themselves): decoder self-attention, silently. Rows after a prefix LM's
+    prefix see each other; these see no other padded row."""
+    torch.manual_seed(0)
+    model = PaddedRowsSeeThemselves().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[3, 4, 5, 6, 7, 8], [3, 4, 5, 0, 0, 0]]))
+    (rec,) = cap.records
+    assert rec.kind == "enc_self" and rec.exact and cap.notes == []

@@ -990,8 +990,9 @@ class Bucketed(nn.Module):
 def test_buckets_of_the_batch_name_the_callers_rows_they_hold():
     torch.manual_seed(0)
     lengths = torch.tensor([7, 5, 7, 6])  # buckets: rows [0, 2] (7 tokens), then [3, 1] (6)
-    with torch.no_grad(), capture_attention(Bucketed().eval()) as cap:
-        Bucketed().eval()(torch.randint(1, VOCAB, (4, 7)), lengths)
+    model = Bucketed().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (4, 7)), lengths)
     assert [r.exact for r in cap.records] == [False, False]
     assert "sequence [0, 2][b]" in cap.records[0].flag and "sequence [3, 1][b]" in cap.records[1].flag
     assert all("only some of the batch's 4 sequences" in r.flag for r in cap.records)
@@ -1013,8 +1014,9 @@ class CrossOverRolledImages(nn.Module):
 @pytest.mark.parametrize("roll", [1, 0])
 def test_cross_attention_over_another_items_keys_says_whose_keys(roll):
     torch.manual_seed(0)
-    with torch.no_grad(), capture_attention(CrossOverRolledImages(roll).eval()) as cap:
-        CrossOverRolledImages(roll).eval()(torch.randint(1, VOCAB, (3, 5)), torch.randn(3, 4, 6))
+    model = CrossOverRolledImages(roll).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (3, 5)), torch.randn(3, 4, 6))
     (rec,) = cap.records
     assert rec.kind == "cross"
     if roll:
@@ -1871,3 +1873,43 @@ def test_multihead_attention_called_a_row_at_a_time_is_one_record_per_layer(batc
     for rec, used in zip(cap.records, model.used, strict=True):
         assert rec.exact
         torch.testing.assert_close(rec.probs, torch.cat(used))
+
+
+class TwoLayerEncoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.qkv = nn.Embedding(VOCAB, 8), nn.ModuleList(nn.Linear(8, 24) for _ in range(2))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for layer in self.qkv:
+            q, k, v = layer(x).chunk(3, -1)
+            x = x + (q @ k.transpose(1, 2)).softmax(-1) @ v
+        return x
+
+
+@pytest.mark.parametrize("order", ["captured first", "other first"])
+def test_another_model_called_in_the_block_is_said_and_not_recorded_as_the_models(order):
+    """``capture_attention(a)`` around ``a(x); b(x)``: b's maps were the root's, exact, two more layers of a.
+    They are b's, not a's: left out and said; the block's own attention (a plain function, torch.nn's
+    stateless softmax) is still the caller's, recorded."""
+    torch.manual_seed(0)
+    a, b = TwoLayerEncoder().eval(), TwoLayerEncoder().eval()
+    ids = torch.randint(1, VOCAB, (2, 5))
+    with torch.no_grad(), capture_attention(a) as cap:
+        out = {id(model): model(ids) for model in ((a, b) if order == "captured first" else (b, a))}
+        h = out[id(a)]
+        w = nn.Softmax(dim=-1)(h @ h.transpose(1, 2))  # the block's own attention over a's output
+        w @ h
+    assert len(cap.records) == 3  # a's two layers, then the block's own map over a's output
+    with torch.no_grad():
+        x = a.emb(ids)
+        for rec, layer in zip(cap.records, a.qkv, strict=False):
+            q, k, v = layer(x).chunk(3, -1)
+            want = (q @ k.transpose(1, 2)).softmax(-1)
+            x = x + want @ v
+            assert rec.kind == "enc_self" and rec.exact and torch.equal(rec.probs[:, 0], want)
+        assert torch.equal(cap.records[2].probs[:, 0], (x @ x.transpose(1, 2)).softmax(-1))
+    said = [n for n in cap.skipped if "attention of another model called in the block" in n.reason]
+    assert len(said) == 1 and said[0].module == "TwoLayerEncoder" and said[0].level == "info"
+    assert not [n for n in cap.notes if "no softmax" in n]

@@ -160,6 +160,60 @@ def test_a_torchscript_helper_in_a_module_is_said_and_its_maps_flagged(where):
     assert bool(cap.records) == (where == "rotary")
 
 
+def python_softmax(x: torch.Tensor, mask: torch.Tensor, mask_value: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask, x, mask_value).softmax(-1)
+
+
+softmax_fn = python_softmax  # rebound below, between two captures of the same class
+
+
+class Rebinding(BigCodeAttention):
+    """Its softmax is whatever the global ``softmax_fn`` is when it runs."""
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, 2, D // 2).transpose(1, 2) for t in self.c_attn(x).split(D, dim=2))
+        w = softmax_fn(
+            q @ k.transpose(-1, -2), torch.ones(n, n, dtype=torch.bool).tril(), torch.full([], -1e4)
+        )
+        return self.c_proj((w @ v).transpose(1, 2).reshape(b, n, D))
+
+
+def _scripted_note(model) -> list[str]:
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 5, D))
+    return [n for n in cap.notes if "TorchScript" in n]
+
+
+def test_a_global_rebound_to_torchscript_after_a_first_capture_is_said(monkeypatch):
+    """What a class's code calls is found again where a global it reads was rebound (or its forward patched)
+    since its first capture: a TorchScript softmax there is said, never left out with no word."""
+    model = Rebinding("none").eval()
+    assert _scripted_note(model) == []  # (the class's first capture: plain Python, recorded)
+    monkeypatch.setitem(globals(), "softmax_fn", upcast_masked_softmax)
+    assert (
+        len(_scripted_note(model)) == 1
+        and "upcast_masked_softmax" in _scripted_note(Rebinding("none").eval())[0]
+    )
+    monkeypatch.setitem(globals(), "softmax_fn", python_softmax)
+    assert _scripted_note(model) == []
+
+    def scripted_forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, 2, D // 2).transpose(1, 2) for t in self.c_attn(x).split(D, dim=2))
+        w = upcast_masked_softmax(
+            q @ k.transpose(-1, -2), torch.ones(n, n, dtype=torch.bool).tril(), torch.full([], -1e4)
+        )
+        return self.c_proj((w @ v).transpose(1, 2).reshape(b, n, D))
+
+    monkeypatch.setattr(Rebinding, "forward", scripted_forward)  # the class's forward patched
+    assert len(_scripted_note(model)) == 1
+    monkeypatch.undo()
+    model.forward = scripted_forward.__get__(model)  # a forward set on the instance alone
+    assert len(_scripted_note(model)) == 1
+    assert _scripted_note(Rebinding("none").eval()) == []
+
+
 def test_a_module_without_torchscript_says_nothing_of_it():
     model = Lm("none").eval()
     with torch.no_grad(), capture_attention(model) as cap:

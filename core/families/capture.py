@@ -146,6 +146,7 @@ DIV = frozenset({"div", "div_", "__truediv__", "__itruediv__", "true_divide", "d
 RENORM_STEPS = frozenset({"add", "__add__", "__radd__", "sub", "__sub__", "sum", "div", "__truediv__", "true_divide",
                           "divide"})  # fmt: skip
 CAT = frozenset({"cat", "concat", "concatenate", "hstack", "vstack"})
+TRIANGLES = frozenset({"tril", "triu", "tril_", "triu_"})
 CONV = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})
 # (B, C, *space) pools: each channel stays itself, the positions are new ones pooled from the input's
 POOL = frozenset(
@@ -1644,6 +1645,10 @@ class _Session:
         self._queried: dict[str, list[tuple[str, torch.Tensor]]] = {}  # module -> (kind, its queries' codes)
         self._asked: dict[str, dict[int, str]] = {}  # module -> the positions its queries held (read once)
         self.outside = False  # set by path(): the op runs in a module that holds the model, outside it
+        self.alien: str | None = None  # set by path(): the class of another model whose code runs this op
+        self.n_alien = 0  # attention calls of other models in the block (not recorded, said)
+        # weights masked after the softmax (``w.triu(1)``, ``w * m``) -> (the weights, the 0/1 mask kept)
+        self._masked_of: dict[int, tuple] = {}
         self._path_at: tuple[int, str] = (-1, "")  # (op count, path) path() found last
         self._holders: dict[int, tuple[weakref.ref, bool]] = {}  # modules outside the model: hold it?
         self._run_frame: FrameType | None = None  # the outermost module call of the run recorded last
@@ -1690,6 +1695,8 @@ class _Session:
         self._outside: builtins.set[int] = set()  # their seq
         self._weighed: builtins.set[int] = set()  # seq of records whose weights went into a product since
         self._by_name: dict[str, tuple[int, int]] = {}  # decoder-named paths made dec_self by their name
+        # paths made enc_self where the mask could not tell (one token per sequence), and their (q, k)
+        self._undecided: dict[str, tuple[int, int]] = {}
         # the model's call (``model(...)``) is not running: code before it or after it returned is the caller's
         # (and so is code that runs the model's parts alone, as Whisper's decoding calls ``model.decoder``)
         self.returned = True
@@ -1727,11 +1734,13 @@ class _Session:
         """Module path of the innermost model module whose code is running (from the call stack). Sets
         ``outside``: no module of the model is running, but a module that holds it is (the model is a
         submodule of the one called: ``capture_attention(model.encoder)`` around ``model(src, tgt)``,
-        and this op is the decoder's)."""
+        and this op is the decoder's), or another model is (``a(x); b(x)`` in a block that captures ``a``:
+        ``alien`` names it)."""
         if self._path_at[0] == self.n_ops:  # asked again for the same op (its handler after call): as found
             return self._path_at[1]
         frame: FrameType | None = sys._getframe(2)
         foreign = False
+        alien: nn.Module | None = None
         while frame is not None:
             code = frame.f_code
             has = _HAS_SELF.get(code)
@@ -1749,10 +1758,14 @@ class _Session:
                     self.outside = False
                     self._path_at = (self.n_ops, self.names[id(obj)])
                     return self._path_at[1]
-                foreign = foreign or (isinstance(obj, nn.Module) and self._holds(obj))
+                if isinstance(obj, nn.Module):
+                    foreign = foreign or self._holds(obj)
+                    if alien is None and _another_model(obj):
+                        alien = obj
             frame = frame.f_back
         self._frame = None
-        self.outside = foreign
+        self.outside = foreign or alien is not None
+        self.alien = None if foreign or alien is None else type(alien).__qualname__
         self._path_at = (self.n_ops, "")
         return ""
 
@@ -1783,6 +1796,12 @@ class _Session:
         if name in ATTENTION_CALLS:
             path = self.path()
             if self.outside:  # attention of a module outside the model captured (its parent's other parts)
+                if self.alien is not None:  # (another model called in the block: said, as it is not recorded)
+                    self.n_alien += 1
+                    x = args[0] if args else next(iter(kwargs.values()), None)
+                    self.skip(
+                        self.alien, tuple(x.shape) if isinstance(x, torch.Tensor) else (), _ANOTHER_MODEL
+                    )
                 return self.run_op(func, args, kwargs)
             x = args[0] if args else next(iter(kwargs.values()), None)
             if isinstance(x, torch.Tensor) and _FUNCTORCH_WRAPPED(x):
@@ -5634,6 +5653,8 @@ class _Session:
         if causal_mask() or path in self._meant_causal:  # (a causal mask of 0s and 1s added: broken)
             return "dec_self"
         if not _DECODER.search(low):
+            if lq == lk and _undecided(mask, lq):  # (one token per sequence: said at the end)
+                self._undecided.setdefault(path, (lq, lk))
             return "enc_self"
         # named a decoder, and nothing hides the future: a text decoder that forgot its mask stays dec_self (the
         # audit's), and so do learned queries among each other (DETR's decoder side) and floats handed in; the
@@ -6538,8 +6559,30 @@ class _Session:
             elif out is not base_t:  # the same weights in a wider (or the same) dtype
                 self.set(out, base)
             return True
+        if name in TRIANGLES and args and args[0] is base_t and out.dim() >= 2:
+            # ``w.tril()`` after the softmax: a 0/1 mask of the (last two) axes, as ``w * tril`` is
+            diagonal = args[1] if len(args) > 1 else (kwargs or {}).get("diagonal", 0)
+            if type(diagonal) is not int:
+                return False
+            keep = torch.ones(out.shape[-2:], dtype=torch.bool, device=out.device)
+            keep = keep.tril(diagonal) if name.startswith("tril") else keep.triu(diagonal)
+            layout = replace(p, allowed=keep if p.allowed is None else p.allowed & keep)
+            self.set(out, replace(base, probs=layout, touched=True))
+            _hold(self._masked_of, out, weakref.ref(base_t), keep)
+            return True
         if len(args) < 2:
             return False
+        if name in SUB and len(args) == 2 and args[0] is base_t and isinstance(args[1], torch.Tensor):
+            # ``w - w.triu(1)``: the weights less a masked copy of themselves are the weights masked by the
+            # rest (``w.tril()``)
+            held = _held(self._masked_of, args[1])
+            if held is None or held[1]() is not base_t or tuple(out.shape) != p.shape:
+                return False
+            keep = ~held[2]
+            layout = replace(p, allowed=keep if p.allowed is None else p.allowed & keep)
+            self.set(out, replace(base, probs=layout, touched=True))
+            _hold(self._masked_of, out, weakref.ref(base_t), keep)
+            return True
         if name in MUL or name in FILL:
             other = args[1] if args[0] is base_t else args[0]
             if not isinstance(other, torch.Tensor) or other.numel() <= 1:
@@ -6558,6 +6601,7 @@ class _Session:
                 return False
             layout = replace(p, allowed=keep if p.allowed is None else p.allowed & keep)
             self.set(out, replace(base, probs=layout, touched=True))
+            _hold(self._masked_of, out, weakref.ref(base_t), keep)
             return True
         if name in DIV and args[0] is base_t and p.allowed is not None:
             sums = out.detach().sum(-1)
@@ -6709,6 +6753,19 @@ class _Session:
                           "mask; a decoder that attends both ways by design (MAE's over patches, DETR's object "
                           "queries) is self-attention: capture_attention(model, kinds={'<its module path, or a "
                           "glob of them>': 'enc_self'}) says so")  # fmt: skip
+
+    def tell_undecided_kinds(self) -> None:
+        """One warning naming the modules recorded as encoder self-attention where this input could not tell
+        an encoder from a decoder (a single token, or one token and padding in every sequence)."""
+        told = [r.name for r in self.cap.records if r.name in self._undecided and r.kind == "enc_self"]
+        if not told:
+            return
+        paths = list(dict.fromkeys(told))
+        self.warn(paths[0] if len(paths) == 1 else f"{paths[0]} and {len(paths) - 1} more", self._undecided[paths[0]],
+                  "every sequence of this input is one token (and padding): its mask looks the same in an encoder "
+                  "and in a causal decoder, so capture cannot tell them apart and recorded encoder "
+                  "self-attention (enc_self). A decoder's is dec_self: capture_attention(model, "
+                  "kinds={'<its module path, or a glob of them>': 'dec_self'}), or give it two tokens")  # fmt: skip
 
     def weighed(self, name: str, args, out: Any) -> None:
         """Weights going into a product (a matmul, or a broadcast multiply that makes more elements than they
@@ -8805,9 +8862,8 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool:
         ahead = int((j - i).masked_fill(~mask, -lk).amax())  # the furthest key ahead of its row
         rows_differ = bool((mask != mask[..., :1, :]).any())
         return 0 <= ahead <= lk - lq and rows_differ and bool(mask.tril(ahead - 1).any())
-    if mask.stride(-2) == 0:  # one row for every query (a padding mask): causal only if it keeps key 0 alone
-        row = mask[..., 0, :]
-        return not bool(row[..., 1:].any()) and bool(row[..., 0].any())
+    if mask.stride(-2) == 0:  # one row for every query (a padding mask): no triangle (a sequence of one token
+        return False  # and padding shows one too in a decoder: ``_undecided`` says so)
     # rows that see every key say nothing where they are a causal mask's last row, or a padding position's
     # (its key seen by no other row: a left-padded query row that a model left unmasked, as ChatGLM's
     # get_masks does): the other rows decide. A full row elsewhere sees later keys: no causal mask
@@ -8829,6 +8885,24 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool:
         least = torch.where(seen, n, mask.shape[-1] + 1).amin(-1)
         return not bool(full.all()) and bool(mask.tril(-1).any()) and bool((most > least).any())
     return _prefix_causal(mask)
+
+
+def _undecided(mask: torch.Tensor | None, lq: int) -> bool:
+    """Self-attention whose mask looks the same in an encoder and in a decoder: one query over one key, or
+    every sequence one token and padding (each row that sees a key sees the same ones, none after itself)."""
+    if lq == 1:
+        return True
+    if mask is None or not bool(mask.any()):
+        return False
+    seen = mask.any(-1)  # (..., q)
+    first = mask.gather(
+        -2, seen.int().argmax(-1)[..., None, None].expand(*mask.shape[:-2], 1, mask.shape[-1])
+    )
+    if bool((seen[..., None] & (mask != first)).any()):
+        return False
+    i = torch.arange(mask.shape[-2], device=mask.device)[:, None]
+    j = torch.arange(mask.shape[-1], device=mask.device)[None, :]
+    return not bool((mask & (j > i)).any())
 
 
 def _prefix_causal(mask: torch.Tensor) -> bool:
@@ -8861,9 +8935,13 @@ def _prefix_causal(mask: torch.Tensor) -> bool:
     # (a padded row, whose own key is masked, says nothing): each sees nothing after itself
     if bool((after & (far != i)).any()):
         return False
-    # some row past its prefix sees itself and an earlier key (a sequence all prefix is consistent; a
-    # one-token sequence's own row sees itself alone, and says nothing)
-    return bool((after & mask.tril(-1).any(-1)).any())
+    # some row past its prefix sees itself and an earlier key past the prefix too: the rows after the prefix see
+    # each other as a decoder's do (a sequence all prefix is consistent; a one-token sequence's own row sees
+    # itself alone, and says nothing; padded rows that see the sequence and themselves, as XLNet's do, see no
+    # other padded row: an encoder's)
+    start = prefix if prefix.shape[-1] == i.shape[0] else prefix.expand(*prefix.shape[:-1], i.shape[0])
+    chain = mask & (j >= start[..., None]) & (j < i[:, None])
+    return bool((after & chain.any(-1)).any())
 
 
 def _layer_kinds(model: nn.Module, modules=None) -> dict[str, str]:
@@ -9009,8 +9087,9 @@ def capture_attention(
         session.finish()
         session.drop_unused_outside()
         session.tell_named_decoders()
+        session.tell_undecided_kinds()
         session.detach_records()
-    if session.n_ops and not session.n_attention and not blind:
+    if session.n_ops and not (session.n_attention or blind or session.n_alien or session.scripted):
         cap.notes.append(
             "no softmax, scaled_dot_product_attention or MultiheadAttention call was seen in this forward "
             f"({session.n_ops} torch calls): attention written without a softmax (linear attention's feature "
@@ -9054,15 +9133,28 @@ _COMPILED = (
 )
 
 
+_ANOTHER_MODEL = (
+    "attention of another model called in the block, which neither is part of the model captured nor holds it: "
+    "not recorded (capture that model to see its maps)"
+)
+
+
+def _another_model(module: nn.Module) -> bool:
+    """A module outside the model captured whose code is another model's: a class of the user's, or one of
+    torch.nn's holding weights or layers (``nn.MultiheadAttention``). torch.nn's stateless modules
+    (``nn.Softmax(dim=-1)(scores)`` in the block's own code) are the block's code."""
+    return not type(module).__module__.startswith("torch.") or bool(module._parameters or module._modules)
+
+
 def _is_compiled(mod: nn.Module) -> bool:
     """A module wrapped by torch.compile (its OptimizedModule), without importing torch._dynamo."""
     cls = type(mod)
     return cls.__name__ == "OptimizedModule" and cls.__module__.startswith("torch._dynamo")
 
 
-_SCRIPT_CALLS: dict[
-    type, tuple[tuple[dict, str], ...]
-] = {}  # a module class -> TorchScript functions it calls
+# a module class -> (its functions, the (globals, name, object) their code read, the TorchScript functions
+# it calls), found again where a function or a global read changed since
+_SCRIPT_CALLS: dict[type, tuple[list, list, list[tuple[dict, str]]]] = {}
 _SCRIPT_LOCK = threading.Lock()
 _SCRIPT_WRAPPED: dict[tuple[int, str], list] = {}  # (id(globals), name) -> [globals, name, wrapper, blocks]
 
@@ -9133,24 +9225,29 @@ def _scripts_in(scope: dict) -> list[tuple[dict, str]]:
     ]
 
 
-def _script_functions(fn: Any, seen: builtins.set[int], depth: int = 0) -> list[tuple[dict, str]]:
+def _script_functions(
+    fn: Any, seen: builtins.set[int], depth: int = 0, names: list[tuple[dict, str, Any]] | None = None
+) -> list[tuple[dict, str]]:
     """The TorchScript functions (``@torch.jit.script``) that Python function ``fn`` calls by a global name,
     itself or through the module-level Python functions it calls (two levels down): (the globals that
-    name them, the name)."""
+    name them, the name). ``names`` gets every (globals, name, object) the search read, to tell later
+    whether any was rebound."""
     code = getattr(fn, "__code__", None)
     scope = getattr(fn, "__globals__", None)
     if code is None or scope is None or id(code) in seen:
         return []
     seen.add(id(code))
-    names: list[str] = []
+    read: list[str] = []
     stack = [code]
     while stack:
         c = stack.pop()
-        names.extend(c.co_names)
+        read.extend(c.co_names)
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
     found = []
-    for name in dict.fromkeys(names):
-        obj = scope.get(name)
+    for name in dict.fromkeys(read):
+        obj = scope.get(name, _MISSING)
+        if names is not None:
+            names.append((scope, name, obj))
         if isinstance(obj, (torch.jit.ScriptFunction, _ScriptCall)):
             found.append((scope, name))
         elif isinstance(obj, dict):  # a registry of attention functions (``ALL_ATTENTION_FUNCTIONS[impl]``)
@@ -9160,7 +9257,7 @@ def _script_functions(fn: Any, seen: builtins.set[int], depth: int = 0) -> list[
             and isinstance(obj, types.FunctionType)
             and not (obj.__module__ or "").startswith("torch")
         ):
-            found.extend(_script_functions(obj, seen, depth + 1))
+            found.extend(_script_functions(obj, seen, depth + 1, names))
     return found
 
 
@@ -9168,29 +9265,61 @@ def _script_calls(modules) -> list[tuple[dict, str]]:
     """The TorchScript functions the model's classes' code calls by a global name (GPT-BigCode's fused
     softmax in half precision, ChatGLM's rotary): the mode cannot see inside them, nor that they ran."""
     out: list[tuple[dict, str]] = []
+    done: dict[type, tuple[tuple[dict, str], ...]] = {}
     for _name, mod in modules:
         cls = type(mod)
         if cls.__module__.startswith("torch.") or isinstance(mod, torch.jit.ScriptModule):
             continue
-        calls = _SCRIPT_CALLS.get(cls)
-        if calls is None:
-            seen: builtins.set[int] = set()
-            found: list[tuple[dict, str]] = []
-            for klass in cls.__mro__:
-                if klass is nn.Module or klass is object or klass.__module__.startswith("torch."):
-                    continue
-                for attr in vars(klass).values():
-                    fn = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
-                    if isinstance(fn, types.FunctionType):
-                        found.extend(_script_functions(fn, seen))
-            calls = _SCRIPT_CALLS[cls] = tuple({(id(g), n): (g, n) for g, n in found}.values())
-        out.extend(calls)
+        if cls in done:
+            out.extend(done[cls])
+        else:
+            done[cls] = _class_scripts(cls)
+            out.extend(done[cls])
         own = mod.__dict__  # one held as an attribute (``self.rope = torch.jit.script(rope)``), or in a dict
         out.extend(_scripts_in(own))
         for n, v in list(own.items()):
             if isinstance(v, dict) and n not in _MODULE_DICTS:
                 out.extend(_scripts_in(v))
+            elif n == "forward" and isinstance(v, (types.FunctionType, types.MethodType)):
+                # a forward set on the instance (``m.forward = types.MethodType(f, m)``): read each time
+                out.extend(_script_functions(getattr(v, "__func__", v), set()))
     return out
+
+
+def _class_scripts(cls: type) -> tuple[tuple[dict, str], ...]:
+    """The TorchScript functions a module class's code calls by a global name (found once per class, and
+    again where its functions or a global name they read changed; a registry dict they read is read again
+    each time)."""
+    fns = [
+        attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
+        for klass in cls.__mro__
+        if not (klass is nn.Module or klass is object or klass.__module__.startswith("torch."))
+        for attr in vars(klass).values()
+    ]
+    fns = [fn for fn in fns if isinstance(fn, types.FunctionType)]
+    held = _SCRIPT_CALLS.get(cls)
+    if held is None or not _still(held[0], fns, held[1]):
+        seen: builtins.set[int] = set()
+        names: list[tuple[dict, str, Any]] = []
+        found = [c for fn in fns for c in _script_functions(fn, seen, names=names)]
+        registries = {id(obj) for _g, _n, obj in names if type(obj) is dict}  # (read again below)
+        found = [(g, n) for g, n in found if id(g) not in registries]
+        held = _SCRIPT_CALLS[cls] = (fns, names, found)
+    calls = held[2] + [c for _g, _n, obj in held[1] if type(obj) is dict for c in _scripts_in(obj)]
+    return tuple({(id(g), n): (g, n) for g, n in calls}.values())
+
+
+def _still(fns: list, now: list, names: list[tuple[dict, str, Any]]) -> bool:
+    """The class's functions and every global name their code reads are what they were when its TorchScript
+    calls were found (a global rebound to a script function after, ``Cls.forward`` patched: found again)."""
+    return (
+        len(fns) == len(now)
+        and all(a is b for a, b in zip(fns, now, strict=True))
+        and all(scope.get(name, _MISSING) is obj for scope, name, obj in names)
+    )
+
+
+_MISSING = object()
 
 
 def _listed(names: list[str], most: int = 3) -> str:
