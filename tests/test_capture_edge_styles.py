@@ -1917,3 +1917,33 @@ def test_padded_rows_that_see_themselves_are_no_prefix_lm():
         model(torch.tensor([[3, 4, 5, 6, 7, 8], [3, 4, 5, 0, 0, 0]]))
     (rec,) = cap.records
     assert rec.kind == "enc_self" and rec.exact and cap.notes == []
+
+
+class UnfoldedWindows(nn.Module):
+    """A local window per query: keys and values padded and cut into windows of 3 by ``Tensor.unfold``, the
+    scores a broadcast product summed over the features."""
+
+    def __init__(self, heads: int = 2, d: int = 8):
+        super().__init__()
+        self.h = heads
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, n, 3, self.h, -1).permute(2, 0, 3, 1, 4)
+        kw = F.pad(k, (0, 0, 1, 1)).unfold(2, 3, 1).transpose(-1, -2)  # (b, h, n, 3, d)
+        vw = F.pad(v, (0, 0, 1, 1)).unfold(2, 3, 1).transpose(-1, -2)
+        w = (q[:, :, :, None, :] * kw).sum(-1).softmax(-1)  # (b, h, n, 3): over each query's window
+        return (w[..., None] * vw).sum(-2).transpose(1, 2).reshape(b, n, -1)
+
+
+def test_weights_over_unfolded_key_windows_are_a_warning_that_names_the_windows():
+    """Not recorded (the keys' windows are not followed), and the warning no longer says only that the weights
+    were made by a projection: it names keys gathered in a way capture does not follow."""
+    torch.manual_seed(0)
+    model = UnfoldedWindows().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (2, 5)))
+    assert cap.records == []
+    (note,) = cap.notes
+    assert "could not trace to queries times keys" in note and "unfold" in note

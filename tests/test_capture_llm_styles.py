@@ -219,9 +219,9 @@ class Sinks(nn.Module):
     the sink's column dropped before the values; ``null`` joins a constant 0 logit instead (a null
     key, "softmax plus one"). Scores from an einsum laid out (b, h, q, k) or by ``q @ k.T``."""
 
-    def __init__(self, heads: int, how: str):
+    def __init__(self, heads: int, how: str, first: bool = False):
         super().__init__()
-        self.h, self.how = heads, how
+        self.h, self.how, self.first = heads, how, first
         self.emb, self.qkv = (
             nn.Embedding(VOCAB, heads * D_HEAD),
             nn.Linear(heads * D_HEAD, 3 * heads * D_HEAD),
@@ -242,27 +242,34 @@ class Sinks(nn.Module):
             column = torch.zeros(b, self.h, t, 1)
         else:
             column = self.sinks.reshape(1, self.h, 1, 1).expand(b, -1, t, -1)
+        if self.first:  # the sink's column first, dropped by ``[..., 1:]``
+            w = torch.softmax(torch.cat([column, s], dim=-1), dim=-1)
+            self.seen.append(w)
+            return w[..., 1:] @ v.transpose(1, 2)
         w = torch.softmax(torch.cat([s, column], dim=-1), dim=-1)
         self.seen.append(w)
         return w[..., :-1] @ v.transpose(1, 2)
 
 
+@pytest.mark.parametrize("first", [False, True])
 @pytest.mark.parametrize("how", ["einsum", "matmul", "null"])
 @pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4)])
-def test_attention_sinks_are_learned_keys_of_an_exact_map(how, batch, heads):
+def test_attention_sinks_are_learned_keys_of_an_exact_map(how, batch, heads, first):
     """The map holds the sequence's keys and the sink, labelled as a learned key; the causal mask
-    over the sequence's own keys makes it dec_self (the sink is seen by every query)."""
+    over the sequence's own keys makes it dec_self (the sink is seen by every query). A sink joined
+    before the scores is the map's first key (it was not followed: not recorded)."""
     torch.manual_seed(6)
-    model = Sinks(heads, how).eval()
+    model = Sinks(heads, how, first).eval()
     ids = _ids(batch)
     cap = _captured(model, ids)
     assert not cap.notes, cap.notes
     (rec,) = cap.records
     assert rec.exact and rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])
     label = "<null 0>" if how == "null" else "<sinks 0>"
-    assert rec.key_labels == (*[None] * 6, label)
+    assert rec.key_labels == ((label, *[None] * 6) if first else (*[None] * 6, label))
     causal = torch.ones(6, 6, dtype=torch.bool).tril() & (ids != 0)[:, None, :]
-    assert torch.equal(rec.mask, torch.cat([causal, torch.ones(batch, 6, 1, dtype=torch.bool)], -1))
+    sink = torch.ones(batch, 6, 1, dtype=torch.bool)
+    assert torch.equal(rec.mask, torch.cat([sink, causal] if first else [causal, sink], -1))
 
 
 class HeadsThird(nn.Module):

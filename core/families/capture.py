@@ -4232,21 +4232,25 @@ class _Session:
         self.set(out, _Tag(None, g.origin, code=code))
         return True
 
-    def _learned_columns(self, name, args, kwargs, base_t, out) -> list[torch.Tensor] | None:
-        """``torch.cat([scores, sinks], dim=-1)``: the learned logits joined to the scores as more keys
-        (GPT-OSS's and StreamingLLM's attention sinks, a null key's logit), or None for any other op."""
+    def _learned_columns(
+        self, name, args, kwargs, base_t, out
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """``torch.cat([scores, sinks], dim=-1)`` (or ``cat([sinks, scores])``): the learned logits joined to the
+        scores as more keys, (those before the scores, those after) (GPT-OSS's and StreamingLLM's attention
+        sinks, a null key's logit), or None for any other op."""
         if name not in CAT or not args or not isinstance(args[0], (list, tuple)) or len(args[0]) < 2:
             return None
         parts = list(args[0])
-        if parts[0] is not base_t or _cat_dim(name, args, kwargs, out) != out.dim() - 1:
+        at = [i for i, p in enumerate(parts) if p is base_t]
+        if len(at) != 1 or _cat_dim(name, args, kwargs, out) != out.dim() - 1:
             return None
-        for p in parts[1:]:
+        for p in parts[: at[0]] + parts[at[0] + 1 :]:
             if not isinstance(p, torch.Tensor) or p.dim() != base_t.dim():
                 return None
             g = self.tag(p)
             if (g is not None and g.role != "param") or tuple(p.shape[:-1]) != tuple(base_t.shape[:-1]):
                 return None
-        return parts[1:]
+        return parts[: at[0]], parts[at[0] + 1 :]
 
     def _score_map_step(
         self, name, func, args, kwargs, out, base_t, smap: ScoreMap | None
@@ -4257,7 +4261,7 @@ class _Session:
             return smap
         columns = self._learned_columns(name, args, kwargs, base_t, out)
         if columns is not None:
-            return self._with_learned_keys(smap, columns, tuple(base_t.shape)) or smap.fail(
+            return self._with_learned_keys(smap, *columns, tuple(base_t.shape)) or smap.fail(
                 "learned logits joined to the scores in a layout capture does not follow"
             )
         if tuple(out.shape) == tuple(base_t.shape) and (name not in lineage.REPLAY or name in lineage.KEEP):
@@ -4278,19 +4282,23 @@ class _Session:
         return smap.fail(f"{name} changed the scores' shape in a way capture does not follow")
 
     def _with_learned_keys(
-        self, smap: ScoreMap, columns: list[torch.Tensor], current: tuple[int, ...]
+        self, smap: ScoreMap, before: list[torch.Tensor], after: list[torch.Tensor], current: tuple[int, ...]
     ) -> ScoreMap | None:
-        """The score map with learned keys appended: each joined column's code (a parameter's, as it
-        was viewed and expanded; a constant's, a position of its own), the same in every row."""
+        """The score map with learned keys joined before and after its keys: each joined column's code (a
+        parameter's, as it was viewed and expanded; a constant's, a position of its own), the same in every
+        row."""
         if smap.chain:
             now = lineage.rebased(smap, current)
             if now is None:
                 return None
             smap = now
-        if len(smap.shape) != columns[0].dim():
+        if len(smap.shape) != (before + after)[0].dim():
             return None
-        ks = [smap.k]
-        for p in columns:
+        ks = []
+        for p in before + [None] + after:
+            if p is None:
+                ks.append(smap.k)
+                continue
             code = self.code_of(p) if self.tag(p) is not None else None  # a parameter's, as viewed
             if code is None or tuple(code.shape) != tuple(p.shape):  # a constant (a null key's 0 logit)
                 start = self.sources.new(int(p.shape[-1]), "param", "null")
@@ -5157,11 +5165,14 @@ class _Session:
         prior_allowed = base.allowed
         columns = self._learned_columns(name, args, kwargs, base_t, out)
         if columns is not None:  # learned logits joined as keys (attention sinks): never masked
-            new.scores = torch.cat([prior_scores, *(p.detach() for p in columns)], dim=-1)
+            before_, after = columns
+            new.scores = torch.cat(
+                [*(p.detach() for p in before_), prior_scores, *(p.detach() for p in after)], dim=-1
+            )
             if prior_allowed is not None:
-                new.allowed = torch.cat([prior_allowed.expand(base_t.shape),
-                                         *(torch.ones(p.shape, dtype=torch.bool, device=p.device) for p in columns)],
-                                        dim=-1)  # fmt: skip
+                ones = [torch.ones(p.shape, dtype=torch.bool, device=p.device) for p in before_ + after]
+                new.allowed = torch.cat([*ones[: len(before_)], prior_allowed.expand(base_t.shape),
+                                         *ones[len(before_) :]], dim=-1)  # fmt: skip
             new.mask_source = base.mask_source
             return
         if name in FILL and len(args) >= 3 and _very_negative(args[2], FILL_NEG) and args[0] is base_t:
@@ -6301,10 +6312,12 @@ class _Session:
         _, path, shape = entry
         self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, _PROJECTED)]
         self._seen.discard((path, _PROJECTED))  # (a vocabulary softmax of the module later is one)
-        self.warn(path, shape, "weights made by a projection or a learned table, not from queries and keys "
-                  "(a synthesizer's dense or random attention, or a similarity scored by a projection of paired "
-                  "features, AllenNLP's w . [x; y; x * y] over tiled pairs), multiply values here: capture records "
-                  "maps of query-key scores, so these weights are not recorded")  # fmt: skip
+        self.warn(path, shape, "weights whose scores capture could not trace to queries times keys multiply "
+                  "values here: scores made by a projection or a learned table (a synthesizer's dense or random "
+                  "attention, or a similarity scored by a projection of paired features, AllenNLP's w . [x; y; "
+                  "x * y] over tiled pairs), or over keys gathered in a way capture does not follow (windows of "
+                  "keys cut by F.unfold or Tensor.unfold). Capture records maps of query-key scores, so these "
+                  "weights are not recorded")  # fmt: skip
         return True
 
     def _unrecorded(self, path, shape, tag, out, reason) -> None:
