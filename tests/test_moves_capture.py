@@ -463,3 +463,72 @@ def test_a_stream_changed_in_place_after_the_sum_claims_no_residual():
     model = Block().eval()
     (rec,) = _captured(model, torch.randint(0, 20, (2, 5))).records
     assert rec.values is not None and rec.values.w_o is not None and rec.residual is None
+
+
+class _NoProjection(nn.Module):
+    """Attention whose heads are merged back and returned with no output projection of its own (``between``:
+    a dropout or nothing before ``out``, the projection that follows)."""
+
+    def __init__(self, d: int = 8, heads: int = 2, out: bool = False, between: str = ""):
+        super().__init__()
+        self.h, self.qkv = heads, nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d) if out else None
+        self.drop = nn.Dropout(0.5) if between == "dropout" else None
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.h, -1).permute(2, 0, 3, 1, 4)
+        y = ((q @ k.transpose(-1, -2)).softmax(-1) @ v).transpose(1, 2).reshape(b, n, d)
+        if self.drop is not None:
+            y = self.drop(y)
+        return self.out(y) if self.out is not None else y
+
+
+class _ThenOtherLinears(nn.Module):
+    """Attention with no output projection, its heads read by the next layer's q, k and v (or by a classifier)."""
+
+    def __init__(self, then: str, d: int = 8):
+        super().__init__()
+        self.then = then
+        self.first = _NoProjection(d)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.classifier = nn.Linear(d, 3)
+
+    def forward(self, x):
+        y = self.first(x)
+        if self.then == "classifier":
+            return self.classifier(y)
+        q, k, v = self.q(y), self.k(y), self.v(y)
+        return (q @ k.transpose(-1, -2)).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("then", ["next layer", "classifier"])
+def test_a_projection_outside_the_attention_is_not_taken_for_its_output_projection(then):
+    """An attention with no output projection: the next layer's W_Q (or a classifier) that read its heads was
+    taken for its W_O, "with the output projection", and the norms were off by 60%. They are the values' own,
+    said "without the output projection"."""
+    torch.manual_seed(0)
+    model = _ThenOtherLinears(then).eval()
+    x = torch.randn(2, 5, 8)
+    cap = _captured(model, x)
+    rec = cap.records[0]
+    assert rec.name == "first" and rec.values.scope == V.WITHOUT_WO
+    v = model.first.qkv(x).view(2, 5, 3, 2, -1).permute(2, 0, 3, 1, 4)[2]
+    assert torch.allclose(rec.values.norms(), v.norm(dim=-1), atol=1e-6)
+
+
+@pytest.mark.parametrize("block", [False, True])
+def test_dropout_in_eval_between_the_heads_and_the_output_projection_keeps_it(block):
+    """Dropout in eval hands back its input: the projection after it is still the attention's own (it left no
+    values). Around a module, the projection the attention module runs itself; as the whole model, the same."""
+    torch.manual_seed(0)
+    attn = _NoProjection(out=True, between="dropout").eval()
+    model = nn.Sequential(attn, nn.Linear(8, 8)).eval() if block else attn
+    x = torch.randn(2, 5, 8)
+    cap = _captured(model, x)
+    rec = cap.records[0]
+    assert rec.values is not None and rec.values.scope == V.WITH_WO
+    v = attn.qkv(x).view(2, 5, 3, 2, -1).permute(2, 0, 3, 1, 4)[2]  # (b, h, n, dv)
+    w_o = attn.out.weight.view(8, 2, 4).permute(1, 2, 0)  # (h, dv, d)
+    want = torch.einsum("bhkd,hde->bhke", v, w_o).norm(dim=-1)
+    assert torch.allclose(rec.values.norms(), want, atol=1e-5)

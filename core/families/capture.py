@@ -1545,6 +1545,9 @@ class _Session:
         # module path -> (the weights' _Probs, the values' codes (B, H, k, dv) on demand, a memo key for
         # them): a product's values wait for the projection that reads the heads merged back
         self._pending: dict[str, tuple[_Probs, Callable[[], torch.Tensor | None], tuple]] = {}
+        # the module calls that may run each pending entry's output projection (_pend), and projections taken
+        self._pending_at: dict[str, tuple[weakref.ref | None, weakref.ref | None]] = {}
+        self._wo_taken: dict[int, tuple] = {}  # the heads merged back -> (their _Probs, the weight taken)
         self._last_wo: _Probs | None = None  # the weights whose W_O the op being followed just applied
         self._rowq_owner: dict[int, tuple[torch.Tensor, _Probs]] = {}  # the record whose rows rowq holds
         self._consumed: dict[int, _Probs] = {}  # weights already multiplied by values (held: ids stay theirs)
@@ -3312,7 +3315,7 @@ class _Session:
                 over = self._over_positions(xc, out)  # E K^T); elsewhere, lineage of the first one
                 if over is not None:
                     return over
-            if x_tag is not None and x_tag.attn_out is not None and self._pending:
+            if x_tag is not None and x_tag.attn_out is not None and (self._pending or self._wo_taken):
                 if name == "linear":
                     self._out_projection(x, args[1] if len(args) > 1 else kwargs.get("weight"),
                                          args[2] if len(args) > 2 else kwargs.get("bias"), False)  # fmt: skip
@@ -3954,7 +3957,8 @@ class _Session:
                 return  # (a single tensor from outside enters through LINEAR / CONV / MATMUL / joins only)
             if (g.role is None or g.role == "linear") and g.probs is None:
                 new = g.derived(g.origin)
-                new.moved = g.moved and name in lineage.REPLAY
+                # (dropout in eval mode hands back its input: the heads' output as it was)
+                new.moved = g.moved and (name in lineage.REPLAY or (name in DROPOUT and out is x))
                 if g.wo is not None and (name in lineage.REPLAY or name in DROPOUT):
                     new.wo = g.wo
                 if out.dim() != 3 or x.dim() != 3 or out.shape[0] != x.shape[0]:
@@ -4395,7 +4399,7 @@ class _Session:
                     new.code = self._batched_projection(ops[0], ops[1], out)
                 else:
                     new.code = self._op_code("linear", None, (ops[0],), {}, out, [])  # x @ W
-                if self._pending and name in ("matmul", "__matmul__", "mm", "bmm"):
+                if (self._pending or self._wo_taken) and name in ("matmul", "__matmul__", "mm", "bmm"):
                     self._out_projection(ops[0], ops[1], None, True)
             elif name == "einsum" and len(ops) == 2 and isinstance(args[0], str):  # Keras' "abc,cde->abde"
                 x_first = op_tags[0] is None or op_tags[0].role != "param"
@@ -4420,7 +4424,9 @@ class _Session:
                             new.code = over  # Linformer's einsum("bnd,nk->bkd", keys, E)
                         else:
                             self._mixed(ops[0] if x_first else ops[1])
-                n_in = _einsum_contracts_last(args[0]) if x_first and self._pending else None
+                n_in = (
+                    _einsum_contracts_last(args[0]) if x_first and (self._pending or self._wo_taken) else None
+                )
                 if xc is not None and n_in is not None and ops[1].dim() == n_in + 1:
                     # "abcd,cde->abe": x's last n_in dims (heads, features) times a kernel read as (C, D)
                     kernel = ops[1]
@@ -5068,9 +5074,9 @@ class _Session:
             return None
         heads = _row_heads(layout, shape)
         if heads is None:  # the values' own features (two heads sharing them cannot be told apart)
-            self._pending[first.attn_out] = (
+            self._pend(first.attn_out, (
                 p, lambda: values_.bh_values(layout, shape, vc), (id(layout), shape, id(vc))
-            )  # fmt: skip
+            ))  # fmt: skip
             return None
         b, h = int(layout.rows.shape[0]), int(layout.rows.shape[1])
         k, dv = int(shape[-1]), int(v.shape[-1])
@@ -5079,7 +5085,7 @@ class _Session:
             grid = torch.arange(h, device=vc.device)[:, None] * dv + torch.arange(dv, device=vc.device)
             return grid.view(1, h, 1, dv).expand(b, h, k, dv)
 
-        self._pending[first.attn_out] = (p, vcodes, ("heads", id(layout), shape, dv))
+        self._pend(first.attn_out, (p, vcodes, ("heads", id(layout), shape, dv)))
         return heads
 
     def _out_projection(self, x: Any, weight: Any, bias: Any, transposed: bool, xc: Any = None) -> None:
@@ -5087,7 +5093,21 @@ class _Session:
         W_O slice (from the codes of its input, or ``xc``: codes of ``x`` with the contracted dims
         flattened, for an einsum), completing that record's values."""
         x_tag = self.tag(x) if isinstance(x, torch.Tensor) else None
+        taken = _held(self._wo_taken, x) if self._wo_taken else None
+        if taken is not None and taken[2] is not weight and taken[1].record is not None:
+            # the heads merged back are read by a second projection (the next layer's q, k and v over an
+            # attention with no output projection of its own): the first was no output projection either
+            values = taken[1].record.values
+            if values is not None:
+                values.w_o, values.b_o = None, None
+            self._wo_taken.pop(id(x), None)
+            return
         if x_tag is None or x_tag.attn_out is None or x_tag.attn_out not in self._pending:
+            return
+        if not self._owns_projection(x_tag.attn_out, weight, transposed):
+            # a projection the attention's own code does not run (the next layer's, a classifier's): its
+            # values are told without an output projection
+            self._pending.pop(x_tag.attn_out)
             return
         if not x_tag.moved:  # something was added to or multiplied with the heads' output after the weights
             # (a gate, Shaw's relative values): what moves from a key is no longer its value vector alone
@@ -5125,6 +5145,45 @@ class _Session:
             w_o = lineage.remember(key, (weight, cols), values_.projection_slices(weight, cols, transposed))
         rec.values.w_o = w_o
         self._last_wo = p
+        _hold(self._wo_taken, x, p, weight)
+
+    def _pend(self, key: str, entry: tuple) -> None:
+        """Values waiting for the projection that reads their heads merged back, with the module calls that
+        may run it: the attention's own, and the one around it unless that is the model's."""
+        self._pending[key] = entry
+        self.path()
+        own = parent = None
+        frame = self._frame
+        if frame is not None and frame.f_code is _CALL_IMPL:
+            own = frame.f_locals.get("self")
+            up = frame.f_back
+            while up is not None:
+                if up.f_code is _CALL_IMPL:
+                    obj = up.f_locals.get("self")
+                    if obj is not None and id(obj) in self.names:
+                        parent = obj if obj is not self.model else None
+                        break
+                up = up.f_back
+        self._pending_at[key] = (
+            weakref.ref(own) if own is not None else None,
+            weakref.ref(parent) if parent is not None else None,
+        )
+
+    def _owns_projection(self, key: str, weight: Any, transposed: bool) -> bool:
+        """The projection reading the heads merged back runs in the attention module's own call, or in the call
+        of the module around it (BERT's ``attention.output.dense`` beside ``attention.self``): its output
+        projection. Past both (the next layer's projections, a classifier), no; where the module around it
+        is the model itself, a projection to as many features as it reads is taken (a model that is one
+        block)."""
+        own, parent = self._pending_at.pop(key, (None, None))
+        if own is None:
+            return True  # (no module call seen: as before)
+        running = _running_modules()
+        if own() is not None and id(own()) in running:
+            return True
+        if parent is not None:
+            return parent() is not None and id(parent()) in running
+        return isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[0] == weight.shape[1]
 
     def _residual(self, p: _Probs, proj: torch.Tensor, x: torch.Tensor, summed: torch.Tensor | None) -> None:
         """``proj`` (the output projection's output) is added to ``x``, the residual stream: its norms
@@ -7472,7 +7531,7 @@ class _Session:
                 origin = origin | tag.origin
         self.set(out, _Tag(None, origin, attn_out=rec.name, moved=True, code=code))
         p = _Probs(rec, (b, hq), False, None, False, tuple(rec.probs.shape), qpos=qrows)
-        self._pending[rec.name] = (p, vcodes, ("sdpa", str(qc.device), hq, dv, unsq, b, lk))
+        self._pend(rec.name, (p, vcodes, ("sdpa", str(qc.device), hq, dv, unsq, b, lk)))
 
     def _described(self, q: torch.Tensor, k: torch.Tensor) -> lineage.Described | None:
         """What lineage says of an attention call's queries and keys (..., L, d), or None."""
@@ -8756,6 +8815,19 @@ def _joined_values(
 
 
 _CALL_IMPL = getattr(getattr(nn.Module, "_call_impl", None), "__code__", None)
+
+
+def _running_modules() -> builtins.set[int]:
+    """The ids of the modules whose calls are on this thread's stack now."""
+    running: builtins.set[int] = set()
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _CALL_IMPL:
+            obj = frame.f_locals.get("self")
+            if obj is not None:
+                running.add(id(obj))
+        frame = frame.f_back
+    return running
 
 
 def _module_call(frame: FrameType, module: nn.Module) -> FrameType:
