@@ -1947,3 +1947,85 @@ def test_weights_over_unfolded_key_windows_are_a_warning_that_names_the_windows(
     assert cap.records == []
     (note,) = cap.notes
     assert "could not trace to queries times keys" in note and "unfold" in note
+
+
+class LastRowsAsQueries(nn.Module):
+    """One attention block tested alone on a float input: the last ``n`` rows of ``x`` ask over all of ``x``
+    (``x[:, -n:]``, ``x.narrow``), the causal mask aligned bottom-right; the keys read before or after."""
+
+    def __init__(self, how: str, keys_first: bool, heads: int, d: int = 8):
+        super().__init__()
+        self.how, self.keys_first, self.h = how, keys_first, heads
+        self.q, self.k = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x, n: int = 2):
+        b, length, d = x.shape
+        rows = x[:, -n:] if self.how == "slice" else x.narrow(1, length - n, n)
+        if self.keys_first:
+            k = self.k(x).view(b, length, self.h, -1).transpose(1, 2)
+            q = self.q(rows).view(b, n, self.h, -1).transpose(1, 2)
+        else:
+            q = self.q(rows).view(b, n, self.h, -1).transpose(1, 2)
+            k = self.k(x).view(b, length, self.h, -1).transpose(1, 2)
+        keep = torch.ones(n, length, dtype=torch.bool).tril(length - n)
+        return F.scaled_dot_product_attention(q, k, k, attn_mask=keep)
+
+
+@pytest.mark.parametrize("how", ["slice", "narrow"])
+@pytest.mark.parametrize("keys_first", [False, True])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_rows_of_the_models_input_as_queries_are_self_attention(how, keys_first, batch, heads):
+    """The queries' slice of the raw input was taken for an input of its own: cross-attention, exact, no note.
+    The rows are the input's own positions: decoder self-attention over them."""
+    torch.manual_seed(0)
+    model = LastRowsAsQueries(how, keys_first, heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 5, 8))
+    (rec,) = cap.records
+    assert rec.kind == "dec_self" and rec.exact and cap.notes == []
+    assert rec.query_positions.tolist() == [[5 * b + 3, 5 * b + 4] for b in range(batch)]
+
+
+class OneHeadMasked(nn.Module):
+    """A causal mask put on one head (or some rows) only, through a view of the scores: in place
+    (``att[:, 0].masked_fill_``) or written back (``att[:, :1] = att[:, :1].masked_fill(...)``)."""
+
+    def __init__(self, how: str, heads: int, d: int = 8):
+        super().__init__()
+        self.how, self.h = how, heads
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.h, -1).permute(2, 0, 3, 1, 4)
+        att = q @ k.transpose(-1, -2)
+        self.scores = att.detach().clone()
+        hide = ~torch.ones(n, n, dtype=torch.bool).tril()
+        if self.how == "in place":
+            att[:, 0].masked_fill_(hide, float("-inf"))
+        elif self.how == "rows":
+            att[:, :, 2:].masked_fill_(hide[2:], float("-inf"))
+        else:
+            att[:, :1] = att[:, :1].masked_fill(hide, float("-inf"))
+        self.w = att.softmax(-1)
+        return self.w @ v
+
+
+@pytest.mark.parametrize("how", ["in place", "rows", "written back"])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 2), (2, 2), (3, 4)])
+def test_a_mask_put_through_a_view_of_the_scores_is_the_records(how, batch, heads):
+    """The fill through a view was not seen as a mask: the record had no mask (``zeros`` found none, other
+    heads see every key) and said the heads were masked alike. The mask is there, per head, and the scores
+    before it."""
+    torch.manual_seed(0)
+    model = OneHeadMasked(how, heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 5, 8))
+    (rec,) = cap.records
+    assert torch.equal(rec.probs, model.w) and torch.equal(rec.scores, model.scores) and rec.exact
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    want = causal.clone()
+    if how == "rows":
+        want[:2] = True
+    assert rec.mask_source == "masked_fill" and torch.equal(rec.mask, want.expand(batch, 5, 5))
+    assert rec.head_masks_differ == (how != "rows")

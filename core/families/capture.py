@@ -2013,6 +2013,8 @@ class _Session:
                 if name in LOSSES and self.cap.records:
                     self._fed_to_loss(args, kwargs)
                 self.propagate(name, func, args, kwargs, out, pre)
+                if name == "masked_fill_" and len(args) >= 3 and args[0]._base is not None:
+                    self._filled_through_view(args, pre)
                 if self._softmaxed and name in RENORM_STEPS and type(out) is torch.Tensor:
                     self._renormalized(name, args, kwargs, out)
                 if name in GATHERS and self._by_data and isinstance(out, torch.Tensor):
@@ -2082,6 +2084,34 @@ class _Session:
         finally:
             _LOCAL.busy -= 1
         return out
+
+    def _filled_through_view(self, args, pre: torch.Tensor | None) -> None:
+        """``att[:, 0].masked_fill_(m, -inf)``: scores masked in place through a view of them (one head's, a slice
+        of the rows) are masked in the tensor the view is of, there alone; the softmax over that tensor keeps the
+        mask (the heads masked differently where one head's is)."""
+        view, mask, value = args[0], args[1], args[2]
+        base = view._base
+        g = self.tag(base)
+        if (
+            g is None
+            or g.role != "scores"
+            or not isinstance(mask, torch.Tensor)
+            or not _very_negative(value, FILL_NEG)
+            or not base.is_contiguous()
+            or view.device != base.device
+        ):
+            return
+        where = (view.size(), view.stride(), view.storage_offset() - base.storage_offset())
+        allowed = torch.ones(base.shape, dtype=torch.bool, device=base.device)
+        allowed.as_strided(*where).copy_(~mask.bool().expand(view.shape))
+        if g.allowed is not None:
+            allowed = allowed & g.allowed
+        scores = g.scores
+        if scores is None:  # the scores before the fill: the tensor now, with the view's part as it was
+            scores = base.detach().clone()
+            if pre is not None and tuple(pre.shape) == tuple(view.shape):
+                scores.as_strided(*where).copy_(pre)
+        self.set(base, replace(g, allowed=allowed, scores=scores, mask_source=g.mask_source or "masked_fill"))
 
     def _exps_carried(self, name: str, args, out: torch.Tensor) -> None:
         """Exps scaled by a number, or joined (SAN's real and fake edges: ``cat([s_real / (L + 1), L * s_fake /
@@ -4046,6 +4076,22 @@ class _Session:
                     and not _is_param(viewed)
                 ):
                     self._external(viewed)
+                    if self._view_tag(outside) is None:
+                        self._external(outside)
+                elif (
+                    isinstance(viewed, torch.Tensor)
+                    and viewed.is_floating_point()
+                    and viewed.dim() == outside.dim() >= 2
+                    and int(outside.shape[-1]) == int(viewed.shape[-1])
+                    and sorted(outside.stride()) == sorted(viewed.stride())
+                    and viewed.is_contiguous()
+                    and not _is_param(viewed)
+                ):
+                    # rows of a tensor from outside (``x[:, -2:]``, the last positions as queries over all of
+                    # ``x``, before or after ``x`` itself was read; ``x.transpose(0, 1)``): the tensor's own
+                    # positions, so its other reads are the same input
+                    if self.tag(viewed) is None:
+                        self._external(viewed)
                     if self._view_tag(outside) is None:
                         self._external(outside)
                 else:
@@ -7084,6 +7130,23 @@ class _Session:
                 self.set(target, replace(t, scores=t.scores if t.scores is not None else pre,
                                          allowed=keep if t.allowed is None else t.allowed & keep,
                                          mask_source=t.mask_source or "index"))  # fmt: skip
+                return
+            vt = self.tag(value) if isinstance(value, torch.Tensor) else None
+            if vt is not None and vt.role == "scores" and vt.allowed is not None:
+                # masked scores written back into a part of them (``att[:, :1] = att[:, :1].masked_fill(m, -inf)``,
+                # one head's mask): the mask there, and the scores before it
+                try:
+                    keep = torch.ones(target.shape, dtype=torch.bool, device=target.device)
+                    keep[index] = vt.allowed.expand(value.shape)
+                    scores = t.scores if t.scores is not None else pre if pre is not None else target.detach()
+                    if vt.scores is not None and _storage_at(vt.scores) != _storage_at(target):
+                        # (scores the value was made from that are a view of these: as they were, in ``pre``)
+                        scores = scores.clone()
+                        scores[index] = vt.scores.expand(value.shape).to(scores.dtype)
+                except (RuntimeError, IndexError, TypeError):
+                    return
+                self.set(target, replace(t, scores=scores, allowed=keep if t.allowed is None else t.allowed & keep,
+                                         mask_source=t.mask_source or vt.mask_source or "masked_fill"))  # fmt: skip
             return
         vt = self.tag(value)
         if (
