@@ -2029,3 +2029,33 @@ def test_a_mask_put_through_a_view_of_the_scores_is_the_records(how, batch, head
         want[:2] = True
     assert rec.mask_source == "masked_fill" and torch.equal(rec.mask, want.expand(batch, 5, 5))
     assert rec.head_masks_differ == (how != "rows")
+
+
+class TopLeftCausalStep(nn.Module):
+    """A decoding step's 2 queries over the sequence's 5 keys with ``is_causal=True``: torch aligns its mask
+    top-left (query 0 sees key 0 alone), the classic KV-cache bug."""
+
+    def __init__(self, heads: int, d: int = 8):
+        super().__init__()
+        self.h = heads
+        self.emb, self.q, self.k = nn.Embedding(VOCAB, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        b, n, _ = h.shape
+        q = self.q(h)[:, -2:].reshape(b, 2, self.h, -1).transpose(1, 2)
+        k = self.k(h).view(b, n, self.h, -1).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, k, is_causal=True)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_a_top_left_causal_step_is_decoder_self_attention_with_its_mask(batch, heads):
+    """``is_causal=True`` with fewer queries than keys was encoder self-attention: the mask hides later keys, so
+    the kind is the decoder's, and the mask shows the top-left alignment torch used."""
+    torch.manual_seed(0)
+    model = TopLeftCausalStep(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (batch, 5)))
+    (rec,) = cap.records
+    assert rec.kind == "dec_self" and rec.exact and cap.notes == []
+    assert torch.equal(rec.mask, torch.ones(2, 5, dtype=torch.bool).tril().expand(batch, 2, 5))

@@ -7455,7 +7455,7 @@ class _Session:
                      "arguments" if allowed is not None else None, cross, check, ext,
                      key_labels=seen.key_labels if seen else None,
                      query_labels=seen.query_labels if seen else None,
-                     causal=lq == lk >= 2 if a.get("is_causal") and a.get("attn_mask") is None else None,
+                     causal=True if a.get("is_causal") and a.get("attn_mask") is None and lq == lk >= 2 else None,
                      values=hv, query=a["query"])  # fmt: skip
         if rec is not None:
             rec = self._sdpa_keys(rec, a["key"], unsq, b, a["query"] if ext else None)
