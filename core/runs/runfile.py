@@ -168,7 +168,10 @@ def scalar_value(value: Any, finite: bool = True) -> float | None:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         return None
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer past a float's range: infinite as a float
+        value = math.inf if value > 0 else -math.inf
     return value if math.isfinite(value) or not finite else None
 
 
@@ -270,7 +273,7 @@ class Run:
         out: dict[str, tuple[list[int], list[float]]] = {}
         for step, rec in self.by_step().items():
             for key, value in rec.items():
-                v = scalar_value(value) if key not in ("step", "time") else None
+                v = scalar_value(value) if key != "step" else None
                 if v is not None:
                     xs, ys = out.setdefault(key, ([], []))
                     xs.append(step)
@@ -306,6 +309,22 @@ class Run:
             except OSError:
                 stamps += [0, 0]
         return tuple(stamps)
+
+
+def check_run_dir(path: str | Path) -> Path:
+    """``path`` as a run folder can be: a folder, or a path not there yet whose nearest existing parent is
+    a folder; else a ValueError naming it (checked before a run starts, not at its first write)."""
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"run_dir {path} is a file, not a folder: give a folder for the run")
+        return path
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"run_dir {path} cannot be made: {parent} is a file, not a folder")
+            break
+    return path
 
 
 def is_run(path: str | Path) -> bool:
@@ -355,7 +374,7 @@ class RunWriter:
     """Appends steps and scalars to a run folder; a folder that already holds a run is continued."""
 
     def __init__(self, path: str | Path, header: dict[str, Any], budget_bytes: int = DEFAULT_BUDGET):
-        self.path = Path(path)
+        self.path = check_run_dir(path)
         self.budget = int(budget_bytes)
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / STEPS).mkdir(exist_ok=True)

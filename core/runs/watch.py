@@ -23,6 +23,7 @@ writes. Other ranks' ``step`` does nothing else.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import types
 import warnings
@@ -30,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -58,6 +60,19 @@ def parse_size(value: int | float | str) -> int:
             if n > 0:
                 return int(n)
     raise ValueError(f"cannot read {value!r} as a size: give bytes or e.g. '500MB', '1GB'")
+
+
+def size_text(n: int) -> str:
+    """Bytes as people read them, never rounded to 0: "512 bytes", "100 KB", "1.5 GB" (binary units)."""
+    for unit in ("TB", "GB", "MB", "KB"):
+        if n >= _SIZE[unit]:
+            return f"{n / _SIZE[unit]:,.1f}".removesuffix(".0") + f" {unit}"
+    return f"{n:,} byte" + ("" if n == 1 else "s")
+
+
+def _steps(value: Any) -> bool:
+    """A positive whole number of steps (numpy's integers too; not a bool)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 1
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -94,9 +109,29 @@ def _dist() -> tuple[int, int]:
     return 0, 1
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _itos(vocab: Mapping[Any, Any]) -> dict[int, str]:
+    """A vocab dict as id -> token, whichever way it maps: ids to tokens ({0: '<pad>'}; also with the ids
+    as strings, as JSON keeps them) or tokens to ids ({'<pad>': 0})."""
+    keys, values = list(vocab.keys()), list(vocab.values())
+    if all(_is_int(k) for k in keys):
+        return {int(k): str(t) for k, t in vocab.items()}
+    if all(_is_int(v) for v in values):
+        return {int(i): str(t) for t, i in vocab.items()}
+    if all(isinstance(k, str) and k.strip().lstrip("-").isdigit() for k in keys):
+        return {int(k): str(t) for k, t in vocab.items()}
+    raise ValueError(
+        "a vocab dict maps ids to tokens ({0: '<pad>', 1: 'a'}) or tokens to ids ({'<pad>': 0, 'a': 1}); "
+        "this one has neither all-integer keys nor all-integer values"
+    )
+
+
 class _Labels:
-    """Token ids -> the strings a trace shows: a list (id -> token), a dict (token -> id), a tokenizer
-    (``convert_ids_to_tokens``) or a callable; without one, the ids themselves."""
+    """Token ids -> the strings a trace shows: a list (id -> token), a dict (id -> token or token -> id),
+    a tokenizer (``convert_ids_to_tokens``) or a callable; without one, the ids themselves."""
 
     def __init__(self, vocab: Any):
         self.fn: Callable[[list[int]], list[str]]
@@ -105,7 +140,7 @@ class _Labels:
         elif hasattr(vocab, "convert_ids_to_tokens"):
             self.fn = lambda ids: [str(t) for t in vocab.convert_ids_to_tokens(ids)]
         elif isinstance(vocab, Mapping):
-            itos = {int(i): str(t) for t, i in vocab.items()}
+            itos = _itos(vocab)
             self.fn = lambda ids: [itos.get(i, f"<{i}>") for i in ids]
         elif isinstance(vocab, Sequence) and not isinstance(vocab, str):
             items = [str(t) for t in vocab]
@@ -114,7 +149,8 @@ class _Labels:
             self.fn = lambda ids: [str(vocab(i)) for i in ids]
         else:
             raise ValueError(
-                f"vocab must be a list (id -> token), a dict (token -> id), a tokenizer or a function, "
+                f"vocab must be a list (id -> token), a dict (id -> token or token -> id), a tokenizer "
+                f"or a function, "
                 f"not {type(vocab).__name__}"
             )
 
@@ -164,12 +200,43 @@ def _to_device(probe: Any, device: torch.device | None) -> Any:
     return probe
 
 
+def _has_tensor(value: Any, depth: int = 0) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth < 4 and isinstance(value, Mapping):
+        return any(_has_tensor(v, depth + 1) for v in value.values())
+    if depth < 4 and isinstance(value, (tuple, list)):
+        return any(_has_tensor(v, depth + 1) for v in value)
+    return False
+
+
+def _check_probe(probe: Any) -> None:
+    """The probe as the default call takes it: a tensor, a tuple (or list) or dict holding tensors."""
+    if isinstance(probe, torch.Tensor) or (isinstance(probe, (tuple, list, Mapping)) and _has_tensor(probe)):
+        return
+    got = type(probe).__name__ if probe is not None else "None"
+    if isinstance(probe, (tuple, list, Mapping)):
+        got = f"a {got} without tensors" if probe else f"an empty {got}"
+    elif isinstance(probe, np.ndarray):
+        got = "a numpy array (torch.as_tensor(probe) makes it a tensor)"
+    elif isinstance(probe, str):
+        got = "a str (texts need adapter=, as a list)"
+    raise TypeError(
+        "probe must be a tensor (model(probe)), a tuple of tensors (model(*probe)), a dict of tensors "
+        f"(model(**probe)), or a list of texts with adapter= (or give forward=), not {got}"
+    )
+
+
 def _default_forward(model: nn.Module, probe: Any) -> Any:
     if isinstance(probe, Mapping):
         return model(**probe)
     if isinstance(probe, (tuple, list)):
         return model(*probe)
     return model(probe)
+
+
+# scalar-line fields the watcher writes itself: a metric of one of these names is kept under another
+RESERVED = frozenset({"step", "audit", "not_finite", "watch_error"})
 
 
 class Watcher:
@@ -199,10 +266,12 @@ class Watcher:
     ):
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch needs the torch.nn.Module being trained, got {type(model).__name__}")
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        if not _steps(every):
             raise ValueError(f"every must be a positive number of steps, got {every!r}")
-        if audit_every is not None and (not isinstance(audit_every, int) or audit_every < 1):
+        if audit_every is not None and not _steps(audit_every):
             raise ValueError(f"audit_every must be a positive number of steps, got {audit_every!r}")
+        every = int(every)
+        audit_every = int(audit_every) if audit_every is not None else None
         self.model = model
         self.every = every
         self.audit_every = audit_every
@@ -239,10 +308,15 @@ class Watcher:
                 )
         elif isinstance(probe, (list, tuple)) and probe and all(isinstance(t, str) for t in probe):
             raise ValueError("a probe of texts needs adapter= (an adapter file or module that encodes them)")
-        elif audit_every is not None:
-            self.lm = self._probe_model()
+        else:
+            if forward is None:
+                _check_probe(probe)  # before any step, not as an error from inside the model
+            if audit_every is not None:
+                self.lm = self._probe_model()
         if audit_every is not None and self.lm is None:
             raise ValueError("audit_every needs arch= and pad= (or an adapter) to audit the masks")
+        if self.writes:
+            runfile.check_run_dir(run_dir)  # a file in the way: said now, before the probe runs
         self.run: runfile.RunWriter | None = None
         self.kinds: tuple[str, ...] = ()
         first: list[AttentionTrace] = []
@@ -280,6 +354,7 @@ class Watcher:
         self._last = self._floor  # the last step given to step() (steps go up: a restarted counter would
         self._backwards = False  # write over earlier ones), and whether that was said
         self._not_finite: set[str] = set()  # scalars said to be NaN or infinite
+        self._probe_failed = False  # a failing probe is said once per run (each step records watch_error)
         self.closed = False
 
     # -- the models that texts and the audit go through ------------------------------------------------
@@ -483,7 +558,13 @@ class Watcher:
                     traces = self._traces()
                 except Exception as exc:  # noqa: BLE001 (training goes on; the run says why)
                     record["watch_error"] = f"{type(exc).__name__}: {exc}"[:500]
-                    self._say(f"attnscope.watch could not probe step {step}: {record['watch_error']}")
+                    if not self._probe_failed:
+                        self._probe_failed = True
+                        self._say(
+                            f"attnscope.watch could not probe step {step}: {record['watch_error']} "
+                            "(said once: training goes on, and each step the probe fails at records "
+                            "watch_error in the run's scalars)"
+                        )
                 else:
                     if self.run is not None:
                         weights = self._weights() if self.keep_weights else None
@@ -491,7 +572,7 @@ class Watcher:
                         if self.run.over_budget:
                             self._say(
                                 f"the run's first and latest steps alone are over its budget "
-                                f"({self.run.budget / 2**20:,.0f} MB): raise budget= or probe fewer inputs"
+                                f"({size_text(self.run.budget)}): raise budget= or probe fewer inputs"
                             )
                     probed = True
             if audit_due:
@@ -531,6 +612,8 @@ class Watcher:
             name, v = str(key), runfile.scalar_value(value, finite=False)
             if v is None:
                 continue  # not a number
+            if name in RESERVED:
+                name = self._renamed(name, scalars)
             if math.isfinite(v):
                 record[name] = v
                 continue
@@ -543,6 +626,15 @@ class Watcher:
         if bad:
             record["not_finite"] = bad
         return record
+
+    def _renamed(self, name: str, scalars: Mapping[str, Any]) -> str:
+        """A metric named as one of the run's own fields (``audit``...), kept as ``NAME_metric``; said once."""
+        new = f"{name}_metric"
+        while new in scalars or new in RESERVED:
+            new += "_"
+        self._say(f"a metric named {name!r} would collide with the run's own field {name!r}: it is kept "
+                  f"as {new!r}", depth=2)  # fmt: skip
+        return new
 
     def _audit(self) -> dict[str, Any]:
         from attnscope.core.analysis.audit import run_audit
