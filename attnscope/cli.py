@@ -19,14 +19,77 @@ class CliError(Exception):
 
 
 def _load(name: str, device: str):
+    import warnings
+
     from attnscope.core.errors import ModelLoadError
     from attnscope.core.families.native import resolve_device
     from attnscope.models import registry
 
+    if not name.strip():
+        raise CliError(
+            "the model name is empty: give a zoo name (see `models`), a model folder or an adapter file"
+        )
+    # torch's note on a checkpoint's pickle protocol would print before the sentence that refuses it (a
+    # filter for the process: catch_warnings would also drop the filters the modules imported below set)
+    warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
     try:
-        return registry.load(name, device=resolve_device(device))
+        lm = registry.load(name, device=resolve_device(device))
     except ModelLoadError as exc:
         raise CliError(str(exc)) from exc
+    _weight_warnings(lm)
+    return lm
+
+
+def _weight_warnings(lm) -> None:
+    """Weights that hold NaN or infinity make every output a non-number: said before any answer."""
+    import torch
+
+    bad_values, bad_names = 0, []
+    params = getattr(lm, "named_parameters", None)
+    for pname, p in params() if callable(params) else ():
+        if not isinstance(p, torch.Tensor) or not p.is_floating_point() or p.is_meta:
+            continue
+        n = int((~torch.isfinite(p.detach())).sum())
+        if n:
+            bad_values += n
+            bad_names.append(pname)
+    if bad_names:
+        print(f"warning: the model's weights hold NaN or infinite values ({bad_values:,} in "
+              f"{len(bad_names)} tensor(s), first {bad_names[0]}): its outputs are not numbers",
+              file=sys.stderr)  # fmt: skip
+
+
+def _output_warnings(lm, said: set[str]) -> None:
+    """What the model's forward returned that is not a number (adapters keep it), one line each, each
+    said once (``said``: those already printed)."""
+    notes = getattr(lm, "output_notes", None)
+    if isinstance(notes, list):
+        for note in notes:
+            if note not in said:
+                said.add(note)
+                print(f"warning: {note}", file=sys.stderr)
+        notes.clear()
+
+
+def _writable(out: Path, flag: str = "--out") -> None:
+    """--out can be written: checked before the model runs (a folder at the path, a parent that is
+    not a folder, a place nothing can be created in), each one sentence."""
+    if out.is_dir():
+        raise CliError(f"{flag} {out} is a folder; give a file path")
+    if not out.parent.exists():
+        raise CliError(f"folder {out.parent} does not exist")
+    if not out.parent.is_dir():
+        raise CliError(f"{flag} {out}: {out.parent} is not a folder")
+    existed = out.exists()
+    if existed and not out.is_file():  # a FIFO or a device: opening it could block, writing is no file
+        raise CliError(f"{flag} {out} is not a regular file; give a file path")
+    try:
+        with open(out, "ab"):
+            pass
+    except OSError as exc:
+        raise CliError(f"cannot write {out}: {exc.strerror or exc}") from None
+    if not existed:
+        out.unlink(missing_ok=True)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -96,8 +159,13 @@ def _capture_warnings(meta: dict) -> None:
 def cmd_predict(args: argparse.Namespace) -> int:
     lm = _load(args.model, args.device)
     _capture_warnings(getattr(lm, "meta", None) or {})
+    if isinstance(getattr(lm, "output_notes", None), list):
+        lm.output_notes.clear()  # the load check's (on the model's examples): the inputs' are said below
+    said: set[str] = set()
     for text in args.text:
-        print(lm.predict([text])[0])
+        answer = lm.predict([text])[0]
+        _output_warnings(lm, said)
+        print(answer)
     return 0
 
 
@@ -105,13 +173,17 @@ def cmd_trace(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix not in (".npz", ".json"):
         raise CliError(f"--out must end in .npz or .json, got {out.name!r}")
-    if not out.parent.exists():
-        raise CliError(f"folder {out.parent} does not exist")
+    _writable(out)
     lm = _load(args.model, args.device)
     targets = [args.target] if args.target is not None else None
     trace = lm.trace([args.text], targets)[0]
     _capture_warnings(trace.meta)
-    trace.save(out)
+    for problem in trace.problems():  # (NaN output among them: the trace holds the model's output)
+        print(f"warning: {problem}", file=sys.stderr)
+    try:
+        trace.save(out)
+    except OSError as exc:
+        raise CliError(f"cannot write {out}: {exc.strerror or exc}") from None
     shapes = ", ".join(f"{k} {tuple(trace.probs(k).shape)}" for k in trace.kinds)
     print(f"wrote {out} ({shapes}); output: {trace.output_text}")
     return 0
@@ -178,10 +250,13 @@ def cmd_view(args: argparse.Namespace) -> int:
     serve it."""
     from attnscope.core.traces.trace import AttentionTrace
 
-    path = Path(args.file).expanduser().resolve()
+    given = Path(args.file).expanduser()  # named in messages as the user gave it (not a link's target)
+    if not given.exists():
+        raise CliError(f"{given} does not exist: give a trace file (.npz or .json) or a run folder")
+    path = given.resolve()
     if path.is_dir():
         return _view_run(args, path)
-    tr = AttentionTrace.load(path)
+    tr = AttentionTrace.load(given)
     for problem in tr.problems():
         print(f"warning: {problem}", file=sys.stderr)
     env = {k: v for k, v in os.environ.items() if k != RUN_ENV}

@@ -50,16 +50,19 @@ def _file_digest(path: Path) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from attnscope.cli import CliError, _load
+    from attnscope.cli import CliError, _load, _writable
     from attnscope.core.analysis import corpus
 
     src, out = Path(args.input_file), Path(args.out)
     if out.suffix != ".parquet":
         raise CliError(f"--out must end in .parquet, got {out.name!r}")
-    if not out.parent.exists():
-        raise CliError(f"folder {out.parent} does not exist")
-    if not src.is_file():
+    if not src.exists():
         raise CliError(f"input file {src} does not exist")
+    if src.is_dir():
+        raise CliError(f"input file {src} is a folder; give a text file, one input per line")
+    if not src.is_file():
+        raise CliError(f"input file {src} is not a regular file; give a text file, one input per line")
+    _writable(out)
     if args.batch < 1 or args.top_k < 1:
         raise CliError("--batch and --top-k must be at least 1")
     rank, world, local = _world()
@@ -76,6 +79,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         dist.init_process_group("nccl" if cuda else "gloo")
     try:
         lines = corpus.read_lines(src)
+        if not any(line.strip() for line in lines):
+            raise CliError(f"input file {src} has no text: give one input per line")
         lm = _load(args.model, device)
         meta = {"model": args.model, "input_file": src.name, "input_sha256": _file_digest(src),
                 "n_lines": len(lines), "world": world}  # fmt: skip
@@ -95,6 +100,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
         finally:
             bar(None, None)
         total = corpus.reduce(acc, shard)
+        if total is not None and total.n_inputs == 0:  # nothing to write: no file is left behind
+            partial.unlink(missing_ok=True)
+            why = ", ".join(f"{n} {reason}" for reason, n in sorted(total.skipped.items())) or "none read"
+            raise CliError(
+                f"no line of {src.name} could be used, so there are no statistics (lines skipped: {why})"
+            )
         if total is not None:
             frame = corpus.write(total, lines, out, meta)
             skipped = ", ".join(f"{n} {why}" for why, n in sorted(total.skipped.items())) or "none"

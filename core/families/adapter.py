@@ -128,12 +128,20 @@ def _import(path: Path):
     sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
+    except SystemExit as exc:
+        sys.modules.pop(spec.name, None)
+        raise ModelLoadError(f"{path.name}: running the file {_exited(exc)}") from None
     except Exception as exc:
         sys.modules.pop(spec.name, None)
         raise ModelLoadError(
             f"{path.name}: running the file raised {type(exc).__name__}: {_one_line(exc)}"
         ) from exc
     return module
+
+
+def _exited(exc: SystemExit) -> str:
+    """An adapter's code that called sys.exit (or raised SystemExit), for a message."""
+    return f"called sys.exit({exc.code!r}); an adapter's code must return or raise, never exit the program"
 
 
 def _as_int(value: Any) -> int | None:
@@ -348,6 +356,8 @@ class AdapterModel:
     facts: ModelFacts | None = None
     card: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    # what forward returned that is not a number (NaN, infinity), one sentence each, until read
+    output_notes: list[str] = field(default_factory=list)
 
     family: Family = "adapter"
     injectable = False  # masks and interventions go into core's own forward pass only
@@ -408,6 +418,7 @@ class AdapterModel:
     def to(self, device: str) -> AdapterModel:
         other = copy.copy(self)
         other.model = copy.deepcopy(self.model).to(resolve_device(device)).eval()
+        other.output_notes = []
         return other
 
     def audit_facts(self) -> dict[str, Any]:
@@ -427,6 +438,9 @@ class AdapterModel:
             raise InputError(f"the {what} text is empty: type some text for the model to read")
         try:
             out = fn(text)
+        except SystemExit as exc:
+            fname = "encode" if fn is self.module.encode else "encode_target"
+            raise InputError(f"{fname}({str(text)[:40]!r}) {_exited(exc)}") from None
         except Exception as exc:  # the user's encode: any error is a message about the text
             raise InputError(f"the {what} cannot be encoded: {type(exc).__name__}: {_one_line(exc)}") from exc
         try:
@@ -474,6 +488,8 @@ class AdapterModel:
         """One call of the user's forward -> probabilities (B, L, V), or (B, len(LABELS)); shape checked."""
         try:
             out = _logits(self.module.forward(self.model, src, tgt))
+        except SystemExit as exc:
+            raise InputError(f"forward(model, {_shape(src)}, {_shape(tgt)}) {_exited(exc)}") from None
         except Exception as exc:
             raise self._forward_error(exc, src, tgt) from exc
         ref = tgt if tgt is not None else src
@@ -482,7 +498,7 @@ class AdapterModel:
             want = f"[{b}, {len(self.labels)}] (one score per LABELS entry)"
             if not isinstance(out, torch.Tensor) or tuple(out.shape) != (b, len(self.labels)):
                 raise InputError(f"forward returned {_returned(out)}; a classifier must return {want}")
-            return _as_probs(out.detach())
+            return self._checked_probs(out.detach())
         want = f"[{b}, {ref.shape[1]}, {len(self.out_tok)}]"
         if not isinstance(out, torch.Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != tuple(ref.shape):
             if (
@@ -510,7 +526,25 @@ class AdapterModel:
             raise InputError(
                 f"forward returned {_returned(out)}: its last axis must be the vocabulary, {want}"
             )
-        return _as_probs(out.detach())
+        return self._checked_probs(out.detach())
+
+    def _checked_probs(self, out: torch.Tensor) -> torch.Tensor:
+        """forward's float output as probabilities; values that are not numbers (NaN, infinity) are
+        kept, and said once in ``output_notes`` (the command line prints them)."""
+        if not out.is_floating_point():
+            raise InputError(
+                f"forward returned {str(out.dtype).removeprefix('torch.')} values; it must return float "
+                "logits, log-probabilities or probabilities"
+            )
+        probs = _as_probs(out)
+        if not bool(torch.isfinite(probs).all()):  # NaN or +infinity (-infinity alone: probability 0)
+            what = " and ".join(w for w, bad in (("NaN", bool(out.isnan().any())),
+                                                 ("infinite", bool(out.isinf().any()))) if bad)  # fmt: skip
+            note = (f"forward returned {what} values: the model's output probabilities are not numbers, so "
+                    "the answer it gives means nothing")  # fmt: skip
+            if note not in self.output_notes:
+                self.output_notes.append(note)
+        return probs
 
     def _forward_error(self, exc: Exception, src, tgt) -> InputError:
         """forward raised: one sentence, and MAX_BATCH suggested when one sequence alone runs."""
@@ -519,7 +553,7 @@ class AdapterModel:
             try:
                 with torch.no_grad():
                     self.module.forward(self.model, _rows(src, slice(0, 1)), _rows(tgt, slice(0, 1)))
-            except Exception:
+            except (Exception, SystemExit):
                 pass
             else:
                 return InputError(
@@ -948,8 +982,13 @@ def _as_probs(out: torch.Tensor) -> torch.Tensor:
     return torch.softmax(out, dim=-1)  # logits; log-probabilities give the same probabilities
 
 
-def _examples(module, tok: AdapterTokens) -> list[str]:
-    given = getattr(module, "EXAMPLES", None) or []
+def _examples(module, tok: AdapterTokens, name: str) -> list[str]:
+    given = getattr(module, "EXAMPLES", None)
+    if given is not None and not isinstance(given, (str, list, tuple)):
+        raise ModelLoadError(
+            f"{name}: EXAMPLES is {type(given).__name__}; it must be a list of texts (inputs the model takes)"
+        )
+    given = given or []
     given = [str(e) for e in ([given] if isinstance(given, str) else given) if str(e).strip()]
     if given:
         return given
@@ -971,6 +1010,8 @@ def _load_model(module, name: str, device: str) -> nn.Module:
         params = {}
     try:
         model = module.load(device=torch.device(device)) if "device" in params else module.load()
+    except SystemExit as exc:
+        raise ModelLoadError(f"{name}: load() {_exited(exc)}") from None
     except Exception as exc:
         raise ModelLoadError(f"{name}: load() raised {type(exc).__name__}: {_one_line(exc)}") from exc
     if not isinstance(model, nn.Module):
@@ -993,7 +1034,7 @@ def load_adapter(path: str | Path, name: str | None = None, device: str = "cpu")
     tgt_tok = AdapterTokens(spec.tgt_vocab or spec.vocab, getattr(module, "encode_target", None) or module.encode,
                             spec.specials)  # fmt: skip
     doc = (module.__doc__ or "").strip()
-    examples = _examples(module, src_tok)
+    examples = _examples(module, src_tok, path.name)
     meta = {
         "kind": "adapter",
         "arch": spec.arch,

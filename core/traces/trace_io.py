@@ -521,6 +521,8 @@ def read_path(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> AttentionTr
         if path.suffix.lower() == ".npz":
             return _build(*_read_npz(path))
         return read_bytes(path.read_bytes(), path.name)
+    except TraceFormatError:  # read_bytes' sentence, already naming the file
+        raise
     except _Bad as exc:
         raise _fail(path.name, str(exc)) from None
     except OSError as exc:
@@ -576,8 +578,20 @@ def write_path(trace: AttentionTrace, path: str | Path) -> Path:
 
 def problems(trace: AttentionTrace) -> list[str]:
     """One sentence per kind that holds NaN, puts attention on keys its own mask forbids, or has real
-    query rows that do not sum to 1 (vectorised: a 6 x 12-head trace at 512 tokens in well under 1 s)."""
+    query rows that do not sum to 1 (vectorised: a 6 x 12-head trace at 512 tokens in well under 1 s);
+    one more where the model's output probabilities are not numbers (NaN or infinite logits)."""
     out = []
+    for name in ("out_probs", "topk_probs"):
+        values = getattr(trace, name)
+        if values is None:
+            continue
+        bad = ~np.isfinite(np.asarray(values, dtype=np.float64))
+        if bad.any():
+            out.append(
+                f"{name} holds NaN or infinite values ({int(bad.sum()):,} of {bad.size:,}): the model's "
+                "output is not a number (NaN or infinite logits), so its answer means nothing."
+            )
+            break  # topk_probs come from the same output
     for kind in trace.kinds:
         p = trace.probs(kind)
         nan = np.isnan(p)
