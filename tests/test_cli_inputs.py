@@ -272,3 +272,19 @@ def test_view_of_a_missing_folder_says_it_does_not_exist(tmp_path, capsys):
     assert main(["view", str(tmp_path / "runs" / "typo_run")]) == 2
     line = one_error(capsys)
     assert "does not exist" in line and "ends in .npz" not in line
+
+
+def test_a_config_far_larger_than_its_weights_is_refused_before_its_model_is_built(tmp_path, capsys):
+    """config.json sizes that need terabytes beside real weights: the model was built (its memory allocated,
+    or an allocation error) before the weights were checked against the config. The names and shapes are
+    checked on the meta device first: one sentence, nothing allocated."""
+    import json
+
+    folder = tmp_path / "huge"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "models" / "reverse", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(d_model=1 << 20, d_ff=1 << 22, n_enc_layers=1000)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert main(["predict", "--model", str(folder), "abc"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "do not match config.json" in err[0], err

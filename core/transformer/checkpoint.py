@@ -93,9 +93,11 @@ def load_weights(
 def model_from_state(
     cfg: TransformerConfig, state: dict[str, torch.Tensor], device: str = "cpu", source: str = WEIGHTS
 ) -> Transformer:
-    """A Transformer built from cfg and filled from ``state``; every name and shape must match."""
-    model = Transformer(cfg)
-    expected = model.state_dict()
+    """A Transformer built from cfg and filled from ``state``; every name and shape must match. The names
+    and shapes are checked on a model built on the meta device (no memory): a config.json whose sizes
+    disagree with the weights is refused before its model is allocated."""
+    with torch.device("meta"):
+        expected = Transformer(cfg).state_dict()
     tied = (
         {"tgt_embed.tok.weight", "generator.weight"} if cfg.share_vocab and not cfg.is_encoder_only else set()
     )
@@ -111,6 +113,7 @@ def model_from_state(
                 f"weights do not match config.json: {name} has shape {tuple(tensor.shape)}, "
                 f"config needs {tuple(expected[name].shape)}"
             )
+    model = Transformer(cfg)
     model.load_state_dict(state, strict=False)
     return model.to(device).eval()
 
