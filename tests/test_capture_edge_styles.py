@@ -6,6 +6,8 @@ record is checked against the model itself."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -2059,3 +2061,103 @@ def test_a_top_left_causal_step_is_decoder_self_attention_with_its_mask(batch, h
     (rec,) = cap.records
     assert rec.kind == "dec_self" and rec.exact and cap.notes == []
     assert torch.equal(rec.mask, torch.ones(2, 5, dtype=torch.bool).tril().expand(batch, 2, 5))
+
+
+class BiasedStep(nn.Module):
+    """SDPA with a CausalBias mask (``torch.nn.attention.bias.causal_lower_right`` / ``causal_upper_left``): a
+    tensor subclass whose memory holds no mask; ``n`` of the sequence's last positions ask."""
+
+    def __init__(self, variant: str, heads: int, d: int = 8):
+        super().__init__()
+        self.variant, self.h = variant, heads
+        self.emb, self.q, self.k = nn.Embedding(VOCAB, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, ids, n: int):
+        from torch.nn.attention import bias
+
+        h = self.emb(ids)
+        b, length, _ = h.shape
+        q = self.q(h)[:, -n:].reshape(b, n, self.h, -1).transpose(1, 2)
+        k = self.k(h).view(b, length, self.h, -1).transpose(1, 2)
+        mask = (bias.causal_lower_right if self.variant == "lower right" else bias.causal_upper_left)(
+            n, length
+        )
+        self.keep = torch.ones(n, length, dtype=torch.bool).tril(
+            length - n if self.variant == "lower right" else 0
+        )
+        self.want = (
+            (q @ k.transpose(-1, -2) / (k.shape[-1] ** 0.5))
+            .masked_fill(~self.keep, float("-inf"))
+            .softmax(-1)
+        )
+        return F.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+
+
+@pytest.mark.parametrize("variant", ["lower right", "upper left"])
+@pytest.mark.parametrize("n", [2, 5])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 2), (2, 2), (3, 4)])
+def test_a_causal_bias_mask_is_the_mask_sdpa_applies(variant, n, batch, heads):
+    """A CausalBias was read as a bool tensor of its own memory: weights without the causal mask, a mask of
+    garbage, exact, with no note (or a note about a size mismatch). It is the (q, k) mask SDPA applies."""
+    torch.manual_seed(0)
+    model = BiasedStep(variant, heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (batch, 5)), n)
+    (rec,) = cap.records
+    assert rec.exact and cap.notes == [] and rec.kind == "dec_self"
+    assert torch.allclose(rec.probs, model.want, atol=1e-6)
+    assert torch.equal(rec.mask, model.keep.expand(batch, n, 5))
+
+
+def test_sdpa_weights_that_do_not_give_its_output_are_flagged(monkeypatch):
+    """The safety net: where the weights capture recomputes from SDPA's arguments do not rebuild its output (a
+    mask read otherwise than SDPA applied it: here capture's causal mask made wrong), the record is flagged and
+    a warning says so, never shown as exact."""
+    from attnscope.core.families import capture as C
+
+    monkeypatch.setattr(
+        C, "_causal", lambda lq, lk, device: torch.ones(lq, lk, dtype=torch.bool, device=device)
+    )
+    # (and its additive form, kept per shape, which another test may have made already)
+    monkeypatch.setattr(
+        C,
+        "_hiding",
+        lambda keep, dtype, causal: torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, -math.inf),
+    )
+    torch.manual_seed(0)
+    model = TopLeftCausalStep(2).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (2, 5)))
+    (rec,) = cap.records
+    assert not rec.exact and "do not give its output" in rec.flag
+    assert any("do not give its output" in n for n in cap.notes)
+
+
+class DroppedOut(nn.Module):
+    """SDPA (or nn.MultiheadAttention) with dropout on the weights while training, no mask given."""
+
+    def __init__(self, mha: bool, heads: int = 2, d: int = 8):
+        super().__init__()
+        self.h, self.mha = heads, mha
+        self.attn = nn.MultiheadAttention(d, heads, dropout=0.5, batch_first=True) if mha else None
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, x):
+        if self.mha:
+            return self.attn(x, x, x, need_weights=False)[0]
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.h, -1).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+
+
+@pytest.mark.parametrize("mha", [False, True])
+def test_keys_dropped_out_in_every_head_are_no_mask(mha):
+    """Keys whose weights dropout zeroed in every head were recorded as masked ("zeros"): the call's arguments
+    say its mask, and there is none. The weights are the dropped ones the call used."""
+    torch.manual_seed(0)
+    model = DroppedOut(mha).train()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 5, 8))
+    (rec,) = cap.records
+    assert rec.exact and bool((rec.probs == 0).any())  # (dropout's zeros are in the weights)
+    assert rec.mask is None and rec.mask_source is None

@@ -5454,8 +5454,9 @@ class _Session:
             else:
                 mask = allowed.all(dim=1)
                 differ = not bool((allowed == mask[:, None]).all())
-        elif bool((probs == 0).any()):
-            mask = (probs != 0).any(dim=1)  # keys no head attended at all
+        elif source not in ("sdpa", "nn.MultiheadAttention") and bool((probs == 0).any()):
+            # keys no head attended at all (a call's arguments say its mask: zeros there are dropout's draws)
+            mask = (probs != 0).any(dim=1)
             mask_source = "zeros"
         else:
             mask = None
@@ -7339,6 +7340,11 @@ class _Session:
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
         a = dict(zip(names, args, strict=False)) | kwargs
         q, k, v = a["query"], a["key"], a["value"]
+        bias = a.get("attn_mask")
+        if bias is not None and type(bias).__name__ == "CausalBias" and hasattr(bias, "_materialize"):
+            # torch.nn.attention.bias.causal_lower_right / causal_upper_left: a tensor subclass whose memory holds
+            # no mask; the (q, k) bool mask SDPA applies for it
+            a["attn_mask"] = bias._materialize(q.device)
         unsq = q.dim() == 3
         if unsq:
             q, k, v = q[:, None], k[:, None], v[:, None]
@@ -7417,6 +7423,12 @@ class _Session:
                                        "spreads over their rows through the mask): the record holds them "
                                        "without it")  # fmt: skip
                         check = float(torch.nan_to_num(pv.sub_(g_rows), nan=0.0).abs_().max())
+                    reach = float(v.abs().max()) if v.numel() else 0.0  # (the output is a mean of the values)
+                    if dropped is None and check > _SDPA_TOL.get(a["query"].dtype, 1e-4) * max(reach, 1e-6):
+                        dropped = (f"the weights recomputed from the call's arguments do not give its output "
+                                   f"(largest difference {check:.3g}, where the values reach {reach:.3g}): SDPA "
+                                   "applied a mask, scale or bias that capture did not read from its arguments "
+                                   "as it did, so the record holds weights it may not have used")  # fmt: skip
         b = int(math.prod(lead)) if lead else 1
         shape = (b, hq, lq, lk)
         if dropped is not None:
@@ -8092,6 +8104,11 @@ class _Session:
         b, h = int(rec.probs.shape[0]), int(rec.probs.shape[1])
         p = _Probs(rec, (b, h), False, None, False, tuple(rec.probs.shape), qpos=qpos)
         self.set(attn, _Tag("linear", g.origin if g is not None else frozenset(), code=code, wo=p))
+
+
+# how far SDPA's output may be from the weights recomputed times the values, relative to the values' largest
+# magnitude, before the record is flagged (the call's own rounding, in its dtype)
+_SDPA_TOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-4, torch.float64: 1e-8}
 
 
 def _no_torch_function(*_args) -> bool:
