@@ -213,3 +213,43 @@ def test_trace_budget_refuses_instead_of_running_out_of_memory(folder, monkeypat
         lm.trace(["abc"] * 4)
     assert len(lm.trace(["abc"] * 3, ["x"] * 3)) == 3
     assert runner.trace_bytes(6, 6, 8, 1, 512, 512) == 8 * (512 * 512 * 6 + 2 * 512 * 512 * 6) * 8
+
+
+@pytest.mark.parametrize("ext", ["npz", "json"])
+def test_a_trace_with_nan_weights_on_learned_keys_opens_again(tmp_path, ext):
+    """A sequence with NaN in its data has NaN weights on its learned keys too (a null key): capture wrote the
+    trace, and the reader refused its own file ("not probabilities"). NaN is kept there as in the map itself;
+    values outside [0, 1] are still refused."""
+    from torch import nn
+
+    from attnscope.core.families.capture import capture_attention
+
+    class NullKey(nn.Module):
+        def __init__(self, d: int = 8, heads: int = 2):
+            super().__init__()
+            self.h = heads
+            self.qkv = nn.Linear(d, 3 * d)
+            self.null_k = nn.Parameter(torch.randn(1, heads, 1, d // heads))
+            self.null_v = nn.Parameter(torch.randn(1, heads, 1, d // heads))
+
+        def forward(self, x):
+            b, n, d = x.shape
+            q, k, v = (t.reshape(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+            k = torch.cat([self.null_k.expand(b, -1, -1, -1), k], 2)
+            v = torch.cat([self.null_v.expand(b, -1, -1, -1), v], 2)
+            return ((q @ k.transpose(-1, -2)).softmax(-1) @ v).transpose(1, 2).reshape(b, n, d)
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 8)
+    x[1, 1, 2] = float("nan")
+    model = NullKey().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(x)
+    trace = cap.trace(1)
+    learned = trace.learned("enc_self")[1]
+    assert np.isnan(learned).any()
+    back = AttentionTrace.load(trace.save(tmp_path / f"t.{ext}"))
+    assert np.array_equal(back.learned("enc_self")[1], learned, equal_nan=True)
+    bad = trace.replace(enc_self_learned=np.nan_to_num(learned, nan=2.0))
+    with pytest.raises(TraceFormatError, match="not probabilities"):
+        AttentionTrace.load(bad.save(tmp_path / f"bad.{ext}"))

@@ -389,12 +389,13 @@ def _check_learned(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Non
                        f"learned keys] = {_shape(p[..., :1])[:-2]}x(1 to {MAX_LEARNED_KEYS}) like {kind}")  # fmt: skip
         wf = np.asarray(w, dtype=np.float32)
         top = _top_weight(header)
-        if (
-            not np.isfinite(wf).all()
-            or wf.min(initial=0.0) < -PROB_TOL
-            or wf.max(initial=0.0) > top * (1 + PROB_TOL)
-        ):
-            raise _Bad(f"{kind}_learned holds values outside [0, {top:.4g}], which are not probabilities")
+        with np.errstate(invalid="ignore"):  # (NaN where the model's weights are NaN, as in the map itself)
+            if (
+                np.isinf(wf).any()
+                or np.nanmin(wf, initial=0.0) < -PROB_TOL
+                or np.nanmax(wf, initial=0.0) > top * (1 + PROB_TOL)
+            ):
+                raise _Bad(f"{kind}_learned holds values outside [0, {top:.4g}], which are not probabilities")
         names = labels.get(kind)
         if (
             not isinstance(names, list)
