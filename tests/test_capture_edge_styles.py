@@ -2161,3 +2161,41 @@ def test_keys_dropped_out_in_every_head_are_no_mask(mha):
     (rec,) = cap.records
     assert rec.exact and bool((rec.probs == 0).any())  # (dropout's zeros are in the weights)
     assert rec.mask is None and rec.mask_source is None
+
+
+class EmbeddedTwice(nn.Module):
+    """Attention whose queries and keys are two embedding calls (``twice``) of the same ids, or one."""
+
+    def __init__(self, twice: bool, d: int = 8):
+        super().__init__()
+        self.twice = twice
+        self.emb, self.q, self.k = nn.Embedding(VOCAB, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, ids, other=None):
+        x = self.emb(ids)
+        y = self.emb(other if other is not None else ids) if self.twice else x
+        return (self.q(x) @ self.k(y).transpose(1, 2)).softmax(-1) @ y
+
+
+def test_two_embedding_calls_of_the_same_ids_are_cross_and_said():
+    """``attn(emb(ids), emb(ids))``: two calls are two inputs by lineage (cross), but the tokens are the same and
+    self-attention written so looks the same: a warning says it cannot tell, and ``kinds=`` decides without one.
+    Another ids tensor (a decoder's own input) is cross with nothing said, and one call is self-attention."""
+    torch.manual_seed(0)
+    ids = torch.randint(1, VOCAB, (2, 5))
+    model = EmbeddedTwice(True).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    (note,) = cap.notes
+    assert rec.kind == "cross" and rec.exact and "two embedding calls of the same token ids" in note
+    with torch.no_grad(), capture_attention(model, kinds={"": "enc_self"}) as given:
+        model(ids)
+    assert given.records[0].kind == "enc_self" and given.notes == []
+    with torch.no_grad(), capture_attention(model) as other:
+        model(ids, ids.clone())
+    assert other.records[0].kind == "cross" and other.notes == []
+    once = EmbeddedTwice(False).eval()
+    with torch.no_grad(), capture_attention(once) as cap:
+        once(ids)
+    assert cap.records[0].kind == "enc_self" and cap.notes == []

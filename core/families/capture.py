@@ -1700,6 +1700,8 @@ class _Session:
         self._by_name: dict[str, tuple[int, int]] = {}  # decoder-named paths made dec_self by their name
         # paths made enc_self where the mask could not tell (one token per sequence), and their (q, k)
         self._undecided: dict[str, tuple[int, int]] = {}
+        # paths recorded as cross over two embedding calls of the same ids in one table, and their shape
+        self._twice: dict[str, tuple[int, ...]] = {}
         # the model's call (``model(...)``) is not running: code before it or after it returned is the caller's
         # (and so is code that runs the model's parts alone, as Whisper's decoding calls ``model.decoder``)
         self.returned = True
@@ -5483,6 +5485,13 @@ class _Session:
                             grid=lambda: self._grid_queries(qpos))  # fmt: skip
         if kind == "cross" and flag is None and qpos is not None and q_labels and None not in q_labels:
             kind = self._rows_of_self(qpos, _key_positions(probs, layout), labels) or kind
+        if (
+            kind == "cross"
+            and flag is None
+            and not self._given(path)
+            and self._same_ids_twice(qpos, _key_positions(probs, layout))
+        ):
+            self._twice.setdefault(path, tuple(int(n) for n in probs.shape))
         scores = None if scores is None or not self.keep_scores else scores.detach()
         if source not in ("sdpa", "nn.MultiheadAttention"):  # (those weights capture computed itself)
             self._alias(probs, scores)
@@ -6873,9 +6882,46 @@ class _Session:
                           "queries) is self-attention: capture_attention(model, kinds={'<its module path, or a "
                           "glob of them>': 'enc_self'}) says so")  # fmt: skip
 
+    def _given(self, path: str) -> bool:
+        """The caller's kinds= names this module path (or a glob of it)."""
+        return any(p == path or fnmatch.fnmatchcase(path, p) for p in self.given)
+
+    def _same_ids_twice(self, qpos: torch.Tensor | None, kpos: torch.Tensor | None) -> bool:
+        """Queries and keys of two embedding calls of the same token ids in the same table
+        (``attn(emb(ids), emb(ids))``): other inputs by lineage, the same tokens by their data."""
+        if qpos is None or kpos is None or not self._id_memory:
+            return False
+        try:
+            starts = [
+                {s.start for s in lineage._kinds(pos[pos >= 0].reshape(-1).unique(), self.sources)}
+                for pos in (qpos, kpos)
+            ]
+        except (RuntimeError, IndexError):
+            return False
+        if not starts[0] or not starts[1] or starts[0] & starts[1]:
+            return False
+        looked = set()
+        for start in starts[0] | starts[1]:
+            memory = self._id_memory.get(start)
+            source = next((s for s in self.sources.items if s.start == start), None)
+            if memory is None or source is None or source.kind != "tokens" or not memory[0]:
+                return False
+            looked.add((memory, source.table))
+        return len(looked) == 1
+
     def tell_undecided_kinds(self) -> None:
         """One warning naming the modules recorded as encoder self-attention where this input could not tell
         an encoder from a decoder (a single token, or one token and padding in every sequence)."""
+        twice = list(
+            dict.fromkeys(r.name for r in self.cap.records if r.name in self._twice and r.kind == "cross")
+        )
+        if twice:
+            self.warn(twice[0] if len(twice) == 1 else f"{twice[0]} and {len(twice) - 1} more", self._twice[twice[0]],
+                      "its queries and keys come from two embedding calls of the same token ids in the same table "
+                      "(attn(emb(ids), emb(ids))): two calls are two inputs, so it is recorded as cross-attention, "
+                      "but the tokens are the same, and self-attention written so looks the same. If it is "
+                      "self-attention: capture_attention(model, kinds={'<its module path, or a glob of them>': "
+                      "'enc_self'}), or embed once")  # fmt: skip
         told = [r.name for r in self.cap.records if r.name in self._undecided and r.kind == "enc_self"]
         if not told:
             return
