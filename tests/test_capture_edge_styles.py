@@ -2199,3 +2199,32 @@ def test_two_embedding_calls_of_the_same_ids_are_cross_and_said():
     with torch.no_grad(), capture_attention(once) as cap:
         once(ids)
     assert cap.records[0].kind == "enc_self" and cap.notes == []
+
+
+class WhereTensorFill(nn.Module):
+    """Kyubyong's padding: ``torch.where(key_masks == 0, paddings, outputs)`` with ``paddings`` a tensor of
+    -2**32 + 1 made by ``ones_like``."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.emb, self.q, self.k = nn.Embedding(VOCAB, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        scores = self.q(x) @ self.k(x).transpose(1, 2)
+        key_masks = (ids != 0)[:, None, :].expand_as(scores)
+        paddings = torch.ones_like(scores) * (-(2**32) + 1)
+        self.scores = scores.detach().clone()
+        return torch.where(key_masks == 0, paddings, scores).softmax(-1) @ x
+
+
+def test_a_where_against_a_tensor_of_very_negative_values_is_the_mask():
+    """The fill was a tensor, not a number: the mask was taken from the weights' zeros, the scores recorded after
+    it. It is a ``where`` mask, with the scores before it."""
+    torch.manual_seed(0)
+    model = WhereTensorFill().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[3, 4, 0], [5, 6, 7]]))
+    (rec,) = cap.records
+    assert rec.mask_source == "where" and torch.equal(rec.scores[:, 0], model.scores)
+    assert rec.mask[0].tolist() == [[True, True, False]] * 3 and bool(rec.mask[1].all())

@@ -1267,6 +1267,14 @@ def _very_negative(v: Any, limit: float = NEG) -> bool:
     return isinstance(v, (int, float)) and v <= limit
 
 
+def _all_very_negative(v: Any, limit: float) -> bool:
+    """A number, or a tensor of numbers, all at or below ``limit`` (Kyubyong's ``torch.where(key_masks == 0,
+    paddings, outputs)``, ``paddings = torch.ones_like(outputs) * (-2 ** 32 + 1)``)."""
+    if isinstance(v, torch.Tensor) and v.numel() > 1:
+        return v.is_floating_point() and not v.requires_grad and bool((v <= limit).all())
+    return _very_negative(v, limit)
+
+
 _PER_ROW = "a 2-D softmax is a distribution per row, not per-head attention"
 _PROJECTED = "a softmax over a projection's output (a vocabulary, class or router distribution), not over query-key scores"
 FILL_NEG = -1e3  # a score replaced by this (or less) gets a weight of exactly 0 (Zipformer fills -1000)
@@ -5290,9 +5298,9 @@ class _Session:
             return
         if name == "where" and len(args) == 3:
             cond, x, y = args
-            if x is base_t and _very_negative(y, FILL_NEG):
+            if x is base_t and _all_very_negative(y, FILL_NEG):
                 allowed = cond.bool()
-            elif y is base_t and _very_negative(x, FILL_NEG):
+            elif y is base_t and _all_very_negative(x, FILL_NEG):
                 allowed = ~cond.bool()
             else:
                 allowed = None
