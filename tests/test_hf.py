@@ -465,3 +465,34 @@ def test_residual_norms_are_each_layers_input_and_the_norm_rollout_runs(loaded, 
             assert has_norms(t, "enc_self")
             roll = trace_rollout(t, valid=t.src_real, method="norm")
             np.testing.assert_allclose(roll[-1].sum(-1), 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma2"])
+def test_a_sliding_window_is_in_the_saved_mask_where_every_layer_uses_it(tmp_path, arch):
+    """Mistral's sliding window hides keys more than ``sliding_window`` back: the saved mask was plain causal,
+    so those keys showed as allowed with weight 0. Where every layer uses the window it is the mask; where
+    only some do (Gemma 2 alternates), the mask stays causal and a warning says which layers attend within it."""
+    torch.manual_seed(0)
+    t = transformers
+    common = dict(**SMALL, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2,
+                  sliding_window=3)  # fmt: skip
+    if arch == "mistral":
+        model = t.MistralForCausalLM(t.MistralConfig(**common))
+    else:
+        model = t.Gemma2ForCausalLM(t.Gemma2Config(**common, head_dim=4))
+    model.eval().save_pretrained(tmp_path)
+    _tokenizer(None, bos_token="<s>", eos_token="</s>").save_pretrained(tmp_path)
+    (trace,) = registry.load(str(tmp_path)).trace(["the cat sat on a mat dog ran"])
+    mask, probs = trace.mask("dec_self"), trace.probs("dec_self")
+    n = mask.shape[-1]
+    causal = np.tril(np.ones((n, n), bool))
+    band = causal & ~np.tril(np.ones((n, n), bool), -3)  # the last 3 keys up to each query
+    if arch == "mistral":
+        assert np.array_equal(mask, band) and not trace.meta["warnings"]
+        assert (probs[:, :, ~band] == 0).all()
+    else:
+        assert np.array_equal(mask, causal)
+        (said,) = [w for w in trace.meta["warnings"] if "sliding window" in w]
+        assert "layers 0" in said and "3 keys" in said
+        assert (probs[0][:, ~band] == 0).all() and (probs[1][:, ~band] > 0).any()

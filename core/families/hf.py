@@ -403,7 +403,9 @@ class HFModel:
         out, ms, moves = self._forward(
             {"attentions": "dec_self"}, input_ids=seq, attention_mask=real, use_cache=False
         )
-        maps = {"dec_self": (_stack_layers(out, "attentions"), None, padding_masks(None, real)["dec_self"])}
+        stack = _stack_layers(out, "attentions")
+        mask, window_note = _windowed(stack, padding_masks(None, real)["dec_self"], self.model.config)
+        maps = {"dec_self": (stack, None, mask)}
         side = Side(seq, real, self.src_tok.tokens)
         traces = []
         for i, p in enumerate(prepared):
@@ -414,7 +416,7 @@ class HFModel:
                 text = self.tokenizer.decode(guesses[n_prompt - 1 : n_real - 1], skip_special_tokens=True)
             else:
                 text = self.tokenizer.decode(guesses[n_prompt - 1 : n_prompt], skip_special_tokens=False)
-            meta = self._meta(ms, tp is not None, p.warnings)
+            meta = self._meta(ms, tp is not None, p.warnings + ([window_note] if window_note else []))
             meta.update(prompt_len=n_prompt, decoder_only=True)
             traces.append(self._make(i, None, side, maps, text, meta, moves, **fields))
         return traces
@@ -610,6 +612,39 @@ def _moves(out: Any, cap: Captured, names: dict[str, str]) -> _Moves:
                for x, r in zip(rows, matched, strict=True)):  # fmt: skip
             residual[kind] = torch.stack([x for x in rows if x is not None], dim=1)
     return _Moves(result, residual)
+
+
+def _windowed(stack: torch.Tensor, mask: torch.Tensor, config: Any) -> tuple[torch.Tensor, str | None]:
+    """A causal mask ``(B, q, k)`` narrowed to the sliding window the config's layers attend within
+    (Mistral's ``sliding_window``, the ``"sliding_attention"`` entries of ``layer_types``), where the maps
+    ``stack`` ``(B, layer, head, q, k)`` show it was applied (no weight beyond it in those layers). Where only
+    some layers use it, the mask stays the other layers' and a sentence says so."""
+    w = getattr(config, "sliding_window", None)
+    if not isinstance(w, int) or isinstance(w, bool) or w <= 0 or stack.dim() != 5:
+        return mask, None
+    n_layers = int(stack.shape[1])
+    types = getattr(config, "layer_types", None)
+    if isinstance(types, (list, tuple)) and len(types) == n_layers:
+        layers = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    elif getattr(config, "use_sliding_window", True) is False:
+        layers = []
+    else:
+        layers = list(range(n_layers))
+    q, k = int(stack.shape[-2]), int(stack.shape[-1])
+    i = torch.arange(q, device=mask.device)[:, None] + (k - q)
+    band = torch.arange(k, device=mask.device)[None, :] > i - w  # (q, k): the last w keys up to the query
+    if not layers or bool(band.all()):
+        return mask, None
+    beyond = stack[:, layers].to(torch.float32).masked_select(~band.to(stack.device)[None, None, None])
+    if bool((beyond != 0).any()):  # (the window was not applied, whatever the config says)
+        return mask, None
+    if len(layers) == n_layers:
+        return mask & band, None
+    named = ", ".join(str(n) for n in layers[:6]) + (" ..." if len(layers) > 6 else "")
+    return mask, (
+        f"layers {named} attend within a sliding window of {w} keys: the mask saved is the other layers' "
+        "(causal), so keys beyond the window are allowed there and get weight 0 in those layers"
+    )
 
 
 def _stack_layers(out: Any, name: str) -> torch.Tensor:
