@@ -496,3 +496,44 @@ def test_a_sliding_window_is_in_the_saved_mask_where_every_layer_uses_it(tmp_pat
         (said,) = [w for w in trace.meta["warnings"] if "sliding window" in w]
         assert "layers 0" in said and "3 keys" in said
         assert (probs[0][:, ~band] == 0).all() and (probs[1][:, ~band] > 0).any()
+
+
+class _RunsCode:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+def test_hugging_face_folders_that_cannot_be_read_say_why_in_one_sentence(folders, tmp_path):
+    """A folder with no tokenizer files was read through an empty tokenizer transformers built (every word
+    [UNK], or no token at all); a pickled checkpoint's refusal passed on torch's advice to unpickle it; weights
+    that do not fit the config pointed to a report nobody sees; long messages were cut mid-word."""
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(folders["bert"], bare)
+    for f in bare.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab")):
+            f.unlink()
+    with pytest.raises(ModelLoadError, match="has no tokenizer files"):
+        registry.load(str(bare))
+
+    evil = tmp_path / "evil"
+    shutil.copytree(folders["bert"], evil)
+    (evil / "model.safetensors").unlink()
+    marker = tmp_path / "pwned.txt"
+    torch.save({"embeddings.word_embeddings.weight": _RunsCode(marker)}, evil / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError) as refused:
+        registry.load(str(evil))
+    said = str(refused.value)
+    assert "pickle" in said and "never unpickles" in said and "weights_only=False" not in said
+    assert not marker.exists()
+
+    grown = tmp_path / "grown"
+    shutil.copytree(folders["bert"], grown)
+    cfg = (grown / "config.json").read_text()
+    (grown / "config.json").write_text(cfg.replace('"intermediate_size": 32', '"intermediate_size": 48'))
+    with pytest.raises(ModelLoadError, match="do not fit its config.json"):
+        registry.load(str(grown))

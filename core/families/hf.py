@@ -614,6 +614,34 @@ def _moves(out: Any, cap: Captured, names: dict[str, str]) -> _Moves:
     return _Moves(result, residual)
 
 
+# files a tokenizer's vocabulary is in (one of them beside the model: without, transformers builds an empty one)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer.model", "source.spm", "vocab.model", "spm.model")  # fmt: skip
+
+
+def _short(text: str, most: int = 300) -> str:
+    """``text`` cut to about ``most`` characters at the end of a sentence (never mid-word)."""
+    if len(text) <= most:
+        return text
+    cut = text.rfind(". ", 0, most)
+    return text[: cut + 1] if cut > most // 3 else text[:most].rsplit(" ", 1)[0] + " ..."
+
+
+def _load_failed(folder: Path, exc: Exception) -> str:
+    """One sentence for a model folder transformers could not load."""
+    text = _one_line(exc)
+    if "Weights only load failed" in text or "weights_only" in text:
+        return (f"refused to load the weights in {folder}: the checkpoint is a pickle that holds more than tensors, "
+                "and attnscope never unpickles code from a file (torch.load(weights_only=True)); save the model "
+                "with safetensors (model.save_pretrained(folder, safe_serialization=True))")  # fmt: skip
+    if "ignore_mismatched_sizes" in text or "size mismatch" in text:
+        return (
+            f"the weights in {folder} do not fit its config.json: some tensors have other shapes than the "
+            "config calls for (a hidden size, head count or vocabulary size changed since they were saved)"
+        )
+    return f"cannot load the model in {folder}: {_short(text)}"
+
+
 def _windowed(stack: torch.Tensor, mask: torch.Tensor, config: Any) -> tuple[torch.Tensor, str | None]:
     """A causal mask ``(B, q, k)`` narrowed to the sliding window the config's layers attend within
     (Mistral's ``sliding_window``, the ``"sliding_attention"`` entries of ``layer_types``), where the maps
@@ -715,7 +743,7 @@ def load_hf(
         try:
             config = transformers.AutoConfig.from_pretrained(str(folder), **common)
         except Exception as exc:  # transformers raises OSError/ValueError/KeyError variants
-            raise ModelLoadError(f"cannot read {folder / 'config.json'}: {_one_line(exc)[:300]}") from exc
+            raise ModelLoadError(f"cannot read {folder / 'config.json'}: {_short(_one_line(exc))}") from exc
         arch = arch or detect_arch(config)
         head = "base"
         cls: Any  # a transformers Auto* class (their from_pretrained stubs disagree on what they return)
@@ -737,11 +765,17 @@ def load_hf(
         try:
             model, info = cls.from_pretrained(str(folder), config=config, output_loading_info=True, **kwargs)
         except Exception as exc:  # shapes, truncated files, bad configs: one line for the user
-            raise ModelLoadError(f"cannot load the model in {folder}: {_one_line(exc)[:300]}") from exc
+            raise ModelLoadError(_load_failed(folder, exc)) from exc
+        if not any((folder / f).is_file() for f in TOKENIZER_FILES) and not any(folder.glob("*.tiktoken")):
+            raise ModelLoadError(
+                f"{folder} has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...): attnscope reads text "
+                "through the model's own tokenizer, so save it beside the model (tokenizer.save_pretrained(folder)); "
+                "a model of images or sound has none, and is not a text model attnscope can read"
+            )
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), **common)
         except Exception as exc:
-            raise ModelLoadError(f"cannot load the tokenizer in {folder}: {_one_line(exc)[:300]}") from exc
+            raise ModelLoadError(f"cannot load the tokenizer in {folder}: {_short(_one_line(exc))}") from exc
     missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
     if missing or info.get("mismatched_keys"):
         raise ModelLoadError(
