@@ -2228,3 +2228,34 @@ def test_a_where_against_a_tensor_of_very_negative_values_is_the_mask():
     (rec,) = cap.records
     assert rec.mask_source == "where" and torch.equal(rec.scores[:, 0], model.scores)
     assert rec.mask[0].tolist() == [[True, True, False]] * 3 and bool(rec.mask[1].all())
+
+
+class CopyTask(nn.Module):
+    """An encoder-decoder with one embedding table run on the same ids on both sides (``model(x, x)``)."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.layers = nn.ModuleList(nn.Linear(d, 3 * d) for _ in range(3))
+
+    def attend(self, i, x, memory):
+        q = self.layers[i](x).chunk(3, -1)[0]
+        _, k, v = self.layers[i](memory).chunk(3, -1)
+        return (q @ k.transpose(1, 2)).softmax(-1) @ v
+
+    def forward(self, src, tgt):
+        x = self.emb(src)
+        memory = self.attend(0, x, x)
+        y = self.emb(tgt)
+        return self.attend(2, self.attend(1, y, y), memory)
+
+
+def test_a_decoder_over_an_encoders_memory_of_the_same_ids_is_cross_with_nothing_said():
+    """The same ids on both sides: the cross-attention's keys are an encoder's memory, which a self-attention asked
+    over before, so the queries are another stack's: cross, and no warning that it might be self-attention."""
+    torch.manual_seed(0)
+    model = CopyTask().eval()
+    x = torch.randint(1, VOCAB, (2, 5))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(x, x)
+    assert [r.kind for r in cap.records] == ["enc_self", "enc_self", "cross"] and cap.notes == []

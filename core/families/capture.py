@@ -6908,6 +6908,12 @@ class _Session:
             return False
         if not starts[0] or not starts[1] or starts[0] & starts[1]:
             return False
+        for r in self.cap.records:  # keys a self-attention asked over before: an encoder's memory, cross
+            if r.kind != "cross" and r.query_positions is not None:
+                qp = r.query_positions
+                asked = {s.start for s in lineage._kinds(qp[qp >= 0].reshape(-1).unique(), self.sources)}
+                if asked & starts[1]:
+                    return False
         looked = set()
         for start in starts[0] | starts[1]:
             memory = self._id_memory.get(start)
