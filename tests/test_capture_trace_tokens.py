@@ -658,3 +658,50 @@ def test_heads_called_one_at_a_time_over_the_last_positions_draw_at_their_rows()
         p = tr.probs(rec.kind)[0]
         assert np.array_equal(p[:, 5:], torch.stack([u[b] for u in model.used]).numpy())
         assert not p[:, :5].any()
+
+
+class ForgotCausal(nn.Module):
+    """An encoder-decoder whose decoder self-attention has no causal mask (so the mask calls it encoder
+    self-attention), sources and targets of one length; ``towers``: two encoders, no decoder."""
+
+    def __init__(self, towers: bool = False, d: int = 8):
+        super().__init__()
+        self.towers = towers
+        self.emb = nn.Embedding(20, d)
+        self.q, self.k = (
+            nn.ModuleList(nn.Linear(d, d) for _ in range(3)),
+            nn.ModuleList(nn.Linear(d, d) for _ in range(3)),
+        )
+
+    def attend(self, i, x, memory):
+        return (self.q[i](x) @ self.k[i](memory).transpose(1, 2)).softmax(-1) @ memory
+
+    def forward(self, src, tgt):
+        x = self.emb(src)
+        x = x + self.attend(0, x, x)
+        y = self.emb(tgt)
+        y = y + self.attend(1, y, y)  # no causal mask
+        return y if self.towers else y + self.attend(2, y, x)
+
+
+def test_self_attention_over_the_other_side_is_not_drawn_as_a_deeper_layer():
+    """The decoder's self-attention with no causal mask is enc_self by its mask, and with sources and targets of one
+    length the trace stacked it under the encoder's as a second layer, over the source tokens. Maps over other
+    inputs' positions are never layers of one sequence: the trace draws the encoder's (the positions the
+    cross-attention reads) and says the other is left out. Two towers of one length are two groups too."""
+    torch.manual_seed(0)
+    src, tgt = torch.randint(1, 20, (2, 4)), torch.randint(1, 20, (2, 4))
+    model = ForgotCausal().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(src, tgt)
+    assert [r.kind for r in cap.records] == ["enc_self", "enc_self", "cross"]
+    trace = cap.trace(0, src_tokens=list("abcd"), tgt_tokens=list("wxyz"))
+    assert trace.enc_self.shape[0] == 1
+    assert np.allclose(trace.enc_self[0, 0], cap.records[0].probs[0, 0].numpy())
+    (said,) = [n for n in trace.meta["capture_notes"] if "other side of the cross-attention" in n]
+    assert said.startswith("enc_self (") and "1 call(s) over the positions on the other side" in said
+    towers = ForgotCausal(towers=True).eval()
+    with torch.no_grad(), capture_attention(towers) as cap:
+        towers(src, tgt)
+    trace = cap.trace(0, src_tokens=list("abcd"))
+    assert trace.enc_self.shape[0] == 1 and trace.meta["capture_notes"]

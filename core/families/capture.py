@@ -481,6 +481,20 @@ class Captured:
                 )
                 groups[best] = last
             steps = query_segments(groups[best])
+            cross = [r for r in self.of("cross") if r.exact] if kind != "cross" else []
+            sided = [s for s in steps if _on_side(s, cross, keys=kind == "enc_self")] if cross else []
+            if len(steps) > 1 and sided and len(sided) < len(steps):
+                # self-attention of one kind over both sides of a cross-attention (a decoder's with no causal
+                # mask taken for an encoder's): the side this kind is drawn over, the other said
+                other = [r for s in steps if not any(s is t for t in sided) for r in s]
+                left_out.append(
+                    f"{kind} ({_modules(other)}): {len(other)} call(s) over the positions on the other side of the "
+                    f"cross-attention ({'those that ask it: a decoder' if kind == 'enc_self' else 'those it reads as keys: an encoder'}"
+                    f"'s self-attention, recorded as {kind} by its mask) are not drawn over these tokens (they are in "
+                    "cap.records)"
+                )
+                steps = sided
+                groups[best] = [r for s in sided for r in s]
             if len(steps) > 1:  # a decoder's steps inside one forward (a generation loop in the model): each
                 last = steps[-1]  # step's layers read its new positions, and are not deeper layers
                 left, mods = len(groups[best]) - len(last), _modules(groups[best])
@@ -727,11 +741,35 @@ def query_segments(records: list[Record]) -> list[list[Record]]:
     for r in records[1:]:
         run = runs[-1]
         same = next((x for x in run if x.name == r.name), None)
-        if same is not None and not _equal_positions(same.query_positions, r.query_positions):
+        if (same is not None and not _equal_positions(same.query_positions, r.query_positions)) or _disjoint(
+            run[0].query_positions, r.query_positions
+        ):  # (a module of the run asked again over new positions; or another input's positions altogether)
             runs.append([r])
         else:
             run.append(r)
     return runs
+
+
+def _disjoint(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Query positions of two records with no position in common: other inputs' (an encoder's and a
+    decoder's self-attention, two towers), never layers over one sequence."""
+    if a is None or b is None or a.device != b.device:
+        return False
+    a, b = a[a >= 0], b[b >= 0]
+    return bool(a.numel()) and bool(b.numel()) and not bool(torch.isin(b, a).any())
+
+
+def _on_side(records: list[Record], cross: list[Record], keys: bool) -> bool:
+    """The records' queries are positions the cross-attention reads as keys (``keys``: an encoder's memory)
+    or asks from (a decoder's)."""
+    own = records[0].query_positions
+    if own is None:
+        return False
+    for c in cross:
+        side = c.key_positions if keys else c.query_positions
+        if side is not None and side.device == own.device and not _disjoint(side, own):
+            return True
+    return False
 
 
 def _key_positions(probs: torch.Tensor, layout: Layout | None) -> torch.Tensor | None:
