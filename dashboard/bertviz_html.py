@@ -124,6 +124,7 @@ def data_from_args(args: BertvizArgs, decimals: int = 4) -> list[dict]:
     data = []
     for name, layers, q_tok, k_tok in entries:
         attn = np.stack([np.asarray(t[0]) for t in layers])[args.layers]  # (layer, head, q, k)
+        attn = np.nan_to_num(attn, nan=0.0, posinf=0.0, neginf=0.0)  # (JSON has no NaN: bertviz_args says so)
         if attn.shape[1] != len(args.heads):  # the model view gets every head; keep the chosen ones
             attn = attn[:, args.heads]
         data.append(

@@ -171,7 +171,7 @@ def test_capture_flags_in_a_trace_show_on_every_page_that_draws_it(reverse_trace
     )
     path = tr.replace(meta={**tr.meta, "capture_notes": [note]}).save(tmp_path / "flagged.npz")
     monkeypatch.setenv(opened.VIEW_ENV, str(path))
-    for page in ("attention", "masks", "heads", "bertviz"):
+    for page in ("attention", "masks", "heads", "bertviz", "model"):
         at = run_app(page=page)
         assert_no_exception(at)
         shown = [w.value for w in at.warning if "could not verify, or left out" in w.value]

@@ -146,3 +146,35 @@ def test_very_long_input_is_cropped():
     assert _cells(args) <= 10_000
     short = bertviz_args(_encoder_trace(n_real=90, n_pad=0))
     assert not short.warnings and short.layers == [0, 1, 2]
+
+
+@pytest.mark.parametrize("view", ["head", "model"])
+def test_a_trace_with_nan_maps_is_drawn_with_a_warning_not_an_exception(view):
+    """A sequence with NaN in its data has NaN maps: the bertviz page raised (JSON has no NaN). It draws those
+    cells as 0 and says so."""
+    import torch
+    from torch import nn
+
+    from attnscope.core.families.capture import capture_attention
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(8, 24)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(*x.shape[:2], 3, 2, 4).permute(2, 0, 3, 1, 4)
+            return (q @ k.transpose(-1, -2)).softmax(-1) @ v
+
+    x = torch.randn(1, 4, 8)
+    x[0, 1, 2] = float("nan")
+    model = Attn().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(x)
+    trace = cap.trace(0, src_tokens=list("abcd"))
+    assert np.isnan(trace.probs("enc_self")).any()
+    args = bertviz_args(trace, view=view)
+    assert any("hold NaN" in n and "as 0" in n for n in args.warnings)
+    data = bertviz_html.data_from_args(args)
+    html = bertviz_html.render(view, data, layers=args.layers, heads=args.heads)
+    assert not np.isnan(np.asarray(data[0]["attn"], dtype=np.float64)).any() and "<html>" in html

@@ -574,3 +574,22 @@ def test_rotated_key_labels_push_the_axis_title_below_them():
     flat = token_axis(["a", "b"], "key", rotate=True)
     assert flat["tickangle"] == 0 and "standoff" in flat["title"]
     assert "automargin" not in token_axis(["a", "b"], "query")
+
+
+def test_masked_mass_table_counts_nan_rows_apart_from_leaks(batch_traces):
+    """NaN maps (a sequence with NaN in its data) were every head's "attention on masked keys": the rows are
+    counted as NaN rows, left out of the mass, and a real leak beside them is still caught."""
+    cross = batch_traces[1].cross.copy()
+    cross[0, 1, 2, :] = np.nan  # a NaN row in layer 0 head 1
+    cross[1, 3, 0, -1] = 0.25  # and a leak onto a PAD key in layer 1 head 3
+    table = analysis.masked_mass_table([batch_traces[0], batch_traces[1].replace(cross=cross)])
+    from attnscope.core.traces.trace import KIND_LABELS
+
+    rows = table[table["attention"] == KIND_LABELS["cross"]]
+    assert int(rows["NaN rows"].sum()) == 1
+    nan_head = rows[(rows["layer"] == 0) & (rows["head"] == 1)].iloc[0]
+    assert (
+        nan_head["NaN rows"] == 1 and nan_head["ok"] and nan_head["max mass on masked keys (one query)"] == 0
+    )
+    flagged = table[~table["ok"]]
+    assert list(zip(flagged["layer"], flagged["head"], strict=True)) == [(1, 3)]

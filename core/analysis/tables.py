@@ -17,14 +17,17 @@ from attnscope.core.traces.trace import KIND_LABELS, AttentionTrace
 
 def masked_mass_table(traces: Sequence[AttentionTrace]) -> pd.DataFrame:
     """Per kind, layer and head, over the whole batch: attention mass on masked keys (must be 0)
-    and rows that were fully masked (no key allowed) or that came out all zero."""
+    and rows that were fully masked (no key allowed) or that came out all zero; rows that are NaN (as the
+    model computed them) are counted apart and left out of the mass."""
     records = []
     for kind in traces[0].kinds:
         probs = np.stack([t.probs(kind) for t in traces]).astype(np.float64)  # (B, L, H, Q, K)
         mask = np.stack([t.mask(kind) for t in traces])[:, None, None]  # (B, 1, 1, Q, K)
-        on_masked = (probs * ~mask).sum(-1)  # (B, L, H, Q)
+        nan_rows = np.isnan(probs).any(-1)  # (B, L, H, Q): rows that are not numbers (said apart)
+        on_masked = np.where(nan_rows, 0.0, np.where(mask, 0.0, probs).sum(-1))  # (B, L, H, Q)
         full = int((~mask.any(-1)).sum())  # fully masked query rows in the batch
         zero = (probs.sum(-1) == 0).sum(axis=(0, 3))  # (L, H)
+        nans = nan_rows.sum(axis=(0, 3))  # (L, H)
         for layer in range(probs.shape[1]):
             for head in range(probs.shape[2]):
                 worst = float(on_masked[:, layer, head].max())
@@ -37,6 +40,7 @@ def masked_mass_table(traces: Sequence[AttentionTrace]) -> pd.DataFrame:
                         "total mass on masked keys": float(on_masked[:, layer, head].sum()),
                         "fully masked rows": full,
                         "all-zero rows": int(zero[layer, head]),
+                        "NaN rows": int(nans[layer, head]),
                         "ok": worst == 0.0 and int(zero[layer, head]) == full,
                     }
                 )

@@ -82,6 +82,10 @@ def bertviz_args(
         raise ValueError("this trace holds no attention")
     notes: list[str] = []
     seq2seq = "cross" in kinds or ("enc_self" in kinds and "dec_self" in kinds)
+    nan = [k for k in kinds if np.isnan(np.asarray(trace.probs(k), dtype=np.float32)).any()]
+    if nan:
+        notes.append(f"the {', '.join(nan)} maps hold NaN (not numbers, as the model computed them): bertviz "
+                     "cannot draw NaN, so it shows those cells as 0")  # fmt: skip
 
     # -- tokens per axis, trailing PAD dropped ---------------------------------------------
     src, tgt = list(trace.src_tokens), list(trace.tgt_tokens)

@@ -602,7 +602,8 @@ def problems(trace: AttentionTrace) -> list[str]:
             n_heads = int((per_head > 0).sum())
             out.append(
                 f"{kind} holds NaN: {int(nan.sum()):,} values in {n_heads} head(s), most at layer {ly}, head {h} "
-                "(a fully masked row filled with -inf gives NaN); the mask audit's checks name them."
+                "(a fully masked row filled with -inf gives NaN, and so does NaN or infinity in the model's input or "
+                "weights); the mask audit's checks name them."
             )
         mask = trace.mask(kind)
         if mask is not None:

@@ -149,6 +149,11 @@ show_in_rows(mask_charts)
 st.subheader("Audit: attention on masked positions (whole batch)")
 table = analysis.masked_mass_table(traces)
 bad = table[~table["ok"]]
+if int(table["NaN rows"].sum()):
+    st.warning(
+        f"{int(table['NaN rows'].sum())} query rows are NaN (not numbers, as the model computed them): they are "
+        "left out of this check (the Mask audit's finite check counts them)."
+    )
 if bad.empty:
     st.success(
         f"All {len(table)} (kind, layer, head) maps put exactly 0 attention on masked keys, "

@@ -15,6 +15,7 @@ st.title("Model")
 def trace_facts(file) -> None:
     """What a trace file says about the model that wrote it (the parameters need the model itself)."""
     tr = file.trace
+    state.show_capture_flags([tr])  # (what capture could not verify in the model that wrote it)
     arch = model_facts.trace_arch(tr)
     c = st.columns(4)
     c[0].metric("Layers × heads", f"{tr.n_layers} × {tr.n_heads}")
