@@ -30,7 +30,7 @@ CATCHES = {
     "causal_next_visible": {"masked_mass[dec_self]", "declared_mask[dec_self]", "causal_leak"},
     "pad_on_queries": {"masked_mass[enc_self]", "masked_mass[cross]", "declared_mask[cross]", "padding_leak[src]"},
     "cross_no_src_pad": {"masked_mass[cross]", "declared_mask[cross]", "padding_leak[src]"},
-    "neg_inf_fill": {"finite", "fully_masked[enc_self]", "finite_outputs", "padding_leak[src]"},
+    "neg_inf_fill": {"finite", "fully_masked[enc_self]", "finite_outputs", "batch_invariance"},
     "wrong_broadcast": {"masked_mass[enc_self]", "declared_mask[enc_self]", "padding_leak[src]"},
 }  # fmt: skip
 # On one text (no PAD in the trace) the leak tests, which append PAD columns, still catch every bug.
@@ -633,3 +633,38 @@ def test_hugging_face_wrapper_that_drops_the_attention_mask_leaks(tmp_path):
     )
     report = AU.run_audit(lm, ["the cat sat on a mat", "the dog"])
     assert failed(report) == {"padding_leak[src]", "batch_invariance"}
+
+
+def test_outputs_nan_before_and_after_a_change_did_not_move():
+    """A decoder whose fully masked PAD query rows make every output NaN: the causal leak test read NaN on both
+    sides as "moved by inf" and blamed the future. NaN on both sides did not move (the finite checks say the
+    outputs are not numbers); NaN on one side only is still a change."""
+    from attnscope.core.analysis.audit import leaks
+
+    nan = torch.full((1, 3, 4), float("nan"))
+    assert leaks._change(nan, nan.clone()).tolist() == [[0.0, 0.0, 0.0]]
+    one = torch.zeros(1, 3, 4)
+    one[0, 1, 2] = float("nan")
+    assert leaks._change(one, torch.zeros(1, 3, 4)).tolist() == [[0.0, float("inf"), 0.0]]
+    assert leaks._change(torch.ones(1, 1, 2), torch.zeros(1, 1, 2)).tolist() == [[1.0]]
+
+
+def test_a_decoder_input_of_one_position_is_not_checked_and_says_so():
+    """An untrained encoder-decoder generates nothing after its start token: the causal leak test had nothing to
+    change and the declared-mask check passed with "future masked", a green audit of a decoder never checked. Both
+    say they did not run, and how to make them run."""
+    from attnscope.core.analysis.audit import leaks
+    from attnscope.core.traces.trace import AttentionTrace
+
+    batch = leaks.ProbeBatch(
+        src=torch.tensor([[3, 4, 5]]), src_real=torch.ones(1, 3, dtype=torch.bool),
+        tgt=torch.tensor([[1]]), tgt_real=torch.ones(1, 1, dtype=torch.bool),
+    )  # fmt: skip
+    verdict = leaks.check_causal_leak(lambda *a, **k: {}, batch, pad_id=0)
+    assert verdict.status == "skip" and "--target" in verdict.detail
+    tr = AttentionTrace(
+        model="m", config_name="c", device="cpu", src_tokens=("a", "b", "c"), tgt_tokens=("<s>",),
+        dec_self=np.ones((1, 1, 1, 1), np.float32), dec_self_mask=np.ones((1, 1), bool),
+    )  # fmt: skip
+    declared = AU.check_declared_mask([tr], "dec_self", pad_id=0)
+    assert declared.status == "skip" and "not checked" in declared.detail
