@@ -2061,7 +2061,12 @@ class _Session:
                 if name in LOSSES and self.cap.records:
                     self._fed_to_loss(args, kwargs)
                 self.propagate(name, func, args, kwargs, out, pre)
-                if name == "masked_fill_" and len(args) >= 3 and args[0]._base is not None:
+                if (
+                    name == "masked_fill_"
+                    and len(args) >= 3
+                    and isinstance(args[0], torch.Tensor)
+                    and args[0]._base is not None
+                ):
                     self._filled_through_view(args, pre)
                 if self._softmaxed and name in RENORM_STEPS and type(out) is torch.Tensor:
                     self._renormalized(name, args, kwargs, out)
