@@ -6968,7 +6968,8 @@ class _Session:
 
     def tell_undecided_kinds(self) -> None:
         """One warning naming the modules recorded as encoder self-attention where this input could not tell
-        an encoder from a decoder (a single token, or one token and padding in every sequence)."""
+        an encoder from a decoder (a single token, or one token and padding in every sequence), and one naming
+        those recorded as cross-attention over two embedding calls of the same ids."""
         twice = list(
             dict.fromkeys(r.name for r in self.cap.records if r.name in self._twice and r.kind == "cross")
         )
