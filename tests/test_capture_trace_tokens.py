@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import attnscope
@@ -132,6 +133,32 @@ def test_no_attention_captured_is_one_sentence():
         nn.Linear(4, 4)(torch.randn(2, 4))
     with pytest.raises(ValueError, match="no attention was captured"):
         cap.trace(0)
+
+
+class LinearAttentionLM(nn.Module):
+    """Linear attention (elu + 1 feature maps, no softmax over keys) and a vocabulary softmax."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.emb, self.qkv, self.out = nn.Embedding(20, d), nn.Linear(d, 3 * d), nn.Linear(d, 20)
+
+    def forward(self, ids):
+        q, k, v = self.qkv(self.emb(ids)).chunk(3, -1)
+        q, k = F.elu(q) + 1, F.elu(k) + 1
+        z = 1 / (q @ k.sum(1, keepdim=True).transpose(1, 2))
+        return self.out((q @ (k.transpose(1, 2) @ v)) * z).softmax(-1)
+
+
+def test_a_model_whose_only_softmax_is_no_attention_says_why_it_has_no_maps():
+    """Linear attention writes no weights over keys, and its vocabulary softmax is no attention: the trace's one
+    sentence named only the vocabulary softmax; it says attention without a softmax has no weights to record."""
+    model = LinearAttentionLM().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, 20, (2, 5)))
+    assert cap.records == [] and cap.notes == []
+    with pytest.raises(ValueError, match="linear attention's feature maps") as raised:
+        cap.trace(0)
+    assert "vocabulary" in str(raised.value)
 
 
 def test_tokens_that_fit_no_map_are_one_sentence():

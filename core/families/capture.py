@@ -442,9 +442,12 @@ class Captured:
         ``src_tokens``); a side given none is numbered ``#0``, ``#1``, ... A kind whose maps are over
         other positions than the tokens is left out and said in the capture notes."""
         if not self.records:
-            raise ValueError("no attention was captured, so there is no trace to make" + (
-                f" ({'; '.join([*self.notes, *(str(n) for n in self.skipped)][:2])})"
-                if self.notes or self.skipped else ""))  # fmt: skip
+            said = [*self.notes, *(str(n) for n in self.skipped)][:2]
+            hint = "" if self.notes else (  # (every softmax was no attention: a vocabulary's, a router's)
+                ": no softmax over query-key scores ran, and attention written without one (linear attention's "
+                "feature maps) has no weights to record")  # fmt: skip
+            raise ValueError("no attention was captured, so there is no trace to make" + hint
+                             + (f" ({'; '.join(said)})" if said else ""))  # fmt: skip
         used = {side for kind in self.kinds() for side in _SIDES[kind]}
         src_tokens, tgt_tokens = tuple(src_tokens), tuple(tgt_tokens)
         if src_tokens and not tgt_tokens and used == {"tgt"}:
