@@ -167,16 +167,19 @@ def python_softmax(x: torch.Tensor, mask: torch.Tensor, mask_value: torch.Tensor
 softmax_fn = python_softmax  # rebound below, between two captures of the same class
 
 
+def _causal_heads(module: BigCodeAttention, x: torch.Tensor, softmax) -> torch.Tensor:
+    """BigCodeAttention's heads with the masked softmax ``softmax`` (a Python or a TorchScript function)."""
+    b, n, _ = x.shape
+    q, k, v = (t.view(b, n, 2, D // 2).transpose(1, 2) for t in module.c_attn(x).split(D, dim=2))
+    w = softmax(q @ k.transpose(-1, -2), torch.ones(n, n, dtype=torch.bool).tril(), torch.full([], -1e4))
+    return module.c_proj((w @ v).transpose(1, 2).reshape(b, n, D))
+
+
 class Rebinding(BigCodeAttention):
     """Its softmax is whatever the global ``softmax_fn`` is when it runs."""
 
     def forward(self, x):
-        b, n, _ = x.shape
-        q, k, v = (t.view(b, n, 2, D // 2).transpose(1, 2) for t in self.c_attn(x).split(D, dim=2))
-        w = softmax_fn(
-            q @ k.transpose(-1, -2), torch.ones(n, n, dtype=torch.bool).tril(), torch.full([], -1e4)
-        )
-        return self.c_proj((w @ v).transpose(1, 2).reshape(b, n, D))
+        return _causal_heads(self, x, softmax_fn)
 
 
 def _scripted_note(model) -> list[str]:
@@ -199,12 +202,7 @@ def test_a_global_rebound_to_torchscript_after_a_first_capture_is_said(monkeypat
     assert _scripted_note(model) == []
 
     def scripted_forward(self, x):
-        b, n, _ = x.shape
-        q, k, v = (t.view(b, n, 2, D // 2).transpose(1, 2) for t in self.c_attn(x).split(D, dim=2))
-        w = upcast_masked_softmax(
-            q @ k.transpose(-1, -2), torch.ones(n, n, dtype=torch.bool).tril(), torch.full([], -1e4)
-        )
-        return self.c_proj((w @ v).transpose(1, 2).reshape(b, n, D))
+        return _causal_heads(self, x, upcast_masked_softmax)
 
     monkeypatch.setattr(Rebinding, "forward", scripted_forward)  # the class's forward patched
     assert len(_scripted_note(model)) == 1

@@ -10,16 +10,11 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from attnscope.cli import main
 from attnscope.core.errors import TraceFormatError
 from attnscope.core.traces.trace import AttentionTrace
-from attnscope.core.transformer import checkpoint
-from attnscope.core.transformer.config import tiny
-from attnscope.core.transformer.model import Transformer
-from attnscope.core.transformer.tokenizer import CharTokenizer
 
 # A tiny adapter (untrained, d = 8): each test edits one line of it.
 ADAPTER = """
@@ -79,16 +74,6 @@ def one_error(capsys) -> str:
     return err[0]
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    tok = CharTokenizer.fit(["abcdefghijklmnopqrstuvwxyz "])
-    torch.manual_seed(0)
-    model = Transformer(tiny(vocab_size=len(tok), max_len=16)).eval()
-    path = tmp_path_factory.mktemp("inputs") / "tinymodel"
-    checkpoint.save(path, model, tok, tok)
-    return path
-
-
 # -- 1. sys.exit in the adapter's code ------------------------------------------------------------
 
 
@@ -131,9 +116,9 @@ def test_minus_infinity_logits_are_a_vocabulary_mask_not_a_warning(tmp_path, cap
     assert capsys.readouterr().err == ""
 
 
-def test_nan_weights_are_said_before_the_answer(folder, tmp_path, capsys):
+def test_nan_weights_are_said_before_the_answer(tiny_folder, tmp_path, capsys):
     bad = tmp_path / "nanmodel"
-    shutil.copytree(folder, bad)
+    shutil.copytree(tiny_folder, bad)
     state = load_file(bad / "model.safetensors")
     state[sorted(state)[0]].fill_(float("nan"))
     save_file(state, bad / "model.safetensors")
@@ -183,21 +168,21 @@ def test_unwritable_out_is_refused_before_the_model_runs(tmp_path, capsys, where
 
 
 @pytest.mark.parametrize("text, message", [("", "has no text"), ("a" * 100 + "\n", "1 too long")])
-def test_stats_without_a_usable_line_leaves_nothing_behind(folder, tmp_path, capsys, text, message):
+def test_stats_without_a_usable_line_leaves_nothing_behind(tiny_folder, tmp_path, capsys, text, message):
     src = tmp_path / "in.txt"
     src.write_text(text, encoding="utf-8")
     out = tmp_path / "s.parquet"
-    assert main(["stats", "--model", str(folder), "--input-file", str(src), "--out", str(out)]) == 2
+    assert main(["stats", "--model", str(tiny_folder), "--input-file", str(src), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and message in err[-1] and "KeyError" not in err[-1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
 
 
 @pytest.mark.parametrize("kind", ["folder", "device"])
-def test_stats_input_that_is_not_a_file_says_what_it_is(folder, tmp_path, capsys, kind):
+def test_stats_input_that_is_not_a_file_says_what_it_is(tiny_folder, tmp_path, capsys, kind):
     src = tmp_path if kind == "folder" else Path(os.devnull)
     out = tmp_path / "s.parquet"
-    assert main(["stats", "--model", str(folder), "--input-file", str(src), "--out", str(out)]) == 2
+    assert main(["stats", "--model", str(tiny_folder), "--input-file", str(src), "--out", str(out)]) == 2
     line = one_error(capsys)
     assert ("is a folder" if kind == "folder" else "not a regular file") in line
     assert "does not exist" not in line
@@ -221,11 +206,11 @@ class _Evil:
         return (os.system, ("true",))
 
 
-def test_pickle_checkpoint_refused_without_torch_warning(folder, tmp_path, capsys):
+def test_pickle_checkpoint_refused_without_torch_warning(tiny_folder, tmp_path, capsys):
     bad = tmp_path / "pickled"
     bad.mkdir()
     for f in ("config.json", "src_vocab.json", "tgt_vocab.json"):
-        shutil.copy(folder / f, bad / f)
+        shutil.copy(tiny_folder / f, bad / f)
     with open(bad / "model.pt", "wb") as fh:
         pickle.dump(_Evil(), fh, protocol=4)
     with warnings.catch_warnings(record=True) as seen:
