@@ -5206,7 +5206,7 @@ class _Session:
             return
         if x_tag is None or x_tag.attn_out is None or x_tag.attn_out not in self._pending:
             return
-        if not self._owns_projection(x_tag.attn_out, weight, transposed):
+        if not self._owns_projection(x_tag.attn_out, weight):
             # a projection the attention's own code does not run (the next layer's, a classifier's): its
             # values are told without an output projection
             self._pending.pop(x_tag.attn_out)
@@ -5271,7 +5271,7 @@ class _Session:
             weakref.ref(parent) if parent is not None else None,
         )
 
-    def _owns_projection(self, key: str, weight: Any, transposed: bool) -> bool:
+    def _owns_projection(self, key: str, weight: Any) -> bool:
         """The projection reading the heads merged back runs in the attention module's own call, or in the call
         of the module around it (BERT's ``attention.output.dense`` beside ``attention.self``): its output
         projection. Past both (the next layer's projections, a classifier), no; where the module around it
@@ -6945,29 +6945,27 @@ class _Session:
         (``attn(emb(ids), emb(ids))``): other inputs by lineage, the same tokens by their data."""
         if qpos is None or kpos is None or not self._id_memory:
             return False
-        try:
-            starts = [
-                {s.start for s in lineage._kinds(pos[pos >= 0].reshape(-1).unique(), self.sources)}
-                for pos in (qpos, kpos)
-            ]
-        except (RuntimeError, IndexError):
-            return False
-        if not starts[0] or not starts[1] or starts[0] & starts[1]:
+        queries, keys = self._sources_of(qpos), self._sources_of(kpos)
+        if not queries or not keys or queries.keys() & keys.keys():
             return False
         for r in self.cap.records:  # keys a self-attention asked over before: an encoder's memory, cross
             if r.kind != "cross" and r.query_positions is not None:
-                qp = r.query_positions
-                asked = {s.start for s in lineage._kinds(qp[qp >= 0].reshape(-1).unique(), self.sources)}
-                if asked & starts[1]:
+                if self._sources_of(r.query_positions).keys() & keys.keys():
                     return False
         looked = set()
-        for start in starts[0] | starts[1]:
+        for start, source in (queries | keys).items():
             memory = self._id_memory.get(start)
-            source = next((s for s in self.sources.items if s.start == start), None)
-            if memory is None or source is None or source.kind != "tokens" or not memory[0]:
+            if memory is None or source.kind != "tokens" or not memory[0]:
                 return False
             looked.add((memory, source.table))
         return len(looked) == 1
+
+    def _sources_of(self, pos: torch.Tensor) -> dict[int, lineage.Source]:
+        """The lineage sources of positions ``pos`` (-1, learned, left out), by their start."""
+        try:
+            return {s.start: s for s in lineage._kinds(pos[pos >= 0].reshape(-1).unique(), self.sources)}
+        except (RuntimeError, IndexError):
+            return {}
 
     def tell_undecided_kinds(self) -> None:
         """One warning naming the modules recorded as encoder self-attention where this input could not tell
@@ -9542,11 +9540,9 @@ def _script_calls(modules) -> list[tuple[dict, str]]:
         cls = type(mod)
         if cls.__module__.startswith("torch.") or isinstance(mod, torch.jit.ScriptModule):
             continue
-        if cls in done:
-            out.extend(done[cls])
-        else:
+        if cls not in done:
             done[cls] = _class_scripts(cls)
-            out.extend(done[cls])
+        out.extend(done[cls])
         own = mod.__dict__  # one held as an attribute (``self.rope = torch.jit.script(rope)``), or in a dict
         out.extend(_scripts_in(own))
         for n, v in list(own.items()):

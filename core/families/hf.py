@@ -663,9 +663,10 @@ def _windowed(stack: torch.Tensor, mask: torch.Tensor, config: Any) -> tuple[tor
     band = torch.arange(k, device=mask.device)[None, :] > i - w  # (q, k): the last w keys up to the query
     if not layers or bool(band.all()):
         return mask, None
-    beyond = stack[:, layers].to(torch.float32).masked_select(~band.to(stack.device)[None, None, None])
-    if bool((beyond != 0).any()):  # (the window was not applied, whatever the config says)
-        return mask, None
+    inside = band.to(stack.device)
+    for layer in layers:  # (one layer at a time: no copy of every layer's maps)
+        if bool(stack[:, layer].masked_fill(inside, 0).ne(0).any()):  # (the window was not applied)
+            return mask, None
     if len(layers) == n_layers:
         return mask & band, None
     named = ", ".join(str(n) for n in layers[:6]) + (" ..." if len(layers) > 6 else "")

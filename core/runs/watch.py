@@ -72,7 +72,7 @@ def size_text(n: int) -> str:
 
 def _steps(value: Any) -> bool:
     """A positive whole number of steps (numpy's integers too; not a bool)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 1
+    return _is_int(value) and int(value) >= 1
 
 
 def unwrap(model: nn.Module) -> nn.Module:
