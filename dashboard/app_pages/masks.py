@@ -155,11 +155,13 @@ if int(table["NaN rows"].sum()):
         "left out of this check (the Mask audit's finite check counts them)."
     )
 if bad.empty:
+    of_numbers = " (of the rows that are numbers)" if int(table["NaN rows"].sum()) else ""
     st.success(
-        f"All {len(table)} (kind, layer, head) maps put exactly 0 attention on masked keys, "
+        f"All {len(table)} (kind, layer, head) maps put exactly 0 attention on masked keys{of_numbers}, "
         "and no query row was fully masked."
         if int(table["fully masked rows"].max()) == 0
-        else f"All {len(table)} maps put exactly 0 attention on masked keys; fully masked rows came out all zero."
+        else f"All {len(table)} maps put exactly 0 attention on masked keys{of_numbers}; fully masked rows came "
+        "out all zero."
     )
 else:
     kinds = ", ".join(sorted(set(bad["attention"])))
