@@ -84,7 +84,6 @@ from __future__ import annotations
 import bisect
 import builtins
 import contextlib
-import copy
 import fnmatch
 import hashlib
 import inspect
@@ -96,7 +95,7 @@ import threading
 import types
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from types import FrameType
 from typing import Any, cast
 
@@ -244,7 +243,9 @@ _SIDES = {"enc_self": ("src", "src"), "dec_self": ("tgt", "tgt"), "cross": ("tgt
 _LAYOUTS: dict[tuple, list] = {}  # decoded layouts by shape, chain, dim and sources (see _Session._decoded)
 _LAYOUTS_LOCK = threading.Lock()
 MAX_LAYOUTS = 64
-_HAS_SELF: dict[types.CodeType, bool] = {}  # code -> whether its frames can name a module (path)
+# id(code) -> (code, whether its frames can name a module) (path): keyed by id, as a code object's hash is
+# computed from its bytecode and constants on every lookup; the entry holds the code, so its id stays its own
+_HAS_SELF: dict[int, tuple[types.CodeType, bool]] = {}
 _OWN_FILE = (lambda: None).__code__.co_filename  # capture's own frames never do
 _LOCAL = threading.local()  # .busy > 0 while a capture does its own torch calls (nested captures skip them)
 
@@ -1053,6 +1054,10 @@ class _Tag:
     # that softmax's weights. A softmax of them again elsewhere reads that map again (Whisper's alignment heads)
     softmaxed: _Probs | None = None
 
+    def copy(self) -> _Tag:
+        """A copy of this tag (copy.copy reduces a slotted dataclass through pickle's protocol: slower)."""
+        return _Tag(*(getattr(self, f) for f in _TAG_FIELDS))
+
     def derived(self, origin: frozenset) -> _Tag:
         """The tag of a tensor an op made from this one (dataclasses.replace is slower, on every op)."""
         return _Tag(self.role, origin, self.split, self.scores, self.allowed, self.mask_source, self.cross,
@@ -1061,6 +1066,7 @@ class _Tag:
                     self.probs if self.probs is not None else self.owner, self.softmaxed)  # fmt: skip
 
 
+_TAG_FIELDS = tuple(f.name for f in fields(_Tag))
 _PARAM_TAG = _Tag(role="param")  # every parameter's (shared: tags are replaced, never changed in place)
 
 
@@ -1797,14 +1803,15 @@ class _Session:
         alien: nn.Module | None = None
         while frame is not None:
             code = frame.f_code
-            has = _HAS_SELF.get(code)
+            entry = _HAS_SELF.get(id(code))
+            has = entry[1] if entry is not None and entry[0] is code else None
             if has is None:  # capture's own frames, and frames with no local named self, are passed
                 has = code.co_filename != _OWN_FILE and (  # without reading f_locals (a dict built
                     "self" in code.co_varnames or "self" in code.co_freevars or "self" in code.co_cellvars
                 )  # per frame)
                 if len(_HAS_SELF) >= 4096:
                     _HAS_SELF.clear()
-                _HAS_SELF[code] = has
+                _HAS_SELF[id(code)] = (code, has)
             if has:
                 obj = frame.f_locals.get("self")
                 if obj is not None and id(obj) in self.names and isinstance(obj, nn.Module):
@@ -5952,7 +5959,7 @@ class _Session:
                     if first is not None and first.name != path and any(r is first for r in self.cap.records):
                         self._rereads[g.probs.record.seq] = first.name
                     elif first is None:
-                        marked = copy.copy(tag)  # (tags are replaced, never changed in place)
+                        marked = tag.copy()  # (tags are replaced, never changed in place)
                         marked.softmaxed = g.probs
                         self.set(x, marked)
                 return
@@ -9162,7 +9169,9 @@ def _undecided(mask: torch.Tensor | None, lq: int) -> bool:
     every sequence one token and padding (each row that sees a key sees the same ones, none after itself)."""
     if lq == 1:
         return True
-    if mask is None or not bool(mask.any()):
+    if mask is None or (mask.shape[-1] > 1 and bool(mask[..., 0, 1:].any())):
+        return False  # (a first row that sees a later key: every padded encoder's, asked once)
+    if not bool(mask.any()):
         return False
     seen = mask.any(-1)  # (..., q)
     first = mask.gather(
