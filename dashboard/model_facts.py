@@ -118,7 +118,10 @@ def head_masks_note(trace: AttentionTrace) -> str | None:
 
 
 def real_source(trace: AttentionTrace) -> np.ndarray:
-    """(S,) bool, True = real source token (keys some query may attend to)."""
+    """(S,) bool, True = real source token (keys some query may attend to, in every layer where the layers
+    were masked differently: a layer that forgot the padding mask does not make PAD real)."""
+    if trace.enc_self_layer_masks is not None:
+        return np.asarray(np.asarray(trace.enc_self_layer_masks).any(axis=-2).all(axis=0), dtype=bool)
     if trace.enc_self_mask is not None:
         return np.asarray(np.asarray(trace.enc_self_mask).any(axis=0), dtype=bool)
     return np.ones(len(trace.src_tokens), dtype=bool)
@@ -131,6 +134,8 @@ def real_decoder(trace: AttentionTrace) -> np.ndarray:
         if trace.tgt_real is not None and len(trace.tgt_real) == len(trace.tgt_tokens):
             return np.asarray(trace.tgt_real, dtype=bool).copy()
         return np.zeros(len(trace.tgt_tokens), dtype=bool)
+    if trace.dec_self_layer_masks is not None:  # (layers masked differently: real where every layer says so)
+        return np.asarray(np.diagonal(np.asarray(trace.dec_self_layer_masks), axis1=-2, axis2=-1).all(axis=0))
     return np.diagonal(np.asarray(trace.dec_self_mask)).copy()
 
 

@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from attnscope.core.errors import ModelLoadError  # noqa: E402
 from attnscope.core.families.hf import HFModel, load_hf  # noqa: E402
+from attnscope.core.traces.trace import AttentionTrace  # noqa: E402
 from attnscope.models import registry  # noqa: E402
 
 WORDS = "the cat sat on a mat dog ran hello world is big small".split()
@@ -468,10 +469,11 @@ def test_residual_norms_are_each_layers_input_and_the_norm_rollout_runs(loaded, 
 
 
 @pytest.mark.parametrize("arch", ["mistral", "gemma2"])
-def test_a_sliding_window_is_in_the_saved_mask_where_every_layer_uses_it(tmp_path, arch):
+def test_a_sliding_window_is_in_the_saved_mask_of_the_layers_that_use_it(tmp_path, arch):
     """Mistral's sliding window hides keys more than ``sliding_window`` back: the saved mask was plain causal,
     so those keys showed as allowed with weight 0. Where every layer uses the window it is the mask; where
-    only some do (Gemma 2 alternates), the mask stays causal and a warning says which layers attend within it."""
+    only some do (Gemma 2 alternates), the trace holds each layer's mask: the window in those layers, causal
+    in the others (it held the causal one for all, with a warning)."""
     torch.manual_seed(0)
     t = transformers
     common = dict(**SMALL, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -488,14 +490,17 @@ def test_a_sliding_window_is_in_the_saved_mask_where_every_layer_uses_it(tmp_pat
     n = mask.shape[-1]
     causal = np.tril(np.ones((n, n), bool))
     band = causal & ~np.tril(np.ones((n, n), bool), -3)  # the last 3 keys up to each query
+    assert not trace.meta["warnings"]
     if arch == "mistral":
-        assert np.array_equal(mask, band) and not trace.meta["warnings"]
+        assert np.array_equal(mask, band) and not trace.masks_differ("dec_self")
         assert (probs[:, :, ~band] == 0).all()
     else:
-        assert np.array_equal(mask, causal)
-        (said,) = [w for w in trace.meta["warnings"] if "sliding window" in w]
-        assert "layers 0" in said and "3 keys" in said
+        assert trace.masks_differ("dec_self")
+        assert np.array_equal(trace.mask("dec_self", 0), band) and np.array_equal(mask, band)
+        assert np.array_equal(trace.mask("dec_self", 1), causal)
         assert (probs[0][:, ~band] == 0).all() and (probs[1][:, ~band] > 0).any()
+        assert trace.problems() == []  # every layer's weights within its own mask
+        assert AttentionTrace.load(trace.save(tmp_path / "t.npz")).masks_differ("dec_self")
 
 
 class _RunsCode:

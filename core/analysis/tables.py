@@ -22,10 +22,13 @@ def masked_mass_table(traces: Sequence[AttentionTrace]) -> pd.DataFrame:
     records = []
     for kind in traces[0].kinds:
         probs = np.stack([t.probs(kind) for t in traces]).astype(np.float64)  # (B, L, H, Q, K)
-        mask = np.stack([t.mask(kind) for t in traces])[:, None, None]  # (B, 1, 1, Q, K)
+        mask = np.stack(  # (B, L, 1, Q, K): each layer's (a trace with no mask for the kind: every key allowed)
+            [np.ones(t.probs(kind).shape[:1] + t.probs(kind).shape[2:], bool) if (m := t.layer_masks(kind)) is None
+             else m for t in traces]
+        )[:, :, None]  # fmt: skip
         nan_rows = np.isnan(probs).any(-1)  # (B, L, H, Q): rows that are not numbers (said apart)
         on_masked = np.where(nan_rows, 0.0, np.where(mask, 0.0, probs).sum(-1))  # (B, L, H, Q)
-        full = int((~mask.any(-1)).sum())  # fully masked query rows in the batch
+        full = (~mask.any(-1)).sum(axis=(0, 2, 3))  # (L,) fully masked query rows in the batch, per layer
         zero = (probs.sum(-1) == 0).sum(axis=(0, 3))  # (L, H)
         nans = nan_rows.sum(axis=(0, 3))  # (L, H)
         for layer in range(probs.shape[1]):
@@ -38,10 +41,10 @@ def masked_mass_table(traces: Sequence[AttentionTrace]) -> pd.DataFrame:
                         "head": head,
                         "max mass on masked keys (one query)": worst,
                         "total mass on masked keys": float(on_masked[:, layer, head].sum()),
-                        "fully masked rows": full,
+                        "fully masked rows": int(full[layer]),
                         "all-zero rows": int(zero[layer, head]),
                         "NaN rows": int(nans[layer, head]),
-                        "ok": worst == 0.0 and int(zero[layer, head]) == full,
+                        "ok": worst == 0.0 and int(zero[layer, head]) == int(full[layer]),
                     }
                 )
     return pd.DataFrame.from_records(records)

@@ -675,7 +675,7 @@ class AdapterModel:
             raise InputError("no input text given")
         probs, joined_stacks, cap = torch.cat(outs), _join_stacks(parts), first
         labels = joined_stacks.pop("sides")
-        stacks = {k: v[:3] for k, v in joined_stacks.items()}
+        stacks = {k: (*v[:3], v[8]) for k, v in joined_stacks.items()}
         learned = {k: (v[3], v[4]) for k, v in joined_stacks.items() if v[3] is not None}
         norms = {k: (v[5], v[6]) for k, v in joined_stacks.items() if v[5] is not None}
         residual = {k: v[7] for k, v in joined_stacks.items() if v[7] is not None}
@@ -848,6 +848,7 @@ class AdapterModel:
                 km.value_norms,
                 km.value_scope,
                 km.residual_norms,
+                None if km.layer_masks is None else km.layer_masks.cpu(),
             )
         out["sides"] = sides
         return out
@@ -963,11 +964,16 @@ def _join_stacks(parts: list[dict[str, Any]]) -> dict[str, Any]:
         learned = [p[kind][3] for p in parts]
         vn = [p[kind][5] for p in parts]
         rn = [p[kind][7] for p in parts]
+        # each layer's masks where some part's layers were masked differently (the others' one mask repeated)
+        lm = None
+        if any(p[kind][8] is not None for p in parts):
+            lm = torch.cat([p[kind][8] if p[kind][8] is not None
+                            else p[kind][2][:, None].expand(-1, p[kind][0].shape[1], -1, -1) for p in parts])  # fmt: skip
         same_scope = len({p[kind][6] for p in parts}) == 1
         out[kind] = (probs, None if any(x is None for x in scores) else torch.cat(scores), mask,
                      None if any(x is None for x in learned) else torch.cat(learned), parts[0][kind][4],
                      None if any(x is None for x in vn) or not same_scope else torch.cat(vn),
-                     parts[0][kind][6], None if any(x is None for x in rn) else torch.cat(rn))  # fmt: skip
+                     parts[0][kind][6], None if any(x is None for x in rn) else torch.cat(rn), lm)  # fmt: skip
     return out
 
 

@@ -550,6 +550,14 @@ class Captured:
                 n_rows,
                 False,
             )
+            if km.layer_masks is not None and not bool(
+                (km.layer_masks[index] == km.layer_masks[index, :1]).all()
+            ):
+                # layers masked differently (sliding-window layers between global ones): each layer's mask,
+                # the kind's mask being the first layer's
+                per_layer = _at_rows(km.layer_masks[index].cpu().numpy(), rows, n_rows, False)
+                kw[f"{kind}_layer_masks"] = per_layer
+                kw[f"{kind}_mask"] = per_layer[0]
             if km.learned is not None:
                 kw[f"{kind}_learned"] = _at_rows(km.learned[index].float().cpu().numpy(), rows, n_rows, 0.0)
                 learned_keys[kind] = list(km.learned_labels)
@@ -693,6 +701,8 @@ class KindMaps:
     value_norms: torch.Tensor | None = None  # (B, layer, head, k): ||f_h(x_j)|| of the sequence's keys
     value_scope: str | None = None  # values_.WITH_WO or values_.WITHOUT_WO
     residual_norms: torch.Tensor | None = None  # (B, layer, q): ||x_i|| of the stream each layer adds to
+    # (B, layer, q, k): every layer's mask, where some layer's differs from the first's (else None)
+    layer_masks: torch.Tensor | None = None
 
 
 def _seq_columns(r: Record, joined: set[str]) -> list[int]:
@@ -882,6 +892,7 @@ def kind_maps(records: list[Record], joined: set[str]) -> KindMaps:
         scores = torch.stack([r.scores[..., seq] for r, seq in zip(records, seqs, strict=True)], dim=1)  # type: ignore[index]
     first = records[0]
     mask = None if first.mask is None else first.mask[..., seqs[0]]
+    layer_masks = _layer_masks(records, seqs, probs)
     learned = None
     if labels:
         learned = probs.new_zeros(*probs.shape[:-1], len(labels))
@@ -903,7 +914,26 @@ def kind_maps(records: list[Record], joined: set[str]) -> KindMaps:
             [r.residual.to(probs.device) for r in records if r.residual is not None], dim=1
         )
     return KindMaps(probs, scores, mask, learned, tuple(labels), first.query_labels,
-                    key_labels if any(key_labels) else None, norms, scope, residual)  # fmt: skip
+                    key_labels if any(key_labels) else None, norms, scope, residual, layer_masks)  # fmt: skip
+
+
+def _layer_masks(records: list[Record], seqs: list[list[int]], probs: torch.Tensor) -> torch.Tensor | None:
+    """(B, layer, q, k) every layer's mask over its sequence's keys (all True where a layer had none), where
+    some layer's differs from the first's (sliding-window layers between global ones, a layer that forgot
+    the padding mask); None where every layer's is the first's."""
+    b, _, _, q, k = probs.shape
+    masks = [
+        None if r.mask is None else r.mask[..., seq].to(probs.device).expand(b, q, k)
+        for r, seq in zip(records, seqs, strict=True)
+    ]
+    first = masks[0]
+    if all(
+        (m is None and first is None) or (m is not None and first is not None and torch.equal(m, first))
+        for m in masks[1:]
+    ):
+        return None
+    every = torch.ones(b, q, k, dtype=torch.bool, device=probs.device)
+    return torch.stack([every if m is None else m.bool() for m in masks], dim=1)
 
 
 def kind_value_norms(records: list[Record], seqs: list[list[int]]) -> tuple[torch.Tensor | None, str | None]:

@@ -404,8 +404,8 @@ class HFModel:
             {"attentions": "dec_self"}, input_ids=seq, attention_mask=real, use_cache=False
         )
         stack = _stack_layers(out, "attentions")
-        mask, window_note = _windowed(stack, padding_masks(None, real)["dec_self"], self.model.config)
-        maps = {"dec_self": (stack, None, mask)}
+        mask, layer_masks = _windowed(stack, padding_masks(None, real)["dec_self"], self.model.config)
+        maps = {"dec_self": (stack, None, mask, layer_masks)}
         side = Side(seq, real, self.src_tok.tokens)
         traces = []
         for i, p in enumerate(prepared):
@@ -416,7 +416,7 @@ class HFModel:
                 text = self.tokenizer.decode(guesses[n_prompt - 1 : n_real - 1], skip_special_tokens=True)
             else:
                 text = self.tokenizer.decode(guesses[n_prompt - 1 : n_prompt], skip_special_tokens=False)
-            meta = self._meta(ms, tp is not None, p.warnings + ([window_note] if window_note else []))
+            meta = self._meta(ms, tp is not None, p.warnings)
             meta.update(prompt_len=n_prompt, decoder_only=True)
             traces.append(self._make(i, None, side, maps, text, meta, moves, **fields))
         return traces
@@ -642,11 +642,14 @@ def _load_failed(folder: Path, exc: Exception) -> str:
     return f"cannot load the model in {folder}: {_short(text)}"
 
 
-def _windowed(stack: torch.Tensor, mask: torch.Tensor, config: Any) -> tuple[torch.Tensor, str | None]:
+def _windowed(
+    stack: torch.Tensor, mask: torch.Tensor, config: Any
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A causal mask ``(B, q, k)`` narrowed to the sliding window the config's layers attend within
     (Mistral's ``sliding_window``, the ``"sliding_attention"`` entries of ``layer_types``), where the maps
     ``stack`` ``(B, layer, head, q, k)`` show it was applied (no weight beyond it in those layers). Where only
-    some layers use it, the mask stays the other layers' and a sentence says so."""
+    some layers use it (Gemma 2's every other layer), the first layer's mask and every layer's ``(B, layer,
+    q, k)``, the window in those layers only; else the one mask and None."""
     w = getattr(config, "sliding_window", None)
     if not isinstance(w, int) or isinstance(w, bool) or w <= 0 or stack.dim() != 5:
         return mask, None
@@ -669,11 +672,9 @@ def _windowed(stack: torch.Tensor, mask: torch.Tensor, config: Any) -> tuple[tor
             return mask, None
     if len(layers) == n_layers:
         return mask & band, None
-    named = ", ".join(str(n) for n in layers[:6]) + (" ..." if len(layers) > 6 else "")
-    return mask, (
-        f"layers {named} attend within a sliding window of {w} keys: the mask saved is the other layers' "
-        "(causal), so keys beyond the window are allowed there and get weight 0 in those layers"
-    )
+    windowed = set(layers)
+    per_layer = torch.stack([mask & band if n in windowed else mask for n in range(n_layers)], dim=1)
+    return per_layer[:, 0], per_layer
 
 
 def _stack_layers(out: Any, name: str) -> torch.Tensor:

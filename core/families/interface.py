@@ -299,14 +299,15 @@ def package_trace(
     device: str,
     src: Side | None,
     tgt: Side | None,
-    maps: dict[str, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]],
+    maps: dict[str, tuple[Any, ...]],  # (probs, scores, mask) or (probs, scores, mask, layer_masks)
     output_text: str,
     meta: dict[str, Any],
     **fields: Any,
 ) -> AttentionTrace:
     """Sequence ``i`` of a batch as an AttentionTrace: the one way every model family packages one.
 
-    maps: kind -> (probs (B, layer, head, q, k), scores of the same shape or None, mask (B, q, k) or None).
+    maps: kind -> (probs (B, layer, head, q, k), scores of the same shape or None, mask (B, q, k) or None), and
+    optionally every layer's mask (B, layer, q, k) or None, where the layers were masked differently.
     fields: further AttentionTrace fields, already for sequence ``i`` (predictions, labels...)."""
     kw: dict[str, Any] = dict(fields)
     for name, side in (("src", src), ("tgt", tgt)):
@@ -315,11 +316,15 @@ def package_trace(
             kw[f"{name}_ids"] = ids.cpu().numpy()
             kw[f"{name}_tokens"] = side.tokens(ids.tolist())
             kw[f"{name}_real"] = side.real[i].bool().cpu().numpy()
-    for kind, (probs, scores, mask) in maps.items():
+    for kind, (probs, scores, mask, *per_layer) in maps.items():
         kw[kind] = probs[i].detach().float().cpu().numpy()
         kw[f"{kind}_scores"] = None if scores is None else scores[i].detach().float().cpu().numpy()
         if mask is not None:
             kw[f"{kind}_mask"] = mask[i].bool().cpu().numpy()
+        layer_masks = per_layer[0] if per_layer else None
+        if layer_masks is not None and not bool((layer_masks[i] == layer_masks[i, :1]).all()):
+            kw[f"{kind}_layer_masks"] = layer_masks[i].bool().cpu().numpy()  # (layers masked differently)
+            kw[f"{kind}_mask"] = kw[f"{kind}_layer_masks"][0]
     kw.setdefault("src_tokens", ())
     for kind in maps:  # NaN or infinity in the weights or the data: no norm to show (a file would not open)
         value, residual, dropped = values_.finite_norms(

@@ -3,7 +3,7 @@
 One trace describes one input sequence (in a batch, each sequence keeps the
 batch's padded length so PAD positions stay visible). Tensors are numpy,
 read-only, shaped ``[layer, head, query, key]``; masks are bool ``[query, key]``,
-True = may attend. Query/key tokens for each kind come from ``axes(kind)``, so a
+True = may attend (``[layer, query, key]`` too where a kind's layers were masked differently). Query/key tokens for each kind come from ``axes(kind)``, so a
 plot can never label rows with tokens from another tensor.
 
 Kinds and their axes:
@@ -39,12 +39,15 @@ _ARRAYS = (
     "enc_self_learned", "dec_self_learned", "cross_learned",
     "enc_self_value_norms", "dec_self_value_norms", "cross_value_norms",
     "enc_self_residual_norms", "dec_self_residual_norms", "cross_residual_norms",
+    "enc_self_layer_masks", "dec_self_layer_masks", "cross_layer_masks",
 )  # fmt: skip
 LEARNED = ("enc_self_learned", "dec_self_learned", "cross_learned")  # trace format 2
 VALUE_NORMS = (  # trace format 3: what attention moves
     "enc_self_value_norms", "dec_self_value_norms", "cross_value_norms",
     "enc_self_residual_norms", "dec_self_residual_norms", "cross_residual_norms",
 )  # fmt: skip
+# trace format 4: every layer's mask, where the layers of a kind were masked differently
+LAYER_MASKS = ("enc_self_layer_masks", "dec_self_layer_masks", "cross_layer_masks")
 _TOKENS = ("src_tokens", "tgt_tokens", "out_tokens")
 
 
@@ -104,6 +107,12 @@ class AttentionTrace:
     enc_self_residual_norms: np.ndarray | None = None
     dec_self_residual_norms: np.ndarray | None = None
     cross_residual_norms: np.ndarray | None = None
+    # bool (layer, query, key): each layer's mask, only where some layer's differs from the first's
+    # (sliding-window layers between global ones, a layer that forgot the padding mask); the kind's
+    # ``_mask`` is then the first layer's
+    enc_self_layer_masks: np.ndarray | None = None
+    dec_self_layer_masks: np.ndarray | None = None
+    cross_layer_masks: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name in _ARRAYS:
@@ -135,10 +144,31 @@ class AttentionTrace:
         self._check(kind)
         return getattr(self, f"{kind}_scores")
 
-    def mask(self, kind: str) -> np.ndarray:
-        """(query, key) bool mask used by that kind, True = may attend."""
+    def mask(self, kind: str, layer: int | None = None) -> np.ndarray:
+        """(query, key) bool mask used by that kind, True = may attend: the first layer's where its layers
+        were masked differently (``layer``: that layer's; ``layer_masks`` gives every layer's)."""
         self._check(kind)
+        per_layer = getattr(self, f"{kind}_layer_masks")
+        if layer is not None and per_layer is not None:
+            return per_layer[layer]
         return getattr(self, f"{kind}_mask")
+
+    def layer_masks(self, kind: str) -> np.ndarray | None:
+        """(layer, query, key) bool masks of that kind, one per layer (the kind's one mask repeated where
+        every layer used it, as a read-only view); None where the trace has no mask for it."""
+        self._check(kind)
+        per_layer = getattr(self, f"{kind}_layer_masks")
+        if per_layer is not None:
+            return per_layer
+        mask = getattr(self, f"{kind}_mask")
+        if mask is None:
+            return None
+        return np.broadcast_to(mask, (getattr(self, kind).shape[0], *mask.shape))
+
+    def masks_differ(self, kind: str) -> bool:
+        """Whether the layers of ``kind`` were masked differently (the trace holds each layer's mask)."""
+        self._check(kind)
+        return getattr(self, f"{kind}_layer_masks") is not None
 
     def learned(self, kind: str) -> tuple[tuple[str, ...], np.ndarray] | None:
         """(labels, weights (layer, head, query, M)) of the learned keys outside the sequence that

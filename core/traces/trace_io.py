@@ -27,7 +27,15 @@ from typing import Any
 import numpy as np
 
 from attnscope.core.errors import TraceFormatError
-from attnscope.core.traces.trace import _ARRAYS, _TOKENS, KINDS, LEARNED, VALUE_NORMS, AttentionTrace
+from attnscope.core.traces.trace import (
+    _ARRAYS,
+    _TOKENS,
+    KINDS,
+    LAYER_MASKS,
+    LEARNED,
+    VALUE_NORMS,
+    AttentionTrace,
+)
 
 MAX_TRACE_TOKENS = 2048  # per axis (source, decoder)
 MAX_TRACE_VALUES = (
@@ -42,13 +50,21 @@ MAX_CLASSES = 100_000  # out_probs of a classifier
 MAX_JSON_DEPTH = 16  # a trace's JSON nests 5 deep (a [layer, head, query, key] list in the object)
 # The format's version, in the header of every file written, and the members each version may hold:
 # a reader refuses members it does not know and versions newer than it reads.
-FORMAT_VERSION = 3  # the newest this reader knows; a file is written in the oldest that holds its members
-_V1 = frozenset((*_TOKENS, *(a for a in _ARRAYS if a not in LEARNED and a not in VALUE_NORMS), "header"))
+FORMAT_VERSION = 4  # the newest this reader knows; a file is written in the oldest that holds its members
+_V1 = frozenset(
+    (
+        *_TOKENS,
+        *(a for a in _ARRAYS if a not in LEARNED and a not in VALUE_NORMS and a not in LAYER_MASKS),
+        "header",
+    )
+)
 FORMAT_MEMBERS = {
     1: _V1,
     2: _V1 | frozenset(LEARNED),
     3: _V1 | frozenset(LEARNED) | frozenset(VALUE_NORMS),
-}  # 2: weights on learned keys (memory key/values, null keys); 3: value norms (what attention moves)
+    4: _V1 | frozenset(LEARNED) | frozenset(VALUE_NORMS) | frozenset(LAYER_MASKS),
+}  # 2: weights on learned keys (memory key/values, null keys); 3: value norms (what attention moves);
+# 4: each layer's mask where a kind's layers were masked differently
 MAX_LEARNED_KEYS = 1024
 PROB_TOL = 1e-3
 # meta["weights_rescaled"]: the largest weight of a trace whose weights were scaled up after the softmax (dropout
@@ -191,6 +207,8 @@ def _check_declared(members: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Non
             limit = values * 16  # float64, or complex (refused with its own sentence later)
         elif name.endswith("_mask"):
             limit = n * n * 8
+        elif name in LAYER_MASKS:  # (layer, query, key): at most one per layer's map of a head
+            limit = values * 8
         elif name in VALUE_NORMS:  # (layer, head, key): at most one per attention value
             limit = values * 8
         elif name in LEARNED:
@@ -324,6 +342,17 @@ def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
                 )
             if m.dtype.kind != "b" and not (m.dtype.kind in "iu" and np.isin(m, (0, 1)).all()):
                 raise _Bad(f"{kind}_mask must be booleans (True = may attend), got {m.dtype}")
+        lm = arrays.get(f"{kind}_layer_masks")
+        if lm is not None:
+            if lm.shape != (p.shape[0], *p.shape[2:]):
+                raise _Bad(f"{kind}_layer_masks is {_shape(lm)}, but {kind} calls for [layer, query, key] = "
+                           f"{_shape(p[:, 0])}")  # fmt: skip
+            if lm.dtype.kind != "b" and not (lm.dtype.kind in "iu" and np.isin(lm, (0, 1)).all()):
+                raise _Bad(f"{kind}_layer_masks must be booleans (True = may attend), got {lm.dtype}")
+            if m is None or not np.array_equal(np.asarray(lm[0], dtype=bool), np.asarray(m, dtype=bool)):
+                raise _Bad(
+                    f"{kind}_layer_masks' first layer is not {kind}_mask (the kind's mask is its first layer's)"
+                )
         pf = np.asarray(p, dtype=np.float32)
         if np.isinf(pf).any():
             raise _Bad(f"{kind} holds infinite values, which are not probabilities")
@@ -453,8 +482,9 @@ def _check_query_rows(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> 
         empty = np.ones(n, dtype=bool)
         empty[rows] = False
         pf = np.asarray(p, dtype=np.float32)[:, :, empty]
-        m = arrays.get(f"{kind}_mask")
-        if np.nan_to_num(pf).any() or (m is not None and np.asarray(m, dtype=bool)[empty].any()):
+        m = arrays.get(f"{kind}_layer_masks")
+        m = arrays.get(f"{kind}_mask") if m is None else m
+        if np.nan_to_num(pf).any() or (m is not None and np.asarray(m, dtype=bool)[..., empty, :].any()):
             raise _Bad(f"{kind}'s rows that meta 'query_rows' leaves out hold weights or see keys")
 
 
@@ -469,7 +499,7 @@ def _from_fields(header: dict[str, Any], arrays: dict[str, Any]) -> AttentionTra
             value = np.asarray(arrays[name])
             if name == "topk_tokens":
                 value = value.astype(str)
-            elif name.endswith(("_mask", "_real")):
+            elif name.endswith(("_mask", "_masks", "_real")):
                 value = value.astype(bool)
             elif name.endswith("_ids"):
                 value = value.astype(np.int64)
@@ -605,9 +635,10 @@ def problems(trace: AttentionTrace) -> list[str]:
                 "(a fully masked row filled with -inf gives NaN, and so does NaN or infinity in the model's input or "
                 "weights); the mask audit's checks name them."
             )
-        mask = trace.mask(kind)
+        layer_masks = trace.layer_masks(kind)
+        mask = None if layer_masks is None else np.asarray(layer_masks, bool)[:, None]  # (layer, 1, q, k)
         if mask is not None:
-            forbidden = np.where(~np.asarray(mask, bool), np.nan_to_num(p, nan=0.0), 0.0)
+            forbidden = np.where(~mask, np.nan_to_num(p, nan=0.0), 0.0)
             worst = float(forbidden.max()) if forbidden.size else 0.0
             if worst > 1e-6:
                 ly, h, q, k = np.unravel_index(int(np.argmax(forbidden)), forbidden.shape)
@@ -621,7 +652,7 @@ def problems(trace: AttentionTrace) -> list[str]:
             rows = rows + np.nansum(learned[1], axis=-1)
         ok_rows = ~nan.any(axis=-1)
         if mask is not None:
-            ok_rows &= np.asarray(np.asarray(mask, bool).any(axis=-1))[None, None]
+            ok_rows &= mask.any(axis=-1)
         dev = np.where(ok_rows, np.abs(rows - 1.0), 0.0)
         if dev.size and float(dev.max()) > PROB_TOL:
             ly, h, q = np.unravel_index(int(np.argmax(dev)), dev.shape)

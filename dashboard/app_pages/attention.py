@@ -94,6 +94,9 @@ moves_on = mode == "moves" and norms is not None
 probs = tr.probs(kind)
 q_tok, k_tok = tr.axes(kind)
 mask = tr.mask(kind)
+layer_masks = (
+    tr.layer_masks(kind) if tr.masks_differ(kind) else None
+)  # layers masked differently: each its own
 n_layers, n_heads = probs.shape[:2]
 where = f"sequence {seq}" if len(traces) > 1 else "input"
 hinted = marks.hinted({} if state.current().trace else state.model().meta, kind)
@@ -109,7 +112,7 @@ grid = trace_cache.figures.get(  # built once per trace and options: picking a h
         P.moves_shares(probs, norms) if moves_on else probs,
         q_tok,
         k_tok,
-        mask=mask if show_mask else None,
+        mask=(mask if layer_masks is None else layer_masks) if show_mask else None,
         log=log,
         aggregates=aggregates,
         title=grid_title,
@@ -127,6 +130,7 @@ heads: list[int | str] = list(range(n_heads)) + list(P.AGGREGATES)
 layer, head = ui.layer_head_picker(K.ATT_LAYER, K.ATT_HEAD, n_layers, heads)
 
 weights = P.head_weights(probs, layer, head)
+mask = tr.mask(kind, layer)  # this layer's (the kind's one mask where every layer used it)
 head_keys, head_mask = k_tok, mask
 extra: dict[str, np.ndarray] = {}
 if norms is not None:  # hover: both numbers, and the raw ‖α f(x)‖

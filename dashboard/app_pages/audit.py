@@ -130,14 +130,15 @@ default = (worst.layer, worst.head) if worst else tuple(int(i) for i in np.unrav
 layer, head = ui.layer_head_picker(K.AUD_LAYER, K.AUD_HEAD, n_layers, n_heads, default)
 
 c1, c2 = st.columns(2)
-declared = tr.mask(kind)
+declared = tr.mask(kind, layer)  # the picked layer's (its layers may have been masked differently)
+at_layer = f" · layer {layer}" if tr.masks_differ(kind) else ""
 if declared is not None:
     figs["mask used vs called for"] = P.mask_compare_figure(
         expected,
         declared,
         q_tok,
         k_tok,
-        title=f"mask the model used vs the mask the tokens call for<br>{KIND_LABELS[kind]} · {where}",
+        title=f"mask the model used vs the mask the tokens call for<br>{KIND_LABELS[kind]}{at_layer} · {where}",
         query_title=q_title,
         key_title=k_title,
     )

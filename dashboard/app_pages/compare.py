@@ -293,7 +293,7 @@ layer_b, head_b = min(layer, pb.shape[0] - 1), min(head, pb.shape[1] - 1)
 def _head_fig(tr: AttentionTrace, name: str, ly: int, h: int):
     q_tok, k_tok = tr.axes(kind)
     fig = PT.head_heatmap(
-        tr.probs(kind)[ly, h], q_tok, k_tok, mask=tr.mask(kind), query_title=q_title, key_title=k_title,
+        tr.probs(kind)[ly, h], q_tok, k_tok, mask=tr.mask(kind, ly), query_title=q_title, key_title=k_title,
         title=f"{name}<br>{KIND_LABELS[kind]} · layer {ly} · head {h} · {where}",
     )  # fmt: skip
     return ui.side_by_side(fig, len(k_tok))

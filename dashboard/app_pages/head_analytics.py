@@ -113,7 +113,7 @@ figs["head"] = PT.head_heatmap(
     probs[layer, head],
     q_tok,
     k_tok,
-    mask=tr.mask(kind),
+    mask=tr.mask(kind, layer),
     query_title=q_title,
     key_title=k_title,
     title=f"{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}"

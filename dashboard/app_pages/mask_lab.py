@@ -152,7 +152,7 @@ layer, head = ui.layer_head_picker(K.LAB_LAYER, K.LAB_HEAD, n_layers, n_heads, c
 where = words.where(traces_ok, seq)
 q_tok, k_tok = tr_ok.axes(kind)
 q_title, k_title = AXIS_TITLES[kind]
-m_ok, m_bad = tr_ok.mask(kind), tr_bad.mask(kind)
+m_ok, m_bad = tr_ok.mask(kind, layer), tr_bad.mask(kind, layer)
 # Two tabs, two charts each: what the bug changes (the mask, cell by cell, and the attention it moves),
 # then the two attention maps. Only the open tab's figures are built and sent (at 512 tokens each chart
 # is 262,144 cells for the browser to draw); switching tabs reruns the page on the cached runs.

@@ -88,6 +88,34 @@ note = model_facts.head_masks_note(tr)
 if note:
     st.warning(note)
 where = f"sequence {seq}"
+# kinds whose layers were masked differently (sliding-window layers between global ones): a layer to show
+differ = [k for k in tr.kinds if tr.masks_differ(k)]
+mask_layer = None
+if differ:
+    n_layers = max(tr.probs(k).shape[0] for k in differ)
+    mask_layer = st.selectbox(
+        "Layer (masks differ between layers)",
+        range(n_layers),
+        key=K.MASK_LAYER,
+        help="The layers of "
+        + ", ".join(KIND_LABELS[k] for k in differ)
+        + " applied different masks (a sliding "
+        "window in some layers, a mask a layer forgot): each layer's is shown here, and the audit below reads "
+        "each layer's own.",
+    )
+    st.info(
+        f"The layers of {', '.join(KIND_LABELS[k] for k in differ)} were masked differently: the masks below are "
+        f"layer {mask_layer}'s."
+    )
+
+
+def kind_mask(kind: str) -> np.ndarray | None:
+    """The picked layer's mask of ``kind`` (its one mask where every layer used the same)."""
+    if mask_layer is None or kind not in differ:
+        return getattr(tr, f"{kind}_mask")
+    return tr.mask(kind, min(mask_layer, tr.probs(kind).shape[0] - 1))
+
+
 t_len = len(tr.tgt_tokens)
 # Attention masks of the picked sequence:
 # (figure name, chart key, shown, mask (Q, K), query tokens, key tokens, query axis, key axis, title)
@@ -107,7 +135,7 @@ attention_panels = [
         "decoder self",
         "mask_decoder_self",
         has_decoder and tr.dec_self_mask is not None,
-        tr.dec_self_mask,
+        kind_mask("dec_self"),
         tr.tgt_tokens,
         tr.tgt_tokens,
         "query: decoder input",
@@ -118,7 +146,7 @@ attention_panels = [
         "cross",
         "mask_cross",
         has_decoder and has_encoder and tr.cross_mask is not None,
-        tr.cross_mask,
+        kind_mask("cross"),
         tr.tgt_tokens,
         tr.src_tokens,
         "query: decoder input",
@@ -129,7 +157,7 @@ attention_panels = [
         "encoder self",
         "mask_encoder_self",
         has_encoder and tr.enc_self_mask is not None,  # a model may lack a kind (an RNN seq2seq: cross only)
-        tr.enc_self_mask,
+        kind_mask("enc_self"),
         tr.src_tokens,
         tr.src_tokens,
         "query: source tokens",

@@ -29,7 +29,8 @@ def trace_facts(file) -> None:
     rows = [
         {"kind": KIND_LABELS[k], "layers": tr.probs(k).shape[0], "heads": tr.probs(k).shape[1],
          "query × key": f"{tr.probs(k).shape[2]} × {tr.probs(k).shape[3]}",
-         "scores": tr.scores(k) is not None, "mask": tr.mask(k) is not None}
+         "scores": tr.scores(k) is not None,
+         "mask": "one per layer" if tr.masks_differ(k) else "yes" if tr.mask(k) is not None else "no"}
         for k in tr.kinds
     ]  # fmt: skip
     st.dataframe(pd.DataFrame(rows), hide_index=True, key="model_trace_kinds")

@@ -195,10 +195,11 @@ def _grid_cells(probs, query_tokens, key_tokens, mask, log, aggregates, bq, bk) 
         quantise(per_head[:, h] if isinstance(h, int) else block_max(reduce_heads(probs, h), bq, bk), log)
         for h in columns
     ]  # each (L, Q', K') uint8
-    masked_tile = None
+    masked_tile = None  # (L or 1, Q', K'): one mask for every layer, or each layer's
     if mask is not None and not np.asarray(mask, dtype=bool).all():
         # 1 = masked; a block is masked when none of its cells may attend
-        masked_tile = (block_max(np.asarray(mask, dtype=np.uint8), bq, bk) == 0).astype(np.uint8)
+        per_layer = np.asarray(mask, dtype=np.uint8).reshape(-1, *np.shape(mask)[-2:])
+        masked_tile = (block_max(per_layer, bq, bk) == 0).astype(np.uint8)
     nq, nk = tiles[0].shape[1:]
     n_rows, n_cols = n_layers * nq, len(columns) * nk
     z = np.empty((n_rows, n_cols), dtype=np.uint8)
@@ -208,8 +209,8 @@ def _grid_cells(probs, query_tokens, key_tokens, mask, log, aggregates, bq, bk) 
         for c in range(len(columns)):
             x0 = c * nk
             z[y0 : y0 + nq, x0 : x0 + nk] = tiles[c][layer]
-            if zm is not None:
-                zm[y0 : y0 + nq, x0 : x0 + nk] = masked_tile
+            if zm is not None and masked_tile is not None:
+                zm[y0 : y0 + nq, x0 : x0 + nk] = masked_tile[layer if len(masked_tile) > 1 else 0]
     klab = _axis_labels(key_tokens, "key", bk)
     qlab = _axis_labels(query_tokens, "query", bq)
     xs = [f"{head_name(head)} · {lab}" for head in columns for lab in klab]  # unique category names
@@ -368,7 +369,7 @@ def grid_figure(
     Tiles with more than ``max_tile`` queries or keys show blocks of tokens, each the max of
     its cells. The x/y axes are categorical: each column's label names its head and key
     token(s), each row's its layer and query token(s), so hover text needs no per-cell data.
-    ``mask`` ``[Q, K]`` (True = may attend): masked cells (blocks: fully masked blocks) are
+    ``mask`` ``[Q, K]``, or ``[L, Q, K]`` where layers were masked differently (True = may attend): masked cells (blocks: fully masked blocks) are
     drawn grey by a second, uint8 trace (1 = masked; 0 = transparent), left out when nothing
     is masked. ``parse_grid_point`` maps a clicked (x, y) back to (layer, head). ``marks``
     ((layer, head) -> note): tiles outlined and labelled "trained" (heads a training loss forced

@@ -288,10 +288,13 @@ def check_fully_masked(traces: list[AttentionTrace], kind: str, pad_id: int | No
     pad_rows: dict[str, int] = {}
     for b, tr in enumerate(traces):
         q_real, exp = expected_mask(tr, kind, pad_id)
-        mask = tr.mask(kind) if tr.mask(kind) is not None else exp
         p = tr.probs(kind)
-        for q in (int(i) for i in np.nonzero(~mask.any(-1))[0]):
-            what = _produced(p[:, :, q, :])
+        masks = tr.layer_masks(kind)  # (layer, q, k): each layer's, where its layers were masked differently
+        if masks is None:
+            masks = np.broadcast_to(exp, (p.shape[0], *exp.shape))
+        dead = np.asarray(~np.asarray(masks, bool).any(-1))  # (layer, q): rows that see no key in that layer
+        for q in (int(i) for i in np.nonzero(dead.any(0))[0]):
+            what = _produced(p[dead[:, q], :, q, :])
             if q_real[q]:
                 real_rows.append((b, q, what))
             else:
@@ -318,23 +321,25 @@ def check_declared_mask(traces: list[AttentionTrace], kind: str, pad_id: int | N
     n_bad, first = 0, None
     for b, tr in enumerate(traces):
         q_real, exp = expected_mask(tr, kind, pad_id)
-        diff = (tr.mask(kind) != exp) & q_real[:, None]
-        n_bad += int(diff.sum())
+        masks = np.asarray(tr.layer_masks(kind), bool)  # (layer, q, k): every layer's mask is checked
+        diff = (masks != exp[None]) & q_real[None, :, None]
+        n_bad += int(diff.any(0).sum())
         if first is None and diff.any():
-            q, k = (int(i) for i in np.argwhere(diff)[0])
-            first = (b, q, k, bool(tr.mask(kind)[q, k]))
+            ly, q, k = (int(i) for i in np.argwhere(diff)[0])
+            first = (b, q, k, bool(masks[ly, q, k]), ly if tr.masks_differ(kind) else None)
     if first is None:
         if kind == "dec_self" and all(tr.mask(kind).shape[-1] < 2 for tr in traces):
             return Verdict(name, True, "not checked: the decoder input is one position (nothing after it to hide; "
                            "give targets to check the causal mask)", status="skip", kind=kind)  # fmt: skip
         return Verdict(name, True, "mask matches the tokens (PAD keys masked"
                        + (", future masked)" if kind == "dec_self" else ")"), kind=kind, value=0.0)  # fmt: skip
-    b, q, k, allowed = first
+    b, q, k, allowed, layer = first
     what = "allowed but must be masked" if allowed else "masked but must be visible"
+    at = "" if layer is None else f" in layer {layer} (its layers were masked differently)"
     detail = (
-        f"{n_bad} wrong (query, key) entries on real rows, e.g. {_where(traces[b], kind, b, q, k)} {what}"
+        f"{n_bad} wrong (query, key) entries on real rows, e.g. {_where(traces[b], kind, b, q, k)} {what}{at}"
     )
-    return Verdict(name, False, detail, kind=kind, positions=(b, q, k), value=float(n_bad))
+    return Verdict(name, False, detail, kind=kind, layer=layer, positions=(b, q, k), value=float(n_bad))
 
 
 def check_finite(traces: list[AttentionTrace]) -> Verdict:
