@@ -199,3 +199,11 @@ def test_the_pages_draw_and_check_each_layers_mask(local_global, tmp_path, monke
     assert not verdict.passed and "in layer 0" in verdict.detail, verdict.line()
     for page in ("attention", "heads", "model", "bertviz"):
         assert_no_exception(run_app(page=page))
+
+
+def test_a_layer_picked_for_another_trace_falls_back_to_the_first(local_global, tmp_path, monkeypatch):
+    traces, _ = local_global
+    monkeypatch.setenv(opened.VIEW_ENV, str(traces[0].save(tmp_path / "t.npz")))
+    at = run_app(page="masks", **{K.MASK_LAYER: 7})  # (a deeper model's layer, kept in the session)
+    assert_no_exception(at)
+    assert any("layer 0's" in i.value for i in at.info), [i.value for i in at.info]
