@@ -193,16 +193,36 @@ def _pickers(run: Run, path: str, steps: list[int]) -> tuple[int, list[Attention
     return step, traces, probe, kind
 
 
+def _shape_warning(shaped: watched.Shaped) -> None:
+    """Steps whose maps are shaped unlike the latest step's, named, and what the page does about them."""
+    groups: dict[watched.Shape, list[int]] = {}
+    for s, shape in shaped.odd.items():
+        groups.setdefault(shape, []).append(s)
+    parts = [f"{'step' if len(g) == 1 else 'steps'} {watched.steps_text(g)} ({watched.shape_text(shape)})"
+             for shape, g in list(groups.items())[:3]]  # fmt: skip
+    if len(groups) > 3:
+        parts.append(f"{len(groups) - 3} other shapes")
+    st.warning(
+        f"Some watched steps are shaped unlike the latest ({watched.shape_text(shaped.latest)}): "
+        + "; ".join(parts)
+        + ". The model changed (a layer or head more or fewer), or the run was continued with another "
+        f"probe, so the heads over training and the animation draw only the {len(shaped.kept)} "
+        f"step{'s' * (len(shaped.kept) != 1)} shaped as the latest; the slider shows each step's own maps."
+    )
+
+
 def _steps_view(run: Run, path: str, steps: list[int], series: dict, failed_step: int | None) -> None:
     step, traces, probe, kind = _pickers(run, path, steps)
-    if not traces or not kind:
+    if not kind:
         st.info(
             "This run keeps no probe traces (its steps hold weights only: a zoo run, or attnscope.watch "
             "with an empty probe), so there is no attention to draw; its curves are below."
         )
         _curves(run, series, step, failed_step)
         return
-    tr = traces[probe]
+    shaped = watched.shaped_like_latest(path, steps, probe, kind)
+    if shaped.odd:
+        _shape_warning(shaped)
     m1, m2, m3 = st.columns(3)
     m1.metric("Step", f"{step:,}", help=f"of {len(steps)} watched steps, the newest {steps[-1]:,}")
     loss = dict(zip(*series["loss"], strict=True)).get(step) if "loss" in series else None
@@ -211,30 +231,21 @@ def _steps_view(run: Run, path: str, steps: list[int], series: dict, failed_step
     verdict = audits.get(step)
     m3.metric("Mask audit at this step", "—" if verdict is None else "pass" if verdict["passed"] else "FAIL")
 
-    q_tok, k_tok = tr.axes(kind)
-    ui.chart(
-        PA.grid_figure(
-            tr.probs(kind),
-            q_tok,
-            k_tok,
-            title=f"{KIND_LABELS[kind]} at step {step:,}: all layers × heads",
-            mask=tr.mask(kind),
-        ),
-        key="run_grid",
-    )
-    if tr.meta.get("capture_notes"):
-        st.warning(
-            "Capture could not verify, or left out of these maps: "
-            + "; ".join(map(str, tr.meta["capture_notes"][:4]))
+    if probe < len(traces) and kind in traces[probe].kinds:
+        _step_grid(step, traces[probe], kind)
+    else:
+        st.info(
+            f"Step {step:,} holds no {KIND_LABELS[kind]} maps of probe input {probe} (it has "
+            f"{watched.shape_text(shaped.odd.get(step, shaped.latest))}): pick another step or input."
         )
     _other_input(run, path, step, kind)
     _curves(run, series, step, failed_step)
 
     st.markdown("#### Heads over training")
-    entropy = watched.entropy_over_steps(path, steps, probe, kind)
+    entropy = watched.entropy_over_steps(path, shaped.kept, probe, kind)
     ui.chart(
         P.head_lines_figure(
-            steps,
+            shaped.kept,
             entropy,
             step,
             title=f"{KIND_LABELS[kind]}: entropy per head (nats; lower = sharper)",
@@ -244,7 +255,27 @@ def _steps_view(run: Run, path: str, steps: list[int], series: dict, failed_step
         ),
         key="run_entropy",
     )
-    _replay(path, steps, probe, kind, tr)
+    _replay(path, shaped.kept, probe, kind, watched.step_traces(path, steps[-1])[probe])
+
+
+def _step_grid(step: int, tr: AttentionTrace, kind: str) -> None:
+    """The grid of every layer × head at ``step``."""
+    q_tok, k_tok = tr.axes(kind)
+    ui.chart(
+        PA.grid_figure(
+            tr.probs(kind),
+            q_tok,
+            k_tok,
+            title=f"{KIND_LABELS[kind]} at step {step:,}: all layers × heads",
+            mask=tr.layer_masks(kind) if tr.masks_differ(kind) else tr.mask(kind),
+        ),
+        key="run_grid",
+    )
+    if tr.meta.get("capture_notes"):
+        st.warning(
+            "Capture could not verify, or left out of these maps: "
+            + "; ".join(map(str, tr.meta["capture_notes"][:4]))
+        )
 
 
 OTHER = "run_other_input"  # the text box of "Another input at this step"
@@ -269,7 +300,7 @@ def _other_input(run: Run, path: str, step: int, kind: str) -> None:
         shown = kind if kind in kinds else kinds[0]
         q_tok, k_tok = tr.axes(shown)
         ui.chart(
-            PA.grid_figure(tr.probs(shown), q_tok, k_tok, mask=tr.mask(shown),
+            PA.grid_figure(tr.probs(shown), q_tok, k_tok, mask=tr.layer_masks(shown) if tr.masks_differ(shown) else tr.mask(shown),
                            title=f"{KIND_LABELS[shown]} of {text!r} at step {step:,} (weights kept in float16)"),
             key="run_other_grid",
         )  # fmt: skip

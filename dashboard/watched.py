@@ -123,8 +123,60 @@ def _step_entropy(path: str, step: int, stamp: Stamp, probe: int, kind: str) -> 
 
 
 def entropy_over_steps(path: str, steps: list[int], probe: int, kind: str) -> np.ndarray:
-    """Each head's mean row entropy at every step: ``[step, layer, head]`` (nats)."""
+    """Each head's mean row entropy at every step: ``[step, layer, head]`` (nats). The steps' maps must
+    have one shape (``shaped_like_latest`` picks them): a run whose model grew a layer has several."""
     return np.stack([_step_entropy(path, s, step_stamp(path, s), probe, kind) for s in steps])
+
+
+Shape = tuple[int, tuple[int, ...] | None]  # (probe inputs, the maps' shape: None where there are none)
+
+
+@st.cache_data(max_entries=8192, show_spinner=False)
+def _step_shape(path: str, step: int, stamp: Stamp, probe: int, kind: str) -> Shape:
+    trs = _quiet_traces(path, step, stamp)
+    if probe >= len(trs) or kind not in trs[probe].kinds:
+        return len(trs), None
+    return len(trs), tuple(int(n) for n in trs[probe].probs(kind).shape)
+
+
+def shape_text(shape: Shape) -> str:
+    """ "2 inputs, 2 layers × 4 heads over 6×6 tokens" ("3 inputs, none of these maps")."""
+    n, maps = shape
+    text = f"{n} probe input{'s' * (n != 1)}"
+    if maps is None:
+        return text + ", none of these maps"
+    layers, heads, nq, nk = maps
+    return (
+        text
+        + f", {layers} layer{'s' * (layers != 1)} × {heads} head{'s' * (heads != 1)} over {nq}×{nk} tokens"
+    )
+
+
+@dataclass(frozen=True)
+class Shaped:
+    """The steps whose maps (of one probe input and kind) are shaped as the latest step's, and the others."""
+
+    kept: list[int]  # the latest step's shape (the latest included)
+    odd: dict[int, Shape]  # step -> its shape, where it differs (the model grew, the probe changed)
+    latest: Shape
+
+
+def shaped_like_latest(path: str, steps: list[int], probe: int, kind: str) -> Shaped:
+    """``steps`` split by their maps' shape (probe input ``probe``, ``kind``): the curves and the animation
+    over steps draw only the steps shaped as the latest; a run folder may hold others (a model that grew a
+    layer mid-run, a run continued with another probe by an older attnscope, steps written by hand)."""
+    shapes = {s: _step_shape(path, s, step_stamp(path, s), probe, kind) for s in steps}
+    latest = shapes[steps[-1]]
+    kept = [s for s in steps if shapes[s] == latest]
+    return Shaped(kept, {s: sh for s, sh in shapes.items() if sh != latest}, latest)
+
+
+def steps_text(steps: list[int], most: int = 8) -> str:
+    """ "0, 2 and 4", "0, 2, 4, … (12 steps)"."""
+    shown = [f"{s:,}" for s in steps[:most]]
+    if len(steps) > most:
+        return ", ".join(shown) + f", … ({len(steps)} steps)"
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
 
 
 @st.cache_resource(max_entries=8, show_spinner="Building the animation…")

@@ -164,8 +164,15 @@ def parse_scalar_lines(text: str, where: str) -> list[dict[str, Any]]:
 def scalar_value(value: Any, finite: bool = True) -> float | None:
     """A number fit for a scalar line (tensors and numpy numbers included), else None; ``finite``: NaN
     and infinities are None too."""
-    if hasattr(value, "item") and getattr(value, "numel", lambda: 1)() == 1:
-        value = value.item()
+    if hasattr(value, "item"):  # a tensor, a numpy array or number: of one element only
+        numel = getattr(value, "numel", None)
+        size = numel() if callable(numel) else getattr(value, "size", 1)
+        if size != 1:
+            return None  # (a numpy array of several: its item() would raise, in the training loop)
+        try:
+            value = value.item()
+        except (ValueError, TypeError, RuntimeError):
+            return None
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         return None
     try:

@@ -22,6 +22,7 @@ writes. Other ranks' ``step`` does nothing else.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 import re
@@ -111,6 +112,35 @@ def _dist() -> tuple[int, int]:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def step_number(step: Any) -> int:
+    """A training step as ``step`` and ``log`` take it: a whole number, 0 or more (an int, numpy's and
+    torch's integers, a one-element tensor, a float with nothing after the point such as 3.0); else a
+    ValueError in one sentence (a fraction is not rounded: 2.9 is not step 2)."""
+    value = step
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    elif isinstance(value, (np.ndarray, np.generic)) and value.size == 1:
+        value = value.item()
+    if _is_int(value):
+        n = int(value)
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        v = float(value)
+        if not math.isfinite(v) or v != math.floor(v):
+            raise ValueError(
+                f"step must be a whole number of training steps, got {value!r}: watch does not round it "
+                "(for a fraction of an epoch, pass the optimizer step, e.g. epoch * steps_per_epoch + i)"
+            )
+        n = int(v)
+    else:
+        got = f"a {type(step).__name__}" + (f" ({step!r})" if isinstance(step, (str, bool)) else "")
+        if isinstance(step, (torch.Tensor, np.ndarray)):
+            got = f"a {type(step).__name__} of shape {tuple(step.shape)}"
+        raise ValueError(f"step must be a whole number of training steps (an int), not {got}")
+    if n < 0:
+        raise ValueError(f"step must be 0 or more (the run counts training steps from 0), got {n}")
+    return n
 
 
 def _itos(vocab: Mapping[Any, Any]) -> dict[int, str]:
@@ -235,6 +265,116 @@ def _default_forward(model: nn.Module, probe: Any) -> Any:
     return model(probe)
 
 
+def probe_digest(probe: Any, targets: Any = None) -> str | None:
+    """A hash of the probe's tensors (their place in it, shapes and values; integers as int64, floats as
+    float64, so a dtype alone changes nothing) and texts: the run header keeps it, so a run continued in
+    its folder is known to read the same probe. None: the probe holds neither (a ``forward=`` object)."""
+    h = hashlib.sha256()
+    found = False
+
+    def walk(x: Any, name: str, depth: int) -> None:
+        nonlocal found
+        if isinstance(x, torch.Tensor):
+            x = x.detach().cpu()
+            x = (
+                x.double()
+                if x.is_floating_point()
+                else x.to(torch.complex128)
+                if x.is_complex()
+                else x.long()
+            ).numpy()
+        if isinstance(x, np.ndarray) and x.dtype.kind in "biufc":
+            kind = "c" if x.dtype.kind == "c" else "f" if x.dtype.kind == "f" else "i"
+            dtype = {"c": np.complex128, "f": np.float64, "i": np.int64}[kind]
+            a: np.ndarray = np.ascontiguousarray(x, dtype=dtype)
+            h.update(f"{name}:{kind}{a.shape};".encode())
+            h.update(a.tobytes())
+            found = True
+        elif isinstance(x, str):
+            h.update(f"{name}:s{len(x)};".encode())
+            h.update(x.encode("utf-8", "surrogatepass"))
+            found = True
+        elif isinstance(x, Mapping) and depth < 4:
+            for k, v in x.items():
+                walk(v, f"{name}.{k}", depth + 1)
+        elif isinstance(x, (tuple, list)) and depth < 4:
+            for i, v in enumerate(x):
+                walk(v, f"{name}.{i}", depth + 1)
+
+    walk(probe, "probe", 0)
+    if targets is not None:
+        walk(list(targets), "targets", 0)
+    return "sha256:" + h.hexdigest() if found else None
+
+
+MapShapes = tuple[tuple[tuple[str, tuple[int, ...]], ...], ...]  # per probe input: (kind, map shape)...
+
+
+def map_shapes(traces: Sequence[AttentionTrace]) -> MapShapes:
+    """Each probe input's maps: ((kind, (layers, heads, queries, keys)), ...) per input."""
+    return tuple(tuple((k, tuple(int(n) for n in tr.probs(k).shape)) for k in tr.kinds) for tr in traces)
+
+
+def _maps_text(kind: str, shape: tuple[int, ...] | None) -> str:
+    """ "dec_self maps of 2 layers × 4 heads over 6×6 tokens" ("no dec_self maps")."""
+    if shape is None:
+        return f"no {kind} maps"
+    layers, heads, nq, nk = shape
+    return (
+        f"{kind} maps of {layers} layer{'s' * (layers != 1)} × {heads} head{'s' * (heads != 1)} "
+        f"over {nq}×{nk} tokens"
+    )
+
+
+def _shape_change(old: MapShapes, new: MapShapes) -> tuple[str, str]:
+    """The first maps shaped otherwise, in words: (as they were, as they are)."""
+    for a, b in zip(old, new, strict=False):
+        was, now = dict(a), dict(b)
+        for kind in [*was, *(k for k in now if k not in was)]:
+            if was.get(kind) != now.get(kind):
+                return _maps_text(kind, was.get(kind)), _maps_text(kind, now.get(kind))
+    return f"{len(old)} probe inputs", f"{len(new)} probe inputs"
+
+
+def _inputs_text(n: int | None, shapes: MapShapes | None) -> str:
+    """ "2 inputs of 6 tokens", "3 inputs of 6 to 9 tokens", "2 inputs" (shapes not known)."""
+    text = f"{n} input{'s' * (n != 1)}" if n is not None else "a probe"
+    lengths = sorted({max(max(shape[-2:]) for _, shape in kinds) for kinds in shapes or () if kinds})
+    if lengths:
+        tokens = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]} to {lengths[-1]}"
+        text += f" of {tokens} tokens"
+    return text
+
+
+def probe_difference(
+    old: Mapping[str, Any], old_shapes: MapShapes | None, new: Mapping[str, Any], new_shapes: MapShapes
+) -> str | None:
+    """How a run's probe (its header's ``probe``, its latest step's map shapes when it holds steps) and a
+    new one differ, in words ("2 inputs of 6 tokens there, 3 inputs of 8 tokens here"); None: the same
+    as far as the run tells (the number of inputs, each input's token counts, the texts, the digest).
+    The layers and heads are not the probe's: a model that grew a layer still reads the same probe."""
+    old_n = old.get("n") if _is_int(old.get("n")) else (len(old_shapes) if old_shapes is not None else None)
+    new_n = new.get("n")
+
+    def tokens(shapes: MapShapes | None) -> list[dict[str, tuple[int, ...]]]:
+        return [{k: shape[-2:] for k, shape in kinds} for kinds in shapes or ()]
+
+    differ = old_n is not None and old_n != new_n
+    if not differ and old_shapes is not None:
+        for a, b in zip(tokens(old_shapes), tokens(new_shapes), strict=False):
+            if any(a[k] != b[k] for k in a.keys() & b.keys()):
+                differ = True
+    if differ:
+        return f"{_inputs_text(old_n, old_shapes)} there, {_inputs_text(new_n, new_shapes)} here"
+    for field in ("texts", "targets"):
+        if isinstance(old.get(field), list) and old.get(field) != new.get(field):
+            return f"other {field}"
+    if isinstance(old.get("digest"), str) and isinstance(new.get("digest"), str):
+        if old["digest"] != new["digest"]:
+            return "the same shapes, but other token ids or values"
+    return None
+
+
 # scalar-line fields the watcher writes itself: a metric of one of these names is kept under another
 RESERVED = frozenset({"step", "audit", "not_finite", "watch_error"})
 
@@ -328,7 +468,19 @@ class Watcher:
                     "the probe ran but no attention was captured: "
                     + "; ".join(first[0].meta.get("capture_notes", []) if first else [])
                 )
+        # the maps' shapes at the last step written (a run continued: its latest step's), to say once
+        # when a step's differ (a model that grew a layer)
+        self._shapes: tuple[int, MapShapes] | None = None
+        self._shape_said = False
         if self.writes:
+            probe_head = {
+                "n": len(first),
+                "texts": list(probe) if self.lm is not None and adapter is not None else None,
+                "targets": self.targets,
+                "digest": probe_digest(probe, self.targets),
+            }
+            if runfile.is_run(run_dir):  # continued: the same probe, or refused before anything is written
+                self._shapes = self._same_probe(Path(run_dir), probe_head, first)
             header = {
                 "model": type(self.net).__name__,
                 "title": title or Path(run_dir).name,
@@ -337,11 +489,7 @@ class Watcher:
                 "every": every,
                 "audit_every": audit_every,
                 "kinds": list(self.kinds),
-                "probe": {
-                    "n": len(first),
-                    "texts": list(probe) if self.lm is not None and adapter is not None else None,
-                    "targets": self.targets,
-                },
+                "probe": probe_head,
                 "adapter": str(self.lm.path)
                 if adapter is not None and getattr(self.lm, "path", None)
                 else None,
@@ -354,8 +502,37 @@ class Watcher:
         self._last = self._floor  # the last step given to step() (steps go up: a restarted counter would
         self._backwards = False  # write over earlier ones), and whether that was said
         self._not_finite: set[str] = set()  # scalars said to be NaN or infinite
+        self._not_numbers: set[str] = set()  # metrics said not to be a single number (not recorded)
         self._probe_failed = False  # a failing probe is said once per run (each step records watch_error)
         self.closed = False
+
+    def _same_probe(
+        self, run_dir: Path, probe_head: dict[str, Any], first: list[AttentionTrace]
+    ) -> tuple[int, MapShapes] | None:
+        """A run continued in ``run_dir``: a ValueError when this probe is not the run's (every step of a
+        run reads the same probe); else (its latest step, that step's map shapes), or None (no step)."""
+        try:
+            run = runfile.Run.open(run_dir)
+        except runfile.RunFormatError:
+            return None  # the writer says why, in one sentence
+        old = run.header.get("probe")
+        steps = run.steps()
+        old_shapes: MapShapes | None = None
+        if steps:
+            try:
+                old_shapes = map_shapes(run.traces(steps[-1]))
+            except (runfile.RunFormatError, ValueError):
+                old_shapes = None
+        why = probe_difference(
+            old if isinstance(old, dict) else {}, old_shapes, probe_head, map_shapes(first)
+        )
+        if why is not None:
+            raise ValueError(
+                f"run_dir {run_dir} holds a run watched on another probe ({why}): every step of a run "
+                "reads the same probe, so give this probe a new run_dir (or pass the run's own probe to "
+                "continue it)"
+            )
+        return (steps[-1], old_shapes) if steps and old_shapes is not None else None
 
     # -- the models that texts and the audit go through ------------------------------------------------
     def _adapter_model(self, adapter: Any) -> Any:
@@ -534,10 +711,12 @@ class Watcher:
     def step(self, step: int, loss: Any = None, **metrics: Any) -> bool:
         """Log ``loss`` and ``metrics`` for ``step``; at every ``every``-th step also probe (and audit at
         every ``audit_every``-th). Returns True when this call probed. Steps at or before the run's last
-        step (a run continued in the same folder) are not written again."""
+        step (a run continued in the same folder) are not written again. ``step`` is a whole number, 0 or
+        more (a negative or fractional one is a ValueError); a metric that is not one number is said once
+        per name and not recorded."""
         if self.closed:
             raise RuntimeError("this watcher is closed")
-        step = int(step)
+        step = step_number(step)
         if self.run is not None and step <= self._floor:
             self._say(
                 f"the run folder {self.run.path} already holds steps up to {self._floor}; "
@@ -566,6 +745,7 @@ class Watcher:
                             "watch_error in the run's scalars)"
                         )
                 else:
+                    self._check_shapes(step, traces)
                     if self.run is not None:
                         weights = self._weights() if self.keep_weights else None
                         self.run.write_step(step, [runfile.slim(t) for t in traces], weights)
@@ -583,12 +763,13 @@ class Watcher:
 
     def log(self, step: int, **scalars: Any) -> None:
         """Scalars only (no probe), e.g. from a logging callback."""
-        if self.run is None or int(step) <= self._floor:
+        step = step_number(step)
+        if self.run is None or step <= self._floor:
             return
-        if int(step) < self._last:  # (the step step() was given last, or a later one, is fine)
-            self._went_back(int(step))
+        if step < self._last:  # (the step step() was given last, or a later one, is fine)
+            self._went_back(step)
             return
-        record = self._record(int(step), scalars)
+        record = self._record(step, scalars)
         if len(record) > 1:
             self.run.append_scalars(record)
 
@@ -611,7 +792,9 @@ class Watcher:
         for key, value in scalars.items():
             name, v = str(key), runfile.scalar_value(value, finite=False)
             if v is None:
-                continue  # not a number
+                if value is not None:  # (None: nothing to log at this step)
+                    self._not_a_number(name, value, step)
+                continue
             if name in RESERVED:
                 name = self._renamed(name, scalars)
             if math.isfinite(v):
@@ -626,6 +809,49 @@ class Watcher:
         if bad:
             record["not_finite"] = bad
         return record
+
+    def _not_a_number(self, name: str, value: Any, step: int) -> None:
+        """A metric that is not one number (a per-sample loss, a string) is not recorded; said once per name."""
+        if name in self._not_numbers:
+            return
+        self._not_numbers.add(name)
+        hint = ""
+        shape = getattr(value, "shape", None)
+        if isinstance(value, (torch.Tensor, np.ndarray)) and shape is not None:
+            what = (
+                f"a {'tensor' if isinstance(value, torch.Tensor) else 'numpy array'} of shape {tuple(shape)}"
+            )
+            size = value.numel() if isinstance(value, torch.Tensor) else value.size
+            if size > 1:
+                hint = " (a loss with reduction='none'? reduce it first, e.g. loss.mean())"
+            elif size == 1:  # one element, but not a real number: a bool or a complex
+                what += f" holding {value.item()!r}"
+        elif isinstance(value, str):
+            what = f"a string ({value[:40]!r})"
+            hint = " (convert it with float() if it holds a number)"
+        elif isinstance(value, (bool, np.bool_)):
+            what = f"a bool ({value!r})"
+            hint = " (log it as 0 or 1)"
+        else:
+            what = f"a {type(value).__name__}"
+        self._say(f"{name} at step {step} is {what}, not a single number, so it is not recorded{hint}; "
+                  f"said once for {name}", depth=2)  # fmt: skip
+
+    def _check_shapes(self, step: int, traces: list[AttentionTrace]) -> None:
+        """Say once when a step's maps are shaped unlike the last step written (a model that grew a layer
+        or a head): the run keeps both, and the Training page's curves draw the steps shaped as the latest."""
+        shapes = map_shapes(traces)
+        if self._shapes is not None and shapes != self._shapes[1] and not self._shape_said:
+            self._shape_said = True
+            before, then = self._shapes
+            was, now = _shape_change(then, shapes)
+            self._say(
+                f"the probe's maps changed shape at step {step}: {now}, where step {before} had {was} "
+                "(the model gained or lost a layer or head?); the run keeps both, and the Training page's "
+                "curves over steps draw only the steps shaped as the latest (said once)",
+                depth=1,
+            )
+        self._shapes = (step, shapes)
 
     def _renamed(self, name: str, scalars: Mapping[str, Any]) -> str:
         """A metric named as one of the run's own fields (``audit``...), kept as ``NAME_metric``; said once."""
