@@ -663,7 +663,13 @@ def test_sdpa_whose_output_a_nan_key_spreads_over_a_masked_row_is_flagged():
     net = A()
     with torch.no_grad(), capture_attention(net) as cap:
         net(q, k, v, causal)
-    assert cap.records[0].exact and not cap.notes
+    assert cap.records[0].exact and _only_kind_unverified(cap.notes)
+
+
+def _only_kind_unverified(notes: list[str]) -> bool:
+    """No note but the one that q and k handed in from outside cannot say self or cross (a test's SDPA on
+    random tensors)."""
+    return all("could not verify its kind: the queries were never projected" in n for n in notes)
 
 
 @pytest.mark.parametrize("bad", [None, float("inf"), float("nan")])
@@ -695,7 +701,7 @@ def test_sdpa_masks_applied_as_sdpa_applies_them_whatever_the_scores(bad, mask):
     want = torch.softmax(torch.where(keep, scores, float("-inf")), dim=-1)
     assert torch.equal(rec.probs.nan_to_num(7.0), want.nan_to_num(7.0))
     if bad is None:
-        assert rec.exact and not cap.notes
+        assert rec.exact and _only_kind_unverified(cap.notes)
 
 
 def test_a_sequence_all_padding_is_recorded_as_the_path_that_ran_weighs_it():

@@ -324,3 +324,80 @@ def test_a_subclass_of_an_encoder_layer_says_it_leaves_the_fast_path(layer, trai
     said = [n for n in cap.skipped if "a subclass of nn.TransformerEncoderLayer" in n.reason]
     assert len(cap.records) == 2 and all(r.exact for r in cap.records)
     assert len(said) == int(layer is KeepsWeights and not training), cap.skipped
+
+
+class NumpyQ(nn.Module):
+    """The query projection run outside torch (numpy: a port that keeps one step in numpy; a TorchScript-traced
+    layer does the same to lineage): the queries reach the product never projected inside the call."""
+
+    def __init__(self, lin: nn.Linear, traced: bool):
+        super().__init__()
+        self.lin = torch.jit.trace(lin, torch.randn(1, 2, lin.in_features)) if traced else lin
+        self.traced = traced
+
+    def forward(self, x):
+        if self.traced:
+            return self.lin(x)
+        w, b = self.lin.weight.detach().numpy(), self.lin.bias.detach().numpy()
+        return torch.from_numpy(x.detach().numpy() @ w.T + b)
+
+
+class SelfAttentionUnseenQ(nn.Module):
+    def __init__(self, heads: int, causal: bool, traced: bool, sdpa: bool):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 2 * D)
+        self.q = NumpyQ(nn.Linear(2 * D, 2 * D), traced)
+        self.k, self.v = nn.Linear(2 * D, 2 * D), nn.Linear(2 * D, 2 * D)
+        self.h, self.causal, self.sdpa = heads, causal, sdpa
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        q, k, v = (
+            t.view(b, n, self.h, d // self.h).transpose(1, 2) for t in (self.q(x), self.k(x), self.v(x))
+        )
+        if self.sdpa:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        s = q @ k.transpose(-2, -1) / (d // self.h) ** 0.5
+        if self.causal:
+            s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        self.saved = s.softmax(-1)
+        return self.saved @ v
+
+
+@pytest.mark.parametrize("sdpa", [False, True])
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_self_attention_whose_queries_capture_cannot_see_made_says_its_kind_is_unverified(
+    causal, traced, sdpa
+):
+    """Queries made where capture cannot see (numpy, a TorchScript-traced projection) have positions of their
+    own, so lineage read them as another input than the keys: at one sequence and one head (a softmax's
+    product has one slice, so its head axis needs no tracing) and for SDPA at any size, the record was exact
+    cross-attention with no note, the trace drawing a self-attention as cross. The kind is now read from
+    the lengths and the mask, and a warning says it could not be verified."""
+    torch.manual_seed(0)
+    for b, h in ((1, 1), (2, 2)) if sdpa else ((1, 1),):
+        model = SelfAttentionUnseenQ(h, causal, traced, sdpa).eval()
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(torch.randint(1, VOCAB, (b, 5)))
+        (rec,) = cap.records
+        assert rec.kind == ("dec_self" if causal else "enc_self"), (b, h, rec.kind)
+        assert rec.exact and tuple(rec.probs.shape) == (b, h, 5, 5)
+        if not sdpa:
+            assert torch.equal(rec.probs, model.saved)
+        said = [n for n in cap.notes if "could not verify its kind" in n]
+        assert len(said) == 1 and "never projected inside the captured call" in said[0], cap.notes
+        tr = cap.trace(0, src_tokens=list("abcde"))
+        assert tr.kinds == (rec.kind,) and any(
+            "could not verify its kind" in n for n in tr.meta["capture_notes"]
+        )
+
+
+def test_queries_projected_inside_the_call_say_nothing_of_their_kind():
+    torch.manual_seed(0)
+    model = SelfAttentionUnseenQ(1, False, False, False).eval()
+    model.q = nn.Linear(2 * D, 2 * D)  # (projected by torch, inside the call)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (1, 5)))
+    assert cap.records[0].kind == "enc_self" and not cap.notes

@@ -5519,13 +5519,16 @@ class _Session:
         queries: torch.Tensor | None = None,
         query: torch.Tensor | None = None,
         query_code: torch.Tensor | None = None,
+        raw_queries: bool = False,
     ):
         """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None. The new Record (None: joined).
         ``causal``: whether the mask is a causal one, where the caller knows it (SDPA's is_causal);
         ``values``: what the weights multiply (kept only on a record of its own, not on heads joined);
         ``queries``: the lineage codes of its query rows (position and head), where known; ``query``: the
         tensor of queries (B, H, q, d) where no layout says them (SDPA's argument); ``query_code``: its
-        codes, where the caller has them (MultiheadAttention's query, a view its forward made)."""
+        codes, where the caller has them (MultiheadAttention's query, a view its forward made);
+        ``raw_queries``: lineage reads the queries from another input than the keys, but they were never
+        projected inside the call (as ``layout.raw_queries``), so it cannot say self or cross."""
         probs = probs.detach()
         differ = False
         if flag is None and self.scripted:
@@ -5571,8 +5574,14 @@ class _Session:
             causal = False  # its own input, so they are not (REFIL's agents, the first of the entities)
         if ext and q_labels is not None and all(lab is not None for lab in q_labels):
             ext = False  # (queries that are all pooled or learned vectors are no decoder's new positions)
-        kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], seen, cross, ext, exact=flag is None,
-                            causal=causal if mask is not None else None,
+        raw = flag is None and (raw_queries or (layout is not None and layout.raw_queries))
+        if raw and not self._given(path):  # queries handed in or made where capture cannot see (numpy,
+            # TorchScript): other positions than the keys' by lineage, whatever they were made from, so the
+            # kind is read from the lengths, the mask and the name, and said
+            self.warn(path, tuple(probs.shape), _RAW_QUERIES)
+            cross = qpos = None  # (their positions are no token's that lineage knows)
+        kind = self.kind_of(path, probs.shape[-2], probs.shape[-1], seen, cross, ext,
+                            exact=flag is None and not raw, causal=causal if mask is not None else None,
                             grid=lambda: self._grid_queries(qpos))  # fmt: skip
         if kind == "cross" and flag is None and qpos is not None and q_labels and None not in q_labels:
             kind = self._rows_of_self(qpos, _key_positions(probs, layout), labels) or kind
@@ -7610,7 +7619,7 @@ class _Session:
                      key_labels=seen.key_labels if seen else None,
                      query_labels=seen.query_labels if seen else None,
                      causal=True if a.get("is_causal") and a.get("attn_mask") is None and lq == lk >= 2 else None,
-                     values=hv, query=a["query"])  # fmt: skip
+                     values=hv, query=a["query"], raw_queries=bool(seen and seen.raw_queries))  # fmt: skip
         if rec is not None:
             rec = self._sdpa_keys(rec, a["key"], unsq, b, a["query"] if ext else None)
         if rec is not None and hv is not None:
@@ -9442,6 +9451,12 @@ _COMPILED = (
 )
 
 
+_RAW_QUERIES = (
+    "could not verify its kind: the queries were never projected inside the captured call (handed in from "
+    "outside it, or made where capture cannot see: numpy, TorchScript, a C++ extension), so lineage cannot "
+    "tell whether they are the keys' own sequence (self-attention) or another input's (cross-attention); "
+    "the kind is read from their lengths, the mask and the module's name (give kinds= to say it)"
+)
 _ANOTHER_MODEL = (
     "attention of another model called in the block, which neither is part of the model captured nor holds it: "
     "not recorded (capture that model to see its maps)"

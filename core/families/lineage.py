@@ -440,6 +440,9 @@ class Layout:
     ext: bool  # the keys include positions from outside the call (a KV cache, a memory)
     qcode: torch.Tensor  # (rows,) the query code of every row of the (rows, keys) view
     seq_keys: torch.Tensor | None = None  # (B, K) every sequence's key positions (-1 at learned keys)
+    # the queries' features were never projected inside the call (handed in, or made where capture cannot see:
+    # numpy, TorchScript), so whether they are the keys' own sequence cannot be told (``cross`` is None then)
+    raw_queries: bool = False
     _in_order: bool | None = None
 
     def bhqk(self, t: torch.Tensor) -> torch.Tensor:
@@ -588,7 +591,8 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         assert st.key_idx is not None
         kbase, krow = ktab[sl0[:, None], st.key_idx.to(device)], torch.arange(q.numel(), device=device)
     qf = q & FEATURES
-    if qtab.shape[0] > 1 and bool((qf & RAW).any()):  # (one slice, a 2-D product: one sequence, one head)
+    raw = bool((qf & RAW).any())
+    if qtab.shape[0] > 1 and raw:  # (one slice, a 2-D product: one sequence, one head)
         return "the queries were not projected inside the captured call, so their head axis cannot be traced"
     qpos, kpos_b = q >> SHIFT, kbase >> SHIFT
     is_param_b = sources.learned(kpos_b)  # (U, K)
@@ -689,6 +693,7 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         return why
     k0 = kpos_b[krow[rows[0, 0, 0]]]
     cross = _cross(qpos[rows[0, 0]], k0, sources)
+    raw = raw and bool(cross)  # (other positions than the keys': from another input, or the same one unseen)
     return Layout(
         rows=rows.cpu(),
         dim=dim,
@@ -699,6 +704,7 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         ext=cross is False and _extends(qpos[rows[0, 0]], k0, sources),
         qcode=q,
         seq_keys=kp,
+        raw_queries=raw,
     )
 
 
@@ -837,6 +843,7 @@ class Described:
     query_labels: tuple[str | None, ...] | None
     cross: bool | None
     ext: bool
+    raw_queries: bool = False  # as Layout.raw_queries
 
 
 def describe(q: torch.Tensor, k: torch.Tensor, sources: Sources) -> Described | None:
@@ -847,8 +854,9 @@ def describe(q: torch.Tensor, k: torch.Tensor, sources: Sources) -> Described | 
     qpos = (q[..., 0] >> SHIFT).reshape(-1, q.shape[-2])[0]
     kpos = (k[..., 0] >> SHIFT).reshape(-1, k.shape[-2])[0]
     cross = _cross(qpos, kpos, sources)
+    raw = bool(cross) and bool(((q.reshape(-1, q.shape[-2], q.shape[-1])[0, :, 0] & FEATURES) & RAW).any())
     return Described(_labels(kpos, sources), _labels(qpos, sources), cross,
-                     cross is False and _extends(qpos, kpos, sources))  # fmt: skip
+                     cross is False and _extends(qpos, kpos, sources), raw)  # fmt: skip
 
 
 def _shared_keys(
