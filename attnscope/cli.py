@@ -137,8 +137,11 @@ def _list_snapshots(name: str) -> int:
 
 
 def _capture_warnings(meta: dict) -> None:
-    """What capture could not verify, one line each on stderr (the output still goes to stdout)."""
-    notes = meta.get("capture_notes") or []
+    """What capture could not verify, one line each on stderr (the output still goes to stdout). ``meta`` as a
+    model's or a trace's may hold it: a list's strings are notes (one string: one note), nothing else is."""
+    notes = meta.get("capture_notes") if isinstance(meta, dict) else None
+    notes = [notes] if isinstance(notes, str) else notes
+    notes = [n for n in notes if isinstance(n, str) and n] if isinstance(notes, list | tuple) else []
     if notes:
         count = f"{len(notes)} note" if len(notes) == 1 else f"{len(notes)} notes"
         print(
@@ -217,11 +220,33 @@ VIEW_ENV = "ATTNSCOPE_VIEW_TRACE"  # dashboard/opened.py opens this trace in eve
 RUN_ENV = "ATTNSCOPE_VIEW_RUN"  # dashboard/watched.py opens this run folder in every new session
 
 
+def _passed_on(extra: list[str], flag: str) -> str | None:
+    """The value streamlit takes for ``flag`` (``--server.port``) among the options passed on to it
+    (``--flag VALUE`` or ``--flag=VALUE``; the last one given counts, as streamlit reads them), or None."""
+    value = None
+    for i, arg in enumerate(extra):
+        if arg == flag:
+            if i + 1 >= len(extra) or extra[i + 1].startswith("--"):
+                raise CliError(f"{flag} needs a value")
+            value = extra[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return value
+
+
 def _serve(args: argparse.Namespace, env: dict[str, str], what: str) -> int:
     if not 0 < args.port < 65536:
         raise CliError(f"--port must be between 1 and 65535, got {args.port}")
     cmd = dashboard_command(args.port, args.address, args.streamlit)
-    print(f"attnscope: serving {what} on http://{args.address}:{args.port} (Ctrl+C stops it)", flush=True)
+    # streamlit options passed on come after --port and --address in the command, so they win: the line says
+    # where the server will be
+    port = _passed_on(args.streamlit, "--server.port")
+    address = _passed_on(args.streamlit, "--server.address")
+    if port is not None and not (port.strip().isascii() and port.strip().isdigit() and 0 < int(port) < 65536):
+        raise CliError(f"--server.port must be a port between 1 and 65535, got {port!r}")
+    port = str(int(port)) if port is not None else str(args.port)
+    address = address if address is not None else args.address
+    print(f"attnscope: serving {what} on http://{address}:{port} (Ctrl+C stops it)", flush=True)
     os.execve(cmd[0], cmd, env)  # streamlit takes this process over: signals and the exit code are its own
     return 0  # not reached
 

@@ -384,11 +384,23 @@ def check_inputs(greedy: bool = False) -> None:
         st.stop()
 
 
+def meta_texts(meta: object, key: str) -> list[str]:
+    """``meta[key]``, a list of sentences (warnings, capture notes), as a trace's meta may hold it: its strings
+    (one string: that one), and nothing for anything else. The trace reader refuses a file whose list is no list
+    of strings; a trace made in memory (an adapter's own meta) is taken as it comes, and never raises here."""
+    value = meta.get(key) if isinstance(meta, dict) else None
+    if isinstance(value, str):
+        return [value] if value else []
+    if not isinstance(value, list | tuple):
+        return []
+    return [v for v in value if isinstance(v, str) and v]
+
+
 def show_warnings(traces: list[AttentionTrace], batch: bool) -> None:
     """Each truncation warning of ``traces`` once, as st.warning ("Input 2: ..." in a batch)."""
     shown = set()
     for i, tr in enumerate(traces):
-        for w in tr.meta.get("warnings", []):
+        for w in meta_texts(tr.meta, "warnings"):
             msg = f"Input {i + 1}: {w}." if batch else sentence(w)
             if msg not in shown:
                 shown.add(msg)
@@ -406,7 +418,7 @@ def show_capture_flags(traces: list[AttentionTrace]) -> None:
     captured, naming each module and reason; the trace carries them, from the model or a file."""
     notes: list[str] = []
     for tr in traces:
-        notes.extend(n for n in tr.meta.get("capture_notes", []) or [] if n not in notes)
+        notes.extend(n for n in meta_texts(tr.meta, "capture_notes") if n not in notes)
     if notes:
         lines = "\n".join(f"- {n}" for n in notes[:8])
         more = f"\n- and {len(notes) - 8} more" if len(notes) > 8 else ""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import sys
 import zipfile
 import zlib
 from pathlib import Path
@@ -129,6 +130,9 @@ def _read_npz(source) -> tuple[Any, dict[str, np.ndarray]]:  # the header as par
             members[key] = (shape, dtype)
         if "header" not in members:
             raise _Bad("it has no 'header' (the model, device and meta that trace.save writes)")
+        shape, dtype = members["header"]
+        if shape != () or dtype.kind != "U":
+            raise _Bad(f"its header is {dtype} of shape {_dims(shape)}, not one JSON string")
         _check_declared(members)
         for info in infos:  # a member cannot hold more than the zip directory says it unpacks to
             if _nbytes(*members[info.filename[:-4]]) > info.file_size:
@@ -142,11 +146,14 @@ def _read_npz(source) -> tuple[Any, dict[str, np.ndarray]]:  # the header as par
                     RuntimeError) as exc:  # (an encrypted member: RuntimeError)  # fmt: skip
                 raise _Bad(f"{key!r} is truncated or damaged") from exc
 
-        header_text = str(load("header"))
-        try:
-            header = json.loads(header_text) if len(header_text) <= MAX_HEADER_CHARS else None
-        except (ValueError, RecursionError) as exc:
-            raise _Bad("its header is not JSON") from exc
+        header_text = str(load("header")).removeprefix("\ufeff")
+        if len(header_text) > MAX_HEADER_CHARS:
+            raise _Bad(f"its header is longer than {MAX_HEADER_CHARS:,} characters")
+        if _json_depth(header_text) > MAX_JSON_DEPTH:
+            raise _Bad(f"its header nests deeper than {MAX_JSON_DEPTH} levels; a trace's header nests 4")
+        header = _loads(header_text, "its header is not JSON", "its header")
+        if not isinstance(header, dict):
+            raise _Bad("its header is not a JSON object (of the model, device and meta)")
         allowed = FORMAT_MEMBERS[_version(header)]
         extra = sorted(set(members) - allowed)
         if extra:
@@ -173,8 +180,10 @@ def _nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
 
 
 def _check_declared(members: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
-    """Token counts, attention sizes and every other member's bytes from the .npy headers alone,
-    before any data is read: no member may declare more than a trace of these tokens can hold."""
+    """Token counts, attention sizes, each member's own shape and dtype (_check_members) and then every
+    member's bytes, from the .npy headers alone, before any data is read: no member may declare more than a
+    trace of these tokens can hold (and a member too large is the member named: the tokens and maps the limits
+    are taken from are checked first)."""
     for name in _TOKENS:
         if name in members:
             shape = members[name][0]
@@ -192,11 +201,7 @@ def _check_declared(members: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Non
             values += int(np.prod(shape, dtype=np.int64)) if name in KINDS else 0
     if values > MAX_TRACE_VALUES:
         raise _Bad(f"it holds {values:,} attention values; attnscope opens at most {MAX_TRACE_VALUES:,}")
-    if not any(k in members for k in KINDS):
-        raise _Bad("it holds no attention (none of enc_self, dec_self, cross)")
-    for kind in KINDS:
-        if kind in members and members[kind][1].kind not in "fiu":
-            raise _Bad(f"{kind} must hold real numbers, got {members[kind][1]}")
+    _check_members(members)  # each member's own shape and dtype first: a size sentence names a member too big
     n = max([1] + [members[t][0][0] for t in _TOKENS if t in members and len(members[t][0]) == 1])
     for name, (shape, dtype) in members.items():
         if name == "header":
@@ -204,7 +209,7 @@ def _check_declared(members: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Non
         elif name in _TOKENS:
             limit = MAX_TRACE_TOKENS * MAX_TOKEN_CHARS * 4
         elif name in KINDS or name.endswith("_scores"):
-            limit = values * 16  # float64, or complex (refused with its own sentence later)
+            limit = values * 16  # float64 (complex numbers are refused by _check_members)
         elif name.endswith("_mask"):
             limit = n * n * 8
         elif name in LAYER_MASKS:  # (layer, query, key): at most one per layer's map of a head
@@ -226,6 +231,103 @@ def _check_declared(members: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Non
             )
 
 
+def _check_members(members: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
+    """What each member's shape and dtype alone say: tokens are lists of strings; each map is real numbers
+    [layer, head, query, key] with at least one layer and head and its tokens' lengths; every member beside a
+    map is shaped by it (masks: their dimensions; their size is judged by _check_declared, their shape by
+    _check), ids and flags one per token, numbers numbers. From a .npz's .npy headers before any data is read
+    (so that a size sentence never blames a member for another's shape), and from a .json's converted lists."""
+    lengths = {}
+    for name in _TOKENS:
+        if name not in members:
+            continue
+        shape, dtype = members[name]
+        size = int(np.prod(shape, dtype=np.int64))
+        if size and (len(shape) != 1 or dtype.kind != "U"):
+            raise _Bad(f"{name} must be a list of strings, got {dtype} of shape {_dims(shape)}")
+        if size > MAX_TRACE_TOKENS:
+            raise _Bad(
+                f"it has {size:,} {name.replace('_', ' ')}; attnscope opens at most {MAX_TRACE_TOKENS:,}"
+            )
+        lengths[name] = size
+    S, T = lengths.get("src_tokens", 0), lengths.get("tgt_tokens", 0)
+    axes = {"enc_self": (S, S), "dec_self": (T, T), "cross": (T, S)}
+    if not any(k in members for k in KINDS):
+        raise _Bad("it holds no attention (none of enc_self, dec_self, cross)")
+    for kind in KINDS:
+        if kind not in members:
+            for member in ("learned", "value_norms", "residual_norms"):
+                if f"{kind}_{member}" in members:
+                    raise _Bad(f"it holds {kind}_{member} but no {kind}")
+            continue
+        shape, dtype = members[kind]
+        if dtype.kind not in "fiu":
+            raise _Bad(f"{kind} must hold real numbers, got {dtype}")
+        if len(shape) == 4 and 0 in shape[:2]:
+            raise _Bad(f"{kind} is {_dims(shape)}: a map has at least one layer and one head")
+        if len(shape) != 4 or shape[2:] != axes[kind]:
+            q, k = axes[kind]
+            raise _Bad(
+                f"{kind} is {_dims(shape)}, but its tokens call for [layer, head, {q}, {k}] "
+                "([layer, head, query, key] with query and key as long as their tokens)"
+            )
+        s = members.get(f"{kind}_scores")
+        if s is not None and (s[1].kind not in "fiu" or s[0] != shape):
+            raise _Bad(
+                f"{kind}_scores is {s[1]} {_dims(s[0])}, not real numbers shaped like {kind} ({_dims(shape)})"
+            )
+        for suffix, dims, want in (("_mask", 2, shape[2:]), ("_layer_masks", 3, (shape[0], *shape[2:]))):
+            m = members.get(kind + suffix)
+            if m is not None and m[1].kind not in "biu":
+                raise _Bad(f"{kind}{suffix} must be booleans (True = may attend), got {m[1]}")
+            if m is not None and len(m[0]) != dims:
+                raise _Bad(f"{kind}{suffix} is {_dims(m[0])}, but {kind} calls for "
+                           f"{'[layer, query, key]' if dims == 3 else '[query, key]'} = {_dims(want)}")  # fmt: skip
+        w = members.get(f"{kind}_learned")
+        if w is not None and (
+            w[1].kind not in "fiu"
+            or len(w[0]) != 4
+            or w[0][:3] != shape[:3]
+            or not 0 < w[0][3] <= MAX_LEARNED_KEYS
+        ):
+            raise _Bad(f"{kind}_learned is {w[1]} {_dims(w[0])}, not real numbers shaped [layer, head, query, "
+                       f"learned keys] = {_dims(shape[:3])}x(1 to {MAX_LEARNED_KEYS}) like {kind}")  # fmt: skip
+        for member, names, want in (
+            ("value_norms", "[layer, head, key]", (*shape[:2], shape[3])),
+            ("residual_norms", "[layer, query]", (shape[0], shape[2])),
+        ):
+            v = members.get(f"{kind}_{member}")
+            if v is not None and (v[1].kind not in "fiu" or v[0] != want):
+                raise _Bad(f"{kind}_{member} is {v[1]} {_dims(v[0])}, not real numbers shaped {names} = "
+                           f"{_dims(want)} like {kind}")  # fmt: skip
+    for side, n in (("src", S), ("tgt", T)):
+        for suffix, kinds_ok, what in (("_ids", "iu", "whole numbers"), ("_real", "biu", "booleans")):
+            a = members.get(side + suffix)
+            if a is None:
+                continue
+            if a[1].kind not in kinds_ok:
+                raise _Bad(f"{side}{suffix} must be {what}, got {a[1]}")
+            if a[0] != (n,):
+                raise _Bad(f"{side}{suffix} is {_dims(a[0])}, but there are {n} {side}_tokens")
+    ti, tp = members.get("topk_ids"), members.get("topk_probs")
+    if (ti is None) != (tp is None):
+        raise _Bad("it has only one of topk_ids and topk_probs")
+    if ti is not None and tp is not None:
+        if len(ti[0]) != 2 or ti[0] != tp[0] or ti[1].kind not in "iu" or tp[1].kind not in "fiu":
+            raise _Bad(f"topk_ids ({ti[1]} {_dims(ti[0])}) and topk_probs ({tp[1]} {_dims(tp[0])}) must be "
+                       "whole numbers and probabilities of one [position, k] shape")  # fmt: skip
+        tt = members.get("topk_tokens")
+        if tt is not None and (tt[0] != ti[0] or tt[1].kind != "U"):
+            raise _Bad(
+                f"topk_tokens is {tt[1]} {_dims(tt[0])}, not strings shaped like topk_ids ({_dims(ti[0])})"
+            )
+    op = members.get("out_probs")
+    if op is not None:
+        n_out = lengths.get("out_tokens", 0)
+        if len(op[0]) != 1 or op[1].kind not in "fiu" or (n_out > 1 and op[0][0] != n_out):
+            raise _Bad(f"out_probs is {op[1]} {_dims(op[0])}, not one probability per output token ({n_out})")
+
+
 # -- .json -----------------------------------------------------------------------------------------
 
 
@@ -236,13 +338,27 @@ def _json_depth(text: str) -> int:
     return int(np.cumsum(step, dtype=np.int64).max(initial=0))
 
 
+def _loads(text: str, not_json: str, what: str = "it") -> Any:
+    """``json.loads``, each failure one sentence (``not_json``: what to say of text that is no JSON; ``what``:
+    what the text is, "it" or "its header")."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # (a JSONDecodeError, or Python's limit on an int's digits)
+        if "integer string conversion" in str(exc):
+            raise _Bad(
+                f"{what} holds a whole number of more than {sys.get_int_max_str_digits():,} digits, which no "
+                "trace holds"
+            ) from exc
+        raise _Bad(not_json) from exc
+    except RecursionError as exc:
+        raise _Bad(not_json) from exc
+
+
 def _read_json(text: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    text = text.removeprefix("\ufeff")  # a byte-order mark (editors on Windows write one): not JSON, not ours
     if _json_depth(text) > MAX_JSON_DEPTH:
         raise _Bad(f"it nests deeper than {MAX_JSON_DEPTH} levels; a trace nests 5")
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise _Bad("it is truncated or not JSON") from exc
+    doc = _loads(text, "it is truncated or not JSON")
     if not isinstance(doc, dict):
         raise _Bad("it is not a JSON object with the trace's fields")
     allowed = FORMAT_MEMBERS[_version(doc)] | {
@@ -276,8 +392,12 @@ def _read_json(text: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 # -- what every trace must satisfy -----------------------------------------------------------------
 
 
+def _dims(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) or "a scalar"
+
+
 def _shape(a: np.ndarray) -> str:
-    return "x".join(map(str, a.shape)) or "a scalar"
+    return _dims(a.shape)
 
 
 def _top_weight(header: dict[str, Any]) -> float:
@@ -289,7 +409,77 @@ def _top_weight(header: dict[str, Any]) -> float:
     return 1.0
 
 
+def _what(value: Any) -> str:
+    """A JSON value's kind, for a sentence: "a number", "a list holding an object", ..."""
+    if isinstance(value, list):
+        odd = [v for v in value if not isinstance(v, str)]
+        return f"a list holding {_what(odd[0])}" if odd else "a list of strings"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return "text" if isinstance(value, str) else "an object"
+
+
+def _check_meta(meta: dict[str, Any], n_tgt: int) -> None:
+    """The meta entries the app reads as lists, text or numbers (the pages show them), as a file from outside
+    may hold them: each of the type attnscope writes, or absent. (learned_keys, value_norms and query_rows are
+    checked with their members; forward_ms, source, weights_rescaled and head_masks_differ are read where they
+    are used, and taken only when they fit.)"""
+    for key in ("capture_notes", "warnings", "labels"):  # written as lists of sentences / class names
+        value = meta.get(key)
+        if value is not None and not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
+            raise _Bad(f"the header's meta {key!r} must be a list of strings, not {_what(value)}")
+    head = meta.get("embedding_head")
+    if head is not None and not (
+        isinstance(head, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in head)
+    ):
+        raise _Bad("the header's meta 'embedding_head' must be a list of numbers, not "
+                   + (_what(head) if not isinstance(head, list) else "a list holding other values"))  # fmt: skip
+    n = meta.get("prompt_len")
+    if n is not None and not (type(n) is int and 0 <= n <= n_tgt):
+        raise _Bad(f"the header's meta 'prompt_len' must be a whole number from 0 to the trace's {n_tgt} "
+                   f"tgt_tokens, not {n!r:.40}")  # fmt: skip
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+_I64_MAX = int(np.iinfo(np.int64).max)
+
+
+def _check_kept(arrays: dict[str, np.ndarray]) -> None:
+    """Numbers attnscope keeps as float32 (weights, scores, norms, probabilities) and int64 (ids) must fit
+    there: a finite float64 past float32's range would turn infinite, a uint64 past int64's negative."""
+    for name, a in arrays.items():
+        if (
+            not a.size
+            or name in _TOKENS
+            or name in _STR_ARRAYS
+            or name.endswith(("_mask", "_masks", "_real"))
+        ):
+            continue
+        if (
+            name.endswith("_ids")
+            and a.dtype.kind == "u"
+            and a.dtype.itemsize >= 8
+            and int(a.max()) > _I64_MAX
+        ):
+            raise _Bad(f"{name} holds {int(a.max()):,}, past the largest id attnscope keeps (2**63 - 1)")
+        if not name.endswith("_ids") and a.dtype.kind == "f" and a.dtype.itemsize > 4:
+            finite = np.isfinite(a)
+            big = max(
+                float(np.max(a, where=finite, initial=-np.inf)),
+                -float(np.min(a, where=finite, initial=np.inf)),
+            )
+            if big > _F32_MAX:
+                raise _Bad(f"{name} holds {big:.3g} ({a.dtype}), too large for float32 (at most {_F32_MAX:.3g}), "
+                           "in which attnscope keeps it")  # fmt: skip
+
+
 def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
+    """Everything a trace must satisfy: the header's fields, the members' shapes and dtypes (_check_members), then
+    their values (masks of 0/1, probabilities, norms, rows), reading the data."""
     if not isinstance(header, dict):
         raise _Bad("its header is not a JSON object")
     for key in ("model", "config_name", "device", "output_text"):
@@ -297,107 +487,54 @@ def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
             raise _Bad(f"the header's {key!r} is not text")
     if not isinstance(header.get("meta", {}) or {}, dict):
         raise _Bad("the header's 'meta' is not a JSON object")
-    lengths = {}
-    for name in _TOKENS:
-        a = arrays.get(name)
-        if a is None:
-            continue
-        if a.size and (a.ndim != 1 or a.dtype.kind != "U"):
-            raise _Bad(f"{name} must be a list of strings, got {a.dtype} of shape {_shape(a)}")
-        if a.size > MAX_TRACE_TOKENS:
-            raise _Bad(
-                f"it has {a.size:,} {name.replace('_', ' ')}; attnscope opens at most {MAX_TRACE_TOKENS:,}"
-            )
-        lengths[name] = a.size
-    S, T = lengths.get("src_tokens", 0), lengths.get("tgt_tokens", 0)
-    axes = {"enc_self": (S, S), "dec_self": (T, T), "cross": (T, S)}
-    kinds = [k for k in KINDS if k in arrays]
-    if not kinds:
-        raise _Bad("it holds no attention (none of enc_self, dec_self, cross)")
+    _check_members({k: (a.shape, a.dtype) for k, a in arrays.items()})
+    tgt = arrays.get("tgt_tokens")
+    _check_meta(header.get("meta") or {}, 0 if tgt is None else int(tgt.size))
     values = 0
     top = _top_weight(header)
-    for kind in kinds:
-        p = arrays[kind]
-        if p.dtype.kind not in "fiu":
-            raise _Bad(f"{kind} must hold real numbers, got {p.dtype}")
-        if p.ndim != 4 or p.shape[2:] != axes[kind] or 0 in p.shape[:2]:
-            q, k = axes[kind]
-            raise _Bad(
-                f"{kind} is {_shape(p)}, but its tokens call for [layer, head, {q}, {k}] "
-                "([layer, head, query, key] with query and key as long as their tokens)"
-            )
-        values += p.size
-        if values > MAX_TRACE_VALUES:
-            raise _Bad(f"it holds more than {MAX_TRACE_VALUES:,} attention values")
-        s = arrays.get(f"{kind}_scores")
-        if s is not None and (s.dtype.kind not in "fiu" or s.shape != p.shape):
-            raise _Bad(
-                f"{kind}_scores is {s.dtype} {_shape(s)}, not real numbers shaped like {kind} ({_shape(p)})"
-            )
-        m = arrays.get(f"{kind}_mask")
-        if m is not None:
-            if m.shape != p.shape[2:]:
+    with np.errstate(invalid="ignore", over="ignore"):  # (NaN in a map is said by problems(), not here)
+        for kind in (k for k in KINDS if k in arrays):
+            p = arrays[kind]
+            values += p.size
+            if values > MAX_TRACE_VALUES:
+                raise _Bad(f"it holds more than {MAX_TRACE_VALUES:,} attention values")
+            m = arrays.get(f"{kind}_mask")
+            if m is not None:
+                if m.shape != p.shape[2:]:
+                    raise _Bad(
+                        f"{kind}_mask is {_shape(m)}, but {kind} calls for [query, key] = {_shape(p[0, 0])}"
+                    )
+                if m.dtype.kind != "b" and not np.isin(m, (0, 1)).all():
+                    raise _Bad(f"{kind}_mask must be booleans (True = may attend), got {m.dtype}")
+            lm = arrays.get(f"{kind}_layer_masks")
+            if lm is not None:
+                if lm.shape != (p.shape[0], *p.shape[2:]):
+                    raise _Bad(f"{kind}_layer_masks is {_shape(lm)}, but {kind} calls for [layer, query, key] = "
+                               f"{_shape(p[:, 0])}")  # fmt: skip
+                if lm.dtype.kind != "b" and not np.isin(lm, (0, 1)).all():
+                    raise _Bad(f"{kind}_layer_masks must be booleans (True = may attend), got {lm.dtype}")
+                if m is None or not np.array_equal(np.asarray(lm[0], dtype=bool), np.asarray(m, dtype=bool)):
+                    raise _Bad(
+                        f"{kind}_layer_masks' first layer is not {kind}_mask (the kind's mask is its first layer's)"
+                    )
+            # (in the map's own dtype: a float64 past float32's range is no probability, and is not cast)
+            if np.isinf(p).any():
+                raise _Bad(f"{kind} holds infinite values, which are not probabilities")
+            low, high = np.nanmin(p, initial=0.0), np.nanmax(p, initial=0.0)
+            if low < -PROB_TOL or high > top * (1 + PROB_TOL):
                 raise _Bad(
-                    f"{kind}_mask is {_shape(m)}, but {kind} calls for [query, key] = {_shape(p[0, 0])}"
-                )
-            if m.dtype.kind != "b" and not (m.dtype.kind in "iu" and np.isin(m, (0, 1)).all()):
-                raise _Bad(f"{kind}_mask must be booleans (True = may attend), got {m.dtype}")
-        lm = arrays.get(f"{kind}_layer_masks")
-        if lm is not None:
-            if lm.shape != (p.shape[0], *p.shape[2:]):
-                raise _Bad(f"{kind}_layer_masks is {_shape(lm)}, but {kind} calls for [layer, query, key] = "
-                           f"{_shape(p[:, 0])}")  # fmt: skip
-            if lm.dtype.kind != "b" and not (lm.dtype.kind in "iu" and np.isin(lm, (0, 1)).all()):
-                raise _Bad(f"{kind}_layer_masks must be booleans (True = may attend), got {lm.dtype}")
-            if m is None or not np.array_equal(np.asarray(lm[0], dtype=bool), np.asarray(m, dtype=bool)):
-                raise _Bad(
-                    f"{kind}_layer_masks' first layer is not {kind}_mask (the kind's mask is its first layer's)"
-                )
-        pf = np.asarray(p, dtype=np.float32)
-        if np.isinf(pf).any():
-            raise _Bad(f"{kind} holds infinite values, which are not probabilities")
-        with np.errstate(invalid="ignore"):
-            if np.nanmin(pf, initial=0.0) < -PROB_TOL or np.nanmax(pf, initial=0.0) > top * (1 + PROB_TOL):
-                raise _Bad(
-                    f"{kind} holds values from {np.nanmin(pf):.3g} to {np.nanmax(pf):.3g}; attention "
+                    f"{kind} holds values from {float(low):.3g} to {float(high):.3g}; attention "
                     f"probabilities lie in [0, {top:.4g}] (scores before the softmax go in {kind}_scores)"
                 )
-    _check_learned(header, arrays)
-    _check_value_norms(header, arrays)
-    _check_query_rows(header, arrays)
-    for name, n in (("src", S), ("tgt", T)):
-        for suffix, kinds_ok, what in (("_ids", "iu", "whole numbers"), ("_real", "b", "booleans")):
-            a = arrays.get(name + suffix)
-            if a is None:
-                continue
-            if a.dtype.kind not in kinds_ok and not (suffix == "_real" and a.dtype.kind in "iu"):
-                raise _Bad(f"{name}{suffix} must be {what}, got {a.dtype}")
-            if a.shape != (n,):
-                raise _Bad(f"{name}{suffix} is {_shape(a)}, but there are {n} {name}_tokens")
-    ti, tp = arrays.get("topk_ids"), arrays.get("topk_probs")
-    if (ti is None) != (tp is None):
-        raise _Bad("it has only one of topk_ids and topk_probs")
-    if ti is not None and tp is not None:
-        if ti.ndim != 2 or ti.shape != tp.shape or ti.dtype.kind not in "iu" or tp.dtype.kind not in "fiu":
-            raise _Bad(f"topk_ids ({ti.dtype} {_shape(ti)}) and topk_probs ({tp.dtype} {_shape(tp)}) must be "
-                       "whole numbers and probabilities of one [position, k] shape")  # fmt: skip
-        tt = arrays.get("topk_tokens")
-        if tt is not None and (tt.shape != ti.shape or tt.dtype.kind != "U"):
-            raise _Bad(
-                f"topk_tokens is {tt.dtype} {_shape(tt)}, not strings shaped like topk_ids ({_shape(ti)})"
-            )
-    op = arrays.get("out_probs")
-    if op is not None:
-        n_out = lengths.get("out_tokens", 0)
-        if op.ndim != 1 or op.dtype.kind not in "fiu" or (n_out > 1 and op.shape[0] != n_out):
-            raise _Bad(
-                f"out_probs is {op.dtype} {_shape(op)}, not one probability per output token ({n_out})"
-            )
+        _check_learned(header, arrays)
+        _check_value_norms(header, arrays)
+        _check_query_rows(header, arrays)
+        _check_kept(arrays)
 
 
 def _check_learned(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """Weights on learned keys: one (layer, head, query) row per row of their kind's map, at most
-    MAX_LEARNED_KEYS keys, probabilities, one label each in meta["learned_keys"]."""
+    """Weights on learned keys (shaped by _check_members: one (layer, head, query) row per row of their kind's
+    map, at most MAX_LEARNED_KEYS keys): probabilities, one label each in meta["learned_keys"]."""
     labels = (header.get("meta") or {}).get("learned_keys") or {}
     if not isinstance(labels, dict):
         raise _Bad("the header's meta 'learned_keys' is not an object of kind -> labels")
@@ -405,24 +542,12 @@ def _check_learned(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Non
         w = arrays.get(f"{kind}_learned")
         if w is None:
             continue
-        p = arrays.get(kind)
-        if p is None:
-            raise _Bad(f"it holds {kind}_learned but no {kind}")
-        if (
-            w.dtype.kind not in "fiu"
-            or w.ndim != 4
-            or w.shape[:3] != p.shape[:3]
-            or not 0 < w.shape[3] <= MAX_LEARNED_KEYS
-        ):
-            raise _Bad(f"{kind}_learned is {w.dtype} {_shape(w)}, not real numbers shaped [layer, head, query, "
-                       f"learned keys] = {_shape(p[..., :1])[:-2]}x(1 to {MAX_LEARNED_KEYS}) like {kind}")  # fmt: skip
-        wf = np.asarray(w, dtype=np.float32)
         top = _top_weight(header)
         with np.errstate(invalid="ignore"):  # (NaN where the model's weights are NaN, as in the map itself)
-            if (
-                np.isinf(wf).any()
-                or np.nanmin(wf, initial=0.0) < -PROB_TOL
-                or np.nanmax(wf, initial=0.0) > top * (1 + PROB_TOL)
+            if (  # (in their own dtype: a float64 past float32's range is no probability either)
+                np.isinf(w).any()
+                or np.nanmin(w, initial=0.0) < -PROB_TOL
+                or np.nanmax(w, initial=0.0) > top * (1 + PROB_TOL)
             ):
                 raise _Bad(f"{kind}_learned holds values outside [0, {top:.4g}], which are not probabilities")
         names = labels.get(kind)
@@ -438,25 +563,19 @@ VALUE_SCOPES = ("with the output projection", "without the output projection")
 
 
 def _check_value_norms(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """Value norms: one per (layer, head, key) of their kind's map, finite and not negative."""
+    """Value norms (shaped by _check_members: one per (layer, head, key) of their kind's map): finite and not
+    negative, judged in their own dtype (whether they fit float32 is _check_kept's sentence)."""
     scopes = (header.get("meta") or {}).get("value_norms") or {}
     if not isinstance(scopes, dict) or not all(v in VALUE_SCOPES for v in scopes.values()):
         raise _Bad(f"the header's meta 'value_norms' must map kinds to one of {VALUE_SCOPES}")
     for kind in KINDS:
-        p = arrays.get(kind)
-        for member, axes in (("value_norms", "[layer, head, key]"), ("residual_norms", "[layer, query]")):
+        for member in ("value_norms", "residual_norms"):
             n = arrays.get(f"{kind}_{member}")
             if n is None:
                 continue
-            if p is None:
-                raise _Bad(f"it holds {kind}_{member} but no {kind}")
-            want = (*p.shape[:2], p.shape[3]) if member == "value_norms" else (p.shape[0], p.shape[2])
-            if n.dtype.kind not in "fiu" or n.shape != want:
-                raise _Bad(f"{kind}_{member} is {n.dtype} {_shape(n)}, not real numbers shaped {axes} = "
-                           f"{'x'.join(map(str, want))} like {kind}")  # fmt: skip
-            nf = np.asarray(n, dtype=np.float32)
-            if not np.isfinite(nf).all() or nf.min(initial=0.0) < 0:
-                raise _Bad(f"{kind}_{member} holds negative or non-finite values, which are not norms")
+            with np.errstate(invalid="ignore"):
+                if not np.isfinite(n).all() or n.min(initial=0) < 0:
+                    raise _Bad(f"{kind}_{member} holds negative or non-finite values, which are not norms")
 
 
 def _check_query_rows(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
@@ -481,10 +600,11 @@ def _check_query_rows(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> 
             raise _Bad(f"the header's meta 'query_rows' for {kind} must be distinct rows of its {n} queries")
         empty = np.ones(n, dtype=bool)
         empty[rows] = False
-        pf = np.asarray(p, dtype=np.float32)[:, :, empty]
         m = arrays.get(f"{kind}_layer_masks")
         m = arrays.get(f"{kind}_mask") if m is None else m
-        if np.nan_to_num(pf).any() or (m is not None and np.asarray(m, dtype=bool)[..., empty, :].any()):
+        if np.nan_to_num(p[:, :, empty]).any() or (
+            m is not None and np.asarray(m, dtype=bool)[..., empty, :].any()
+        ):
             raise _Bad(f"{kind}'s rows that meta 'query_rows' leaves out hold weights or see keys")
 
 
@@ -511,7 +631,8 @@ def _from_fields(header: dict[str, Any], arrays: dict[str, Any]) -> AttentionTra
 
 def _build(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> AttentionTrace:
     _check(header, arrays)
-    return _from_fields(header, arrays)
+    with np.errstate(all="ignore"):  # (every value fits its dtype: _check_kept; no numpy warning is printed)
+        return _from_fields(header, arrays)
 
 
 def read_bytes(data: bytes, name: str) -> AttentionTrace:
