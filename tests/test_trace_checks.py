@@ -362,3 +362,43 @@ def test_learned_keys_make_a_format_2_file_that_round_trips_and_is_checked(trace
     _refused(json.dumps(wrong).encode(), "wrong.json", "enc_self_learned is", "[layer, head, query")
     huge = {**doc, "enc_self_learned": (np.ones_like(extra) * 3).tolist()}
     _refused(json.dumps(huge).encode(), "huge.json", "outside [0, 1]")
+
+
+def test_a_row_with_no_key_allowed_is_left_to_the_audit_not_called_a_leak():
+    """A left-padded decoder's padding queries see no key; a very negative finite fill spreads their weight
+    evenly over keys the mask forbids. That was "the mask disagrees with its maps" on every page; such rows are
+    the mask audit's (its fully-masked check says whether one is a real query's). A row that sees some key
+    and weighs a forbidden one is still said."""
+    import math
+
+    import torch
+    from torch import nn
+
+    from attnscope.core.analysis.audit import static
+    from attnscope.core.families.capture import capture_attention
+
+    class LeftPadded(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.qkv = nn.Embedding(20, 16), nn.Linear(16, 48)
+
+        def forward(self, ids):
+            b, t = ids.shape
+            q, k, v = self.qkv(self.emb(ids)).view(b, t, 3, 2, 8).permute(2, 0, 3, 1, 4)
+            keep = torch.ones(t, t, dtype=torch.bool).tril()[None, None] & (ids != 0)[:, None, None, :]
+            s = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(~keep, -1e9)
+            return s.softmax(-1) @ v
+
+    torch.manual_seed(0)
+    model = LeftPadded().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[0, 0, 3, 4, 5]]))
+    tr = cap.trace(0, tgt_tokens=["<pad>", "<pad>", "c", "d", "e"])
+    assert tr.dec_self[0, 0, 0, 0] == 0.2  # (the fill spread the padding query's weight evenly)
+    assert tr.problems() == []
+    verdict = static.check_fully_masked([tr], "dec_self")  # (the rows are the audit's to name)
+    assert "-> uniform" in verdict.detail, verdict.line()
+    leak = tr.dec_self.copy()
+    leak[0, 1, 3] = [0.0, 0.0, 0.5, 0.25, 0.25]  # a real query that weighs a key after it
+    found = tr.replace(dec_self=leak).problems()
+    assert len(found) == 1 and "mask disagrees" in found[0] and "query 3" in found[0], found

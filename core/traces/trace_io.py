@@ -759,7 +759,10 @@ def problems(trace: AttentionTrace) -> list[str]:
         layer_masks = trace.layer_masks(kind)
         mask = None if layer_masks is None else np.asarray(layer_masks, bool)[:, None]  # (layer, 1, q, k)
         if mask is not None:
-            forbidden = np.where(~mask, np.nan_to_num(p, nan=0.0), 0.0)
+            # rows with no key allowed (a left-padded decoder's padding queries) hold whatever the fill gave: a
+            # very negative finite fill spreads them evenly, -inf makes NaN (said above); the mask audit's
+            # fully-masked check says whether such a row is a real query's
+            forbidden = np.where(~mask & mask.any(-1, keepdims=True), np.nan_to_num(p, nan=0.0), 0.0)
             worst = float(forbidden.max()) if forbidden.size else 0.0
             if worst > 1e-6:
                 ly, h, q, k = np.unravel_index(int(np.argmax(forbidden)), forbidden.shape)
