@@ -2259,3 +2259,41 @@ def test_a_decoder_over_an_encoders_memory_of_the_same_ids_is_cross_with_nothing
     with torch.no_grad(), capture_attention(model) as cap:
         model(x, x)
     assert [r.kind for r in cap.records] == ["enc_self", "enc_self", "cross"] and cap.notes == []
+
+
+class GuardedEncoder(nn.Module):
+    """An encoder whose padding rows see themselves besides the tokens (``keep | eye``, a guard against rows
+    that see no key), two layers over SDPA."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 16)
+        self.qkv = nn.ModuleList(nn.Linear(16, 48) for _ in range(2))
+
+    def forward(self, ids):
+        x, (b, n) = self.emb(ids), ids.shape
+        keep = ((ids != 0)[:, None, :] | torch.eye(n, dtype=torch.bool))[:, None]
+        for qkv in self.qkv:
+            q, k, v = qkv(x).view(b, n, 3, 2, 8).permute(2, 0, 3, 1, 4)
+            x = x + F.scaled_dot_product_attention(q, k, v, attn_mask=keep).transpose(1, 2).reshape(b, n, 16)
+        return x
+
+
+def test_an_encoders_guarded_padding_rows_beside_a_one_token_sequence_are_no_prefix_lm():
+    """Beside a one-token sequence, the padding rows of an encoder that lets them see themselves see the token
+    and themselves, as a prefix LM's rows past an empty prefix would: the layer was recorded as dec_self (the
+    trace split the encoder's layers between two kinds), with nothing said. Where an encoder's mask explains
+    the rows as well, the record is enc_self and a warning says the two read alike; a prefix LM's rows past
+    its prefix, which no encoder's mask explains, stay dec_self."""
+    torch.manual_seed(0)
+    model = GuardedEncoder().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[3, 4, 5, 6], [7, 0, 0, 0]]))
+    assert [r.kind for r in cap.records] == ["enc_self", "enc_self"]
+    (said,) = [n for n in cap.notes if "reads alike" in n]
+    assert "prefix LM" in said and "enc_self" in said
+    assert cap.trace(0, src_tokens=list("abcd")).enc_self.shape[0] == 2
+    # the same encoder over sequences of two tokens or more: nothing to say
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[3, 4, 5, 6], [7, 8, 0, 0]]))
+    assert [r.kind for r in cap.records] == ["enc_self", "enc_self"] and not cap.notes

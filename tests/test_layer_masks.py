@@ -193,10 +193,11 @@ def test_the_pages_draw_and_check_each_layers_mask(local_global, tmp_path, monke
     assert_no_exception(at)
     title = figure(at, "mask the model used")["layout"]["title"]["text"]
     assert "layer 1" in title, title
-    # the audit reads every layer's mask: layer 0's window hides keys the tokens call for (a window is no
-    # padding or causal mask), and the verdict names that layer
+    # the audit reads every layer's mask: layer 0's sliding window hides keys the tokens call for, by design
     verdict = static.check_declared_mask(traces, "dec_self")
-    assert not verdict.passed and "in layer 0" in verdict.detail, verdict.line()
+    assert verdict.passed and "layer 0 attends within a sliding window of 2 keys" in verdict.detail, (
+        verdict.line()
+    )
     for page in ("attention", "heads", "model", "bertviz"):
         assert_no_exception(run_app(page=page))
 
@@ -207,3 +208,34 @@ def test_a_layer_picked_for_another_trace_falls_back_to_the_first(local_global, 
     at = run_app(page="masks", **{K.MASK_LAYER: 7})  # (a deeper model's layer, kept in the session)
     assert_no_exception(at)
     assert any("layer 0's" in i.value for i in at.info), [i.value for i in at.info]
+
+
+@pytest.mark.parametrize("kind", ["dec_self", "enc_self"])
+def test_the_declared_mask_check_reads_a_sliding_window_as_one_and_anything_else_as_a_mismatch(kind):
+    """A correct sliding-window model (Mistral's and Gemma 2's decoder layers, ModernBERT's local encoder
+    layers) hides keys the tokens call for, by design: the declared-mask check failed it ("masked but must be
+    visible"), so a correct windowed model could never pass the audit. A layer whose mask is exactly the
+    tokens' within a window passes, and the verdict names the window; a layer that hides other keys fails."""
+    n = 8
+    real = np.ones(n, bool)
+    real[6:] = False  # two PAD at the end
+    d = np.arange(n)[:, None] - np.arange(n)[None, :]
+    tokens_mask = real[None, :] & ((d >= 0) if kind == "dec_self" else np.ones((n, n), bool))
+    window = tokens_mask & ((d < 3) if kind == "dec_self" else (np.abs(d) <= 2))
+    probs = np.where(window, 1.0, 0.0)[None, None].repeat(2, 0)  # (layer, head, q, k): rows of each layer's
+    probs = probs / np.maximum(probs.sum(-1, keepdims=True), 1)
+    layer_masks = np.stack([window, tokens_mask])  # layer 0 windowed, layer 1 global
+    tokens = tuple("abcdef") + ("<pad>", "<pad>")
+    side = {"src_tokens": tokens} if kind == "enc_self" else {"src_tokens": (), "tgt_tokens": tokens}
+    probs[1, 0] = np.where(tokens_mask, 1.0, 0.0) / np.maximum(tokens_mask.sum(-1, keepdims=True), 1)
+    tr = AttentionTrace("t", "t", "cpu", **side, **{kind: probs, f"{kind}_mask": window,
+                                                    f"{kind}_layer_masks": layer_masks})  # fmt: skip
+    verdict = static.check_declared_mask([tr], kind)
+    width = 3 if kind == "dec_self" else 2
+    assert verdict.passed and f"layer 0 attends within a sliding window of {width}" in verdict.detail, (
+        verdict.line()
+    )
+    broken = layer_masks.copy()
+    broken[0, 4, 1:3] = False  # hides two keys no window hides
+    verdict = static.check_declared_mask([tr.replace(**{f"{kind}_layer_masks": broken})], kind)
+    assert not verdict.passed and "in layer 0" in verdict.detail, verdict.line()

@@ -1745,7 +1745,8 @@ class _Session:
         # module path -> the TorchScript functions that ran in its calls (their ops, where the mode cannot see)
         self.scripted: dict[str, list[str]] = {}
         self._entered: builtins.set[int] = set()  # the model's parts called from outside it in this run
-        self._causal_masks: dict[tuple, tuple[torch.Tensor, bool]] = {}  # a mask (held) -> is it causal
+        # a mask (held) -> is it causal (None: a prefix LM's and an encoder's alike)
+        self._causal_masks: dict[tuple, tuple[torch.Tensor, bool | None]] = {}
         self._meant_causal: builtins.set[str] = set()  # modules that added a causal mask of 0s and 1s
         # torch.nn encoder layers as torch ships them: they run as torch runs them (its fused fast path
         # where it takes it), the mode set aside, and their attention is recorded from their input
@@ -1785,6 +1786,9 @@ class _Session:
         self._by_name: dict[str, tuple[int, int]] = {}  # decoder-named paths made dec_self by their name
         # paths made enc_self where the mask could not tell (one token per sequence), and their (q, k)
         self._undecided: dict[str, tuple[int, int]] = {}
+        # paths made enc_self where a prefix LM's mask and an encoder's with padding rows that see themselves
+        # read alike (a batch holding a one-token sequence), and their (q, k)
+        self._prefix_or_encoder: dict[str, tuple[int, int]] = {}
         # paths recorded as cross over two embedding calls of the same ids in one table, and their shape
         self._twice: dict[str, tuple[int, ...]] = {}
         # the model's call (``model(...)``) is not running: code before it or after it returned is the caller's
@@ -5829,7 +5833,7 @@ class _Session:
             return False
         return not bool(torch.isin(qp, hq).any()) and not bool(torch.isin(kp, hk).any())
 
-    def _causal(self, mask: torch.Tensor) -> bool:
+    def _causal(self, mask: torch.Tensor) -> bool | None:
         """_is_causal_mask(mask), asked once per mask: the layers of a model are handed the same one (the
         tensor is held with the answer, so its memory is never another's; a write since makes a new key)."""
         try:
@@ -5855,7 +5859,7 @@ class _Session:
         the pixels of a convolution's feature map (``_grid_queries``)."""
 
         def causal_mask() -> bool:
-            return mask is not None and lq > 1 and (self._causal(mask) if causal is None else causal)
+            return mask is not None and lq > 1 and bool(self._causal(mask) if causal is None else causal)
 
         for pattern, kind in (*self.given.items(), *self.fixed.items()):  # the caller's kinds= first
             if pattern == path or fnmatch.fnmatchcase(path, pattern):
@@ -5881,6 +5885,10 @@ class _Session:
         if not _DECODER.search(low):
             if lq == lk and _undecided(mask, lq):  # (one token per sequence: said at the end)
                 self._undecided.setdefault(path, (lq, lk))
+            elif mask is not None and lq > 1 and causal is None and self._causal(mask) is None:
+                self._prefix_or_encoder.setdefault(
+                    path, (lq, lk)
+                )  # (a prefix LM's mask and an encoder's: said)
             return "enc_self"
         # named a decoder, and nothing hides the future: a text decoder that forgot its mask stays dec_self (the
         # audit's), and so do learned queries among each other (DETR's decoder side) and floats handed in; the
@@ -7027,6 +7035,17 @@ class _Session:
                       "but the tokens are the same, and self-attention written so looks the same. If it is "
                       "self-attention: capture_attention(model, kinds={'<its module path, or a glob of them>': "
                       "'enc_self'}), or embed once")  # fmt: skip
+        alike = list(dict.fromkeys(
+            r.name for r in self.cap.records if r.name in self._prefix_or_encoder and r.kind == "enc_self"
+        ))  # fmt: skip
+        if alike:
+            self.warn(alike[0] if len(alike) == 1 else f"{alike[0]} and {len(alike) - 1} more",
+                      self._prefix_or_encoder[alike[0]],
+                      "its mask reads alike as an encoder's whose padding rows see themselves and as a prefix LM's "
+                      "(a sequence whose later rows see the first tokens and themselves: a one-token sequence "
+                      "among longer ones), so capture cannot tell them apart and recorded encoder self-attention "
+                      "(enc_self). A prefix LM's is dec_self: capture_attention(model, kinds={'<its module path, "
+                      "or a glob of them>': 'dec_self'})")  # fmt: skip
         told = [r.name for r in self.cap.records if r.name in self._undecided and r.kind == "enc_self"]
         if not told:
             return
@@ -9160,9 +9179,10 @@ def _no_grad() -> Any:
     return torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()
 
 
-def _is_causal_mask(mask: torch.Tensor | None) -> bool:
+def _is_causal_mask(mask: torch.Tensor | None) -> bool | None:
     """No query may see a later key, and some query sees an earlier one: plain causal masks, causal
-    masks with padding (of any sequence) and sliding windows (Mistral) alike."""
+    masks with padding (of any sequence) and sliding windows (Mistral) alike. None (not causal) where a
+    prefix LM's mask and an encoder's explain it alike (``_prefix_causal``)."""
     if mask is None or mask.shape[-1] < 2 or mask.shape[-2] > mask.shape[-1]:
         return False
     while mask.dim() > 2 and mask.stride(0) == 0:  # the same mask for every sequence: check one
@@ -9185,7 +9205,9 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool:
     # get_masks does): the other rows decide. A full row elsewhere sees later keys: no causal mask
     full = mask.all(-1, keepdim=True)
     other = mask & ~full
-    said = full[..., 0] & ~other.any(-2)[..., :lq]  # a full row whose own key no other row sees
+    # a full row whose own key no other row sees (where every row of a sequence sees every key, none: that
+    # sequence is bidirectional)
+    said = full[..., 0] & ~other.any(-2)[..., :lq] & ~full.all(-2)
     said[..., -1] |= full[..., -1, 0]
     rows = mask & ~said[..., None]
     if bool((full[..., 0] & ~said).any()):
@@ -9223,7 +9245,7 @@ def _undecided(mask: torch.Tensor | None, lq: int) -> bool:
     return not bool((mask & (j > i)).any())
 
 
-def _prefix_causal(mask: torch.Tensor) -> bool:
+def _prefix_evidence(mask: torch.Tensor) -> bool:
     """A prefix-LM's mask (GLM, MPT, T5's prefix LM): the first p positions of a sequence see each other,
     and every later one (at least one in some sequence) sees itself and what comes before it, nothing
     after. A decoder with a bidirectional prefix. An encoder's mask is none: all its rows see the
@@ -9260,6 +9282,29 @@ def _prefix_causal(mask: torch.Tensor) -> bool:
     start = prefix if prefix.shape[-1] == i.shape[0] else prefix.expand(*prefix.shape[:-1], i.shape[0])
     chain = mask & (j >= start[..., None]) & (j < i[:, None])
     return bool((after & chain.any(-1)).any())
+
+
+def _prefix_causal(mask: torch.Tensor) -> bool | None:
+    """A prefix-LM's mask (``_prefix_evidence``) that no encoder's explains (``_encoder_explains``). None
+    where both do (an encoder that lets its padding rows see themselves, over a batch holding a one-token
+    sequence, whose padding rows then look like a decoder's rows past an empty prefix): not causal, and
+    the kind is said to be undecided."""
+    if not _prefix_evidence(mask):
+        return False
+    return None if _encoder_explains(mask) else True
+
+
+def _encoder_explains(mask: torch.Tensor) -> bool:
+    """Every row of each sequence sees one set of keys, that set and its own position (a padding row an
+    encoder lets see itself, a guard against rows that see no key), or nothing: an encoder's padding mask."""
+    lq, lk = mask.shape[-2], mask.shape[-1]
+    if lq != lk:
+        return False
+    sees = mask.any(-1)  # (..., q)
+    common = (mask | ~sees[..., None]).all(-2, keepdim=True)  # (..., 1, k) what every row that sees sees
+    own = common | torch.eye(lq, dtype=torch.bool, device=mask.device)
+    rows = (mask == common).all(-1) | (mask == own).all(-1) | ~sees
+    return bool(rows.all())
 
 
 def _layer_kinds(model: nn.Module, modules=None) -> dict[str, str]:

@@ -318,21 +318,36 @@ def check_declared_mask(traces: list[AttentionTrace], kind: str, pad_id: int | N
     name = f"declared_mask[{kind}]"
     if any(tr.mask(kind) is None for tr in traces):
         return Verdict(name, True, "the trace carries no mask for this kind", status="skip", kind=kind)
-    n_bad, first = 0, None
+    n_bad = 0
+    first: tuple[int, int, int, bool, int | None] | None = None
+    windows = _windows(traces, kind, pad_id)  # layer -> its sliding window, where a layer keeps to one
     for b, tr in enumerate(traces):
         q_real, exp = expected_mask(tr, kind, pad_id)
-        masks = np.asarray(tr.layer_masks(kind), bool)  # (layer, q, k): every layer's mask is checked
+        masks = np.array(tr.layer_masks(kind), bool)  # (layer, q, k): every layer's mask is checked
+        for windowed, w in windows.items():  # (a window hides keys the tokens call for, by design)
+            masks[windowed] |= exp & ~_band(kind, w, *exp.shape)
         diff = (masks != exp[None]) & q_real[None, :, None]
         n_bad += int(diff.any(0).sum())
         if first is None and diff.any():
             ly, q, k = (int(i) for i in np.argwhere(diff)[0])
             first = (b, q, k, bool(masks[ly, q, k]), ly if tr.masks_differ(kind) else None)
+    within = ""
+    if windows:
+        by_size: dict[int, list[int]] = {}
+        for windowed, w in windows.items():
+            by_size.setdefault(w, []).append(windowed)
+        keys = "keys back to itself" if kind == "dec_self" else "keys on either side"
+        within = "; " + "; ".join(
+            f"layer{'s' * (len(ls) > 1)} {', '.join(map(str, ls))} attend{'s' * (len(ls) == 1)} within a sliding "
+            f"window of {w} {keys}"
+            for w, ls in sorted(by_size.items())
+        )
     if first is None:
         if kind == "dec_self" and all(tr.mask(kind).shape[-1] < 2 for tr in traces):
             return Verdict(name, True, "not checked: the decoder input is one position (nothing after it to hide; "
                            "give targets to check the causal mask)", status="skip", kind=kind)  # fmt: skip
         return Verdict(name, True, "mask matches the tokens (PAD keys masked"
-                       + (", future masked)" if kind == "dec_self" else ")"), kind=kind, value=0.0)  # fmt: skip
+                       + (", future masked)" if kind == "dec_self" else ")") + within, kind=kind, value=0.0)  # fmt: skip
     b, q, k, allowed, layer = first
     what = "allowed but must be masked" if allowed else "masked but must be visible"
     at = "" if layer is None else f" in layer {layer} (its layers were masked differently)"
@@ -340,6 +355,53 @@ def check_declared_mask(traces: list[AttentionTrace], kind: str, pad_id: int | N
         f"{n_bad} wrong (query, key) entries on real rows, e.g. {_where(traces[b], kind, b, q, k)} {what}{at}"
     )
     return Verdict(name, False, detail, kind=kind, layer=layer, positions=(b, q, k), value=float(n_bad))
+
+
+def _band(kind: str, w: int, nq: int, nk: int) -> np.ndarray:
+    """(q, k) True within a sliding window of ``w``: a decoder's last ``w`` keys up to each query, an
+    encoder's keys at most ``w`` positions away on either side."""
+    d = np.arange(nq)[:, None] - np.arange(nk)[None, :]
+    return d < w if kind == "dec_self" else np.abs(d) <= w
+
+
+def _windows(traces: list[AttentionTrace], kind: str, pad_id: int | None) -> dict[int, int]:
+    """layer -> w where that layer's mask is, on every trace's real rows, exactly the tokens' mask within a
+    sliding window of ``w`` (Mistral's and Gemma 2's decoder layers, ModernBERT's local encoder layers) and
+    narrower than it somewhere: a window hides keys by design, so the declared-mask check reads such a layer
+    against the tokens' mask within it. A layer whose hidden keys are no window stays a mismatch."""
+    if kind not in ("dec_self", "enc_self"):
+        return {}
+    found: dict[int, int] = {}
+    narrower: set[int] = set()
+    n_layers = traces[0].probs(kind).shape[0]
+    for layer in range(n_layers):
+        widths = []
+        for tr in traces:
+            q_real, exp = expected_mask(tr, kind, pad_id)
+            if tr.probs(kind).shape[0] != n_layers:
+                return {}
+            m = np.asarray(tr.mask(kind, layer), bool)
+            seen = m & exp & q_real[:, None]
+            if not seen.any():
+                continue
+            qi, ki = np.nonzero(seen)
+            d = qi - ki
+            widths.append(int(d.max()) + 1 if kind == "dec_self" else int(np.abs(d).max()))
+        if not widths:
+            continue
+        w = max(widths)
+        for tr in traces:
+            q_real, exp = expected_mask(tr, kind, pad_id)
+            m = np.asarray(tr.mask(kind, layer), bool)
+            want = exp & _band(kind, w, *exp.shape)
+            if ((m != want) & q_real[:, None]).any():
+                break
+            if ((want != exp) & q_real[:, None]).any():
+                narrower.add(layer)
+        else:
+            if layer in narrower:
+                found[layer] = w
+    return found
 
 
 def check_finite(traces: list[AttentionTrace]) -> Verdict:
