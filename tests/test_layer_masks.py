@@ -239,3 +239,11 @@ def test_the_declared_mask_check_reads_a_sliding_window_as_one_and_anything_else
     broken[0, 4, 1:3] = False  # hides two keys no window hides
     verdict = static.check_declared_mask([tr.replace(**{f"{kind}_layer_masks": broken})], kind)
     assert not verdict.passed and "in layer 0" in verdict.detail, verdict.line()
+
+
+def test_asking_a_trace_for_a_kind_it_lacks_names_what_it_holds(local_global):
+    traces, _ = local_global
+    with pytest.raises(
+        KeyError, match="no enc_self attention \\(the model has no encoder.*it holds dec_self"
+    ):
+        traces[0].probs("enc_self")

@@ -237,7 +237,14 @@ class AttentionTrace:
         if kind not in KINDS:
             raise KeyError(f"unknown attention kind {kind!r}; expected one of {KINDS}")
         if getattr(self, kind) is None:
-            raise KeyError(f"this trace has no {kind} attention (the model has no decoder)")
+            why = {
+                "enc_self": "no encoder",
+                "dec_self": "no decoder",
+                "cross": "no encoder-decoder attention",
+            }[kind]
+            held = ", ".join(self.kinds) or "none"
+            raise KeyError(f"this trace has no {kind} attention (the model has {why}, or the trace left it out; "
+                           f"it holds {held})")  # fmt: skip
 
     # -- conversion ---------------------------------------------------------------
     def to_numpy(self) -> dict[str, np.ndarray]:
