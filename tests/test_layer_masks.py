@@ -247,3 +247,21 @@ def test_asking_a_trace_for_a_kind_it_lacks_names_what_it_holds(local_global):
         KeyError, match="no enc_self attention \\(the model has no encoder.*it holds dec_self"
     ):
         traces[0].probs("enc_self")
+
+
+def test_the_declared_mask_check_reads_chunked_layers_as_chunks():
+    """Llama 4's chunked attention: a query sees the keys of its own chunk, up to itself. A correct chunked
+    layer passes, named with its chunks; a chunk boundary one off is a mismatch."""
+    n, c = 9, 4
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    causal = j <= i
+    chunked = causal & (i // c == j // c)
+    probs = np.stack([np.where(m, 1.0, 0.0) / m.sum(-1, keepdims=True) for m in (chunked, causal)])[:, None]
+    tr = AttentionTrace("t", "t", "cpu", src_tokens=(), tgt_tokens=tuple("abcdefghi"), dec_self=probs,
+                        dec_self_mask=chunked, dec_self_layer_masks=np.stack([chunked, causal]))  # fmt: skip
+    verdict = static.check_declared_mask([tr], "dec_self")
+    assert verdict.passed and "layer 0 attends within chunks of 4 positions" in verdict.detail, verdict.line()
+    off = causal & (i // c == j // c) & ~((i == 5) & (j == 4))  # row 5 misses key 4 of its own chunk
+    verdict = static.check_declared_mask([tr.replace(dec_self_layer_masks=np.stack([off, causal]),
+                                                     dec_self_mask=off)], "dec_self")  # fmt: skip
+    assert not verdict.passed and "in layer 0" in verdict.detail, verdict.line()

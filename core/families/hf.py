@@ -21,7 +21,10 @@
 Masks: inputs are right-padded and the attention_mask passed to the model comes from the true
 lengths (T5 and Marian use PAD as decoder start, so PAD ids cannot tell). The trace stores the
 same masks in our convention (bool, True = may attend): key padding for enc_self and cross,
-causal AND key padding for dec_self.
+causal AND key padding for dec_self, each narrowed to the local attention the config names where the
+maps show it was applied (``_windowed``: sliding windows, Llama 4's chunks, an encoder's two-sided
+window; per layer where only some layers use it). A learned attention sink (GPT-OSS) is a learned key
+``"<sink>"`` (``{kind}_learned``): the weight Hugging Face's returned maps leave out.
 Scores: Hugging Face returns post-softmax probabilities only, so ``*_scores`` are None
 (``meta["has_scores"] = False``); masks and interventions of core's mask lab are refused.
 
@@ -219,6 +222,10 @@ class HFModel:
 
     def __post_init__(self) -> None:
         self._view = HFTokenizerView(self.tokenizer)
+        # learned attention sinks (GPT-OSS: a ``sinks`` logit per head, softmaxed with the scores)
+        self._has_sinks = any(
+            isinstance(getattr(m, "sinks", None), torch.Tensor) for m in self.model.modules()
+        )
 
     # -- facts ------------------------------------------------------------------
     @property
@@ -299,6 +306,11 @@ class HFModel:
         if text is None or not text.strip():
             raise InputError(f"the {what} text is empty")
         ids = self.tokenizer(text, add_special_tokens=specials)["input_ids"]
+        own = self.tokenizer(text, add_special_tokens=False)["input_ids"] if specials and ids else ids
+        if not own:  # (a tokenizer that drops every character of it: nothing for the model to read)
+            raise InputError(
+                f"the {what} text {_short(text, 60)!r} gives no tokens: this model's tokenizer reads nothing in it"
+            )
         warnings = []
         if len(ids) > limit:
             if not truncate:
@@ -365,15 +377,18 @@ class HFModel:
         if self.model.device.type == "cuda":
             torch.cuda.synchronize()
         ms = (time.perf_counter() - start) * 1000
-        return out, ms, _moves(out, cap, names)
+        return out, ms, _moves(out, cap, names, sinks=self._has_sinks)
 
     def _run_encoder(self, prepared: list[Prepared], tp) -> list[AttentionTrace]:
         if tp is not None:
             raise InputError("this model has no decoder, so it takes no target text")
         src, src_real = self._pad([p.ids for p in prepared])
         out, ms, moves = self._forward({"attentions": "enc_self"}, input_ids=src, attention_mask=src_real)
-        masks = padding_masks(src_real, None)
-        maps = {"enc_self": (_stack_layers(out, "attentions"), None, masks["enc_self"])}
+        stack = _stack_layers(out, "attentions")
+        config = _side_config(self.model.config, "encoder")
+        mask, layer_masks = _windowed(stack, padding_masks(src_real, None)["enc_self"], config, causal=False)
+        maps = {"enc_self": (stack, None, mask, layer_masks)}
+        self._sinks(maps, moves)
         side = Side(src, src_real, self.src_tok.tokens)
         traces = []
         for i, p in enumerate(prepared):
@@ -404,8 +419,10 @@ class HFModel:
             {"attentions": "dec_self"}, input_ids=seq, attention_mask=real, use_cache=False
         )
         stack = _stack_layers(out, "attentions")
-        mask, layer_masks = _windowed(stack, padding_masks(None, real)["dec_self"], self.model.config)
+        config = _side_config(self.model.config, "decoder")
+        mask, layer_masks = _windowed(stack, padding_masks(None, real)["dec_self"], config)
         maps = {"dec_self": (stack, None, mask, layer_masks)}
+        self._sinks(maps, moves)
         side = Side(seq, real, self.src_tok.tokens)
         traces = []
         for i, p in enumerate(prepared):
@@ -437,12 +454,16 @@ class HFModel:
             decoder_attention_mask=dec_real,
             use_cache=False,
         )
-        masks = padding_masks(src_real, dec_real)
+        masks, config = padding_masks(src_real, dec_real), self.model.config
+        enc_maps = _stack_layers(out, "encoder_attentions")
+        dec_maps = _stack_layers(out, "decoder_attentions")
+        enc_cfg, dec_cfg = _side_config(config, "encoder"), _side_config(config, "decoder")
         maps = {
-            "enc_self": (_stack_layers(out, "encoder_attentions"), None, masks["enc_self"]),
-            "dec_self": (_stack_layers(out, "decoder_attentions"), None, masks["dec_self"]),
+            "enc_self": (enc_maps, None, *_windowed(enc_maps, masks["enc_self"], enc_cfg, causal=False)),
+            "dec_self": (dec_maps, None, *_windowed(dec_maps, masks["dec_self"], dec_cfg)),
             "cross": (_stack_layers(out, "cross_attentions"), None, masks["cross"]),
         }
+        self._sinks(maps, moves)
         src_side, dec_side = (
             Side(src, src_real, self.src_tok.tokens),
             Side(dec, dec_real, self.src_tok.tokens),
@@ -477,6 +498,46 @@ class HFModel:
         return rows
 
     # -- packaging -----------------------------------------------------------------------
+    def _sinks(self, maps: dict[str, tuple[Any, ...]], moves: _Moves) -> None:
+        """Where the model has learned attention sinks (GPT-OSS), the weight each row gave its head's sink,
+        which Hugging Face leaves out of the weights it returns, goes in the trace as a learned key
+        ``"<sink>"`` (``{kind}_learned``, ``meta["learned_keys"]``) of each kind whose rows fall short of 1:
+        1 minus the row's sum, checked (up to rounding) to be at least 0 and to equal the share the model's
+        own softmax gave the sink, read from the capture of the same forward (where it cannot be read, a
+        warning says how the weight was obtained). Rows that see no key (padding) are no evidence: their
+        weight is the rest of their row all the same, as the model left it."""
+        if not self._has_sinks:
+            return
+        for kind, (stack, _, mask, *per_layer) in maps.items():
+            layer_masks = per_layer[0] if per_layer else None
+            rest = 1.0 - stack.sum(-1, keepdim=True, dtype=torch.float32)  # (B, layer, head, q, 1)
+            allowed = layer_masks if layer_masks is not None else None if mask is None else mask[:, None]
+            sees = (  # (B, layer or 1, 1, q, 1): the rows that see a key
+                torch.ones_like(rest, dtype=torch.bool)
+                if allowed is None
+                else allowed.any(-1)[:, :, None, :, None].to(rest.device)
+            )
+            tol = max(1e-4, 4 * float(torch.finfo(stack.dtype).eps))
+            real = rest.masked_fill(~sees, 0.0)
+            if float(real.abs().max()) <= tol or float(real.min()) < -tol:
+                continue  # (every row sums to 1: no sink here; one sums to more: no sink explains it)
+            weights = rest.clamp(0.0, 1.0)
+            captured = moves.sinks.get(kind)
+            if captured is None:
+                moves.notes.append(
+                    f"{kind}'s weight on each head's learned attention sink is 1 minus its row's sum: Hugging Face "
+                    "returns the weights without the sink, and the model's own softmax could not be read to confirm it"
+                )
+            elif (
+                float((captured.float().to(rest.device) - weights).masked_fill(~sees, 0.0).abs().max()) > tol
+            ):
+                moves.notes.append(
+                    f"{kind}'s rows do not sum to 1, and the model's softmax gave its attention sinks other weights "
+                    "than the rest of each row: no sink weight is saved"
+                )
+                continue
+            moves.learned[kind] = weights
+
     def _meta(self, forward_ms: float, teacher: bool, warnings: list[str]) -> dict[str, Any]:
         return {
             "forward_ms": round(forward_ms, 3),
@@ -497,6 +558,12 @@ class HFModel:
             meta["value_norms"] = {kind: scope for kind, (_, scope) in norms.norms.items()}
         for kind, rn in norms.residual.items():
             fields[f"{kind}_residual_norms"] = rn[i].detach().float().cpu().numpy()
+        for kind, sink in norms.learned.items():
+            fields[f"{kind}_learned"] = sink[i].detach().float().cpu().numpy()
+        if norms.learned:
+            meta["learned_keys"] = {kind: ["<sink>"] for kind in norms.learned}
+        if norms.notes:
+            meta["warnings"] = [*meta.get("warnings", []), *norms.notes]
         return package_trace(
             i, model=self.name, config_name=self.cfg.model_type, device=self.device, src=src, tgt=tgt,
             maps=maps, output_text=text, meta=meta, **fields,
@@ -577,14 +644,47 @@ class _Moves:
 
     norms: dict[str, tuple[torch.Tensor, str]]
     residual: dict[str, torch.Tensor]
+    # kind -> (B, layer, head, q, 1): each row's weight on its head's learned attention sink, the column the
+    # model's own softmax gave it (Hugging Face returns the weights without it); filled where the model has sinks
+    sinks: dict[str, torch.Tensor] = field(default_factory=dict)
+    # kind -> (B, layer, head, q, 1): the sink weights put in the trace (``HFModel._sinks``), and what to say
+    learned: dict[str, torch.Tensor] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
-def _moves(out: Any, cap: Captured, names: dict[str, str]) -> _Moves:
+def _sink_columns(layers: Any, records: list) -> torch.Tensor | None:
+    """(B, layer, head, q, 1): the weight each layer's softmax gave its learned sink (GPT-OSS's ``sinks``, one
+    logit per head, softmaxed with the scores and dropped from the weights returned), read from the captured
+    record whose other columns are that layer's map element for element; None unless every layer has one."""
+    used: set[int] = set()
+    columns = []
+    for layer in layers:
+        shape = (*layer.shape[:-1], int(layer.shape[-1]) + 1)
+        hit = None
+        for n, r in enumerate(records):
+            labels = r.key_labels
+            if n in used or tuple(r.probs.shape) != shape or labels is None or len(labels) != shape[-1]:
+                continue
+            if labels[-1] is None or any(x is not None for x in labels[:-1]):
+                continue  # (the last key is the one learned key, every other a position of the sequence)
+            if torch.equal(r.probs[..., :-1], layer):
+                hit = n
+                break
+        if hit is None:
+            return None
+        used.add(hit)
+        columns.append(records[hit].probs[..., -1:])
+    return torch.stack(columns, dim=1) if columns else None
+
+
+def _moves(out: Any, cap: Captured, names: dict[str, str], sinks: bool = False) -> _Moves:
     """What moves, for each output ``names`` holds (its attribute -> kind). Each layer's record is the
     captured call whose weights are that layer's map, element for element (never matched by order
     alone); a kind with a layer unmatched, or values that could not be confirmed, has none (the
     dashboard then offers weights only). The residual norms are the capture's: the tensor the output
-    projection's result was added to, found from lineage, for every layer of the kind or none."""
+    projection's result was added to, found from lineage, for every layer of the kind or none. With
+    ``sinks`` (a model with learned attention sinks), each kind's sink weights where every layer's
+    record holds them (``_sink_columns``)."""
     records = [r for r in cap.records if r.values is not None]
     used: set[int] = set()
     result, residual = {}, {}
@@ -611,7 +711,12 @@ def _moves(out: Any, cap: Captured, names: dict[str, str]) -> _Moves:
         if all(x is not None and tuple(x.shape) == (r.probs.shape[0], r.probs.shape[-2])
                for x, r in zip(rows, matched, strict=True)):  # fmt: skip
             residual[kind] = torch.stack([x for x in rows if x is not None], dim=1)
-    return _Moves(result, residual)
+    found = {}
+    for name, kind in names.items() if sinks else ():
+        columns = _sink_columns(getattr(out, name, None) or [], cap.records)
+        if columns is not None:
+            found[kind] = columns
+    return _Moves(result, residual, found)
 
 
 # files a tokenizer's vocabulary is in (one of them beside the model: without, transformers builds an empty one)
@@ -642,38 +747,101 @@ def _load_failed(folder: Path, exc: Exception) -> str:
     return f"cannot load the model in {folder}: {_short(text)}"
 
 
-def _windowed(
-    stack: torch.Tensor, mask: torch.Tensor, config: Any
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A causal mask ``(B, q, k)`` narrowed to the sliding window the config's layers attend within
-    (Mistral's ``sliding_window``, the ``"sliding_attention"`` entries of ``layer_types``), where the maps
-    ``stack`` ``(B, layer, head, q, k)`` show it was applied (no weight beyond it in those layers). Where only
-    some layers use it (Gemma 2's every other layer), the first layer's mask and every layer's ``(B, layer,
-    q, k)``, the window in those layers only; else the one mask and None."""
-    w = getattr(config, "sliding_window", None)
-    if not isinstance(w, int) or isinstance(w, bool) or w <= 0 or stack.dim() != 5:
-        return mask, None
-    n_layers = int(stack.shape[1])
+def _positive(value: Any) -> int | None:
+    """``value`` when it is a positive int (a window or chunk size), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _side_config(config: Any, side: str) -> Any:
+    """The ``side`` ("encoder" or "decoder") stack's own config where the model's config nests one (T5Gemma's
+    ``config.encoder``; a decoder's ``text_config`` in a composite config, as Gemma 3's), else ``config`` itself
+    (BART's ``encoder_layers`` is a number, not a config)."""
+    from transformers import PretrainedConfig
+
+    sub = getattr(config, side, None)
+    if isinstance(sub, PretrainedConfig):
+        return sub
+    if side == "decoder" and isinstance(config, PretrainedConfig):
+        with contextlib.suppress(ValueError, AttributeError):  # (ambiguous: several text configs)
+            text = config.get_text_config(decoder=True)
+            if isinstance(text, PretrainedConfig):
+                return text
+    return config
+
+
+def _local_rules(config: Any, n_layers: int, causal: bool) -> list[tuple[str, int] | None]:
+    """Each layer's local attention as the config states it, None where a layer attends to every key its
+    plain mask allows. Causal self-attention: ``("window", w)``, the last ``w`` keys up to the query
+    (``"sliding_attention"`` layers, or every layer where ``sliding_window`` is set without ``layer_types``
+    and ``use_sliding_window`` is not False: Mistral); ``("chunk", c)``, the keys of the query's own chunk of
+    ``c`` positions (Llama 4's ``"chunked_attention"`` layers, ``attention_chunk_size``). Bidirectional
+    self-attention: ``("local", w)``, keys at most ``w`` positions away on either side (ModernBERT's and
+    T5Gemma's encoder ``"sliding_attention"`` layers; ModernBERT's ``sliding_window`` is half its
+    ``local_attention``). The same rules transformers' masking_utils builds these masks by."""
+    window = _positive(getattr(config, "sliding_window", None))
+    chunk = _positive(getattr(config, "attention_chunk_size", None)) if causal else None
+    sliding = None if window is None else ("window" if causal else "local", window)
     types = getattr(config, "layer_types", None)
     if isinstance(types, (list, tuple)) and len(types) == n_layers:
-        layers = [i for i, t in enumerate(types) if t == "sliding_attention"]
-    elif getattr(config, "use_sliding_window", True) is False:
-        layers = []
-    else:
-        layers = list(range(n_layers))
-    q, k = int(stack.shape[-2]), int(stack.shape[-1])
-    i = torch.arange(q, device=mask.device)[:, None] + (k - q)
-    band = torch.arange(k, device=mask.device)[None, :] > i - w  # (q, k): the last w keys up to the query
-    if not layers or bool(band.all()):
+        rules: dict[Any, tuple[str, int] | None] = {
+            "sliding_attention": sliding,
+            "chunked_attention": ("chunk", chunk) if chunk else None,
+        }
+        return [rules.get(t) for t in types]
+    if sliding and getattr(config, "use_sliding_window", True) is not False:
+        return [sliding] * n_layers
+    if chunk:
+        return [("chunk", chunk)] * n_layers
+    return [None] * n_layers
+
+
+def _band(rule: tuple[str, int], q: int, k: int, device: Any) -> torch.Tensor:
+    """(q, k) bool: the keys ``rule`` lets each query see (queries are the last ``q`` of the ``k`` positions)."""
+    what, size = rule
+    i = torch.arange(q, device=device)[:, None] + (k - q)
+    j = torch.arange(k, device=device)[None, :]
+    if what == "local":
+        return (i - j).abs() <= size
+    if what == "chunk":
+        return (j <= i) & (j // size == i // size)
+    return (j <= i) & (j > i - size)
+
+
+def _windowed(
+    stack: torch.Tensor, mask: torch.Tensor, config: Any, causal: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A self-attention mask ``(B, q, k)`` narrowed to the local attention the config's layers use (a
+    sliding window, Llama 4's chunks, a two-sided window in an encoder: ``_local_rules``), where the maps
+    ``stack`` ``(B, layer, head, q, k)`` show it was applied: no weight outside it in any layer that uses
+    it, in every query row that has a key within it (a padding query that sees no key inside the window is
+    spread by eager attention over every key; its row is not evidence, and its saved row is the narrowed,
+    empty one, for the mask audit to report). A rule the maps contradict in any of its layers is not
+    claimed anywhere. Where every layer is narrowed alike, the one mask and None; else the first layer's
+    mask and every layer's ``(B, layer, q, k)``."""
+    if stack.dim() != 5:
         return mask, None
-    inside = band.to(stack.device)
-    for layer in layers:  # (one layer at a time: no copy of every layer's maps)
-        if bool(stack[:, layer].masked_fill(inside, 0).ne(0).any()):  # (the window was not applied)
-            return mask, None
-    if len(layers) == n_layers:
-        return mask & band, None
-    windowed = set(layers)
-    per_layer = torch.stack([mask & band if n in windowed else mask for n in range(n_layers)], dim=1)
+    n_layers, q, k = int(stack.shape[1]), int(stack.shape[-2]), int(stack.shape[-1])
+    rules = _local_rules(config, n_layers, causal)
+    narrowed: dict[tuple[str, int], torch.Tensor] = {}
+    for rule in dict.fromkeys(r for r in rules if r is not None):
+        band = _band(rule, q, k, mask.device)
+        if bool(band.all()):  # (the sequence is shorter than the window or chunk: nothing to narrow)
+            continue
+        windowed = mask & band
+        beyond = (~band.to(stack.device))[None] & windowed.any(-1).to(stack.device)[:, :, None]  # (B, q, k)
+        if any(  # (one layer at a time: no copy of every layer's maps)
+            bool(stack[:, layer].masked_fill(~beyond[:, None], 0).ne(0).any())
+            for layer, r in enumerate(rules)
+            if r == rule
+        ):
+            continue  # (the maps put weight beyond it: the rule was not applied)
+        narrowed[rule] = windowed
+    if not narrowed:
+        return mask, None
+    per = [narrowed.get(r, mask) if r is not None else mask for r in rules]
+    if all(m is per[0] for m in per):
+        return per[0], None
+    per_layer = torch.stack(per, dim=1)
     return per_layer[:, 0], per_layer
 
 

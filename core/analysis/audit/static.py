@@ -320,7 +320,9 @@ def check_declared_mask(traces: list[AttentionTrace], kind: str, pad_id: int | N
         return Verdict(name, True, "the trace carries no mask for this kind", status="skip", kind=kind)
     n_bad = 0
     first: tuple[int, int, int, bool, int | None] | None = None
-    windows = _windows(traces, kind, pad_id)  # layer -> its sliding window, where a layer keeps to one
+    windows = _windows(
+        traces, kind, pad_id
+    )  # layer -> its local rule (a window, chunks), where it keeps to one
     for b, tr in enumerate(traces):
         q_real, exp = expected_mask(tr, kind, pad_id)
         masks = np.array(tr.layer_masks(kind), bool)  # (layer, q, k): every layer's mask is checked
@@ -333,14 +335,13 @@ def check_declared_mask(traces: list[AttentionTrace], kind: str, pad_id: int | N
             first = (b, q, k, bool(masks[ly, q, k]), ly if tr.masks_differ(kind) else None)
     within = ""
     if windows:
-        by_size: dict[int, list[int]] = {}
-        for windowed, w in windows.items():
-            by_size.setdefault(w, []).append(windowed)
-        keys = "keys back to itself" if kind == "dec_self" else "keys on either side"
+        by_size: dict[Window, list[int]] = {}
+        for windowed, rule in windows.items():
+            by_size.setdefault(rule, []).append(windowed)
         within = "; " + "; ".join(
-            f"layer{'s' * (len(ls) > 1)} {', '.join(map(str, ls))} attend{'s' * (len(ls) == 1)} within a sliding "
-            f"window of {w} {keys}"
-            for w, ls in sorted(by_size.items())
+            f"layer{'s' * (len(ls) > 1)} {', '.join(map(str, ls))} attend{'s' * (len(ls) == 1)} within "
+            f"{_rule_words(kind, rule)}"
+            for rule, ls in sorted(by_size.items())
         )
     if first is None:
         if kind == "dec_self" and all(tr.mask(kind).shape[-1] < 2 for tr in traces):
@@ -357,51 +358,79 @@ def check_declared_mask(traces: list[AttentionTrace], kind: str, pad_id: int | N
     return Verdict(name, False, detail, kind=kind, layer=layer, positions=(b, q, k), value=float(n_bad))
 
 
-def _band(kind: str, w: int, nq: int, nk: int) -> np.ndarray:
-    """(q, k) True within a sliding window of ``w``: a decoder's last ``w`` keys up to each query, an
-    encoder's keys at most ``w`` positions away on either side."""
-    d = np.arange(nq)[:, None] - np.arange(nk)[None, :]
-    return d < w if kind == "dec_self" else np.abs(d) <= w
+Window = tuple[str, int]  # ("window", w): a sliding window of w keys; ("chunk", c): chunks of c positions
 
 
-def _windows(traces: list[AttentionTrace], kind: str, pad_id: int | None) -> dict[int, int]:
-    """layer -> w where that layer's mask is, on every trace's real rows, exactly the tokens' mask within a
-    sliding window of ``w`` (Mistral's and Gemma 2's decoder layers, ModernBERT's local encoder layers) and
-    narrower than it somewhere: a window hides keys by design, so the declared-mask check reads such a layer
-    against the tokens' mask within it. A layer whose hidden keys are no window stays a mismatch."""
-    if kind not in ("dec_self", "enc_self"):
+def _band(kind: str, rule: Window, nq: int, nk: int) -> np.ndarray:
+    """(q, k) True within a layer's local rule: a sliding window of ``w`` (a decoder's last ``w`` keys up to
+    each query, an encoder's keys at most ``w`` positions away on either side), or chunks of ``c`` positions
+    (Llama 4's chunked attention: a query sees its own chunk's keys)."""
+    what, n = rule
+    qi, ki = np.arange(nq)[:, None], np.arange(nk)[None, :]
+    if what == "chunk":
+        return qi // n == ki // n
+    d = qi - ki
+    return d < n if kind == "dec_self" else np.abs(d) <= n
+
+
+def _rule_words(kind: str, rule: Window) -> str:
+    what, n = rule
+    if what == "chunk":
+        return f"chunks of {n} positions"
+    return f"a sliding window of {n} {'keys back to itself' if kind == 'dec_self' else 'keys on either side'}"
+
+
+def _windows(traces: list[AttentionTrace], kind: str, pad_id: int | None) -> dict[int, Window]:
+    """layer -> its local rule where that layer's mask is, on every trace's real rows, exactly the tokens'
+    mask within a sliding window (Mistral's and Gemma 2's decoder layers, ModernBERT's local encoder layers)
+    or within chunks (Llama 4's), and narrower than it somewhere: such a rule hides keys by design, so the
+    declared-mask check reads the layer against the tokens' mask within it. A layer whose hidden keys follow
+    no such rule stays a mismatch."""
+    if kind not in ("dec_self", "enc_self") or any(tr.probs(kind).shape[0] != traces[0].probs(kind).shape[0]
+                                                   for tr in traces):  # fmt: skip
         return {}
-    found: dict[int, int] = {}
-    narrower: set[int] = set()
-    n_layers = traces[0].probs(kind).shape[0]
-    for layer in range(n_layers):
-        widths = []
+    found: dict[int, Window] = {}
+    for layer in range(traces[0].probs(kind).shape[0]):
+        rows = []  # (real queries, the tokens' mask, this layer's mask) of each trace
         for tr in traces:
             q_real, exp = expected_mask(tr, kind, pad_id)
-            if tr.probs(kind).shape[0] != n_layers:
-                return {}
-            m = np.asarray(tr.mask(kind, layer), bool)
-            seen = m & exp & q_real[:, None]
-            if not seen.any():
-                continue
-            qi, ki = np.nonzero(seen)
-            d = qi - ki
-            widths.append(int(d.max()) + 1 if kind == "dec_self" else int(np.abs(d).max()))
-        if not widths:
-            continue
-        w = max(widths)
-        for tr in traces:
-            q_real, exp = expected_mask(tr, kind, pad_id)
-            m = np.asarray(tr.mask(kind, layer), bool)
-            want = exp & _band(kind, w, *exp.shape)
-            if ((m != want) & q_real[:, None]).any():
+            rows.append((q_real, exp, np.asarray(tr.mask(kind, layer), bool)))
+        for rule in _candidates(kind, rows):
+            fits, narrower = True, False
+            for q_real, exp, m in rows:
+                want = exp & _band(kind, rule, *exp.shape)
+                if ((m != want) & q_real[:, None]).any():
+                    fits = False
+                    break
+                narrower = narrower or bool(((want != exp) & q_real[:, None]).any())
+            if fits and narrower:
+                found[layer] = rule
                 break
-            if ((want != exp) & q_real[:, None]).any():
-                narrower.add(layer)
-        else:
-            if layer in narrower:
-                found[layer] = w
     return found
+
+
+def _candidates(kind: str, rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> list[Window]:
+    """The local rules a layer's mask may follow, read off its real rows: the widest reach of any query (a
+    window), and for a decoder the first query that sees nothing before itself (where a chunk starts)."""
+    reach, chunk = 0, None
+    for q_real, exp, m in rows:
+        seen = m & exp & q_real[:, None]
+        if not seen.any():
+            continue
+        qi, ki = np.nonzero(seen)
+        d = qi - ki
+        reach = max(reach, int(d.max()) + 1 if kind == "dec_self" else int(np.abs(d).max()))
+        if kind == "dec_self":
+            first = np.where(seen.any(-1), np.argmax(seen, -1), -1)  # each real row's first key
+            starts = [
+                int(i) for i in np.nonzero(first == np.arange(len(first)))[0] if i > 0 and exp[i, i - 1]
+            ]
+            if starts:
+                chunk = starts[0] if chunk is None else min(chunk, starts[0])
+    out: list[Window] = [("window", reach)] if reach else []
+    if chunk:
+        out.append(("chunk", chunk))
+    return out
 
 
 def check_finite(traces: list[AttentionTrace]) -> Verdict:
