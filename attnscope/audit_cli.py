@@ -63,7 +63,9 @@ def add_audit_command(sub) -> None:
         "causal and padding leak tests. One line per check; exit 0 when all pass, 1 otherwise.",
     )
     sp.add_argument(
-        "--model", help="zoo name (see `models`), model folder, or adapter file (.py, runs its code)"
+        "--model",
+        help="zoo name (see `models`), NAME@STEP (a training snapshot, see `models --snapshots NAME`), model "
+        "folder, or adapter file (.py, runs its code)",
     )
     sp.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
     sp.add_argument("--inject", metavar="BUG", help="inject a known mask bug (see --list-bugs)")

@@ -313,7 +313,7 @@ def sidebar() -> Selection | None:
         st.header("attnscope")
         if not choices:
             _without_model(
-                "No models yet. Train the zoo (see models/README) or set ATTNSCOPE_MODELS "
+                "No models yet. Train the zoo (see docs/zoo.md) or set ATTNSCOPE_MODELS "
                 "to a model folder, then reload."
             )
             return None

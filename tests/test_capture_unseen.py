@@ -401,3 +401,29 @@ def test_queries_projected_inside_the_call_say_nothing_of_their_kind():
     with torch.no_grad(), capture_attention(model) as cap:
         model(torch.randint(1, VOCAB, (1, 5)))
     assert cap.records[0].kind == "enc_self" and not cap.notes
+
+
+def test_kinds_given_as_a_list_is_one_sentence(tmp_path):
+    """``kinds=["enc_self"]`` (a list where a dict of module path -> kind is meant) raised AttributeError from
+    deep inside capture, and so did ``watch(capture={"kinds": [...]})``."""
+    import attnscope
+
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
+    with pytest.raises(TypeError, match="kinds must be a dict of module path"):
+        with capture_attention(layer, kinds=["enc_self"]):
+            layer(torch.randn(1, 3, 8))
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.layer = (
+                nn.Embedding(VOCAB, 8),
+                nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
+            )
+
+        def forward(self, ids):
+            return self.layer(self.emb(ids))
+
+    with pytest.raises(TypeError, match="kinds must be a dict"):
+        attnscope.watch(M(), torch.randint(0, VOCAB, (1, 4)), every=1, run_dir=tmp_path / "run",
+                        capture={"kinds": ["enc_self"]})  # fmt: skip

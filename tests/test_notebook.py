@@ -43,7 +43,10 @@ def test_the_notebook_runs_and_its_traces_open(tmp_path, monkeypatch):
     html = str(figures[0]["data"].get("text/html", ""))
     assert len(html) > 1_000_000 and "plotly.js v" in html  # plotly.js embedded in the page, never fetched
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
-    assert "output: desserts" in text and "captured = computed" in text
+    assert "output: desserts" in text and "captured = computed; kinds found: ('dec_self',)" in text, text
+    assert "<bound method" not in text and " object at 0x" not in text, (
+        text
+    )  # (an API call printed as an object)
 
     reverse = AttentionTrace.load(tmp_path / "reverse.npz")
     assert reverse.src_tokens[:8] == tuple("stressed") and reverse.output_text == "desserts"

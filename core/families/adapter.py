@@ -1,6 +1,6 @@
 """Any PyTorch model through one Python file: the adapter.
 
-An adapter file defines exactly these names (see README, "Your own model in 20 lines")::
+An adapter file defines exactly these names (see docs/your-model.md, "Your own model in 20 lines")::
 
     ARCH = "encoder-decoder"      # or "encoder" or "decoder" (decoder-only)
     def load(): ...               # -> torch.nn.Module with its weights (``load(device)`` gets the device)
@@ -225,7 +225,7 @@ def _check_names(module, name: str) -> Spec:
     if missing:
         raise ModelLoadError(
             f"{name} lacks {', '.join(missing)}: an adapter file defines {', '.join(REQUIRED)} "
-            "(see the README, 'Your own model in 20 lines')"
+            "(see docs/your-model.md, 'Your own model in 20 lines')"
         )
     if not isinstance(module.ARCH, str) or module.ARCH not in ARCHS:
         raise ModelLoadError(

@@ -94,7 +94,7 @@ import sys
 import threading
 import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import FrameType
 from typing import Any, cast
@@ -9374,6 +9374,11 @@ def capture_attention(
     paths that force a softmax in or out; lengths: sequence lengths of the call (besides those seen
     going through an embedding); scores: False keeps no scores on the records (a map less per call
     held until the block ends)."""
+    if kinds is not None and not isinstance(kinds, Mapping):
+        raise TypeError(
+            f"kinds must be a dict of module path (or glob) -> kind, e.g. {{'decoder.*': 'dec_self'}}, not a "
+            f"{type(kinds).__name__}"
+        )
     for k in (kinds or {}).values():
         if k not in KINDS:
             raise ValueError(f"unknown attention kind {k!r}; expected one of {KINDS}")
