@@ -113,3 +113,36 @@ def test_broken_adapters_are_one_sentence(name, message, capsys):
     assert main(["predict", "--model", str(ADAPTERS / f"{name}.py"), "abc"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_a_decoder_that_prepends_a_learned_vector_traces_and_audits():
+    """A decoder-only model that joins a learned [CLS] before its tokens: loading it ran its predictions' top-k
+    through the side's row labelling (one label per position), which raised on a row of k ids ("zip() argument
+    2 is longer than argument 1"), so no trace or audit could run. The top-k ids are vocabulary tokens."""
+    lm = load_adapter(ADAPTERS / "gpt_decoder_cls.py")
+    (tr,) = lm.trace(["hello"])
+    assert tr.tgt_tokens[0].startswith("<cls") and tr.tgt_tokens[1:] == ("<bos>", *"hello"), tr.tgt_tokens
+    vocab = ["<pad>", "<bos>", "<eos>", "<unk>", *"abcdefghijklmnopqrstuvwxyz "]
+    assert tr.topk_tokens is not None and set(tr.topk_tokens.reshape(-1)) <= set(vocab), tr.topk_tokens
+    assert [vocab[i] for i in tr.topk_ids[:, 0]] == list(tr.topk_tokens[:, 0])
+    report = AU.run_audit(lm, ["hello", "ab"])
+    assert report.verdicts and not any(v.name == "declared_mask[dec_self]" and not v.passed for v in report)
+
+
+def test_the_declared_mask_check_names_heads_masked_differently():
+    """A per-head mask repeated in the wrong order (``repeat`` for ``repeat_interleave``): the declared-mask
+    check's failure named positions only, though the trace knew which layers' heads were masked differently."""
+    lm = load_adapter(ADAPTERS / "mha_repeat_mask_bug.py")
+    report = AU.run_audit(lm, ["hello world", "abc", "masks"])
+    (declared,) = [v for v in report.verdicts if v.name == "declared_mask[enc_self]"]
+    assert not declared.passed and "were masked differently" in declared.detail, declared.line()
+    assert "\n" not in declared.detail
+
+
+def test_the_audit_command_says_what_capture_could_not_verify(capsys):
+    """The traces the audit reads carry capture's notes (a layer flagged or left out is not checked): the
+    audit command printed the verdicts alone; it says the notes on stderr, as trace and predict do."""
+    code = main(["audit", "--model", str(ADAPTERS / "flagged_outside_queries.py"), "abc", "ab"])
+    out = capsys.readouterr()
+    assert code in (0, 1) and "declared_mask" in out.out
+    assert "warning: capture could not verify" in out.err and "could not verify" in out.err, out.err

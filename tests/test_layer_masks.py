@@ -231,10 +231,12 @@ def test_the_declared_mask_check_reads_a_sliding_window_as_one_and_anything_else
     tr = AttentionTrace("t", "t", "cpu", **side, **{kind: probs, f"{kind}_mask": window,
                                                     f"{kind}_layer_masks": layer_masks})  # fmt: skip
     verdict = static.check_declared_mask([tr], kind)
-    width = 3 if kind == "dec_self" else 2
-    assert verdict.passed and f"layer 0 attends within a sliding window of {width}" in verdict.detail, (
-        verdict.line()
+    said = (
+        "a sliding window of 3 keys (the query's own and the 2 before it)"
+        if kind == "dec_self"
+        else "a sliding window of the keys at most 2 positions away on either side"
     )
+    assert verdict.passed and f"layer 0 attends within {said}" in verdict.detail, verdict.line()
     broken = layer_masks.copy()
     broken[0, 4, 1:3] = False  # hides two keys no window hides
     verdict = static.check_declared_mask([tr.replace(**{f"{kind}_layer_masks": broken})], kind)

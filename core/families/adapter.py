@@ -875,7 +875,7 @@ def _side(ids: torch.Tensor, real: torch.Tensor, tokens, labels: tuple[str | Non
         plain = iter(tokens([t for t, lab in zip(row, labels, strict=True) if lab is None]))
         return [lab if lab is not None else next(plain) for lab in labels]
 
-    return Side(full_ids, full_real, named)
+    return Side(full_ids, full_real, named, vocab=tokens)
 
 
 def _rows(t: torch.Tensor | None, rows: slice) -> torch.Tensor | None:

@@ -289,6 +289,9 @@ class Side:
     ids: torch.Tensor
     real: torch.Tensor
     tokens: Callable[[list[int]], Sequence[str]]
+    # ids -> token strings for ids that are no row of the side (a position's top-k predictions), where
+    # ``tokens`` reads a row with learned positions put in (a [CLS] the model joins); None: ``tokens``
+    vocab: Callable[[list[int]], Sequence[str]] | None = None
 
 
 def package_trace(
@@ -345,7 +348,8 @@ def package_trace(
         meta = {**meta, "capture_notes": [*(meta.get("capture_notes") or []), dropped]}
     if tgt is not None and kw.get("topk_ids") is not None and kw.get("topk_tokens") is None:
         # a trace file carries no vocabulary: the top-k ids as tokens, for the Decoding page
-        kw["topk_tokens"] = np.array([tgt.tokens([int(x) for x in row]) for row in kw["topk_ids"]], dtype=str)
+        words = tgt.vocab or tgt.tokens
+        kw["topk_tokens"] = np.array([words([int(x) for x in row]) for row in kw["topk_ids"]], dtype=str)
     return AttentionTrace(
         model=model, config_name=config_name, device=device, output_text=output_text, meta=meta, **kw
     )

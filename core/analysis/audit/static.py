@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.core.traces.trace import AttentionTrace
+from attnscope.core.traces.trace import AttentionTrace, head_masks_differ
 
 ROW_SUM_TOL = 1e-5
 MAP_CHUNK = 2**20  # values read at once where a check streams through maps
@@ -352,6 +352,10 @@ def check_declared_mask(traces: list[AttentionTrace], kind: str, pad_id: int | N
     b, q, k, allowed, layer = first
     what = "allowed but must be masked" if allowed else "masked but must be visible"
     at = "" if layer is None else f" in layer {layer} (its layers were masked differently)"
+    differ = head_masks_differ(traces[b].meta).get(kind)
+    if differ:  # the trace's mask is what every head may see: the heads' own masks disagree with each other
+        at += (f"; the heads of {', '.join(differ[:3])}{' …' if len(differ) > 3 else ''} were masked differently "
+               "(a per-head mask repeated in the wrong order?): the mask checked is what every head may see")  # fmt: skip
     detail = (
         f"{n_bad} wrong (query, key) entries on real rows, e.g. {_where(traces[b], kind, b, q, k)} {what}{at}"
     )
@@ -377,7 +381,9 @@ def _rule_words(kind: str, rule: Window) -> str:
     what, n = rule
     if what == "chunk":
         return f"chunks of {n} positions"
-    return f"a sliding window of {n} {'keys back to itself' if kind == 'dec_self' else 'keys on either side'}"
+    if kind == "dec_self":
+        return f"a sliding window of {n} keys (the query's own and the {n - 1} before it)"
+    return f"a sliding window of the keys at most {n} positions away on either side"
 
 
 def _windows(traces: list[AttentionTrace], kind: str, pad_id: int | None) -> dict[int, Window]:
