@@ -2297,3 +2297,47 @@ def test_an_encoders_guarded_padding_rows_beside_a_one_token_sequence_are_no_pre
     with torch.no_grad(), capture_attention(model) as cap:
         model(torch.tensor([[3, 4, 5, 6], [7, 8, 0, 0]]))
     assert [r.kind for r in cap.records] == ["enc_self", "enc_self"] and not cap.notes
+
+
+class QueryChunks(nn.Module):
+    """Memory-efficient attention written by hand: the queries a chunk at a time over every key, causal or
+    not, padding hidden; the weights the model used kept whole (``truth``)."""
+
+    def __init__(self, heads: int, causal: bool, chunk: int = 3):
+        super().__init__()
+        self.emb, self.qkv = nn.Embedding(20, 16), nn.Linear(16, 48)
+        self.h, self.causal, self.chunk = heads, causal, chunk
+
+    def forward(self, ids):
+        x, (b, t) = self.emb(ids), ids.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.h, 16 // self.h).permute(2, 0, 3, 1, 4)
+        outs, weights = [], []
+        for i0 in range(0, t, self.chunk):
+            s = q[:, :, i0 : i0 + self.chunk] @ k.transpose(-2, -1) / math.sqrt(16 // self.h)
+            keep = (ids != 0)[:, None, None, :]
+            if self.causal:
+                rows = torch.arange(i0, i0 + s.shape[2])
+                keep = keep & (rows[:, None] >= torch.arange(t)[None, :])
+            p = s.masked_fill(~keep, -1e9).softmax(-1)
+            weights.append(p.detach())
+            outs.append(p @ v)
+        self.truth = torch.cat(weights, 2)
+        return torch.cat(outs, 2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("b, h", [(1, 1), (2, 2), (3, 1), (1, 2)])
+def test_queries_a_chunk_at_a_time_join_into_one_map(causal, b, h):
+    """A causal self-attention's queries a chunk at a time: the last chunk's rows see every key up to
+    themselves, so alone its mask hid nothing and it read as an encoder's; the chunks were left as maps of
+    their own (a trace drew one chunk's rows), flagged. Joined, the mask says decoder: one exact record."""
+    torch.manual_seed(0)
+    model = QueryChunks(h, causal).eval()
+    ids = torch.randint(1, 20, (b, 7))
+    ids[-1, 5:] = 0
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == ("dec_self" if causal else "enc_self") and not cap.notes, cap.notes
+    assert torch.equal(rec.probs, model.truth)
+    assert cap.trace(0, src_tokens=list("abcdefg")).kinds == (rec.kind,)

@@ -8906,10 +8906,11 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
         varlen = _join_varlen(pieces, sources)
         if varlen is not None:
             return varlen
+    kinds = {r.kind for r, _ in pieces}
     for i, (r, lay) in enumerate(pieces):
         if (r.probs.shape[-1] != first.probs.shape[-1] or r.key_labels != first.key_labels
-                or r.query_labels != first.query_labels or r.kind != first.kind or r.source != first.source
-                or not r.exact):  # fmt: skip
+                or r.query_labels != first.query_labels or r.source != first.source or not r.exact
+                or (r.kind != first.kind and kinds != {"enc_self", "dec_self"})):  # fmt: skip
             return "the pieces differ in their keys, kind or labels"
         seq_keys = lay.seq_keys
         if seq_keys is None or bool((seq_keys < 0).all(-1).any()):
@@ -8953,13 +8954,20 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
                                      ).unsqueeze(1).expand(r.probs.shape))  # fmt: skip
         mask = per_head.all(dim=1)
         differ = differ or not bool((per_head == mask[:, None]).all())
+    kind = first.kind
+    if len(kinds) > 1:  # chunks of a causal self-attention's queries: the last chunk's mask hides nothing
+        # from its own rows (the rows before it are elsewhere), so alone it read as an encoder's; joined, the
+        # mask says
+        if mask is None or not _is_causal_mask(mask):
+            return "the pieces differ in their kind (some encoder self-attention, some decoder)"
+        kind = "dec_self"
     checks = [r.check for r, _ in pieces if r.check is not None]
     # the values do not depend on the query: each (sequence, head)'s from the first piece that holds it
     where = [[units[(s, f)][0] for f in heads] for s in seqs]
     values = _joined_values([r.values for r, _ in pieces], where)
     qpos = torch.tensor([queries[(s, heads[0])] for s in seqs], dtype=torch.int64)  # (B, q), as joined
     kpos = torch.tensor([list(s) for s in seqs], dtype=torch.int64)  # (B, k): each sequence's keys
-    return Record(first.name, first.kind, probs, scores, mask, first.source,
+    return Record(first.name, kind, probs, scores, mask, first.source,
                   next((r.mask_source for r, _ in pieces if r.mask_source), None), max(checks) if checks else None,
                   differ, True, None, first.key_labels, first.query_labels, values, seq=first.seq,
                   query_positions=qpos.to(probs.device), key_positions=kpos.to(probs.device))  # fmt: skip
