@@ -427,3 +427,27 @@ def test_kinds_given_as_a_list_is_one_sentence(tmp_path):
     with pytest.raises(TypeError, match="kinds must be a dict"):
         attnscope.watch(M(), torch.randint(0, VOCAB, (1, 4)), every=1, run_dir=tmp_path / "run",
                         capture={"kinds": ["enc_self"]})  # fmt: skip
+
+
+class PrecomputedQK(nn.Module):
+    """Attention over queries and keys handed in, already projected (a block captured alone)."""
+
+    def forward(self, q, k, v):
+        return (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("n_keys", [6, 9])
+def test_queries_and_keys_handed_in_say_why_they_are_flagged_and_take_their_kind_from_the_lengths(n_keys):
+    """q and k two tensors handed in: the first thing capture saw of k was ``k.transpose(-2, -1)``, numbered
+    as a tensor of its own, so the flag said the product "multiplies features of different positions" (it does
+    not). The flag says the queries were not projected inside the call, and the kind comes from the lengths."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 2, 6, 8), torch.randn(2, 2, n_keys, 8)
+    block = PrecomputedQK()
+    with torch.no_grad(), capture_attention(block) as cap:
+        block(q, k, k)
+    (rec,) = cap.records
+    assert not rec.exact and "not projected inside the captured call" in rec.flag, rec.flag
+    assert not any("features of different positions" in n for n in cap.notes), cap.notes
+    assert rec.kind == ("enc_self" if n_keys == 6 else "cross")
+    assert torch.allclose(rec.probs, (q @ k.transpose(-2, -1) / 8**0.5).softmax(-1))

@@ -4194,6 +4194,13 @@ class _Session:
                 else:
                     # features, an image, hidden states from outside the call
                     self._external(outside)
+                if name in MATMUL:  # the other operand handed in too, read first with its axes swapped
+                    for t, g in zip(ins, tags, strict=True):  # (``q @ k.transpose(-2, -1)`` of q and k given)
+                        base = t._base
+                        if g is None and t is not outside and base is not None and _permuted_whole(t):
+                            if self.tag(base) is None:
+                                self._external(base)
+                            self._view_tag(t)
                 tags = [self.tag(t) or (self._view_tag(t) if t._base is outside else None) for t in ins]
         known = [(t, g) for t, g in zip(ins, tags, strict=True) if g is not None]
         if not known:
@@ -6484,6 +6491,8 @@ class _Session:
                                  "and no sequence length is known")  # fmt: skip
                 return
         cross = tag.cross if tag is not None else None
+        if why == lineage.RAW_QUERIES:  # (queries handed in: whether they are the keys' sequence is unknown,
+            cross = None  # so the kind is read from the lengths, the mask and the name)
         layout = _Probs(None, *self._layout(x, tag), cross, ext, tuple(out.shape))
         scores = x
         if tag is not None and tag.scores is not None:
@@ -8869,6 +8878,23 @@ def _joined_positions(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
     if any(p is None for p in parts) or len({(p.shape[-1], p.device) for p in parts if p is not None}) != 1:
         return None
     return torch.cat([p for p in parts if p is not None])
+
+
+def _permuted_whole(t: torch.Tensor) -> bool:
+    """``t`` is a float tensor from outside with its axes swapped (``k.transpose(-2, -1)``, ``k.mT``): a view of
+    the whole of a contiguous tensor, in another order."""
+    base = t._base
+    return (
+        isinstance(base, torch.Tensor)
+        and t.is_floating_point()
+        and base.is_floating_point()
+        and base.dim() == t.dim() >= 2
+        and base.is_contiguous()
+        and not _is_param(base)
+        and sorted(t.shape) == sorted(base.shape)
+        and sorted(t.stride()) == sorted(base.stride())
+        and t.storage_offset() == base.storage_offset()
+    )
 
 
 def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) -> Record | str | None:

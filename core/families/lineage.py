@@ -567,6 +567,9 @@ def _find_structure(smap: ScoreMap, shape: tuple[int, ...], dim: int) -> _Struct
                       key_idx[0].contiguous() if regular else None, None if regular else key_idx)  # fmt: skip
 
 
+RAW_QUERIES = "the queries were not projected inside the captured call, so their head axis cannot be traced"
+
+
 def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -> Layout | str:
     """The layout of a softmax over ``dim`` of scores shaped ``shape``, or why it cannot be known.
 
@@ -593,7 +596,7 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     qf = q & FEATURES
     raw = bool((qf & RAW).any())
     if qtab.shape[0] > 1 and raw:  # (one slice, a 2-D product: one sequence, one head)
-        return "the queries were not projected inside the captured call, so their head axis cannot be traced"
+        return RAW_QUERIES
     qpos, kpos_b = q >> SHIFT, kbase >> SHIFT
     is_param_b = sources.learned(kpos_b)  # (U, K)
     used = torch.unique(krow)
