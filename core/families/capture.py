@@ -4196,10 +4196,10 @@ class _Session:
                     self._external(outside)
                 if name in MATMUL:  # the other operand handed in too, read first with its axes swapped
                     for t, g in zip(ins, tags, strict=True):  # (``q @ k.transpose(-2, -1)`` of q and k given)
-                        base = t._base
-                        if g is None and t is not outside and base is not None and _permuted_whole(t):
-                            if self.tag(base) is None:
-                                self._external(base)
+                        whole = t._base
+                        if g is None and t is not outside and whole is not None and _permuted_whole(t):
+                            if self.tag(whole) is None:
+                                self._external(whole)
                             self._view_tag(t)
                 tags = [self.tag(t) or (self._view_tag(t) if t._base is outside else None) for t in ins]
         known = [(t, g) for t, g in zip(ins, tags, strict=True) if g is not None]
