@@ -3107,8 +3107,8 @@ class _Session:
                 # one sequence each, stacked into a batch (``torch.stack(result)`` after the loop)
                 self._sequences_concatenated(parts)
                 return
-            if not isinstance(d, int) or d % out.dim() != out.dim() - 2:
-                return
+            if not isinstance(d, int) or d % out.dim() == out.dim() - 1:
+                return  # (a new last axis: the features' own, no heads' axis)
         else:
             d = _cat_dim(name, args, kwargs, out)
             if d == 0 and out.dim() >= 2 and all(t.shape[0] == 1 for t in parts):
@@ -7783,8 +7783,10 @@ class _Session:
             tag = self.tag(t)
             if tag is not None:
                 origin = origin | tag.origin
-        self.set(out, _Tag(None, origin, attn_out=rec.name, moved=True, code=code))
         p = _Probs(rec, (b, hq), False, None, False, tuple(rec.probs.shape), qpos=qrows)
+        # (``made_by``: the record whose weights made it, so heads a call each joined in head order are put in
+        # that order, whatever order the calls ran in)
+        self.set(out, _Tag(None, origin, attn_out=rec.name, moved=True, code=code, made_by=p))
         self._pend(rec.name, (p, vcodes, ("sdpa", str(qc.device), hq, dv, unsq, b, lk)))
 
     def _described(self, q: torch.Tensor, k: torch.Tensor) -> lineage.Described | None:
