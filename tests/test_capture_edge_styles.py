@@ -2347,36 +2347,47 @@ class SdpaHeadLoop(nn.Module):
     """SDPA a head at a time (a loop over the heads), in either order, the outputs joined in head order
     along the features (``cat``) or stacked into a heads axis (``stack(outs, 1)``); the model's own maps kept."""
 
-    def __init__(self, heads: int, reverse: bool, join: str):
+    def __init__(self, heads: int, reverse: bool, join: str, sdpa: bool = True):
         super().__init__()
         self.emb, self.qkv, self.out = nn.Embedding(20, 16), nn.Linear(16, 48), nn.Linear(16, 16)
-        self.h, self.reverse, self.join = heads, reverse, join
+        self.h, self.reverse, self.join, self.sdpa = heads, reverse, join, sdpa
 
     def forward(self, ids):
         b, t = ids.shape
         q, k, v = self.qkv(self.emb(ids)).view(b, t, 3, self.h, 16 // self.h).permute(2, 0, 3, 1, 4)
         keep = (ids != 0)[:, None, :]
         outs = {}
+        buffer = torch.empty(b, self.h, t, 16 // self.h)
         for h in reversed(range(self.h)) if self.reverse else range(self.h):
-            outs[h] = F.scaled_dot_product_attention(q[:, h], k[:, h], v[:, h], attn_mask=keep)
+            if self.sdpa:
+                outs[h] = F.scaled_dot_product_attention(q[:, h], k[:, h], v[:, h], attn_mask=keep)
+            else:
+                s = (q[:, h] @ k[:, h].transpose(-2, -1) / math.sqrt(16 // self.h)).masked_fill(~keep, -1e9)
+                outs[h] = s.softmax(-1) @ v[:, h]
+            if self.join == "prealloc":
+                buffer[:, h] = outs[h]
         with torch._C.DisableTorchFunction():
             s = (q @ k.transpose(-2, -1) / math.sqrt(16 // self.h)).masked_fill(~keep[:, None], float("-inf"))
             self.truth = s.softmax(-1)
         if self.join == "cat":
             o = torch.cat([outs[h] for h in range(self.h)], -1)
-        else:
+        elif self.join == "stack":
             o = torch.stack([outs[h] for h in range(self.h)], 1).transpose(1, 2).reshape(b, t, 16)
+        else:
+            o = buffer.transpose(1, 2).reshape(b, t, 16)
         return self.out(o)
 
 
-@pytest.mark.parametrize("join", ["cat", "stack"])
+@pytest.mark.parametrize("sdpa", [True, False])
+@pytest.mark.parametrize("join", ["cat", "stack", "prealloc"])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_sdpa_a_head_at_a_time_is_one_record_with_its_heads_in_order(reverse, join):
+def test_sdpa_a_head_at_a_time_is_one_record_with_its_heads_in_order(reverse, join, sdpa):
     """The calls a head each were joined in the order they ran, not in the heads' own order: a loop run in
     reverse gave one exact record with its heads swapped. Outputs stacked into a heads axis
-    (``stack(outs, 1)``) were not joined at all: the heads were drawn as layers."""
+    (``stack(outs, 1)``) or written into a buffer's (``out[:, h] = ...``) were not joined at all: the heads
+    were drawn as layers. (A softmax a head at a time, the same.)"""
     torch.manual_seed(0)
-    model = SdpaHeadLoop(2, reverse, join).eval()
+    model = SdpaHeadLoop(2, reverse, join, sdpa).eval()
     ids = torch.randint(1, 20, (2, 6))
     ids[1, 4:] = 0
     with torch.no_grad(), capture_attention(model) as cap:

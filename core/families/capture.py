@@ -1727,6 +1727,8 @@ class _Session:
         self._picked: set[int] = set()
         self._block_runs: set[int] = set()  # runs of pieces from separate calls of a module (blocks)
         self._head_runs: set[int] = set()  # runs of other heads from separate calls of a module
+        # buffers filled a head at a time (``out[:, h] = attention of head h``): id -> (ref, {head: output})
+        self._head_slots: dict[int, tuple] = {}
         self._rng: tuple | None = None  # the RNG state an SDPA call with dropout started from
         # record.seq -> the key positions of its sequences (B, K), from lineage: are they whole sequences?
         self._seq_keys: dict[int, list[torch.Tensor]] = {}
@@ -3117,6 +3119,11 @@ class _Session:
                 return
             if d != out.dim() - 1:
                 return  # joined along positions: chunks of a sequence, not heads
+        self._heads_group(list(parts))
+
+    def _heads_group(self, parts: list[torch.Tensor]) -> None:
+        """``parts``, the outputs of single-head maps in their heads' order: one layer's heads, grouped to be
+        joined into one record at the end."""
         paths, made = [], []
         for t in parts:
             g = self.tag(t)
@@ -3153,6 +3160,29 @@ class _Session:
         self._head_groups.append(
             (places, [r.seq for r in group], ".".join(common) if common else paths[0], k)
         )
+
+    def _head_written(self, target: torch.Tensor, index: Any, value: torch.Tensor) -> None:
+        """``out[:, h] = attention of head h`` (a buffer filled a head at a time, the heads axis after the
+        batch's): once every head of the buffer is written, the heads are grouped as a ``cat`` of them would
+        be (``_heads_group``), in the buffer's order, whatever order the calls ran in."""
+        if not (
+            isinstance(index, tuple)
+            and len(index) == 2
+            and index[0] == slice(None)
+            and type(index[1]) is int
+            and target.dim() == value.dim() + 1 >= 3
+            and tuple(target.shape[:1]) + tuple(target.shape[2:]) == tuple(value.shape)
+        ):
+            return
+        n, h = int(target.shape[1]), index[1] % int(target.shape[1])
+        held = _held(self._head_slots, target)
+        slots: dict[int, torch.Tensor] = held[1] if held is not None else {}
+        if held is None:
+            _hold(self._head_slots, target, slots)
+        slots[h] = value
+        if len(slots) == n and n > 1:
+            self._heads_group([slots[i] for i in range(n)])
+            slots.clear()
 
     def _unused_beside(self) -> builtins.set[int]:
         """``Record.seq`` of the softmax maps whose weights multiplied no values, made in one call of a module
@@ -7329,6 +7359,13 @@ class _Session:
                                          mask_source=t.mask_source or vt.mask_source or "masked_fill"))  # fmt: skip
             return
         vt = self.tag(value)
+        if (
+            isinstance(value, torch.Tensor)
+            and vt is not None
+            and vt.attn_out is not None
+            and vt.probs is None
+        ):
+            self._head_written(target, index, value)
         if (
             isinstance(value, torch.Tensor)
             and vt is not None
