@@ -20,6 +20,7 @@ EXIT_FAIL = 1
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from attnscope.core.analysis import audit, bugs
+    from attnscope.core.traces.trace import meta_texts
 
     if args.list_bugs:
         width = max(len(n) for n in bugs.names())
@@ -54,15 +55,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print(line)
     # what capture could not verify or left out of the traces the checks read (a layer of a kind the trace
     # could not stack with the others is not checked): said on stderr, as trace and predict say it
-    notes = [n for tr in report.traces for n in state_notes(tr.meta)]
+    notes = [n for tr in report.traces for n in meta_texts(tr.meta, "capture_notes")]
     cli._capture_warnings({"capture_notes": list(dict.fromkeys(notes))})
     return 0 if report.passed else EXIT_FAIL
-
-
-def state_notes(meta: dict) -> list[str]:
-    """A trace's capture notes: its meta's list of sentences (anything else, nothing)."""
-    notes = meta.get("capture_notes") if isinstance(meta, dict) else None
-    return [n for n in notes if isinstance(n, str) and n] if isinstance(notes, list) else []
 
 
 def add_audit_command(sub) -> None:

@@ -139,9 +139,9 @@ def _list_snapshots(name: str) -> int:
 def _capture_warnings(meta: dict) -> None:
     """What capture could not verify, one line each on stderr (the output still goes to stdout). ``meta`` as a
     model's or a trace's may hold it: a list's strings are notes (one string: one note), nothing else is."""
-    notes = meta.get("capture_notes") if isinstance(meta, dict) else None
-    notes = [notes] if isinstance(notes, str) else notes
-    notes = [n for n in notes if isinstance(n, str) and n] if isinstance(notes, list | tuple) else []
+    from attnscope.core.traces.trace import head_masks_differ, meta_texts
+
+    notes = meta_texts(meta, "capture_notes")
     if notes:
         count = f"{len(notes)} note" if len(notes) == 1 else f"{len(notes)} notes"
         print(
@@ -151,8 +151,6 @@ def _capture_warnings(meta: dict) -> None:
         )
     for note in notes:
         print(f"warning:   {note}", file=sys.stderr)
-    from attnscope.core.traces.trace import head_masks_differ
-
     layers = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in head_masks_differ(meta).items())
     if layers:  # heads masked differently: the masks saved are what they share
         print(f"warning: the heads of a layer were masked differently ({layers}); the masks saved are what "

@@ -22,7 +22,7 @@ import streamlit as st
 
 from attnscope.core.errors import InputError
 from attnscope.core.families.interface import AttentionModel
-from attnscope.core.traces.trace import AttentionTrace
+from attnscope.core.traces.trace import AttentionTrace, meta_texts
 from attnscope.dashboard import files, loaders, model_facts, opened, user_models, watched
 from attnscope.dashboard import keys as K
 from attnscope.dashboard.files import sentence
@@ -382,18 +382,6 @@ def check_inputs(greedy: bool = False) -> None:
         st.warning(p)
     if problems:
         st.stop()
-
-
-def meta_texts(meta: object, key: str) -> list[str]:
-    """``meta[key]``, a list of sentences (warnings, capture notes), as a trace's meta may hold it: its strings
-    (one string: that one), and nothing for anything else. The trace reader refuses a file whose list is no list
-    of strings; a trace made in memory (an adapter's own meta) is taken as it comes, and never raises here."""
-    value = meta.get(key) if isinstance(meta, dict) else None
-    if isinstance(value, str):
-        return [value] if value else []
-    if not isinstance(value, list | tuple):
-        return []
-    return [v for v in value if isinstance(v, str) and v]
 
 
 def show_warnings(traces: list[AttentionTrace], batch: bool) -> None:

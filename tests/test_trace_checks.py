@@ -31,14 +31,18 @@ def trace(full) -> AttentionTrace:
     return full.replace(**dict.fromkeys(VALUE_NORMS))
 
 
-def _npz(arrays: dict, header: dict | None = None) -> bytes:
+def _npz(arrays: dict, header: dict | str | None = None) -> bytes:
+    """An .npz of ``arrays`` and ``header`` (a dict written as JSON, or a header's text as it is)."""
+    text = None if header is None else header if isinstance(header, str) else json.dumps(header)
     buf = io.BytesIO()
-    np.savez(buf, **arrays, **({} if header is None else {"header": np.array(json.dumps(header))}))
+    np.savez(buf, **arrays, **({} if text is None else {"header": np.array(text)}))
     return buf.getvalue()
 
 
 def _fields(tr: AttentionTrace) -> tuple[dict, dict]:
-    return tr.to_numpy(), trace_io._file_header(tr)  # the header as a written file has it (with its format)
+    """The members and the header as a written file has them (with its format), the header a copy of its own
+    (a test that changes its meta leaves the module's trace as it was)."""
+    return tr.to_numpy(), json.loads(json.dumps(trace_io._file_header(tr)))
 
 
 def _refused(data: bytes, name: str, *words: str) -> str:

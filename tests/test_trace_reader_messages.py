@@ -12,9 +12,9 @@ import warnings
 
 import numpy as np
 import pytest
+import test_trace_checks as checks
+from test_trace_checks import _fields, _npz
 
-from attnscope.core.errors import TraceFormatError
-from attnscope.core.traces import trace_io
 from attnscope.core.traces.trace import AttentionTrace
 from attnscope.models import registry
 
@@ -25,27 +25,11 @@ def full() -> AttentionTrace:
     return registry.load("reverse").trace(["stressed", "abc"])[1]
 
 
-def _npz(arrays: dict, header: dict | str) -> bytes:
-    text = header if isinstance(header, str) else json.dumps(header)
-    buf = io.BytesIO()
-    np.savez(buf, **arrays, header=np.array(text))
-    return buf.getvalue()
-
-
-def _fields(tr: AttentionTrace) -> tuple[dict, dict]:
-    return dict(tr.to_numpy()), json.loads(json.dumps(trace_io._file_header(tr)))
-
-
 def _refused(data: bytes, name: str, *words: str) -> str:
+    """test_trace_checks' one-sentence refusal, with a numpy warning on the way a failure too."""
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a numpy warning on the way is a failure too
-        with pytest.raises(TraceFormatError) as info:
-            AttentionTrace.from_bytes(data, name)
-    msg = str(info.value)
-    assert msg.startswith(name) and "\n" not in msg and len(msg) < 420, msg
-    for w in words:
-        assert w in msg, msg
-    return msg
+        warnings.simplefilter("error")
+        return checks._refused(data, name, *words)
 
 
 # -- meta entries the app reads ------------------------------------------------------------------------

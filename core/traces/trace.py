@@ -60,6 +60,18 @@ def head_masks_differ(meta: Any) -> dict[str, list[str]]:
     return {k: [str(n) for n in v] for k, v in differ.items() if k in KINDS and isinstance(v, list) and v}
 
 
+def meta_texts(meta: Any, key: str) -> list[str]:
+    """``meta[key]``, a list of sentences (warnings, capture notes), as a trace's meta may hold it: its strings
+    (one string: that one), and nothing for anything else. The trace reader refuses a file whose list is no list
+    of strings; a trace made in memory (an adapter's own meta) is taken as it comes, and never raises here."""
+    value = meta.get(key) if isinstance(meta, dict) else None
+    if isinstance(value, str):
+        return [value] if value else []
+    if not isinstance(value, list | tuple):
+        return []
+    return [v for v in value if isinstance(v, str) and v]
+
+
 def _readonly(a: Any) -> Any:
     if isinstance(a, np.ndarray):
         a.setflags(write=False)

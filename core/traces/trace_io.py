@@ -498,25 +498,23 @@ def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
             values += p.size
             if values > MAX_TRACE_VALUES:
                 raise _Bad(f"it holds more than {MAX_TRACE_VALUES:,} attention values")
-            m = arrays.get(f"{kind}_mask")
-            if m is not None:
-                if m.shape != p.shape[2:]:
-                    raise _Bad(
-                        f"{kind}_mask is {_shape(m)}, but {kind} calls for [query, key] = {_shape(p[0, 0])}"
-                    )
-                if m.dtype.kind != "b" and not np.isin(m, (0, 1)).all():
-                    raise _Bad(f"{kind}_mask must be booleans (True = may attend), got {m.dtype}")
-            lm = arrays.get(f"{kind}_layer_masks")
-            if lm is not None:
-                if lm.shape != (p.shape[0], *p.shape[2:]):
-                    raise _Bad(f"{kind}_layer_masks is {_shape(lm)}, but {kind} calls for [layer, query, key] = "
-                               f"{_shape(p[:, 0])}")  # fmt: skip
-                if lm.dtype.kind != "b" and not np.isin(lm, (0, 1)).all():
-                    raise _Bad(f"{kind}_layer_masks must be booleans (True = may attend), got {lm.dtype}")
-                if m is None or not np.array_equal(np.asarray(lm[0], dtype=bool), np.asarray(m, dtype=bool)):
-                    raise _Bad(
-                        f"{kind}_layer_masks' first layer is not {kind}_mask (the kind's mask is its first layer's)"
-                    )
+            m, lm = arrays.get(f"{kind}_mask"), arrays.get(f"{kind}_layer_masks")
+            for name, a, want, axes in (
+                (f"{kind}_mask", m, p.shape[2:], "[query, key]"),
+                (f"{kind}_layer_masks", lm, (p.shape[0], *p.shape[2:]), "[layer, query, key]"),
+            ):
+                if a is None:
+                    continue
+                if a.shape != want:
+                    raise _Bad(f"{name} is {_shape(a)}, but {kind} calls for {axes} = {_dims(want)}")
+                if a.dtype.kind != "b" and not np.isin(a, (0, 1)).all():
+                    raise _Bad(f"{name} must be booleans (True = may attend), got {a.dtype}")
+            if lm is not None and (
+                m is None or not np.array_equal(np.asarray(lm[0], dtype=bool), np.asarray(m, dtype=bool))
+            ):
+                raise _Bad(
+                    f"{kind}_layer_masks' first layer is not {kind}_mask (the kind's mask is its first layer's)"
+                )
             # (in the map's own dtype: a float64 past float32's range is no probability, and is not cast)
             if np.isinf(p).any():
                 raise _Bad(f"{kind} holds infinite values, which are not probabilities")

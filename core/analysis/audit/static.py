@@ -320,14 +320,14 @@ def check_declared_mask(traces: list[AttentionTrace], kind: str, pad_id: int | N
         return Verdict(name, True, "the trace carries no mask for this kind", status="skip", kind=kind)
     n_bad = 0
     first: tuple[int, int, int, bool, int | None] | None = None
+    expected = [expected_mask(tr, kind, pad_id) for tr in traces]  # (real queries, the tokens' mask) of each
     windows = _windows(
-        traces, kind, pad_id
+        traces, kind, expected
     )  # layer -> its local rule (a window, chunks), where it keeps to one
-    for b, tr in enumerate(traces):
-        q_real, exp = expected_mask(tr, kind, pad_id)
+    for b, (tr, (q_real, exp)) in enumerate(zip(traces, expected, strict=True)):
         masks = np.array(tr.layer_masks(kind), bool)  # (layer, q, k): every layer's mask is checked
-        for windowed, w in windows.items():  # (a window hides keys the tokens call for, by design)
-            masks[windowed] |= exp & ~_band(kind, w, *exp.shape)
+        for windowed, rule in windows.items():  # (a window hides keys the tokens call for, by design)
+            masks[windowed] |= exp & ~_band(kind, rule, *exp.shape)
         diff = (masks != exp[None]) & q_real[None, :, None]
         n_bad += int(diff.any(0).sum())
         if first is None and diff.any():
@@ -386,21 +386,23 @@ def _rule_words(kind: str, rule: Window) -> str:
     return f"a sliding window of the keys at most {n} positions away on either side"
 
 
-def _windows(traces: list[AttentionTrace], kind: str, pad_id: int | None) -> dict[int, Window]:
+def _windows(
+    traces: list[AttentionTrace], kind: str, expected: list[tuple[np.ndarray, np.ndarray]]
+) -> dict[int, Window]:
     """layer -> its local rule where that layer's mask is, on every trace's real rows, exactly the tokens'
     mask within a sliding window (Mistral's and Gemma 2's decoder layers, ModernBERT's local encoder layers)
     or within chunks (Llama 4's), and narrower than it somewhere: such a rule hides keys by design, so the
     declared-mask check reads the layer against the tokens' mask within it. A layer whose hidden keys follow
-    no such rule stays a mismatch."""
+    no such rule stays a mismatch. ``expected``: each trace's real queries and the mask its tokens call for."""
     if kind not in ("dec_self", "enc_self") or any(tr.probs(kind).shape[0] != traces[0].probs(kind).shape[0]
                                                    for tr in traces):  # fmt: skip
         return {}
     found: dict[int, Window] = {}
     for layer in range(traces[0].probs(kind).shape[0]):
-        rows = []  # (real queries, the tokens' mask, this layer's mask) of each trace
-        for tr in traces:
-            q_real, exp = expected_mask(tr, kind, pad_id)
-            rows.append((q_real, exp, np.asarray(tr.mask(kind, layer), bool)))
+        rows = [  # (real queries, the tokens' mask, this layer's mask) of each trace
+            (q_real, exp, np.asarray(tr.mask(kind, layer), bool))
+            for tr, (q_real, exp) in zip(traces, expected, strict=True)
+        ]
         for rule in _candidates(kind, rows):
             fits, narrower = True, False
             for q_real, exp, m in rows:
