@@ -184,7 +184,8 @@ def test_the_pages_draw_and_check_each_layers_mask(local_global, tmp_path, monke
     assert any("masked differently" in i.value and "layer 1's" in i.value for i in at.info), [
         i.value for i in at.info
     ]
-    shown = _array(figure(at, "decoder self-attention mask")["data"][0]["z"])
+    panel = figure(at, "decoder self-attention mask of layer 1")  # (not "= causal AND real key": a window's)
+    shown = _array(panel["data"][0]["z"])
     assert np.array_equal(shown.astype(bool), traces[0].mask("dec_self", 1)) or np.array_equal(
         shown[::-1].astype(bool), traces[0].mask("dec_self", 1)
     )

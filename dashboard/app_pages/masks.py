@@ -116,6 +116,14 @@ def kind_mask(kind: str) -> np.ndarray | None:
     return tr.mask(kind, min(mask_layer, tr.probs(kind).shape[0] - 1))
 
 
+def mask_title(kind: str, rule: str) -> str:
+    """A panel's title: the rule the kind's mask follows, or, where its layers were masked differently (a
+    sliding window in some), the layer shown."""
+    if mask_layer is None or kind not in differ:
+        return f"{KIND_LABELS[kind]} mask = {rule} ({where})"
+    return f"{KIND_LABELS[kind]} mask of layer {min(mask_layer, tr.probs(kind).shape[0] - 1)} ({where})"
+
+
 t_len = len(tr.tgt_tokens)
 # Attention masks of the picked sequence:
 # (figure name, chart key, shown, mask (Q, K), query tokens, key tokens, query axis, key axis, title)
@@ -140,7 +148,7 @@ attention_panels = [
         tr.tgt_tokens,
         "query: decoder input",
         "key: decoder input",
-        f"decoder self-attention mask = causal AND real key ({where})",
+        mask_title("dec_self", "causal AND real key"),
     ),
     (
         "cross",
@@ -151,7 +159,7 @@ attention_panels = [
         tr.src_tokens,
         "query: decoder input",
         "key: source tokens",
-        f"cross-attention mask = real source key ({where})",
+        mask_title("cross", "real source key"),
     ),
     (
         "encoder self",
@@ -162,7 +170,7 @@ attention_panels = [
         tr.src_tokens,
         "query: source tokens",
         "key: source tokens",
-        f"encoder self-attention mask = real source key ({where})",
+        mask_title("enc_self", "real source key"),
     ),
 ]
 mask_charts = []
