@@ -2614,11 +2614,15 @@ class _Session:
         # a decoder's first step (one query: with a KV cache, nothing cached yet, or a preallocated cache
         # with one slot written; without one, a one-token prompt) looks like an encoder of one token: it
         # takes the kind of the module's later steps, which read the cache or show their causal mask
+        # (not a module whose queries a cross-attention reads as its keys: an encoder's, of a one-token source,
+        # where one forward runs the encoder's and the decoder's attention under one path)
         decoding = {r.name for r in records if r.kind == "dec_self"}
+        memory = [c for c in records if c.kind == "cross" and c.key_positions is not None]
         for i, r in enumerate(records):
             if (r.kind == "enc_self" and r.name in decoding
                     and not any(fnmatch.fnmatchcase(r.name, p) for p in self.fixed)
-                    and (r.probs.shape[-2] == 1 or self._prefill_of(r, records))):  # fmt: skip
+                    and (r.probs.shape[-2] == 1 or self._prefill_of(r, records))
+                    and not _read_as_memory(r, memory)):  # fmt: skip
                 records[i] = _replaced(r, kind="dec_self")
         # keys that are some of a sequence's positions (pruned, sampled, merged tokens), over the whole
         # record (the blocks of one call together): no map a trace can label by the sequence's tokens
@@ -2961,6 +2965,9 @@ class _Session:
             int(idx.min()) < 0 or int(idx.max()) >= n or int(idx.unique().numel()) != idx.numel()
         ):
             return  # (one row twice, as beams are: rows anew)
+        self.path()
+        if self._frame is None and not self.outside:  # the caller's own code in the block, between calls of
+            return  # the model (``model(ids); model(ids.flip(0))``): what the model is given is its batch
         prev = _held(self._row_picks, src)
         if prev is not None:
             src, idx = prev[1], prev[2][idx.to(prev[2].device)]
@@ -8817,6 +8824,22 @@ def _mha_values(p: dict[str, Any], h: int, want: tuple[int, int, int]) -> values
     return values_.HeadValues(
         None, w_o, None if b_o is None else b_o.detach(), make=make, watch=(value, w_v, b_v)
     )
+
+
+def _read_as_memory(r: Record, cross: list[Record]) -> bool:
+    """Whether every query position of ``r`` (lineage's, per sequence) is a key of one of the ``cross``
+    records: the positions a cross-attention reads as its memory, an encoder's."""
+    q = r.query_positions
+    if q is None or q.dim() != 2 or not bool((q >= 0).any()):
+        return False
+    for c in cross:
+        k = c.key_positions
+        if k is None or k.dim() != 2 or k.shape[0] != q.shape[0] or k.device != q.device:
+            continue
+        found = (q[:, :, None] == k[:, None, :]).any(-1) | (q < 0)
+        if bool(found.all()):
+            return True
+    return False
 
 
 def _given_mask(r: Record) -> torch.Tensor | None:

@@ -1,0 +1,149 @@
+"""Cases found by probing capture with ordinary models at the edges of shape: the kind of an encoder over a
+one-token source whose attention runs under one module path with the decoder's, and a batch put in another
+order by the caller's own code between two calls of the model in one block."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscope.core.families.capture import capture_attention
+
+V = 23
+
+
+def _heads(x: torch.Tensor, h: int) -> torch.Tensor:
+    b, t, d = x.shape
+    return x.view(b, t, h, d // h).transpose(1, 2)
+
+
+class OneForwardEncDec(nn.Module):
+    """An encoder-decoder whose layers all run from the model's own forward (held in ModuleDicts), so every
+    attention call has the model's path: the encoder's self-attention, the decoder's causal one and its
+    cross-attention over the encoder's output. ``kinds`` keeps what each call was."""
+
+    def __init__(self, d: int = 16, h: int = 4, layers: int = 2):
+        super().__init__()
+        self.h = h
+        self.semb, self.temb = nn.Embedding(V, d), nn.Embedding(V, d)
+
+        def block() -> nn.ModuleDict:
+            return nn.ModuleDict({"q": nn.Linear(d, d), "kv": nn.Linear(d, 2 * d), "o": nn.Linear(d, d)})
+
+        self.enc = nn.ModuleList(nn.ModuleDict({"sa": block()}) for _ in range(layers))
+        self.dec = nn.ModuleList(nn.ModuleDict({"sa": block(), "ca": block()}) for _ in range(layers))
+        self.kinds: list[str] = []
+        self.maps: list[torch.Tensor] = []
+
+    def _att(self, m, kind: str, x, y, keep):
+        q = _heads(m["q"](x), self.h)
+        k, v = (_heads(t, self.h) for t in m["kv"](y).chunk(2, -1))
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if keep is not None:
+            s = s.masked_fill(~keep[:, None], float("-inf"))
+        p = s.softmax(-1)
+        self.kinds.append(kind)
+        self.maps.append(p.detach())
+        return x + m["o"]((p @ v).transpose(1, 2).reshape(x.shape))
+
+    def forward(self, src, tgt):
+        x = self.semb(src)
+        for layer in self.enc:
+            x = self._att(layer["sa"], "enc_self", x, x, None)
+        y = self.temb(tgt)
+        b, t = tgt.shape
+        causal = torch.ones(t, t, dtype=torch.bool).tril().expand(b, t, t)
+        for layer in self.dec:
+            y = self._att(layer["sa"], "dec_self", y, y, causal)
+            y = self._att(layer["ca"], "cross", y, x, None)
+        return y
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4])
+@pytest.mark.parametrize("heads", [1, 2, 4])
+def test_one_token_source_stays_the_encoders(batch, heads):
+    """A one-token source's self-attention reads alike in an encoder and in a decoder's first step; here a
+    cross-attention reads its positions as keys, so it is no decoder step taking the kind of the decoder's
+    calls under the same path: enc_self (with the undecided warning), never dec_self silently."""
+    torch.manual_seed(batch * 10 + heads)
+    model = OneForwardEncDec(h=heads).eval()
+    src, tgt = torch.randint(0, V, (batch, 1)), torch.randint(0, V, (batch, 3))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(src, tgt)
+    assert [r.kind for r in cap.records] == model.kinds
+    for r, want in zip(cap.records, model.maps, strict=True):
+        assert r.exact
+        torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)
+    assert any("one token" in n for n in cap.notes)
+
+
+def test_longer_source_is_decided_without_a_warning():
+    torch.manual_seed(0)
+    model = OneForwardEncDec().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, 4)), torch.randint(0, V, (2, 3)))
+    assert [r.kind for r in cap.records] == model.kinds
+    assert not cap.notes
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, d: int = 16, h: int = 4, layers: int = 2):
+        super().__init__()
+        self.h = h
+        self.emb, self.pos = nn.Embedding(V, d), nn.Embedding(64, d)
+        self.attn = nn.ModuleList(nn.Linear(d, 3 * d) for _ in range(layers))
+        self.proj = nn.ModuleList(nn.Linear(d, d) for _ in range(layers))
+        self.maps: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, t = ids.shape
+        x = self.emb(ids) + self.pos(torch.arange(t))
+        for attn, proj in zip(self.attn, self.proj, strict=True):
+            q, k, v = (_heads(z, self.h) for z in attn(x).chunk(3, -1))
+            s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(
+                ~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf")
+            )
+            self.maps.append(s.softmax(-1).detach())
+            x = x + proj(
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, -1)
+            )
+        return x
+
+
+@pytest.mark.parametrize("pick", ["flip", "index", "roll"])
+def test_batch_reordered_by_the_caller_between_calls_is_not_flagged(pick):
+    """``model(ids); model(ids.flip(0))`` in one block: the second call's rows are the batch it was given, in
+    its order. The reorder is the caller's code, not the model's: its records are exact, row b sequence b."""
+    torch.manual_seed(3)
+    model = TinyGPT().eval()
+    ids = torch.randint(0, V, (3, 5))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+        model.maps.clear()
+        other = {"flip": lambda: ids.flip(0), "index": lambda: ids[torch.tensor([2, 0, 1])],
+                 "roll": lambda: torch.roll(ids, 1, 0)}[pick]()  # fmt: skip
+        model(other)
+    second = [r for r in cap.records if cap.call_of(r) == 1]
+    assert len(second) == 2
+    for r, want in zip(second, model.maps, strict=True):
+        assert r.exact, r.flag
+        torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)
+
+
+def test_batch_reordered_inside_the_model_is_still_said():
+    """The same reorder inside the model's forward is the model's: the record's row b holds the caller's
+    sequence perm[b], which a trace by the caller's tokens must not draw as sequence b."""
+
+    class Sorted(TinyGPT):
+        def forward(self, ids):
+            return super().forward(ids.flip(0))
+
+    torch.manual_seed(3)
+    model = Sorted().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (3, 5)))
+    assert cap.records and all(not r.exact and "another order" in (r.flag or "") for r in cap.records)
