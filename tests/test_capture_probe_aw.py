@@ -147,3 +147,130 @@ def test_batch_reordered_inside_the_model_is_still_said():
     with torch.no_grad(), capture_attention(model) as cap:
         model(torch.randint(0, V, (3, 5)))
     assert cap.records and all(not r.exact and "another order" in (r.flag or "") for r in cap.records)
+
+
+class BiasedAttention(nn.Module):
+    """Softmax attention with a float tensor added to its scores (B, H, L, L) before the softmax, given per
+    call: a mask of 0s and -100 (Swin's), that plus -inf, or a bias of many values (ALiBi's)."""
+
+    def __init__(self, d: int = 16, h: int = 4):
+        super().__init__()
+        self.h = h
+        self.emb = nn.Embedding(V, d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.maps: list[torch.Tensor] = []
+
+    def forward(self, ids, added):
+        q, k, v = (_heads(z, self.h) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + added
+        p = s.softmax(-1)
+        self.maps.append(p.detach())
+        return p @ v
+
+
+def _padding(batch: int, length: int, pad: int) -> torch.Tensor:
+    """(B, 1, 1, L) True at the last ``pad`` keys of every sequence but the first."""
+    hidden = torch.zeros(batch, 1, 1, length, dtype=torch.bool)
+    hidden[1:, ..., length - pad :] = True
+    return hidden
+
+
+@pytest.mark.parametrize("batch,heads", [(2, 2), (3, 4), (4, 4), (2, 1)])
+def test_a_zero_minus_100_mask_is_read_as_a_mask(batch, heads):
+    """Swin adds 0 / -100 (a weight of e^-100, never used): the keys it hides are masked in the record, not
+    drawn as attended (mask None) or read from whichever weights underflowed to 0."""
+    torch.manual_seed(batch + heads)
+    model = BiasedAttention(h=heads).eval()
+    hidden = _padding(batch, 6, 2)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (batch, 6)), torch.zeros(hidden.shape).masked_fill(hidden, -100.0))
+    (r,) = cap.records
+    torch.testing.assert_close(r.probs, model.maps[0], rtol=0, atol=1e-6)
+    assert r.mask is not None and r.mask_source == "additive"
+    assert torch.equal(r.mask, ~hidden[:, 0].expand(batch, 6, 6))
+    assert r.kind == "enc_self"
+
+
+def test_minus_100_beside_minus_inf_are_both_masks():
+    torch.manual_seed(1)
+    model = BiasedAttention().eval()
+    hidden = _padding(2, 6, 2)
+    window = torch.zeros(6, 6, dtype=torch.bool)
+    window[:3, 3:] = window[3:, :3] = True  # two windows of three that see each other alone
+    added = torch.zeros(2, 1, 6, 6).masked_fill(window, -100.0).masked_fill(hidden, float("-inf"))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, 6)), added)
+    (r,) = cap.records
+    assert torch.equal(r.mask, ~(window | hidden[:, 0]))
+
+
+def test_a_bias_of_many_values_is_no_mask():
+    """ALiBi's bias reaches -100 at far keys of a long sequence, but it is a bias (many values), not 0s and one
+    negative value: no key is masked."""
+    torch.manual_seed(2)
+    model = BiasedAttention().eval()
+    n = 64
+    pos = torch.arange(n)
+    slopes = torch.tensor([4.0, 2.0, 1.0, 0.5])[:, None, None]
+    alibi = -slopes * (pos[None, :] - pos[:, None]).abs()  # (H, L, L), down to -252
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, n)), alibi[None])
+    (r,) = cap.records
+    torch.testing.assert_close(r.probs, model.maps[0], rtol=0, atol=1e-6)
+    assert r.mask is None or bool(r.mask.all())
+
+
+def test_masked_fill_with_minus_100_is_a_mask():
+    class Filled(BiasedAttention):
+        def forward(self, ids, hidden):
+            q, k, v = (_heads(z, self.h) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+            s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(hidden, -100.0)
+            p = s.softmax(-1)
+            self.maps.append(p.detach())
+            return p @ v
+
+    torch.manual_seed(3)
+    model = Filled().eval()
+    hidden = _padding(3, 5, 2)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (3, 5)), hidden)
+    (r,) = cap.records
+    assert r.mask_source == "masked_fill"
+    assert torch.equal(r.mask, ~hidden[:, 0].expand(3, 5, 5))
+
+
+@pytest.mark.parametrize("value", [-100.0, float("-inf")])
+def test_sdpa_float_mask_of_minus_100(value):
+    class Sdpa(BiasedAttention):
+        def forward(self, ids, added):
+            q, k, v = (_heads(z, self.h) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=added)
+
+    torch.manual_seed(4)
+    model = Sdpa().eval()
+    hidden = _padding(2, 5, 2)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, 5)), torch.zeros(hidden.shape).masked_fill(hidden, value))
+    (r,) = cap.records
+    assert r.exact
+    assert torch.equal(r.mask, ~hidden[:, 0].expand(2, 5, 5))
+
+
+def test_swin_shifted_windows_keep_their_mask():
+    """The Swin style in tests/usermodels: its shifted layer's windows that wrap the grid's edge hide each
+    other's regions by -100; the record holds that mask (the unshifted layer has none), and no window is
+    taken for sequences packed into one row."""
+    from tests.usermodels import swin_windows as S
+
+    model = S.build()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(*S.sample_batch())
+    assert not cap.notes
+    plain, shifted = cap.records
+    assert plain.mask is None
+    mask = shifted.mask_source, shifted.mask
+    assert mask[0] == "additive" and mask[1] is not None
+    block = model.blocks[1]
+    n_windows = block.attn_mask.shape[0]
+    want = (block.attn_mask == 0).repeat(shifted.probs.shape[0] // n_windows, 1, 1)  # window b is b % nW's
+    assert torch.equal(shifted.mask, want) and not bool(want.all())

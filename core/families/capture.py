@@ -112,6 +112,9 @@ from attnscope.core.traces import trace_io
 from attnscope.core.traces.trace import KINDS, AttentionTrace
 
 NEG = -1e4  # a fill / additive value at or below this masks a key
+# an additive mask of 0s and one negative value at or below this (Swin's 0 / -100) masks its keys too: a bias
+# of many values (ALiBi's, far keys of a long sequence reach it) does not
+SOFT_NEG = -50.0
 MAX_PARAM_CODES = 1 << 20  # parameters larger than this are weights, never followed as learned positions
 CHECK_ROWS = 16  # SDPA: query rows (evenly spread, first and last included) whose probs @ v is checked
 # a decoder by its module path: "decoder", "text_decoder", "dec", "dec1", "dec_layers" (not "decomposable",
@@ -1354,7 +1357,22 @@ def _all_very_negative(v: Any, limit: float) -> bool:
 
 _PER_ROW = "a 2-D softmax is a distribution per row, not per-head attention"
 _PROJECTED = "a softmax over a projection's output (a vocabulary, class or router distribution), not over query-key scores"
-FILL_NEG = -1e3  # a score replaced by this (or less) gets a weight of exactly 0 (Zipformer fills -1000)
+FILL_NEG = SOFT_NEG  # a score replaced by this (or less) is hidden (Zipformer fills -1000, Swin-style -100)
+
+
+def _added_hides(m: torch.Tensor) -> torch.Tensor:
+    """Where a float tensor added to the scores hides a key: at or below NEG (-inf, -1e9, finfo.min), and
+    where the rest of it holds 0s and one value at or below SOFT_NEG alone, there too (Swin's windows add
+    0 / -100; with -inf for padding beside them, both)."""
+    m = m.detach()
+    hidden = m <= NEG
+    if not m.numel() or not m.is_floating_point():
+        return hidden
+    rest = m.masked_fill(hidden, 0)
+    low = float(rest.amin())
+    if NEG < low <= SOFT_NEG and bool(((rest == 0) | (rest == low)).all()):
+        hidden = hidden | (rest == low)
+    return hidden
 
 
 def _version_of(t: torch.Tensor) -> int | None:
@@ -2695,12 +2713,12 @@ class _Session:
         if rows is lineage.MISS:
             rows = None
             src = self.sources.index(qp.clamp_min(0))
-            if (
-                bool((qp >= 0).all())
-                and bool((src == src[:1, :1]).all())
-                and self.sources.items[int(src[0, 0])].row
-            ):
-                rows = self.sources.rows(qp)
+            s0 = self.sources.items[int(src[0, 0])]
+            if bool((qp >= 0).all()) and bool((src == src[:1, :1]).all()) and s0.row:
+                # (a grid from outside, (B, H, W, C): a sequence is one of its images, whose rows a window
+                # shifted over the grid's edge joins, as Swin's do, masking them apart)
+                big = len(s0.lead) >= 3 and s0.lead[0] > 0
+                rows = (qp - s0.start) // (s0.n // s0.lead[0]) if big else self.sources.rows(qp)
                 if not any(int(torch.unique(r).numel()) > 1 for r in rows):
                     rows = None
             rows = lineage.remember(key, (), rows)
@@ -3096,7 +3114,12 @@ class _Session:
             start = self.sources.new(math.prod(lead), "param", _param_label(full), path=path)
         else:
             start = self.sources.new(
-                math.prod(lead), "external", "input", ("in", self.n_inputs), lead[-1] if lead else 0
+                math.prod(lead),
+                "external",
+                "input",
+                ("in", self.n_inputs),
+                lead[-1] if lead else 0,
+                lead=tuple(int(n) for n in lead),
             )
             self.n_inputs += 1
         code = lineage.fresh(start, lead, int(t.shape[-1]), t.device, raw=True)
@@ -4705,7 +4728,7 @@ class _Session:
             beta = kwargs.get("beta", 1)
             bias_tag = self.tag(bias)
             if beta and (bias_tag is None or bias_tag.role != "scores"):
-                masked = bias * beta <= NEG
+                masked = _added_hides(bias * beta)
                 if bool(masked.any()):
                     alpha = kwargs.get("alpha", 1)
                     with torch.no_grad():
@@ -5448,7 +5471,7 @@ class _Session:
                 and other.is_floating_point()
                 and (other_tag is None or other_tag.role != "scores")
             ):
-                masked = other <= NEG
+                masked = _added_hides(other)
                 if bool(masked.any()):
                     allowed = ~masked
                     new.scores = prior_scores + other.detach().masked_fill(masked, 0)
@@ -5465,7 +5488,7 @@ class _Session:
                 and other.is_floating_point()
                 and (other_tag is None or other_tag.role != "scores")
             ):
-                masked = other >= -NEG
+                masked = _added_hides(-other)
                 if bool(masked.any()):
                     new.scores = prior_scores - other.detach().masked_fill(masked, 0)
                     new.allowed = ~masked if prior_allowed is None else (prior_allowed & ~masked)
@@ -7596,7 +7619,7 @@ class _Session:
                     fill = m if fill is None else fill & m
                 else:  # added as SDPA adds it: a row hidden by finfo.min is uniform there, as here
                     logits = logits + m.to(work)
-                    ok = torch.isfinite(m) & (m > NEG)
+                    ok = torch.isfinite(m) & ~_added_hides(m)
                     allowed = ok if allowed is None else allowed & ok
             if fill is not None:  # broadcast as given: a causal (q, k) mask is never expanded
                 if (
@@ -8510,7 +8533,7 @@ def _same_rows(got: torch.Tensor, want: torch.Tensor, weights: torch.Tensor) -> 
 def _allowed(m: torch.Tensor) -> torch.Tensor:
     """torch.nn mask (bool: True = NOT allowed; float: additive, -inf or a very negative value such as
     -1e9 or -1e4 = not allowed, as a user's ``(1 - mask) * -1e9`` makes it) -> True = allowed."""
-    return ~m if m.dtype == torch.bool else torch.isfinite(m) & (m > NEG)
+    return ~m if m.dtype == torch.bool else torch.isfinite(m) & ~_added_hides(m)
 
 
 _ROWS: dict[tuple, torch.Tensor] = {}  # SDPA: checked rows by query length and device; causal masks

@@ -133,6 +133,7 @@ class Source:
     row: int = 0  # positions per row of the tensor they came from (its last leading dim), 0: one row
     path: str = ""  # a learned tensor's dotted path in the model, where its label is shorter (``dec.tok``)
     table: int = 0  # tokens: the embedding table they were looked up in (id of its weight), 0 unknown
+    lead: tuple[int, ...] = ()  # external: the leading dims of the tensor they came from
 
 
 @dataclass
@@ -141,10 +142,18 @@ class Sources:
     end: int = 0
 
     def new(
-        self, n: int, kind: str, label: str, origin: Any = None, row: int = 0, path: str = "", table: int = 0
+        self,
+        n: int,
+        kind: str,
+        label: str,
+        origin: Any = None,
+        row: int = 0,
+        path: str = "",
+        table: int = 0,
+        lead: tuple[int, ...] = (),
     ) -> int:
         start = self.end
-        self.items.append(Source(start, n, kind, label, origin, row if 0 < row < n else 0, path, table))
+        self.items.append(Source(start, n, kind, label, origin, row if 0 < row < n else 0, path, table, lead))
         self.end += max(int(n), 1)
         if self.end >= 1 << (62 - SHIFT):
             raise OverflowError("too many positions to follow")
