@@ -274,3 +274,65 @@ def test_swin_shifted_windows_keep_their_mask():
     n_windows = block.attn_mask.shape[0]
     want = (block.attn_mask == 0).repeat(shifted.probs.shape[0] // n_windows, 1, 1)  # window b is b % nW's
     assert torch.equal(shifted.mask, want) and not bool(want.all())
+
+
+class MaskedThen(nn.Module):
+    """Scores masked with ``fill``, then changed by ``then`` before the softmax."""
+
+    def __init__(self, fill: float, then, d: int = 8, h: int = 2):
+        super().__init__()
+        self.fill, self.then, self.h = fill, then, h
+        self.qk = nn.Linear(d, 2 * d)
+
+    def forward(self, x, keep):  # keep (B, q, k) True = may attend
+        q, k = (_heads(z, self.h) for z in self.qk(x).chunk(2, -1))
+        s = (q @ k.transpose(-1, -2)).masked_fill(~keep[:, None], self.fill)
+        return self.then(s, keep).softmax(-1)
+
+
+def _causal_left_padded(lengths: list[int], n: int) -> torch.Tensor:
+    real = torch.arange(n)[None] >= (n - torch.tensor(lengths))[:, None]
+    return real[:, None, :] & torch.ones(n, n, dtype=torch.bool).tril()
+
+
+@pytest.mark.parametrize(
+    "fill,then,some_hidden",
+    [
+        (-100.0, lambda s, keep: s * 0.01, False),  # a fill, then scaled down: the keys get weight again
+        (-1e4, lambda s, keep: s * 1e-3, False),
+        (float("-inf"), lambda s, keep: torch.where(torch.eye(s.shape[-1], dtype=torch.bool), 0.0, s), True),
+        (
+            -1e9,
+            lambda s, keep: s.masked_fill(~keep.any(-1)[:, None, :, None], 0.0),
+            True,
+        ),  # keyless rows: uniform
+    ],
+)
+def test_keys_given_a_score_again_after_the_mask_are_not_drawn_hidden(fill, then, some_hidden):
+    """The record's mask is what the softmax saw: a key masked and then given a real score again by a later op
+    is one the query attends (weight up to 1), never drawn hidden."""
+    torch.manual_seed(0)
+    model = MaskedThen(fill, then).eval()
+    x, keep = torch.randn(2, 6, 8), _causal_left_padded([4, 6], 6)
+    with torch.no_grad():
+        want = model(x, keep)
+        with capture_attention(model) as cap:
+            model(x, keep)
+    (r,) = cap.records
+    torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)
+    hidden_with_weight = ~r.mask[:, None] & (want > 1e-6)
+    assert not bool(hidden_with_weight.any())
+    # (the keys still -inf or far below stay hidden)
+    assert (r.mask is not None and not bool(r.mask.all())) == some_hidden
+    assert r.mask is None or torch.equal(r.mask, keep | (want > 1e-6).any(1))
+
+
+def test_scores_scaled_after_a_minus_inf_mask_keep_it():
+    torch.manual_seed(0)
+    model = MaskedThen(float("-inf"), lambda s, keep: s / 8.0).eval()
+    x, keep = torch.randn(2, 6, 8), _causal_left_padded([4, 6], 6)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(x, keep)
+    (r,) = cap.records
+    assert torch.equal(r.mask, keep)
+    assert r.kind == "dec_self"

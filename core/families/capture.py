@@ -164,6 +164,10 @@ RESCALE = frozenset({"mul", "__mul__", "__rmul__", "mul_", "__imul__", "div", "_
 WRITES = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__", "__ipow__",
                     "__ifloordiv__", "__imod__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"})  # fmt: skip
 FILL = frozenset({"masked_fill", "masked_fill_"})
+# ops that keep scores scores (logits): a key they give a score above FILL_NEG again is no longer hidden
+RESCORE = (
+    ADD | SUB | MUL | DIV | FILL | {"where", "clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_min_"}
+)
 ROW_REDUCE = frozenset({"max", "amax", "min", "amin", "mean"})  # over one axis of scores: a score per row
 HAND_STEPS = frozenset({"exp", "exp_", "log_softmax", "logsumexp", "sum", "unsqueeze"})  # a softmax by hand
 PACKING = frozenset({"_pack_padded_sequence", "_pad_packed_sequence"})  # nn.utils.rnn's packed sequences
@@ -5502,6 +5506,8 @@ class _Session:
             if name not in SHAPE_OPS:  # a tensor operand we cannot replay: keep the mask, lose the scores
                 new.scores = None
                 new.allowed = base.allowed if out.shape == base_t.shape else None
+                if name in RESCORE:
+                    self._unhidden(new, out)
                 return
         op = func
         if name.endswith("_") and not name.startswith("__"):
@@ -5521,8 +5527,22 @@ class _Session:
                     new.allowed = expanded
                 if new.allowed is not None and new.allowed.dtype != torch.bool:
                     new.allowed = new.allowed.bool()
+            if name in RESCORE and out.shape == base_t.shape:
+                self._unhidden(new, out)
         except Exception:
             new.scores, new.allowed = None, None
+
+    @staticmethod
+    def _unhidden(new: _Tag, out: torch.Tensor) -> None:
+        """Scores masked, then changed by an op on their values: keys it gave a score above FILL_NEG again are
+        no longer hidden (a fill of -100 then scaled by 0.01; a row with no key filled with 0, uniform over
+        every key, as a guard against NaN; ``torch.where(eye, 0.0, s)``, each query seeing itself)."""
+        if new.allowed is None or not out.is_floating_point():
+            return
+        allowed = new.allowed.expand(out.shape)
+        back = ~allowed & (out.detach() > FILL_NEG)
+        if bool(back.any()):
+            new.allowed = allowed | back
 
     # -- recording -------------------------------------------------------------------------------------
     def on_script(self, name: str) -> None:
