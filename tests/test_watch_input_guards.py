@@ -249,3 +249,16 @@ def test_a_metric_that_is_not_one_number_is_said_once_per_name(tmp_path):
     assert all(x.filename == __file__ for x in caught if "not recorded" in str(x.message))  # the loop's line
     run = Run.open(tmp_path / "m")
     assert run.series() == {"lr": ([0, 1], [0.1, 0.1])}
+
+
+def test_a_closed_watcher_refuses_log_as_it_refuses_step(tmp_path):
+    """``w.log`` after ``w.close()`` is the same one sentence as ``w.step`` (it raised an I/O error from the
+    run file), and the run on disk is left as it was."""
+    w = attnscope.watch(LM(), _ids(2, 5), every=2, run_dir=tmp_path / "run")
+    w.step(0, loss=1.0)
+    w.close()
+    before = _files(tmp_path / "run")
+    for call in (lambda: w.step(5, loss=0.5), lambda: w.log(5, lr=0.1)):
+        with pytest.raises(RuntimeError, match="this watcher is closed"):
+            call()
+    assert _files(tmp_path / "run") == before

@@ -763,6 +763,8 @@ class Watcher:
 
     def log(self, step: int, **scalars: Any) -> None:
         """Scalars only (no probe), e.g. from a logging callback."""
+        if self.closed:
+            raise RuntimeError("this watcher is closed")
         step = step_number(step)
         if self.run is None or step <= self._floor:
             return
