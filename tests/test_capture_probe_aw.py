@@ -336,3 +336,61 @@ def test_scores_scaled_after_a_minus_inf_mask_keep_it():
     (r,) = cap.records
     assert torch.equal(r.mask, keep)
     assert r.kind == "dec_self"
+
+
+@pytest.mark.parametrize("batch,heads", [(2, 2), (4, 4), (3, 1)])
+def test_random_synthesizer_weights_expanded_over_the_batch_are_said(batch, heads):
+    """The Synthesizer's random attention: softmax of a learned (H, L, L) table, expanded over the batch, times
+    the values. No query-key scores, so not recorded, but a warning says why (it was information calling it a
+    vocabulary or router distribution: the expanded view hid that it multiplied values)."""
+
+    class RandomSynthesizer(nn.Module):
+        def __init__(self, d: int = 16, h: int = heads, n: int = 8):
+            super().__init__()
+            self.h = h
+            self.emb = nn.Embedding(V, d)
+            self.table = nn.Parameter(torch.randn(h, n, n))
+            self.v = nn.Linear(d, d)
+
+        def forward(self, ids):
+            b, n = ids.shape
+            a = F.softmax(self.table[:, :n, :n], dim=-1).unsqueeze(0).expand(b, -1, -1, -1)
+            v = _heads(self.v(self.emb(ids)), self.h)
+            return (a @ v).transpose(1, 2).reshape(b, n, -1)
+
+    torch.manual_seed(5)
+    model = RandomSynthesizer().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (batch, 8)))
+    assert not cap.records
+    assert any("learned table" in n for n in cap.notes)
+    assert not [n for n in cap.skipped if n.level == "info" and "vocabulary" in n.reason]
+
+
+@pytest.mark.parametrize("extra", [{"add_bias_kv": True}, {"add_zero_attn": True},
+                                   {"add_bias_kv": True, "add_zero_attn": True}, {}])  # fmt: skip
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_what_multihead_attention_with_learned_keys_moves(extra, batch_first):
+    """nn.MultiheadAttention with ``add_bias_kv`` / ``add_zero_attn`` appends a learned key and value (and a
+    zero one) after the tokens: what each key moves is still ||v_h W_O,h|| (the learned value's, 0 for the
+    zero one), not left out with no reason."""
+    torch.manual_seed(6)
+    e, h, b, n = 8, 2, 3, 5
+    mha = nn.MultiheadAttention(e, h, batch_first=batch_first, **extra).eval()
+    x = torch.randn(b, n, e) if batch_first else torch.randn(n, b, e)
+    with torch.no_grad(), capture_attention(mha) as cap:
+        mha(x, x, x)
+    (r,) = cap.records
+    got = r.values.norms()
+    xb = x if batch_first else x.transpose(0, 1)
+    w_v, b_v = mha.in_proj_weight[2 * e :], mha.in_proj_bias[2 * e :]
+    with torch.no_grad():
+        v = F.linear(xb, w_v, b_v).view(b, n, h, e // h).transpose(1, 2)  # (B, H, n, d)
+        if extra.get("add_bias_kv"):
+            v = torch.cat([v, mha.bias_v.view(1, h, 1, e // h).expand(b, h, 1, e // h)], 2)
+        if extra.get("add_zero_attn"):
+            v = torch.cat([v, torch.zeros(b, h, 1, e // h)], 2)
+        w_o = mha.out_proj.weight.view(e, h, e // h)  # (D, H, d)
+        want = torch.einsum("bhkd,ehd->bhke", v, w_o).norm(dim=-1)
+    assert got is not None and got.shape == r.probs.shape[:2] + r.probs.shape[-1:]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

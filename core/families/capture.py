@@ -6607,7 +6607,9 @@ class _Session:
         if len(ins) != 2 or ins[0].dim() < 2 or ins[1].dim() < 2:
             return False
         t, v = ins  # weights @ values
-        entry = _held_or_base(self._projected, t) if broadcast else _held(self._projected, t)
+        entry = _held_or_base(
+            self._projected, t
+        )  # (or a view of it: ``softmax(R).unsqueeze(0).expand(B, ...)``)
         if entry is None or (broadcast and (v.dim() < 3 or v.dim() != t.dim())):
             return False
         g, code = self.tag(v), self.code_of(v)
@@ -8840,8 +8842,9 @@ def _mha_scores(p: dict[str, Any], h: int, qk=None) -> torch.Tensor | None:
 
 def _mha_values(p: dict[str, Any], h: int, want: tuple[int, int, int]) -> values_.HeadValues | None:
     """MultiheadAttention's values (B, H, k, d), projected as it projects them (on first use), and its
-    out_proj's slice per head; None with learned keys (bias_k, zero_attn) or static values."""
-    if p["bias_k"] is not None or p["add_zero_attn"] or p.get("static_v") is not None:
+    out_proj's slice per head, the keys it adds after the tokens' included (``add_bias_kv``: its learned
+    ``bias_v``; ``add_zero_attn``: a zero value); None with static values."""
+    if p.get("static_v") is not None or (p["bias_k"] is None) != (p["bias_v"] is None):
         return None
     value = p["value"].detach()
     if value.dim() == 2:
@@ -8854,19 +8857,27 @@ def _mha_values(p: dict[str, Any], h: int, want: tuple[int, int, int]) -> values
     if w_v is None:
         return None
     w_v = w_v.detach()
+    bias_v = None if p["bias_v"] is None else p["bias_v"].detach()
+    zero = bool(p["add_zero_attn"])
 
     def make() -> torch.Tensor | None:
         lk, b = value.shape[0], value.shape[1]
         with torch.no_grad():
             v = F.linear(value, w_v, b_v).reshape(lk, b, h, d).permute(1, 2, 0, 3)  # (B, H, k, d)
+            extra = []  # as F.multi_head_attention_forward appends them: bias_v, then a zero value
+            if bias_v is not None:
+                extra.append(bias_v.reshape(1, h, 1, d).expand(b, h, 1, d).to(v.dtype))
+            if zero:
+                extra.append(v.new_zeros(b, h, 1, d))
+            if extra:
+                v = torch.cat([v, *extra], dim=2)
         return v if tuple(v.shape[:3]) == want else None
 
     w_o = p["out_proj_weight"].detach()
     w_o = w_o.reshape(w_o.shape[0], h, d).permute(1, 0, 2)  # (H, D, d)
     b_o = p["out_proj_bias"]
-    return values_.HeadValues(
-        None, w_o, None if b_o is None else b_o.detach(), make=make, watch=(value, w_v, b_v)
-    )
+    watched = tuple(t for t in (value, w_v, b_v, bias_v) if t is not None)
+    return values_.HeadValues(None, w_o, None if b_o is None else b_o.detach(), make=make, watch=watched)
 
 
 def _read_as_memory(r: Record, cross: list[Record]) -> bool:
