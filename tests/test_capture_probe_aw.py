@@ -394,3 +394,29 @@ def test_what_multihead_attention_with_learned_keys_moves(extra, batch_first):
         want = torch.einsum("bhkd,ehd->bhke", v, w_o).norm(dim=-1)
     assert got is not None and got.shape == r.probs.shape[:2] + r.probs.shape[-1:]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gated_heads_output_says_why_what_moves_is_left_out():
+    """Heads' output gated before the output projection: no value norms (what moves from a key is not its
+    value vector alone), and the trace says so in its notes, not only the page's general sentence."""
+
+    class Gated(nn.Module):
+        def __init__(self, d: int = 8, h: int = 2):
+            super().__init__()
+            self.h = h
+            self.qkv, self.o, self.g = nn.Linear(d, 3 * d), nn.Linear(d, d), nn.Linear(d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = (_heads(z, self.h) for z in self.qkv(x).split(d, -1))
+            y = (q @ k.transpose(-1, -2) / math.sqrt(d // self.h)).softmax(-1) @ v
+            return self.o(y.transpose(1, 2).reshape(b, t, d) * torch.sigmoid(self.g(x)))
+
+    model = Gated().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 5, 8))
+    (r,) = cap.records
+    assert r.values is None
+    tr = cap.trace(0)
+    assert tr.value_norms("enc_self") is None
+    assert any("gated" in n for n in tr.meta.get("capture_skipped", []))

@@ -1359,6 +1359,11 @@ def _all_very_negative(v: Any, limit: float) -> bool:
     return _very_negative(v, limit)
 
 
+_NOT_MOVED = (
+    "what attention moves is left out of this record: its heads' output was gated or added to (a second term, "
+    "as Shaw's relative values) before the output projection, so what moves from a key is not its value "
+    "vector alone"
+)
 _PER_ROW = "a 2-D softmax is a distribution per row, not per-head attention"
 _PROJECTED = "a softmax over a projection's output (a vocabulary, class or router distribution), not over query-key scores"
 FILL_NEG = SOFT_NEG  # a score replaced by this (or less) is hidden (Zipformer fills -1000, Swin-style -100)
@@ -5327,6 +5332,8 @@ class _Session:
             # (a gate, Shaw's relative values): what moves from a key is no longer its value vector alone
             p = self._pending.pop(x_tag.attn_out)[0]
             self._update_record(p, values=None)
+            if p.record is not None:
+                self.skip(p.record.name, tuple(p.record.probs.shape), _NOT_MOVED)
             return
         p, vcodes_of, held = self._pending.pop(x_tag.attn_out)
         rec = p.record
