@@ -406,7 +406,8 @@ def test_attention_over_patches_unfolded_with_f_unfold_is_exact(separable, batch
     model = UnfoldedPatches(separable).eval()
     with torch.no_grad(), capture_attention(model) as cap:
         model(torch.randn(batch, 3, 4, 4))
-    assert not cap.notes and not cap.skipped
+    # (what moves is left out where F.fold, which capture does not follow as a move, reads the heads' output)
+    assert not cap.notes and all("what attention moves" in n.reason for n in cap.skipped)
     assert len(cap.records) == 2
     for rec, used in zip(cap.records, model.used, strict=True):
         assert rec.exact

@@ -419,4 +419,189 @@ def test_a_gated_heads_output_says_why_what_moves_is_left_out():
     assert r.values is None
     tr = cap.trace(0)
     assert tr.value_norms("enc_self") is None
-    assert any("gated" in n for n in tr.meta.get("capture_skipped", []))
+    assert any("what attention moves" in n and "a gate" in n for n in tr.meta.get("capture_skipped", []))
+
+
+class ReEmbedded(nn.Module):
+    """Self-attention written as attention between two embedding calls of the same ids in one table
+    (``attn(emb(ids), emb(ids))``), through SDPA or nn.MultiheadAttention: capture records cross (two inputs by
+    lineage) and says the tokens are the same, as it does for a softmax written by hand."""
+
+    def __init__(self, how: str, d: int = 8, h: int = 2):
+        super().__init__()
+        self.how, self.h = how, h
+        self.emb = nn.Embedding(V, d)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.mha = nn.MultiheadAttention(d, h, batch_first=True)
+
+    def forward(self, ids):
+        a, b = self.emb(ids), self.emb(ids)
+        if self.how == "mha":
+            return self.mha(a, b, b)[0]
+        q, k, v = _heads(self.q(a), self.h), _heads(self.k(b), self.h), _heads(self.v(b), self.h)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize("how", ["sdpa", "mha"])
+def test_two_embedding_calls_of_the_same_ids_are_said_for_sdpa_and_mha(how):
+    torch.manual_seed(0)
+    model = ReEmbedded(how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, 5)))
+    (r,) = cap.records
+    assert r.kind == "cross"
+    assert any("two embedding calls of the same token ids" in n for n in cap.notes)
+
+
+class Packed(nn.Module):
+    """A causal LM over packed documents: the block-diagonal causal mask of ``docs`` (a document id per
+    position); documents of one token make every query see itself alone."""
+
+    def __init__(self, d: int = 8, h: int = 2, name: str = "attn"):
+        super().__init__()
+        self.h = h
+        self.emb = nn.Embedding(V, d)
+        self.add_module(name, nn.Linear(d, 3 * d))
+        self.name = name
+
+    def forward(self, ids, docs):
+        n = ids.shape[1]
+        q, k, v = (_heads(z, self.h) for z in getattr(self, self.name)(self.emb(ids)).chunk(3, -1))
+        keep = (docs[:, None, :] == docs[:, :, None]) & torch.ones(n, n, dtype=torch.bool).tril()
+        s = (q @ k.transpose(-1, -2)).masked_fill(~keep[:, None], float("-inf"))
+        return s.softmax(-1) @ v
+
+
+def test_each_query_seeing_itself_alone_is_said_undecided():
+    torch.manual_seed(0)
+    model = Packed().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, 4)), torch.arange(4).expand(2, 4))  # four one-token documents
+    (r,) = cap.records
+    assert r.kind == "enc_self"
+    assert any("each query may see only its own key" in n and n.startswith("(model)") for n in cap.notes)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, 4)), torch.tensor([[0, 0, 1, 1]] * 2))  # two of two tokens: causal
+    assert cap.records[0].kind == "dec_self" and not cap.notes
+
+
+@pytest.mark.parametrize("length", [1, 2])
+def test_a_decoder_named_module_over_one_token_says_the_name_decided(length):
+    """An attention named a decoder with no causal mask: dec_self by its name, said whether the input has one
+    token (where no mask could show it either way) or more."""
+
+    class Attention(nn.Module):
+        def __init__(self, d: int = 8, h: int = 2):
+            super().__init__()
+            self.h = h
+            self.qkv = nn.Linear(d, 3 * d)
+
+        def forward(self, x):
+            q, k, v = (_heads(z, self.h) for z in self.qkv(x).chunk(3, -1))
+            return (q @ k.transpose(-1, -2)).softmax(-1) @ v
+
+    class Named(nn.Module):
+        def __init__(self, d: int = 8):
+            super().__init__()
+            self.emb = nn.Embedding(V, d)
+            self.decoder = Attention(d)
+
+        def forward(self, ids):
+            return self.decoder(self.emb(ids))
+
+    torch.manual_seed(0)
+    model = Named().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, length)))
+    (r,) = cap.records
+    assert r.kind == "dec_self"
+    assert any(n.startswith("decoder ") and "enc_self" in n for n in cap.notes)
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, d: int = 8, h: int = 2, causal: bool = False):
+        super().__init__()
+        self.h, self.causal = h, causal
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, x):
+        n = x.shape[1]
+        q, k, v = (_heads(z, self.h) for z in self.qkv(x).chunk(3, -1))
+        s = q @ k.transpose(-1, -2)
+        if self.causal:
+            s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        return x + (s.softmax(-1) @ v).transpose(1, 2).reshape(x.shape)
+
+
+def test_a_decoding_loop_named_decoder_is_not_said_undecided_at_its_first_step():
+    """A decoder run without a cache, one more token each call (the first call one token): its later calls
+    show the causal mask, so the first step's one token is no question."""
+
+    class Model(nn.Module):
+        def __init__(self, d: int = 8):
+            super().__init__()
+            self.emb = nn.Embedding(V, d)
+            self.decoder = _SelfAttention(d, causal=True)
+
+        def forward(self, ids):
+            return self.decoder(self.emb(ids))
+
+    torch.manual_seed(0)
+    model = Model().eval()
+    ids = torch.randint(0, V, (2, 4))
+    with torch.no_grad(), capture_attention(model) as cap:
+        for t in range(1, 4):
+            model(ids[:, :t])
+    assert [(r.name, r.kind) for r in cap.records] == [("decoder", "dec_self")] * 3
+    assert not cap.notes
+
+
+def test_a_note_names_every_module_it_is_about():
+    """Two modules undecided by a one-token input: the note names both (a user writes kinds= for each)."""
+
+    class Model(nn.Module):
+        def __init__(self, d: int = 8):
+            super().__init__()
+            self.emb = nn.Embedding(V, d)
+            self.first, self.second = _SelfAttention(d), _SelfAttention(d)
+
+        def forward(self, ids):
+            return self.second(self.first(self.emb(ids)))
+
+    torch.manual_seed(0)
+    model = Model().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, 1)))
+    assert [r.name for r in cap.records] == ["first", "second"]
+    (note,) = [n for n in cap.notes if "one token" in n]
+    assert note.startswith("first, second (1, 1)")
+
+
+def test_heads_masked_differently_on_purpose_are_no_problem():
+    """Head 0 sees every key, head 1 a window of one key either side: each head's weights stay within its own
+    mask. The record's mask is what every head may see (the window), so the trace's problems() must not call
+    head 0's weights outside it a disagreement."""
+
+    class PerHead(nn.Module):
+        def __init__(self, d: int = 8):
+            super().__init__()
+            self.emb = nn.Embedding(V, d)
+            self.qkv = nn.Linear(d, 3 * d)
+
+        def forward(self, ids):
+            n = ids.shape[1]
+            q, k, v = (_heads(z, 2) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+            i = torch.arange(n)
+            window = (i[:, None] - i[None, :]).abs() <= 1
+            keep = torch.stack([torch.ones(n, n, dtype=torch.bool), window])  # (H, q, k)
+            s = (q @ k.transpose(-1, -2)).masked_fill(~keep, float("-inf"))
+            return s.softmax(-1) @ v
+
+    torch.manual_seed(0)
+    model = PerHead().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, 6)))
+    (r,) = cap.records
+    assert r.head_masks_differ
+    tr = cap.trace(0)
+    assert not [p for p in tr.problems() if "disagrees" in p]

@@ -863,7 +863,7 @@ def stack_note(kind: str, group: list[Record], drawn: list[Record]) -> str:
     where = _modules(group)
     return (f"{kind} ({where}): {len(group)} call(s) left out of the trace, their maps "
             f"{tuple(int(n) for n in group[0].probs.shape)} do not stack with the "
-            f"{tuple(int(n) for n in drawn[0].probs.shape)} of the {len(drawn)} drawn (a decoder run a step at "
+            f"{tuple(int(n) for n in drawn[0].probs.shape)} of the {len(drawn)} kept (a decoder run a step at "
             "a time, layers with another head count, or attention over other positions)")  # fmt: skip
 
 
@@ -1360,9 +1360,10 @@ def _all_very_negative(v: Any, limit: float) -> bool:
 
 
 _NOT_MOVED = (
-    "what attention moves is left out of this record: its heads' output was gated or added to (a second term, "
-    "as Shaw's relative values) before the output projection, so what moves from a key is not its value "
-    "vector alone"
+    "what attention moves is left out of this record: between the weights times the values and the output "
+    "projection, the heads' output went through an op that is no move (a gate, a second term added as Shaw's "
+    "relative values, or an op capture does not follow as one, F.fold), so what moves from a key cannot be "
+    "said to be its value vector alone"
 )
 _PER_ROW = "a 2-D softmax is a distribution per row, not per-head attention"
 _PROJECTED = "a softmax over a projection's output (a vocabulary, class or router distribution), not over query-key scores"
@@ -1815,6 +1816,8 @@ class _Session:
         self._by_name: dict[str, tuple[int, int]] = {}  # decoder-named paths made dec_self by their name
         # paths made enc_self where the mask could not tell (one token per sequence), and their (q, k)
         self._undecided: dict[str, tuple[int, int]] = {}
+        # decoder-named paths made dec_self by their name where the mask could not tell (one token per sequence)
+        self._named_one: dict[str, tuple[int, int]] = {}
         # paths made enc_self where a prefix LM's mask and an encoder's with padding rows that see themselves
         # read alike (a batch holding a one-token sequence), and their (q, k)
         self._prefix_or_encoder: dict[str, tuple[int, int]] = {}
@@ -5992,8 +5995,10 @@ class _Session:
             return "enc_self"
         # said at the end, where no mask found since (one after the softmax) made it causal; one query (a
         # decoding loop's first step, recomputed) has no later key to hide
-        if lq >= 2:
+        if lq >= 2 and not (lq == lk and _undecided(mask, lq)):
             self._by_name[path] = (lq, lk)
+        elif lq == lk:  # one token per sequence (or each query sees itself alone): the name decides, said
+            self._named_one.setdefault(path, (lq, lk))  # unless the module's other calls show a causal mask
         return "dec_self"
 
     def _rows_of_self(self, qpos: torch.Tensor, kpos: torch.Tensor | None, labels) -> str | None:
@@ -7127,7 +7132,7 @@ class _Session:
             dict.fromkeys(r.name for r in self.cap.records if r.name in self._twice and r.kind == "cross")
         )
         if twice:
-            self.warn(twice[0] if len(twice) == 1 else f"{twice[0]} and {len(twice) - 1} more", self._twice[twice[0]],
+            self.warn(_paths_named(twice), self._twice[twice[0]],
                       "its queries and keys come from two embedding calls of the same token ids in the same table "
                       "(attn(emb(ids), emb(ids))): two calls are two inputs, so it is recorded as cross-attention, "
                       "but the tokens are the same, and self-attention written so looks the same. If it is "
@@ -7137,22 +7142,35 @@ class _Session:
             r.name for r in self.cap.records if r.name in self._prefix_or_encoder and r.kind == "enc_self"
         ))  # fmt: skip
         if alike:
-            self.warn(alike[0] if len(alike) == 1 else f"{alike[0]} and {len(alike) - 1} more",
-                      self._prefix_or_encoder[alike[0]],
+            self.warn(_paths_named(alike), self._prefix_or_encoder[alike[0]],
                       "its mask reads alike as an encoder's whose padding rows see themselves and as a prefix LM's "
                       "(a sequence whose later rows see the first tokens and themselves: a one-token sequence "
                       "among longer ones), so capture cannot tell them apart and recorded encoder self-attention "
                       "(enc_self). A prefix LM's is dec_self: capture_attention(model, kinds={'<its module path, "
                       "or a glob of them>': 'dec_self'})")  # fmt: skip
         told = [r.name for r in self.cap.records if r.name in self._undecided and r.kind == "enc_self"]
-        if not told:
-            return
-        paths = list(dict.fromkeys(told))
-        self.warn(paths[0] if len(paths) == 1 else f"{paths[0]} and {len(paths) - 1} more", self._undecided[paths[0]],
-                  "every sequence of this input is one token (and padding): its mask looks the same in an encoder "
-                  "and in a causal decoder, so capture cannot tell them apart and recorded encoder "
-                  "self-attention (enc_self). A decoder's is dec_self: capture_attention(model, "
-                  "kinds={'<its module path, or a glob of them>': 'dec_self'}), or give it two tokens")  # fmt: skip
+        if told:
+            paths = list(dict.fromkeys(told))
+            self.warn(_paths_named(paths), self._undecided[paths[0]],
+                      "every sequence of this input is one token (and padding), or each query may see only its own "
+                      "key: its mask looks the same in an encoder and in a causal decoder, so capture cannot tell "
+                      "them apart and recorded encoder self-attention (enc_self). A decoder's is dec_self: "
+                      "capture_attention(model, kinds={'<its module path, or a glob of them>': 'dec_self'}), or "
+                      "give it two tokens")  # fmt: skip
+        # decoder-named modules over one token per sequence, unless a call of theirs showed a causal mask (a
+        # decoding loop's later steps)
+        shown = {r.name for r in self.cap.records if r.kind == "dec_self" and r.mask is not None
+                 and r.probs.shape[-2] > 1 and self._causal(r.mask)}  # fmt: skip
+        named = [r.name for r in self.cap.records
+                 if r.name in self._named_one and r.kind == "dec_self" and r.name not in shown]  # fmt: skip
+        if named:
+            paths = list(dict.fromkeys(named))
+            self.warn(_paths_named(paths), self._named_one[paths[0]],
+                      "every sequence of this input is one token (and padding), or each query may see only its own "
+                      "key: its mask looks the same in an encoder and in a causal decoder, so capture recorded "
+                      "decoder self-attention (dec_self) by the module's name. An encoder's is enc_self: "
+                      "capture_attention(model, kinds={'<its module path, or a glob of them>': 'enc_self'}), or "
+                      "give it two tokens")  # fmt: skip
 
     def weighed(self, name: str, args, out: Any) -> None:
         """Weights going into a product (a matmul, or a broadcast multiply that makes more elements than they
@@ -7768,6 +7786,18 @@ class _Session:
         if tuple(pos.shape) != (int(rec.probs.shape[0]), int(rec.probs.shape[-1])):
             return
         self._seq_keys.setdefault(rec.seq, []).append(pos)
+        self._twice_by_keys(rec, pos)
+
+    def _twice_by_keys(self, rec: Record, pos: torch.Tensor) -> None:
+        """A cross record of SDPA or MultiheadAttention (no layout gives its keys' positions to ``_record``)
+        whose queries and keys are two embedding calls of the same ids: said at the end, as a softmax's is."""
+        if (
+            rec.kind == "cross"
+            and rec.exact
+            and not self._given(rec.name)
+            and self._same_ids_twice(rec.query_positions, pos)
+        ):
+            self._twice.setdefault(rec.name, tuple(int(n) for n in rec.probs.shape))
 
     def _sdpa_keys(self, rec: Record, key: torch.Tensor, unsq: bool, b: int, query=None) -> Record:
         """The positions an SDPA record's keys hold, per sequence (from lineage, where the keys have it):
@@ -7784,6 +7814,8 @@ class _Session:
             pos = pos.reshape(b, -1)
             pos = lineage.remember(memo, (kc,), pos.masked_fill(self.sources.learned(pos), -1))
         self._seq_keys.setdefault(rec.seq, []).append(pos)
+        if tuple(pos.shape) == (int(rec.probs.shape[0]), int(rec.probs.shape[-1])):
+            self._twice_by_keys(rec, pos)
         qc = self.code_of(query) if query is not None else None
         if qc is None or (rec.key_labels is not None and None not in rec.key_labels):
             return rec
@@ -8887,6 +8919,13 @@ def _mha_values(p: dict[str, Any], h: int, want: tuple[int, int, int]) -> values
     return values_.HeadValues(None, w_o, None if b_o is None else b_o.detach(), make=make, watch=watched)
 
 
+def _paths_named(paths: list[str], most: int = 3) -> str:
+    """Module paths a note is about, every one a user may name in ``kinds=`` (up to ``most``, then how many
+    more): ``enc.attn, blocks.0.a1``."""
+    named = ", ".join(p or "(model)" for p in paths[:most])
+    return named + (f" and {len(paths) - most} more" if len(paths) > most else "")
+
+
 def _read_as_memory(r: Record, cross: list[Record]) -> bool:
     """Whether every query position of ``r`` (lineage's, per sequence) is a key of one of the ``cross``
     records: the positions a cross-attention reads as its memory, an encoder's."""
@@ -9392,6 +9431,10 @@ def _undecided(mask: torch.Tensor | None, lq: int) -> bool:
     if not bool(mask.any()):
         return False
     seen = mask.any(-1)  # (..., q)
+    if mask.shape[-1] == lq:  # every query that sees a key sees its own alone (packed one-token documents,
+        own = torch.eye(lq, dtype=torch.bool, device=mask.device)  # an identity mask): as in either
+        if bool(((mask == own) | ~seen[..., None]).all()):
+            return True
     first = mask.gather(
         -2, seen.int().argmax(-1)[..., None, None].expand(*mask.shape[:-2], 1, mask.shape[-1])
     )

@@ -36,6 +36,7 @@ from attnscope.core.traces.trace import (
     LEARNED,
     VALUE_NORMS,
     AttentionTrace,
+    head_masks_differ,
 )
 
 MAX_TRACE_TOKENS = 2048  # per axis (source, decoder)
@@ -756,7 +757,9 @@ def problems(trace: AttentionTrace) -> list[str]:
             )
         layer_masks = trace.layer_masks(kind)
         mask = None if layer_masks is None else np.asarray(layer_masks, bool)[:, None]  # (layer, 1, q, k)
-        if mask is not None:
+        # (heads masked differently: the mask is what every head may see, and a head's weight outside it may be
+        # its own mask's, so it is not checked here; the Masks page and the mask audit say so)
+        if mask is not None and kind not in head_masks_differ(trace.meta):
             # rows with no key allowed (a left-padded decoder's padding queries) hold whatever the fill gave: a
             # very negative finite fill spreads them evenly, -inf makes NaN (said above); the mask audit's
             # fully-masked check says whether such a row is a real query's
