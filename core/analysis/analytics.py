@@ -69,10 +69,12 @@ def head_stats(
     q_valid: np.ndarray | None = None,
     k_valid: np.ndarray | None = None,
     cross: bool = False,
+    learned: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Per-head statistics of attention probs (L, H, Q, K); each value (L, H).
 
-    entropy: mean over rows of -sum p log p (uniform over n keys = log n);
+    entropy: mean over rows of -sum p log p (uniform over n keys = log n), the weights on ``learned``
+    keys outside the sequence (L, H, Q, M) counted too (they complete the rows);
     distance: mean over rows of sum_k p |q - k|;
     diagonal / previous / next: mean p[q, q], p[q, q-1], p[q, q+1];
     first / last: mean mass on the first / last valid key (BOS/CLS, EOS/SEP in our formats);
@@ -92,9 +94,13 @@ def head_stats(
     with np.errstate(invalid="ignore"):
         np.log(pk, out=plogp, where=pk > 0)
     plogp *= pk
+    row_plogp = plogp.sum(-1, dtype=np.float64)  # (L, H, Q)
+    if learned is not None:  # memory keys, a null key: no position, but part of the row's spread
+        lw = np.asarray(learned, dtype=np.float64)
+        row_plogp += (lw * np.log(np.where(lw > 0, lw, 1.0))).sum(-1)
     dist = np.abs(np.arange(n_q)[:, None] - keys[None, :]).astype(pk.dtype)  # (Q, K')
     out = {
-        "entropy": _mean_rows(-plogp.sum(-1, dtype=np.float64), q_ok),
+        "entropy": _mean_rows(-row_plogp, q_ok),
         "distance": _mean_rows(np.einsum("...qk,qk->...q", pk, dist).astype(np.float64), q_ok),
         "diagonal": _at_offset(p, q_ok, k_ok, 0),
         "previous": _at_offset(p, q_ok, k_ok, -1),
@@ -113,11 +119,19 @@ def head_stats(
 
 
 def trace_head_stats(trace: AttentionTrace, kind: str, pad_id: int | None = None) -> dict[str, np.ndarray]:
-    """head_stats of one kind of a trace, PAD queries and keys left out."""
+    """head_stats of one kind of a trace, PAD queries and keys left out; the entropy counts the weights on
+    learned keys outside the sequence (``trace.learned``), so that it is over the whole rows."""
     qside, kside = kind_sides(kind)
     q_real, k_real = real_positions(trace, qside, pad_id), real_positions(trace, kside, pad_id)
     q_real = q_real & trace.asks(kind)
-    return head_stats(trace.probs(kind), q_real, k_real, cross=kind == "cross")
+    learned = trace.learned(kind)
+    return head_stats(
+        trace.probs(kind),
+        q_real,
+        k_real,
+        cross=kind == "cross",
+        learned=None if learned is None else learned[1],
+    )
 
 
 def head_records(

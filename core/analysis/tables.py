@@ -18,7 +18,7 @@ from attnscope.core.traces.trace import KIND_LABELS, AttentionTrace
 def masked_mass_table(traces: Sequence[AttentionTrace]) -> pd.DataFrame:
     """Per kind, layer and head, over the whole batch: attention mass on masked keys (must be 0)
     and rows that were fully masked (no key allowed) or that came out all zero; rows that are NaN (as the
-    model computed them) are counted apart and left out of the mass."""
+    model computed them) are counted apart and left out of the mass and of the all-zero check."""
     records = []
     for kind in traces[0].kinds:
         probs = np.stack([t.probs(kind) for t in traces]).astype(np.float64)  # (B, L, H, Q, K)
@@ -28,8 +28,11 @@ def masked_mass_table(traces: Sequence[AttentionTrace]) -> pd.DataFrame:
         )[:, :, None]  # fmt: skip
         nan_rows = np.isnan(probs).any(-1)  # (B, L, H, Q): rows that are not numbers (said apart)
         on_masked = np.where(nan_rows, 0.0, np.where(mask, 0.0, probs).sum(-1))  # (B, L, H, Q)
-        full = (~mask.any(-1)).sum(axis=(0, 2, 3))  # (L,) fully masked query rows in the batch, per layer
+        dead = ~mask.any(-1)  # (B, L, 1, Q): query rows that may attend to no key
+        full = dead.sum(axis=(0, 2, 3))  # (L,) fully masked query rows in the batch, per layer
         zero = (probs.sum(-1) == 0).sum(axis=(0, 3))  # (L, H)
+        # the fully masked rows that must come out all zero: a NaN row is counted apart, as in the mass
+        must_zero = (dead & ~nan_rows).sum(axis=(0, 3))  # (L, H)
         nans = nan_rows.sum(axis=(0, 3))  # (L, H)
         for layer in range(probs.shape[1]):
             for head in range(probs.shape[2]):
@@ -44,7 +47,7 @@ def masked_mass_table(traces: Sequence[AttentionTrace]) -> pd.DataFrame:
                         "fully masked rows": int(full[layer]),
                         "all-zero rows": int(zero[layer, head]),
                         "NaN rows": int(nans[layer, head]),
-                        "ok": worst == 0.0 and int(zero[layer, head]) == int(full[layer]),
+                        "ok": worst == 0.0 and int(zero[layer, head]) == int(must_zero[layer, head]),
                     }
                 )
     return pd.DataFrame.from_records(records)

@@ -133,12 +133,18 @@ c1, c2 = st.columns(2)
 declared = tr.mask(kind, layer)  # the picked layer's (its layers may have been masked differently)
 at_layer = f" · layer {layer}" if tr.masks_differ(kind) else ""
 if declared is not None:
+    # A layer that keeps to a local rule (a sliding window, chunks) is read as the declared-mask check reads
+    # it: against the tokens' mask within that rule, so the figure agrees with the verdict.
+    rule = audit.layer_rules(report.traces, kind, pad).get(layer)
+    called_for, rule_words = (expected, "") if rule is None else audit.within_rule(kind, rule, expected)
     figs["mask used vs called for"] = P.mask_compare_figure(
-        expected,
+        called_for,
         declared,
         q_tok,
         k_tok,
-        title=f"mask the model used vs the mask the tokens call for<br>{KIND_LABELS[kind]}{at_layer} · {where}",
+        title=f"mask the model used vs the mask the tokens call for<br>{KIND_LABELS[kind]}{at_layer}"
+        + ("" if rule is None else f" · within its {'chunks' if rule[0] == 'chunk' else 'window'}")
+        + f" · {where}",
         query_title=q_title,
         key_title=k_title,
     )
@@ -147,6 +153,12 @@ if declared is not None:
         ui.chart(figs["mask used vs called for"], key="aud_mask_compare")
         st.caption(
             "Red: the model may attend where it must not (a leak). Orange: masked but must be visible."
+            + (
+                f" Layer {layer} attends within {rule_words}, as the declared-mask check accepts: the mask "
+                "the tokens call for is read within it (keys outside it are masked by design)."
+                if rule_words
+                else ""
+            )
         )
 else:
     c1.info("This trace carries no mask for this kind; only the attention itself is checked.")

@@ -25,6 +25,8 @@ if arch == "encoder":
     traces = state.traces()
     seq = state.sequence_picker(K.DEC_SEQ, traces)
     tr = traces[seq]
+    head = [float(v) for v in tr.meta.get("embedding_head", [])]
+    fig = None
     if tr.out_probs is not None:  # a classifier: its class probabilities instead
         st.info(
             "This model has no decoder (encoder-only classifier): there is nothing to decode and no "
@@ -32,17 +34,25 @@ if arch == "encoder":
         )
         labels = tr.meta.get("labels") or [str(i) for i in range(len(tr.out_probs))]
         fig = P.class_probs_figure(labels, tr.out_probs, title=f"class probabilities (sequence {seq})")
-    else:  # an encoder without a head (sentence embedder): its pooled output
+    elif tr.output_text or head:  # an encoder without a head (sentence embedder): its pooled output
         st.info(
             "This model has no decoder and no classifier (an encoder that embeds text): there is nothing "
-            f"to decode and no decoder self-attention or cross-attention. Its output: {tr.output_text}."
+            "to decode and no decoder self-attention or cross-attention."
+            + (f" Its output: {tr.output_text}." if tr.output_text else "")
         )
-        head = [float(v) for v in tr.meta.get("embedding_head", [])]
-        fig = P.values_figure(
-            head, title=f"first {len(head)} values of the pooled embedding (sequence {seq})"
+        if head:
+            fig = P.values_figure(
+                head, title=f"first {len(head)} values of the pooled embedding (sequence {seq})"
+            )
+    else:  # a trace of attention alone (captured from a model, or a file saved without outputs)
+        st.info(
+            "This model has no decoder (encoder only): there is nothing to decode and no decoder "
+            "self-attention or cross-attention. This trace holds no output of the model to show (no class "
+            "probabilities, no text, no embedding), only its attention."
         )
-    ui.chart(fig, key="dec_classes")
-    ui.downloads(tr, seq, {"output": fig}, key="dec_dl")
+    if fig is not None:
+        ui.chart(fig, key="dec_classes")
+    ui.downloads(tr, seq, {} if fig is None else {"output": fig}, key="dec_dl")
     st.stop()
 
 if file is not None:

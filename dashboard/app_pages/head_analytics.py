@@ -109,17 +109,35 @@ n_layers, n_heads = probs.shape[:2]
 layer, head = ui.layer_head_picker(K.HA_LAYER, K.HA_HEAD, n_layers, n_heads)
 q_tok, k_tok = tr.axes(kind)
 q_title, k_title = AXIS_TITLES[kind]
+weights, head_keys, head_mask = probs[layer, head], k_tok, tr.mask(kind, layer)
+learned = tr.learned(kind)
+if learned is not None:  # learned keys outside the sequence (memory key/values, a null key): extra columns
+    labels, extra_w = learned
+    weights = np.concatenate([weights, extra_w[layer, head]], axis=-1)
+    head_keys = (*k_tok, *labels)
+    if head_mask is not None:
+        head_mask = np.concatenate(
+            [head_mask, np.ones((head_mask.shape[0], len(labels)), dtype=bool)], axis=-1
+        )
 figs["head"] = PT.head_heatmap(
-    probs[layer, head],
+    weights,
     q_tok,
-    k_tok,
-    mask=tr.mask(kind, layer),
+    head_keys,
+    mask=head_mask,
     query_title=q_title,
     key_title=k_title,
     title=f"{KIND_LABELS[kind]} · layer {layer} · head {head} · {where}"
     + (f"<br><sup>▣ {marks.NOTE}: {hinted[(layer, head)]}</sup>" if (layer, head) in hinted else ""),
 )
 ui.chart(figs["head"], key="ha_head_chart")
+if learned is not None:
+    share = float(np.nanmean(learned[1][layer, head].sum(-1)))
+    st.info(
+        f"These queries also attend to {len(learned[0])} learned key(s) that are not tokens of the input "
+        f"({', '.join(learned[0][:6])}{', …' if len(learned[0]) > 6 else ''}): the last columns of the head view. "
+        f"They take {share:.0%} of this head's weight on average. The entropy counts them; the other "
+        "statistics are about positions and count the tokens' keys only."
+    )
 st.caption(
     "This head: "
     + ", ".join(f"{A.STAT_LABELS[s]} {stats[s][layer, head]:.3f}" for s in stats_names)

@@ -41,11 +41,13 @@ from attnscope.core.analysis.audit.static import (
     check_special_tokens,
     expected_mask,
     kind_sides,
+    layer_rules,
     map_precision,
     masked_mass_per_head,
     real_positions,
     special_mass,
     static_checks,
+    within_rule,
 )
 
 __all__ = [
@@ -54,6 +56,6 @@ __all__ = [
     "batch_from_traces", "check_batch_invariance", "check_causal_leak", "check_declared_mask", "check_finite",
     "check_finite_outputs", "check_fully_masked", "check_masked_mass", "check_padding_leak", "check_row_sums",
     "check_special_tokens", "core_forward_outputs", "dynamic_checks", "expected_mask", "forward_fn",
-    "kind_sides", "map_precision", "masked_mass_per_head", "real_positions", "run_audit", "special_mass",
-    "static_checks", "with_threads",
+    "kind_sides", "layer_rules", "map_precision", "masked_mass_per_head", "real_positions", "run_audit",
+    "special_mass", "static_checks", "with_threads", "within_rule",
 ]  # fmt: skip

@@ -282,7 +282,9 @@ def _produced(rows: np.ndarray) -> str:
 
 
 def check_fully_masked(traces: list[AttentionTrace], kind: str, pad_id: int | None = None) -> Verdict:
-    """Query rows that may attend to nothing: fail for a real query, or when one produced NaN."""
+    """Query rows that may attend to nothing: fail for a real query, or when one produced NaN. A row that
+    may see no token but puts weight on learned keys outside the sequence (memory keys, a null key) in
+    every head attends to those: it is not fully masked."""
     name = f"fully_masked[{kind}]"
     real_rows: list[tuple[int, int, str]] = []
     pad_rows: dict[str, int] = {}
@@ -293,6 +295,9 @@ def check_fully_masked(traces: list[AttentionTrace], kind: str, pad_id: int | No
         if masks is None:
             masks = np.broadcast_to(exp, (p.shape[0], *exp.shape))
         dead = np.asarray(~np.asarray(masks, bool).any(-1))  # (layer, q): rows that see no key in that layer
+        learned = tr.learned(kind)
+        if learned is not None:  # a row whose weight goes to learned keys outside the sequence attends
+            dead = dead & ~(learned[1].sum(-1) > 0).all(1)  # (layer, q): to them in every head of that layer
         for q in (int(i) for i in np.nonzero(dead.any(0))[0]):
             what = _produced(p[dead[:, q], :, q, :])
             if q_real[q]:
@@ -439,6 +444,21 @@ def _candidates(kind: str, rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
     if chunk:
         out.append(("chunk", chunk))
     return out
+
+
+def layer_rules(traces: list[AttentionTrace], kind: str, pad_id: int | None = None) -> dict[int, Window]:
+    """layer -> the local rule (a sliding window, chunks) that check_declared_mask accepts for that layer of
+    ``kind`` in this batch: the layer is read against the tokens' mask within it (``within_rule``). Empty
+    where a trace carries no mask for the kind (the check skips it) or no layer keeps to such a rule."""
+    if any(tr.mask(kind) is None for tr in traces):
+        return {}
+    return _windows(traces, kind, [expected_mask(tr, kind, pad_id) for tr in traces])
+
+
+def within_rule(kind: str, rule: Window, mask: np.ndarray) -> tuple[np.ndarray, str]:
+    """(the tokens' mask ``mask`` (Q, K) within a layer's local rule, the rule in words): the mask that
+    check_declared_mask reads that layer against."""
+    return mask & _band(kind, rule, *mask.shape), _rule_words(kind, rule)
 
 
 def check_finite(traces: list[AttentionTrace]) -> Verdict:
