@@ -605,3 +605,40 @@ def test_heads_masked_differently_on_purpose_are_no_problem():
     assert r.head_masks_differ
     tr = cap.trace(0)
     assert not [p for p in tr.problems() if "disagrees" in p]
+
+
+def test_the_trace_of_a_sequence_is_not_drawn_from_records_holding_another():
+    """Early exit per sample (``x[b:b+1]`` run until confident): the first layer's calls join into one record
+    over the batch, and one sample's later layers are records of one row, flagged as holding that sample. The
+    trace of sequence 0 draws sequence 0's layer, not the other sample's layers in its place."""
+
+    class EarlyExit(nn.Module):
+        def __init__(self, d: int = 8, h: int = 2, layers: int = 4):
+            super().__init__()
+            self.emb = nn.Embedding(V, d)
+            self.layers = nn.ModuleList(_SelfAttention(d, h) for _ in range(layers))
+            self.maps: list[tuple[int, int, torch.Tensor]] = []  # (sample, layer, weights)
+
+        def forward(self, ids):
+            outs, emb = [], self.emb(ids)
+            for b in range(ids.shape[0]):
+                x = emb[b : b + 1]
+                for i, layer in enumerate(self.layers):
+                    x = layer(x)
+                    if b != 2 or i == len(self.layers) - 1:  # sample 2 alone runs every layer
+                        break
+                outs.append(x)
+            return torch.cat(outs)
+
+    torch.manual_seed(0)
+    model = EarlyExit().eval()
+    ids = torch.randint(0, V, (4, 6))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    first = [r for r in cap.records if r.name == "layers.0"]
+    assert len(first) == 1 and first[0].exact and first[0].probs.shape[0] == 4
+    assert any(not r.exact for r in cap.records if r.name != "layers.0")
+    tr = cap.trace(0, src_tokens=[f"t{i}" for i in range(6)])
+    drawn = torch.as_tensor(tr.probs("enc_self").copy())
+    assert drawn.shape[0] == 1
+    torch.testing.assert_close(drawn[0], first[0].probs[0], rtol=0, atol=1e-6)

@@ -476,8 +476,11 @@ class Captured:
             # counts): the group over the tokens given is drawn (else the most calls), the others said
             groups = stack_groups(self.of(kind), joined)
             has = [index < int(g[0].probs.shape[0]) for g in groups]  # (maps over fewer sequences: blocks)
+            # (a group whose records are flagged, as rows that hold other sequences of the caller's batch than
+            # their place says, does not hold this sequence by its row: exact ones first)
+            sure = [has[i] and all(r.exact for r in g) for i, g in enumerate(groups)]
             fits = [_fits(g[0], kind, joined, src_tokens, tgt_tokens) for g in groups]
-            best = max(range(len(groups)), key=lambda i: (has[i], fits[i], len(groups[i]), -i))
+            best = max(range(len(groups)), key=lambda i: (sure[i], has[i], fits[i], len(groups[i]), -i))
             for i, g in enumerate(groups):
                 if i != best:
                     left_out.append(stack_note(kind, g, groups[best]))
