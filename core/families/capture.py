@@ -1378,9 +1378,16 @@ def _added_hides(m: torch.Tensor) -> torch.Tensor:
     where the rest of it holds 0s and one value at or below SOFT_NEG alone, there too (Swin's windows add
     0 / -100; with -inf for padding beside them, both)."""
     m = m.detach()
-    hidden = m <= NEG
     if not m.numel() or not m.is_floating_point():
-        return hidden
+        return m <= NEG
+    low = float(m.amin())
+    if math.isnan(low):  # (a NaN in it: what is at or below NEG still hides)
+        return m <= NEG
+    if low > SOFT_NEG:  # a bias (T5's, a relative one): one pass, nothing hidden
+        return torch.zeros(m.shape, dtype=torch.bool, device=m.device)
+    if low > NEG:  # 0s and one value alone (Swin's 0 / -100)?
+        return (m == low) if bool(((m == 0) | (m == low)).all()) else m <= NEG
+    hidden = m <= NEG
     rest = m.masked_fill(hidden, 0)
     low = float(rest.amin())
     if NEG < low <= SOFT_NEG and bool(((rest == 0) | (rest == low)).all()):
