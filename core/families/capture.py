@@ -7101,7 +7101,9 @@ class _Session:
                           "as decoder self-attention (dec_self) by its name alone. A text decoder needs a causal "
                           "mask; a decoder that attends both ways by design (MAE's over patches, DETR's object "
                           "queries) is self-attention: capture_attention(model, kinds={'<its module path, or a "
-                          "glob of them>': 'enc_self'}) says so")  # fmt: skip
+                          "glob of them>': 'enc_self'}) says so; cross-attention over another stream of the same "
+                          "positions (an autoencoder's decoder over its encoder's output of the same input) is "
+                          "'cross'")  # fmt: skip
 
     def _given(self, path: str) -> bool:
         """The caller's kinds= names this module path (or a glob of it)."""
