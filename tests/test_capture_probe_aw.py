@@ -642,3 +642,85 @@ def test_the_trace_of_a_sequence_is_not_drawn_from_records_holding_another():
     drawn = torch.as_tensor(tr.probs("enc_self").copy())
     assert drawn.shape[0] == 1
     torch.testing.assert_close(drawn[0], first[0].probs[0], rtol=0, atol=1e-6)
+
+
+def _fold(t: torch.Tensor, b: int, h: int, how: str) -> torch.Tensor:
+    """(B, L, H*d) -> the layout SDPA is called on."""
+    n, d = t.shape[1], t.shape[2] // h
+    heads = t.view(b, n, h, d)
+    if how == "batch-major 3-D":
+        return heads.transpose(1, 2).reshape(b * h, n, d)
+    if how == "head-major 3-D":
+        return heads.permute(2, 0, 1, 3).reshape(h * b, n, d)
+    return heads.permute(2, 0, 1, 3)  # head-major 4-D: (H, B, L, d)
+
+
+class FoldedSdpa(nn.Module):
+    def __init__(self, how: str, h: int):
+        super().__init__()
+        self.how, self.h = how, h
+        d = 4 * h
+        self.emb = nn.Embedding(V, d)
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, ids):
+        b = ids.shape[0]
+        q, k, v = (_fold(z, b, self.h, self.how) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize("how", ["batch-major 3-D", "head-major 3-D", "head-major 4-D"])
+@pytest.mark.parametrize("batch,heads", [(1, 4), (2, 2), (3, 3), (2, 4), (4, 2)])
+def test_sdpa_over_heads_folded_into_its_batch_is_laid_out_by_lineage(how, batch, heads):
+    """SDPA called on heads folded into what it reads as the batch, ``(B*H, L, d)`` or ``(H, B, L, d)``: the
+    record is (B, H, q, k) as lineage places the heads, never the folded axis taken for sequences."""
+    torch.manual_seed(batch * 7 + heads)
+    model = FoldedSdpa(how, heads).eval()
+    ids = torch.randint(0, V, (batch, 5))
+    with torch.no_grad():
+        x = model.emb(ids)
+        q, k, _ = (z.view(batch, 5, heads, -1).transpose(1, 2) for z in model.qkv(x).chunk(3, -1))
+        s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(
+            ~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf")
+        )
+        want = s.softmax(-1)  # (B, H, q, k)
+        with capture_attention(model) as cap:
+            model(ids)
+    (r,) = cap.records
+    assert r.exact, r.flag
+    assert tuple(r.probs.shape) == (batch, heads, 5, 5)
+    torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)
+    assert r.kind == "dec_self"
+
+
+def test_learned_queries_expanded_over_the_batch_are_no_heads_on_it():
+    """Perceiver-style latents, one parameter expanded over the batch, through SDPA in its own (B, H, n, d)
+    layout: every sequence holds the parameter's rows, but on SDPA's head axis each head its own features, so
+    nothing is read as heads folded into the batch."""
+
+    class Latents(nn.Module):
+        def __init__(self, d: int = 8, h: int = 2, n: int = 3):
+            super().__init__()
+            self.h = h
+            self.latents = nn.Parameter(torch.randn(n, d))
+            self.emb = nn.Embedding(V, d)
+            self.kv = nn.Linear(d, 2 * d)
+
+        def forward(self, ids):
+            b = ids.shape[0]
+            q = _heads(self.latents.expand(b, -1, -1), self.h)
+            k, v = (_heads(z, self.h) for z in self.kv(self.emb(ids)).chunk(2, -1))
+            return F.scaled_dot_product_attention(q, k, v)
+
+    torch.manual_seed(0)
+    model = Latents().eval()
+    ids = torch.randint(0, V, (2, 5))
+    with torch.no_grad():
+        q = _heads(model.latents.expand(2, -1, -1), 2)
+        k = _heads(model.kv(model.emb(ids)).chunk(2, -1)[0], 2)
+        want = (q @ k.transpose(-1, -2) / math.sqrt(4)).softmax(-1)
+        with capture_attention(model) as cap:
+            model(ids)
+    (r,) = cap.records
+    assert r.exact and r.kind == "cross"
+    torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)

@@ -7869,18 +7869,17 @@ class _Session:
             or tuple(kc.shape) != tuple(key.shape)
         ):
             return None
-        memo = ("sdpa rows packed", id(qc))  # a pure function of the codes: kept with them
+        memo = ("sdpa rows packed", id(qc), unsq)  # a pure function of the codes: kept with them
         packed = lineage.recall(memo)
         if packed is lineage.MISS:
             first = qc.select(-1, 0).sort(-1).values  # (..., h, q) each row's first code (position, feature)
             pos = first >> lineage.SHIFT
-            packed = lineage.remember(
-                memo,
-                (qc,),
-                bool(((pos[..., 1:] == pos[..., :-1]) & (first[..., 1:] != first[..., :-1])).any()),
-            )
+            rows = bool(((pos[..., 1:] == pos[..., :-1]) & (first[..., 1:] != first[..., :-1])).any())
+            packed = lineage.remember(memo, (qc,), rows or _heads_on_batch(qc, unsq))
         if not packed:
-            return None  # no two rows of a slice at one position with other features (other heads' slices)
+            # no two rows of a slice at one position with other features (other heads' slices), and no two
+            # slices SDPA reads as other sequences that hold one sequence's positions with other features
+            return None
         if unsq:
             qc, kc = qc[:, None], kc[:, None]
         if hq != hk:
@@ -8929,6 +8928,24 @@ def _mha_values(p: dict[str, Any], h: int, want: tuple[int, int, int]) -> values
     b_o = p["out_proj_bias"]
     watched = tuple(t for t in (value, w_v, b_v, bias_v) if t is not None)
     return values_.HeadValues(None, w_o, None if b_o is None else b_o.detach(), make=make, watch=watched)
+
+
+def _heads_on_batch(qc: torch.Tensor, unsq: bool) -> bool:
+    """Whether SDPA's query codes ``qc`` (..., H, q, d), or (N, q, d) where ``unsq``, hold heads on an axis it
+    reads as the batch: two slices of other batch indices whose first rows are one position with other
+    features (one sequence's heads: ``(B * H, L, d)`` folds, ``(H, B, L, d)`` head-major). Beams (a sequence
+    repeated with the same features) and the heads on SDPA's own head axis are not."""
+    first = qc.select(-2, 0).select(-1, 0)  # (..., H) or (N,): each slice's first row's first code
+    if unsq:
+        first = first[:, None]
+    flat = first.reshape(-1, first.shape[-1])  # (batch, H)
+    if flat.shape[0] < 2:
+        return False
+    # (at one index of SDPA's head axis: learned queries expanded over the batch hold one parameter's rows in
+    # every sequence, each head its own features, and are no heads on the batch)
+    pos = flat >> lineage.SHIFT
+    same = (pos[:, None, :] == pos[None, :, :]) & (flat[:, None, :] != flat[None, :, :])  # (batch, batch, H)
+    return bool(same.any())
 
 
 def _paths_named(paths: list[str], most: int = 3) -> str:
