@@ -724,3 +724,37 @@ def test_learned_queries_expanded_over_the_batch_are_no_heads_on_it():
     (r,) = cap.records
     assert r.exact and r.kind == "cross"
     torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("heads", [2, 4])
+def test_a_head_mask_after_the_softmax_prunes_heads_not_keys(heads):
+    """BERT's ``head_mask`` multiplies the weights by one number per head (head 0 pruned): the record takes the
+    weights as multiplied (head 0 all 0), and its mask stays the padding mask; it was every key hidden for every
+    head (the AND over heads of a per-head 0)."""
+
+    class Bert(nn.Module):
+        def __init__(self, d: int = 8):
+            super().__init__()
+            self.emb = nn.Embedding(V, d)
+            self.qkv = nn.Linear(d, 3 * d)
+
+        def forward(self, ids, attention_mask, head_mask):
+            q, k, v = (_heads(z, heads) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+            s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            s = s + (1.0 - attention_mask[:, None, None, :].float()) * -10000.0
+            p = s.softmax(-1) * head_mask
+            return p @ v
+
+    torch.manual_seed(heads)
+    model = Bert(d=4 * heads).eval()
+    ids = torch.randint(0, V, (2, 7))
+    am = torch.ones(2, 7, dtype=torch.long)
+    am[1, 5:] = 0
+    head_mask = torch.ones(1, heads, 1, 1)
+    head_mask[0, 0] = 0.0
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, am, head_mask)
+    (r,) = cap.records
+    assert r.exact
+    assert torch.equal(r.mask, am.bool()[:, None, :].expand(2, 7, 7))
+    assert bool((r.probs[:, 0] == 0).all()) and bool((r.probs[:, 1:].sum(-1) > 0.99).all())

@@ -7294,6 +7294,11 @@ class _Session:
             return False
         probs = p.bhqk(out.detach())
         allowed = p.bhqk(multiplier.expand(out.shape))
+        if allowed.numel() and bool((allowed == allowed[..., :1, :1]).all()):
+            # one number per head (and sequence): heads pruned whole (BERT's ``head_mask``), no key masked; the
+            # record takes the weights as multiplied, its mask stays what the keys were masked by
+            self._update_record(p, probs=probs)
+            return True
         mask = allowed.all(dim=1)
         differ = rec.head_masks_differ or not bool((allowed == mask[:, None]).all())
         source = rec.mask_source  # keys hidden before (by the scores, or weights exactly 0) stay hidden:
