@@ -758,3 +758,106 @@ def test_a_head_mask_after_the_softmax_prunes_heads_not_keys(heads):
     assert r.exact
     assert torch.equal(r.mask, am.bool()[:, None, :].expand(2, 7, 7))
     assert bool((r.probs[:, 0] == 0).all()) and bool((r.probs[:, 1:].sum(-1) > 0.99).all())
+
+
+class HeadLoop(nn.Module):
+    """Each head softmaxed alone in a loop over the features' slices, the heads' weights joined (``how``) and
+    multiplied by their values in one product."""
+
+    def __init__(self, how: str, h: int):
+        super().__init__()
+        self.how, self.h, self.dh = how, h, 4
+        self.emb = nn.Embedding(V, 4 * h)
+        self.qkv = nn.Linear(4 * h, 12 * h)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).chunk(3, -1)
+        sl = [slice(i * self.dh, (i + 1) * self.dh) for i in range(self.h)]
+        ws = [torch.softmax(q[..., s] @ k[..., s].transpose(1, 2) / 2.0, -1) for s in sl]
+        vs = [v[..., s] for s in sl]
+        if self.how == "stack dim 1":
+            o = torch.stack(ws, dim=1) @ torch.stack(vs, dim=1)  # (B, H, L, d)
+            return o.transpose(1, 2).reshape(b, n, -1)
+        if self.how == "stack dim 0":
+            o = torch.stack(ws, dim=0) @ torch.stack(vs, dim=0)  # (H, B, L, d)
+            return o.permute(1, 2, 0, 3).reshape(b, n, -1)
+        o = torch.cat([w.unsqueeze(1) for w in ws], 1) @ torch.cat([x.unsqueeze(1) for x in vs], 1)
+        return o.transpose(1, 2).reshape(b, n, -1)
+
+
+@pytest.mark.parametrize("how", ["stack dim 1", "stack dim 0", "cat unsqueezed"])
+@pytest.mark.parametrize("batch,heads", [(2, 2), (3, 4), (4, 4), (1, 3)])
+def test_heads_softmaxed_in_a_loop_and_stacked_before_the_product_are_one_layer(how, batch, heads):
+    """Only head 0 was recorded (its record's weights were what the product took first), the others dropped as
+    weights that multiplied no values: one record (B, H, q, k) of every head, in the order joined."""
+    torch.manual_seed(batch + 10 * heads)
+    model = HeadLoop(how, heads).eval()
+    ids = torch.randint(0, V, (batch, 5))
+    with torch.no_grad():
+        q, k, _ = model.qkv(model.emb(ids)).chunk(3, -1)
+        q, k = q.view(batch, 5, heads, 4).transpose(1, 2), k.view(batch, 5, heads, 4).transpose(1, 2)
+        want = (q @ k.transpose(-1, -2) / 2.0).softmax(-1)
+        with capture_attention(model) as cap:
+            model(ids)
+    (r,) = cap.records
+    assert r.exact, r.flag
+    assert tuple(r.probs.shape) == (batch, heads, 5, 5)
+    torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)
+    assert not [n for n in cap.skipped if "multiplied no values" in n.reason]
+
+
+def test_single_head_layers_stacked_for_display_stay_layers():
+    """A one-head model returning every layer's map stacked (``torch.stack(maps, 1)``, for a plot): the stack
+    multiplies nothing, so the layers are not joined as heads."""
+
+    class Layers(nn.Module):
+        def __init__(self, d: int = 8, n_layers: int = 3):
+            super().__init__()
+            self.emb = nn.Embedding(V, d)
+            self.qkv = nn.ModuleList(nn.Linear(d, 3 * d) for _ in range(n_layers))
+
+        def forward(self, ids):
+            x, maps = self.emb(ids), []
+            for lin in self.qkv:
+                q, k, v = lin(x).chunk(3, -1)
+                w = torch.softmax(q @ k.transpose(1, 2), -1)
+                maps.append(w)
+                x = x + w @ v
+            return x, torch.stack(maps, dim=1)
+
+    torch.manual_seed(0)
+    model = Layers().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        _, maps = model(torch.randint(0, V, (2, 5)))
+    assert len(cap.records) == 3 and all(r.probs.shape == (2, 1, 5, 5) for r in cap.records)
+    for i, r in enumerate(cap.records):
+        torch.testing.assert_close(r.probs[:, 0], maps[:, i], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("heads", [2, 3, 5])
+def test_heads_summed_in_a_loop_flag_every_head(heads):
+    """``acc = acc + softmax(head h)`` then the mean times the values: the values are multiplied by the heads'
+    mean, which no record holds, so every head's record is flagged (with an odd head count the last one kept
+    the mean, exact and silent)."""
+
+    class Summed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(V, 4 * heads)
+            self.qk = nn.Linear(4 * heads, 8 * heads)
+            self.v = nn.Linear(4 * heads, 4)
+
+        def forward(self, ids):
+            q, k = self.qk(self.emb(ids)).chunk(2, -1)
+            acc = torch.zeros(ids.shape[0], ids.shape[1], ids.shape[1])
+            for h in range(heads):
+                s = slice(4 * h, 4 * h + 4)
+                acc = acc + torch.softmax(q[..., s] @ k[..., s].transpose(1, 2), -1)
+            return (acc / heads) @ self.v(self.emb(ids))
+
+    torch.manual_seed(heads)
+    model = Summed().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (3, 5)))
+    assert cap.records and all(not r.exact and "combined" in (r.flag or "") for r in cap.records)

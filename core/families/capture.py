@@ -1735,6 +1735,8 @@ class _Session:
         self._sparse_weights: dict[int, tuple] = {}  # _hold: sparse matrices of such values (a graph's edges)
         self._made: dict[int, tuple] = {}  # _hold: float tensors made inside the call by a factory (buffers)
         self._merged: dict[int, tuple] = {}  # _hold: outputs of several maps' products added or subtracted
+        self._combined: dict[int, tuple] = {}  # _hold: several maps' weights combined after their softmax
+        self._stacked: dict[int, tuple] = {}  # _hold: single-head maps' weights joined along a heads axis
         # (id, version, grid, batch) of a tensor from outside -> (it, held weakly; the first of the
         # positions a conv over it made): every conv over it that keeps one grid reads those positions
         self._grids: dict[tuple, tuple[weakref.ref, int]] = {}
@@ -2142,6 +2144,8 @@ class _Session:
                     self._carry_left_out(args[0], out)  # told again if they multiply values
                 if name in MUL and len(args) == 2 and type(out) is torch.Tensor:
                     self._weights_times_values(args, out)
+                if self._stacked and name in MATMUL:
+                    self._stacked_used(args, kwargs)
                 if (self._outside or self.cap.records) and (name in MATMUL or name in MUL):
                     self.weighed(name, args, out)  # (weights recorded outside the model, or fed to a loss)
                 if name in LOSSES and self.cap.records:
@@ -3155,6 +3159,9 @@ class _Session:
         parts = args[0] if args and isinstance(args[0], (list, tuple)) else None
         if parts is None or not parts or not all(isinstance(t, torch.Tensor) for t in parts):
             return
+        if len(parts) > 1 and all(_whole_weights(self.tag(t)) is not None for t in parts):
+            self._weights_stacked(name, args, kwargs, list(parts), out)
+            return
         if name == "stack":
             d = args[1] if len(args) > 1 else kwargs.get("dim", 0)
             if isinstance(d, int) and d % out.dim() == 0 and out.dim() >= 3:
@@ -3172,6 +3179,43 @@ class _Session:
             if d != out.dim() - 1:
                 return  # joined along positions: chunks of a sequence, not heads
         self._heads_group(list(parts))
+
+    def _weights_stacked(self, name: str, args, kwargs, parts: list[torch.Tensor], out: torch.Tensor) -> None:
+        """Single-head maps' weights joined along a new axis before the queries and keys (``torch.stack(ws,
+        dim=1)``, ``cat`` of them unsqueezed): held, and where the joined weights multiply values (a loop over
+        the heads, each softmaxed alone, then one product) their records are one layer's heads in the order
+        joined (a stack of each layer's map returned for display multiplies nothing: layers stay layers)."""
+        d = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        if not isinstance(d, int) or out.dim() < 3:
+            return
+        d %= out.dim()
+        if d >= out.dim() - 2 or (name != "stack" and any(int(t.shape[d]) != 1 for t in parts)):
+            return  # (joined along the queries or keys: chunks, not heads)
+        made = [_whole_weights(self.tag(t)) for t in parts]
+        group = [p.record for p in made if p is not None and p.record is not None]
+        if len(group) != len(parts) or len({id(r) for r in group}) != len(group):
+            return
+        if any(r.probs.shape[1] != 1 or r.name != group[0].name for r in group):
+            return
+        if not all(_same_layer(group[0], r) and _same_places(group[0], r) for r in group[1:]):
+            return
+        _hold(self._stacked, out, [r.seq for r in group], group[0].name)
+
+    def _stacked_used(self, args, kwargs) -> None:
+        """Weights joined by ``_weights_stacked`` multiplied by values: their records grouped as one layer's heads
+        (joined at finish), each one's weights used."""
+        for t in _tensors(args, kwargs)[:1]:
+            entry = _held_or_base(self._stacked, t)
+            if entry is None:
+                continue
+            _, seqs, layer = entry
+            self._stacked.pop(id(entry[0]()), None)
+            at = {r.seq: i for i, r in enumerate(self.cap.records)}
+            places = [at.get(seq, -1) for seq in seqs]
+            if -1 in places or any(i in places for group, _, _, _ in self._head_groups for i in group):
+                return
+            self._head_groups.append((places, list(seqs), layer, len(seqs)))
+            self._weighed.update(seqs)
 
     def _heads_group(self, parts: list[torch.Tensor]) -> None:
         """``parts``, the outputs of single-head maps in their heads' order: one layer's heads, grouped to be
@@ -5121,8 +5165,10 @@ class _Session:
         False where fewer than two records' weights meet."""
         # (weights scaled since their softmax, ``lam * a2``, are still that record's weights)
         weights = [p for _, g in act if (p := self._weights_of(g)) is not None and p.record is not None]
-        if len({id(p.record) for p in weights}) < 2:  # (one map's weights over their own sum: renormalized)
-            return False
+        # (weights already combined, then one more map's added: heads summed in a loop, ``acc = acc + w_h``)
+        mixed = bool(self._combined) and any(_held(self._combined, t) is not None for t, _ in act)
+        if len({id(p.record) for p in weights}) < (1 if mixed else 2):  # (one map's weights over their own
+            return False  # sum: renormalized)
         done: set[int] = set()
         for p in weights:
             if id(p.record) not in done:
@@ -5131,6 +5177,7 @@ class _Session:
                                        "or added: differential attention) after the softmax: the record holds the "
                                        "softmax's output, not the weights the values are multiplied with")  # fmt: skip
         self.set(out, _Tag("linear", origin))
+        _hold(self._combined, out)
         return True
 
     def _heads_mixed(self, g: _Tag, origin, why: str, defer: bool = True) -> _Tag:
@@ -8933,6 +8980,16 @@ def _mha_values(p: dict[str, Any], h: int, want: tuple[int, int, int]) -> values
     b_o = p["out_proj_bias"]
     watched = tuple(t for t in (value, w_v, b_v, bias_v) if t is not None)
     return values_.HeadValues(None, w_o, None if b_o is None else b_o.detach(), make=make, watch=watched)
+
+
+def _whole_weights(g: _Tag | None) -> _Probs | None:
+    """The record whose weights a tag holds unchanged: as the softmax made them, or viewed into another shape
+    since (``w.unsqueeze(1)``) with their values kept."""
+    if g is None:
+        return None
+    if g.probs is not None:
+        return g.probs
+    return g.lost if g.lost is not None and not g.changed and not g.touched else None
 
 
 def _heads_on_batch(qc: torch.Tensor, unsq: bool) -> bool:
