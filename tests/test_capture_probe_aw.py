@@ -861,3 +861,85 @@ def test_heads_summed_in_a_loop_flag_every_head(heads):
     with torch.no_grad(), capture_attention(model) as cap:
         model(torch.randint(0, V, (3, 5)))
     assert cap.records and all(not r.exact and "combined" in (r.flag or "") for r in cap.records)
+
+
+@pytest.mark.parametrize("how", ["batch-major 3-D", "head-major 3-D", "head-major 4-D"])
+@pytest.mark.parametrize("batch,heads", [(2, 3), (2, 2), (1, 2)])
+def test_a_decoding_step_over_folded_heads_is_laid_out_by_lineage(how, batch, heads):
+    """One query row (the last position's, a decoding step) over heads folded into SDPA's batch: (B, H, 1, k)."""
+
+    class Step(FoldedSdpa):
+        def forward(self, ids):
+            b = ids.shape[0]
+            q, k, v = self.qkv(self.emb(ids)).chunk(3, -1)
+            q, k, v = (
+                _fold(q[:, -1:], b, self.h, self.how),
+                _fold(k, b, self.h, self.how),
+                _fold(v, b, self.h, self.how),
+            )
+            return F.scaled_dot_product_attention(q, k, v)
+
+    torch.manual_seed(batch * 3 + heads)
+    model = Step(how, heads).eval()
+    ids = torch.randint(0, V, (batch, 5))
+    with torch.no_grad():
+        q, k, _ = (
+            z.view(batch, 5, heads, -1).transpose(1, 2) for z in model.qkv(model.emb(ids)).chunk(3, -1)
+        )
+        want = (q[:, :, -1:] @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(-1)
+        with capture_attention(model) as cap:
+            model(ids)
+    (r,) = cap.records
+    assert r.exact, r.flag
+    assert tuple(r.probs.shape) == (batch, heads, 1, 5)
+    torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)
+
+
+def test_an_encoders_query_chunks_with_a_band_mask_stay_enc_self():
+    """SDPA over chunks of the queries (memory-efficient attention), each with its slice of a band mask that
+    lets each query see one key either side: the first chunk's rows see a key ahead, which a causal chunk at
+    the end of the keys would too; lineage places the chunk at the start, so it is no decoder's."""
+
+    class Chunked(nn.Module):
+        def __init__(self, d: int = 8, h: int = 2):
+            super().__init__()
+            self.h = h
+            self.emb = nn.Embedding(V, d)
+            self.qkv = nn.Linear(d, 3 * d)
+
+        def forward(self, ids):
+            n = ids.shape[1]
+            q, k, v = (_heads(z, self.h) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+            i = torch.arange(n)
+            band = (i[:, None] - i[None, :]).abs() <= 1
+            return torch.cat(
+                [F.scaled_dot_product_attention(q[:, :, s : s + 2], k, v, attn_mask=band[s : s + 2])
+                 for s in range(0, n, 2)], dim=2)  # fmt: skip
+
+    torch.manual_seed(0)
+    model = Chunked().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, 5)))
+    assert cap.records and all(r.kind == "enc_self" for r in cap.records)
+
+
+def test_sdpa_with_a_scale_of_0_is_read_as_given():
+    """``scale=0.0`` is a scale (every key weighs alike), not the default 1/sqrt(d)."""
+
+    class Flat(nn.Module):
+        def __init__(self, d: int = 8):
+            super().__init__()
+            self.emb = nn.Embedding(V, d)
+            self.qkv = nn.Linear(d, 3 * d)
+
+        def forward(self, ids):
+            q, k, v = (_heads(z, 2) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+            return F.scaled_dot_product_attention(q, k, v, scale=0.0)
+
+    torch.manual_seed(0)
+    model = Flat().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, 5)))
+    (r,) = cap.records
+    assert r.exact
+    torch.testing.assert_close(r.probs, torch.full((2, 2, 5, 5), 0.2), rtol=0, atol=1e-6)

@@ -5678,6 +5678,7 @@ class _Session:
         query: torch.Tensor | None = None,
         query_code: torch.Tensor | None = None,
         raw_queries: bool = False,
+        key_pos: torch.Tensor | None = None,
     ):
         """probs/scores (B, H, q, k); allowed (B, H, q, k) bool or None. The new Record (None: joined).
         ``causal``: whether the mask is a causal one, where the caller knows it (SDPA's is_causal);
@@ -5727,7 +5728,7 @@ class _Session:
             and flag is None
             and seen is not None
             and probs.shape[-2] < probs.shape[-1]
-            and self._sees_ahead(qpos, _key_positions(probs, layout), seen)
+            and self._sees_ahead(qpos, _key_positions(probs, layout) if layout is not None else key_pos, seen)
         ):  # fewer queries than keys, which a causal reading puts last: a query sees a later position of
             causal = False  # its own input, so they are not (REFIL's agents, the first of the entities)
         if ext and q_labels is not None and all(lab is not None for lab in q_labels):
@@ -7711,7 +7712,8 @@ class _Session:
         if hq != hk:
             k = k.repeat_interleave(hq // hk, dim=-3)
             v = v.repeat_interleave(hq // hk, dim=-3)
-        scale = a.get("scale") or 1.0 / math.sqrt(e)
+        scale = a.get("scale")
+        scale = 1.0 / math.sqrt(e) if scale is None else scale
         work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         with _no_grad():
             q, k, v = (t if t.dtype == work else t.to(work) for t in (q, k, v))
@@ -7825,7 +7827,8 @@ class _Session:
                      key_labels=seen.key_labels if seen else None,
                      query_labels=seen.query_labels if seen else None,
                      causal=True if a.get("is_causal") and a.get("attn_mask") is None and lq == lk >= 2 else None,
-                     values=hv, query=a["query"], raw_queries=bool(seen and seen.raw_queries))  # fmt: skip
+                     values=hv, query=a["query"], raw_queries=bool(seen and seen.raw_queries),
+                     key_pos=self._sdpa_key_positions(a["key"], unsq, b) if lq < lk else None)  # fmt: skip
         if rec is not None:
             rec = self._sdpa_keys(rec, a["key"], unsq, b, a["query"] if ext else None)
         if rec is not None and hv is not None:
@@ -7863,13 +7866,11 @@ class _Session:
         ):
             self._twice.setdefault(rec.name, tuple(int(n) for n in rec.probs.shape))
 
-    def _sdpa_keys(self, rec: Record, key: torch.Tensor, unsq: bool, b: int, query=None) -> Record:
-        """The positions an SDPA record's keys hold, per sequence (from lineage, where the keys have it):
-        asked at finish whether they are whole sequences (lineage.subset). With ``query`` (keys beyond the
-        queries' own), keys from outside the call are labelled as ``_other_sequence`` says."""
+    def _sdpa_key_positions(self, key: torch.Tensor, unsq: bool, b: int) -> torch.Tensor | None:
+        """(B, K) the lineage position of each of an SDPA call's keys (-1 at learned ones), or None."""
         kc = self.code_of(key)
         if kc is None or tuple(kc.shape) != tuple(key.shape) or kc.dim() < 2 + (not unsq):
-            return rec
+            return None
         memo = ("sdpa keys", id(kc), unsq, b, self._sources_key())
         pos = lineage.recall(memo)
         if pos is lineage.MISS:
@@ -7877,6 +7878,15 @@ class _Session:
             pos = pos if unsq else pos.select(-2, 0)  # one key head: the same positions for every head
             pos = pos.reshape(b, -1)
             pos = lineage.remember(memo, (kc,), pos.masked_fill(self.sources.learned(pos), -1))
+        return pos
+
+    def _sdpa_keys(self, rec: Record, key: torch.Tensor, unsq: bool, b: int, query=None) -> Record:
+        """The positions an SDPA record's keys hold, per sequence (from lineage, where the keys have it):
+        asked at finish whether they are whole sequences (lineage.subset). With ``query`` (keys beyond the
+        queries' own), keys from outside the call are labelled as ``_other_sequence`` says."""
+        pos = self._sdpa_key_positions(key, unsq, b)
+        if pos is None:
+            return rec
         self._seq_keys.setdefault(rec.seq, []).append(pos)
         if tuple(pos.shape) == (int(rec.probs.shape[0]), int(rec.probs.shape[-1])):
             self._twice_by_keys(rec, pos)
@@ -7911,8 +7921,6 @@ class _Session:
         """None where SDPA's query rows are positions, as its API lays them out (the common case, or no
         lineage to say otherwise); else the layout lineage finds for them (Hugging Face's decoding step
         packs a grouped head's query heads into the query axis: (B, H_kv, H / H_kv, d)), or why not."""
-        if scores.shape[-2] < 2:
-            return None
         qc, kc = self.code_of(query), self.code_of(key)
         if (
             qc is None
@@ -7930,7 +7938,8 @@ class _Session:
             packed = lineage.remember(memo, (qc,), rows or _heads_on_batch(qc, unsq))
         if not packed:
             # no two rows of a slice at one position with other features (other heads' slices), and no two
-            # slices SDPA reads as other sequences that hold one sequence's positions with other features
+            # slices SDPA reads as other sequences that hold one sequence's positions with other features (one
+            # query row each too: a decoding step over folded heads)
             return None
         if unsq:
             qc, kc = qc[:, None], kc[:, None]
