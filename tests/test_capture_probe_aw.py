@@ -943,3 +943,52 @@ def test_sdpa_with_a_scale_of_0_is_read_as_given():
     (r,) = cap.records
     assert r.exact
     torch.testing.assert_close(r.probs, torch.full((2, 2, 5, 5), 0.2), rtol=0, atol=1e-6)
+
+
+def test_a_decoder_decoding_with_a_cache_is_not_said_undecided_at_its_first_step():
+    """Greedy decoding with a KV cache (T5's, BART's generate): the decoder-named module's first step is one
+    token over one key, its later steps one query over the cache. The steps show a decoder: no note."""
+
+    class Cached(nn.Module):
+        def __init__(self, d: int = 8, h: int = 2):
+            super().__init__()
+            self.h = h
+            self.qkv = nn.Linear(d, 3 * d)
+
+        def forward(self, x, past):
+            q, k, v = (_heads(z, self.h) for z in self.qkv(x).chunk(3, -1))
+            if past is not None:
+                k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+            return (q @ k.transpose(-1, -2)).softmax(-1) @ v, (k, v)
+
+    class Model(nn.Module):
+        def __init__(self, d: int = 8):
+            super().__init__()
+            self.emb = nn.Embedding(V, d)
+            self.decoder = Cached(d)
+
+        def forward(self, ids):
+            past, outs = None, []
+            for t in range(ids.shape[1]):
+                y, past = self.decoder(self.emb(ids[:, t : t + 1]), past)
+                outs.append(y)
+            return torch.cat(outs, 2)
+
+    torch.manual_seed(0)
+    model = Model().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, 4)))
+    assert [r.kind for r in cap.records] == ["dec_self"] * 4
+    assert not cap.notes
+
+
+def test_rows_short_of_1_say_what_makes_them():
+    """Attention dropout while training: the record holds the dropped, rescaled weights the values were
+    multiplied with; the trace's problems() says rows do not sum to 1 and what makes that."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(8, 2, dropout=0.5, batch_first=True).train()
+    x = torch.randn(2, 6, 8)
+    with torch.no_grad(), capture_attention(mha) as cap:
+        mha(x, x, x)
+    said = [p for p in cap.trace(0).problems() if "do not all sum to 1" in p]
+    assert said and "dropout" in said[0]

@@ -7219,8 +7219,9 @@ class _Session:
                       "give it two tokens")  # fmt: skip
         # decoder-named modules over one token per sequence, unless a call of theirs showed a causal mask (a
         # decoding loop's later steps)
-        shown = {r.name for r in self.cap.records if r.kind == "dec_self" and r.mask is not None
-                 and r.probs.shape[-2] > 1 and self._causal(r.mask)}  # fmt: skip
+        shown = {r.name for r in self.cap.records if r.kind == "dec_self" and (
+                 r.probs.shape[-1] > r.probs.shape[-2]  # (a step over its cache: a decoder's, decoding)
+                 or (r.mask is not None and r.probs.shape[-2] > 1 and self._causal(r.mask)))}  # fmt: skip
         named = [r.name for r in self.cap.records
                  if r.name in self._named_one and r.kind == "dec_self" and r.name not in shown]  # fmt: skip
         if named:

@@ -782,6 +782,9 @@ def problems(trace: AttentionTrace) -> list[str]:
         if dev.size and float(dev.max()) > PROB_TOL:
             ly, h, q = np.unravel_index(int(np.argmax(dev)), dev.shape)
             out.append(
-                f"{kind}'s rows do not all sum to 1: layer {ly}, head {h}, query {q} sums to {float(rows[ly, h, q]):.4g}."
+                f"{kind}'s rows do not all sum to 1: layer {ly}, head {h}, query {q} sums to {float(rows[ly, h, q]):.4g} "
+                "(the weights the values were multiplied with: attention dropout while training drops and rescales "
+                "them, a head mask switches a head off, and a mask applied after the softmax without renormalizing "
+                "leaves rows short; a model in eval mode without them has rows that sum to 1)."
             )
     return out
