@@ -992,3 +992,51 @@ def test_rows_short_of_1_say_what_makes_them():
         mha(x, x, x)
     said = [p for p in cap.trace(0).problems() if "do not all sum to 1" in p]
     assert said and "dropout" in said[0]
+
+
+def test_one_token_through_heads_joined_by_their_outputs_is_said_undecided():
+    """nanoGPT's lecture MultiHeadAttention: a ModuleList of single heads, their outputs joined by torch.cat.
+    Over one token the joined record (under the heads' parent path) is said undecided, as one head alone is."""
+
+    class Head(nn.Module):
+        def __init__(self, d: int, hs: int):
+            super().__init__()
+            self.key, self.query, self.value = (nn.Linear(d, hs, bias=False) for _ in range(3))
+            self.register_buffer("tril", torch.tril(torch.ones(16, 16)))
+
+        def forward(self, x):
+            t = x.shape[1]
+            wei = self.query(x) @ self.key(x).transpose(-2, -1) * 0.3
+            return F.softmax(wei.masked_fill(self.tril[:t, :t] == 0, float("-inf")), -1) @ self.value(x)
+
+    class Heads(nn.Module):
+        def __init__(self, d: int = 16, h: int = 2):
+            super().__init__()
+            self.emb = nn.Embedding(V, d)
+            self.heads = nn.ModuleList(Head(d, d // h) for _ in range(h))
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            return torch.cat([head(x) for head in self.heads], -1)
+
+    torch.manual_seed(0)
+    model = Heads().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (1, 1)))
+    assert [r.name for r in cap.records] == ["heads"]
+    assert any(n.startswith("heads ") and "one token" in n for n in cap.notes)
+
+
+def test_a_causal_transformer_encoder_over_one_token_is_said_undecided():
+    enc = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(16, 2, 16, dropout=0.0, batch_first=True, norm_first=True),
+        2,
+        enable_nested_tensor=False,
+    ).eval()
+    with torch.no_grad(), capture_attention(enc) as cap:
+        enc(torch.randn(1, 1, 16), mask=nn.Transformer.generate_square_subsequent_mask(1), is_causal=True)
+    assert [r.kind for r in cap.records] == ["enc_self", "enc_self"]
+    assert any("one token" in n and "layers.0.self_attn" in n for n in cap.notes)
+    with torch.no_grad(), capture_attention(enc) as cap:  # two tokens: the causal mask decides
+        enc(torch.randn(1, 2, 16), mask=nn.Transformer.generate_square_subsequent_mask(2), is_causal=True)
+    assert [r.kind for r in cap.records] == ["dec_self", "dec_self"] and not cap.notes

@@ -6024,7 +6024,9 @@ class _Session:
                     and (causal_mask() or path in self._meant_causal)
                 ):
                     return "dec_self"  # an nn.TransformerEncoder run with a causal mask: a language model
-                return kind
+                if kind == "enc_self" and pattern not in self.given and lq == lk and _undecided(mask, lq):
+                    self._undecided.setdefault(path, (lq, lk))  # (one token per sequence: a causal mask says
+                return kind  # nothing there either; said at the end)
         low = path.lower()
         if cross is None and any(w in low for w in CROSS_WORDS):
             return "cross"
@@ -7208,10 +7210,13 @@ class _Session:
                       "among longer ones), so capture cannot tell them apart and recorded encoder self-attention "
                       "(enc_self). A prefix LM's is dec_self: capture_attention(model, kinds={'<its module path, "
                       "or a glob of them>': 'dec_self'})")  # fmt: skip
-        told = [r.name for r in self.cap.records if r.name in self._undecided and r.kind == "enc_self"]
+        # (heads a call each, joined into one record under their parent's path: any head's path undecided)
+        heads_of = {p.rsplit(".", 1)[0]: shape for p, shape in self._undecided.items() if "." in p}
+        undecided = {**heads_of, **self._undecided}
+        told = [r.name for r in self.cap.records if r.name in undecided and r.kind == "enc_self"]
         if told:
             paths = list(dict.fromkeys(told))
-            self.warn(_paths_named(paths), self._undecided[paths[0]],
+            self.warn(_paths_named(paths), undecided[paths[0]],
                       "every sequence of this input is one token (and padding), or each query may see only its own "
                       "key: its mask looks the same in an encoder and in a causal decoder, so capture cannot tell "
                       "them apart and recorded encoder self-attention (enc_self). A decoder's is dec_self: "
