@@ -6679,9 +6679,8 @@ class _Session:
         if len(ins) != 2 or ins[0].dim() < 2 or ins[1].dim() < 2:
             return False
         t, v = ins  # weights @ values
-        entry = _held_or_base(
-            self._projected, t
-        )  # (or a view of it: ``softmax(R).unsqueeze(0).expand(B, ...)``)
+        # (the weights or a view of them: ``softmax(R).unsqueeze(0).expand(B, ...)``)
+        entry = _held_or_base(self._projected, t)
         if entry is None or (broadcast and (v.dim() < 3 or v.dim() != t.dim())):
             return False
         g, code = self.tag(v), self.code_of(v)
