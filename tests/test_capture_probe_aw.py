@@ -1040,3 +1040,55 @@ def test_a_causal_transformer_encoder_over_one_token_is_said_undecided():
     with torch.no_grad(), capture_attention(enc) as cap:  # two tokens: the causal mask decides
         enc(torch.randn(1, 2, 16), mask=nn.Transformer.generate_square_subsequent_mask(2), is_causal=True)
     assert [r.kind for r in cap.records] == ["dec_self", "dec_self"] and not cap.notes
+
+
+def test_a_head_switched_off_passes_the_row_sums_check_and_is_named():
+    """The mask audit's row_sums check: a head a head mask switched off (every weight 0 in every sequence,
+    beside heads that attend) is no failure, and the verdict names it; a head zero in one sequence only is."""
+    from attnscope.core.analysis.audit.static import check_row_sums
+
+    class Pruned(nn.Module):
+        def __init__(self, d: int = 8, h: int = 2):
+            super().__init__()
+            self.h = h
+            self.emb = nn.Embedding(V, d)
+            self.qkv = nn.Linear(d, 3 * d)
+
+        def forward(self, ids, head_mask):
+            q, k, v = (_heads(z, self.h) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+            return ((q @ k.transpose(-1, -2)).softmax(-1) * head_mask) @ v
+
+    torch.manual_seed(0)
+    model = Pruned().eval()
+    ids = torch.randint(0, V, (2, 4))
+    off = torch.tensor([1.0, 0.0])[None, :, None, None]  # head 1 switched off
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, off)
+    verdict = check_row_sums([cap.trace(0), cap.trace(1)], "enc_self")
+    assert verdict.passed and "layer 0 head 1" in verdict.detail
+    one = torch.ones(2, 2, 1, 1)
+    one[1, 1] = 0.0  # head 1 of sequence 1 alone
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, one)
+    assert not check_row_sums([cap.trace(0), cap.trace(1)], "enc_self").passed
+
+
+def test_heads_stacked_then_averaged_before_the_values_flag_every_head():
+    """Each head softmaxed alone, stacked, then averaged over the heads before the values: every head's record
+    is kept and flagged (head 0 alone was kept, the others dropped as weights that multiplied no values)."""
+
+    class Averaged(HeadLoop):
+        def forward(self, ids):
+            b, n = ids.shape
+            q, k, v = self.qkv(self.emb(ids)).chunk(3, -1)
+            sl = [slice(i * self.dh, (i + 1) * self.dh) for i in range(self.h)]
+            w = torch.stack([torch.softmax(q[..., s] @ k[..., s].transpose(1, 2) / 2.0, -1) for s in sl], 1)
+            w = w.mean(1, keepdim=True).expand(b, self.h, n, n)
+            return (w @ torch.stack([v[..., s] for s in sl], 1)).transpose(1, 2).reshape(b, n, -1)
+
+    torch.manual_seed(0)
+    model = Averaged("", 4).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, 5)))
+    assert sum(r.probs.shape[1] for r in cap.records) == 4
+    assert all(not r.exact for r in cap.records)

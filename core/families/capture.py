@@ -2146,6 +2146,8 @@ class _Session:
                     self._weights_times_values(args, out)
                 if self._stacked and name in MATMUL:
                     self._stacked_used(args, kwargs)
+                elif self._stacked and name in REDUCTIONS:
+                    self._stacked_reduced(args, kwargs)
                 if (self._outside or self.cap.records) and (name in MATMUL or name in MUL):
                     self.weighed(name, args, out)  # (weights recorded outside the model, or fed to a loss)
                 if name in LOSSES and self.cap.records:
@@ -3199,7 +3201,7 @@ class _Session:
             return
         if not all(_same_layer(group[0], r) and _same_places(group[0], r) for r in group[1:]):
             return
-        _hold(self._stacked, out, [r.seq for r in group], group[0].name)
+        _hold(self._stacked, out, [r.seq for r in group], group[0].name, made)
 
     def _stacked_used(self, args, kwargs) -> None:
         """Weights joined by ``_weights_stacked`` multiplied by values: their records grouped as one layer's heads
@@ -3208,7 +3210,7 @@ class _Session:
             entry = _held_or_base(self._stacked, t)
             if entry is None:
                 continue
-            _, seqs, layer = entry
+            _, seqs, layer, _ = entry
             self._stacked.pop(id(entry[0]()), None)
             at = {r.seq: i for i, r in enumerate(self.cap.records)}
             places = [at.get(seq, -1) for seq in seqs]
@@ -3216,6 +3218,21 @@ class _Session:
                 return
             self._head_groups.append((places, list(seqs), layer, len(seqs)))
             self._weighed.update(seqs)
+
+    def _stacked_reduced(self, args, kwargs) -> None:
+        """Weights joined by ``_weights_stacked`` reduced (``.mean(1)`` over the heads before the values): the
+        values are multiplied by a mix of the heads no record holds, so every head's record is flagged."""
+        t = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        entry = _held_or_base(self._stacked, t) if t is not None else None
+        if entry is None:
+            return
+        self._stacked.pop(id(entry[0]()), None)
+        _, seqs, _, made = entry
+        self._weighed.update(seqs)
+        for p in made:
+            self._flag_unless_used(p, "the heads' weights are joined and reduced (averaged or summed over the "
+                                   "heads) after the softmax: the record holds one head's softmax output, not the "
+                                   "mix the values are multiplied with")  # fmt: skip
 
     def _heads_group(self, parts: list[torch.Tensor]) -> None:
         """``parts``, the outputs of single-head maps in their heads' order: one layer's heads, grouped to be

@@ -243,6 +243,20 @@ def check_row_sums(traces: list[AttentionTrace], kind: str, pad_id: int | None =
     worst: tuple[float, int, int, int, int, float] | None = None
     n_rows = 0
     precision, tol = "float32", ROW_SUM_TOL
+    # (layer, head) switched off by a head mask (BERT's head_mask): every weight exactly 0 in every sequence
+    # while another head of its layer attends (every head 0 is a mask bug's zeros, and one sequence's head 0
+    # alone is no head mask): left out of the sums, and named
+    off: set[tuple[int, int]] | None = None
+    for tr in traces:
+        p = tr.probs(kind)
+        dead = np.all(p == 0, axis=(-2, -1))  # (L, H)
+        learned = tr.learned(kind)
+        if learned is not None:
+            dead &= np.all(learned[1] == 0, axis=(-2, -1))
+        dead &= ~dead.all(axis=1, keepdims=True)
+        found = {(int(ly), int(h)) for ly, h in zip(*np.nonzero(dead), strict=True)}
+        off = found if off is None else off & found
+    off = off or set()
     for b, tr in enumerate(traces):
         p = tr.probs(kind)
         q_real, _ = expected_mask(tr, kind, pad_id)
@@ -254,6 +268,8 @@ def check_row_sums(traces: list[AttentionTrace], kind: str, pad_id: int | None =
         dev = np.abs(sums - 1.0)  # (L, H, Q)
         dev = np.where(np.isnan(dev), np.inf, dev)
         dev = np.where(q_real[None, None, :], dev, 0.0)
+        for ly, h in off:
+            dev[ly, h] = 0.0
         ly, h, q = (int(i) for i in np.unravel_index(int(np.argmax(dev)), dev.shape))
         if worst is None or dev[ly, h, q] > worst[0]:
             worst = (float(dev[ly, h, q]), b, int(ly), int(h), int(q), float(sums[ly, h, q]))
@@ -263,9 +279,15 @@ def check_row_sums(traces: list[AttentionTrace], kind: str, pad_id: int | None =
     if dev > ROW_SUM_TOL:  # only then does the maps' precision matter
         precision, tol = map_precision(traces[b].probs(kind))
     within = f"; {precision} maps: within {tol:.1e}" if precision != "float32" else ""
+    heads_off = (
+        f"; {len(off)} head(s) switched off, every weight 0 in every sequence (a head mask: "
+        f"{', '.join(f'layer {ly} head {h}' for ly, h in sorted(off)[:3])}{' …' if len(off) > 3 else ''})"
+        if off
+        else ""
+    )
     if dev <= tol:
         return Verdict(name, True, f"{n_rows} real query rows (all layers, heads) sum to 1 (largest deviation "
-                       f"{dev:.1e}{within})", kind=kind, value=dev)  # fmt: skip
+                       f"{dev:.1e}{within}){heads_off}", kind=kind, value=dev)  # fmt: skip
     detail = f"row sums to {total:.6g} at layer {ly} head {h}, {_where(traces[b], kind, b, q)}{within}"
     return Verdict(name, False, detail, kind=kind, layer=ly, head=h, positions=(b, q), value=dev)
 
