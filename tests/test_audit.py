@@ -187,7 +187,9 @@ def test_concurrent_runs_alone_in_a_worker_with_the_same_verdicts(bug):
     ]
     lens = [int(r.sum()) for r in batch.src_real]
     alone = {shape for shape in threads if shape[0][0] == 1 and shape[0][1] in lens}
-    assert alone and all(threading.get_ident() not in threads[shape] for shape in alone), threads
+    # (the sequences alone run in the worker; the causal-leak check runs a change alone again in this thread
+    # where one moved an earlier output, at the batch's padded length, which may be a sequence's own)
+    assert alone and all(threads[shape] - {threading.get_ident()} for shape in alone), threads
     leak_call = [shape for shape in threads if shape[0][0] > batch.src.shape[0]]  # the batch + changed rows
     assert leak_call and all(threads[shape] == {threading.get_ident()} for shape in leak_call), threads
 

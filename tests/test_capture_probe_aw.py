@@ -1092,3 +1092,35 @@ def test_heads_stacked_then_averaged_before_the_values_flag_every_head():
         model(torch.randint(0, V, (2, 5)))
     assert sum(r.probs.shape[1] for r in cap.records) == 4
     assert all(not r.exact for r in cap.records)
+
+
+def _decoder_fwd(mix_rows: float, own_future: float):
+    """A decoder as the leak tests call it: output t of a row sums its tokens up to t; ``mix_rows`` adds every
+    other row's tokens (rows of the batch mixing), ``own_future`` its own later tokens (a causal leak)."""
+    table = torch.randn(50, 4, generator=torch.Generator().manual_seed(0))
+
+    def fwd(src, tgt, src_real, tgt_real):
+        e = table[tgt]  # (N, T, d)
+        out = e.cumsum(1)
+        others = e.sum((0, 1), keepdim=True) - e.sum(1, keepdim=True)
+        future = e.flip(1).cumsum(1).flip(1) - e
+        return {"dec": out + mix_rows * others + own_future * future}
+
+    return fwd
+
+
+@pytest.mark.parametrize(
+    "mix_rows,own_future,leaks", [(0.1, 0.0, False), (0.1, 0.05, True), (0.0, 0.05, True)]
+)
+def test_the_causal_leak_check_blames_a_sequence_only_for_its_own_future(mix_rows, own_future, leaks):
+    """The check runs each change beside the others' in one batch: a model that mixes its batch's rows moved a
+    row by another row's change, and the check called it a causal leak. A move confirmed with the change alone
+    is one; a leak of a row's own future is still caught beside the mixing."""
+    from attnscope.core.analysis.audit.leaks import ProbeBatch, check_causal_leak
+
+    tgt = torch.randint(1, 50, (3, 6), generator=torch.Generator().manual_seed(1))
+    batch = ProbeBatch(None, None, tgt, torch.ones(3, 6, dtype=torch.bool))
+    verdict = check_causal_leak(_decoder_fwd(mix_rows, own_future), batch, 0)
+    assert verdict.passed is not leaks, verdict.detail
+    if mix_rows and not leaks:
+        assert "batch_invariance" in verdict.detail
