@@ -1124,3 +1124,54 @@ def test_the_causal_leak_check_blames_a_sequence_only_for_its_own_future(mix_row
     assert verdict.passed is not leaks, verdict.detail
     if mix_rows and not leaks:
         assert "batch_invariance" in verdict.detail
+
+
+class StackedThen(HeadLoop):
+    """Each head softmaxed alone and stacked; ``then`` on the stack before (or instead of) the values."""
+
+    def __init__(self, then, h: int = 3):
+        super().__init__("", h)
+        self.then = then
+
+    def forward(self, ids):
+        q, k, v = self.qkv(self.emb(ids)).chunk(3, -1)
+        sl = [slice(i * self.dh, (i + 1) * self.dh) for i in range(self.h)]
+        w = torch.stack([torch.softmax(q[..., s] @ k[..., s].transpose(1, 2) / 2.0, -1) for s in sl], 1)
+        return self.then(w, torch.stack([v[..., s] for s in sl], 1))
+
+
+def test_heads_stacked_and_reduced_for_a_loss_alone_are_not_flagged():
+    """A mix of the heads kept for a loss (``stack(ws, 1).sum(1)``) multiplies no values: the heads' weights are
+    not said to be the values' mix (the records stay as they were)."""
+    torch.manual_seed(0)
+    model = StackedThen(lambda w, v: w.sum(1).pow(2).mean()).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, 5)))
+    assert cap.records and all(r.exact for r in cap.records)
+
+
+def test_heads_stacked_then_scaled_before_the_values_are_one_layer_flagged():
+    """``(torch.stack(ws, 1) * 1.7) @ v``: every head is kept (head 0 alone was, the others dropped as weights that
+    multiplied no values), one layer, flagged as changed after the softmax."""
+    torch.manual_seed(0)
+    model = StackedThen(lambda w, v: (w * 1.7) @ v).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, 5)))
+    (r,) = cap.records
+    assert r.probs.shape == (2, 3, 5, 5) and not r.exact
+    assert not [n for n in cap.skipped if "multiplied no values" in n.reason]
+
+
+def test_a_number_reshaped_says_nothing():
+    class Loss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x).sum().reshape(1)
+
+    model = Loss()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 4))
+    assert not [n for n in cap.notes if "could not follow" in n]

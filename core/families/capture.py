@@ -1737,6 +1737,7 @@ class _Session:
         self._merged: dict[int, tuple] = {}  # _hold: outputs of several maps' products added or subtracted
         self._combined: dict[int, tuple] = {}  # _hold: several maps' weights combined after their softmax
         self._stacked: dict[int, tuple] = {}  # _hold: single-head maps' weights joined along a heads axis
+        self._stacked_mix: dict[int, tuple] = {}  # _hold: such weights reduced over the heads (a mix)
         # (id, version, grid, batch) of a tensor from outside -> (it, held weakly; the first of the
         # positions a conv over it made): every conv over it that keeps one grid reads those positions
         self._grids: dict[tuple, tuple[weakref.ref, int]] = {}
@@ -2144,10 +2145,12 @@ class _Session:
                     self._carry_left_out(args[0], out)  # told again if they multiply values
                 if name in MUL and len(args) == 2 and type(out) is torch.Tensor:
                     self._weights_times_values(args, out)
-                if self._stacked and name in MATMUL:
+                if (self._stacked or self._stacked_mix) and name in MATMUL:
                     self._stacked_used(args, kwargs)
                 elif self._stacked and name in REDUCTIONS:
-                    self._stacked_reduced(args, kwargs)
+                    self._stacked_reduced(args, kwargs, out)
+                elif self._stacked and (name in MUL or name in DIV):
+                    self._stacked_scaled(args, out)
                 if (self._outside or self.cap.records) and (name in MATMUL or name in MUL):
                     self.weighed(name, args, out)  # (weights recorded outside the model, or fed to a loss)
                 if name in LOSSES and self.cap.records:
@@ -3207,6 +3210,10 @@ class _Session:
         """Weights joined by ``_weights_stacked`` multiplied by values: their records grouped as one layer's heads
         (joined at finish), each one's weights used."""
         for t in _tensors(args, kwargs)[:1]:
+            mix = _held_or_base(self._stacked_mix, t) if self._stacked_mix else None
+            if mix is not None:
+                self._mix_used(mix)
+                return
             entry = _held_or_base(self._stacked, t)
             if entry is None:
                 continue
@@ -3219,20 +3226,43 @@ class _Session:
             self._head_groups.append((places, list(seqs), layer, len(seqs)))
             self._weighed.update(seqs)
 
-    def _stacked_reduced(self, args, kwargs) -> None:
-        """Weights joined by ``_weights_stacked`` reduced (``.mean(1)`` over the heads before the values): the
-        values are multiplied by a mix of the heads no record holds, so every head's record is flagged."""
+    def _stacked_reduced(self, args, kwargs, out: Any) -> None:
+        """Weights joined by ``_weights_stacked`` reduced (``.mean(1)`` over the heads): held, and where the mix
+        multiplies values (``_stacked_used``), no record holds what they are multiplied with, so every head's
+        record is flagged (a mix kept for a loss alone leaves them as they are)."""
         t = args[0] if args and isinstance(args[0], torch.Tensor) else None
         entry = _held_or_base(self._stacked, t) if t is not None else None
-        if entry is None:
+        if entry is None or not isinstance(out, torch.Tensor):
             return
-        self._stacked.pop(id(entry[0]()), None)
-        _, seqs, _, made = entry
+        _, seqs, layer, made = entry
+        _hold(self._stacked_mix, out, seqs, layer, made, _MIXED_HEADS, False)
+
+    def _stacked_scaled(self, args, out: Any) -> None:
+        """Weights joined by ``_weights_stacked`` multiplied or divided element by element (a temperature, a
+        per-head gate): held, and where they multiply values the heads are one layer's, each flagged as changed."""
+        if not isinstance(out, torch.Tensor):
+            return
+        for t in args[:2]:
+            entry = _held_or_base(self._stacked, t) if isinstance(t, torch.Tensor) else None
+            if entry is not None and tuple(out.shape) == tuple(t.shape):
+                _, seqs, layer, made = entry
+                _hold(self._stacked_mix, out, seqs, layer, made, _SCALED_HEADS, True)
+                return
+
+    def _mix_used(self, entry) -> None:
+        """A mix of joined heads' weights multiplied by values: every head's record flagged, and used."""
+        self._stacked_mix.pop(id(entry[0]()), None)
+        _, seqs, layer, made, why, join = entry
         self._weighed.update(seqs)
         for p in made:
-            self._flag_unless_used(p, "the heads' weights are joined and reduced (averaged or summed over the "
-                                   "heads) after the softmax: the record holds one head's softmax output, not the "
-                                   "mix the values are multiplied with")  # fmt: skip
+            self._flag_unless_used(p, why)
+        if join:
+            at = {r.seq: i for i, r in enumerate(self.cap.records)}
+            places = [at.get(seq, -1) for seq in seqs]
+            if -1 not in places and not any(
+                i in places for group, _, _, _ in self._head_groups for i in group
+            ):
+                self._head_groups.append((places, list(seqs), layer, len(seqs)))
 
     def _heads_group(self, parts: list[torch.Tensor]) -> None:
         """``parts``, the outputs of single-head maps in their heads' order: one layer's heads, grouped to be
@@ -4611,6 +4641,8 @@ class _Session:
     def _reshaped(self, base_t, base, out, new) -> None:
         """A view that splits the features into (heads, d) names the head count; 4-D -> 3-D folds two dims."""
         n = base_t.dim()
+        if n == 0:  # (a number viewed: ``loss.reshape(1)``)
+            return
         if new.heads is None:
             if (
                 out.dim() > n
@@ -9011,6 +9043,16 @@ def _mha_values(p: dict[str, Any], h: int, want: tuple[int, int, int]) -> values
     b_o = p["out_proj_bias"]
     watched = tuple(t for t in (value, w_v, b_v, bias_v) if t is not None)
     return values_.HeadValues(None, w_o, None if b_o is None else b_o.detach(), make=make, watch=watched)
+
+
+_MIXED_HEADS = (
+    "the heads' weights are joined and reduced (averaged or summed over the heads) after the softmax: the record "
+    "holds one head's softmax output, not the mix the values are multiplied with"
+)
+_SCALED_HEADS = (
+    "the heads' weights are joined and then scaled (a temperature, a per-head gate) after the softmax: the record "
+    "holds the softmax's output, not the weights the values are multiplied with"
+)
 
 
 def _whole_weights(g: _Tag | None) -> _Probs | None:
