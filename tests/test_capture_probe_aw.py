@@ -485,39 +485,6 @@ def test_each_query_seeing_itself_alone_is_said_undecided():
     assert cap.records[0].kind == "dec_self" and not cap.notes
 
 
-@pytest.mark.parametrize("length", [1, 2])
-def test_a_decoder_named_module_over_one_token_says_the_name_decided(length):
-    """An attention named a decoder with no causal mask: dec_self by its name, said whether the input has one
-    token (where no mask could show it either way) or more."""
-
-    class Attention(nn.Module):
-        def __init__(self, d: int = 8, h: int = 2):
-            super().__init__()
-            self.h = h
-            self.qkv = nn.Linear(d, 3 * d)
-
-        def forward(self, x):
-            q, k, v = (_heads(z, self.h) for z in self.qkv(x).chunk(3, -1))
-            return (q @ k.transpose(-1, -2)).softmax(-1) @ v
-
-    class Named(nn.Module):
-        def __init__(self, d: int = 8):
-            super().__init__()
-            self.emb = nn.Embedding(V, d)
-            self.decoder = Attention(d)
-
-        def forward(self, ids):
-            return self.decoder(self.emb(ids))
-
-    torch.manual_seed(0)
-    model = Named().eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(0, V, (2, length)))
-    (r,) = cap.records
-    assert r.kind == "dec_self"
-    assert any(n.startswith("decoder ") and "enc_self" in n for n in cap.notes)
-
-
 class _SelfAttention(nn.Module):
     def __init__(self, d: int = 8, h: int = 2, causal: bool = False):
         super().__init__()
@@ -533,21 +500,36 @@ class _SelfAttention(nn.Module):
         return x + (s.softmax(-1) @ v).transpose(1, 2).reshape(x.shape)
 
 
+class _NamedDecoder(nn.Module):
+    """Token embeddings, then one self-attention module named ``decoder`` (causal or not)."""
+
+    def __init__(self, d: int = 8, causal: bool = False):
+        super().__init__()
+        self.emb = nn.Embedding(V, d)
+        self.decoder = _SelfAttention(d, causal=causal)
+
+    def forward(self, ids):
+        return self.decoder(self.emb(ids))
+
+
+@pytest.mark.parametrize("length", [1, 2])
+def test_a_decoder_named_module_over_one_token_says_the_name_decided(length):
+    """An attention named a decoder with no causal mask: dec_self by its name, said whether the input has one
+    token (where no mask could show it either way) or more."""
+    torch.manual_seed(0)
+    model = _NamedDecoder().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, V, (2, length)))
+    (r,) = cap.records
+    assert r.kind == "dec_self"
+    assert any(n.startswith("decoder ") and "enc_self" in n for n in cap.notes)
+
+
 def test_a_decoding_loop_named_decoder_is_not_said_undecided_at_its_first_step():
     """A decoder run without a cache, one more token each call (the first call one token): its later calls
     show the causal mask, so the first step's one token is no question."""
-
-    class Model(nn.Module):
-        def __init__(self, d: int = 8):
-            super().__init__()
-            self.emb = nn.Embedding(V, d)
-            self.decoder = _SelfAttention(d, causal=True)
-
-        def forward(self, ids):
-            return self.decoder(self.emb(ids))
-
     torch.manual_seed(0)
-    model = Model().eval()
+    model = _NamedDecoder(causal=True).eval()
     ids = torch.randint(0, V, (2, 4))
     with torch.no_grad(), capture_attention(model) as cap:
         for t in range(1, 4):

@@ -3209,22 +3209,30 @@ class _Session:
     def _stacked_used(self, args, kwargs) -> None:
         """Weights joined by ``_weights_stacked`` multiplied by values: their records grouped as one layer's heads
         (joined at finish), each one's weights used."""
-        for t in _tensors(args, kwargs)[:1]:
-            mix = _held_or_base(self._stacked_mix, t) if self._stacked_mix else None
-            if mix is not None:
-                self._mix_used(mix)
-                return
-            entry = _held_or_base(self._stacked, t)
-            if entry is None:
-                continue
-            _, seqs, layer, _ = entry
-            self._stacked.pop(id(entry[0]()), None)
-            at = {r.seq: i for i, r in enumerate(self.cap.records)}
-            places = [at.get(seq, -1) for seq in seqs]
-            if -1 in places or any(i in places for group, _, _, _ in self._head_groups for i in group):
-                return
-            self._head_groups.append((places, list(seqs), layer, len(seqs)))
+        ts = _tensors(args, kwargs)
+        if not ts:
+            return
+        mix = _held_or_base(self._stacked_mix, ts[0]) if self._stacked_mix else None
+        if mix is not None:
+            self._mix_used(mix)
+            return
+        entry = _held_or_base(self._stacked, ts[0])
+        if entry is None:
+            return
+        _, seqs, layer, _ = entry
+        self._stacked.pop(id(entry[0]()), None)
+        if self._seqs_as_heads(seqs, layer):
             self._weighed.update(seqs)
+
+    def _seqs_as_heads(self, seqs: list[int], layer: str) -> bool:
+        """The records made at ``seqs`` grouped as one layer's heads, in that order (joined at finish); False
+        where one of them is gone or already in a group."""
+        at = {r.seq: i for i, r in enumerate(self.cap.records)}
+        places = [at.get(seq, -1) for seq in seqs]
+        if -1 in places or any(i in places for group, _, _, _ in self._head_groups for i in group):
+            return False
+        self._head_groups.append((places, list(seqs), layer, len(seqs)))
+        return True
 
     def _stacked_reduced(self, args, kwargs, out: Any) -> None:
         """Weights joined by ``_weights_stacked`` reduced (``.mean(1)`` over the heads): held, and where the mix
@@ -3257,12 +3265,7 @@ class _Session:
         for p in made:
             self._flag_unless_used(p, why)
         if join:
-            at = {r.seq: i for i, r in enumerate(self.cap.records)}
-            places = [at.get(seq, -1) for seq in seqs]
-            if -1 not in places and not any(
-                i in places for group, _, _, _ in self._head_groups for i in group
-            ):
-                self._head_groups.append((places, list(seqs), layer, len(seqs)))
+            self._seqs_as_heads(seqs, layer)
 
     def _heads_group(self, parts: list[torch.Tensor]) -> None:
         """``parts``, the outputs of single-head maps in their heads' order: one layer's heads, grouped to be
@@ -7238,53 +7241,48 @@ class _Session:
         """One warning naming the modules recorded as encoder self-attention where this input could not tell
         an encoder from a decoder (a single token, or one token and padding in every sequence), and one naming
         those recorded as cross-attention over two embedding calls of the same ids."""
-        twice = list(
-            dict.fromkeys(r.name for r in self.cap.records if r.name in self._twice and r.kind == "cross")
-        )
-        if twice:
-            self.warn(_paths_named(twice), self._twice[twice[0]],
-                      "its queries and keys come from two embedding calls of the same token ids in the same table "
-                      "(attn(emb(ids), emb(ids))): two calls are two inputs, so it is recorded as cross-attention, "
-                      "but the tokens are the same, and self-attention written so looks the same. If it is "
-                      "self-attention: capture_attention(model, kinds={'<its module path, or a glob of them>': "
-                      "'enc_self'}), or embed once")  # fmt: skip
-        alike = list(dict.fromkeys(
-            r.name for r in self.cap.records if r.name in self._prefix_or_encoder and r.kind == "enc_self"
-        ))  # fmt: skip
-        if alike:
-            self.warn(_paths_named(alike), self._prefix_or_encoder[alike[0]],
-                      "its mask reads alike as an encoder's whose padding rows see themselves and as a prefix LM's "
-                      "(a sequence whose later rows see the first tokens and themselves: a one-token sequence "
-                      "among longer ones), so capture cannot tell them apart and recorded encoder self-attention "
-                      "(enc_self). A prefix LM's is dec_self: capture_attention(model, kinds={'<its module path, "
-                      "or a glob of them>': 'dec_self'})")  # fmt: skip
+        records = self.cap.records
+        self._tell_paths([r.name for r in records if r.name in self._twice and r.kind == "cross"], self._twice,
+                         "its queries and keys come from two embedding calls of the same token ids in the same table "
+                         "(attn(emb(ids), emb(ids))): two calls are two inputs, so it is recorded as cross-attention, "
+                         "but the tokens are the same, and self-attention written so looks the same. If it is "
+                         "self-attention: capture_attention(model, kinds={'<its module path, or a glob of them>': "
+                         "'enc_self'}), or embed once")  # fmt: skip
+        self._tell_paths([r.name for r in records if r.name in self._prefix_or_encoder and r.kind == "enc_self"],
+                         self._prefix_or_encoder,
+                         "its mask reads alike as an encoder's whose padding rows see themselves and as a prefix LM's "
+                         "(a sequence whose later rows see the first tokens and themselves: a one-token sequence "
+                         "among longer ones), so capture cannot tell them apart and recorded encoder self-attention "
+                         "(enc_self). A prefix LM's is dec_self: capture_attention(model, kinds={'<its module path, "
+                         "or a glob of them>': 'dec_self'})")  # fmt: skip
         # (heads a call each, joined into one record under their parent's path: any head's path undecided)
         heads_of = {p.rsplit(".", 1)[0]: shape for p, shape in self._undecided.items() if "." in p}
         undecided = {**heads_of, **self._undecided}
-        told = [r.name for r in self.cap.records if r.name in undecided and r.kind == "enc_self"]
-        if told:
-            paths = list(dict.fromkeys(told))
-            self.warn(_paths_named(paths), undecided[paths[0]],
-                      "every sequence of this input is one token (and padding), or each query may see only its own "
-                      "key: its mask looks the same in an encoder and in a causal decoder, so capture cannot tell "
-                      "them apart and recorded encoder self-attention (enc_self). A decoder's is dec_self: "
-                      "capture_attention(model, kinds={'<its module path, or a glob of them>': 'dec_self'}), or "
-                      "give it two tokens")  # fmt: skip
+        self._tell_paths([r.name for r in records if r.name in undecided and r.kind == "enc_self"], undecided,
+                         "every sequence of this input is one token (and padding), or each query may see only its own "
+                         "key: its mask looks the same in an encoder and in a causal decoder, so capture cannot tell "
+                         "them apart and recorded encoder self-attention (enc_self). A decoder's is dec_self: "
+                         "capture_attention(model, kinds={'<its module path, or a glob of them>': 'dec_self'}), or "
+                         "give it two tokens")  # fmt: skip
         # decoder-named modules over one token per sequence, unless a call of theirs showed a causal mask (a
         # decoding loop's later steps)
-        shown = {r.name for r in self.cap.records if r.kind == "dec_self" and (
+        shown = {r.name for r in records if r.kind == "dec_self" and (
                  r.probs.shape[-1] > r.probs.shape[-2]  # (a step over its cache: a decoder's, decoding)
                  or (r.mask is not None and r.probs.shape[-2] > 1 and self._causal(r.mask)))}  # fmt: skip
-        named = [r.name for r in self.cap.records
-                 if r.name in self._named_one and r.kind == "dec_self" and r.name not in shown]  # fmt: skip
-        if named:
-            paths = list(dict.fromkeys(named))
-            self.warn(_paths_named(paths), self._named_one[paths[0]],
-                      "every sequence of this input is one token (and padding), or each query may see only its own "
-                      "key: its mask looks the same in an encoder and in a causal decoder, so capture recorded "
-                      "decoder self-attention (dec_self) by the module's name. An encoder's is enc_self: "
-                      "capture_attention(model, kinds={'<its module path, or a glob of them>': 'enc_self'}), or "
-                      "give it two tokens")  # fmt: skip
+        self._tell_paths([r.name for r in records
+                          if r.name in self._named_one and r.kind == "dec_self" and r.name not in shown],
+                         self._named_one,
+                         "every sequence of this input is one token (and padding), or each query may see only its own "
+                         "key: its mask looks the same in an encoder and in a causal decoder, so capture recorded "
+                         "decoder self-attention (dec_self) by the module's name. An encoder's is enc_self: "
+                         "capture_attention(model, kinds={'<its module path, or a glob of them>': 'enc_self'}), or "
+                         "give it two tokens")  # fmt: skip
+
+    def _tell_paths(self, names: list[str], shapes: Mapping[str, tuple[int, ...]], why: str) -> None:
+        """One warning naming the module paths ``names`` (each once, in order), at the first one's shape."""
+        paths = list(dict.fromkeys(names))
+        if paths:
+            self.warn(_paths_named(paths), shapes[paths[0]], why)
 
     def weighed(self, name: str, args, out: Any) -> None:
         """Weights going into a product (a matmul, or a broadcast multiply that makes more elements than they
