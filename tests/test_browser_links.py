@@ -167,6 +167,21 @@ def test_a_copied_link_reproduces_the_view_in_a_fresh_browser(browser, zoo_serve
     fresh.close()
 
 
+def test_the_attention_path_is_the_attention_page(browser, zoo_server):  # noqa: F811
+    """``/attention`` (the menu's name, as every other page's path is its own) opens the Attention page with
+    its link's values; Streamlit serves the default page at ``/`` only, and said "Page not found"."""
+    page = _new_page(browser)
+    page.goto(zoo_server.rstrip("/") + "/attention?kind=cross&head=1")
+    title = "cross-attention · layer 0 · head 1"
+    _wait_chart_title(page, title)
+    _settle(page)
+    assert "page not found" not in page.locator("body").inner_text().lower()
+    nav = page.locator('[data-testid="stSidebarNav"]').inner_text().splitlines()
+    assert [line for line in nav if line.strip() == "Attention"] == ["Attention"]  # one menu entry
+    _no_exception_box(page)
+    page.close()
+
+
 def _truncated_npz() -> bytes:
     buf = io.BytesIO()
     np.savez(buf, enc_self=np.ones((1, 1, 3, 3), np.float32))

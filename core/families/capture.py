@@ -586,8 +586,9 @@ class Captured:
                 left_out.append(f"{kind} ({_modules(groups[best])}): {len(rows)} of the sequence's {n} positions "
                                 f"{'asks' if len(rows) == 1 else 'ask'} and all {n} answer (queries that are some of "
                                 "the keys: agents among entities, a pooled token, the last positions of a window or a "
-                                "step): drawn at the rows of the positions that ask; the other rows are empty, as "
-                                "they ask nothing in these calls")  # fmt: skip
+                                "step): drawn at the rows of the positions that ask; the other rows are empty, as no "
+                                "softmax ran for them in these calls (whatever the model gives those positions, "
+                                "such as Informer's mean of the values, is not attention weights)")  # fmt: skip
             if value is not None:
                 kw[f"{kind}_value_norms"] = value
                 scopes[kind] = km.value_scope
