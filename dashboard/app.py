@@ -40,15 +40,15 @@ PAGES = [
     ),
     st.Page(HERE / "bertviz_view.py", title="bertviz", icon=":material/share:", url_path="bertviz"),
     st.Page(HERE / "model_info.py", title="Model", icon=":material/info:", url_path="model"),
-    # The default page is served at "/" only; "/attention", the path a user types from the menu's name
-    # (and links.py names), is the same page, out of the menu. Without it that URL said "Page not found".
+    # Streamlit serves the default page at "/" only: "/attention", the path a user types from the menu's
+    # name (as every other page's path is its own), is the same page, out of the menu.
     st.Page(
         HERE / "attention.py",
         title="Attention",
         icon=":material/grid_on:",
         url_path="attention",
         visibility="hidden",
-    ),  # fmt: skip
+    ),
 ]
 
 STALE_CSS = '<style>[data-stale="true"] { transition: opacity 0s linear 0.5s !important; }</style>'
