@@ -165,6 +165,9 @@ WRITES = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itrued
                     "__ifloordiv__", "__imod__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"})  # fmt: skip
 FILL = frozenset({"masked_fill", "masked_fill_"})
 # ops that keep scores scores (logits): a key they give a score above FILL_NEG again is no longer hidden
+# ops that fold or move a tensor's axes without changing its values: followed on a tensor from outside before it
+# enters (a KV cache folded into the batch, ``_folded_cache``)
+FOLDS = frozenset({"view", "reshape", "transpose", "permute", "flatten", "contiguous", "swapaxes", "movedim"})
 RESCORE = (
     ADD | SUB | MUL | DIV | FILL | {"where", "clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_min_"}
 )
@@ -413,6 +416,25 @@ class Captured:
             out[kind] = torch.stack(tensors, dim=1)
         return out
 
+    def _cross_drawn_queries(
+        self, index: int, joined: set[str], src_tokens, tgt_tokens
+    ) -> torch.Tensor | None:
+        """(q,) the query positions of sequence ``index`` in the cross-attention step a trace draws (the group
+        ``trace`` picks, its last run and last step), or None where lineage has none."""
+        records = self.of("cross")
+        if not records:
+            return None
+        groups = stack_groups(records, joined)
+        has = [index < int(g[0].probs.shape[0]) for g in groups]
+        sure = [has[i] and all(r.exact for r in g) for i, g in enumerate(groups)]
+        fits = [_fits(g[0], "cross", joined, src_tokens, tgt_tokens) for g in groups]
+        best = max(range(len(groups)), key=lambda i: (sure[i], has[i], fits[i], len(groups[i]), -i))
+        if not has[best]:
+            return None
+        calls = sorted({self.call_of(r) for r in groups[best]})
+        group = [r for r in groups[best] if self.call_of(r) == calls[-1]]
+        return _last_step_queries(group, index)
+
     def joined_labels(self) -> set[str]:
         """Labels of learned positions joined to a sequence (a [CLS], registers): they are queries too."""
         return {lab for r in self.records for lab in (r.query_labels or ()) if lab}
@@ -471,6 +493,10 @@ class Captured:
         query_rows: dict[str, list[int]] = {}  # self-attention where only some positions ask: their rows
         left_out: list[str] = []
         joined = self.joined_labels()
+        # the queries of the cross-attention step drawn: a decoder's self-attention is drawn at the same step
+        # (a KV cache makes each step's self-attention a group of its own, while the cross-attention's steps
+        # stack: without this, the first step's self-attention stood beside the last step's cross-attention)
+        asked = self._cross_drawn_queries(index, joined, src_tokens, tgt_tokens)
         for kind in self.kinds():
             # calls of one kind whose maps do not stack (a decoder run a step at a time, layers with other head
             # counts): the group over the tokens given is drawn (else the most calls), the others said
@@ -480,7 +506,13 @@ class Captured:
             # their place says, does not hold this sequence by its row: exact ones first)
             sure = [has[i] and all(r.exact for r in g) for i, g in enumerate(groups)]
             fits = [_fits(g[0], kind, joined, src_tokens, tgt_tokens) for g in groups]
-            best = max(range(len(groups)), key=lambda i: (sure[i], has[i], fits[i], len(groups[i]), -i))
+            step = [
+                kind == "dec_self" and has[i] and _equal_positions(_last_step_queries(g, index), asked)
+                for i, g in enumerate(groups)
+            ]
+            best = max(
+                range(len(groups)), key=lambda i: (sure[i], has[i], step[i], fits[i], len(groups[i]), -i)
+            )
             for i, g in enumerate(groups):
                 if i != best:
                     left_out.append(stack_note(kind, g, groups[best]))
@@ -752,6 +784,14 @@ def _own_block(seen: torch.Tensor | None, key_labels, query_labels, rows_too: bo
         if rows_too or len(keep) == own.shape[-1]:
             return own[..., keep, :]
     return own
+
+
+def _last_step_queries(group: list[Record], index: int) -> torch.Tensor | None:
+    """(q,) the query positions of sequence ``index`` in the last step of ``group`` (a decoder's steps inside
+    one forward), or None where lineage has none."""
+    steps = query_segments(group)
+    qp = steps[-1][0].query_positions if steps else None
+    return None if qp is None or index >= int(qp.shape[0]) else qp[index]
 
 
 def query_segments(records: list[Record]) -> list[list[Record]]:
@@ -1745,6 +1785,15 @@ class _Session:
         # weights over positions the op being followed multiplies, and whether their rows are the positions
         # of the keys (a self-attention over positions: the product keeps them)
         self._pooled_by: tuple[torch.Tensor, bool] | None = None
+        # means (or sums) over the positions of a tensor from outside, by id: (the mean, the tensor, the op's other
+        # arguments), so the mean joined to that tensor's positions is a position pooled from them (a mean token)
+        self._outside_pools: dict[int, tuple[weakref.ref, weakref.ref, tuple, dict]] = {}
+        # a tensor from outside moved by a view, reshape or transpose before it enters, by id: (the result, the
+        # tensor, the op, its other arguments), so a KV cache handed in (B, H, T, d) and folded into the batch
+        # before it is joined to this call's keys is placed as the cache it is (``_folded_cache``)
+        self._outside_moves: dict[
+            int, tuple[weakref.ref, weakref.ref, tuple[tuple[Any, tuple, dict], ...]]
+        ] = {}
         self._self_weights: set[int] = set()  # records (ids) of such self-attention weights, pending
         self._joined_head: tuple[Record, int, int] | None = None  # the last head _record joined to its layer
         # single-head maps whose outputs were joined along their features: (places, seqs, the layer's name)
@@ -2086,7 +2135,7 @@ class _Session:
                 name, args, kwargs = "matmul", turned, {}
         try:
             _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
-            if name in CAT and args and type(out) is torch.Tensor and out.dim() >= 4:
+            if name in CAT and args and type(out) is torch.Tensor and out.dim() >= 3:
                 self._cache_joined(
                     name, args, kwargs, out
                 )  # (a cache from outside joined to this call's keys)
@@ -3588,6 +3637,24 @@ class _Session:
             return False
         return bool(((flat >= src.start) & (flat < src.start + max(src.n, 1))).all())
 
+    def _pools_joined(self, parts: list[torch.Tensor]) -> None:
+        """A mean (or sum) over the positions of a tensor from outside, joined to that tensor's positions
+        (CLIP's AttentionPool2d written by hand: ``cat([x.mean(1, keepdim=True), x], 1)`` over features handed
+        in): the tensor enters here, and the mean is a position pooled from it (labelled so), not another input."""
+        for p in parts:
+            held = self._outside_pools.get(id(p))
+            if held is None or held[0]() is not p or self.tag(p) is not None:
+                continue
+            x = held[1]()
+            if x is None or not any(x is q for q in parts):
+                continue
+            xt = self.tag(x) or self._external(x)
+            if xt.code is None:
+                continue
+            code = self._reduced_code((x, *held[2]), held[3], xt.code, p)
+            if code is not None:
+                self.set(p, _Tag(origin=xt.origin, code=code))
+
     def _external(self, t: torch.Tensor) -> _Tag:
         """Tag a tensor that enters the model from outside the call (its own origin and positions)."""
         code = self.code_of(t)
@@ -4257,8 +4324,27 @@ class _Session:
         if len(ins) == 1 and outs[0] is out and name not in LINEAR and name not in MATMUL:
             x = ins[0]  # one activation in, one out (view, transpose, relu, dropout, x / c): the common case
             g = self.tag(x)
-            if g is None:
-                return  # (a single tensor from outside enters through LINEAR / CONV / MATMUL / joins only)
+            if g is None:  # (a single tensor from outside enters through LINEAR / CONV / MATMUL / joins only)
+                if x.is_floating_point() and x.dim() >= 3 and not _is_param(x):
+                    if name in ("mean", "sum"):
+                        if len(self._outside_pools) >= HELD:
+                            self._outside_pools.clear()
+                        self._outside_pools[id(out)] = (weakref.ref(out), weakref.ref(x), tuple(args[1:]),
+                                                        dict(kwargs))  # fmt: skip
+                    elif name in FOLDS and args and args[0] is x and isinstance(out, torch.Tensor):
+                        if len(self._outside_moves) >= HELD:
+                            self._outside_moves.clear()
+                        held = self._outside_moves.get(
+                            id(x)
+                        )  # (moved again: the chain from the tensor handed in)
+                        root, chain = (
+                            (held[1], held[2])
+                            if held is not None and held[0]() is x
+                            else (weakref.ref(x), ())
+                        )
+                        self._outside_moves[id(out)] = (weakref.ref(out), root,
+                                                        (*chain, (func, tuple(args[1:]), dict(kwargs))))  # fmt: skip
+                return
             if (g.role is None or g.role == "linear") and g.probs is None:
                 new = g.derived(g.origin)
                 # (dropout in eval mode hands back its input: the heads' output as it was)
@@ -4296,6 +4382,8 @@ class _Session:
                 new.code = self._op_code(name, func, args, kwargs, out, [(args[0], g)])
                 self.set(out, new)
                 return
+        if name in CAT and self._outside_pools and len(ins) > 1:
+            self._pools_joined(ins)
         tags = [self.tag(t) for t in ins]
         if name in ADD and len(ins) == 2 and isinstance(out, torch.Tensor):
             for (a, ta), (b, _) in (
@@ -5627,7 +5715,7 @@ class _Session:
                 new.scores = None
                 new.allowed = base.allowed if out.shape == base_t.shape else None
                 if name in RESCORE:
-                    self._unhidden(new, out)
+                    self._unhidden(name, new, out)
                 return
         op = func
         if name.endswith("_") and not name.startswith("__"):
@@ -5648,21 +5736,39 @@ class _Session:
                 if new.allowed is not None and new.allowed.dtype != torch.bool:
                     new.allowed = new.allowed.bool()
             if name in RESCORE and out.shape == base_t.shape:
-                self._unhidden(new, out)
+                self._unhidden(name, new, out)
         except Exception:
             new.scores, new.allowed = None, None
 
-    @staticmethod
-    def _unhidden(new: _Tag, out: torch.Tensor) -> None:
+    def _unhidden(self, name: str, new: _Tag, out: torch.Tensor) -> None:
         """Scores masked, then changed by an op on their values: keys it gave a score above FILL_NEG again are
         no longer hidden (a fill of -100 then scaled by 0.01; a row with no key filled with 0, uniform over
-        every key, as a guard against NaN; ``torch.where(eye, 0.0, s)``, each query seeing itself)."""
+        every key, as a guard against NaN; ``torch.where(eye, 0.0, s)``, each query seeing itself). Where the
+        op computes on the values (a scale, a shift, a clamp: not a fill or a ``where`` that writes a score on
+        purpose) and leaves them below 0 (logits, not the exp of a softmax written by hand), the model's mask
+        stopped hiding those keys, which is a bug a user wants told: a soft-cap
+        ``tanh(s / c) * c`` after the mask squashes finfo.min to -c. Said, and a causal mask so squashed keeps
+        the call a decoder's, as a causal mask of 0s and 1s added does."""
         if new.allowed is None or not out.is_floating_point():
             return
         allowed = new.allowed.expand(out.shape)
         back = ~allowed & (out.detach() > FILL_NEG)
-        if bool(back.any()):
-            new.allowed = allowed | back
+        if not bool(back.any()):
+            return
+        new.allowed = allowed | back
+        if name in FILL or name == "where" or not bool((out.detach()[back] < 0).any()):
+            return  # (a score written on purpose; or values past an exp, a softmax by hand: no logits)
+        path = self.path()
+        if self.outside:
+            return
+        causal = bool(_is_causal_mask(allowed.reshape(-1, *allowed.shape[-2:])))
+        if causal:
+            self._meant_causal.add(path)
+        self.warn(path, tuple(out.shape), f"keys a mask hid got a score above {FILL_NEG:g} again from an op on the "
+                  f"scores after the mask ({name.strip('_')}): a soft-cap such as tanh(s / c) * c, a clamp or a "
+                  "scale after the mask squashes it, so these keys get weight at the softmax and the map shows "
+                  "them attended" + (" (the mask was causal: queries here attend to later keys)" if causal else "")
+                  + ". Apply the mask after such ops")  # fmt: skip
 
     # -- recording -------------------------------------------------------------------------------------
     def on_script(self, name: str) -> None:
@@ -7717,14 +7823,44 @@ class _Session:
         middle dim gets one position per sequence and slot, shared by its key heads (``_slot_codes``), as
         the keys it is joined to have, rather than one per element."""
         parts = args[0] if args and isinstance(args[0], (list, tuple)) else None
-        if not parts or len(parts) < 2 or not isinstance(out, torch.Tensor) or out.dim() < 4:
+        if not parts or len(parts) < 2 or not isinstance(out, torch.Tensor) or out.dim() < 3:
             return
         d = _cat_dim(name, args, kwargs, out)
+        if (
+            out.dim() == 3
+        ):  # (B*H, T, d): a cache folded into the batch before the join (fairseq's ``prev_key``)
+            if d == 1 and any(self.tag(t) is not None for t in parts):
+                for t in parts:
+                    if isinstance(t, torch.Tensor) and self.tag(t) is None and t.is_floating_point():
+                        self._folded_cache(t)
+            return
         if not 0 < d < out.dim() - 1 or not any(self.tag(t) is not None for t in parts):
             return
         for t in parts:
             if isinstance(t, torch.Tensor) and self.tag(t) is None and t.is_floating_point():
                 self._slot_codes(t, d)
+
+    def _folded_cache(self, t: torch.Tensor) -> None:
+        """``t`` (B*H, T, d), made from a (B, H, T, d) cache handed in by views, reshapes and transposes only
+        (``prev_key.view(bsz * heads, -1, head_dim)``, either order of batch and heads): its codes are the
+        cache's (one position per sequence and slot, shared by the heads: ``_slot_codes``) moved the same way.
+        Where no such chain made it, nothing is placed (the record says it cannot tell)."""
+        held = self._outside_moves.get(id(t))
+        if held is None or held[0]() is not t:
+            return
+        x = held[1]()
+        if x is None or x.dim() != 4 or self.tag(x) is not None:
+            return
+        code = self._slot_codes(x, 2)
+        if code is None:
+            return
+        try:
+            for func, rest, kw in held[2]:
+                code = func(code, *rest, **kw)
+        except Exception:  # (an op the codes cannot take as the tensor did: nothing placed)
+            return
+        if isinstance(code, torch.Tensor) and tuple(code.shape) == tuple(t.shape):
+            self._fixed_codes[id(t)] = (weakref.ref(t), code)
 
     def _slot_codes(self, target: torch.Tensor, slot: int) -> torch.Tensor | None:
         """Codes of a tensor from outside the call whose dim ``slot`` holds positions (a KV cache): one
@@ -7907,6 +8043,21 @@ class _Session:
             return
         self._seq_keys.setdefault(rec.seq, []).append(pos)
         self._twice_by_keys(rec, pos)
+        self._asked_by_some(rec, pos)
+
+    def _asked_by_some(self, rec: Record, pos: torch.Tensor) -> Record:
+        """Self-attention of MultiheadAttention or SDPA where fewer queries ask than keys answer (CLIP's
+        AttentionPool2d: the mean token alone asks, ``query=x[:1]``): the record keeps its keys' positions
+        ``pos`` (B, k), so a trace draws it at the rows of the positions that ask, as a softmax's record."""
+        if rec.kind == "cross" or rec.key_positions is not None or rec.query_positions is None:
+            return rec
+        if int(rec.probs.shape[-2]) >= int(rec.probs.shape[-1]):
+            return rec
+        at = next((i for i, r in enumerate(self.cap.records) if r is rec), None)
+        if at is None:
+            return rec
+        rec = self.cap.records[at] = _replaced(rec, key_positions=pos)
+        return rec
 
     def _twice_by_keys(self, rec: Record, pos: torch.Tensor) -> None:
         """A cross record of SDPA or MultiheadAttention (no layout gives its keys' positions to ``_record``)
@@ -7943,6 +8094,7 @@ class _Session:
         self._seq_keys.setdefault(rec.seq, []).append(pos)
         if tuple(pos.shape) == (int(rec.probs.shape[0]), int(rec.probs.shape[-1])):
             self._twice_by_keys(rec, pos)
+            rec = self._asked_by_some(rec, pos)
         qc = self.code_of(query) if query is not None else None
         if qc is None or (rec.key_labels is not None and None not in rec.key_labels):
             return rec
