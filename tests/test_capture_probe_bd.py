@@ -273,3 +273,185 @@ def test_a_folded_cache_handed_in_already_folded_is_not_taken_as_exact():
         model(torch.randint(0, 20, (2, 1)), prev_k, prev_v)
     (r,) = cap.records
     assert not r.exact and r.flag
+
+
+class MaskedThenShifted(nn.Module):
+    """A correct model whose scores go through arithmetic after the mask that changes no weight: a softmax by
+    hand shifted by its row's logsumexp (left padding leaves rows with no allowed key), or Swin's 0 / -100
+    mask then a temperature (the hidden keys stay 50 below the row's top)."""
+
+    def __init__(self, how: str, d: int = 8, h: int = 2):
+        super().__init__()
+        self.how, self.h = how, h
+        self.emb, self.qkv = nn.Embedding(30, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids, am):
+        x = self.emb(ids)
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.h, -1).transpose(1, 2) for z in self.qkv(x).split(d, -1))
+        s = q @ k.transpose(-1, -2) / (d // self.h) ** 0.5
+        if self.how == "logsumexp":
+            allowed = am[:, None, None, :].bool() & torch.ones(t, t, dtype=torch.bool).tril()
+            w = (
+                s.masked_fill(~allowed, -1e4) - s.masked_fill(~allowed, -1e4).logsumexp(-1, keepdim=True)
+            ).exp()
+        else:
+            w = ((s + (1 - am[:, None, None, :].float()) * -100.0) / 2.0).softmax(-1)
+        return w @ v
+
+
+@pytest.mark.parametrize("how", ["logsumexp", "temperature"])
+@pytest.mark.parametrize("batch,heads", [(2, 2), (3, 1), (2, 4)])
+def test_arithmetic_after_the_mask_that_changes_no_weight_is_not_warned_about(how, batch, heads):
+    torch.manual_seed(batch + heads)
+    model = MaskedThenShifted(how, h=heads).eval()
+    ids = torch.randint(3, 30, (batch, 5))
+    am = torch.ones(batch, 5, dtype=torch.long)
+    am[1, :2] = 0 if how == "logsumexp" else 1  # left padding: rows with no allowed key
+    am[1, 3:] = 1 if how == "logsumexp" else 0  # right padding
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, am)
+    assert not [n for n in cap.notes if "soft-cap" in n], cap.notes
+
+
+@pytest.mark.parametrize("pool", ["max", "amax"])
+def test_a_max_token_over_features_handed_in_is_a_pooled_position(pool):
+    torch.manual_seed(0)
+
+    class MaxPool(nn.Module):
+        def __init__(self, d: int = 8):
+            super().__init__()
+            self.q, self.k = nn.Linear(d, d), nn.Linear(d, d)
+
+        def forward(self, x):
+            top = x.max(dim=1, keepdim=True).values if pool == "max" else x.amax(dim=1, keepdim=True)
+            x = torch.cat([top, x], dim=1)
+            return (self.q(x[:, :1]) @ self.k(x).transpose(1, 2)).softmax(-1) @ x
+
+    model = MaxPool().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 4, 8))
+    (r,) = cap.records
+    assert r.kind == "enc_self" and r.key_labels == ("<pooled 0>", None, None, None, None)
+
+
+class ReshapedCacheStep(FoldedCacheStep):
+    """The cache handed in sliced to its last W slots inside the fold, or laid out (B, T, H, d)."""
+
+    def __init__(self, b: int, h: int, how: str):
+        super().__init__(b, h, head_major=False)
+        self.how = how
+
+    def fold4(self, t):
+        if self.how == "window":
+            return t[:, :, -2:].reshape(self.b * self.h, -1, self.dh)
+        return t.transpose(1, 2).reshape(self.b * self.h, -1, self.dh)  # (B, T, H, d)
+
+
+@pytest.mark.parametrize("how", ["window", "time_second"])
+@pytest.mark.parametrize("batch,heads", [(2, 2), (1, 3), (3, 1)])
+def test_a_cache_handed_in_sliced_or_time_second_then_folded_is_exact(how, batch, heads):
+    torch.manual_seed(batch * 3 + heads)
+    model = ReshapedCacheStep(batch, heads, how).eval()
+    shape = (batch, 3, heads, 4) if how == "time_second" else (batch, heads, 3, 4)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 20, (batch, 1)), torch.randn(shape), torch.randn(shape))
+    (r,) = cap.records
+    assert r.exact and r.flag is None, r.flag
+    torch.testing.assert_close(r.probs, model.maps[0], rtol=0, atol=1e-6)
+    n = 2 if how == "window" else 3
+    assert r.key_labels == (*(f"<cache {i}>" for i in range(n)), None)
+
+
+class ZerosPlusQueries(nn.Module):
+    """DAB-DETR's first decoder layer: ``tgt = torch.zeros(nq, bs, d)`` projected and added to the projection of
+    queries made from learned anchor boxes (sine embedding, MLP); each head's query is its content part joined
+    to its positional part (``cat(dim=3)``, the head dim doubles), heads folded sequence-first into
+    ``(nq, bs*h, 2d/h)`` for ``bmm`` over image features. ``maps`` keeps the weights (B, H, nq, hw)."""
+
+    def __init__(self, h: int, d: int = 16, nq: int = 5):
+        super().__init__()
+        self.h, self.d, self.nq = h, d, nq
+        self.anchors = nn.Embedding(nq, 4)
+        self.mlp = nn.Sequential(nn.Linear(2 * d, d), nn.ReLU(), nn.Linear(d, d))
+        self.backbone = nn.Conv2d(3, d, 4, stride=4)
+        self.content, self.pos, self.sine, self.k, self.kpos, self.v = (nn.Linear(d, d) for _ in range(6))
+        self.maps: list[torch.Tensor] = []
+
+    def forward(self, img, pos):
+        d, h, nq = self.d, self.h, self.nq
+        memory = self.backbone(img).flatten(2).permute(2, 0, 1)  # (hw, bs, d)
+        hw, bs, _ = memory.shape
+        pos = pos.flatten(2).permute(2, 0, 1)
+        boxes = self.anchors.weight.unsqueeze(1).repeat(1, bs, 1).sigmoid()  # (nq, bs, 4)
+        freq = 10000 ** (torch.arange(d // 2, dtype=torch.float32) / (d // 2))
+        sine = torch.cat([(boxes[:, :, i : i + 1] / freq).sin() for i in range(4)], dim=2)  # (nq, bs, 2d)
+        tgt = torch.zeros(nq, bs, d)
+        q = self.content(tgt) + self.pos(self.mlp(sine))
+        qs = self.sine(sine[..., :d]).view(nq, bs, h, d // h)
+        q = torch.cat([q.view(nq, bs, h, d // h), qs], dim=3).view(nq, bs, 2 * d)
+        k_pos = self.kpos(pos)
+        k = self.k(memory) + k_pos
+        k = torch.cat([k.view(hw, bs, h, d // h), k_pos.view(hw, bs, h, d // h)], dim=3).view(hw, bs, 2 * d)
+        hd = 2 * d // h
+        q = (q * hd**-0.5).contiguous().view(nq, bs * h, hd).transpose(0, 1)
+        k = k.contiguous().view(hw, bs * h, hd).transpose(0, 1)
+        v = self.v(memory).contiguous().view(hw, bs * h, d // h).transpose(0, 1)
+        w = F.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1)
+        self.maps.append(w.view(bs, h, nq, hw).detach().clone())
+        return torch.bmm(w, v)
+
+
+@pytest.mark.parametrize("batch,heads", [(2, 2), (1, 2), (3, 4), (4, 4), (2, 1)])
+def test_learned_queries_added_to_a_projection_of_zeros_keep_their_layout(batch, heads):
+    """The zeros have no positions: the queries are the learned ones. The record was (B*H, 1, nq, hw), each
+    head drawn as a sequence of its own, exact and unflagged."""
+    torch.manual_seed(batch * 5 + heads)
+    model = ZerosPlusQueries(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 3, 16, 16), torch.randn(1, 16, 4, 4).expand(batch, -1, -1, -1))
+    (r,) = cap.records
+    assert r.exact, r.flag
+    torch.testing.assert_close(r.probs, model.maps[0], rtol=0, atol=1e-6)
+    assert r.kind == "cross"
+
+
+class Deformable(nn.Module):
+    """Deformable DETR's attention in PyTorch alone: a softmax over each query's sampling points, whose weights
+    multiply values ``F.grid_sample`` takes at predicted offsets."""
+
+    def __init__(self, d: int = 16, heads: int = 2, points: int = 4):
+        super().__init__()
+        self.h, self.p, self.d = heads, points, d
+        self.backbone = nn.Conv2d(3, d, 4, stride=4)
+        self.query = nn.Embedding(5, d)
+        self.offsets = nn.Linear(d, heads * points * 2)
+        self.weights = nn.Linear(d, heads * points)
+        self.value = nn.Linear(d, d)
+
+    def forward(self, img):
+        f = self.backbone(img)
+        n, _, hh, ww = f.shape
+        q = self.query.weight[None].expand(n, -1, -1)
+        lq = q.shape[1]
+        value = self.value(f.flatten(2).transpose(1, 2)).view(n, hh * ww, self.h, self.d // self.h)
+        loc = self.offsets(q).view(n, lq, self.h, self.p, 2).tanh()
+        aw = F.softmax(self.weights(q).view(n, lq, self.h, self.p), -1)
+        v = value.flatten(2).transpose(1, 2).reshape(n * self.h, self.d // self.h, hh, ww)
+        grid = loc.transpose(1, 2).flatten(0, 1)  # (n*h, lq, p, 2)
+        s = F.grid_sample(v, grid, align_corners=False)  # (n*h, dh, lq, p)
+        aw = aw.transpose(1, 2).reshape(n * self.h, 1, lq, self.p)
+        return (s * aw).sum(-1)
+
+
+def test_deformable_attention_is_said_not_recorded():
+    """No query-key scores, so no map; but the weights multiply values, so it is a warning naming the module
+    (it was information calling it a vocabulary or router distribution, on no page)."""
+    torch.manual_seed(0)
+    model = Deformable().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 3, 16, 16))
+    assert not cap.records
+    (note,) = cap.notes
+    assert "grid_sample" in note and "deformable" in note
+    assert not [n for n in cap.skipped if "vocabulary" in n.reason]

@@ -167,7 +167,10 @@ FILL = frozenset({"masked_fill", "masked_fill_"})
 # ops that keep scores scores (logits): a key they give a score above FILL_NEG again is no longer hidden
 # ops that fold or move a tensor's axes without changing its values: followed on a tensor from outside before it
 # enters (a KV cache folded into the batch, ``_folded_cache``)
-FOLDS = frozenset({"view", "reshape", "transpose", "permute", "flatten", "contiguous", "swapaxes", "movedim"})
+FOLDS = frozenset({"view", "reshape", "transpose", "permute", "flatten", "contiguous", "swapaxes", "movedim",
+                   "__getitem__", "narrow"})  # fmt: skip
+# reductions over the positions of a tensor from outside: a pooled token where it is joined to them (CLIP's mean)
+OUTSIDE_POOLS = frozenset({"mean", "sum", "amax", "max"})
 RESCORE = (
     ADD | SUB | MUL | DIV | FILL | {"where", "clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_min_"}
 )
@@ -416,11 +419,9 @@ class Captured:
             out[kind] = torch.stack(tensors, dim=1)
         return out
 
-    def _cross_drawn_queries(
-        self, index: int, joined: set[str], src_tokens, tgt_tokens
-    ) -> torch.Tensor | None:
-        """(q,) the query positions of sequence ``index`` in the cross-attention step a trace draws (the group
-        ``trace`` picks, its last run and last step), or None where lineage has none."""
+    def _cross_drawn(self, index: int, joined: set[str], src_tokens, tgt_tokens) -> list[Record] | None:
+        """The cross-attention records of the step a trace draws for sequence ``index`` (the group ``trace``
+        picks, its last run and last step), or None."""
         records = self.of("cross")
         if not records:
             return None
@@ -432,8 +433,8 @@ class Captured:
         if not has[best]:
             return None
         calls = sorted({self.call_of(r) for r in groups[best]})
-        group = [r for r in groups[best] if self.call_of(r) == calls[-1]]
-        return _last_step_queries(group, index)
+        steps = query_segments([r for r in groups[best] if self.call_of(r) == calls[-1]])
+        return steps[-1] if steps else None
 
     def joined_labels(self) -> set[str]:
         """Labels of learned positions joined to a sequence (a [CLS], registers): they are queries too."""
@@ -496,7 +497,8 @@ class Captured:
         # the queries of the cross-attention step drawn: a decoder's self-attention is drawn at the same step
         # (a KV cache makes each step's self-attention a group of its own, while the cross-attention's steps
         # stack: without this, the first step's self-attention stood beside the last step's cross-attention)
-        asked = self._cross_drawn_queries(index, joined, src_tokens, tgt_tokens)
+        cross_drawn = self._cross_drawn(index, joined, src_tokens, tgt_tokens)
+        asked = _last_step_queries(cross_drawn, index) if cross_drawn else None
         for kind in self.kinds():
             # calls of one kind whose maps do not stack (a decoder run a step at a time, layers with other head
             # counts): the group over the tokens given is drawn (else the most calls), the others said
@@ -559,7 +561,19 @@ class Captured:
                         "others are in cap.records)"
                     )
                 groups[best] = last
-            if kind != "cross" and has[best] and any(_keys_not_queries(r, index) for r in groups[best]):
+            at = index  # the row of this kind's maps that is sequence ``index``'s
+            if kind == "enc_self" and cross_drawn:
+                row, why_row = _encoder_row(groups[best], cross_drawn, index)
+                if row is None:
+                    left_out.append(f"enc_self ({_modules(groups[best])}) left out of the trace: {why_row}, so which "
+                                    f"of its rows is sequence {index}'s the trace cannot tell (its maps are in "
+                                    "cap.records)")  # fmt: skip
+                    continue
+                if why_row is not None:
+                    left_out.append(f"enc_self ({_modules(groups[best])}): {why_row}")
+                at = row
+                has[best] = at < int(groups[best][0].probs.shape[0])
+            if kind != "cross" and has[best] and any(_keys_not_queries(r, at) for r in groups[best]):
                 left_out.append(f"{kind} ({_modules(groups[best])}) left out of the trace: the keys of sequence {index} "
                                 "are as many of its positions as its queries, but other ones or in another order "
                                 "(key blocks gathered, one of them twice: BigBird's random blocks), so drawn over "
@@ -571,11 +585,11 @@ class Captured:
                                 f"sequence(s), and this trace is of sequence {index}")  # fmt: skip
                 continue
             km = kind_maps(groups[best], joined)
-            p = km.probs[index]  # (layer, head, q, k)
+            p = km.probs[at]  # (layer, head, q, k)
             q_side, k_side = _SIDES[kind]
             # self-attention where only some of the sequence's positions ask (agents among entities): drawn
             # at their rows, the others empty, where lineage places every query at one key of the sequence
-            rows = _asking_rows(groups[best], index, joined) if q_side == k_side else None
+            rows = _asking_rows(groups[best], at, joined) if q_side == k_side else None
             n_rows = int(p.shape[-1]) if rows is not None else int(p.shape[-2])
             kw[kind] = _at_rows(p.float().cpu().numpy(), rows, n_rows, 0.0)
             # (only its shape and device are read: a square of the keys, held by no memory)
@@ -583,32 +597,30 @@ class Captured:
                 p if rows is None else p.new_zeros(()).expand(*p.shape[:-2], p.shape[-1], p.shape[-1])
             )
             if km.scores is not None:
-                kw[f"{kind}_scores"] = _at_rows(km.scores[index].float().cpu().numpy(), rows, n_rows, -np.inf)
+                kw[f"{kind}_scores"] = _at_rows(km.scores[at].float().cpu().numpy(), rows, n_rows, -np.inf)
             kw[f"{kind}_mask"] = _at_rows(
                 np.ones(p.shape[-2:], dtype=bool)
                 if km.mask is None
-                else km.mask[index].cpu().numpy().astype(bool),
+                else km.mask[at].cpu().numpy().astype(bool),
                 rows,
                 n_rows,
                 False,
             )
-            if km.layer_masks is not None and not bool(
-                (km.layer_masks[index] == km.layer_masks[index, :1]).all()
-            ):
+            if km.layer_masks is not None and not bool((km.layer_masks[at] == km.layer_masks[at, :1]).all()):
                 # layers masked differently (sliding-window layers between global ones): each layer's mask,
                 # the kind's mask being the first layer's
-                per_layer = _at_rows(km.layer_masks[index].cpu().numpy(), rows, n_rows, False)
+                per_layer = _at_rows(km.layer_masks[at].cpu().numpy(), rows, n_rows, False)
                 kw[f"{kind}_layer_masks"] = per_layer
                 kw[f"{kind}_mask"] = per_layer[0]
             if km.learned is not None:
-                kw[f"{kind}_learned"] = _at_rows(km.learned[index].float().cpu().numpy(), rows, n_rows, 0.0)
+                kw[f"{kind}_learned"] = _at_rows(km.learned[at].float().cpu().numpy(), rows, n_rows, 0.0)
                 learned_keys[kind] = list(km.learned_labels)
             value, residual, dropped = values_.finite_norms(
                 kind,
-                None if km.value_norms is None else km.value_norms[index].float().cpu().numpy(),
+                None if km.value_norms is None else km.value_norms[at].float().cpu().numpy(),
                 None
                 if km.residual_norms is None or rows is not None  # (the stream of rows that ask only)
-                else km.residual_norms[index].float().cpu().numpy(),
+                else km.residual_norms[at].float().cpu().numpy(),
             )
             if dropped:
                 left_out.append(dropped)
@@ -784,6 +796,32 @@ def _own_block(seen: torch.Tensor | None, key_labels, query_labels, rows_too: bo
         if rows_too or len(keep) == own.shape[-1]:
             return own[..., keep, :]
     return own
+
+
+def _encoder_row(encoder: list[Record], cross: list[Record], index: int) -> tuple[int | None, str | None]:
+    """The row of an encoder's self-attention that is the input the cross-attention's row ``index`` reads, and
+    what a trace says of it: ``index`` where both have as many rows; where the encoder's are fewer and the
+    cross-attention's are k per encoder row (a memory repeated over beams), row ``index // k`` where lineage
+    shows that row's positions among the keys read; None (left out, with why) where the encoder's rows are
+    more (passages or neighbours encoded apart and joined into one memory: Fusion-in-Decoder's, RETRO's) or
+    lineage does not show which."""
+    ne, nc = int(encoder[0].probs.shape[0]), int(cross[0].probs.shape[0])
+    if ne == nc:
+        return index, None
+    apart = (f"its maps are over {ne} sequences and the cross-attention's over {nc} (inputs encoded apart and "
+             "joined into one memory, as Fusion-in-Decoder's passages or RETRO's neighbours, or a memory "
+             "repeated over beams)")  # fmt: skip
+    if ne > nc or nc % ne:
+        return None, apart
+    row = index // (nc // ne)
+    qp, kp = encoder[0].query_positions, cross[0].key_positions
+    if qp is None or kp is None or index >= int(kp.shape[0]) or row >= int(qp.shape[0]):
+        return None, apart
+    keys = {int(p) for p in kp[index].tolist() if p >= 0}
+    if not keys & {int(p) for p in qp[row].tolist()}:
+        return None, apart
+    return row, (f"its row {row} is drawn: the cross-attention's rows are {nc // ne} for each of its {ne} (a "
+                 f"memory repeated over beams), and row {index} reads row {row}'s positions")  # fmt: skip
 
 
 def _last_step_queries(group: list[Record], index: int) -> torch.Tensor | None:
@@ -1761,6 +1799,9 @@ class _Session:
         self._flags_held: list[tuple[_Probs, str]] = []  # _flag_unless_used
         self._sums: dict[int, tuple] = {}
         self._projected: dict[int, tuple] = {}  # _hold: softmaxes over a projection's output (module, shape)
+        self._sampled: dict[
+            int, tuple
+        ] = {}  # _hold: values sampled by F.grid_sample (deformable attention's)
         self._unplaced: dict[int, tuple] = {}  # _hold: other softmaxes left out as not attention (+ reason)
         # _hold: energies, one number a position made by a projection (``v(tanh(W h + U s))``), and what the
         # model makes of them without a softmax (a sigmoid, a cumprod: monotonic attention's alignment)
@@ -1788,6 +1829,8 @@ class _Session:
         # means (or sums) over the positions of a tensor from outside, by id: (the mean, the tensor, the op's other
         # arguments), so the mean joined to that tensor's positions is a position pooled from them (a mean token)
         self._outside_pools: dict[int, tuple[weakref.ref, weakref.ref, tuple, dict]] = {}
+        # module -> (op, shape, causal, keys) of a mask's keys scored again by arithmetic (``_unhidden``)
+        self._unhid: dict[str, tuple[str, tuple[int, ...], bool, torch.Tensor]] = {}
         # a tensor from outside moved by a view, reshape or transpose before it enters, by id: (the result, the
         # tensor, the op, its other arguments), so a KV cache handed in (B, H, T, d) and folded into the batch
         # before it is joined to this call's keys is placed as the cache it is (``_folded_cache``)
@@ -2244,6 +2287,12 @@ class _Session:
                 and name not in LINEAR | REDUCTIONS
             ):
                 self._left_out_carried(name, args, kwargs, out)
+            if self._projected and name in lineage.REPLAY and name not in REORDERS:
+                self._left_out_carried(
+                    name, args, kwargs, out, self._projected
+                )  # (moved: still those weights)
+            if name == "grid_sample" and type(out) is torch.Tensor:
+                _hold(self._sampled, out)
             if (
                 name in ("exp", "sigmoid")
                 and type(out) is torch.Tensor
@@ -3655,6 +3704,18 @@ class _Session:
             if code is not None:
                 self.set(p, _Tag(origin=xt.origin, code=code))
 
+    def _constant_made(self, x: Any) -> bool:
+        """``x`` is a tensor the model made from no data (``torch.zeros``, ``torch.full``), untagged and holding
+        one value: it has no positions, and a sum with it keeps the other operand's."""
+        return (
+            isinstance(x, torch.Tensor)
+            and x.is_floating_point()
+            and x.numel() > 0
+            and self.tag(x) is None
+            and _held(self._int_floats, x) is not None
+            and bool((x == x.reshape(-1)[0]).all())
+        )
+
     def _external(self, t: torch.Tensor) -> _Tag:
         """Tag a tensor that enters the model from outside the call (its own origin and positions)."""
         code = self.code_of(t)
@@ -3671,6 +3732,9 @@ class _Session:
         """The codes of an op's output: replayed, kept, projected, or lost (None)."""
         if name in LINEAR or name in CONV:
             x = args[1] if name == "addmm" and len(args) > 1 else args[0] if args else None
+            if name in LINEAR and self._constant_made(x):
+                return None  # a projection of a constant made from no data (DAB-DETR's ``torch.zeros(nq, bs, d)``
+                # added to the learned queries): no positions of its own (a conv of one keeps its map's positions)
             xc = self.code_of(x)
             if xc is None or x is None or name == "bilinear":
                 return None
@@ -4302,6 +4366,22 @@ class _Session:
             return  # a norm of a tensor from outside (GroupNorm on an image): still from outside, not learned
         if name in ROW_REDUCE and len(ins) == 1 and self._row_reduced(name, args, kwargs, outs):
             return
+        if (
+            name in OUTSIDE_POOLS
+            and len(ins) == 1
+            and args
+            and args[0] is ins[0]
+            and self.tag(ins[0]) is None
+        ):
+            x = ins[0]  # a mean or max over the positions of a tensor from outside: a pooled token, if it is
+            if (
+                x.is_floating_point() and x.dim() >= 3 and not _is_param(x)
+            ):  # joined to them (``_pools_joined``)
+                if len(self._outside_pools) >= HELD:
+                    self._outside_pools.clear()
+                self._outside_pools[id(outs[0])] = (weakref.ref(outs[0]), weakref.ref(x), tuple(args[1:]),
+                                                    dict(kwargs))  # fmt: skip
+            return
         if name in SHAPED_LIKE and len(ins) > 1 and args and ins[0] is args[0]:
             ins = ins[:1]  # x.type_as(s), x.to(s), x.expand_as(s): s gives a dtype or a shape, no values
         if name in RNN and args and isinstance(args[0], torch.Tensor):
@@ -4326,12 +4406,7 @@ class _Session:
             g = self.tag(x)
             if g is None:  # (a single tensor from outside enters through LINEAR / CONV / MATMUL / joins only)
                 if x.is_floating_point() and x.dim() >= 3 and not _is_param(x):
-                    if name in ("mean", "sum"):
-                        if len(self._outside_pools) >= HELD:
-                            self._outside_pools.clear()
-                        self._outside_pools[id(out)] = (weakref.ref(out), weakref.ref(x), tuple(args[1:]),
-                                                        dict(kwargs))  # fmt: skip
-                    elif name in FOLDS and args and args[0] is x and isinstance(out, torch.Tensor):
+                    if name in FOLDS and args and args[0] is x and isinstance(out, torch.Tensor):
                         if len(self._outside_moves) >= HELD:
                             self._outside_moves.clear()
                         held = self._outside_moves.get(
@@ -5752,19 +5827,41 @@ class _Session:
         if new.allowed is None or not out.is_floating_point():
             return
         allowed = new.allowed.expand(out.shape)
-        back = ~allowed & (out.detach() > FILL_NEG)
+        o = out.detach()
+        back = ~allowed & (o > FILL_NEG)
+        if not bool(back.any()):
+            return
+        # (below the row's largest allowed score by more than -FILL_NEG: still hidden, e^-50 of its weight; a row
+        # with no allowed key is uniform over whatever it holds: every key of it is back)
+        top = o.masked_fill(~allowed, float("-inf")).amax(-1, keepdim=True)
+        back &= (o - top) > FILL_NEG
         if not bool(back.any()):
             return
         new.allowed = allowed | back
-        if name in FILL or name == "where" or not bool((out.detach()[back] < 0).any()):
-            return  # (a score written on purpose; or values past an exp, a softmax by hand: no logits)
+        if name in FILL or name == "where":
+            return  # (a score written on purpose: a guard against NaN, each query seeing itself)
+        # weight above 1e-6 of the row's largest, on logits (values below 0: not the exp of a softmax by hand), in
+        # a row that has an allowed key (a shift by the row's max moves a row of hidden keys only)
+        seen = back & ((o - top) > math.log(1e-6)) & (o < 0) & torch.isfinite(top)
+        if not bool(seen.any()):
+            return
         path = self.path()
         if self.outside:
             return
-        causal = bool(_is_causal_mask(allowed.reshape(-1, *allowed.shape[-2:])))
+        # said where the softmax gives those keys weight (``_squashed``): a later op may scale them back down
+        self._unhid[path] = (name, tuple(out.shape), bool(_is_causal_mask(allowed.reshape(-1, *allowed.shape[-2:]))),
+                             seen)  # fmt: skip
+
+    def _squashed(self, path: str, probs: torch.Tensor) -> None:
+        """A softmax of ``path`` after a mask's keys were given a score again by arithmetic (``_unhidden``):
+        where they get weight above 1e-6 in it, the model's mask stopped hiding them. Said, and a causal mask
+        so squashed keeps the call a decoder's, as a causal mask of 0s and 1s added does."""
+        name, shape, causal, seen = self._unhid.pop(path)
+        if tuple(seen.shape) == tuple(probs.shape) and not bool((probs.detach()[seen] > 1e-6).any()):
+            return  # (scaled back below: ``tanh(s / 50) * 50`` over a -100 mask leaves e^-48)
         if causal:
             self._meant_causal.add(path)
-        self.warn(path, tuple(out.shape), f"keys a mask hid got a score above {FILL_NEG:g} again from an op on the "
+        self.warn(path, shape, f"keys a mask hid got a score above {FILL_NEG:g} again from an op on the "
                   f"scores after the mask ({name.strip('_')}): a soft-cap such as tanh(s / c) * c, a clamp or a "
                   "scale after the mask squashes it, so these keys get weight at the softmax and the map shows "
                   "them attended" + (" (the mask was causal: queries here attend to later keys)" if causal else "")
@@ -5848,6 +5945,8 @@ class _Session:
         ``raw_queries``: lineage reads the queries from another input than the keys, but they were never
         projected inside the call (as ``layout.raw_queries``), so it cannot say self or cross."""
         probs = probs.detach()
+        if path in self._unhid:
+            self._squashed(path, probs)
         differ = False
         if flag is None and self.scripted:
             caller = next(
@@ -5970,6 +6069,13 @@ class _Session:
                     seen.setdefault(p, kind)
         if all(p in seen for p in other):
             side = "src" if all(seen[p] == "enc_self" for p in other) else "ctx"
+            if self._from_outside(list(own)) and all(self.sources.at(p).kind == "tokens" for p in other):
+                # queries that are rows of a tensor handed in, over the tokens this call embedded: which side is
+                # the sequence only the model knows (a Block-Recurrent state carried in, reading its block)
+                self.warn(path, (), "queries here are rows of a tensor handed in (a state carried from an earlier "
+                          "call) and its keys include this call's tokens: capture reads the rows handed in as the "
+                          "sequence and the tokens as another's context (<ctx i>), which may be the other way "
+                          "round; the weights are exact")  # fmt: skip
         elif not any(p in seen for p in other) and self._from_outside(other):
             # positions of a tensor from outside the call that no attention here asked from: a cache an
             # earlier forward filled, Transformer-XL's memory handed in, another input's context
@@ -6281,6 +6387,8 @@ class _Session:
             return
         path = self.path()
         shape = tuple(x.shape)
+        if path in self._unhid and tuple(self._unhid[path][3].shape) == tuple(out.shape):
+            self._squashed(path, out)  # (the softmax of the scores whose hidden keys were scored again)
         if dim is None:  # torch's implicit dim (deprecated, still run): 0 for 0-, 1- and 3-D input, else 1
             dim = 0 if x.dim() in (0, 1, 3) else 1
         if x.dim() < 2 and (_is_param(x) or ((tag0 := self.tag(x)) is not None and tag0.role == "param")):
@@ -6838,6 +6946,22 @@ class _Session:
         if len(ins) != 2 or ins[0].dim() < 2 or ins[1].dim() < 2:
             return False
         t, v = ins  # weights @ values
+        for w, vals in ((t, v), (v, t)) if broadcast else ():  # (``values * weights`` too)
+            held = _held_or_base(self._projected, w)
+            if held is None or _held(self._sampled, vals) is None or w.dim() != vals.dim():
+                continue
+            # (a weight per sampling point, shared by the values' features: not a gate over channels)
+            if not any(a == 1 < b for a, b in zip(w.shape, vals.shape, strict=True)):
+                continue
+            self._projected.pop(id(held[0]()), None)
+            _, path, shape = held
+            self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, _PROJECTED)]
+            self._seen.discard((path, _PROJECTED))
+            self.warn(path, shape, "weights over sampling points (deformable attention: a softmax of a projection "
+                      "of the queries) multiply values F.grid_sample took at offsets the model predicts: there "
+                      "are no query-key scores over the keys' positions, so capture records no map of these "
+                      "weights")  # fmt: skip
+            return True
         # (the weights or a view of them: ``softmax(R).unsqueeze(0).expand(B, ...)``)
         entry = _held_or_base(self._projected, t)
         if entry is None or (broadcast and (v.dim() < 3 or v.dim() != t.dim())):
@@ -7851,15 +7975,34 @@ class _Session:
         x = held[1]()
         if x is None or x.dim() != 4 or self.tag(x) is not None:
             return
-        code = self._slot_codes(x, 2)
-        if code is None:
-            return
-        try:
-            for func, rest, kw in held[2]:
-                code = func(code, *rest, **kw)
-        except Exception:  # (an op the codes cannot take as the tensor did: nothing placed)
-            return
-        if isinstance(code, torch.Tensor) and tuple(code.shape) == tuple(t.shape):
+
+        def moved(a: torch.Tensor) -> torch.Tensor | None:  # ``a`` (x's shape) moved as x was into ``t``
+            try:
+                for func, rest, kw in held[2]:
+                    a = func(a, *rest, **kw)
+            except Exception:  # (an op the codes cannot take as the tensor did: nothing placed)
+                return None
+            return a if isinstance(a, torch.Tensor) and tuple(a.shape) == tuple(t.shape) else None
+
+        # the slots are the axis of x (between its sequences and its features) whose index, moved the same way,
+        # is the join's axis of ``t`` alone: (B, H, T, d) or (B, T, H, d)
+        slot = None
+        for axis in (1, 2):
+            at = torch.arange(int(x.shape[axis]), device=x.device).view(
+                [-1 if i == axis else 1 for i in range(4)]
+            )
+            got = moved(at.expand(x.shape))
+            if (
+                got is not None
+                and torch.equal(got, got[:1, :, :1].expand_as(got))
+                and int(got[0, :, 0].unique().numel())
+                == int(t.shape[1])  # (one slot each: not a head axis of 1)
+            ):
+                slot = axis
+                break
+        code = self._slot_codes(x, slot) if slot is not None else None
+        code = moved(code) if code is not None else None
+        if code is not None:
             self._fixed_codes[id(t)] = (weakref.ref(t), code)
 
     def _slot_codes(self, target: torch.Tensor, slot: int) -> torch.Tensor | None:
@@ -8442,9 +8585,19 @@ class _Session:
             or (not isinstance(module, nn.MultiheadAttention)
                 and any(m._forward_hooks or m._forward_pre_hooks for m in module.modules()))
         ):  # fmt: skip
+            if not nested and _makes_nested(module) and any(m._forward_hooks or m._forward_pre_hooks
+                                                            for m in module.modules()):  # fmt: skip
+                self.skip(self.names.get(id(module), ""), (), _NO_NESTED.format(why="a hook on one of its "
+                          "modules (a forward hook, pruning, a parametrization) makes capture follow it under "
+                          "its mode"))  # fmt: skip
             return
         n = torch._C._len_torch_function_stack()
         if n == 0 or torch._C._get_function_stack_at(n - 1) is not self.mode:  # another mode above ours
+            others = (torch._C._get_function_stack_at(i) for i in range(n))
+            if any(isinstance(m, _Mode) and m is not self.mode for m in others):
+                # (another capture's: without this one, that one would run torch.nn as torch runs it; a mode of
+                # the user's above, torch.device(...), turns its fast paths off with or without capture)
+                self.skip(self.names.get(id(module), ""), (), _MODE_ABOVE)
             return
         torch._C._pop_torch_function_stack()
         self._set_aside.append((module, True))
@@ -9179,7 +9332,9 @@ def _mha_values(p: dict[str, Any], h: int, want: tuple[int, int, int]) -> values
     def make() -> torch.Tensor | None:
         lk, b = value.shape[0], value.shape[1]
         with torch.no_grad():
-            v = F.linear(value, w_v, b_v).reshape(lk, b, h, d).permute(1, 2, 0, 3)  # (B, H, k, d)
+            # (under autocast the call projected in the values' dtype: bfloat16 values, float32 weights)
+            w, bv = w_v.to(value.dtype), None if b_v is None else b_v.to(value.dtype)
+            v = F.linear(value, w, bv).reshape(lk, b, h, d).permute(1, 2, 0, 3)  # (B, H, k, d)
             extra = []  # as F.multi_head_attention_forward appends them: bias_v, then a zero value
             if bias_v is not None:
                 extra.append(bias_v.reshape(1, h, 1, d).expand(b, h, 1, d).to(v.dtype))
@@ -9923,6 +10078,10 @@ def capture_attention(
     if subclassed:  # (torch's own classes run with the mode set aside: their fast path is kept)
         name, base = subclassed
         cap.skipped.append(Note("info", name or "(model)", (), _SUBCLASSED.format(base=base.__name__)))
+    unnested = next((name for name, mod in modules if _makes_nested(mod) and not _native_encoder(mod)), None)
+    if unnested is not None:  # (a layer TorchScript'ed, subclassed or changed: followed under the mode)
+        cap.skipped.append(Note("info", unnested or "(model)", (), _NO_NESTED.format(
+            why="a layer of it is not torch's own (a subclass, TorchScript, a forward or block replaced)")))  # fmt: skip
     session = _Session(cap, model, kinds, include, exclude, lengths, modules, scores)
     wrapped = _wrap_scripts(_script_calls(modules))
     eager = torch.compiler.set_stance("force_eager") if compiled else contextlib.nullcontext()
@@ -10003,6 +10162,29 @@ def _returned_hooks(session: _Session, model: nn.Module) -> list[Any]:
 
 _ORIG_MOD = re.compile(r"(^|\.)_orig_mod(?=\.|$)")
 _FAST_PATH_TYPES = (nn.TransformerEncoderLayer, nn.TransformerEncoder, nn.MultiheadAttention)
+_NO_NESTED = (
+    "nn.TransformerEncoder with nested tensors (enable_nested_tensor, in eval mode): {why}, and under a mode torch "
+    "makes no nested tensors, so over a padded batch its output at the padding positions is computed where "
+    "without capture torch writes 0 (the other positions can differ in the last bits), and its maps have rows for "
+    "the padding queries. capture_call returns the output of the run without capture"
+)
+_MODE_ABOVE = (
+    "another capture is active inside this one (its mode above this one's): torch.nn's own attention runs its "
+    "Python path under this one's mode, so outputs can differ from the run without this capture in the last bits, "
+    "and an encoder makes no nested tensors (rows for padding queries are computed). capture_call returns the "
+    "output of the run without capture"
+)
+
+
+def _makes_nested(m: nn.Module) -> bool:
+    """An nn.TransformerEncoder that makes nested tensors of a padded batch where no mode is active."""
+    return (
+        isinstance(m, nn.TransformerEncoder)
+        and not m.training
+        and bool(getattr(m, "use_nested_tensor", False))
+    )
+
+
 _SUBCLASSED = (
     "a subclass of nn.{base}: under capture it runs torch's Python path, where without capture torch may take its "
     "fused fast path, so the model's output can differ from the run without capture in the last bits (and code "

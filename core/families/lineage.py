@@ -711,7 +711,7 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         dim=dim,
         keys=keys,
         key_labels=_unpadded(_labels(k0, sources), k_pad),
-        query_labels=_unpadded(_labels(qpos[rows[0, 0]], sources), q_pad),
+        query_labels=_unpadded(_labels(qpos[rows[0, 0]], sources, k0), q_pad),
         cross=cross,
         ext=cross is False and _extends(qpos[rows[0, 0]], k0, sources),
         qcode=q,
@@ -867,7 +867,7 @@ def describe(q: torch.Tensor, k: torch.Tensor, sources: Sources) -> Described | 
     kpos = (k[..., 0] >> SHIFT).reshape(-1, k.shape[-2])[0]
     cross = _cross(qpos, kpos, sources)
     raw = bool(cross) and bool(((q.reshape(-1, q.shape[-2], q.shape[-1])[0, :, 0] & FEATURES) & RAW).any())
-    return Described(_labels(kpos, sources), _labels(qpos, sources), cross,
+    return Described(_labels(kpos, sources), _labels(qpos, sources, kpos), cross,
                      cross is False and _extends(qpos, kpos, sources), raw)  # fmt: skip
 
 
@@ -916,10 +916,27 @@ def _kinds(pos: torch.Tensor, sources: Sources) -> list[Source]:
     return [sources.items[i] for i in sources.index(pos).tolist()]
 
 
-def _labels(pos: torch.Tensor, sources: Sources) -> tuple[str | None, ...] | None:
+def _labels(
+    pos: torch.Tensor, sources: Sources, keys: torch.Tensor | None = None
+) -> tuple[str | None, ...] | None:
     """ "<name i>" for learned positions (numbered per parameter in order) and for positions pooled
     from a sequence (``"<pooled i>"``: a strided conv's, a pool's, a projection over positions': no
-    token is one of them; ``"<final state i>"``: an RNN's), None for the sequence's own."""
+    token is one of them; ``"<final state i>"``: an RNN's), None for the sequence's own. ``keys``: the
+    call's key positions, when ``pos`` are its queries: a query at one of the keys takes that key's label,
+    and another one is numbered on after the keys' (a question pooled beside the sentences it reads, as
+    MemN2N's: both were ``<pooled 0>``, one label for two positions)."""
+    if keys is not None:
+        key_labels = _labels(keys, sources)
+        if key_labels is not None:
+            both = _labels(torch.cat([keys, pos]), sources)
+            taken = {int(p): lab for p, lab in zip(keys.tolist(), key_labels, strict=True) if lab is not None}
+            if both is not None:
+                mine = both[len(keys) :]
+                named = [
+                    taken.get(int(p), lab) if lab is not None else None
+                    for p, lab in zip(pos.tolist(), mine, strict=True)
+                ]
+                return tuple(named) if any(lab is not None for lab in named) else None
     seen: dict[Any, int] = {}
     out: list[str | None] = []
     kinds = _kinds(pos, sources)
