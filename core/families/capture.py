@@ -164,13 +164,13 @@ RESCALE = frozenset({"mul", "__mul__", "__rmul__", "mul_", "__imul__", "div", "_
 WRITES = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__", "__ipow__",
                     "__ifloordiv__", "__imod__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"})  # fmt: skip
 FILL = frozenset({"masked_fill", "masked_fill_"})
-# ops that keep scores scores (logits): a key they give a score above FILL_NEG again is no longer hidden
 # ops that fold or move a tensor's axes without changing its values: followed on a tensor from outside before it
 # enters (a KV cache folded into the batch, ``_folded_cache``)
 FOLDS = frozenset({"view", "reshape", "transpose", "permute", "flatten", "contiguous", "swapaxes", "movedim",
                    "__getitem__", "narrow"})  # fmt: skip
 # reductions over the positions of a tensor from outside: a pooled token where it is joined to them (CLIP's mean)
 OUTSIDE_POOLS = frozenset({"mean", "sum", "amax", "max"})
+# ops that keep scores scores (logits): a key they give a score above FILL_NEG again is no longer hidden
 RESCORE = (
     ADD | SUB | MUL | DIV | FILL | {"where", "clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_min_"}
 )
@@ -1799,9 +1799,8 @@ class _Session:
         self._flags_held: list[tuple[_Probs, str]] = []  # _flag_unless_used
         self._sums: dict[int, tuple] = {}
         self._projected: dict[int, tuple] = {}  # _hold: softmaxes over a projection's output (module, shape)
-        self._sampled: dict[
-            int, tuple
-        ] = {}  # _hold: values sampled by F.grid_sample (deformable attention's)
+        # _hold: values sampled by F.grid_sample (deformable attention's)
+        self._sampled: dict[int, tuple] = {}
         self._unplaced: dict[int, tuple] = {}  # _hold: other softmaxes left out as not attention (+ reason)
         # _hold: energies, one number a position made by a projection (``v(tanh(W h + U s))``), and what the
         # model makes of them without a softmax (a sigmoid, a cumprod: monotonic attention's alignment)
@@ -2288,9 +2287,8 @@ class _Session:
             ):
                 self._left_out_carried(name, args, kwargs, out)
             if self._projected and name in lineage.REPLAY and name not in REORDERS:
-                self._left_out_carried(
-                    name, args, kwargs, out, self._projected
-                )  # (moved: still those weights)
+                # (weights of a softmax over a projection, moved: still those weights)
+                self._left_out_carried(name, args, kwargs, out, self._projected)
             if name == "grid_sample" and type(out) is torch.Tensor:
                 _hold(self._sampled, out)
             if (
@@ -4373,10 +4371,10 @@ class _Session:
             and args[0] is ins[0]
             and self.tag(ins[0]) is None
         ):
-            x = ins[0]  # a mean or max over the positions of a tensor from outside: a pooled token, if it is
-            if (
-                x.is_floating_point() and x.dim() >= 3 and not _is_param(x)
-            ):  # joined to them (``_pools_joined``)
+            # a mean or max over the positions of a tensor from outside: a pooled token, if it is joined to them
+            # (``_pools_joined``)
+            x = ins[0]
+            if x.is_floating_point() and x.dim() >= 3 and not _is_param(x):
                 if len(self._outside_pools) >= HELD:
                     self._outside_pools.clear()
                 self._outside_pools[id(outs[0])] = (weakref.ref(outs[0]), weakref.ref(x), tuple(args[1:]),
@@ -4409,9 +4407,8 @@ class _Session:
                     if name in FOLDS and args and args[0] is x and isinstance(out, torch.Tensor):
                         if len(self._outside_moves) >= HELD:
                             self._outside_moves.clear()
-                        held = self._outside_moves.get(
-                            id(x)
-                        )  # (moved again: the chain from the tensor handed in)
+                        # (moved again: the chain from the tensor handed in)
+                        held = self._outside_moves.get(id(x))
                         root, chain = (
                             (held[1], held[2])
                             if held is not None and held[0]() is x
