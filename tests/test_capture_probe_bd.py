@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnscope.core.families.capture import capture_attention
+from attnscope.core.traces.trace import AttentionTrace
 
 
 class SoftCapped(nn.Module):
@@ -182,7 +183,7 @@ class CachedSeq2Seq(nn.Module):
 
 
 @pytest.mark.parametrize("batch,heads", [(2, 2), (1, 4)])
-def test_a_cached_decoder_traced_in_one_block_draws_one_step(batch, heads):
+def test_a_cached_decoder_traced_in_one_block_draws_one_step(batch, heads, tmp_path):
     """A greedy loop with a KV cache in one capture block: the trace draws the decoder's self-attention of the
     step whose cross-attention it draws (the last), or leaves it out and says so. It drew the first step's
     (BOS over BOS, weight 1) beside the last step's cross-attention over the one target token given."""
@@ -206,7 +207,17 @@ def test_a_cached_decoder_traced_in_one_block_draws_one_step(batch, heads):
     assert any(n.startswith("dec_self (sa) left out of the trace") for n in notes), notes
     whole = cap.trace(0, src_tokens=names, tgt_tokens=[f"t{int(t[0, 0])}" for t in toks])
     np.testing.assert_allclose(whole.dec_self[0, :, 2], seen[2][0][0, :, 0].numpy(), atol=1e-6)
-    assert whole.meta["query_rows"]["dec_self"] == [2]
+    # its cross-attention at the same row of the target (it was left out: 1 x 5 beside the 3 tokens)
+    np.testing.assert_allclose(whole.cross[0, :, 2], seen[2][1][0, :, 0].numpy(), atol=1e-6)
+    assert not whole.cross[0, :, :2].any()
+    assert whole.meta["query_rows"] == {"dec_self": [2], "cross": [2]}
+    for t in (whole, cap.trace(0, src_tokens=names)):  # (no target tokens given: numbered, the same rows)
+        assert t.meta["query_rows"] == {"dec_self": [2], "cross": [2]}
+        path = tmp_path / "t.npz"
+        t.save(path)
+        back = AttentionTrace.load(path)
+        np.testing.assert_array_equal(back.cross, t.cross)
+        assert back.asks("cross").tolist() == [False, False, True]
 
 
 class FoldedCacheStep(nn.Module):

@@ -591,11 +591,18 @@ class Captured:
             # at their rows, the others empty, where lineage places every query at one key of the sequence
             rows = _asking_rows(groups[best], at, joined) if q_side == k_side else None
             n_rows = int(p.shape[-1]) if rows is not None else int(p.shape[-2])
+            if (
+                kind == "cross"
+                and "dec_self" in query_rows
+                and len(query_rows["dec_self"]) == int(p.shape[-2])
+                and _equal_positions(_last_step_queries(groups[best], at), asked)
+                and (not tgt_tokens or len(tgt_tokens) == int(probs["dec_self"].shape[-1]))
+            ):  # a decoder's step drawn at its row of the target: its cross-attention at the same row (where the
+                # target tokens given are that step's only, it is drawn over them and its self-attention left out)
+                rows, n_rows = query_rows["dec_self"], int(probs["dec_self"].shape[-1])
             kw[kind] = _at_rows(p.float().cpu().numpy(), rows, n_rows, 0.0)
-            # (only its shape and device are read: a square of the keys, held by no memory)
-            probs[kind] = (
-                p if rows is None else p.new_zeros(()).expand(*p.shape[:-2], p.shape[-1], p.shape[-1])
-            )
+            # (only its shape and device are read: the rows drawn over the keys, held by no memory)
+            probs[kind] = p if rows is None else p.new_zeros(()).expand(*p.shape[:-2], n_rows, p.shape[-1])
             if km.scores is not None:
                 kw[f"{kind}_scores"] = _at_rows(km.scores[at].float().cpu().numpy(), rows, n_rows, -np.inf)
             kw[f"{kind}_mask"] = _at_rows(
@@ -624,7 +631,12 @@ class Captured:
             )
             if dropped:
                 left_out.append(dropped)
-            if rows is not None:
+            if rows is not None and kind == "cross":
+                query_rows[kind] = rows
+                left_out.append(f"cross ({_modules(groups[best])}): drawn at the target row{'s' if len(rows) > 1 else ''} "
+                                f"{', '.join(map(str, rows))} of {n_rows}, the decoder's position{'s' if len(rows) > 1 else ''} "
+                                "asking at the step drawn (as its self-attention is); the other rows are empty")  # fmt: skip
+            elif rows is not None:
                 query_rows[kind] = rows
                 n = int(p.shape[-1])
                 left_out.append(f"{kind} ({_modules(groups[best])}): {len(rows)} of the sequence's {n} positions "
@@ -821,7 +833,8 @@ def _encoder_row(encoder: list[Record], cross: list[Record], index: int) -> tupl
     if not keys & {int(p) for p in qp[row].tolist()}:
         return None, apart
     return row, (f"its row {row} is drawn: the cross-attention's rows are {nc // ne} for each of its {ne} (a "
-                 f"memory repeated over beams), and row {index} reads row {row}'s positions")  # fmt: skip
+                 "memory repeated over beams, or one passage read by several questions), and row "
+                 f"{index} reads row {row}'s positions")  # fmt: skip
 
 
 def _last_step_queries(group: list[Record], index: int) -> torch.Tensor | None:

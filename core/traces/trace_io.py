@@ -578,17 +578,16 @@ def _check_value_norms(header: dict[str, Any], arrays: dict[str, np.ndarray]) ->
 
 
 def _check_query_rows(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """meta["query_rows"]: for self-attention where only some positions ask, the rows that do (distinct,
-    in the map); every other row of the map holds no weight and sees no key."""
+    """meta["query_rows"]: for self-attention where only some positions ask (and a decoder step's
+    cross-attention drawn at its row), the rows that do (distinct, in the map); every other row of the map
+    holds no weight and sees no key."""
     rows_of = (header.get("meta") or {}).get("query_rows") or {}
     if not isinstance(rows_of, dict):
         raise _Bad("the header's meta 'query_rows' is not an object of kind -> rows")
     for kind, rows in rows_of.items():
-        p = arrays.get(kind) if kind in ("enc_self", "dec_self") else None
+        p = arrays.get(kind) if kind in ("enc_self", "dec_self", "cross") else None
         if p is None:
-            raise _Bad(
-                f"the header's meta 'query_rows' names {kind!r}, which is no self-attention of the trace"
-            )
+            raise _Bad(f"the header's meta 'query_rows' names {kind!r}, which is no attention of the trace")
         n = int(p.shape[2])
         if (
             not isinstance(rows, list)
