@@ -281,3 +281,46 @@ def test_a_device_context_inside_the_block_is_not_a_capture_inside_it():
     with torch.no_grad(), capture_attention(mha) as cap, torch.device("cpu"):
         mha(x, x, x)
     assert not [n for n in cap.skipped if "capture is active inside" in n.reason]
+
+
+class SplicedImages(nn.Module):
+    """LLaVA's way: a vision encoder's self-attention over a batch of images, whose patches are spliced into
+    the text rows that own them (row 0 text only, row 1 both images), then a causal decoder over each row."""
+
+    def __init__(self, d: int = 16, h: int = 2, p: int = 4):
+        super().__init__()
+        self.h, self.p = h, p
+        self.patch = nn.Conv2d(3, d, 4, 4)
+        self.vqk, self.qk = nn.Linear(d, 2 * d), nn.Linear(d, 2 * d)
+        self.emb = nn.Embedding(10, d)
+        self.vision: list[torch.Tensor] = []
+
+    def forward(self, text0, text1, images):
+        x = self.patch(images).flatten(2).transpose(1, 2)  # (N, P, d)
+        n, p, d = x.shape
+        q, k = (t.view(n, p, self.h, -1).transpose(1, 2) for t in self.vqk(x).chunk(2, -1))
+        a = (q @ k.transpose(-1, -2) / math.sqrt(d // self.h)).softmax(-1)
+        self.vision.append(a.detach().clone())
+        x = x + (a @ x.view(n, p, self.h, -1).transpose(1, 2)).transpose(1, 2).reshape(n, p, d)
+        t1 = self.emb(text1)
+        e = torch.stack([self.emb(text0), torch.cat([t1[:1], x[0], t1[1:2], x[1], t1[2:]], 0)])
+        b, length, _ = e.shape
+        q, k = (t.view(b, length, self.h, -1).transpose(1, 2) for t in self.qk(e).chunk(2, -1))
+        causal = torch.ones(length, length, dtype=torch.bool).tril()
+        a = (q @ k.transpose(-1, -2)).masked_fill(~causal, -1e9).softmax(-1)
+        return a @ e.view(b, length, self.h, -1).transpose(1, 2)
+
+
+def test_images_spliced_into_other_rows_are_not_drawn_as_a_sequence_s_encoder():
+    """Image 0 belongs to row 1, and row 0 has none: the trace of row 0 drew image 0's self-attention as its
+    encoder. It is left out and said; row 1's trace draws its row and says it reads both images."""
+    torch.manual_seed(0)
+    model = SplicedImages().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 9, (11,)), torch.randint(0, 9, (3,)), torch.randn(2, 3, 8, 8))
+    first = cap.trace(0)
+    assert first.enc_self is None and first.dec_self is not None
+    assert any("sequence 0 reads no row of it" in n for n in first.meta["capture_notes"])
+    second = cap.trace(1)
+    torch.testing.assert_close(torch.as_tensor(second.enc_self[0]), model.vision[0][1], rtol=0, atol=1e-6)
+    assert any("sequence 1 reads rows 0, 1 of it" in n for n in second.meta["capture_notes"])

@@ -436,6 +436,40 @@ class Captured:
         steps = query_segments([r for r in groups[best] if self.call_of(r) == calls[-1]])
         return steps[-1] if steps else None
 
+    def _read_elsewhere(self, encoder: list[Record], index: int) -> tuple[str | None, str | None]:
+        """Where no cross-attention says which row of an encoder's self-attention is sequence ``index``'s input
+        but a decoder's self-attention reads encoder rows as its keys (image features spliced into the text,
+        LLaVA's): (why row ``index`` is left out, where the decoder's sequence ``index`` reads none of its
+        positions; what to say where it reads other rows too). (None, None) where the decoder reads no row of
+        it (towers that read nothing of each other stay as they were)."""
+        qp = encoder[0].query_positions
+        if qp is None or index >= int(qp.shape[0]):
+            return None, None
+        rows_of = [{int(p) for p in qp[b].tolist()} for b in range(int(qp.shape[0]))]
+        read: set[int] = set()
+        anywhere = False
+        for r in self.of("dec_self"):
+            kp = r.key_positions
+            if not r.exact or kp is None:
+                continue
+            for b in range(int(kp.shape[0])):
+                keys = {int(p) for p in kp[b].tolist() if p >= 0}
+                anywhere = anywhere or any(keys & own for own in rows_of)
+                if b == index:
+                    read |= keys
+        if not anywhere:
+            return None, None
+        reads = [b for b, own in enumerate(rows_of) if read & own]
+        which = f"rows {', '.join(map(str, reads))}" if len(reads) > 1 else f"row {reads[0]}" if reads else ""
+        if index not in reads:
+            what = f"none of its row {index}'s positions but {which} of it" if reads else "no row of it"
+            return (f"the decoder's sequence {index} reads {what} (inputs spliced into the sequences, as LLaVA's "
+                    f"images), so its row {index} is not this sequence's input"), None  # fmt: skip
+        if len(reads) > 1:
+            return None, (f"the decoder's sequence {index} reads {which} of it (inputs spliced into the sequence, "
+                          f"as LLaVA's images): row {index} is drawn")  # fmt: skip
+        return None, None
+
     def joined_labels(self) -> set[str]:
         """Labels of learned positions joined to a sequence (a [CLS], registers): they are queries too."""
         return {lab for r in self.records for lab in (r.query_labels or ()) if lab}
@@ -562,6 +596,14 @@ class Captured:
                     )
                 groups[best] = last
             at = index  # the row of this kind's maps that is sequence ``index``'s
+            if kind == "enc_self" and not cross_drawn and has[best]:
+                elsewhere, also = self._read_elsewhere(groups[best], index)
+                if also is not None:
+                    left_out.append(f"enc_self ({_modules(groups[best])}): {also}")
+                if elsewhere is not None:
+                    left_out.append(f"enc_self ({_modules(groups[best])}) left out of the trace: {elsewhere} (its maps are "
+                                    "in cap.records)")  # fmt: skip
+                    continue
             if kind == "enc_self" and cross_drawn:
                 row, why_row = _encoder_row(groups[best], cross_drawn, index)
                 if row is None:
