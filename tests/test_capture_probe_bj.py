@@ -324,3 +324,25 @@ def test_images_spliced_into_other_rows_are_not_drawn_as_a_sequence_s_encoder():
     second = cap.trace(1)
     torch.testing.assert_close(torch.as_tensor(second.enc_self[0]), model.vision[0][1], rtol=0, atol=1e-6)
     assert any("sequence 1 reads rows 0, 1 of it" in n for n in second.meta["capture_notes"])
+
+
+def test_canine_over_padded_sequences_is_not_said_undecided():
+    """CANINE's deep encoder gets a key mask broadcast over its queries and keys, (B, 1, 1) where the call
+    reads it: the same for every key, so no triangle. It was said to be "one token, or each query its own
+    key" (undecided) though every sequence sees 3 to 8 keys."""
+    from transformers import CanineConfig, CanineModel
+
+    torch.manual_seed(0)
+    cfg = CanineConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                       downsampling_rate=2, num_hash_functions=2, num_hash_buckets=64, local_transformer_stride=4,
+                       max_position_embeddings=64, attn_implementation="eager")  # fmt: skip
+    model = CanineModel(cfg).eval()
+    ids = torch.randint(3, 200, (3, 16))
+    am = torch.ones(3, 16, dtype=torch.long)
+    am[1, 12:] = 0
+    am[2, 5:] = 0
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(input_ids=ids, attention_mask=am)
+    rec = next(r for r in cap.records if r.name == "encoder.layer.0.attention.self")
+    assert int(rec.mask.sum(-1).min()) > 1
+    assert not [n for n in cap.notes if "is one token" in n], cap.notes

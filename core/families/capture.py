@@ -9948,7 +9948,9 @@ def _undecided(mask: torch.Tensor | None, lq: int) -> bool:
     every sequence one token and padding (each row that sees a key sees the same ones, none after itself)."""
     if lq == 1:
         return True
-    if mask is None or (mask.shape[-1] > 1 and bool(mask[..., 0, 1:].any())):
+    if mask is None or mask.shape[-1] == 1:  # (no mask, or one broadcast over the keys: the same for each, no
+        return False  # triangle: CANINE's (B, 1, 1) over its molecules)
+    if bool(mask[..., 0, 1:].any()):
         return False  # (a first row that sees a later key: every padded encoder's, asked once)
     if not bool(mask.any()):
         return False
