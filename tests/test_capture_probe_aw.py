@@ -21,6 +21,20 @@ def _heads(x: torch.Tensor, h: int) -> torch.Tensor:
     return x.view(b, t, h, d // h).transpose(1, 2)
 
 
+class _TokenHeads(nn.Module):
+    """Token embeddings and one packed q/k/v projection split into ``h`` heads: the start most small models of
+    this file share (each writes its own attention after it)."""
+
+    def __init__(self, d: int = 8, h: int = 2):
+        super().__init__()
+        self.h = h
+        self.emb = nn.Embedding(V, d)
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def qkv_heads(self, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(_heads(z, self.h) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+
+
 class OneForwardEncDec(nn.Module):
     """An encoder-decoder whose layers all run from the model's own forward (held in ModuleDicts), so every
     attention call has the model's path: the encoder's self-attention, the decoder's causal one and its
@@ -149,19 +163,16 @@ def test_batch_reordered_inside_the_model_is_still_said():
     assert cap.records and all(not r.exact and "another order" in (r.flag or "") for r in cap.records)
 
 
-class BiasedAttention(nn.Module):
+class BiasedAttention(_TokenHeads):
     """Softmax attention with a float tensor added to its scores (B, H, L, L) before the softmax, given per
     call: a mask of 0s and -100 (Swin's), that plus -inf, or a bias of many values (ALiBi's)."""
 
     def __init__(self, d: int = 16, h: int = 4):
-        super().__init__()
-        self.h = h
-        self.emb = nn.Embedding(V, d)
-        self.qkv = nn.Linear(d, 3 * d)
+        super().__init__(d, h)
         self.maps: list[torch.Tensor] = []
 
     def forward(self, ids, added):
-        q, k, v = (_heads(z, self.h) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+        q, k, v = self.qkv_heads(ids)
         s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + added
         p = s.softmax(-1)
         self.maps.append(p.detach())
@@ -564,15 +575,10 @@ def test_heads_masked_differently_on_purpose_are_no_problem():
     mask. The record's mask is what every head may see (the window), so the trace's problems() must not call
     head 0's weights outside it a disagreement."""
 
-    class PerHead(nn.Module):
-        def __init__(self, d: int = 8):
-            super().__init__()
-            self.emb = nn.Embedding(V, d)
-            self.qkv = nn.Linear(d, 3 * d)
-
+    class PerHead(_TokenHeads):
         def forward(self, ids):
             n = ids.shape[1]
-            q, k, v = (_heads(z, 2) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+            q, k, v = self.qkv_heads(ids)
             i = torch.arange(n)
             window = (i[:, None] - i[None, :]).abs() <= 1
             keep = torch.stack([torch.ones(n, n, dtype=torch.bool), window])  # (H, q, k)
@@ -714,21 +720,16 @@ def test_a_head_mask_after_the_softmax_prunes_heads_not_keys(heads):
     weights as multiplied (head 0 all 0), and its mask stays the padding mask; it was every key hidden for every
     head (the AND over heads of a per-head 0)."""
 
-    class Bert(nn.Module):
-        def __init__(self, d: int = 8):
-            super().__init__()
-            self.emb = nn.Embedding(V, d)
-            self.qkv = nn.Linear(d, 3 * d)
-
+    class Bert(_TokenHeads):
         def forward(self, ids, attention_mask, head_mask):
-            q, k, v = (_heads(z, heads) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+            q, k, v = self.qkv_heads(ids)
             s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
             s = s + (1.0 - attention_mask[:, None, None, :].float()) * -10000.0
             p = s.softmax(-1) * head_mask
             return p @ v
 
     torch.manual_seed(heads)
-    model = Bert(d=4 * heads).eval()
+    model = Bert(d=4 * heads, h=heads).eval()
     ids = torch.randint(0, V, (2, 7))
     am = torch.ones(2, 7, dtype=torch.long)
     am[1, 5:] = 0
@@ -882,16 +883,10 @@ def test_an_encoders_query_chunks_with_a_band_mask_stay_enc_self():
     lets each query see one key either side: the first chunk's rows see a key ahead, which a causal chunk at
     the end of the keys would too; lineage places the chunk at the start, so it is no decoder's."""
 
-    class Chunked(nn.Module):
-        def __init__(self, d: int = 8, h: int = 2):
-            super().__init__()
-            self.h = h
-            self.emb = nn.Embedding(V, d)
-            self.qkv = nn.Linear(d, 3 * d)
-
+    class Chunked(_TokenHeads):
         def forward(self, ids):
             n = ids.shape[1]
-            q, k, v = (_heads(z, self.h) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+            q, k, v = self.qkv_heads(ids)
             i = torch.arange(n)
             band = (i[:, None] - i[None, :]).abs() <= 1
             return torch.cat(
@@ -908,14 +903,9 @@ def test_an_encoders_query_chunks_with_a_band_mask_stay_enc_self():
 def test_sdpa_with_a_scale_of_0_is_read_as_given():
     """``scale=0.0`` is a scale (every key weighs alike), not the default 1/sqrt(d)."""
 
-    class Flat(nn.Module):
-        def __init__(self, d: int = 8):
-            super().__init__()
-            self.emb = nn.Embedding(V, d)
-            self.qkv = nn.Linear(d, 3 * d)
-
+    class Flat(_TokenHeads):
         def forward(self, ids):
-            q, k, v = (_heads(z, 2) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+            q, k, v = self.qkv_heads(ids)
             return F.scaled_dot_product_attention(q, k, v, scale=0.0)
 
     torch.manual_seed(0)
@@ -1029,15 +1019,9 @@ def test_a_head_switched_off_passes_the_row_sums_check_and_is_named():
     beside heads that attend) is no failure, and the verdict names it; a head zero in one sequence only is."""
     from attnscope.core.analysis.audit.static import check_row_sums
 
-    class Pruned(nn.Module):
-        def __init__(self, d: int = 8, h: int = 2):
-            super().__init__()
-            self.h = h
-            self.emb = nn.Embedding(V, d)
-            self.qkv = nn.Linear(d, 3 * d)
-
+    class Pruned(_TokenHeads):
         def forward(self, ids, head_mask):
-            q, k, v = (_heads(z, self.h) for z in self.qkv(self.emb(ids)).chunk(3, -1))
+            q, k, v = self.qkv_heads(ids)
             return ((q @ k.transpose(-1, -2)).softmax(-1) * head_mask) @ v
 
     torch.manual_seed(0)
