@@ -426,11 +426,8 @@ class Captured:
         if not records:
             return None
         groups = stack_groups(records, joined)
-        has = [index < int(g[0].probs.shape[0]) for g in groups]
-        sure = [has[i] and all(r.exact for r in g) for i, g in enumerate(groups)]
-        fits = [_fits(g[0], "cross", joined, src_tokens, tgt_tokens) for g in groups]
-        best = max(range(len(groups)), key=lambda i: (sure[i], has[i], fits[i], len(groups[i]), -i))
-        if not has[best]:
+        best = _drawn_group(groups, "cross", index, joined, src_tokens, tgt_tokens)
+        if index >= int(groups[best][0].probs.shape[0]):
             return None
         calls = sorted({self.call_of(r) for r in groups[best]})
         steps = query_segments([r for r in groups[best] if self.call_of(r) == calls[-1]])
@@ -538,16 +535,8 @@ class Captured:
             # counts): the group over the tokens given is drawn (else the most calls), the others said
             groups = stack_groups(self.of(kind), joined)
             has = [index < int(g[0].probs.shape[0]) for g in groups]  # (maps over fewer sequences: blocks)
-            # (a group whose records are flagged, as rows that hold other sequences of the caller's batch than
-            # their place says, does not hold this sequence by its row: exact ones first)
-            sure = [has[i] and all(r.exact for r in g) for i, g in enumerate(groups)]
-            fits = [_fits(g[0], kind, joined, src_tokens, tgt_tokens) for g in groups]
-            step = [
-                kind == "dec_self" and has[i] and _equal_positions(_last_step_queries(g, index), asked)
-                for i, g in enumerate(groups)
-            ]
-            best = max(
-                range(len(groups)), key=lambda i: (sure[i], has[i], step[i], fits[i], len(groups[i]), -i)
+            best = _drawn_group(
+                groups, kind, index, joined, src_tokens, tgt_tokens, asked if kind == "dec_self" else None
             )
             for i, g in enumerate(groups):
                 if i != best:
@@ -877,6 +866,28 @@ def _encoder_row(encoder: list[Record], cross: list[Record], index: int) -> tupl
     return row, (f"its row {row} is drawn: the cross-attention's rows are {nc // ne} for each of its {ne} (a "
                  "memory repeated over beams, or one passage read by several questions), and row "
                  f"{index} reads row {row}'s positions")  # fmt: skip
+
+
+def _drawn_group(
+    groups: list[list[Record]],
+    kind: str,
+    index: int,
+    joined: set[str],
+    src_tokens,
+    tgt_tokens,
+    asked: torch.Tensor | None = None,
+) -> int:
+    """Which of a kind's groups (calls whose maps stack) a trace of sequence ``index`` draws: one that holds the
+    sequence (a group whose records are flagged, as rows that hold other sequences of the caller's batch than
+    their place says, does not hold it by its row: exact ones first); with ``asked``, the query positions of
+    the cross-attention step drawn, a decoder's self-attention at that step; then one over the tokens given;
+    then the most calls; then the first."""
+    has = [index < int(g[0].probs.shape[0]) for g in groups]
+    sure = [has[i] and all(r.exact for r in g) for i, g in enumerate(groups)]
+    step = [asked is not None and has[i] and _equal_positions(_last_step_queries(g, index), asked)
+            for i, g in enumerate(groups)]  # fmt: skip
+    fits = [_fits(g[0], kind, joined, src_tokens, tgt_tokens) for g in groups]
+    return max(range(len(groups)), key=lambda i: (sure[i], has[i], step[i], fits[i], len(groups[i]), -i))
 
 
 def _last_step_queries(group: list[Record], index: int) -> torch.Tensor | None:
