@@ -170,6 +170,8 @@ FOLDS = frozenset({"view", "reshape", "transpose", "permute", "flatten", "contig
                    "__getitem__", "narrow"})  # fmt: skip
 # reductions over the positions of a tensor from outside: a pooled token where it is joined to them (CLIP's mean)
 OUTSIDE_POOLS = frozenset({"mean", "sum", "amax", "max"})
+# moves of such a pool before it is joined (``x.mean(1).unsqueeze(1)``)
+POOL_MOVES = FOLDS | {"unsqueeze", "squeeze", "expand"}
 # ops that keep scores scores (logits): a key they give a score above FILL_NEG again is no longer hidden
 RESCORE = (
     ADD | SUB | MUL | DIV | FILL | {"where", "clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_min_"}
@@ -1891,9 +1893,10 @@ class _Session:
         # weights over positions the op being followed multiplies, and whether their rows are the positions
         # of the keys (a self-attention over positions: the product keeps them)
         self._pooled_by: tuple[torch.Tensor, bool] | None = None
-        # means (or sums) over the positions of a tensor from outside, by id: (the mean, the tensor, the op's other
-        # arguments), so the mean joined to that tensor's positions is a position pooled from them (a mean token)
-        self._outside_pools: dict[int, tuple[weakref.ref, weakref.ref, tuple, dict]] = {}
+        # means (or sums) over the positions of a tensor from outside, by id: (the mean, the tensor, the steps from
+        # the tensor to the mean, whether one pooled), so the mean joined to that tensor's positions is a position
+        # pooled from them (a mean token); arithmetic on that tensor before it is pooled is held too (not pooled)
+        self._outside_pools: dict[int, tuple[weakref.ref, weakref.ref, tuple, bool]] = {}
         # module -> (op, shape, causal, keys) of a mask's keys scored again by arithmetic (``_unhidden``)
         self._unhid: dict[str, tuple[str, tuple[int, ...], bool, torch.Tensor]] = {}
         # a tensor from outside moved by a view, reshape or transpose before it enters, by id: (the result, the
@@ -3750,22 +3753,71 @@ class _Session:
             return False
         return bool(((flat >= src.start) & (flat < src.start + max(src.n, 1))).all())
 
+    def _outside_chain(self, x: torch.Tensor) -> tuple[weakref.ref, tuple]:
+        """The tensor from outside ``x`` was made from, and the steps that made it: ``x`` itself and none, or
+        the chain of moves (``x[:, 1:]``) or arithmetic (``x * mask[..., None]``) from the tensor handed in."""
+        held = self._outside_pools.get(id(x))
+        if held is not None and held[0]() is x:
+            return held[1], held[2]
+        moved = self._outside_moves.get(id(x))
+        if moved is not None and moved[0]() is x:
+            return moved[1], tuple(("move", func, rest, kw) for func, rest, kw in moved[2])
+        return weakref.ref(x), ()
+
+    def _hold_pool(self, out: torch.Tensor, root: weakref.ref, steps: tuple, pooled: bool) -> None:
+        if len(self._outside_pools) >= HELD:
+            self._outside_pools.clear()
+        self._outside_pools[id(out)] = (weakref.ref(out), root, steps, pooled)
+
+    def _outside_arithmetic(self, name: str, ins: list[torch.Tensor], out: torch.Tensor) -> None:
+        """Two tensors from outside, element by element: a mean over a tensor handed in divided by a count
+        (``sum / mask.sum(1)``), or that tensor weighted by a broadcast mask before it is pooled
+        (``(x * m[..., None]).sum(1)``): the result keeps the chain, so the mean joined to the tensor is a
+        position pooled from it (``_pools_joined``). Two tensors of the result's shape: neither is the one."""
+        shape = tuple(out.shape)
+        full = [t for t in ins if tuple(t.shape) == shape]
+        if len(full) != 1:
+            return
+        a = full[0]
+        held = self._outside_pools.get(id(a))
+        if held is not None and held[0]() is a:
+            self._hold_pool(out, held[1], (*held[2], ("same",)), held[3])
+        elif (
+            name in MUL
+            and a.is_floating_point()
+            and a.dim() >= 3
+            and not _is_param(a)
+            and _held(self._int_floats, a) is None
+        ):
+            root, steps = self._outside_chain(a)
+            self._hold_pool(out, root, (*steps, ("same",)), False)
+
     def _pools_joined(self, parts: list[torch.Tensor]) -> None:
         """A mean (or sum) over the positions of a tensor from outside, joined to that tensor's positions
         (CLIP's AttentionPool2d written by hand: ``cat([x.mean(1, keepdim=True), x], 1)`` over features handed
-        in): the tensor enters here, and the mean is a position pooled from it (labelled so), not another input."""
+        in; a masked mean, a mean over a slice of them, divided or unsqueezed on the way): the tensor enters
+        here, and the mean is a position pooled from it (labelled so), not another input."""
         for p in parts:
             held = self._outside_pools.get(id(p))
-            if held is None or held[0]() is not p or self.tag(p) is not None:
+            if held is None or held[0]() is not p or not held[3] or self.tag(p) is not None:
                 continue
             x = held[1]()
             if x is None or not any(x is q for q in parts):
                 continue
             xt = self.tag(x) or self._external(x)
-            if xt.code is None:
-                continue
-            code = self._reduced_code((x, *held[2]), held[3], xt.code, p)
-            if code is not None:
+            code = xt.code
+            try:
+                for step in held[2]:
+                    if code is None:
+                        break
+                    if step[0] == "move":
+                        code = step[1](code, *step[2], **step[3])
+                    elif step[0] == "pool":
+                        shaped = torch.empty(step[3], device="meta")
+                        code = self._reduced_code((code, *step[1]), step[2], code, shaped)
+            except Exception:  # (a step the codes cannot take as the tensor did: not placed)
+                code = None
+            if isinstance(code, torch.Tensor) and tuple(code.shape) == tuple(p.shape):
                 self.set(p, _Tag(origin=xt.origin, code=code))
 
     def _constant_made(self, x: Any) -> bool:
@@ -4440,11 +4492,11 @@ class _Session:
             # a mean or max over the positions of a tensor from outside: a pooled token, if it is joined to them
             # (``_pools_joined``)
             x = ins[0]
-            if x.is_floating_point() and x.dim() >= 3 and not _is_param(x):
-                if len(self._outside_pools) >= HELD:
-                    self._outside_pools.clear()
-                self._outside_pools[id(outs[0])] = (weakref.ref(outs[0]), weakref.ref(x), tuple(args[1:]),
-                                                    dict(kwargs))  # fmt: skip
+            root, steps = self._outside_chain(x)
+            r = root()
+            if r is not None and r.is_floating_point() and r.dim() >= 3 and not _is_param(r):
+                pool = ("pool", tuple(args[1:]), dict(kwargs), tuple(outs[0].shape))
+                self._hold_pool(outs[0], root, (*steps, pool), True)
             return
         if name in SHAPED_LIKE and len(ins) > 1 and args and ins[0] is args[0]:
             ins = ins[:1]  # x.type_as(s), x.to(s), x.expand_as(s): s gives a dtype or a shape, no values
@@ -4469,6 +4521,17 @@ class _Session:
             x = ins[0]  # one activation in, one out (view, transpose, relu, dropout, x / c): the common case
             g = self.tag(x)
             if g is None:  # (a single tensor from outside enters through LINEAR / CONV / MATMUL / joins only)
+                pooled = self._outside_pools.get(id(x))
+                if pooled is not None and pooled[0]() is x and type(out) is torch.Tensor:
+                    # a mean over a tensor from outside, divided, scaled or unsqueezed before it is joined
+                    if name in POOL_MOVES and args and args[0] is x:
+                        step_: tuple = ("move", func, tuple(args[1:]), dict(kwargs))
+                    elif (name in ADD or name in SUB or name in MUL or name in DIV) and _same_shape(out, x):
+                        step_ = ("same",)
+                    else:
+                        return
+                    self._hold_pool(out, pooled[1], (*pooled[2], step_), pooled[3])
+                    return
                 if x.is_floating_point() and x.dim() >= 3 and not _is_param(x):
                     if name in FOLDS and args and args[0] is x and isinstance(out, torch.Tensor):
                         if len(self._outside_moves) >= HELD:
@@ -4549,6 +4612,13 @@ class _Session:
             and self._learned_onto_made(ins, out)
         ):
             return
+        if (
+            len(ins) == 2
+            and not any(tags)
+            and isinstance(out, torch.Tensor)
+            and (name in ADD or name in SUB or name in MUL or name in DIV)
+        ):
+            self._outside_arithmetic(name, ins, out)
         if not ins or (name not in ENTRY and not any(tags)):
             return  # nothing the capture follows went in (a tensor from outside enters through ENTRY ops)
         if (name in ADD or name in MUL) and not any(tags):
@@ -9034,6 +9104,10 @@ def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torc
     torch.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state(state[1], device)
+
+
+def _same_shape(a: Any, b: Any) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and tuple(a.shape) == tuple(b.shape)
 
 
 def _same_output(got: torch.Tensor, want: torch.Tensor) -> bool:
