@@ -86,3 +86,119 @@ def test_features_weighted_by_a_mask_and_not_pooled_stay_the_keys_of_a_cross_att
         model(torch.randint(0, 20, (2, 3)), torch.randn(2, 5, 8), torch.ones(2, 5))
     (r,) = cap.records
     assert r.kind == "cross" and r.key_labels is None and r.query_labels is None
+
+
+class LSHChunks(nn.Module):
+    """Reformer-style LSH attention, one head: tokens sorted by their bucket (computed from the activations),
+    cut into chunks of ``c`` and attended within each chunk, unsorted with a gather. ``full`` keeps the true
+    (B, 1, n, n) map: each chunk's weights at its tokens' places."""
+
+    def __init__(self, d: int = 16, c: int = 4):
+        super().__init__()
+        self.c = c
+        self.qk, self.v = nn.Linear(d, d), nn.Linear(d, d)
+        self.register_buffer("rot", torch.randn(d, 2))
+
+    def forward(self, x):
+        b, n, d = x.shape
+        qk, v = self.qk(x), self.v(x)
+        r = qk @ self.rot
+        buckets = torch.cat([r, -r], -1).argmax(-1)
+        _, order = (buckets * n + torch.arange(n)).sort(-1)
+        _, undo = order.sort(-1)
+        sqk = qk.gather(1, order[..., None].expand_as(qk))
+        sv = v.gather(1, order[..., None].expand_as(v))
+        bq = sqk.reshape(b, n // self.c, self.c, d)
+        bk = nn.functional.normalize(bq, dim=-1)
+        w = torch.einsum("bcie,bcje->bcij", bq, bk).mul(d**-0.5).softmax(-1)
+        full = torch.zeros(b, 1, n, n)
+        chunks = order.view(b, n // self.c, self.c)
+        for z in range(b):
+            for j in range(n // self.c):
+                full[z, 0, chunks[z, j][:, None], chunks[z, j][None, :]] = w[z, j]
+        self.full = full
+        out = torch.einsum("bcij,bcje->bcie", w, sv.reshape(b, n // self.c, self.c, d)).reshape(b, n, d)
+        return out.gather(1, undo[..., None].expand_as(out))
+
+
+class RoutedClusters(nn.Module):
+    """Routing attention, one head: each of two k-means clusters takes its top-``w`` tokens by their
+    similarity to the cluster's mean (``topk`` then ``gather``) and attends within them. Together the
+    clusters may hold every token of the sequence."""
+
+    def __init__(self, d: int = 16, w: int = 6):
+        super().__init__()
+        self.w = w
+        self.qkv = nn.Linear(d, 3 * d)
+        self.register_buffer("means", nn.functional.normalize(torch.randn(1, 2, d), dim=-1))
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, 1, d).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        sim = torch.einsum("bhnd,hcd->bhcn", nn.functional.normalize(q, dim=-1), self.means)
+        _, idx = sim.topk(self.w, -1)
+        gi = idx[..., None].expand(-1, -1, -1, -1, d)
+
+        def picked(t):
+            return t[:, :, None].expand(-1, -1, 2, -1, -1).gather(3, gi)
+
+        w = torch.einsum("bhcid,bhcjd->bhcij", picked(q), picked(k)).mul(d**-0.5).softmax(-1)
+        out = torch.einsum("bhcij,bhcjd->bhcid", w, picked(v))
+        return torch.zeros_like(q).scatter_add(2, gi.reshape(b, 1, -1, d), out.reshape(b, 1, -1, d))
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_chunks_of_tokens_sorted_into_buckets_are_flagged_not_drawn_as_sequences(batch):
+    """With one head the chunks were taken for sequences: a (B * chunks, 1, 4, 4) record marked exact, whose
+    row 1 held sequence 0's second chunk, and ``trace(1)`` drew it as sequence 1. The sort comes from the
+    activations, so the chunks' tokens are picked by the data: flagged, with the reason."""
+    torch.manual_seed(batch)
+    model = LSHChunks().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 8, 16))
+    (r,) = cap.records
+    assert not r.exact and r.flag is not None and "a sort into buckets" in r.flag
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_clusters_of_routed_tokens_are_flagged_even_where_together_they_hold_every_token(seed):
+    """Some seeds' clusters together held all 8 tokens: the pick looked like the whole sequence, and the
+    (2, 1, 6, 6) record of two clusters was exact, its clusters drawn as sequences 0 and 1."""
+    torch.manual_seed(seed)
+    model = RoutedClusters().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(1, 8, 16))
+    (r,) = cap.records
+    assert (
+        not r.exact and r.flag is not None and "picked by indices the model computed from its data" in r.flag
+    )
+
+
+class BeamReorder(nn.Module):
+    """Self-attention over a batch whose rows a score reorders first (a beam search's ``index_select(0, ...)``
+    by the best beams): whole rows in order, no positions picked. ``maps`` keeps the weights."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.emb = nn.Embedding(20, d)
+        self.q, self.k, self.score = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, 1)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        best = self.score(x).sum((1, 2)).argsort(descending=True)
+        x = x.index_select(0, best)
+        self.maps = (self.q(x) @ self.k(x).transpose(1, 2)).softmax(-1)
+        return self.maps @ x
+
+
+def test_whole_rows_reordered_by_a_score_pick_no_positions():
+    """The rows are flagged for the batch's order (row b holds another sequence), never for positions
+    picked by the data: each row's positions are whole and in order."""
+    torch.manual_seed(0)
+    model = BeamReorder().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 20, (3, 5)))
+    (r,) = cap.records
+    torch.testing.assert_close(r.probs[:, 0], model.maps, rtol=0, atol=1e-6)
+    assert r.flag is not None and "the batch was put in another order" in r.flag
+    assert "picked by indices" not in r.flag

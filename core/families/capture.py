@@ -1564,8 +1564,8 @@ HELD = 256  # tensors a registry keeps: a few are pending at a time, and older o
 
 _PICKED_BY_DATA = (
     "the keys are some of a sequence's positions, picked by indices the model computed from its data (a "
-    "router's choice, a score's top-k, a random sample: routed, pruned, merged or masked tokens), so the map's "
-    "keys name no tokens a trace could label"
+    "router's choice, a score's top-k, a sort into buckets, a random sample: routed, pruned, merged, chunked or "
+    "masked tokens), so the map's keys name no tokens a trace could label"
 )
 _QUERIES_PICKED_BY_DATA = (
     "the queries are some of a sequence's positions, picked by indices the model computed from its data (a "
@@ -2551,6 +2551,30 @@ class _Session:
         part = counts < (had_first[None, :] == rows[:, None]).sum(1)
         if bool(part.any()):
             self._picked.update(pos[part[at]].tolist())
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        if name in ("index_select", "gather", "take_along_dim") and isinstance(dim, int) and c.dim():
+            self._lines_by_data(c, dim)
+
+    def _lines_by_data(self, c: torch.Tensor, dim: int) -> None:
+        """Along the axis a gather by the data picked from: a line that holds part of its row (each of several
+        clusters its own top-w tokens, which together may hold the whole row: routing attention), or its row's
+        positions in another order (tokens sorted into buckets, then cut into chunks: LSH attention). The
+        positions are picked by the data, so the chunks or clusters a record holds name no sequence."""
+        lines = (c >> lineage.SHIFT).movedim(dim, -1).reshape(-1, int(c.shape[dim]))
+        if lines.shape[-1] < 2:
+            return
+        learned = self.sources.learned(lines)
+        first, size = self.sources.span(lines.clamp_min(0))
+        one_row = ~learned.any(-1) & (first == first[:, :1]).all(-1)  # lines within one row of a sequence
+        if not bool(one_row.any()):
+            return
+        lines, size = lines[one_row], size[one_row][:, 0]
+        ordered = lines.sort(-1).values
+        distinct = 1 + (ordered[:, 1:] != ordered[:, :-1]).sum(-1)
+        back = (lines[:, 1:] < lines[:, :-1]).any(-1)  # (a position before the one met before it)
+        hit = (distinct < size) | back
+        if bool(hit.any()):
+            self._picked.update(torch.unique(lines[hit]).tolist())
 
     def _from_made_ints(self, args, kwargs) -> bool:
         """Whether an op read an integer tensor made inside the call (``torch.arange(T)[None]``)."""
