@@ -202,3 +202,43 @@ def test_whole_rows_reordered_by_a_score_pick_no_positions():
     torch.testing.assert_close(r.probs[:, 0], model.maps, rtol=0, atol=1e-6)
     assert r.flag is not None and "the batch was put in another order" in r.flag
     assert "picked by indices" not in r.flag
+
+
+class DeepInfGraphAttention(nn.Module):
+    """DeepInf's BatchMultiHeadGraphAttention: per-head weights (H, f_in, f_out) applied by broadcasting the
+    nodes over the heads (``h.unsqueeze(1) @ w``), additive scores from two attention vectors per head, the
+    adjacency masked through ``.data``. ``truth`` keeps the weights (B, H, n, n)."""
+
+    def __init__(self, heads: int, f_in: int = 5, f_out: int = 4):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(heads, f_in, f_out) * 0.3)
+        self.a_src = nn.Parameter(torch.randn(heads, f_out, 1) * 0.3)
+        self.a_dst = nn.Parameter(torch.randn(heads, f_out, 1) * 0.3)
+        self.leaky_relu = nn.LeakyReLU(0.2)
+
+    def forward(self, h, adj):
+        n = h.size(1)
+        h_prime = torch.matmul(h.unsqueeze(1), self.w)  # (B, H, n, f_out)
+        attn_src = torch.matmul(h_prime, self.a_src)
+        attn_dst = torch.matmul(h_prime, self.a_dst)
+        attn = attn_src.expand(-1, -1, -1, n) + attn_dst.expand(-1, -1, -1, n).permute(0, 1, 3, 2)
+        attn = self.leaky_relu(attn)
+        attn.data.masked_fill_(~adj.bool().unsqueeze(1), float("-inf"))
+        attn = nn.functional.softmax(attn, dim=-1)
+        self.truth = attn.detach().clone()
+        return torch.matmul(attn, h_prime)
+
+
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 2), (4, 4), (3, 3), (2, 8)])
+def test_graph_attention_with_nodes_broadcast_over_per_head_weights_is_recorded(batch, heads):
+    """With two heads or more, the projection ``(B, 1, n, f) @ (H, f, o)`` lost the nodes' positions: the
+    softmax was skipped as "a softmax over a projection's output" (an info note), the attention never shown."""
+    torch.manual_seed(batch * 10 + heads)
+    model = DeepInfGraphAttention(heads).eval()
+    adj = ((torch.rand(batch, 6, 6) > 0.5).float() + torch.eye(6)).clamp(max=1)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 6, 5), adj)
+    (r,) = cap.records
+    torch.testing.assert_close(r.probs, model.truth, rtol=0, atol=1e-6)
+    assert r.kind == "enc_self" and r.exact and not cap.notes and not cap.skipped
+    assert r.mask is not None and torch.equal(r.mask.expand(batch, 6, 6), adj.bool())

@@ -5308,7 +5308,13 @@ class _Session:
         vectors): the positions of x, and features numbered slice by slice (h * o + j), so heads made
         by different slices of the weights stay apart however many features each has."""
         xc = self.code_of(x)
-        if xc is None or out.dim() < 2 or tuple(xc.shape[:-1]) != tuple(out.shape[:-1]):
+        if xc is None or out.dim() < 2 or xc.dim() != out.dim():
+            return None
+        try:  # (x broadcast over the heads: DeepInf's ``h.unsqueeze(1) @ w``, (B, 1, n, f) @ (H, f, o))
+            rows = torch.broadcast_shapes(tuple(xc.shape[:-1]), tuple(out.shape[:-1]))
+        except RuntimeError:
+            return None
+        if tuple(rows) != tuple(out.shape[:-1]):
             return None
         lead = tuple(int(n) for n in w.shape[:-2])
         if (
