@@ -242,3 +242,33 @@ def test_graph_attention_with_nodes_broadcast_over_per_head_weights_is_recorded(
     torch.testing.assert_close(r.probs, model.truth, rtol=0, atol=1e-6)
     assert r.kind == "enc_self" and r.exact and not cap.notes and not cap.skipped
     assert r.mask is not None and torch.equal(r.mask.expand(batch, 6, 6), adj.bool())
+
+
+class VectorAttention(nn.Module):
+    """Point Transformer's vector attention: every channel its own softmax over the neighbours j of point i,
+    the weights multiplied element by element with values of their own shape, one per pair of points
+    (``v[:, None] + delta``), summed over the neighbours."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.phi, self.psi, self.alpha = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.pos = nn.Sequential(nn.Linear(3, d), nn.ReLU(), nn.Linear(d, d))
+        self.gamma = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d))
+
+    def forward(self, x, p):
+        q, k, v = self.phi(x), self.psi(x), self.alpha(x)
+        delta = self.pos(p[:, :, None, :] - p[:, None, :, :])
+        w = nn.functional.softmax(self.gamma(q[:, :, None, :] - k[:, None, :, :] + delta), dim=-2)
+        return (w * (v[:, None, :, :] + delta)).sum(2)
+
+
+def test_vector_attention_weighing_values_of_its_own_shape_is_a_warning():
+    """It was an information note alone ("not a map of queries over keys"): weights times a tensor of their
+    own shape were taken for a loss (an entropy, a one-hot target). Values of other positions than the
+    weights' own make it a read: a warning that the attention is not recorded, as the docs promise."""
+    torch.manual_seed(0)
+    with torch.no_grad(), capture_attention(model := VectorAttention().eval()) as cap:
+        model(torch.randn(2, 5, 8), torch.randn(2, 5, 3))
+    assert not cap.records
+    (note,) = cap.notes
+    assert "multiply values over positions" in note and "vector attention" in note

@@ -7275,6 +7275,22 @@ class _Session:
                       "multiply values: capture records softmax weights, so these weights are not recorded")  # fmt: skip
             return
 
+    def _other_values(self, w: torch.Tensor, v: torch.Tensor) -> bool:
+        """``v``, of the weights' own shape, holds values of other positions than the weights' (Point
+        Transformer's ``v[:, None] + delta``, a value per pair of points), not a function of the weights
+        themselves (their own log: an entropy) nor a one-hot the model made (a Dice loss's target)."""
+        if self.tag(v) is None:  # (a tensor nothing tagged: from outside, or made from the weights alone)
+            return False
+        vc = self.code_of(v)
+        if vc is None or tuple(vc.shape) != tuple(v.shape):
+            return False
+        wc = self.code_of(w) if self.tag(w) is not None else None
+        return (
+            wc is None
+            or tuple(wc.shape) != tuple(w.shape)
+            or not torch.equal(wc >> lineage.SHIFT, vc >> lineage.SHIFT)
+        )
+
     def _unplaced_used(self, args, kwargs, broadcast: bool = False, out: torch.Tensor | None = None) -> None:
         """A softmax left out as not attention (a 2-D one, one whose axis is no sequence length) whose
         weights, or a view of them, multiply values over several positions (``attn @ enc_out``, the values
@@ -7295,7 +7311,9 @@ class _Session:
             full = (
                 [a for a in range(1, v.dim()) if int(w.shape[a]) == int(v.shape[a]) > 1] if broadcast else []
             )
-            if broadcast and (not full or tuple(w.shape) == tuple(v.shape)):
+            if broadcast and (
+                not full or (tuple(w.shape) == tuple(v.shape) and not self._other_values(w, v))
+            ):
                 continue
             g = self.tag(v)
             if g is _PARAM_TAG or (g is not None and g.role == "param") or not v.is_floating_point():
