@@ -272,3 +272,44 @@ def test_vector_attention_weighing_values_of_its_own_shape_is_a_warning():
     assert not cap.records
     (note,) = cap.notes
     assert "multiply values over positions" in note and "vector attention" in note
+
+
+class Saturated(nn.Module):
+    """Self-attention with no mask whose scores a large scale saturates (a scale multiplied where it should
+    divide), or whose padding keys get +1e9 (a mask with the wrong sign): many weights underflow to exactly 0."""
+
+    def __init__(self, how: str, heads: int, d: int = 16):
+        super().__init__()
+        self.how, self.h = how, heads
+        self.emb = nn.Embedding(20, d)
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(self.emb(ids)).chunk(3, -1))
+        s = q @ k.transpose(-1, -2)
+        if self.how == "scaled up":
+            s = s * (q.shape[-1] ** 0.5) * 100
+        else:  # "+1e9 on padding"
+            s = s + (ids == 0)[:, None, None, :] * 1e9
+        self.truth = s.softmax(-1)
+        return self.truth @ v
+
+
+@pytest.mark.parametrize("how", ["scaled up", "+1e9 on padding"])
+@pytest.mark.parametrize("batch,heads", [(2, 2), (1, 1), (3, 4)])
+def test_weights_that_underflow_to_zero_make_up_no_mask(how, batch, heads):
+    """Keys that got exactly 0 in every head were recorded as masked (mask_source "zeros"), exact, with no
+    word: a mask the model never had, drawn on the Masks page (47 of 72 cells hidden at batch 2). Their scores
+    are of many values, no fill: the weights are recorded, and no mask."""
+    torch.manual_seed(batch * 10 + heads)
+    model = Saturated(how, heads).eval()
+    ids = torch.randint(1, 20, (batch, 6))
+    ids[:, 4:] = 0
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (r,) = cap.records
+    assert bool((model.truth == 0).any())  # (the weights did underflow)
+    torch.testing.assert_close(r.probs, model.truth, rtol=0, atol=1e-6)
+    assert r.mask is None and r.mask_source is None and r.exact
+    assert bool(cap.trace(0).mask("enc_self", 0).all())  # drawn with nothing hidden

@@ -67,7 +67,8 @@ additive mask (values <= -1e4 added, also as ``baddbmm``'s ``input``; or >= 1e4 
 ``scores - 1e30 * mask``) applied to scores before the softmax is kept as the record's mask
 (True = may attend), and the scores before it as ``record.scores``; a 0/1 mask the weights are
 multiplied by before a renormalization is one too (``mask_source == "multiplied"``); without
-one, keys that got exactly zero in every head count as masked (``mask_source == "zeros"``).
+one, keys that got exactly zero in every head count as masked where their scores say a fill
+(``mask_source == "zeros"``); zeros of scores of many values (underflow) make up no mask.
 
 Kinds (``kinds={module_pattern: kind}`` overrides): ``nn.Transformer*Layer`` attributes; from
 lineage, queries and keys from different inputs -> cross (whatever their lengths), keys that extend
@@ -6132,8 +6133,7 @@ class _Session:
                 differ = not bool((allowed == mask[:, None]).all())
         elif source not in ("sdpa", "nn.MultiheadAttention") and bool((probs == 0).any()):
             # keys no head attended at all (a call's arguments say its mask: zeros there are dropout's draws)
-            mask = (probs != 0).any(dim=1)
-            mask_source = "zeros"
+            mask, mask_source = _zeros_mask(probs, scores)
         else:
             mask = None
         # heads masked differently (a top-k per head): what any head may see says whether the call is
@@ -9603,9 +9603,25 @@ def _given_mask(r: Record) -> torch.Tensor | None:
     return None if r.mask_source == "zeros" else r.mask
 
 
-def _zeros_mask(probs: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
-    """(mask, mask_source) of weights joined with no mask given: keys no head attended at all, if any."""
-    return ((probs != 0).any(dim=1), "zeros") if bool((probs == 0).any()) else (None, None)
+def _zeros_mask(
+    probs: torch.Tensor, scores: torch.Tensor | None = None
+) -> tuple[torch.Tensor | None, str | None]:
+    """(mask, mask_source) of weights with no mask given: keys no head attended at all, if any, where their
+    scores (when there are any to tell by) say a fill the capture did not follow: -inf, or one very negative
+    value in every head (-1e9, -100; -1e9 added to scores rounds to nearly one value). Zeros of scores of many
+    values are underflow, not a mask: a softmax saturated by a large scale, or a +1e9 given to other keys,
+    hides nothing, and no mask is made up for it."""
+    if not bool((probs == 0).any()):
+        return None, None
+    mask = (probs != 0).any(dim=1)
+    if scores is not None and tuple(scores.shape) == tuple(probs.shape):
+        hidden = scores[(~mask)[:, None].expand(probs.shape)]
+        finite = hidden[torch.isfinite(hidden)].double()
+        if finite.numel():
+            low, high = float(finite.min()), float(finite.max())
+            if high > SOFT_NEG or high - low > 1e-3 * abs(low):
+                return None, None
+    return mask, "zeros"
 
 
 def _same_places(a: Record, b: Record) -> bool:
@@ -9639,7 +9655,8 @@ def _heads_joined(a: Record, b: Record, name: str) -> Record:
         differ = differ or not torch.equal(am, bm)
         mask = am & bm
     elif am is None:  # (weights exactly 0 in some head: keys no head attended, over the heads joined)
-        mask, source = _zeros_mask(probs)
+        scores = None if a.scores is None or b.scores is None else torch.cat([a.scores, b.scores], dim=1)
+        mask, source = _zeros_mask(probs, scores)
     checks = [c for c in (a.check, b.check) if c is not None]
     return Record(  # the heads of a layer: exact only if every head is, learned keys as the first head's
         name,
@@ -9672,8 +9689,9 @@ def _sequences_joined(rows: list[Record]) -> Record | None:
         return None
     probs = torch.cat([r.probs for r in rows])
     given = [_given_mask(r) for r in rows]
+    scores = None if a.scores is None else torch.cat([r.scores for r in rows if r.scores is not None])
     mask, source = (torch.cat([m for m in given if m is not None]), a.mask_source) if given[0] is not None else (
-        _zeros_mask(probs))  # fmt: skip
+        _zeros_mask(probs, scores if scores is not None and scores.shape == probs.shape else None))  # fmt: skip
     return replace(
         a,
         probs=probs,
