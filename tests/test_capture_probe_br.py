@@ -313,3 +313,60 @@ def test_weights_that_underflow_to_zero_make_up_no_mask(how, batch, heads):
     torch.testing.assert_close(r.probs, model.truth, rtol=0, atol=1e-6)
     assert r.mask is None and r.mask_source is None and r.exact
     assert bool(cap.trace(0).mask("enc_self", 0).all())  # drawn with nothing hidden
+
+
+class SortedTimeFirst(nn.Module):
+    """An old seq2seq encoder-decoder, time-first ids (S, B), the batch sorted by length inside the model
+    before the embedding (``src[:, idx]``, or ``src.t()[idx].t()``), one Bahdanau step over the source. ``how``
+    is how it sorts (or "none"); ``truth`` keeps the weights (B, S) in the caller's order."""
+
+    def __init__(self, how: str, d: int = 8):
+        super().__init__()
+        self.how = how
+        self.emb, self.enc = nn.Embedding(20, d), nn.GRU(d, d)
+        self.w, self.v = nn.Linear(2 * d, d), nn.Parameter(torch.rand(d))
+
+    def forward(self, src, lens):
+        idx = lens.sort(descending=True).indices if self.how != "none" else torch.arange(len(lens))
+        if self.how == "columns":
+            src = src[:, idx]
+        elif self.how == "transposed":
+            src = src.t()[idx].t()
+        enc, h = self.enc(self.emb(src))
+        s, mask = h[0], src == 0
+        e = torch.tanh(self.w(torch.cat([s.expand(src.size(0), -1, -1), enc], 2))) @ self.v
+        a = e.masked_fill(mask, -1e10).softmax(0)  # (S, B) over the source positions
+        self.truth = a.t()[idx.argsort()]
+        return (a.unsqueeze(2) * enc).sum(0)[idx.argsort()]
+
+
+@pytest.mark.parametrize("how", ["columns", "transposed"])
+def test_time_first_ids_sorted_by_length_inside_the_model_are_flagged(how):
+    """The record's rows are the sorted batch: row 0 held sequence 2, exact, with no word, and ``trace(0)``
+    drew sequence 2's weights and mask as sequence 0's. Sorting the encoder's output (``enc[:, idx]``) was
+    flagged; sorting the ids before the embedding now is too."""
+    torch.manual_seed(0)
+    model = SortedTimeFirst(how).eval()
+    lens = torch.tensor([2, 4, 6])
+    src = torch.randint(1, 20, (6, 3))
+    for b in range(3):
+        src[lens[b] :, b] = 0
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(src, lens)
+    (r,) = cap.records
+    assert not r.exact and "put in another order" in r.flag and "[2, 1, 0]" in r.flag
+
+
+def test_time_first_ids_in_the_callers_order_stay_exact():
+    torch.manual_seed(0)
+    model = SortedTimeFirst("none").eval()
+    lens = torch.tensor([6, 4, 2])
+    src = torch.randint(1, 20, (6, 3))
+    for b in range(3):
+        src[lens[b] :, b] = 0
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(src, lens)
+    (r,) = cap.records
+    assert r.exact and r.kind == "cross", (r.flag, cap.notes)
+    torch.testing.assert_close(r.probs[:, 0, 0], model.truth, rtol=0, atol=1e-6)
+    assert torch.equal(r.mask[:, 0], (src != 0).t())

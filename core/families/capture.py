@@ -171,6 +171,10 @@ FOLDS = frozenset({"view", "reshape", "transpose", "permute", "flatten", "contig
                    "__getitem__", "narrow"})  # fmt: skip
 # reductions over the positions of a tensor from outside: a pooled token where it is joined to them (CLIP's mean)
 OUTSIDE_POOLS = frozenset({"mean", "sum", "amax", "max"})
+# moves of 2-D token ids followed to the embedding (a time-first batch sorted by length: ``src[:, idx]``)
+ID_MOVES = frozenset(
+    {"__getitem__", "index_select", "t", "T", "mT", "transpose", "swapaxes", "swapdims", "permute"}
+)
 # moves of such a pool before it is joined (``x.mean(1).unsqueeze(1)``)
 POOL_MOVES = FOLDS | {"unsqueeze", "squeeze", "expand"}
 # ops that keep scores scores (logits): a key they give a score above FILL_NEG again is no longer hidden
@@ -1975,6 +1979,9 @@ class _Session:
         # integer tensors that are another's rows in another order (``ids[perm_idx]``, a batch sorted by
         # length): id -> (weakref, the tensor whose rows they are, the permutation)
         self._row_picks: dict[int, tuple] = {}  # _hold
+        # 2-D token ids whose columns were put in another order (time-first ``src[:, idx]``, ``src.t()[idx].t()``:
+        # a batch sorted by length), by id: (the caller's ids, where each element is among them, flat), _hold
+        self._id_moves: dict[int, tuple] = {}
         # the source each row of one ids tensor embedded a row at a time is a row of (a loop over the
         # sentences, ``for s in ids: emb(s)``): (id of the ids, id of the table) -> (weakref, version, start,
         # origin)
@@ -2177,6 +2184,8 @@ class _Session:
         if name in ROW_PICKS and type(out) is torch.Tensor and (not kwargs or name in ("roll", "flip")):
             if out.dim() >= 2 and (not out.is_floating_point() or out.dim() >= 3):
                 self._row_pick(name, args, kwargs, out)
+        if name in ID_MOVES and type(out) is torch.Tensor and out.dim() == 2 and not out.is_floating_point():
+            self._ids_moved(name, func, args, kwargs, out)
         if name in RANDOM or self._by_data or (type(out) is not torch.Tensor or not out.is_floating_point()):
             self._data_step(name, args, kwargs, out)
         if name in FACTORIES and isinstance(out, torch.Tensor):
@@ -2748,6 +2757,7 @@ class _Session:
                       "written another way, or computed block by block): these weights are not recorded")  # fmt: skip
         self._unfinished.clear()
         self._row_picks.clear()  # (the token ids they hold)
+        self._id_moves.clear()
         self._factor_read.clear()  # (times a tensor of their shape, never summed: a gate, DA-RNN's input one)
         for weights, (module, shape) in self._positional_shapes.items():
             if weights in self._in_pieces:  # its slices multiplied values one by one (a loop over the batch)
@@ -3213,6 +3223,45 @@ class _Session:
             src, idx = prev[1], prev[2][idx.to(prev[2].device)]
         _hold(self._row_picks, out, src, idx)
 
+    def _ids_moved(self, name: str, func, args, kwargs, out: torch.Tensor) -> None:
+        """2-D integer ids transposed or picked by a 1-D index along an axis, followed as where each element
+        sits among the ids they were moved from; held where some columns were put in another order (the
+        batch of a time-first ``src[:, idx]``, sorted by length), so the embedding gives each its own
+        position (``_row_pick`` follows the rows of batch-first ids)."""
+        src = args[0] if args else None
+        if not isinstance(src, torch.Tensor) or src.dim() != 2 or src.is_floating_point() or _is_param(src):
+            return
+        if name in ("__getitem__", "index_select"):
+            idx = args[2] if name == "index_select" and len(args) > 2 else args[1] if len(args) > 1 else None
+            if isinstance(idx, tuple):
+                idx = idx[1] if len(idx) == 2 and idx[0] == slice(None) else None
+            if type(idx) is not torch.Tensor or idx.dim() != 1 or idx.is_floating_point():
+                return
+        self.path()
+        if self._frame is None and not self.outside:  # the caller's own code in the block, between calls of
+            return  # the model: what the model is given is its batch
+        held = _held(self._id_moves, src)
+        pick = _held(self._row_picks, src) if held is None else None
+        if held is not None:
+            base, where, moved = held[1], held[2], held[3]
+        elif pick is not None and pick[1].dim() == 2:
+            base, moved = pick[1], True
+            where = torch.arange(base.numel()).view(base.shape)[pick[2].cpu()]
+        else:
+            base, moved = src, False
+            where = torch.arange(src.numel()).view(src.shape)
+        try:
+            at = func(where, *[a.cpu() if isinstance(a, torch.Tensor) else a for a in args[1:]], **kwargs)
+        except Exception:  # (an op the places cannot take as the ids did: not followed)
+            return
+        if not isinstance(at, torch.Tensor) or tuple(at.shape) != tuple(out.shape):
+            return
+        if name in ("__getitem__", "index_select"):
+            if int(at.numel()) != int(base.numel()) or int(at.unique().numel()) != int(at.numel()):
+                return  # (some of the ids, or one twice: no reorder of the whole batch)
+            moved = moved or not torch.equal(at.sort(1).values, at) or not torch.equal(at.sort(0).values, at)
+        _hold(self._id_moves, out, base, at, moved)
+
     def on_embedding(self, args, out) -> None:
         ids = args[0]
         if (
@@ -3248,6 +3297,9 @@ class _Session:
                 # ids that are the caller's rows in another order (``ids[perm_idx]``): each row the positions
                 # of the caller's row it is
                 pick = _held(self._row_picks, ids)
+                moves = _held(self._id_moves, ids) if pick is None else None
+                if moves is not None and moves[3] and self._moved_ids(ids, moves, args, out):
+                    return
                 row = self._row_of(ids, args[1]) if pick is None and len(args) > 1 else None
                 if row is not None:  # a row of ids whose rows are looked up one at a time: that source's row
                     base, start, origin, at = row
@@ -3265,6 +3317,22 @@ class _Session:
                     code = code[pick[2].to(code.device)]
             self.set(out, _Tag(origin=frozenset({self.n_embed}), code=code))
             self.n_embed += 1
+
+    def _moved_ids(self, ids: torch.Tensor, moves: tuple, args, out: torch.Tensor) -> bool:
+        """The embedding of ids moved from the caller's (``_ids_moved``): each element the position it has
+        among them, so the rows of a batch sorted inside the model are still the caller's sequences."""
+        base, at = moves[1], moves[2]
+        if not isinstance(base, torch.Tensor) or base.device != ids.device and base.device.type != "cpu":
+            return False
+        start = self.sources.new(base.numel(), "tokens", str(self.n_embed), self.n_embed, int(base.shape[-1]),
+                                 table=_table_id(args))  # fmt: skip
+        self._id_memory[start] = (_storage_at(base), base.dim())
+        f = int(out.shape[-1])
+        code = lineage.fresh(start, tuple(base.shape), f, out.device).reshape(-1, f)
+        code = code[at.reshape(-1).to(code.device)].view(*ids.shape, f)
+        self.set(out, _Tag(origin=frozenset({self.n_embed}), code=code))
+        self.n_embed += 1
+        return True
 
     def _row_of(self, ids: torch.Tensor, table: Any) -> tuple[torch.Tensor, int, int, int] | None:
         """Where ``ids`` is one sentence, a row of a tensor (a view: ``for s in ids``, ``ids[i]``) that no write
