@@ -370,3 +370,70 @@ def test_time_first_ids_in_the_callers_order_stay_exact():
     assert r.exact and r.kind == "cross", (r.flag, cap.notes)
     torch.testing.assert_close(r.probs[:, 0, 0], model.truth, rtol=0, atol=1e-6)
     assert torch.equal(r.mask[:, 0], (src != 0).t())
+
+
+class ForwardAttention(nn.Module):
+    """Tacotron-style additive attention over a text, three decoder steps, with forward attention's transition
+    prior: the softmax times ``(1 - u) * alpha + u * shift(alpha)``, renormalized, is what weighs the memory
+    (``how == "prior"``). ``how == "read"``: the softmax times one number a position, summed keeping its axis
+    (a read of scalar values). ``truth`` keeps the weights the values were multiplied with, step by step."""
+
+    def __init__(self, how: str, d: int = 8):
+        super().__init__()
+        self.how = how
+        self.emb, self.q, self.k, self.v = (
+            nn.Embedding(20, d),
+            nn.Linear(d, d),
+            nn.Linear(d, d),
+            nn.Linear(d, 1),
+        )
+        self.score = nn.Linear(d, 1)
+        self.cell = nn.GRUCell(d, d)
+
+    def forward(self, text):
+        mem = self.emb(text)
+        keys = self.k(mem)
+        b, s = text.shape
+        h = torch.zeros(b, 8)
+        alpha = torch.zeros(b, s)
+        alpha[:, 0] = 1
+        self.truth = []
+        for _ in range(3):
+            align = nn.functional.softmax(
+                self.v(torch.tanh(self.q(h).unsqueeze(1) + keys)).squeeze(-1), dim=1
+            )
+            if self.how == "prior":
+                shifted = nn.functional.pad(alpha[:, :-1].clone(), (1, 0, 0, 0))
+                alpha = ((1 - 0.3) * alpha + 0.3 * shifted + 1e-8) * align
+                alpha = alpha / alpha.sum(dim=1, keepdim=True)
+                self.truth.append(alpha)
+                h = self.cell(torch.bmm(alpha.unsqueeze(1), mem).squeeze(1), h)
+            else:
+                self.truth.append(align)
+                read = (align * self.score(mem).squeeze(-1)).sum(1, keepdim=True)
+                h = self.cell(mem.mean(1) * read, h)
+        return h
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_forward_attentions_renormalized_prior_is_what_the_record_holds(batch):
+    """The product with the prior, summed keeping its axis, was taken for a read of one value a position:
+    the raw softmax was recorded, exact, near uniform, where the model attends to the first tokens."""
+    torch.manual_seed(batch)
+    model = ForwardAttention("prior").eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, 20, (batch, 6)))
+    assert len(cap.records) == 3 and not cap.notes
+    for r, want in zip(cap.records, model.truth, strict=True):
+        torch.testing.assert_close(r.probs[:, 0, 0], want, rtol=0, atol=1e-6)
+        assert r.exact and r.kind == "cross"
+
+
+def test_weights_times_one_value_a_position_summed_keeping_the_axis_are_a_read():
+    torch.manual_seed(0)
+    model = ForwardAttention("read").eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, 20, (2, 6)))
+    assert len(cap.records) == 3
+    for r, want in zip(cap.records, model.truth, strict=True):
+        torch.testing.assert_close(r.probs[:, 0, 0], want, rtol=0, atol=1e-6)

@@ -1859,6 +1859,8 @@ class _Session:
         # id(record) -> (record, used, keep, changed, op count): weights over positions times a tensor of their
         # own shape, recorded so where that product is summed (it was the values); a gate otherwise
         self._factor_read: dict[int, tuple] = {}
+        # id(record) -> (the sum, the _factor_read entry): such a product summed keeping its axis, pending
+        self._factor_kept: dict[int, tuple] = {}
         self._in_pieces: set[int] = set()  # id(record) of such weights whose slices multiplied values
         self._packed_weights: set[int] = set()  # id(record) of such weights packed into a sequence
         # pack_padded_sequence's batch sizes -> (them, held; the positions of the padded input it packed)
@@ -2758,6 +2760,18 @@ class _Session:
         self._unfinished.clear()
         self._row_picks.clear()  # (the token ids they hold)
         self._id_moves.clear()
+        for _, pending in list(self._factor_kept.values()):  # summed keeping the axis, never divided by it:
+            factor: tuple = pending  # a read of values one number a position, recorded as at that product
+            record = factor[0]
+            if self._factor_read.get(id(record)) is not factor or id(record) not in self._positional_shapes:
+                continue
+            del self._positional_shapes[id(record)]
+            n_ops, self.n_ops = self.n_ops, factor[4]
+            try:
+                record(*factor[1:4])
+            finally:
+                self.n_ops = n_ops
+        self._factor_kept.clear()
         self._factor_read.clear()  # (times a tensor of their shape, never summed: a gate, DA-RNN's input one)
         for weights, (module, shape) in self._positional_shapes.items():
             if weights in self._in_pieces:  # its slices multiplied values one by one (a loop over the batch)
@@ -7021,6 +7035,17 @@ class _Session:
             return
         t, record, to_softmax, keep, was_changed = found
         factor = self._factor_read.get(id(record))
+        if (
+            factor is not None
+            and name in ("sum", "nansum")
+            and out.dim() == t.dim()
+            and id(record) in self._positional_shapes
+        ):
+            # summed keeping the axis: a renormalization's denominator, if the product is divided by it next
+            # (forward attention's ``alpha = prior * w; alpha / alpha.sum(1, keepdim=True)``); a read
+            # otherwise, recorded so at the end of the block
+            self._factor_kept[id(record)] = (weakref.ref(out), factor)
+            return
         if factor is not None and name in ("sum", "mean", "nansum") and id(record) in self._positional_shapes:
             # weights times a tensor of their shape, summed: that tensor was the values, one number a position
             del self._positional_shapes[id(record)]
@@ -7076,6 +7101,11 @@ class _Session:
             and name not in lineage.REPLAY
             and (name not in DIV or args[0] is t)
         )  # (changed element by element: renormalized, clamped, dropped out, cast, a prior added)
+        kept = self._factor_kept.pop(id(record), None) if name in DIV and args and args[0] is t else None
+        if kept is not None and len(args) > 1 and args[1] is kept[0]():  # the product renormalized: the
+            self._factor_read.pop(id(record), None)  # weights the values are multiplied with (no read)
+        elif kept is not None:
+            self._factor_kept[id(record)] = kept
         if changed:  # the weights, changed: followed as they are (renormalized after a mask, dropped out)
             if mask is not None and tuple(out.shape) != tuple(t.shape):
                 return
