@@ -437,3 +437,42 @@ def test_weights_times_one_value_a_position_summed_keeping_the_axis_are_a_read()
     assert len(cap.records) == 3
     for r, want in zip(cap.records, model.truth, strict=True):
         torch.testing.assert_close(r.probs[:, 0, 0], want, rtol=0, atol=1e-6)
+
+
+class Pointer(nn.Module):
+    """A pointer network's decoder: additive scores over the input points, masked where already picked, and
+    ``log_softmax`` as the output distribution (nothing weighted by it)."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.emb, self.enc, self.dec = nn.Linear(2, d), nn.LSTM(d, d, batch_first=True), nn.LSTMCell(d, d)
+        self.w1, self.w2, self.v = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False), nn.Linear(d, 1)
+
+    def forward(self, pts):
+        e = self.emb(pts)
+        enc, (h, c) = self.enc(e)
+        h, c = h[0], c[0]
+        b, n, _ = enc.shape
+        inp, picked, outs = e.mean(1), torch.zeros(b, n, dtype=torch.bool), []
+        for _ in range(n):
+            h, c = self.dec(inp, (h, c))
+            u = self.v(torch.tanh(self.w1(enc) + self.w2(h).unsqueeze(1))).squeeze(-1)
+            p = nn.functional.log_softmax(u.masked_fill(picked, float("-inf")), -1)
+            outs.append(p)
+            idx = p.argmax(-1)
+            picked = picked.clone()
+            picked[torch.arange(b), idx] = True
+            inp = e[torch.arange(b), idx]
+        return torch.stack(outs, 1)
+
+
+def test_a_forward_of_log_softmaxes_alone_says_it_saw_them():
+    """The note said no softmax was seen, nothing more, where the pointer's five log_softmax calls ran: it
+    now counts them, and says what they are."""
+    torch.manual_seed(0)
+    model = Pointer().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.rand(2, 5, 2))
+    assert not cap.records
+    (note,) = cap.notes
+    assert "5 log_softmax calls" in note and "pointer network" in note

@@ -1817,6 +1817,9 @@ class _Session:
         self._seen: set[tuple[str, str]] = set()  # (module, reason) of notes given
         self.n_ops = 0  # torch calls seen
         self.n_attention = 0  # softmax / SDPA / MultiheadAttention calls among them
+        self.n_log_softmax = (
+            0  # log_softmax calls among them (log-probabilities: a loss's, a pointer's output)
+        )
         # module path -> (the weights' _Probs, the values' codes (B, H, k, dv) on demand, a memo key for
         # them): a product's values wait for the projection that reads the heads merged back
         self._pending: dict[str, tuple[_Probs, Callable[[], torch.Tensor | None], tuple]] = {}
@@ -2127,6 +2130,8 @@ class _Session:
         if name == "multi_head_attention_forward":
             self.n_attention += 1
             return self.on_mha(func, args, kwargs)
+        if name == "log_softmax":
+            self.n_log_softmax += 1
         if name in SOFTMAX or name in ("softmin", "gumbel_softmax", "scaled_dot_product_attention"):
             self.n_attention += 1
         elif name == "flex_attention":
@@ -10435,12 +10440,16 @@ def capture_attention(
         session.tell_undecided_kinds()
         session.detach_records()
     if session.n_ops and not (session.n_attention or blind or session.n_alien or session.scripted):
+        logs = session.n_log_softmax
         cap.notes.append(
             "no softmax, scaled_dot_product_attention or MultiheadAttention call was seen in this forward "
-            f"({session.n_ops} torch calls): attention written without a softmax (linear attention's feature "
-            "maps) has no weights to record, and attention computed where capture cannot see (a compiled "
-            "C++/CUDA extension, TorchScript, or code outside torch) is not recorded"
-        )
+            f"({session.n_ops} torch calls"
+            + (f"; {logs} log_softmax call{'s' if logs > 1 else ''}, log-probabilities that weigh no values: a "
+               "classifier's or a pointer network's output, not recorded" if logs else "")
+            + "): attention written without a softmax (linear attention's feature maps) has no weights to record, "
+            "and attention computed where capture cannot see (a compiled C++/CUDA extension, TorchScript, or code "
+            "outside torch) is not recorded"
+        )  # fmt: skip
 
 
 def _returned_hooks(session: _Session, model: nn.Module) -> list[Any]:
