@@ -476,3 +476,53 @@ def test_a_forward_of_log_softmaxes_alone_says_it_saw_them():
     assert not cap.records
     (note,) = cap.notes
     assert "5 log_softmax calls" in note and "pointer network" in note
+
+
+class PaddedSlots(nn.Module):
+    """Slot attention with heads over padded inputs: a softmax over the slots, an epsilon, the padded inputs
+    zeroed by a 0/1 mask, then a weighted mean over the inputs, three iterations. ``truths`` keeps the weights
+    the values are multiplied with (B, H, slots, inputs)."""
+
+    def __init__(self, heads: int, d: int = 8, slots: int = 3):
+        super().__init__()
+        self.h = heads
+        self.slots = nn.Parameter(torch.randn(1, slots, d))
+        self.to_q, self.to_k, self.to_v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.gru = nn.GRUCell(d, d)
+
+    def forward(self, x, mask):
+        b, n, d = x.shape
+
+        def split(t):
+            return t.view(b, -1, self.h, d // self.h).permute(0, 2, 1, 3)
+
+        slots = self.slots.expand(b, -1, -1)
+        k, v = split(self.to_k(x)), split(self.to_v(x))
+        self.truths = []
+        for _ in range(3):
+            dots = torch.matmul(split(self.to_q(slots)), k.transpose(-1, -2)) * (d // self.h) ** -0.5
+            attn = dots.softmax(dim=-2) + 1e-8
+            attn = attn * mask[:, None, None, :]
+            attn = attn / attn.sum(dim=-1, keepdim=True)
+            self.truths.append(attn)
+            updates = torch.matmul(attn, v).permute(0, 2, 1, 3).reshape(b, -1, d)
+            slots = self.gru(updates.reshape(-1, d), slots.reshape(-1, d)).reshape(b, -1, d)
+        return slots
+
+
+@pytest.mark.parametrize("batch,heads", [(2, 2), (2, 1), (3, 4)])
+def test_slot_attention_masked_between_its_epsilon_and_its_renormalization_is_each_iteration(batch, heads):
+    """The 0/1 mask between the softmax over the slots and the mean over the inputs hid the renormalization:
+    one record of three, transposed (keys = slots), flagged with a false reason (multiplied along another axis
+    than the last normalization), the other iterations left out."""
+    torch.manual_seed(batch * 10 + heads)
+    model = PaddedSlots(heads).eval()
+    mask = torch.ones(batch, 5)
+    mask[-1, 3:] = 0
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 5, 8), mask)
+    assert len(cap.records) == 3 and not cap.notes, cap.notes
+    for r, want in zip(cap.records, model.truths, strict=True):
+        torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)
+        assert r.exact and r.kind == "cross" and r.query_labels == ("<slots 0>", "<slots 1>", "<slots 2>")
+        assert r.mask is not None and torch.equal(r.mask, mask.bool()[:, None, :].expand(batch, 3, 5))

@@ -147,7 +147,7 @@ MUL = frozenset({"mul", "mul_", "__mul__", "__rmul__", "__imul__", "multiply"})
 DIV = frozenset({"div", "div_", "__truediv__", "__itruediv__", "true_divide", "divide"})
 # weights plus a constant, their sum over a dim, and the division by it (_Session._renormalized)
 RENORM_STEPS = frozenset({"add", "__add__", "__radd__", "sub", "__sub__", "sum", "div", "__truediv__", "true_divide",
-                          "divide"})  # fmt: skip
+                          "divide", "mul", "__mul__", "__rmul__"})  # fmt: skip
 CAT = frozenset({"cat", "concat", "concatenate", "hstack", "vstack"})
 TRIANGLES = frozenset({"tril", "triu", "tril_", "triu_"})
 CONV = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})
@@ -6786,6 +6786,28 @@ class _Session:
         _hold(self._softmaxed, out, *entry)
         weakref.finalize(out, self._softmaxed.pop, id(out), None)
 
+    def _renormalized_masked(self, args, kwargs, out: torch.Tensor) -> None:
+        """Such weights times a 0/1 mask before they are renormalized over the other axis (slot attention over
+        padded inputs: ``attn = attn * mask[:, None, None, :]`` between the epsilon and the sum): still those
+        weights, the mask's zeros hidden keys of the record the renormalization makes."""
+        if len(args) != 2 or kwargs:
+            return
+        for w, m in ((args[0], args[1]), (args[1], args[0])):
+            entry = _held(self._softmaxed, w) if isinstance(w, torch.Tensor) else None
+            if entry is None or not isinstance(m, torch.Tensor) or tuple(out.shape) != tuple(w.shape):
+                continue
+            if self.tag(m) is not None and self.tag(m) is not _PARAM_TAG or not _zero_one(m):
+                return  # (times values, or a weighting: not a mask)
+            scores, tag, path, dim, p, before = entry[1:]
+            try:
+                keep = (m != 0).expand(scores.shape)
+            except RuntimeError:
+                return
+            allowed = keep if tag.allowed is None else tag.allowed.expand(scores.shape) & keep
+            self._hold_softmaxed(out, scores, replace(tag, allowed=allowed, mask_source="multiplied"), path, dim,
+                                 p, before)  # fmt: skip
+            return
+
     def _renormalized(self, name: str, args, kwargs, out: torch.Tensor) -> None:
         """Weights a softmax gave over one axis (plus a constant), divided by their sum over another:
         ``attn = dots.softmax(dim=1) + eps; attn = attn / attn.sum(dim=-1, keepdim=True)``, slot attention's
@@ -6794,6 +6816,9 @@ class _Session:
         it as the keys (the scores' lineage says where each element is), in place of the softmax's."""
         x = args[0] if args else None
         if not isinstance(x, torch.Tensor):
+            return
+        if name in MUL:
+            self._renormalized_masked(args, kwargs, out)
             return
         entry = _held(self._softmaxed, x)
         plus = name in ("add", "__add__", "__radd__", "sub", "__sub__") and len(args) == 2 and not kwargs
