@@ -526,3 +526,53 @@ def test_slot_attention_masked_between_its_epsilon_and_its_renormalization_is_ea
         torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)
         assert r.exact and r.kind == "cross" and r.query_labels == ("<slots 0>", "<slots 1>", "<slots 2>")
         assert r.mask is not None and torch.equal(r.mask, mask.bool()[:, None, :].expand(batch, 3, 5))
+
+
+class AxialAttend(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.h, self.qkv = heads, nn.Linear(d, 3 * d)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.h, c // self.h).permute(2, 0, 3, 1, 4).unbind(0)
+        a = (q @ k.transpose(-2, -1) * (c // self.h) ** -0.5).softmax(-1)
+        return (a @ v).transpose(1, 2).reshape(b, n, c)
+
+
+class AxialBlock(nn.Module):
+    """Axial attention over a (B, C, H, W) map written with permute + reshape: each image row attends over its
+    pixels (B * H sequences of W), then each column (B * W sequences of H). On a square map both records have
+    the same shape, though row i of one is an image row and row i of the other an image column."""
+
+    def __init__(self, d: int = 8, heads: int = 2):
+        super().__init__()
+        self.stem = nn.Conv2d(3, d, 3, padding=1)
+        self.row, self.col = AxialAttend(d, heads), AxialAttend(d, heads)
+
+    def forward(self, img):
+        x = self.stem(img)
+        b, c, h, w = x.shape
+        x = x + self.row(x.permute(0, 2, 3, 1).reshape(b * h, w, c)).reshape(b, h, w, c).permute(0, 3, 1, 2)
+        return x + self.col(x.permute(0, 3, 2, 1).reshape(b * w, h, c)).reshape(b, w, h, c).permute(
+            0, 3, 2, 1
+        )
+
+
+def test_rows_and_columns_of_a_square_map_are_not_drawn_as_one_sequences_layers():
+    """``trace(1)`` stacked image row 1's map and image column 1's as layers 0 and 1 of one sequence, over the
+    same labels, with no note (on a map that is not square their shapes differ, and the columns were left out
+    and said). The calls whose row holds other positions are left out now, and said."""
+    torch.manual_seed(0)
+    model = AxialBlock().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 3, 4, 4))
+    rows, cols = cap.records
+    assert rows.exact and cols.exact
+    assert rows.query_positions[1].tolist() != cols.query_positions[1].tolist()
+    tr = cap.trace(1)
+    assert tr.enc_self.shape[0] == 1  # one layer: the rows
+    np.testing.assert_allclose(tr.enc_self[0], rows.probs[1].numpy(), atol=1e-6)
+    (note,) = tr.meta["capture_notes"]
+    assert note.startswith("enc_self (col)")
+    assert "holds other positions" in note and "not deeper layers" in note

@@ -622,6 +622,20 @@ class Captured:
                 left_out.append(f"{kind} left out of the trace: its maps are over {groups[best][0].probs.shape[0]} "
                                 f"sequence(s), and this trace is of sequence {index}")  # fmt: skip
                 continue
+            streams = _row_streams(groups[best], at)
+            if (
+                len(streams) > 1
+            ):  # the same positions folded another way at this row: not one sequence's layers
+                keep = max(streams, key=len)
+                other = [r for r in groups[best] if not any(r is k for k in keep)]
+                left_out.append(
+                    f"{kind} ({_modules(other)}): {len(other)} call(s) whose row {at} holds other positions than the "
+                    f"{len(keep)} drawn (the same positions folded another way: an axial attention's columns beside "
+                    "its rows, a video's frames beside its patches, shifted windows beside unshifted ones) are not "
+                    "deeper layers of one sequence: this trace draws the calls that read the same positions (the "
+                    "others are in cap.records)"
+                )
+                groups[best] = keep
             km = kind_maps(groups[best], joined)
             p = km.probs[at]  # (layer, head, q, k)
             q_side, k_side = _SIDES[kind]
@@ -924,6 +938,19 @@ def query_segments(records: list[Record]) -> list[list[Record]]:
         else:
             run.append(r)
     return runs
+
+
+def _row_streams(records: list[Record], at: int) -> list[list[Record]]:
+    """Records that stack, grouped by the query positions their row ``at`` holds (in the order of their first
+    call): one group where they all read the same (a forward's layers over one sequence), or where lineage
+    does not say for one of them."""
+    streams: dict[tuple[int, ...], list[Record]] = {}
+    for r in records:
+        qp = r.query_positions
+        if qp is None or qp.dim() != 2 or at >= int(qp.shape[0]):
+            return [records]
+        streams.setdefault(tuple(qp[at].tolist()), []).append(r)
+    return list(streams.values())
 
 
 def _disjoint(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
