@@ -576,3 +576,50 @@ def test_rows_and_columns_of_a_square_map_are_not_drawn_as_one_sequences_layers(
     (note,) = tr.meta["capture_notes"]
     assert note.startswith("enc_self (col)")
     assert "holds other positions" in note and "not deeper layers" in note
+
+
+class SplitPadSorted(nn.Module):
+    """Sequences handed in as one flat tensor of ids and their lengths, split and padded inside the model
+    (``pad_sequence(torch.split(emb(ids), lens))``), then sorted by length (``sort``: the caller's order, kept).
+    ``truth`` keeps the weights in the caller's order of sequences."""
+
+    def __init__(self, sort: bool, heads: int = 2, d: int = 8):
+        super().__init__()
+        self.sort, self.h, self.d = sort, heads, d
+        self.emb, self.qkv = nn.Embedding(50, 16), nn.Linear(16, 3 * heads * d)
+
+    def forward(self, ids, lens):
+        x = nn.utils.rnn.pad_sequence(torch.split(self.emb(ids), lens.tolist()), batch_first=True)
+        b, n, _ = x.shape
+        perm = torch.argsort(lens, descending=True) if self.sort else torch.arange(b)
+        x = x[perm]
+        keep = torch.arange(n)[None] < lens[perm][:, None]
+        q, k, v = self.qkv(x).view(b, n, 3, self.h, self.d).permute(2, 0, 3, 1, 4)
+        w = (
+            (q @ k.transpose(-1, -2) / self.d**0.5)
+            .masked_fill(~keep[:, None, None], float("-inf"))
+            .softmax(-1)
+        )
+        self.truth = w[torch.argsort(perm)]
+        return (w @ v)[torch.argsort(perm)]
+
+
+@pytest.mark.parametrize("lens", [[3, 6, 4], [2, 5, 3, 6], [4, 1, 3, 2, 5, 6]])
+def test_sequences_split_from_flat_ids_and_sorted_by_length_are_flagged(lens):
+    """The record's rows were the sorted order, exact, with no word: ``trace(0)`` drew the longest sequence's
+    map for the first (off by up to 0.56). Record row b is the caller's sequence order[b]: flagged, with the
+    order; in the caller's own order the record stays exact."""
+    torch.manual_seed(len(lens))
+    lens_t = torch.tensor(lens)
+    ids = torch.randint(1, 50, (sum(lens),))
+    for sort in (True, False):
+        model = SplitPadSorted(sort).eval()
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(ids, lens_t)
+        (r,) = cap.records
+        if sort:
+            order = torch.argsort(lens_t, descending=True).tolist()
+            assert not r.exact and f"the caller's sequence {order}[b]" in r.flag
+        else:
+            assert r.exact and r.flag is None
+            torch.testing.assert_close(r.probs.nan_to_num(), model.truth.nan_to_num(), rtol=0, atol=1e-6)

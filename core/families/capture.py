@@ -3052,12 +3052,29 @@ class _Session:
         if not bool(((src == first) | ~own).all()):
             return None  # keys from several tensors (a cache, a memory): rows name no one batch
         source = self.sources.items[int(first)]
-        if not source.row:
-            return None
         rows = self.sources.rows(safe).masked_fill(~own, -1)
         big = torch.iinfo(rows.dtype).max
         lo = torch.where(own, rows, big).amin(-1)
         hi = rows.amax(-1)
+        one_row = not source.row or bool((lo == hi).all() and (lo == lo[0]).all())
+        if one_row and int(kp.shape[0]) > 1:
+            # every sequence a run of one row (flat ids split by length and padded inside the model:
+            # ``pad_sequence(torch.split(emb(ids), lens))``): the caller's sequences are the runs in their order
+            start = torch.where(own, safe, big).amin(-1)
+            end = torch.where(own, safe, -1).amax(-1)
+            by_start = torch.argsort(start)
+            if bool((start[by_start][1:] > end[by_start][:-1]).all()):  # (runs apart: no beams of one row)
+                if bool((start[1:] > start[:-1]).all()):
+                    return None
+                order = torch.empty_like(by_start)
+                order[by_start] = torch.arange(int(by_start.numel()), device=by_start.device)
+                how = ("the sequences were put in another order inside the model before this attention (the runs "
+                       "of one input split into sequences, then sorted by length)")  # fmt: skip
+                if keys_only:
+                    return f"{how}: the keys of record row b are the caller's sequence {order.tolist()}[b], not sequence b"
+                return f"{how}: record row b holds the caller's sequence {order.tolist()}[b], not sequence b"
+        if not source.row:
+            return None
         n_rows = max(source.n // source.row, 1)
         some = False  # (some rows may be picked: the rows are a batch's sequences)
         if bool((lo == hi).all()):
