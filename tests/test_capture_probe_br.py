@@ -573,8 +573,11 @@ def test_rows_and_columns_of_a_square_map_are_not_drawn_as_one_sequences_layers(
     tr = cap.trace(1)
     assert tr.enc_self.shape[0] == 1  # one layer: the rows
     np.testing.assert_allclose(tr.enc_self[0], rows.probs[1].numpy(), atol=1e-6)
-    (note,) = tr.meta["capture_notes"]
+    notes = tr.meta["capture_notes"]
+    (note,) = [n for n in notes if "holds other positions" in n]
     assert note.startswith("enc_self (col)")
+    # (and the rows drawn are image rows, parts of image 0: said too)
+    assert any("over 8 rows for the 2 sequence(s) given" in n and "sequence 0" in n for n in notes), notes
     assert "holds other positions" in note and "not deeper layers" in note
 
 
@@ -623,3 +626,36 @@ def test_sequences_split_from_flat_ids_and_sorted_by_length_are_flagged(lens):
         else:
             assert r.exact and r.flag is None
             torch.testing.assert_close(r.probs.nan_to_num(), model.truth.nan_to_num(), rtol=0, atol=1e-6)
+
+
+class Windows(nn.Module):
+    """Self-attention within windows of ``w`` tokens folded into the batch (``x.view(B * L // w, w, d)``)."""
+
+    def __init__(self, d: int = 8, w: int = 4):
+        super().__init__()
+        self.w, self.emb, self.qkv = w, nn.Embedding(50, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        q, k, v = self.qkv(x.view(b * n // self.w, self.w, d)).chunk(3, -1)
+        return ((q @ k.transpose(1, 2)).softmax(-1) @ v).view(b, n, d)
+
+
+def test_a_trace_of_windows_says_which_sequence_its_row_is_part_of():
+    """``trace(1)`` of windows folded into the batch drew window 1, part of sequence 0, as "sequence 1", with
+    no word: the record's rows are windows, exact, in the model's order, and the trace now says which
+    sequence the row drawn reads. Windows of one sequence each, in order, say nothing."""
+    model = Windows().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 50, (2, 8)))
+    (r,) = cap.records
+    assert r.exact and r.rows_of is not None and r.rows_of[0].tolist() == [0, 0, 1, 1] and r.rows_of[1] == 2
+    (note,) = cap.trace(1).meta["capture_notes"]
+    assert (
+        "over 4 rows for the 2 sequence(s) given" in note
+        and "row 1, drawn here, reads positions of sequence 0" in note
+    )
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 50, (2, 4)))
+    assert "capture_notes" not in cap.trace(1).meta

@@ -300,6 +300,10 @@ class Record:
     query_positions: torch.Tensor | None = None
     # (B, k) the lineage position of every key (-1 at learned ones), where lineage has it (a record of its own)
     key_positions: torch.Tensor | None = None
+    # ((B,) the sequence of the input each record row's queries are in, that input's number of sequences), where
+    # every row's queries lie in one sequence of one input: rows that are windows, chunks or documents of the
+    # sequences given, or beams, say which sequence each is part of
+    rows_of: tuple[torch.Tensor, int] | None = None
 
     @property
     def residual(self) -> torch.Tensor | None:
@@ -622,6 +626,9 @@ class Captured:
                 left_out.append(f"{kind} left out of the trace: its maps are over {groups[best][0].probs.shape[0]} "
                                 f"sequence(s), and this trace is of sequence {index}")  # fmt: skip
                 continue
+            part = _part_of(groups[best], at)
+            if part is not None:
+                left_out.append(f"{kind} ({_modules(groups[best])}): {part}")
             streams = _row_streams(groups[best], at)
             if (
                 len(streams) > 1
@@ -938,6 +945,20 @@ def query_segments(records: list[Record]) -> list[list[Record]]:
         else:
             run.append(r)
     return runs
+
+
+def _part_of(records: list[Record], at: int) -> str | None:
+    """Where the maps' rows are not the sequences given one for one (windows, chunks or documents the model
+    folded into its batch, beams), which sequence row ``at`` reads; None where row ``at`` is sequence ``at``."""
+    found = records[0].rows_of if records else None
+    if found is None:
+        return None
+    rows, n = found
+    if at >= int(rows.numel()) or (int(rows.numel()) == n and int(rows[at]) == at):
+        return None
+    return (f"its maps are over {int(rows.numel())} rows for the {n} sequence(s) given (windows, chunks, documents "
+            f"or beams the model folded into its batch, in its order): row {at}, drawn here, reads positions of "
+            f"sequence {int(rows[at])}")  # fmt: skip
 
 
 def _row_streams(records: list[Record], at: int) -> list[list[Record]]:
@@ -7928,6 +7949,42 @@ class _Session:
                           "attention the model computed with")  # fmt: skip
         self.cap.records[:] = [r for r in self.cap.records if id(r) not in drop]
 
+    def sequence_rows(self) -> None:
+        """At the block's end: each record's ``rows_of``, the sequence of the input its rows' queries are in."""
+        records = self.cap.records
+        for i, rec in enumerate(records):
+            qp = rec.query_positions
+            if qp is None or qp.dim() != 2 or not qp.numel():
+                continue
+            try:
+                found = self._rows_of(qp)
+            except Exception:  # (bookkeeping never breaks a capture: the rows are simply not said)
+                found = None
+            if found is not None:
+                records[i] = _replaced(rec, rows_of=found)
+
+    def _rows_of(self, qp: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+        own = qp >= 0
+        if not bool(own.any(-1).all()):
+            return None
+        safe = qp.clamp_min(0).cpu()
+        own = own.cpu() & ~self.sources.learned(safe)
+        if not bool(own.any(-1).all()):
+            return None
+        src = self.sources.index(safe)
+        first = src[own][:1]
+        if not bool(((src == first) | ~own).all()):
+            return None
+        source = self.sources.items[int(first)]
+        if not source.row or source.n < source.row:
+            return None
+        rows = (safe - source.start) // source.row
+        big = torch.iinfo(rows.dtype).max
+        lo = torch.where(own, rows, big).amin(-1)
+        if not bool((lo == torch.where(own, rows, -1).amax(-1)).all()):
+            return None
+        return lo, source.n // source.row
+
     def detach_records(self) -> None:
         """At the block's end: records that hold the model's memory where anything else still holds it too (maps
         the model returned or kept) get copies, so a write after the block (maps post-processed in place, a
@@ -10507,6 +10564,7 @@ def capture_attention(
         session.drop_unused_outside()
         session.tell_named_decoders()
         session.tell_undecided_kinds()
+        session.sequence_rows()
         session.detach_records()
     if session.n_ops and not (session.n_attention or blind or session.n_alien or session.scripted):
         logs = session.n_log_softmax
