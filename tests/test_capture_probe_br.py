@@ -659,3 +659,49 @@ def test_a_trace_of_windows_says_which_sequence_its_row_is_part_of():
     with torch.no_grad(), capture_attention(model) as cap:
         model(torch.randint(0, 50, (2, 4)))
     assert "capture_notes" not in cap.trace(1).meta
+
+
+class ScoresJoined(nn.Module):
+    """Multi-head self-attention whose scores are made one head (or one sequence) at a time and joined:
+    ``torch.stack([q[:, h] @ k[:, h].T for h in range(H)], 1)`` (masked after, or each head before), or
+    ``torch.cat`` of each sequence's. ``truth`` keeps the weights (B, H, L, L)."""
+
+    def __init__(self, heads: int, how: str, d: int = 24):
+        super().__init__()
+        self.h, self.how, self.d = heads, how, d
+        self.emb, self.qkv = nn.Embedding(50, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.h, self.d // self.h).permute(2, 0, 3, 1, 4)
+        keep = torch.ones(n, n, dtype=torch.bool).tril() & (ids != 0)[:, None, None, :]
+        if self.how == "heads stacked":
+            s = torch.stack([q[:, h] @ k[:, h].transpose(-1, -2) for h in range(self.h)], 1)
+            s = s.masked_fill(~keep, float("-inf"))
+        elif self.how == "heads masked, stacked":
+            s = torch.stack([(q[:, h] @ k[:, h].transpose(-1, -2)).masked_fill(~keep[:, 0], float("-inf"))
+                             for h in range(self.h)], 1)  # fmt: skip
+        else:  # "sequences joined"
+            s = torch.cat([q[i : i + 1] @ k[i : i + 1].transpose(-1, -2) for i in range(b)], 0)
+            s = s.masked_fill(~keep, float("-inf"))
+        self.truth = s.softmax(-1)
+        return (self.truth @ v).transpose(1, 2).reshape(b, n, self.d)
+
+
+@pytest.mark.parametrize("how", ["heads stacked", "heads masked, stacked", "sequences joined"])
+@pytest.mark.parametrize("batch,heads", [(2, 2), (3, 3), (3, 1), (2, 4)])
+def test_scores_made_a_head_or_a_sequence_at_a_time_and_joined_are_exact(how, batch, heads):
+    """The join was read as the first part broadcast over the others: every head a copy of head 0's
+    positions, so the record, whose numbers were right, was flagged with an untrue reason ("one position is
+    several queries of one sequence and head ... a guess"); with one head, "stack changed the scores' shape"."""
+    torch.manual_seed(batch * 7 + heads)
+    model = ScoresJoined(heads, how).eval()
+    ids = torch.randint(1, 50, (batch, 6))
+    ids[-1, 4:] = 0
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (r,) = cap.records
+    torch.testing.assert_close(r.probs, model.truth, rtol=0, atol=1e-6)
+    assert r.exact and r.kind == "dec_self" and not cap.notes, (r.flag, cap.notes)
+    assert torch.equal(r.mask, torch.ones(6, 6, dtype=torch.bool).tril()[None] & (ids != 0)[:, None, :])

@@ -5063,6 +5063,10 @@ class _Session:
         chained (replayed at the softmax), anything else breaks it with a reason."""
         if smap is None or smap.broken:
             return smap
+        if (name in CAT or name == "stack") and args and isinstance(args[0], (list, tuple)):
+            joined = self._scores_joined(name, args, kwargs, out)
+            if joined is not None:
+                return joined
         columns = self._learned_columns(name, args, kwargs, base_t, out)
         if columns is not None:
             return self._with_learned_keys(smap, *columns, tuple(base_t.shape)) or smap.fail(
@@ -5084,6 +5088,42 @@ class _Session:
         except RuntimeError:
             pass
         return smap.fail(f"{name} changed the scores' shape in a way capture does not follow")
+
+    def _scores_joined(self, name, args, kwargs, out) -> ScoreMap | None:
+        """Scores of several products joined along a leading axis (a head's ``q[:, h] @ k[:, h].T`` each, then
+        ``torch.stack(..., 1)``; blocks of the batch ``cat``'ed): one score map whose slices are each product's,
+        so every head keeps its own queries and keys (read as one product broadcast, the heads were copies of
+        the first, and the layout a guess). None where a part is no product capture follows."""
+        parts = args[0]
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        if not parts or not isinstance(dim, int) or not all(isinstance(t, torch.Tensor) for t in parts):
+            return None
+        maps = []
+        for t in parts:
+            g = self.tag(t)
+            if g is None or g.role != "scores" or g.smap is None or g.smap.broken or g.probs is not None:
+                return None
+            sm = lineage.rebased(g.smap, tuple(t.shape)) if g.smap.chain else g.smap
+            if sm is None or tuple(sm.shape) != tuple(t.shape):
+                return None
+            maps.append(sm)
+        nd = parts[0].dim()
+        if any(t.dim() != nd for t in parts) or nd < 2:
+            return None
+        if name == "stack":
+            d = dim % (nd + 1)
+            if d > nd - 2:
+                return None  # (stacked along the queries or keys: no leading axis)
+            q, k = torch.stack([m.q for m in maps], d), torch.stack([m.k for m in maps], d)
+        else:
+            d = dim % nd
+            if d >= nd - 2:
+                return None
+            q, k = torch.cat([m.q for m in maps], d), torch.cat([m.k for m in maps], d)
+        shape = tuple(int(n) for n in out.shape)
+        if tuple(q.shape) != shape[:-1] or tuple(k.shape) != (*shape[:-2], shape[-1]):
+            return None
+        return ScoreMap(shape, q, k)
 
     def _with_learned_keys(
         self, smap: ScoreMap, before: list[torch.Tensor], after: list[torch.Tensor], current: tuple[int, ...]
