@@ -705,3 +705,40 @@ def test_scores_made_a_head_or_a_sequence_at_a_time_and_joined_are_exact(how, ba
     torch.testing.assert_close(r.probs, model.truth, rtol=0, atol=1e-6)
     assert r.exact and r.kind == "dec_self" and not cap.notes, (r.flag, cap.notes)
     assert torch.equal(r.mask, torch.ones(6, 6, dtype=torch.bool).tril()[None] & (ids != 0)[:, None, :])
+
+
+class ExpTwice(nn.Module):
+    """A softmax by hand, as tutorials write it, with the exp computed twice: ``torch.exp(s) / torch.exp(s).sum(
+    -1, keepdim=True)``, or with the max subtracted in each (``how == "shifted"``). ``truth`` keeps it."""
+
+    def __init__(self, how: str, heads: int = 2, d: int = 16):
+        super().__init__()
+        self.how, self.h, self.d = how, heads, d
+        self.emb, self.qkv = nn.Embedding(50, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, n, 3, self.h, self.d // self.h).permute(2, 0, 3, 1, 4)
+        s = q @ k.transpose(-1, -2) * (self.d // self.h) ** -0.5
+        if self.how == "shifted":
+            w = torch.exp(s - s.amax(-1, keepdim=True)) / torch.exp(s - s.amax(-1, keepdim=True)).sum(
+                -1, keepdim=True
+            )
+        else:
+            w = torch.exp(s) / torch.exp(s).sum(dim=-1, keepdim=True)
+        self.truth = w
+        return w @ v
+
+
+@pytest.mark.parametrize("how", ["plain", "shifted"])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_a_softmax_by_hand_with_its_exp_computed_twice_is_recorded(how, batch):
+    """It was not recorded, and a warning said the scores multiply values without a softmax (sigmoid
+    attention, sparsemax): untrue, the weights are softmax(s)."""
+    torch.manual_seed(batch)
+    model = ExpTwice(how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 50, (batch, 5)))
+    (r,) = cap.records
+    torch.testing.assert_close(r.probs, model.truth, rtol=0, atol=1e-6)
+    assert r.exact and r.kind == "enc_self" and not cap.notes, cap.notes

@@ -2787,10 +2787,16 @@ class _Session:
             if (
                 e is not None
                 and total is not None
-                and (total[2] is args[0] or (plus is not None and total[2] is plus[1]))
+                and (
+                    total[2] is args[0]
+                    or (plus is not None and total[2] is plus[1])
+                    or _same_scores(total[0], e[0])  # (the exp taken twice: ``s.exp() / s.exp().sum(-1)``)
+                )
                 and tuple(out.shape) == tuple(x.shape)
             ):
                 self._unfinished.pop(id(args[0]), None)
+                if isinstance(total[2], torch.Tensor):
+                    self._unfinished.pop(id(total[2]), None)  # (the exp summed, where it was taken twice)
                 g = self.tag(e[0])
                 if g is not None and g.role != "scores":  # over positions: its weights followed from here
                     self.n_attention += 1
@@ -9421,6 +9427,20 @@ def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torc
     torch.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state(state[1], device)
+
+
+def _same_scores(a: Any, b: Any) -> bool:
+    """Two tensors of scores that are one (or equal, value for value: the same scores computed twice)."""
+    if a is b:
+        return True
+    return (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and tuple(a.shape) == tuple(b.shape)
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and bool(torch.equal(a, b))
+    )
 
 
 def _same_shape(a: Any, b: Any) -> bool:
