@@ -742,3 +742,41 @@ def test_a_softmax_by_hand_with_its_exp_computed_twice_is_recorded(how, batch):
     (r,) = cap.records
     torch.testing.assert_close(r.probs, model.truth, rtol=0, atol=1e-6)
     assert r.exact and r.kind == "enc_self" and not cap.notes, cap.notes
+
+
+class SdpaFloatMask(nn.Module):
+    """SDPA given a float mask of 0s and 1s (a bool mask turned into floats, not into 0 / -inf): causal
+    (``tril(ones)``) or padding (1 = a real token), or a correct additive causal mask."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how, self.emb, self.qkv = how, nn.Embedding(50, 16), nn.Linear(16, 48)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = (t.view(b, n, 2, 8).transpose(1, 2) for t in self.qkv(self.emb(ids)).chunk(3, -1))
+        if self.how == "causal 0/1":
+            m = torch.ones(n, n).tril()
+        elif self.how == "padding 0/1":
+            m = (ids != 0).float()[:, None, None, :]
+        else:
+            m = torch.zeros(n, n).masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+
+@pytest.mark.parametrize("how", ["causal 0/1", "padding 0/1", "additive"])
+def test_a_float_mask_of_zeros_and_ones_handed_to_sdpa_is_said(how):
+    """Added to the scores, 0 or 1 hides no key: by hand and through MultiheadAttention this was a warning,
+    through SDPA nothing (the map right, its bug unsaid). A correct additive mask says nothing."""
+    ids = torch.randint(1, 50, (2, 5))
+    ids[1, 3:] = 0
+    model = SdpaFloatMask(how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (r,) = cap.records
+    if how == "additive":
+        assert not cap.notes and r.kind == "dec_self"
+    else:
+        (note,) = cap.notes
+        assert "0s and 1s was passed to scaled_dot_product_attention as a float attn_mask" in note
+        assert ("attends to later keys" in note) == (how == "causal 0/1")

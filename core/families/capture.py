@@ -4624,6 +4624,21 @@ class _Session:
             self.warn(tag.attn_out, tuple(x.shape), "its heads are merged back in another order than they were "
                       "split: each output row mixes several positions (a fold and unfold that do not match)")  # fmt: skip
 
+    def _zero_one_added(self, m: torch.Tensor, shape: tuple[int, int]) -> None:
+        """A float mask of 0s and 1s handed to SDPA, which adds it to the scores (a bool or 0/1 mask turned into
+        floats, not into 0 / -inf): a causal one is a decoder's broken mask (``_added_zero_one``); any other with
+        some 1 (a padding mask, 1 = keep) hides no key either, and is said."""
+        if not m.is_floating_point() or not _zero_one(m) or not bool((m == 1).any()):
+            return
+        path = self.path()
+        how = "passed to scaled_dot_product_attention as a float attn_mask, which it adds to the scores"
+        if _zero_one_triangle(m):
+            self._added_zero_one(path, shape, how)
+        else:
+            self.warn(path, tuple(m.shape), f"a mask of 0s and 1s was {how}: adding 0 or 1 hides no key, so the "
+                      "keys it meant to hide are attended to. SDPA hides keys with a bool mask (True = may attend) "
+                      "or with 0 / -inf")  # fmt: skip
+
     def _added_zero_one(self, module: str, shape: tuple[int, ...], how: str) -> None:
         """A causal mask written as 0s and 1s was added to a call's scores (a bool or 0/1 mask turned
         into a float one and added): the map is what the model computed, and it sees the future. The call
@@ -8522,6 +8537,7 @@ class _Session:
                     logits = logits + m.to(work)
                     ok = torch.isfinite(m) & ~_added_hides(m)
                     allowed = ok if allowed is None else allowed & ok
+                    self._zero_one_added(m, (lq, lk))
             if fill is not None:  # broadcast as given: a causal (q, k) mask is never expanded
                 if (
                     logits is scores
