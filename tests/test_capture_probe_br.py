@@ -780,3 +780,26 @@ def test_a_float_mask_of_zeros_and_ones_handed_to_sdpa_is_said(how):
         (note,) = cap.notes
         assert "0s and 1s was passed to scaled_dot_product_attention as a float attn_mask" in note
         assert ("attends to later keys" in note) == (how == "causal 0/1")
+
+
+def test_xlnets_target_mapping_is_a_selection_not_scores():
+    """XLNet's query stream picks the targets' rows with a one-hot ``target_mapping`` handed in
+    (``einsum("mbnd,mlb->lbnd", q, target_mapping)``): that product was taken for query-key scores, and the
+    next product for scores weighing values without a softmax (a false warning on a Hugging Face model)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.XLNetConfig(vocab_size=50, d_model=32, n_layer=2, n_head=4, d_inner=64,
+                                      attn_implementation="eager")  # fmt: skip
+    model = transformers.XLNetLMHeadModel(config).eval()
+    ids = torch.randint(3, 50, (2, 8))
+    perm = torch.zeros(2, 8, 8)
+    perm[:, :, -1] = 1.0
+    target = torch.zeros(2, 1, 8)
+    target[:, 0, -1] = 1.0
+    with torch.no_grad(), capture_attention(model) as cap:
+        out = model(input_ids=ids, perm_mask=perm, target_mapping=target, output_attentions=True)
+    assert not [n for n in cap.notes if "without a softmax" in n], cap.notes
+    content = [r for r in cap.records if r.exact]
+    assert len(content) == 2  # the content stream's self-attention, a layer each, as the model returns it
+    for r, (want, _) in zip(content, out.attentions, strict=True):
+        torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)

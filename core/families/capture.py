@@ -5219,6 +5219,29 @@ class _Session:
                 return False
         return True
 
+    def _one_hot_pick(self, ops: list, op_tags: list, origin) -> _Tag | None:
+        """An activation times a matrix of 0s and 1s handed in (XLNet's ``einsum("mbnd,mlb->lbnd", q,
+        target_mapping)``, the rows of the targets picked; a graph's adjacency summing neighbours): a selection
+        or a sum of its rows, no scores of queries against keys. A projection whose positions capture does not
+        place, or None where no operand is such a matrix."""
+        if len(ops) != 2 or not all(isinstance(o, torch.Tensor) for o in ops):
+            return None
+        for i in (0, 1):
+            sel, g, other = ops[i], op_tags[i], op_tags[1 - i]
+            if (
+                g is None
+                and other is not None
+                and other.role in (None, "linear")
+                and other.probs is None
+                and sel.is_floating_point()
+                and sel.dim() >= 2
+                and sel.numel() > 1
+                and not _is_param(sel)
+                and _zero_one(sel)
+            ):
+                return _Tag("linear", origin)
+        return None
+
     def _matmul(self, name, args, kwargs, ins, tags, out, origin) -> _Tag:
         """q @ k of two activations makes scores; with a parameter, a projection. ``baddbmm(bias, q, k)``:
         a very negative bias is an additive mask."""
@@ -5355,6 +5378,9 @@ class _Session:
             if sides is not None:
                 swapped = f"{sides[1]},{sides[0]}->{sides[2]}"
                 return self._weighted_by_equation(swapped, [ops[1], ops[0]], second, out, origin)
+        picked = self._one_hot_pick(ops, op_tags, origin)
+        if picked is not None:
+            return picked
         if (first is not None and first.role == "scores" and first.smap is not None and not first.smap.broken
                 and len(op_tags) > 1 and op_tags[1] is not None and op_tags[1].role != "scores"):  # fmt: skip
             self.n_attention += 1  # attention seen, if not recordable: no "no attention seen" note
