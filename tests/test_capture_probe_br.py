@@ -803,3 +803,48 @@ def test_xlnets_target_mapping_is_a_selection_not_scores():
     assert len(content) == 2  # the content stream's self-attention, a layer each, as the model returns it
     for r, (want, _) in zip(content, out.attentions, strict=True):
         torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)
+
+
+class MaskedExp(nn.Module):
+    """A softmax by hand whose exp is multiplied by a 0/1 padding mask, then divided by its sum: over a
+    learned context vector's scores (``how == "pooling"``, attention pooling over a BiLSTM) or over q . k."""
+
+    def __init__(self, how: str, d: int = 8):
+        super().__init__()
+        self.how = how
+        self.emb = nn.Embedding(20, d, padding_idx=0)
+        self.w, self.ctx, self.q, self.k = (
+            nn.Linear(d, d),
+            nn.Linear(d, 1, bias=False),
+            nn.Linear(d, d),
+            nn.Linear(d, d),
+        )
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        mask = (ids != 0).float()
+        if self.how == "pooling":
+            e = self.ctx(torch.tanh(self.w(h))).squeeze(-1)
+            ex = torch.exp(e - e.max(dim=1, keepdim=True)[0]) * mask
+        else:
+            e = self.q(h) @ self.k(h).transpose(1, 2)
+            ex = torch.exp(e - e.amax(-1, keepdim=True)) * mask[:, None, :]
+        self.truth = ex / ex.sum(dim=-1, keepdim=True)
+        if self.how == "pooling":
+            return (self.truth.unsqueeze(-1) * h).sum(1)
+        return self.truth @ h
+
+
+@pytest.mark.parametrize("how", ["pooling", "self"])
+def test_a_padding_mask_multiplied_into_a_softmax_by_hand_is_the_records_mask(how):
+    """The mask was read from the weights' zeros only; once zeros of scores of many values stopped making up a
+    mask, it was lost. The 0/1 mask multiplied into the exp is the record's mask ("multiplied")."""
+    model = MaskedExp(how).eval()
+    ids = torch.tensor([[4, 5, 6, 7, 8], [9, 10, 11, 0, 0]])
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (r,) = cap.records
+    want = model.truth[:, None, None] if how == "pooling" else model.truth[:, None]
+    torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)
+    assert r.exact and r.mask_source == "multiplied" and r.mask is not None
+    assert torch.equal(r.mask, (ids != 0)[:, None, :].expand_as(r.mask))

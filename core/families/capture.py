@@ -2715,7 +2715,7 @@ class _Session:
                 e = self._hand_of(e_t, "exp")
                 if (e is not None and isinstance(m, torch.Tensor) and tuple(out.shape) == tuple(e_t.shape)
                         and (m.dtype == torch.bool or _zero_one(m))):  # fmt: skip
-                    self._remember_hand(out, "exp", out, e[0], None)
+                    self._remember_hand(out, "exp", out, self._masked_by(e[0], m), None)
                     self._unfinished.pop(id(e_t), None)
                     g = self.tag(e[0])
                     if g is not None and g.role == "scores":
@@ -3212,6 +3212,23 @@ class _Session:
             return "the pieces were changed after they were recorded"
         return _join_pieces([(r, lay) for r, (_, _, lay) in zip(now, run, strict=True) if r is not None],
                             self.sources)  # fmt: skip
+
+    def _masked_by(self, scores: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """Scores whose exp is multiplied by a 0/1 mask (``exp(s - max) * mask``, then divided by its sum): a view
+        of them tagged with the mask's zeros hidden, so the softmax by hand is recorded with that mask
+        (``"multiplied"``); the scores themselves where they are no scores capture follows."""
+        g = self.tag(scores)
+        if g is None or g.role not in ("scores", None, "linear") or g.probs is not None:
+            return scores  # (scores over positions too: a learned context vector's)
+        try:
+            keep = (m != 0).expand(scores.shape)
+            allowed = keep if g.allowed is None else g.allowed.expand(scores.shape) & keep
+        except RuntimeError:
+            return scores
+        masked = scores.view_as(scores)
+        self.set(masked, replace(g, allowed=allowed, mask_source=g.mask_source or "multiplied",
+                                 scores=g.scores if g.scores is not None else scores.detach()))  # fmt: skip
+        return masked
 
     def _hand_weights(self, args, kwargs) -> None:
         """A product whose weights a softmax written by hand made: recorded as the softmax of its scores
