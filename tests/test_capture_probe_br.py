@@ -848,3 +848,37 @@ def test_a_padding_mask_multiplied_into_a_softmax_by_hand_is_the_records_mask(ho
     torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)
     assert r.exact and r.mask_source == "multiplied" and r.mask is not None
     assert torch.equal(r.mask, (ids != 0)[:, None, :].expand_as(r.mask))
+
+
+class HandWeightedSum(nn.Module):
+    """A softmax by hand (``exp(s - max)`` over its sum) whose weights weigh the values by a weighted sum written
+    out, ``(w.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2)`` (or ``w[..., None]``), not by a product."""
+
+    def __init__(self, heads: int, how: str, d: int = 16):
+        super().__init__()
+        self.h, self.how, self.d = heads, how, d
+        self.emb, self.qkv = nn.Embedding(50, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, n, 3, self.h, self.d // self.h).permute(2, 0, 3, 1, 4)
+        s = q @ k.transpose(-1, -2)
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        w = e / e.sum(-1, keepdim=True)
+        self.truth = w
+        wv = w.unsqueeze(-1) if self.how == "unsqueeze" else w[..., None]
+        return (wv * v.unsqueeze(-3)).sum(-2)
+
+
+@pytest.mark.parametrize("how", ["unsqueeze", "index"])
+@pytest.mark.parametrize("batch,heads", [(1, 1), (2, 2), (3, 4)])
+def test_a_softmax_by_hand_weighing_values_by_a_written_out_sum_is_recorded(how, batch, heads):
+    """Its weights were recorded only where a product took them: here nothing was recorded, and the note said
+    no softmax was seen."""
+    torch.manual_seed(batch * 10 + heads)
+    model = HandWeightedSum(heads, how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 50, (batch, 5)))
+    (r,) = cap.records
+    torch.testing.assert_close(r.probs, model.truth, rtol=0, atol=1e-6)
+    assert r.exact and r.kind == "enc_self" and not cap.notes, cap.notes

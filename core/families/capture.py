@@ -2352,6 +2352,8 @@ class _Session:
                     self._read_summed(name, args, kwargs)
                 if self._hand and name in MATMUL:
                     self._hand_weights(args, kwargs)  # a softmax by hand: recorded where its weights are used
+                elif self._hand and name in MUL:
+                    self._hand_weights_read(args, kwargs)
                 if self._positional:
                     self._positional_step(name, args, kwargs, out)
                 if name in SCATTER_SUM and self._exps:
@@ -2735,6 +2737,12 @@ class _Session:
                 self._remember_hand(out, "lse" if keep else "lse-", x, x, dim % x.dim())
         elif not self._hand:
             return
+        elif (
+            name in lineage.REPLAY
+            and (w := self._hand_of(x, "weights") or self._hand_of(x, "wview")) is not None
+            and tuple(out.shape) != tuple(x.shape)
+        ):  # a view of the weights (``w.unsqueeze(-1)``, ``w[..., None]``): recorded where it weighs values
+            self._remember_hand(out, "wview", w[2], w[0], w[1])
         elif name == "index_select" and len(args) >= 3 and isinstance(args[1], int) and out.dim() == x.dim():
             found = self._hand_of(x, "exp")  # an exp's rows put back in order (pad_packed_sequence's
             d = args[1] % max(x.dim(), 1)  # unsorted_indices): still the exp, its scores with it
@@ -3212,6 +3220,33 @@ class _Session:
             return "the pieces were changed after they were recorded"
         return _join_pieces([(r, lay) for r, (_, _, lay) in zip(now, run, strict=True) if r is not None],
                             self.sources)  # fmt: skip
+
+    def _hand_weights_read(self, args, kwargs) -> None:
+        """The weights of a softmax by hand, or a view of them, broadcast over values and multiplied element by
+        element (``(w.unsqueeze(-1) * v[:, None]).sum(-2)``, a weighted sum written out): recorded as at a
+        product. Not a 0/1 mask multiplied in, nor a tensor of the weights' own shape."""
+        ins = _tensors(args, kwargs)
+        if len(ins) != 2:
+            return
+        for t, v in ((ins[0], ins[1]), (ins[1], ins[0])):
+            found = self._hand_of(t, "wview") or self._hand_of(t, "weights")
+            g = self.tag(v)
+            if (
+                found is None
+                or g is None
+                or g is _PARAM_TAG
+                or g.role == "param"
+                or tuple(v.shape) == tuple(t.shape)
+                or not v.is_floating_point()
+                or _zero_one(v)
+            ):
+                continue
+            weights = found[2]
+            self._hand.pop(id(t), None)
+            self._hand.pop(id(weights), None)
+            self.n_attention += 1
+            self.on_softmax((found[0], found[1]), {}, weights)
+            return
 
     def _masked_by(self, scores: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         """Scores whose exp is multiplied by a 0/1 mask (``exp(s - max) * mask``, then divided by its sum): a view
