@@ -4680,8 +4680,13 @@ class _Session:
         """A float mask of 0s and 1s handed to SDPA, which adds it to the scores (a bool or 0/1 mask turned into
         floats, not into 0 / -inf): a causal one is a decoder's broken mask (``_added_zero_one``); any other with
         some 1 (a padding mask, 1 = keep) hides no key either, and is said."""
-        if not m.is_floating_point() or not _zero_one(m) or not bool((m == 1).any()):
-            return
+        if (
+            not m.is_floating_point()
+            or not _zero_one(m)
+            or not bool((m == 1).any())
+            or not bool((m == 0).any())
+        ):
+            return  # (all ones, or all zeros: added, nothing this batch meant to hide)
         path = self.path()
         how = "passed to scaled_dot_product_attention as a float attn_mask, which it adds to the scores"
         if _zero_one_triangle(m):
