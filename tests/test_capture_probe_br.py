@@ -882,3 +882,19 @@ def test_a_softmax_by_hand_weighing_values_by_a_written_out_sum_is_recorded(how,
     (r,) = cap.records
     torch.testing.assert_close(r.probs, model.truth, rtol=0, atol=1e-6)
     assert r.exact and r.kind == "enc_self" and not cap.notes, cap.notes
+
+
+def test_a_trace_of_swin_windows_over_an_image_says_which_image_its_row_is_part_of():
+    """An image handed in as (B, H, W, C): its sequences are the images, not the rows of pixels, so the
+    windows' rows are parts of image 0 or 1, said; the shifted windows of the next block are left out."""
+    import importlib
+
+    swin = importlib.import_module("usermodels.swin_windows")
+    model = swin.build()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(*swin.sample_batch())
+    assert all(r.rows_of is not None and r.rows_of[0].tolist() == [0] * 4 + [1] * 4 for r in cap.records)
+    notes = cap.trace(5).meta["capture_notes"]
+    assert any("over 8 rows for the 2 sequence(s) given" in n and "row 5, drawn here, reads positions of sequence 1"
+               in n for n in notes), notes  # fmt: skip
+    assert any("shifted windows beside unshifted ones" in n for n in notes)

@@ -626,9 +626,6 @@ class Captured:
                 left_out.append(f"{kind} left out of the trace: its maps are over {groups[best][0].probs.shape[0]} "
                                 f"sequence(s), and this trace is of sequence {index}")  # fmt: skip
                 continue
-            part = _part_of(groups[best], at)
-            if part is not None:
-                left_out.append(f"{kind} ({_modules(groups[best])}): {part}")
             streams = _row_streams(groups[best], at)
             if (
                 len(streams) > 1
@@ -643,6 +640,9 @@ class Captured:
                     "others are in cap.records)"
                 )
                 groups[best] = keep
+            part = _part_of(groups[best], at)
+            if part is not None:
+                left_out.append(f"{kind} ({_modules(groups[best])}): {part}")
             km = kind_maps(groups[best], joined)
             p = km.probs[at]  # (layer, head, q, k)
             q_side, k_side = _SIDES[kind]
@@ -8120,14 +8120,19 @@ class _Session:
         if not bool(((src == first) | ~own).all()):
             return None
         source = self.sources.items[int(first)]
-        if not source.row or source.n < source.row:
+        # positions per sequence: a row of the tensor they came from; an image's rows together, where it has
+        # more leading dims than (batch, positions): (B, H, W, C) holds B sequences of H * W
+        size = source.row
+        if source.kind == "external" and len(source.lead) >= 3 and source.lead[0] > 0:
+            size = source.n // source.lead[0]
+        if not size or source.n < size:
             return None
-        rows = (safe - source.start) // source.row
+        rows = (safe - source.start) // size
         big = torch.iinfo(rows.dtype).max
         lo = torch.where(own, rows, big).amin(-1)
         if not bool((lo == torch.where(own, rows, -1).amax(-1)).all()):
             return None
-        return lo, source.n // source.row
+        return lo, source.n // size
 
     def detach_records(self) -> None:
         """At the block's end: records that hold the model's memory where anything else still holds it too (maps
