@@ -650,7 +650,8 @@ def test_a_trace_of_windows_says_which_sequence_its_row_is_part_of():
     with torch.no_grad(), capture_attention(model) as cap:
         model(torch.randint(0, 50, (2, 8)))
     (r,) = cap.records
-    assert r.exact and r.rows_of is not None and r.rows_of[0].tolist() == [0, 0, 1, 1] and r.rows_of[1] == 2
+    rows = cap.rows_of(r)
+    assert r.exact and rows is not None and rows[0].tolist() == [0, 0, 1, 1] and rows[1] == 2
     (note,) = cap.trace(1).meta["capture_notes"]
     assert (
         "over 4 rows for the 2 sequence(s) given" in note
@@ -893,7 +894,9 @@ def test_a_trace_of_swin_windows_over_an_image_says_which_image_its_row_is_part_
     model = swin.build()
     with torch.no_grad(), capture_attention(model) as cap:
         model(*swin.sample_batch())
-    assert all(r.rows_of is not None and r.rows_of[0].tolist() == [0] * 4 + [1] * 4 for r in cap.records)
+    assert all(
+        (rows := cap.rows_of(r)) is not None and rows[0].tolist() == [0] * 4 + [1] * 4 for r in cap.records
+    )
     notes = cap.trace(5).meta["capture_notes"]
     assert any("over 8 rows for the 2 sequence(s) given" in n and "row 5, drawn here, reads positions of sequence 1"
                in n for n in notes), notes  # fmt: skip

@@ -300,10 +300,6 @@ class Record:
     query_positions: torch.Tensor | None = None
     # (B, k) the lineage position of every key (-1 at learned ones), where lineage has it (a record of its own)
     key_positions: torch.Tensor | None = None
-    # ((B,) the sequence of the input each record row's queries are in, that input's number of sequences), where
-    # every row's queries lie in one sequence of one input: rows that are windows, chunks or documents of the
-    # sequences given, or beams, say which sequence each is part of
-    rows_of: tuple[torch.Tensor, int] | None = None
 
     @property
     def residual(self) -> torch.Tensor | None:
@@ -376,6 +372,28 @@ class Captured:
     # the memory of the token ids the model looked up in an embedding (or a view of it): which of the
     # tensors handed in were token ids, and which only looked like them (a 0/1 padding mask)
     id_storages: set[int] = field(default_factory=set)
+    # the positions lineage numbered in the block (what ``rows_of`` reads), and its answers by record
+    _sources: Any = field(default=None, repr=False, compare=False)
+    _rows: dict[int, tuple[Record, tuple[torch.Tensor, int] | None]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def rows_of(self, record: Record) -> tuple[torch.Tensor, int] | None:
+        """((B,) the sequence of the input each row of ``record`` asks from, that input's number of sequences),
+        where every row's queries lie in one sequence of one input: rows that are windows, chunks or documents of
+        the sequences given, or beams, say which sequence each is part of. None where lineage does not say."""
+        held = self._rows.get(id(record))
+        if held is not None and held[0] is record:
+            return held[1]
+        qp = record.query_positions
+        found = None
+        if self._sources is not None and qp is not None and qp.dim() == 2 and qp.numel():
+            try:
+                found = _sequence_rows(self._sources, qp)
+            except Exception:  # (the rows are simply not said)
+                found = None
+        self._rows[id(record)] = (record, found)
+        return found
 
     def embedded(self, t: torch.Tensor) -> bool:
         """Whether the model looked ``t`` (or a view of it) up in an embedding in this block."""
@@ -640,7 +658,7 @@ class Captured:
                     "others are in cap.records)"
                 )
                 groups[best] = keep
-            part = _part_of(groups[best], at)
+            part = _part_of(self, groups[best], at)
             if part is not None:
                 left_out.append(f"{kind} ({_modules(groups[best])}): {part}")
             km = kind_maps(groups[best], joined)
@@ -947,10 +965,39 @@ def query_segments(records: list[Record]) -> list[list[Record]]:
     return runs
 
 
-def _part_of(records: list[Record], at: int) -> str | None:
+def _sequence_rows(sources: lineage.Sources, qp: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """(the sequence of its input each row's queries lie in, that input's number of sequences), or None."""
+    own = qp >= 0
+    if not bool(own.any(-1).all()):
+        return None
+    safe = qp.clamp_min(0).cpu()
+    own = own.cpu() & ~sources.learned(safe)
+    if not bool(own.any(-1).all()):
+        return None
+    src = sources.index(safe)
+    first = src[own][:1]
+    if not bool(((src == first) | ~own).all()):
+        return None
+    source = sources.items[int(first)]
+    # positions per sequence: a row of the tensor they came from; an image's rows together, where it has
+    # more leading dims than (batch, positions): (B, H, W, C) holds B sequences of H * W
+    size = source.row
+    if source.kind == "external" and len(source.lead) >= 3 and source.lead[0] > 0:
+        size = source.n // source.lead[0]
+    if not size or source.n < size:
+        return None
+    rows = (safe - source.start) // size
+    big = torch.iinfo(rows.dtype).max
+    lo = torch.where(own, rows, big).amin(-1)
+    if not bool((lo == torch.where(own, rows, -1).amax(-1)).all()):
+        return None
+    return lo, source.n // size
+
+
+def _part_of(cap: Captured, records: list[Record], at: int) -> str | None:
     """Where the maps' rows are not the sequences given one for one (windows, chunks or documents the model
     folded into its batch, beams), which sequence row ``at`` reads; None where row ``at`` is sequence ``at``."""
-    found = records[0].rows_of if records else None
+    found = cap.rows_of(records[0]) if records else None
     if found is None:
         return None
     rows, n = found
@@ -8094,45 +8141,9 @@ class _Session:
         self.cap.records[:] = [r for r in self.cap.records if id(r) not in drop]
 
     def sequence_rows(self) -> None:
-        """At the block's end: each record's ``rows_of``, the sequence of the input its rows' queries are in."""
-        records = self.cap.records
-        for i, rec in enumerate(records):
-            qp = rec.query_positions
-            if qp is None or qp.dim() != 2 or not qp.numel():
-                continue
-            try:
-                found = self._rows_of(qp)
-            except Exception:  # (bookkeeping never breaks a capture: the rows are simply not said)
-                found = None
-            if found is not None:
-                records[i] = _replaced(rec, rows_of=found)
-
-    def _rows_of(self, qp: torch.Tensor) -> tuple[torch.Tensor, int] | None:
-        own = qp >= 0
-        if not bool(own.any(-1).all()):
-            return None
-        safe = qp.clamp_min(0).cpu()
-        own = own.cpu() & ~self.sources.learned(safe)
-        if not bool(own.any(-1).all()):
-            return None
-        src = self.sources.index(safe)
-        first = src[own][:1]
-        if not bool(((src == first) | ~own).all()):
-            return None
-        source = self.sources.items[int(first)]
-        # positions per sequence: a row of the tensor they came from; an image's rows together, where it has
-        # more leading dims than (batch, positions): (B, H, W, C) holds B sequences of H * W
-        size = source.row
-        if source.kind == "external" and len(source.lead) >= 3 and source.lead[0] > 0:
-            size = source.n // source.lead[0]
-        if not size or source.n < size:
-            return None
-        rows = (safe - source.start) // size
-        big = torch.iinfo(rows.dtype).max
-        lo = torch.where(own, rows, big).amin(-1)
-        if not bool((lo == torch.where(own, rows, -1).amax(-1)).all()):
-            return None
-        return lo, source.n // size
+        """At the block's end: the positions lineage numbered, kept with the capture for ``Captured.rows_of``
+        (asked by a trace, not made for every record)."""
+        self.cap._sources = self.sources
 
     def detach_records(self) -> None:
         """At the block's end: records that hold the model's memory where anything else still holds it too (maps
