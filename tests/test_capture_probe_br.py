@@ -901,3 +901,41 @@ def test_a_trace_of_swin_windows_over_an_image_says_which_image_its_row_is_part_
     assert any("over 8 rows for the 2 sequence(s) given" in n and "row 5, drawn here, reads positions of sequence 1"
                in n for n in notes), notes  # fmt: skip
     assert any("shifted windows beside unshifted ones" in n for n in notes)
+
+
+class Nystrom(nn.Module):
+    """Nystromformer's attention by hand: landmarks as segment means of the queries and keys, three softmaxes
+    (tokens over landmarks, landmarks over landmarks, landmarks over tokens) and a pseudo-inverse. ``k1``
+    keeps the tokens' weights over the landmarks (B, H, n, m)."""
+
+    def __init__(self, heads: int = 2, d: int = 16, landmarks: int = 4):
+        super().__init__()
+        self.h, self.m = heads, landmarks
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        q = q * q.shape[-1] ** -0.5
+        q_l = q.reshape(b, self.h, self.m, n // self.m, -1).mean(-2)
+        k_l = k.reshape(b, self.h, self.m, n // self.m, -1).mean(-2)
+        self.k1 = torch.softmax(q @ k_l.transpose(-1, -2), -1)
+        k2 = torch.softmax(q_l @ k_l.transpose(-1, -2), -1)
+        k3 = torch.softmax(q_l @ k.transpose(-1, -2), -1)
+        return ((self.k1 @ torch.linalg.pinv(k2)) @ (k3 @ v)).transpose(1, 2).reshape(b, n, -1)
+
+
+def test_nystroms_tokens_over_landmarks_are_drawn_beside_the_tokens():
+    """``trace(i)`` raised ("none of the attention captured can be drawn"): the landmarks asking each other and
+    the tokens made their labels count as positions joined to the sequence, as a [CLS] is, and the tokens'
+    map over them became self-attention with 8 queries and 4 keys. Landmarks asking are not joined; the map is
+    drawn over the tokens with the landmarks as their own key columns, as Linformer's pooled keys are."""
+    torch.manual_seed(0)
+    model = Nystrom().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 8, 16))
+    for i in range(2):
+        tr = cap.trace(i)
+        assert tr.kinds == ("enc_self",)
+        np.testing.assert_allclose(tr.enc_self_learned[0], model.k1[i].numpy(), atol=1e-6)
+        assert not tr.enc_self.any()  # (the tokens are no keys of it: weight 0 there)

@@ -498,7 +498,12 @@ class Captured:
 
     def joined_labels(self) -> set[str]:
         """Labels of learned positions joined to a sequence (a [CLS], registers): they are queries too."""
-        return {lab for r in self.records for lab in (r.query_labels or ()) if lab}
+        return {
+            lab
+            for r in self.records
+            for lab in (r.query_labels or ())
+            if lab and (None in (r.query_labels or ()) or not _pooled_asks(r))
+        }
 
     def kind_maps(self, kind: str) -> KindMaps:
         """A kind's layers as one stack over its sequence's positions, learned keys apart."""
@@ -992,6 +997,18 @@ def _sequence_rows(sources: lineage.Sources, qp: torch.Tensor) -> tuple[torch.Te
     if not bool((lo == torch.where(own, rows, -1).amax(-1)).all()):
         return None
     return lo, source.n // size
+
+
+def _pooled_asks(r: Record) -> bool:
+    """Every query of ``r`` is a position pooled from a sequence that is not among its keys (Nystromformer's
+    landmarks asking each other or the tokens): not joined to the sequence's tokens as a [CLS], or a mean token
+    prepended to them (among its keys), is; so the tokens' maps over those positions stay maps over pooled
+    keys."""
+    labels = r.query_labels or ()
+    keys = set(r.key_labels or ())
+    return bool(labels) and all(
+        lab is not None and lab.startswith("<pooled ") and lab not in keys for lab in labels
+    )
 
 
 def _part_of(cap: Captured, records: list[Record], at: int) -> str | None:
