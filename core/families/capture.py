@@ -650,9 +650,8 @@ class Captured:
                                 f"sequence(s), and this trace is of sequence {index}")  # fmt: skip
                 continue
             streams = _row_streams(groups[best], at)
-            if (
-                len(streams) > 1
-            ):  # the same positions folded another way at this row: not one sequence's layers
+            # the same positions folded another way at this row: not one sequence's layers
+            if len(streams) > 1:
                 keep = max(streams, key=len)
                 other = [r for r in groups[best] if not any(r is k for k in keep)]
                 left_out.append(
@@ -1929,9 +1928,8 @@ class _Session:
         self._seen: set[tuple[str, str]] = set()  # (module, reason) of notes given
         self.n_ops = 0  # torch calls seen
         self.n_attention = 0  # softmax / SDPA / MultiheadAttention calls among them
-        self.n_log_softmax = (
-            0  # log_softmax calls among them (log-probabilities: a loss's, a pointer's output)
-        )
+        # log_softmax calls among them (log-probabilities: a loss's, a pointer network's output)
+        self.n_log_softmax = 0
         # module path -> (the weights' _Probs, the values' codes (B, H, k, dv) on demand, a memo key for
         # them): a product's values wait for the projection that reads the heads merged back
         self._pending: dict[str, tuple[_Probs, Callable[[], torch.Tensor | None], tuple]] = {}
