@@ -939,3 +939,39 @@ def test_nystroms_tokens_over_landmarks_are_drawn_beside_the_tokens():
         assert tr.kinds == ("enc_self",)
         np.testing.assert_allclose(tr.enc_self_learned[0], model.k1[i].numpy(), atol=1e-6)
         assert not tr.enc_self.any()  # (the tokens are no keys of it: weight 0 there)
+
+
+class FilledExp(nn.Module):
+    """A softmax by hand whose exp is zeroed at the padding by a fill (``exp(s - max).masked_fill(pad, 0)``), then
+    divided by its sum: over q . k, or over a learned context vector's scores (``how == "pooling"``)."""
+
+    def __init__(self, how: str, d: int = 8):
+        super().__init__()
+        self.how = how
+        self.emb = nn.Embedding(20, d, padding_idx=0)
+        self.q, self.k, self.ctx = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, 1, bias=False)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        if self.how == "pooling":
+            e = self.ctx(torch.tanh(h)).squeeze(-1)
+            ex = torch.exp(e - e.amax(-1, keepdim=True)).masked_fill(ids == 0, 0)
+        else:
+            e = self.q(h) @ self.k(h).transpose(1, 2)
+            ex = torch.exp(e - e.amax(-1, keepdim=True)).masked_fill((ids == 0)[:, None, :], 0)
+        self.truth = ex / ex.sum(-1, keepdim=True)
+        return (self.truth.unsqueeze(-1) * h).sum(1) if self.how == "pooling" else self.truth @ h
+
+
+@pytest.mark.parametrize("how", ["pooling", "self"])
+def test_a_softmax_by_hand_filled_with_zeros_after_its_exp_is_recorded_with_its_mask(how):
+    """It was not recorded: a warning said an exp of scores could not be followed into a softmax."""
+    model = FilledExp(how).eval()
+    ids = torch.tensor([[4, 5, 6, 7, 8], [9, 10, 11, 0, 0]])
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids)
+    (r,) = cap.records
+    want = model.truth[:, None, None] if how == "pooling" else model.truth[:, None]
+    torch.testing.assert_close(r.probs, want, rtol=0, atol=1e-6)
+    assert r.exact and not cap.notes and r.mask is not None
+    assert torch.equal(r.mask, (ids != 0)[:, None, :].expand_as(r.mask))

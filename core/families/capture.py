@@ -2785,6 +2785,20 @@ class _Session:
                     if g is not None and g.role == "scores":
                         self._unfinished[id(out)] = (self.path(), tuple(out.shape))
                     break
+        elif (
+            name in FILL
+            and self._hand
+            and len(args) >= 3
+            and isinstance(args[1], torch.Tensor)
+            and not isinstance(args[2], torch.Tensor)
+            and args[2] == 0
+            and (e := self._hand_of(x, "exp")) is not None
+            and tuple(out.shape) == tuple(x.shape)
+        ):  # exp(s).masked_fill(pad, 0): a masked exp, its mask the fill's complement
+            self._remember_hand(out, "exp", out, self._masked_by(e[0], ~args[1].bool()), None)
+            held = self._unfinished.pop(id(x), None)
+            if held is not None:
+                self._unfinished[id(out)] = held
         elif name in ("log_softmax", "logsumexp"):
             tag = self.tag(x)
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
