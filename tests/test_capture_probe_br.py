@@ -340,34 +340,32 @@ class SortedTimeFirst(nn.Module):
         return (a.unsqueeze(2) * enc).sum(0)[idx.argsort()]
 
 
+def _time_first(how: str, lengths: list[int]):
+    """(the model, its padded time-first ids (S, B), the capture's one record) of ``SortedTimeFirst(how)``."""
+    torch.manual_seed(0)
+    model = SortedTimeFirst(how).eval()
+    lens = torch.tensor(lengths)
+    src = torch.randint(1, 20, (max(lengths), len(lengths)))
+    for b, n in enumerate(lengths):
+        src[n:, b] = 0
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(src, lens)
+    (r,) = cap.records
+    return model, src, r
+
+
 @pytest.mark.parametrize("how", ["columns", "transposed"])
 def test_time_first_ids_sorted_by_length_inside_the_model_are_flagged(how):
     """The record's rows are the sorted batch: row 0 held sequence 2, exact, with no word, and ``trace(0)``
     drew sequence 2's weights and mask as sequence 0's. Sorting the encoder's output (``enc[:, idx]``) was
     flagged; sorting the ids before the embedding now is too."""
-    torch.manual_seed(0)
-    model = SortedTimeFirst(how).eval()
-    lens = torch.tensor([2, 4, 6])
-    src = torch.randint(1, 20, (6, 3))
-    for b in range(3):
-        src[lens[b] :, b] = 0
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(src, lens)
-    (r,) = cap.records
+    _, _, r = _time_first(how, [2, 4, 6])
     assert not r.exact and "put in another order" in r.flag and "[2, 1, 0]" in r.flag
 
 
 def test_time_first_ids_in_the_callers_order_stay_exact():
-    torch.manual_seed(0)
-    model = SortedTimeFirst("none").eval()
-    lens = torch.tensor([6, 4, 2])
-    src = torch.randint(1, 20, (6, 3))
-    for b in range(3):
-        src[lens[b] :, b] = 0
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(src, lens)
-    (r,) = cap.records
-    assert r.exact and r.kind == "cross", (r.flag, cap.notes)
+    model, src, r = _time_first("none", [6, 4, 2])
+    assert r.exact and r.kind == "cross", r.flag
     torch.testing.assert_close(r.probs[:, 0, 0], model.truth, rtol=0, atol=1e-6)
     assert torch.equal(r.mask[:, 0], (src != 0).t())
 

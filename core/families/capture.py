@@ -3181,9 +3181,7 @@ class _Session:
                 order[by_start] = torch.arange(int(by_start.numel()), device=by_start.device)
                 how = ("the sequences were put in another order inside the model before this attention (the runs "
                        "of one input split into sequences, then sorted by length)")  # fmt: skip
-                if keys_only:
-                    return f"{how}: the keys of record row b are the caller's sequence {order.tolist()}[b], not sequence b"
-                return f"{how}: record row b holds the caller's sequence {order.tolist()}[b], not sequence b"
+                return _rows_named(how, order, keys_only)
         if not source.row:
             return None
         n_rows = max(source.n // source.row, 1)
@@ -3224,9 +3222,7 @@ class _Session:
                 else f"only some of the batch's {n_rows} sequences reach this attention, picked inside the model "
                 "(rows dropped or bucketed: ids[valid], x[1:])"
             )
-        if keys_only:  # (queries from a state, or cross-attention: which sequence asks, the keys do not say)
-            return f"{how}: the keys of record row b are the caller's sequence {order.tolist()}[b], not sequence b"
-        return f"{how}: record row b holds the caller's sequence {order.tolist()}[b], not sequence b"
+        return _rows_named(how, order, keys_only)
 
     def _prefill_of(self, rec: Record, records: list[Record]) -> bool:
         """A prompt that sees itself both ways (a prefix LM's prefill that is all prefix) whose positions a
@@ -9571,6 +9567,16 @@ def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torc
     torch.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state(state[1], device)
+
+
+def _rows_named(how: str, order: torch.Tensor, keys_only: bool) -> str:
+    """The flag of a batch put in another order: ``how``, and the caller's sequence each record row holds (its
+    keys only, ``keys_only``: queries from a state, or cross-attention, whose rows the keys do not say)."""
+    if keys_only:
+        return (
+            f"{how}: the keys of record row b are the caller's sequence {order.tolist()}[b], not sequence b"
+        )
+    return f"{how}: record row b holds the caller's sequence {order.tolist()}[b], not sequence b"
 
 
 def _same_scores(a: Any, b: Any) -> bool:
