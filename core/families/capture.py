@@ -8429,7 +8429,7 @@ class _Session:
         elif through is not None:  # (a paged cache's next step: the slots its last step wrote keep theirs)
             tc = through
         else:  # slots not written yet hold no position (a static KV cache)
-            tc = self._cache_codes(target, index) if t is None else None
+            tc = self._cache_codes(target, index, value) if t is None else None
             tc = self.code_of(target) if tc is None else tc
             if t is None and tc is not None and target.is_floating_point() and target.dim() >= 3:
                 # a buffer from before the block (a static KV cache its model set up before the call): the
@@ -8521,20 +8521,61 @@ class _Session:
         starts = torch.tensor([s.start for s in items], dtype=torch.int64, device=a.device)
         return bool(torch.equal(a - starts[ia], b - starts[ib]))
 
-    def _cache_codes(self, target: torch.Tensor, index: Any) -> torch.Tensor | None:
+    def _cache_codes(self, target: torch.Tensor, index: Any, value: Any = None) -> torch.Tensor | None:
         """Codes of a buffer from before the call that this call writes keys into by slot (a KV cache set up
         before it, ``k_cache[:, :, input_pos] = k`` or ``cache_k[:bsz, start:end] = k``): one position per
         sequence (dim 0) and slot (the dim the write indexes), shared by the dims between (the key heads),
-        as the keys written there are. None where the write does not say one slot dim, or the buffer is
-        the model's parameter or already has codes."""
+        as the keys written there are. A pool of slots no sequence owns (a paged cache,
+        ``key_cache.view(-1, heads, d)[slot_mapping] = k``): one position per slot its leading index tensors
+        pick, where each row written holds one position. None where the write does not say one slot dim, or
+        the buffer is the model's parameter or already has codes."""
         parts = index if isinstance(index, tuple) else (index,)
         if any(p is Ellipsis or p is None for p in parts):
             return None
+        pool = self._pool_codes(target, parts, value)
+        if pool is not None:
+            return pool
         slot = next((i for i, p in enumerate(parts) if not (isinstance(p, slice) and p == slice(None))
                      and i > 0), None)  # fmt: skip
         if slot is None or any(not isinstance(p, slice) or p.step not in (None, 1) for p in parts[1:slot]):
             return None
         return self._slot_codes(target, slot)
+
+    def _pool_codes(self, target: torch.Tensor, parts: tuple, value: Any) -> torch.Tensor | None:
+        """Codes of a paged cache's pool (``(slots, heads, d)`` or ``(blocks, block_size, heads, d)``) written
+        by integer index tensors on its leading dims: one position per slot, shared by the dims between
+        (the key heads), as the rows written hold one position each (a row of this call's keys). None where
+        a row written holds several positions (``out[rows] = h``: whole sequences put in place)."""
+        lead = 0
+        for p in parts:
+            if isinstance(p, torch.Tensor) and not p.is_floating_point() and p.dtype != torch.bool:
+                lead += 1
+            elif isinstance(p, slice) and p == slice(None):
+                break
+            else:
+                return None
+        if (
+            not lead
+            or any(not (isinstance(p, slice) and p == slice(None)) for p in parts[lead:])
+            or not isinstance(value, torch.Tensor)
+            or not target.is_floating_point()
+            or _is_param(target)
+            or target.dim() - lead < 2
+        ):
+            return None
+        vc = self.code_of(value)
+        if vc is None or vc.dim() < target.dim() - lead + 1 or not vc.numel():
+            return None
+        rows = (vc >> lineage.SHIFT).flatten(vc.dim() - (target.dim() - lead))  # (..., one row's cells)
+        if not bool((rows == rows[..., :1]).all()):
+            return None
+        n = math.prod(int(d) for d in target.shape[:lead])
+        start = self.sources.new(n, "external", "cache", ("in", self.n_inputs))
+        self.n_inputs += 1
+        pos = start + torch.arange(n, dtype=torch.int64, device=target.device)
+        pos = pos.view(*target.shape[:lead], *(1,) * (target.dim() - lead))
+        f = torch.arange(int(target.shape[-1]), dtype=torch.int64, device=target.device) | lineage.RAW
+        return ((pos << lineage.SHIFT) | f).expand(*target.shape).contiguous()
 
     def _cache_joined(self, name: str, args, kwargs, out) -> None:
         """``torch.cat([past_k, k], dim=-2)`` (a Hugging Face DynamicCache handed in, a cache kept as a

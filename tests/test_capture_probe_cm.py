@@ -1,0 +1,111 @@
+"""Capture of attention styles found by this stop's probes: paged KV caches read by a block table at decode
+time, and the other cases each test names. Every test here failed on the code before its fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from attnscope.core.families.capture import capture_attention
+
+VOCAB = 20
+
+
+class PagedDecode(nn.Module):
+    """vLLM's decode step: this step's keys written into the pool by a flat slot mapping through a view of the
+    cache (``(blocks, block_size, heads, d)`` viewed ``(-1, heads, d)``), or by block and offset into the pool
+    itself, then every request's blocks gathered by its block table and masked past its context length."""
+
+    def __init__(self, heads: int, by_block: bool = False, hd: int = 4, block: int = 4, blocks: int = 8):
+        super().__init__()
+        self.h, self.hd, self.block, self.by_block = heads, hd, block, by_block
+        d = heads * hd
+        self.emb = nn.Embedding(VOCAB, d)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.register_buffer("kc", torch.zeros(blocks, block, heads, hd))
+        self.register_buffer("vc", torch.zeros(blocks, block, heads, hd))
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids, slots, table, lengths):  # ids (B, T); slots (B, T) flat slot of each token
+        x = self.emb(ids)
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.h, self.hd).transpose(1, 2)
+        k, v = self.k(x).reshape(-1, self.h, self.hd), self.v(x).reshape(-1, self.h, self.hd)
+        if self.by_block:
+            flat = slots.flatten()
+            self.kc[flat // self.block, flat % self.block] = k
+            self.vc[flat // self.block, flat % self.block] = v
+        else:
+            self.kc.view(-1, self.h, self.hd)[slots.flatten()] = k
+            self.vc.view(-1, self.h, self.hd)[slots.flatten()] = v
+        n = table.shape[1] * self.block
+        keys = self.kc[table].reshape(b, n, self.h, self.hd).transpose(1, 2)
+        values = self.vc[table].reshape(b, n, self.h, self.hd).transpose(1, 2)
+        allowed = torch.arange(n)[None] < lengths[:, None]
+        w = ((q @ keys.transpose(-1, -2)) * self.hd**-0.5).masked_fill(~allowed[:, None, None], float("-inf"))
+        w = w.softmax(-1)
+        self.seen.append(w)
+        return w @ values
+
+
+def _paged(heads: int, batch: int, by_block: bool):
+    torch.manual_seed(heads * 10 + batch)
+    model = PagedDecode(heads, by_block).eval()
+    table = torch.randperm(8)[: 2 * batch].view(batch, 2)  # two blocks of the pool per request
+    pos = torch.arange(5)[None].expand(batch, 5)
+    slots = table.gather(1, pos // 4) * 4 + pos % 4
+    with torch.no_grad():  # the prompt's five tokens, written by an earlier call
+        model(torch.randint(0, VOCAB, (batch, 5)), slots, table, torch.full((batch,), 5))
+        model.seen.clear()
+        with capture_attention(model) as cap:  # the decode step: one token per request, at slot 5
+            model(torch.randint(0, VOCAB, (batch, 1)), table[:, 1:2] * 4 + 1, table, torch.full((batch,), 6))
+    return model, cap
+
+
+@pytest.mark.parametrize("by_block", [False, True])
+@pytest.mark.parametrize(("heads", "batch"), [(1, 1), (1, 2), (2, 2), (2, 3), (3, 1), (4, 4)])
+def test_a_paged_cache_decode_step_reads_the_earlier_slots_as_the_cache(heads, batch, by_block):
+    """Each head's keys were the pool's cells one by one: with more than one head the record was flagged
+    "the heads of one sequence see different keys"; with one, the slots an earlier call filled were labelled
+    ``<ctx i>`` (another tensor handed in) rather than ``<cache i>``."""
+    model, cap = _paged(heads, batch, by_block)
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes, (rec.flag, cap.notes)
+    assert torch.equal(rec.probs, model.seen[0]) and rec.kind == "dec_self"
+    want = (*(f"<cache {i}>" for i in range(5)), None, "<padding 0>", "<padding 1>")
+    assert rec.key_labels == want
+    assert rec.mask is not None and rec.mask[..., 6:].logical_not().all() and rec.mask[..., :6].all()
+
+
+class RowsWritten(nn.Module):
+    """Whole sequences written into a buffer by an index of rows (``buf[order] = x``), then self-attention
+    over the buffer: each row holds many positions, so the rows are sequences, not slots of a pool."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.register_buffer("buf", torch.zeros(3, 5, 8))
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        self.buf[torch.tensor([2, 0, 1])] = self.emb(ids)
+        x = self.buf
+        w = (x @ x.transpose(-1, -2)).softmax(-1)
+        self.seen.append(w)
+        return w @ x
+
+
+def test_whole_sequences_written_by_a_row_index_keep_their_positions():
+    torch.manual_seed(0)
+    model = RowsWritten().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (3, 5)))
+    (rec,) = cap.records
+    assert torch.equal(rec.probs[:, 0], model.seen[0]) and rec.kind == "enc_self"
+    # (each record row the caller's sequence the index put there: said, and no slot of a cache)
+    assert not rec.exact and "another order" in rec.flag and rec.key_labels is None, (
+        rec.flag,
+        rec.key_labels,
+    )
+    assert rec.key_positions.tolist() == [list(range(5 * s, 5 * s + 5)) for s in (1, 2, 0)]
