@@ -109,3 +109,49 @@ def test_whole_sequences_written_by_a_row_index_keep_their_positions():
         rec.key_labels,
     )
     assert rec.key_positions.tolist() == [list(range(5 * s, 5 * s + 5)) for s in (1, 2, 0)]
+
+
+class Neighbours(nn.Module):
+    """Attention over each node's neighbours (a ring, i-1, i and i+1, as kNN graphs of point clouds and
+    molecules gather them): keys gathered per query by ``gather``, ``index_select`` or a flat index."""
+
+    def __init__(self, heads: int, how: str, d: int = 16):
+        super().__init__()
+        self.h, self.how = heads, how
+        self.q, self.k = nn.Linear(d, heads * 4), nn.Linear(d, heads * 4)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        nbr = (torch.arange(n)[:, None] + torch.arange(-1, 2)[None]) % n  # (n, 3)
+        q, k = self.q(x).view(b, n, self.h, 4), self.k(x).view(b, n, self.h, 4)
+        if self.how == "gather":
+            ix = nbr.reshape(1, n * 3, 1, 1).expand(b, n * 3, self.h, 4)
+            kn = torch.gather(k, 1, ix).view(b, n, 3, self.h, 4)
+        elif self.how == "index_select":
+            kn = k.index_select(1, nbr.flatten()).view(b, n, 3, self.h, 4)
+        else:  # a flat index over the batch's nodes
+            flat = (nbr[None] + n * torch.arange(b)[:, None, None]).flatten()
+            kn = k.reshape(b * n, self.h, 4)[flat].view(b, n, 3, self.h, 4)
+        w = (q.permute(0, 2, 1, 3).unsqueeze(-2) @ kn.permute(0, 3, 1, 4, 2)).squeeze(-2).softmax(-1)
+        self.seen.append(w)
+        return w
+
+
+@pytest.mark.parametrize("how", ["gather", "index_select", "flat"])
+@pytest.mark.parametrize(("heads", "batch"), [(1, 1), (2, 2), (3, 2)])
+def test_keys_gathered_per_query_are_not_drawn_as_the_sequence_tokens(heads, batch, how):
+    """Each query's neighbours were drawn as the first tokens of its sequence: the trace of a ring over 6
+    nodes showed 3 tokens, #0..#2, the weights on nodes 5, 0 and 1 under 0, 1 and 2. The records keep every
+    key's position; the trace leaves them out and says why."""
+    torch.manual_seed(heads + batch)
+    model = Neighbours(heads, how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 6, 16))
+    (rec,) = cap.records
+    kp = rec.key_positions.view(batch, 6, 3) % 6  # (each record row: one node's neighbours)
+    assert kp[0].tolist() == [[(i - 1) % 6, i, (i + 1) % 6] for i in range(6)]
+    # (B, H, n, 3): each node's neighbours, a record row per node
+    assert torch.equal(rec.probs.view(batch, 6, heads, 3).permute(0, 2, 1, 3), model.seen[0])
+    with pytest.raises(ValueError, match="some of its sequence's positions, other than its queries"):
+        cap.trace(0)

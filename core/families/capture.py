@@ -395,6 +395,43 @@ class Captured:
         self._rows[id(record)] = (record, found)
         return found
 
+    def _keys_picked(self, r: Record, b: int) -> bool:
+        """Self-attention whose row ``b`` reads keys of its queries' own sequence that are not that whole
+        sequence in order, and not the queries themselves (a window's): neighbours gathered for each query
+        (a kNN graph's, a ring's), a window of keys around a block. Drawn over the sequence's tokens, each
+        weight would stand under the wrong one."""
+        kp, qp, sources = r.key_positions, r.query_positions, self._sources
+        if kp is None or qp is None or sources is None or kp.dim() != 2 or qp.dim() != 2:
+            return False
+        if b >= int(kp.shape[0]) or b >= int(qp.shape[0]):
+            return False
+        keys, queries = kp[b].cpu(), qp[b].cpu()
+        token = keys >= 0
+        if r.key_labels is not None and len(r.key_labels) == int(keys.numel()):
+            token &= torch.tensor([lab is None for lab in r.key_labels], dtype=torch.bool)
+        asks = queries >= 0
+        if r.query_labels is not None and len(r.query_labels) == int(queries.numel()):
+            asks &= torch.tensor([lab is None for lab in r.query_labels], dtype=torch.bool)
+        keys, queries = keys[token], queries[asks]
+        if keys.numel() < 2 or not queries.numel() or set(keys.tolist()) == set(queries.tolist()):
+            return False
+        try:
+            src = sources.index(queries)
+        except Exception:  # (lineage does not say the queries' sequence)
+            return False
+        if not bool((src == src[0]).all()):
+            return False
+        source = sources.items[int(src[0])]
+        size = source.row or source.n  # (positions per sequence: a row of the tensor they came from)
+        if source.kind == "external" and len(source.lead) >= 3 and source.lead[0] > 0:
+            size = source.n // source.lead[0]  # (an image's rows together: (B, H, W, C) holds B sequences)
+        rows = (queries - source.start) // max(size, 1)
+        if source.kind in lineage.LABELLED or not size or not bool((rows == rows[0]).all()):
+            return False
+        lo = source.start + int(rows[0]) * size
+        mine = keys[(keys >= lo) & (keys < lo + size)]
+        return bool(mine.numel()) and not torch.equal(mine, torch.arange(lo, lo + size, dtype=mine.dtype))
+
     def embedded(self, t: torch.Tensor) -> bool:
         """Whether the model looked ``t`` (or a view of it) up in an embedding in this block."""
         try:
@@ -644,6 +681,13 @@ class Captured:
                                 "(key blocks gathered, one of them twice: BigBird's random blocks), so drawn over "
                                 "its tokens the weights would stand under the wrong ones (cap.records has them, "
                                 "each key's position in record.key_positions)")  # fmt: skip
+                continue
+            if kind != "cross" and has[best] and any(self._keys_picked(r, at) for r in groups[best]):
+                left_out.append(f"{kind} ({_modules(groups[best])}) left out of the trace: the keys of row {at} are "
+                                "some of its sequence's positions, other than its queries (neighbours gathered for "
+                                "each query, a window of keys around a block), so drawn over the tokens the "
+                                "weights would stand under the wrong ones (cap.records has them, each key's "
+                                "position in record.key_positions)")  # fmt: skip
                 continue
             if not has[best]:
                 left_out.append(f"{kind} left out of the trace: its maps are over {groups[best][0].probs.shape[0]} "
