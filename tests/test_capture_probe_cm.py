@@ -155,3 +155,36 @@ def test_keys_gathered_per_query_are_not_drawn_as_the_sequence_tokens(heads, bat
     assert torch.equal(rec.probs.view(batch, 6, heads, 3).permute(0, 2, 1, 3), model.seen[0])
     with pytest.raises(ValueError, match="some of its sequence's positions, other than its queries"):
         cap.trace(0)
+
+
+class Cutoff(nn.Module):
+    """TorchMD-Net's equivariant transformer: scores summed by hand from a broadcast product, the softmax
+    times a cosine cutoff of the atoms' distances (``(B, 1, N, N)``, over the heads), then the values."""
+
+    def __init__(self, heads: int, d: int = 16):
+        super().__init__()
+        self.h = heads
+        self.q, self.k, self.v = nn.Linear(d, heads * 4), nn.Linear(d, heads * 4), nn.Linear(d, heads * 4)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x, pos):
+        b, n, _ = x.shape
+        dist = torch.cdist(pos, pos)
+        cut = 0.5 * (torch.cos(dist * torch.pi / 2.0) + 1.0) * (dist < 2.0).float()
+        q, k, v = (lin(x).view(b, n, self.h, 4).transpose(1, 2) for lin in (self.q, self.k, self.v))
+        w = (q[:, :, :, None] * k[:, :, None]).sum(-1).softmax(-1) * cut[:, None]
+        self.seen.append(w)
+        return (w @ v).transpose(1, 2).reshape(b, n, -1)
+
+
+@pytest.mark.parametrize(("heads", "batch"), [(1, 1), (2, 1), (2, 2), (3, 3), (4, 2)])
+def test_weights_times_a_cutoff_over_the_heads_are_recorded_as_multiplied(heads, batch):
+    """With more than one head the cutoff broadcasts over them, and the product with the values was not
+    followed: no record, and an info note said the weights weighted nothing."""
+    torch.manual_seed(heads * batch)
+    model = Cutoff(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 6, 16), torch.randn(batch, 6, 3))
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes and not cap.skipped, (rec.flag, cap.notes, cap.skipped)
+    assert rec.kind == "enc_self" and torch.equal(rec.probs, model.seen[0])

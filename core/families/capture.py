@@ -1013,6 +1013,15 @@ def query_segments(records: list[Record]) -> list[list[Record]]:
     return runs
 
 
+def _broadcasts_to(a: torch.Tensor, t: torch.Tensor) -> bool:
+    """``a`` broadcasts to ``t``'s shape (a factor over fewer axes: TorchMD-Net's cosine cutoff of the
+    distances, ``(B, 1, N, N)`` over the heads)."""
+    try:
+        return tuple(torch.broadcast_shapes(a.shape, t.shape)) == tuple(t.shape)
+    except RuntimeError:
+        return False
+
+
 def _sequence_rows(sources: lineage.Sources, qp: torch.Tensor) -> tuple[torch.Tensor, int] | None:
     """(the sequence of its input each row's queries lie in, that input's number of sequences), or None."""
     own = qp >= 0
@@ -7434,7 +7443,10 @@ class _Session:
             and same
             and name in MUL
             and len(others) == 1
-            and tuple(others[0].shape) == tuple(t.shape)
+            and (
+                tuple(others[0].shape) == tuple(t.shape)
+                or (self.tag(others[0]) is None and _broadcasts_to(others[0], t))
+            )
             and not _is_param(others[0])
             and id(record) in self._positional_shapes
             and t.numel() == math.prod(self._positional_shapes[id(record)][1])
