@@ -188,3 +188,42 @@ def test_weights_times_a_cutoff_over_the_heads_are_recorded_as_multiplied(heads,
     (rec,) = cap.records
     assert rec.exact and not cap.notes and not cap.skipped, (rec.flag, cap.notes, cap.skipped)
     assert rec.kind == "enc_self" and torch.equal(rec.probs, model.seen[0])
+
+
+class SinkRescaled(nn.Module):
+    """An attention sink written as a rescale: ``softmax(s) * sigmoid(logsumexp(s) - sink)`` per head, the
+    weights the values are multiplied with (what the sink's logit joined to the scores gives)."""
+
+    def __init__(self, heads: int, hd: int = 4):
+        super().__init__()
+        self.h, self.hd = heads, hd
+        self.emb = nn.Embedding(VOCAB, heads * hd)
+        self.qkv = nn.Linear(heads * hd, 3 * heads * hd)
+        self.sink = nn.Parameter(torch.randn(heads))
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, t = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, t, 3, self.h, self.hd).permute(2, 0, 3, 1, 4)
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        s = (q @ k.transpose(-1, -2) * self.hd**-0.5).masked_fill(~causal, float("-inf"))
+        lse = torch.logsumexp(s, -1, keepdim=True)
+        w = s.softmax(-1) * torch.sigmoid(lse - self.sink.view(1, self.h, 1, 1))
+        self.seen.append(w)
+        return w @ v
+
+
+@pytest.mark.parametrize(("heads", "batch"), [(1, 1), (2, 2), (3, 2), (2, 4)])
+def test_a_sink_written_as_a_rescale_by_the_logsumexp_raises_no_note(heads, batch):
+    """The logsumexp of the masked scores kept their (q, k) mask: subtracting the sink from it raised inside
+    capture, and the notes said the attention was not recorded, while it was (and right)."""
+    torch.manual_seed(heads + 2 * batch)
+    model = SinkRescaled(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (batch, 5)))
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes, (rec.flag, cap.notes)
+    assert rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])
+    assert torch.equal(
+        rec.mask.expand(batch, 5, 5), torch.ones(5, 5, dtype=torch.bool).tril().expand(batch, 5, 5)
+    )

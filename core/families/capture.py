@@ -6391,8 +6391,10 @@ class _Session:
                 if name in SHAPE_OPS:
                     new.allowed = op(expanded, *rest, **kwargs) if name not in ("float", "to", "type_as",
                                      "double", "half", "bfloat16", "type") else expanded  # fmt: skip
-                else:
-                    new.allowed = expanded
+                else:  # (a reduction over the keys, ``logsumexp(s, -1, keepdim=True)``: no mask of keys)
+                    new.allowed = (
+                        expanded if isinstance(out, torch.Tensor) and _broadcasts_to(expanded, out) else None
+                    )
                 if new.allowed is not None and new.allowed.dtype != torch.bool:
                     new.allowed = new.allowed.bool()
             if name in RESCORE and out.shape == base_t.shape:
