@@ -227,3 +227,33 @@ def test_a_sink_written_as_a_rescale_by_the_logsumexp_raises_no_note(heads, batc
     assert torch.equal(
         rec.mask.expand(batch, 5, 5), torch.ones(5, 5, dtype=torch.bool).tril().expand(batch, 5, 5)
     )
+
+
+class EdgeScored(nn.Module):
+    """EGNN's attention: an edge MLP over every pair ``[h_i, h_j, |x_i - x_j|^2]`` (node features handed in,
+    tiled against each other), a projection of it to one score, softmax over the neighbours j."""
+
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.edge = nn.Sequential(nn.Linear(2 * d + 1, 16), nn.SiLU(), nn.Linear(16, 16), nn.SiLU())
+        self.att, self.node = nn.Linear(16, 1), nn.Linear(32, d)
+
+    def forward(self, h, pos):
+        b, n, d = h.shape
+        d2 = ((pos[:, :, None] - pos[:, None]) ** 2).sum(-1, keepdim=True)
+        m = self.edge(torch.cat([h[:, :, None].expand(b, n, n, d), h[:, None].expand(b, n, n, d), d2], -1))
+        a = self.att(m).squeeze(-1).softmax(-1)  # (B, N, N): node i over nodes j
+        return self.node(torch.cat([h, (a[..., None] * m).sum(2)], -1))
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_weights_over_pairs_an_edge_mlp_scored_are_flagged(batch):
+    """Each (graph, node) row was recorded exact, as cross-attention from an unknown query, so record row 1
+    (node 1 of graph 0) was drawn as sequence 1 with no word said."""
+    torch.manual_seed(batch)
+    model = EdgeScored().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 5, 16), torch.randn(batch, 5, 3))
+    (rec,) = cap.records
+    assert rec.probs.shape == (batch * 5, 1, 1, 5)
+    assert not rec.exact and "lines of a tensor handed in" in rec.flag and cap.notes, (rec.flag, cap.notes)

@@ -7310,6 +7310,14 @@ class _Session:
         # the batch put in another order before (Show, Attend and Tell sorts its images with their captions by
         # length): record row b is not the caller's sequence b (its keys are not, where a state asks)
         reordered = self._batch_reordered(pos.masked_fill(param, -1)[first_rows], cross) or placed
+        grid = self.sources.items[int(self.sources.index(pos[:1, :1]).reshape(-1)[0])]
+        if reordered is None and grid.kind == "external" and len(grid.lead) >= 3 and 0 < grid.lead[0] < n_seq:
+            # keys that are a line of a tensor handed in with several axes of positions ((B, N, N, d): pairs
+            # an edge MLP scored, EGNN's; (B, S, W, d): sentences of documents), one line per record row
+            reordered = (f"its {n_seq} rows are lines of a tensor handed in with more than one axis of positions "
+                         f"{tuple(grid.lead)} (pairs the model tiled, as an edge MLP over [h_i, h_j] makes them, "
+                         "or the sentences of documents): record row b is not the caller's sequence b, and lineage "
+                         "does not say which position asks in each row")  # fmt: skip
 
         def record(used: torch.Tensor | None, keep: torch.Tensor | None, changed: bool) -> None:
             """The rows read other positions than their own (a decoder step's state, a learned query): cross;
