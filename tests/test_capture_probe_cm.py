@@ -257,3 +257,81 @@ def test_weights_over_pairs_an_edge_mlp_scored_are_flagged(batch):
     (rec,) = cap.records
     assert rec.probs.shape == (batch * 5, 1, 1, 5)
     assert not rec.exact and "lines of a tensor handed in" in rec.flag and cap.notes, (rec.flag, cap.notes)
+
+
+class EspnetAttention(nn.Module):
+    """ESPnet's MultiHeadedAttention: a bool mask (True = may attend) filled with finfo.min, and the weights
+    zeroed there again after the softmax."""
+
+    def __init__(self, d: int = 16, heads: int = 2):
+        super().__init__()
+        self.h, self.hd = heads, d // heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, query, key, mask):
+        n = query.size(0)
+        q, k, v = (lin(x).view(n, -1, self.h, self.hd).transpose(1, 2)
+                   for lin, x in ((self.q, query), (self.k, key), (self.v, key)))  # fmt: skip
+        hidden = mask.unsqueeze(1).eq(0)
+        s = (q @ k.transpose(-2, -1)) * self.hd**-0.5
+        w = s.masked_fill(hidden, torch.finfo(s.dtype).min).softmax(-1).masked_fill(hidden, 0.0)
+        self.seen.append(w)
+        return self.o((w @ v).transpose(1, 2).reshape(n, -1, self.h * self.hd))
+
+
+class BeamSearch(nn.Module):
+    """ESPnet's batch beam search: every beam starts from one start token, the encoder's output repeated over
+    the beams, and each step re-picks the beams (their tokens and the layer's cache) by ``index_select`` on
+    the top-k of their scores."""
+
+    def __init__(self, beams: int = 3, d: int = 16):
+        super().__init__()
+        self.k, self.d = beams, d
+        self.emb, self.out = nn.Embedding(VOCAB, d), nn.Linear(d, VOCAB)
+        self.self_attn, self.src_attn, self.top_attn = (
+            EspnetAttention(d),
+            EspnetAttention(d),
+            EspnetAttention(d),
+        )
+
+    def forward(self, mem, mem_mask):  # (B, T, d), (B, 1, T)
+        b, t, _ = mem.shape
+        mem = mem.unsqueeze(1).repeat(1, self.k, 1, 1).view(b * self.k, t, self.d)
+        mem_mask = mem_mask.unsqueeze(1).repeat(1, self.k, 1, 1).view(b * self.k, 1, t)
+        ys = torch.full((b * self.k, 1), 1, dtype=torch.long)
+        score = torch.zeros(b, self.k)
+        score[:, 1:] = -1e9
+        cache = None
+        for _ in range(3):
+            n = ys.size(1)
+            h = self.emb(ys)
+            x = h[:, -1:] + self.self_attn(h[:, -1:], h, torch.ones(b * self.k, 1, n, dtype=torch.bool))
+            x = x + self.src_attn(x, mem, mem_mask)
+            x = x if cache is None else torch.cat([cache, x], 1)  # the layer's cache: its earlier steps
+            y = x[:, -1:] + self.top_attn(x[:, -1:], x, torch.ones(b * self.k, 1, n, dtype=torch.bool))
+            top, idx = (score.view(-1, 1) + self.out(y[:, -1]).log_softmax(-1)).view(b, -1).topk(self.k, -1)
+            prev = ((idx // VOCAB) + torch.arange(b)[:, None] * self.k).view(-1)
+            ys = torch.cat([ys.index_select(0, prev), (idx % VOCAB).view(-1, 1)], 1)
+            cache, score = x.index_select(0, prev), top
+        return ys
+
+
+@pytest.mark.parametrize("seed", [0, 3, 4])  # (top-k picks under which the flag showed)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_beams_from_one_start_token_re_picked_by_a_top_k_are_whole_hypotheses(batch, seed):
+    """With one sequence, the beams' cache rows were copies of one start token: re-picking them was read as
+    picking some of a sequence's positions by the data, and the maps were flagged (not with two)."""
+    torch.manual_seed(seed)
+    model = BeamSearch().eval()
+    mask = torch.ones(batch, 1, 7, dtype=torch.bool)
+    mask[-1, :, 5:] = False
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(batch, 7, 16), mask)
+    seen = [w for step in zip(model.self_attn.seen, model.src_attn.seen, model.top_attn.seen, strict=True)
+            for w in step]  # fmt: skip
+    assert len(cap.records) == len(seen) == 9
+    for rec, w in zip(cap.records, seen, strict=True):
+        assert rec.exact, (rec.name, rec.flag)
+        assert torch.equal(rec.probs, w)
+    assert not any("picked by indices" in n for n in cap.notes), cap.notes

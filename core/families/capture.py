@@ -2754,7 +2754,9 @@ class _Session:
         ordered = lines.sort(-1).values
         distinct = 1 + (ordered[:, 1:] != ordered[:, :-1]).sum(-1)
         back = (lines[:, 1:] < lines[:, :-1]).any(-1)  # (a position before the one met before it)
-        hit = (distinct < size) | back
+        # (one position repeated along the whole line: copies of one token, beams started from one start token,
+        # no pick of some of its row)
+        hit = ((distinct < size) & (distinct > 1)) | back
         if bool(hit.any()):
             self._picked.update(torch.unique(lines[hit]).tolist())
 
