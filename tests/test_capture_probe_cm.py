@@ -335,3 +335,44 @@ def test_beams_from_one_start_token_re_picked_by_a_top_k_are_whole_hypotheses(ba
         assert rec.exact, (rec.name, rec.flag)
         assert torch.equal(rec.probs, w)
     assert not any("picked by indices" in n for n in cap.notes), cap.notes
+
+
+class CompressedBranch(nn.Module):
+    """NSA's compressed branch in a causal decoder: the queries over the keys mean-pooled into blocks, a block
+    hidden until all of it is in the past (the first always seen); beside it, the sliding-window branch."""
+
+    def __init__(self, heads: int, hd: int = 4, block: int = 2):
+        super().__init__()
+        self.h, self.hd, self.block = heads, hd, block
+        self.emb = nn.Embedding(VOCAB, heads * hd)
+        self.qkv = nn.Linear(heads * hd, 3 * heads * hd)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, t = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, t, 3, self.h, self.hd).permute(2, 0, 3, 1, 4)
+        nb = t // self.block
+        kc = k.reshape(b, self.h, nb, self.block, self.hd).mean(3)
+        vc = v.reshape(b, self.h, nb, self.block, self.hd).mean(3)
+        past = (torch.arange(nb) * self.block + self.block - 1)[None, :] <= torch.arange(t)[:, None]
+        past[:, 0] = True
+        pc = (q @ kc.transpose(-1, -2) * self.hd**-0.5).masked_fill(~past, float("-inf")).softmax(-1)
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        pw = (q @ k.transpose(-1, -2) * self.hd**-0.5).masked_fill(~causal, float("-inf")).softmax(-1)
+        self.seen += [pc, pw]
+        return pc @ vc + pw @ v
+
+
+@pytest.mark.parametrize(("heads", "batch"), [(1, 1), (2, 2), (3, 2)])
+def test_a_causal_mask_over_pooled_key_blocks_is_a_decoder(heads, batch):
+    """Keys pooled from the queries' own sequence were self-attention of an encoder whatever the mask (as
+    PVT's are): the compressed branch of a causal decoder was enc_self beside its window branch's dec_self."""
+    torch.manual_seed(heads + batch)
+    model = CompressedBranch(heads).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (batch, 6)))
+    pooled, window = cap.records
+    assert pooled.exact and window.exact and not cap.notes, cap.notes
+    assert pooled.key_labels == ("<pooled 0>", "<pooled 1>", "<pooled 2>")
+    assert (pooled.kind, window.kind) == ("dec_self", "dec_self")
+    assert torch.equal(pooled.probs, model.seen[0]) and torch.equal(window.probs, model.seen[1])

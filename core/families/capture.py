@@ -10600,11 +10600,23 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool | None:
     """No query may see a later key, and some query sees an earlier one: plain causal masks, causal
     masks with padding (of any sequence) and sliding windows (Mistral) alike. None (not causal) where a
     prefix LM's mask and an encoder's explain it alike (``_prefix_causal``)."""
-    if mask is None or mask.shape[-1] < 2 or mask.shape[-2] > mask.shape[-1]:
+    if mask is None or mask.shape[-1] < 2:
         return False
     while mask.dim() > 2 and mask.stride(0) == 0:  # the same mask for every sequence: check one
         mask = mask[0]
     lq, lk = mask.shape[-2], mask.shape[-1]
+    if lq > lk:  # queries over fewer keys (blocks pooled from the sequence: NSA's compressed branch): causal
+        # where every row sees a run of the first keys that grows row by row, and some row not every key
+        if mask.stride(-2) == 0:
+            return False
+        seen = mask.sum(-1)
+        first = torch.arange(lk, device=mask.device) < seen[..., None]
+        return (
+            bool(torch.equal(mask, first))
+            and bool((seen[..., 1:] >= seen[..., :-1]).all())
+            and bool((seen[..., 1:] > seen[..., :-1]).any())
+            and bool((seen < lk).any())
+        )
     if lq < lk:  # a chunk of queries (or the last ones) over more keys: causal if no query sees a key
         # further ahead than the chunk's offset allows, rows see different keys (a padding mask's rows
         # are all the same) and some query sees an earlier key
