@@ -376,3 +376,46 @@ def test_a_causal_mask_over_pooled_key_blocks_is_a_decoder(heads, batch):
     assert pooled.key_labels == ("<pooled 0>", "<pooled 1>", "<pooled 2>")
     assert (pooled.kind, window.kind) == ("dec_self", "dec_self")
     assert torch.equal(pooled.probs, model.seen[0]) and torch.equal(window.probs, model.seen[1])
+
+
+class ParamProjection(nn.Module):
+    """An output projection written by hand over a learned matrix: ``heads @ W_o + b_o`` (``"matmul"``), or an
+    einsum kernel over the unmerged heads and its bias added after (``"einsum"``)."""
+
+    def __init__(self, how: str, heads: int, d: int = 16):
+        super().__init__()
+        self.how, self.h = how, heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.w_o = nn.Parameter(
+            torch.randn(d, d) / 4 if how == "matmul" else torch.randn(heads, d // heads, d) / 4
+        )
+        self.b_o = nn.Parameter(torch.randn(d) / 4)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        y = (q @ k.transpose(-1, -2) / 2).softmax(-1) @ v  # (B, H, n, d / H)
+        if self.how == "matmul":
+            return y.transpose(1, 2).reshape(b, n, d) @ self.w_o + self.b_o
+        return torch.einsum("bnhd,hdD->bnD", y.transpose(1, 2), self.w_o) + self.b_o
+
+
+@pytest.mark.parametrize("how", ["matmul", "einsum"])
+@pytest.mark.parametrize(("heads", "batch"), [(1, 1), (2, 2), (4, 3)])
+def test_an_output_projection_over_a_learned_matrix_and_its_bias_are_found(how, heads, batch):
+    """``heads @ W_o`` with W_o a Parameter was told "without the output projection" (the codes of the product,
+    made as a linear's, dropped the pending values before the product named W_o); a bias added after the
+    projection was not its b_O, so Σ_h Σ_j α_ij f_h(x_j) + b_O missed the block's output by the bias."""
+    torch.manual_seed(heads + batch)
+    model = ParamProjection(how, heads).eval()
+    x = torch.randn(batch, 5, 16)
+    with torch.no_grad(), capture_attention(model) as cap:
+        out = model(x)
+    (rec,) = cap.records
+    hv = rec.values
+    assert hv.scope == "with the output projection" and hv.b_o is not None
+    v = model.qkv(x).chunk(3, -1)[2].view(batch, 5, heads, -1).transpose(1, 2)
+    w = model.w_o.detach().view(heads, 16 // heads, 16)
+    torch.testing.assert_close(hv.norms(), torch.einsum("bhke,hed->bhkd", v, w).norm(dim=-1))
+    rebuilt = torch.einsum("bhqk,bhkd->bqd", rec.probs, hv.vectors()) + hv.b_o
+    torch.testing.assert_close(rebuilt, out)

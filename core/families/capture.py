@@ -4980,6 +4980,8 @@ class _Session:
                 ):
                     self._residual(ta.wo, a, b, out if name in IN_PLACE and b is out else None)
                     break
+                if ta is not None and ta.wo is not None and self._wo_bias(ta.wo, a, b, out):
+                    break
         if (
             name in ADD
             and len(ins) == 2
@@ -6174,6 +6176,8 @@ class _Session:
         """A projection of heads merged back: the columns each head's value features meet are its
         W_O slice (from the codes of its input, or ``xc``: codes of ``x`` with the contracted dims
         flattened, for an einsum), completing that record's values."""
+        if not isinstance(weight, torch.Tensor):  # (x @ W's codes, made as a linear's: the product says W)
+            return
         x_tag = self.tag(x) if isinstance(x, torch.Tensor) else None
         taken = _held(self._wo_taken, x) if self._wo_taken else None
         if taken is not None and taken[2] is not weight and taken[1].record is not None:
@@ -6268,6 +6272,26 @@ class _Session:
         if parent is not None:
             return parent() is not None and id(parent()) in running
         return isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[0] == weight.shape[1]
+
+    def _wo_bias(self, p: _Probs, proj: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> bool:
+        """``heads @ W_O + b_O`` (or an einsum kernel, then its bias): a learned vector of the projection's
+        width added to its output is its bias, b_O; the sum is followed as the projection's output."""
+        rec = p.record
+        values = rec.values if rec is not None else None
+        if (
+            values is None
+            or values.w_o is None
+            or values.b_o is not None
+            or not _is_param(bias)
+            or bias.dim() != 1
+            or tuple(proj.shape) != tuple(out.shape)
+            or int(bias.shape[0]) != int(out.shape[-1])
+        ):
+            return False
+        values.b_o = bias.detach()
+        values.watch(values.b_o)
+        self._last_wo = p  # (the sum is what the residual stream is added to)
+        return True
 
     def _residual(self, p: _Probs, proj: torch.Tensor, x: torch.Tensor, summed: torch.Tensor | None) -> None:
         """``proj`` (the output projection's output) is added to ``x``, the residual stream: its norms
