@@ -419,3 +419,64 @@ def test_an_output_projection_over_a_learned_matrix_and_its_bias_are_found(how, 
     torch.testing.assert_close(hv.norms(), torch.einsum("bhke,hed->bhkd", v, w).norm(dim=-1))
     rebuilt = torch.einsum("bhqk,bhkd->bqd", rec.probs, hv.vectors()) + hv.b_o
     torch.testing.assert_close(rebuilt, out)
+
+
+class HeadsClassified(nn.Module):
+    """Attention with no output projection of its own, whose heads merged back a classifier reads (16 -> 3):
+    in the attention's own module, or in the module around it inside a wrapper."""
+
+    def __init__(self, d: int = 16, heads: int = 4):
+        super().__init__()
+        self.h = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.fc = nn.Linear(d, 3)
+
+    def attend(self, x):
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        return ((q @ k.transpose(-1, -2)).softmax(-1) @ v).transpose(1, 2).reshape(b, n, d)
+
+    def forward(self, x):
+        return self.fc(self.attend(x)[:, 0])
+
+
+class Attend(nn.Module):
+    def __init__(self, d: int = 16, heads: int = 4):
+        super().__init__()
+        self.inner = HeadsClassified(d, heads)
+
+    def forward(self, x):
+        return self.inner.attend(x)
+
+
+class Classifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn, self.fc = Attend(), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc(self.attn(x)[:, 0])
+
+
+class Wrapper(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = Classifier()
+
+    def forward(self, x):
+        return self.model(x)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_classifier_over_the_heads_is_no_output_projection(wrapped):
+    """The classifier was taken for W_O: "with the output projection", and norms in the classes' space."""
+    torch.manual_seed(0)
+    model = (Wrapper() if wrapped else HeadsClassified()).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(x)
+    (rec,) = cap.records
+    qkv = model.model.attn.inner.qkv if wrapped else model.qkv
+    v = qkv(x).chunk(3, -1)[2].view(2, 5, 4, 4).transpose(1, 2)
+    assert rec.values.scope == "without the output projection" and rec.values.w_o is None
+    torch.testing.assert_close(rec.values.norms(), v.norm(dim=-1))

@@ -1987,7 +1987,7 @@ class _Session:
         # them): a product's values wait for the projection that reads the heads merged back
         self._pending: dict[str, tuple[_Probs, Callable[[], torch.Tensor | None], tuple]] = {}
         # the module calls that may run each pending entry's output projection (_pend), and projections taken
-        self._pending_at: dict[str, tuple[weakref.ref | None, weakref.ref | None]] = {}
+        self._pending_at: dict[str, tuple[weakref.ref | None, weakref.ref | None, int | None]] = {}
         self._wo_taken: dict[int, tuple] = {}  # the heads merged back -> (their _Probs, the weight taken)
         self._last_wo: _Probs | None = None  # the weights whose W_O the op being followed just applied
         self._rowq_owner: dict[int, tuple[torch.Tensor, _Probs]] = {}  # the record whose rows rowq holds
@@ -6190,7 +6190,8 @@ class _Session:
             return
         if x_tag is None or x_tag.attn_out is None or x_tag.attn_out not in self._pending:
             return
-        if not self._owns_projection(x_tag.attn_out, weight):
+        features = int(weight.shape[1] if transposed else weight.shape[0]) if weight.dim() == 2 else None
+        if not self._owns_projection(x_tag.attn_out, weight, features):
             # a projection the attention's own code does not run (the next layer's, a classifier's): its
             # values are told without an output projection
             self._pending.pop(x_tag.attn_out)
@@ -6241,7 +6242,17 @@ class _Session:
         self._pending[key] = entry
         self.path()
         own = parent = None
+        width = None  # the features of the stream the module was called with ((B, N, d), or (N, d))
         frame = self._frame
+        if frame is not None:
+            if frame.f_code is _CALL_IMPL:
+                called = [*frame.f_locals.get("args", ()), *(frame.f_locals.get("kwargs") or {}).values()]
+            else:  # (a method of a module that is not called as one: its arguments)
+                code = frame.f_code
+                called = [frame.f_locals.get(n) for n in code.co_varnames[1 : code.co_argcount]]
+            first = next((t for t in called if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+            if first is not None and first.dim() in (2, 3):
+                width = int(first.shape[-1])
         if frame is not None and frame.f_code is _CALL_IMPL:
             own = frame.f_locals.get("self")
             up = frame.f_back
@@ -6255,15 +6266,25 @@ class _Session:
         self._pending_at[key] = (
             weakref.ref(own) if own is not None else None,
             weakref.ref(parent) if parent is not None else None,
+            width,
         )
 
-    def _owns_projection(self, key: str, weight: Any) -> bool:
+    def _owns_projection(self, key: str, weight: Any, features: int | None = None) -> bool:
         """The projection reading the heads merged back runs in the attention module's own call, or in the call
         of the module around it (BERT's ``attention.output.dense`` beside ``attention.self``): its output
         projection. Past both (the next layer's projections, a classifier), no; where the module around it
         is the model itself, a projection to as many features as it reads is taken (a model that is one
-        block)."""
-        own, parent = self._pending_at.pop(key, (None, None))
+        block). An output projection gives back the width of the stream the module was called with: one to
+        fewer features than it reads and than that stream has (a classifier over the heads, 16 -> 3) is none."""
+        own, parent, width = self._pending_at.pop(key, (None, None, None))
+        if (
+            features is not None
+            and width is not None
+            and isinstance(weight, torch.Tensor)
+            and features != width
+            and features < int(weight.numel()) // max(features, 1)
+        ):
+            return False
         if own is None:
             return True  # (no module call seen: as before)
         running = _running_modules()
