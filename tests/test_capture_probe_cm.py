@@ -3,6 +3,7 @@ time, and the other cases each test names. Every test here failed on the code be
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -480,3 +481,72 @@ def test_a_classifier_over_the_heads_is_no_output_projection(wrapped):
     v = qkv(x).chunk(3, -1)[2].view(2, 5, 4, 4).transpose(1, 2)
     assert rec.values.scope == "without the output projection" and rec.values.w_o is None
     torch.testing.assert_close(rec.values.norms(), v.norm(dim=-1))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        p = (q[:, None] @ k[:, None].transpose(-1, -2) / 4).softmax(-1)
+        return x + (p @ v[:, None])[:, 0], p
+
+
+class SomeRows(nn.Module):
+    """Layers run on some of the batch's rows: picked per layer (layers skipped per sample, ``active[l]``), or
+    the whole batch put in one other order first (sorted by length) and every layer run on it."""
+
+    def __init__(self, layers: int = 3, d: int = 16):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(layers))
+        self.seen: list[tuple[list[int], torch.Tensor]] = []
+
+    def forward(self, ids, active=None, order=None):
+        x = self.emb(ids)
+        if order is not None:
+            x = x[order]
+        for layer, block in enumerate(self.blocks):
+            rows = torch.arange(x.shape[0]) if active is None else active[layer].nonzero().squeeze(1)
+            y, p = block(x[rows])
+            self.seen.append((rows.tolist() if order is None else order.tolist(), p))
+            x = x.index_copy(0, rows, y)
+        return x
+
+
+def test_a_trace_draws_the_row_that_holds_the_sequence_asked_for():
+    """The batch put in another order before every layer: trace(b) drew record row b, another sequence's
+    weights under sequence b's tokens."""
+    torch.manual_seed(0)
+    model = SomeRows().eval()
+    order = torch.tensor([2, 0, 3, 1])
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (4, 6)), order=order)
+    tokens = [f"t{j}" for j in range(6)]
+    for b in range(4):
+        tr = cap.trace(b, src_tokens=tokens)
+        row = order.tolist().index(b)
+        want = np.stack([p[row, 0].numpy() for _, p in model.seen])
+        np.testing.assert_allclose(tr.probs("enc_self")[:, 0], want, atol=1e-6)
+        if row != b:
+            assert any(f"sequence {b} is row {row} of its maps" in n for n in tr.meta["capture_notes"])
+
+
+def test_layers_run_on_other_rows_each_are_left_out_of_a_trace():
+    """Each layer ran on the rows a per-sample skip picked: trace(3) drew record row 3 of each layer, another
+    sequence's weights (or no layer held it), under sequence 3's tokens."""
+    torch.manual_seed(0)
+    model = SomeRows(layers=2).eval()
+    active = torch.tensor([[1, 1, 1, 0, 1], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (5, 6)), active=active)
+    for b in (0, 3, 4):  # (0 and 3: in one layer only; 4: rows 3 and 3, the same row of each, drawn)
+        if b == 4:
+            tr = cap.trace(b, src_tokens=[f"t{j}" for j in range(6)])
+            want = np.stack([p[rows.index(4), 0].numpy() for rows, p in model.seen])
+            np.testing.assert_allclose(tr.probs("enc_self")[:, 0], want, atol=1e-6)
+            continue
+        with pytest.raises(ValueError, match=f"sequence {b} is in no row of some of its maps"):
+            cap.trace(b, src_tokens=[f"t{j}" for j in range(6)])

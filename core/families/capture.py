@@ -395,6 +395,31 @@ class Captured:
         self._rows[id(record)] = (record, found)
         return found
 
+    def _sequence_row(self, records: list[Record], index: int) -> int | str | None:
+        """The row of every record that holds sequence ``index`` of the input (the same in each), where lineage
+        says each row's sequence and no record has more rows than there are sequences (windows, chunks and beams
+        are parts or copies of them: ``_part_of`` says those); why none does; or None where lineage does not
+        say."""
+        found = [self.rows_of(r) for r in records]
+        if not found or any(f is None for f in found):
+            return None
+        picks: set[int] = set()
+        for f in found:
+            assert f is not None
+            rows, n = f
+            if int(rows.numel()) > n:
+                return None
+            hit = (rows == index).nonzero().flatten().tolist()
+            if len(hit) != 1:
+                return (f"sequence {index} is {'in no row' if not hit else 'in several rows'} of some of its maps "
+                        "(a layer run on some of the batch's sequences: layers skipped per sample, an early "
+                        "exit)")  # fmt: skip
+            picks.add(int(hit[0]))
+        if len(picks) > 1:
+            return (f"sequence {index} is at different rows of its layers' maps (each layer ran over other "
+                    "sequences of the batch, or in another order), so its layers do not stack")  # fmt: skip
+        return picks.pop()
+
     def _keys_picked(self, r: Record, b: int) -> bool:
         """Self-attention whose row ``b`` reads keys of its queries' own sequence that are not that whole
         sequence in order, and not the queries themselves (a window's): neighbours gathered for each query
@@ -675,6 +700,16 @@ class Captured:
                     left_out.append(f"enc_self ({_modules(groups[best])}): {why_row}")
                 at = row
                 has[best] = at < int(groups[best][0].probs.shape[0])
+            if at == index:  # the row that holds sequence ``index``, where lineage says each row's sequence
+                moved = self._sequence_row(groups[best], index)
+                if isinstance(moved, str):
+                    left_out.append(f"{kind} ({_modules(groups[best])}) left out of the trace: {moved} (its maps "
+                                    "are in cap.records)")  # fmt: skip
+                    continue
+                if moved is not None and moved != at:
+                    left_out.append(f"{kind} ({_modules(groups[best])}): sequence {index} is row {moved} of its "
+                                    "maps (the model ran them over its batch in another order), drawn here")  # fmt: skip
+                    at, has[best] = moved, True
             if kind != "cross" and has[best] and any(_keys_not_queries(r, at) for r in groups[best]):
                 left_out.append(f"{kind} ({_modules(groups[best])}) left out of the trace: the keys of sequence {index} "
                                 "are as many of its positions as its queries, but other ones or in another order "
