@@ -550,3 +550,37 @@ def test_layers_run_on_other_rows_each_are_left_out_of_a_trace():
             continue
         with pytest.raises(ValueError, match=f"sequence {b} is in no row of some of its maps"):
             cap.trace(b, src_tokens=[f"t{j}" for j in range(6)])
+
+
+class InlineSkips(nn.Module):
+    """Layers written inline in one forward, each run on the rows a per-sample skip picks."""
+
+    def __init__(self, layers: int = 4, d: int = 16):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.qkv = nn.ModuleList(nn.Linear(d, 3 * d) for _ in range(layers))
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids, active):
+        x = self.emb(ids)
+        for layer, lin in enumerate(self.qkv):
+            rows = active[layer].nonzero().squeeze(1)
+            xs = x[rows]
+            q, k, v = lin(xs).chunk(3, -1)
+            p = (q[:, None] @ k[:, None].transpose(-1, -2) / 4).softmax(-1)
+            self.seen.append(p)
+            x = x.index_copy(0, rows, xs + (p @ v[:, None])[:, 0])
+        return x
+
+
+def test_layers_run_on_single_rows_going_back_are_not_joined_as_slices():
+    """Layer 1 on row 1, then layer 2 on row 0, in one call: joined as two slices of one attention over the
+    batch, an exact record that no call made (and one record fewer than calls, said nowhere)."""
+    torch.manual_seed(0)
+    model = InlineSkips().eval()
+    active = torch.tensor([[1, 1], [0, 1], [1, 0], [1, 1]], dtype=torch.bool)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (2, 6)), active)
+    assert len(cap.records) == len(model.seen) == 4
+    for rec, p in zip(cap.records, model.seen, strict=True):
+        assert torch.equal(rec.probs, p)

@@ -6853,6 +6853,8 @@ class _Session:
             return
         if not bool((~torch.isin(queries, held_q)).all()):
             return
+        if self._rows_back(queries, held_q):
+            return  # (slices of one call go forward through the batch: rows before the last are another pass)
         blocks = frame is not held
         if blocks and not self._blocks(queries, held_q, layout, held_layout, held_at, at):
             if not self._heads_apart(queries, held_q, layout, held_layout, held_at, at):
@@ -6870,6 +6872,21 @@ class _Session:
             self._block_runs.add(id(run))
         if heads:
             self._head_runs.add(id(run))
+
+    def _rows_back(self, queries: torch.Tensor, held: torch.Tensor) -> bool:
+        """Every query of a map is in a row of its input before every row of the map made before it in the call:
+        a loop going back over the batch is another pass (a later layer run on the rows a per-sample skip
+        picked), not the next slice of one attention, which goes forward as slices of a batch are cut."""
+        try:
+            now, before = queries[queries >= 0], held[held >= 0]
+            if not now.numel() or not before.numel():
+                return False
+            a, b = self.sources.rows(now), self.sources.rows(before)
+        except Exception:  # (positions lineage does not place in rows)
+            return False
+        if bool((a < 0).any()) or bool((b < 0).any()):
+            return False
+        return int(a.max()) < int(b.min())
 
     _SLICES = (
         "one call of this module made maps over slices of its batch and heads (attention computed in "
