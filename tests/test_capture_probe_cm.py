@@ -584,3 +584,42 @@ def test_layers_run_on_single_rows_going_back_are_not_joined_as_slices():
     assert len(cap.records) == len(model.seen) == 4
     for rec, p in zip(cap.records, model.seen, strict=True):
         assert torch.equal(rec.probs, p)
+
+
+class Joined(nn.Module):
+    """A learned position joined before the tokens: a task token before a causal target (``causal``), or a
+    [CLS] before an encoder's tokens that see each other."""
+
+    def __init__(self, causal: bool, d: int = 16, heads: int = 2):
+        super().__init__()
+        self.causal, self.h = causal, heads
+        self.emb = nn.Embedding(VOCAB, d)
+        self.task = nn.Parameter(torch.randn(1, 1, d))
+        self.q, self.k = nn.Linear(d, d), nn.Linear(d, d)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids):
+        b, t = ids.shape
+        y = torch.cat([self.task.expand(b, 1, -1), self.emb(ids)], 1)
+        q, k = (lin(y).view(b, t + 1, self.h, -1).transpose(1, 2) for lin in (self.q, self.k))
+        keep = (torch.cat([torch.ones(b, 1, dtype=torch.bool), ids != 0], 1))[:, None, None, :]
+        if self.causal:
+            keep = keep & torch.ones(t + 1, t + 1, dtype=torch.bool).tril()
+        w = (q @ k.transpose(-1, -2)).masked_fill(~keep, -1e9).softmax(-1)
+        self.seen.append(w)
+        return w
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_learned_position_before_one_token_leaves_the_whole_mask_to_decide(causal, tokens):
+    """With one target token after a task token, the mask left once the learned position was set aside was
+    1 x 1, which says nothing: the causal [[1, 0], [1, 1]] was recorded enc_self with no word said."""
+    torch.manual_seed(tokens)
+    model = Joined(causal).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (2, tokens)))
+    (rec,) = cap.records
+    assert rec.exact and torch.equal(rec.probs, model.seen[0])
+    assert rec.kind == ("dec_self" if causal else "enc_self"), (rec.kind, cap.notes)
+    assert not cap.notes, cap.notes
