@@ -966,7 +966,11 @@ def _own_block(seen: torch.Tensor | None, key_labels, query_labels, rows_too: bo
     if rows and len(rows) == own.shape[-2] and None in rows:
         keep = [i for i, label in enumerate(rows) if label is None]
         if rows_too or len(keep) == own.shape[-1]:
-            if len(keep) < 2 <= min(int(seen.shape[-2]), int(seen.shape[-1])) and len(keep) < len(rows):
+            if (
+                seen is not None
+                and len(keep) < 2 <= min(int(seen.shape[-2]), int(seen.shape[-1]))
+                and len(keep) < len(rows)
+            ):
                 # one token and the learned positions joined to it (a task token before a one-token target):
                 # the whole mask decides ([[1, 0], [1, 1]] is causal; a [CLS] and its token see each other)
                 return seen
