@@ -623,3 +623,74 @@ def test_a_learned_position_before_one_token_leaves_the_whole_mask_to_decide(cau
     assert rec.exact and torch.equal(rec.probs, model.seen[0])
     assert rec.kind == ("dec_self" if causal else "enc_self"), (rec.kind, cap.notes)
     assert not cap.notes, cap.notes
+
+
+class Seq2SeqAttention(nn.Module):
+    def __init__(self, d: int = 16, heads: int = 2):
+        super().__init__()
+        self.h = heads
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x, kv, allowed):
+        b, lq, lk = x.shape[0], x.shape[1], kv.shape[1]
+        q = self.q(x).view(b, lq, self.h, -1).transpose(1, 2)
+        k, v = (lin(kv).view(b, lk, self.h, -1).transpose(1, 2) for lin in (self.k, self.v))
+        p = (q @ k.transpose(-2, -1) / 8**0.5).masked_fill(allowed.unsqueeze(1) == 0, -1e9).softmax(-1)
+        self.seen.append(p)
+        return (p @ v).transpose(1, 2).reshape(b, lq, -1)
+
+
+class GreedyPrefix(nn.Module):
+    """A greedy loop that runs the decoder again over the whole prefix every step (no cache), a learned task
+    token before the target (``task``), with an attention module of each kind or one shared by all three."""
+
+    def __init__(self, task: bool, shared: bool, d: int = 16, steps: int = 3):
+        super().__init__()
+        self.steps, self.has_task = steps, task
+        self.emb, self.out = nn.Embedding(VOCAB, d), nn.Linear(d, VOCAB)
+        self.task = nn.Parameter(torch.randn(1, 1, d))
+        self.enc = Seq2SeqAttention(d)
+        self.dself = self.enc if shared else Seq2SeqAttention(d)
+        self.dcross = self.enc if shared else Seq2SeqAttention(d)
+
+    def forward(self, src):
+        keep = (src != 0).unsqueeze(-2)
+        mem = self.emb(src)
+        mem = mem + self.enc(mem, mem, keep)
+        b = src.shape[0]
+        ys = torch.full((b, 1), 2, dtype=torch.long)
+        for _ in range(self.steps):
+            y = self.emb(ys)
+            if self.has_task:
+                y = torch.cat([self.task.expand(b, 1, -1), y], 1)
+            n = y.shape[1]
+            y = y + self.dself(y, y, torch.ones(1, n, n, dtype=torch.bool).tril())
+            y = y + self.dcross(y, mem, keep)
+            ys = torch.cat([ys, (self.out(y[:, -1]).argmax(-1) % (VOCAB - 3) + 3)[:, None]], 1)
+        return ys
+
+
+def test_a_trace_of_a_step_draws_the_step_whose_tokens_are_those_given():
+    """The tokens given were the last step's three: the trace drew the step before (the task token and two
+    tokens, three positions too), its task token's weight under the first token."""
+    torch.manual_seed(0)
+    model = GreedyPrefix(task=True, shared=False).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[5, 6, 7, 8]]))
+    tr = cap.trace(0, src_tokens=["a", "b", "c", "d"], tgt_tokens=["t0", "t1", "t2"])
+    assert tr.tgt_tokens == ("<task 0>", "t0", "t1", "t2")
+    np.testing.assert_allclose(tr.probs("dec_self")[-1], model.dself.seen[-1][0].numpy(), atol=1e-6)
+    np.testing.assert_allclose(tr.probs("cross")[-1], model.dcross.seen[-1][0].numpy(), atol=1e-6)
+
+
+def test_a_module_shared_by_encoder_and_decoder_steps_is_not_said_undecided():
+    """The decoder's first step (one token) took the kind of its later ones, dec_self; the encoder's call of
+    the same module, decided by its padding, was enc_self: a note said the one-token call was recorded enc_self."""
+    torch.manual_seed(0)
+    model = GreedyPrefix(task=False, shared=True).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[5, 6, 7], [8, 9, 0]]))
+    one = [r for r in cap.records if tuple(r.probs.shape[-2:]) == (1, 1)]
+    assert one and all(r.kind == "dec_self" for r in one)
+    assert not any("recorded encoder self-attention" in n for n in cap.notes), cap.notes

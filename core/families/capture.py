@@ -1024,7 +1024,26 @@ def _drawn_group(
     step = [asked is not None and has[i] and _equal_positions(_last_step_queries(g, index), asked)
             for i, g in enumerate(groups)]  # fmt: skip
     fits = [_fits(g[0], kind, joined, src_tokens, tgt_tokens) for g in groups]
-    return max(range(len(groups)), key=lambda i: (sure[i], has[i], step[i], fits[i], len(groups[i]), -i))
+    # (tokens given that are exactly the sequence's other positions, its learned ones put in under their labels,
+    # before tokens as many as every position: a decoder's step over a task token and one token fewer)
+    besides = [
+        fits[i] and _tokens_besides_learned(g[0], kind, src_tokens, tgt_tokens) for i, g in enumerate(groups)
+    ]
+    return max(
+        range(len(groups)), key=lambda i: (sure[i], has[i], step[i], fits[i], besides[i], len(groups[i]), -i)
+    )
+
+
+def _tokens_besides_learned(r: Record, kind: str, src_tokens, tgt_tokens) -> bool:
+    """Where ``r``'s queries or keys hold learned positions, the tokens given for that side are as many as its
+    other positions (they are put in beside them)."""
+    q_side, k_side = _SIDES[kind]
+    tokens = {"src": tuple(src_tokens), "tgt": tuple(tgt_tokens)}
+    for side, labels in ((q_side, r.query_labels), (k_side, r.key_labels)):
+        given = tokens[side]
+        if given and labels and any(labels) and sum(lab is None for lab in labels) != len(given):
+            return False
+    return True
 
 
 def _last_step_queries(group: list[Record], index: int) -> torch.Tensor | None:
@@ -8252,7 +8271,10 @@ class _Session:
         # (heads a call each, joined into one record under their parent's path: any head's path undecided)
         heads_of = {p.rsplit(".", 1)[0]: shape for p, shape in self._undecided.items() if "." in p}
         undecided = {**heads_of, **self._undecided}
-        self._tell_paths([r.name for r in records if r.name in undecided and r.kind == "enc_self"], undecided,
+        # (the calls of the shape it could not tell: a module shared by an encoder and a decoder's steps has its
+        # encoder's calls, decided by their mask, besides a first step the later ones made dec_self)
+        self._tell_paths([r.name for r in records if r.name in undecided and r.kind == "enc_self"
+                          and tuple(int(n) for n in r.probs.shape[-2:]) == tuple(undecided[r.name])], undecided,
                          "every sequence of this input is one token (and padding), or each query may see only its own "
                          "key: its mask looks the same in an encoder and in a causal decoder, so capture cannot tell "
                          "them apart and recorded encoder self-attention (enc_self). A decoder's is dec_self: "
