@@ -3,6 +3,8 @@ time, and the other cases each test names. Every test here failed on the code be
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -694,3 +696,43 @@ def test_a_module_shared_by_encoder_and_decoder_steps_is_not_said_undecided():
     one = [r for r in cap.records if tuple(r.probs.shape[-2:]) == (1, 1)]
     assert one and all(r.kind == "dec_self" for r in one)
     assert not any("recorded encoder self-attention" in n for n in cap.notes), cap.notes
+
+
+class FusedTokens(nn.Module):
+    """EViT: after each layer the tokens [CLS] attends to least are fused into one, their sum weighted by that
+    attention, joined after the ones kept."""
+
+    def __init__(self, layers: int = 3, d: int = 16, heads: int = 2):
+        super().__init__()
+        self.h = heads
+        self.emb = nn.Embedding(VOCAB, d)
+        self.qkv = nn.ModuleList(nn.Linear(d, 3 * d) for _ in range(layers))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for lin in self.qkv:
+            b, n, d = x.shape
+            q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in lin(x).chunk(3, -1))
+            attn = (q @ k.transpose(-1, -2) / 8**0.5).softmax(-1)
+            x = x + (attn @ v).transpose(1, 2).reshape(b, n, d)
+            left = math.ceil(0.6 * (n - 1))
+            cls_attn = attn[:, :, 0, 1:].mean(dim=1)
+            idx = cls_attn.topk(left, dim=1).indices
+            rest = cls_attn.topk(n - 1 - left, dim=1, largest=False).indices
+            others = x[:, 1:].gather(1, idx[..., None].expand(-1, -1, d))
+            fused = (
+                x[:, 1:].gather(1, rest[..., None].expand(-1, -1, d)) * cls_attn.gather(1, rest)[..., None]
+            )
+            x = torch.cat([x[:, :1], others, fused.sum(1, keepdim=True)], 1)
+        return x
+
+
+def test_a_layer_left_unrecorded_after_tokens_are_fused_says_why_truly():
+    """The note said only that the layer's keys were no sequence length of the call, which its tokens were:
+    the keys include a token made from others, which lineage does not place."""
+    torch.manual_seed(0)
+    model = FusedTokens().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (2, 9)))
+    said = [n for n in cap.notes if "is not a sequence length" in n]
+    assert said and all("lineage does not place its keys" in n for n in said), cap.notes

@@ -7667,7 +7667,8 @@ class _Session:
             lengths = self.cap.lengths
             if lengths and int(x.shape[-1]) not in lengths and not ext:  # ext: past + current keys
                 self._unrecorded(path, shape, tag, out, why or f"its last axis ({int(x.shape[-1])}) is not a sequence "
-                                 "length of this call")  # fmt: skip
+                                 "length of this call's inputs, and lineage does not place its keys (tokens pruned, "
+                                 "merged or made from others on the way)")  # fmt: skip
                 return
             if not lengths and role != "scores":
                 self._unrecorded(path, shape, tag, out, why or "it is not made from a product of two activations "
