@@ -736,3 +736,57 @@ def test_a_layer_left_unrecorded_after_tokens_are_fused_says_why_truly():
         model(torch.randint(0, VOCAB, (2, 9)))
     said = [n for n in cap.notes if "is not a sequence length" in n]
     assert said and all("lineage does not place its keys" in n for n in said), cap.notes
+
+
+class KarpathyHead(nn.Module):
+    """One head of "Let's build GPT": its own key, query and value, a causal ``tril`` buffer."""
+
+    def __init__(self, d: int, size: int):
+        super().__init__()
+        self.key, self.query, self.value = (nn.Linear(d, size, bias=False) for _ in range(3))
+        self.register_buffer("tril", torch.tril(torch.ones(8, 8)))
+
+    def forward(self, x):
+        _, t, _ = x.shape
+        k, q = self.key(x), self.query(x)
+        wei = (q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5).masked_fill(
+            self.tril[:t, :t] == 0, float("-inf")
+        )
+        return wei.softmax(-1) @ self.value(x)
+
+
+class KarpathyHeads(nn.Module):
+    """Its MultiHeadAttention: the heads' outputs joined along their features, then ``proj`` (or none)."""
+
+    def __init__(self, heads: int, projected: bool, d: int = 16):
+        super().__init__()
+        self.heads = nn.ModuleList(KarpathyHead(d, d // heads) for _ in range(heads))
+        self.proj = nn.Linear(d, d) if projected else nn.Identity()
+
+    def forward(self, x):
+        return self.proj(torch.cat([h(x) for h in self.heads], dim=-1))
+
+
+@pytest.mark.parametrize("projected", [True, False])
+@pytest.mark.parametrize(("heads", "batch"), [(2, 1), (4, 2), (2, 2)])
+def test_heads_of_a_list_joined_then_projected_keep_what_they_move(heads, batch, projected):
+    """The heads' records are joined into the layer's as they are made, and their values were dropped on the
+    way: the layer's record had none, so nothing showed what attention moves."""
+    torch.manual_seed(heads + batch)
+    model = KarpathyHeads(heads, projected).eval()
+    x = torch.randn(batch, 6, 16)
+    with torch.no_grad(), capture_attention(model) as cap:
+        out = model(x)
+    (rec,) = cap.records
+    assert rec.exact and rec.probs.shape == (batch, heads, 6, 6)
+    hv = rec.values
+    v = torch.stack([h.value(x) for h in model.heads], 1)  # (B, H, k, dv)
+    if not projected:
+        assert hv.scope == "without the output projection"
+        torch.testing.assert_close(hv.norms(), v.norm(dim=-1))
+        return
+    assert hv.scope == "with the output projection"
+    w = model.proj.weight.detach().view(16, heads, 16 // heads).permute(1, 0, 2)  # (H, D, dv)
+    torch.testing.assert_close(hv.norms(), torch.einsum("bhke,hde->bhkd", v, w).norm(dim=-1))
+    rebuilt = torch.einsum("bhqk,bhkd->bqd", rec.probs, hv.vectors()) + hv.b_o
+    torch.testing.assert_close(rebuilt, out)

@@ -2051,6 +2051,9 @@ class _Session:
         # the module calls that may run each pending entry's output projection (_pend), and projections taken
         self._pending_at: dict[str, tuple[weakref.ref | None, weakref.ref | None, int | None]] = {}
         self._wo_taken: dict[int, tuple] = {}  # the heads merged back -> (their _Probs, the weight taken)
+        # single-head maps' outputs joined along their features (a list of head modules, ``torch.cat([h(x) for h
+        # in self.heads], -1)``): the join -> (a ref to it, each head's path and the columns its features hold)
+        self._merged_heads: dict[int, tuple[weakref.ref, list[tuple[str, torch.Tensor, _Probs]]]] = {}
         self._last_wo: _Probs | None = None  # the weights whose W_O the op being followed just applied
         self._rowq_owner: dict[int, tuple[torch.Tensor, _Probs]] = {}  # the record whose rows rowq holds
         self._consumed: dict[int, _Probs] = {}  # weights already multiplied by values (held: ids stay theirs)
@@ -3773,7 +3776,60 @@ class _Session:
                 return
             if d != out.dim() - 1:
                 return  # joined along positions: chunks of a sequence, not heads
+            self._heads_merged(list(parts), out)
         self._heads_group(list(parts))
+
+    def _heads_merged(self, parts: list[torch.Tensor], out: torch.Tensor) -> None:
+        """Single-head maps' outputs joined along their features, each as its product gave it (Karpathy's
+        ``torch.cat([h(x) for h in self.heads], dim=-1)``): the columns of the join each head's value features
+        hold, for the projection that reads it (``_out_projection``)."""
+        if not self._pending:
+            return
+        heads: list[tuple[str, torch.Tensor, _Probs]] = []
+        at = 0
+        for t in parts:
+            g = self.tag(t)
+            width = int(t.shape[-1])
+            if g is not None and g.attn_out is not None and g.moved and g.attn_out in self._pending:
+                code = self.code_of(t)
+                entry = self._pending[g.attn_out]
+                vcodes = entry[1]()
+                cols = None
+                if code is not None and vcodes is not None and int(vcodes.shape[1]) == 1:
+                    cols = values_.head_columns(vcodes, code)  # (1, dv): the part's own columns
+                if cols is not None and int(cols.numel()) == width:
+                    heads.append((g.attn_out, cols + at, entry[0]))
+            at += width
+        if len(heads) != len(parts):
+            return  # (a context joined to something else: Luong's [c; h_t] is no heads merged back)
+        if len({path for path, _, _ in heads}) < len(heads):
+            return  # (heads of one module's loop wait under one path: which product each part is, unsaid)
+        if heads:
+            if len(self._merged_heads) >= HELD:
+                self._merged_heads.clear()
+            self._merged_heads[id(out)] = (weakref.ref(out), heads)
+            self._layer_values([p for _, _, p in heads])  # (the values alone, until a projection reads them)
+
+    def _layer_values(self, ps: list[_Probs]) -> None:
+        """Single-head maps joined into their layer's record as they were made (a list of head modules): the
+        layer's values, each head's in its place, with their W_O slices where each head has its own."""
+        joined = [p.joined for p in ps if p.joined is not None]
+        if not joined or len({at for at, _ in joined}) != 1 or joined[0][0] >= len(self.cap.records):
+            return
+        at = joined[0][0]
+        layer = self.cap.records[at]
+        order = sorted(ps, key=lambda p: p.joined[1] if p.joined is not None else 0)
+        offsets = [p.joined[1] if p.joined is not None else 0 for p in order]
+        if offsets != list(range(int(layer.probs.shape[1]))) or any(p.record is None for p in order):
+            return
+        if order[0].joined is None and order[0].record is not None and order[0].record.seq != layer.seq:
+            return  # (the first head: the record the layer's began as)
+        parts = [p.record.values if p.record is not None else None for p in order]
+        values = parts[0]
+        for v in parts[1:]:
+            values = _head_values_joined(values, v)
+        if values is not None:
+            self.cap.records[at] = _replaced(layer, values=values)
 
     def _weights_stacked(self, name: str, args, kwargs, parts: list[torch.Tensor], out: torch.Tensor) -> None:
         """Single-head maps' weights joined along a new axis before the queries and keys (``torch.stack(ws,
@@ -6240,6 +6296,10 @@ class _Session:
         flattened, for an einsum), completing that record's values."""
         if not isinstance(weight, torch.Tensor):  # (x @ W's codes, made as a linear's: the product says W)
             return
+        merged = self._merged_heads.pop(id(x), None) if self._merged_heads else None
+        if merged is not None and merged[0]() is x and weight.dim() == 2:
+            self._merged_projection(merged[1], weight, bias, transposed)
+            return
         x_tag = self.tag(x) if isinstance(x, torch.Tensor) else None
         taken = _held(self._wo_taken, x) if self._wo_taken else None
         if taken is not None and taken[2] is not weight and taken[1].record is not None:
@@ -6297,6 +6357,33 @@ class _Session:
         rec.values.w_o = w_o
         self._last_wo = p
         _hold(self._wo_taken, x, p, weight)
+
+    def _merged_projection(
+        self, heads: list[tuple[str, torch.Tensor]], weight: torch.Tensor, bias: Any, transposed: bool
+    ) -> None:
+        """The projection of single-head maps' outputs joined along their features: each head's W_O slice is the
+        columns its features hold in the join (one head each: their records are joined at the end)."""
+        width = int(weight.shape[0] if transposed else weight.shape[1])
+        features = int(weight.shape[1] if transposed else weight.shape[0])
+        done: list[_Probs] = []
+        for path, cols, _ in heads:
+            if path not in self._pending:
+                continue
+            if not self._owns_projection(path, weight, features) or int(cols.max()) >= width:
+                self._pending.pop(path, None)
+                continue
+            p = self._pending.pop(path)[0]
+            rec = p.record
+            if rec is None or rec.values is None:
+                continue
+            rec.values.w_o = values_.projection_slices(weight, cols.to(weight.device), transposed)
+            rec.values.watch(rec.values.w_o, weight)
+            if isinstance(bias, torch.Tensor) and bias.dim() == 1:
+                rec.values.b_o = bias.detach()
+                rec.values.watch(rec.values.b_o)
+            done.append(p)
+        if len(done) > 1:
+            self._layer_values(done)
 
     def _pend(self, key: str, entry: tuple) -> None:
         """Values waiting for the projection that reads their heads merged back, with the module calls that
@@ -8393,6 +8480,10 @@ class _Session:
         if i is not None and rec is not None:
             self.cap.records[i] = _replaced(rec, **changes)
             p.record = self.cap.records[i]
+        elif p.joined is not None and rec is not None and set(changes) == {"values"}:
+            p.record = _replaced(
+                rec, **changes
+            )  # (a head joined into its layer's record: joined at its merge)
         elif p.joined is not None and rec is not None and set(changes) == {"probs"}:
             at, offset = p.joined  # a head joined into its layer's record: its slice of the heads
             layer = self.cap.records[at] if at < len(self.cap.records) else None
@@ -10352,7 +10443,34 @@ def _heads_joined(a: Record, b: Record, name: str) -> Record:
         # the positions every head read, where they read the same (a layer's heads do)
         query_positions=a.query_positions if _equal_positions(a.query_positions, b.query_positions) else None,
         key_positions=a.key_positions if _equal_positions(a.key_positions, b.key_positions) else None,
+        values=_head_values_joined(a.values, b.values),
     )
+
+
+def _head_values_joined(
+    a: values_.HeadValues | None, b: values_.HeadValues | None
+) -> values_.HeadValues | None:
+    """The values of two records' heads joined (b's after a's), with their W_O slices where both have one from
+    the same projection (else the values alone: "without the output projection" for all of them)."""
+    if a is None or b is None:
+        return None
+    w_o = b_o = None
+    if (
+        a.w_o is not None
+        and b.w_o is not None
+        and tuple(a.w_o.shape[1:]) == tuple(b.w_o.shape[1:])
+        and (a.b_o is None) == (b.b_o is None)
+        and (a.b_o is None or (b.b_o is not None and torch.equal(a.b_o, b.b_o)))
+    ):
+        w_o, b_o = torch.cat([a.w_o, b.w_o]), a.b_o
+
+    def make() -> torch.Tensor | None:  # (read when asked: each part's own checks first)
+        va, vb = a.values, b.values
+        if va is None or vb is None or va.shape[0] != vb.shape[0] or va.shape[2:] != vb.shape[2:]:
+            return None
+        return torch.cat([va, vb], dim=1)
+
+    return values_.HeadValues(make=make, w_o=w_o, b_o=b_o)
 
 
 def _sequences_joined(rows: list[Record]) -> Record | None:
