@@ -6359,7 +6359,7 @@ class _Session:
         _hold(self._wo_taken, x, p, weight)
 
     def _merged_projection(
-        self, heads: list[tuple[str, torch.Tensor]], weight: torch.Tensor, bias: Any, transposed: bool
+        self, heads: list[tuple[str, torch.Tensor, _Probs]], weight: torch.Tensor, bias: Any, transposed: bool
     ) -> None:
         """The projection of single-head maps' outputs joined along their features: each head's W_O slice is the
         columns its features hold in the join (one head each: their records are joined at the end)."""
