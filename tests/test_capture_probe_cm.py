@@ -790,3 +790,40 @@ def test_heads_of_a_list_joined_then_projected_keep_what_they_move(heads, batch,
     torch.testing.assert_close(hv.norms(), torch.einsum("bhke,hde->bhkd", v, w).norm(dim=-1))
     rebuilt = torch.einsum("bhqk,bhkd->bqd", rec.probs, hv.vectors()) + hv.b_o
     torch.testing.assert_close(rebuilt, out)
+
+
+class TalkingHeads(nn.Module):
+    """CaiT's talking heads written with einsum: the scores mixed across heads before the softmax, the weights
+    mixed again after it (``before``/``after``)."""
+
+    def __init__(self, heads: int, before: bool, after: bool, d: int = 16):
+        super().__init__()
+        self.h, self.before, self.after = heads, before, after
+        self.qkv = nn.Linear(d, 3 * d)
+        self.pre, self.post = nn.Parameter(torch.randn(heads, heads)), nn.Parameter(torch.randn(heads, heads))
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        dots = q @ k.transpose(-1, -2) / 2
+        if self.before:
+            dots = torch.einsum("b h i j, h g -> b g i j", dots, self.pre)
+        attn = dots.softmax(-1)
+        if self.after:
+            attn = torch.einsum("b h i j, h g -> b g i j", attn, self.post)
+        self.seen.append(attn)
+        return attn @ v
+
+
+@pytest.mark.parametrize(("before", "after"), [(False, True), (True, True)])
+def test_weights_mixed_across_heads_after_the_softmax_are_said_whatever_came_before(before, after):
+    """Mixed before the softmax as well, the flag named only that mix: the record, the softmax's output and not
+    the weights the values are multiplied with, said nothing of the mix after it."""
+    torch.manual_seed(0)
+    model = TalkingHeads(2, before, after).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 5, 16))
+    (rec,) = cap.records
+    assert not torch.allclose(rec.probs, model.seen[0])  # (the softmax's output, as the flag says)
+    assert not rec.exact and "after the softmax: the record holds the softmax's output" in rec.flag, rec.flag

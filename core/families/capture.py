@@ -5943,11 +5943,12 @@ class _Session:
 
     def _flag_weights(self, p: _Probs | None, flag: str) -> None:
         """The record these weights were recorded as is flagged (not exact, ``flag`` its reason) and the
-        notes warn, unless it has a flag already (the first reason found stays)."""
+        notes warn; a record flagged already keeps its first reason and gets this one too (scores mixed across
+        heads before the softmax, then the weights mixed after it: both are said)."""
         rec = p.record if p is not None else None
-        if p is None or rec is None or rec.flag is not None:
+        if p is None or rec is None or (rec.flag is not None and flag in rec.flag):
             return
-        self._update_record(p, exact=False, flag=flag)
+        self._update_record(p, exact=False, flag=flag if rec.flag is None else f"{rec.flag}; and {flag}")
         self.warn(rec.name, tuple(rec.probs.shape), f"could not verify: {flag}")
 
     def _weighted_by_equation(self, eq, ops, first: _Tag, out, origin) -> _Tag:
