@@ -827,3 +827,77 @@ def test_weights_mixed_across_heads_after_the_softmax_are_said_whatever_came_bef
     (rec,) = cap.records
     assert not torch.allclose(rec.probs, model.seen[0])  # (the softmax's output, as the flag says)
     assert not rec.exact and "after the softmax: the record holds the softmax's output" in rec.flag, rec.flag
+
+
+class Tiny(nn.Module):
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, 2, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        w = (q @ k.transpose(-1, -2)).softmax(-1)
+        return x + self.o((w @ v).transpose(1, 2).reshape(b, n, d))
+
+
+@pytest.mark.parametrize(
+    ("model", "kwargs", "said"),
+    [
+        (len, {}, "takes the model, a torch.nn.Module instance, not a builtin_function_or_method"),
+        (nn.Linear, {}, "not the class Linear"),
+        (None, {"kinds": {1: "enc_self"}}, "kinds= keys are module paths"),
+        (None, {"lengths": "six"}, "lengths= is a list of sequence lengths"),
+        (None, {"lengths": [4, -1]}, "lengths= is a list of sequence lengths"),
+        (None, {"include": "decoder.*"}, "include= is a list of module paths"),
+    ],
+)
+def test_arguments_capture_cannot_use_get_one_sentence(model, kwargs, said):
+    """A function, a class, a kinds= key that is no string, a lengths= or include= of the wrong type: errors
+    from deep inside (``'function' object has no attribute 'named_modules'``), or every record dropped."""
+    with pytest.raises(TypeError, match=said):
+        with capture_attention(Tiny() if model is None else model, **kwargs):
+            pass
+
+
+def test_one_length_given_for_lengths_is_taken_as_a_list():
+    model = Tiny().eval()
+    with torch.no_grad(), capture_attention(model, lengths=5) as cap:
+        model(torch.randint(0, VOCAB, (2, 5)))
+    assert len(cap.records) == 1 and cap.records[0].exact
+
+
+def test_kinds_naming_no_module_of_the_model_is_said():
+    """A typo in kinds= was ignored in silence, the records keeping the kind capture read."""
+    model = Tiny().eval()
+    with torch.no_grad(), capture_attention(model, kinds={"atn": "dec_self", "q*": "enc_self"}) as cap:
+        model(torch.randint(0, VOCAB, (2, 5)))
+    said = [n for n in cap.notes if "which is no module path of this model" in n]
+    assert len(said) == 1 and "'atn'" in said[0] and cap.records[0].kind == "enc_self"
+
+
+def test_a_model_on_the_meta_device_is_said_in_one_sentence():
+    """nn.TransformerEncoder on 'meta' raised "Cannot copy out of meta tensor" from inside capture at the end of
+    the block; a model of one's own got a note per op."""
+    with torch.device("meta"):
+        enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 2).eval()
+    with torch.no_grad(), capture_attention(enc) as cap:
+        enc(torch.randn(2, 5, 16, device="meta"))
+    assert not cap.records and len(cap.notes) == 1 and "'meta' device" in cap.notes[0]
+
+
+def test_value_norms_left_out_after_the_model_changed_are_said():
+    """After an in-place change of the output projection (an optimizer step), a second trace dropped what
+    attention moves with no word: the values it is read from are no longer what moved."""
+    torch.manual_seed(0)
+    model = Tiny().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (1, 6)))
+    assert cap.trace(0).meta["value_norms"] == {"enc_self": "with the output projection"}
+    with torch.no_grad():
+        model.o.bias.add_(0.5)
+    after = cap.trace(0)
+    assert "value_norms" not in after.meta
+    assert any("what attention moves (its value norms) is left out" in n for n in after.meta["capture_notes"])

@@ -88,6 +88,7 @@ import contextlib
 import fnmatch
 import hashlib
 import inspect
+import itertools
 import math
 import operator
 import re
@@ -791,6 +792,12 @@ class Captured:
             )
             if dropped:
                 left_out.append(dropped)
+            if value is None and any(r.values is not None and not r.values.intact() for r in groups[best]):
+                left_out.append(f"{kind} ({_modules(groups[best])}): what attention moves (its value norms) is left "
+                                "out: the values or "
+                                "the output projection it is read from were written in place since the forward (an "
+                                "optimizer step, a cache's next step), so they are no longer what moved; make the "
+                                "trace before changing the model")  # fmt: skip
             if rows is not None and kind == "cross":
                 query_rows[kind] = rows
                 left_out.append(f"cross ({_modules(groups[best])}): drawn at the target row{'s' if len(rows) > 1 else ''} "
@@ -1082,6 +1089,14 @@ def _broadcasts_to(a: torch.Tensor, t: torch.Tensor) -> bool:
         return tuple(torch.broadcast_shapes(a.shape, t.shape)) == tuple(t.shape)
     except RuntimeError:
         return False
+
+
+def _iterable(x: Any) -> list:
+    """``x``'s items, or ``[x]`` where it has none (a number given for a list)."""
+    try:
+        return list(x)
+    except TypeError:
+        return [x]
 
 
 def _sequence_rows(sources: lineage.Sources, qp: torch.Tensor) -> tuple[torch.Tensor, int] | None:
@@ -11056,21 +11071,56 @@ def capture_attention(
     paths that force a softmax in or out; lengths: sequence lengths of the call (besides those seen
     going through an embedding); scores: False keeps no scores on the records (a map less per call
     held until the block ends)."""
+    if not isinstance(model, nn.Module):
+        what = f"the class {model.__name__}" if isinstance(model, type) else f"a {type(model).__name__}"
+        raise TypeError(f"capture_attention takes the model, a torch.nn.Module instance, not {what} (for a plain "
+                        "function, wrap it in an nn.Module whose forward calls it)")  # fmt: skip
     if kinds is not None and not isinstance(kinds, Mapping):
         raise TypeError(
             f"kinds must be a dict of module path (or glob) -> kind, e.g. {{'decoder.*': 'dec_self'}}, not a "
             f"{type(kinds).__name__}"
         )
-    for k in (kinds or {}).values():
+    for path, k in (kinds or {}).items():
+        if not isinstance(path, str):
+            raise TypeError(
+                f"kinds= keys are module paths (or globs) as strings, e.g. 'decoder.*', not {path!r}"
+            )
         if k not in KINDS:
             raise ValueError(f"unknown attention kind {k!r}; expected one of {KINDS}")
+    for name, globs in (("include", include), ("exclude", exclude)):
+        if globs is not None and (
+            isinstance(globs, (str, bytes)) or not all(isinstance(g, str) for g in _iterable(globs))
+        ):
+            raise TypeError(f"{name}= is a list of module paths (or globs) as strings, e.g. ['decoder.*'], "
+                            f"not {globs!r}")  # fmt: skip
+    if lengths is not None and (
+        isinstance(lengths, (str, bytes))
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in _iterable(lengths))
+    ):
+        raise TypeError(f"lengths= is a list of sequence lengths (positive whole numbers), e.g. [12, 40], not "
+                        f"{lengths!r}")  # fmt: skip
+    if isinstance(lengths, int):  # (one length given for a list of them)
+        lengths = [lengths]
     cap = Captured()
+    with _modes_aside():  # (a mode the caller set sees the model's ops alone)
+        first = next(itertools.chain(model.named_parameters(), model.named_buffers()), None)  # (one says)
+        meta = first[0] if first is not None and first[1].is_meta else None
+    if meta is not None:  # shapes without data: the forward runs, with nothing to record
+        cap.notes.append(f"the model's tensors are on the 'meta' device ({meta} among them: shapes, no data), so "
+                         "there are no weights to record: nothing was captured")  # fmt: skip
+        yield cap
+        return
     # one walk for the names, the layer kinds, TorchScript and torch.compile (whose wrapper holds the
     # model as "_orig_mod": its modules keep the names they have without it)
     modules = [
         (_ORIG_MOD.sub("", name).lstrip(".") if "_orig_mod" in name else name, mod)
         for name, mod in model.named_modules()
     ]
+    for pattern in kinds or {}:
+        if not any(pattern == name or fnmatch.fnmatchcase(name, pattern) for name, _ in modules):
+            cap.notes.append(f"kinds= names {pattern!r}, which is no module path of this model and matches none, "
+                             "so it was not applied (paths are the names model.named_modules() gives, '' for "
+                             "the model itself; globs such as 'decoder.*' match them)")  # fmt: skip
     blind = _blind_spot(model, modules)
     if blind:
         cap.notes.append(blind)
