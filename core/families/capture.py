@@ -794,10 +794,9 @@ class Captured:
                 left_out.append(dropped)
             if value is None and any(r.values is not None and not r.values.intact() for r in groups[best]):
                 left_out.append(f"{kind} ({_modules(groups[best])}): what attention moves (its value norms) is left "
-                                "out: the values or "
-                                "the output projection it is read from were written in place since the forward (an "
-                                "optimizer step, a cache's next step), so they are no longer what moved; make the "
-                                "trace before changing the model")  # fmt: skip
+                                "out: the values or the output projection it is read from were written in place "
+                                "since the forward (an optimizer step, a cache's next step), so they are no longer "
+                                "what moved; make the trace before changing the model")  # fmt: skip
             if rows is not None and kind == "cross":
                 query_rows[kind] = rows
                 left_out.append(f"cross ({_modules(groups[best])}): drawn at the target row{'s' if len(rows) > 1 else ''} "
@@ -8497,9 +8496,8 @@ class _Session:
             self.cap.records[i] = _replaced(rec, **changes)
             p.record = self.cap.records[i]
         elif p.joined is not None and rec is not None and set(changes) == {"values"}:
-            p.record = _replaced(
-                rec, **changes
-            )  # (a head joined into its layer's record: joined at its merge)
+            # (a head joined into its layer's record: its values, joined into the layer's where heads merge)
+            p.record = _replaced(rec, **changes)
         elif p.joined is not None and rec is not None and set(changes) == {"probs"}:
             at, offset = p.joined  # a head joined into its layer's record: its slice of the heads
             layer = self.cap.records[at] if at < len(self.cap.records) else None
