@@ -901,3 +901,41 @@ def test_value_norms_left_out_after_the_model_changed_are_said():
     after = cap.trace(0)
     assert "value_norms" not in after.meta
     assert any("what attention moves (its value norms) is left out" in n for n in after.meta["capture_notes"])
+
+
+class Frames(nn.Module):
+    """A world model over frames of tokens: each token sees its own frame and the frames before (block-causal,
+    IRIS's and TWM's), or its own frame only (``causal`` False: frames packed apart), padding frames masked."""
+
+    def __init__(self, causal: bool, heads: int = 2, d: int = 16, per: int = 3):
+        super().__init__()
+        self.causal, self.h, self.per = causal, heads, per
+        self.emb = nn.Embedding(VOCAB, d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, ids, frames):  # frames (B,): how many frames each sequence has
+        b, n = ids.shape
+        frame = torch.arange(n) // self.per
+        keep = frame[None, :] <= frame[:, None] if self.causal else frame[None, :] == frame[:, None]
+        keep = keep[None] & (frame[None, :] < frames[:, None])[:, None, :]
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(self.emb(ids)).chunk(3, -1))
+        w = (q @ k.transpose(-1, -2)).masked_fill(~keep[:, None], float("-inf")).softmax(-1).nan_to_num()
+        self.seen.append(w)
+        return w @ v
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_mask_causal_by_frames_is_a_decoders(causal, batch):
+    """Each frame's tokens seeing their own frame and the ones before was recorded enc_self, exact, with no
+    word said: the tokens of a frame see a later one of the same frame, so no plain causal mask was found.
+    Frames that see only themselves (packed apart) stay an encoder's."""
+    torch.manual_seed(batch)
+    model = Frames(causal).eval()
+    frames = torch.tensor([4, 3, 2][:batch])
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (batch, 12)), frames)
+    (rec,) = cap.records
+    assert torch.equal(rec.probs, model.seen[0])
+    assert rec.kind == ("dec_self" if causal else "enc_self"), (rec.kind, cap.notes)

@@ -10911,7 +10911,36 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool | None:
         most = torch.where(seen, n, -1).amax(-1)
         least = torch.where(seen, n, mask.shape[-1] + 1).amin(-1)
         return not bool(full.all()) and bool(mask.tril(-1).any()) and bool((most > least).any())
-    return _prefix_causal(mask)
+    prefix = _prefix_causal(mask)
+    return True if prefix is False and _block_causal(mask) else prefix
+
+
+def _block_causal(mask: torch.Tensor) -> bool:
+    """Causal by blocks (a world model's frames, Gato's steps): each position sees every position of its own
+    block and of the blocks before, none after; two blocks at least in some sequence, one of them of more than
+    one position (a plain causal mask is one position a block). Padding keys no row sees are left aside. An
+    encoder's mask (one block) and packed documents (no earlier block seen) are not."""
+    lq, lk = mask.shape[-2], mask.shape[-1]
+    if lq != lk or lq < 3:
+        return False
+    j = torch.arange(lk, device=mask.device)
+    far = torch.where(mask, j, -1).amax(-1)  # (..., q) the furthest key each row sees
+    keys = mask.any(-2, keepdim=True)  # (..., 1, k) keys some row sees (not padding)
+    sees = far >= 0
+    if not bool(((mask == ((j <= far[..., None]) & keys)) | ~sees[..., None]).all()):
+        return False  # a row that sees other keys than every (real) key up to its furthest
+    own = mask.diagonal(dim1=-2, dim2=-1) & sees  # rows of real positions
+    i = torch.arange(lq, device=mask.device)
+    if bool((own & (far < i)).any()):
+        return False
+    reach = torch.where(own, far, -1)
+    if not bool((reach == reach.cummax(-1).values.masked_fill(~own, -1)).all()):
+        return False  # (later rows reach no less far)
+    ends = far.clamp_min(0)
+    if not bool((~own | own.gather(-1, ends) & (far.gather(-1, ends) == ends)).all()):
+        return False  # a block's last row is a real one and ends it
+    blocks = torch.zeros_like(own).scatter(-1, ends, own).sum(-1)  # (...,) blocks per sequence
+    return bool((blocks >= 2).any()) and bool((own & (far > i)).any())
 
 
 def _undecided(mask: torch.Tensor | None, lq: int) -> bool:
