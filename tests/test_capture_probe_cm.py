@@ -939,3 +939,42 @@ def test_a_mask_causal_by_frames_is_a_decoders(causal, batch):
     (rec,) = cap.records
     assert torch.equal(rec.probs, model.seen[0])
     assert rec.kind == ("dec_self" if causal else "enc_self"), (rec.kind, cap.notes)
+
+
+class Fusion(nn.Module):
+    """ALBEF's image-text fusion: an image encoder's self-attention over a class token and its patches, then a
+    text encoder (an [ENC] token before the words) whose layers attend to themselves and then to the image."""
+
+    def __init__(self, d: int = 16, layers: int = 2):
+        super().__init__()
+        self.emb, self.patch = nn.Embedding(VOCAB, d), nn.Conv2d(3, d, 4, 4)
+        self.cls, self.enc = nn.Parameter(torch.randn(1, 1, d)), nn.Parameter(torch.randn(1, 1, d))
+        self.img_self = Seq2SeqAttention(d)
+        self.text_self = nn.ModuleList(Seq2SeqAttention(d) for _ in range(layers))
+        self.text_cross = nn.ModuleList(Seq2SeqAttention(d) for _ in range(layers))
+
+    def forward(self, ids, pixels):
+        b = ids.shape[0]
+        v = torch.cat([self.cls.expand(b, 1, -1), self.patch(pixels).flatten(2).transpose(1, 2)], 1)
+        v = v + self.img_self(v, v, torch.ones(b, 1, v.shape[1], dtype=torch.bool))
+        t = torch.cat(
+            [self.enc.expand(b, 1, -1), self.emb(ids)[:, 1:]], 1
+        )  # (BLIP's [ENC] in place of [CLS])
+        keep = (ids != 0).unsqueeze(-2)
+        for sa, ca in zip(self.text_self, self.text_cross, strict=True):
+            t = t + sa(t, t, keep)
+            t = t + ca(t, v, torch.ones(b, 1, v.shape[1], dtype=torch.bool))
+        return t
+
+
+def test_the_encoder_drawn_beside_a_cross_attention_is_the_one_it_reads():
+    """The text's two self-attention layers, the cross-attention's queries' side, outnumbered the image's one
+    and were drawn as the encoder under the image's tokens."""
+    torch.manual_seed(0)
+    model = Fusion().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.tensor([[1, 5, 6, 0, 0]]), torch.randn(1, 3, 8, 8))
+    tr = cap.trace(0, src_tokens=["p0", "p1", "p2", "p3"], tgt_tokens=["t1", "t2", "t3", "t4"])
+    enc = tr.probs("enc_self")
+    assert enc.shape[0] == 1 and tr.src_tokens == ("<cls 0>", "p0", "p1", "p2", "p3")
+    np.testing.assert_allclose(enc[0], model.img_self.seen[0][0].numpy(), atol=1e-6)

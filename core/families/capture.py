@@ -633,7 +633,14 @@ class Captured:
             groups = stack_groups(self.of(kind), joined)
             has = [index < int(g[0].probs.shape[0]) for g in groups]  # (maps over fewer sequences: blocks)
             best = _drawn_group(
-                groups, kind, index, joined, src_tokens, tgt_tokens, asked if kind == "dec_self" else None
+                groups,
+                kind,
+                index,
+                joined,
+                src_tokens,
+                tgt_tokens,
+                asked if kind == "dec_self" else None,
+                [r for r in self.of("cross") if r.exact] if kind != "cross" else [],
             )
             for i, g in enumerate(groups):
                 if i != best:
@@ -1019,6 +1026,7 @@ def _drawn_group(
     src_tokens,
     tgt_tokens,
     asked: torch.Tensor | None = None,
+    cross: list[Record] | None = None,
 ) -> int:
     """Which of a kind's groups (calls whose maps stack) a trace of sequence ``index`` draws: one that holds the
     sequence (a group whose records are flagged, as rows that hold other sequences of the caller's batch than
@@ -1029,6 +1037,9 @@ def _drawn_group(
     sure = [has[i] and all(r.exact for r in g) for i, g in enumerate(groups)]
     step = [asked is not None and has[i] and _equal_positions(_last_step_queries(g, index), asked)
             for i, g in enumerate(groups)]  # fmt: skip
+    # (with a cross-attention: an encoder's self-attention over the positions it reads as keys, a decoder's over
+    # those that ask it: ALBEF's text self-attention, the queries' side, is no encoder of the image it reads)
+    side = [bool(cross) and kind != "cross" and _on_side(g, cross, keys=kind == "enc_self") for g in groups]
     fits = [_fits(g[0], kind, joined, src_tokens, tgt_tokens) for g in groups]
     # (tokens given that are exactly the sequence's other positions, its learned ones put in under their labels,
     # before tokens as many as every position: a decoder's step over a task token and one token fewer)
@@ -1036,7 +1047,8 @@ def _drawn_group(
         fits[i] and _tokens_besides_learned(g[0], kind, src_tokens, tgt_tokens) for i, g in enumerate(groups)
     ]
     return max(
-        range(len(groups)), key=lambda i: (sure[i], has[i], step[i], fits[i], besides[i], len(groups[i]), -i)
+        range(len(groups)),
+        key=lambda i: (sure[i], has[i], step[i], side[i], fits[i], besides[i], len(groups[i]), -i),
     )
 
 
