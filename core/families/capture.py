@@ -1039,7 +1039,9 @@ def _drawn_group(
             for i, g in enumerate(groups)]  # fmt: skip
     # (with a cross-attention: an encoder's self-attention over the positions it reads as keys, a decoder's over
     # those that ask it: ALBEF's text self-attention, the queries' side, is no encoder of the image it reads)
-    side = [bool(cross) and kind != "cross" and _on_side(g, cross, keys=kind == "enc_self") for g in groups]
+    side = [
+        bool(cross) and kind != "cross" and _on_side(g, cross or [], keys=kind == "enc_self") for g in groups
+    ]
     fits = [_fits(g[0], kind, joined, src_tokens, tgt_tokens) for g in groups]
     # (tokens given that are exactly the sequence's other positions, its learned ones put in under their labels,
     # before tokens as many as every position: a decoder's step over a task token and one token fewer)
