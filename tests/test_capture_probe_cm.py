@@ -978,3 +978,41 @@ def test_the_encoder_drawn_beside_a_cross_attention_is_the_one_it_reads():
     enc = tr.probs("enc_self")
     assert enc.shape[0] == 1 and tr.src_tokens == ("<cls 0>", "p0", "p1", "p2", "p3")
     np.testing.assert_allclose(enc[0], model.img_self.seen[0][0].numpy(), atol=1e-6)
+
+
+class CoAttention(nn.Module):
+    """ViLBERT's co-attention: the words over the regions and the regions over the words, in each block."""
+
+    def __init__(self, d: int = 16, blocks: int = 2):
+        super().__init__()
+        self.emb, self.regions = nn.Embedding(VOCAB, d), nn.Linear(6, d)
+        self.text_self = Seq2SeqAttention(d)
+        self.t2v = nn.ModuleList(Seq2SeqAttention(d) for _ in range(blocks))
+        self.v2t = nn.ModuleList(Seq2SeqAttention(d) for _ in range(blocks))
+
+    def forward(self, ids, feats):
+        t, v = self.emb(ids), self.regions(feats)
+        b, lt, lv = t.shape[0], t.shape[1], v.shape[1]
+        t = t + self.text_self(t, t, torch.ones(b, 1, lt, dtype=torch.bool))
+        for t2v, v2t in zip(self.t2v, self.v2t, strict=True):
+            t, v = (t + t2v(t, v, torch.ones(b, 1, lv, dtype=torch.bool)),
+                    v + v2t(v, t, torch.ones(b, 1, lt, dtype=torch.bool)))  # fmt: skip
+        return t, v
+
+
+def test_cross_attention_both_ways_between_inputs_of_one_length_is_left_out():
+    """With as many words as regions, the trace drew the last block's regions-over-words map as the cross-
+    attention, the words' labels on its query rows and the regions' on its keys, and said nothing."""
+    torch.manual_seed(0)
+    model = CoAttention().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, VOCAB, (1, 5)), torch.randn(1, 5, 6))
+    assert sum(r.kind == "cross" for r in cap.records) == 4 and all(r.exact for r in cap.records)
+    # (the words' self-attention too: which input the tokens given are, nothing tells)
+    with pytest.raises(ValueError, match="run both ways between two inputs") as raised:
+        cap.trace(0, src_tokens=[f"r{i}" for i in range(5)], tgt_tokens=[f"w{i}" for i in range(5)])
+    assert "self-attention of one of two inputs" in str(raised.value)
+    with torch.no_grad(), capture_attention(model) as cap:  # (other lengths: the tokens given tell)
+        model(torch.randint(1, VOCAB, (1, 5)), torch.randn(1, 3, 6))
+    tr = cap.trace(0, src_tokens=[f"r{i}" for i in range(3)], tgt_tokens=[f"w{i}" for i in range(5)])
+    assert tr.probs("cross").shape[-2:] == (5, 3)

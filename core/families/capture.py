@@ -627,7 +627,25 @@ class Captured:
         # stack: without this, the first step's self-attention stood beside the last step's cross-attention)
         cross_drawn = self._cross_drawn(index, joined, src_tokens, tgt_tokens)
         asked = _last_step_queries(cross_drawn, index) if cross_drawn else None
+        # two inputs of as many positions attending to each other (co-attention): which of them the tokens given
+        # are, nothing tells; their cross-attention and their own self-attention are left out and said
+        both = [
+            r
+            for g in stack_groups(self.of("cross"), joined)
+            if _both_ways(segs := query_segments(g)) and len(segs) > 1
+            for r in g
+        ]
         for kind in self.kinds():
+            if (
+                both
+                and kind != "cross"
+                and (_on_side(self.of(kind), both, keys=True) or _on_side(self.of(kind), both, keys=False))
+            ):
+                left_out.append(f"{kind} ({_modules(self.of(kind))}) left out of the trace: self-attention of one "
+                                "of two inputs of as many positions that attend to each other (co-attention: "
+                                "ViLBERT's, LXMERT's), so which input the tokens given are the trace cannot tell "
+                                "(cap.records has them)")  # fmt: skip
+                continue
             # calls of one kind whose maps do not stack (a decoder run a step at a time, layers with other head
             # counts): the group over the tokens given is drawn (else the most calls), the others said
             groups = stack_groups(self.of(kind), joined)
@@ -656,6 +674,12 @@ class Captured:
                 )
                 groups[best] = last
             steps = query_segments(groups[best])
+            if kind == "cross" and len(steps) > 1 and _both_ways(steps):
+                left_out.append(f"cross ({_modules(groups[best])}) left out of the trace: its calls run both ways "
+                                "between two inputs of as many positions (co-attention: ViLBERT's and LXMERT's, each "
+                                "input's queries over the other's keys), so which input the tokens given are the "
+                                "trace cannot tell (cap.records has them)")  # fmt: skip
+                continue
             cross = [r for r in self.of("cross") if r.exact] if kind != "cross" else []
             sided = [s for s in steps if _on_side(s, cross, keys=kind == "enc_self")] if cross else []
             if len(steps) > 1 and sided and len(sided) < len(steps):
@@ -1187,6 +1211,16 @@ def _disjoint(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
         return False
     a, b = a[a >= 0], b[b >= 0]
     return bool(a.numel()) and bool(b.numel()) and not bool(torch.isin(b, a).any())
+
+
+def _both_ways(steps: list[list[Record]]) -> bool:
+    """Cross-attention calls of which some ask over the positions others ask from, and the other way round:
+    two inputs attending to each other (co-attention), which a source and a target cannot tell apart."""
+    return any(
+        _on_side(a, b, keys=True) and _on_side(b, a, keys=True)
+        for i, a in enumerate(steps)
+        for b in steps[i + 1 :]
+    )
 
 
 def _on_side(records: list[Record], cross: list[Record], keys: bool) -> bool:
