@@ -1016,3 +1016,42 @@ def test_cross_attention_both_ways_between_inputs_of_one_length_is_left_out():
         model(torch.randint(1, VOCAB, (1, 5)), torch.randn(1, 3, 6))
     tr = cap.trace(0, src_tokens=[f"r{i}" for i in range(3)], tgt_tokens=[f"w{i}" for i in range(5)])
     assert tr.probs("cross").shape[-2:] == (5, 3)
+
+
+class HeadsLooped(nn.Module):
+    """Heads as a loop inside one module: each its own q, k and v, the outputs joined, one projection."""
+
+    def __init__(self, heads: int, d: int = 16):
+        super().__init__()
+        self.heads = nn.ModuleList(
+            nn.ModuleDict(
+                {"q": nn.Linear(d, d // heads), "k": nn.Linear(d, d // heads), "v": nn.Linear(d, d // heads)}
+            )
+            for _ in range(heads)
+        )
+        self.o = nn.Linear(d, d)
+
+    def forward(self, x):
+        outs = []
+        for h in self.heads:
+            q, k, v = h["q"](x), h["k"](x), h["v"](x)
+            outs.append((q @ k.transpose(-1, -2) / 2).softmax(-1) @ v)
+        return self.o(torch.cat(outs, -1))
+
+
+@pytest.mark.parametrize(("heads", "batch"), [(2, 1), (4, 2), (2, 2)])
+def test_heads_of_a_loop_in_one_module_keep_their_projection(heads, batch):
+    """Each head's values waited under the module's one path, the next head's replacing them: the layer's
+    values were told "without the output projection"."""
+    torch.manual_seed(heads + batch)
+    model = HeadsLooped(heads).eval()
+    x = torch.randn(batch, 5, 16)
+    with torch.no_grad(), capture_attention(model) as cap:
+        out = model(x)
+    (rec,) = cap.records
+    hv = rec.values
+    assert rec.exact and rec.probs.shape == (batch, heads, 5, 5) and hv.scope == "with the output projection"
+    v = torch.stack([h["v"](x) for h in model.heads], 1)
+    w = model.o.weight.detach().view(16, heads, 16 // heads).permute(1, 0, 2)
+    torch.testing.assert_close(hv.norms(), torch.einsum("bhke,hde->bhkd", v, w).norm(dim=-1))
+    torch.testing.assert_close(torch.einsum("bhqk,bhkd->bqd", rec.probs, hv.vectors()) + hv.b_o, out)

@@ -2116,6 +2116,9 @@ class _Session:
         # single-head maps' outputs joined along their features (a list of head modules, ``torch.cat([h(x) for h
         # in self.heads], -1)``): the join -> (a ref to it, each head's path and the columns its features hold)
         self._merged_heads: dict[int, tuple[weakref.ref, list[tuple[str, torch.Tensor, _Probs]]]] = {}
+        # every pending entry by its weights (id of their _Probs): a loop over the heads inside one module pends
+        # each head's under the same path, the next replacing it there
+        self._pended: dict[int, tuple] = {}
         self._last_wo: _Probs | None = None  # the weights whose W_O the op being followed just applied
         self._rowq_owner: dict[int, tuple[torch.Tensor, _Probs]] = {}  # the record whose rows rowq holds
         self._consumed: dict[int, _Probs] = {}  # weights already multiplied by values (held: ids stay theirs)
@@ -3855,6 +3858,11 @@ class _Session:
             if g is not None and g.attn_out is not None and g.moved and g.attn_out in self._pending:
                 code = self.code_of(t)
                 entry = self._pending[g.attn_out]
+                if g.made_by is not None:  # (its own product's, where a loop pended several under one path)
+                    entry = self._pended.get(id(g.made_by), entry)
+                    if entry[0] is not g.made_by:
+                        at += width
+                        continue
                 vcodes = entry[1]()
                 cols = None
                 if code is not None and vcodes is not None and int(vcodes.shape[1]) == 1:
@@ -3862,10 +3870,8 @@ class _Session:
                 if cols is not None and int(cols.numel()) == width:
                     heads.append((g.attn_out, cols + at, entry[0]))
             at += width
-        if len(heads) != len(parts):
+        if len(heads) != len(parts) or len({id(p) for _, _, p in heads}) < len(heads):
             return  # (a context joined to something else: Luong's [c; h_t] is no heads merged back)
-        if len({path for path, _, _ in heads}) < len(heads):
-            return  # (heads of one module's loop wait under one path: which product each part is, unsaid)
         if heads:
             if len(self._merged_heads) >= HELD:
                 self._merged_heads.clear()
@@ -6429,13 +6435,15 @@ class _Session:
         width = int(weight.shape[0] if transposed else weight.shape[1])
         features = int(weight.shape[1] if transposed else weight.shape[0])
         done: list[_Probs] = []
-        for path, cols, _ in heads:
-            if path not in self._pending:
-                continue
-            if not self._owns_projection(path, weight, features) or int(cols.max()) >= width:
+        owned: dict[str, bool] = {}  # (a loop's heads under one path: asked once)
+        for path, _, _ in heads:
+            if path not in owned and path in self._pending:
+                owned[path] = self._owns_projection(path, weight, features)
                 self._pending.pop(path, None)
+        for path, cols, p in heads:
+            self._pended.pop(id(p), None)
+            if not owned.get(path) or int(cols.max()) >= width:
                 continue
-            p = self._pending.pop(path)[0]
             rec = p.record
             if rec is None or rec.values is None:
                 continue
@@ -6452,6 +6460,9 @@ class _Session:
         """Values waiting for the projection that reads their heads merged back, with the module calls that
         may run it: the attention's own, and the one around it unless that is the model's."""
         self._pending[key] = entry
+        if len(self._pended) >= HELD:
+            self._pended.clear()
+        self._pended[id(entry[0])] = entry
         self.path()
         own = parent = None
         width = None  # the features of the stream the module was called with ((B, N, d), or (N, d))
