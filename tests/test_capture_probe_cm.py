@@ -534,6 +534,7 @@ def test_a_trace_draws_the_row_that_holds_the_sequence_asked_for():
         np.testing.assert_allclose(tr.probs("enc_self")[:, 0], want, atol=1e-6)
         if row != b:
             assert any(f"sequence {b} is row {row} of its maps" in n for n in tr.meta["capture_notes"])
+            assert not any("windows, chunks, documents or beams" in n for n in tr.meta["capture_notes"])
 
 
 def test_layers_run_on_other_rows_each_are_left_out_of_a_trace():

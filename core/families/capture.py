@@ -713,6 +713,7 @@ class Captured:
                     )
                 groups[best] = last
             at = index  # the row of this kind's maps that is sequence ``index``'s
+            reordered_row = False  # (said already where the batch was put in another order)
             if kind == "enc_self" and not cross_drawn and has[best]:
                 elsewhere, also = self._read_elsewhere(groups[best], index)
                 if also is not None:
@@ -742,6 +743,7 @@ class Captured:
                     left_out.append(f"{kind} ({_modules(groups[best])}): sequence {index} is row {moved} of its "
                                     "maps (the model ran them over its batch in another order), drawn here")  # fmt: skip
                     at, has[best] = moved, True
+                    reordered_row = True
             if kind != "cross" and has[best] and any(_keys_not_queries(r, at) for r in groups[best]):
                 left_out.append(f"{kind} ({_modules(groups[best])}) left out of the trace: the keys of sequence {index} "
                                 "are as many of its positions as its queries, but other ones or in another order "
@@ -773,7 +775,7 @@ class Captured:
                     "others are in cap.records)"
                 )
                 groups[best] = keep
-            part = _part_of(self, groups[best], at)
+            part = None if reordered_row else _part_of(self, groups[best], at)
             if part is not None:
                 left_out.append(f"{kind} ({_modules(groups[best])}): {part}")
             km = kind_maps(groups[best], joined)
