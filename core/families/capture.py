@@ -448,9 +448,7 @@ class Captured:
         if not bool((src == src[0]).all()):
             return False
         source = sources.items[int(src[0])]
-        size = source.row or source.n  # (positions per sequence: a row of the tensor they came from)
-        if source.kind == "external" and len(source.lead) >= 3 and source.lead[0] > 0:
-            size = source.n // source.lead[0]  # (an image's rows together: (B, H, W, C) holds B sequences)
+        size = _sequence_size(source) or source.n  # (a source of one row: one sequence)
         rows = (queries - source.start) // max(size, 1)
         if source.kind in lineage.LABELLED or not size or not bool((rows == rows[0]).all()):
             return False
@@ -1152,11 +1150,7 @@ def _sequence_rows(sources: lineage.Sources, qp: torch.Tensor) -> tuple[torch.Te
     if not bool(((src == first) | ~own).all()):
         return None
     source = sources.items[int(first)]
-    # positions per sequence: a row of the tensor they came from; an image's rows together, where it has
-    # more leading dims than (batch, positions): (B, H, W, C) holds B sequences of H * W
-    size = source.row
-    if source.kind == "external" and len(source.lead) >= 3 and source.lead[0] > 0:
-        size = source.n // source.lead[0]
+    size = _sequence_size(source)
     if not size or source.n < size:
         return None
     rows = (safe - source.start) // size
@@ -1165,6 +1159,15 @@ def _sequence_rows(sources: lineage.Sources, qp: torch.Tensor) -> tuple[torch.Te
     if not bool((lo == torch.where(own, rows, -1).amax(-1)).all()):
         return None
     return lo, source.n // size
+
+
+def _sequence_size(source: lineage.Source) -> int:
+    """Positions per sequence of a source: a row of the tensor they came from (0: the source is one row); an
+    image's rows together, where it has more leading dims than (batch, positions): (B, H, W, C) holds B
+    sequences of H * W."""
+    if source.kind == "external" and len(source.lead) >= 3 and source.lead[0] > 0:
+        return source.n // source.lead[0]
+    return source.row
 
 
 def _pooled_asks(r: Record) -> bool:
@@ -5477,11 +5480,8 @@ class _Session:
             if any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in rest):
                 return smap.fail(f"{name} with a tensor argument on the scores could not be followed")
             return smap.then((name, lineage.replay_fn(name, func), rest, dict(kwargs)))
-        try:
-            if torch.broadcast_shapes(tuple(base_t.shape), tuple(out.shape)) == tuple(out.shape):
-                return smap.then(("broadcast", torch.Tensor.expand, (tuple(out.shape),), {}))
-        except RuntimeError:
-            pass
+        if _broadcasts_to(base_t, out):
+            return smap.then(("broadcast", torch.Tensor.expand, (tuple(out.shape),), {}))
         return smap.fail(f"{name} changed the scores' shape in a way capture does not follow")
 
     def _scores_joined(self, name, args, kwargs, out) -> ScoreMap | None:
