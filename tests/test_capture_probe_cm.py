@@ -4,15 +4,31 @@ time, and the other cases each test names. Every test here failed on the code be
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from attnscope.core.families.capture import capture_attention
+from attnscope.core.families.capture import Captured, capture_attention
 
 VOCAB = 20
+
+
+def _captured(model: nn.Module, *args, **kwargs) -> tuple[Captured, Any]:
+    """The capture of ``model(*args, **kwargs)`` (no gradients), and what the call returned."""
+    with torch.no_grad(), capture_attention(model) as cap:
+        out = model(*args, **kwargs)
+    return cap, out
+
+
+def _moves_exactly(rec, v: torch.Tensor, w_o: torch.Tensor, out: torch.Tensor) -> None:
+    """``rec``'s value norms are ||v_h,j W_O,h|| (``v`` (B, H, k, dv), ``w_o`` (H, D, dv)), and its weights times
+    f_h(x_j), summed over heads and keys, plus b_O, rebuild the block's output ``out``."""
+    hv = rec.values
+    torch.testing.assert_close(hv.norms(), torch.einsum("bhke,hde->bhkd", v, w_o).norm(dim=-1))
+    torch.testing.assert_close(torch.einsum("bhqk,bhkd->bqd", rec.probs, hv.vectors()) + hv.b_o, out)
 
 
 class PagedDecode(nn.Module):
@@ -102,8 +118,7 @@ class RowsWritten(nn.Module):
 def test_whole_sequences_written_by_a_row_index_keep_their_positions():
     torch.manual_seed(0)
     model = RowsWritten().eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(0, VOCAB, (3, 5)))
+    cap, _ = _captured(model, torch.randint(0, VOCAB, (3, 5)))
     (rec,) = cap.records
     assert torch.equal(rec.probs[:, 0], model.seen[0]) and rec.kind == "enc_self"
     # (each record row the caller's sequence the index put there: said, and no slot of a cache)
@@ -149,8 +164,7 @@ def test_keys_gathered_per_query_are_not_drawn_as_the_sequence_tokens(heads, bat
     key's position; the trace leaves them out and says why."""
     torch.manual_seed(heads + batch)
     model = Neighbours(heads, how).eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randn(batch, 6, 16))
+    cap, _ = _captured(model, torch.randn(batch, 6, 16))
     (rec,) = cap.records
     kp = rec.key_positions.view(batch, 6, 3) % 6  # (each record row: one node's neighbours)
     assert kp[0].tolist() == [[(i - 1) % 6, i, (i + 1) % 6] for i in range(6)]
@@ -186,8 +200,7 @@ def test_weights_times_a_cutoff_over_the_heads_are_recorded_as_multiplied(heads,
     followed: no record, and an info note said the weights weighted nothing."""
     torch.manual_seed(heads * batch)
     model = Cutoff(heads).eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randn(batch, 6, 16), torch.randn(batch, 6, 3))
+    cap, _ = _captured(model, torch.randn(batch, 6, 16), torch.randn(batch, 6, 3))
     (rec,) = cap.records
     assert rec.exact and not cap.notes and not cap.skipped, (rec.flag, cap.notes, cap.skipped)
     assert rec.kind == "enc_self" and torch.equal(rec.probs, model.seen[0])
@@ -222,8 +235,7 @@ def test_a_sink_written_as_a_rescale_by_the_logsumexp_raises_no_note(heads, batc
     capture, and the notes said the attention was not recorded, while it was (and right)."""
     torch.manual_seed(heads + 2 * batch)
     model = SinkRescaled(heads).eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(0, VOCAB, (batch, 5)))
+    cap, _ = _captured(model, torch.randint(0, VOCAB, (batch, 5)))
     (rec,) = cap.records
     assert rec.exact and not cap.notes, (rec.flag, cap.notes)
     assert rec.kind == "dec_self" and torch.equal(rec.probs, model.seen[0])
@@ -255,8 +267,7 @@ def test_weights_over_pairs_an_edge_mlp_scored_are_flagged(batch):
     (node 1 of graph 0) was drawn as sequence 1 with no word said."""
     torch.manual_seed(batch)
     model = EdgeScored().eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randn(batch, 5, 16), torch.randn(batch, 5, 3))
+    cap, _ = _captured(model, torch.randn(batch, 5, 16), torch.randn(batch, 5, 3))
     (rec,) = cap.records
     assert rec.probs.shape == (batch * 5, 1, 1, 5)
     assert not rec.exact and "lines of a tensor handed in" in rec.flag and cap.notes, (rec.flag, cap.notes)
@@ -329,8 +340,7 @@ def test_beams_from_one_start_token_re_picked_by_a_top_k_are_whole_hypotheses(ba
     model = BeamSearch().eval()
     mask = torch.ones(batch, 1, 7, dtype=torch.bool)
     mask[-1, :, 5:] = False
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randn(batch, 7, 16), mask)
+    cap, _ = _captured(model, torch.randn(batch, 7, 16), mask)
     seen = [w for step in zip(model.self_attn.seen, model.src_attn.seen, model.top_attn.seen, strict=True)
             for w in step]  # fmt: skip
     assert len(cap.records) == len(seen) == 9
@@ -372,8 +382,7 @@ def test_a_causal_mask_over_pooled_key_blocks_is_a_decoder(heads, batch):
     PVT's are): the compressed branch of a causal decoder was enc_self beside its window branch's dec_self."""
     torch.manual_seed(heads + batch)
     model = CompressedBranch(heads).eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(0, VOCAB, (batch, 6)))
+    cap, _ = _captured(model, torch.randint(0, VOCAB, (batch, 6)))
     pooled, window = cap.records
     assert pooled.exact and window.exact and not cap.notes, cap.notes
     assert pooled.key_labels == ("<pooled 0>", "<pooled 1>", "<pooled 2>")
@@ -412,16 +421,12 @@ def test_an_output_projection_over_a_learned_matrix_and_its_bias_are_found(how, 
     torch.manual_seed(heads + batch)
     model = ParamProjection(how, heads).eval()
     x = torch.randn(batch, 5, 16)
-    with torch.no_grad(), capture_attention(model) as cap:
-        out = model(x)
+    cap, out = _captured(model, x)
     (rec,) = cap.records
     hv = rec.values
     assert hv.scope == "with the output projection" and hv.b_o is not None
     v = model.qkv(x).chunk(3, -1)[2].view(batch, 5, heads, -1).transpose(1, 2)
-    w = model.w_o.detach().view(heads, 16 // heads, 16)
-    torch.testing.assert_close(hv.norms(), torch.einsum("bhke,hed->bhkd", v, w).norm(dim=-1))
-    rebuilt = torch.einsum("bhqk,bhkd->bqd", rec.probs, hv.vectors()) + hv.b_o
-    torch.testing.assert_close(rebuilt, out)
+    _moves_exactly(rec, v, model.w_o.detach().view(heads, 16 // heads, 16).transpose(1, 2), out)
 
 
 class HeadsClassified(nn.Module):
@@ -476,8 +481,7 @@ def test_a_classifier_over_the_heads_is_no_output_projection(wrapped):
     torch.manual_seed(0)
     model = (Wrapper() if wrapped else HeadsClassified()).eval()
     x = torch.randn(2, 5, 16)
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(x)
+    cap, _ = _captured(model, x)
     (rec,) = cap.records
     qkv = model.model.attn.inner.qkv if wrapped else model.qkv
     v = qkv(x).chunk(3, -1)[2].view(2, 5, 4, 4).transpose(1, 2)
@@ -524,8 +528,7 @@ def test_a_trace_draws_the_row_that_holds_the_sequence_asked_for():
     torch.manual_seed(0)
     model = SomeRows().eval()
     order = torch.tensor([2, 0, 3, 1])
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(0, VOCAB, (4, 6)), order=order)
+    cap, _ = _captured(model, torch.randint(0, VOCAB, (4, 6)), order=order)
     tokens = [f"t{j}" for j in range(6)]
     for b in range(4):
         tr = cap.trace(b, src_tokens=tokens)
@@ -543,8 +546,7 @@ def test_layers_run_on_other_rows_each_are_left_out_of_a_trace():
     torch.manual_seed(0)
     model = SomeRows(layers=2).eval()
     active = torch.tensor([[1, 1, 1, 0, 1], [0, 1, 1, 1, 1]], dtype=torch.bool)
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(0, VOCAB, (5, 6)), active=active)
+    cap, _ = _captured(model, torch.randint(0, VOCAB, (5, 6)), active=active)
     for b in (0, 3, 4):  # (0 and 3: in one layer only; 4: rows 3 and 3, the same row of each, drawn)
         if b == 4:
             tr = cap.trace(b, src_tokens=[f"t{j}" for j in range(6)])
@@ -582,8 +584,7 @@ def test_layers_run_on_single_rows_going_back_are_not_joined_as_slices():
     torch.manual_seed(0)
     model = InlineSkips().eval()
     active = torch.tensor([[1, 1], [0, 1], [1, 0], [1, 1]], dtype=torch.bool)
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(0, VOCAB, (2, 6)), active)
+    cap, _ = _captured(model, torch.randint(0, VOCAB, (2, 6)), active)
     assert len(cap.records) == len(model.seen) == 4
     for rec, p in zip(cap.records, model.seen, strict=True):
         assert torch.equal(rec.probs, p)
@@ -620,8 +621,7 @@ def test_a_learned_position_before_one_token_leaves_the_whole_mask_to_decide(cau
     1 x 1, which says nothing: the causal [[1, 0], [1, 1]] was recorded enc_self with no word said."""
     torch.manual_seed(tokens)
     model = Joined(causal).eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(1, VOCAB, (2, tokens)))
+    cap, _ = _captured(model, torch.randint(1, VOCAB, (2, tokens)))
     (rec,) = cap.records
     assert rec.exact and torch.equal(rec.probs, model.seen[0])
     assert rec.kind == ("dec_self" if causal else "enc_self"), (rec.kind, cap.notes)
@@ -679,8 +679,7 @@ def test_a_trace_of_a_step_draws_the_step_whose_tokens_are_those_given():
     tokens, three positions too), its task token's weight under the first token."""
     torch.manual_seed(0)
     model = GreedyPrefix(task=True, shared=False).eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.tensor([[5, 6, 7, 8]]))
+    cap, _ = _captured(model, torch.tensor([[5, 6, 7, 8]]))
     tr = cap.trace(0, src_tokens=["a", "b", "c", "d"], tgt_tokens=["t0", "t1", "t2"])
     assert tr.tgt_tokens == ("<task 0>", "t0", "t1", "t2")
     np.testing.assert_allclose(tr.probs("dec_self")[-1], model.dself.seen[-1][0].numpy(), atol=1e-6)
@@ -692,8 +691,7 @@ def test_a_module_shared_by_encoder_and_decoder_steps_is_not_said_undecided():
     the same module, decided by its padding, was enc_self: a note said the one-token call was recorded enc_self."""
     torch.manual_seed(0)
     model = GreedyPrefix(task=False, shared=True).eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.tensor([[5, 6, 7], [8, 9, 0]]))
+    cap, _ = _captured(model, torch.tensor([[5, 6, 7], [8, 9, 0]]))
     one = [r for r in cap.records if tuple(r.probs.shape[-2:]) == (1, 1)]
     assert one and all(r.kind == "dec_self" for r in one)
     assert not any("recorded encoder self-attention" in n for n in cap.notes), cap.notes
@@ -733,8 +731,7 @@ def test_a_layer_left_unrecorded_after_tokens_are_fused_says_why_truly():
     the keys include a token made from others, which lineage does not place."""
     torch.manual_seed(0)
     model = FusedTokens().eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(0, VOCAB, (2, 9)))
+    cap, _ = _captured(model, torch.randint(0, VOCAB, (2, 9)))
     said = [n for n in cap.notes if "is not a sequence length" in n]
     assert said and all("lineage does not place its keys" in n for n in said), cap.notes
 
@@ -776,8 +773,7 @@ def test_heads_of_a_list_joined_then_projected_keep_what_they_move(heads, batch,
     torch.manual_seed(heads + batch)
     model = KarpathyHeads(heads, projected).eval()
     x = torch.randn(batch, 6, 16)
-    with torch.no_grad(), capture_attention(model) as cap:
-        out = model(x)
+    cap, out = _captured(model, x)
     (rec,) = cap.records
     assert rec.exact and rec.probs.shape == (batch, heads, 6, 6)
     hv = rec.values
@@ -787,10 +783,7 @@ def test_heads_of_a_list_joined_then_projected_keep_what_they_move(heads, batch,
         torch.testing.assert_close(hv.norms(), v.norm(dim=-1))
         return
     assert hv.scope == "with the output projection"
-    w = model.proj.weight.detach().view(16, heads, 16 // heads).permute(1, 0, 2)  # (H, D, dv)
-    torch.testing.assert_close(hv.norms(), torch.einsum("bhke,hde->bhkd", v, w).norm(dim=-1))
-    rebuilt = torch.einsum("bhqk,bhkd->bqd", rec.probs, hv.vectors()) + hv.b_o
-    torch.testing.assert_close(rebuilt, out)
+    _moves_exactly(rec, v, model.proj.weight.detach().view(16, heads, 16 // heads).permute(1, 0, 2), out)
 
 
 class TalkingHeads(nn.Module):
@@ -823,8 +816,7 @@ def test_weights_mixed_across_heads_after_the_softmax_are_said_whatever_came_bef
     the weights the values are multiplied with, said nothing of the mix after it."""
     torch.manual_seed(0)
     model = TalkingHeads(2, before, after).eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randn(2, 5, 16))
+    cap, _ = _captured(model, torch.randn(2, 5, 16))
     (rec,) = cap.records
     assert not torch.allclose(rec.probs, model.seen[0])  # (the softmax's output, as the flag says)
     assert not rec.exact and "after the softmax: the record holds the softmax's output" in rec.flag, rec.flag
@@ -884,8 +876,7 @@ def test_a_model_on_the_meta_device_is_said_in_one_sentence():
     the block; a model of one's own got a note per op."""
     with torch.device("meta"):
         enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 2).eval()
-    with torch.no_grad(), capture_attention(enc) as cap:
-        enc(torch.randn(2, 5, 16, device="meta"))
+    cap, _ = _captured(enc, torch.randn(2, 5, 16, device="meta"))
     assert not cap.records and len(cap.notes) == 1 and "'meta' device" in cap.notes[0]
 
 
@@ -894,8 +885,7 @@ def test_value_norms_left_out_after_the_model_changed_are_said():
     attention moves with no word: the values it is read from are no longer what moved."""
     torch.manual_seed(0)
     model = Tiny().eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(0, VOCAB, (1, 6)))
+    cap, _ = _captured(model, torch.randint(0, VOCAB, (1, 6)))
     assert cap.trace(0).meta["value_norms"] == {"enc_self": "with the output projection"}
     with torch.no_grad():
         model.o.bias.add_(0.5)
@@ -935,8 +925,7 @@ def test_a_mask_causal_by_frames_is_a_decoders(causal, batch):
     torch.manual_seed(batch)
     model = Frames(causal).eval()
     frames = torch.tensor([4, 3, 2][:batch])
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(1, VOCAB, (batch, 12)), frames)
+    cap, _ = _captured(model, torch.randint(1, VOCAB, (batch, 12)), frames)
     (rec,) = cap.records
     assert torch.equal(rec.probs, model.seen[0])
     assert rec.kind == ("dec_self" if causal else "enc_self"), (rec.kind, cap.notes)
@@ -973,8 +962,7 @@ def test_the_encoder_drawn_beside_a_cross_attention_is_the_one_it_reads():
     and were drawn as the encoder under the image's tokens."""
     torch.manual_seed(0)
     model = Fusion().eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.tensor([[1, 5, 6, 0, 0]]), torch.randn(1, 3, 8, 8))
+    cap, _ = _captured(model, torch.tensor([[1, 5, 6, 0, 0]]), torch.randn(1, 3, 8, 8))
     tr = cap.trace(0, src_tokens=["p0", "p1", "p2", "p3"], tgt_tokens=["t1", "t2", "t3", "t4"])
     enc = tr.probs("enc_self")
     assert enc.shape[0] == 1 and tr.src_tokens == ("<cls 0>", "p0", "p1", "p2", "p3")
@@ -1006,15 +994,15 @@ def test_cross_attention_both_ways_between_inputs_of_one_length_is_left_out():
     attention, the words' labels on its query rows and the regions' on its keys, and said nothing."""
     torch.manual_seed(0)
     model = CoAttention().eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(1, VOCAB, (1, 5)), torch.randn(1, 5, 6))
+    cap, _ = _captured(model, torch.randint(1, VOCAB, (1, 5)), torch.randn(1, 5, 6))
     assert sum(r.kind == "cross" for r in cap.records) == 4 and all(r.exact for r in cap.records)
     # (the words' self-attention too: which input the tokens given are, nothing tells)
     with pytest.raises(ValueError, match="run both ways between two inputs") as raised:
         cap.trace(0, src_tokens=[f"r{i}" for i in range(5)], tgt_tokens=[f"w{i}" for i in range(5)])
     assert "self-attention of one of two inputs" in str(raised.value)
-    with torch.no_grad(), capture_attention(model) as cap:  # (other lengths: the tokens given tell)
-        model(torch.randint(1, VOCAB, (1, 5)), torch.randn(1, 3, 6))
+    cap, _ = _captured(
+        model, torch.randint(1, VOCAB, (1, 5)), torch.randn(1, 3, 6)
+    )  # (other lengths: the tokens tell)
     tr = cap.trace(0, src_tokens=[f"r{i}" for i in range(3)], tgt_tokens=[f"w{i}" for i in range(5)])
     assert tr.probs("cross").shape[-2:] == (5, 3)
 
@@ -1047,12 +1035,9 @@ def test_heads_of_a_loop_in_one_module_keep_their_projection(heads, batch):
     torch.manual_seed(heads + batch)
     model = HeadsLooped(heads).eval()
     x = torch.randn(batch, 5, 16)
-    with torch.no_grad(), capture_attention(model) as cap:
-        out = model(x)
+    cap, out = _captured(model, x)
     (rec,) = cap.records
     hv = rec.values
     assert rec.exact and rec.probs.shape == (batch, heads, 5, 5) and hv.scope == "with the output projection"
     v = torch.stack([h["v"](x) for h in model.heads], 1)
-    w = model.o.weight.detach().view(16, heads, 16 // heads).permute(1, 0, 2)
-    torch.testing.assert_close(hv.norms(), torch.einsum("bhke,hde->bhkd", v, w).norm(dim=-1))
-    torch.testing.assert_close(torch.einsum("bhqk,bhkd->bqd", rec.probs, hv.vectors()) + hv.b_o, out)
+    _moves_exactly(rec, v, model.o.weight.detach().view(16, heads, 16 // heads).permute(1, 0, 2), out)
