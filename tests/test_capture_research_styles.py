@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -253,18 +254,26 @@ class Blocks(nn.Module):
 
 
 @pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 1)])
-def test_an_attention_module_called_once_per_block_is_one_record_of_blocks(batch, heads):
+def test_an_attention_module_called_once_per_block_is_one_record_of_the_sequences(batch, heads):
     torch.manual_seed(7)
     model = Blocks("blocks", heads).eval()
     with torch.no_grad(), capture_attention(model) as cap:
         model(_ids(batch, 12))
-    (rec,) = cap.records  # not three "layers" over the first four positions
+    (rec,) = cap.records  # not three "layers" over the first four positions, nor blocks drawn as sequences
     assert rec.exact, rec.flag
     assert not cap.notes
-    want = torch.stack(model.attn.used, dim=1).flatten(
-        0, 1
-    )  # (batch * blocks, H, 4, 4), sequence by sequence
+    assert rec.kind == "enc_self"
+    # (batch, H, 12, 12): each sequence's map, every block's weights over its own keys, 0 and hidden elsewhere
+    want = torch.zeros(batch, heads, 12, 12)
+    allowed = torch.zeros(batch, 12, 12, dtype=torch.bool)
+    for i, w in enumerate(model.attn.used):
+        want[:, :, 4 * i : 4 * i + 4, 4 * i : 4 * i + 4] = w
+        allowed[:, 4 * i : 4 * i + 4, 4 * i : 4 * i + 4] = True
     torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)
+    assert rec.mask is not None and torch.equal(rec.mask, allowed)
+    trace = cap.trace(batch - 1)
+    assert trace.enc_self.shape == (1, heads, 12, 12)
+    np.testing.assert_allclose(trace.enc_self[0], want[batch - 1].numpy(), atol=1e-6)
 
 
 @pytest.mark.parametrize(("batch", "heads"), [(2, 2), (3, 3), (4, 1)])
@@ -331,13 +340,19 @@ def test_keys_with_a_sequence_twice_or_learned_rows_picked_by_position_stay_exac
         assert rec.key_labels == ("<mem 0>", "<mem 1>", "<mem 2>", None, None, None, None, None)
 
 
-def test_blocks_of_other_lengths_stay_maps_of_their_own_without_a_warning():
+def test_blocks_of_other_lengths_are_one_map_of_each_sequence_without_a_warning():
     torch.manual_seed(7)
     model = Blocks("blocks", 2).eval()
     with torch.no_grad(), capture_attention(model) as cap:
         model(_ids(2, 10))  # blocks of 4, 4 and 2 positions
-    assert [tuple(r.probs.shape) for r in cap.records] == [(2, 2, 4, 4), (2, 2, 4, 4), (2, 2, 2, 2)]
-    assert all(r.exact for r in cap.records) and not cap.notes
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes
+    want = torch.zeros(2, 2, 10, 10)
+    for start, w in zip((0, 4, 8), model.attn.used, strict=True):
+        n = w.shape[-1]
+        want[:, :, start : start + n, start : start + n] = w
+    torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)
+    assert rec.mask is not None and torch.equal(rec.mask, want[:, 0] > 0)
 
 
 class Pruned(nn.Module):

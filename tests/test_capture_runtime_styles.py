@@ -982,6 +982,7 @@ class Bucketed(nn.Module):
     def __init__(self):
         super().__init__()
         self.emb, self.qk = nn.Embedding(VOCAB, 8), nn.Linear(8, 16)
+        self.used: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def forward(self, ids, lengths):
         x = self.emb(ids)
@@ -989,19 +990,26 @@ class Bucketed(nn.Module):
         for idx in lengths.argsort(descending=True).split(2):
             n = int(lengths[idx].max())
             q, k = self.qk(x[idx, :n]).chunk(2, -1)
-            out[idx, :n] = (q @ k.transpose(1, 2)).softmax(-1) @ x[idx, :n]
+            p = (q @ k.transpose(1, 2)).softmax(-1)
+            self.used.append((idx, p))
+            out[idx, :n] = p @ x[idx, :n]
         return out
 
 
-def test_buckets_of_the_batch_name_the_callers_rows_they_hold():
+def test_buckets_of_the_batch_are_put_back_in_the_callers_rows():
     torch.manual_seed(0)
     lengths = torch.tensor([7, 5, 7, 6])  # buckets: rows [0, 2] (7 tokens), then [3, 1] (6)
     model = Bucketed().eval()
     with torch.no_grad(), capture_attention(model) as cap:
         model(torch.randint(1, VOCAB, (4, 7)), lengths)
-    assert [r.exact for r in cap.records] == [False, False]
-    assert "sequence [0, 2][b]" in cap.records[0].flag and "sequence [3, 1][b]" in cap.records[1].flag
-    assert all("only some of the batch's 4 sequences" in r.flag for r in cap.records)
+    (rec,) = cap.records  # lineage places every bucket's rows: row b is the caller's sequence b
+    assert rec.exact and not cap.notes
+    want = torch.zeros(4, 1, 7, 7)
+    for idx, p in model.used:
+        n = p.shape[-1]
+        want[idx, 0, :n, :n] = p
+    torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)
+    assert rec.mask is not None and torch.equal(rec.mask, want[:, 0] > 0)  # what no call computed is hidden
 
 
 class CrossOverRolledImages(nn.Module):

@@ -370,13 +370,13 @@ def test_under_cpu_autocast_the_record_holds_the_weights_as_the_product_casts_th
 
 @pytest.mark.parametrize("mix_eq", ["bhij,hk->bkij", "...hij,hk->...kij"])
 @pytest.mark.parametrize("where", ["before", "after"])
-def test_heads_mixed_by_a_learned_matrix_are_flagged_not_shown_as_exact(where, mix_eq):
+def test_heads_mixed_by_a_learned_matrix_are_flagged_after_the_softmax_and_exact_before(where, mix_eq):
     """Talking-heads attention mixes the heads with a learned (H, H) matrix, before the softmax (the
     scores) or after it (the weights, which then multiply the values). After: the softmax's output
-    is not what the values are multiplied with, so the record is flagged; before: the scores' head
-    axis is a mix capture cannot follow through the parameter, so the record is flagged too. Weights
-    multiplied by learned values (the keys contracted) are not a mix and stay exact. The mix may be
-    written with an ellipsis for the batch."""
+    is not what the values are multiplied with, so the record is flagged; before: every score still
+    holds its query and key, each mixed head at its head's place (as a 1x1 convolution over the heads
+    leaves them), so the softmax's record is exact. Weights multiplied by learned values (the keys
+    contracted) are not a mix and stay exact. The mix may be written with an ellipsis for the batch."""
 
     class TalkingHeads(nn.Module):
         def __init__(self):
@@ -390,7 +390,7 @@ def test_heads_mixed_by_a_learned_matrix_are_flagged_not_shown_as_exact(where, m
             q, k, v = self.qkv(self.emb(ids)).view(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4)
             scores = q @ k.transpose(-1, -2)
             s = torch.einsum(mix_eq, scores, self.mix) if where == "before" else scores
-            w = s.softmax(-1)
+            w = self.softmaxed = s.softmax(-1)
             if where == "after":
                 w = torch.einsum(mix_eq, w, self.mix)
             learned = torch.einsum("...ij,jd->...id", scores.softmax(-1), self.memory)
@@ -401,9 +401,13 @@ def test_heads_mixed_by_a_learned_matrix_are_flagged_not_shown_as_exact(where, m
     with torch.no_grad(), capture_attention(model) as cap:
         model(torch.randint(1, VOCAB, (2, 5)))
     mixed, plain = cap.records
-    assert not mixed.exact and "talking-heads" in mixed.flag and where in mixed.flag
     assert plain.exact and plain.flag is None
-    assert [n for n in cap.notes if "talking-heads" in n] and len(cap.notes) == 1
+    if where == "after":
+        assert not mixed.exact and "talking-heads" in mixed.flag and where in mixed.flag
+        assert [n for n in cap.notes if "talking-heads" in n] and len(cap.notes) == 1
+    else:
+        assert mixed.exact and not cap.notes, mixed.flag
+        torch.testing.assert_close(mixed.probs, model.softmaxed, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize(("batch", "heads"), [(1, 2), (2, 2), (3, 4), (4, 4)])

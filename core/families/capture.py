@@ -204,6 +204,8 @@ INT_FACTORIES = frozenset(
 SCATTER_SUM = frozenset(
     {"index_add", "index_add_", "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_"}
 )
+# rows written at the places an index names: their codes move with them (never kept in place)
+INDEXED_WRITES = frozenset({"index_add", "index_add_", "index_copy", "index_copy_"})
 # ops that move, view or cast values without computing new ones (weights through them stay as they were)
 KEEPS_VALUES = frozenset(
     {"view", "reshape", "transpose", "permute", "contiguous", "clone", "float", "to", "type_as", "double",
@@ -1164,8 +1166,12 @@ def _sequence_rows(sources: lineage.Sources, qp: torch.Tensor) -> tuple[torch.Te
 def _sequence_size(source: lineage.Source) -> int:
     """Positions per sequence of a source: a row of the tensor they came from (0: the source is one row); an
     image's rows together, where it has more leading dims than (batch, positions): (B, H, W, C) holds B
-    sequences of H * W."""
+    sequences of H * W; token ids of more dims than two, each first index's rows together."""
     if source.kind == "external" and len(source.lead) >= 3 and source.lead[0] > 0:
+        return source.n // source.lead[0]
+    if source.kind == "tokens" and len(source.lead) >= 2 and source.lead[0] > 0:
+        # ids of more dims than (batch, positions): (B, chunks, neighbours, n), RETRO's retrieved neighbours, are B
+        # sequences' rows
         return source.n // source.lead[0]
     return source.row
 
@@ -1234,10 +1240,11 @@ def _on_side(records: list[Record], cross: list[Record], keys: bool) -> bool:
     own = records[0].query_positions
     if own is None:
         return False
+    held = own[own >= 0]
     for c in cross:
         side = c.key_positions if keys else c.query_positions
-        if side is not None and side.device == own.device and not _disjoint(side, own):
-            return True
+        if side is not None and side.device == own.device and bool(torch.isin(side[side >= 0], held).any()):
+            return True  # (a position both hold: learned keys, -1, say nothing of which input they are)
     return False
 
 
@@ -1577,6 +1584,25 @@ class _Probs:
         q, k = t.shape[-2], t.shape[-1]
         t4 = t.reshape(*self.heads, q, k) if t.dim() == 3 else t.reshape(t.shape[0], -1, q, k)
         return t4.transpose(0, 1) if self.transpose else t4
+
+
+def _mixes_one_axis(equation: Any, ops: list[torch.Tensor], i: int) -> bool:
+    """An einsum of ``ops[i]`` and a square matrix that maps one of its axes to an axis of the same size at the
+    same place and leaves every other axis where it was (``"bhij,hg->bgij"``)."""
+    sides = _two_operands(
+        lineage._explicit(equation, [o.dim() for o in ops]) if isinstance(equation, str) else None
+    )
+    if sides is None or len(ops) != 2:
+        return False
+    mine, other, out = sides[i], sides[1 - i], sides[2]
+    moved = [a for a, b in zip(mine, out, strict=False) if a != b]
+    return (
+        len(mine) == len(out)
+        and len(moved) == 1
+        and ops[1 - i].dim() == 2
+        and sorted(other) == sorted({moved[0], out[mine.index(moved[0])]})
+        and int(ops[1 - i].shape[0]) == int(ops[1 - i].shape[1])
+    )
 
 
 def _two_operands(equation: Any) -> tuple[str, str, str] | None:
@@ -3712,7 +3738,8 @@ class _Session:
                     return
                 src = pick[1] if pick is not None else ids
                 start = self.sources.new(src.numel(), "tokens", str(self.n_embed), self.n_embed,
-                                         int(src.shape[-1]) if src.dim() else 1, table=_table_id(args))  # fmt: skip
+                                         int(src.shape[-1]) if src.dim() else 1, table=_table_id(args),
+                                         lead=tuple(int(n) for n in src.shape[:-1]) if src.dim() >= 3 else ())  # fmt: skip
                 self._id_memory[start] = (_storage_at(src), src.dim())
                 if pick is None and self._constant_ids(ids):
                     self._constant_lookups.add(start)
@@ -4373,6 +4400,43 @@ class _Session:
             if isinstance(code, torch.Tensor) and tuple(code.shape) == tuple(p.shape):
                 self.set(p, _Tag(origin=xt.origin, code=code))
 
+    def _indexed_write_code(self, args, kwargs, out: torch.Tensor) -> torch.Tensor | None:
+        """Codes of ``target.index_add(dim, index, source)`` or ``index_copy``: the target's (a buffer made in the
+        call, ``torch.zeros``: a padding position per cell, as ``buf[idx] = x`` gives it) with the source's rows
+        at the places the index names (MoA's queries put back from their experts' order). None where an index
+        names a place twice (rows summed: positions mixed) or the target has no codes of its own."""
+        names = ("dim", "index", "source")
+        a = dict(zip(names, args[1:], strict=False)) | {k: v for k, v in kwargs.items() if k in names}
+        target, dim, index, source = args[0] if args else None, a.get("dim"), a.get("index"), a.get("source")
+        if not (
+            isinstance(target, torch.Tensor)
+            and isinstance(dim, int)
+            and isinstance(index, torch.Tensor)
+            and isinstance(source, torch.Tensor)
+            and index.dim() == 1
+            and tuple(target.shape) == tuple(out.shape)
+        ):
+            return None
+        sc = self.code_of(source)
+        if sc is None or tuple(sc.shape) != tuple(source.shape) or index.unique().numel() != index.numel():
+            return None
+        tc = self.code_of(target)
+        if (
+            tc is None
+            and self.tag(target) is None
+            and _held(self._made, target) is not None
+            and target.dim() >= 2
+        ):
+            lead = tuple(target.shape[:-1])
+            start = self.sources.new(math.prod(lead), "pad", lineage.EMPTY)
+            tc = lineage.fresh(start, lead, int(target.shape[-1]), target.device)
+        if tc is None or tuple(tc.shape) != tuple(out.shape):
+            return None
+        try:
+            return tc.index_copy(dim, index.to(tc.device), sc.to(tc.device))
+        except Exception:  # (an index the codes cannot take: lineage lost)
+            return None
+
     def _constant_made(self, x: Any) -> bool:
         """``x`` is a tensor the model made from no data (``torch.zeros``, ``torch.full``), untagged and holding
         one value: it has no positions, and a sum with it keeps the other operand's."""
@@ -4520,6 +4584,8 @@ class _Session:
         shape = out.shape
         if name in ("sum", "mean") and len(act) == 1 and act[0][1].code is not None:
             return self._reduced_code(args, kwargs, act[0][1].code, out)
+        if name in INDEXED_WRITES:
+            return self._indexed_write_code(args, kwargs, out)
         # position-wise: an operand whose codes have the output's shape (not one broadcast or expanded over
         # it: a bias, a query added to every key), else the first with codes
         full = [
@@ -5148,8 +5214,9 @@ class _Session:
         if name == "linear" and len(ins) > 1 and outs[0] is out and ins[0] is args[0]:
             g = self.tag(args[0])  # x W^T + b of an activation and parameters: a projection of its positions
             if g is not None and self._over_heads(args[0], g):  # CaiT's proj_l / proj_w over the heads
-                self.set(out, self._heads_mixed(g, g.origin, "mixed across heads by a linear layer over "
-                                                "them (talking-heads attention)"))  # fmt: skip
+                kept = self._scores_mixed_in_place(g, g.origin) if out.shape == args[0].shape else None
+                self.set(out, kept or self._heads_mixed(g, g.origin, "mixed across heads by a linear layer over "
+                                                        "them (talking-heads attention)"))  # fmt: skip
                 return
             if g is not None and g.role != "param" and all(_is_param(t) for t in ins[1:]):
                 new = _Tag("linear", g.origin, cache=g.cache)
@@ -5990,7 +6057,29 @@ class _Session:
             return None
         why = ("mixed across heads by a product with a parameter (talking-heads attention) "
                f"({name}{' ' + args[0] if name == 'einsum' else ''})")  # fmt: skip
+        if name == "einsum" and _mixes_one_axis(args[0], ops, i):
+            kept = self._scores_mixed_in_place(g, origin)
+            if kept is not None:
+                return kept
         return self._heads_mixed(g, origin, why)
+
+    def _scores_mixed_in_place(self, g: _Tag, origin) -> _Tag | None:
+        """Scores no mask has touched yet, mixed across one axis by a learned square matrix that leaves every
+        other axis where it was (talking-heads attention before the softmax, ``einsum("bhij,hg->bgij", s, w)``,
+        CaiT's ``proj_l`` over the heads permuted last): each element still holds the query and key it held, and
+        the heads mixed are the heads at those places, as a 1x1 convolution over the heads leaves them. None
+        where the scores were masked or changed first (a mix over ``-inf`` is no mask any more)."""
+        if (
+            g.role != "scores"
+            or g.probs is not None
+            or g.lost is not None
+            or g.rowq is not None
+            or g.allowed is not None
+            or g.smap is None
+            or g.smap.broken
+        ):
+            return None
+        return g.derived(origin)
 
     @staticmethod
     def _over_heads(x: torch.Tensor, g: _Tag) -> bool:
@@ -6001,7 +6090,12 @@ class _Session:
             return int(x.shape[-1]) != int(g.probs.record.probs.shape[-1])
         if g.lost is not None and g.lost.record is not None:  # weights moved where lineage no longer reads
             return int(x.shape[-1]) != int(g.lost.record.probs.shape[-1])  # their rows (permuted heads last)
-        return g.role == "scores" and g.smap is not None and int(x.shape[-1]) != int(g.smap.shape[-1])
+        if g.role != "scores" or g.smap is None:
+            return False
+        if int(x.shape[-1]) != int(g.smap.shape[-1]):
+            return True
+        # as many heads as keys: the chain of moves since the product says which the last axis holds
+        return not g.smap.broken and lineage.keys_last(g.smap, tuple(x.shape)) is False
 
     def _unfollowed(self, g: _Tag) -> None:
         """Weights changed after the softmax (``touched``: rows zeroed, dropout) went into a product capture
@@ -6918,8 +7012,15 @@ class _Session:
         other = [p for p in keys if p >= 0 and p not in own]
         if not other:
             return None
-        if not self._asked_from(path).keys().isdisjoint(other):
-            return None  # this module's own earlier queries: a cache, a memory
+        asked = self._asked_from(path).keys()
+        if not asked.isdisjoint(other):
+            # this module's own earlier queries (a cache, a memory): this capture's tokens; beside them, the rows
+            # of a cache an earlier forward filled (a second decoding step in one block) are still the cache's
+            rest = [p for p in other if p not in asked]
+            if not rest or not self._from_outside(rest):
+                return None
+            own |= set(other) - set(rest)
+            other = rest
         seen: dict[int, str] = {}
         for name in [*self._queried, *self._asked]:
             if name != path:
@@ -7053,6 +7154,12 @@ class _Session:
         else:
             heads = False
         run = next((r for r in reversed(self._runs) if r[-1][0] == held_at), None)
+        if run is not None and any(
+            bool(torch.isin(queries, piece[2].qcode.to(queries.device) >> lineage.SHIFT).any())
+            for piece in run
+        ):
+            return  # queries an earlier piece of the run held: the next pass (a layer written inline, its
+            # documents or blocks again a call each), whose pieces make a run of their own
         if run is not None:
             run.append((at, rec, layout))
         else:
@@ -8630,22 +8737,16 @@ class _Session:
 
     def _view_copied(self, dst: torch.Tensor, src: Any) -> None:
         """``cache.narrow(2, cur, n).copy_(k)`` (Medusa's and EAGLE's KV cache), ``buf[:, :, a:b].copy_(k)``:
-        this call's keys copied into a slice of a buffer along one dim, followed as ``buf[..., a:b] = k``."""
+        this call's keys copied into a slice of a buffer along one dim, followed as ``buf[..., a:b] = k``; or into
+        one buffer's layer of keys or values first (``data[2 * i].narrow(2, cur, n).copy_(k)``, where Medusa keeps
+        every layer's keys and values in one tensor), followed as ``buf[2 * i, ..., a:b] = k``."""
         base = dst._base
-        if base is None or not isinstance(src, torch.Tensor) or base.dim() != dst.dim():
+        if base is None or not isinstance(src, torch.Tensor):
             return
-        if tuple(dst.stride()) != tuple(base.stride()):
+        where = _view_index(dst, base)
+        if where is None or sum(isinstance(i, slice) and i != slice(None) for i in where) != 1:
             return
-        diff = [d for d in range(base.dim()) if dst.shape[d] != base.shape[d]]
-        off = dst.storage_offset() - base.storage_offset()
-        if len(diff) != 1 or off < 0:
-            return
-        d = diff[0]
-        step = base.stride(d)
-        if not step or off % step or off // step + dst.shape[d] > base.shape[d]:
-            return
-        start = off // step
-        self.on_setitem((base, (slice(None),) * d + (slice(start, start + int(dst.shape[d])),), src), None)
+        self.on_setitem((base, where, src), None)
 
     def _index_copied(self, args) -> None:
         """``cache.index_copy_(dim, positions, k)``: this call's keys written into a buffer (a static KV
@@ -10584,6 +10685,40 @@ def _joined_positions(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
     return torch.cat([p for p in parts if p is not None])
 
 
+def _view_index(view: torch.Tensor, base: torch.Tensor) -> tuple[int | slice, ...] | None:
+    """The index ``base[index]`` that is ``view`` (ints and step-1 slices, one per dim of ``base``), where
+    ``view`` is such a view of a contiguous ``base``; None for any other view (transposed, strided, reshaped)."""
+    if not base.is_contiguous() or view.dim() > base.dim():
+        return None
+    off = int(view.storage_offset() - base.storage_offset())
+    if off < 0:
+        return None
+
+    def place(d: int, j: int, off: int) -> Iterator[list[int | slice]]:
+        """Every way base dims d.. hold view dims j..: each view dim one base dim (a slice of it, in order),
+        every other base dim one index (the strides of a contiguous tensor decrease: the offset splits one way)."""
+        if d == base.dim():
+            if j == view.dim() and off == 0:
+                yield []
+            return
+        step, size = base.stride(d), int(base.shape[d])
+        at = off // step if step else 0
+        if at >= size:
+            return
+        rest = off - at * step
+        if j < view.dim() and (view.stride(j) == step or view.shape[j] == 1):
+            n = int(view.shape[j])  # a slice of this dim (a dim of one element may have any stride)
+            if at + n <= size:
+                whole = slice(None) if at == 0 and n == size else slice(at, at + n)
+                yield from ([whole, *tail] for tail in place(d + 1, j + 1, rest))
+        yield from ([at, *tail] for tail in place(d + 1, j, rest))  # one index of this dim
+
+    # dims of one element make several ways (``data[0]`` of a (2, 1, ...) buffer is also ``data[0:1, 0]``): the one
+    # with the fewest partial slices
+    ways = [tuple(w) for w in place(0, 0, off)]
+    return min(ways, key=lambda w: sum(isinstance(i, slice) and i != slice(None) for i in w), default=None)
+
+
 def _permuted_whole(t: torch.Tensor) -> bool:
     """``t`` is a float tensor from outside with its axes swapped (``k.transpose(-2, -1)``, ``k.mT``): a view of
     the whole of a contiguous tensor, in another order."""
@@ -10670,6 +10805,18 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
     if len({len(queries[(s, heads[0])]) for s in seqs}) != 1:
         return "sequences hold different numbers of queries"
 
+    rows = [
+        sources.rows(torch.tensor([p for p in keys if p >= 0], dtype=torch.int64)).unique() for keys in seqs
+    ]
+    one_row = [int(r) for r in rows if r.numel() == 1 and int(r) >= 0]
+    if len(set(one_row)) < len(one_row):
+        # keys of two pieces from one row of the batch: documents packed into a row (or windows of one
+        # sequence), each attended on its own: not sequences of their own, and not drawn as rows of the batch
+        return _join_varlen(pieces, sources) or (
+            "pieces over different keys of one row of the batch (documents packed into a row, or windows of one "
+            "sequence, each attended on its own) could not be placed in that row's map"
+        )
+
     def joined(get: Callable[[Record], torch.Tensor]) -> torch.Tensor:
         """(B, H, q, ...) from every unit's rows of ``get(piece)`` (B', H', q', ...), queries in order."""
         return torch.stack([torch.stack([torch.cat([get(pieces[i][0])[b, h] for i, b, h in units[(s, f)]])
@@ -10705,59 +10852,72 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
 
 def _join_varlen(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) -> Record | None:
     """One record (B, H, L, L) of a batch's sequences attended one call each over their own lengths, with
-    no padding (``attn(x[i:i + 1, :n_i])`` in a loop): each piece's queries and keys are the positions of
-    one row of the batch, every row once. Each map goes to its own row and positions; what no call
-    computed (keys and queries past a sequence's length) weighs 0 and is masked. None where the pieces
-    are not that (windows of one sequence, a subset of the rows, learned keys)."""
+    no padding (``attn(x[i:i + 1, :n_i])`` in a loop), or of documents packed into the rows and attended one
+    call each (a loop over ``cu_seqlens``): each piece's queries and keys are positions of one row of the
+    batch, every row reached, no query of a row twice. Each map goes to its own row and positions; what no
+    call computed (keys and queries past a sequence's length, another document's keys) weighs 0 and is
+    masked. None where the pieces are not that (a subset of the rows, learned keys)."""
     first = pieces[0][0]
     heads = int(first.probs.shape[1])
     src: int | None = None
-    placed: list[tuple[int, torch.Tensor, torch.Tensor]] = []
-    for r, lay in pieces:
-        if (r.probs.shape[0] != 1 or int(r.probs.shape[1]) != heads or not r.exact or r.kind != first.kind
+    placed: list[tuple[int, int, int, torch.Tensor, torch.Tensor]] = []  # (piece, its row, batch row, q, k)
+    for i, (r, lay) in enumerate(pieces):
+        if (int(r.probs.shape[1]) != heads or not r.exact or r.kind not in ("enc_self", "dec_self")
                 or r.source != first.source or r.key_labels is not None or r.query_labels is not None):  # fmt: skip
             return None
         keys = lay.seq_keys
-        if keys is None or keys.shape[0] != 1 or bool((keys < 0).any()):
+        if keys is None or keys.shape[0] != r.probs.shape[0] or bool((keys < 0).any()):
             return None
-        qpos = lay.qcode.to(lay.rows.device)[lay.rows] >> lineage.SHIFT  # (1, H, q)
+        qpos = lay.qcode.to(lay.rows.device)[lay.rows] >> lineage.SHIFT  # (B', H, q)
         if qpos.shape[-1] != r.probs.shape[2] or not bool((qpos == qpos[:, :1]).all()):
             return None  # (every head over the same queries)
-        both = torch.cat([qpos[0, 0], keys[0].to(qpos.device)])
-        at = sources.index(both).unique()
-        if at.numel() != 1 or (src is not None and int(at) != src):
-            return None
-        src = int(at)
-        source = sources.items[src]
-        if source.kind != "tokens" or not source.row:
-            return None
-        rel = both - source.start
-        in_row = rel // source.row
-        col = rel % source.row
-        q = int(qpos.shape[-1])
-        if (
-            not bool((in_row == in_row[0]).all())
-            or col[:q].unique().numel() != q
-            or col[q:].unique().numel() != col[q:].numel()
-        ):
-            return None
-        placed.append((int(in_row[0]), col[:q], col[q:]))
+        for b in range(int(r.probs.shape[0])):
+            both = torch.cat([qpos[b, 0], keys[b].to(qpos.device)])
+            at = sources.index(both).unique()
+            if at.numel() != 1 or (src is not None and int(at) != src):
+                return None
+            src = int(at)
+            source = sources.items[src]
+            if source.kind != "tokens":
+                return None
+            rel = both - source.start
+            in_row = rel // (source.row or source.n)  # (row 0: one row, the whole source)
+            col = rel % (source.row or source.n)
+            q = int(qpos.shape[-1])
+            if (
+                not bool((in_row == in_row[0]).all())
+                or col[:q].unique().numel() != q
+                or col[q:].unique().numel() != col[q:].numel()
+            ):
+                return None
+            placed.append((i, b, int(in_row[0]), col[:q], col[q:]))
     if src is None:
         return None
     source = sources.items[src]
-    n_rows, length = source.n // source.row, source.row
-    if sorted(p[0] for p in placed) != list(range(n_rows)):
-        return None  # (every row of the batch, once)
+    length = source.row or source.n
+    n_rows = source.n // length
+    if sorted({p[2] for p in placed}) != list(range(n_rows)):
+        return None  # (every row of the batch)
+    for row in range(n_rows):  # several calls in one row (documents packed into it, each attended on its own)
+        cols = [int(c) for p in placed if p[2] == row for c in p[3].tolist()]  # place no query twice
+        if len(set(cols)) != len(cols):
+            return None
     probs = first.probs.new_zeros(n_rows, heads, length, length)
     mask = torch.zeros(n_rows, length, length, dtype=torch.bool, device=probs.device)
     keep_scores = all(r.scores is not None for r, _ in pieces)
     scores = probs.new_full(probs.shape, float("-inf")) if keep_scores else None
-    for (r, _), (row, qc, kc) in zip(pieces, placed, strict=True):
+    for i, b, row, qc, kc in placed:
+        r = pieces[i][0]
         qi, ki = qc.to(probs.device)[:, None], kc.to(probs.device)[None, :]
-        probs[row][:, qi, ki] = r.probs[0]
+        probs[row][:, qi, ki] = r.probs[b]
         if scores is not None and r.scores is not None:
-            scores[row][:, qi, ki] = r.scores[0].to(scores.dtype)
-        mask[row][qi, ki] = True if r.mask is None else r.mask[0].to(mask.device)
+            scores[row][:, qi, ki] = r.scores[b].to(scores.dtype)
+        mask[row][qi, ki] = True if r.mask is None else r.mask[b].to(mask.device)
+    kind = first.kind
+    if len({r.kind for r, _ in pieces}) > 1:  # chunks of a causal self-attention's queries: the last chunk's
+        if not _is_causal_mask(mask):  # mask hides nothing from its own rows; joined, the mask says
+            return None
+        kind = "dec_self"
     checks = [r.check for r, _ in pieces if r.check is not None]
     hvs = [r.values for r, _ in pieces]
     values = None
@@ -10765,20 +10925,26 @@ def _join_varlen(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
 
         def make() -> torch.Tensor | None:
             vs = [hv.values for hv in hvs if hv is not None]
-            if any(v is None or v.shape[0] != 1 or v.shape[2] != int(kc.numel()) for v, (_, _, kc) in
-                   zip(vs, placed, strict=True)):  # fmt: skip
+            if any(v is None for v in vs) or any(
+                tuple(v.shape[:3]) != (int(r.probs.shape[0]), heads, int(r.probs.shape[3]))  # type: ignore[union-attr]
+                for v, (r, _) in zip(vs, pieces, strict=True)
+            ):
                 return None
             out = vs[0].new_zeros(n_rows, heads, length, vs[0].shape[-1])  # type: ignore[union-attr]
-            for v, (row, _, kc) in zip(vs, placed, strict=True):
-                out[row][:, kc.to(out.device)] = v[0]  # type: ignore[index]
+            for i, b, row, _, kc in placed:
+                out[row][:, kc.to(out.device)] = vs[i][b]  # type: ignore[index]
             return out
 
         w_o = hvs[0].w_o if all(hv.w_o is not None for hv in hvs if hv is not None) else None  # type: ignore[union-attr]
         values = values_.HeadValues(w_o=w_o, b_o=hvs[0].b_o if w_o is not None else None, make=make)  # type: ignore[union-attr]
-    return Record(first.name, first.kind, probs, scores, mask, first.source,
+    # every row's positions, in order: the queries and the keys of the map (layers of one forward read the same)
+    pos = (source.start + torch.arange(n_rows * length, dtype=torch.int64, device=probs.device)).view(
+        n_rows, -1
+    )
+    return Record(first.name, kind, probs, scores, mask, first.source,
                   next((r.mask_source for r, _ in pieces if r.mask_source), None) or "lengths",
                   max(checks) if checks else None, any(r.head_masks_differ for r, _ in pieces), True, None,
-                  None, None, values, seq=first.seq)  # fmt: skip
+                  None, None, values, seq=first.seq, query_positions=pos, key_positions=pos)  # fmt: skip
 
 
 def _joined_values(

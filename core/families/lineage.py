@@ -496,6 +496,36 @@ def _replayed(smap: ScoreMap, shape: tuple[int, ...]) -> torch.Tensor | str:
     return idx
 
 
+def _copied_axis(smap: ScoreMap) -> int | None:
+    """A lead axis of the product past its first (size > 1) along which every query and key code is the same:
+    its slices cannot be told apart by lineage. (The first is the batch: a batch copied, as classifier-free
+    guidance's ``cat([x, x])`` copies one sequence, is sequences of their own.)"""
+    lead = smap.q.dim() - 1
+    if smap.k.dim() - 1 != lead:
+        return None
+    for a in range(1, lead):
+        if int(smap.q.shape[a]) < 2 or int(smap.k.shape[a]) not in (1, int(smap.q.shape[a])):
+            continue
+        if bool((smap.q == smap.q.narrow(a, 0, 1)).all()) and bool((smap.k == smap.k.narrow(a, 0, 1)).all()):
+            return a
+    return None
+
+
+def keys_last(smap: ScoreMap, shape: tuple[int, ...]) -> bool | None:
+    """Whether the scores' present layout ``shape`` holds the keys along its last dim (every element along it one
+    slice's and query's, each another key), as the product made them; None where the chain cannot be replayed."""
+    idx = _replayed(smap, shape)
+    if isinstance(idx, str) or idx.dim() < 1:
+        return None
+    m = smap.shape[-1]
+    row, key = idx // m, idx % m
+    return (
+        bool((row == row[..., :1]).all())
+        and int(shape[-1]) == m
+        and bool((key != key[..., :1]).any() or m == 1)
+    )
+
+
 def rebased(smap: ScoreMap, shape: tuple[int, ...]) -> ScoreMap | None:
     """The same score map with the scores' present layout ``shape`` as its canonical one (no chain),
     where that layout still has the product's queries along its second-last dim and its keys along
@@ -622,10 +652,14 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     kh = lo[torch.searchsorted(used, krow)]  # each row's keys' head (their first feature), big: learned keys
     asks = (kh != big) & ~sources.learned(qpos)  # (a padded query cell's features are no head's)
     pairs = torch.unique(torch.stack([qf[asks], kh[asks]]), dim=1)
+    by_keys = False  # the heads told by the keys' features: queries of one projection broadcast over the
+    # heads, each over its own keys ((B, 1, L, d) @ (1, H, d, Lc)), where no row reads keys of two heads
     if bool((pairs[0, 1:] == pairs[0, :-1]).any()):  # (sorted by the queries' head first)
-        return ("the queries of one head meet the keys of different heads in different rows: a head axis "
-                "left in another place on one side (the queries split into heads without their transpose?)")  # fmt: skip
-    heads, h = torch.unique(qf, return_inverse=True)
+        by_keys = bool(asks.all()) and int(pairs[0].unique().numel()) == 1
+        if not by_keys:
+            return ("the queries of one head meet the keys of different heads in different rows: a head axis "
+                    "left in another place on one side (the queries split into heads without their transpose?)")  # fmt: skip
+    heads, h = torch.unique(kh if by_keys else qf, return_inverse=True)
     n_heads = int(heads.numel())
     # rows of one sequence have the same keys: group by (head, the keys' positions), learned keys
     # left out; where that puts one query position twice in a group (keys learned or broadcast over
@@ -645,6 +679,13 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     if grouped is None or (
         not isinstance(grouped, str) and _shared_keys(grouped[0], sl0, qpos, q_param, sources)
     ):
+        copied = _copied_axis(smap)
+        if copied is not None:
+            return (
+                f"the product's axis {copied} holds the same queries and keys at every index (heads whose "
+                "projections lineage numbers alike, as a mixture of attention heads' experts are, or one head "
+                "copied), so which of its slices are heads and which sequences cannot be told"
+            )
         grouped = _groups(key_hash ^ (sl0 * 0x61C88647), qpos, kpos_b, krow)
     if isinstance(grouped, str) or grouped is None:
         return grouped or (
