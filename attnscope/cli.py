@@ -145,8 +145,8 @@ def _capture_warnings(meta: dict) -> None:
     if notes:
         count = f"{len(notes)} note" if len(notes) == 1 else f"{len(notes)} notes"
         print(
-            f"warning: capture could not verify, or left out, some of the model's attention ({count}, one "
-            "per module and reason):",
+            f"warning: capture's notes on the model's attention, what it could not verify, left out, or drew "
+            f"from another row or step ({count}, one per module and reason):",
             file=sys.stderr,
         )
     for note in notes:

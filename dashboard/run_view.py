@@ -273,7 +273,7 @@ def _step_grid(step: int, tr: AttentionTrace, kind: str) -> None:
     )
     if tr.meta.get("capture_notes"):
         st.warning(
-            "Capture could not verify, or left out of these maps: "
+            "Capture's notes on these maps (what it could not verify, left out, or drew from another row or step): "
             + "; ".join(map(str, tr.meta["capture_notes"][:4]))
         )
 

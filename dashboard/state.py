@@ -410,8 +410,9 @@ def show_capture_flags(traces: list[AttentionTrace]) -> None:
     if notes:
         lines = "\n".join(f"- {n}" for n in notes[:8])
         more = f"\n- and {len(notes) - 8} more" if len(notes) > 8 else ""
-        st.warning(f"Capture could not verify, or left out, some of this model's attention "
-                   f"({_notes(len(notes))}, one per module and reason):\n{lines}{more}", icon="⚠️")  # fmt: skip
+        st.warning(f"Capture's notes on this model's attention: what it could not verify, left out, or drew from "
+                   f"another row or step ({_notes(len(notes))}, one per module and reason):\n{lines}{more}",
+                   icon="⚠️")  # fmt: skip
 
 
 def traces(greedy: bool = False) -> list[AttentionTrace]:

@@ -174,7 +174,7 @@ def test_capture_flags_in_a_trace_show_on_every_page_that_draws_it(reverse_trace
     for page in ("attention", "masks", "heads", "bertviz", "model"):
         at = run_app(page=page)
         assert_no_exception(at)
-        shown = [w.value for w in at.warning if "could not verify, or left out" in w.value]
+        shown = [w.value for w in at.warning if "what it could not verify, left out, or drew" in w.value]
         assert len(shown) == 1 and "(1 note, one per module and reason)" in shown[0] and note in shown[0], (
             page
         )

@@ -115,8 +115,8 @@ def test_capture_flags_print_on_stderr_and_travel_in_the_file(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "wrote" in captured.out
     assert (
-        "warning: capture could not verify, or left out, some of the model's attention (1 note,"
-        in captured.err
+        "warning: capture's notes on the model's attention, what it could not verify, left out, or drew from "
+        "another row or step (1 note," in captured.err
     )
     assert "not projected inside the captured call" in captured.err
     assert "could not verify" in AttentionTrace.load(out).meta["capture_notes"][0]
@@ -131,7 +131,8 @@ def test_capture_notes_are_counted_as_notes_not_as_calls(capsys):
     cli._capture_warnings({"capture_notes": notes})
     err = capsys.readouterr().err.splitlines()
     assert err[0] == (
-        "warning: capture could not verify, or left out, some of the model's attention (2 notes, one per module "
+        "warning: capture's notes on the model's attention, what it could not verify, left out, or drew from "
+        "another row or step (2 notes, one per module "
         "and reason):"
     )
     assert err[1:] == [f"warning:   {n}" for n in notes]

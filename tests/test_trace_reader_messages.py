@@ -79,7 +79,8 @@ def test_the_dashboard_and_the_command_line_take_odd_notes_without_an_exception(
         cli._capture_warnings(tr.meta)
     assert len(shown) == 2 and "one note" in shown[0] + shown[1]  # the lone string, as a note and a warning
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]  # (no logs)
-    assert err == ["warning: capture could not verify, or left out, some of the model's attention (1 note, one "
+    assert err == ["warning: capture's notes on the model's attention, what it could not verify, left out, or drew "
+                   "from another row or step (1 note, one "
                    "per module and reason):", "warning:   one note"]  # fmt: skip
 
 
