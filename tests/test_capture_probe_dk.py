@@ -433,3 +433,29 @@ def test_tokens_and_learned_states_attending_to_each_other_are_drawn():
         1
     )  # raised: "two inputs of as many positions that attend to each other" (3 states, 4 tokens)
     assert "cross" in trace.kinds and "dec_self" in trace.kinds
+
+
+class TriangleOverOuterSum(nn.Module):
+    """AlphaFold's triangle attention (around the starting node) over a pair representation made as an outer sum
+    of residue embeddings, ``z[b, i, j] = left[b, i] + right[b, j]``: every row i of the pairs holds the same
+    positions by lineage (right's j), so nothing says which row a slice is."""
+
+    def __init__(self, heads: int = 2, c: int = 8):
+        super().__init__()
+        self.h = heads
+        self.left, self.right = nn.Embedding(VOCAB, c), nn.Embedding(VOCAB, c)
+        self.q, self.k = nn.Linear(c, c), nn.Linear(c, c)
+
+    def forward(self, t):
+        b, n = t.shape
+        z = self.left(t)[:, :, None, :] + self.right(t)[:, None, :, :]  # (B, L, L, C)
+        q = self.q(z).view(b, n, n, self.h, -1).transpose(-2, -3)  # (B, I, H, J, d)
+        k = self.k(z).view(b, n, n, self.h, -1).transpose(-2, -3)
+        return (q @ k.transpose(-1, -2)).softmax(-1)
+
+
+def test_rows_of_a_pair_representation_lineage_cannot_tell_apart_are_flagged():
+    torch.manual_seed(9)
+    cap, _ = _captured(TriangleOverOuterSum().eval(), torch.randint(0, VOCAB, (2, 4)))
+    (rec,) = cap.records  # was exact, every row i of a sequence over the same positions, none saying which
+    assert not rec.exact and "outer sum" in rec.flag

@@ -683,8 +683,9 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
         if copied is not None:
             return (
                 f"the product's axis {copied} holds the same queries and keys at every index (heads whose "
-                "projections lineage numbers alike, as a mixture of attention heads' experts are, or one head "
-                "copied), so which of its slices are heads and which sequences cannot be told"
+                "projections lineage numbers alike, as a mixture of attention heads' experts are; one head copied; "
+                "rows of a pair representation made as an outer sum, as AlphaFold's triangle attention reads them), "
+                "so which of its slices are heads, sequences or rows cannot be told"
             )
         grouped = _groups(key_hash ^ (sl0 * 0x61C88647), qpos, kpos_b, krow)
     if isinstance(grouped, str) or grouped is None:
