@@ -145,4 +145,5 @@ def test_the_audit_command_says_what_capture_could_not_verify(capsys):
     code = main(["audit", "--model", str(ADAPTERS / "flagged_outside_queries.py"), "abc", "ab"])
     out = capsys.readouterr()
     assert code in (0, 1) and "declared_mask" in out.out
-    assert "warning: capture could not verify" in out.err and "could not verify" in out.err, out.err
+    assert "warning: capture's notes on the model's attention" in out.err, out.err
+    assert "could not verify" in out.err, out.err

@@ -379,7 +379,7 @@ def test_a_run_says_what_its_maps_leave_out(tmp_path, monkeypatch):
     at = run_app()
     assert_clean(at)
     assert figure(at, "at step 0: all layers")
-    said = [m.value for m in at.warning if "left out of these maps" in m.value]
+    said = [m.value for m in at.warning if m.value.startswith("Capture's notes on these maps")]
     assert len(said) == 1 and "cross (pool) left out of the trace" in said[0], [m.value for m in at.warning]
 
 

@@ -459,3 +459,111 @@ def test_rows_of_a_pair_representation_lineage_cannot_tell_apart_are_flagged():
     cap, _ = _captured(TriangleOverOuterSum().eval(), torch.randint(0, VOCAB, (2, 4)))
     (rec,) = cap.records  # was exact, every row i of a sequence over the same positions, none saying which
     assert not rec.exact and "outer sum" in rec.flag
+
+
+class ChannelAttention(nn.Module):
+    """DANet's channel attention (``CAM_Module``) after a conv stem: a (B, C, C) softmax over the channels of a map,
+    shifted as DANet shifts it (``max(energy) - energy``)."""
+
+    def __init__(self, c: int = 16):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+
+    def forward(self, x):
+        f = self.stem(x)
+        b, c, h, w = f.shape
+        query, key = f.view(b, c, -1), f.view(b, c, -1).permute(0, 2, 1)
+        energy = torch.bmm(query, key)
+        attention = (torch.max(energy, -1, keepdim=True)[0].expand_as(energy) - energy).softmax(-1)
+        return torch.bmm(attention, f.view(b, c, -1)).view(b, c, h, w)
+
+
+def test_a_map_over_channels_is_flagged_as_one():
+    torch.manual_seed(10)
+    cap, _ = _captured(ChannelAttention().eval(), torch.randn(2, 3, 4, 4))  # 16 channels, 16 positions
+    (rec,) = cap.records  # was flagged "lineage was lost ...", and drawn over the positions without a word
+    assert not rec.exact and "a map over channels" in rec.flag
+    assert any("a map over channels" in n for n in cap.trace(0).meta["capture_notes"])
+
+
+class FlaxPort(nn.Module):
+    """Flax's ``DenseGeneral`` ported as ``einsum("...d,dhk->...hk", x, kernel)`` (an ellipsis for the batch and the
+    positions), and its attention einsums with the heads kept last."""
+
+    def __init__(self, heads: int, d: int = 16):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.q, self.k = (nn.Parameter(torch.randn(d, heads, d // heads) * 0.1) for _ in range(2))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        q, k = torch.einsum("...d,dhk->...hk", x, self.q), torch.einsum("...d,dhk->...hk", x, self.k)
+        self.used = torch.einsum("...qhd,...khd->...hqk", q, k).softmax(-1)
+        return self.used
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4), (4, 4)])
+def test_a_projection_written_with_an_ellipsis_keeps_lineage(batch, heads):
+    torch.manual_seed(11)
+    model = FlaxPort(heads).eval()
+    cap, _ = _captured(model, torch.randint(0, VOCAB, (batch, 5)))
+    (rec,) = cap.records
+    assert rec.exact and not cap.notes, rec.flag  # was "lineage was lost ... (a guess)" for every Flax port
+    torch.testing.assert_close(rec.probs, model.used, atol=1e-6, rtol=0)
+
+
+class CastAfterValues(nn.Module):
+    """trax's ``DotProductAttention`` ported: the heads' output cast to the dtype it already has (``.to(float32)``)
+    before the output projection."""
+
+    def __init__(self, heads: int = 2, d: int = 16):
+        super().__init__()
+        self.h = heads
+        self.emb, self.qkv, self.o = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        q, k, v = (t.view(b, n, self.h, -1).transpose(1, 2) for t in self.qkv(self.emb(ids)).chunk(3, -1))
+        out = ((q @ k.transpose(-1, -2)).softmax(-1) @ v).to(torch.float32)
+        return self.o(out.transpose(1, 2).reshape(b, n, -1))
+
+
+def test_a_cast_that_changes_nothing_keeps_what_attention_moves():
+    torch.manual_seed(12)
+    cap, _ = _captured(CastAfterValues().eval(), torch.randint(0, VOCAB, (2, 5)))
+    (rec,) = cap.records
+    assert (
+        rec.values is not None and rec.values.w_o is not None
+    )  # were dropped, with a note of an op "no move"
+    assert not [n for n in cap.skipped if "no move" in n.reason]
+
+
+class ZeroAttention(nn.Module):
+    """fairseq's ``add_zero_attn``: a zero key and value joined to every (batch x head) row after the fold,
+    ``torch.cat([k, k.new_zeros(bsz * heads, 1, d)], dim=1)``, in its (T, B, C) layout."""
+
+    def __init__(self, heads: int, c: int = 16):
+        super().__init__()
+        self.h, self.hd = heads, c // heads
+        self.q, self.k = nn.Linear(c, c), nn.Linear(c, c)
+
+    def forward(self, query, key):
+        t, b, c = query.shape
+        q = (self.q(query) * self.hd**-0.5).view(t, b * self.h, self.hd).transpose(0, 1)
+        k = self.k(key).view(-1, b * self.h, self.hd).transpose(0, 1)
+        k = torch.cat([k, k.new_zeros((k.size(0), 1) + k.size()[2:])], dim=1)
+        self.used = torch.bmm(q, k.transpose(1, 2)).softmax(-1).view(b, self.h, t, -1)
+        return self.used
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(3, 1), (3, 2), (2, 4), (4, 4)])
+def test_a_zero_key_joined_after_the_fold_is_labelled_not_a_token(batch, heads):
+    torch.manual_seed(13)
+    model = ZeroAttention(heads).eval()
+    cap, _ = _captured(model, torch.randn(5, batch, 16), torch.randn(7, batch, 16))
+    (rec,) = (
+        cap.records
+    )  # one head: exact with the zero key drawn as an eighth token; more: "heads see different keys"
+    assert rec.exact and not cap.notes, rec.flag
+    assert rec.key_labels == (None,) * 7 + ("<zeros 0>",)
+    torch.testing.assert_close(rec.probs, model.used, atol=1e-6, rtol=0)

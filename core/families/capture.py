@@ -4400,6 +4400,35 @@ class _Session:
             if isinstance(code, torch.Tensor) and tuple(code.shape) == tuple(p.shape):
                 self.set(p, _Tag(origin=xt.origin, code=code))
 
+    def _constant_joined(self, t: Any) -> None:
+        """A constant the model made (``k.new_zeros(bsz, 1, d)``, fairseq's ``add_zero_attn``; ``torch.zeros`` of a
+        start or padding slot) joined to activations: its positions along the joined rows are its own, labelled
+        ``<zeros i>`` (``<constant i>``), the same for every row before them (the batch, the heads), as a learned
+        vector expanded over them is, never a tensor handed in."""
+        if (
+            not isinstance(t, torch.Tensor)
+            or not t.is_floating_point()
+            or t.dim() < 2
+            or not t.numel()
+            or _is_param(t)
+            or self.tag(t) is not None
+            or (_held(self._made, t) is None and _held(self._int_floats, t) is None)
+        ):
+            return
+        held = self._fixed_codes.get(id(t))
+        if held is not None and held[0]() is t:
+            return
+        with _no_grad():
+            flat = t.detach().reshape(-1)
+            if not bool((flat == flat[0]).all()):
+                return
+            label = "zeros" if float(flat[0]) == 0 else "constant"
+        n = int(t.shape[-2])
+        start = self.sources.new(n, "pad", label)
+        pos = (start + torch.arange(n, dtype=torch.int64, device=t.device)).view(n, 1) << lineage.SHIFT
+        code = (pos | torch.arange(int(t.shape[-1]), dtype=torch.int64, device=t.device)).expand(t.shape)
+        self._fixed_codes[id(t)] = (weakref.ref(t), code)
+
     def _indexed_write_code(self, args, kwargs, out: torch.Tensor) -> torch.Tensor | None:
         """Codes of ``target.index_add(dim, index, source)`` or ``index_copy``: the target's (a buffer made in the
         call, ``torch.zeros``: a padding position per cell, as ``buf[idx] = x`` gives it) with the source's rows
@@ -4420,13 +4449,9 @@ class _Session:
         sc = self.code_of(source)
         if sc is None or tuple(sc.shape) != tuple(source.shape) or index.unique().numel() != index.numel():
             return None
-        tc = self.code_of(target)
-        if (
-            tc is None
-            and self.tag(target) is None
-            and _held(self._made, target) is not None
-            and target.dim() >= 2
-        ):
+        made = self.tag(target) is None and _held(self._made, target) is not None
+        tc = None if made else self.code_of(target)
+        if made and target.dim() >= 2:
             lead = tuple(target.shape[:-1])
             start = self.sources.new(math.prod(lead), "pad", lineage.EMPTY)
             tc = lineage.fresh(start, lead, int(target.shape[-1]), target.device)
@@ -4794,6 +4819,9 @@ class _Session:
     def _replay(self, name, func, args, kwargs, fn=None) -> Any:
         """``fn`` (a data-movement op; its replay_fn when None) on the codes of ``args``: remembered (lineage.remember) under
         the codes' identities and the other arguments' values, when every argument has a key."""
+        if name in CAT and args and isinstance(args[0], (list, tuple)):
+            for t in args[0]:
+                self._constant_joined(t)
         if (
             args
             and _ints(args)
@@ -5188,8 +5216,11 @@ class _Session:
             if (g.role is None or g.role == "linear") and g.probs is None:
                 new = g.derived(g.origin)
                 # (dropout in eval mode hands back its input: the heads' output as it was)
-                new.moved = g.moved and (name in lineage.REPLAY or (name in DROPOUT and out is x))
-                if g.wo is not None and (name in lineage.REPLAY or name in DROPOUT):
+                # (a cast that changes no value, ``out.to(torch.float32)`` of a float32 tensor as trax's port ends,
+                # a move to another device: the heads' output as it was)
+                same = name in lineage.KEEP and out.dtype == x.dtype
+                new.moved = g.moved and (name in lineage.REPLAY or same or (name in DROPOUT and out is x))
+                if g.wo is not None and (name in lineage.REPLAY or name in DROPOUT or same):
                     new.wo = g.wo
                 if out.dim() != 3 or x.dim() != 3 or out.shape[0] != x.shape[0]:
                     new.split = None
@@ -5340,6 +5371,17 @@ class _Session:
                        and g.smap is not None and not g.smap.broken and tuple(t.shape) == tuple(out.shape)),
                       0)  # fmt: skip
             if at:  # a bias added to the scores, written first (``rel_bias + q @ k.T``): still the scores
+                act.insert(0, act.pop(at))
+        if (
+            len(act) > 1
+            and (name in ADD or name in SUB)
+            and act[0][1].role == "scores"
+            and act[0][1].smap is None
+            and act[0][1].probs is None
+        ):
+            at = next((i for i, (t, g) in enumerate(act) if i and g.role == "scores" and g.probs is None
+                       and g.smap is not None and tuple(t.shape) == tuple(out.shape)), 0)  # fmt: skip
+            if at:  # a reduction of the scores written first (DANet's ``max(e) - e``): still the scores
                 act.insert(0, act.pop(at))
         if len(act) > 1 and act[0][1].probs is None and act[0][1].rowq is None and name not in MATMUL:
             at = next((i for i, (t, g) in enumerate(act) if (g.probs is not None or g.rowq is not None)

@@ -292,9 +292,31 @@ def _matmul_map(a: torch.Tensor, b: torch.Tensor, shape: tuple[int, ...]) -> Sco
     q = q.expand(*lead, q.shape[-1]) if q.dim() - 1 <= len(lead) else q
     k = k.expand(*lead, k.shape[-1]) if k.dim() - 1 <= len(lead) else k
     smap = ScoreMap(shape, q, k)
+    if mixed_q and mixed_k and _over_features(q, k):
+        return smap.fail(OVER_FEATURES)
     if mixed_q or mixed_k:
         return smap.fail("the product multiplies features of different positions")
     return smap
+
+
+OVER_FEATURES = (
+    "the product sums over positions, and its rows and columns are features (channels) of one position each: "
+    "a map over channels, as DANet's channel attention and a Gram matrix are, not over positions"
+)
+
+
+def _over_features(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """The rows of a product whose operands both summed over positions are features: every query row's code (the
+    first element of its slice) and every key's is one position, the rows differing only in their feature."""
+    if q.shape[-1] < 2 or k.shape[-1] < 2:
+        return False
+    pq, pk = q >> SHIFT, k >> SHIFT
+    return (
+        bool((pq == pq[..., :1]).all())
+        and bool((pk == pk[..., :1]).all())
+        and bool(((q & FEATURES) != (q[..., :1] & FEATURES)).any())
+        and bool(((k & FEATURES) != (k[..., :1] & FEATURES)).any())
+    )
 
 
 def _explicit(equation: str, ndims: list[int]) -> str | None:
@@ -344,8 +366,9 @@ def _einsum_projected(
     equation: str, code: torch.Tensor, first: bool, out: torch.Tensor, param_shape: tuple[int, ...] = ()
 ) -> tuple[torch.Tensor, bool] | None:
     eq = equation.replace(" ", "")
-    if "..." in eq:
-        return None
+    if "..." in eq and len(param_shape):  # Flax's DenseGeneral ported as ``einsum("...d,dhk->...hk", x, w)``
+        dims = [code.dim(), len(param_shape)] if first else [len(param_shape), code.dim()]
+        eq = _explicit(eq, dims) or eq
     if "->" not in eq or "." in eq:
         return None
     lhs, rhs = eq.split("->")
@@ -431,6 +454,8 @@ def _einsum_map(equation: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tens
         k = k.expand(*shape[:-2], shape[-1])
     perm = [canon.index(c) for c in rhs]
     smap = ScoreMap(shape, q, k, (("permute", torch.Tensor.permute, (perm,), {}),))
+    if mq and mk and _over_features(q, k):
+        return smap.fail(OVER_FEATURES)
     return smap.fail("the product multiplies features of different positions") if mq or mk else smap
 
 
