@@ -1,8 +1,9 @@
 """Capture of attention styles found by this stop's probes: documents packed into the rows of a batch and attended
 one call each (a loop over ``cu_seqlens``), Medusa's and EAGLE's one buffer for every layer's keys and values, and
 a second decoding step over a cache filled before the capture, queries shared by the heads, and talking heads
-mixed before the softmax. Every test here failed on the code before its fix, but the one that checks that a head
-axis truly out of place stays flagged (the bound of the rule for shared queries)."""
+mixed before the softmax, and the others each test names. Every test here failed on the code before its fix, but
+two bounds: a head axis truly out of place stays flagged (the rule for shared queries), and sequences packed into a
+stream of one dim are not joined as one row (which this stop's join of documents first did)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnscope.core.families.capture import Captured, capture_attention
@@ -567,3 +569,67 @@ def test_a_zero_key_joined_after_the_fold_is_labelled_not_a_token(batch, heads):
     assert rec.exact and not cap.notes, rec.flag
     assert rec.key_labels == (None,) * 7 + ("<zeros 0>",)
     torch.testing.assert_close(rec.probs, model.used, atol=1e-6, rtol=0)
+
+
+class OffByOne(nn.Module):
+    """nanoGPT's causal buffer sliced a row too far (``bias[:, :, 1:T + 1, :T]``), or the same band handed to SDPA:
+    every query sees the key after its own."""
+
+    def __init__(self, heads: int, sdpa: bool, d: int = 16, block: int = 16):
+        super().__init__()
+        self.h, self.sdpa = heads, sdpa
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+        self.register_buffer("bias", torch.ones(block, block).tril().view(1, 1, block, block))
+
+    def forward(self, ids):
+        b, t = ids.shape
+        q, k, v = (x.view(b, t, self.h, -1).transpose(1, 2) for x in self.qkv(self.emb(ids)).chunk(3, -1))
+        if self.sdpa:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias[0, 0, 1 : t + 1, :t].bool())
+        att = (q @ k.transpose(-1, -2)).masked_fill(self.bias[:, :, 1 : t + 1, :t] == 0, float("-inf"))
+        return att.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("sdpa", [False, True])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 4)])
+def test_a_causal_mask_off_by_one_is_said_and_kept_as_it_ran(batch, heads, sdpa):
+    torch.manual_seed(14)
+    cap, _ = _captured(OffByOne(heads, sdpa).eval(), torch.randint(0, VOCAB, (batch, 6)))
+    (rec,) = cap.records  # was enc_self with no word: a bidirectional map with an odd band
+    assert rec.kind == "dec_self" and rec.exact
+    assert [n for n in cap.notes if "a causal mask off by one" in n]
+    assert rec.mask is not None and torch.equal(rec.mask[0], torch.ones(6, 6, dtype=torch.bool).tril(1))
+
+
+class PackedStream(nn.Module):
+    """MoBA's naive varlen reference: the batch packed into one stream by its padding mask (``emb(ids[valid])``),
+    then one causal softmax per sequence between ``cu_seqlens``."""
+
+    def __init__(self, heads: int = 2, d: int = 8):
+        super().__init__()
+        self.h, self.hd = heads, d // heads
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids, lens):
+        valid = torch.arange(ids.shape[1])[None] < lens[:, None]
+        x = self.emb(ids[valid])
+        cu = F.pad(torch.cumsum(lens, 0), (1, 0))
+        q, k, _ = self.qkv(x).view(-1, 3, self.h, self.hd).unbind(1)
+        self.used = []
+        for a, e in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+            s = torch.einsum("xhd,yhd->hxy", q[a:e], k[a:e])
+            s = s.masked_fill(~torch.ones(e - a, e - a, dtype=torch.bool).tril(), float("-inf"))
+            self.used.append(s.softmax(-1))
+        return x
+
+
+def test_sequences_packed_into_one_stream_are_not_drawn_as_one_sequence():
+    torch.manual_seed(15)
+    model = PackedStream().eval()
+    cap, _ = _captured(model, torch.randint(0, VOCAB, (2, 7)), torch.tensor([7, 7]))
+    (rec,) = cap.records  # every sequence whole: each call one of the caller's sequences, in order
+    assert rec.exact and tuple(rec.probs.shape) == (2, 2, 7, 7)
+    torch.testing.assert_close(rec.probs, torch.stack(model.used), atol=1e-6, rtol=0)
+    cap, _ = _captured(model, torch.randint(0, VOCAB, (2, 7)), torch.tensor([7, 5]))
+    # ids of one dim say nothing of the caller's rows: the calls are not joined into one row of 12 positions
+    assert all(tuple(r.probs.shape[-2:]) != (12, 12) for r in cap.records)

@@ -3739,7 +3739,7 @@ class _Session:
                 src = pick[1] if pick is not None else ids
                 start = self.sources.new(src.numel(), "tokens", str(self.n_embed), self.n_embed,
                                          int(src.shape[-1]) if src.dim() else 1, table=_table_id(args),
-                                         lead=tuple(int(n) for n in src.shape[:-1]) if src.dim() >= 3 else ())  # fmt: skip
+                                         lead=tuple(int(n) for n in src.shape[:-1]))  # fmt: skip
                 self._id_memory[start] = (_storage_at(src), src.dim())
                 if pick is None and self._constant_ids(ids):
                     self._constant_lookups.add(start)
@@ -7328,6 +7328,11 @@ class _Session:
             return "cross"
         if causal_mask() or path in self._meant_causal:  # (a causal mask of 0s and 1s added: broken)
             return "dec_self"
+        if mask is not None and lq == lk and _causal_off_by_one(mask):
+            self.warn(path, (lq, lk), "a causal mask off by one (every query sees the key after its own and none "
+                      "further: a causal buffer sliced a row too far, bias[:, :, 1:T + 1, :T]): the future "
+                      "leaks one token; recorded as decoder self-attention with the mask as it ran")  # fmt: skip
+            return "dec_self"
         if not _DECODER.search(low):
             if lq == lk and _undecided(mask, lq):  # (one token per sequence: said at the end)
                 self._undecided.setdefault(path, (lq, lk))
@@ -10848,7 +10853,9 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
         return "sequences hold different numbers of queries"
 
     rows = [
-        sources.rows(torch.tensor([p for p in keys if p >= 0], dtype=torch.int64)).unique() for keys in seqs
+        sources.rows(torch.tensor([p for p in keys if p >= 0], dtype=torch.int64)).unique()
+        for keys in seqs
+        if _rows_known(sources.at(min(p for p in keys if p >= 0)))
     ]
     one_row = [int(r) for r in rows if r.numel() == 1 and int(r) >= 0]
     if len(set(one_row)) < len(one_row):
@@ -10892,6 +10899,12 @@ def _join_pieces(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
                   query_positions=qpos.to(probs.device), key_positions=kpos.to(probs.device))  # fmt: skip
 
 
+def _rows_known(source: lineage.Source) -> bool:
+    """Token ids whose rows are the caller's sequences: a batch (B, L), one sequence (1, L). Ids of one dim are one
+    sentence, or a batch packed into a stream (``ids[valid]``), whose sequences only the calls over them tell."""
+    return source.kind == "tokens" and (source.row > 0 or source.lead == (1,))
+
+
 def _join_varlen(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) -> Record | None:
     """One record (B, H, L, L) of a batch's sequences attended one call each over their own lengths, with
     no padding (``attn(x[i:i + 1, :n_i])`` in a loop), or of documents packed into the rows and attended one
@@ -10920,7 +10933,7 @@ def _join_varlen(pieces: list[tuple[Record, Layout]], sources: lineage.Sources) 
                 return None
             src = int(at)
             source = sources.items[src]
-            if source.kind != "tokens":
+            if not _rows_known(source):
                 return None
             rel = both - source.start
             in_row = rel // (source.row or source.n)  # (row 0: one row, the whole source)
@@ -11182,6 +11195,22 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool | None:
         return not bool(full.all()) and bool(mask.tril(-1).any()) and bool((most > least).any())
     prefix = _prefix_causal(mask)
     return True if prefix is False and _block_causal(mask) else prefix
+
+
+def _causal_off_by_one(mask: torch.Tensor) -> bool:
+    """A causal mask one key too far: each query sees every key up to the one after its own and none further (the
+    keys no row sees, padding, aside), some query sees its next key, and some a key another does not."""
+    lq, lk = int(mask.shape[-2]), int(mask.shape[-1])
+    if lq != lk or lq < 3 or mask.dtype != torch.bool:
+        return False
+    keys = mask.any(-2, keepdim=True)  # (the keys some row sees: padding aside)
+    band = torch.ones(lq, lk, dtype=torch.bool, device=mask.device)
+    want = band.tril(1) & keys
+    return (
+        bool(torch.equal(mask, want.expand_as(mask)))
+        and bool((mask & (band.tril(1) & ~band.tril(0))).any())
+        and bool((keys & ~mask).any())  # (a key some row sees hidden from another: no padding mask alone)
+    )
 
 
 def _block_causal(mask: torch.Tensor) -> bool:
