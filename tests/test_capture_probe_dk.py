@@ -633,3 +633,40 @@ def test_sequences_packed_into_one_stream_are_not_drawn_as_one_sequence():
     cap, _ = _captured(model, torch.randint(0, VOCAB, (2, 7)), torch.tensor([7, 5]))
     # ids of one dim say nothing of the caller's rows: the calls are not joined into one row of 12 positions
     assert all(tuple(r.probs.shape[-2:]) != (12, 12) for r in cap.records)
+
+
+class BlockGate(nn.Module):
+    """MoBA's gate: each query's top-2 key blocks picked by its scores over the blocks' mean keys (its own block
+    always, no later one), ``gate[need] = 0; gate[~need] = -inf``, expanded to the keys and added to the scores:
+    each head its own mask."""
+
+    def __init__(self, heads: int = 2, d: int = 8, block: int = 2):
+        super().__init__()
+        self.h, self.hd, self.c = heads, d // heads, block
+        self.emb, self.qkv = nn.Embedding(VOCAB, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids):
+        x = self.emb(ids[0])
+        n, blocks = x.shape[0], x.shape[0] // self.c
+        q, k, _ = self.qkv(x).view(n, 3, self.h, self.hd).unbind(1)
+        gate = torch.einsum("shd,nhd->hsn", q, k.view(blocks, self.c, self.h, self.hd).mean(1))
+        for i in range(blocks):
+            gate[:, : (i + 1) * self.c, i] = float("-inf")
+            gate[:, i * self.c : (i + 1) * self.c, i] = float("inf")
+        need = torch.zeros_like(gate, dtype=torch.bool).scatter_(-1, gate.topk(2, -1).indices, True)
+        gate[need] = 0
+        gate[~need] = float("-inf")
+        gate = gate.repeat_interleave(self.c, -1)
+        gate.masked_fill_(~torch.ones_like(gate, dtype=torch.bool).tril(), float("-inf"))
+        self.allowed = gate > float("-inf")  # (H, S, S)
+        return (torch.einsum("xhd,yhd->hxy", q, k) + gate).softmax(-1)
+
+
+def test_a_mask_made_from_scores_per_head_is_every_heads_own():
+    torch.manual_seed(1)
+    model = BlockGate().eval()
+    cap, _ = _captured(model, torch.randint(0, VOCAB, (1, 8)))
+    (rec,) = cap.records
+    assert not torch.equal(model.allowed[0], model.allowed[1])  # (the heads picked other blocks)
+    # was the union of the heads' masks, said to be the same for every head
+    assert rec.head_masks_differ and torch.equal(rec.mask[0], model.allowed.all(0))

@@ -6749,7 +6749,7 @@ class _Session:
             if (
                 isinstance(other, torch.Tensor)
                 and other.is_floating_point()
-                and (other_tag is None or other_tag.role != "scores")
+                and (other_tag is None or other_tag.role != "scores" or _gate_of_blocks(other))
             ):
                 masked = _added_hides(other)
                 if bool(masked.any()):
@@ -11195,6 +11195,15 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool | None:
         return not bool(full.all()) and bool(mask.tril(-1).any()) and bool((most > least).any())
     prefix = _prefix_causal(mask)
     return True if prefix is False and _block_causal(mask) else prefix
+
+
+def _gate_of_blocks(t: torch.Tensor) -> bool:
+    """Scores made into a mask: 0 where kept, very negative where hidden, nothing else (MoBA's gate, each query's
+    top-k key blocks picked by its scores over the blocks' mean keys, then ``gate[need] = 0; gate[~need] = -inf``):
+    added to the scores, a mask of its own, per head."""
+    with _no_grad():
+        hides = _added_hides(t)
+        return bool(hides.any()) and bool((t.detach().masked_fill(hides, 0) == 0).all())
 
 
 def _causal_off_by_one(mask: torch.Tensor) -> bool:
