@@ -670,3 +670,29 @@ def test_a_mask_made_from_scores_per_head_is_every_heads_own():
     assert not torch.equal(model.allowed[0], model.allowed[1])  # (the heads picked other blocks)
     # was the union of the heads' masks, said to be the same for every head
     assert rec.head_masks_differ and torch.equal(rec.mask[0], model.allowed.all(0))
+
+
+class NodeUpdate(nn.Module):
+    """A graph layer's node update, ``x.index_add(0, dst, W x[src])`` (each node its own state plus one neighbour's
+    message on a ring), then attention over the nodes: a sum into rows with positions of their own keeps them."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.emb, self.w, self.qk = nn.Embedding(VOCAB, d), nn.Linear(d, d), nn.Linear(d, 2 * d)
+
+    def forward(self, ids):
+        x = self.emb(ids)[0]
+        n = x.shape[0]
+        src, dst = torch.arange(1, n + 1) % n, torch.arange(n)
+        q, k = self.qk(x.index_add(0, dst, self.w(x[src]))).chunk(2, -1)
+        self.used = (q @ k.T).softmax(-1)
+        return self.used
+
+
+def test_a_sum_by_index_into_rows_with_positions_keeps_them():
+    torch.manual_seed(16)
+    model = NodeUpdate().eval()
+    cap, _ = _captured(model, torch.randint(0, VOCAB, (1, 4)))
+    (rec,) = cap.records  # (this stop's first index_add rule took the messages' positions: nothing recorded)
+    assert rec.exact and rec.kind == "enc_self" and not cap.notes
+    torch.testing.assert_close(rec.probs[0, 0], model.used, atol=1e-6, rtol=0)

@@ -204,7 +204,7 @@ INT_FACTORIES = frozenset(
 SCATTER_SUM = frozenset(
     {"index_add", "index_add_", "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_"}
 )
-# rows written at the places an index names: their codes move with them (never kept in place)
+# rows written at the places an index names: their codes move with them (index_add: into a buffer made in the call)
 INDEXED_WRITES = frozenset({"index_add", "index_add_", "index_copy", "index_copy_"})
 # ops that move, view or cast values without computing new ones (weights through them stay as they were)
 KEEPS_VALUES = frozenset(
@@ -4429,11 +4429,18 @@ class _Session:
         code = (pos | torch.arange(int(t.shape[-1]), dtype=torch.int64, device=t.device)).expand(t.shape)
         self._fixed_codes[id(t)] = (weakref.ref(t), code)
 
+    def _empty_codes(self, target: torch.Tensor) -> torch.Tensor:
+        """Codes of a buffer made in the call: each cell not written a padding position of its own, as F.pad's
+        padded cells are."""
+        lead = tuple(target.shape[:-1])
+        start = self.sources.new(math.prod(lead), "pad", lineage.EMPTY)
+        return lineage.fresh(start, lead, int(target.shape[-1]), target.device)
+
     def _indexed_write_code(self, args, kwargs, out: torch.Tensor) -> torch.Tensor | None:
-        """Codes of ``target.index_add(dim, index, source)`` or ``index_copy``: the target's (a buffer made in the
-        call, ``torch.zeros``: a padding position per cell, as ``buf[idx] = x`` gives it) with the source's rows
-        at the places the index names (MoA's queries put back from their experts' order). None where an index
-        names a place twice (rows summed: positions mixed) or the target has no codes of its own."""
+        """Codes of ``target.index_copy(dim, index, source)``, or of ``index_add`` into a buffer made in the call
+        (``torch.zeros``, where adding is copying): the target's (the made buffer's, a padding position per cell,
+        as ``buf[idx] = x`` gives it) with the source's rows at the places the index names (MoA's queries put back
+        from their experts' order). None where an index names a place twice or the target has no codes."""
         names = ("dim", "index", "source")
         a = dict(zip(names, args[1:], strict=False)) | {k: v for k, v in kwargs.items() if k in names}
         target, dim, index, source = args[0] if args else None, a.get("dim"), a.get("index"), a.get("source")
@@ -4449,12 +4456,10 @@ class _Session:
         sc = self.code_of(source)
         if sc is None or tuple(sc.shape) != tuple(source.shape) or index.unique().numel() != index.numel():
             return None
-        made = self.tag(target) is None and _held(self._made, target) is not None
-        tc = None if made else self.code_of(target)
-        if made and target.dim() >= 2:
-            lead = tuple(target.shape[:-1])
-            start = self.sources.new(math.prod(lead), "pad", lineage.EMPTY)
-            tc = lineage.fresh(start, lead, int(target.shape[-1]), target.device)
+        if self._constant_made(target):
+            tc = self._empty_codes(target) if target.dim() >= 2 else None
+        else:  # (index_copy only: ``_op_code`` leaves a sum into a tensor with positions of its own to the rule of sums)
+            tc = self.code_of(target)
         if tc is None or tuple(tc.shape) != tuple(out.shape):
             return None
         try:
@@ -4609,7 +4614,10 @@ class _Session:
         shape = out.shape
         if name in ("sum", "mean") and len(act) == 1 and act[0][1].code is not None:
             return self._reduced_code(args, kwargs, act[0][1].code, out)
-        if name in INDEXED_WRITES:
+        if name in INDEXED_WRITES and (
+            name.startswith("index_copy") or (args and self._constant_made(args[0]))
+        ):
+            # (``x.index_add(0, dst, msg)`` into a tensor with positions of its own is a sum: the rule of sums below)
             return self._indexed_write_code(args, kwargs, out)
         # position-wise: an operand whose codes have the output's shape (not one broadcast or expanded over
         # it: a bias, a query added to every key), else the first with codes
@@ -8933,9 +8941,7 @@ class _Session:
         # F.pad's padded cells are (HF LLaVA's merge into ``torch.zeros``: a sequence with no image keeps
         # padded slots, several queries that are no one position)
         if made:
-            lead = tuple(target.shape[:-1])
-            start = self.sources.new(math.prod(lead), "pad", lineage.EMPTY)
-            tc = lineage.fresh(start, lead, int(target.shape[-1]), target.device)
+            tc = self._empty_codes(target)
         elif through is not None:  # (a paged cache's next step: the slots its last step wrote keep theirs)
             tc = through
         else:  # slots not written yet hold no position (a static KV cache)
