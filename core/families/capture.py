@@ -4405,24 +4405,12 @@ class _Session:
         start or padding slot) joined to activations: its positions along the joined rows are its own, labelled
         ``<zeros i>`` (``<constant i>``), the same for every row before them (the batch, the heads), as a learned
         vector expanded over them is, never a tensor handed in."""
-        if (
-            not isinstance(t, torch.Tensor)
-            or not t.is_floating_point()
-            or t.dim() < 2
-            or not t.numel()
-            or _is_param(t)
-            or self.tag(t) is not None
-            or (_held(self._made, t) is None and _held(self._int_floats, t) is None)
-        ):
+        if not isinstance(t, torch.Tensor) or t.dim() < 2 or _is_param(t):
             return
         held = self._fixed_codes.get(id(t))
-        if held is not None and held[0]() is t:
+        if (held is not None and held[0]() is t) or not self._constant_made(t):
             return
-        with _no_grad():
-            flat = t.detach().reshape(-1)
-            if not bool((flat == flat[0]).all()):
-                return
-            label = "zeros" if float(flat[0]) == 0 else "constant"
+        label = "zeros" if float(t.reshape(-1)[0]) == 0 else "constant"
         n = int(t.shape[-2])
         start = self.sources.new(n, "pad", label)
         pos = (start + torch.arange(n, dtype=torch.int64, device=t.device)).view(n, 1) << lineage.SHIFT
