@@ -8,24 +8,17 @@ stream of one dim are not joined as one row (which this stop's join of documents
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_capture_probe_cm import _captured  # (the capture of a call, and what it returned)
 from torch import nn
 
-from attnscope.core.families.capture import Captured, capture_attention
+from attnscope.core.families.capture import capture_attention
 
 VOCAB = 30
-
-
-def _captured(model: nn.Module, *args, **kwargs) -> tuple[Captured, Any]:
-    """The capture of ``model(*args, **kwargs)`` (no gradients), and what the call returned."""
-    with torch.no_grad(), capture_attention(model) as cap:
-        out = model(*args, **kwargs)
-    return cap, out
 
 
 class PackedDocuments(nn.Module):
