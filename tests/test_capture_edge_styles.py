@@ -922,16 +922,33 @@ class TiledPairs(nn.Module):
 
 
 @pytest.mark.parametrize("diin", [False, True])
-def test_a_similarity_scored_over_tiled_pairs_is_a_warning_where_its_weights_weigh_values(diin):
-    """Scores from a projection of paired features are no product of queries and keys, so not recorded; their
-    weights, masked and renormalized or weighing by a product and a sum, multiply values: a warning (it was a
-    note only, "a softmax over a projection's output", and the map went missing)."""
+def test_a_similarity_scored_over_tiled_pairs_is_recorded_exactly(diin):
+    """Scores from a projection of paired features (``w . [x_i; y_j; x_i * y_j]`` over the tiled pairs) are a
+    function of each (query, key) pair, laid out by the pairs' rows and columns: recorded exactly, the
+    passage's queries over the question's keys (cross) with the padding the renormalization hides, or DIIN's
+    self-attention. (They were a warning, "scores capture could not trace to queries times keys", and the
+    map went missing.)"""
     torch.manual_seed(0)
     ids = torch.randint(1, 20, (2, 5))
     ids[1, 3:] = 0
-    cap = _captured(TiledPairs(diin).eval(), ids, torch.randint(1, 20, (2, 4)))
-    assert cap.records == [] and len(cap.notes) == 1, cap.notes
-    assert "paired features" in cap.notes[0] and "multiply values" in cap.notes[0]
+    q_ids = torch.randint(1, 20, (2, 4))
+    q_ids[0, 2:] = 0
+    m = TiledPairs(diin).eval()
+    cap = _captured(m, ids, q_ids)
+    (rec,) = cap.records
+    with torch.no_grad():
+        p, q = m.emb(ids), m.emb(ids if diin else q_ids)
+        x, y = p.unsqueeze(2).expand(-1, -1, q.shape[1], -1), q.unsqueeze(1).expand(-1, p.shape[1], -1, -1)
+        want = m.w(torch.cat([x, y, x * y], -1)).squeeze(-1).softmax(-1)
+        if not diin:
+            want = want * (q_ids != 0).float()[:, None, :]
+            want = want / (want.sum(-1, keepdim=True) + 1e-13)
+    assert rec.exact and rec.kind == "cross" and tuple(rec.probs.shape) == (2, 1, 5, 5 if diin else 4)
+    torch.testing.assert_close(rec.probs[:, 0], want)
+    if not diin:  # (the renormalization's mask: the question's padding hidden from every passage position)
+        assert rec.mask is not None and torch.equal(rec.mask[0, 0], q_ids[0] != 0)
+    else:  # (two embedding calls of the same ids: cross, and said, as for any model written so)
+        assert len(cap.notes) == 1 and "two embedding calls of the same token ids" in cap.notes[0]
 
 
 def test_a_one_vector_softmax_that_weighs_values_is_a_warning():

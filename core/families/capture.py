@@ -423,6 +423,52 @@ class Captured:
                     "sequences of the batch, or in another order), so its layers do not stack")  # fmt: skip
         return picks.pop()
 
+    def _token_spots(
+        self, records: list[Record], b: int, labels: tuple[str | None, ...]
+    ) -> tuple[list[int], int] | None:
+        """Where the token columns of row ``b`` (``labels``: None at a token) lie among its sequence's ids:
+        each column's index in the sequence (-1 at a position the model made or learned) and the sequence's
+        length, where every record agrees, the indices rise and they are not the whole sequence (a decoder
+        input shifted right by a vector the model made, ``cat([start, emb(ids)[:, :-1]], 1)``: the start
+        vector and the first n - 1 tokens); else None."""
+        sources, found = self._sources, None
+        for r in records:
+            kp = r.key_positions
+            if sources is None or kp is None or kp.dim() != 2 or b >= int(kp.shape[0]):
+                return None
+            keys = kp[b].cpu()
+            if len(labels) != int(keys.numel()):
+                return None
+            token = torch.tensor([lab is None for lab in labels], dtype=torch.bool)
+            if not bool((keys[token] >= 0).all()) or not bool(token.any()):
+                return None
+            own = keys[token]
+            try:
+                src = sources.index(own)
+            except Exception:  # (lineage does not say the keys' sequence)
+                return None
+            if not bool((src == src[0]).all()):
+                return None
+            source = sources.items[int(src[0])]
+            size = _sequence_size(source) or source.n
+            if source.kind != "tokens" or not size:
+                return None
+            rows = (own - source.start) // size
+            if not bool((rows == rows[0]).all()):
+                return None
+            within = own - (source.start + int(rows[0]) * size)
+            if int(within.numel()) >= size or (
+                within.numel() > 1 and not bool((within[1:] > within[:-1]).all())
+            ):
+                return None
+            spots = [-1] * len(labels)
+            for j, at in zip(token.nonzero().flatten().tolist(), within.tolist(), strict=True):
+                spots[j] = int(at)
+            if found is not None and found != (spots, size):
+                return None
+            found = (spots, size)
+        return found
+
     def _keys_picked(self, r: Record, b: int) -> bool:
         """Self-attention whose row ``b`` reads keys of its queries' own sequence that are not that whole
         sequence in order, and not the queries themselves (a window's): neighbours gathered for each query
@@ -620,6 +666,8 @@ class Captured:
         scopes: dict[str, str | None] = {}
         probs: dict[str, torch.Tensor] = {}
         query_rows: dict[str, list[int]] = {}  # self-attention where only some positions ask: their rows
+        # side -> where its token columns lie among the sequence's ids, where they are not the whole sequence
+        spots: dict[str, tuple[list[int], int] | None] = {}
         left_out: list[str] = []
         joined = self.joined_labels()
         # the queries of the cross-attention step drawn: a decoder's self-attention is drawn at the same step
@@ -850,6 +898,8 @@ class Captured:
             if residual is not None:
                 kw[f"{kind}_residual_norms"] = residual
             key_labs[kind] = km.key_labels
+            if km.key_labels and None in km.key_labels and (k_side != q_side or rows is None):
+                spots.setdefault(k_side, self._token_spots(groups[best], at, km.key_labels))
             for side, labs in (
                 (q_side, None if rows is not None else km.query_labels),
                 (k_side, km.key_labels),
@@ -860,8 +910,8 @@ class Captured:
         for kind, p in probs.items():
             for side, n in zip(_SIDES[kind], p.shape[-2:], strict=True):
                 sizes.setdefault(side, int(n))
-        src = _with_labels(src_tokens or _numbered(sizes.get("src", 0), labels.get("src")), labels.get("src"))
-        tgt = _with_labels(tgt_tokens or _numbered(sizes.get("tgt", 0), labels.get("tgt")), labels.get("tgt"))
+        src = _placed(src_tokens, sizes.get("src", 0), labels.get("src"), spots.get("src"), left_out)
+        tgt = _placed(tgt_tokens, sizes.get("tgt", 0), labels.get("tgt"), spots.get("tgt"), left_out)
         # a kind whose maps are not over the tokens given (keys that are some of them, ``x[:, 1:]``, or
         # positions the model made), or over the labels another kind gave a side: left out, and said,
         # rather than drawn under tokens they are not
@@ -1493,6 +1543,40 @@ def _numbered(n: int, labels: list[str | None] | None) -> tuple[str, ...]:
     if labels and len(labels) == n:
         n = sum(lab is None for lab in labels)
     return tuple(f"#{j}" for j in range(n))
+
+
+def _placed(
+    given: tuple[str, ...],
+    size: int,
+    labels: list[str | None] | None,
+    spots: tuple[list[int], int] | None,
+    left_out: list[str],
+) -> tuple[str, ...]:
+    """A side's tokens for the trace: those given (numbered where none are) with its learned positions put in
+    under their labels. Where the tokens given are the whole sequence of ids and the maps hold some of them
+    with positions the model made (``spots``: a decoder input shifted right by a start vector), each column
+    gets the token it holds, and the tokens at no column are said."""
+    if (
+        given
+        and spots is not None
+        and labels
+        and len(given) == spots[1]
+        and len(labels) == len(spots[0])
+        and sum(lab is None for lab in labels) != len(given)
+        and all((lab is None) == (at >= 0) for lab, at in zip(labels, spots[0], strict=True))
+    ):
+        cols = spots[0]
+        missing = sorted(set(range(len(given))) - set(cols))
+        made = [lab for lab in labels if lab is not None]
+        left_out.append(
+            f"the {len(given)} tokens given are the sequence's ids, and the maps' columns are {len(made)} position(s) "
+            f"the model made or learned ({', '.join(made[:2])}{' …' if len(made) > 2 else ''}) and {len(given) - len(missing)} "
+            f"of these tokens (a decoder input shifted right): each token is drawn at its own column, and "
+            f"{', '.join(repr(given[i]) for i in missing[:3])}{' …' if len(missing) > 3 else ''} (token"
+            f"{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing[:3]))}{' …' if len(missing) > 3 else ''}) at none"
+        )
+        return tuple(lab if lab is not None else given[at] for lab, at in zip(labels, cols, strict=True))
+    return _with_labels(given or _numbered(size, labels), labels)
 
 
 def _with_labels(tokens: tuple[str, ...], labels: list[str | None] | None) -> tuple[str, ...]:
@@ -5238,6 +5322,13 @@ class _Session:
                 new.code = self._op_code(name, func, args, kwargs, out, [(x, g)])
                 self.set(out, new)
                 return
+        if (
+            (name in LINEAR or name in CONV or name in MATMUL)
+            and len(ins) >= 2
+            and outs[0] is out
+            and self._pair_scored(name, args, ins, out)
+        ):
+            return
         if name == "linear" and len(ins) > 1 and outs[0] is out and ins[0] is args[0]:
             g = self.tag(args[0])  # x W^T + b of an activation and parameters: a projection of its positions
             if g is not None and self._over_heads(args[0], g):  # CaiT's proj_l / proj_w over the heads
@@ -5720,6 +5811,44 @@ class _Session:
             ):
                 return _Tag("linear", origin)
         return None
+
+    def _pair_scored(self, name: str, args: tuple, ins: list[torch.Tensor], out: torch.Tensor) -> bool:
+        """A projection of paired features (``lineage.pair_map``: ``F.linear`` or ``x @ a`` over the last axis, a
+        1x1 ``conv2d`` over the channels) is scores: its output tagged as them, its queries the positions along
+        the pairs' rows and its keys those along their columns. False for any other projection."""
+        x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        w = ins[1] if len(ins) > 1 else None
+        if x is None or w is None or x is w or not _is_param(w) or x.dim() < 3:
+            return False
+        g = self.tag(x)
+        if g is None or g.role not in (None, "linear") or g.probs is not None or g.lost is not None:
+            return False
+        if name in CONV:
+            if (
+                name != "conv2d"
+                or w.dim() != 4
+                or any(int(n) != 1 for n in w.shape[2:])
+                or tuple(out.shape[2:]) != tuple(x.shape[2:])
+                or out.dim() != 4
+            ):
+                return False
+            axis, kept = 1, True
+        elif name in MATMUL:
+            if name not in ("matmul", "__matmul__") or w.dim() > 2 or args[1] is not w:
+                return False
+            axis, kept = -1, w.dim() == 2
+        elif name == "linear":
+            axis, kept = -1, True
+        else:
+            return False
+        code = self.code_of(x)
+        if code is None or tuple(code.shape) != tuple(x.shape):
+            return False
+        smap = lineage.pair_map(code, axis, tuple(out.shape), kept)
+        if smap is None:
+            return False
+        self.set(out, _Tag("scores", g.origin, smap=smap))
+        return True
 
     def _matmul(self, name, args, kwargs, ins, tags, out, origin) -> _Tag:
         """q @ k of two activations makes scores; with a parameter, a projection. ``baddbmm(bias, q, k)``:

@@ -285,6 +285,55 @@ def matmul_map(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> ScoreMap:
     return remember(key, (a, b), _matmul_map(a, b, shape))
 
 
+def pair_map(code: torch.Tensor, axis: int, shape: tuple[int, ...], kept: bool) -> ScoreMap | None:
+    """Scores made by a projection of paired features: ``code`` (the activation's codes) holds along ``axis``
+    the features of two positions in every cell, one position varying along the cells' second-last axis and
+    the other along their last (``cat([x_i, x_j])`` tiled over the (i, j) pairs: GAT's ``a^T [W h_i || W h_j]``,
+    a concatenation non-local block's ``W_f [theta_i; phi_j]``). The ScoreMap of the projection's output
+    ``shape`` (its features along ``axis`` where ``kept``, else none: a product with a vector), whose queries
+    are the position along the rows and keys the one along the columns, each output feature a head of its
+    own; None for any other codes."""
+    key = ("pair", id(code), axis, shape, kept)
+    hit = recall(key)
+    if hit is not MISS:
+        return hit
+    return remember(key, (code,), _pair_map(code, axis, shape, kept))
+
+
+def _pair_map(code: torch.Tensor, axis: int, shape: tuple[int, ...], kept: bool) -> ScoreMap | None:
+    if code.dim() < 3 or not -code.dim() <= axis < code.dim():
+        return None
+    axis %= code.dim()
+    c = code.movedim(axis, -1)  # (*cells, features)
+    cells = tuple(c.shape[:-1])
+    if int(c.shape[-1]) < 2 or min(cells[-2:]) < 1 or (not kept and tuple(shape) != cells):
+        return None
+    if kept and (len(shape) != code.dim() or tuple(s for i, s in enumerate(shape) if i != axis) != cells):
+        return None
+    pos = c >> SHIFT
+    a, b = pos[..., :1], pos[..., -1:]
+    if bool((a == b).all()) or not bool(((pos == a) | (pos == b)).all()):
+        return None  # one position per cell, or more than two
+    a, b = a[..., 0], b[..., 0]
+    if bool((a == a[..., :1]).all()) and bool((b == b[..., :1, :]).all()):
+        rows, cols = a[..., 0], b[..., 0, :]  # (*lead, n), (*lead, m)
+    elif bool((b == b[..., :1]).all()) and bool((a == a[..., :1, :]).all()):
+        rows, cols = b[..., 0], a[..., 0, :]
+    else:
+        return None
+    if int(rows.shape[-1]) > 1 and not bool((rows != rows[..., :1]).any()):
+        return None  # (one position on every row: a state tiled over the keys, additive attention's)
+    heads = int(shape[axis]) if kept else 1
+    f = torch.arange(heads, dtype=torch.int64, device=code.device)[:, None]  # each output feature a head
+    q = (rows[..., None, :] << SHIFT) | f  # (*lead, heads, n)
+    k = (cols[..., None, :] << SHIFT) | f  # (*lead, heads, m)
+    if not kept:
+        return ScoreMap(tuple(shape), q[..., 0, :], k[..., 0, :])
+    canon = (*cells[:-2], heads, *cells[-2:])
+    back: Op = ("movedim", torch.movedim, (len(canon) - 3, axis), {})
+    return ScoreMap(canon, q, k, (back,) if len(canon) - 3 != axis else ())
+
+
 def _matmul_map(a: torch.Tensor, b: torch.Tensor, shape: tuple[int, ...]) -> ScoreMap:
     q, mixed_q = reduced(a, -1)
     k, mixed_k = reduced(b, -2)
