@@ -108,3 +108,112 @@ def test_cls_prepended_to_every_token_keeps_its_tokens_in_order():
     tr = cap.trace(0, src_tokens=["a", "b", "c", "d"])
     assert tr.src_tokens[1:] == ("a", "b", "c", "d") and tr.src_tokens[0] == cap.records[0].key_labels[0]
     assert "shifted right" not in " ".join(tr.meta.get("capture_notes", []))
+
+
+class GraphAttentionLayer(nn.Module):
+    """pyGAT's layer as its repository writes it: ``e_ij = LeakyReLU(a^T [W h_i || W h_j])`` over every pair,
+    made by tiling (``repeat_interleave`` and ``repeat``, concatenated, viewed (N, N, 2F)), masked by the
+    adjacency with ``torch.where``, softmax over dim 1. ``truths``: its weights (N, N)."""
+
+    def __init__(self, fin: int, fout: int, concat: bool = True):
+        super().__init__()
+        self.fout, self.concat = fout, concat
+        self.W = nn.Parameter(torch.randn(fin, fout) * 0.5)
+        self.a = nn.Parameter(torch.randn(2 * fout, 1) * 0.5)
+        self.leakyrelu = nn.LeakyReLU(0.2)
+        self.truths: list[torch.Tensor] = []
+
+    def forward(self, h, adj):
+        Wh = torch.mm(h, self.W)
+        n = Wh.size()[0]
+        pairs = torch.cat([Wh.repeat_interleave(n, dim=0), Wh.repeat(n, 1)], dim=1).view(n, n, 2 * self.fout)
+        e = self.leakyrelu(torch.matmul(pairs, self.a).squeeze(2))
+        attention = torch.softmax(torch.where(adj > 0, e, -9e15 * torch.ones_like(e)), dim=1)
+        self.truths.append(attention.detach().clone())
+        h_prime = torch.matmul(attention, Wh)
+        return torch.nn.functional.elu(h_prime) if self.concat else h_prime
+
+
+class GAT(nn.Module):
+    def __init__(self, heads: int, fin: int = 5, hid: int = 4, classes: int = 3):
+        super().__init__()
+        self.attentions = nn.ModuleList(GraphAttentionLayer(fin, hid) for _ in range(heads))
+        self.out_att = GraphAttentionLayer(hid * heads, classes, concat=False)
+
+    def forward(self, x, adj):
+        x = torch.cat([att(x, adj) for att in self.attentions], dim=1)
+        return torch.log_softmax(torch.nn.functional.elu(self.out_att(x, adj)), dim=1)
+
+
+@pytest.mark.parametrize("heads", [1, 2, 3])
+@pytest.mark.parametrize("nodes", [4, 7])
+def test_gat_over_concatenated_pairs_is_recorded_exactly(heads, nodes):
+    """pyGAT: each layer's weights recorded exactly, node i's row over its neighbours j, the adjacency its
+    mask, self-attention over the graph's nodes; its head modules joined as the heads of one record. Before,
+    the scores of paired features were not traced to queries and keys: the head layers were warnings ("could
+    not lay them out") and the output layer an information note that called its weights no attention."""
+    torch.manual_seed(nodes * 10 + heads)
+    m = GAT(heads).eval()
+    x = torch.randn(nodes, 5)
+    adj = ((torch.rand(nodes, nodes) > 0.5).float() + torch.eye(nodes)).clamp(max=1)
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(x, adj)
+    assert cap.notes == [] and not [n for n in cap.skipped if n.module != ""]
+    first = [r for r in cap.records if r.name.startswith("attentions")]
+    (last,) = [r for r in cap.records if r.name == "out_att"]
+    assert sum(int(r.probs.shape[1]) for r in first) == heads
+    got = torch.cat([r.probs[0] for r in first])  # (heads, N, N)
+    torch.testing.assert_close(got, torch.stack([a.truths[0] for a in m.attentions]))
+    torch.testing.assert_close(last.probs[0, 0], m.out_att.truths[0])
+    for r in [*first, last]:
+        assert r.exact and r.kind == "enc_self"
+        assert r.mask is not None and torch.equal(r.mask[0], adj > 0)
+
+
+class ConcatNonLocal(nn.Module):
+    """The concatenation non-local block (Wang et al. 2018, AlexHwu/Non-local_pytorch): ``f = ReLU(W_f [theta_i;
+    phi_j])`` over the tiled pairs, by a 1x1 conv over the channels, divided by N (``softmax=False``, as the
+    paper) or softmaxed over j, then ``f @ g``; a classifier's softmax after it."""
+
+    def __init__(self, softmax: bool, c: int = 8, ci: int = 4):
+        super().__init__()
+        self.softmax, self.ci = softmax, ci
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.g, self.theta, self.phi = (nn.Conv2d(c, ci, 1) for _ in range(3))
+        self.W_f = nn.Sequential(nn.Conv2d(2 * ci, 1, 1), nn.ReLU())
+        self.W_z, self.fc = nn.Conv2d(ci, c, 1), nn.Linear(c, 4)
+        self.truths: list[torch.Tensor] = []
+
+    def forward(self, img):
+        x = self.stem(img)
+        b = x.size(0)
+        g_x = self.g(x).view(b, self.ci, -1).permute(0, 2, 1)
+        th = self.theta(x).view(b, self.ci, -1, 1)
+        ph = self.phi(x).view(b, self.ci, 1, -1)
+        h, w = th.size(2), ph.size(3)
+        f = self.W_f(torch.cat([th.repeat(1, 1, 1, w), ph.repeat(1, 1, h, 1)], dim=1))
+        f = f.view(b, h, w)
+        f = f.softmax(-1) if self.softmax else f / w
+        self.truths.append(f.detach().clone())
+        y = torch.matmul(f, g_x).permute(0, 2, 1).contiguous().view(b, self.ci, *x.size()[2:])
+        return torch.softmax(self.fc((self.W_z(y) + x).mean((2, 3))), -1)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_concatenation_non_local_block_is_recorded_or_said(batch):
+    """With a softmax over its pairs' scores: an exact record (B, 1, N, N) over the image's positions. Without
+    one (the paper's f / N): the warning scores that multiply values without a softmax get, naming the block,
+    where before a model with another softmax (its classifier's) said nothing of it."""
+    torch.manual_seed(batch)
+    img = torch.randn(batch, 3, 3, 4)
+    m = ConcatNonLocal(True).eval()
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(img)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "enc_self" and tuple(rec.probs.shape) == (batch, 1, 12, 12)
+    torch.testing.assert_close(rec.probs[:, 0], m.truths[0])
+    m = ConcatNonLocal(False).eval()
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(img)
+    assert cap.records == [] and len(cap.notes) == 1
+    assert cap.notes[0].startswith("(model) (") and "multiply values without a softmax" in cap.notes[0]

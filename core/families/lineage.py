@@ -310,10 +310,12 @@ def _pair_map(code: torch.Tensor, axis: int, shape: tuple[int, ...], kept: bool)
         return None
     if kept and (len(shape) != code.dim() or tuple(s for i, s in enumerate(shape) if i != axis) != cells):
         return None
+    a, b = c[..., :1] >> SHIFT, c[..., -1:] >> SHIFT
+    if bool((a == b).all()):
+        return None  # one position per cell (a projection's common case: its first and last features')
     pos = c >> SHIFT
-    a, b = pos[..., :1], pos[..., -1:]
-    if bool((a == b).all()) or not bool(((pos == a) | (pos == b)).all()):
-        return None  # one position per cell, or more than two
+    if not bool(((pos == a) | (pos == b)).all()):
+        return None  # more than two
     a, b = a[..., 0], b[..., 0]
     if bool((a == a[..., :1]).all()) and bool((b == b[..., :1, :]).all()):
         rows, cols = a[..., 0], b[..., 0, :]  # (*lead, n), (*lead, m)
