@@ -217,3 +217,62 @@ def test_concatenation_non_local_block_is_recorded_or_said(batch):
         m(img)
     assert cap.records == [] and len(cap.notes) == 1
     assert cap.notes[0].startswith("(model) (") and "multiply values without a softmax" in cap.notes[0]
+
+
+class CachedCrossStep(nn.Module):
+    """An encoder-decoder's later decoding step, written as users write it around their own model: the
+    cross-attention's keys and values projected once from the encoder's output before decoding (HF's legacy
+    ``past_key_value[2:]``, Whisper's ``kv_cache``) and handed to every step, ``(B, H, S, d)`` as a view of the
+    projection (``layout="view"``), made contiguous (``"contiguous"``), or folded ``(B * H, S, d)`` for ``bmm``
+    (``"bmm"``, BART's). ``truths``: the step's weights (B, H, 1, S)."""
+
+    def __init__(self, heads: int, layout: str, hd: int = 4):
+        super().__init__()
+        self.h, self.hd, self.layout = heads, hd, layout
+        d = heads * hd
+        self.src_emb, self.tgt_emb = nn.Embedding(VOCAB, d), nn.Embedding(VOCAB, d)
+        self.q_proj, self.k_proj, self.v_proj, self.out = (nn.Linear(d, d) for _ in range(4))
+        self.truths: list[torch.Tensor] = []
+
+    def cross_kv(self, src):
+        b, s = src.shape
+        enc = self.src_emb(src)
+        k, v = (p(enc).view(b, s, self.h, self.hd).transpose(1, 2) for p in (self.k_proj, self.v_proj))
+        return (k.contiguous(), v.contiguous()) if self.layout != "view" else (k, v)
+
+    def forward(self, tok, k, v):
+        b, h, s, hd = k.shape
+        q = self.q_proj(self.tgt_emb(tok)).view(b, 1, h, hd).transpose(1, 2)
+        if self.layout == "bmm":
+            scores = torch.bmm(q.reshape(b * h, 1, hd), k.reshape(b * h, s, hd).transpose(1, 2)) * hd**-0.5
+            w = scores.softmax(-1)
+            self.truths.append(w.view(b, h, 1, s).detach().clone())
+            y = torch.bmm(w, v.reshape(b * h, s, hd)).view(b, h, 1, hd)
+        else:
+            w = (q @ k.transpose(-1, -2) * hd**-0.5).softmax(-1)
+            self.truths.append(w.detach().clone())
+            y = w @ v
+        return self.out(y.transpose(1, 2).reshape(b, 1, h * hd))
+
+
+@pytest.mark.parametrize("layout", ["view", "contiguous", "bmm"])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 2), (4, 4), (2, 3)])
+def test_cross_attention_over_keys_projected_before_the_step_is_exact(layout, batch, heads):
+    """A step whose cross-attention reads keys projected before the capture: an exact cross record, each
+    sequence's row its own, every head over the same source positions. Before, a view of the keys was read
+    with its head features as positions ("the product multiplies features of different positions", not
+    recorded), and a contiguous cache gave each head keys of its own ("the heads of one sequence see
+    different keys"); where the source length equalled the batch, the layout was read from the shape."""
+    torch.manual_seed(batch * 10 + heads)
+    m = CachedCrossStep(heads, layout).eval()
+    src = torch.randint(1, VOCAB, (batch, 5))
+    with torch.no_grad():
+        k, v = m.cross_kv(src)
+        with capture_attention(m) as cap:
+            m(torch.randint(1, VOCAB, (batch, 1)), k, v)
+    assert cap.notes == []
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "cross" and tuple(rec.probs.shape) == (batch, heads, 1, 5)
+    torch.testing.assert_close(rec.probs, m.truths[0])
+    for b in range(batch):
+        np.testing.assert_allclose(cap.trace(b).cross[0], m.truths[0][b].numpy(), rtol=1e-6, atol=1e-7)

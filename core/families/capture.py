@@ -3887,8 +3887,10 @@ class _Session:
         return base, start, self.n_embed - 1, row
 
     # -- lineage codes --------------------------------------------------------------------------------
-    def code_of(self, t: Any) -> torch.Tensor | None:
-        """The lineage codes of a tensor: its tag's; a parameter's rows; a tensor from outside the call."""
+    def code_of(self, t: Any, columns: bool = False) -> torch.Tensor | None:
+        """The lineage codes of a tensor: its tag's; a parameter's rows; a tensor from outside the call (read
+        as its rows' positions, or where ``columns``, the batched right operand of a product, its columns': the
+        keys of ``q @ k_cached.transpose(-1, -2)``, a cross-attention's keys projected before the call)."""
         if not isinstance(t, torch.Tensor):
             return None
         param = _is_param(t)
@@ -3908,6 +3910,14 @@ class _Session:
             base = self.code_of(pick[1])
             if base is not None and int(base.shape[0]) == int(pick[1].shape[0]):
                 code = base[pick[2].to(base.device)]
+                self._fixed_codes[id(t)] = (weakref.ref(t), code)
+                return code
+        if (
+            columns and not param and t.dim() >= 3
+        ):  # (batched: a table (d, C) handed in is no sequence's keys)
+            turned = self.code_of(t.transpose(-1, -2))
+            if turned is not None:
+                code = turned.transpose(-1, -2)
                 self._fixed_codes[id(t)] = (weakref.ref(t), code)
                 return code
         lead = tuple(t.shape[:-1])
@@ -6458,7 +6468,7 @@ class _Session:
         """Which query and key every element of a product of two activations holds (lineage)."""
         if len(ops) != 2 or out.dim() < 2:
             return None
-        a, b = self.code_of(ops[0]), self.code_of(ops[1])
+        a, b = self.code_of(ops[0]), self.code_of(ops[1], columns=name in ("matmul", "__matmul__", "bmm"))
         if a is None or b is None:
             return None
         if name == "einsum":

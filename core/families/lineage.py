@@ -572,6 +572,25 @@ def _replayed(smap: ScoreMap, shape: tuple[int, ...]) -> torch.Tensor | str:
     return idx
 
 
+def _heads_handed_in(kh: torch.Tensor, sources: Sources) -> bool:
+    """The keys (B, H, K) of each head are rows of one tensor handed in from outside, head h's the K rows after
+    head h - 1's: a (B, H, S, d) cache of keys projected before the call (a cross-attention's, computed once
+    and handed to every decoding step), whose head axis the queries' heads, told by their features, line up
+    with. Its positions are numbered row by row, so each head's keys got numbers of their own; they are one
+    sequence's keys seen by every head."""
+    if kh.dim() != 3 or int(kh.shape[1]) < 2 or not bool((kh >= 0).all()):
+        return False
+    src = sources.index(kh)
+    if not bool((src == src.reshape(-1)[:1]).all()):
+        return False
+    source = sources.items[int(src.reshape(-1)[0])]
+    if source.kind != "external":
+        return False
+    h, k = int(kh.shape[1]), int(kh.shape[2])
+    step = torch.arange(h, dtype=kh.dtype, device=kh.device)[None, :, None] * k
+    return bool((kh - kh[:, :1] == step).all())
+
+
 def _copied_axis(smap: ScoreMap) -> int | None:
     """A lead axis of the product past its first (size > 1) along which every query and key code is the same:
     its slices cannot be told apart by lineage. (The first is the batch: a batch copied, as classifier-free
@@ -805,7 +824,7 @@ def decode(smap: ScoreMap, shape: tuple[int, ...], dim: int, sources: Sources) -
     if why is not None:
         return why
     kh = seq_b[krow[rows[:, :, 0]]]  # (B, H, K)
-    if not bool((kh == kh[:, :1]).all()):
+    if not bool((kh == kh[:, :1]).all()) and not _heads_handed_in(kh, sources):
         return "the heads of one sequence see different keys"
     kp = kh[:, 0]  # (B, K)
     # slots of a buffer made in the model that a sequence left unwritten (HF LLaVA's merge into
