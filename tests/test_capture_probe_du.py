@@ -276,3 +276,61 @@ def test_cross_attention_over_keys_projected_before_the_step_is_exact(layout, ba
     torch.testing.assert_close(rec.probs, m.truths[0])
     for b in range(batch):
         np.testing.assert_allclose(cap.trace(b).cross[0], m.truths[0][b].numpy(), rtol=1e-6, atol=1e-7)
+
+
+def _subsequent_chunk_mask(size: int, chunk: int, left_chunks: int = -1) -> torch.Tensor:
+    """WeNet's ``subsequent_chunk_mask``: each frame sees its whole chunk and the chunks before it (``left_chunks``
+    of them, all where -1)."""
+    pos = torch.arange(size)
+    block_end = (torch.div(pos, chunk, rounding_mode="trunc") + 1) * chunk
+    ret = pos[None, :] < block_end[:, None]
+    if left_chunks >= 0:
+        start = ((torch.div(pos, chunk, rounding_mode="trunc") - left_chunks) * chunk).clamp(min=0)
+        ret = ret & (pos[None, :] >= start[:, None])
+    return ret
+
+
+class ChunkedEncoder(nn.Module):
+    """ESPnet's and WeNet's MultiHeadedAttention in a streaming Conformer's encoder, trained with a chunk mask
+    (padding and ``subsequent_chunk_mask``): ``scores.masked_fill(mask.eq(0), -inf)``, a softmax, then the
+    weights masked to 0 again."""
+
+    def __init__(self, heads: int, hd: int = 4):
+        super().__init__()
+        d = heads * hd
+        self.h, self.hd = heads, hd
+        self.inp = nn.Linear(10, d)
+        self.q, self.k, self.v = (nn.Linear(d, d) for _ in range(3))
+
+    def forward(self, feats, lens, left_chunks):
+        b, t, _ = feats.shape
+        x = self.inp(feats)
+        mask = (torch.arange(t)[None] < lens[:, None]).unsqueeze(1) & _subsequent_chunk_mask(
+            t, 4, left_chunks
+        )
+        q, k, v = (f(x).view(b, -1, self.h, self.hd).transpose(1, 2) for f in (self.q, self.k, self.v))
+        hide = mask.unsqueeze(1).eq(0)
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(self.hd)).masked_fill(hide, -float("inf"))
+        return torch.softmax(scores, dim=-1).masked_fill(hide, 0.0) @ v
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_a_chunk_mask_causal_by_blocks_is_said_to_read_as_an_encoders_too(heads):
+    """A streaming encoder's chunk mask with every earlier chunk seen is causal by blocks, as a decoder's over
+    frames is: recorded dec_self, and a warning says a streaming encoder's reads alike (and how to name it).
+    Before, dec_self with no word. With one chunk of left context (no earlier block beyond it), enc_self;
+    the kind given by kinds=, no word."""
+    torch.manual_seed(heads)
+    m = ChunkedEncoder(heads).eval()
+    feats, lens = torch.randn(2, 12, 10), torch.tensor([12, 9])
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(feats, lens, -1)
+    (rec,) = cap.records
+    assert rec.kind == "dec_self" and rec.exact and len(cap.notes) == 1
+    assert "causal by blocks" in cap.notes[0] and "'enc_self'" in cap.notes[0]
+    with torch.no_grad(), capture_attention(m, kinds={"": "enc_self"}) as cap:
+        m(feats, lens, -1)
+    assert cap.records[0].kind == "enc_self" and cap.notes == []
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(feats, lens, 1)
+    assert cap.records[0].kind == "enc_self" and cap.notes == []

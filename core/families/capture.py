@@ -2416,6 +2416,8 @@ class _Session:
         # paths made enc_self where a prefix LM's mask and an encoder's with padding rows that see themselves
         # read alike (a batch holding a one-token sequence), and their (q, k)
         self._prefix_or_encoder: dict[str, tuple[int, int]] = {}
+        # paths made dec_self by a mask causal by blocks, which a streaming encoder's chunk mask is too, and (q, k)
+        self._by_blocks: dict[str, tuple[int, int]] = {}
         # paths recorded as cross over two embedding calls of the same ids in one table, and their shape
         self._twice: dict[str, tuple[int, ...]] = {}
         # the model's call (``model(...)``) is not running: code before it or after it returned is the caller's
@@ -7412,21 +7414,23 @@ class _Session:
             return False
         return not bool(torch.isin(qp, hq).any()) and not bool(torch.isin(kp, hk).any())
 
-    def _causal(self, mask: torch.Tensor) -> bool | None:
-        """_is_causal_mask(mask), asked once per mask: the layers of a model are handed the same one (the
-        tensor is held with the answer, so its memory is never another's; a write since makes a new key)."""
+    def _causal(self, mask: torch.Tensor, blocks: bool = False) -> bool | None:
+        """_is_causal_mask(mask) (``blocks``: _chunked(mask), causal by blocks of several positions each),
+        asked once per mask: the layers of a model are handed the same one (the tensor is held with the answer,
+        so its memory is never another's; a write since makes a new key)."""
+        ask = _chunked if blocks else _is_causal_mask
         try:
             key = (mask.untyped_storage().data_ptr(), mask.storage_offset(), tuple(mask.shape),
-                   mask.stride(), mask.dtype, mask.device, _version_of(mask))  # fmt: skip
+                   mask.stride(), mask.dtype, mask.device, _version_of(mask), blocks)  # fmt: skip
         except (RuntimeError, NotImplementedError):  # (no storage of its own)
-            return _is_causal_mask(mask)
-        if key[-1] is None:  # an inference tensor: no version counter tells a write
-            return _is_causal_mask(mask)
+            return ask(mask)
+        if key[-2] is None:  # an inference tensor: no version counter tells a write
+            return ask(mask)
         hit = self._causal_masks.get(key)
         if hit is None:
             if len(self._causal_masks) >= HELD:
                 self._causal_masks.clear()
-            hit = self._causal_masks[key] = (mask, _is_causal_mask(mask))
+            hit = self._causal_masks[key] = (mask, ask(mask))
         return hit[1]
 
     def kind_of(
@@ -7462,6 +7466,10 @@ class _Session:
         if not exact and lq != lk:
             return "cross"
         if causal_mask() or path in self._meant_causal:  # (a causal mask of 0s and 1s added: broken)
+            if causal is None and mask is not None and lq == lk and self._causal(mask, blocks=True):
+                self._by_blocks.setdefault(
+                    path, (lq, lk)
+                )  # (said at the end: a streaming encoder's reads alike)
             return "dec_self"
         if mask is not None and lq == lk and _causal_off_by_one(mask):
             self.warn(path, (lq, lk), "a causal mask off by one (every query sees the key after its own and none "
@@ -8721,6 +8729,14 @@ class _Session:
                          "among longer ones), so capture cannot tell them apart and recorded encoder self-attention "
                          "(enc_self). A prefix LM's is dec_self: capture_attention(model, kinds={'<its module path, "
                          "or a glob of them>': 'dec_self'})")  # fmt: skip
+        self._tell_paths([r.name for r in records if r.name in self._by_blocks and r.kind == "dec_self"],
+                         self._by_blocks,
+                         "its mask is causal by blocks (each position sees its own block, later positions of it too, "
+                         "and the blocks before it): a decoder over frames or steps (a world model's, Gato's) and a "
+                         "streaming encoder's chunk mask (WeNet's and ESPnet's subsequent_chunk_mask) read alike, so "
+                         "capture cannot tell them apart and recorded decoder self-attention (dec_self). A streaming "
+                         "encoder's is enc_self: capture_attention(model, kinds={'<its module path, or a glob of "
+                         "them>': 'enc_self'})")  # fmt: skip
         # (heads a call each, joined into one record under their parent's path: any head's path undecided)
         heads_of = {p.rsplit(".", 1)[0]: shape for p, shape in self._undecided.items() if "." in p}
         undecided = {**heads_of, **self._undecided}
@@ -11353,6 +11369,25 @@ def _causal_off_by_one(mask: torch.Tensor) -> bool:
         and bool((mask & (band.tril(1) & ~band.tril(0))).any())
         and bool((keys & ~mask).any())  # (a key some row sees hidden from another: no padding mask alone)
     )
+
+
+def _chunked(mask: torch.Tensor) -> bool:
+    """Causal by blocks (``_block_causal``), two blocks at least of more than one position in some sequence: a
+    streaming encoder's chunks and a decoder's frames or steps (a prefix LM's one block before its causal
+    tokens is a decoder's only)."""
+    if not _block_causal(mask):
+        return False
+    j = torch.arange(mask.shape[-1], device=mask.device)
+    far = torch.where(mask, j, -1).amax(-1)  # (..., q) each row's block's last key
+    own = mask.diagonal(
+        dim1=-2, dim2=-1
+    )  # (rows of real positions: a padded query row sees no key of its own)
+    rows, owns = far.reshape(-1, far.shape[-1]), own.reshape(-1, own.shape[-1])
+    for row, real in zip(rows, owns, strict=True):
+        _, sizes = torch.unique_consecutive(row[real], return_counts=True)
+        if int((sizes > 1).sum()) >= 2:
+            return True
+    return False
 
 
 def _block_causal(mask: torch.Tensor) -> bool:
