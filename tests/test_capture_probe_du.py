@@ -334,3 +334,62 @@ def test_a_chunk_mask_causal_by_blocks_is_said_to_read_as_an_encoders_too(heads)
     with torch.no_grad(), capture_attention(m) as cap:
         m(feats, lens, 1)
     assert cap.records[0].kind == "enc_self" and cap.notes == []
+
+
+class AutoCorrelation(nn.Module):
+    """Autoformer's Auto-Correlation (thuml/Autoformer): period-based dependencies by FFT, a softmax over the top-k
+    delays' mean correlations, then the values shifted by each delay weighed and summed: by ``gather`` (its
+    inference path) or by ``torch.roll`` with the weight repeated to the values' shape (its training path)."""
+
+    def __init__(self, heads: int, roll: bool, hd: int = 4):
+        super().__init__()
+        self.h, self.roll = heads, roll
+        d = heads * hd
+        self.q, self.k, self.v = (nn.Linear(d, d) for _ in range(3))
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (f(x).view(b, n, self.h, -1) for f in (self.q, self.k, self.v))
+        q_fft = torch.fft.rfft(q.permute(0, 2, 3, 1).contiguous(), dim=-1)
+        k_fft = torch.fft.rfft(k.permute(0, 2, 3, 1).contiguous(), dim=-1)
+        corr = torch.fft.irfft(q_fft * torch.conj(k_fft), n=n, dim=-1)
+        values = v.permute(0, 2, 3, 1).contiguous()  # (B, H, E, L)
+        top_k = int(math.log(n))
+        weights, delay = torch.topk(corr.mean(1).mean(1), top_k, dim=-1)  # (B, k)
+        tmp_corr = torch.softmax(weights, dim=-1)
+        agg = torch.zeros_like(values)
+        if self.roll:
+            for i in range(top_k):
+                pattern = torch.roll(values, -int(delay[0, i]), -1)
+                w = (
+                    tmp_corr[:, i]
+                    .unsqueeze(1)
+                    .unsqueeze(1)
+                    .unsqueeze(1)
+                    .repeat(1, self.h, values.shape[2], n)
+                )
+                agg = agg + pattern * w
+        else:
+            index = torch.arange(n)[None, None, None].repeat(b, self.h, values.shape[2], 1)
+            doubled = values.repeat(1, 1, 1, 2)
+            for i in range(top_k):
+                at = index + delay[:, i][:, None, None, None].repeat(1, self.h, values.shape[2], n)
+                agg = agg + torch.gather(doubled, -1, at) * tmp_corr[:, i][:, None, None, None]
+        y = agg.permute(0, 3, 1, 2).reshape(b, n, -1)
+        return torch.softmax(self.head(y.mean(1)), -1)  # (a classifier's softmax besides)
+
+
+@pytest.mark.parametrize("roll", [False, True])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 2)])
+def test_autoformer_weights_over_time_delays_are_a_warning(roll, batch, heads):
+    """The softmax over the top-k delays weighs copies of the values shifted by each delay: attention over
+    shifts, which has no query-key map to record. A warning says so, where before an information note called
+    it no attention (a 2-D softmax) and the model seemed to have none."""
+    torch.manual_seed(batch)
+    m = AutoCorrelation(heads, roll).eval()
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(torch.randn(batch, 16, heads * 4))
+    assert cap.records == [] and len(cap.notes) == 1, cap.notes
+    assert f"({batch}, 2): not recorded" in cap.notes[0] and "time delays" in cap.notes[0]
+    assert [n.shape for n in cap.skipped] == [(batch, 3)]  # (the classifier's: information)

@@ -2287,6 +2287,9 @@ class _Session:
         self._projected: dict[int, tuple] = {}  # _hold: softmaxes over a projection's output (module, shape)
         # _hold: values sampled by F.grid_sample (deformable attention's)
         self._sampled: dict[int, tuple] = {}
+        # values moved along their positions by a shift the data picked (a gather by data, a roll), while a left-out
+        # softmax's weights may weigh them (Autoformer's time delays)
+        self._shifted: dict[int, tuple] = {}
         self._unplaced: dict[int, tuple] = {}  # _hold: other softmaxes left out as not attention (+ reason)
         # _hold: energies, one number a position made by a projection (``v(tanh(W h + U s))``), and what the
         # model makes of them without a softmax (a sigmoid, a cumprod: monotonic attention's alignment)
@@ -2789,6 +2792,10 @@ class _Session:
                 self._left_out_carried(name, args, kwargs, out, self._projected)
             if name == "grid_sample" and type(out) is torch.Tensor:
                 _hold(self._sampled, out)
+            elif (
+                name == "roll" and self._unplaced and type(out) is torch.Tensor and self._moves_positions(out)
+            ):
+                _hold(self._shifted, out)  # (``torch.roll(values, -int(delay[i]), -1)``)
             if (
                 name in ("exp", "sigmoid")
                 and type(out) is torch.Tensor
@@ -2983,6 +2990,17 @@ class _Session:
         dim = args[1] if len(args) > 1 else kwargs.get("dim")
         if name in ("index_select", "gather", "take_along_dim") and isinstance(dim, int) and c.dim():
             self._lines_by_data(c, dim)
+        if self._unplaced and out.is_floating_point() and self._moves_positions(out):
+            _hold(self._shifted, out)
+
+    def _moves_positions(self, out: torch.Tensor) -> bool:
+        """``out`` (a roll's or a gather's output) is values over several positions (its codes name more than one
+        that no learned vector holds)."""
+        c = self.code_of(out) if self.tag(out) is not None else None
+        if c is None or tuple(c.shape) != tuple(out.shape) or not c.numel():
+            return False
+        pos = c >> lineage.SHIFT
+        return bool((pos != pos.reshape(-1)[:1]).any())
 
     def _lines_by_data(self, c: torch.Tensor, dim: int) -> None:
         """Along the axis a gather by the data picked from: a line that holds part of its row (each of several
@@ -8367,6 +8385,9 @@ class _Session:
             entry = _held_or_base(self._unplaced, w)
             if entry is None:
                 continue
+            if broadcast and _held(self._shifted, v) is not None:
+                self._tell_unplaced(entry, True, shifted=True)
+                return
             # a read weighs values along an axis the weights span, one broadcast over the other (``w[..., None] *
             # memory``), then sums it; a gate is 1 along the positions (SKNet's branch weights over every pixel), and
             # weights times a tensor of their own shape (a one-hot target, their own log) read nothing
@@ -8422,12 +8443,17 @@ class _Session:
             if _held(self._unplaced, entry[0]()) is not None or entry[0]() is None:
                 self._tell_unplaced(entry, coded)
 
-    def _tell_unplaced(self, entry: tuple, coded: bool) -> None:
-        """The warning that a left-out softmax's weights multiply values (in place of the information)."""
+    def _tell_unplaced(self, entry: tuple, coded: bool, shifted: bool = False) -> None:
+        """The warning that a left-out softmax's weights multiply values (in place of the information);
+        ``shifted``: copies of the values moved along their positions by a shift the data picked."""
         held, path, shape, reason = entry[:4]
+        if shifted:
+            reason = ("each weight multiplies a copy of the values shifted along their positions by an offset the "
+                      "data picked, as Autoformer's auto-correlation weighs its top-k time delays: attention over "
+                      "shifts, with no query-key scores to lay out")  # fmt: skip
         self._unplaced.pop(id(held()), None)
-        self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, reason)]
-        self._seen.discard((path, reason))  # (a later softmax of the module left out so is noted again)
+        self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, entry[3])]
+        self._seen.discard((path, entry[3]))  # (a later softmax of the module left out so is noted again)
         # (without codes: a memory or features from outside the call, or past an op lineage does not follow)
         what = (
             "values over positions (attention)"
