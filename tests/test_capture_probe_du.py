@@ -393,3 +393,87 @@ def test_autoformer_weights_over_time_delays_are_a_warning(roll, batch, heads):
     assert cap.records == [] and len(cap.notes) == 1, cap.notes
     assert f"({batch}, 2): not recorded" in cap.notes[0] and "time delays" in cap.notes[0]
     assert [n.shape for n in cap.skipped] == [(batch, 3)]  # (the classifier's: information)
+
+
+class RtdlAttention(nn.Module):
+    """rtdl's MultiheadAttention: heads folded ``(B * H, n, d)`` for the product; ``truths`` its weights."""
+
+    def __init__(self, d: int, heads: int, truths: list):
+        super().__init__()
+        self.h, self.truths = heads, truths
+        self.W_q, self.W_k, self.W_v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def _reshape(self, x):
+        b, n, d = x.shape
+        return x.reshape(b, n, self.h, d // self.h).transpose(1, 2).reshape(b * self.h, n, d // self.h)
+
+    def forward(self, x_q, x_kv):
+        b, n = x_kv.shape[:2]
+        q, k, v = self._reshape(self.W_q(x_q)), self._reshape(self.W_k(x_kv)), self._reshape(self.W_v(x_kv))
+        a = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(k.shape[-1]), dim=-1)
+        self.truths.append(a.view(b, self.h, -1, n).detach().clone())
+        y = (a @ v).view(b, self.h, -1, v.shape[-1]).transpose(1, 2)
+        return y.reshape(b, -1, self.h * v.shape[-1])
+
+
+class RtdlFTTransformer(nn.Module):
+    """rtdl's FT-Transformer (Yandex, ``bin/ft_transformer.py``) as its repository writes it: a ones column joined
+    before the numerical features, ``x = weight[None] * x_num[:, :, None]`` (the ones column's row of the weight
+    is the [CLS]), categorical embeddings after, a bias per token (none on the [CLS]); the last layer asks with
+    the [CLS] alone (``x[:, :1]``). ``truths``: each layer's weights (B, H, q, n)."""
+
+    def __init__(self, heads: int, cats: bool, n_num: int = 4, hd: int = 4, layers: int = 2):
+        super().__init__()
+        d = heads * hd
+        self.cats = (3, 5, 4) if cats else ()
+        self.register_buffer(
+            "category_offsets", torch.tensor([0, *self.cats[:-1]]).cumsum(0) if cats else None
+        )
+        self.category_embeddings = nn.Embedding(sum(self.cats), d) if cats else None
+        self.weight = nn.Parameter(torch.randn(n_num + 1, d))
+        self.bias = nn.Parameter(torch.randn(n_num + len(self.cats), d))
+        self.truths: list[torch.Tensor] = []
+        self.layers = nn.ModuleList(RtdlAttention(d, heads, self.truths) for _ in range(layers))
+
+    def forward(self, x_num, x_cat):
+        x_num = torch.cat([torch.ones(len(x_num), 1), x_num], dim=1)
+        x = self.weight[None] * x_num[:, :, None]
+        if self.category_embeddings is not None:
+            x = torch.cat([x, self.category_embeddings(x_cat + self.category_offsets[None])], dim=1)
+        x = x + torch.cat([torch.zeros(1, self.bias.shape[1]), self.bias])[None]
+        for i, layer in enumerate(self.layers):
+            last = i == len(self.layers) - 1
+            y = layer(x[:, :1] if last else x, x)
+            x = y if last else x + y
+        return x[:, 0]
+
+
+@pytest.mark.parametrize("cats", [True, False])
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (4, 4), (3, 2)])
+def test_rtdl_feature_tokens_are_positions_and_its_cls_is_learned(cats, batch, heads):
+    """Each numerical feature scales a learned vector of its own: a token. The first layer is exact
+    self-attention over [CLS], the feature tokens and the categorical ones, its [CLS] labelled as the
+    weight's row; the last layer's [CLS] query over them, one of that sequence's positions, is enc_self and
+    labelled too. Before, every feature token of a row
+    was one position (the first layer not recorded: "one position is several queries"), and the last layer
+    drew the [CLS] as a token (with categories: dec_self, as a decoding step over its cache)."""
+    torch.manual_seed(batch * 10 + heads)
+    m = RtdlFTTransformer(heads, cats).eval()
+    x_num = torch.randn(batch, 4)
+    x_cat = torch.stack([torch.randint(0, c, (batch,)) for c in (3, 5, 4)], 1)
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(x_num, x_cat)
+    assert cap.notes == []
+    first, last = cap.records
+    n = 8 if cats else 5
+    assert first.exact and first.kind == "enc_self" and tuple(first.probs.shape) == (batch, heads, n, n)
+    torch.testing.assert_close(first.probs, m.truths[0])
+    assert first.key_labels == ("<weight 0>", *(None,) * (n - 1)) and first.query_labels == first.key_labels
+    assert last.exact and tuple(last.probs.shape) == (batch, heads, 1, n)
+    torch.testing.assert_close(last.probs, m.truths[1])
+    assert last.kind == "enc_self"  # (the [CLS] is a position of the sequence the first layer attended over)
+    assert last.query_labels == ("<weight 0>",) and last.key_labels == first.key_labels
+    names = [f"f{i}" for i in range(n - 1)]
+    tr = cap.trace(batch - 1, src_tokens=names)
+    assert tr.src_tokens == ("<weight 0>", *names)
+    np.testing.assert_allclose(tr.enc_self[0], m.truths[0][batch - 1].numpy(), rtol=1e-6, atol=1e-7)

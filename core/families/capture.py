@@ -2290,6 +2290,8 @@ class _Session:
         # values moved along their positions by a shift the data picked (a gather by data, a roll), while a left-out
         # softmax's weights may weigh them (Autoformer's time delays)
         self._shifted: dict[int, tuple] = {}
+        # features joined with columns the model made (``cat([torch.ones(B, 1), x_num], 1)``): the made columns
+        self._made_columns: dict[int, tuple] = {}
         self._unplaced: dict[int, tuple] = {}  # _hold: other softmaxes left out as not attention (+ reason)
         # _hold: energies, one number a position made by a projection (``v(tanh(W h + U s))``), and what the
         # model makes of them without a softmax (a sigmoid, a cumprod: monotonic attention's alignment)
@@ -2793,6 +2795,15 @@ class _Session:
             if name == "grid_sample" and type(out) is torch.Tensor:
                 _hold(self._sampled, out)
             elif (
+                name in CAT
+                and type(out) is torch.Tensor
+                and out.is_floating_point()
+                and args
+                and isinstance(args[0], (list, tuple))
+                and self._int_floats
+            ):
+                self._columns_made(args, kwargs, out)
+            elif (
                 name == "roll" and self._unplaced and type(out) is torch.Tensor and self._moves_positions(out)
             ):
                 _hold(self._shifted, out)  # (``torch.roll(values, -int(delay[i]), -1)``)
@@ -2992,6 +3003,25 @@ class _Session:
             self._lines_by_data(c, dim)
         if self._unplaced and out.is_floating_point() and self._moves_positions(out):
             _hold(self._shifted, out)
+
+    def _columns_made(self, args, kwargs, out: torch.Tensor) -> None:
+        """A join along the last axis of features and columns the model made from no data (rtdl's
+        ``cat([torch.ones(B, 1), x_num], dim=1)``): the made columns held with the output (``_features_tokenized``
+        reads them)."""
+        parts = args[0]
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        if not isinstance(dim, int) or dim % out.dim() != out.dim() - 1:
+            return
+        made, at = [], 0
+        for t in parts:
+            if not isinstance(t, torch.Tensor) or t.dim() != out.dim():
+                return
+            n = int(t.shape[-1])
+            if self._constant_made(t):
+                made.append((at, at + n))
+            at += n
+        if made and len(made) < len(parts):
+            _hold(self._made_columns, out, made)
 
     def _moves_positions(self, out: torch.Tensor) -> bool:
         """``out`` (a roll's or a gather's output) is values over several positions (its codes name more than one
@@ -4514,6 +4544,58 @@ class _Session:
             if isinstance(code, torch.Tensor) and tuple(code.shape) == tuple(p.shape):
                 self.set(p, _Tag(origin=xt.origin, code=code))
 
+    def _features_tokenized(self, ins: list[torch.Tensor], out: torch.Tensor) -> bool:
+        """A feature tokenizer: each feature of a row scales a learned vector of its own (``weight[None] *
+        x_num[:, :, None]``, rtdl's FT-Transformer and lucidrains' NumericalEmbedder; the features along the
+        second-last axis, one position per row, times a parameter (F, d)), so each (row, feature) is a token,
+        a position of its own. A column the model made (rtdl's ``torch.ones`` column before the features, its
+        [CLS]) is the learned vector itself: its row of the parameter. False for any other product."""
+        for a, w in ((ins[0], ins[1]), (ins[1], ins[0])):
+            wt = self.tag(w)
+            if not (_is_param(w) or (wt is not None and wt.role == "param")) or _is_param(a):
+                continue
+            n_f = int(a.shape[-2]) if a.dim() >= 2 else 0
+            if (
+                a.dim() < 2
+                or int(a.shape[-1]) != 1
+                or n_f < 2
+                or w.dim() < 2
+                or int(w.shape[-2]) != n_f
+                or out.dim() != a.dim()
+                or tuple(out.shape[:-1]) != tuple(a.shape[:-1])
+                or int(out.shape[-1]) != int(w.shape[-1])
+                or int(out.shape[-1]) < 2
+                or not a.is_floating_point()
+            ):
+                continue
+            at = self.tag(a)
+            if at is not None and (at.role not in (None, "linear") or at.probs is not None):
+                continue
+            ac = self.code_of(a)
+            if ac is None or tuple(ac.shape) != tuple(a.shape):
+                continue
+            pos = ac[..., 0] >> lineage.SHIFT  # (*rows, F)
+            if bool((pos != pos[..., :1]).any()) or bool(
+                self.sources.learned(pos[..., :1].reshape(-1)).any()
+            ):
+                continue  # (features of several positions, or of a learned vector: not one row's features)
+            rows, d = tuple(out.shape[:-2]), int(out.shape[-1])
+            n = math.prod(rows) * n_f
+            start = self.sources.new(n, "external", "input", ("in", self.n_inputs), n_f, lead=(*rows, n_f))
+            self.n_inputs += 1
+            at_ = (start + torch.arange(n, dtype=torch.int64, device=out.device)).view(*rows, n_f, 1)
+            code = (at_ << lineage.SHIFT) | torch.arange(d, dtype=torch.int64, device=out.device)
+            made = _held(self._made_columns, a) or _held(self._made_columns, a._base)
+            wc = self.code_of(w) if made else None
+            if made and wc is not None and tuple(wc.shape[-2:]) == (n_f, d):
+                learned = wc.reshape(-1, n_f, d)[0]  # (F, d): the parameter's rows
+                for lo, hi in made[1]:
+                    code[..., lo:hi, :] = learned[lo:hi]
+            origin = frozenset({("in", self.n_inputs - 1)}) | (at.origin if at is not None else frozenset())
+            self.set(out, _Tag(None, origin, code=code))
+            return True
+        return False
+
     def _constant_joined(self, t: Any) -> None:
         """A constant the model made (``k.new_zeros(bsz, 1, d)``, fairseq's ``add_zero_attn``; ``torch.zeros`` of a
         start or padding slot) joined to activations: its positions along the joined rows are its own, labelled
@@ -5371,6 +5453,8 @@ class _Session:
                 new.code = self._op_code(name, func, args, kwargs, out, [(args[0], g)])
                 self.set(out, new)
                 return
+        if name in MUL and len(ins) == 2 and outs[0] is out and self._features_tokenized(ins, out):
+            return
         if name in CAT and self._outside_pools and len(ins) > 1:
             self._pools_joined(ins)
         tags = [self.tag(t) for t in ins]
