@@ -477,3 +477,52 @@ def test_rtdl_feature_tokens_are_positions_and_its_cls_is_learned(cats, batch, h
     tr = cap.trace(batch - 1, src_tokens=names)
     assert tr.src_tokens == ("<weight 0>", *names)
     np.testing.assert_allclose(tr.enc_self[0], m.truths[0][batch - 1].numpy(), rtol=1e-6, atol=1e-7)
+
+
+class GraphormerNodes(nn.Module):
+    """Graphormer's node features (microsoft/Graphormer): each node's F atom features looked up in one table and
+    summed (``atom_encoder(x).sum(dim=-2)`` of ids (B, N, F)), a learned graph token before them; padded nodes
+    (id 0, ``padding_idx``) hidden from the keys. ``truths``: the weights (B, H, N + 1, N + 1)."""
+
+    def __init__(self, heads: int, hd: int = 4):
+        super().__init__()
+        d = heads * hd
+        self.h = heads
+        self.atom_encoder = nn.Embedding(21, d, padding_idx=0)
+        self.graph_token = nn.Embedding(1, d)
+        self.q, self.k, self.v = (nn.Linear(d, d) for _ in range(3))
+        self.truths: list[torch.Tensor] = []
+
+    def forward(self, x):
+        b, n = x.shape[:2]
+        h = torch.cat(
+            [self.graph_token.weight.unsqueeze(0).repeat(b, 1, 1), self.atom_encoder(x).sum(dim=-2)], 1
+        )
+        q, k, v = (f(h).view(b, n + 1, self.h, -1).transpose(1, 2) for f in (self.q, self.k, self.v))
+        pad = torch.cat([torch.zeros(b, 1, dtype=torch.bool), x[:, :, 0].eq(0)], 1)
+        s = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(pad[:, None, None, :], float("-inf"))
+        a = s.softmax(-1)
+        self.truths.append(a.detach().clone())
+        return (a @ v).transpose(1, 2).reshape(b, n + 1, -1)
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 2), (4, 4)])
+def test_graphormer_nodes_summed_from_their_atom_features_are_tokens(batch, heads):
+    """Each node (its atom features' embeddings summed) is a token of its graph, the graph token a learned
+    position: a trace given the nodes' names draws them. Before, every node was labelled a position the model
+    made (``<pooled i>``), and a trace given the N node names refused ("over other positions")."""
+    torch.manual_seed(batch * 10 + heads)
+    m = GraphormerNodes(heads).eval()
+    x = torch.randint(1, 21, (batch, 5, 3))
+    x[-1, 3:] = 0  # (the last graph has 3 nodes)
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(x)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "enc_self" and cap.notes == []
+    assert rec.key_labels == ("<graph_token 0>", *(None,) * 5)
+    torch.testing.assert_close(rec.probs, m.truths[0])
+    names = [f"n{i}" for i in range(5)]
+    for b in range(batch):
+        tr = cap.trace(b, src_tokens=names)
+        assert tr.src_tokens == ("<graph_token 0>", *names)
+        np.testing.assert_allclose(tr.enc_self[0], m.truths[0][b].numpy(), rtol=1e-6, atol=1e-7)

@@ -5000,13 +5000,44 @@ class _Session:
             # positions per row of the input: (B, R, d) out pools R per row (a story's sentences, Nystromformer's
             # landmarks); (B, d) out, one vector per row (a sentence mean-pooled), each its own row
             row = 1 if len(lead) == 1 else lead[-1] if len(runs) % lead[-1] == 0 else 0
-            start = self.sources.new(len(runs), "pooled", "pooled", ("pooled", parent), row)
+            items = self._items_of_features(runs, parent, dim, c.dim())
+            start = (
+                self.sources.new(len(runs), "pooled", "pooled", ("pooled", parent), row)
+                if items is None
+                else self.sources.new(
+                    len(runs),
+                    "tokens",
+                    items.label,
+                    items.origin,
+                    items.lead[-1],
+                    table=items.table,
+                    lead=items.lead,
+                )  # fmt: skip
+            )
             code = ((start + inverse.view(first.shape)) << lineage.SHIFT) | (first & lineage.FEATURES)
             if keep:
                 code = code.unsqueeze(dim)
             return code if tuple(code.shape) == tuple(out.shape) else None
         res = first.unsqueeze(dim) if keep else first
         return res if tuple(res.shape) == tuple(out.shape) else None
+
+    def _items_of_features(
+        self, runs: torch.Tensor, parent: int, dim: int, ndim: int
+    ) -> lineage.Source | None:
+        """The token source whose ids hold several feature ids per item ((B, N, F) ids: Graphormer's atoms, each
+        node's F features looked up in one table), where a sum over the embedding's feature-id axis pools each
+        item's run of F ids whole: each item is then a token (its features summed), not a position the model
+        made. None for any other pooling."""
+        source = self.sources.at(parent)
+        if source.kind != "tokens" or len(source.lead) != 2 or dim != ndim - 2 or source.start != parent:
+            return None
+        per = source.n // max(math.prod(source.lead), 1)  # (ids (*lead, F): the feature ids of each item)
+        if per < 2 or int(runs.shape[0]) * per != source.n:
+            return None
+        first, last = runs[:, 0] - source.start, runs[:, 1] - source.start
+        if not bool(((first % per == 0) & (last - first == per - 1)).all()):
+            return None
+        return source
 
     def _replay(self, name, func, args, kwargs, fn=None) -> Any:
         """``fn`` (a data-movement op; its replay_fn when None) on the codes of ``args``: remembered (lineage.remember) under
