@@ -526,3 +526,34 @@ def test_graphormer_nodes_summed_from_their_atom_features_are_tokens(batch, head
         tr = cap.trace(b, src_tokens=names)
         assert tr.src_tokens == ("<graph_token 0>", *names)
         np.testing.assert_allclose(tr.enc_self[0], m.truths[0][b].numpy(), rtol=1e-6, atol=1e-7)
+
+
+class CoCaPooler(nn.Module):
+    """CoCa (lucidrains' coca-pytorch): learned ``img_queries`` pool the image tokens; the first pooled row is
+    the contrastive embedding and the others (``pooled[:, 1:]``) are the keys of the text's cross-attention."""
+
+    def __init__(self, d: int = 16, n: int = 4):
+        super().__init__()
+        self.img_queries = nn.Parameter(torch.randn(n + 1, d))
+        self.pq, self.pk, self.tq, self.tk = (nn.Linear(d, d) for _ in range(4))
+        self.emb = nn.Embedding(10, d)
+
+    def forward(self, img_tokens, text):
+        q = self.img_queries[None].expand(img_tokens.shape[0], -1, -1)
+        pooled = (self.pq(q) @ self.pk(img_tokens).transpose(1, 2)).softmax(-1) @ img_tokens
+        image_embed, image_tokens = pooled[:, 0], pooled[:, 1:]
+        w = (self.tq(self.emb(text)) @ self.tk(image_tokens).transpose(1, 2)).softmax(-1)
+        return w @ image_tokens, image_embed
+
+
+def test_learned_rows_are_named_by_their_row_in_every_record():
+    """The keys ``pooled[:, 1:]`` are the pooler's queries 1 to 4: named ``<img_queries 1>`` to ``<img_queries
+    4>``, as the pooler's record names its queries. They were numbered from 0 in the order they came, so one
+    position had two names and ``<img_queries 0>`` of the cross-attention was a row it never read."""
+    torch.manual_seed(0)
+    m = CoCaPooler().eval()
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(torch.randn(2, 6, 16), torch.randint(0, 10, (2, 3)))
+    pool, cross = cap.records
+    assert pool.query_labels == tuple(f"<img_queries {i}>" for i in range(5))
+    assert cross.kind == "cross" and cross.key_labels == pool.query_labels[1:]

@@ -1056,7 +1056,8 @@ def _kinds(pos: torch.Tensor, sources: Sources) -> list[Source]:
 def _labels(
     pos: torch.Tensor, sources: Sources, keys: torch.Tensor | None = None
 ) -> tuple[str | None, ...] | None:
-    """ "<name i>" for learned positions (numbered per parameter in order) and for positions pooled
+    """ "<name i>" for learned positions (i: the parameter's row, or where a row comes twice, numbered in
+    order) and for positions pooled
     from a sequence (``"<pooled i>"``: a strided conv's, a pool's, a projection over positions': no
     token is one of them; ``"<final state i>"``: an RNN's), None for the sequence's own. ``keys``: the
     call's key positions, when ``pos`` are its queries: a query at one of the keys takes that key's label,
@@ -1082,13 +1083,22 @@ def _labels(
     for s in kinds:
         if s.kind in LABELLED:
             starts.setdefault(s.label, set()).add(s.start)
-    for s in kinds:
+    # a parameter's rows, each once among these, are numbered by their row (``img_queries[:, 1:]``: rows 1 to n,
+    # as the queries that read all its rows name them); a row twice (one learned vector for two images'), in order
+    rows: dict[int, list[int]] = {}
+    for p, s in zip(pos.tolist(), kinds, strict=True):
+        if s.kind == "param":
+            rows.setdefault(s.start, []).append(int(p) - s.start)
+    by_row = {start: len(set(r)) == len(r) for start, r in rows.items()}
+    for p, s in zip(pos.tolist(), kinds, strict=True):
         if s.kind in LABELLED or s.kind in ("pooled", "state"):
             # (vectors pooled separately, DSIN's session means, are numbered on across their sources: each is a
             # key of its own; a parameter's rows are numbered within it)
             at: Any = s.start if s.kind in LABELLED else ("pooled", s.label)
             i = seen.get(at, 0)
             seen[at] = i + 1
+            if by_row.get(s.start) and s.kind == "param":
+                i = int(p) - s.start
             name = s.path if s.path and len(starts.get(s.label, ())) > 1 else s.label
             label, k = f"<{name} {i}>", 1
             while label in out:  # (every key a column of its own: two with one label would be drawn as one)
