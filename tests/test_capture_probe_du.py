@@ -557,3 +557,76 @@ def test_learned_rows_are_named_by_their_row_in_every_record():
     pool, cross = cap.records
     assert pool.query_labels == tuple(f"<img_queries {i}>" for i in range(5))
     assert cross.kind == "cross" and cross.key_labels == pool.query_labels[1:]
+
+
+class TorchEncoderViT(nn.Module):
+    """A ViT tutorial on torch's own encoder: Conv2d patches, a [CLS] parameter before them, learned positions,
+    then ``nn.TransformerEncoder`` (``stack``) or one ``nn.TransformerEncoderLayer``."""
+
+    def __init__(self, heads: int, norm_first: bool, stack: bool, d: int = 24):
+        super().__init__()
+        self.conv = nn.Conv2d(3, d, 4, 4)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, d))
+        self.pos_embedding = nn.Parameter(torch.randn(1, 17, d))
+        layer = nn.TransformerEncoderLayer(
+            d, heads, 2 * d, dropout=0.0, batch_first=True, norm_first=norm_first
+        )
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False) if stack else layer
+
+    def forward(self, img):
+        x = self.conv(img).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1) + self.pos_embedding
+        return self.encoder(x)[:, 0]
+
+
+@pytest.mark.parametrize(("norm_first", "stack"), [(True, True), (False, True), (False, False)])
+@pytest.mark.parametrize("heads", [2, 3])
+def test_a_cls_before_torchs_own_encoder_is_labelled(norm_first, stack, heads):
+    """torch's encoder layers run as torch runs them, recorded from their arguments: the [CLS] among their
+    queries and keys is labelled, as it is where a model's own block calls MultiheadAttention. It was drawn as
+    patch #0: the layer's norm and transpose, made by the record, had no positions."""
+    torch.manual_seed(heads)
+    m = TorchEncoderViT(heads, norm_first, stack).eval()
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(torch.randn(2, 3, 16, 16))
+    assert len(cap.records) == (2 if stack else 1) and cap.notes == []
+    for r in cap.records:
+        assert r.exact and r.kind == "enc_self"
+        assert r.key_labels == ("<cls_token 0>", *(None,) * 16) and r.query_labels == r.key_labels
+    assert cap.trace(1).src_tokens[:2] == ("<cls_token 0>", "#0")
+
+
+class WindowAttention(nn.Module):
+    """Swin's window attention: the patch grid cut into windows folded into the batch, ``(B * windows, ws *
+    ws, C)``, qkv permuted ``(3, B_, H, N, d)``."""
+
+    def __init__(self, heads: int, c: int = 16, ws: int = 4):
+        super().__init__()
+        self.h, self.ws = heads, ws
+        self.embed = nn.Conv2d(3, c, 2, 2)
+        self.qkv, self.proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+
+    def forward(self, img):
+        x = self.embed(img).permute(0, 2, 3, 1)  # (B, 8, 8, C): 64 patches, 4 windows of 16
+        b, hg, wg, c = x.shape
+        ws = self.ws
+        w = x.view(b, hg // ws, ws, wg // ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, ws * ws, c)
+        qkv = self.qkv(w).reshape(w.shape[0], ws * ws, 3, self.h, c // self.h).permute(2, 0, 3, 1, 4)
+        a = ((qkv[0] * (c // self.h) ** -0.5) @ qkv[1].transpose(-2, -1)).softmax(-1)
+        return self.proj((a @ qkv[2]).transpose(1, 2).reshape(-1, ws * ws, c)).mean()
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_windows_of_one_image_are_said_to_be_its_parts(batch):
+    """With one image as with two, the records' rows are windows of the images (rows_of says which image), and
+    a trace of an image, which draws one window's map, says the maps are over more rows than images. With one
+    image, rows_of was None and the trace drew window 0 as the image, with no word."""
+    torch.manual_seed(batch)
+    m = WindowAttention(2).eval()
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(torch.randn(batch, 3, 16, 16))
+    (rec,) = cap.records
+    rows, n = cap.rows_of(rec)
+    assert n == batch and rows.tolist() == [b for b in range(batch) for _ in range(4)]
+    said = cap.trace(0).meta.get("capture_notes", [])
+    assert any(f"over {4 * batch} rows for the {batch} sequence" in s for s in said), said

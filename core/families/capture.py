@@ -1202,7 +1202,9 @@ def _sequence_rows(sources: lineage.Sources, qp: torch.Tensor) -> tuple[torch.Te
     if not bool(((src == first) | ~own).all()):
         return None
     source = sources.items[int(first)]
-    size = _sequence_size(source)
+    size = (
+        _sequence_size(source) or source.n
+    )  # (a source of one row: one sequence, an image's windows its parts)
     if not size or source.n < size:
         return None
     rows = (safe - source.start) // size
@@ -10127,6 +10129,16 @@ class _Session:
             src_mask = F._canonical_mask(mask=src_mask, mask_name="src_mask", other_type=None, other_name="",
                                          target_type=src.dtype, check_other=False)  # fmt: skip
         query = x.transpose(1, 0) if sa.batch_first and x.dim() == 3 else x
+        g = self.tag(src)
+        sc = self.code_of(src) if g is not None and g.role != "param" else None
+        if (
+            g is not None
+            and query is not src
+            and sc is not None
+            and tuple(sc.shape) == tuple(src.shape) == tuple(x.shape)
+        ):
+            # (the layer's norm and transpose, made here: the positions of its input, learned ones labelled)
+            self.set(query, _Tag("linear", g.origin, code=sc.transpose(1, 0) if query is not x else sc))
         p = _mha_arguments(
             (query, query, query, sa.embed_dim, sa.num_heads, sa.in_proj_weight, sa.in_proj_bias, sa.bias_k, sa.bias_v,
              sa.add_zero_attn, sa.dropout, sa.out_proj.weight, sa.out_proj.bias),
