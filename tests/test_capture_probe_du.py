@@ -630,3 +630,56 @@ def test_windows_of_one_image_are_said_to_be_its_parts(batch):
     assert n == batch and rows.tolist() == [b for b in range(batch) for _ in range(4)]
     said = cap.trace(0).meta.get("capture_notes", [])
     assert any(f"over {4 * batch} rows for the {batch} sequence" in s for s in said), said
+
+
+class ShowAttendTell(nn.Module):
+    """Show, Attend and Tell's decoder (sgrvinod's tutorial): the batch sorted by caption length, shrunk each step
+    to the captions still running (``encoder_out[:batch_size_t]``), additive attention over the image's cells.
+    Returns the weights of every step in the sorted order, and the order."""
+
+    def __init__(self, e: int = 12, dd: int = 24, a: int = 20, vocab: int = 30):
+        super().__init__()
+        self.encoder_att, self.decoder_att, self.full_att = nn.Linear(e, a), nn.Linear(dd, a), nn.Linear(a, 1)
+        self.embedding = nn.Embedding(vocab, 16)
+        self.decode_step = nn.LSTMCell(16 + e, dd)
+        self.init_h, self.init_c = nn.Linear(e, dd), nn.Linear(e, dd)
+
+    def forward(self, encoder_out, caps, caplens):
+        b = encoder_out.size(0)
+        caplens, sort_ind = caplens.sort(dim=0, descending=True)
+        encoder_out, caps = encoder_out[sort_ind], caps[sort_ind]
+        emb = self.embedding(caps)
+        h, c = self.init_h(encoder_out.mean(1)), self.init_c(encoder_out.mean(1))
+        lengths = (caplens - 1).tolist()
+        alphas = torch.zeros(b, max(lengths), encoder_out.size(1))
+        for t in range(max(lengths)):
+            bt = sum(n > t for n in lengths)
+            enc = encoder_out[:bt]
+            att = self.full_att(
+                torch.relu(self.encoder_att(enc) + self.decoder_att(h[:bt]).unsqueeze(1))
+            ).squeeze(2)
+            alpha = torch.softmax(att, dim=1)
+            awe = (enc * alpha.unsqueeze(2)).sum(dim=1)
+            h, c = self.decode_step(torch.cat([emb[:bt, t], awe], 1), (h[:bt], c[:bt]))
+            alphas[:bt, t] = alpha
+        return alphas, sort_ind
+
+
+def test_a_trace_of_a_sorted_shrinking_batch_draws_each_sequences_own_weights():
+    """The records are flagged with the caller's sequence each row holds; a trace of sequence b draws b's own
+    weights at the row that holds it (and says which row), from a step it reaches. It drew row b, another
+    sequence's weights, with no word."""
+    torch.manual_seed(0)
+    m = ShowAttendTell().eval()
+    enc, caps, caplens = torch.randn(3, 9, 12), torch.randint(1, 30, (3, 6)), torch.tensor([2, 5, 3])
+    with torch.no_grad(), capture_attention(m) as cap:
+        alphas, order = m(enc, caps, caplens)
+    row = {int(s): i for i, s in enumerate(order)}
+    assert all(not r.exact and r.batch_rows is not None for r in cap.records)
+    assert cap.records[0].batch_rows == tuple(order.tolist())
+    for b in range(3):
+        tr = cap.trace(b)
+        drawn = np.asarray(tr.learned("cross")[1] if tr.learned("cross") else tr.cross).reshape(-1)
+        own = [t for t in range(alphas.shape[1]) if np.allclose(drawn, alphas[row[b], t].numpy(), atol=1e-6)]
+        assert own, b
+        assert any(f"sequence {b} is row " in n for n in tr.meta["capture_notes"])

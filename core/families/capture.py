@@ -273,6 +273,12 @@ _OWN_FILE = (lambda: None).__code__.co_filename  # capture's own frames never do
 _LOCAL = threading.local()  # .busy > 0 while a capture does its own torch calls (nested captures skip them)
 
 
+class _Reordered(str):
+    """A flag of a batch put in another order, which knows the caller's sequence each record row holds."""
+
+    order: tuple[int, ...] = ()
+
+
 @dataclass(frozen=True)
 class Record:
     """One attention call: per-head weights (B, H, q, k), scores or None, allowed mask (B, q, k) or None."""
@@ -303,6 +309,14 @@ class Record:
     query_positions: torch.Tensor | None = None
     # (B, k) the lineage position of every key (-1 at learned ones), where lineage has it (a record of its own)
     key_positions: torch.Tensor | None = None
+    # the caller's sequence each row holds, where the model put its batch in another order or picked some of its
+    # rows before this attention (Show, Attend and Tell's sorted, shrinking batch); the record is flagged then
+    batch_rows: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.flag, _Reordered):  # (a batch put in another order: the rows it says, kept)
+            object.__setattr__(self, "batch_rows", self.batch_rows or self.flag.order)
+            object.__setattr__(self, "flag", str(self.flag))
 
     @property
     def residual(self) -> torch.Tensor | None:
@@ -318,6 +332,9 @@ def _replaced(rec: Record, **changes: Any) -> Record:
     (a record is updated a few times per attention call: replace is ~20x slower)."""
     if not changes.keys() <= _RECORD_FIELDS:
         raise TypeError(f"Record has no field {sorted(changes.keys() - _RECORD_FIELDS)[0]!r}")
+    flag = changes.get("flag")
+    if isinstance(flag, _Reordered):  # (a batch put in another order: the rows it says, kept with the record)
+        changes = {"batch_rows": flag.order, **changes, "flag": str(flag)}
     new = object.__new__(Record)
     fields = new.__dict__
     fields.update(rec.__dict__)
@@ -405,7 +422,20 @@ class Captured:
         say."""
         found = [self.rows_of(r) for r in records]
         if not found or any(f is None for f in found):
-            return None
+            orders = {r.batch_rows for r in records}
+            if not records or None in orders:
+                return None
+            if len(orders) > 1:
+                return (f"sequence {index} is at different rows of its layers' maps (the model put its batch in "
+                        "another order, or picked some of its rows, otherwise before each)")  # fmt: skip
+            order = orders.pop()
+            assert order is not None
+            hits = [i for i, s in enumerate(order) if s == index]
+            if len(hits) != 1:
+                return (f"sequence {index} is {'in no row' if not hits else 'in several rows'} of these maps (the "
+                        f"model put its batch in another order or picked some of its rows: record row b holds the "
+                        f"caller's sequence {list(order)}[b])")  # fmt: skip
+            return hits[0]
         picks: set[int] = set()
         for f in found:
             assert f is not None
@@ -697,7 +727,7 @@ class Captured:
             # calls of one kind whose maps do not stack (a decoder run a step at a time, layers with other head
             # counts): the group over the tokens given is drawn (else the most calls), the others said
             groups = stack_groups(self.of(kind), joined)
-            has = [index < int(g[0].probs.shape[0]) for g in groups]  # (maps over fewer sequences: blocks)
+            has = [_holds(g, index) for g in groups]  # (maps over fewer sequences: blocks)
             best = _drawn_group(
                 groups,
                 kind,
@@ -1109,7 +1139,7 @@ def _drawn_group(
     their place says, does not hold it by its row: exact ones first); with ``asked``, the query positions of
     the cross-attention step drawn, a decoder's self-attention at that step; then one over the tokens given;
     then the most calls; then the first."""
-    has = [index < int(g[0].probs.shape[0]) for g in groups]
+    has = [_holds(g, index) for g in groups]
     sure = [has[i] and all(r.exact for r in g) for i, g in enumerate(groups)]
     step = [asked is not None and has[i] and _equal_positions(_last_step_queries(g, index), asked)
             for i, g in enumerate(groups)]  # fmt: skip
@@ -1128,6 +1158,16 @@ def _drawn_group(
         range(len(groups)),
         key=lambda i: (sure[i], has[i], step[i], side[i], fits[i], besides[i], len(groups[i]), -i),
     )
+
+
+def _holds(group: list[Record], index: int) -> bool:
+    """A group of records holds sequence ``index``: among the caller's sequences its rows hold, where the model
+    reordered or picked its batch (``batch_rows``), else where it has that many rows."""
+    orders = {r.batch_rows for r in group}
+    order = next(iter(orders)) if len(orders) == 1 else None
+    if order is not None:
+        return index in order
+    return index < int(group[0].probs.shape[0])
 
 
 def _tokens_besides_learned(r: Record, kind: str, src_tokens, tgt_tokens) -> bool:
@@ -10426,10 +10466,14 @@ def _rows_named(how: str, order: torch.Tensor, keys_only: bool) -> str:
     """The flag of a batch put in another order: ``how``, and the caller's sequence each record row holds (its
     keys only, ``keys_only``: queries from a state, or cross-attention, whose rows the keys do not say)."""
     if keys_only:
-        return (
+        text = (
             f"{how}: the keys of record row b are the caller's sequence {order.tolist()}[b], not sequence b"
         )
-    return f"{how}: record row b holds the caller's sequence {order.tolist()}[b], not sequence b"
+    else:
+        text = f"{how}: record row b holds the caller's sequence {order.tolist()}[b], not sequence b"
+    flag = _Reordered(text)
+    flag.order = tuple(int(n) for n in order.tolist())
+    return flag
 
 
 def _same_scores(a: Any, b: Any) -> bool:
