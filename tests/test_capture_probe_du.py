@@ -683,3 +683,43 @@ def test_a_trace_of_a_sorted_shrinking_batch_draws_each_sequences_own_weights():
         own = [t for t in range(alphas.shape[1]) if np.allclose(drawn, alphas[row[b], t].numpy(), atol=1e-6)]
         assert own, b
         assert any(f"sequence {b} is row " in n for n in tr.meta["capture_notes"])
+
+
+class GatoEpisode(nn.Module):
+    """Gato-style episode tokens: observation ids (B, T, n_obs) and action ids (B, T, n_act) each looked up in one
+    table, joined per timestep (``cat(dim=2)``) and flattened to (B, T * (n_obs + n_act), d): o o a o o a ...;
+    causal self-attention over them. ``truths``: its weights."""
+
+    def __init__(self, heads: int, hd: int = 4):
+        super().__init__()
+        d = heads * hd
+        self.h = heads
+        self.embed, self.qkv = nn.Embedding(50, d), nn.Linear(d, 3 * d)
+        self.truths: list[torch.Tensor] = []
+
+    def forward(self, obs, act):
+        b, t = obs.shape[:2]
+        x = torch.cat([self.embed(obs), self.embed(act)], dim=2).reshape(b, -1, self.embed.embedding_dim)
+        n = x.shape[1]
+        q, k, v = self.qkv(x).view(b, n, 3, self.h, -1).permute(2, 0, 3, 1, 4)
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        w = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~causal, float("-inf")).softmax(-1)
+        self.truths.append(w.detach().clone())
+        return w @ v
+
+
+@pytest.mark.parametrize(("batch", "heads"), [(1, 1), (2, 2), (3, 2)])
+def test_inputs_interleaved_per_timestep_are_no_rotating_cache(batch, heads):
+    """Two embedding calls' tokens interleaved per timestep are the sequence in its order: exact, nothing said. It
+    was flagged as a rotating cache read in its slots' order (tokens of several calls in another order)."""
+    torch.manual_seed(batch * 10 + heads)
+    m = GatoEpisode(heads).eval()
+    obs, act = torch.randint(0, 50, (batch, 3, 2)), torch.randint(0, 50, (batch, 3, 1))
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(obs, act)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self" and cap.notes == [], (rec.flag, cap.notes)
+    torch.testing.assert_close(rec.probs, m.truths[0])
+    np.testing.assert_allclose(
+        cap.trace(batch - 1).dec_self[0], m.truths[0][batch - 1].numpy(), rtol=1e-6, atol=1e-7
+    )

@@ -948,7 +948,13 @@ def subset(kp: torch.Tensor, sources: Sources) -> str | None:
     for table in torch.unique(tables[called]).tolist():  # (a cache's steps are looked up in one table;
         mine = called & (tables == table)  # ETC's global tokens before its long input are another input)
         at_call = torch.where(mine, starts[src], -1)
-        if bool((mine[:, 1:] & (at_call[:, 1:] < at_call.cummax(-1).values[:, :-1])).any()):
+        back = (mine[:, 1:] & (at_call[:, 1:] < at_call.cummax(-1).values[:, :-1])).any(-1)
+        for b in back.nonzero().flatten().tolist():
+            calls = at_call[b][mine[b]]
+            runs = 1 + int((calls[1:] != calls[:-1]).sum())
+            if runs > int(torch.unique(calls).numel()):
+                continue  # (a call's tokens in several runs: inputs interleaved, Gato's observations and actions
+                # per timestep, not a cache's steps, each one run of slots)
             return ("the keys hold tokens of several calls (a cache of earlier steps) in another order than the "
                     "calls': a rotating cache read in its slots' order, so the map's keys are not in the "
                     "sequence's order")  # fmt: skip
