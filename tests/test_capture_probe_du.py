@@ -723,3 +723,61 @@ def test_inputs_interleaved_per_timestep_are_no_rotating_cache(batch, heads):
     np.testing.assert_allclose(
         cap.trace(batch - 1).dec_self[0], m.truths[0][batch - 1].numpy(), rtol=1e-6, atol=1e-7
     )
+
+
+class MatAttention(nn.Module):
+    """MAT's (Multi-Agent Transformer's) SelfAttention(key, value, query), causal where ``masked``."""
+
+    def __init__(self, masked: bool, heads: int, d: int = 16, n: int = 5):
+        super().__init__()
+        self.masked, self.h = masked, heads
+        self.key, self.query, self.value, self.proj = (nn.Linear(d, d) for _ in range(4))
+        self.register_buffer("mask", torch.tril(torch.ones(n + 1, n + 1)).view(1, 1, n + 1, n + 1))
+
+    def forward(self, key, value, query):
+        b, n, d = query.shape
+        k, q, v = (f(t).view(b, n, self.h, -1).transpose(1, 2) for f, t in
+                   ((self.key, key), (self.query, query), (self.value, value)))  # fmt: skip
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        if self.masked:
+            att = att.masked_fill(self.mask[:, :, :n, :n] == 0, float("-inf"))
+        return self.proj((att.softmax(-1) @ v).transpose(1, 2).contiguous().view(b, n, d))
+
+
+class MultiAgentTransformer(nn.Module):
+    """MAT's encoder over the agents' observations and its decoder block, whose second attention asks with the
+    encoder's representations over the decoder's action tokens (``attn2(key=x, value=x, query=rep_enc)``), or the
+    usual way round (``swapped`` False: the actions asking the observations)."""
+
+    def __init__(self, heads: int, swapped: bool, d: int = 16):
+        super().__init__()
+        self.swapped = swapped
+        self.obs_encoder, self.action_encoder = nn.Linear(6, d), nn.Linear(5, d, bias=False)
+        self.enc_attn = MatAttention(False, heads)
+        self.attn1, self.attn2 = MatAttention(True, heads), MatAttention(not swapped, heads)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+
+    def forward(self, obs, shifted_action):
+        rep = self.obs_encoder(obs)
+        rep = rep + self.enc_attn(rep, rep, rep)
+        x = self.action_encoder(shifted_action)
+        x = self.ln1(x + self.attn1(x, x, x))
+        if self.swapped:
+            return self.ln2(rep + self.attn2(key=x, value=x, query=rep))
+        return self.ln2(x + self.attn2(key=rep, value=rep, query=x))
+
+
+@pytest.mark.parametrize("swapped", [True, False])
+def test_a_cross_attention_from_the_encoders_side_is_not_drawn_as_target_over_source(swapped):
+    """MAT's agents' representations asking the action tokens: recorded as cross, and left out of a trace (its
+    rows would carry the action tokens' names over the observations' queries), said. Before, drawn as target
+    over source with no word. The usual way round is drawn."""
+    torch.manual_seed(0)
+    m = MultiAgentTransformer(2, swapped).eval()
+    obs, actions = torch.randn(2, 5, 6), torch.randn(2, 5, 5)
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(obs, actions)
+    assert sorted(r.kind for r in cap.records) == ["cross", "dec_self", "enc_self"]
+    tr = cap.trace(1, src_tokens=[f"obs{i}" for i in range(5)], tgt_tokens=[f"act{i}" for i in range(5)])
+    said = any("reverse of a trace's cross" in n for n in tr.meta.get("capture_notes", []))
+    assert (tr.cross is None and said) if swapped else (tr.cross is not None and not said)

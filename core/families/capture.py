@@ -453,6 +453,32 @@ class Captured:
                     "sequences of the batch, or in another order), so its layers do not stack")  # fmt: skip
         return picks.pop()
 
+    def _sides_swapped(self, cross: list[Record]) -> bool:
+        """Cross-attention whose queries are all positions an exact encoder self-attention asked from and whose
+        keys are all positions an exact decoder self-attention asked from: the reverse of target over source."""
+
+        def asked(kind: str) -> set[int]:
+            return {
+                int(p)
+                for r in self.of(kind)
+                if r.exact and r.query_positions is not None
+                for p in r.query_positions.reshape(-1).tolist()
+                if p >= 0
+            }
+
+        enc, dec = asked("enc_self"), asked("dec_self")
+        if not enc or not dec or enc & dec:
+            return False
+        for r in cross:
+            qp, kp = r.query_positions, r.key_positions
+            if qp is None or kp is None:
+                return False
+            q = {int(p) for p in qp.reshape(-1).tolist() if p >= 0}
+            k = {int(p) for p in kp.reshape(-1).tolist() if p >= 0}
+            if not q or not k or not q <= enc or not k <= dec:
+                return False
+        return True
+
     def _token_spots(
         self, records: list[Record], b: int, labels: tuple[str | None, ...]
     ) -> tuple[list[int], int] | None:
@@ -752,6 +778,12 @@ class Captured:
                 )
                 groups[best] = last
             steps = query_segments(groups[best])
+            if kind == "cross" and self._sides_swapped(groups[best]):
+                left_out.append(f"cross ({_modules(groups[best])}) left out of the trace: its queries are the positions "
+                                "the encoder's self-attention reads and its keys the decoder's (an encoder's "
+                                "representations asking the decoder's tokens, as MAT's decoder block does), the "
+                                "reverse of a trace's cross, target rows over source columns (cap.records has it)")  # fmt: skip
+                continue
             if kind == "cross" and len(steps) > 1 and _both_ways(steps):
                 left_out.append(f"cross ({_modules(groups[best])}) left out of the trace: its calls run both ways "
                                 "between two inputs of as many positions (co-attention: ViLBERT's and LXMERT's, each "
