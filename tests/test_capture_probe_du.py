@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnscope.core.families.capture import capture_attention
@@ -781,3 +782,52 @@ def test_a_cross_attention_from_the_encoders_side_is_not_drawn_as_target_over_so
     tr = cap.trace(1, src_tokens=[f"obs{i}" for i in range(5)], tgt_tokens=[f"act{i}" for i in range(5)])
     said = any("reverse of a trace's cross" in n for n in tr.meta.get("capture_notes", []))
     assert (tr.cross is None and said) if swapped else (tr.cross is not None and not said)
+
+
+class SdpaAttention(nn.Module):
+    """nanoGPT's flash path, handed its q, k, v: SDPA, causal, with dropout while training."""
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=0.1 if self.training else 0.0, is_causal=True
+        )
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_sdpa_under_bfloat16_autocast_records_the_weights_it_used(train):
+    """bfloat16 q, k, v into SDPA with and without CPU autocast: the same call, the same output, the same weights
+    recorded (the float32 softmax SDPA's kernel makes, with its dropout while training). Under autocast the
+    recomputation ran in bfloat16: the record was off by up to 0.02, exact, or flagged as unrepeatable draws."""
+    torch.manual_seed(0)
+    q, k, v = ((3 * torch.randn(2, 4, 8, 12)).bfloat16() for _ in range(3))
+    m = SdpaAttention().train(train)
+    got = {}
+    for autocast in (False, True):
+        torch.manual_seed(1)
+        with torch.no_grad(), capture_attention(m) as cap:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                y = m(q, k, v)
+        (rec,) = cap.records  # (q, k, v handed in: the kind read from the mask, said, whatever the dtype)
+        assert rec.exact and all("queries were never projected" in n for n in cap.notes)
+        got[autocast] = (y, rec.probs)
+    assert torch.equal(got[False][0], got[True][0])
+    torch.testing.assert_close(got[True][1], got[False][1], atol=1e-6, rtol=0)
+
+
+def test_multihead_attention_under_bfloat16_autocast_in_eval_records_its_weights():
+    """nn.MultiheadAttention (need_weights=False: its SDPA) under CPU autocast projects in bfloat16, then SDPA
+    weighs in float32: the record is that softmax (it was the bfloat16 product's, off by about 1e-3)."""
+    torch.manual_seed(0)
+    b, n, e, h = 2, 7, 48, 4
+    m = nn.MultiheadAttention(e, h, batch_first=True).eval()
+    x = torch.randn(b, n, e)
+    pad = torch.zeros(b, n, dtype=torch.bool)
+    pad[1, 5:] = True
+    with torch.no_grad(), capture_attention(m) as cap, torch.autocast("cpu", dtype=torch.bfloat16):
+        m(x, x, x, key_padding_mask=pad, need_weights=False)
+        q, k, _ = F.linear(x, m.in_proj_weight, m.in_proj_bias).chunk(3, -1)  # (as autocast projected them)
+    q, k = (t.reshape(b, n, h, e // h).transpose(1, 2).float() for t in (q, k))
+    want = ((q @ k.transpose(-2, -1)) / math.sqrt(e // h)).masked_fill(pad[:, None, None, :], float("-inf"))
+    (rec,) = cap.records
+    assert rec.exact
+    torch.testing.assert_close(rec.probs, want.softmax(-1), atol=1e-6, rtol=0)

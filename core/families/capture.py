@@ -9557,7 +9557,7 @@ class _Session:
         scale = a.get("scale")
         scale = 1.0 / math.sqrt(e) if scale is None else scale
         work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-        with _no_grad():
+        with _no_grad(), _autocast_aside(q.device):  # (under autocast, the kernel's float32 all the same)
             q, k, v = (t if t.dtype == work else t.to(work) for t in (q, k, v))
             scores = (q @ k.transpose(-2, -1)).mul_(scale)  # (..., H, q, k)
             allowed = None  # the record's mask: keys hidden by a bool mask, -inf or a very negative value
@@ -10835,8 +10835,9 @@ def _mha_scores(p: dict[str, Any], h: int, qk=None) -> torch.Tensor | None:
     lq, b, e = query.shape
     lk, d = key.shape[0], e // h
     if qk is not None and tuple(qk[0].shape) == (b, h, lq, d) and tuple(qk[1].shape) == (b, h, lk, d):
-        q = qk[0].reshape(b * h, lq, d) * math.sqrt(1.0 / float(d))
-        return torch.bmm(q, qk[1].reshape(b * h, lk, d).transpose(-2, -1)).view(b, h, lq, lk)
+        with _autocast_aside(qk[0].device):  # (SDPA's product of them, in float32 under autocast too)
+            q = _as_work(qk[0]).reshape(b * h, lq, d) * math.sqrt(1.0 / float(d))
+            return torch.bmm(q, _as_work(qk[1]).reshape(b * h, lk, d).transpose(-2, -1)).view(b, h, lq, lk)
     bias = p["in_proj_bias"]
     if p["use_separate_proj_weight"]:
         b_q = b_k = None
@@ -10858,8 +10859,18 @@ def _mha_scores(p: dict[str, Any], h: int, qk=None) -> torch.Tensor | None:
             k = F.linear(key, w[e : 2 * e], None if bias is None else bias[e : 2 * e])
     q = q.reshape(lq, b * h, d).transpose(0, 1)  # (B*H, q, d), as F.multi_head_attention_forward
     k = k.reshape(lk, b * h, d).transpose(0, 1)
-    q = q * math.sqrt(1.0 / float(d))
-    return torch.bmm(q, k.transpose(-2, -1)).view(b, h, lq, lk)
+    if not torch.is_autocast_enabled(q.device.type):
+        q = q * math.sqrt(1.0 / float(d))
+        return torch.bmm(q, k.transpose(-2, -1)).view(b, h, lq, lk)
+    with torch.autocast(q.device.type, enabled=False):  # projected as autocast projected them, then their
+        # product as SDPA makes it under autocast (float32 from the lower dtype's q and k)
+        q = _as_work(q) * math.sqrt(1.0 / float(d))
+        return torch.bmm(q, _as_work(k).transpose(-2, -1)).view(b, h, lq, lk)
+
+
+def _as_work(t: torch.Tensor) -> torch.Tensor:
+    """A half-precision tensor in float32 (the dtype products of the weights are made in), else as it is."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
 def _mha_values(p: dict[str, Any], h: int, want: tuple[int, int, int]) -> values_.HeadValues | None:
@@ -11514,6 +11525,16 @@ def _cast_down(src: torch.dtype, dst: torch.dtype) -> bool:
 def _no_grad() -> Any:
     """torch.no_grad() where gradients are on; a no-op context where they are off already."""
     return torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()
+
+
+def _autocast_aside(device: torch.device) -> Any:
+    """Autocast set aside on ``device`` where it is on: capture's own products of the weights run in the dtype
+    it asks for (float32, as SDPA's kernels accumulate), not autocast's lower one."""
+    try:
+        on = torch.is_autocast_enabled(device.type)
+    except (RuntimeError, TypeError):  # (a device type autocast does not know)
+        on = False
+    return torch.autocast(device.type, enabled=False) if on else contextlib.nullcontext()
 
 
 def _is_causal_mask(mask: torch.Tensor | None) -> bool | None:
