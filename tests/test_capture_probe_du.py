@@ -319,8 +319,8 @@ class ChunkedEncoder(nn.Module):
 def test_a_chunk_mask_causal_by_blocks_is_said_to_read_as_an_encoders_too(heads):
     """A streaming encoder's chunk mask with every earlier chunk seen is causal by blocks, as a decoder's over
     frames is: recorded dec_self, and a warning says a streaming encoder's reads alike (and how to name it).
-    Before, dec_self with no word. With one chunk of left context (no earlier block beyond it), enc_self;
-    the kind given by kinds=, no word."""
+    Before, dec_self with no word. With one chunk of left context, the same; the kind given by kinds=, no
+    word."""
     torch.manual_seed(heads)
     m = ChunkedEncoder(heads).eval()
     feats, lens = torch.randn(2, 12, 10), torch.tensor([12, 9])
@@ -332,9 +332,9 @@ def test_a_chunk_mask_causal_by_blocks_is_said_to_read_as_an_encoders_too(heads)
     with torch.no_grad(), capture_attention(m, kinds={"": "enc_self"}) as cap:
         m(feats, lens, -1)
     assert cap.records[0].kind == "enc_self" and cap.notes == []
-    with torch.no_grad(), capture_attention(m) as cap:
+    with torch.no_grad(), capture_attention(m) as cap:  # (one chunk of left context: causal by blocks too)
         m(feats, lens, 1)
-    assert cap.records[0].kind == "enc_self" and cap.notes == []
+    assert cap.records[0].kind == "dec_self" and len(cap.notes) == 1 and "causal by blocks" in cap.notes[0]
 
 
 class AutoCorrelation(nn.Module):
@@ -831,3 +831,53 @@ def test_multihead_attention_under_bfloat16_autocast_in_eval_records_its_weights
     (rec,) = cap.records
     assert rec.exact
     torch.testing.assert_close(rec.probs, want.softmax(-1), atol=1e-6, rtol=0)
+
+
+class MaskedSelfAttention(nn.Module):
+    """Self-attention over token ids with the (B, L, L) mask it is handed (True = may attend), by SDPA."""
+
+    def __init__(self, heads: int = 2, hd: int = 4):
+        super().__init__()
+        d = heads * hd
+        self.h, self.emb, self.qkv = heads, nn.Embedding(50, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids, allowed):
+        b, n = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, n, 3, self.h, -1).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
+
+
+def _multimodal_mask(kinds: str, pad: int, window: int = 0) -> torch.Tensor:
+    """Gemma 3's and PaliGemma's mask over text (``t``) and image (``i``) tokens, then ``pad`` padding: text
+    causal, image tokens all seeing each other, a sliding window over the causal part where ``window``."""
+    n = len(kinds) + pad
+    i = torch.arange(n)
+    img = torch.tensor([c == "i" for c in kinds] + [False] * pad)
+    causal = i[None, :] <= i[:, None]
+    if window:
+        causal &= i[:, None] - i[None, :] < window
+    real = torch.arange(n) < len(kinds)
+    return ((causal | (img[:, None] & img[None, :])) & real[None, :])[None]
+
+
+@pytest.mark.parametrize(
+    ("kinds", "pad", "window"),
+    [("tii", 2, 0), ("tii", 0, 0), ("ttiiiiiit", 0, 8), ("ttiiiiiit", 3, 4), ("pppppppc", 2, 0)],
+)
+def test_a_decoders_mask_with_a_bidirectional_block_is_a_decoders(kinds, pad, window):
+    """Text causal beside an image block its tokens all see (Gemma 3, PaliGemma), padded or cut by a sliding
+    window, and a prefix LM's prefix before one causal token, padded (``p``: prefix, ``c``: causal): dec_self.
+    They were enc_self, exact, with no word: a padded row reaching a block's end wrote over the count of blocks,
+    and a window or a single token after the block left no triangle nor block to read."""
+    if "p" in kinds:  # (a prefix LM: the prefix sees itself both ways)
+        allowed = _multimodal_mask(kinds.replace("p", "i").replace("c", "t"), pad)
+    else:
+        allowed = _multimodal_mask(kinds, pad, window)
+    torch.manual_seed(0)
+    m = MaskedSelfAttention().eval()
+    ids = torch.randint(1, 50, (1, allowed.shape[-1]))
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(ids, allowed)
+    (rec,) = cap.records
+    assert rec.exact and rec.kind == "dec_self" and cap.notes == []
+    assert torch.equal(rec.mask[0], allowed[0])

@@ -7672,16 +7672,16 @@ class _Session:
             # see all their own keys and another input's before them: an image's over a text's, UnCLIP's)
         if not exact and lq != lk:
             return "cross"
+        if mask is not None and lq == lk and _causal_off_by_one(mask):
+            self.warn(path, (lq, lk), "a causal mask off by one (every query sees the key after its own and none "
+                      "further: a causal buffer sliced a row too far, bias[:, :, 1:T + 1, :T]): the future "
+                      "leaks one token; recorded as decoder self-attention with the mask as it ran")  # fmt: skip
+            return "dec_self"
         if causal_mask() or path in self._meant_causal:  # (a causal mask of 0s and 1s added: broken)
             if causal is None and mask is not None and lq == lk and self._causal(mask, blocks=True):
                 self._by_blocks.setdefault(
                     path, (lq, lk)
                 )  # (said at the end: a streaming encoder's reads alike)
-            return "dec_self"
-        if mask is not None and lq == lk and _causal_off_by_one(mask):
-            self.warn(path, (lq, lk), "a causal mask off by one (every query sees the key after its own and none "
-                      "further: a causal buffer sliced a row too far, bias[:, :, 1:T + 1, :T]): the future "
-                      "leaks one token; recorded as decoder self-attention with the mask as it ran")  # fmt: skip
             return "dec_self"
         if not _DECODER.search(low):
             if lq == lk and _undecided(mask, lq):  # (one token per sequence: said at the end)
@@ -8947,7 +8947,7 @@ class _Session:
         self._tell_paths([r.name for r in records if r.name in self._by_blocks and r.kind == "dec_self"],
                          self._by_blocks,
                          "its mask is causal by blocks (each position sees its own block, later positions of it too, "
-                         "and the blocks before it): a decoder over frames or steps (a world model's, Gato's) and a "
+                         "and blocks before it, none after): a decoder over frames or steps (a world model's, Gato's) and a "
                          "streaming encoder's chunk mask (WeNet's and ESPnet's subsequent_chunk_mask) read alike, so "
                          "capture cannot tell them apart and recorded decoder self-attention (dec_self). A streaming "
                          "encoder's is enc_self: capture_attention(model, kinds={'<its module path, or a glob of "
@@ -11593,7 +11593,11 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool | None:
         least = torch.where(seen, n, mask.shape[-1] + 1).amin(-1)
         return not bool(full.all()) and bool(mask.tril(-1).any()) and bool((most > least).any())
     prefix = _prefix_causal(mask)
-    return True if prefix is False and _block_causal(mask) else prefix
+    if prefix is False and (_block_causal(mask) or _one_way(mask)):
+        # (a row past the rest that sees them and itself alone reads as an encoder's padding row that sees itself
+        # too: undecided, said)
+        return None if _encoder_explains(mask) else True
+    return prefix
 
 
 def _gate_of_blocks(t: torch.Tensor) -> bool:
@@ -11621,11 +11625,45 @@ def _causal_off_by_one(mask: torch.Tensor) -> bool:
     )
 
 
+def _one_way(mask: torch.Tensor) -> bool:
+    """Among a sequence's real positions (rows that see their own key), some later one sees an earlier one that
+    does not see it back, none the other way, and each real row sees one run of the real positions, the runs
+    moving forward row by row: a decoder's
+    visibility, whatever else is bidirectional (a multimodal decoder's image block among causal text, Gemma 3's
+    with a sliding window; a prefix LM's prefix before one causal token, padded). An encoder's masks (padding,
+    windows, packed documents, global tokens) are symmetric among real positions, and keys the data picks (each
+    head's top-k) leave holes."""
+    lq, lk = mask.shape[-2], mask.shape[-1]
+    if lq != lk or lq < 2:
+        return False
+    real = mask.diagonal(dim1=-2, dim2=-1)  # (..., q)
+    a = mask & real[..., :, None] & real[..., None, :]
+    later = a.tril(-1)  # row i sees key j < i
+    earlier = a.transpose(-1, -2).tril(-1)  # row j < i sees key i
+    if not bool((later & ~earlier).any()) or bool((earlier & ~later).any()):
+        return False
+    j = torch.arange(lk, device=mask.device)
+    lo = torch.where(a, j, lk).amin(-1).clamp_max(lk - 1)
+    hi = torch.where(a, j, -1).amax(-1).clamp_min(0)
+    count = real.long().cumsum(-1)  # (..., k) real positions up to each key
+    between = count.gather(-1, hi) - count.gather(-1, lo) + 1
+    if not bool(((between == a.sum(-1)) | ~real).all()):
+        return False
+    # and the runs move forward row by row (later rows reach no less far, and start no earlier): a window or a
+    # block slides along, as no union of keys the data picked does
+    reach = torch.where(real, hi, -1)
+    start = torch.where(real, lo, -1)
+    return bool((reach == reach.cummax(-1).values.masked_fill(~real, -1)).all()) and bool(
+        (start == start.cummax(-1).values.masked_fill(~real, -1)).all()
+    )
+
+
 def _chunked(mask: torch.Tensor) -> bool:
-    """Causal by blocks (``_block_causal``), two blocks at least of more than one position in some sequence: a
+    """Causal by blocks (``_block_causal``, or ``_one_way``: blocks that see a window of the earlier ones), two
+    blocks at least of more than one position in some sequence: a
     streaming encoder's chunks and a decoder's frames or steps (a prefix LM's one block before its causal
     tokens is a decoder's only)."""
-    if not _block_causal(mask):
+    if not (_block_causal(mask) or _one_way(mask)):
         return False
     j = torch.arange(mask.shape[-1], device=mask.device)
     far = torch.where(mask, j, -1).amax(-1)  # (..., q) each row's block's last key
@@ -11664,7 +11702,8 @@ def _block_causal(mask: torch.Tensor) -> bool:
     ends = far.clamp_min(0)
     if not bool((~own | own.gather(-1, ends) & (far.gather(-1, ends) == ends)).all()):
         return False  # a block's last row is a real one and ends it
-    blocks = torch.zeros_like(own).scatter(-1, ends, own).sum(-1)  # (...,) blocks per sequence
+    # (...,) blocks per sequence: the block ends real rows reach (a padded row reaching one writes nothing)
+    blocks = torch.zeros_like(own, dtype=torch.int64).scatter_reduce(-1, ends, own.long(), "amax").sum(-1)
     return bool((blocks >= 2).any()) and bool((own & (far > i)).any())
 
 
