@@ -881,3 +881,47 @@ def test_a_decoders_mask_with_a_bidirectional_block_is_a_decoders(kinds, pad, wi
     (rec,) = cap.records
     assert rec.exact and rec.kind == "dec_self" and cap.notes == []
     assert torch.equal(rec.mask[0], allowed[0])
+
+
+def _online_softmax(q, k, v, mask, block: int = 4):
+    """FlashAttention's online softmax as shreyansh26/FlashAttention-PyTorch writes it: key blocks, the running max
+    and sum rescaled per block, the padding re-applied to the exp by ``torch.where(mask, exp(S - m), 0.)``."""
+    q = q / math.sqrt(q.shape[-1])
+    o = torch.zeros_like(q)
+    total, top = torch.zeros(q.shape[:-1])[..., None], torch.full(q.shape[:-1], -1e10)[..., None]
+    blocks = zip(torch.split(k, block, 2), torch.split(v, block, 2), torch.split(mask, block, 1), strict=True)
+    for kj, vj, mj in blocks:
+        keep = mj[:, None, None, :] > 0
+        s = torch.where(keep, torch.einsum("... i d, ... j d -> ... i j", q, kj), -1e10)
+        mb = torch.max(s, dim=-1, keepdim=True).values
+        p = torch.where(keep, torch.exp(s - mb), 0.0)
+        lb = p.sum(-1, keepdim=True) + 1e-10
+        pv = torch.einsum("... i j, ... j d -> ... i d", p, vj)
+        mn = torch.maximum(mb, top)
+        ln = torch.exp(top - mn) * total + torch.exp(mb - mn) * lb
+        o = (total / ln) * torch.exp(top - mn) * o + (torch.exp(mb - mn) / ln) * pv
+        total, top = ln, mn
+    return o
+
+
+class OnlineSoftmax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Linear(8, 24)
+
+    def forward(self, x, mask):
+        return _online_softmax(*self.p(x).chunk(3, -1), mask)
+
+
+def test_an_online_softmax_with_its_exp_masked_by_where_is_said_to_be_one():
+    """The exp masked by ``torch.where(mask, exp(s - m), 0.)``, then summed and combined block by block: the
+    warning says an exp of scores was not followed into a softmax (computed block by block). It said the scores
+    multiplied values without a softmax (sigmoid attention, sparsemax), which they do not."""
+    torch.manual_seed(0)
+    m = OnlineSoftmax()
+    x, mask = torch.randn(2, 2, 16, 8), torch.ones(2, 16, dtype=torch.long)
+    mask[1, 12:] = 0
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(x, mask)
+    assert cap.records == [] and len(cap.notes) == 1
+    assert "computed block by block" in cap.notes[0] and "without a softmax" not in cap.notes[0]

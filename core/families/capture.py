@@ -1274,9 +1274,8 @@ def _sequence_rows(sources: lineage.Sources, qp: torch.Tensor) -> tuple[torch.Te
     if not bool(((src == first) | ~own).all()):
         return None
     source = sources.items[int(first)]
-    size = (
-        _sequence_size(source) or source.n
-    )  # (a source of one row: one sequence, an image's windows its parts)
+    # (a source of one batch row, by the shape it came from: one sequence, an image's windows its parts)
+    size = _sequence_size(source) or (source.n if source.lead and source.lead[0] == 1 else 0)
     if not size or source.n < size:
         return None
     rows = (safe - source.start) // size
@@ -3221,6 +3220,21 @@ class _Session:
         ):  # exp(s).masked_fill(pad, 0): a masked exp, its mask the fill's complement
             self._remember_hand(out, "exp", out, self._masked_by(e[0], ~args[1].bool()), None)
             held = self._unfinished.pop(id(x), None)
+            if held is not None:
+                self._unfinished[id(out)] = held
+        elif (
+            name == "where"
+            and self._hand
+            and len(args) == 3
+            and x.dtype == torch.bool
+            and isinstance(args[1], torch.Tensor)
+            and not isinstance(args[2], torch.Tensor)
+            and args[2] == 0
+            and (e := self._hand_of(args[1], "exp")) is not None
+            and tuple(out.shape) == tuple(args[1].shape)
+        ):  # torch.where(mask, exp(s - m), 0.): a masked exp, as exp(s).masked_fill(~mask, 0) is
+            self._remember_hand(out, "exp", out, self._masked_by(e[0], x), None)
+            held = self._unfinished.pop(id(args[1]), None)
             if held is not None:
                 self._unfinished[id(out)] = held
         elif name in ("log_softmax", "logsumexp"):
@@ -5302,7 +5316,8 @@ class _Session:
         else:
             tag = self.tag(x)
             label = "patches" if tag is None or not tag.origin else "input"
-            start = self.sources.new(n, "external", label, ("in", self.n_inputs), math.prod(space))
+            start = self.sources.new(n, "external", label, ("in", self.n_inputs), math.prod(space),
+                                     lead=(int(out.shape[0]), math.prod(space)))  # fmt: skip
             self._grid_sources.add(start)
             self.n_inputs += 1
             if raw:
@@ -11593,7 +11608,9 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool | None:
         least = torch.where(seen, n, mask.shape[-1] + 1).amin(-1)
         return not bool(full.all()) and bool(mask.tril(-1).any()) and bool((most > least).any())
     prefix = _prefix_causal(mask)
-    if prefix is False and (_block_causal(mask) or _one_way(mask)):
+    if prefix is False and _block_causal(mask):
+        return True
+    if prefix is False and _one_way(mask):
         # (a row past the rest that sees them and itself alone reads as an encoder's padding row that sees itself
         # too: undecided, said)
         return None if _encoder_explains(mask) else True
