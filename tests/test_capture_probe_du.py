@@ -925,3 +925,43 @@ def test_an_online_softmax_with_its_exp_masked_by_where_is_said_to_be_one():
         m(x, mask)
     assert cap.records == [] and len(cap.notes) == 1
     assert "computed block by block" in cap.notes[0] and "without a softmax" not in cap.notes[0]
+
+
+class BigBirdBlocks(nn.Module):
+    """BigBird's block-sparse attention as Hugging Face lays it out: the first and last query blocks over every
+    key (recorded), the middle blocks over the first block, three sliding blocks joined by ``cat`` and the last
+    block, in one softmax (not recorded, said)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.p = nn.Embedding(50, 16), nn.Linear(16, 48)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        bs, nb = 2, n // 2
+        q, k, v = self.p(self.emb(ids)).chunk(3, -1)
+        bq, bk, bv = (t.view(b, nb, bs, 16) for t in (q, k, v))
+        p0 = (bq[:, 0] @ k.transpose(1, 2) / 4).softmax(-1)
+        pl = (bq[:, -1] @ k.transpose(1, 2) / 4).softmax(-1)
+        ek = torch.cat([bk[:, :-2], bk[:, 1:-1], bk[:, 2:]], 2)
+        ev = torch.cat([bv[:, :-2], bv[:, 1:-1], bv[:, 2:]], 2)
+        mq = bq[:, 1:-1]
+        sc = torch.cat([torch.einsum("bnqd,bkd->bnqk", mq, bk[:, 0]), torch.einsum("bnqd,bnkd->bnqk", mq, ek),
+                        torch.einsum("bnqd,bkd->bnqk", mq, bk[:, -1])], -1) / 4  # fmt: skip
+        p = sc.softmax(-1)
+        cm = (torch.einsum("bnqk,bkd->bnqd", p[..., :bs], bv[:, 0])
+              + torch.einsum("bnqk,bnkd->bnqd", p[..., bs : 4 * bs], ev)
+              + torch.einsum("bnqk,bkd->bnqd", p[..., -bs:], bv[:, -1]))  # fmt: skip
+        return torch.cat([(p0 @ v)[:, None], cm, (pl @ v)[:, None]], 1).reshape(b, n, 16)
+
+
+def test_rows_whose_softmax_was_not_recorded_are_not_said_to_have_none():
+    """The middle blocks' softmax ran, and was not recorded (a warning says why): a trace drawing the global
+    blocks' rows says the others' softmax was not recorded, where it said no softmax ran for them."""
+    torch.manual_seed(0)
+    m = BigBirdBlocks()
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(torch.randint(1, 50, (2, 16)))
+    assert len(cap.notes) == 1 and "not recorded" in cap.notes[0]
+    said = " ".join(cap.trace(0, src_tokens=[f"w{i}" for i in range(16)]).meta["capture_notes"])
+    assert "was not recorded (the capture's notes say why)" in said and "no softmax ran" not in said

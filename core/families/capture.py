@@ -948,12 +948,17 @@ class Captured:
             elif rows is not None:
                 query_rows[kind] = rows
                 n = int(p.shape[-1])
+                names = {r.name for r in groups[best]}
+                unrecorded = [
+                    w for w in self.notes if any(w.startswith(f"{m or '(model)'} (") for m in names)
+                ]
+                why = ("their softmax in these modules was not recorded (the capture's notes say why), so they are "
+                       "not drawn" if unrecorded else "no softmax ran for them in these calls (whatever the model gives "
+                       "those positions, such as Informer's mean of the values, is not attention weights)")  # fmt: skip
                 left_out.append(f"{kind} ({_modules(groups[best])}): {len(rows)} of the sequence's {n} positions "
                                 f"{'asks' if len(rows) == 1 else 'ask'} and all {n} answer (queries that are some of "
                                 "the keys: agents among entities, a pooled token, the last positions of a window or a "
-                                "step): drawn at the rows of the positions that ask; the other rows are empty, as no "
-                                "softmax ran for them in these calls (whatever the model gives those positions, "
-                                "such as Informer's mean of the values, is not attention weights)")  # fmt: skip
+                                f"step): drawn at the rows of the positions that ask; the other rows are empty: {why}")  # fmt: skip
             if value is not None:
                 kw[f"{kind}_value_norms"] = value
                 scopes[kind] = km.value_scope
