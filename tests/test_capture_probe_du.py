@@ -965,3 +965,27 @@ def test_rows_whose_softmax_was_not_recorded_are_not_said_to_have_none():
     assert len(cap.notes) == 1 and "not recorded" in cap.notes[0]
     said = " ".join(cap.trace(0, src_tokens=[f"w{i}" for i in range(16)]).meta["capture_notes"])
     assert "was not recorded (the capture's notes say why)" in said and "no softmax ran" not in said
+
+
+def test_multihead_attention_under_bfloat16_autocast_while_training_records_its_dropped_weights():
+    """While training with dropout, the module's own draws drop the float32 softmax SDPA weighs with: the record
+    is those weights (which rebuild its output), where it was the bfloat16 bmm path's, about 2.5e-3 off."""
+    torch.manual_seed(0)
+    b, n, e, h = 2, 7, 48, 4
+    m = nn.MultiheadAttention(e, h, dropout=0.1, batch_first=True).train()
+    x = torch.randn(b, n, e)
+    pad = torch.zeros(b, n, dtype=torch.bool)
+    pad[1, 5:] = True
+    state = torch.get_rng_state()
+    with torch.no_grad(), capture_attention(m) as cap, torch.autocast("cpu", dtype=torch.bfloat16):
+        m(x, x, x, key_padding_mask=pad, need_weights=False)
+        q, k, _ = F.linear(x, m.in_proj_weight, m.in_proj_bias).chunk(3, -1)
+    q, k = (t.reshape(b, n, h, e // h).transpose(1, 2).float() for t in (q, k))
+    want = ((q @ k.transpose(-2, -1)) / math.sqrt(e // h)).masked_fill(pad[:, None, None, :], float("-inf"))
+    after = torch.get_rng_state()
+    torch.set_rng_state(state)  # (the draws the call made)
+    want = torch.dropout(want.softmax(-1), 0.1, True)
+    torch.set_rng_state(after)
+    (rec,) = cap.records
+    assert rec.exact
+    torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)

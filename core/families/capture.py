@@ -10006,6 +10006,18 @@ class _Session:
                 if rng is not None:
                     _set_rng_state(rng, query.device)
                 _, weights = func(**p)
+            if (
+                weights is not None
+                and scores is not None
+                and torch.is_autocast_enabled(query.device.type)
+                and p["training"]
+            ):
+                # under autocast its bmm path weighed in the lower dtype, where the call (its SDPA) weighed in float32:
+                # the float32 softmax of the scores, dropped where the same draws dropped the module's own
+                full, _ = _mha_weights(dict(p, training=False), scores, by_sdpa)
+                if full is not None and tuple(full.shape) == tuple(weights.shape):
+                    keep = 1.0 / (1.0 - float(p["dropout_p"]))
+                    weights = full.masked_fill(weights == 0, 0.0) * keep
             if rng is not None and not _mha_output_is(weights, p, out):
                 dropped = (f"nn.MultiheadAttention drops weights at random while training (dropout={p['dropout_p']:g}), "
                            "and the draws could not be repeated: the weights recorded are not the ones the "
