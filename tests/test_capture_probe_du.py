@@ -989,3 +989,15 @@ def test_multihead_attention_under_bfloat16_autocast_while_training_records_its_
     (rec,) = cap.records
     assert rec.exact
     torch.testing.assert_close(rec.probs, want, atol=1e-6, rtol=0)
+
+
+def test_multihead_attention_asked_for_its_weights_under_autocast_records_those():
+    """Bound: asked for its weights (need_weights=True), the call ran its bmm path in bfloat16 and returned them:
+    the record is what it returned, dropout and all."""
+    torch.manual_seed(0)
+    m = nn.MultiheadAttention(48, 4, dropout=0.1, batch_first=True).train()
+    x = torch.randn(2, 7, 48)
+    with torch.no_grad(), capture_attention(m) as cap, torch.autocast("cpu", dtype=torch.bfloat16):
+        _, returned = m(x, x, x, need_weights=True, average_attn_weights=False)
+    (rec,) = cap.records
+    torch.testing.assert_close(rec.probs.float(), returned.float(), atol=0, rtol=0)

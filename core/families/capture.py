@@ -10007,7 +10007,8 @@ class _Session:
                     _set_rng_state(rng, query.device)
                 _, weights = func(**p)
             if (
-                weights is not None
+                by_sdpa  # (asked for its weights, the call ran its bmm path: the weights it returned are those)
+                and weights is not None
                 and scores is not None
                 and torch.is_autocast_enabled(query.device.type)
                 and p["training"]
