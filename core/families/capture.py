@@ -499,20 +499,11 @@ class Captured:
             if not bool((keys[token] >= 0).all()) or not bool(token.any()):
                 return None
             own = keys[token]
-            try:
-                src = sources.index(own)
-            except Exception:  # (lineage does not say the keys' sequence)
+            row = _row_of(sources, own)
+            if row is None or row[0].kind != "tokens":
                 return None
-            if not bool((src == src[0]).all()):
-                return None
-            source = sources.items[int(src[0])]
-            size = _sequence_size(source) or source.n
-            if source.kind != "tokens" or not size:
-                return None
-            rows = (own - source.start) // size
-            if not bool((rows == rows[0]).all()):
-                return None
-            within = own - (source.start + int(rows[0]) * size)
+            _, size, lo = row
+            within = own - lo
             if int(within.numel()) >= size or (
                 within.numel() > 1 and not bool((within[1:] > within[:-1]).all())
             ):
@@ -545,18 +536,10 @@ class Captured:
         keys, queries = keys[token], queries[asks]
         if keys.numel() < 2 or not queries.numel() or set(keys.tolist()) == set(queries.tolist()):
             return False
-        try:
-            src = sources.index(queries)
-        except Exception:  # (lineage does not say the queries' sequence)
+        row = _row_of(sources, queries)
+        if row is None or row[0].kind in lineage.LABELLED:
             return False
-        if not bool((src == src[0]).all()):
-            return False
-        source = sources.items[int(src[0])]
-        size = _sequence_size(source) or source.n  # (a source of one row: one sequence)
-        rows = (queries - source.start) // max(size, 1)
-        if source.kind in lineage.LABELLED or not size or not bool((rows == rows[0]).all()):
-            return False
-        lo = source.start + int(rows[0]) * size
+        _, size, lo = row
         mine = keys[(keys >= lo) & (keys < lo + size)]
         return bool(mine.numel()) and not torch.equal(mine, torch.arange(lo, lo + size, dtype=mine.dtype))
 
@@ -1263,6 +1246,26 @@ def _iterable(x: Any) -> list:
         return list(x)
     except TypeError:
         return [x]
+
+
+def _row_of(sources: lineage.Sources, pos: torch.Tensor) -> tuple[lineage.Source, int, int] | None:
+    """The source every position of ``pos`` (1-D, not empty) came from, the length of its sequences (a source of
+    one row: one sequence) and the first position of the one sequence they all lie in; None where they lie in
+    several sources or sequences, or lineage does not say."""
+    try:
+        src = sources.index(pos)
+    except Exception:  # (lineage does not say the positions' sequence)
+        return None
+    if not bool((src == src[0]).all()):
+        return None
+    source = sources.items[int(src[0])]
+    size = _sequence_size(source) or source.n
+    if not size:
+        return None
+    rows = (pos - source.start) // size
+    if not bool((rows == rows[0]).all()):
+        return None
+    return source, size, source.start + int(rows[0]) * size
 
 
 def _sequence_rows(sources: lineage.Sources, qp: torch.Tensor) -> tuple[torch.Tensor, int] | None:
@@ -10895,7 +10898,7 @@ def _mha_scores(p: dict[str, Any], h: int, qk=None) -> torch.Tensor | None:
     if not torch.is_autocast_enabled(q.device.type):
         q = q * math.sqrt(1.0 / float(d))
         return torch.bmm(q, k.transpose(-2, -1)).view(b, h, lq, lk)
-    with torch.autocast(q.device.type, enabled=False):  # projected as autocast projected them, then their
+    with _autocast_aside(q.device):  # projected as autocast projected them, then their
         # product as SDPA makes it under autocast (float32 from the lower dtype's q and k)
         q = _as_work(q) * math.sqrt(1.0 / float(d))
         return torch.bmm(q, _as_work(k).transpose(-2, -1)).view(b, h, lq, lk)
