@@ -1001,3 +1001,37 @@ def test_multihead_attention_asked_for_its_weights_under_autocast_records_those(
         _, returned = m(x, x, x, need_weights=True, average_attn_weights=False)
     (rec,) = cap.records
     torch.testing.assert_close(rec.probs.float(), returned.float(), atol=0, rtol=0)
+
+
+class LabmlGraphAttention(nn.Module):
+    """labml.ai's annotated GAT: pairs tiled over (i, j) with the heads among the cells' axes, ``(N, N, H, 2F)``,
+    scored by one Linear, softmaxed over j (dim 1), the heads left last."""
+
+    def __init__(self, heads: int, fin: int = 5, hid: int = 4):
+        super().__init__()
+        self.h, self.hid = heads, hid
+        self.linear = nn.Linear(fin, hid * heads, bias=False)
+        self.attn = nn.Linear(hid * 2, 1, bias=False)
+
+    def forward(self, h, adj):
+        n = h.shape[0]
+        g = self.linear(h).view(n, self.h, self.hid)
+        pairs = torch.cat([g.repeat_interleave(n, dim=0), g.repeat(n, 1, 1)], dim=-1).view(
+            n, n, self.h, 2 * self.hid
+        )
+        e = F.leaky_relu(self.attn(pairs).squeeze(-1), 0.2).masked_fill(adj == 0, float("-inf"))
+        return torch.einsum("ijh,jhf->ihf", e.softmax(dim=1), g).reshape(n, -1)
+
+
+@pytest.mark.parametrize("heads", [2, 4])
+def test_pairs_with_heads_among_their_axes_are_said_not_laid_out(heads):
+    """Bound of the paired-feature scores: with the heads among the pairs' axes, the pairs are not read as query
+    and key rows (they were, wrongly, and the record was refused with an untrue reason: one position several
+    queries); the weights that multiply values get the warning that capture could not lay them out."""
+    torch.manual_seed(heads)
+    m = LabmlGraphAttention(heads).eval()
+    adj = ((torch.rand(6, 6) > 0.5) | torch.eye(6, dtype=torch.bool)).unsqueeze(-1)
+    with torch.no_grad(), capture_attention(m) as cap:
+        m(torch.randn(6, 5), adj)
+    assert cap.records == [] and len(cap.notes) == 1
+    assert "could not lay them out" in cap.notes[0] and "several queries" not in cap.notes[0]

@@ -8437,8 +8437,9 @@ class _Session:
         self._seen.discard((path, _PROJECTED))  # (a vocabulary softmax of the module later is one)
         self.warn(path, shape, "weights whose scores capture could not trace to queries times keys multiply "
                   "values here: scores made by a projection or a learned table (a synthesizer's dense or random "
-                  "attention, or a similarity scored by a projection of paired features, AllenNLP's w . [x; y; "
-                  "x * y] over tiled pairs), or over keys gathered in a way capture does not follow (windows of "
+                  "attention, or a similarity scored by a projection of paired features whose pairs lineage could "
+                  "not place: both halves tiled from one tensor by expand, or heads among the pairs' axes), or over "
+                  "keys gathered in a way capture does not follow (windows of "
                   "keys cut by F.unfold or Tensor.unfold). Capture records maps of query-key scores, so these "
                   "weights are not recorded")  # fmt: skip
         return True

@@ -317,6 +317,13 @@ def _pair_map(code: torch.Tensor, axis: int, shape: tuple[int, ...], kept: bool)
     if not bool(((pos == a) | (pos == b)).all()):
         return None  # more than two
     a, b = a[..., 0], b[..., 0]
+    for d in range(
+        len(cells) - 2
+    ):  # the cells' other axes: a batch (both positions vary along it), nothing else
+        if cells[d] > 1 and not (
+            bool((a != a.narrow(d, 0, 1)).any()) and bool((b != b.narrow(d, 0, 1)).any())
+        ):
+            return None  # (one of the pair along it, or heads the pairs repeat over: laid out otherwise)
     if bool((a == a[..., :1]).all()) and bool((b == b[..., :1, :]).all()):
         rows, cols = a[..., 0], b[..., 0, :]  # (*lead, n), (*lead, m)
     elif bool((b == b[..., :1]).all()) and bool((a == a[..., :1, :]).all()):
