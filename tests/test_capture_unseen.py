@@ -6,7 +6,10 @@
 - Weights over positions whose slices multiply the values one at a time (uvipen's hierarchical attention
   network: ``for f1, f2 in zip(f_output, w_t)``) are said, not called a pointer network's output.
 - A module whose code calls a TorchScript function (GPT-BigCode's fused softmax in half precision,
-  ChatGLM's rotary) runs ops capture cannot see: said once, and that module's maps are flagged.
+  ChatGLM's rotary) runs ops capture cannot see. ``torch.jit.script`` keeps the Python function it compiled:
+  capture runs it again beside the script, on copies of the arguments, and where it gives what the script
+  returned, value for value, what went through the script is followed (its maps exact). Where it does not, or
+  no Python function is kept: said once, and that module's maps are flagged.
 """
 
 from __future__ import annotations
@@ -130,6 +133,7 @@ class BigCodeAttention(nn.Module):
             w = upcast_masked_softmax(s, causal, torch.full([], -1e4))
         else:
             w = s.masked_fill(~causal, -1e4).softmax(-1)
+        self.kept = w.detach().clone()  # (the weights the model used: the tests' ground truth)
         return self.c_proj((w @ v).transpose(1, 2).reshape(b, n, D))
 
 
@@ -146,8 +150,18 @@ class Lm(nn.Module):
         return self.lm_head(self.attn(self.wte(ids))).softmax(-1)  # (a sampling softmax over the vocabulary)
 
 
+@pytest.fixture
+def unfollowed():
+    """The TorchScript functions here with no Python function kept (a script loaded from a file, or made by
+    ``torch.jit.trace``, keeps none): capture cannot follow them, and says so."""
+    with pytest.MonkeyPatch.context() as mp:
+        for fn in (upcast_masked_softmax, rotate):
+            mp.setattr(fn, "_torchdynamo_inline", None)
+        yield
+
+
 @pytest.mark.parametrize("where", ["jit", "rotary"])
-def test_a_torchscript_helper_in_a_module_is_said_and_its_maps_flagged(where):
+def test_a_torchscript_helper_in_a_module_is_said_and_its_maps_flagged(where, unfollowed):
     torch.manual_seed(0)
     model = Lm(where).eval()
     with torch.no_grad(), capture_attention(model) as cap:
@@ -188,7 +202,7 @@ def _scripted_note(model) -> list[str]:
     return [n for n in cap.notes if "TorchScript" in n]
 
 
-def test_a_global_rebound_to_torchscript_after_a_first_capture_is_said(monkeypatch):
+def test_a_global_rebound_to_torchscript_after_a_first_capture_is_said(monkeypatch, unfollowed):
     """What a class's code calls is found again where a global it reads was rebound (or its forward patched)
     since its first capture: a TorchScript softmax there is said, never left out with no word."""
     model = Rebinding("none").eval()
@@ -220,7 +234,7 @@ def test_a_module_without_torchscript_says_nothing_of_it():
     assert len(cap.records) == 1 and cap.records[0].exact
 
 
-def test_a_torchscript_function_held_as_an_attribute_is_heard_and_put_back():
+def test_a_torchscript_function_held_as_an_attribute_is_heard_and_put_back(unfollowed):
     class Held(BigCodeAttention):
         def __init__(self):
             super().__init__("none")
@@ -284,7 +298,7 @@ class TwoLayers(nn.Module):
 
 
 @pytest.mark.parametrize("own", [False, True])
-def test_a_torchscript_function_picked_from_a_registry_dict_is_said(own):
+def test_a_torchscript_function_picked_from_a_registry_dict_is_said(own, unfollowed):
     """A TorchScript core reached through a dict (a global registry, or one the module keeps) ran unseen: its layer
     had no record and, with another layer's softmax seen, no note. Held in a dict it is heard as a global name is, and
     the dict is put back."""
@@ -297,6 +311,92 @@ def test_a_torchscript_function_picked_from_a_registry_dict_is_said(own):
     assert len(said) == 1 and "'layers.1'" in said[0], cap.notes
     registry = model.layers[1].__dict__["impls"] if own else ATTENTION_FUNCTIONS
     assert registry["jit"] is upcast_masked_softmax
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+@pytest.mark.parametrize("where", ["jit", "rotary"])
+def test_a_torchscript_function_is_followed_through_the_python_it_was_compiled_from(where, batch):
+    """``torch.jit.script`` keeps the Python function it compiled: run again beside the script on copies of its
+    arguments, it gives what the script returned, so its ops are followed. GPT-BigCode's scripted softmax is recorded,
+    ChatGLM's scripted rotary keeps the queries' and keys' lineage: exact maps, the model's own, and nothing said."""
+    torch.manual_seed(0)
+    model = Lm(where).eval()
+    ids = torch.randint(0, VOCAB, (batch, 5))
+    with torch.no_grad():
+        plain = model(ids)
+        with capture_attention(model) as cap:
+            out = model(ids)
+    assert torch.equal(out, plain)
+    assert not [n for n in cap.notes if "TorchScript" in n], cap.notes
+    assert len(cap.records) == 1, cap.records
+    rec = cap.records[0]
+    assert rec.exact and rec.flag is None and rec.kind == "dec_self" and rec.name == "attn"
+    torch.testing.assert_close(rec.probs, model.attn.kept, rtol=0, atol=0)
+    assert rec.mask is not None and torch.equal(rec.mask, torch.ones(batch, 5, 5, dtype=torch.bool).tril())
+
+
+@pytest.mark.parametrize("where", ["jit", "rotary"])
+def test_a_torchscript_function_its_python_does_not_repeat_is_said(where, monkeypatch):
+    """Where the Python function kept gives other values than the script (a fused kernel's rounding; here another
+    function put in its place), the script's ops were not those capture followed: said, and a map the Python made
+    is flagged, never shown as the script's."""
+
+    def other_softmax(x, mask, mask_value):
+        return torch.where(mask, x, mask_value).softmax(-1) * 0.5
+
+    def other_rotate(x):
+        return x * 2
+
+    monkeypatch.setattr(upcast_masked_softmax, "_torchdynamo_inline", other_softmax)
+    monkeypatch.setattr(rotate, "_torchdynamo_inline", other_rotate)
+    torch.manual_seed(0)
+    model = Lm(where).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, VOCAB, (2, 5)))
+    said = [n for n in cap.notes if "TorchScript" in n]
+    assert len(said) == 1 and "'attn'" in said[0]
+    assert cap.records and all(not r.exact for r in cap.records)
+    if where == "jit":  # (the Python function's map: not the one the model used)
+        assert "did not give what the script returned" in (cap.records[0].flag or "")
+
+
+@torch.jit.script
+def doubled_and_dropped(x: torch.Tensor, p: float) -> torch.Tensor:
+    x.mul_(2.0)  # (its argument written in place)
+    return torch.dropout(x, p, True)
+
+
+class InPlaceRandom(nn.Module):
+    """Queries through a TorchScript function that writes its argument in place and drops features at random."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.qkv = nn.Embedding(VOCAB, D), nn.Linear(D, 3 * D)
+
+    def forward(self, ids):
+        q, k, v = self.qkv(self.emb(ids)).split(D, dim=-1)
+        q = doubled_and_dropped(q.contiguous(), 0.5)
+        w = (q @ k.transpose(-1, -2)).softmax(-1)
+        self.kept = w.detach().clone()
+        return w @ v
+
+
+def test_a_torchscript_function_that_writes_in_place_and_draws_at_random_runs_once_for_the_model():
+    """The Python function runs on copies, from the random state the script's call started from: the model's
+    tensors are written once (by the script), its random numbers are the ones it draws without capture, and the
+    map is exact."""
+    model = InPlaceRandom()
+    ids = torch.randint(0, VOCAB, (3, 6))
+    torch.manual_seed(1)
+    plain = model(ids)
+    after_plain = torch.rand(3)
+    torch.manual_seed(1)
+    with capture_attention(model) as cap:
+        out = model(ids)
+    assert torch.equal(out, plain) and torch.equal(torch.rand(3), after_plain)
+    assert len(cap.records) == 1 and cap.records[0].exact, (cap.records, cap.notes)
+    torch.testing.assert_close(cap.records[0].probs, model.kept[:, None], rtol=0, atol=0)
+    assert not [n for n in cap.notes if "TorchScript" in n]
 
 
 class KeepsWeights(nn.TransformerEncoderLayer):

@@ -7230,9 +7230,25 @@ class _Session:
                   + ". Apply the mask after such ops")  # fmt: skip
 
     # -- recording -------------------------------------------------------------------------------------
+    def hears_script(self) -> bool:
+        """A TorchScript function called now is the model's code (this block's thread, not capture's own work)."""
+        return threading.get_ident() == self.thread and not getattr(_LOCAL, "busy", 0)
+
+    def script_unfollowed(self, name: str, start: int) -> None:
+        """The Python original of TorchScript function ``name`` did not give what the script returned: the maps it
+        made (records from ``start`` on) are not the script's, flagged as such."""
+        why = (f"made by the Python function TorchScript ({name}) was compiled from, run again beside it, which did "
+               "not give what the script returned: the script's own ops run where capture cannot see them, so this "
+               "map may not be the one it used")  # fmt: skip
+        for i in range(start, len(self.cap.records)):
+            r = self.cap.records[i]
+            if r.exact:
+                self.cap.records[i] = _replaced(r, exact=False, flag=why)
+
     def on_script(self, name: str) -> None:
-        """A TorchScript function the model's code called (wrapped for the block): where it ran."""
-        if threading.get_ident() != self.thread or getattr(_LOCAL, "busy", 0) > 0:
+        """A TorchScript function the model's code called (wrapped for the block), its ops not followed: where
+        it ran."""
+        if not self.hears_script():
             return
         path = self.path()
         if self.outside:
@@ -7644,17 +7660,18 @@ class _Session:
             return False
         return not bool(torch.isin(qp, hq).any()) and not bool(torch.isin(kp, hk).any())
 
-    def _causal(self, mask: torch.Tensor, blocks: bool = False) -> bool | None:
-        """_is_causal_mask(mask) (``blocks``: _chunked(mask), causal by blocks of several positions each),
-        asked once per mask: the layers of a model are handed the same one (the tensor is held with the answer,
-        so its memory is never another's; a write since makes a new key)."""
-        ask = _chunked if blocks else _is_causal_mask
+    def _causal(self, mask: torch.Tensor, blocks: bool = False, off_by_one: bool = False) -> bool | None:
+        """_is_causal_mask(mask) (``blocks``: _chunked(mask), causal by blocks of several positions each;
+        ``off_by_one``: _causal_off_by_one(mask)), asked once per mask: the layers of a model are handed the same
+        one (the tensor is held with the answer, so its memory is never another's; a write since makes a new
+        key)."""
+        ask = _causal_off_by_one if off_by_one else _chunked if blocks else _is_causal_mask
         try:
             key = (mask.untyped_storage().data_ptr(), mask.storage_offset(), tuple(mask.shape),
-                   mask.stride(), mask.dtype, mask.device, _version_of(mask), blocks)  # fmt: skip
+                   mask.stride(), mask.dtype, mask.device, _version_of(mask), blocks, off_by_one)  # fmt: skip
         except (RuntimeError, NotImplementedError):  # (no storage of its own)
             return ask(mask)
-        if key[-2] is None:  # an inference tensor: no version counter tells a write
+        if key[-3] is None:  # an inference tensor: no version counter tells a write
             return ask(mask)
         hit = self._causal_masks.get(key)
         if hit is None:
@@ -7695,7 +7712,7 @@ class _Session:
             # see all their own keys and another input's before them: an image's over a text's, UnCLIP's)
         if not exact and lq != lk:
             return "cross"
-        if mask is not None and lq == lk and _causal_off_by_one(mask):
+        if mask is not None and lq == lk and self._causal(mask, off_by_one=True):
             self.warn(path, (lq, lk), "a causal mask off by one (every query sees the key after its own and none "
                       "further: a causal buffer sliced a row too far, bias[:, :, 1:T + 1, :T]): the future "
                       "leaks one token; recorded as decoder self-attention with the mask as it ran")  # fmt: skip
@@ -11692,9 +11709,20 @@ def _one_way(mask: torch.Tensor) -> bool:
     # block slides along, as no union of keys the data picked does
     reach = torch.where(real, hi, -1)
     start = torch.where(real, lo, -1)
-    return bool((reach == reach.cummax(-1).values.masked_fill(~real, -1)).all()) and bool(
-        (start == start.cummax(-1).values.masked_fill(~real, -1)).all()
-    )
+    if not (
+        bool((reach == reach.cummax(-1).values.masked_fill(~real, -1)).all())
+        and bool((start == start.cummax(-1).values.masked_fill(~real, -1)).all())
+    ):
+        return False
+    # and a row that sees later keys sees them as a block of its own: the last key it sees is a real row that sees
+    # no further (a multimodal decoder's image block, a prefix LM's prefix). Rows that each see a little further
+    # than the one before (d2l's per-query valid lengths, a window over both sides) are no decoder's
+    ahead = real & (hi > torch.arange(lq, device=mask.device))
+    if bool(ahead.any()):
+        ends = real.gather(-1, hi) & (hi.gather(-1, hi) == hi)
+        if bool((ahead & ~ends).any()):
+            return False
+    return True
 
 
 def _chunked(mask: torch.Tensor) -> bool:
@@ -12137,14 +12165,112 @@ class _ScriptCall:
         self.__doc__ = getattr(fn, "__doc__", None)
 
     def __call__(self, *args, **kwargs):
-        for session in getattr(_LOCAL, "sessions", ()):
+        sessions = list(getattr(_LOCAL, "sessions", ()))
+        py = getattr(
+            self.fn, "_torchdynamo_inline", None
+        )  # (the Python function ``torch.jit.script`` compiled)
+        stack = _current_modes() if sessions and callable(py) else []
+        live = [s for s in sessions if s.hears_script() and getattr(s, "mode", None) in stack]
+        copies = _script_copies(args, kwargs) if live else None
+        state = _rng_state_all() if copies is not None else None
+        out = self.fn(*args, **kwargs)
+        if copies is not None and _script_followed(py, copies, out, state, live, self.name):
+            return out
+        for session in sessions:
             session.on_script(self.name)
-        return self.fn(*args, **kwargs)
+        return out
 
     def __getattr__(self, attr: str) -> Any:  # (graph, code, schema: the function's own)
         if attr == "fn":  # (not set yet: a copy made without __init__ asks before it is)
             raise AttributeError(attr)
         return getattr(self.fn, attr)
+
+
+def _current_modes() -> list[TorchFunctionMode]:
+    """The TorchFunctionModes on this thread's stack now (capture's own set aside where torch runs its fast path)."""
+    return [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
+
+
+def _rng_state_all() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """The CPU's RNG state, and every GPU's where CUDA is up: what a TorchScript function may draw from."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _script_copies(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Copies of a TorchScript call's tensor arguments (parameters as they are), made under capture's mode so each
+    keeps its lineage: the Python function the script was compiled from runs on them, never on the model's own
+    tensors (a function that writes its arguments in place writes the copies). None where they cannot be made."""
+    from torch.utils._pytree import tree_map
+
+    def copy(a: Any) -> Any:
+        return a.clone() if isinstance(a, torch.Tensor) and not _is_param(a) else a
+
+    try:
+        return tree_map(copy, args), tree_map(copy, kwargs)
+    except Exception:  # (an argument torch cannot copy: the call is said unseen, as before)
+        return None
+
+
+def _same_results(a: Any, b: Any) -> bool:
+    """Two results of a function equal value for value (tensors of one shape, dtype and device, and equal)."""
+    from torch.utils._pytree import tree_flatten
+
+    flat_a, spec_a = tree_flatten(a)
+    flat_b, spec_b = tree_flatten(b)
+    if spec_a != spec_b:
+        return False
+    for x, y in zip(flat_a, flat_b, strict=True):
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+                return False
+            if (
+                x.shape != y.shape
+                or x.dtype != y.dtype
+                or x.device != y.device
+                or not bool(torch.equal(x, y))
+            ):
+                return False
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
+
+
+def _script_followed(
+    py: Callable, copies: tuple[tuple, dict], out: Any, state, sessions: list, name: str
+) -> bool:
+    """A TorchScript function's Python original (``torch.jit.script`` keeps it) run once more under capture's mode,
+    on copies of the arguments and from the RNG state the script's call started from: where it gives what the
+    script returned, value for value, its ops were those the mode follows, and each result takes the lineage its
+    copy got (what went through the script is followed, and a map made inside it is the script's, recorded). Where
+    it does not (or raises), the maps it made are flagged and False: the call is said unseen, as before."""
+    starts = [len(s.cap.records) for s in sessions]
+    got: Any = _MISSING
+    try:
+        with torch.random.fork_rng(devices=range(len(state[1])) if state[1] is not None else []):
+            torch.set_rng_state(state[0])
+            if state[1] is not None:
+                torch.cuda.set_rng_state_all(state[1])
+            got = py(*copies[0], **copies[1])
+    except Exception:
+        got = _MISSING
+    _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1  # (the comparison and the tags: capture's own work)
+    try:
+        same = got is not _MISSING and _same_results(out, got)
+        if same:
+            from torch.utils._pytree import tree_leaves
+
+            for session in sessions:
+                for o, g in zip(tree_leaves(out), tree_leaves(got), strict=True):
+                    tag = session.tag(g) if isinstance(g, torch.Tensor) else None
+                    if tag is not None and tag is not _PARAM_TAG and isinstance(o, torch.Tensor):
+                        session.set(o, tag)
+            return True
+        for session, start in zip(sessions, starts, strict=True):
+            session.script_unfollowed(name, start)
+        return False
+    finally:
+        _LOCAL.busy -= 1
 
 
 def _wrap_scripts(calls: list[tuple[dict, str]]) -> list[tuple[int, str]]:
