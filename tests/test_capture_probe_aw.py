@@ -1000,13 +1000,25 @@ def test_one_token_through_heads_joined_by_their_outputs_is_said_undecided():
 
 
 def test_a_causal_transformer_encoder_over_one_token_is_said_undecided():
+    """Over one token a causal mask looks like an encoder's, but torch's encoder reads a mask equal to its causal
+    one as causal (or is told so, is_causal=True) and runs its layers with is_causal=True: the call says it is
+    causal, and that decides (dec_self, nothing said). Without a mask there is nothing to say it: undecided."""
     enc = nn.TransformerEncoder(
         nn.TransformerEncoderLayer(16, 2, 16, dropout=0.0, batch_first=True, norm_first=True),
         2,
         enable_nested_tensor=False,
     ).eval()
     with torch.no_grad(), capture_attention(enc) as cap:
+        enc(torch.randn(1, 1, 16), mask=nn.Transformer.generate_square_subsequent_mask(1))
+    assert [r.kind for r in cap.records] == ["dec_self", "dec_self"] and not cap.notes
+    with torch.no_grad(), capture_attention(enc) as cap:
         enc(torch.randn(1, 1, 16), mask=nn.Transformer.generate_square_subsequent_mask(1), is_causal=True)
+    assert [r.kind for r in cap.records] == ["dec_self", "dec_self"] and not cap.notes
+    with torch.no_grad(), capture_attention(enc, kinds={"layers.*": "enc_self"}) as cap:
+        enc(torch.randn(1, 1, 16), mask=nn.Transformer.generate_square_subsequent_mask(1), is_causal=True)
+    assert [r.kind for r in cap.records] == ["enc_self", "enc_self"]  # (kinds= from the caller decide)
+    with torch.no_grad(), capture_attention(enc) as cap:
+        enc(torch.randn(1, 1, 16))
     assert [r.kind for r in cap.records] == ["enc_self", "enc_self"]
     assert any("one token" in n and "layers.0.self_attn" in n for n in cap.notes)
     with torch.no_grad(), capture_attention(enc) as cap:  # two tokens: the causal mask decides

@@ -4,6 +4,11 @@
   a prefix of the keys, some past their own position, are no decoder's mask, yet a mask whose rows reach a little
   further each was read as causal and recorded ``dec_self``, with no word. A decoder's rows that see later keys see
   them as a block of their own (an image block, a prefix): the block's last row sees no further.
+- Scores written as a broadcast product, ``(q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1)``, are a product's scores,
+  placed by lineage: past a cross-attention the decoder's stream holds the encoder's output too, and its next
+  self-attention was recorded as cross-attention.
+- Capturing one module leaves torch.nn's own attention outside it as it runs without capture (its fast path).
+- A call that says it is causal (``is_causal=True``) over one token is a decoder's: no mask can tell there.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnscope.core.families.capture import capture_attention
@@ -87,3 +93,146 @@ def test_d2l_lengths_per_query_are_an_encoders_mask_unless_causal(lengths, batch
     keep = torch.arange(6)[None, None, :] < valid[:, :, None]
     assert rec.mask is not None and torch.equal(rec.mask, keep)
     assert rec.kind == ("dec_self" if lengths == "causal" else "enc_self"), (rec.kind, cap.notes)
+
+
+def broadcast_attention(q, k, v, mask):
+    """The Annotated Transformer's attention with its scores written as a broadcast product summed over the
+    features, ``(q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1)``, in place of ``q @ k.T``."""
+    scores = (q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) / math.sqrt(q.size(-1))  # (B, H, q, k)
+    p = scores.masked_fill(mask == 0, -1e9).softmax(-1)
+    return p @ v, p
+
+
+class BroadcastMHA(nn.Module):
+    def __init__(self, d: int, h: int):
+        super().__init__()
+        self.h, self.proj = h, nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x, memory, mask):
+        b = x.size(0)
+        q, k, v = (lin(t).view(b, -1, self.h, t.size(-1) // self.h).transpose(1, 2)
+                   for lin, t in zip(self.proj, (x, memory, memory), strict=False))  # fmt: skip
+        y, p = broadcast_attention(q, k, v, mask.unsqueeze(1))
+        self.truth = p.detach().clone()
+        return self.proj[3](y.transpose(1, 2).reshape(b, -1, x.size(-1)))
+
+
+class BroadcastSeq2Seq(nn.Module):
+    """An encoder and two decoder layers (self-attention, then cross-attention over the encoder's output)."""
+
+    def __init__(self, d: int, h: int):
+        super().__init__()
+        self.emb, self.enc = nn.Embedding(20, d), BroadcastMHA(d, h)
+        self.dec_self = nn.ModuleList(BroadcastMHA(d, h) for _ in range(2))
+        self.dec_cross = nn.ModuleList(BroadcastMHA(d, h) for _ in range(2))
+
+    def forward(self, src, tgt):
+        src_mask = (src != 0).unsqueeze(-2)
+        n = tgt.size(1)
+        tgt_mask = (tgt != 0).unsqueeze(-2) & torch.ones(n, n, dtype=torch.bool).tril()
+        x = self.emb(src)
+        memory = x + self.enc(x, x, src_mask)
+        y = self.emb(tgt)
+        for sa, ca in zip(self.dec_self, self.dec_cross, strict=True):
+            y = y + sa(y, y, tgt_mask)
+            y = y + ca(y, memory, src_mask)
+        return y
+
+
+@pytest.mark.parametrize("heads", [1, 2, 4])
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_scores_as_a_broadcast_product_are_placed_as_a_products(batch, heads):
+    """Queries times keys broadcast against each other and summed over the features are a product's scores: the
+    second decoder layer's self-attention, whose stream has read the encoder's output, stays dec_self (it was
+    recorded as cross-attention, with no word, and the trace left a decoder layer out)."""
+    torch.manual_seed(batch + heads)
+    model = BroadcastSeq2Seq(8 * heads, heads).eval()
+    src = torch.randint(1, 20, (batch, 7))
+    tgt = torch.randint(1, 20, (batch, 6))
+    src[-1, 4:] = 0
+    tgt[-1, 3:] = 0
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(src, tgt)
+    want = {"enc": "enc_self", "dec_self.0": "dec_self", "dec_cross.0": "cross", "dec_self.1": "dec_self",
+            "dec_cross.1": "cross"}  # fmt: skip
+    assert [r.name for r in cap.records] == list(want)
+    for rec in cap.records:
+        assert rec.kind == want[rec.name] and rec.exact, (rec.name, rec.kind, rec.flag)
+        torch.testing.assert_close(rec.probs, model.get_submodule(rec.name).truth, rtol=0, atol=0)
+    trace = cap.trace(batch - 1)
+    assert trace.dec_self is not None and trace.dec_self.shape[0] == 2 and trace.cross.shape[0] == 2
+
+
+class TwoAttentions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(48, 2, batch_first=True)
+        self.cross_attn = nn.MultiheadAttention(48, 2, batch_first=True)
+
+    def forward(self, x, y, pad):
+        h = x + self.self_attn(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+        return y + self.cross_attn(y, h, h, key_padding_mask=pad, need_weights=False)[0]
+
+
+def test_capturing_one_module_leaves_torch_attention_outside_it_as_it_runs():
+    """torch.nn's own attention outside the module captured runs without capture's mode, as it runs without
+    capture: under a mode torch leaves its fused fast path, and the model's output moved in its last bits."""
+    torch.manual_seed(0)
+    model = TwoAttentions().eval()
+    x, y = torch.randn(3, 6, 48), torch.randn(3, 4, 48)
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2, [False] * 5 + [True]])
+    with torch.no_grad():
+        plain = model(x, y, pad)
+        with capture_attention(model.cross_attn) as cap:
+            out = model(x, y, pad)
+    assert torch.equal(out, plain)
+    assert len(cap.records) == 1 and cap.records[0].kind == "cross"
+
+
+def test_capturing_an_encoder_leaves_the_decoders_attention_as_it_runs():
+    torch.manual_seed(0)
+    model = nn.Transformer(32, 4, 2, 2, 64, dropout=0.0, batch_first=True).eval()
+    src, tgt = torch.randn(2, 7, 32), torch.randn(2, 5, 32)
+    with torch.no_grad():
+        plain = model(src, tgt)
+        with capture_attention(model.encoder) as cap:
+            out = model(src, tgt)
+    assert torch.equal(out, plain)
+    assert len(cap.records) == 2 and all(r.kind == "enc_self" for r in cap.records)
+
+
+class OneTokenCausal(nn.Module):
+    """A language model's attention that says it is causal: SDPA's or MultiheadAttention's is_causal=True."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.emb = nn.Embedding(20, 16)
+        self.qkv = nn.Linear(16, 48)
+        self.mha = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, 0.0, batch_first=True), 1,
+                                         enable_nested_tensor=False)  # fmt: skip
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        n = ids.shape[1]
+        causal = nn.Transformer.generate_square_subsequent_mask(n)
+        if self.how == "sdpa":
+            q, k, v = (t.view(*ids.shape, 2, 8).transpose(1, 2) for t in self.qkv(x).split(16, -1))
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.how == "mha":
+            return self.mha(x, x, x, attn_mask=causal, is_causal=True, need_weights=False)[0]
+        return self.enc(x, mask=causal, is_causal=True)
+
+
+@pytest.mark.parametrize("how", ["sdpa", "mha", "encoder"])
+@pytest.mark.parametrize("length", [1, 3])
+def test_a_call_that_says_it_is_causal_is_a_decoders_over_one_token_too(how, length):
+    """Over one token no mask tells an encoder from a decoder, but a call with is_causal=True says which it is:
+    dec_self, and no note that capture could not tell (it was enc_self, with that note)."""
+    torch.manual_seed(0)
+    model = OneTokenCausal(how).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(0, 20, (2, length)))
+    assert len(cap.records) == 1 and cap.records[0].kind == "dec_self" and cap.records[0].exact
+    assert not [n for n in cap.notes if "cannot tell" in n], cap.notes

@@ -2373,6 +2373,10 @@ class _Session:
         self._shifted: dict[int, tuple] = {}
         # features joined with columns the model made (``cat([torch.ones(B, 1), x_num], 1)``): the made columns
         self._made_columns: dict[int, tuple] = {}
+        # _hold: products of queries and keys broadcast against each other, ``q.unsqueeze(-2) * k.unsqueeze(-3)``
+        # (..., n, m, d): (the queries' codes (..., n), the keys' (..., m), why not, or None), scores once summed
+        # over their features
+        self._outer_products: dict[int, tuple] = {}
         self._unplaced: dict[int, tuple] = {}  # _hold: other softmaxes left out as not attention (+ reason)
         # _hold: energies, one number a position made by a projection (``v(tanh(W h + U s))``), and what the
         # model makes of them without a softmax (a sigmoid, a cumprod: monotonic attention's alignment)
@@ -2468,6 +2472,9 @@ class _Session:
         # the modules running now without the mode, and whether it was set aside for them (the layers of
         # an encoder set aside run without it already); the input of the encoder set aside
         self._set_aside: list[tuple[nn.Module, bool]] = []
+        # torch.nn's own attention outside the model captured: id -> (it, held weakly; whether it runs set aside)
+        self._outside_native: dict[int, tuple[weakref.ref, bool]] = {}
+        self._aside_only: set[int] = set()  # modules set aside now that are outside the model (not recorded)
         self._encoder_input: torch.Tensor | None = None
         self._rows_zeroed = False  # the last MultiheadAttention record weighed a row with no key 0
         # the TorchFunctionModes set below capture's (``torch.device("cuda")``, ``set_default_device``), set
@@ -2832,6 +2839,10 @@ class _Session:
                 if name in LOSSES and self.cap.records:
                     self._fed_to_loss(args, kwargs)
                 self.propagate(name, func, args, kwargs, out, pre)
+                if name in MUL and len(args) == 2 and type(out) is torch.Tensor and out.dim() >= 3:
+                    self._outer_product(args, out)
+                elif self._outer_products and name == "sum" and type(out) is torch.Tensor and args:
+                    self._outer_summed(args, kwargs, out)
                 if (
                     name == "masked_fill_"
                     and len(args) >= 3
@@ -4992,6 +5003,64 @@ class _Session:
         origin = tags[0].origin | tags[1].origin
         self.set(out, _Tag("scores", origin, smap=ScoreMap(tuple(int(d) for d in out.shape), q, k)))
         return True
+
+    def _outer_product(self, args, out: torch.Tensor) -> None:
+        """Queries times keys broadcast against each other, ``q.unsqueeze(-2) * k.unsqueeze(-3)`` (..., n, m, d):
+        a dot product written out, as ``q @ k.T`` once summed over the features. Held with the queries' and keys'
+        codes, so that sum is tagged as scores placed by lineage, as after a product (``_outer_summed``)."""
+        a, b = args
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() < 3 or b.dim() < 3:
+            return
+        ga, gb = self.tag(a), self.tag(b)
+        if ga is None or gb is None or any(g.role in ("scores", "param") or g.probs is not None or g.rowq is not None
+                                           for g in (ga, gb)):  # fmt: skip
+            return
+        ca, cb = self.code_of(a), self.code_of(b)
+        if ca is None or cb is None or tuple(ca.shape) != tuple(a.shape) or tuple(cb.shape) != tuple(b.shape):
+            return
+
+        def spread(t: torch.Tensor, dim: int) -> bool:  # one value repeated along ``dim`` (1, or expanded)
+            return t.shape[dim] == 1 or t.stride(dim) == 0
+
+        n, m = int(out.shape[-3]), int(out.shape[-2])
+        if spread(b, -3) and spread(a, -2) and not spread(a, -3) and not spread(b, -2):
+            q_side, k_side = ca, cb
+        elif spread(a, -3) and spread(b, -2) and not spread(b, -3) and not spread(a, -2):
+            q_side, k_side = cb, ca
+        else:
+            return
+        if n < 2 or m < 2 or int(a.shape[-1]) != int(b.shape[-1]) or int(out.shape[-1]) != int(a.shape[-1]):
+            return
+        q, mixed_q = lineage.reduced(q_side.select(-2, 0), -1)  # (..., n)
+        k, mixed_k = lineage.reduced(k_side.select(-3, 0), -1)  # (..., m)
+        lead = tuple(out.shape[:-3])
+        try:
+            q, k = q.expand(*lead, n), k.expand(*lead, m)
+        except RuntimeError:
+            return
+        why = "the product multiplies features of different positions" if mixed_q or mixed_k else None
+        _hold(self._outer_products, out, q, k, why, ga.origin | gb.origin)
+
+    def _outer_summed(self, args, kwargs, out: torch.Tensor) -> None:
+        """A broadcast product of queries and keys (``_outer_product``) summed over its features: their scores."""
+        held = _held(self._outer_products, args[0])
+        if held is None:
+            return
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        if isinstance(dim, (tuple, list)) and len(dim) == 1:
+            dim = dim[0]
+        keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        x = args[0]
+        if (
+            not isinstance(dim, int)
+            or dim % x.dim() != x.dim() - 1
+            or keep
+            or kwargs.get("dtype") is not None
+        ):
+            return
+        _, q, k, why, origin = held
+        smap = ScoreMap(tuple(int(d) for d in out.shape), q, k)
+        self.set(out, _Tag("scores", origin, smap=smap.fail(why) if why else smap))
 
     def _outside_only(self, code: torch.Tensor) -> bool:
         """Every position of ``code`` is one capture made up for a tensor from outside the call, or made by
@@ -7691,12 +7760,15 @@ class _Session:
         def causal_mask() -> bool:
             return mask is not None and lq > 1 and bool(self._causal(mask) if causal is None else causal)
 
+        # one query over its one key in a call that says it is causal (SDPA's or MultiheadAttention's
+        # is_causal=True): no mask can tell there, the call's word does
+        declared = causal is True and lq == lk == 1
         for pattern, kind in (*self.given.items(), *self.fixed.items()):  # the caller's kinds= first
             if pattern == path or fnmatch.fnmatchcase(path, pattern):
                 if (
                     kind == "enc_self"
                     and pattern not in self.given
-                    and (causal_mask() or path in self._meant_causal)
+                    and (causal_mask() or declared or path in self._meant_causal)
                 ):
                     return "dec_self"  # an nn.TransformerEncoder run with a causal mask: a language model
                 if kind == "enc_self" and pattern not in self.given and lq == lk and _undecided(mask, lq):
@@ -7717,7 +7789,9 @@ class _Session:
                       "further: a causal buffer sliced a row too far, bias[:, :, 1:T + 1, :T]): the future "
                       "leaks one token; recorded as decoder self-attention with the mask as it ran")  # fmt: skip
             return "dec_self"
-        if causal_mask() or path in self._meant_causal:  # (a causal mask of 0s and 1s added: broken)
+        if (
+            causal_mask() or declared or path in self._meant_causal
+        ):  # (a causal mask of 0s and 1s added: broken)
             if causal is None and mask is not None and lq == lk and self._causal(mask, blocks=True):
                 self._by_blocks.setdefault(
                     path, (lq, lk)
@@ -9710,7 +9784,7 @@ class _Session:
                      "arguments" if allowed is not None else None, cross, check, ext,
                      key_labels=seen.key_labels if seen else None,
                      query_labels=seen.query_labels if seen else None,
-                     causal=True if a.get("is_causal") and a.get("attn_mask") is None and lq == lk >= 2 else None,
+                     causal=True if a.get("is_causal") and a.get("attn_mask") is None and lq == lk else None,
                      values=hv, query=a["query"], raw_queries=bool(seen and seen.raw_queries),
                      key_pos=self._sdpa_key_positions(a["key"], unsq, b) if lq < lk else None)  # fmt: skip
         if rec is not None:
@@ -9971,6 +10045,9 @@ class _Session:
         output is recorded; where neither or both do, the Python path's, flagged. Without ``rebuilds``
         the call ran the Python code (under the mode)."""
         query, key = p["query"], p["key"]
+        declared = bool(
+            p["is_causal"]
+        )  # (the call says its mask is causal: it decides one query over one key)
         by_sdpa = not p.get("need_weights", True)  # (its weights inside SDPA: a row with no key is 0)
         attn_mask = p["attn_mask"]
         fused = None  # the fused path's reading of the masks, where it may weigh otherwise
@@ -10087,10 +10164,11 @@ class _Session:
             query_labels = None
         hv = _mha_values(p, h, (b, h, lk))
         q_first, q_code = self._mha_query(query)
+        one = declared and int(weights.shape[-2]) == int(weights.shape[-1]) == 1
         rec = self._record(path, weights, scores, allowed, "nn.MultiheadAttention",
                            "arguments" if allowed is not None else None, cross, key_labels=labels,
                            query_labels=query_labels, values=hv, flag=dropped,
-                           query=q_first, query_code=q_code)  # fmt: skip
+                           query=q_first, query_code=q_code, causal=True if one else None)  # fmt: skip
         if dropped is not None:
             self.warn(path, tuple(weights.shape), f"could not verify: {dropped}")
         if rec is not None and key.dim() in (2, 3):
@@ -10117,11 +10195,10 @@ class _Session:
         runs without the mode, so torch takes its fused fast paths where it would without capture, and
         its output is the one it computes uncaptured. The layers of an encoder set aside are recorded
         from their arguments too (nested tensors where the encoder makes them)."""
-        if (
-            id(module) not in self.native
-            or threading.get_ident() != self.thread
-            or getattr(_LOCAL, "busy", 0) > 0
-        ):
+        if threading.get_ident() != self.thread or getattr(_LOCAL, "busy", 0) > 0:
+            return
+        if id(module) not in self.native:
+            self._aside_outside(module)
             return
         if self._set_aside:  # inside a module set aside: only an encoder's own layers are recorded
             holder = self._set_aside[-1][0]
@@ -10130,14 +10207,7 @@ class _Session:
             return
         if not torch._C._is_torch_function_mode_enabled():  # hidden from modes (DisableTorchFunction)
             return
-        if isinstance(module, nn.TransformerEncoder):
-            attns = [cast(nn.MultiheadAttention, layer.self_attn) for layer in module.layers]
-        else:
-            attns = [
-                module
-                if isinstance(module, nn.MultiheadAttention)
-                else cast(nn.MultiheadAttention, module.self_attn)
-            ]
+        attns = _attentions_of(module)
         with _modes_aside():  # (a mode of the user's below capture's sees the model's ops alone)
             nested = bool(args) and isinstance(args[0], torch.Tensor) and args[0].is_nested
         if (
@@ -10169,6 +10239,34 @@ class _Session:
         if isinstance(module, nn.TransformerEncoder):
             self._encoder_input = args[0]
 
+    def _aside_outside(self, module: nn.Module) -> None:
+        """torch.nn's own attention outside the model captured (the decoder's MultiheadAttention where only the
+        encoder is captured) runs without the mode too, as it runs without capture: under a mode torch leaves
+        its fused fast path, and the output would change in its last bits. Not recorded (it is not the model's),
+        and never a module the model captured runs inside (an encoder around the layer captured)."""
+        if (
+            self._set_aside
+            or type(module) not in _NATIVE_TYPES
+            or id(module) in self.names
+            or not torch._C._is_torch_function_mode_enabled()
+        ):
+            return
+        outside = self._outside_native.get(id(module))
+        if outside is None or outside[0]() is not module:
+            native = _native_layer(module) or _native_mha(module) or _native_encoder(module)
+            holds = any(m is self.model for m in module.modules())
+            if len(self._outside_native) >= HELD:
+                self._outside_native.clear()
+            outside = self._outside_native[id(module)] = (weakref.ref(module), native and not holds)
+        if not outside[1] or any(sa.training and sa.dropout > 0 for sa in _attentions_of(module)):
+            return  # (weights drawn at random: as in the model, followed under the mode)
+        n = torch._C._len_torch_function_stack()
+        if n == 0 or torch._C._get_function_stack_at(n - 1) is not self.mode:
+            return
+        torch._C._pop_torch_function_stack()
+        self._set_aside.append((module, True))
+        self._aside_only.add(id(module))
+
     def after_layer(self, module: nn.Module, args: tuple, *rest: Any) -> None:
         """A global forward hook (always called): the mode back, and the layer's attention recorded from
         its arguments (``rest``: kwargs and output; the output alone, None, where the forward raised)."""
@@ -10180,7 +10278,9 @@ class _Session:
             return
         _, popped = self._set_aside.pop()
         try:
-            if len(rest) == 2 and rest[1] is not None:
+            if id(module) in self._aside_only:  # (outside the model captured: not recorded)
+                self._aside_only.discard(id(module))
+            elif len(rest) == 2 and rest[1] is not None:
                 _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1
                 try:
                     with _modes_aside():  # (the user's modes stay off capture's own tensors)
@@ -11876,6 +11976,13 @@ def _layer_kinds(model: nn.Module, modules=None) -> dict[str, str]:
 
 
 _NATIVE_TYPES = (nn.TransformerEncoderLayer, nn.TransformerEncoder, nn.MultiheadAttention)
+
+
+def _attentions_of(m: nn.Module) -> list[nn.MultiheadAttention]:
+    """The MultiheadAttention of torch.nn's own encoder, encoder layer, or MultiheadAttention itself."""
+    if isinstance(m, nn.TransformerEncoder):
+        return [cast(nn.MultiheadAttention, layer.self_attn) for layer in m.layers]
+    return [m if isinstance(m, nn.MultiheadAttention) else cast(nn.MultiheadAttention, m.self_attn)]
 
 
 def _native_layer(m: nn.Module) -> bool:
