@@ -9,12 +9,16 @@
   self-attention was recorded as cross-attention.
 - Capturing one module leaves torch.nn's own attention outside it as it runs without capture (its fast path).
 - A call that says it is causal (``is_causal=True``) over one token is a decoder's: no mask can tell there.
+- A video's frames folded into the batch before a 2-D patch conv are rows of their clip, not sequences of their own.
+- A cross-attention's keys from another input (an image's features) are never drawn under the tokens of the text's
+  self-attention, also where they are as many.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -236,3 +240,117 @@ def test_a_call_that_says_it_is_causal_is_a_decoders_over_one_token_too(how, len
         model(torch.randint(0, 20, (2, length)))
     assert len(cap.records) == 1 and cap.records[0].kind == "dec_self" and cap.records[0].exact
     assert not [n for n in cap.notes if "cannot tell" in n], cap.notes
+
+
+def test_another_models_torch_attention_in_the_block_runs_as_without_capture_and_is_said():
+    """torch.nn's attention of another model called in the block (neither part of the model captured nor holding
+    it) runs as it runs without capture too, and its attention is still said as not recorded."""
+
+    class Other(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+
+        def forward(self, x):
+            return self.attn(x, x, x, need_weights=False)[0]
+
+    torch.manual_seed(0)
+    captured, other = nn.MultiheadAttention(16, 2, batch_first=True).eval(), Other().eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        plain = other(x)
+        with capture_attention(captured) as cap:
+            captured(x, x, x, need_weights=False)
+            out = other(x)
+    assert torch.equal(out, plain)
+    assert len(cap.records) == 1
+    assert [s for s in cap.skipped if "another model" in s.reason], cap.skipped
+
+
+class FramesFolded(nn.Module):
+    """A video transformer's space attention (TimeSformer's 'space_only'): the clip's frames folded into the batch
+    before the 2-D patch conv, each frame's patches attending to each other."""
+
+    def __init__(self, heads: int, fold: str):
+        super().__init__()
+        self.h, self.fold = heads, fold
+        self.proj = nn.Conv2d(3, 8 * heads, 4, 4)
+        self.qkv = nn.Linear(8 * heads, 24 * heads)
+
+    def forward(self, video):  # (B, C, T, H, W)
+        b, c, t, hh, ww = video.shape
+        if self.fold == "clip-major":  # '(b t)', as einops' rearrange 'b c t h w -> (b t) c h w' makes it
+            frames = video.permute(0, 2, 1, 3, 4).reshape(b * t, c, hh, ww)
+        else:  # '(t b)'
+            frames = video.permute(2, 0, 1, 3, 4).reshape(t * b, c, hh, ww)
+        x = self.proj(frames).flatten(2).transpose(1, 2)  # (rows, patches, d)
+        n, p, d = x.shape
+        q, k, v = self.qkv(x).reshape(n, p, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        w = (q @ k.transpose(-2, -1) * (d // self.h) ** -0.5).softmax(-1)
+        self.truth = w.detach().clone()
+        return (w @ v).transpose(1, 2).reshape(n, p, d)
+
+
+@pytest.mark.parametrize("fold", ["clip-major", "frame-major"])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_frames_folded_into_the_batch_before_the_patch_conv_are_rows_of_their_clip(batch, fold):
+    """Each record row is one frame of one clip: ``rows_of`` says which clip (it said each frame was a sequence of
+    its own), and a trace of clip b says which row it draws, never a frame of another clip as clip b's without a
+    word."""
+    torch.manual_seed(batch)
+    model = FramesFolded(2, fold).eval()
+    frames = 3
+    video = torch.randn(batch, 3, frames, 8, 8)
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(video)
+    rec = cap.records[0]
+    assert rec.exact
+    torch.testing.assert_close(rec.probs, model.truth, rtol=0, atol=0)
+    found = cap.rows_of(rec)
+    assert found is not None
+    rows, clips = found
+    row = torch.arange(batch * frames)
+    want = row // frames if fold == "clip-major" else row % batch
+    assert clips == batch and torch.equal(rows.long(), want), (rows, clips)
+    for b in range(batch):
+        trace = cap.trace(b)
+        notes = trace.meta.get("capture_notes") or []
+        drawn = torch.from_numpy(np.array(trace.enc_self))[0]
+        which = [r for r in range(batch * frames) if torch.equal(drawn, model.truth[r])]
+        assert which, "the trace draws no row of the maps"
+        if int(want[which[0]]) != b:  # (a row of another clip: said)
+            assert any(f"reads positions of sequence {int(want[which[0]])}" in n for n in notes), notes
+
+
+class TextThenImage(nn.Module):
+    """One attention module: the text over itself, then the text asking an image's features."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.img = nn.Embedding(50, 16), nn.Conv1d(3, 16, 3, padding=1)
+        self.q, self.k, self.v = (nn.Linear(16, 16) for _ in range(3))
+
+    def attend(self, x, memory):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, -1, 2, 8).transpose(1, 2) for t in (self.q(x), self.k(memory), self.v(memory)))
+        w = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(-1)
+        return (w @ v).transpose(1, 2).reshape(b, n, 16)
+
+    def forward(self, ids, pixels):
+        x, memory = self.emb(ids), self.img(pixels).transpose(1, 2)
+        x = x + self.attend(x, x)
+        return x + self.attend(x, memory)
+
+
+@pytest.mark.parametrize("features", [6, 9])
+def test_a_cross_attentions_keys_from_another_input_are_not_drawn_under_the_texts_tokens(features):
+    """The text's self-attention is drawn over its tokens; the cross-attention's keys are the image's features,
+    other positions: left out and said, also where they are as many as the tokens (they were drawn under them)."""
+    torch.manual_seed(0)
+    model = TextThenImage().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, 50, (2, 6)), torch.randn(2, 3, features))
+    assert [r.kind for r in cap.records] == ["enc_self", "cross"]
+    trace = cap.trace(1, src_tokens=[f"w{i}" for i in range(6)])
+    assert trace.kinds == ("enc_self",)
+    assert any(n.startswith("cross (") and "left out of the trace" in n for n in trace.meta["capture_notes"])

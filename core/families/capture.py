@@ -714,6 +714,9 @@ class Captured:
         # stack: without this, the first step's self-attention stood beside the last step's cross-attention)
         cross_drawn = self._cross_drawn(index, joined, src_tokens, tgt_tokens)
         asked = _last_step_queries(cross_drawn, index) if cross_drawn else None
+        apart_from_cross = (
+            False  # the encoder self-attention drawn is over none of the cross-attention's keys
+        )
         # two inputs of as many positions attending to each other (co-attention): which of them the tokens given
         # are, nothing tells; their cross-attention and their own self-attention are left out and said
         both = [
@@ -826,6 +829,9 @@ class Captured:
                     left_out.append(f"enc_self ({_modules(groups[best])}): {why_row}")
                 at = row
                 has[best] = at < int(groups[best][0].probs.shape[0])
+                # no self-attention over the positions the cross-attention reads as keys (a text's over itself,
+                # then the text asking an image's features): those keys are not the tokens this one is over
+                apart_from_cross = has[best] and _keys_apart(groups[best][0], at, cross_drawn[0], index)
             if at == index:  # the row that holds sequence ``index``, where lineage says each row's sequence
                 moved = self._sequence_row(groups[best], index)
                 if isinstance(moved, str):
@@ -969,9 +975,24 @@ class Captured:
         for kind in list(probs):
             q, k = (int(n) for n in probs[kind].shape[-2:])
             want = tuple(given[side] for side in _SIDES[kind])
-            if (want[0] is None or want[0] == q) and (want[1] is None or want[1] == k):
-                continue
+            fit = (want[0] is None or want[0] == q) and (want[1] is None or want[1] == k)
             where = _modules(self.of(kind))
+            if fit and kind == "cross" and apart_from_cross and "enc_self" in probs:
+                # as many keys as the source's tokens, but lineage places them elsewhere: another input's
+                left_out.append(f"cross ({where}) left out of the trace: its keys are as many as the tokens, but "
+                                "other positions than those the encoder self-attention drawn is over (another "
+                                "input's: an image's features, a memory the model made), so they are not these "
+                                "tokens (cap.records has them, each key's position in record.key_positions)")  # fmt: skip
+                for name in [kind, *(f"{kind}_{what}" for what in ("scores", "mask", "learned", "value_norms",
+                                                                   "residual_norms"))]:  # fmt: skip
+                    kw.pop(name, None)
+                learned_keys.pop(kind, None)
+                scopes.pop(kind, None)
+                query_rows.pop(kind, None)
+                del probs[kind]
+                continue
+            if fit:
+                continue
             extra = learned_keys.get(kind, [])  # keys outside the sequence (pooled, learned): counted, said
             cols = (
                 _key_columns(k, want[1], key_labs.get(kind), labels.get(_SIDES[kind][1])) if extra else None
@@ -1115,6 +1136,15 @@ def _own_block(seen: torch.Tensor | None, key_labels, query_labels, rows_too: bo
                 return seen
             return own[..., keep, :]
     return own
+
+
+def _keys_apart(encoder: Record, row: int, cross: Record, index: int) -> bool:
+    """Lineage places the encoder self-attention's row ``row`` and the cross-attention's keys of row ``index``, and
+    they share no position: the cross-attention reads another input than the one the encoder attends over."""
+    qp, kp = encoder.query_positions, cross.key_positions
+    if qp is None or kp is None or row >= int(qp.shape[0]) or index >= int(kp.shape[0]):
+        return False
+    return _disjoint(qp[row : row + 1], kp[index : index + 1])
 
 
 def _encoder_row(encoder: list[Record], cross: list[Record], index: int) -> tuple[int | None, str | None]:
@@ -2397,7 +2427,7 @@ class _Session:
         self._stacked_mix: dict[int, tuple] = {}  # _hold: such weights reduced over the heads (a mix)
         # (id, version, grid, batch) of a tensor from outside -> (it, held weakly; the first of the
         # positions a conv over it made): every conv over it that keeps one grid reads those positions
-        self._grids: dict[tuple, tuple[weakref.ref, int]] = {}
+        self._grids: dict[tuple, tuple[weakref.ref, int, torch.Tensor | None]] = {}
         # weights over positions the op being followed multiplies, and whether their rows are the positions
         # of the keys (a self-attention over positions: the product keeps them)
         self._pooled_by: tuple[torch.Tensor, bool] | None = None
@@ -5386,20 +5416,67 @@ class _Session:
         parent = self.sources.at(first) if first >= 0 else None
         key = (id(x), _version_of(x), space, int(out.shape[0]))
         held = self._grids.get(key) if raw else None
+        slots = None  # each row's place among the rows, where rows of one item handed in are put together
         if held is not None and held[0]() is x:
-            start = held[1]
+            start, slots = held[1], held[2]
         elif not raw and parent is not None and parent.kind not in lineage.LABELLED:
             start = self.sources.new(n, "pooled", "pooled", ("pooled", parent.start), math.prod(space))
         else:
             tag = self.tag(x)
             label = "patches" if tag is None or not tag.origin else "input"
-            start = self.sources.new(n, "external", label, ("in", self.n_inputs), math.prod(space),
-                                     lead=(int(out.shape[0]), math.prod(space)))  # fmt: skip
+            rows = int(out.shape[0])
+            folded = self._folded_rows(x) if raw else None
+            if folded is not None:  # (a video's frames folded into the batch: one sequence a clip)
+                items, slots = folded
+                lead = (items, n // items)
+            else:
+                lead = (rows, math.prod(space))
+            start = self.sources.new(n, "external", label, ("in", self.n_inputs), lead[1], lead=lead)
             self._grid_sources.add(start)
             self.n_inputs += 1
             if raw:
-                self._grids[key] = (weakref.ref(x), start)
-        return start + torch.arange(n, device=out.device).view(out.shape[0], 1, *space)
+                self._grids[key] = (weakref.ref(x), start, slots)
+        if slots is None:
+            return start + torch.arange(n, device=out.device).view(out.shape[0], 1, *space)
+        cells = math.prod(space)
+        place = slots.to(out.device).view(-1, 1) * cells + torch.arange(cells, device=out.device)
+        return start + place.view(out.shape[0], 1, *space)
+
+    def _folded_rows(self, x: torch.Tensor) -> tuple[int, torch.Tensor] | None:
+        """A tensor from outside whose items were folded into its rows before it enters (a video's frames, ``'b c t
+        h w -> (b t) c h w'`` before a 2-D patch conv, TimeSformer's): the fold replayed on each element's item
+        (the first axis of the tensor handed in) says which item every row holds. (the items, each row's slot
+        where every item's rows come together in their order), or None: no fold, or rows that mix items or
+        hold them unevenly."""
+        held = self._outside_moves.get(id(x))
+        if held is None or held[0]() is not x:
+            return None
+        root = held[1]()
+        if root is None or root.dim() < 2:
+            return None
+        items, rows = int(root.shape[0]), int(x.shape[0])
+        if items < 1 or rows <= items or rows % items:
+            return None
+        dtype = torch.int16 if items < 2**15 else torch.int64
+        idx = torch.arange(items, dtype=dtype, device=x.device).view(items, *(1,) * (root.dim() - 1))
+        idx = idx.expand(root.shape)
+        try:
+            for func, a, kw in held[2]:
+                idx = func(idx, *a, **kw)
+        except Exception:  # (a step that does not replay on ints)
+            return None
+        if not isinstance(idx, torch.Tensor) or tuple(idx.shape) != tuple(x.shape):
+            return None
+        per_row = idx.reshape(rows, -1)
+        item = per_row[:, 0].long()
+        if not bool((per_row == per_row[:, :1]).all()):
+            return None  # (a row holds several items' values)
+        if not bool((torch.bincount(item, minlength=items) == rows // items).all()):
+            return None
+        order = torch.sort(item, stable=True).indices  # rows by item, in their order within it
+        slots = torch.empty_like(order)
+        slots[order] = torch.arange(rows, device=order.device)
+        return items, slots
 
     def _sources_key(self) -> tuple:
         """The sources so far, hashable: a key for what lineage found from codes and sources (sources are
@@ -10198,7 +10275,7 @@ class _Session:
         if threading.get_ident() != self.thread or getattr(_LOCAL, "busy", 0) > 0:
             return
         if id(module) not in self.native:
-            self._aside_outside(module)
+            self._aside_outside(module, args)
             return
         if self._set_aside:  # inside a module set aside: only an encoder's own layers are recorded
             holder = self._set_aside[-1][0]
@@ -10239,7 +10316,7 @@ class _Session:
         if isinstance(module, nn.TransformerEncoder):
             self._encoder_input = args[0]
 
-    def _aside_outside(self, module: nn.Module) -> None:
+    def _aside_outside(self, module: nn.Module, args: tuple) -> None:
         """torch.nn's own attention outside the model captured (the decoder's MultiheadAttention where only the
         encoder is captured) runs without the mode too, as it runs without capture: under a mode torch leaves
         its fused fast path, and the output would change in its last bits. Not recorded (it is not the model's),
@@ -10263,6 +10340,12 @@ class _Session:
         n = torch._C._len_torch_function_stack()
         if n == 0 or torch._C._get_function_stack_at(n - 1) is not self.mode:
             return
+        self._path_at = (-1, "")  # (where this call runs, found anew: not the last op's)
+        self.path()
+        if self.alien is not None:  # another model's (not one that holds the model): its attention is said
+            self.n_alien += 1
+            x = args[0] if args else None
+            self.skip(self.alien, tuple(x.shape) if isinstance(x, torch.Tensor) else (), _ANOTHER_MODEL)
         torch._C._pop_torch_function_stack()
         self._set_aside.append((module, True))
         self._aside_only.add(id(module))
@@ -12281,10 +12364,10 @@ class _ScriptCall:
         copies = _script_copies(args, kwargs) if live else None
         state = _rng_state_all() if copies is not None else None
         out = self.fn(*args, **kwargs)
-        if copies is not None and _script_followed(py, copies, out, state, live, self.name):
-            return out
+        followed = copies is not None and _script_followed(py, copies, out, state, live, self.name)
         for session in sessions:
-            session.on_script(self.name)
+            if not (followed and session in live):
+                session.on_script(self.name)
         return out
 
     def __getattr__(self, attr: str) -> Any:  # (graph, code, schema: the function's own)
