@@ -714,9 +714,8 @@ class Captured:
         # stack: without this, the first step's self-attention stood beside the last step's cross-attention)
         cross_drawn = self._cross_drawn(index, joined, src_tokens, tgt_tokens)
         asked = _last_step_queries(cross_drawn, index) if cross_drawn else None
-        apart_from_cross = (
-            False  # the encoder self-attention drawn is over none of the cross-attention's keys
-        )
+        # (the encoder self-attention drawn is over none of the cross-attention's keys)
+        apart_from_cross = False
         # two inputs of as many positions attending to each other (co-attention): which of them the tokens given
         # are, nothing tells; their cross-attention and their own self-attention are left out and said
         both = [
@@ -7866,9 +7865,8 @@ class _Session:
                       "further: a causal buffer sliced a row too far, bias[:, :, 1:T + 1, :T]): the future "
                       "leaks one token; recorded as decoder self-attention with the mask as it ran")  # fmt: skip
             return "dec_self"
-        if (
-            causal_mask() or declared or path in self._meant_causal
-        ):  # (a causal mask of 0s and 1s added: broken)
+        # (a causal mask of 0s and 1s added: broken, and meant causal)
+        if causal_mask() or declared or path in self._meant_causal:
             if causal is None and mask is not None and lq == lk and self._causal(mask, blocks=True):
                 self._by_blocks.setdefault(
                     path, (lq, lk)
@@ -10122,9 +10120,8 @@ class _Session:
         output is recorded; where neither or both do, the Python path's, flagged. Without ``rebuilds``
         the call ran the Python code (under the mode)."""
         query, key = p["query"], p["key"]
-        declared = bool(
-            p["is_causal"]
-        )  # (the call says its mask is causal: it decides one query over one key)
+        # (the call says its mask is causal: that decides one query over one key)
+        declared = bool(p["is_causal"])
         by_sdpa = not p.get("need_weights", True)  # (its weights inside SDPA: a row with no key is 0)
         attn_mask = p["attn_mask"]
         fused = None  # the fused path's reading of the masks, where it may weigh otherwise
@@ -12356,9 +12353,8 @@ class _ScriptCall:
 
     def __call__(self, *args, **kwargs):
         sessions = list(getattr(_LOCAL, "sessions", ()))
-        py = getattr(
-            self.fn, "_torchdynamo_inline", None
-        )  # (the Python function ``torch.jit.script`` compiled)
+        # (the Python function ``torch.jit.script`` compiled, which it keeps)
+        py = getattr(self.fn, "_torchdynamo_inline", None)
         stack = _current_modes() if sessions and callable(py) else []
         live = [s for s in sessions if s.hears_script() and getattr(s, "mode", None) in stack]
         copies = _script_copies(args, kwargs) if live else None
