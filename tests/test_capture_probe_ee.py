@@ -354,3 +354,47 @@ def test_a_cross_attentions_keys_from_another_input_are_not_drawn_under_the_text
     trace = cap.trace(1, src_tokens=[f"w{i}" for i in range(6)])
     assert trace.kinds == ("enc_self",)
     assert any(n.startswith("cross (") and "left out of the trace" in n for n in trace.meta["capture_notes"])
+
+
+@pytest.mark.parametrize("how", ["beams", "return_sequences"])
+def test_sequences_repeated_by_generate_are_said_with_the_rows_they_are_copies_of(how):
+    """Hugging Face's generate repeats each sequence for its beams (or num_return_sequences) before the model runs:
+    the records' row b is copy b % k of sequence b // k, and a trace of row 1 is a copy of sequence 0. Said (it was
+    drawn as sequence 1's with no word); the maps stay exact."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=32)
+    model = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="eager").eval()
+    ids = torch.tensor([[5, 9, 13, 17, 21, 25, 29], [7, 7, 40, 44, 48, 52, 0]])
+    keep = torch.tensor([[1] * 7, [1] * 6 + [0]])
+    kw = {"num_beams": 2} if how == "beams" else {"num_return_sequences": 2, "do_sample": True, "top_k": 5}
+    with torch.no_grad():
+        own = model(input_ids=ids, attention_mask=keep, output_attentions=True).attentions
+        with capture_attention(model) as cap:
+            model.generate(input_ids=ids, attention_mask=keep, max_new_tokens=2, pad_token_id=0, eos_token_id=99,
+                           **({"do_sample": False} | kw))  # fmt: skip
+    first = [r for r in cap.records if r.probs.shape[-2] == 7]
+    assert len(first) == 2 and all(r.exact and r.probs.shape[0] == 4 for r in first)
+    for layer, r in enumerate(first):  # row b is copy b % 2 of sequence b // 2 (its real rows)
+        for row in range(4):
+            real = keep[row // 2].bool()
+            got, want = r.probs[row][:, real][:, :, real], own[layer][row // 2][:, real][:, :, real]
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    said = [n for n in cap.notes if "repeated 2 times in a row" in n]
+    assert len(said) == 1 and "row b is copy b % 2 of sequence b // 2" in said[0]
+    assert said[0] in cap.trace(1).meta["capture_notes"]
+
+
+def test_a_batch_of_its_own_says_nothing_of_repeats():
+    """Ids repeated but not the rows the maps have (a mask's repeat, the model run on the ids as given): no note."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2, n_positions=32)
+    model = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="eager").eval()
+    ids = torch.randint(1, 100, (2, 5))
+    with torch.no_grad(), capture_attention(model) as cap:
+        ids.repeat_interleave(3, dim=0)  # (made, not given to the model)
+        model(input_ids=ids)
+    assert not [n for n in cap.notes if "repeated" in n]

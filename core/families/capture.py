@@ -2501,6 +2501,8 @@ class _Session:
         # the modules running now without the mode, and whether it was set aside for them (the layers of
         # an encoder set aside run without it already); the input of the encoder set aside
         self._set_aside: list[tuple[nn.Module, bool]] = []
+        # (sequences handed in, times each was repeated) where ids were repeated in a row before the model ran
+        self._repeated: tuple[int, int] | None = None
         # torch.nn's own attention outside the model captured: id -> (it, held weakly; whether it runs set aside)
         self._outside_native: dict[int, tuple[weakref.ref, bool]] = {}
         self._aside_only: set[int] = set()  # modules set aside now that are outside the model (not recorded)
@@ -2723,6 +2725,14 @@ class _Session:
         if name in ROW_PICKS and type(out) is torch.Tensor and (not kwargs or name in ("roll", "flip")):
             if out.dim() >= 2 and (not out.is_floating_point() or out.dim() >= 3):
                 self._row_pick(name, args, kwargs, out)
+        if (
+            name == "repeat_interleave"
+            and self._repeated is None
+            and type(out) is torch.Tensor
+            and out.dim() == 2
+            and not out.is_floating_point()
+        ):
+            self._ids_repeated(args, kwargs, out)
         if name in ID_MOVES and type(out) is torch.Tensor and out.dim() == 2 and not out.is_floating_point():
             self._ids_moved(name, func, args, kwargs, out)
         if name in RANDOM or self._by_data or (type(out) is not torch.Tensor or not out.is_floating_point()):
@@ -3922,6 +3932,25 @@ class _Session:
         if prev is not None:
             src, idx = prev[1], prev[2][idx.to(prev[2].device)]
         _hold(self._row_picks, out, src, idx)
+
+    def _ids_repeated(self, args, kwargs, out: torch.Tensor) -> None:
+        """Ids handed in, each sequence repeated k times in a row (Hugging Face's generate expands its batch so for
+        beams and num_return_sequences: ``input_ids.repeat_interleave(k, dim=0)``): the model's batch row b is copy
+        b % k of sequence b // k. Kept for the note ``capture_attention`` adds."""
+        src = args[0] if args else None
+        k = args[1] if len(args) > 1 else kwargs.get("repeats")
+        dim = args[2] if len(args) > 2 else kwargs.get("dim")
+        if (
+            not isinstance(src, torch.Tensor)
+            or src.dim() != 2
+            or type(k) is not int
+            or k < 2
+            or dim not in (0, -2)
+            or self.tag(src) is not None
+            or _held(self._made_ints, src) is not None
+        ):
+            return
+        self._repeated = (int(src.shape[0]), k)
 
     def _ids_moved(self, name: str, func, args, kwargs, out: torch.Tensor) -> None:
         """2-D integer ids transposed or picked by a 1-D index along an axis, followed as where each element
@@ -12223,6 +12252,16 @@ def capture_attention(
         if session in sessions:
             sessions.remove(session)
         _unwrap_scripts(wrapped)
+    if session._repeated is not None:
+        given, k = session._repeated
+        copies = [r.name for r in cap.records if int(r.probs.shape[0]) == given * k]
+        if copies:
+            cap.notes.append(
+                f"the {given} sequence(s) given were each repeated {k} times in a row (generate's beams or "
+                f"num_return_sequences: repeat_interleave({k}, dim=0)): in the maps of {given * k} rows "
+                f"({_listed(list(dict.fromkeys(copies)))}), row b is copy b % {k} of sequence b // {k}, and "
+                "cap.trace(i) draws their row i"
+            )
     if session.scripted:
         where = list(session.scripted)
         fns = sorted({f for names in session.scripted.values() for f in names})
