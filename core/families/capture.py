@@ -12253,13 +12253,13 @@ def capture_attention(
             sessions.remove(session)
         _unwrap_scripts(wrapped)
     if session._repeated is not None:
-        given, k = session._repeated
-        copies = [r.name for r in cap.records if int(r.probs.shape[0]) == given * k]
+        given, times = session._repeated
+        copies = [r.name for r in cap.records if int(r.probs.shape[0]) == given * times]
         if copies:
             cap.notes.append(
-                f"the {given} sequence(s) given were each repeated {k} times in a row (generate's beams or "
-                f"num_return_sequences: repeat_interleave({k}, dim=0)): in the maps of {given * k} rows "
-                f"({_listed(list(dict.fromkeys(copies)))}), row b is copy b % {k} of sequence b // {k}, and "
+                f"the {given} sequence(s) given were each repeated {times} times in a row (generate's beams or "
+                f"num_return_sequences: repeat_interleave({times}, dim=0)): in the maps of {given * times} rows "
+                f"({_listed(list(dict.fromkeys(copies)))}), row b is copy b % {times} of sequence b // {times}, and "
                 "cap.trace(i) draws their row i"
             )
     if session.scripted:
