@@ -398,3 +398,85 @@ def test_a_batch_of_its_own_says_nothing_of_repeats():
         ids.repeat_interleave(3, dim=0)  # (made, not given to the model)
         model(input_ids=ids)
     assert not [n for n in cap.notes if "repeated" in n]
+
+
+def test_a_classifier_pooled_by_a_learned_seed_query_loads_and_draws_its_encoder():
+    """The seed query of attention pooling (nn.MultiheadAttention from one learned query over the tokens) only asks:
+    it is no position of the sentence. The adapter took it for one joined to the tokens (14 x 14 maps wanted for 13
+    tokens), dropped every map, and refused the model with an untrue reason."""
+    from pathlib import Path
+
+    from attnscope.core.families.adapter import load_adapter
+
+    lm = load_adapter(Path(__file__).parent / "adapters" / "seed_pooled_classifier.py")
+    texts = ["great movie", "i hated it"]
+    model = lm.model
+    model.computed.clear()
+    traces = lm.trace(texts)
+    own = dict(model.computed)["enc_self"]  # (B, H, S, S) of the padded batch
+    longest = max(len(t) for t in texts) + 2  # ([CLS] and [SEP]; a trace keeps the batch's padded length)
+    for b, tr in enumerate(traces):
+        assert tr.enc_self is not None and tr.enc_self.shape[-2:] == (longest, longest)
+        assert int(np.asarray(tr.src_real).sum()) == len(texts[b]) + 2
+        np.testing.assert_allclose(tr.enc_self[0], own[b].numpy(), rtol=0, atol=1e-6)
+        assert any(n.startswith("pool ") and "left out of the trace" in n for n in tr.meta["capture_notes"])
+
+
+class CachedStep(nn.Module):
+    """Meta's llama attention decoding a token at a time: keys and values written into a cache by start_pos."""
+
+    def __init__(self, d: int = 32, heads: int = 2, batch: int = 4, length: int = 32):
+        super().__init__()
+        self.h, self.hd = heads, d // heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.cache_k = torch.zeros(batch, length, heads, self.hd)
+        self.cache_v = torch.zeros(batch, length, heads, self.hd)
+        self.kept: list[torch.Tensor] = []
+
+    def forward(self, x, start_pos: int):
+        b, t, _ = x.shape
+        q, k, v = (f(x).view(b, t, self.h, self.hd) for f in (self.wq, self.wk, self.wv))
+        self.cache_k[:b, start_pos : start_pos + t] = k
+        self.cache_v[:b, start_pos : start_pos + t] = v
+        keys = self.cache_k[:b, : start_pos + t].transpose(1, 2)
+        values = self.cache_v[:b, : start_pos + t].transpose(1, 2)
+        p = F.softmax(q.transpose(1, 2) @ keys.transpose(2, 3) / math.sqrt(self.hd), dim=-1)
+        self.kept.append(p.detach().clone())
+        return self.wo((p @ values).transpose(1, 2).reshape(b, t, -1))
+
+
+class CachedLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 32)
+        self.layers = nn.ModuleList(CachedStep() for _ in range(2))
+
+    def forward(self, tokens, start_pos: int):
+        h = self.emb(tokens)
+        for layer in self.layers:
+            h = h + layer(h, start_pos)
+        return h
+
+
+def test_a_decoder_run_a_token_at_a_time_is_drawn_over_the_tokens_given_at_its_last_step():
+    """Given the sequence's tokens, the trace draws the step whose keys are those tokens (the last, one query over
+    all of them) at the row that asks; it raised that nothing could be drawn over them (the first step's 1 x 1 map
+    was kept), in a message of every call's clause."""
+    torch.manual_seed(0)
+    model = CachedLM().eval()
+    ids = torch.randint(1, 20, (2, 12))
+    with torch.no_grad(), capture_attention(model) as cap:
+        for t in range(12):
+            model(ids[:, t : t + 1], t)
+    tokens = [f"t{i}" for i in ids[1].tolist()]
+    trace = cap.trace(1, src_tokens=tokens)
+    drawn = torch.from_numpy(np.array(trace.dec_self))  # (layer, head, 12, 12)
+    assert tuple(drawn.shape) == (2, 2, 12, 12)
+    for layer in range(2):
+        torch.testing.assert_close(
+            drawn[layer, :, -1], model.layers[layer].kept[-1][1, :, 0], rtol=0, atol=1e-6
+        )
+    assert bool((drawn[:, :, :-1] == 0).all())  # (the rows that did not ask at that step: empty, said)
+    with pytest.raises(ValueError) as said:
+        cap.trace(1, src_tokens=[*tokens, "t?"])  # (no step's keys are these 13 tokens)
+    assert len(str(said.value)) < 1200 and "more (cap.records has every map)" in str(said.value)

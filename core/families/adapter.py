@@ -776,7 +776,9 @@ class AdapterModel:
         sides: dict[str, tuple[str | None, ...] | None] = {"src": None, "tgt": None}
         for r in records:
             side = "src" if self._kind(r) == "enc_self" else "tgt"
-            if r.query_labels and sides[side] is None:
+            # (the labels of a sequence's positions, its tokens among them: a learned query that only asks, a
+            # pooling head's seed, is no position of it)
+            if r.query_labels and None in r.query_labels and sides[side] is None:
                 sides[side] = r.query_labels
         s_full = s_len + sum(lab is not None for lab in sides["src"] or ())
         t_full = t_len + sum(lab is not None for lab in sides["tgt"] or ())

@@ -645,12 +645,15 @@ class Captured:
         return None, None
 
     def joined_labels(self) -> set[str]:
-        """Labels of learned positions joined to a sequence (a [CLS], registers): they are queries too."""
+        """Labels of learned positions joined to a sequence (a [CLS], registers): they are queries too. A learned
+        query that only ever asks (a Set Transformer's seed pooling the tokens) is among no map's keys: not
+        joined (learned positions attending to each other, a Perceiver's latents, are a sequence of their own)."""
+        keyed = {lab for r in self.records for lab in (r.key_labels or ()) if lab}
         return {
             lab
             for r in self.records
             for lab in (r.query_labels or ())
-            if lab and (None in (r.query_labels or ()) or not _pooled_asks(r))
+            if lab and (None in (r.query_labels or ()) or (lab in keyed and not _pooled_asks(r)))
         }
 
     def kind_maps(self, kind: str) -> KindMaps:
@@ -1035,8 +1038,9 @@ class Captured:
             del probs[kind]
         if left_out and not probs:
             over = "the tokens given" if src_tokens or tgt_tokens else "its sequences' positions"
+            more = f"; and {len(left_out) - 2} more (cap.records has every map)" if len(left_out) > 2 else ""
             raise ValueError(
-                f"none of the attention captured can be drawn over {over}: " + "; ".join(left_out)
+                f"none of the attention captured can be drawn over {over}: " + "; ".join(left_out[:2]) + more
             )
         drawn = [a for k in probs for a in (kw[k], kw.get(f"{k}_learned")) if isinstance(a, np.ndarray)]
         top = max((float(np.nanmax(a)) for a in drawn if _some_finite(a)), default=0.0)
@@ -1198,6 +1202,11 @@ def _drawn_group(
         bool(cross) and kind != "cross" and _on_side(g, cross or [], keys=kind == "enc_self") for g in groups
     ]
     fits = [_fits(g[0], kind, joined, src_tokens, tgt_tokens) for g in groups]
+    # (self-attention whose keys are the tokens given, some of them asking: a decoder's step over its cache, drawn
+    # at the rows that ask, before a step over fewer keys than the tokens)
+    keyed = [
+        not fits[i] and _keys_fit(g[0], kind, joined, src_tokens, tgt_tokens) for i, g in enumerate(groups)
+    ]
     # (tokens given that are exactly the sequence's other positions, its learned ones put in under their labels,
     # before tokens as many as every position: a decoder's step over a task token and one token fewer)
     besides = [
@@ -1205,7 +1214,7 @@ def _drawn_group(
     ]
     return max(
         range(len(groups)),
-        key=lambda i: (sure[i], has[i], step[i], side[i], fits[i], besides[i], len(groups[i]), -i),
+        key=lambda i: (sure[i], has[i], step[i], side[i], fits[i], besides[i], keyed[i], len(groups[i]), -i),
     )
 
 
@@ -1465,6 +1474,18 @@ def _fits(r: Record, kind: str, joined: set[str], src_tokens, tgt_tokens) -> boo
         if given and len(_with_labels(given, list(labels) if labels else None)) != n:
             return False
     return True
+
+
+def _keys_fit(r: Record, kind: str, joined: set[str], src_tokens, tgt_tokens) -> bool:
+    """Self-attention whose keys are the tokens given for its side (learned positions joined to the sequence counted
+    where the tokens are its other positions) and whose queries are fewer: some of the positions ask."""
+    q_side, k_side = _SIDES[kind]
+    given = {"src": tuple(src_tokens), "tgt": tuple(tgt_tokens)}[k_side]
+    if q_side != k_side or not given:
+        return False
+    seq = _seq_columns(r, joined)
+    labels = [r.key_labels[j] if r.key_labels else None for j in seq]
+    return int(r.probs.shape[-2]) < len(seq) == len(_with_labels(given, labels if r.key_labels else None))
 
 
 def _modules(records: list[Record]) -> str:
