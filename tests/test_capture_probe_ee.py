@@ -480,3 +480,32 @@ def test_a_decoder_run_a_token_at_a_time_is_drawn_over_the_tokens_given_at_its_l
     with pytest.raises(ValueError) as said:
         cap.trace(1, src_tokens=[*tokens, "t?"])  # (no step's keys are these 13 tokens)
     assert len(str(said.value)) < 1200 and "more (cap.records has every map)" in str(said.value)
+
+
+class EfficientAttention(nn.Module):
+    """Efficient Attention (Shen et al.): the keys' softmax over positions, the queries' over channels, the context
+    ``softmax_k(K) V^T`` (channels by channels) read by the queries."""
+
+    def __init__(self, c: int = 16):
+        super().__init__()
+        self.emb = nn.Embedding(50, c)
+        self.k, self.q, self.v = (nn.Conv1d(c, c, 1) for _ in range(3))
+
+    def forward(self, ids):
+        x = self.emb(ids).transpose(1, 2)  # (B, C, n)
+        key = F.softmax(self.k(x), dim=2)
+        query = F.softmax(self.q(x), dim=1)
+        context = key @ self.v(x).transpose(1, 2)  # (B, C, C)
+        return context.transpose(1, 2) @ query
+
+
+def test_efficient_attentions_queries_are_said_to_read_a_context_not_a_tensor_from_outside():
+    """The queries' softmax over channels weighs the context the keys' softmax made inside the call: the warning
+    says so (it said the tensor came from outside the call, or past an op lineage does not follow)."""
+    torch.manual_seed(0)
+    model = EfficientAttention()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, 50, (3, 12)))
+    assert not cap.records
+    assert not [n for n in cap.notes if "capture does not follow" in n], cap.notes
+    assert [n for n in cap.notes if "the product of another softmax's weights with values" in n], cap.notes

@@ -2428,6 +2428,7 @@ class _Session:
         # over their features
         self._outer_products: dict[int, tuple] = {}
         self._unplaced: dict[int, tuple] = {}  # _hold: other softmaxes left out as not attention (+ reason)
+        self._unplaced_products: dict[int, tuple] = {}  # _hold: such weights times values (told, a context)
         # _hold: energies, one number a position made by a projection (``v(tanh(W h + U s))``), and what the
         # model makes of them without a softmax (a sigmoid, a cumprod: monotonic attention's alignment)
         self._energies: dict[int, tuple] = {}
@@ -8852,7 +8853,11 @@ class _Session:
                 # a read once its product is summed over those positions (else a gate: SENET's over fields)
                 _hold(self._reads, out, entry, code is not None, tuple(full))
                 return
-            self._tell_unplaced(entry, code is not None)
+            # (values that are another left-out softmax's weights times values: linear attention's context)
+            read = code is None and _held_or_base(self._unplaced_products, v) is not None
+            self._tell_unplaced(entry, code is not None, context=read)
+            if out is not None:
+                _hold(self._unplaced_products, out)
             return
 
     def _read_summed(self, name: str, args, kwargs) -> None:
@@ -8872,9 +8877,10 @@ class _Session:
             if _held(self._unplaced, entry[0]()) is not None or entry[0]() is None:
                 self._tell_unplaced(entry, coded)
 
-    def _tell_unplaced(self, entry: tuple, coded: bool, shifted: bool = False) -> None:
+    def _tell_unplaced(self, entry: tuple, coded: bool, shifted: bool = False, context: bool = False) -> None:
         """The warning that a left-out softmax's weights multiply values (in place of the information);
-        ``shifted``: copies of the values moved along their positions by a shift the data picked."""
+        ``shifted``: copies of the values moved along their positions by a shift the data picked; ``context``: the
+        values are another left-out softmax's weights times values."""
         held, path, shape, reason = entry[:4]
         if shifted:
             reason = ("each weight multiplies a copy of the values shifted along their positions by an offset the "
@@ -8887,6 +8893,9 @@ class _Session:
         what = (
             "values over positions (attention)"
             if coded
+            else "the product of another softmax's weights with values (a context over features, as linear and "
+            "efficient attention make it from their keys' softmax): attention, it may be"
+            if context
             else "a tensor capture does not follow (from outside the call, as a memory read by its weights, "
             "or past an op lineage does not follow, as F.interpolate): attention, it may be"
         )
