@@ -382,7 +382,7 @@ def test_sequences_repeated_by_generate_are_said_with_the_rows_they_are_copies_o
             got, want = r.probs[row][:, real][:, :, real], own[layer][row // 2][:, real][:, :, real]
             torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     said = [n for n in cap.notes if "repeated 2 times in a row" in n]
-    assert len(said) == 1 and "row b is copy b % 2 of sequence b // 2" in said[0]
+    assert len(said) == 1 and "row b holds sequence b // 2 (its copy or beam b % 2)" in said[0]
     assert said[0] in cap.trace(1).meta["capture_notes"]
 
 

@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import copy
+import functools
+import types
 
 import pytest
 import torch
@@ -551,3 +553,74 @@ def test_queries_and_keys_handed_in_say_why_they_are_flagged_and_take_their_kind
     assert not any("features of different positions" in n for n in cap.notes), cap.notes
     assert rec.kind == ("enc_self" if n_keys == 6 else "cross")
     assert torch.allclose(rec.probs, (q @ k.transpose(-2, -1) / 8**0.5).softmax(-1))
+
+
+@torch.jit.script
+def _softmax_last(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, dim=-1)
+
+
+@torch.jit.script
+def nested_softmax(x: torch.Tensor, mask: torch.Tensor, mask_value: torch.Tensor) -> torch.Tensor:
+    return _softmax_last(torch.where(mask, x, mask_value))  # (a script calling another script)
+
+
+@torch.jit.script
+def _masked_softmax_dim(
+    x: torch.Tensor, mask: torch.Tensor, mask_value: torch.Tensor, dim: int
+) -> torch.Tensor:
+    return torch.softmax(torch.where(mask, x, mask_value), dim=dim)
+
+
+fused_ops = types.ModuleType(
+    "fused_ops"
+)  # (``from . import fused_ops as ops``: a module the code reads a name of)
+fused_ops.masked_softmax = upcast_masked_softmax
+partial_softmax = functools.partial(_masked_softmax_dim, dim=-1)
+
+
+class ReachedOtherwise(BigCodeAttention):
+    """BigCodeAttention's causal heads with their masked softmax a TorchScript function reached another way."""
+
+    class_softmax = upcast_masked_softmax  # (a script held as a class attribute)
+
+    def __init__(self, how: str):
+        super().__init__("none")
+        self.how = how
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, 2, D // 2).transpose(1, 2) for t in self.c_attn(x).split(D, dim=2))
+        causal, fill = torch.ones(n, n, dtype=torch.bool).tril(), torch.full([], -1e4)
+        s = q @ k.transpose(-1, -2)
+        if self.how == "nested":
+            w = nested_softmax(s, causal, fill)
+        elif self.how == "namespace":
+            w = fused_ops.masked_softmax(s, causal, fill)
+        elif self.how == "partial":
+            w = partial_softmax(s, causal, fill)
+        else:
+            w = self.class_softmax(s, causal, fill)
+        self.kept = w.detach().clone()
+        return self.c_proj((w @ v).transpose(1, 2).reshape(b, n, D))
+
+
+@pytest.mark.parametrize("how", ["nested", "namespace", "partial", "class"])
+def test_a_torchscript_softmax_reached_otherwise_is_followed(how):
+    """A script called by another script, through a module's namespace, as a partial, or held as a class attribute:
+    each was run unseen (the nested one even followed as if nothing were inside it), so the layer's attention was
+    missing with no word. Now followed through its Python function: the map recorded, exact."""
+    torch.manual_seed(0)
+    model = ReachedOtherwise(how).eval()
+    x = torch.randn(2, 5, D)
+    with torch.no_grad():
+        plain = model(x)
+        with capture_attention(model) as cap:
+            out = model(x)
+    assert torch.equal(out, plain)
+    assert len(cap.records) == 1 and cap.records[0].exact and not cap.notes, (cap.records, cap.notes)
+    torch.testing.assert_close(cap.records[0].probs, model.kept, rtol=0, atol=0)
+    assert (
+        ReachedOtherwise.class_softmax is upcast_masked_softmax
+        and fused_ops.masked_softmax is upcast_masked_softmax
+    )

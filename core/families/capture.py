@@ -86,6 +86,7 @@ import bisect
 import builtins
 import contextlib
 import fnmatch
+import functools
 import hashlib
 import inspect
 import itertools
@@ -12289,7 +12290,8 @@ def capture_attention(
             cap.notes.append(
                 f"the {given} sequence(s) given were each repeated {times} times in a row (generate's beams or "
                 f"num_return_sequences: repeat_interleave({times}, dim=0)): in the maps of {given * times} rows "
-                f"({_listed(list(dict.fromkeys(copies)))}), row b is copy b % {times} of sequence b // {times}, and "
+                f"({_listed(list(dict.fromkeys(copies)))}), row b holds sequence b // {times} (its copy or beam "
+                f"b % {times}), and "
                 "cap.trace(i) draws their row i"
             )
     if session.scripted:
@@ -12422,14 +12424,17 @@ class _ScriptCall:
 
     def __call__(self, *args, **kwargs):
         sessions = list(getattr(_LOCAL, "sessions", ()))
-        # (the Python function ``torch.jit.script`` compiled, which it keeps)
-        py = getattr(self.fn, "_torchdynamo_inline", None)
-        stack = _current_modes() if sessions and callable(py) else []
+        py = _python_of(self.fn)  # (the Python function ``torch.jit.script`` compiled, which it keeps)
+        stack = _current_modes() if sessions and py is not None else []
         live = [s for s in sessions if s.hears_script() and getattr(s, "mode", None) in stack]
         copies = _script_copies(args, kwargs) if live else None
         state = _rng_state_all() if copies is not None else None
         out = self.fn(*args, **kwargs)
-        followed = copies is not None and _script_followed(py, copies, out, state, live, self.name)
+        followed = (
+            copies is not None
+            and py is not None
+            and _script_followed(py, copies, out, state, live, self.name)
+        )
         for session in sessions:
             if not (followed and session in live):
                 session.on_script(self.name)
@@ -12439,6 +12444,48 @@ class _ScriptCall:
         if attr == "fn":  # (not set yet: a copy made without __init__ asks before it is)
             raise AttributeError(attr)
         return getattr(self.fn, attr)
+
+
+def _script_partial(obj: Any) -> bool:
+    """``functools.partial`` of a TorchScript function (``self.attn_fn = partial(scripted, dim=-1)``)."""
+    return isinstance(obj, functools.partial) and isinstance(
+        obj.func, (torch.jit.ScriptFunction, _ScriptCall)
+    )
+
+
+def _python_of(fn: Any) -> Callable | None:
+    """The Python function a TorchScript function was compiled from (``torch.jit.script`` keeps it), with a
+    partial's arguments where ``fn`` is one of a script; None where none is kept."""
+    if isinstance(fn, functools.partial):
+        inner = _python_of(fn.func)
+        return None if inner is None else functools.partial(inner, *fn.args, **fn.keywords)
+    py = getattr(fn, "_torchdynamo_inline", None)
+    return py if callable(py) else None
+
+
+class _ClassScope(dict):
+    """A class's attributes as the wrapping of TorchScript functions reads and writes a scope (a script held as a
+    class attribute, ``softmax_fn = scripted`` then ``self.softmax_fn(x)``): one per class, by identity."""
+
+    def __init__(self, cls: type):
+        super().__init__()
+        self.cls = cls
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return vars(self.cls).get(key, default)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        setattr(self.cls, key, value)
+
+
+_CLASS_SCOPES: weakref.WeakKeyDictionary[type, _ClassScope] = weakref.WeakKeyDictionary()
+
+
+def _class_scope(cls: type) -> _ClassScope:
+    scope = _CLASS_SCOPES.get(cls)
+    if scope is None:
+        scope = _CLASS_SCOPES[cls] = _ClassScope(cls)
+    return scope
 
 
 def _current_modes() -> list[TorchFunctionMode]:
@@ -12501,6 +12548,8 @@ def _script_followed(
     it does not (or raises), the maps it made are flagged and False: the call is said unseen, as before."""
     starts = [len(s.cap.records) for s in sessions]
     got: Any = _MISSING
+    # (TorchScript the Python function calls in its turn, wrapped for the run: followed so too, or heard)
+    inner = _wrap_scripts(_script_functions(py, set()))
     try:
         with torch.random.fork_rng(devices=range(len(state[1])) if state[1] is not None else []):
             torch.set_rng_state(state[0])
@@ -12509,6 +12558,8 @@ def _script_followed(
             got = py(*copies[0], **copies[1])
     except Exception:
         got = _MISSING
+    finally:
+        _unwrap_scripts(inner)
     _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1  # (the comparison and the tags: capture's own work)
     try:
         same = got is not _MISSING and _same_results(out, got)
@@ -12537,9 +12588,10 @@ def _wrap_scripts(calls: list[tuple[dict, str]]) -> list[tuple[int, str]]:
             entry = _SCRIPT_WRAPPED.get(key)
             if entry is None:
                 fn = scope.get(name)
-                if not isinstance(fn, torch.jit.ScriptFunction):
+                if not isinstance(fn, torch.jit.ScriptFunction) and not _script_partial(fn):
                     continue
-                own = getattr(fn, "name", None)  # (its own name, where it is held under another)
+                # (its own name, where it is held under another)
+                own = getattr(fn.func if isinstance(fn, functools.partial) else fn, "name", None)
                 wrapper = _ScriptCall(fn, own if isinstance(own, str) and own else name)
                 scope[name] = wrapper
                 entry = _SCRIPT_WRAPPED[key] = [scope, name, wrapper, 0]
@@ -12570,7 +12622,8 @@ def _scripts_in(scope: dict) -> list[tuple[dict, str]]:
     return [
         (scope, k)
         for k, v in list(scope.items())
-        if isinstance(k, str) and isinstance(v, (torch.jit.ScriptFunction, _ScriptCall))
+        if isinstance(k, str)
+        and (isinstance(v, (torch.jit.ScriptFunction, _ScriptCall)) or _script_partial(v))
     ]
 
 
@@ -12597,10 +12650,19 @@ def _script_functions(
         obj = scope.get(name, _MISSING)
         if names is not None:
             names.append((scope, name, obj))
-        if isinstance(obj, (torch.jit.ScriptFunction, _ScriptCall)):
+        if isinstance(obj, (torch.jit.ScriptFunction, _ScriptCall)) or _script_partial(obj):
             found.append((scope, name))
         elif isinstance(obj, dict):  # a registry of attention functions (``ALL_ATTENTION_FUNCTIONS[impl]``)
             found.extend(_scripts_in(obj))
+        elif isinstance(obj, types.ModuleType) and not obj.__name__.startswith("torch"):
+            # a module the code reads a name of (``ops.masked_softmax``, ``from . import fused_ops as ops``)
+            space = vars(obj)
+            for attr in dict.fromkeys(read):
+                held = space.get(attr, _MISSING)
+                if isinstance(held, (torch.jit.ScriptFunction, _ScriptCall)) or _script_partial(held):
+                    if names is not None:
+                        names.append((space, attr, held))
+                    found.append((space, attr))
         elif (
             depth < 2
             and isinstance(obj, types.FunctionType)
@@ -12653,6 +12715,12 @@ def _class_scripts(cls: type) -> tuple[tuple[dict, str], ...]:
         found = [(g, n) for g, n in found if id(g) not in registries]
         held = _SCRIPT_CALLS[cls] = (fns, names, found)
     calls = held[2] + [c for _g, _n, obj in held[1] if type(obj) is dict for c in _scripts_in(obj)]
+    for klass in cls.__mro__:  # scripts held as class attributes (``softmax_fn = scripted``), read each time
+        if klass is nn.Module or klass is object or klass.__module__.startswith("torch."):
+            continue
+        for key, attr in vars(klass).items():
+            if isinstance(attr, (torch.jit.ScriptFunction, _ScriptCall)) or _script_partial(attr):
+                calls.append((_class_scope(klass), key))
     return tuple({(id(g), n): (g, n) for g, n in calls}.values())
 
 
