@@ -624,3 +624,23 @@ def test_a_torchscript_softmax_reached_otherwise_is_followed(how):
         ReachedOtherwise.class_softmax is upcast_masked_softmax
         and fused_ops.masked_softmax is upcast_masked_softmax
     )
+
+
+_hidden = types.SimpleNamespace(inner=_softmax_last)  # (a script behind an object's attribute: never found)
+
+
+def _hidden_python(x: torch.Tensor, mask: torch.Tensor, mask_value: torch.Tensor) -> torch.Tensor:
+    return _hidden.inner(torch.where(mask, x, mask_value))
+
+
+def test_a_python_rerun_that_reaches_a_script_unseen_is_not_taken_for_followed(monkeypatch):
+    """Where the Python function run again beside a script reaches another script capture does not find, that
+    script's softmax runs unseen: the outputs agree, but the graph's softmax was not followed. Said, as a script
+    capture cannot follow, never counted as followed with the layer's map missing."""
+    monkeypatch.setattr(nested_softmax, "_torchdynamo_inline", _hidden_python)
+    torch.manual_seed(0)
+    model = ReachedOtherwise("nested").eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 5, D))
+    said = [n for n in cap.notes if "TorchScript (nested_softmax)" in n]
+    assert len(said) == 1 and not cap.records, (cap.records, cap.notes)

@@ -12433,7 +12433,7 @@ class _ScriptCall:
         followed = (
             copies is not None
             and py is not None
-            and _script_followed(py, copies, out, state, live, self.name)
+            and _script_followed(py, copies, out, state, live, self.name, _script_attention(self.fn))
         )
         for session in sessions:
             if not (followed and session in live):
@@ -12538,8 +12538,23 @@ def _same_results(a: Any, b: Any) -> bool:
     return True
 
 
+_GRAPH_ATTENTION = frozenset({"aten::softmax", "aten::_softmax", "aten::log_softmax", "aten::_log_softmax",
+                              "aten::scaled_dot_product_attention"})  # fmt: skip
+
+
+def _script_attention(fn: Any) -> int:
+    """How many softmaxes (and SDPA calls) a TorchScript function's graph holds, the scripts it calls inlined: a
+    Python re-run that follows fewer ran some where capture cannot see (a script it reached another way)."""
+    fn = fn.func if isinstance(fn, functools.partial) else fn
+    fn = getattr(fn, "fn", fn) if isinstance(fn, _ScriptCall) else fn
+    try:
+        return sum(node.kind() in _GRAPH_ATTENTION for node in fn.inlined_graph.nodes())
+    except Exception:  # (no graph to read: nothing to hold the re-run to)
+        return 0
+
+
 def _script_followed(
-    py: Callable, copies: tuple[tuple, dict], out: Any, state, sessions: list, name: str
+    py: Callable, copies: tuple[tuple, dict], out: Any, state, sessions: list, name: str, attention: int = 0
 ) -> bool:
     """A TorchScript function's Python original (``torch.jit.script`` keeps it) run once more under capture's mode,
     on copies of the arguments and from the RNG state the script's call started from: where it gives what the
@@ -12547,6 +12562,7 @@ def _script_followed(
     copy got (what went through the script is followed, and a map made inside it is the script's, recorded). Where
     it does not (or raises), the maps it made are flagged and False: the call is said unseen, as before."""
     starts = [len(s.cap.records) for s in sessions]
+    counts = [s.n_attention + s.n_log_softmax for s in sessions]
     got: Any = _MISSING
     # (TorchScript the Python function calls in its turn, wrapped for the run: followed so too, or heard)
     inner = _wrap_scripts(_script_functions(py, set()))
@@ -12563,7 +12579,11 @@ def _script_followed(
     _LOCAL.busy = getattr(_LOCAL, "busy", 0) + 1  # (the comparison and the tags: capture's own work)
     try:
         same = got is not _MISSING and _same_results(out, got)
-        if same:
+        # (every softmax of the script's graph seen in the re-run: none ran in a script it reached unseen)
+        seen = min(
+            (s.n_attention + s.n_log_softmax - c for s, c in zip(sessions, counts, strict=True)), default=0
+        )
+        if same and seen >= attention:
             from torch.utils._pytree import tree_leaves
 
             for session in sessions:
