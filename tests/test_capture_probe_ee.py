@@ -108,15 +108,27 @@ def broadcast_attention(q, k, v, mask):
 
 
 class BroadcastMHA(nn.Module):
-    def __init__(self, d: int, h: int):
+    def __init__(self, d: int, h: int, form: str = "unsqueeze"):
         super().__init__()
-        self.h, self.proj = h, nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+        self.h, self.form, self.proj = h, form, nn.ModuleList(nn.Linear(d, d) for _ in range(4))
 
     def forward(self, x, memory, mask):
         b = x.size(0)
-        q, k, v = (lin(t).view(b, -1, self.h, t.size(-1) // self.h).transpose(1, 2)
+        q, k, v = (lin(t).view(b, -1, self.h, t.size(-1) // self.h)
                    for lin, t in zip(self.proj, (x, memory, memory), strict=False))  # fmt: skip
-        y, p = broadcast_attention(q, k, v, mask.unsqueeze(1))
+        if self.form == "blhd":  # (B, L, H, d) kept: scores (B, q, k, H), the softmax over dim 2
+            s = (q[:, :, None] * k[:, None]).sum(-1) / math.sqrt(q.size(-1))
+            p = s.masked_fill(mask.unsqueeze(-1) == 0, -1e9).softmax(2)
+            self.truth = p.permute(0, 3, 1, 2).detach().clone()
+            y = torch.einsum("bqkh,bkhd->bqhd", p, v)
+            return self.proj[3](y.reshape(b, -1, x.size(-1)))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if self.form == "scale inside":  # the scale a factor of the product, before the sum
+            s = (q.unsqueeze(-2) * k.unsqueeze(-3) * q.size(-1) ** -0.5).sum(-1)
+            p = s.masked_fill(mask.unsqueeze(1) == 0, -1e9).softmax(-1)
+            y = p @ v
+        else:
+            y, p = broadcast_attention(q, k, v, mask.unsqueeze(1))
         self.truth = p.detach().clone()
         return self.proj[3](y.transpose(1, 2).reshape(b, -1, x.size(-1)))
 
@@ -124,11 +136,11 @@ class BroadcastMHA(nn.Module):
 class BroadcastSeq2Seq(nn.Module):
     """An encoder and two decoder layers (self-attention, then cross-attention over the encoder's output)."""
 
-    def __init__(self, d: int, h: int):
+    def __init__(self, d: int, h: int, form: str = "unsqueeze"):
         super().__init__()
-        self.emb, self.enc = nn.Embedding(20, d), BroadcastMHA(d, h)
-        self.dec_self = nn.ModuleList(BroadcastMHA(d, h) for _ in range(2))
-        self.dec_cross = nn.ModuleList(BroadcastMHA(d, h) for _ in range(2))
+        self.emb, self.enc = nn.Embedding(20, d), BroadcastMHA(d, h, form)
+        self.dec_self = nn.ModuleList(BroadcastMHA(d, h, form) for _ in range(2))
+        self.dec_cross = nn.ModuleList(BroadcastMHA(d, h, form) for _ in range(2))
 
     def forward(self, src, tgt):
         src_mask = (src != 0).unsqueeze(-2)
@@ -143,14 +155,15 @@ class BroadcastSeq2Seq(nn.Module):
         return y
 
 
+@pytest.mark.parametrize("form", ["unsqueeze", "scale inside", "blhd"])
 @pytest.mark.parametrize("heads", [1, 2, 4])
 @pytest.mark.parametrize("batch", [1, 2, 4])
-def test_scores_as_a_broadcast_product_are_placed_as_a_products(batch, heads):
+def test_scores_as_a_broadcast_product_are_placed_as_a_products(batch, heads, form):
     """Queries times keys broadcast against each other and summed over the features are a product's scores: the
     second decoder layer's self-attention, whose stream has read the encoder's output, stays dec_self (it was
     recorded as cross-attention, with no word, and the trace left a decoder layer out)."""
     torch.manual_seed(batch + heads)
-    model = BroadcastSeq2Seq(8 * heads, heads).eval()
+    model = BroadcastSeq2Seq(8 * heads, heads, form).eval()
     src = torch.randint(1, 20, (batch, 7))
     tgt = torch.randint(1, 20, (batch, 6))
     src[-1, 4:] = 0

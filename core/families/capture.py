@@ -5090,6 +5090,14 @@ class _Session:
         a dot product written out, as ``q @ k.T`` once summed over the features. Held with the queries' and keys'
         codes, so that sum is tagged as scores placed by lineage, as after a product (``_outer_summed``)."""
         a, b = args
+        for t, c in (
+            (a, b),
+            (b, a),
+        ):  # such a product scaled by a number (``(q * k * scale).sum(-1)``): still it
+            held = _held(self._outer_products, t) if self._outer_products else None
+            if held is not None and tuple(t.shape) == tuple(out.shape) and _scalar(c):
+                _hold(self._outer_products, out, *held[1:])
+                return
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() < 3 or b.dim() < 3:
             return
         ga, gb = self.tag(a), self.tag(b)
@@ -5103,24 +5111,41 @@ class _Session:
         def spread(t: torch.Tensor, dim: int) -> bool:  # one value repeated along ``dim`` (1, or expanded)
             return t.shape[dim] == 1 or t.stride(dim) == 0
 
-        n, m = int(out.shape[-3]), int(out.shape[-2])
-        if spread(b, -3) and spread(a, -2) and not spread(a, -3) and not spread(b, -2):
-            q_side, k_side = ca, cb
-        elif spread(a, -3) and spread(b, -2) and not spread(b, -3) and not spread(a, -2):
-            q_side, k_side = cb, ca
-        else:
+        nd = out.dim()
+        if a.dim() != nd or b.dim() != nd or int(a.shape[-1]) != int(b.shape[-1]):
             return
-        if n < 2 or m < 2 or int(a.shape[-1]) != int(b.shape[-1]) or int(out.shape[-1]) != int(a.shape[-1]):
+        if int(out.shape[-1]) != int(a.shape[-1]):
             return
-        q, mixed_q = lineage.reduced(q_side.select(-2, 0), -1)  # (..., n)
-        k, mixed_k = lineage.reduced(k_side.select(-3, 0), -1)  # (..., m)
-        lead = tuple(out.shape[:-3])
+        # the two axes the product pairs: one the queries vary along (the keys repeated there), one the keys do;
+        # the others alike in both (a batch, heads), the features last: ``q[..., :, None, :] * k[..., None, :, :]``,
+        # or in (B, L, H, d) layout ``q[:, :, None] * k[:, None]``
+        pairs = [(i, j) for i in range(nd - 1) for j in range(nd - 1) if i != j
+                 and not spread(a, i) and spread(a, j) and spread(b, i) and not spread(b, j)]  # fmt: skip
+        if len(pairs) != 1:
+            return
+        i, j = pairs[0]
+        others = [x for x in range(nd - 1) if x not in (i, j)]
+        if any(int(a.shape[x]) != int(b.shape[x]) or (int(a.shape[x]) > 1 and (spread(a, x) or spread(b, x)))
+               for x in others):  # fmt: skip
+            return
+        n, m = int(out.shape[i]), int(out.shape[j])
+        if n < 2 or m < 2:
+            return
+        q, mixed_q = lineage.reduced(ca.select(j, 0), -1)  # (the queries' codes, the keys' axis gone)
+        k, mixed_k = lineage.reduced(cb.select(i, 0), -1)
+        q = q.movedim(i - (j < i), -1)  # (*others, n)
+        k = k.movedim(j - (i < j), -1)  # (*others, m)
+        lead = tuple(int(out.shape[x]) for x in others)
         try:
             q, k = q.expand(*lead, n), k.expand(*lead, m)
         except RuntimeError:
             return
+        canon = (*lead, n, m)
+        order = [*others, i, j]  # the canonical layout's axes, by the summed scores' own
+        perm = tuple(order.index(x) for x in range(nd - 1))
+        chain: tuple = () if perm == tuple(range(nd - 1)) else (("permute", torch.permute, (perm,), {}),)
         why = "the product multiplies features of different positions" if mixed_q or mixed_k else None
-        _hold(self._outer_products, out, q, k, why, ga.origin | gb.origin)
+        _hold(self._outer_products, out, q, k, why, ga.origin | gb.origin, canon, chain)
 
     def _outer_summed(self, args, kwargs, out: torch.Tensor) -> None:
         """A broadcast product of queries and keys (``_outer_product``) summed over its features: their scores."""
@@ -5139,8 +5164,10 @@ class _Session:
             or kwargs.get("dtype") is not None
         ):
             return
-        _, q, k, why, origin = held
-        smap = ScoreMap(tuple(int(d) for d in out.shape), q, k)
+        _, q, k, why, origin, canon, chain = held
+        smap = ScoreMap(
+            canon, q, k, chain
+        )  # (the summed scores' shape is checked where the chain is replayed)
         self.set(out, _Tag("scores", origin, smap=smap.fail(why) if why else smap))
 
     def _outside_only(self, code: torch.Tensor) -> bool:
@@ -12255,6 +12282,7 @@ def capture_attention(
     hooks: list[Any] = []
     try:
         if session.native:  # torch.nn encoder layers run as torch runs them: hooks around every module call
+            # (and torch.nn's own attention outside the model, called in the block, as torch runs it too)
             hooks += [
                 torch.nn.modules.module.register_module_forward_pre_hook(session.before_layer),
                 torch.nn.modules.module.register_module_forward_hook(session.after_layer, with_kwargs=True,
@@ -12486,6 +12514,11 @@ def _class_scope(cls: type) -> _ClassScope:
     if scope is None:
         scope = _CLASS_SCOPES[cls] = _ClassScope(cls)
     return scope
+
+
+def _scalar(x: Any) -> bool:
+    """A number, or a tensor of one (a scale: ``d ** -0.5``, ``torch.tensor(8.0).rsqrt()``)."""
+    return type(x) in (int, float) or (isinstance(x, torch.Tensor) and x.numel() == 1 and x.dim() <= 1)
 
 
 def _current_modes() -> list[TorchFunctionMode]:
