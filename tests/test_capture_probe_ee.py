@@ -522,3 +522,43 @@ def test_efficient_attentions_queries_are_said_to_read_a_context_not_a_tensor_fr
     assert not cap.records
     assert not [n for n in cap.notes if "capture does not follow" in n], cap.notes
     assert [n for n in cap.notes if "the product of another softmax's weights with values" in n], cap.notes
+
+
+class PooledAfterEncoder(nn.Module):
+    """torch.nn's own encoder, then a hand-written attention pooling: the pooling captured alone."""
+
+    class Pool(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qk = nn.Linear(16, 32)
+
+        def forward(self, x):
+            q, k = self.qk(x).view(*x.shape[:2], 2, 2, 8).permute(2, 0, 3, 1, 4)
+            return ((q @ k.transpose(-1, -2)) * 8**-0.5).softmax(-1).mean(1) @ x
+
+    def __init__(self):
+        super().__init__()
+        self.tenc = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 2)
+        self.custom = PooledAfterEncoder.Pool()
+
+    def forward(self, x, pad):
+        return self.custom(self.tenc(x, src_key_padding_mask=pad))
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_torch_attention_beside_a_module_captured_that_holds_none_is_said_to_leave_its_fast_path(training):
+    """Capturing a module that holds none of torch's own layers registers no hooks around every module call, so torch's
+    encoder beside it in the model runs under the mode, off its fast path and nested tensors: its output moves (at
+    padded positions most). Said in eval mode, where the fast path would run; nothing said while training."""
+    torch.manual_seed(0)
+    model = PooledAfterEncoder().train(training)
+    if training:
+        for layer in model.tenc.layers:  # (no dropout: the same output whatever the draws)
+            layer.dropout.p = layer.dropout1.p = layer.dropout2.p = layer.self_attn.dropout = 0.0
+    x = torch.randn(2, 5, 16)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    with torch.no_grad(), capture_attention(model.custom) as cap:
+        model(x, pad)
+    said = [n for n in cap.notes if "ran under capture's mode: torch takes no fused fast path there" in n]
+    assert len(said) == (0 if training else 1), cap.notes
+    assert len(cap.records) == 1

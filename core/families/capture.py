@@ -2673,6 +2673,8 @@ class _Session:
                     self.skip(
                         self.alien, tuple(x.shape) if isinstance(x, torch.Tensor) else (), _ANOTHER_MODEL
                     )
+                elif name == "multi_head_attention_forward":
+                    self._off_fast_path(args)
                 return self.run_op(func, args, kwargs)
             x = args[0] if args else next(iter(kwargs.values()), None)
             if isinstance(x, torch.Tensor) and _FUNCTORCH_WRAPPED(x):
@@ -7454,6 +7456,32 @@ class _Session:
                   + ". Apply the mask after such ops")  # fmt: skip
 
     # -- recording -------------------------------------------------------------------------------------
+    def _off_fast_path(self, args) -> None:
+        """torch.nn's own MultiheadAttention outside the module captured, in the model that holds it, running under
+        the mode (the module captured holds none of torch's layers, so no hooks set it aside): in eval mode without
+        gradients torch would take its fused fast path (an encoder's nested tensors too), and under a mode it does
+        not. Said once: its output may differ from an uncaptured run."""
+        frame: FrameType | None = sys._getframe(2)
+        mha = None
+        for _ in range(8):  # (F.multi_head_attention_forward's caller: the module's forward)
+            if frame is None:
+                break
+            obj = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
+            if isinstance(obj, nn.MultiheadAttention):
+                mha = obj
+                break
+            frame = frame.f_back
+        if (
+            mha is None
+            or mha.training
+            or (torch.is_grad_enabled() and any(p.requires_grad for p in mha.parameters()))
+        ):
+            return  # (no fast path to leave: training, or gradients asked)
+        x = args[0] if args else None
+        self.warn(
+            "(outside the model)", tuple(x.shape) if isinstance(x, torch.Tensor) else (), _OFF_FAST_PATH
+        )
+
     def hears_script(self) -> bool:
         """A TorchScript function called now is the model's code (this block's thread, not capture's own work)."""
         return threading.get_ident() == self.thread and not getattr(_LOCAL, "busy", 0)
@@ -12414,6 +12442,13 @@ _RAW_QUERIES = (
     "outside it, or made where capture cannot see: numpy, TorchScript, a C++ extension), so lineage cannot "
     "tell whether they are the keys' own sequence (self-attention) or another input's (cross-attention); "
     "the kind is read from their lengths, the mask and the module's name (give kinds= to say it)"
+)
+_OFF_FAST_PATH = (
+    "torch.nn's own nn.MultiheadAttention (or a layer of nn.TransformerEncoder) outside the module captured, in the "
+    "model that holds it, ran under capture's mode: torch takes no fused fast path there, nor an encoder's nested "
+    "tensors, so its output, and what it hands the module captured, may differ from a run without capture in the "
+    "last bits, and at padded positions, where nested tensors give 0. Capture the model that holds it (its torch.nn "
+    "layers then run as without capture), or run it outside the block"
 )
 _ANOTHER_MODEL = (
     "attention of another model called in the block, which neither is part of the model captured nor holds it: "
