@@ -562,3 +562,51 @@ def test_torch_attention_beside_a_module_captured_that_holds_none_is_said_to_lea
     said = [n for n in cap.notes if "ran under capture's mode: torch takes no fused fast path there" in n]
     assert len(said) == (0 if training else 1), cap.notes
     assert len(cap.records) == 1
+
+
+class DenseGAT(nn.Module):
+    """PyG's DenseGATConv: per-node scores summed into pairs, a softmax over the neighbours (dim 2 of (B, N, N, H)),
+    and the weights' axes moved before the product with the values (``alpha.movedim(3, 1) @ x.movedim(2, 1)``)."""
+
+    def __init__(self, fin: int, heads: int = 2, c: int = 8):
+        super().__init__()
+        self.h, self.c = heads, c
+        self.lin = nn.Linear(fin, heads * c, bias=False)
+        self.a_src, self.a_dst = (
+            nn.Parameter(torch.randn(1, 1, heads, c)),
+            nn.Parameter(torch.randn(1, 1, heads, c)),
+        )
+
+    def forward(self, x, adj):
+        b, n, _ = x.shape
+        x = self.lin(x).view(b, n, self.h, self.c)
+        alpha = (x * self.a_src).sum(-1).unsqueeze(1) + (x * self.a_dst).sum(-1).unsqueeze(2)  # (B, N, N, H)
+        alpha = F.leaky_relu(alpha, 0.2).masked_fill(adj.unsqueeze(-1) == 0, float("-inf")).softmax(dim=2)
+        self.truth = alpha.permute(0, 3, 1, 2).detach().clone()
+        out = torch.matmul(alpha.movedim(3, 1), x.movedim(2, 1)).movedim(1, 2)
+        return out.reshape(b, n, self.h * self.c)
+
+
+class TwoDenseGAT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = DenseGAT(4), DenseGAT(16)
+
+    def forward(self, x, adj):
+        return self.c2(F.elu(self.c1(x, adj)), adj)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_a_dense_gat_layer_after_another_is_the_graphs_self_attention(batch):
+    """The second layer's keys are the nodes the first layer's weights kept in place (self-attention over the graph):
+    it was recorded as cross-attention over positions called pooled, with no word."""
+    torch.manual_seed(batch)
+    model = TwoDenseGAT().eval()
+    x = torch.randn(batch, 5, 4)
+    adj = torch.maximum((torch.rand(batch, 5, 5) < 0.5).float(), torch.eye(5))
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(x, adj)
+    assert [(r.name, r.kind) for r in cap.records] == [("c1", "enc_self"), ("c2", "enc_self")]
+    for rec in cap.records:
+        assert rec.exact and rec.key_labels is None
+        torch.testing.assert_close(rec.probs, model.get_submodule(rec.name).truth, rtol=0, atol=0)

@@ -8528,6 +8528,10 @@ class _Session:
                                                    "unflatten", "contiguous", "clone", "detach"):  # fmt: skip
                 shape = tuple(t.shape)
                 back = lambda o, f=to_softmax, s=shape: f(o.reshape(s))  # noqa: E731
+            elif to_softmax is not None:  # axes moved (``al.movedim(3, 1)``, PyG's DenseGATConv): moved back
+                undo = _undo_move(name, args[1:], kwargs, t.dim())
+                if undo is not None:
+                    back = lambda o, f=to_softmax, u=undo: f(u(o))  # noqa: E731
             self._positional[id(out)] = (out, record, back, keep, was_changed)
             return
         mask = None
@@ -12549,6 +12553,30 @@ def _class_scope(cls: type) -> _ClassScope:
     if scope is None:
         scope = _CLASS_SCOPES[cls] = _ClassScope(cls)
     return scope
+
+
+def _undo_move(
+    name: str, rest: tuple, kwargs: dict, ndim: int
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The op that puts back the axes a ``movedim``, ``transpose`` or ``permute`` of a tensor of ``ndim`` dims
+    moved, or None for any other op (or other arguments)."""
+    if kwargs:
+        return None
+    if name in ("movedim", "moveaxis") and len(rest) == 2:
+        src, dst = rest
+        return lambda o: torch.movedim(o, dst, src)
+    if name in ("transpose", "swapaxes", "swapdims") and len(rest) == 2:
+        a, b = rest
+        return lambda o: o.transpose(a, b)
+    if name == "permute" and rest:
+        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else rest
+        if len(dims) != ndim or not all(isinstance(d, int) for d in dims):
+            return None
+        inverse = [0] * ndim
+        for i, d in enumerate(dims):
+            inverse[d % ndim] = i
+        return lambda o: o.permute(*inverse)
+    return None
 
 
 def _scalar(x: Any) -> bool:
