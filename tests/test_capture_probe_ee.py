@@ -23,35 +23,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from usermodels.d2l import DotProductAttention, transpose_qkv
 
 from attnscope.core.families.capture import capture_attention
-
-
-def masked_softmax(x: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Tensor:
-    """d2l's: keys past each row's valid length set to -1e6 (lengths per sequence, or per query)."""
-    if valid_lens is None:
-        return nn.functional.softmax(x, dim=-1)
-    shape = x.shape
-    if valid_lens.dim() == 1:
-        valid_lens = torch.repeat_interleave(valid_lens, shape[1])
-    else:
-        valid_lens = valid_lens.reshape(-1)
-    x = x.reshape(-1, shape[-1])
-    mask = torch.arange(x.size(1), dtype=torch.float32)[None, :] < valid_lens[:, None]
-    x[~mask] = -1e6
-    return nn.functional.softmax(x.reshape(shape), dim=-1)
-
-
-class DotProductAttention(nn.Module):
-    def forward(self, queries, keys, values, valid_lens=None):
-        scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(queries.shape[-1])
-        self.attention_weights = masked_softmax(scores, valid_lens)
-        return torch.bmm(self.attention_weights, values)
-
-
-def transpose_qkv(x: torch.Tensor, h: int) -> torch.Tensor:
-    x = x.reshape(x.shape[0], x.shape[1], h, -1).permute(0, 2, 1, 3)
-    return x.reshape(-1, x.shape[2], x.shape[3])
 
 
 class D2lMultiHead(nn.Module):
@@ -59,7 +33,7 @@ class D2lMultiHead(nn.Module):
 
     def __init__(self, d: int, h: int):
         super().__init__()
-        self.num_heads, self.attention = h, DotProductAttention()
+        self.num_heads, self.attention = h, DotProductAttention(0.0)  # (d2l's, its masked_softmax)
         self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(d, d, bias=False) for _ in range(4))
 
     def forward(self, x, valid_lens):

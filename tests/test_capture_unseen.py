@@ -162,14 +162,20 @@ def unfollowed():
         yield
 
 
-@pytest.mark.parametrize("where", ["jit", "rotary"])
-def test_a_torchscript_helper_in_a_module_is_said_and_its_maps_flagged(where, unfollowed):
+def _lm_said(where: str):
+    """A capture of ``Lm(where)`` and its notes that name TorchScript, one of which names module 'attn'."""
     torch.manual_seed(0)
     model = Lm(where).eval()
     with torch.no_grad(), capture_attention(model) as cap:
         model(torch.randint(0, VOCAB, (2, 5)))
     said = [n for n in cap.notes if "TorchScript" in n]
     assert len(said) == 1 and "'attn'" in said[0]
+    return cap, said
+
+
+@pytest.mark.parametrize("where", ["jit", "rotary"])
+def test_a_torchscript_helper_in_a_module_is_said_and_its_maps_flagged(where, unfollowed):
+    cap, said = _lm_said(where)
     name = "upcast_masked_softmax" if where == "jit" else "rotate"
     assert name in said[0]
     assert all(not r.exact for r in cap.records)
@@ -351,12 +357,7 @@ def test_a_torchscript_function_its_python_does_not_repeat_is_said(where, monkey
 
     monkeypatch.setattr(upcast_masked_softmax, "_torchdynamo_inline", other_softmax)
     monkeypatch.setattr(rotate, "_torchdynamo_inline", other_rotate)
-    torch.manual_seed(0)
-    model = Lm(where).eval()
-    with torch.no_grad(), capture_attention(model) as cap:
-        model(torch.randint(0, VOCAB, (2, 5)))
-    said = [n for n in cap.notes if "TorchScript" in n]
-    assert len(said) == 1 and "'attn'" in said[0]
+    cap, _ = _lm_said(where)
     assert cap.records and all(not r.exact for r in cap.records)
     if where == "jit":  # (the Python function's map: not the one the model used)
         assert "did not give what the script returned" in (cap.records[0].flag or "")

@@ -975,6 +975,16 @@ class Captured:
         # positions the model made), or over the labels another kind gave a side: left out, and said,
         # rather than drawn under tokens they are not
         given = {"src": len(src) if src else None, "tgt": len(tgt) if tgt else None}  # (None: no kind's)
+
+        def drop(kind: str) -> None:  # a kind left out of the trace: its maps and what goes with them
+            for name in [kind, *(f"{kind}_{what}" for what in ("scores", "mask", "learned", "value_norms",
+                                                               "residual_norms"))]:  # fmt: skip
+                kw.pop(name, None)
+            learned_keys.pop(kind, None)
+            scopes.pop(kind, None)
+            query_rows.pop(kind, None)
+            del probs[kind]
+
         for kind in list(probs):
             q, k = (int(n) for n in probs[kind].shape[-2:])
             want = tuple(given[side] for side in _SIDES[kind])
@@ -986,13 +996,7 @@ class Captured:
                                 "other positions than those the encoder self-attention drawn is over (another "
                                 "input's: an image's features, a memory the model made), so they are not these "
                                 "tokens (cap.records has them, each key's position in record.key_positions)")  # fmt: skip
-                for name in [kind, *(f"{kind}_{what}" for what in ("scores", "mask", "learned", "value_norms",
-                                                                   "residual_norms"))]:  # fmt: skip
-                    kw.pop(name, None)
-                learned_keys.pop(kind, None)
-                scopes.pop(kind, None)
-                query_rows.pop(kind, None)
-                del probs[kind]
+                drop(kind)
                 continue
             if fit:
                 continue
@@ -1030,13 +1034,7 @@ class Captured:
                 left_out.append(f"{kind} ({where}) left out of the trace: its maps are {q} x {k + len(extra)} (queries "
                                 f"x keys{made}), the tokens make {tokens}, so they are over other positions than "
                                 "these tokens")  # fmt: skip
-            for name in [kind, *(f"{kind}_{what}" for what in ("scores", "mask", "learned", "value_norms",
-                                                               "residual_norms"))]:  # fmt: skip
-                kw.pop(name, None)
-            learned_keys.pop(kind, None)
-            scopes.pop(kind, None)
-            query_rows.pop(kind, None)
-            del probs[kind]
+            drop(kind)
         if left_out and not probs:
             over = "the tokens given" if src_tokens or tgt_tokens else "its sequences' positions"
             more = f"; and {len(left_out) - 2} more (cap.records has every map)" if len(left_out) > 2 else ""
@@ -5539,15 +5537,10 @@ class _Session:
             return None
         dtype = torch.int16 if items < 2**15 else torch.int64
         idx = torch.arange(items, dtype=dtype, device=x.device).view(items, *(1,) * (root.dim() - 1))
-        idx = idx.expand(root.shape)
-        try:
-            for func, a, kw in held[2]:
-                idx = func(idx, *a, **kw)
-        except Exception:  # (a step that does not replay on ints)
+        moved = _moved_as(held[2], idx.expand(root.shape), tuple(x.shape))
+        if moved is None:
             return None
-        if not isinstance(idx, torch.Tensor) or tuple(idx.shape) != tuple(x.shape):
-            return None
-        per_row = idx.reshape(rows, -1)
+        per_row = moved.reshape(rows, -1)
         item = per_row[:, 0].long()
         if not bool((per_row == per_row[:, :1]).all()):
             return None  # (a row holds several items' values)
@@ -9796,12 +9789,7 @@ class _Session:
             return
 
         def moved(a: torch.Tensor) -> torch.Tensor | None:  # ``a`` (x's shape) moved as x was into ``t``
-            try:
-                for func, rest, kw in held[2]:
-                    a = func(a, *rest, **kw)
-            except Exception:  # (an op the codes cannot take as the tensor did: nothing placed)
-                return None
-            return a if isinstance(a, torch.Tensor) and tuple(a.shape) == tuple(t.shape) else None
+            return _moved_as(held[2], a, tuple(t.shape))
 
         # the slots are the axis of x (between its sequences and its features) whose index, moved the same way,
         # is the join's axis of ``t`` alone: (B, H, T, d) or (B, T, H, d)
@@ -12553,6 +12541,18 @@ def _class_scope(cls: type) -> _ClassScope:
     if scope is None:
         scope = _CLASS_SCOPES[cls] = _ClassScope(cls)
     return scope
+
+
+def _moved_as(chain: tuple, a: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """``a`` moved by the chain of views, reshapes and transposes (``(func, args, kwargs)`` each) that moved a tensor
+    from outside of its shape into one of ``shape`` (``_outside_moves``); None where a step does not replay on it
+    or the result is not of that shape."""
+    try:
+        for func, rest, kw in chain:
+            a = func(a, *rest, **kw)
+    except Exception:  # (a step that does not replay on it: nothing said of it)
+        return None
+    return a if isinstance(a, torch.Tensor) and tuple(a.shape) == tuple(shape) else None
 
 
 def _undo_move(
