@@ -253,3 +253,55 @@ def test_a_trace_with_nan_weights_on_learned_keys_opens_again(tmp_path, ext):
     bad = trace.replace(enc_self_learned=np.nan_to_num(learned, nan=2.0))
     with pytest.raises(TraceFormatError, match="not probabilities"):
         AttentionTrace.load(bad.save(tmp_path / f"bad.{ext}"))
+
+
+def _nul_trace() -> AttentionTrace:
+    """Tokens of a byte-level vocabulary: byte 0 is the token "\\x00", and a token may end in it."""
+    p = np.random.default_rng(0).random((1, 2, 4, 4)).astype(np.float32)
+    return AttentionTrace(
+        model="bytes", config_name="", device="cpu", src_tokens=("a", "\x00", "b\x00", "\x00c"),
+        enc_self=p / p.sum(-1, keepdims=True), out_tokens=("x\x00",),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("ext", ["npz", "json"])
+def test_tokens_that_end_in_nul_open_as_they_were_saved(tmp_path, ext):
+    """A numpy string array drops the NULs that end a string: the token "\\x00" came back as "" and "b\\x00" as
+    "b", with no word. Both formats now give back each token as it was."""
+    trace = _nul_trace()
+    back = AttentionTrace.load(trace.save(tmp_path / f"t.{ext}"))
+    assert back.src_tokens == trace.src_tokens and back.out_tokens == trace.out_tokens
+    data = trace.to_npz_bytes() if ext == "npz" else trace.to_json().encode()
+    assert AttentionTrace.from_bytes(data, f"t.{ext}").src_tokens == trace.src_tokens
+    plain = trace.replace(src_tokens=("a", "b", "c", "d"), out_tokens=("x",))
+    with zipfile.ZipFile(plain.save(tmp_path / "plain.npz")) as zf:  # (written only where a token needs it)
+        assert "exact_tokens" not in json.loads(str(np.load(zf.open("header.npy"))))
+
+
+@pytest.mark.parametrize(
+    ("exact", "says"),
+    [
+        ({"src_tokens": ["a", "\x00", "b\x00"]}, "not a list of 4 strings"),
+        ({"src_tokens": ["a", "\x00", "b\x00", 7]}, "not a list of 4 strings"),
+        ({"src_tokens": ["z", "\x00", "b\x00", "\x00c"]}, "are not the file's src_tokens"),
+        ({"src_tokens": ["a", "\x00", "b\x00", "c" * 5000]}, "longer than"),
+        ({"tokens": ["a"]}, "not an object of token lists"),
+        (["a"], "not an object of token lists"),
+    ],
+)
+def test_a_header_whose_exact_tokens_disagree_with_the_file_is_one_sentence(tmp_path, exact, says):
+    members = {k: v for k, v in _nul_trace().to_numpy().items()}
+    header = {"model": "bytes", "config_name": "", "device": "cpu", "output_text": "", "meta": {}, "format": 1,
+              "exact_tokens": exact}  # fmt: skip
+    path = tmp_path / "bad.npz"
+    np.savez_compressed(path, header=np.array(json.dumps(header)), **members)
+    with pytest.raises(TraceFormatError, match=says) as err:
+        AttentionTrace.load(path)
+    assert str(err.value).startswith("bad.npz") and "\n" not in str(err.value)
+    doc = json.loads(_nul_trace().to_json())
+    doc["exact_tokens"] = {
+        "src_tokens": list(_nul_trace().src_tokens)
+    }  # (a .json's lists keep them: not a field)
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(TraceFormatError, match="'exact_tokens'"):
+        AttentionTrace.load(tmp_path / "bad.json")

@@ -3,7 +3,9 @@
 Writing: ``AttentionTrace.save(path)``, ``to_npz_bytes()`` and ``to_json()`` come here. A ``.npz`` holds
 one member per array (the names of ``AttentionTrace.to_numpy``) plus ``header``, a JSON string (model,
 config_name, device, output_text, meta); a ``.json`` file is the header's keys and every array as
-nested lists.
+nested lists. A numpy string array drops the NUL characters that end a string, so where a token ends in
+one (a byte-level vocabulary's ``"\x00"``), the ``.npz`` header keeps that list of tokens as written
+(``exact_tokens``); a ``.json`` file's lists keep them themselves.
 
 Reading: ``AttentionTrace.load(path)`` and ``AttentionTrace.from_bytes(data, name)`` come here. A bad file
 raises TraceFormatError with one sentence that starts with the file's name. Nothing is unpickled:
@@ -387,6 +389,9 @@ def _read_json(text: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
                 raise _Bad(f"{name} is a ragged list (rows of different lengths)") from exc
             if arrays[name].dtype.hasobject:
                 raise _Bad(f"{name} is a ragged or mixed list, not an array")
+            if name in _TOKENS and isinstance(value, list) and arrays[name].tolist() != value:
+                # (a token ending in NUL, which the array dropped: the list keeps it)
+                doc.setdefault("exact_tokens", {})[name] = value
     return doc, arrays
 
 
@@ -489,6 +494,7 @@ def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
     if not isinstance(header.get("meta", {}) or {}, dict):
         raise _Bad("the header's 'meta' is not a JSON object")
     _check_members({k: (a.shape, a.dtype) for k, a in arrays.items()})
+    _check_exact_tokens(header.get("exact_tokens"), arrays)
     tgt = arrays.get("tgt_tokens")
     _check_meta(header.get("meta") or {}, 0 if tgt is None else int(tgt.size))
     values = 0
@@ -529,6 +535,25 @@ def _check(header: Any, arrays: dict[str, np.ndarray]) -> None:
         _check_value_norms(header, arrays)
         _check_query_rows(header, arrays)
         _check_kept(arrays)
+
+
+def _check_exact_tokens(exact: Any, arrays: dict[str, np.ndarray]) -> None:
+    """The header's ``exact_tokens`` (tokens that end in NUL, which a numpy string array drops): for each list
+    of tokens it names, one string per token, each the member's token with its NULs."""
+    if exact is None:
+        return
+    if not isinstance(exact, dict) or not set(exact) <= set(_TOKENS):
+        raise _Bad("the header's 'exact_tokens' is not an object of token lists (" + ", ".join(_TOKENS) + ")")
+    for name, tokens in exact.items():
+        given = arrays.get(name)
+        n = 0 if given is None else int(given.size)
+        if not (isinstance(tokens, list) and len(tokens) == n and all(isinstance(t, str) for t in tokens)):
+            raise _Bad(f"the header's exact_tokens for {name} is not a list of {n} strings, one per token")
+        if any(len(t) > MAX_TOKEN_CHARS for t in tokens):
+            raise _Bad(f"the header's exact_tokens for {name} holds a token longer than {MAX_TOKEN_CHARS:,} "
+                       "characters")  # fmt: skip
+        if given is not None and np.array(tokens, dtype=str).tolist() != given.tolist():
+            raise _Bad(f"the header's exact_tokens for {name} are not the file's {name}")
 
 
 def _check_learned(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
@@ -610,8 +635,9 @@ def _from_fields(header: dict[str, Any], arrays: dict[str, Any]) -> AttentionTra
     """The trace a checked header and arrays describe, each array in the dtype its field holds."""
     kw: dict[str, Any] = {k: header.get(k, "") for k in ("model", "config_name", "device", "output_text")}
     kw["meta"] = header.get("meta", {}) or {}
+    exact = header.get("exact_tokens") or {}
     for name in _TOKENS:
-        kw[name] = tuple(str(t) for t in arrays.get(name, ()))
+        kw[name] = tuple(str(t) for t in exact.get(name, arrays.get(name, ())))
     for name in _ARRAYS:
         if name in arrays:
             value = np.asarray(arrays[name])
@@ -686,7 +712,15 @@ def read_path(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> AttentionTr
 
 def _npz_members(trace: AttentionTrace) -> dict[str, Any]:  # name -> array, for np.savez_compressed
     arrays = trace.to_numpy()
-    arrays["header"] = np.array(json.dumps(_file_header(trace), ensure_ascii=False))
+    header = _file_header(trace)
+    exact = {
+        name: list(getattr(trace, name))
+        for name in _TOKENS
+        if arrays[name].tolist() != list(getattr(trace, name))  # (a token ending in NUL: numpy drops it)
+    }
+    if exact:
+        header["exact_tokens"] = exact
+    arrays["header"] = np.array(json.dumps(header, ensure_ascii=False))
     return arrays
 
 
@@ -707,7 +741,7 @@ def to_json(trace: AttentionTrace) -> str:
     """The ``.json`` file's text: the header's keys and every array as nested lists."""
     doc: dict[str, Any] = _file_header(trace)
     for name, arr in trace.to_numpy().items():
-        doc[name] = arr.tolist()
+        doc[name] = list(getattr(trace, name)) if name in _TOKENS else arr.tolist()
     return json.dumps(doc, ensure_ascii=False)
 
 
