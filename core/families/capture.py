@@ -11956,7 +11956,11 @@ def _causal_off_by_one(mask: torch.Tensor) -> bool:
     """A causal mask one key too far: each query sees every key up to the one after its own and none further (the
     keys no row sees, padding, aside), some query sees its next key, and some a key another does not."""
     lq, lk = int(mask.shape[-2]), int(mask.shape[-1])
-    if lq != lk or lq < 3 or mask.dtype != torch.bool:
+    if lq != lk or lq < 3 or mask.dtype != torch.bool or mask.stride(-2) == 0:
+        return (
+            False  # (one row for every query, a padding mask's: no key some row sees is hidden from another)
+        )
+    if bool(mask[..., 0, 2:].any()):  # (a first row that sees a key past its next: not one too far)
         return False
     keys = mask.any(-2, keepdim=True)  # (the keys some row sees: padding aside)
     band = torch.ones(lq, lk, dtype=torch.bool, device=mask.device)
