@@ -4158,6 +4158,21 @@ class _Session:
                 code = turned.transpose(-1, -2)
                 self._fixed_codes[id(t)] = (weakref.ref(t), code)
                 return code
+        base = None if param else t._base
+        if (
+            base is not None
+            and base.dim() == t.dim() >= 2
+            and tuple(base.shape[:-1]) == tuple(t.shape[:-1])
+            and base.stride() == t.stride()
+            and base.is_floating_point()
+        ):  # a run of the features of a tensor from outside (``x.chunk(heads, -1)``, one head's each): its
+            # positions, and those features
+            at, step = t.storage_offset() - base.storage_offset(), int(base.stride(-1))
+            whole = self.code_of(base) if step > 0 and at % step == 0 else None
+            if whole is not None and 0 <= at // step <= int(base.shape[-1]) - int(t.shape[-1]):
+                code = whole.narrow(-1, at // step, int(t.shape[-1]))
+                self._fixed_codes[id(t)] = (weakref.ref(t), code)
+                return code
         lead = tuple(t.shape[:-1])
         if param:
             if self._param_names is None:
@@ -4204,9 +4219,31 @@ class _Session:
                 self._sequences_concatenated(parts)
                 return
             if d != out.dim() - 1:
-                return  # joined along positions: chunks of a sequence, not heads
+                if not self._features_at(list(parts), d):
+                    return  # joined along positions: chunks of a sequence, not heads
+                # (heads' outputs laid out features first, joined along them: EfficientViT's cascaded group
+                # attention, ``torch.cat(feats_out, 1)`` of (B, d, H, W) outputs)
+                self._heads_group(list(parts))
+                return
             self._heads_merged(list(parts), out)
         self._heads_group(list(parts))
+
+    def _features_at(self, parts: list[torch.Tensor], d: int) -> bool:
+        """Whether lineage shows axis ``d`` of every part holding features of the same positions: each element
+        along it from one position, and every part over the same positions (the heads' outputs of one layer,
+        laid out features first); False where lineage cannot say."""
+        if len(parts) < 2:
+            return False
+        codes = [self.code_of(t) for t in parts]
+        pos = []
+        for c, t in zip(codes, parts, strict=True):
+            if c is None or tuple(c.shape) != tuple(t.shape) or not 0 <= d < t.dim():
+                return False
+            p = c >> lineage.SHIFT
+            if not torch.equal(p, p.narrow(d, 0, 1).expand_as(p)):
+                return False
+            pos.append(p.narrow(d, 0, 1))
+        return all(torch.equal(p, pos[0]) for p in pos[1:])
 
     def _heads_merged(self, parts: list[torch.Tensor], out: torch.Tensor) -> None:
         """Single-head maps' outputs joined along their features, each as its product gave it (Karpathy's
@@ -4638,6 +4675,10 @@ class _Session:
         pick = codes[0]
         if codes[0].dim() >= 1:
             pos = [c.select(-1, 0) >> lineage.SHIFT for c in codes]
+            written = [c for c, p in zip(codes, pos, strict=True) if not bool(self.sources.empty(p).all())]
+            if written and len(written) < len(codes):  # (a buffer nothing was written to, zeroed, plus
+                codes, pos = written, [c.select(-1, 0) >> lineage.SHIFT for c in written]  # what is added)
+                pick = codes[0]
             typed = [self._looked_up_constant(p) for p in pos]
             # a token type's vector added (ViLT's image type onto patches after a [CLS]): the sequence's
             # positions, where another operand holds some (not only learned ones: a position table's)
@@ -4874,7 +4915,9 @@ class _Session:
             if xc is None or x is None or name == "bilinear":
                 return None
             if name in CONV:
-                return self._conv_code(x, xc, out)
+                weight = args[1] if len(args) > 1 else kwargs.get("weight")
+                groups = args[6] if len(args) > 6 else kwargs.get("groups", 1)
+                return self._conv_code(x, xc, out, weight, groups if isinstance(groups, int) else 1)
             if tuple(xc.shape[:-1]) != tuple(out.shape[:-1]):
                 return None
             x_tag = self.tag(x)
@@ -4929,7 +4972,8 @@ class _Session:
                 if n:
                     start = self.sources.new(n, "pad", "padding")
                     pos = torch.arange(start, start + n, dtype=c.dtype, device=c.device) << lineage.SHIFT
-                    padded[cells] = pos[:, None] | torch.arange(c.shape[-1], dtype=c.dtype, device=c.device)
+                    # (each padded cell's features are the tensor's own: heads read from them stay apart)
+                    padded[cells] = pos[:, None] | _features_of(c, -1)
                 return padded if tuple(padded.shape) == tuple(out.shape) else None
             if (
                 isinstance(pad, (tuple, list))
@@ -4950,7 +4994,7 @@ class _Session:
                     start = self.sources.new(n, "pad", "padding")
                     pos = torch.arange(start, start + n, dtype=c.dtype, device=c.device) << lineage.SHIFT
                     last = padded.movedim(1, -1)  # (a view: the cells' channels written in place)
-                    last[cells] = pos[:, None] | torch.arange(c.shape[1], dtype=c.dtype, device=c.device)
+                    last[cells] = pos[:, None] | _features_of(c, 1)
                 return padded if tuple(padded.shape) == tuple(out.shape) else None
             value = self._pad_code()
             key = ("pad", id(c), _arg_key(pad), value)
@@ -5263,13 +5307,27 @@ class _Session:
             if dim == c.dim() - 1 or out.dim() < 2:
                 return None
             lead = tuple(int(n) for n in out.shape[:-1])
-            parent = self.sources.at(int(first.reshape(-1)[0]) >> lineage.SHIFT).start  # what it pooled
+            # what it pooled (the sequence of its first position that is no padding: F.pad in front of a sequence
+            # to whole blocks, as memory-compressed attention pads its keys before pooling them)
+            ends_pos = torch.cat([(first >> lineage.SHIFT).reshape(-1),
+                                  (c.select(dim, c.shape[dim] - 1) >> lineage.SHIFT).reshape(-1)])  # fmt: skip
+            real = ends_pos[~self.sources.of_kind(ends_pos, ("pad",))]
+            parent = self.sources.at(int(real[0] if real.numel() else ends_pos[0])).start
             # one new position per run of positions pooled (its first and last), shared by the heads
             # that pool the same run (Nystromformer's landmarks: segment means per head); the
             # features stay the input's, so each head's features stay its own
             ends = torch.stack([(first >> lineage.SHIFT).reshape(-1),
                                 (c.select(dim, c.shape[dim] - 1) >> lineage.SHIFT).reshape(-1)], 1)  # fmt: skip
             runs, inverse = torch.unique(ends, dim=0, return_inverse=True)
+            if (
+                inverse[1:] < inverse[:-1]
+            ).any():  # numbered in the order the runs come (a run that begins with
+                seen = torch.full((len(runs),), len(inverse), dtype=torch.int64, device=inverse.device)
+                seen.scatter_reduce_(0, inverse, torch.arange(len(inverse), device=inverse.device), "amin")
+                rank = torch.argsort(
+                    torch.argsort(seen)
+                )  # padding, made after the tokens, is still the first)
+                runs, inverse = runs[torch.argsort(seen)], rank[inverse]
             # positions per row of the input: (B, R, d) out pools R per row (a story's sentences, Nystromformer's
             # landmarks); (B, d) out, one vector per row (a sentence mean-pooled), each its own row
             row = 1 if len(lead) == 1 else lead[-1] if len(runs) % lead[-1] == 0 else 0
@@ -5405,7 +5463,9 @@ class _Session:
             return t(c for c, _ in parts), _NOKEY if _NOKEY in keys or t not in (tuple, list) else (t, keys)
         return a, _arg_key(a)
 
-    def _conv_code(self, x: torch.Tensor, xc: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+    def _conv_code(
+        self, x: torch.Tensor, xc: torch.Tensor, out: torch.Tensor, weight: Any = None, groups: int = 1
+    ) -> torch.Tensor | None:
         """(B, C, *space) convolutions: a position-wise one keeps the positions; one that makes new
         positions (patches of an image) starts them afresh, as a tensor from outside."""
         if out.dim() != x.dim() or out.dim() < 3:
@@ -5416,6 +5476,17 @@ class _Session:
         )
         if space == tuple(x.shape[2:]) and not bool((xc & lineage.RAW).any()):
             return ((xc[:, :1] >> lineage.SHIFT) << lineage.SHIFT) | f
+        if (
+            weight is not None
+            and groups > 1
+            and groups == int(x.shape[1])
+            and not bool((xc & lineage.RAW).any())
+        ):
+            # a depthwise convolution (each output channel filters one input channel over space, as a pool
+            # does): each channel keeps the features it filters, so heads folded into the batch stay apart
+            mult = max(1, int(out.shape[1]) // groups)
+            fe = xc.flatten(2)[:, :, :1] & lineage.FEATURES  # (rows, C, 1)
+            f = fe.repeat_interleave(mult, dim=1).view(int(out.shape[0]), -1, *(1,) * len(space))
         return (self._new_positions(x, xc, out) << lineage.SHIFT) | f
 
     def _einsum_over_positions(self, equation: str, xc: torch.Tensor, x_first: bool, out: torch.Tensor):
@@ -5492,12 +5563,44 @@ class _Session:
         raw = bool((xc & lineage.RAW).any())
         first = int(xc.reshape(-1)[0]) >> lineage.SHIFT if xc.numel() else -1
         parent = self.sources.at(first) if first >= 0 else None
-        key = (id(x), _version_of(x), space, int(out.shape[0]))
+        if parent is not None and parent.kind == "pad" and not raw and xc.dim() >= 3:
+            # padding first (F.pad in front of a sequence to a multiple of the pool's stride, as memory-compressed
+            # attention pads its keys): the sequence is that of the first position that is no padding
+            row = xc[0, 0].reshape(-1) >> lineage.SHIFT
+            real = row[~self.sources.of_kind(row, ("pad",))]
+            if real.numel():
+                parent = self.sources.at(int(real[0]))
+        grid = x
+        base = x._base
+        if (
+            raw
+            and base is not None
+            and base.dim() == x.dim() >= 3
+            and int(base.shape[0]) == int(x.shape[0])
+            and tuple(base.shape[2:]) == tuple(x.shape[2:])
+            and base.stride() == x.stride()
+        ):  # a run of the channels of a tensor handed in (EfficientViT's ``x.chunk(heads, dim=1)``, each chunk a
+            grid = base  # head's): the same items and cells, so the same positions
+        key = (id(grid), _version_of(grid), space, int(out.shape[0]))
         held = self._grids.get(key) if raw else None
         slots = None  # each row's place among the rows, where rows of one item handed in are put together
-        if held is not None and held[0]() is x:
+        if held is not None and held[0]() is grid:
             start, slots = held[1], held[2]
         elif not raw and parent is not None and parent.kind not in lineage.LABELLED:
+            # rows that read the same positions (the heads of a sequence folded into the batch, MViT's pooling
+            # of q, k and v per head) pool to the same new ones: their rows stay one sequence's
+            rows, cells = int(out.shape[0]), math.prod(space)
+            if rows > 1 and xc.dim() >= 3 and int(xc.shape[0]) == rows:
+                read = (xc[:, 0] >> lineage.SHIFT).reshape(rows, -1)
+                kinds, inverse = torch.unique(read, dim=0, return_inverse=True)
+                if int(kinds.shape[0]) < rows:
+                    start = self.sources.new(
+                        int(kinds.shape[0]) * cells, "pooled", "pooled", ("pooled", parent.start), cells
+                    )
+                    place = inverse.to(out.device).view(-1, 1) * cells + torch.arange(
+                        cells, device=out.device
+                    )
+                    return start + place.view(rows, 1, *space)
             start = self.sources.new(n, "pooled", "pooled", ("pooled", parent.start), math.prod(space))
         else:
             tag = self.tag(x)
@@ -5513,7 +5616,7 @@ class _Session:
             self._grid_sources.add(start)
             self.n_inputs += 1
             if raw:
-                self._grids[key] = (weakref.ref(x), start, slots)
+                self._grids[key] = (weakref.ref(grid), start, slots)
         if slots is None:
             return start + torch.arange(n, device=out.device).view(out.shape[0], 1, *space)
         cells = math.prod(space)
@@ -5704,6 +5807,13 @@ class _Session:
                 pool = ("pool", tuple(args[1:]), dict(kwargs), tuple(outs[0].shape))
                 self._hold_pool(outs[0], root, (*steps, pool), True)
             return
+        if name == "zero_" and len(ins) == 1 and out is ins[0] and out._base is None and out.dim() >= 2:
+            g = self.tag(out)  # a buffer zeroed in place (Hugging Face's SlidingWindowCache: ``cache.zero_();
+            if g is not None and g.role in (None, "linear") and g.probs is None:  # cache += k_out``): empty
+                new = g.derived(g.origin)
+                new.code = self._empty_codes(out)
+                self.set(out, new)
+                return
         if name in SHAPED_LIKE and len(ins) > 1 and args and ins[0] is args[0]:
             ins = ins[:1]  # x.type_as(s), x.to(s), x.expand_as(s): s gives a dtype or a shape, no values
         if name in RNN and args and isinstance(args[0], torch.Tensor):
@@ -6127,6 +6237,15 @@ class _Session:
             return self._with_learned_keys(smap, *columns, tuple(base_t.shape)) or smap.fail(
                 "learned logits joined to the scores in a layout capture does not follow"
             )
+        if (
+            (name in CAT or name == "stack")
+            and args
+            and isinstance(args[0], (list, tuple))
+            and len(args[0]) > 1
+        ):
+            # (joined with other scores whose keys capture does not know, Longformer's band of each query's
+            # neighbours by offset beside its global keys: never read as these scores broadcast)
+            return smap.fail(f"{name} joined the scores with others whose keys capture could not place")
         if tuple(out.shape) == tuple(base_t.shape) and (name not in lineage.REPLAY or name in lineage.KEEP):
             return smap
         if name in lineage.REPLAY and args and args[0] is base_t:
@@ -8012,12 +8131,30 @@ class _Session:
                 or r.key_positions.device != kpos.device
             ):
                 continue
-            if not torch.equal(r.key_positions, kpos):
+            if not torch.equal(r.key_positions, kpos) and not torch.equal(
+                self._pooled_alike(r.key_positions), self._pooled_alike(kpos)
+            ):
                 continue
             # (the latest map over these keys decides: an encoder's layers all read them)
             asked = (qpos.to(r.query_positions.device)[:, :, None] == r.query_positions[:, None, :]).any(-1)
             return r.kind if bool(asked.all()) else None
         return None
+
+    def _pooled_alike(self, pos: torch.Tensor) -> torch.Tensor:
+        """Position codes with each position pooled from a sequence (a Linformer projection's, made anew in every
+        layer) named by that sequence and its place among the positions pooled with it: the keys of two layers
+        that each pool the same sequence read alike (negative codes, apart from any position's)."""
+        out = pos.clone()
+        real = pos >= 0
+        if not bool(real.any()):
+            return out
+        src = self.sources.index(pos.clamp_min(0))
+        for i in torch.unique(src[real]).tolist():
+            s = self.sources.items[i]
+            if s.kind == "pooled" and isinstance(s.origin, tuple) and len(s.origin) >= 2:
+                at = real & (src == i)
+                out[at] = -(1 << 50) - (int(s.origin[1]) << 20) - (pos[at] - s.start)
+        return out
 
     def _sees_ahead(self, qpos: torch.Tensor | None, kpos: torch.Tensor | None, seen: torch.Tensor) -> bool:
         """Whether lineage shows a query allowed to see a key at a later position of its own input (REFIL's
@@ -11950,6 +12087,15 @@ def _gate_of_blocks(t: torch.Tensor) -> bool:
     with _no_grad():
         hides = _added_hides(t)
         return bool(hides.any()) and bool((t.detach().masked_fill(hides, 0) == 0).all())
+
+
+def _features_of(c: torch.Tensor, dim: int) -> torch.Tensor:
+    """The feature codes along ``dim`` of codes ``c`` (those of its first cell: a projection's features are the
+    same at every position), or 0.. along it where ``c`` holds no cell."""
+    rows = c.movedim(dim, -1).reshape(-1, int(c.shape[dim]))
+    if not rows.shape[0]:
+        return torch.arange(int(c.shape[dim]), dtype=c.dtype, device=c.device)
+    return rows[0] & lineage.FEATURES
 
 
 def _causal_off_by_one(mask: torch.Tensor) -> bool:
