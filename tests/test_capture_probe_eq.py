@@ -23,9 +23,18 @@
 - Hugging Face's SlidingWindowCache writes its rolled cache back with ``cache.zero_(); cache += k_out``: the keys
   were drawn under the tokens the cache held before, or as padding. A buffer zeroed in place holds nothing, and a
   sum with it holds what is added.
+- PatchTST repeats its padding mask over the channels folded into the batch (``repeat_interleave(nvars, 0)``): the
+  capture warned that the sequences were generate's beams. A boolean mask repeated is no copy of the sequences.
+- Window attention by ``F.pad`` + ``Tensor.unfold`` with its scores a broadcast product summed over the features
+  (``(q[..., None] * k_win).sum(-2)``) was said, as information only, to be a vocabulary or router softmax: the
+  weights times the windows' values (``einsum("bhnw,bhndw->bhnd", p, v_win)``) are now a warning that names them.
+- ConViT's gated positional attention mixes a softmax of a projection of relative offsets into its recorded map: the
+  capture warned that those weights were not recorded, though the exact record holds them.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -383,3 +392,110 @@ def test_a_cache_zeroed_and_added_to_holds_the_keys_added():
     steps = [r.query_positions[0, 0].item() for r in cap.records if r.query_positions is not None]
     assert len(steps) == 6  # (each step's query: the position of its token)
     assert last.key_positions[0].tolist() == [steps[s] for s in model.slots[-1]]
+
+
+class ChannelsInBatch(nn.Module):
+    """PatchTST's channel independence: each variate's patches a sequence of the batch, a per-sample patch padding
+    mask (True = pad) repeated over the variates."""
+
+    def __init__(self, channels: int = 3, patch: int = 4, d: int = 8, heads: int = 2):
+        super().__init__()
+        self.c, self.p, self.h = channels, patch, heads
+        self.embed, self.qkv = nn.Linear(patch, d), nn.Linear(d, 3 * d)
+        self.used: torch.Tensor | None = None
+
+    def forward(
+        self, x: torch.Tensor, padded: torch.Tensor
+    ) -> torch.Tensor:  # x (B, L, C), padded (B, L // P)
+        u = self.embed(x.permute(0, 2, 1).unfold(-1, self.p, self.p))  # (B, C, n, d)
+        u = u.reshape(-1, u.shape[2], u.shape[3])
+        kpm = padded.repeat_interleave(self.c, dim=0)
+        q, k, v = (
+            t.view(u.shape[0], -1, self.h, u.shape[-1] // self.h).transpose(1, 2)
+            for t in self.qkv(u).chunk(3, -1)
+        )
+        s = (q @ k.transpose(-1, -2)).masked_fill(kpm[:, None, None], float("-inf"))
+        self.used = s.softmax(-1)
+        return self.used @ v
+
+
+def test_a_padding_mask_repeated_over_channels_in_the_batch_is_no_beam_search():
+    model = ChannelsInBatch().eval()
+    padded = torch.zeros(2, 3, dtype=torch.bool)
+    padded[1, -1] = True
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(2, 12, 3), padded)
+    [rec] = cap.records
+    assert rec.exact and model.used is not None
+    torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=1e-6)
+    assert not [n for n in cap.notes if "beam" in n]
+
+
+class UnfoldWindows(nn.Module):
+    """Sliding-window attention by ``F.pad`` and ``Tensor.unfold``: scores of each query over its 2w+1 neighbours as
+    a broadcast product summed over the features, the values' windows weighed by an einsum."""
+
+    def __init__(self, w: int = 2, d: int = 16, h: int = 2):
+        super().__init__()
+        self.w, self.h = w, h
+        self.emb, self.qkv = nn.Embedding(50, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        b, n = ids.shape
+        w = self.w
+        q, k, v = self.qkv(self.emb(ids)).view(b, n, 3, self.h, -1).permute(2, 0, 3, 1, 4)
+        kk, vv = (F.pad(t, (0, 0, w, w)).unfold(2, 2 * w + 1, 1) for t in (k, v))  # (b, h, n, d, 2w+1)
+        s = (q[..., None] * kk).sum(-2) / math.sqrt(q.shape[-1])
+        seen = F.pad(ids != 0, (w, w), value=False).unfold(1, 2 * w + 1, 1)
+        p = s.masked_fill(~seen[:, None], float("-inf")).softmax(-1)
+        return torch.einsum("bhnw,bhndw->bhnd", p, vv)
+
+
+def test_weights_over_unfolded_windows_times_their_values_are_a_warning():
+    for batch in (1, 2, 5):
+        model = UnfoldWindows().eval()
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(torch.randint(1, 50, (batch, 10)))
+        assert not cap.records
+        assert any("windows of keys cut by F.unfold or Tensor.unfold" in n for n in cap.notes), cap.notes
+        assert not [n for n in cap.skipped if "vocabulary" in n.reason]
+
+
+class GatedPositional(nn.Module):
+    """ConViT's GPSA: ``(1 - sigmoid(g)) * softmax(q k^T) + sigmoid(g) * softmax(pos_proj(rel_indices))``,
+    renormalized, times the values."""
+
+    def __init__(self, dim: int = 8, heads: int = 2, side: int = 3):
+        super().__init__()
+        self.h, self.scale = heads, (dim // heads) ** -0.5
+        self.qk, self.v = nn.Linear(dim, 2 * dim), nn.Linear(dim, dim)
+        self.pos_proj = nn.Linear(3, heads)
+        self.gating = nn.Parameter(torch.randn(heads))
+        ind = torch.arange(side).view(1, -1) - torch.arange(side).view(-1, 1)
+        indx, indy = ind.repeat(side, side), ind.repeat_interleave(side, 0).repeat_interleave(side, 1)
+        self.register_buffer("rel", torch.stack([indx, indy, indx**2 + indy**2], -1).float()[None])
+        self.used: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        q, k = self.qk(x).reshape(B, N, 2, self.h, C // self.h).permute(2, 0, 3, 1, 4)
+        pos = self.pos_proj(self.rel.expand(B, -1, -1, -1)).permute(0, 3, 1, 2).softmax(-1)
+        patch = ((q @ k.transpose(-2, -1)) * self.scale).softmax(-1)
+        g = torch.sigmoid(self.gating.view(1, -1, 1, 1))
+        attn = (1.0 - g) * patch + g * pos
+        attn = attn / attn.sum(-1, keepdim=True)
+        self.used = attn
+        v = self.v(x).reshape(B, N, self.h, C // self.h).permute(0, 2, 1, 3)
+        return (attn @ v).transpose(1, 2).reshape(B, N, C)
+
+
+def test_a_positional_softmax_mixed_into_a_recorded_map_is_not_said_unrecorded():
+    for batch in BATCHES:
+        torch.manual_seed(batch)
+        model = GatedPositional().eval()
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(torch.randn(batch, 9, 8))
+        [rec] = cap.records
+        assert rec.exact and model.used is not None
+        torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=1e-6)
+        assert not [n for n in cap.notes if "not recorded" in n], cap.notes

@@ -3966,7 +3966,9 @@ class _Session:
         if (
             not isinstance(src, torch.Tensor)
             or src.dim() != 2
-            or type(k) is not int
+            or src.dtype
+            == torch.bool  # (a padding mask repeated over channels folded into the batch, PatchTST's:
+            or type(k) is not int  # no sequence's copies; generate repeats the ids themselves)
             or k < 2
             or dim not in (0, -2)
             or self.tag(src) is not None
@@ -8832,11 +8834,14 @@ class _Session:
         if g is None or g.role == "param" or code is None or tuple(code.shape) != tuple(v.shape):
             return False
         pos = code >> lineage.SHIFT  # one position per row of the values, other ones along the product's axis
+        over = _einsum_axis(args[0], v.dim()) if args and isinstance(args[0], str) else -2
         if (
-            v.shape[-2] < 2
-            or bool((pos != pos[..., :1]).any())
-            or not bool((pos[..., 1:, :] != pos[..., :1, :]).any())
-        ):
+            over is None or int(v.shape[over]) < 2
+        ):  # (an einsum: the values' axis the weights' last is summed with)
+            return False
+        if over == -2 and bool((pos != pos[..., :1]).any()):
+            return False
+        if not bool((pos != pos.narrow(over, 0, 1)).any()):
             return False
         self._projected.pop(id(entry[0]()), None)
         _, path, shape = entry
@@ -9004,6 +9009,17 @@ class _Session:
                 continue  # (a product element by element: values over positions, (B, N, d) against (B, N, 1))
             entry = _held_or_base(self._unplaced, w)
             if entry is None:
+                continue
+            gw = self.tag(w)
+            pw = self._weights_of(gw) if gw is not None else None
+            if pw is not None and pw.record is not None and len(entry) > 4:
+                # left-out weights combined with a softmax that is recorded (ConViT's gated positional attention:
+                # ``(1 - g) * softmax(q k^T) + g * softmax(pos_proj(rel))``): the record holds what multiplies the
+                # values, these weights in it; nothing to tell
+                self._unplaced.pop(id(entry[0]()), None)
+                self.cap.skipped[:] = [
+                    n for n in self.cap.skipped if (n.module, n.reason) != (entry[1], entry[3])
+                ]
                 continue
             if broadcast and _held(self._shifted, v) is not None:
                 self._tell_unplaced(entry, True, shifted=True)
@@ -12087,6 +12103,20 @@ def _gate_of_blocks(t: torch.Tensor) -> bool:
     with _no_grad():
         hides = _added_hides(t)
         return bool(hides.any()) and bool((t.detach().masked_fill(hides, 0) == 0).all())
+
+
+def _einsum_axis(equation: str, ndim: int) -> int | None:
+    """Of ``einsum(equation, weights, values)``: the values' axis that the weights' last axis is summed with
+    (``"bhnw,bhndw->bhnd"``: 4, the window's), or None where it is kept, or the equation is not two operands'."""
+    eq = equation.replace(" ", "")
+    if "->" not in eq or "." in eq:
+        return None
+    lhs, rhs = eq.split("->")
+    sides = lhs.split(",")
+    if len(sides) != 2 or not sides[0] or len(sides[1]) != ndim:
+        return None
+    last = sides[0][-1]
+    return None if last in rhs or last not in sides[1] else sides[1].index(last)
 
 
 def _features_of(c: torch.Tensor, dim: int) -> torch.Tensor:
