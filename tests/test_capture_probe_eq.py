@@ -28,6 +28,9 @@
 - Window attention by ``F.pad`` + ``Tensor.unfold`` with its scores a broadcast product summed over the features
   (``(q[..., None] * k_win).sum(-2)``) was said, as information only, to be a vocabulary or router softmax: the
   weights times the windows' values (``einsum("bhnw,bhndw->bhnd", p, v_win)``) are now a warning that names them.
+- A one-query map whose query weighs later positions of its own sequence (Longformer's global token over every
+  token) took the kind of the module's other calls where one was ``dec_self``, as a decoder's first step does.
+  A query that sees ahead is no decoder's step.
 - ConViT's gated positional attention mixes a softmax of a projection of relative offsets into its recorded map: the
   capture warned that those weights were not recorded, though the exact record holds them.
 """
@@ -499,3 +502,29 @@ def test_a_positional_softmax_mixed_into_a_recorded_map_is_not_said_unrecorded()
         assert rec.exact and model.used is not None
         torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=1e-6)
         assert not [n for n in cap.notes if "not recorded" in n], cap.notes
+
+
+class GlobalRowBesideCausal(nn.Module):
+    """One module: a causal self-attention, and its first token's row over every token (a global token's)."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.emb, self.qkv = nn.Embedding(50, d), nn.Linear(d, 3 * d)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        n = ids.shape[1]
+        q, k, v = self.qkv(self.emb(ids)).chunk(3, -1)
+        s = q @ k.transpose(-1, -2)
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        local = s.masked_fill(~causal, float("-inf")).softmax(-1) @ v
+        glob = (q[:, :1] @ k.transpose(-1, -2)).softmax(-1)
+        return torch.cat([glob @ v, local[:, 1:]], 1)
+
+
+def test_one_query_that_sees_later_positions_is_no_decoders_first_step():
+    for batch in BATCHES:
+        model = GlobalRowBesideCausal().eval()
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(torch.randint(1, 50, (batch, 6)))
+        kinds = {tuple(r.probs.shape[-2:]): r.kind for r in cap.records}
+        assert kinds == {(6, 6): "dec_self", (1, 6): "enc_self"}, kinds

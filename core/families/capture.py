@@ -3548,7 +3548,12 @@ class _Session:
             if (r.kind == "enc_self" and r.name in decoding
                     and not any(fnmatch.fnmatchcase(r.name, p) for p in self.fixed)
                     and (r.probs.shape[-2] == 1 or self._prefill_of(r, records))
-                    and not _read_as_memory(r, memory)):  # fmt: skip
+                    and not _read_as_memory(r, memory)
+                    and not (r.probs.shape[-2] == 1 and self._sees_ahead(r.query_positions, r.key_positions,
+                                                                         r.probs.detach().gt(0).any(1)))):  # fmt: skip
+                # (one query that weighs later positions of its own input is no decoder's step: Longformer's
+                # global token over every token, beside a band the shape alone could not lay out; a prefill's
+                # queries see their prefix both ways)
                 records[i] = _replaced(r, kind="dec_self")
         # keys that are some of a sequence's positions (pruned, sampled, merged tokens), over the whole
         # record (the blocks of one call together): no map a trace can label by the sequence's tokens
@@ -7725,13 +7730,14 @@ class _Session:
                           source == "nn.MultiheadAttention")  # fmt: skip
         qpos = self._query_positions(probs, layout, query, query_code)
         if (
-            causal is None
-            and flag is None
+            flag is None
             and seen is not None
             and probs.shape[-2] < probs.shape[-1]
             and self._sees_ahead(qpos, _key_positions(probs, layout) if layout is not None else key_pos, seen)
         ):  # fewer queries than keys, which a causal reading puts last: a query sees a later position of
-            causal = False  # its own input, so they are not (REFIL's agents, the first of the entities)
+            if causal is None:  # its own input, so they are not (REFIL's agents, the first of the entities),
+                causal = False
+            ext = False  # and no decoder's new position over its cache (Longformer's global token over them all)
         if ext and q_labels is not None and all(lab is not None for lab in q_labels):
             ext = False  # (queries that are all pooled or learned vectors are no decoder's new positions)
         raw = flag is None and (raw_queries or (layout is not None and layout.raw_queries))
