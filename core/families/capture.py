@@ -3971,9 +3971,10 @@ class _Session:
         if (
             not isinstance(src, torch.Tensor)
             or src.dim() != 2
-            or src.dtype
-            == torch.bool  # (a padding mask repeated over channels folded into the batch, PatchTST's:
-            or type(k) is not int  # no sequence's copies; generate repeats the ids themselves)
+            # (a padding mask repeated over channels folded into the batch, PatchTST's, is no copy of the
+            # sequences: generate repeats the ids themselves)
+            or src.dtype == torch.bool
+            or type(k) is not int
             or k < 2
             or dim not in (0, -2)
             or self.tag(src) is not None
@@ -5326,15 +5327,13 @@ class _Session:
             ends = torch.stack([(first >> lineage.SHIFT).reshape(-1),
                                 (c.select(dim, c.shape[dim] - 1) >> lineage.SHIFT).reshape(-1)], 1)  # fmt: skip
             runs, inverse = torch.unique(ends, dim=0, return_inverse=True)
-            if (
-                inverse[1:] < inverse[:-1]
-            ).any():  # numbered in the order the runs come (a run that begins with
+            if (inverse[1:] < inverse[:-1]).any():
+                # numbered in the order the runs come (a run that begins with padding, made after the tokens, is
+                # still the first)
                 seen = torch.full((len(runs),), len(inverse), dtype=torch.int64, device=inverse.device)
                 seen.scatter_reduce_(0, inverse, torch.arange(len(inverse), device=inverse.device), "amin")
-                rank = torch.argsort(
-                    torch.argsort(seen)
-                )  # padding, made after the tokens, is still the first)
-                runs, inverse = runs[torch.argsort(seen)], rank[inverse]
+                order = torch.argsort(seen)
+                runs, inverse = runs[order], torch.argsort(order)[inverse]
             # positions per row of the input: (B, R, d) out pools R per row (a story's sentences, Nystromformer's
             # landmarks); (B, d) out, one vector per row (a sentence mean-pooled), each its own row
             row = 1 if len(lead) == 1 else lead[-1] if len(runs) % lead[-1] == 0 else 0
@@ -8840,10 +8839,9 @@ class _Session:
         if g is None or g.role == "param" or code is None or tuple(code.shape) != tuple(v.shape):
             return False
         pos = code >> lineage.SHIFT  # one position per row of the values, other ones along the product's axis
+        # (of an einsum, the values' axis the weights' last is summed with)
         over = _einsum_axis(args[0], v.dim()) if args and isinstance(args[0], str) else -2
-        if (
-            over is None or int(v.shape[over]) < 2
-        ):  # (an einsum: the values' axis the weights' last is summed with)
+        if over is None or int(v.shape[over]) < 2:
             return False
         if over == -2 and bool((pos != pos[..., :1]).any()):
             return False
@@ -12138,10 +12136,9 @@ def _causal_off_by_one(mask: torch.Tensor) -> bool:
     """A causal mask one key too far: each query sees every key up to the one after its own and none further (the
     keys no row sees, padding, aside), some query sees its next key, and some a key another does not."""
     lq, lk = int(mask.shape[-2]), int(mask.shape[-1])
+    # (one row for every query, a padding mask's: no key some row sees is hidden from another)
     if lq != lk or lq < 3 or mask.dtype != torch.bool or mask.stride(-2) == 0:
-        return (
-            False  # (one row for every query, a padding mask's: no key some row sees is hidden from another)
-        )
+        return False
     if bool(mask[..., 0, 2:].any()):  # (a first row that sees a key past its next: not one too far)
         return False
     keys = mask.any(-2, keepdim=True)  # (the keys some row sees: padding aside)

@@ -389,7 +389,12 @@ def _read_json(text: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
                 raise _Bad(f"{name} is a ragged list (rows of different lengths)") from exc
             if arrays[name].dtype.hasobject:
                 raise _Bad(f"{name} is a ragged or mixed list, not an array")
-            if name in _TOKENS and isinstance(value, list) and arrays[name].tolist() != value:
+            if (
+                name in _TOKENS
+                and isinstance(value, list)
+                and all(isinstance(t, str) for t in value)
+                and arrays[name].tolist() != value
+            ):
                 # (a token ending in NUL, which the array dropped: the list keeps it)
                 doc.setdefault("exact_tokens", {})[name] = value
     return doc, arrays
