@@ -31,6 +31,10 @@
 - A one-query map whose query weighs later positions of its own sequence (Longformer's global token over every
   token) took the kind of the module's other calls where one was ``dec_self``, as a decoder's first step does.
   A query that sees ahead is no decoder's step.
+- T2T-ViT's soft split (``nn.Unfold(3, stride=2, padding=1)`` of a token map, then a Linear) makes overlapping
+  patches whose border ones all begin with padding: each patch was read as its first cell, so several queries were
+  one position, and the map was flagged with that untrue reason. Rows that hold different positions but begin at
+  the same one are each a new position pooled from theirs, as a strided conv's are.
 - ConViT's gated positional attention mixes a softmax of a projection of relative offsets into its recorded map: the
   capture warned that those weights were not recorded, though the exact record holds them.
 """
@@ -528,3 +532,38 @@ def test_one_query_that_sees_later_positions_is_no_decoders_first_step():
             model(torch.randint(1, 50, (batch, 6)))
         kinds = {tuple(r.probs.shape[-2:]): r.kind for r in cap.records}
         assert kinds == {(6, 6): "dec_self", (1, 6): "enc_self"}, kinds
+
+
+class SoftSplit(nn.Module):
+    """T2T-ViT's tokens-to-token step: the tokens laid out as a map, cut into overlapping 3x3 patches by
+    ``nn.Unfold(stride=2, padding=1)``, each patch projected to q, k and v."""
+
+    def __init__(self, heads: int, d: int = 4):
+        super().__init__()
+        self.h = heads
+        self.emb = nn.Embedding(50, d)
+        self.unfold = nn.Unfold(3, stride=2, padding=1)
+        self.qkv = nn.Linear(9 * d, 3 * 2 * heads)
+        self.used: torch.Tensor | None = None
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids (B, 16): a 4 x 4 map of tokens
+        x = self.emb(ids)
+        b, n, d = x.shape
+        patches = self.unfold(x.transpose(1, 2).reshape(b, d, 4, 4)).transpose(1, 2)  # (B, 4, 9 d)
+        q, k, v = (t.view(b, 4, self.h, -1).transpose(1, 2) for t in self.qkv(patches).chunk(3, -1))
+        self.used = (q @ k.transpose(-1, -2)).softmax(-1)
+        return self.used @ v
+
+
+def test_overlapping_patches_of_the_tokens_are_positions_of_their_own():
+    for batch in BATCHES:
+        for heads in HEADS:
+            torch.manual_seed(batch * 10 + heads)
+            model = SoftSplit(heads).eval()
+            with torch.no_grad(), capture_attention(model) as cap:
+                model(torch.randint(1, 50, (batch, 16)))
+            assert model.used is not None
+            [rec] = cap.records
+            assert rec.exact and rec.kind == "enc_self", (batch, heads, rec.flag)
+            torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=1e-6)
+            assert rec.key_labels == tuple(f"<pooled {i}>" for i in range(4))

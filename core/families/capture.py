@@ -4936,6 +4936,9 @@ class _Session:
                 over = self._over_positions(xc, out)  # E K^T); elsewhere, lineage of the first one
                 if over is not None:
                     return over
+                patches = self._patches_projected(x, xc, out)
+                if patches is not None:
+                    return patches
             if x_tag is not None and x_tag.attn_out is not None and (self._pending or self._wo_taken):
                 if name == "linear":
                     self._out_projection(x, args[1] if len(args) > 1 else kwargs.get("weight"),
@@ -5468,6 +5471,31 @@ class _Session:
             keys = tuple(k for _, k in parts)
             return t(c for c, _ in parts), _NOKEY if _NOKEY in keys or t not in (tuple, list) else (t, keys)
         return a, _arg_key(a)
+
+    def _patches_projected(self, x: torch.Tensor, xc: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+        """Codes of a projection of rows that each hold several positions, where rows that hold different ones
+        begin at the same (F.unfold's overlapping patches of a token map, T2T-ViT's soft split: the border
+        patches all begin with padding), as a strided conv's: each row a new position pooled from the positions
+        it holds (the same for rows that hold the same ones). None where each row's first position is its own
+        (lineage of the first one, as before)."""
+        if xc.dim() < 2 or bool((xc & lineage.RAW).any()):
+            return None
+        pos = (xc >> lineage.SHIFT).reshape(-1, int(xc.shape[-1]))
+        real = ~self.sources.of_kind(pos, ("pad",))
+        if not bool(real.any()):
+            return None
+        seen = pos.masked_fill(~real, -1).sort(-1).values
+        kinds, inverse = torch.unique(seen, dim=0, return_inverse=True)
+        if len(kinds) <= len(torch.unique(pos[:, 0])):
+            return None
+        order = torch.full((len(kinds),), len(inverse), dtype=torch.int64, device=inverse.device)
+        order.scatter_reduce_(0, inverse, torch.arange(len(inverse), device=inverse.device), "amin")
+        inverse = torch.argsort(torch.argsort(order))[inverse]  # (numbered in the order the patches come)
+        parent = self.sources.at(int(pos[real][0]))
+        start = self.sources.new(len(kinds), "pooled", "pooled", ("pooled", parent.start), int(xc.shape[-2]))
+        f = torch.arange(int(out.shape[-1]), dtype=torch.int64, device=out.device)
+        code = ((start + inverse.to(out.device)).view(*xc.shape[:-1], 1) << lineage.SHIFT) | f
+        return code if tuple(code.shape) == tuple(out.shape) else None
 
     def _conv_code(
         self, x: torch.Tensor, xc: torch.Tensor, out: torch.Tensor, weight: Any = None, groups: int = 1
