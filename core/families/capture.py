@@ -5318,25 +5318,16 @@ class _Session:
             if dim == c.dim() - 1 or out.dim() < 2:
                 return None
             lead = tuple(int(n) for n in out.shape[:-1])
-            # what it pooled (the sequence of its first position that is no padding: F.pad in front of a sequence
-            # to whole blocks, as memory-compressed attention pads its keys before pooling them)
-            ends_pos = torch.cat([(first >> lineage.SHIFT).reshape(-1),
-                                  (c.select(dim, c.shape[dim] - 1) >> lineage.SHIFT).reshape(-1)])  # fmt: skip
-            real = ends_pos[~self.sources.of_kind(ends_pos, ("pad",))]
-            parent = self.sources.at(int(real[0] if real.numel() else ends_pos[0])).start
             # one new position per run of positions pooled (its first and last), shared by the heads
             # that pool the same run (Nystromformer's landmarks: segment means per head); the
             # features stay the input's, so each head's features stay its own
             ends = torch.stack([(first >> lineage.SHIFT).reshape(-1),
                                 (c.select(dim, c.shape[dim] - 1) >> lineage.SHIFT).reshape(-1)], 1)  # fmt: skip
-            runs, inverse = torch.unique(ends, dim=0, return_inverse=True)
-            if (inverse[1:] < inverse[:-1]).any():
-                # numbered in the order the runs come (a run that begins with padding, made after the tokens, is
-                # still the first)
-                seen = torch.full((len(runs),), len(inverse), dtype=torch.int64, device=inverse.device)
-                seen.scatter_reduce_(0, inverse, torch.arange(len(inverse), device=inverse.device), "amin")
-                order = torch.argsort(seen)
-                runs, inverse = runs[order], torch.argsort(order)[inverse]
+            # what it pooled: the sequence of its first position that is no padding (F.pad in front of a sequence
+            # to whole blocks, as memory-compressed attention pads its keys before pooling them)
+            parent = (self._unpadded_source(ends.t()) or self.sources.at(int(ends[0, 0]))).start
+            # (numbered in the order the runs come: a run that begins with padding, made after the tokens, is first)
+            runs, inverse = _unique_in_order(ends)
             # positions per row of the input: (B, R, d) out pools R per row (a story's sentences, Nystromformer's
             # landmarks); (B, d) out, one vector per row (a sentence mean-pooled), each its own row
             row = 1 if len(lead) == 1 else lead[-1] if len(runs) % lead[-1] == 0 else 0
@@ -5472,6 +5463,12 @@ class _Session:
             return t(c for c, _ in parts), _NOKEY if _NOKEY in keys or t not in (tuple, list) else (t, keys)
         return a, _arg_key(a)
 
+    def _unpadded_source(self, pos: torch.Tensor) -> lineage.Source | None:
+        """The source of the first of position codes ``pos`` (in row-major order) that is no padding, or None where
+        every one is."""
+        real = pos[~self.sources.of_kind(pos, ("pad",))]
+        return self.sources.at(int(real[0])) if real.numel() else None
+
     def _patches_projected(self, x: torch.Tensor, xc: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
         """Codes of a projection of rows that each hold several positions, where rows that hold different ones
         begin at the same (F.unfold's overlapping patches of a token map, T2T-ViT's soft split: the border
@@ -5481,17 +5478,13 @@ class _Session:
         if xc.dim() < 2 or bool((xc & lineage.RAW).any()):
             return None
         pos = (xc >> lineage.SHIFT).reshape(-1, int(xc.shape[-1]))
-        real = ~self.sources.of_kind(pos, ("pad",))
-        if not bool(real.any()):
+        parent = self._unpadded_source(pos)
+        if parent is None:
             return None
-        seen = pos.masked_fill(~real, -1).sort(-1).values
-        kinds, inverse = torch.unique(seen, dim=0, return_inverse=True)
+        seen = pos.masked_fill(self.sources.of_kind(pos, ("pad",)), -1).sort(-1).values
+        kinds, inverse = _unique_in_order(seen)  # (numbered in the order the patches come)
         if len(kinds) <= len(torch.unique(pos[:, 0])):
             return None
-        order = torch.full((len(kinds),), len(inverse), dtype=torch.int64, device=inverse.device)
-        order.scatter_reduce_(0, inverse, torch.arange(len(inverse), device=inverse.device), "amin")
-        inverse = torch.argsort(torch.argsort(order))[inverse]  # (numbered in the order the patches come)
-        parent = self.sources.at(int(pos[real][0]))
         start = self.sources.new(len(kinds), "pooled", "pooled", ("pooled", parent.start), int(xc.shape[-2]))
         f = torch.arange(int(out.shape[-1]), dtype=torch.int64, device=out.device)
         code = ((start + inverse.to(out.device)).view(*xc.shape[:-1], 1) << lineage.SHIFT) | f
@@ -5600,10 +5593,7 @@ class _Session:
         if parent is not None and parent.kind == "pad" and not raw and xc.dim() >= 3:
             # padding first (F.pad in front of a sequence to a multiple of the pool's stride, as memory-compressed
             # attention pads its keys): the sequence is that of the first position that is no padding
-            row = xc[0, 0].reshape(-1) >> lineage.SHIFT
-            real = row[~self.sources.of_kind(row, ("pad",))]
-            if real.numel():
-                parent = self.sources.at(int(real[0]))
+            parent = self._unpadded_source(xc[0, 0].reshape(-1) >> lineage.SHIFT) or parent
         grid = x
         base = x._base
         if (
@@ -5805,6 +5795,12 @@ class _Session:
         if (module, reason) not in self._seen:
             self._seen.add((module, reason))
             self.cap.skipped.append(Note("info", module, tuple(int(n) for n in shape), reason))
+
+    def _unsay(self, module: str, reason: str) -> None:
+        """Take back the information ``skip`` gave of ``module`` (a softmax found to be attention after all): a
+        later one of the module with the same reason is noted again."""
+        self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (module, reason)]
+        self._seen.discard((module, reason))
 
     def propagate(self, name, func, args, kwargs, out, pre) -> None:
         if isinstance(out, torch.Tensor):
@@ -8852,8 +8848,7 @@ class _Session:
                 continue
             self._projected.pop(id(held[0]()), None)
             _, path, shape = held
-            self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, _PROJECTED)]
-            self._seen.discard((path, _PROJECTED))
+            self._unsay(path, _PROJECTED)
             self.warn(path, shape, "weights over sampling points (deformable attention: a softmax of a projection "
                       "of the queries) multiply values F.grid_sample took at offsets the model predicts: there "
                       "are no query-key scores over the keys' positions, so capture records no map of these "
@@ -8877,8 +8872,7 @@ class _Session:
             return False
         self._projected.pop(id(entry[0]()), None)
         _, path, shape = entry
-        self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, _PROJECTED)]
-        self._seen.discard((path, _PROJECTED))  # (a vocabulary softmax of the module later is one)
+        self._unsay(path, _PROJECTED)  # (a vocabulary softmax of the module later is one)
         self.warn(path, shape, "weights whose scores capture could not trace to queries times keys multiply "
                   "values here: scores made by a projection or a learned table (a synthesizer's dense or random "
                   "attention, or a similarity scored by a projection of paired features whose pairs lineage could "
@@ -9049,9 +9043,7 @@ class _Session:
                 # ``(1 - g) * softmax(q k^T) + g * softmax(pos_proj(rel))``): the record holds what multiplies the
                 # values, these weights in it; nothing to tell
                 self._unplaced.pop(id(entry[0]()), None)
-                self.cap.skipped[:] = [
-                    n for n in self.cap.skipped if (n.module, n.reason) != (entry[1], entry[3])
-                ]
+                self._unsay(entry[1], entry[3])
                 continue
             if broadcast and _held(self._shifted, v) is not None:
                 self._tell_unplaced(entry, True, shifted=True)
@@ -9125,8 +9117,7 @@ class _Session:
                       "data picked, as Autoformer's auto-correlation weighs its top-k time delays: attention over "
                       "shifts, with no query-key scores to lay out")  # fmt: skip
         self._unplaced.pop(id(held()), None)
-        self.cap.skipped[:] = [n for n in self.cap.skipped if (n.module, n.reason) != (path, entry[3])]
-        self._seen.discard((path, entry[3]))  # (a later softmax of the module left out so is noted again)
+        self._unsay(path, entry[3])  # (a later softmax of the module left out so is noted again)
         # (without codes: a memory or features from outside the call, or past an op lineage does not follow)
         what = (
             "values over positions (attention)"
@@ -12137,6 +12128,18 @@ def _gate_of_blocks(t: torch.Tensor) -> bool:
         return bool(hides.any()) and bool((t.detach().masked_fill(hides, 0) == 0).all())
 
 
+def _unique_in_order(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.unique(rows, dim=0, return_inverse=True)`` with the distinct rows numbered in the order they first
+    come, not sorted."""
+    kinds, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    if not bool((inverse[1:] < inverse[:-1]).any()):
+        return kinds, inverse
+    first = torch.full((len(kinds),), len(inverse), dtype=torch.int64, device=inverse.device)
+    first.scatter_reduce_(0, inverse, torch.arange(len(inverse), device=inverse.device), "amin")
+    order = torch.argsort(first)
+    return kinds[order], torch.argsort(order)[inverse]
+
+
 def _einsum_axis(equation: str, ndim: int) -> int | None:
     """Of ``einsum(equation, weights, values)``: the values' axis that the weights' last axis is summed with
     (``"bhnw,bhndw->bhnd"``: 4, the window's), or None where it is kept, or the equation is not two operands'."""
@@ -12719,6 +12722,11 @@ def _script_partial(obj: Any) -> bool:
     )
 
 
+def _is_script(obj: Any) -> bool:
+    """A TorchScript function, one capture wrapped, or a ``functools.partial`` of either."""
+    return isinstance(obj, (torch.jit.ScriptFunction, _ScriptCall)) or _script_partial(obj)
+
+
 def _python_of(fn: Any) -> Callable | None:
     """The Python function a TorchScript function was compiled from (``torch.jit.script`` keeps it), with a
     partial's arguments where ``fn`` is one of a script; None where none is kept."""
@@ -12946,12 +12954,7 @@ _MODULE_DICTS = frozenset(nn.Module().__dict__)  # torch's own (parameters, buff
 
 def _scripts_in(scope: dict) -> list[tuple[dict, str]]:
     """(scope, key) of every TorchScript function a dict holds under a string key."""
-    return [
-        (scope, k)
-        for k, v in list(scope.items())
-        if isinstance(k, str)
-        and (isinstance(v, (torch.jit.ScriptFunction, _ScriptCall)) or _script_partial(v))
-    ]
+    return [(scope, k) for k, v in list(scope.items()) if isinstance(k, str) and _is_script(v)]
 
 
 def _script_functions(
@@ -12977,7 +12980,7 @@ def _script_functions(
         obj = scope.get(name, _MISSING)
         if names is not None:
             names.append((scope, name, obj))
-        if isinstance(obj, (torch.jit.ScriptFunction, _ScriptCall)) or _script_partial(obj):
+        if _is_script(obj):
             found.append((scope, name))
         elif isinstance(obj, dict):  # a registry of attention functions (``ALL_ATTENTION_FUNCTIONS[impl]``)
             found.extend(_scripts_in(obj))
@@ -12986,7 +12989,7 @@ def _script_functions(
             space = vars(obj)
             for attr in dict.fromkeys(read):
                 held = space.get(attr, _MISSING)
-                if isinstance(held, (torch.jit.ScriptFunction, _ScriptCall)) or _script_partial(held):
+                if _is_script(held):
                     if names is not None:
                         names.append((space, attr, held))
                     found.append((space, attr))
@@ -13046,7 +13049,7 @@ def _class_scripts(cls: type) -> tuple[tuple[dict, str], ...]:
         if klass is nn.Module or klass is object or klass.__module__.startswith("torch."):
             continue
         for key, attr in vars(klass).items():
-            if isinstance(attr, (torch.jit.ScriptFunction, _ScriptCall)) or _script_partial(attr):
+            if _is_script(attr):
                 calls.append((_class_scope(klass), key))
     return tuple({(id(g), n): (g, n) for g, n in calls}.values())
 
