@@ -2888,8 +2888,11 @@ class _Session:
                     and out.shape == args[0].shape
                 ):  # weights left out, masked and renormalized (AllenNLP's ``masked_softmax``): still theirs,
                     self._carry_left_out(args[0], out)  # told again if they multiply values
-                if name in MUL and len(args) == 2 and type(out) is torch.Tensor:
+                product = (
                     self._weights_times_values(args, out)
+                    if name in MUL and len(args) == 2 and type(out) is torch.Tensor
+                    else None
+                )
                 if (self._stacked or self._stacked_mix) and name in MATMUL:
                     self._stacked_used(args, kwargs)
                 elif self._stacked and name in REDUCTIONS:
@@ -2901,6 +2904,8 @@ class _Session:
                 if name in LOSSES and self.cap.records:
                     self._fed_to_loss(args, kwargs)
                 self.propagate(name, func, args, kwargs, out, pre)
+                if product is not None:
+                    self._product_made(out, *product)
                 if name in MUL and len(args) == 2 and type(out) is torch.Tensor and out.dim() >= 3:
                     self._outer_product(args, out)
                 elif self._outer_products and name == "sum" and type(out) is torch.Tensor and args:
@@ -5844,6 +5849,9 @@ class _Session:
                 new.code = self._empty_codes(out)
                 self.set(out, new)
                 return
+        if name == "broadcast_tensors" and len(outs) == len(args):
+            self._broadcast_each(args, outs)
+            return
         if name in SHAPED_LIKE and len(ins) > 1 and args and ins[0] is args[0]:
             ins = ins[:1]  # x.type_as(s), x.to(s), x.expand_as(s): s gives a dtype or a shape, no values
         if name in RNN and args and isinstance(args[0], torch.Tensor):
@@ -9278,26 +9286,96 @@ class _Session:
         self.set(out, replace(base, probs=replace(p, layout=layout, shape=tuple(out.shape)), rowq=rowq))
         return True
 
-    def _weights_times_values(self, args, out: torch.Tensor) -> None:
-        """Weights changed since the softmax (``touched``: forward attention's ``(prev + shift(prev)) * w``
-        renormalized) multiplied by values broadcast over their features, to be summed over the keys
-        (ESPnet's ``torch.sum(enc_h * w.unsqueeze(-1), dim=1)``): the record takes them as a product by
-        ``bmm`` does (it held the softmax's output)."""
+    def _weights_times_values(self, args, out: torch.Tensor) -> tuple[_Probs, torch.Tensor | None] | None:
+        """Weights multiplied by values broadcast over their features, to be summed over the keys (ESPnet's
+        ``torch.sum(enc_h * w.unsqueeze(-1), dim=1)``, a Chainer port's ``sum(a[:, None] * v[:, :, None], 3)``):
+        where they were changed since the softmax (``touched``: forward attention's ``(prev + shift(prev)) * w``
+        renormalized, NaN rows set to 0) the record takes them as a product by ``bmm`` does (it held the
+        softmax's output). Returns the record's weights: the product is no longer weights (``_product_made``)."""
         a, b = args
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-            return
-        for w, v in ((a, b), (b, a)):
+            return None
+        ops = (a, b)
+        for i, (w, v) in enumerate(((a, b), (b, a))):
             g, gv = self.tag(w), self.tag(v)
-            if g is None or not g.touched or gv is None or gv.role == "param" or gv.probs is not None:
+            if g is None or gv is None or gv.role == "param" or gv.probs is not None or gv.rowq is not None:
                 continue
             p = self._weights_of(g)
-            if p is None or p.record is None or self.code_of(v) is None or out.numel() <= w.numel():
+            if p is None or p.record is None or not v.is_floating_point() or self.code_of(v) is None:
                 continue
-            if [n for n in w.shape if n != 1] != [n for n in p.shape if n != 1]:
-                continue  # (only unsqueezed for the broadcast: the softmax output's elements in its order)
-            self._weights_used(p, w.reshape(p.shape))
+            # (only unsqueezed, or expanded by ``broadcast_tensors``, for the broadcast: the softmax output's
+            # elements in its order)
+            w = w[
+                tuple(
+                    0 if n == 1 or st == 0 else slice(None) for n, st in zip(w.shape, w.stride(), strict=True)
+                )
+            ]
+            if out.numel() <= w.numel() or [n for n in w.shape if n != 1] != [n for n in p.shape if n != 1]:
+                continue
+            if _zero_one(v):
+                continue  # (a 0/1 mask broadcast over the weights: still weights)
+            if g.touched:
+                self._weights_used(p, w.reshape(p.shape))
             self._seal(p.record)
+            return p, self._product_codes(p, ops[i], v, out)
+        return None
+
+    def _product_codes(
+        self, p: _Probs, w: torch.Tensor, v: torch.Tensor, out: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Lineage codes of weights times values element by element (``_weights_times_values``): each element
+        is its weights row's query, with the values' feature, so their sum over the keys reads as a product
+        by ``bmm`` does (the query's position, the values' features)."""
+        lay, vc = p.layout, self.code_of(v)
+        if lay is None or vc is None:
+            return None
+        try:
+            moved = list(p.shape)
+            moved.pop(lay.dim)
+            rowq = lay.qcode.to(out.device).view(*moved, 1).movedim(-1, lay.dim).expand(p.shape)
+            spread = [1 if n == 1 or st == 0 else n for n, st in zip(w.shape, w.stride(), strict=True)]
+            rows = rowq.reshape(spread).expand(out.shape)
+            return ((rows >> lineage.SHIFT) << lineage.SHIFT) | (vc.expand(out.shape) & lineage.FEATURES)
+        except RuntimeError:
+            return None
+
+    def _broadcast_each(self, args, outs: list[torch.Tensor]) -> None:
+        """``torch.broadcast_tensors(a, b)``: each output is its own input expanded (Chainer's ``F.broadcast``
+        of weights and values before their product), not the first input's pieces as a split's are."""
+        for t, o in zip(args, outs, strict=True):
+            g = self.tag(t) if isinstance(t, torch.Tensor) else None
+            if g is None or g is _PARAM_TAG:
+                continue
+            new = g.derived(g.origin)
+            if tuple(o.shape) != tuple(t.shape):
+                if g.probs is not None or g.rowq is not None:
+                    new.lost = self._weights_of(g)
+                    new.changed = g.changed
+                new.probs = new.rowq = None
+                new.axes = new.split = None
+            c = self.code_of(t)
+            if c is not None and tuple(c.shape) == tuple(t.shape):
+                new.code = c.expand(o.shape)
+            self.set(o, new)
+
+    def _product_made(self, out: torch.Tensor, p: _Probs, code: torch.Tensor | None) -> None:
+        """``out`` is weights times values element by element (``_weights_times_values``): no longer weights,
+        so that a later op on it (its sum over the keys cut into heads, ``split(c, batch)``) is not taken for the
+        weights changed again, even where its shape is theirs (head size equal to the key length)."""
+        g = self.tag(out)
+        if (
+            g is None
+            or g is _PARAM_TAG
+            or (g.lost is None and g.owner is None and g.probs is None and not g.touched)
+        ):
             return
+        new = g.copy()
+        new.probs = new.rowq = new.lost = new.owner = None
+        new.touched = new.changed = new.flat = False
+        new.made_by = p
+        if code is not None:
+            new.code = code
+        self.set(out, new)
 
     def _weights_used(self, p: _Probs, w: torch.Tensor) -> None:
         """The weights were changed since the softmax (``touched``) and ``w`` is what the model multiplies
