@@ -144,3 +144,171 @@ def test_two_layers_that_sum_a_broadcast_product_over_the_keys_are_both_exact():
                 assert rec.exact and rec.flag is None and rec.kind == "dec_self", (batch, heads, rec.flag)
                 torch.testing.assert_close(rec.probs, layer.used.permute(0, 3, 1, 2), rtol=0, atol=1e-6)
             assert not cap.notes, (batch, heads, [str(x) for x in cap.notes])
+
+
+class SerializedPatches(nn.Module):
+    """Point Transformer V3's serialized attention: the points of every cloud in one flat (N, 3) tensor, sorted by
+    a z-order-like code of their grid cells, cut into patches of K points, attention within each patch."""
+
+    def __init__(self, heads: int, k: int = 3):
+        super().__init__()
+        self.h, self.k = heads, k
+        self.stem, self.qkv = nn.Linear(3, 4 * heads), nn.Linear(4 * heads, 12 * heads)
+        self.used: torch.Tensor | None = None
+
+    def forward(self, coord: torch.Tensor, feat: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        grid = torch.div(coord - coord.min(0)[0], 0.5, rounding_mode="trunc").long()
+        order = torch.argsort(batch << 12 | grid[:, 0] << 8 | grid[:, 1] << 4 | grid[:, 2])
+        x = self.stem(feat)[order]
+        n, c = x.shape
+        q, k, v = self.qkv(x).reshape(n // self.k, self.k, 3, self.h, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        self.used = (q @ k.transpose(-2, -1) * (c // self.h) ** -0.5).softmax(-1)
+        out = torch.empty_like(x)
+        out[order] = (self.used @ v).transpose(1, 2).reshape(n, c)
+        return out
+
+
+def test_patches_of_a_flat_point_cloud_are_said_to_be_parts_of_the_one_input_not_its_clouds():
+    """The clouds are one flat (N, 3) tensor: no batch axis tells them apart, so every patch row is a part of that
+    one input. The trace of row b says so, where it drew patch b as if it were cloud b's, with no word."""
+    for clouds in BATCHES:
+        for heads in HEADS:
+            torch.manual_seed(clouds * 10 + heads)
+            model = SerializedPatches(heads).eval()
+            batch = torch.arange(clouds).repeat_interleave(6)
+            coord = torch.randn(6 * clouds, 3)
+            with torch.no_grad(), capture_attention(model) as cap:
+                model(coord, torch.randn(6 * clouds, 3), batch)
+            assert model.used is not None
+            [rec] = cap.records
+            assert rec.exact and rec.kind == "enc_self"
+            torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=1e-6)
+            found = cap.rows_of(rec)
+            assert found is not None and found[1] == 1 and not found[0].any(), (clouds, heads, found)
+            last = 2 * clouds - 1
+            t = cap.trace(last)
+            assert t.enc_self is not None
+            np.testing.assert_allclose(t.enc_self[0], model.used[last].numpy(), rtol=0, atol=1e-6)
+            said = " ".join(t.meta["capture_notes"])
+            assert f"over {2 * clouds} rows for the 1 sequence(s) given" in said, (clouds, heads, said)
+            assert f"row {last}, drawn here, reads positions of sequence 0" in said
+
+
+def _to_dense_batch(x: torch.Tensor, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyG's ``to_dense_batch``: the nodes of every graph at a row of their own, padded with a fill value."""
+    graphs = int(batch.max()) + 1
+    counts = torch.zeros(graphs, dtype=torch.long).scatter_add_(0, batch, batch.new_ones(x.size(0)))
+    most = int(counts.max())
+    starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)[:-1]])
+    idx = torch.arange(batch.size(0)) - starts[batch] + batch * most
+    out = torch.as_tensor(0.0).to(x.dtype).repeat([graphs * most, *x.shape[1:]])
+    out[idx] = x
+    mask = torch.zeros(graphs * most, dtype=torch.bool)
+    mask[idx] = True
+    return out.view(graphs, most, *x.shape[1:]), mask.view(graphs, most)
+
+
+class DenseGlobalAttention(nn.Module):
+    """GraphGPS's global attention: every layer pads the flat node features into a dense batch anew."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.node_encoder = nn.Embedding(16, 4 * heads)
+        self.attns = nn.ModuleList(
+            nn.MultiheadAttention(4 * heads, heads, batch_first=True) for _ in range(2)
+        )
+
+    def forward(self, x: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        h = self.node_encoder(x)
+        for attn in self.attns:
+            dense, mask = _to_dense_batch(h, batch)
+            h = h + attn(dense, dense, dense, key_padding_mask=~mask, need_weights=False)[0][mask]
+        return h
+
+
+def test_layers_that_pad_the_graphs_anew_each_time_are_one_graphs_layers():
+    """The padding cells are new tensors in each layer: a padded graph's layers read the same nodes, and the trace
+    draws both, where it drew the first and said the second held other positions."""
+    for graphs in range(2, 7):
+        for heads in HEADS:
+            torch.manual_seed(graphs * 10 + heads)
+            sizes = [3 + (g % 3) for g in range(graphs)]
+            batch = torch.cat([torch.full((n,), g) for g, n in enumerate(sizes)])
+            model = DenseGlobalAttention(heads).eval()
+            with torch.no_grad(), capture_attention(model) as cap:
+                model(torch.randint(0, 16, (sum(sizes),)), batch)
+            assert [r.name for r in cap.records] == ["attns.0", "attns.1"]
+            for g in range(graphs):
+                t = cap.trace(g, src_tokens=[f"n{i}" for i in range(max(sizes))])
+                assert t.enc_self is not None and t.enc_self.shape[0] == 2, (graphs, heads, g)
+                for layer, rec in enumerate(cap.records):
+                    np.testing.assert_allclose(t.enc_self[layer], rec.probs[g].numpy(), rtol=0, atol=1e-6)
+                assert not any("other positions" in n for n in t.meta.get("capture_notes", [])), (
+                    graphs,
+                    heads,
+                    g,
+                )
+
+
+class KnnMemory(nn.Module):
+    """A Memorizing Transformer's kNN memory: each query's top-3 memories of the last segment (by ``topk`` and
+    indexing) all joined before the keys, one head."""
+
+    def __init__(self, d: int = 4):
+        super().__init__()
+        self.emb = nn.Embedding(30, d)
+        self.to_q, self.to_kv = nn.Linear(d, d, bias=False), nn.Linear(d, 2 * d, bias=False)
+        self.db: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.used: torch.Tensor | None = None
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        b, n, d = x.shape
+        q = F.normalize(self.to_q(x).view(b, n, 1, d).transpose(1, 2), dim=-1)
+        k, v = self.to_kv(x).chunk(2, dim=-1)
+        k = F.normalize(k, dim=-1)
+        kk, vv = k[:, None], v[:, None]
+        if self.db is not None:
+            mk, mv = self.db
+            idx = torch.einsum("bhid,bmd->bhim", q, mk).topk(3, dim=-1).indices  # (b, h, i, 3)
+            at = torch.arange(b)[:, None, None, None]
+            kk = torch.cat((mk[at, idx].flatten(2, 3), kk), dim=-2)
+            vv = torch.cat((mv[at, idx].flatten(2, 3), vv), dim=-2)
+        sim = torch.einsum("bhid,bhjd->bhij", q, kk) * 8.0
+        i, j = sim.shape[-2:]
+        self.used = sim.masked_fill(torch.ones(i, j, dtype=torch.bool).triu(j - i + 1), -1e9).softmax(dim=-1)
+        self.db = (k.detach(), v.detach())
+        return x + (self.used @ vv).transpose(1, 2).reshape(b, n, d)
+
+
+def test_keys_that_hold_a_position_more_than_once_are_never_drawn_under_the_tokens():
+    """Every query's memories joined: positions of the last segment among the keys more than once, in the order
+    the data picked them. The trace drew the 4 x 16 map under 16 tokens ("4 of the sequence's 16 positions ask");
+    it is left out and said."""
+    repeated = 0
+    for batch in BATCHES:
+        for seed in range(4):
+            torch.manual_seed(seed)
+            model = KnnMemory().eval()
+            segs = torch.randint(1, 30, (2, batch, 4))
+            with torch.no_grad(), capture_attention(model) as cap:
+                model(segs[0])
+                model(segs[1])
+            rec = cap.records[-1]
+            assert model.used is not None and rec.key_positions is not None
+            torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=1e-6)
+            if not rec.exact:  # (rows picked by data across the batch: flagged, and said)
+                assert rec.flag, (batch, seed)
+                continue
+            for b in range(batch):
+                keys = rec.key_positions[b]
+                if int(keys.unique().numel()) == int(keys.numel()):
+                    continue  # (every memory picked once: drawn, as other tests say)
+                repeated += 1
+                try:
+                    t = cap.trace(b, tgt_tokens=[f"w{i}" for i in range(16)])
+                except ValueError as e:
+                    assert "the keys of row" in str(e) and "left out of the trace" in str(e)
+                else:
+                    assert t.dec_self is None or t.dec_self.shape[-1] != 16, (batch, seed, b)
+    assert repeated >= 4  # (exact records whose keys repeat a position, at several batch sizes)

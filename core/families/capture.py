@@ -535,7 +535,13 @@ class Captured:
         if r.query_labels is not None and len(r.query_labels) == int(queries.numel()):
             asks &= torch.tensor([lab is None for lab in r.query_labels], dtype=torch.bool)
         keys, queries = keys[token], queries[asks]
-        if keys.numel() < 2 or not queries.numel() or set(keys.tolist()) == set(queries.tolist()):
+        if keys.numel() < 2 or not queries.numel():
+            return False
+        if int(keys.unique().numel()) < int(keys.numel()):
+            # a position among the keys more than once (each query's kNN memories joined before the keys): the
+            # columns are not the tokens in order
+            return True
+        if set(keys.tolist()) == set(queries.tolist()):
             return False
         row = _row_of(sources, queries)
         if row is None or row[0].kind in lineage.LABELLED:
@@ -1319,8 +1325,11 @@ def _sequence_rows(sources: lineage.Sources, qp: torch.Tensor) -> tuple[torch.Te
     if not bool(((src == first) | ~own).all()):
         return None
     source = sources.items[int(first)]
-    # (a source of one batch row, by the shape it came from: one sequence, an image's windows its parts)
-    size = _sequence_size(source) or (source.n if source.lead and source.lead[0] == 1 else 0)
+    # (a source of one batch row, by the shape it came from: one sequence, an image's windows its parts; or
+    # of positions with no batch axis, (N, C): one sequence, a flat point cloud's patches its parts)
+    size = _sequence_size(source) or (
+        source.n if source.lead and (source.lead[0] == 1 or tuple(source.lead) == (source.n,)) else 0
+    )
     if not size or source.n < size:
         return None
     rows = (safe - source.start) // size
@@ -1380,7 +1389,32 @@ def _row_streams(records: list[Record], at: int) -> list[list[Record]]:
         if qp is None or qp.dim() != 2 or at >= int(qp.shape[0]):
             return [records]
         streams.setdefault(tuple(qp[at].tolist()), []).append(r)
+    if len(streams) > 1:  # (padding cells made anew in each layer: the same positions besides them)
+        unpadded: dict[tuple[int, ...], list[Record]] = {}
+        for r in records:
+            unpadded.setdefault(tuple(_unpadded_queries(r, at).tolist()), []).append(r)
+        if len(unpadded) < len(streams):
+            return list(unpadded.values())
     return list(streams.values())
+
+
+def _unpadded_queries(r: Record, at: int) -> torch.Tensor:
+    """The query positions of row ``at`` of a self-attention record, less those whose keys no query may attend
+    (padding cells, which a model that pads in every layer, as PyG's ``to_dense_batch`` does, makes anew each
+    time: the same sequence's layers, though those cells are new positions in each)."""
+    assert r.query_positions is not None
+    qp, m, kp = r.query_positions[at], r.mask, r.key_positions
+    n = int(qp.shape[0])
+    if (
+        m is None
+        or m.dim() != 3
+        or tuple(m.shape[-2:]) != (n, n)
+        or at >= int(m.shape[0])
+        or (kp is not None and (kp.dim() != 2 or not torch.equal(kp[at].to(qp.device), qp)))
+    ):
+        return qp
+    seen = m[at].any(0).to(qp.device)
+    return qp[seen] if bool(seen.any()) else qp
 
 
 def _disjoint(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
