@@ -312,3 +312,172 @@ def test_keys_that_hold_a_position_more_than_once_are_never_drawn_under_the_toke
                 else:
                     assert t.dec_self is None or t.dec_self.shape[-1] != 16, (batch, seed, b)
     assert repeated >= 4  # (exact records whose keys repeat a position, at several batch sizes)
+
+
+class TiedRowThenColumn(nn.Module):
+    """The MSA Transformer's axial layer (fair-esm): tied row attention, its scores summed over every row of the
+    alignment (``einsum("rinhd,rjnhd->hnij")``), then column attention over the rows of each column."""
+
+    def __init__(self, heads: int, d: int = 4):
+        super().__init__()
+        e = d * heads
+        self.h, self.d = heads, d
+        self.emb = nn.Embedding(12, e)
+        self.row_q, self.row_k, self.row_v = nn.Linear(e, e), nn.Linear(e, e), nn.Linear(e, e)
+        self.col_q, self.col_k, self.col_v = nn.Linear(e, e), nn.Linear(e, e), nn.Linear(e, e)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, R, C)
+        x = self.emb(tokens).permute(1, 2, 0, 3)  # R x C x B x E
+        r, c, b, e = x.shape
+        q = self.row_q(x).view(r, c, b, self.h, self.d) * (self.d**-0.5 / r**0.5)
+        k = self.row_k(x).view(r, c, b, self.h, self.d)
+        probs = torch.einsum("rinhd,rjnhd->hnij", q, k).softmax(-1)
+        x = x + torch.einsum("hnij,rjnhd->rinhd", probs, self.row_v(x).view(r, c, b, self.h, self.d)).reshape(
+            r, c, b, e
+        )
+        q = self.col_q(x).view(r, c, b, self.h, self.d) * self.d**-0.5
+        k = self.col_k(x).view(r, c, b, self.h, self.d)
+        probs = torch.einsum("icnhd,jcnhd->hcnij", q, k).softmax(-1)
+        out = torch.einsum("hcnij,jcnhd->icnhd", probs, self.col_v(x).view(r, c, b, self.h, self.d))
+        return x + out.reshape(r, c, b, e)
+
+
+def test_a_trace_over_the_columns_draws_the_row_attention_that_fits_them_not_none():
+    """The column attention's exact maps are over the alignment's rows, which are not the tokens given: the trace
+    raised ("none of the attention captured can be drawn"), though the row attention's maps, flagged, are over
+    exactly those columns. It draws them, with their flag said."""
+    rows, cols = 3, 5
+    for batch in range(1, 4):
+        for heads in HEADS:
+            torch.manual_seed(batch * 10 + heads)
+            model = TiedRowThenColumn(heads).eval()
+            with torch.no_grad(), capture_attention(model) as cap:
+                model(torch.randint(2, 12, (batch, rows, cols)))
+            shapes = sorted(tuple(r.probs.shape[-2:]) for r in cap.records)
+            assert shapes == [(rows, rows), (cols, cols)], (batch, heads, shapes)
+            t = cap.trace(0, src_tokens=[f"c{i}" for i in range(cols)])
+            assert t.enc_self is not None and t.enc_self.shape[-2:] == (cols, cols), (batch, heads)
+            [row] = [r for r in cap.records if tuple(r.probs.shape[-2:]) == (cols, cols)]
+            if not row.exact:  # (a guess is drawn with its reason said)
+                assert row.flag and any(row.flag[:40] in n for n in t.meta.get("capture_notes", [])), (
+                    batch,
+                    heads,
+                )
+
+
+class ViewsOfOneCache(nn.Module):
+    """EAGLE's and Medusa's KV cache: the caller hands the model views of one buffer (``data[0]``, ``data[1]``);
+    the model writes its keys and values with ``view.narrow(2, cur, t).copy_(k)`` and reads ``view.narrow(2, 0,
+    cur + t)``, causal."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h = heads
+        self.emb = nn.Embedding(30, 4 * heads)
+        self.q, self.k, self.v = (nn.Linear(4 * heads, 4 * heads) for _ in range(3))
+        self.used: torch.Tensor | None = None
+
+    def forward(
+        self, ids: torch.Tensor, k_view: torch.Tensor, v_view: torch.Tensor, cur: int
+    ) -> torch.Tensor:
+        b, t = ids.shape
+        x = self.emb(ids)
+        q, k, v = (f(x).view(b, t, self.h, 4).transpose(1, 2) for f in (self.q, self.k, self.v))
+        k_view.narrow(2, cur, t).copy_(k)
+        v_view.narrow(2, cur, t).copy_(v)
+        keys, values = k_view.narrow(2, 0, cur + t), v_view.narrow(2, 0, cur + t)
+        scores = q @ keys.transpose(-1, -2) / 2 + torch.full((t, t), float("-inf")).triu(1)
+        self.used = scores.softmax(-1)
+        return self.used @ values
+
+
+def test_keys_written_through_a_view_of_the_callers_cache_are_the_models_own():
+    """The views the model reads were made before its write into their buffer (by the caller, in the block or
+    before it): it read them as the buffer was, keys from outside, and recorded its causal self-attention as
+    ``cross``, exact, with no word."""
+    for batch in BATCHES:
+        for heads in HEADS:
+            for before in (False, True):
+                torch.manual_seed(batch * 10 + heads)
+                model = ViewsOfOneCache(heads).eval()
+                ids = torch.randint(0, 30, (batch, 5))
+                data = torch.zeros(2, batch, heads, 16, 4)
+                with torch.no_grad():
+                    views = (data[0], data[1]) if before else None
+                    with capture_attention(model) as cap:
+                        k_view, v_view = views if views is not None else (data[0], data[1])
+                        model(ids, k_view, v_view, 0)
+                [rec] = cap.records
+                assert model.used is not None
+                assert rec.exact and rec.kind == "dec_self", (batch, heads, before, rec.kind, rec.flag)
+                torch.testing.assert_close(rec.probs, model.used, rtol=0, atol=1e-6)
+
+
+class Pooled(nn.Module):
+    """Ilse et al.'s attention MIL: the instances of one bag (n, f) pooled by additive attention, the model called
+    once per bag as its training loop calls it."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Linear(4, 16)
+        self.attention_V, self.attention_w = nn.Sequential(nn.Linear(16, 8), nn.Tanh()), nn.Linear(8, 1)
+
+    def forward(self, bag: torch.Tensor) -> torch.Tensor:
+        h = self.features(bag.squeeze(0))  # (n, 16)
+        a = F.softmax(torch.transpose(self.attention_w(self.attention_V(h)), 1, 0), dim=1)
+        return torch.mm(a, h)
+
+
+def test_the_note_of_several_runs_counts_them_and_says_which_share_a_shape():
+    torch.manual_seed(0)
+    model = Pooled().eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        for n in (3, 5, 3):
+            model(torch.randn(1, n, 4))
+    said = " ".join(cap.trace(0).meta.get("capture_notes", []))
+    assert "the model ran 3 times in the capture block, 2 of its runs with maps of this shape" in said, said
+    assert "each run's maps of the same shape" not in said
+
+
+class ChunkedSoftmaxWithPairBias(nn.Module):
+    """OpenFold's low-memory attention (``_lma``) with a bias per head made from the pair representation by a
+    Linear (its triangle bias): the softmax computed over key chunks, each chunk's exp rescaled by its max."""
+
+    def __init__(self, heads: int, c: int = 8):
+        super().__init__()
+        self.h = heads
+        self.emb, self.bias = nn.Embedding(20, c), nn.Linear(c, heads)
+        self.q, self.k, self.v = (nn.Linear(c, 4 * heads) for _ in range(3))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        e = self.emb(ids)
+        b, n, _ = e.shape
+        bias = self.bias(e[:, :, None] + e[:, None, :]).permute(0, 3, 1, 2)  # (B, H, L, L)
+        q, k, v = (f(e).view(b, n, self.h, 4).transpose(1, 2) for f in (self.q, self.k, self.v))
+        maxes, sums, outs = [], [], []
+        for s in range(0, n, 2):
+            a = torch.einsum("bhqd,bhkd->bhqk", q, k[:, :, s : s + 2]) + bias[..., s : s + 2]
+            top = a.max(-1, keepdim=True).values
+            w = torch.exp(a - top)
+            outs.append(torch.einsum("bhqk,bhkd->bhqd", w, v[:, :, s : s + 2]))
+            sums.append(w.sum(-1, keepdim=True))
+            maxes.append(top)
+        top = torch.stack(maxes).max(0).values
+        scale = [torch.exp(m - top) for m in maxes]
+        total = sum(s * c for s, c in zip(sums, scale, strict=True))
+        return sum(o * c for o, c in zip(outs, scale, strict=True)) / total
+
+
+def test_a_softmax_by_chunks_beside_a_one_head_bias_is_said_as_that_alone():
+    """With one head the bias is a projection to one feature, which capture takes for additive energies: it added
+    that the weights were "made from energies without a softmax". They are query-key scores under a softmax
+    computed block by block, which the other note says."""
+    for batch in (1, 2, 4):
+        for heads in (1, 2, 4):
+            torch.manual_seed(batch * 10 + heads)
+            model = ChunkedSoftmaxWithPairBias(heads).eval()
+            with torch.no_grad(), capture_attention(model) as cap:
+                model(torch.randint(0, 20, (batch, 5)))
+            assert not cap.records
+            assert any("exp of query-key scores" in n for n in cap.notes), (batch, heads, cap.notes)
+            assert not any("without a softmax" in n for n in cap.notes), (batch, heads, cap.notes)

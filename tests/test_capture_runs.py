@@ -91,7 +91,7 @@ def test_two_forwards_in_one_block_draw_one_forwards_layers(batch):
         want = _maps(model, second)[batch - 1]
     torch.testing.assert_close(torch.from_numpy(trace.enc_self.copy()), want, rtol=0, atol=0)
     notes = trace.meta["capture_notes"]
-    assert any("ran 2 times" in n and "last run's 2 layer(s)" in n for n in notes), notes
+    assert any("ran 2 times" in n and "draws the last of them, its 2 layer(s)" in n for n in notes), notes
     with pytest.raises(ValueError, match="2 runs of the model"):
         cap.stacks()
 

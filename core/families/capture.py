@@ -765,11 +765,18 @@ class Captured:
             calls = sorted({self.call_of(r) for r in groups[best]})
             if len(calls) > 1:  # maps of the same shape from separate forwards: one forward's layers, not
                 last = [r for r in groups[best] if self.call_of(r) == calls[-1]]  # all stacked as deeper ones
+                runs = max(len(self.calls), len(calls))
+                same = len({tuple(r.probs.shape) for r in groups[best]}) == 1
+                which = (
+                    "each run's maps of the same shape"
+                    if runs == len(calls) and same
+                    else f"{len(calls)} of its runs with maps of this {'shape' if same else 'kind'}"
+                )
                 left_out.append(
-                    f"{kind} ({_modules(groups[best])}): the model ran {len(calls)} times in the capture block, "
-                    f"each run's maps of the same shape; this trace draws the last run's {len(last)} layer(s), "
-                    f"not every run's stacked as deeper layers (the earlier runs' {len(groups[best]) - len(last)} "
-                    "call(s) are in cap.records; a block per forward gives a trace of each)"
+                    f"{kind} ({_modules(groups[best])}): the model ran {runs} times in the capture block, "
+                    f"{which}; this trace draws the last of them, its {len(last)} layer(s), not every run's "
+                    f"stacked as deeper layers (the earlier runs' {len(groups[best]) - len(last)} call(s) are in "
+                    "cap.records; a block per forward gives a trace of each)"
                 )
                 groups[best] = last
             steps = query_segments(groups[best])
@@ -1192,11 +1199,12 @@ def _drawn_group(
     asked: torch.Tensor | None = None,
     cross: list[Record] | None = None,
 ) -> int:
-    """Which of a kind's groups (calls whose maps stack) a trace of sequence ``index`` draws: one that holds the
-    sequence (a group whose records are flagged, as rows that hold other sequences of the caller's batch than
-    their place says, does not hold it by its row: exact ones first); with ``asked``, the query positions of
-    the cross-attention step drawn, a decoder's self-attention at that step; then one over the tokens given;
-    then the most calls; then the first."""
+    """Which of a kind's groups (calls whose maps stack) a trace of sequence ``index`` draws: with ``asked``, the
+    query positions of the cross-attention step drawn, a decoder's self-attention at that step; then one that
+    holds the sequence and can be drawn over the tokens given; then one that holds the sequence (a group whose
+    records are flagged, as rows that hold other sequences of the caller's batch than their place says, does not
+    hold it by its row: exact ones first, in each); then one over the tokens given; then the most calls; then the
+    first."""
     has = [_holds(g, index) for g in groups]
     sure = [has[i] and all(r.exact for r in g) for i, g in enumerate(groups)]
     step = [asked is not None and has[i] and _equal_positions(_last_step_queries(g, index), asked)
@@ -1217,9 +1225,25 @@ def _drawn_group(
     besides = [
         fits[i] and _tokens_besides_learned(g[0], kind, src_tokens, tgt_tokens) for i, g in enumerate(groups)
     ]
+    # (after the decoder's step the cross-attention drawn asks at: a group that holds the sequence and can be
+    # drawn over the tokens given, before one that cannot: an MSA's tied row attention over the columns given,
+    # though flagged, before its exact column attention over the rows)
+    drawn = [has[i] and (fits[i] or keyed[i]) for i in range(len(groups))]
     return max(
         range(len(groups)),
-        key=lambda i: (sure[i], has[i], step[i], side[i], fits[i], besides[i], keyed[i], len(groups[i]), -i),
+        key=lambda i: (
+            step[i],
+            drawn[i] and sure[i],
+            drawn[i],
+            sure[i],
+            has[i],
+            side[i],
+            fits[i],
+            besides[i],
+            keyed[i],
+            len(groups[i]),
+            -i,
+        ),
     )
 
 
@@ -5908,6 +5932,11 @@ class _Session:
         if len(ins) == 1 and outs[0] is out and name not in LINEAR and name not in MATMUL:
             x = ins[0]  # one activation in, one out (view, transpose, relu, dropout, x / c): the common case
             g = self.tag(x)
+            if x._base is not None and type(out) is torch.Tensor and out._base is x._base:
+                fresh = self._read_through_view(x, g, out)
+                if fresh is not None:
+                    self.set(out, fresh)
+                    return
             if g is None:  # (a single tensor from outside enters through LINEAR / CONV / MATMUL / joins only)
                 pooled = self._outside_pools.get(id(x))
                 if pooled is not None and pooled[0]() is x and type(out) is torch.Tensor:
@@ -9027,6 +9056,10 @@ class _Session:
             entry = _held_or_base(self._energies, w)
             if entry is None or entry[4] == "energies":
                 continue  # (the projection's output itself: a product of it is a projection)
+            if self._exps and _held(self._exps, w) is not None:
+                # (the exp of query-key scores with a bias beside them, a softmax computed block by block with a
+                # triangle bias of one head, as OpenFold's LMA: said as that, no energies without a softmax)
+                continue
             g = self.tag(v)
             if g is None or g.role == "param" or g.probs is not None or not v.is_floating_point():
                 continue
@@ -9945,6 +9978,27 @@ class _Session:
             return _where_view(g.code.contiguous(), view, base).clone()
         except RuntimeError:
             return None
+
+    def _read_through_view(self, x: torch.Tensor, g: _Tag | None, out: torch.Tensor) -> _Tag | None:
+        """A view of a buffer read after keys were written into the buffer through another view (EAGLE's and
+        Medusa's KV cache: the caller hands the model ``data[0]``, the model writes ``view.narrow(2, cur,
+        n).copy_(k)`` and reads ``view.narrow(2, 0, cur + n)``): what the buffer holds now, where ``out`` lies in
+        its memory, not what the view's tag said before the write (or nothing, a view made before the block)."""
+        base = x._base
+        gb = self.tag(base) if base is not None else None
+        if base is None or gb is None or not gb.cache or gb.code is None:
+            return None
+        if g is not None and (
+            g.role == "scores"
+            or g.probs is not None
+            or g.rowq is not None
+            or self.made_at(base) <= self.made_at(x)
+        ):
+            return None
+        code = self._view_codes(out)
+        if code is None or tuple(code.shape) != tuple(out.shape):
+            return None
+        return _Tag(gb.role, gb.origin, heads=gb.heads, cache=True, code=code)
 
     def _view_written(self, view: torch.Tensor, code: torch.Tensor, vt: _Tag) -> None:
         """Keys written into a view of a buffer (vLLM's and nano-vllm's paged cache:
