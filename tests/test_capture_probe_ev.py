@@ -481,3 +481,69 @@ def test_a_softmax_by_chunks_beside_a_one_head_bias_is_said_as_that_alone():
             assert not cap.records
             assert any("exp of query-key scores" in n for n in cap.notes), (batch, heads, cap.notes)
             assert not any("without a softmax" in n for n in cap.notes), (batch, heads, cap.notes)
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    inv = 1.0 / (10000 ** (torch.arange(0, 4, 2).float() / 4))
+    f = pos.float()[:, None] * inv
+    cos, sin = torch.cat([f, f], -1).cos(), torch.cat([f, f], -1).sin()
+    return x * cos + torch.cat([-x[..., 2:], x[..., :2]], -1) * sin
+
+
+class SinksAndWindow(nn.Module):
+    """StreamingLLM's cache (mit-han-lab/streaming-llm): keys kept before rotary, the first 4 (attention sinks) and
+    a recent window after eviction, rotary applied again at their places in the cache."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        self.h = heads
+        self.emb = nn.Embedding(30, 4 * heads)
+        self.q, self.k = nn.Linear(4 * heads, 4 * heads), nn.Linear(4 * heads, 4 * heads)
+        self.maps: list[tuple[list[int], torch.Tensor]] = []  # (the key positions, the map)
+
+    def forward(self, ids: torch.Tensor, past: torch.Tensor | None, kept: list[int]):
+        b, n = ids.shape
+        x = self.emb(ids)
+        q = self.q(x).view(b, n, self.h, 4).transpose(1, 2)
+        k = self.k(x).view(b, n, self.h, 4).transpose(1, 2)
+        p = 0 if past is None else past.shape[2]
+        k = k if past is None else torch.cat([past, k], 2)
+        s = _rope(q, torch.arange(p, p + n)) @ _rope(k, torch.arange(p + n)).transpose(-1, -2) / 2
+        if n > 1:
+            s = s + torch.full((n, p + n), torch.finfo(s.dtype).min).triu(p + 1)
+        w = s.softmax(-1)
+        self.maps.append((list(kept), w))
+        return w @ k, k
+
+
+def test_keys_past_an_evicted_gap_are_never_drawn_under_the_tokens_the_gap_held():
+    """After eviction each step's keys are positions 0-3 and the last three: the trace of the first 7 tokens drew
+    the last step's map (keys 0, 1, 2, 3, 6, 7, 8) under tokens 0-6, keys 6-8 under tokens 4-6, with no word."""
+    for batch in range(1, 4):
+        for heads in HEADS:
+            torch.manual_seed(batch * 10 + heads)
+            model = SinksAndWindow(heads).eval()
+            seq = torch.randint(1, 30, (batch, 9))
+            with torch.no_grad(), capture_attention(model) as cap:
+                kept = list(range(5))
+                _, past = model(seq[:, :5], None, kept)
+                for t in range(5, 9):
+                    if past.shape[2] > 6:  # StartRecentKVCache(start_size=4, recent_size=2)
+                        past, kept = torch.cat([past[:, :, :4], past[:, :, -2:]], 2), kept[:4] + kept[-2:]
+                    kept = kept + [t]
+                    _, past = model(seq[:, t : t + 1], past, kept)
+            try:
+                t = cap.trace(0, tgt_tokens=[f"t{i}" for i in range(7)])
+            except ValueError as e:
+                assert "none of the attention captured can be drawn over the tokens given" in str(e), (
+                    batch,
+                    heads,
+                )
+                continue
+            assert t.dec_self is not None
+            row = t.meta["query_rows"]["dec_self"][0]
+            drawn = torch.from_numpy(t.dec_self[-1, :, row].copy())
+            [keys] = [
+                k for k, w in model.maps if w.shape[-1] == 7 and torch.allclose(w[0, :, 0], drawn, atol=1e-6)
+            ]
+            assert keys == list(range(7)), (batch, heads, keys)

@@ -543,12 +543,29 @@ class Captured:
             return True
         if set(keys.tolist()) == set(queries.tolist()):
             return False
+        lo, hi = int(keys[0]), int(keys[-1])
+        if hi - lo + 1 > int(keys.numel()) and bool((keys[1:] > keys[:-1]).all()):
+            # keys in order, with positions between them missing that queries of this kind read in this row (a
+            # StreamingLLM cache that evicted them, its sinks then its recent window; keys dilated): drawn over the
+            # tokens, the keys after the gap would stand under the tokens the gap held
+            held = set(keys.tolist())
+            if any(lo < p < hi and p not in held for p in self._asked_positions(r.kind, b)):
+                return True
         row = _row_of(sources, queries)
         if row is None or row[0].kind in lineage.LABELLED:
             return False
         _, size, lo = row
         mine = keys[(keys >= lo) & (keys < lo + size)]
         return bool(mine.numel()) and not torch.equal(mine, torch.arange(lo, lo + size, dtype=mine.dtype))
+
+    def _asked_positions(self, kind: str, b: int) -> set[int]:
+        """The lineage positions the queries of row ``b`` of every record of ``kind`` read."""
+        seen: set[int] = set()
+        for o in self.records:
+            qp = o.query_positions
+            if o.kind == kind and qp is not None and qp.dim() == 2 and b < int(qp.shape[0]):
+                seen.update(p for p in qp[b].tolist() if p >= 0)
+        return seen
 
     def embedded(self, t: torch.Tensor) -> bool:
         """Whether the model looked ``t`` (or a view of it) up in an embedding in this block."""
