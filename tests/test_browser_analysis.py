@@ -118,6 +118,27 @@ def _click_cell(page, title_part: str, layer: int, head: int) -> None:
     page.mouse.click(point["x"], point["y"])
 
 
+def _click_cell_until(page, title_part: str, layer: int, head: int, shown: str) -> None:
+    """Click the cell (layer, head) until the chart titled ``shown`` is drawn: a click that lands while the
+    heatmap is being drawn again (a rerun on a busy machine) selects nothing, and clicking the same cell again
+    selects the same head. Fails where four clicks never draw it."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for _ in range(3):
+        _click_cell(page, title_part, layer, head)
+        try:
+            page.wait_for_function(
+                """t => [...document.querySelectorAll('.js-plotly-plot .gtitle')].some(e => e.textContent.includes(t))""",
+                arg=shown,
+                timeout=WAIT_MS // 3,
+            )
+            return
+        except PlaywrightTimeout:
+            _settle(page)
+    _click_cell(page, title_part, layer, head)
+    _wait_chart_title(page, shown)
+
+
 def _only_local(page) -> None:
     outside = sorted(
         {u for u in page.requests
@@ -156,8 +177,9 @@ def test_analysis_pages_in_a_real_browser(browser, server):
     _pick(page, "Statistic", "diagonal / self")
     _wait_chart_title(page, "diagonal / self per head")
     _settle(page)
-    _click_cell(page, "diagonal / self per head", 1, 2)
-    _wait_chart_title(page, "encoder self-attention · layer 1 · head 2 · input")
+    _click_cell_until(
+        page, "diagonal / self per head", 1, 2, "encoder self-attention · layer 1 · head 2 · input"
+    )
     _wait_chart_title(page, "cross-attention alignment")
     _settle(page)
     _no_exception_box(page)
