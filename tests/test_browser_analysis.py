@@ -34,11 +34,11 @@ def _new_page(browser):
     return page
 
 
-def _wait_chart_title(page, text: str) -> None:
+def _wait_chart_title(page, text: str, timeout: int = WAIT_MS) -> None:
     page.wait_for_function(
         """t => [...document.querySelectorAll('.js-plotly-plot .gtitle')].some(e => e.textContent.includes(t))""",
         arg=text,
-        timeout=WAIT_MS,
+        timeout=timeout,
     )
 
 
@@ -127,11 +127,7 @@ def _click_cell_until(page, title_part: str, layer: int, head: int, shown: str) 
     for _ in range(3):
         _click_cell(page, title_part, layer, head)
         try:
-            page.wait_for_function(
-                """t => [...document.querySelectorAll('.js-plotly-plot .gtitle')].some(e => e.textContent.includes(t))""",
-                arg=shown,
-                timeout=WAIT_MS // 3,
-            )
+            _wait_chart_title(page, shown, WAIT_MS // 3)
             return
         except PlaywrightTimeout:
             _settle(page)

@@ -9379,45 +9379,43 @@ class _Session:
         a, b = args
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
             return None
-        ops = (a, b)
-        for i, (w, v) in enumerate(((a, b), (b, a))):
+        for w, v in ((a, b), (b, a)):
             g, gv = self.tag(w), self.tag(v)
             if g is None or gv is None or gv.role == "param" or gv.probs is not None or gv.rowq is not None:
                 continue
-            p = self._weights_of(g)
-            if p is None or p.record is None or not v.is_floating_point() or self.code_of(v) is None:
+            p, vc = self._weights_of(g), self.code_of(v)
+            if p is None or p.record is None or not v.is_floating_point() or vc is None:
                 continue
             # (only unsqueezed, or expanded by ``broadcast_tensors``, for the broadcast: the softmax output's
-            # elements in its order)
-            w = w[
-                tuple(
-                    0 if n == 1 or st == 0 else slice(None) for n, st in zip(w.shape, w.stride(), strict=True)
-                )
-            ]
-            if out.numel() <= w.numel() or [n for n in w.shape if n != 1] != [n for n in p.shape if n != 1]:
+            # elements in its order) its shape with 1 along the axes it is broadcast over
+            spread = [1 if n == 1 or st == 0 else n for n, st in zip(w.shape, w.stride(), strict=True)]
+            kept = w[tuple(0 if n == 1 else slice(None) for n in spread)]
+            if out.numel() <= kept.numel() or [n for n in kept.shape if n != 1] != [
+                n for n in p.shape if n != 1
+            ]:
                 continue
             if _zero_one(v):
                 continue  # (a 0/1 mask broadcast over the weights: still weights)
             if g.touched:
-                self._weights_used(p, w.reshape(p.shape))
+                self._weights_used(p, kept.reshape(p.shape))
             self._seal(p.record)
-            return p, self._product_codes(p, ops[i], v, out)
+            return p, self._product_codes(p, spread, vc, out)
         return None
 
     def _product_codes(
-        self, p: _Probs, w: torch.Tensor, v: torch.Tensor, out: torch.Tensor
+        self, p: _Probs, spread: list[int], vc: torch.Tensor, out: torch.Tensor
     ) -> torch.Tensor | None:
         """Lineage codes of weights times values element by element (``_weights_times_values``): each element
-        is its weights row's query, with the values' feature, so their sum over the keys reads as a product
-        by ``bmm`` does (the query's position, the values' features)."""
-        lay, vc = p.layout, self.code_of(v)
-        if lay is None or vc is None:
+        is its weights row's query, with the values' feature (``vc`` their codes), so their sum over the keys
+        reads as a product by ``bmm`` does (the query's position, the values' features). ``spread``: the
+        weights' shape with 1 along the axes they are broadcast over."""
+        lay = p.layout
+        if lay is None:
             return None
         try:
             moved = list(p.shape)
             moved.pop(lay.dim)
             rowq = lay.qcode.to(out.device).view(*moved, 1).movedim(-1, lay.dim).expand(p.shape)
-            spread = [1 if n == 1 or st == 0 else n for n, st in zip(w.shape, w.stride(), strict=True)]
             rows = rowq.reshape(spread).expand(out.shape)
             return ((rows >> lineage.SHIFT) << lineage.SHIFT) | (vc.expand(out.shape) & lineage.FEATURES)
         except RuntimeError:
@@ -9434,9 +9432,7 @@ class _Session:
             if tuple(o.shape) != tuple(t.shape):
                 if g.probs is not None or g.rowq is not None:
                     new.lost = self._weights_of(g)
-                    new.changed = g.changed
-                new.probs = new.rowq = None
-                new.axes = new.split = None
+                new.rowq = new.axes = new.split = None
             c = self.code_of(t)
             if c is not None and tuple(c.shape) == tuple(t.shape):
                 new.code = c.expand(o.shape)
