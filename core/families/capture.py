@@ -421,6 +421,10 @@ class Captured:
         says each row's sequence and no record has more rows than there are sequences (windows, chunks and beams
         are parts or copies of them: ``_part_of`` says those); why none does; or None where lineage does not
         say."""
+        if records and all(_stream_piece(r) for r in records):  # pieces of one stream, a sequence each
+            if all(r.batch_rows == (index,) for r in records):
+                return 0
+            return f"sequence {index} is not the piece of the stream each of these maps is over"
         found = [self.rows_of(r) for r in records]
         if not found or any(f is None for f in found):
             orders = {r.batch_rows for r in records}
@@ -796,6 +800,8 @@ class Captured:
                     "cap.records; a block per forward gives a trace of each)"
                 )
                 groups[best] = last
+            if all(_stream_piece(r) for r in groups[best]):  # pieces of one stream: sequence ``index``'s
+                groups[best] = [r for r in groups[best] if index in (r.batch_rows or ())] or groups[best]
             steps = query_segments(groups[best])
             if kind == "cross" and self._sides_swapped(groups[best]):
                 left_out.append(f"cross ({_modules(groups[best])}) left out of the trace: its queries are the positions "
@@ -1264,10 +1270,18 @@ def _drawn_group(
     )
 
 
+def _stream_piece(r: Record) -> bool:
+    """``r`` is a map over one piece of a 1-D stream of tokens, the sequence ``r.batch_rows`` names (requests
+    packed into a stream and attended a call each), not a batch the model put in another order (flagged)."""
+    return r.batch_rows is not None and r.flag is None
+
+
 def _holds(group: list[Record], index: int) -> bool:
     """A group of records holds sequence ``index``: among the caller's sequences its rows hold, where the model
     reordered or picked its batch (``batch_rows``), else where it has that many rows."""
     orders = {r.batch_rows for r in group}
+    if all(_stream_piece(r) for r in group):  # (pieces of one stream: a sequence each)
+        return any(index in o for o in orders if o is not None)
     order = next(iter(orders)) if len(orders) == 1 else None
     if order is not None:
         return index in order
@@ -3565,6 +3579,10 @@ class _Session:
                 for _, piece, _ in run:  # which together hold the whole sequence, as windows do
                     self._seq_keys[piece.seq] = union
                 continue
+            if isinstance(joined, str) and self._stream_of(
+                [records[i] for i, _, _ in run if i < len(records)]
+            ):
+                continue  # (requests packed into one stream: a sequence each, below)
             if isinstance(joined, str):
                 first = run[0][1]
                 self.warn(first.name, tuple(int(n) for n in first.probs.shape), "several attention maps over "
@@ -3605,6 +3623,7 @@ class _Session:
             records[:] = [r for r in records if not (id(r) in seen or seen.add(id(r)))]  # type: ignore[func-returns-value]
         if len(records) > 1:
             self._rows_joined(records)
+            self._stream_sequences(records)
         for r in records:
             if r.seq in unused and r.flag is None:
                 self.skip(r.name, tuple(r.probs.shape), "a softmax over query-key scores made in the same call as "
@@ -3886,6 +3905,64 @@ class _Session:
                     if held <= self._picked or left <= self._picked:
                         return why
         return None
+
+    def _stream_of(self, rs: list[Record]) -> bool:
+        """``rs`` (one pass of a module call, in order) are maps over pieces of one 1-D stream of tokens (ids of
+        one dim: requests packed into a stream, whose sequences only the calls over them tell): each a single
+        row over every head, self-attention with queries and keys of its own (no position in two pieces)."""
+        if len(rs) < 2:
+            return False
+        heads = int(rs[0].probs.shape[1])
+        seen: set[int] = set()
+        src: int | None = None
+        for r in rs:
+            qp, kp = r.query_positions, r.key_positions
+            if kp is None:  # (SDPA's and a layout's keys: kept per sequence for finish)
+                held = self._seq_keys.get(r.seq, [])
+                kp = held[0] if len(held) == 1 else None
+            if (r.probs.shape[0] != 1 or int(r.probs.shape[1]) != heads or not r.exact or r.flag is not None
+                    or r.batch_rows is not None or r.kind == "cross" or r.key_labels is not None
+                    or r.query_labels is not None or qp is None or kp is None or qp.shape[0] != 1
+                    or kp.shape[0] != 1 or bool((kp < 0).any())):  # fmt: skip
+                return False
+            own = set(qp[0].tolist()) | set(kp[0].tolist())
+            at = self.sources.index(torch.tensor(sorted(own), dtype=torch.int64)).unique()
+            if at.numel() != 1 or (src is not None and int(at) != src) or own & seen:
+                return False
+            src = int(at)
+            seen |= own
+        assert src is not None
+        source = self.sources.items[src]
+        return source.kind == "tokens" and source.row == 0 and source.lead == ()
+
+    def _stream_sequences(self, records: list[Record]) -> None:
+        """Maps of one module call over pieces of one 1-D stream of tokens, each over positions and keys of its
+        own (requests packed into one stream and attended one at a time: vLLM's and SGLang's reference
+        kernels): each a sequence of its own, in the order the calls ran (``batch_rows``), as pieces of one
+        length joined by their outputs are rows of one batch. A pass ends where a map asks positions an
+        earlier one of the call asked (the next layer, written inline)."""
+        passes: dict[tuple[str, int], list[list[int]]] = {}
+        for i, r in enumerate(records):
+            call = self._call_of.get(r.seq)
+            if call is None or r.query_positions is None:
+                continue
+            runs = passes.setdefault((r.name, call), [[]])
+            asked = set(r.query_positions.reshape(-1).tolist())
+            if any(asked & set(records[j].query_positions.reshape(-1).tolist()) for j in runs[-1]):  # type: ignore[union-attr]
+                runs.append([])
+            runs[-1].append(i)
+        for (name, _), runs in passes.items():
+            for run in runs:
+                rs = [records[i] for i in run]
+                if not self._stream_of(rs):
+                    continue
+                for b, i in enumerate(run):
+                    records[i] = replace(records[i], batch_rows=(b,))
+                self.warn(name, tuple(int(n) for n in rs[0].probs.shape), f"{len(rs)} attention maps from one "
+                          "call of this module, each over positions and keys of its own of one stream of tokens "
+                          "(a 1-D input: requests packed into one stream and attended one at a time, or chunks of "
+                          "one sequence): each is recorded as a sequence of its own, in the order the calls ran "
+                          "(record.batch_rows), and trace(b) draws the b-th")  # fmt: skip
 
     def _run_joined(self, run: list[tuple[int, Record, Layout]]) -> Record | str | None:
         """The pieces of one module call joined into one record; why not; or None (maps of their own)."""
