@@ -1270,6 +1270,19 @@ def _drawn_group(
     )
 
 
+def _order_unplaced(orders: tuple[tuple[int, torch.Tensor], ...], rows: int) -> str | None:
+    """Why a record of ``rows`` rows whose queries and keys lineage does not place may hold the caller's
+    sequences in another order: the model put its batch of that many rows in another order before it, and had not
+    put it back; or None."""
+    for n, order in orders:
+        if n == rows:
+            return (f"the model put its batch in another order before this attention (x[perm], perm={order.tolist()}: "
+                    "sorted by length, as for pack_padded_sequence) and had not put it back, and lineage does not "
+                    "place this map's rows (its queries and keys hold no positions it follows): record row b may be "
+                    "the caller's sequence perm[b], not b")  # fmt: skip
+    return None
+
+
 def _stream_piece(r: Record) -> bool:
     """``r`` is a map over one piece of a 1-D stream of tokens, the sequence ``r.batch_rows`` names (requests
     packed into a stream and attended a call each), not a batch the model put in another order (flagged)."""
@@ -2626,6 +2639,10 @@ class _Session:
         # integer tensors that are another's rows in another order (``ids[perm_idx]``, a batch sorted by
         # length): id -> (weakref, the tensor whose rows they are, the permutation)
         self._row_picks: dict[int, tuple] = {}  # _hold
+        # the caller's batch put in another order inside the model (``docs[doc_sort_ind]``) and not put back yet:
+        # (rows, order); and the orders pending when each record was made (record seq -> them)
+        self._orders_pending: list[tuple[int, torch.Tensor]] = []
+        self._orders_at: dict[int, tuple[tuple[int, torch.Tensor], ...]] = {}
         # 2-D token ids whose columns were put in another order (time-first ``src[:, idx]``, ``src.t()[idx].t()``:
         # a batch sorted by length), by id: (the caller's ids, where each element is among them, flat), _hold
         self._id_moves: dict[int, tuple] = {}
@@ -2834,6 +2851,10 @@ class _Session:
                 self.path()  # (made by the model's own code: not the caller's inputs made in the block)
                 if self._frame is not None:
                     _hold(self._pure_ints, out)
+        if self._orders_pending and name in ROW_PICKS and type(out) is torch.Tensor and args:
+            self._order_put_back(
+                name, args, kwargs, args[0]
+            )  # (any tensor's rows: lengths, weights, outputs)
         if name in ROW_PICKS and type(out) is torch.Tensor and (not kwargs or name in ("roll", "flip")):
             if out.dim() >= 2 and (not out.is_floating_point() or out.dim() >= 3):
                 self._row_pick(name, args, kwargs, out)
@@ -3702,12 +3723,16 @@ class _Session:
                 why = self._reordered_once(qp, None)
             if why is None and qp is not None and qp.dim() == 2 and r.mask is not None:
                 why = self._packed_batch(qp, r.mask)
+            if why is None and r.seq in self._orders_at and qp is None and own_keys is None and not keys:
+                why = _order_unplaced(self._orders_at[r.seq], int(r.probs.shape[0]))
             if why is not None:
                 records[i] = _replaced(r, exact=False, flag=why)
                 self.warn(r.name, tuple(int(n) for n in r.probs.shape), f"could not verify: {why}")
         self._seq_keys.clear()
         self._queried.clear()
         self._asked.clear()
+        self._orders_at.clear()
+        self._orders_pending.clear()
 
     def _packed_batch(self, qp: torch.Tensor, mask: torch.Tensor) -> str | None:
         """Why a record row holds several sequences of the batch, or None. ``qp`` (B, q): its queries' positions;
@@ -4116,7 +4141,31 @@ class _Session:
         prev = _held(self._row_picks, src)
         if prev is not None:
             src, idx = prev[1], prev[2][idx.to(prev[2].device)]
+        elif (
+            idx.numel() == n > 1
+            and not torch.equal(idx, torch.arange(n))
+            and self.tag(src) is None
+            and _held(self._made_ints, src) is None
+        ):  # the caller's whole batch in another order (sorted by length for pack_padded_sequence)
+            self._orders_pending.append((n, idx))
         _hold(self._row_picks, out, src, idx)
+
+    def _order_put_back(self, name: str, args, kwargs, src: torch.Tensor) -> None:
+        """A pick of rows that puts a pending order of the batch back (``x[doc_unsort_ind]``, the inverse of the
+        sort): that order is no longer pending for attention after it."""
+        if not isinstance(src, torch.Tensor) or not src.dim():
+            return
+        try:
+            idx = _picked_rows(name, args, kwargs, src)
+        except Exception:  # (bookkeeping never breaks the forward)
+            return
+        if type(idx) is not torch.Tensor or idx.dim() != 1 or idx.is_floating_point():
+            return
+        idx = idx.cpu()
+        for k, (n, order) in enumerate(self._orders_pending):
+            if idx.numel() == n == int(src.shape[0]) and torch.equal(order[idx], torch.arange(n)):
+                del self._orders_pending[k]
+                return
 
     def _ids_repeated(self, args, kwargs, out: torch.Tensor) -> None:
         """Ids handed in, each sequence repeated k times in a row (Hugging Face's generate expands its batch so for
@@ -7968,6 +8017,8 @@ class _Session:
         if queries is not None:
             self._queried.setdefault(path, []).append((rec.kind, queries))
         self._pieces(path, rec, queries, layout)
+        if self._orders_pending:
+            self._orders_at[rec.seq] = tuple(self._orders_pending)
         group = _head_group(path)
         last = self.cap.records[-1] if self.cap.records else None
         joined = group and self.head_group == (group[0], group[1] - 1) and _same_layer(last, rec)

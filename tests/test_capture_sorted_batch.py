@@ -1,0 +1,109 @@
+"""A batch sorted by length inside the model (for ``pack_padded_sequence``) before an attention whose rows lineage
+cannot place: sgrvinod's Hierarchical Attention Network sorts its documents (``documents[doc_sort_ind]``), packs
+their sentences through a GRU and pools them with a learned context vector, and puts the documents back in order
+only after the attention. Record row r was document ``doc_sort_ind[r]``, recorded exact with no word, and
+``trace(b)`` drew another document's weights. Such a record is now flagged with the order; one the model put back
+before its attention stays exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from attnscope.core.families.capture import capture_attention
+
+V, E, G, A = 40, 12, 8, 10
+
+
+class SentencePooling(nn.Module):
+    """HAN's sentence level, its word level reduced to a mean of word vectors (the sentence vectors)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, E)
+        self.rnn = nn.GRU(E, G, bidirectional=True, batch_first=True)
+        self.att, self.ctx = nn.Linear(2 * G, A), nn.Linear(A, 1, bias=False)
+        self.kept: torch.Tensor | None = None
+
+    def forward(self, documents: torch.Tensor, sentences_per_document: torch.Tensor):
+        sentences_per_document, doc_sort_ind = sentences_per_document.sort(dim=0, descending=True)
+        documents = documents[doc_sort_ind]
+        packed = pack_padded_sequence(documents, lengths=sentences_per_document.tolist(), batch_first=True)
+        sentences = self.emb(packed.data).mean(1)  # (n_sentences, E)
+        packed_sentences, _ = self.rnn(PackedSequence(data=sentences, batch_sizes=packed.batch_sizes))
+        att_s = self.ctx(torch.tanh(self.att(packed_sentences.data))).squeeze(1)
+        att_s = torch.exp(att_s - att_s.max())
+        att_s, _ = pad_packed_sequence(
+            PackedSequence(data=att_s, batch_sizes=packed.batch_sizes), batch_first=True
+        )
+        sentence_alphas = att_s / torch.sum(att_s, dim=1, keepdim=True)
+        docs, _ = pad_packed_sequence(
+            PackedSequence(data=packed_sentences.data, batch_sizes=packed.batch_sizes), batch_first=True
+        )
+        docs = (docs * sentence_alphas.unsqueeze(2)).sum(dim=1)
+        _, doc_unsort_ind = doc_sort_ind.sort(dim=0, descending=False)
+        self.kept = sentence_alphas[doc_unsort_ind].detach().clone()
+        return docs[doc_unsort_ind], sentence_alphas[doc_unsort_ind]
+
+
+class SortedEncoder(nn.Module):
+    """Sorted for the GRU, put back in the caller's order, then pooled by additive attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.rnn, self.att = nn.Embedding(V, E), nn.GRU(E, E, batch_first=True), nn.Linear(E, 1)
+        self.kept: torch.Tensor | None = None
+
+    def forward(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        lens_sorted, idx = lens.sort(descending=True)
+        out, _ = self.rnn(pack_padded_sequence(self.emb(ids[idx]), lens_sorted.tolist(), batch_first=True))
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=ids.shape[1])
+        out = out[idx.argsort()]
+        keep = torch.arange(ids.shape[1])[None] < lens[:, None]
+        w = self.att(out).squeeze(-1).masked_fill(~keep, -1e9).softmax(-1)
+        self.kept = w.detach().clone()
+        return (w.unsqueeze(-1) * out).sum(1)
+
+
+@pytest.mark.parametrize("batch", [2, 3, 4, 5])
+def test_documents_sorted_before_an_unplaced_attention_are_flagged_with_the_order(batch):
+    torch.manual_seed(batch)
+    model = SentencePooling().eval()
+    docs = torch.randint(1, V, (batch, 4, 5))
+    per_doc = torch.tensor([1 + (3 * b) % 4 for b in range(batch)])  # not in descending order
+    per_doc[0] = 1
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(docs, per_doc)
+    (rec,) = cap.records
+    order = per_doc.sort(descending=True).indices
+    assert not torch.equal(order, torch.arange(batch))
+    for row in range(batch):  # the record holds the sorted documents (the test's check of the claim)
+        n = int(per_doc[order[row]])
+        torch.testing.assert_close(rec.probs[row, 0, 0, :n], model.kept[order[row], :n])
+    assert not rec.exact and f"perm={order.tolist()}" in rec.flag and "record row b may be" in rec.flag
+    assert any("had not put it back" in n for n in cap.notes)
+
+
+def test_a_batch_sorted_and_put_back_before_its_attention_stays_exact():
+    torch.manual_seed(0)
+    model = SortedEncoder().eval()
+    ids, lens = torch.randint(1, V, (4, 6)), torch.tensor([3, 6, 2, 4])
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(ids, lens)
+    (rec,) = cap.records
+    assert rec.exact and rec.flag is None
+    torch.testing.assert_close(rec.probs[:, 0, 0], model.kept)
+
+
+def test_documents_already_in_order_stay_exact():
+    torch.manual_seed(1)
+    model = SentencePooling().eval()
+    per_doc = torch.tensor([4, 3, 2, 1])
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randint(1, V, (4, 4, 5)), per_doc)
+    (rec,) = cap.records
+    assert rec.exact and rec.flag is None
+    torch.testing.assert_close(rec.probs[:, 0, 0], model.kept)
