@@ -4,12 +4,18 @@ their sentences through a GRU and pools them with a learned context vector, and 
 only after the attention. Record row r was document ``doc_sort_ind[r]``, recorded exact with no word, and
 ``trace(b)`` drew another document's weights. Such a record is now flagged with the order; one the model put back
 before its attention stays exact.
+
+DTFD-MIL's MaxMinS pseudo-bag: instances sorted by a score and the highest and lowest picked
+(``feats.index_select(0, sort_idx[...])``), then pooled by a gated attention with a learned query. The record's
+keys are the instances in that order; where they were as many as the bag's, the trace drew them as a second layer
+under the instances in their own order. Those keys' positions are now kept, and a trace leaves such a layer out.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
@@ -107,3 +113,54 @@ def test_documents_already_in_order_stay_exact():
     (rec,) = cap.records
     assert rec.exact and rec.flag is None
     torch.testing.assert_close(rec.probs[:, 0, 0], model.kept)
+
+
+class GatedPooling(nn.Module):
+    """ABMIL's gated attention (``w^T (tanh(V h) * sigmoid(U h))``, softmax over the instances)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.V, self.U, self.w = nn.Linear(dim, 8), nn.Linear(dim, 8), nn.Linear(8, 1)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # (N, dim) -> (1, N)
+        return F.softmax(self.w(torch.tanh(self.V(h)) * torch.sigmoid(self.U(h))).transpose(1, 0), dim=1)
+
+
+class MaxMinPseudoBag(nn.Module):
+    """DTFD-MIL's tier 1 and its MaxMinS selection: the instances a classifier scores highest and lowest, sorted,
+    pooled again by tier 2."""
+
+    def __init__(self, groups: int):
+        super().__init__()
+        self.reduce, self.cls = nn.Linear(20, 16), nn.Linear(16, 2)
+        self.tier1, self.tier2 = GatedPooling(16), GatedPooling(16)
+        self.groups = groups
+        self.kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        h = self.reduce(feats)
+        a1 = self.tier1(h).squeeze(0)
+        score = torch.softmax(self.cls(torch.einsum("ns,n->ns", h, a1)), dim=1)[:, -1]
+        sort_idx = torch.sort(score, descending=True)[1]
+        pick = torch.cat([sort_idx[: self.groups], sort_idx[-self.groups :]])
+        picked = h.index_select(dim=0, index=pick)
+        a2 = self.tier2(picked).squeeze(0)
+        self.kept = (a1.detach().clone(), a2.detach().clone(), pick)
+        return self.cls(torch.mm(a2[None], picked))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_instances_sorted_by_a_score_are_not_drawn_under_the_instances_in_order(seed):
+    torch.manual_seed(seed)
+    model = MaxMinPseudoBag(groups=3).eval()
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(torch.randn(6, 20))  # as many instances as tier 2 picks: its map stacks with tier 1's
+    a1, a2, pick = model.kept
+    first, second = cap.records
+    torch.testing.assert_close(second.probs[0, 0, 0], a2)
+    assert second.key_positions[0].tolist() == (first.key_positions[0][pick]).tolist()
+    assert not torch.equal(pick, torch.arange(6))
+    tr = cap.trace(0, src_tokens=[f"i{i}" for i in range(6)])
+    assert tr.cross.shape == (1, 1, 1, 6)  # tier 1 alone, over the instances in their order
+    torch.testing.assert_close(torch.tensor(tr.cross[0, 0, 0]), a1)
+    assert any("tier2" in n and "another order" in n for n in tr.meta["capture_notes"])

@@ -896,6 +896,20 @@ class Captured:
                                 "weights would stand under the wrong ones (cap.records has them, each key's "
                                 "position in record.key_positions)")  # fmt: skip
                 continue
+            unordered = [
+                r
+                for r in groups[best]
+                if kind == "cross" and has[best] and _keys_out_of_order(r, at, self._sources)
+            ]
+            if unordered:
+                left_out.append(f"cross ({_modules(unordered)}) left out of the trace: the keys of row {at} are "
+                                "positions of its input in another order, or some of them twice (instances sorted "
+                                "by a score and picked: DTFD-MIL's), so drawn over the tokens the weights would "
+                                "stand under the wrong ones (cap.records has them, each key's position in "
+                                "record.key_positions)")  # fmt: skip
+                groups[best] = [r for r in groups[best] if not any(r is u for u in unordered)]
+                if not groups[best]:
+                    continue
             if not has[best]:
                 left_out.append(f"{kind} left out of the trace: its maps are over {groups[best][0].probs.shape[0]} "
                                 f"sequence(s), and this trace is of sequence {index}")  # fmt: skip
@@ -1524,6 +1538,24 @@ def _key_positions(probs: torch.Tensor, layout: Layout | None) -> torch.Tensor |
     if kp is None or tuple(kp.shape) != (int(probs.shape[0]), int(probs.shape[-1])):
         return None
     return kp
+
+
+def _keys_out_of_order(r: Record, b: int, sources: lineage.Sources | None) -> bool:
+    """The keys of row ``b`` of ``r`` hold positions of one input out of their order, or one twice (instances
+    sorted by a score, then picked), where lineage has them: drawn over that input's tokens in order, weights
+    would stand under the wrong tokens."""
+    kp = r.key_positions
+    if kp is None or sources is None or kp.dim() != 2 or b >= kp.shape[0]:
+        return False
+    keys = kp[b][kp[b] >= 0]
+    if keys.numel() < 2:
+        return False
+    at = sources.index(keys)
+    for src in at.unique().tolist():
+        own = keys[at == src]
+        if own.numel() > 1 and not bool((own[1:] > own[:-1]).all()):
+            return True
+    return False
 
 
 def _keys_not_queries(r: Record, b: int) -> bool:
@@ -3723,7 +3755,12 @@ class _Session:
                 why = self._reordered_once(qp, None)
             if why is None and qp is not None and qp.dim() == 2 and r.mask is not None:
                 why = self._packed_batch(qp, r.mask)
-            if why is None and r.seq in self._orders_at and qp is None and own_keys is None and not keys:
+            if (
+                why is None
+                and r.seq in self._orders_at
+                and qp is None
+                and self._rows_unplaced(own_keys, keys)
+            ):
                 why = _order_unplaced(self._orders_at[r.seq], int(r.probs.shape[0]))
             if why is not None:
                 records[i] = _replaced(r, exact=False, flag=why)
@@ -3733,6 +3770,20 @@ class _Session:
         self._asked.clear()
         self._orders_at.clear()
         self._orders_pending.clear()
+
+    def _rows_unplaced(self, own: torch.Tensor | None, keys: list[torch.Tensor] | None) -> bool:
+        """No key of a record is a position of the caller's inputs (token ids or tensors handed in), so lineage
+        cannot say which of the caller's sequences its rows hold: keys the model made (sentence vectors pooled
+        from words, an RNN's states), or none followed."""
+        found = [k for k in ([own] if own is not None else keys or []) if k is not None]
+        for k in found:
+            pos = k[k >= 0]
+            if pos.numel() and any(
+                self.sources.items[i].kind in ("tokens", "external")
+                for i in self.sources.index(pos).unique().tolist()
+            ):
+                return False
+        return True
 
     def _packed_batch(self, qp: torch.Tensor, mask: torch.Tensor) -> str | None:
         """Why a record row holds several sequences of the batch, or None. ``qp`` (B, q): its queries' positions;
@@ -8775,7 +8826,8 @@ class _Session:
                      and int(rows.shape[-1]) == keys and labels is None)  # fmt: skip
         # the batch put in another order before (Show, Attend and Tell sorts its images with their captions by
         # length): record row b is not the caller's sequence b (its keys are not, where a state asks)
-        reordered = self._batch_reordered(pos.masked_fill(param, -1)[first_rows], cross) or placed
+        key_pos = pos.masked_fill(param, -1)[first_rows]  # (sequences, keys)
+        reordered = self._batch_reordered(key_pos, cross) or placed
         grid = self.sources.items[int(self.sources.index(pos[:1, :1]).reshape(-1)[0])]
         if reordered is None and grid.kind == "external" and len(grid.lead) >= 3 and 0 < grid.lead[0] < n_seq:
             # keys that are a line of a tensor handed in with several axes of positions ((B, N, N, d): pairs
@@ -8809,6 +8861,11 @@ class _Session:
             if rec is not None:  # (made where its weights are read: they weigh values)
                 self._weighed.add(rec.seq)
             records = self.cap.records
+            if rec is not None and records and records[-1] is rec and rec.key_positions is None:
+                # each sequence's keys (a trace asks whether they are its tokens in order: instances sorted by a
+                # score, DTFD-MIL's, are not)
+                if tuple(key_pos.shape) == (int(rec.probs.shape[0]), int(rec.probs.shape[-1])):
+                    rec = records[-1] = _replaced(rec, key_positions=key_pos)
             if rec is not None and not self._runs and records and records[-1] is rec:  # in softmax order
                 at = next((i for i, r in enumerate(records[:-1]) if r.seq > made_at), None)
                 if at is not None:
