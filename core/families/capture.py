@@ -4018,15 +4018,19 @@ class _Session:
         length joined by their outputs are rows of one batch. A pass ends where a map asks positions an
         earlier one of the call asked (the next layer, written inline)."""
         passes: dict[tuple[str, int], list[list[int]]] = {}
+        held: dict[tuple[str, int], set[int]] = {}  # the positions the current pass of each call asked
         for i, r in enumerate(records):
             call = self._call_of.get(r.seq)
             if call is None or r.query_positions is None:
                 continue
             runs = passes.setdefault((r.name, call), [[]])
             asked = set(r.query_positions.reshape(-1).tolist())
-            if any(asked & set(records[j].query_positions.reshape(-1).tolist()) for j in runs[-1]):  # type: ignore[union-attr]
+            seen = held.setdefault((r.name, call), set())
+            if asked & seen:
                 runs.append([])
+                seen.clear()
             runs[-1].append(i)
+            seen |= asked
         for (name, _), runs in passes.items():
             for run in runs:
                 rs = [records[i] for i in run]
