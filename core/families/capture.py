@@ -1284,6 +1284,18 @@ def _drawn_group(
     )
 
 
+def _outer_product(a: Any, b: Any) -> bool:
+    """``a @ b`` sums over an axis of one (``bmm(w.unsqueeze(2), v.unsqueeze(1))``): an outer product."""
+    return (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.dim() >= 2
+        and b.dim() >= 2
+        and int(a.shape[-1]) == 1
+        and int(b.shape[-2]) == 1
+    )
+
+
 def _order_unplaced(orders: tuple[tuple[int, torch.Tensor], ...], rows: int) -> str | None:
     """Why a record of ``rows`` rows whose queries and keys lineage does not place may hold the caller's
     sequences in another order: the model put its batch of that many rows in another order before it, and had not
@@ -3015,7 +3027,7 @@ class _Session:
                     self._hand_weights_read(args, kwargs)
                 if self._positional:
                     self._positional_step(name, args, kwargs, out)
-                if name in SCATTER_SUM and self._exps:
+                if (name in SCATTER_SUM or name == "segment_reduce") and self._exps:
                     self._scatter_softmax(name, args, kwargs)
                 if name in RESCALE and len(args) >= 2:
                     self._rescaled(args)
@@ -3364,6 +3376,19 @@ class _Session:
         """An exp of activations summed into groups by a scatter (``denom.index_add_(0, dst, e)``,
         ``scatter_add``): a softmax over each node's edges (graph attention as PyG computes it), whose
         weights per edge are no (query, key) map capture records: a warning, never silence."""
+        if (
+            name == "segment_reduce"
+        ):  # torch._segment_reduce(data, "sum", offsets=ptr): PyG's softmax(src, ptr)
+            src = args[0] if args else kwargs.get("data")
+            how = args[1] if len(args) > 1 else kwargs.get("reduce")
+            if not isinstance(src, torch.Tensor) or how != "sum" or _held(self._exps, src) is None:
+                return
+            self.n_attention += 1
+            self.warn(self.path(), tuple(int(n) for n in src.shape), "a softmax over segments summed by "
+                      "torch._segment_reduce (attention over each graph's nodes or edges, as PyG's softmax(src, "
+                      "ptr) computes it for a sorted batch): its weights per node are not a (query, key) map and "
+                      "are not recorded")  # fmt: skip
+            return
         src = args[3] if len(args) > 3 else kwargs.get("source", kwargs.get("src"))
         if not isinstance(src, torch.Tensor):
             return
@@ -6774,6 +6799,22 @@ class _Session:
                     new.code = self._op_code("linear", None, (ops[0],), {}, out, [])  # x @ W
                 if (self._pending or self._wo_taken) and name in ("matmul", "__matmul__", "mm", "bmm"):
                     self._out_projection(ops[0], ops[1], None, True)
+            elif (
+                len(ops) == 2
+                and name in ("matmul", "__matmul__", "mm", "bmm")
+                and op_tags[0] is not None
+                and op_tags[0].role == "param"
+                and (op_tags[1] is None or op_tags[1].role != "param")
+                and ops[0].dim() >= 2
+                and ops[1].dim() >= 2
+            ):  # W @ x, a learned matrix or vector on the left (a pointer network's ``bmm(v.expand(B, -1)
+                # .unsqueeze(1), tanh(W1 e + W2 d))``): each column of x is a position, projected to W's rows
+                xc = self.code_of(ops[1])
+                if xc is not None and tuple(xc.shape) == tuple(ops[1].shape):
+                    code, across = lineage.projected(xc.transpose(-1, -2), int(out.shape[-2]), check=True)
+                    code = code.transpose(-1, -2)
+                    if not across and tuple(code.shape) == tuple(out.shape):
+                        new.code = code
             elif name == "einsum" and len(ops) == 2 and isinstance(args[0], str):  # Keras' "abc,cde->abde"
                 x_first = op_tags[0] is None or op_tags[0].role != "param"
                 if _is_param(ops[0]) != _is_param(ops[1]):  # (a learned vector expanded over positions, as
@@ -8067,7 +8108,10 @@ class _Session:
             self._seq_keys.setdefault(rec.seq, []).append(layout.seq_keys)
             if layout.ext and (rec.key_labels is None or None in rec.key_labels) and queries is not None:
                 labels = self._other_sequence(path, layout.seq_keys, queries, rec.key_labels)
-                if labels is not None:
+                if isinstance(labels, str):
+                    rec = _replaced(rec, exact=False, flag=labels)
+                    self.warn(path, tuple(int(n) for n in probs.shape), f"could not verify: {labels}")
+                elif labels is not None:
                     rec = _replaced(rec, key_labels=labels)
         if queries is not None:
             self._queried.setdefault(path, []).append((rec.kind, queries))
@@ -8091,13 +8135,24 @@ class _Session:
 
     def _other_sequence(
         self, path: str, seq_keys: torch.Tensor, queries: torch.Tensor, had: tuple | None = None
-    ) -> tuple | None:
+    ) -> tuple | str | None:
         """Keys beyond the queries' own that are another sequence's positions: fairseq's cross-self-attention
         (``key = cat(encoder_out, x)``), the decoder's queries over the source's positions then their own.
         Such keys were queries of another attention (the encoder's) and never of this module's (a KV
         cache's or a memory's earlier positions were): labelled ``<src i>`` (``<ctx i>`` where no encoder
         self-attention read them), so no picture puts them under the queries' tokens. None otherwise. ``had``:
-        the record's labels so far (a cache's empty slots: padding), kept where they are."""
+        the record's labels so far (a cache's empty slots: padding), kept where they are. Why the rows' keys cannot
+        share one map's labels, where each row holds its own queries' positions at other columns (a padded batch
+        over a paged cache read back by block table: each request's cached and new keys where its blocks put them)."""
+        rows = int(seq_keys.shape[0])
+        if rows > 1 and queries.dim() >= 1 and int(queries.shape[0]) == rows:
+            per_row = (queries >> lineage.SHIFT).reshape(rows, -1)
+            per_row = per_row.to(seq_keys.device)
+            mine = torch.stack([torch.isin(seq_keys[b], per_row[b]) for b in range(rows)]) & (seq_keys >= 0)
+            if not bool((mine == mine[:1]).all()):
+                return ("each row's keys hold its own queries' positions at other columns (a padded batch over a "
+                        "paged cache read back by block table, its requests of different lengths): one map's key "
+                        "labels cannot hold them (each row's keys are in record.key_positions)")  # fmt: skip
         own = {int(p) for p in torch.unique(queries >> lineage.SHIFT).tolist()}
         keys = [int(p) for p in seq_keys[0].tolist()]
         other = [p for p in keys if p >= 0 and p not in own]
@@ -8935,6 +8990,9 @@ class _Session:
         if found is None or not isinstance(out, torch.Tensor):
             return
         t, record, to_softmax, keep, was_changed = found
+        if name in MATMUL and len(args) >= 2 and _outer_product(args[0], args[1]):
+            return  # each position's share of a vector (a DNC's memory write ``bmm(w.unsqueeze(2), a.unsqueeze(1))``):
+            # nothing is summed over the positions, so no values are read through the weights
         factor = self._factor_read.get(id(record))
         if (
             factor is not None
@@ -9311,6 +9369,8 @@ class _Session:
         ins = _tensors(args, kwargs)
         if len(ins) != 2:
             return
+        if not broadcast and _outer_product(ins[0], ins[1]):
+            return  # (each position's share of a vector, a memory write: it reads no values)
         for w, v in ((ins[0], ins[1]), (ins[1], ins[0])):
             if broadcast and (v.dim() < 3 or v.dim() != w.dim()):
                 continue  # (a product element by element: values over positions, (B, N, d) against (B, N, 1))
@@ -10594,9 +10654,14 @@ class _Session:
         if qc is None or (rec.key_labels is not None and None not in rec.key_labels):
             return rec
         labels = self._other_sequence(rec.name, pos, qc.select(-1, 0), rec.key_labels)
+        at = next((i for i, r in enumerate(self.cap.records) if r is rec), None)
+        if isinstance(labels, str):
+            if at is not None and rec.flag is None:
+                rec = self.cap.records[at] = _replaced(rec, exact=False, flag=labels)
+                self.warn(rec.name, tuple(int(n) for n in rec.probs.shape), f"could not verify: {labels}")
+            return rec
         if labels is None or len(labels) != int(rec.probs.shape[-1]):
             return rec
-        at = next((i for i, r in enumerate(self.cap.records) if r is rec), None)
         if at is not None:
             rec = self.cap.records[at] = _replaced(rec, key_labels=labels)
         return rec
