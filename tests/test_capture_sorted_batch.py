@@ -164,3 +164,96 @@ def test_instances_sorted_by_a_score_are_not_drawn_under_the_instances_in_order(
     assert tr.cross.shape == (1, 1, 1, 6)  # tier 1 alone, over the instances in their order
     torch.testing.assert_close(torch.tensor(tr.cross[0, 0, 0]), a1)
     assert any("tier2" in n and "another order" in n for n in tr.meta["capture_notes"])
+
+
+# sgrvinod's two levels, as written there (word level on the packed sentences, sentence level on their vectors)
+class WordAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, E)
+        self.rnn = nn.GRU(E, G, bidirectional=True, batch_first=True)
+        self.att = nn.Linear(2 * G, A)
+        self.ctx = nn.Linear(A, 1, bias=False)
+
+    def forward(self, sentences, words_per_sentence):
+        words_per_sentence, sent_sort_ind = words_per_sentence.sort(dim=0, descending=True)
+        sentences = sentences[sent_sort_ind]
+        sentences = self.emb(sentences)
+        packed_words = pack_padded_sequence(sentences, lengths=words_per_sentence.tolist(), batch_first=True)
+        packed_words, _ = self.rnn(packed_words)
+        att_w = self.att(packed_words.data)
+        att_w = torch.tanh(att_w)
+        att_w = self.ctx(att_w).squeeze(1)
+        max_value = att_w.max()
+        att_w = torch.exp(att_w - max_value)
+        att_w, _ = pad_packed_sequence(
+            PackedSequence(
+                data=att_w,
+                batch_sizes=packed_words.batch_sizes,
+                sorted_indices=packed_words.sorted_indices,
+                unsorted_indices=packed_words.unsorted_indices,
+            ),
+            batch_first=True,
+        )
+        word_alphas = att_w / torch.sum(att_w, dim=1, keepdim=True)
+        sentences, _ = pad_packed_sequence(packed_words, batch_first=True)
+        sentences = sentences * word_alphas.unsqueeze(2)
+        sentences = sentences.sum(dim=1)
+        _, sent_unsort_ind = sent_sort_ind.sort(dim=0, descending=False)
+        return sentences[sent_unsort_ind], word_alphas[sent_unsort_ind]
+
+
+class SentenceAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.word = WordAttention()
+        self.rnn = nn.GRU(2 * G, G, bidirectional=True, batch_first=True)
+        self.att = nn.Linear(2 * G, A)
+        self.ctx = nn.Linear(A, 1, bias=False)
+        self.kept = None
+
+    def forward(self, documents, sentences_per_document, words_per_sentence):
+        sentences_per_document, doc_sort_ind = sentences_per_document.sort(dim=0, descending=True)
+        documents = documents[doc_sort_ind]
+        words_per_sentence = words_per_sentence[doc_sort_ind]
+        packed_sentences = pack_padded_sequence(
+            documents, lengths=sentences_per_document.tolist(), batch_first=True
+        )
+        valid_bsz = packed_sentences.batch_sizes
+        packed_wps = pack_padded_sequence(
+            words_per_sentence, lengths=sentences_per_document.tolist(), batch_first=True
+        )
+        sentences, word_alphas = self.word(packed_sentences.data, packed_wps.data)
+        packed_sentences, _ = self.rnn(PackedSequence(data=sentences, batch_sizes=valid_bsz))
+        att_s = self.att(packed_sentences.data)
+        att_s = torch.tanh(att_s)
+        att_s = self.ctx(att_s).squeeze(1)
+        max_value = att_s.max()
+        att_s = torch.exp(att_s - max_value)
+        att_s, _ = pad_packed_sequence(PackedSequence(data=att_s, batch_sizes=valid_bsz), batch_first=True)
+        sentence_alphas = att_s / torch.sum(att_s, dim=1, keepdim=True)
+        documents, _ = pad_packed_sequence(
+            PackedSequence(data=packed_sentences.data, batch_sizes=valid_bsz), batch_first=True
+        )
+        documents = documents * sentence_alphas.unsqueeze(2)
+        documents = documents.sum(dim=1)
+        _, doc_unsort_ind = doc_sort_ind.sort(dim=0, descending=False)
+        documents = documents[doc_unsort_ind]
+        sentence_alphas = sentence_alphas[doc_unsort_ind]
+        self.kept = sentence_alphas.detach().clone()
+        return documents, sentence_alphas
+
+
+def test_sentence_vectors_numbered_in_packed_order_are_no_keys_out_of_order():
+    """The sentence level's keys are vectors the word level pooled, numbered in the packed order the model made them
+    in: no caller's tokens out of their order, so a trace draws that level (flagged, its batch sorted), not leaves
+    it out as keys in another order."""
+    torch.manual_seed(0)
+    model = SentenceAttention().eval()
+    docs, per_doc = torch.randint(1, V, (4, 4, 5)), torch.tensor([1, 3, 3, 4])
+    with torch.no_grad(), capture_attention(model) as cap:
+        model(docs, per_doc, torch.randint(1, 6, (4, 4)))
+    tr = cap.trace(1, src_tokens=["a", "b", "c"])
+    notes = tr.meta["capture_notes"]
+    assert not any("another order, or some of them twice" in n for n in notes), notes
+    assert any("had not put it back" in n for n in [*notes, *cap.notes]), notes

@@ -1304,7 +1304,7 @@ def _order_unplaced(orders: tuple[tuple[int, torch.Tensor], ...], rows: int) -> 
         if n == rows:
             return (f"the model put its batch in another order before this attention (x[perm], perm={order.tolist()}: "
                     "sorted by length, as for pack_padded_sequence) and had not put it back, and lineage does not "
-                    "place this map's rows (its queries and keys hold no positions it follows): record row b may be "
+                    "place this map's rows (its queries and keys hold no position of the caller's inputs): record row b may be "
                     "the caller's sequence perm[b], not b")  # fmt: skip
     return None
 
@@ -1553,9 +1553,9 @@ def _key_positions(probs: torch.Tensor, layout: Layout | None) -> torch.Tensor |
 
 
 def _keys_out_of_order(r: Record, b: int, sources: lineage.Sources | None) -> bool:
-    """The keys of row ``b`` of ``r`` hold positions of one input out of their order, or one twice (instances
-    sorted by a score, then picked), where lineage has them: drawn over that input's tokens in order, weights
-    would stand under the wrong tokens."""
+    """The keys of row ``b`` of ``r`` hold positions of one of the caller's inputs (token ids, a tensor handed in)
+    out of their order, or one twice (instances sorted by a score, then picked), where lineage has them: drawn over
+    that input's tokens in order, weights would stand under the wrong tokens."""
     kp = r.key_positions
     if kp is None or sources is None or kp.dim() != 2 or b >= kp.shape[0]:
         return False
@@ -1564,6 +1564,9 @@ def _keys_out_of_order(r: Record, b: int, sources: lineage.Sources | None) -> bo
         return False
     at = sources.index(keys)
     for src in at.unique().tolist():
+        if sources.items[src].kind not in ("tokens", "external"):
+            continue  # (positions the model made, numbered in the order it made them: sentence vectors pooled in
+            # a packed order are no tokens out of their order)
         own = keys[at == src]
         if own.numel() > 1 and not bool((own[1:] > own[:-1]).all()):
             return True
@@ -4231,10 +4234,11 @@ class _Session:
         _hold(self._row_picks, out, src, idx)
 
     def _order_put_back(self, name: str, args, kwargs, src: torch.Tensor) -> None:
-        """A pick of rows that puts a pending order of the batch back (``x[doc_unsort_ind]``, the inverse of the
-        sort): that order is no longer pending for attention after it."""
-        if not isinstance(src, torch.Tensor) or not src.dim():
-            return
+        """A pick of the rows of an activation that puts a pending order of the batch back (``x[doc_unsort_ind]``,
+        the inverse of the sort): that order is no longer pending for attention after it."""
+        if not isinstance(src, torch.Tensor) or not src.dim() or self.tag(src) is None:
+            return  # (only what the model computed after the sort: the same order applied to another of the
+            # caller's tensors, ``lengths[sort_idx]``, puts nothing back, even where it is its own inverse)
         try:
             idx = _picked_rows(name, args, kwargs, src)
         except Exception:  # (bookkeeping never breaks the forward)
