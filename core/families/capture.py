@@ -1284,7 +1284,7 @@ def _drawn_group(
     )
 
 
-def _outer_product(a: Any, b: Any) -> bool:
+def _sums_over_one(a: Any, b: Any) -> bool:
     """``a @ b`` sums over an axis of one (``bmm(w.unsqueeze(2), v.unsqueeze(1))``): an outer product."""
     return (
         isinstance(a, torch.Tensor)
@@ -1552,6 +1552,10 @@ def _key_positions(probs: torch.Tensor, layout: Layout | None) -> torch.Tensor |
     return kp
 
 
+# the kinds of positions that are the caller's inputs: token ids, tensors handed in
+_CALLERS = ("tokens", "external")
+
+
 def _keys_out_of_order(r: Record, b: int, sources: lineage.Sources | None) -> bool:
     """The keys of row ``b`` of ``r`` hold positions of one of the caller's inputs (token ids, a tensor handed in)
     out of their order, or one twice (instances sorted by a score, then picked), where lineage has them: drawn over
@@ -1560,13 +1564,13 @@ def _keys_out_of_order(r: Record, b: int, sources: lineage.Sources | None) -> bo
     if kp is None or sources is None or kp.dim() != 2 or b >= kp.shape[0]:
         return False
     keys = kp[b][kp[b] >= 0]
+    # (positions the model made are numbered in the order it made them: sentence vectors pooled in a packed order
+    # are no tokens out of their order)
+    keys = keys[sources.of_kind(keys, _CALLERS)]
     if keys.numel() < 2:
         return False
     at = sources.index(keys)
     for src in at.unique().tolist():
-        if sources.items[src].kind not in ("tokens", "external"):
-            continue  # (positions the model made, numbered in the order it made them: sentence vectors pooled in
-            # a packed order are no tokens out of their order)
         own = keys[at == src]
         if own.numel() > 1 and not bool((own[1:] > own[:-1]).all()):
             return True
@@ -2899,9 +2903,7 @@ class _Session:
                 if self._frame is not None:
                     _hold(self._pure_ints, out)
         if self._orders_pending and name in ROW_PICKS and type(out) is torch.Tensor and args:
-            self._order_put_back(
-                name, args, kwargs, args[0]
-            )  # (any tensor's rows: lengths, weights, outputs)
+            self._order_put_back(name, args, kwargs, args[0])
         if name in ROW_PICKS and type(out) is torch.Tensor and (not kwargs or name in ("roll", "flip")):
             if out.dim() >= 2 and (not out.is_floating_point() or out.dim() >= 3):
                 self._row_pick(name, args, kwargs, out)
@@ -3379,33 +3381,27 @@ class _Session:
         """An exp of activations summed into groups by a scatter (``denom.index_add_(0, dst, e)``,
         ``scatter_add``): a softmax over each node's edges (graph attention as PyG computes it), whose
         weights per edge are no (query, key) map capture records: a warning, never silence."""
-        if (
-            name == "segment_reduce"
-        ):  # torch._segment_reduce(data, "sum", offsets=ptr): PyG's softmax(src, ptr)
+        # torch._segment_reduce(data, "sum", offsets=ptr): PyG's softmax(src, ptr)
+        if name == "segment_reduce":
             src = args[0] if args else kwargs.get("data")
             how = args[1] if len(args) > 1 else kwargs.get("reduce")
-            if not isinstance(src, torch.Tensor) or how != "sum" or _held(self._exps, src) is None:
-                return
-            self.n_attention += 1
-            self.warn(self.path(), tuple(int(n) for n in src.shape), "a softmax over segments summed by "
-                      "torch._segment_reduce (attention over each graph's nodes or edges, as PyG's softmax(src, "
-                      "ptr) computes it for a sorted batch): its weights per node are not a (query, key) map and "
-                      "are not recorded")  # fmt: skip
+            said = ("a softmax over segments summed by torch._segment_reduce (attention over each graph's nodes or "
+                    "edges, as PyG's softmax(src, ptr) computes it for a sorted batch): its weights per node are not a "
+                    "(query, key) map and are not recorded")  # fmt: skip
+        else:
+            src = args[3] if len(args) > 3 else kwargs.get("source", kwargs.get("src"))
+            how = (
+                (args[4] if len(args) > 4 else kwargs.get("reduce"))
+                if name.startswith("scatter_reduce")
+                else "sum"
+            )
+            said = ("a softmax over groups summed by a scatter (attention over each node's edges, as PyG's "
+                    "softmax(src, index) computes it): its weights per edge are not a (query, key) map and are not "
+                    "recorded")  # fmt: skip
+        if not isinstance(src, torch.Tensor) or how != "sum" or _held(self._exps, src) is None:
             return
-        src = args[3] if len(args) > 3 else kwargs.get("source", kwargs.get("src"))
-        if not isinstance(src, torch.Tensor):
-            return
-        shape = tuple(int(n) for n in src.shape)
-        if _held(self._exps, src) is None:
-            return
-        if name.startswith("scatter_reduce"):
-            how = args[4] if len(args) > 4 else kwargs.get("reduce")
-            if how != "sum":
-                return
         self.n_attention += 1
-        self.warn(self.path(), shape, "a softmax over groups summed by a scatter (attention over each "
-                  "node's edges, as PyG's softmax(src, index) computes it): its weights per edge are not a "
-                  "(query, key) map and are not recorded")  # fmt: skip
+        self.warn(self.path(), tuple(int(n) for n in src.shape), said)
 
     # -- a softmax written by hand ------------------------------------------------------------------------
     def _hand_of(self, t: Any, what: str) -> tuple[torch.Tensor, int | None, torch.Tensor] | None:
@@ -3804,14 +3800,7 @@ class _Session:
         cannot say which of the caller's sequences its rows hold: keys the model made (sentence vectors pooled
         from words, an RNN's states), or none followed."""
         found = [k for k in ([own] if own is not None else keys or []) if k is not None]
-        for k in found:
-            pos = k[k >= 0]
-            if pos.numel() and any(
-                self.sources.items[i].kind in ("tokens", "external")
-                for i in self.sources.index(pos).unique().tolist()
-            ):
-                return False
-        return True
+        return not any(bool(self.sources.of_kind(k[k >= 0], _CALLERS).any()) for k in found)
 
     def _packed_batch(self, qp: torch.Tensor, mask: torch.Tensor) -> str | None:
         """Why a record row holds several sequences of the batch, or None. ``qp`` (B, q): its queries' positions;
@@ -4065,7 +4054,7 @@ class _Session:
                 if not self._stream_of(rs):
                     continue
                 for b, i in enumerate(run):
-                    records[i] = replace(records[i], batch_rows=(b,))
+                    records[i] = _replaced(records[i], batch_rows=(b,))
                 self.warn(name, tuple(int(n) for n in rs[0].probs.shape), f"{len(rs)} attention maps from one "
                           "call of this module, each over positions and keys of its own of one stream of tokens "
                           "(a 1-D input: requests packed into one stream and attended one at a time, or chunks of "
@@ -8994,7 +8983,7 @@ class _Session:
         if found is None or not isinstance(out, torch.Tensor):
             return
         t, record, to_softmax, keep, was_changed = found
-        if name in MATMUL and len(args) >= 2 and _outer_product(args[0], args[1]):
+        if name in MATMUL and len(args) >= 2 and _sums_over_one(args[0], args[1]):
             return  # each position's share of a vector (a DNC's memory write ``bmm(w.unsqueeze(2), a.unsqueeze(1))``):
             # nothing is summed over the positions, so no values are read through the weights
         factor = self._factor_read.get(id(record))
@@ -9373,7 +9362,7 @@ class _Session:
         ins = _tensors(args, kwargs)
         if len(ins) != 2:
             return
-        if not broadcast and _outer_product(ins[0], ins[1]):
+        if not broadcast and _sums_over_one(ins[0], ins[1]):
             return  # (each position's share of a vector, a memory write: it reads no values)
         for w, v in ((ins[0], ins[1]), (ins[1], ins[0])):
             if broadcast and (v.dim() < 3 or v.dim() != w.dim()):
